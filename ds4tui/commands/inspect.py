@@ -1,0 +1,89 @@
+"""``ds4tui inspect MODEL [--mtp SUPPORT] [--json]``: summary and validation of DS4 / DSpark GGUFs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
+
+
+def _gib(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+def _schedule_text(schedule: list[dict]) -> str:
+    """Run-length text of the layer schedule, e.g. ``0-1 SWA/hash  2 CSA(4)/hash  3 HCA(16)/topk ...``."""
+    parts, start = [], 0
+    for i in range(1, len(schedule) + 1):
+        if i == len(schedule) or (schedule[i]["attention"], schedule[i]["compress_ratio"], schedule[i]["moe"]) != (
+                schedule[start]["attention"], schedule[start]["compress_ratio"], schedule[start]["moe"]):
+            s = schedule[start]
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            ratio = f"({s['compress_ratio']})" if s["compress_ratio"] else ""
+            parts.append(f"{span} {s['attention']}{ratio}/{s['moe']}")
+            start = i
+    return "  ".join(parts)
+
+
+def render_text(model: dict, support: dict | None) -> str:
+    d = model["dims"]
+    lines = [
+        f"model         {model['path']}",
+        f"name          {model['name']}",
+        f"architecture  {model['architecture']}  ({model['n_tensors']} tensors, {_gib(model['file_bytes'])} on disk)",
+        f"dims          layers {d['n_layer']}  hidden {d['n_embd']}  vocab {d['n_vocab']}  heads {d['n_head']}x"
+        f"{d['head_dim']} (rope {d['n_rot']})  q_lora {d['q_lora_rank']}  out {d['o_groups']}x{d['o_lora_rank']}",
+        f"moe           {d['n_expert']} experts, {d['n_expert_used']} used, {d['n_expert_shared']} shared, "
+        f"ff {d['n_ff_exp']}; {d['n_hash_layer']} hash layers",
+        f"attention     window {d['sliding_window']}  indexer {d['indexer_n_head']}x{d['indexer_head_dim']} "
+        f"top-{d['indexer_top_k']}  HC {d['hc_count']}  context {d['context_length']}",
+    ]
+    c = model["layer_counts"]
+    lines.append(f"layers        {c['SWA']} SWA, {c['CSA']} CSA, {c['HCA']} HCA; {c['hash_moe']} hash-MoE, "
+                 f"{c['topk_moe']} top-k MoE")
+    lines.append(f"schedule      {_schedule_text(model['schedule'])}")
+    lines.append("quant mix     type      tensors        bytes")
+    for t, m in model["quant_mix"].items():
+        lines.append(f"              {t:<8} {m['tensors']:>8} {m['bytes']:>12}  ({_gib(m['bytes'])})")
+    lines.append(f"total         {model['tensor_bytes']} bytes of tensor data ({_gib(model['tensor_bytes'])})")
+    b = model["bytes_per_token"]
+    lines.append(f"per token     ~{_gib(b['total'])} read per decoded token at context {model['ctx']} "
+                 f"(weights {_gib(b['weights'])}, KV {_gib(b['kv'])})")
+    for w in model["warnings"]:
+        lines.append(f"warning       {w}")
+    if support is not None:
+        counts = " ".join(f"{k}={v}" for k, v in support["counts"].items())
+        lines.append("")
+        lines.append(f"support       {support['path']}  ({support['architecture']}, {_gib(support['tensor_bytes'])})")
+        lines.append(f"              {counts}")
+        lines.append(f"              capture layers {support['target_layer_ids']}  noise token {support['noise_token_id']}")
+        if support["compatible"]:
+            lines.append("verdict       compatible: DSpark can draft with this support model")
+        else:
+            lines.append(f"verdict       NOT compatible ({len(support['reasons'])} problem(s)):")
+            lines += [f"              - {r}" for r in support["reasons"]]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    try:
+        model = DS4Model(args.model, check_finite=args.check_finite)
+        support = SupportModel(args.mtp, model.config) if args.mtp else None
+    except ModelFileError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
+        print(f"ds4tui inspect: error: {exc}", file=sys.stderr)
+        return 1
+    ms = model.summary(ctx=args.ctx)
+    ss = support.summary() if support is not None else None
+    ok = ss is None or ss["compatible"]
+    if args.json:
+        print(json.dumps({"ok": ok, "model": ms, "support": ss}, indent=2))
+    else:
+        print(render_text(ms, ss))
+    return 0 if ok else 1

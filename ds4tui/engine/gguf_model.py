@@ -1,0 +1,826 @@
+"""Open and validate DS4 target GGUFs and DSpark support GGUFs.
+
+Files are read with the ``gguf`` package's memory-mapped :class:`gguf.GGUFReader`; tensor data is
+never copied (each :class:`TensorInfo` holds a view into the map).  Validation follows the layout
+tables in :mod:`ds4tui.engine.layout` (spec ds4.md §3, dspark.md §4).
+
+Every failure raises a :class:`ModelFileError` subclass whose message names the file, the key or
+tensor, the expected and the found value.  A support file is not rejected by exception: its
+problems are collected (:class:`SupportModel.problems`), counted in the ds4-style summary
+(``stages block markov_rank tensors missing invalid metadata_errors nonfinite``) and turned into a
+compatible / not-compatible verdict, so that a user sees every reason at once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType as T
+
+from ds4tui.engine import layout as L
+from ds4tui.engine.layout import DS4Config, MetaKey, MetaType, TensorSpec
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+class ModelFileError(Exception):
+    """A model file cannot be used. ``path`` is the file; the message says what and where."""
+
+    def __init__(self, path: str | os.PathLike, message: str):
+        self.path = str(path)
+        self.detail = message
+        super().__init__(f"{self.path}: {message}")
+
+
+class GGUFFormatError(ModelFileError):
+    """Not a readable GGUF v3 file (wrong magic, unsupported version, corrupt header)."""
+
+
+class TruncatedFileError(GGUFFormatError):
+    """The file ends before the header or a tensor's data does."""
+
+
+class ArchitectureError(ModelFileError):
+    """``general.architecture`` is not the one expected."""
+
+
+class MetadataError(ModelFileError):
+    """A metadata key is missing, has the wrong GGUF type or an invalid value."""
+
+    def __init__(self, path, key: str, message: str):
+        self.key = key
+        super().__init__(path, f"metadata key '{key}': {message}")
+
+
+class MissingKeyError(MetadataError):
+    pass
+
+
+class KeyTypeError(MetadataError):
+    pass
+
+
+class KeyValueError(MetadataError):
+    pass
+
+
+class TensorError(ModelFileError):
+    """A tensor is missing, has the wrong dims or the wrong GGML type."""
+
+    def __init__(self, path, tensor: str, message: str):
+        self.tensor = tensor
+        super().__init__(path, f"tensor '{tensor}': {message}")
+
+
+class MissingTensorError(TensorError):
+    pass
+
+
+class TensorShapeError(TensorError):
+    pass
+
+
+class TensorTypeError(TensorError):
+    pass
+
+
+class NonFiniteError(TensorError):
+    """A float tensor holds NaN or Inf values."""
+
+
+class SupportInvalidError(ModelFileError):
+    """A DSpark support file failed validation; ``problems`` lists every reason."""
+
+    def __init__(self, path, problems: list["Problem"]):
+        self.problems = problems
+        lines = "; ".join(p.message for p in problems[:8])
+        more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+        super().__init__(path, f"DSpark support model refused: {lines}{more}")
+
+
+# ---- low-level reading ----------------------------------------------------------------------
+
+class _CheckedReader(GGUFReader):
+    """GGUFReader that turns out-of-bounds reads into :class:`TruncatedFileError`."""
+
+    def __init__(self, path: str):
+        self._path = path
+        super().__init__(path, "r")
+
+    def _get(self, offset, dtype, count=1, override_order=None):  # noqa: D401 - gguf internal hook
+        end = int(offset) + int(count) * np.dtype(dtype).itemsize
+        if end > len(self.data):
+            raise TruncatedFileError(
+                self._path,
+                f"file is truncated: a read needs bytes up to offset {end} but the file has "
+                f"{len(self.data)} bytes",
+            )
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        # Arrays of strings (the 129280 tokens and 127741 merges) take ~10 s through the generic
+        # per-element path, which makes a numpy view per string.  Same field layout, built from
+        # cheap memoryview slices (contents() only calls .tobytes() on them): ~0.2 s.
+        if GGUFValueType(int(raw_type)) != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        itype = GGUFValueType(int(raw_itype[0]))
+        alen = self._get(orig_offs + 4, np.uint64)
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if nptype is not None:  # scalar arrays (e.g. token_type): one view, split into plain ndarray rows
+            n = int(alen[0])
+            arr = np.asarray(self._get(orig_offs + 12, nptype, n))
+            parts = [raw_itype, alen, *arr.reshape(n, 1)]
+            return 12 + arr.nbytes, parts, list(range(2, 2 + n)), [GGUFValueType.ARRAY, itype]
+        if itype != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        mv = memoryview(self.data)
+        size = len(mv)
+        offs = orig_offs + 12
+        parts: list = [raw_itype, alen]
+        idxs: list[int] = []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(int(alen[0])):
+            if offs + 8 > size:
+                raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
+            (n,) = unpack(mv, offs)
+            if offs + 8 + n > size:
+                raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
+            parts.append(mv[offs : offs + 8])
+            idxs.append(len(parts))
+            parts.append(mv[offs + 8 : offs + 8 + n])
+            offs += 8 + n
+        return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, GGUFValueType.STRING]
+
+    def _build_tensors(self, start_offs, fields):
+        size = len(self.data)
+        for f in fields:
+            _, name_data, _, dims, raw_dtype, offset_tensor = f.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            try:
+                qtype = T(int(raw_dtype[0]))
+            except ValueError:
+                raise GGUFFormatError(self._path, f"tensor '{name}': unknown GGML type id {int(raw_dtype[0])}") from None
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n = int(np.prod(dims.astype(np.int64)))
+            if int(dims[0]) % block != 0:
+                raise GGUFFormatError(
+                    self._path,
+                    f"tensor '{name}': ne[0]={int(dims[0])} is not a multiple of the {qtype.name} block size {block}",
+                )
+            start = int(start_offs) + int(offset_tensor[0])
+            end = start + n * type_size // block
+            if end > size:
+                raise TruncatedFileError(
+                    self._path,
+                    f"file is truncated: tensor '{name}' needs bytes [{start}, {end}) but the file has {size} bytes",
+                )
+        return super()._build_tensors(start_offs, fields)
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFReader:
+    """Memory-map a GGUF v3 file with the ``gguf`` package, with precise errors.
+
+    Raises :class:`GGUFFormatError` / :class:`TruncatedFileError` naming the file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(p, "no such file")
+    if p.is_dir():
+        raise ModelFileError(p, "is a directory, expected a .gguf file")
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8:
+        raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24")
+    if head[:4] != GGUF_MAGIC:
+        raise GGUFFormatError(p, f"wrong magic: expected b'GGUF', found {head[:4]!r} (not a GGUF file)")
+    version = int.from_bytes(head[4:8], "little")
+    if version != GGUF_VERSION:
+        raise GGUFFormatError(p, f"unsupported GGUF version: expected {GGUF_VERSION}, found {version}")
+    try:
+        return _CheckedReader(str(p))
+    except ModelFileError:
+        raise
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError) as exc:
+        raise GGUFFormatError(p, f"corrupt GGUF header ({exc})") from None
+
+
+_INT_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+              GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+
+#: Accepted GGUF value types per MetaType (spec ds4.md §3.2: what ds4's readers take).
+_ACCEPT: dict[MetaType, tuple[set, set | None]] = {
+    MetaType.U32: ({GGUFValueType.UINT32}, None),
+    MetaType.U64: ({GGUFValueType.UINT32, GGUFValueType.UINT64}, None),
+    MetaType.F32: ({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.UINT32, GGUFValueType.INT32}, None),
+    MetaType.BOOL: ({GGUFValueType.BOOL}, None),
+    MetaType.STR: ({GGUFValueType.STRING}, None),
+    MetaType.U32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.UINT32, GGUFValueType.INT32}),
+    MetaType.I32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.UINT32, GGUFValueType.INT32}),
+    MetaType.F32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}),
+    MetaType.STR_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.STRING}),
+}
+
+
+def _type_name(f) -> str:
+    if not f.types:
+        return "?"
+    if f.types[0] == GGUFValueType.ARRAY:
+        return f"array of {f.types[-1].name}" if len(f.types) > 1 else "empty array"
+    return f.types[0].name
+
+
+def field_value(f) -> Any:
+    """Python value of a GGUF field (scalar, str, or list)."""
+    if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.types) == 1:
+        return []
+    v = f.contents()
+    if isinstance(v, np.generic):
+        v = v.item()
+    return v
+
+
+def read_key(reader: GGUFReader, path, mk: MetaKey) -> Any:
+    """Read one metadata key with type checking; None when absent and optional."""
+    f = reader.fields.get(mk.key)
+    if f is None:
+        if mk.required:
+            raise MissingKeyError(path, mk.key, f"missing (expected {mk.type.value})")
+        return None
+    outer, inner = _ACCEPT[mk.type]
+    if not f.types or f.types[0] not in outer or (inner is not None and len(f.types) > 1 and f.types[-1] not in inner):
+        raise KeyTypeError(path, mk.key, f"wrong GGUF type: expected {mk.type.value}, found {_type_name(f)}")
+    v = field_value(f)
+    if mk.type in (MetaType.U32_ARRAY, MetaType.I32_ARRAY):
+        return tuple(int(x) for x in v)
+    if mk.type is MetaType.F32_ARRAY:
+        return tuple(float(x) for x in v)
+    if mk.type is MetaType.F32:
+        return float(v)
+    if mk.type in (MetaType.U32, MetaType.U64):
+        return int(v)
+    return v
+
+
+def _first_key(reader: GGUFReader, keys: Iterable[str]) -> tuple[str | None, Any]:
+    for k in keys:
+        f = reader.fields.get(k)
+        if f is not None:
+            return k, f
+    return None, None
+
+
+# ---- tensor table ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a memory-mapped GGUF.
+
+    ``shape`` is numpy order (outermost first), ``ne`` GGUF order; ``offset`` is the absolute
+    byte offset of the data in the file; ``data`` is a read-only view into the map (uint8 bytes
+    for quantised types, the element dtype for F32/F16/I32).
+    """
+
+    name: str
+    type: T
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    data: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape))
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def raw_bytes(self) -> np.ndarray:
+        """The tensor's bytes as a flat uint8 view (no copy)."""
+        return np.asarray(self.data).reshape(-1).view(np.uint8)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "type": self.type.name, "shape": list(self.shape), "ne": list(self.ne),
+                "offset": self.offset, "nbytes": self.nbytes}
+
+
+def tensor_table(reader: GGUFReader) -> dict[str, TensorInfo]:
+    return {
+        t.name: TensorInfo(
+            name=t.name,
+            type=T(int(t.tensor_type)),
+            shape=tuple(int(d) for d in reversed(t.shape.tolist())),
+            offset=int(t.data_offset),
+            nbytes=int(t.n_bytes),
+            data=t.data,
+        )
+        for t in reader.tensors
+    }
+
+
+def _types_text(types: frozenset) -> str:
+    return L.TYPE_CLASS_NAMES.get(types) or "/".join(sorted(t.name for t in types))
+
+
+def check_tensor(path, spec: TensorSpec, info: TensorInfo | None) -> None:
+    """Raise the specific TensorError if ``info`` does not satisfy ``spec``."""
+    if info is None:
+        raise MissingTensorError(path, spec.name, f"missing ({spec.role}; expected numpy shape {list(spec.shape)}, "
+                                                  f"GGUF ne {list(spec.ne)})")
+    if info.shape != spec.shape:
+        raise TensorShapeError(path, spec.name, f"wrong dims: expected numpy shape {list(spec.shape)} "
+                                                f"(GGUF ne {list(spec.ne)}), found {list(info.shape)} "
+                                                f"(GGUF ne {list(info.ne)})")
+    if info.type not in spec.types:
+        raise TensorTypeError(path, spec.name, f"wrong type: expected {_types_text(spec.types)}, found {info.type.name}")
+
+
+def nonfinite_count(info: TensorInfo, chunk_bytes: int = 1 << 24) -> int:
+    """Number of NaN/Inf values in an F32/F16/BF16 tensor (0 for other types), scanned in chunks."""
+    if info.type == T.F32:
+        dt, shift = np.dtype("<u4"), (0x7F800000, 0x7F800000)
+    elif info.type == T.F16:
+        dt, shift = np.dtype("<u2"), (0x7C00, 0x7C00)
+    elif info.type == T.BF16:
+        dt, shift = np.dtype("<u2"), (0x7F80, 0x7F80)
+    else:
+        return 0
+    mask, want = shift
+    raw = info.raw_bytes()
+    step = (chunk_bytes // dt.itemsize) * dt.itemsize
+    bad = 0
+    for i in range(0, raw.size, step):
+        bits = raw[i : i + step].view(dt)
+        bad += int(np.count_nonzero((bits & dt.type(mask)) == dt.type(want)))
+    return bad
+
+
+# ---- the target model -----------------------------------------------------------------------
+
+def _validate_config(path, c: DS4Config) -> None:
+    """Value checks that keep the engine's assumptions true; names the key and the values."""
+
+    def bad(key: str, msg: str):
+        raise KeyValueError(path, L.P + key, msg)
+
+    positive = ["n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank", "o_lora_rank",
+                "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_expert_shared", "sliding_window",
+                "indexer_n_head", "indexer_head_dim", "indexer_top_k", "hc_count", "hc_sinkhorn_iters",
+                "rope_orig_ctx"]
+    key_of = {mk.field: mk.key[len(L.P):] for mk in L.MODEL_KEYS}
+    for name in positive:
+        if getattr(c, name) <= 0:
+            bad(key_of[name], f"expected a positive value, found {getattr(c, name)}")
+    if c.n_head_kv != 1:
+        bad("attention.head_count_kv", f"expected 1 (one shared K=V head), found {c.n_head_kv}")
+    if c.value_dim != c.head_dim:
+        bad("attention.value_length", f"expected {c.head_dim} (= attention.key_length, V = K), found {c.value_dim}")
+    if c.n_rot % 2 or c.n_rot > c.head_dim:
+        bad("rope.dimension_count", f"expected an even value <= attention.key_length {c.head_dim}, found {c.n_rot}")
+    if c.n_rot > c.indexer_head_dim:
+        bad("attention.indexer.key_length", f"expected >= rope.dimension_count {c.n_rot}, found {c.indexer_head_dim}")
+    if c.n_head % c.o_groups:
+        bad("attention.output_group_count", f"expected a divisor of attention.head_count {c.n_head}, found {c.o_groups}")
+    if c.n_expert_used > c.n_expert:
+        bad("expert_used_count", f"expected <= expert_count {c.n_expert}, found {c.n_expert_used}")
+    if c.n_hash_layer > c.n_layer:
+        bad("hash_layer_count", f"expected <= block_count {c.n_layer}, found {c.n_hash_layer}")
+    if len(c.compress_ratios) < c.n_layer:
+        bad("attention.compress_ratios", f"expected at least {c.n_layer} entries (block_count), found {len(c.compress_ratios)}")
+    for i, r in enumerate(c.compress_ratios[: c.n_layer]):
+        if r < 0:
+            bad("attention.compress_ratios", f"entry {i}: expected 0 (SWA), 4 (CSA) or a positive HCA ratio, found {r}")
+    if len(c.swiglu_clamp) < c.n_layer:
+        bad("swiglu_clamp_exp", f"expected {c.n_layer} entries (block_count), found {len(c.swiglu_clamp)}")
+    if c.swiglu_clamp_shexp is not None and len(c.swiglu_clamp_shexp) < c.n_layer:
+        bad("swiglu_clamp_shexp", f"expected {c.n_layer} entries (block_count), found {len(c.swiglu_clamp_shexp)}")
+    for name in ("rope_freq_base", "rope_scaling_factor", "compress_rope_freq_base", "expert_weights_scale",
+                 "rms_eps", "hc_eps", "yarn_beta_fast", "yarn_beta_slow"):
+        v = getattr(c, name)
+        if not np.isfinite(v) or v <= 0:
+            bad(key_of[name], f"expected a finite positive value, found {v}")
+    if c.expert_gating_func != L.GATING_SQRT_SOFTPLUS:
+        bad("expert_gating_func", f"expected {L.GATING_SQRT_SOFTPLUS} (sqrt-softplus), found {c.expert_gating_func}")
+    if c.rope_scaling_type != "yarn":
+        bad("rope.scaling.type", f"expected 'yarn', found {c.rope_scaling_type!r}")
+    if c.expert_group_count not in (0,) or c.expert_group_used_count not in (0,):
+        bad("expert_group_count", f"expected absent or 0 (no expert groups), found {c.expert_group_count}/"
+                                  f"{c.expert_group_used_count}")
+
+
+def read_config(reader: GGUFReader, path) -> DS4Config:
+    values: dict[str, Any] = {}
+    for mk in L.MODEL_KEYS:
+        v = read_key(reader, path, mk)
+        if v is not None:
+            values[mk.field] = v
+    n_layer = values["n_layer"]
+    # Longer lists (e.g. the 44-entry compress_ratios with the MTP slot) are cut to n_layer after
+    # the length checks below have seen the original length.
+    cfg = DS4Config(**values)
+    _validate_config(path, cfg)
+    return DS4Config(**{**values,
+                        "compress_ratios": tuple(values["compress_ratios"][:n_layer]),
+                        "swiglu_clamp": tuple(values["swiglu_clamp"][:n_layer]),
+                        **({"swiglu_clamp_shexp": tuple(values["swiglu_clamp_shexp"][:n_layer])}
+                           if "swiglu_clamp_shexp" in values else {})})
+
+
+class DS4Model:
+    """A validated DS4 target GGUF (``general.architecture = deepseek4``).
+
+    Attributes: ``path``, ``reader`` (the gguf reader, memory-mapped), ``config``
+    (:class:`DS4Config`), ``tensors`` (name → :class:`TensorInfo`), ``extra_tensors`` (names not
+    in the layout: ds4 ignores them, llama.cpp refuses the file), ``warnings`` (list of str).
+
+    Raises the :class:`ModelFileError` subclass for the first problem found.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, check_finite: bool = False):
+        self.path = Path(path)
+        self.reader = open_gguf(self.path)
+        self.warnings: list[str] = []
+        arch_f = self.reader.fields.get("general.architecture")
+        if arch_f is None:
+            raise MissingKeyError(self.path, "general.architecture", f"missing (expected '{L.ARCH}')")
+        arch = field_value(arch_f)
+        if arch != L.ARCH:
+            hint = " (this is a DSpark support file: pass it with --mtp)" if arch in (L.SUPPORT_ARCH, "dflash") else ""
+            raise ArchitectureError(self.path, f"general.architecture: expected '{L.ARCH}', found '{arch}'{hint}")
+        self.config = read_config(self.reader, self.path)
+        self._check_vocab()
+        self.tensors = tensor_table(self.reader)
+        self.specs = L.model_tensor_specs(self.config)
+        for spec in self.specs:
+            check_tensor(self.path, spec, self.tensors.get(spec.name))
+        for layer in range(self.config.n_layer):
+            g = self.tensors[f"blk.{layer}.ffn_gate_exps.weight"]
+            u = self.tensors[f"blk.{layer}.ffn_up_exps.weight"]
+            if g.type != u.type:
+                raise TensorTypeError(self.path, u.name, f"wrong type: expected {g.type.name} (the type of {g.name}; "
+                                                         f"routed gate and up must match), found {u.type.name}")
+        known = {s.name for s in self.specs}
+        self.extra_tensors = sorted(set(self.tensors) - known)
+        if self.extra_tensors:
+            self.warnings.append(f"{len(self.extra_tensors)} tensor(s) not in the DS4 layout are ignored "
+                                 f"(llama.cpp would refuse the file): {', '.join(self.extra_tensors[:5])}")
+        if check_finite:
+            for spec in self.specs:
+                info = self.tensors[spec.name]
+                n = nonfinite_count(info)
+                if n:
+                    raise NonFiniteError(self.path, info.name, f"{n} non-finite (NaN/Inf) values in {info.type.name} data")
+
+    def _check_vocab(self) -> None:
+        c = self.config
+        f = self.reader.fields.get("tokenizer.ggml.tokens")
+        if f is None:
+            raise MissingKeyError(self.path, "tokenizer.ggml.tokens", f"missing (expected {c.n_vocab} strings)")
+        if not f.types or f.types[0] != GGUFValueType.ARRAY or f.types[-1] != GGUFValueType.STRING:
+            raise KeyTypeError(self.path, "tokenizer.ggml.tokens", f"wrong GGUF type: expected array of STRING, "
+                                                                    f"found {_type_name(f)}")
+        if len(f.data) != c.n_vocab:
+            raise KeyValueError(self.path, "tokenizer.ggml.tokens",
+                                f"expected {c.n_vocab} entries (deepseek4.vocab_size), found {len(f.data)}")
+        m = self.reader.fields.get("tokenizer.ggml.merges")
+        if m is None:
+            raise MissingKeyError(self.path, "tokenizer.ggml.merges", "missing (expected an array of merge strings)")
+        if not m.types or m.types[0] != GGUFValueType.ARRAY or m.types[-1] != GGUFValueType.STRING:
+            raise KeyTypeError(self.path, "tokenizer.ggml.merges", f"wrong GGUF type: expected array of STRING, "
+                                                                    f"found {_type_name(m)}")
+
+    # ---- summaries ----------------------------------------------------------------------
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise MissingTensorError(self.path, name, "missing") from None
+
+    @property
+    def name(self) -> str:
+        f = self.reader.fields.get("general.name")
+        return str(field_value(f)) if f is not None else self.path.stem
+
+    @property
+    def file_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def quant_mix(self) -> dict[str, dict[str, int]]:
+        """Per GGML type: number of tensors, elements and bytes (layout tensors only)."""
+        mix: dict[str, dict[str, int]] = {}
+        for spec in self.specs:
+            info = self.tensors[spec.name]
+            m = mix.setdefault(info.type.name, {"tensors": 0, "elements": 0, "bytes": 0})
+            m["tensors"] += 1
+            m["elements"] += info.n_elements
+            m["bytes"] += info.nbytes
+        return dict(sorted(mix.items(), key=lambda kv: -kv[1]["bytes"]))
+
+    def bytes_per_token(self, ctx: int) -> dict[str, int]:
+        """Estimated bytes read to decode one token at context ``ctx`` (spec ds4.md §8).
+
+        Weights: every dense tensor once, ``n_expert_used / n_expert`` of each routed expert
+        tensor, one embedding row, the indexer scoring weights only when more compressed rows exist
+        than ``indexer_top_k``.  KV: f32 rows as ds4's GPU path stores them (§8.2).
+        Returns a dict with ``weights``, ``kv`` and ``total``.
+        """
+        c = self.config
+        weights = 0
+        for spec in self.specs:
+            info = self.tensors[spec.name]
+            n = spec.name.split(".")[-2] if spec.name.count(".") >= 2 else spec.name
+            if spec.name == "token_embd.weight":
+                weights += info.nbytes // c.n_vocab
+            elif "_exps." in spec.name:
+                weights += info.nbytes * c.n_expert_used // c.n_expert
+            elif spec.name.endswith("ffn_gate_tid2eid.weight"):
+                weights += c.n_expert_used * 4
+            elif spec.name.endswith(("indexer.attn_q_b.weight", "indexer.proj.weight")):
+                if ctx // L.CSA_RATIO > c.indexer_top_k:
+                    weights += info.nbytes
+            else:
+                weights += info.nbytes
+            del n
+        kv = 0
+        row = c.head_dim * 4
+        for layer in range(c.n_layer):
+            kv += min(ctx, c.sliding_window) * row
+            kind = c.layer_kind(layer)
+            ratio = c.compress_ratios[layer]
+            if kind is L.LayerKind.CSA:
+                n_comp = ctx // ratio
+                kv += min(n_comp, c.indexer_top_k) * row
+                if n_comp > c.indexer_top_k:
+                    kv += n_comp * c.indexer_head_dim * 4
+            elif kind is L.LayerKind.HCA:
+                kv += (ctx // ratio) * row
+        return {"weights": weights, "kv": kv, "total": weights + kv}
+
+    def summary(self, ctx: int = 4096) -> dict:
+        c = self.config
+        sched = c.schedule()
+        kinds = [s["attention"] for s in sched]
+        return {
+            "path": str(self.path),
+            "name": self.name,
+            "architecture": L.ARCH,
+            "file_bytes": self.file_bytes,
+            "tensor_bytes": sum(self.tensors[s.name].nbytes for s in self.specs),
+            "n_tensors": len(self.tensors),
+            "dims": {
+                "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_head": c.n_head,
+                "head_dim": c.head_dim, "n_rot": c.n_rot, "q_lora_rank": c.q_lora_rank,
+                "o_groups": c.o_groups, "o_lora_rank": c.o_lora_rank, "n_expert": c.n_expert,
+                "n_expert_used": c.n_expert_used, "n_expert_shared": c.n_expert_shared, "n_ff_exp": c.n_ff_exp,
+                "n_hash_layer": c.n_hash_layer, "sliding_window": c.sliding_window,
+                "indexer_n_head": c.indexer_n_head, "indexer_head_dim": c.indexer_head_dim,
+                "indexer_top_k": c.indexer_top_k, "hc_count": c.hc_count, "context_length": c.context_length,
+            },
+            "schedule": sched,
+            "layer_counts": {k: kinds.count(k) for k in ("SWA", "CSA", "HCA")} | {
+                "hash_moe": sum(1 for s in sched if s["moe"] == "hash"),
+                "topk_moe": sum(1 for s in sched if s["moe"] == "topk")},
+            "quant_mix": self.quant_mix(),
+            "ctx": ctx,
+            "bytes_per_token": self.bytes_per_token(ctx),
+            "extra_tensors": self.extra_tensors,
+            "warnings": list(self.warnings),
+        }
+
+
+# ---- the DSpark support model --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a support file cannot draft. ``kind`` is the summary counter it adds to."""
+
+    kind: str  # "missing" | "invalid" | "metadata_errors" | "nonfinite" | "mismatch"
+    message: str
+    tensor: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class SupportMeta:
+    block_size: int | None = None
+    markov_rank: int | None = None
+    noise_token_id: int | None = None
+    target_layer_ids: tuple[int, ...] = ()
+    n_stages: int = 0
+
+
+class SupportModel:
+    """A DSpark support GGUF checked against its target (spec dspark.md §4).
+
+    Accepts ds4's layout (``general.architecture = deepseek4-dspark``, ``mtp.N.*`` tensors) and
+    llama.cpp's ``dflash`` layout (``blk.N.*`` plus root names; its target-layer ids are layer
+    inputs and are shifted by −1 to post-layer ids).  Problems are collected, never raised, except
+    for an unreadable file; :meth:`require_compatible` raises :class:`SupportInvalidError`.
+    """
+
+    def __init__(self, path: str | os.PathLike, target: DS4Config, *, check_finite: bool = True):
+        self.path = Path(path)
+        self.target = target
+        self.problems: list[Problem] = []
+        self.reader = open_gguf(self.path)
+        arch_f = self.reader.fields.get("general.architecture")
+        self.architecture = str(field_value(arch_f)) if arch_f is not None else None
+        if self.architecture not in (L.SUPPORT_ARCH, "dflash"):
+            hint = " (this is a target model, not a support file)" if self.architecture == L.ARCH else ""
+            raise ArchitectureError(self.path, f"general.architecture: expected '{L.SUPPORT_ARCH}' or 'dflash', "
+                                               f"found '{self.architecture}'{hint}")
+        raw = tensor_table(self.reader)
+        self.tensors = self._canonical_names(raw)
+        self.meta = self._read_meta()
+        self.present = 0
+        self._check_against_target()
+        self.specs: list[TensorSpec] = []
+        if self.meta.n_stages > 0 and self.meta.markov_rank:
+            self.specs = L.support_tensor_specs(target, self.meta.n_stages, max(1, len(self.meta.target_layer_ids)),
+                                                self.meta.markov_rank)
+            self._check_tensors()
+        if check_finite:
+            for info in self.tensors.values():
+                n = nonfinite_count(info)
+                if n:
+                    self._add("nonfinite", f"tensor '{info.name}': {n} non-finite (NaN/Inf) values in "
+                                           f"{info.type.name} data", tensor=info.name)
+
+    # -- helpers --
+    def _add(self, kind: str, message: str, *, tensor: str | None = None, key: str | None = None) -> None:
+        self.problems.append(Problem(kind, message, tensor, key))
+
+    def _canonical_names(self, raw: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+        if self.architecture != "dflash":
+            return raw
+        stages = [int(n.split(".")[1]) for n in raw if n.startswith("blk.") and n.split(".")[1].isdigit()]
+        last = max(stages) if stages else 0
+        out = {}
+        for name, info in raw.items():
+            if name.startswith("blk."):
+                new = "mtp." + name[4:]
+            else:
+                new = L.DFLASH_ROOT_NAMES.get(name, name).format(last=last)
+            out[new] = info
+        return out
+
+    def _int_key(self, keys: Iterable[str], what: str) -> tuple[str | None, int | None]:
+        k, f = _first_key(self.reader, keys)
+        if f is None:
+            return None, None
+        if not f.types or f.types[0] not in _INT_TYPES:
+            self._add("metadata_errors", f"metadata key '{k}' ({what}): wrong GGUF type: expected an integer, "
+                                         f"found {_type_name(f)}", key=k)
+            return k, None
+        return k, int(field_value(f))
+
+    def _read_meta(self) -> SupportMeta:
+        m = SupportMeta()
+        stage_ids = {int(n.split(".")[1]) for n in self.tensors if n.startswith("mtp.") and n.split(".")[1].isdigit()}
+        m.n_stages = (max(stage_ids) + 1) if stage_ids else 0
+        if m.n_stages == 0:
+            self._add("missing", "no drafter stage tensors (mtp.N.* or blk.N.*) found")
+        k, m.block_size = self._int_key(L.SUPPORT_BLOCK_KEYS, "block size")
+        if k is None:
+            self._add("metadata_errors", f"block size: none of the keys {', '.join(L.SUPPORT_BLOCK_KEYS)} is present",
+                      key=L.SUPPORT_BLOCK_KEYS[2])
+        elif m.block_size is not None and not (0 < m.block_size <= L.MAX_SUPPORT_BLOCK):
+            self._add("metadata_errors", f"metadata key '{k}': block size expected 1..{L.MAX_SUPPORT_BLOCK}, "
+                                         f"found {m.block_size}", key=k)
+        k, m.markov_rank = self._int_key(L.SUPPORT_RANK_KEYS, "Markov rank")
+        w1 = next((i for n, i in self.tensors.items() if n.endswith("markov_head.markov_w1.weight")), None)
+        if k is None and w1 is not None:
+            m.markov_rank = w1.ne[0]  # spec dspark.md §4.1: inferred from markov_w1 ne0
+        elif k is None:
+            self._add("metadata_errors", "Markov rank: no rank key and no markov_w1 tensor to infer it from",
+                      key=L.SUPPORT_RANK_KEYS[2])
+        if m.markov_rank is not None and m.markov_rank <= 0:
+            self._add("metadata_errors", f"metadata key '{k}': Markov rank expected > 0, found {m.markov_rank}", key=k)
+            m.markov_rank = None
+        k, m.noise_token_id = self._int_key(L.SUPPORT_NOISE_KEYS, "noise token id")
+        if k is None:
+            self._add("metadata_errors", f"noise token id: none of the keys {', '.join(L.SUPPORT_NOISE_KEYS)} is "
+                                         f"present", key=L.SUPPORT_NOISE_KEYS[2])
+        elif m.noise_token_id is not None and not (0 <= m.noise_token_id < self.target.n_vocab):
+            self._add("metadata_errors", f"metadata key '{k}': noise token id expected 0..{self.target.n_vocab - 1} "
+                                         f"(< target vocab {self.target.n_vocab}), found {m.noise_token_id}", key=k)
+        k, f = _first_key(self.reader, L.SUPPORT_TARGET_KEYS)
+        if f is None:
+            self._add("metadata_errors", f"capture layers: none of the keys {', '.join(L.SUPPORT_TARGET_KEYS)} is "
+                                         f"present", key=L.SUPPORT_TARGET_KEYS[2])
+        elif f.types[0] != GGUFValueType.ARRAY or f.types[-1] not in (GGUFValueType.UINT32, GGUFValueType.INT32):
+            self._add("metadata_errors", f"metadata key '{k}': wrong GGUF type: expected array of UINT32/INT32, "
+                                         f"found {_type_name(f)}", key=k)
+        else:
+            ids = [int(x) for x in field_value(f)]
+            if k == "dflash.target_layers":  # layer-input ids → post-layer ids (spec dspark.md §12)
+                ids = [i - 1 if i > 0 else i for i in ids]
+            m.target_layer_ids = tuple(ids)
+            if not ids:
+                self._add("metadata_errors", f"metadata key '{k}': capture layer list is empty", key=k)
+            for i in ids:
+                if not (0 <= i < self.target.n_layer):
+                    self._add("metadata_errors", f"metadata key '{k}': capture layer {i} expected 0..{self.target.n_layer - 1} "
+                                                 f"(< target block_count {self.target.n_layer})", key=k)
+            if any(b <= a for a, b in zip(ids, ids[1:])):
+                self._add("metadata_errors", f"metadata key '{k}': capture layers must be strictly increasing, "
+                                             f"found {ids}", key=k)
+        return m
+
+    def _check_against_target(self) -> None:
+        """Dimension checks against the target, before the per-tensor shape checks."""
+        t = self.target
+        c_f = {}
+        for keys, name, want in ((L.SUPPORT_EXPERT_COUNT_KEYS, "expert count", t.n_expert),
+                                 (L.SUPPORT_EXPERT_USED_KEYS, "experts used", t.n_expert_used),
+                                 (L.SUPPORT_EMBD_KEYS, "hidden size", t.n_embd)):
+            k, v = self._int_key(keys, name)
+            c_f[name] = v
+            if k is not None and v is not None and v != want:
+                self._add("mismatch", f"{name}: support metadata '{k}' = {v}, target has {want}", key=k)
+        norm = self.tensors.get("mtp.0.attn_norm.weight")
+        if norm is not None and norm.shape[0] != t.n_embd:
+            self._add("mismatch", f"hidden size: support has {norm.shape[0]} (mtp.0.attn_norm.weight), target "
+                                  f"deepseek4.embedding_length = {t.n_embd}", tensor=norm.name)
+        router = self.tensors.get("mtp.0.ffn_gate_inp.weight")
+        if router is not None and router.shape[0] != t.n_expert:
+            self._add("mismatch", f"expert count: support has {router.shape[0]} experts (mtp.0.ffn_gate_inp.weight), "
+                                  f"target deepseek4.expert_count = {t.n_expert}", tensor=router.name)
+        w1 = next((i for n, i in self.tensors.items() if n.endswith("markov_head.markov_w1.weight")), None)
+        if w1 is not None and w1.shape[0] != t.n_vocab:
+            self._add("mismatch", f"vocab: support has {w1.shape[0]} rows ({w1.name}), target "
+                                  f"deepseek4.vocab_size = {t.n_vocab}", tensor=w1.name)
+        if w1 is not None and self.meta.markov_rank and w1.shape[1] != self.meta.markov_rank:
+            self._add("metadata_errors", f"Markov rank: metadata says {self.meta.markov_rank}, {w1.name} has "
+                                         f"{w1.shape[1]}", tensor=w1.name)
+
+    def _check_tensors(self) -> None:
+        reported = {p.tensor for p in self.problems if p.tensor}
+        for spec in self.specs:
+            info = self.tensors.get(spec.name)
+            if info is None:
+                self._add("missing", f"tensor '{spec.name}': missing ({spec.role})", tensor=spec.name)
+                continue
+            self.present += 1
+            if spec.name in reported:
+                continue
+            try:
+                check_tensor(self.path, spec, info)
+            except TensorError as exc:
+                self._add("invalid", exc.detail, tensor=spec.name)
+        for s in range(self.meta.n_stages):
+            g = self.tensors.get(f"mtp.{s}.ffn_gate_exps.weight")
+            u = self.tensors.get(f"mtp.{s}.ffn_up_exps.weight")
+            if g is not None and u is not None and g.type != u.type:
+                self._add("invalid", f"tensor '{u.name}': routed gate and up types differ ({g.type.name} vs "
+                                     f"{u.type.name})", tensor=u.name)
+
+    # -- verdict --
+    def counts(self) -> dict[str, int]:
+        kinds = [p.kind for p in self.problems]
+        return {
+            "stages": self.meta.n_stages,
+            "block": self.meta.block_size or 0,
+            "markov_rank": self.meta.markov_rank or 0,
+            "tensors": self.present,
+            "missing": kinds.count("missing"),
+            "invalid": kinds.count("invalid") + kinds.count("mismatch"),
+            "metadata_errors": kinds.count("metadata_errors"),
+            "nonfinite": kinds.count("nonfinite"),
+        }
+
+    @property
+    def compatible(self) -> bool:
+        return not self.problems
+
+    def summary_line(self) -> str:
+        """The ds4-style summary: ``stages=3 block=5 markov_rank=256 tensors=81 missing=0 ...``."""
+        return " ".join(f"{k}={v}" for k, v in self.counts().items())
+
+    def summary(self) -> dict:
+        return {
+            "path": str(self.path),
+            "architecture": self.architecture,
+            "counts": self.counts(),
+            "noise_token_id": self.meta.noise_token_id,
+            "target_layer_ids": list(self.meta.target_layer_ids),
+            "compatible": self.compatible,
+            "reasons": [p.message for p in self.problems],
+            "tensor_bytes": sum(i.nbytes for i in self.tensors.values()),
+        }
+
+    def require_compatible(self) -> "SupportModel":
+        if self.problems:
+            raise SupportInvalidError(self.path, self.problems)
+        return self
