@@ -1,0 +1,101 @@
+"""``ds4tui tokenize``: token ids and pieces of a text under a DS4 GGUF's tokenizer.
+
+Only the GGUF's ``tokenizer.ggml.*`` keys are read (ds4tui.engine.tokenizer). Plain text is
+encoded with added-token strings recognised (so a pasted rendered prompt shows its markers as
+single ids); with ``--chat`` the text becomes the user message of a single-turn DS4 chat prompt
+(spec §4.3), where it is always plain text.
+
+Output: a table (id, piece) with a token count, ``--ids-only`` a Python-style list, or
+``--json`` one object ``{"n_tokens", "ids", "pieces"}``. User errors print one line to stderr
+and return 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
+
+_PREFIX = "ds4tui tokenize: error:"
+
+
+def _fail(message: str) -> int:
+    print(f"{_PREFIX} {message}", file=sys.stderr)
+    return 1
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if args.text is not None:
+        return args.text
+    if args.file == "-":
+        return sys.stdin.read()
+    try:
+        with open(args.file, encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _visible(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token for the table, quoted so spaces show: backslash as \\\\, control characters as
+    \\n, \\t, \\r or \\xNN, and bytes that are part of a split multi-byte character as \\xNN."""
+    if tokenizer.is_added(token_id):
+        text = tokenizer.token_piece(token_id)
+    else:
+        # A backslash byte (0x5C) never occurs inside a multi-byte UTF-8 sequence, so doubling it
+        # first keeps real backslashes apart from the \\xNN escapes of stray bytes.
+        raw = tokenizer.token_bytes(token_id).replace(b"\\", b"\\\\")
+        text = raw.decode("utf-8", errors="backslashreplace")
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "'" + "".join(out) + "'"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tokenize ``--text`` / ``--file`` with the tokenizer of ``args.model``; return the exit status."""
+    if args.json and args.ids_only:
+        return _fail("choose one of --json and --ids-only")
+    if not args.chat and (args.nothink or args.system):
+        return _fail("--system and --nothink only apply with --chat")
+    try:
+        text = _read_text(args)
+        tokenizer = Tokenizer.from_gguf(args.model)
+        if args.chat:
+            ids = render_chat(
+                tokenizer,
+                [{"role": "user", "content": text}],
+                think=not args.nothink,
+                system=args.system or None,
+            )
+        else:
+            ids = tokenizer.encode(text, parse_special=True)
+    except TokenizerError as exc:
+        return _fail(str(exc))
+
+    if args.ids_only:
+        print("[" + ", ".join(map(str, ids)) + "]")
+        return 0
+    pieces = [tokenizer.token_piece(i) for i in ids]
+    if args.json:
+        print(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces}, ensure_ascii=False))
+        return 0
+    width = max([len(str(i)) for i in ids] + [2])
+    print(f"{'id':>{width}}  piece")
+    for token_id in ids:
+        print(f"{token_id:>{width}}  {_visible(tokenizer, token_id)}")
+    print(f"{len(ids)} tokens")
+    return 0
