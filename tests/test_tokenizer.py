@@ -17,6 +17,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from ds4tui.cli import main as cli_main
+from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine import tokenizer as tokmod
 from ds4tui.engine.tokenizer import (
     BOS_TEXT,
@@ -366,14 +367,14 @@ def test_from_gguf_bad_files(tmp_path: Path) -> None:
         Tokenizer.from_gguf(path)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all, just text")
-    with pytest.raises(TokenizerError, match="not a GGUF file"):
+    with pytest.raises(ModelFileError, match=r"junk\.gguf: wrong magic: expected b'GGUF', found b'not '"):
         Tokenizer.from_gguf(junk)
     good = write_tokenizer_gguf(tmp_path / "cut.gguf", tiny_vocab())
     cut = tmp_path / "cut2.gguf"
     cut.write_bytes(good.read_bytes()[:600])
-    with pytest.raises(TokenizerError, match="truncated"):
+    with pytest.raises(ModelFileError, match=r"cut2\.gguf: file is truncated"):
         Tokenizer.from_gguf(cut)
-    with pytest.raises(TokenizerError, match="cannot open"):
+    with pytest.raises(ModelFileError, match=r"absent\.gguf: no such file"):
         Tokenizer.from_gguf(tmp_path / "absent.gguf")
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
 _PREFIX = "ds4tui tokenize: error:"
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             ids = tokenizer.encode(text, parse_special=True)
-    except TokenizerError as exc:
+    except (TokenizerError, ModelFileError) as exc:
         return _fail(str(exc))
 
     if args.ids_only:

@@ -146,20 +146,20 @@ class _CheckedReader(GGUFReader):
         mv = memoryview(self.data)
         size = len(mv)
         offs = orig_offs + 12
-        parts: list = [raw_itype, alen]
-        idxs: list[int] = []
+        count = int(alen[0])
+        parts: list = [raw_itype, alen]  # then one part per string (its bytes; lengths are implied)
+        append = parts.append
         unpack = struct.Struct("<Q").unpack_from
-        for _ in range(int(alen[0])):
+        for _ in range(count):
             if offs + 8 > size:
                 raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
             (n,) = unpack(mv, offs)
-            if offs + 8 + n > size:
+            offs += 8
+            if offs + n > size:
                 raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
-            parts.append(mv[offs : offs + 8])
-            idxs.append(len(parts))
-            parts.append(mv[offs + 8 : offs + 8 + n])
-            offs += 8 + n
-        return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, GGUFValueType.STRING]
+            append(mv[offs : offs + n])
+            offs += n
+        return offs - orig_offs, parts, list(range(2, 2 + count)), [GGUFValueType.ARRAY, GGUFValueType.STRING]
 
     def _build_tensors(self, start_offs, fields):
         size = len(self.data)

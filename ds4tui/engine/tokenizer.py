@@ -28,9 +28,7 @@ from __future__ import annotations
 import codecs
 import importlib.util
 import json
-import mmap
 import os
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -381,232 +379,63 @@ _KEY_BOS = "tokenizer.ggml.bos_token_id"
 _KEY_EOS = "tokenizer.ggml.eos_token_id"
 _KEY_PAD = "tokenizer.ggml.padding_token_id"
 _REQUIRED_KEYS = (_KEY_MODEL, _KEY_PRE, _KEY_TOKENS, _KEY_MERGES, _KEY_TYPES)
-_OPTIONAL_KEYS = (_KEY_BOS, _KEY_EOS, _KEY_PAD)
-_TOKENIZER_KEYS = frozenset(_REQUIRED_KEYS + _OPTIONAL_KEYS)
 
 _VT = gguf.GGUFValueType
 _INT_TYPES = frozenset({_VT.UINT8, _VT.INT8, _VT.UINT16, _VT.INT16, _VT.UINT32, _VT.INT32, _VT.UINT64, _VT.INT64})
-_SCALAR_STRUCT: dict[gguf.GGUFValueType, struct.Struct] = {
-    _VT.UINT8: struct.Struct("<B"),
-    _VT.INT8: struct.Struct("<b"),
-    _VT.UINT16: struct.Struct("<H"),
-    _VT.INT16: struct.Struct("<h"),
-    _VT.UINT32: struct.Struct("<I"),
-    _VT.INT32: struct.Struct("<i"),
-    _VT.FLOAT32: struct.Struct("<f"),
-    _VT.BOOL: struct.Struct("<?"),
-    _VT.UINT64: struct.Struct("<Q"),
-    _VT.INT64: struct.Struct("<q"),
-    _VT.FLOAT64: struct.Struct("<d"),
-}
 
 
-@dataclass
-class _MetaValue:
-    """One GGUF KV value: its type (array element type in ``elem``) and the Python value."""
-
-    type: gguf.GGUFValueType
-    value: Any
-    elem: gguf.GGUFValueType | None = None
-
-    def describe(self) -> str:
-        return f"array of {self.elem.name}" if self.type == _VT.ARRAY and self.elem is not None else self.type.name
+def _describe(f: Any) -> str:
+    if not f.types:
+        return "an empty value"
+    if f.types[0] == _VT.ARRAY:
+        return f"array of {f.types[-1].name}" if len(f.types) > 1 else "an empty array"
+    return f.types[0].name
 
 
-def _scan_gguf_metadata(path: Path, wanted: frozenset[str]) -> dict[str, _MetaValue]:
-    """Read the KV values named in ``wanted`` from a GGUF file (spec §3.1 container format).
+def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVocab:
+    """Read the ``tokenizer.ggml.*`` keys of a GGUF (a path, or an open ``gguf.GGUFReader``).
 
-    Reads only the header and the KV section of the memory-mapped file; tensor infos and data
-    are never touched. This is much faster than constructing ``gguf.GGUFReader``, which builds
-    a numpy view for each of the ~514k string parts of DS4's tokenizer arrays (about 10 s).
+    Required: model, pre, tokens, merges, token_type; optional: bos/eos/padding token ids.
+    A path is opened with :func:`ds4tui.engine.gguf_model.open_gguf` (the ``gguf`` package's
+    memory-mapped reader).  Raises TokenizerError naming the file and the missing or malformed key
+    (and ``ModelFileError`` for a file that is not a readable GGUF).
     """
-    where = str(path)
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < 24:
-                raise TokenizerError(f"{where}: not a GGUF file (only {size} bytes)")
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise TokenizerError(f"{where}: cannot open: {exc.strerror or exc}") from exc
-    try:
-        if mm[0:4] != b"GGUF":
-            raise TokenizerError(f"{where}: not a GGUF file (bad magic {mm[0:4]!r})")
-        cur = _KVCursor(mm, 4, where)
-        version = cur.scalar(_VT.UINT32)
-        if version not in (2, 3):
-            raise TokenizerError(f"{where}: unsupported GGUF version {version} (expected 3)")
-        cur.scalar(_VT.UINT64)  # n_tensors
-        n_kv = cur.scalar(_VT.UINT64)
-        out: dict[str, _MetaValue] = {}
-        for _ in range(n_kv):
-            key, value = cur.record(wanted)
-            if value is not None:
-                out[key] = value
-        return out
-    finally:
-        mm.close()
+    from ds4tui.engine.gguf_model import field_value, open_gguf
 
-
-class _KVCursor:
-    """Sequential little-endian reader of GGUF KV records over a buffer (mmap or memoryview)."""
-
-    def __init__(self, buf: Any, pos: int, where: str):
-        self.buf = buf
-        self.pos = pos
-        self.end = len(buf)
-        self.where = where
-
-    def _need(self, n: int, what: str) -> None:
-        if self.pos + n > self.end:
-            raise TokenizerError(f"{self.where}: truncated GGUF metadata ({what} at offset {self.pos})")
-
-    def scalar(self, vtype: gguf.GGUFValueType) -> Any:
-        fmt = _SCALAR_STRUCT[vtype]
-        self._need(fmt.size, vtype.name)
-        value = fmt.unpack_from(self.buf, self.pos)[0]
-        self.pos += fmt.size
-        return value
-
-    def raw_string(self, what: str) -> Any:
-        n = self.scalar(_VT.UINT64)
-        self._need(n, what)
-        raw = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return raw
-
-    def string(self, what: str) -> str:
-        try:
-            return str(self.raw_string(what), "utf-8")
-        except UnicodeDecodeError:
-            raise TokenizerError(f"{self.where}: {what} is not valid UTF-8") from None
-
-    def string_array(self, count: int, key: str) -> list[Any]:
-        """``count`` length-prefixed strings as raw slices (hot loop: 129280 DS4 tokens)."""
-        buf, pos, end = self.buf, self.pos, self.end
-        unpack = _SCALAR_STRUCT[_VT.UINT64].unpack_from
-        values: list[Any] = []
-        append = values.append
-        for i in range(count):
-            if pos + 8 > end:
-                raise TokenizerError(f"{self.where}: truncated GGUF metadata in {key}[{i}]")
-            n = unpack(buf, pos)[0]
-            pos += 8
-            if pos + n > end:
-                raise TokenizerError(f"{self.where}: truncated GGUF metadata in {key}[{i}]")
-            append(buf[pos : pos + n])
-            pos += n
-        self.pos = pos
-        return values
-
-    def record(self, wanted: frozenset[str]) -> tuple[str, _MetaValue | None]:
-        """Parse one KV record; return (key, value) with value None unless key is in ``wanted``."""
-        key = self.string("a metadata key")
-        raw_type = self.scalar(_VT.UINT32)
-        try:
-            vtype = _VT(raw_type)
-        except ValueError:
-            raise TokenizerError(f"{self.where}: key {key!r} has unknown GGUF value type {raw_type}") from None
-        keep = key in wanted
-        if vtype == _VT.STRING:
-            if keep:
-                return key, _MetaValue(vtype, self.string(f"key {key!r}"))
-            self.raw_string(f"key {key!r}")
-            return key, None
-        if vtype != _VT.ARRAY:
-            value = self.scalar(vtype)
-            return key, _MetaValue(vtype, value) if keep else None
-        raw_elem = self.scalar(_VT.UINT32)
-        count = self.scalar(_VT.UINT64)
-        try:
-            elem = _VT(raw_elem)
-        except ValueError:
-            raise TokenizerError(f"{self.where}: key {key!r} is an array of unknown type {raw_elem}") from None
-        if elem == _VT.STRING:
-            raws = self.string_array(count, key)
-            if not keep:
-                return key, None
-            try:
-                values = [str(raw, "utf-8") for raw in raws]
-            except UnicodeDecodeError:
-                bad = next(i for i, raw in enumerate(raws) if not _is_utf8(raw))
-                raise TokenizerError(f"{self.where}: {key}[{bad}] is not valid UTF-8") from None
-            return key, _MetaValue(vtype, values, elem)
-        if elem == _VT.ARRAY:
-            raise TokenizerError(f"{self.where}: key {key!r}: nested arrays are not supported")
-        item = _SCALAR_STRUCT[elem]
-        fmt = struct.Struct(f"<{count}{item.format[1:]}")
-        self._need(fmt.size, f"key {key!r}")
-        values = list(fmt.unpack_from(self.buf, self.pos)) if keep else None
-        self.pos += fmt.size
-        return key, _MetaValue(vtype, values, elem) if keep else None
-
-
-def _is_utf8(raw: Any) -> bool:
-    try:
-        str(raw, "utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _reader_metadata(reader: gguf.GGUFReader, wanted: frozenset[str]) -> dict[str, _MetaValue]:
-    """The same values as ``_scan_gguf_metadata``, taken from an open ``gguf.GGUFReader``.
-
-    Each wanted field is re-parsed from the reader's memory map at the field's ``offset``
-    rather than through ``ReaderField.parts`` (one numpy view per array element); this takes
-    ~0.2 s for DS4's arrays, against ~0.4 s through ``parts``.
-    """
-    where = str(getattr(reader.data, "filename", None) or "<GGUFReader>")
-    if getattr(reader, "byte_order", "I") == "S":
-        raise TokenizerError(f"{where}: big-endian GGUF files are not supported")
-    base = getattr(reader.data, "base", None)
-    if isinstance(base, mmap.mmap) and getattr(reader.data, "offset", 0) == 0:
-        buf: Any = base  # the reader's own file map: slicing it yields bytes (fastest)
+    if isinstance(source, gguf.GGUFReader):
+        reader = source
+        where = str(getattr(source.data, "filename", None) or "<GGUFReader>")
     else:
-        buf = memoryview(reader.data).cast("B")
-    out: dict[str, _MetaValue] = {}
-    try:
-        for key in sorted(wanted):
-            fld = reader.fields.get(key)
-            if fld is None:
-                continue
-            cur = _KVCursor(buf, int(fld.offset), where)
-            parsed_key, value = cur.record(frozenset({key}))
-            if parsed_key != key or value is None:
-                raise TokenizerError(f"{where}: GGUF field {key!r} is not at its recorded offset {fld.offset}")
-            out[key] = value
-    finally:
-        if isinstance(buf, memoryview):
-            buf.release()
-    return out
-
-
-def _vocab_from_metadata(meta: Mapping[str, _MetaValue], where: str) -> GGUFVocab:
+        where = str(source)
+        reader = open_gguf(source)
+    fields = reader.fields
     hint = "a DS4 GGUF stores its tokenizer in the tokenizer.ggml.* keys (spec §3.2)"
     for key in _REQUIRED_KEYS:
-        if key not in meta:
+        if key not in fields:
             raise TokenizerError(f"{where}: missing GGUF key {key!r} ({hint})")
 
     def expect_string(key: str) -> str:
-        mv = meta[key]
-        if mv.type != _VT.STRING:
-            raise TokenizerError(f"{where}: GGUF key {key!r} is {mv.describe()}, expected STRING")
-        return mv.value
+        f = fields[key]
+        if f.types != [_VT.STRING]:
+            raise TokenizerError(f"{where}: GGUF key {key!r} is {_describe(f)}, expected STRING")
+        return field_value(f)
 
     def expect_array(key: str, elem_ok: Iterable[gguf.GGUFValueType], what: str) -> list[Any]:
-        mv = meta[key]
-        if mv.type != _VT.ARRAY or (mv.value and mv.elem not in set(elem_ok)):
-            raise TokenizerError(f"{where}: GGUF key {key!r} is {mv.describe()}, expected an array of {what}")
-        return mv.value
+        f = fields[key]
+        if not f.types or f.types[0] != _VT.ARRAY or (len(f.types) > 1 and f.types[-1] not in set(elem_ok)):
+            raise TokenizerError(f"{where}: GGUF key {key!r} is {_describe(f)}, expected an array of {what}")
+        try:
+            return field_value(f)
+        except UnicodeDecodeError:
+            raise TokenizerError(f"{where}: GGUF key {key!r} holds a string that is not valid UTF-8") from None
 
     def optional_int(key: str) -> int | None:
-        mv = meta.get(key)
-        if mv is None:
+        f = fields.get(key)
+        if f is None:
             return None
-        if mv.type not in _INT_TYPES:
-            raise TokenizerError(f"{where}: GGUF key {key!r} is {mv.describe()}, expected an integer")
-        return int(mv.value)
+        if not f.types or f.types[0] not in _INT_TYPES:
+            raise TokenizerError(f"{where}: GGUF key {key!r} is {_describe(f)}, expected an integer")
+        return int(field_value(f))
 
     vocab = GGUFVocab(
         tokens=expect_array(_KEY_TOKENS, (_VT.STRING,), "strings"),
@@ -621,22 +450,6 @@ def _vocab_from_metadata(meta: Mapping[str, _MetaValue], where: str) -> GGUFVoca
     )
     vocab.validate()
     return vocab
-
-
-def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVocab:
-    """Read the ``tokenizer.ggml.*`` keys of a GGUF (a path, or an open ``gguf.GGUFReader``).
-
-    Required: model, pre, tokens, merges, token_type; optional: bos/eos/padding token ids.
-    Raises TokenizerError naming the file and the missing or malformed key.
-    """
-    if isinstance(source, gguf.GGUFReader):
-        where = str(getattr(source.data, "filename", None) or "<GGUFReader>")
-        meta = _reader_metadata(source, _TOKENIZER_KEYS)
-    else:
-        path = Path(source)
-        where = str(path)
-        meta = _scan_gguf_metadata(path, _TOKENIZER_KEYS)
-    return _vocab_from_metadata(meta, where)
 
 
 # --------------------------------------------------------------------------------------------
