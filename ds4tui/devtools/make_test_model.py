@@ -173,12 +173,15 @@ def support_params(c: DS4Config, rank: int = 32) -> SupportParams:
                          target_layer_ids=tuple(range(c.n_layer - 3, c.n_layer)))
 
 
-def write_support(path: Path, c: DS4Config, seed: int, *, types: str, rank: int = 32, n_expert: int | None = None,
-                  progress=None) -> Path:
-    """A random DSpark support GGUF for target config ``c`` (``n_expert`` overrides the expert count,
-    to make deliberately mismatched files)."""
+def write_support(path: Path, c: DS4Config, seed: int, *, types: str, rank: int = 32, progress=None,
+                  **shape_overrides) -> Path:
+    """A random DSpark support GGUF for target config ``c``.
+
+    ``shape_overrides`` (e.g. ``n_expert=8``, ``n_embd=512``, ``n_vocab=1000``) change the shapes the
+    support tensors are written with, to make deliberately mismatched files for tests.
+    """
     rng = np.random.default_rng(seed + 1)
-    shape_cfg = c if n_expert is None else replace(c, n_expert=n_expert, n_expert_used=min(c.n_expert_used, n_expert))
+    shape_cfg = replace(c, **shape_overrides) if shape_overrides else c
     return write_support_gguf(path, shape_cfg, support_params(c, rank), lambda s: random_weight(s, rng, shape_cfg),
                               types=types, name="ds4-test-dspark", progress=progress)
 

@@ -1,0 +1,54 @@
+"""Test helper: copy a GGUF with edits (keys dropped/replaced, tensors dropped/replaced).
+
+Built on the gguf package's reader and writer, so the edited files are well-formed GGUFs that
+differ from the original only where a test says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from ds4tui.engine.gguf_model import field_value
+
+_SKIP = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
+
+
+def rewrite(src: str | Path, dst: str | Path, *, arch: str | None = None, drop_keys=(),
+            set_keys: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] | None = None,
+            drop_tensors=(), replace_tensors: dict[str, tuple[np.ndarray, T | None]] | None = None) -> Path:
+    r = GGUFReader(str(src))
+    old_arch = field_value(r.fields["general.architecture"])
+    w = GGUFWriter(str(dst), arch=arch or old_arch)
+    set_keys = set_keys or {}
+    replace_tensors = replace_tensors or {}
+    for name, f in r.fields.items():
+        if name in _SKIP or name in drop_keys or name in set_keys:
+            continue
+        main = f.types[0]
+        sub = f.types[-1] if main == GGUFValueType.ARRAY else None
+        w.add_key_value(name, field_value(f), main, sub)
+    for name, (val, vt, sub) in set_keys.items():
+        w.add_key_value(name, val, vt, sub)
+    for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
+        if t.name in replace_tensors:
+            data, qt = replace_tensors[t.name]
+            w.add_tensor(t.name, data, raw_dtype=qt)
+            continue
+        qt = T(int(t.tensor_type))
+        data = np.asarray(t.data)
+        if qt in (T.F32, T.F16, T.I32):
+            w.add_tensor(t.name, data)
+        else:
+            w.add_tensor(t.name, data, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
