@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 
-from ds4tui.engine.gguf_model import field_value
+from ds4tui.engine.gguf_model import field_value, open_gguf
 
 _SKIP = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
 
@@ -21,7 +21,7 @@ _SKIP = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architec
 def rewrite(src: str | Path, dst: str | Path, *, arch: str | None = None, drop_keys=(),
             set_keys: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] | None = None,
             drop_tensors=(), replace_tensors: dict[str, tuple[np.ndarray, T | None]] | None = None) -> Path:
-    r = GGUFReader(str(src))
+    r = open_gguf(src)
     old_arch = field_value(r.fields["general.architecture"])
     w = GGUFWriter(str(dst), arch=arch or old_arch)
     set_keys = set_keys or {}

@@ -18,6 +18,12 @@ from ds4tui.engine import layout as L
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 
 
+@pytest.fixture(scope="module")
+def plain_reader(tiny_q2) -> GGUFReader:
+    """The gguf package's own reader, unmodified: an independent view of what was written."""
+    return GGUFReader(tiny_q2["model"])
+
+
 def test_tiny_config_is_spec_section_6(tiny_q2):
     m = DS4Model(tiny_q2["model"])
     c = m.config
@@ -122,9 +128,9 @@ def test_q2_values_decode_within_bounds(tiny_q2):
     assert all(len(set(r)) == 6 for r in rows[:1000])  # distinct experts per token (§6)
 
 
-def test_metadata_types_follow_spec_3_2(tiny_q2):
+def test_metadata_types_follow_spec_3_2(plain_reader):
     """Exact GGUF value types: ds4 and llama.cpp both check them (spec ds4.md §3.2, §3.6)."""
-    r = GGUFReader(tiny_q2["model"])
+    r = plain_reader
     f = r.fields
     V = GGUFValueType
 
@@ -157,9 +163,9 @@ def test_metadata_types_follow_spec_3_2(tiny_q2):
     assert "deepseek4.nextn_predict_layers" not in f
 
 
-def test_tensor_data_is_contiguous_in_info_order(tiny_q2):
+def test_tensor_data_is_contiguous_in_info_order(plain_reader):
     """ggml's gguf loader: offset i = sum of padded sizes of tensors 0..i-1; names < 64 bytes."""
-    r = GGUFReader(tiny_q2["model"])
+    r = plain_reader
     expected = None
     for t in r.tensors:
         assert len(t.name.encode()) < 64
@@ -173,7 +179,7 @@ def test_tensor_data_is_contiguous_in_info_order(tiny_q2):
         expected = t.data_offset + (t.n_bytes + 31) // 32 * 32
 
 
-def test_inspect_json_schedule_and_bytes(tiny_q2, capsys):
+def test_inspect_json_schedule_and_bytes(tiny_q2, plain_reader, capsys):
     rc = cli_main(["inspect", tiny_q2["model"], "--mtp", tiny_q2["support"], "--json", "--ctx", "200"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"] is True
@@ -182,7 +188,7 @@ def test_inspect_json_schedule_and_bytes(tiny_q2, capsys):
     assert [s["compress_ratio"] for s in m["schedule"]] == [0, 0, 4, 16, 4, 16]
     assert [s["moe"] for s in m["schedule"]] == ["hash"] * 3 + ["topk"] * 3
     assert m["layer_counts"] == {"SWA": 2, "CSA": 2, "HCA": 2, "hash_moe": 3, "topk_moe": 3}
-    r = GGUFReader(tiny_q2["model"])
+    r = plain_reader
     assert m["tensor_bytes"] == sum(int(t.n_bytes) for t in r.tensors)
     by_type: dict[str, int] = {}
     for t in r.tensors:

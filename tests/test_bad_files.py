@@ -1,0 +1,266 @@
+"""Bad input gets a specific error naming the file, the key or tensor, the expected and found values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as V
+
+from ds4tui.cli import main as cli_main
+from ds4tui.devtools import make_test_model as mtm
+from ds4tui.engine import gguf_model as gm
+from ds4tui.engine.gguf_model import DS4Model, SupportModel
+
+from gguf_edit import rewrite
+
+
+@pytest.fixture(scope="module")
+def model(tiny_q2) -> str:
+    return tiny_q2["model"]
+
+
+def _expect(path, exc_type, *fragments):
+    with pytest.raises(exc_type) as ei:
+        DS4Model(path)
+    msg = str(ei.value)
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+    return ei.value
+
+
+def test_truncated_in_tensor_data(model, tmp_path):
+    data = open(model, "rb").read()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 1000])
+    e = _expect(cut, gm.TruncatedFileError, "file is truncated: tensor", "needs bytes", f"the file has {len(data) - 1000} bytes")
+    assert isinstance(e, gm.GGUFFormatError)
+
+
+def test_truncated_in_header(model, tmp_path):
+    cut = tmp_path / "head.gguf"
+    cut.write_bytes(open(model, "rb").read(5000))
+    _expect(cut, gm.TruncatedFileError, "file is truncated")
+    tiny = tmp_path / "tiny.gguf"
+    tiny.write_bytes(b"GGU")
+    _expect(tiny, gm.TruncatedFileError, "3 bytes")
+
+
+def test_wrong_magic_and_version(tmp_path, model):
+    bad = tmp_path / "magic.gguf"
+    bad.write_bytes(b"GGML" + open(model, "rb").read(100)[4:])
+    _expect(bad, gm.GGUFFormatError, "wrong magic: expected b'GGUF', found b'GGML'")
+    v2 = tmp_path / "v2.gguf"
+    head = bytearray(open(model, "rb").read(100))
+    head[4:8] = (2).to_bytes(4, "little")
+    v2.write_bytes(bytes(head))
+    _expect(v2, gm.GGUFFormatError, "unsupported GGUF version: expected 3, found 2")
+
+
+def test_missing_file_and_directory(tmp_path):
+    _expect(tmp_path / "nope.gguf", gm.ModelFileError, "no such file")
+    _expect(tmp_path, gm.ModelFileError, "is a directory")
+
+
+def test_wrong_architecture(model, tmp_path):
+    p = rewrite(model, tmp_path / "arch.gguf", arch="llama")
+    _expect(p, gm.ArchitectureError, "general.architecture: expected 'deepseek4', found 'llama'")
+
+
+def test_support_file_given_as_model_says_so(tiny_q2):
+    _expect(tiny_q2["support"], gm.ArchitectureError, "found 'deepseek4-dspark'", "pass it with --mtp")
+    with pytest.raises(gm.ArchitectureError, match="this is a target model"):
+        SupportModel(tiny_q2["model"], tiny_q2["config"])
+
+
+def test_missing_key(model, tmp_path):
+    p = rewrite(model, tmp_path / "nokey.gguf", drop_keys=["deepseek4.expert_count"])
+    e = _expect(p, gm.MissingKeyError, "metadata key 'deepseek4.expert_count': missing (expected u32)")
+    assert e.key == "deepseek4.expert_count"
+
+
+def test_wrong_key_type(model, tmp_path):
+    p = rewrite(model, tmp_path / "ktype.gguf", set_keys={"deepseek4.block_count": (6, V.INT32, None)})
+    _expect(p, gm.KeyTypeError, "'deepseek4.block_count': wrong GGUF type: expected u32, found INT32")
+    p = rewrite(model, tmp_path / "ktype2.gguf",
+                set_keys={"deepseek4.swiglu_clamp_exp": ([10] * 6, V.ARRAY, V.INT32)})
+    _expect(p, gm.KeyTypeError, "'deepseek4.swiglu_clamp_exp': wrong GGUF type: expected f32[], found array of INT32")
+
+
+def test_bad_key_values(model, tmp_path):
+    p = rewrite(model, tmp_path / "gate.gguf", set_keys={"deepseek4.expert_gating_func": (2, V.UINT32, None)})
+    _expect(p, gm.KeyValueError, "'deepseek4.expert_gating_func': expected 4 (sqrt-softplus), found 2")
+    p = rewrite(model, tmp_path / "used.gguf", set_keys={"deepseek4.expert_used_count": (20, V.UINT32, None)})
+    _expect(p, gm.KeyValueError, "'deepseek4.expert_used_count': expected <= expert_count 16, found 20")
+    p = rewrite(model, tmp_path / "ratios.gguf",
+                set_keys={"deepseek4.attention.compress_ratios": ([0, 0, 4], V.ARRAY, V.INT32)})
+    _expect(p, gm.KeyValueError, "expected at least 6 entries (block_count), found 3")
+    p = rewrite(model, tmp_path / "vocab.gguf", set_keys={"deepseek4.vocab_size": (129000, V.UINT32, None)})
+    _expect(p, gm.KeyValueError, "'tokenizer.ggml.tokens': expected 129000 entries (deepseek4.vocab_size), found 129280")
+
+
+def test_missing_tensor(model, tmp_path):
+    p = rewrite(model, tmp_path / "notensor.gguf", drop_tensors=["blk.3.attn_kv.weight"])
+    e = _expect(p, gm.MissingTensorError, "tensor 'blk.3.attn_kv.weight': missing (KV projection; expected numpy "
+                                          "shape [128, 256], GGUF ne [256, 128])")
+    assert e.tensor == "blk.3.attn_kv.weight"
+
+
+def test_wrong_dims(model, tmp_path):
+    p = rewrite(model, tmp_path / "dims.gguf",
+                replace_tensors={"blk.3.attn_sinks.weight": (np.zeros(4, np.float32), None)})
+    _expect(p, gm.TensorShapeError, "tensor 'blk.3.attn_sinks.weight': wrong dims: expected numpy shape [8] "
+                                    "(GGUF ne [8]), found [4] (GGUF ne [4])")
+
+
+def test_wrong_type(model, tmp_path):
+    p = rewrite(model, tmp_path / "type.gguf",
+                replace_tensors={"blk.0.ffn_gate_tid2eid.weight": (np.zeros((129280, 6), np.float32), None)})
+    _expect(p, gm.TensorTypeError, "tensor 'blk.0.ffn_gate_tid2eid.weight': wrong type: expected index (I32), found F32")
+    from ds4tui.engine.quants import quantize
+
+    q = quantize(np.ones((256, 256), np.float32), T.Q8_0)
+    p = rewrite(model, tmp_path / "type2.gguf", replace_tensors={"blk.2.attn_compressor_kv.weight": (q, T.Q8_0)})
+    _expect(p, gm.TensorTypeError, "tensor 'blk.2.attn_compressor_kv.weight': wrong type: expected float "
+                                   "(F32/F16/BF16), found Q8_0")
+
+
+def test_gate_up_type_mismatch(model, tmp_path):
+    from ds4tui.engine.quants import quantize
+
+    q = quantize(np.ones((16, 256, 256), np.float32), T.Q8_0)
+    p = rewrite(model, tmp_path / "gu.gguf", replace_tensors={"blk.4.ffn_up_exps.weight": (q, T.Q8_0)})
+    _expect(p, gm.TensorTypeError, "'blk.4.ffn_up_exps.weight': wrong type: expected IQ2_XXS (the type of "
+                                   "blk.4.ffn_gate_exps.weight; routed gate and up must match), found Q8_0")
+
+
+def test_nonfinite_target_weight_when_checked(model, tmp_path):
+    bad = np.ones(256, np.float32)
+    bad[7] = np.nan
+    p = rewrite(model, tmp_path / "nan.gguf", replace_tensors={"blk.1.ffn_norm.weight": (bad, None)})
+    DS4Model(p)  # a full NaN scan of an 80 GB target is opt-in (inspect --check-finite)
+    with pytest.raises(gm.NonFiniteError, match=r"'blk\.1\.ffn_norm\.weight': 1 non-finite"):
+        DS4Model(p, check_finite=True)
+
+
+# ---- support files ------------------------------------------------------------------------
+
+def _support(tmp_path, name, **overrides):
+    c = mtm.tiny_config()
+    return mtm.write_support(tmp_path / name, c, 0, types="f16", **overrides)
+
+
+def _reasons(s: SupportModel) -> str:
+    return "\n".join(p.message for p in s.problems)
+
+
+def test_support_expert_count_mismatch(tiny_q2, tmp_path):
+    p = _support(tmp_path, "experts.gguf", n_expert=8)
+    s = SupportModel(p, tiny_q2["config"])
+    assert not s.compatible
+    assert "expert count: support has 8 experts (mtp.0.ffn_gate_inp.weight), target deepseek4.expert_count = 16" \
+        in _reasons(s)
+    assert "expert count: support metadata 'dspark.expert_count' = 8, target has 16" in _reasons(s)
+    assert s.counts()["invalid"] > 0
+    with pytest.raises(gm.SupportInvalidError) as ei:
+        s.require_compatible()
+    assert str(p) in str(ei.value) and "support has 8 experts" in str(ei.value)
+
+
+def test_support_hidden_size_mismatch(tiny_q2, tmp_path):
+    p = _support(tmp_path, "hidden.gguf", n_embd=512)
+    s = SupportModel(p, tiny_q2["config"])
+    assert "hidden size: support has 512 (mtp.0.attn_norm.weight), target deepseek4.embedding_length = 256" \
+        in _reasons(s)
+    assert not s.compatible
+
+
+def test_support_vocab_mismatch(tiny_q2, tmp_path):
+    p = _support(tmp_path, "vocab.gguf", n_vocab=1000)
+    s = SupportModel(p, tiny_q2["config"])
+    assert "vocab: support has 1000 rows (mtp.2.markov_head.markov_w1.weight), target deepseek4.vocab_size = 129280" \
+        in _reasons(s)
+
+
+def test_support_capture_layer_out_of_range(tiny_q2, tmp_path):
+    p = rewrite(tiny_q2["support"], tmp_path / "cap.gguf",
+                set_keys={"dspark.target_layer_ids": ([3, 4, 6], V.ARRAY, V.UINT32)})
+    s = SupportModel(p, tiny_q2["config"])
+    assert "metadata key 'dspark.target_layer_ids': capture layer 6 expected 0..5 (< target block_count 6)" in _reasons(s)
+    assert s.counts()["metadata_errors"] == 1 and not s.compatible
+
+
+def test_support_noise_token_out_of_range(tiny_q2, tmp_path):
+    p = rewrite(tiny_q2["support"], tmp_path / "noise.gguf",
+                set_keys={"dspark.noise_token_id": (129280, V.UINT32, None)})
+    s = SupportModel(p, tiny_q2["config"])
+    assert "metadata key 'dspark.noise_token_id': noise token id expected 0..129279 (< target vocab 129280), " \
+           "found 129280" in _reasons(s)
+
+
+def test_support_block_size_and_missing_tensor(tiny_q2, tmp_path):
+    p = rewrite(tiny_q2["support"], tmp_path / "block.gguf", set_keys={"dspark.block_size": (17, V.UINT32, None)},
+                drop_tensors=["mtp.1.attn_kv.weight"])
+    s = SupportModel(p, tiny_q2["config"])
+    c = s.counts()
+    assert (c["metadata_errors"], c["missing"], c["tensors"]) == (1, 1, 80)
+    assert "block size expected 1..16, found 17" in _reasons(s)
+    assert "tensor 'mtp.1.attn_kv.weight': missing" in _reasons(s)
+
+
+def test_support_nan_weights_refused(tiny_q2, tmp_path):
+    bad = np.ones(256, np.float32)
+    bad[[3, 9]] = [np.nan, np.inf]
+    p = rewrite(tiny_q2["support"], tmp_path / "nan.gguf", replace_tensors={"mtp.1.attn_norm.weight": (bad, None)})
+    s = SupportModel(p, tiny_q2["config"])
+    assert s.counts()["nonfinite"] == 1
+    assert "tensor 'mtp.1.attn_norm.weight': 2 non-finite (NaN/Inf) values in F32 data" in _reasons(s)
+    assert s.summary_line().endswith("nonfinite=1")
+
+
+def test_dflash_names_are_accepted(tiny_q2, tmp_path):
+    """llama.cpp's DSpark GGUF naming (spec dspark.md §12) maps onto the same 81 tensors."""
+    from ds4tui.engine.layout import DFLASH_ROOT_NAMES
+
+    src = tiny_q2["support"]
+    import gguf
+
+    r = gm.open_gguf(src)
+    inverse = {v.format(last=2): k for k, v in DFLASH_ROOT_NAMES.items()}
+    w = gguf.GGUFWriter(str(tmp_path / "dflash.gguf"), arch="dflash")
+    w.add_key_value("dflash.block_size", 5, V.UINT32)
+    w.add_key_value("tokenizer.ggml.mask_token_id", 128799, V.UINT32)
+    w.add_key_value("dflash.target_layers", [4, 5, 6], V.ARRAY, V.INT32)  # layer-input ids
+    for t in r.tensors:
+        name = inverse.get(t.name) or ("blk." + t.name[4:] if t.name.startswith("mtp.") else t.name)
+        qt = T(int(t.tensor_type))
+        data = np.asarray(t.data)
+        w.add_tensor(name, data, raw_dtype=None if qt in (T.F32, T.F16) else qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    s = SupportModel(tmp_path / "dflash.gguf", tiny_q2["config"])
+    assert s.compatible, _reasons(s)
+    assert s.meta.target_layer_ids == (3, 4, 5)
+    assert s.counts()["markov_rank"] == 32 and s.present == 81
+
+
+def test_inspect_reports_bad_files(tiny_q2, tmp_path, capsys):
+    p = _support(tmp_path, "experts.gguf", n_expert=8)
+    rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(p)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "verdict       NOT compatible" in out and "support has 8 experts" in out
+    rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(p), "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 1 and obj["ok"] is False and obj["support"]["compatible"] is False
+    junk = tmp_path / "junk.gguf"
+    shutil.copyfile(__file__, junk)
+    rc = cli_main(["inspect", str(junk)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "ds4tui inspect: error:" in err and "wrong magic" in err and str(junk) in err
