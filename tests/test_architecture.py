@@ -1,0 +1,44 @@
+"""Layering rules of ARCHITECTURE.md / STYLE.md that a test can hold."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import ds4tui
+
+PKG = Path(ds4tui.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_engine_never_imports_the_ui():
+    files = sorted((PKG / "engine").rglob("*.py"))
+    assert len(files) >= 5
+    for f in files:
+        bad = {n for n in _imports(f) if n.split(".")[0] == "textual" or n.startswith(("ds4tui.widgets", "ds4tui.app"))}
+        assert not bad, f"{f.relative_to(PKG)} imports UI modules: {sorted(bad)}"
+
+
+def test_native_library_is_built_and_reports_its_version():
+    from ds4tui._native import ffi, lib
+
+    assert ffi.string(lib.ds4_version()).decode() == f"ds4tui-native {ds4tui.__version__} (cpu)"
+
+
+def test_public_header_is_the_whole_cdef():
+    import re
+
+    text = (PKG / "native" / "ds4_engine.h").read_text()
+    block = re.search(r"/\* CDEF BEGIN \*/(.*?)/\* CDEF END \*/", text, re.S).group(1)
+    for fn in ("ds4_version", "ds4_type_row_bytes", "ds4_dequantize"):
+        assert fn in block

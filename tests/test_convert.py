@@ -1,0 +1,166 @@
+"""The checkpoint → GGUF converter: both naming schemes, both config.json forms, FP8/FP4 sources, errors."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from ds4tui.cli import main as cli_main
+from ds4tui.engine.convert import ConversionError, HFCheckpoint, config_from_hf, convert
+from ds4tui.engine.gguf_model import DS4Model
+
+
+def _release_name(name: str) -> str:
+    """save_pretrained name → the original DeepSeek release name (spec ds4.md §3.4)."""
+    globals_ = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
+                "model.hc_head.hc_fn": "hc_head_fn", "model.hc_head.hc_base": "hc_head_base",
+                "model.hc_head.hc_scale": "hc_head_scale", "head.weight": "head.weight"}
+    if name in globals_:
+        return globals_[name]
+    name = name.removeprefix("model.")
+    return name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
+
+
+def _release_config(tf_cfg: dict) -> dict:
+    """The release form of config.json: compress_ratios (+MTP slot), num_hash_layers, rope_scaling."""
+    c = {k: v for k, v in tf_cfg.items() if k not in ("layer_types", "compress_rates", "mlp_layer_types",
+                                                       "rope_parameters", "qk_rope_head_dim")}
+    rates = tf_cfg["compress_rates"]
+    c["compress_ratios"] = [rates.get(t, 0) for t in tf_cfg["layer_types"]] + [0]
+    c["num_hash_layers"] = tf_cfg["mlp_layer_types"].count("hash_moe")
+    comp = tf_cfg["rope_parameters"]["compress"]
+    c["rope_scaling"] = {"type": "yarn", "factor": comp["factor"], "beta_fast": comp["beta_fast"],
+                         "beta_slow": comp["beta_slow"],
+                         "original_max_position_embeddings": comp["original_max_position_embeddings"]}
+    c["rope_theta"] = tf_cfg["rope_parameters"]["main"]["rope_theta"]
+    c["compress_rope_theta"] = comp["rope_theta"]
+    return c
+
+
+def test_release_names_and_config_give_the_same_gguf(small_f32, tmp_path):
+    hf = Path(small_f32["hf"])
+    tensors = load_file(str(hf / "model.safetensors"))
+    rel = tmp_path / "release"
+    rel.mkdir()
+    save_file({_release_name(k): v for k, v in tensors.items()}, str(rel / "model.safetensors"))
+    tf_cfg = json.loads((hf / "config.json").read_text())
+    (rel / "config.json").write_text(json.dumps(_release_config(tf_cfg)))
+    assert config_from_hf(_release_config(tf_cfg)) == config_from_hf(tf_cfg)
+    out = convert(rel, tmp_path / "release.gguf", types="f32", tokenizer_json=hf / "tokenizer.json",
+                  name="ds4-tiny-seed1")
+    a, b = DS4Model(out), DS4Model(small_f32["model"])
+    assert a.config == b.config
+    assert list(a.tensors) == list(b.tensors)
+    for name in a.tensors:
+        np.testing.assert_array_equal(np.asarray(a.tensors[name].data), np.asarray(b.tensors[name].data),
+                                      err_msg=name)
+
+
+def _write_raw_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    """safetensors file with arbitrary dtypes (BF16, F8_E4M3, F8_E8M0), laid out per the format."""
+    header, blobs, off = {}, [], 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_fp8_bf16_fp4_sources_decode(tmp_path):
+    """FP8 E4M3 with 128x128 E8M0 block scales, BF16, and packed FP4 E2M1 experts (spec ds4.md §3.4)."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    fp8 = bytearray(2 * 256)
+    codes = [0x38, 0x40, 0x3C, 0xB8, 0x01, 0x7E, 0x00, 0x80]  # 1, 2, 1.5, -1, 2^-9, 448, 0, -0
+    fp8[: len(codes)] = bytes(codes)
+    fp8[128:130] = bytes([0x38, 0x40])  # second 128-column block: scaled by 2
+    fp8[256] = 0x38  # row 1, same first block
+    scales = bytes([127, 128])  # E8M0: 2^0, 2^1
+    bf16 = struct.pack("<2H", 0x3F80, 0xC000)  # 1.0, -2.0
+    fp4 = bytes([0x21, 0xF9])  # low nibble = even element: [0.5, 1.0, -0.5, -6.0]
+    _write_raw_safetensors(d / "model.safetensors", {
+        "w.weight": ("F8_E4M3", [2, 256], bytes(fp8)),
+        "w.scale": ("F8_E8M0", [1, 2], scales),
+        "b.weight": ("BF16", [2], bf16),
+        "e.weight": ("I8", [1, 2], fp4),
+        "e.scale": ("F8_E8M0", [1, 1], bytes([129])),  # ×4
+    })
+    ck = HFCheckpoint(d)
+    w = ck.float32("w.weight")
+    assert w.dtype == np.float32 and w.shape == (2, 256)
+    np.testing.assert_array_equal(w[0, :8], [1, 2, 1.5, -1, 2.0 ** -9, 448, 0, 0])
+    assert np.signbit(w[0, 7])
+    np.testing.assert_array_equal(w[0, 128:130], [2, 4])
+    assert w[1, 0] == 1 and np.count_nonzero(w) == 9  # 6 + 2 in row 0, 1 in row 1
+    np.testing.assert_array_equal(ck.float32("b.weight"), [1.0, -2.0])
+    np.testing.assert_array_equal(ck.float32("e.weight"), [[2.0, 4.0, -2.0, -24.0]])
+
+
+def test_missing_checkpoint_tensor_names_it_and_leaves_no_file(small_f32, tmp_path):
+    hf = Path(small_f32["hf"])
+    tensors = load_file(str(hf / "model.safetensors"))
+    del tensors["model.layers.2.attn.indexer.wq_b.weight"]
+    d = tmp_path / "broken"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text((hf / "config.json").read_text())
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConversionError) as ei:
+        convert(d, out, types="f16", tokenizer_json=hf / "tokenizer.json")
+    msg = str(ei.value)
+    assert "GGUF tensor 'blk.2.indexer.attn_q_b.weight'" in msg
+    assert "layers.2.attn.indexer.wq_b.weight" in msg and "model.layers.2.attn.indexer.wq_b.weight" in msg
+    assert not out.exists() and list(tmp_path.glob("out.gguf*")) == []
+
+
+def test_nonfinite_source_weight_is_refused(small_f32, tmp_path):
+    hf = Path(small_f32["hf"])
+    tensors = load_file(str(hf / "model.safetensors"))
+    tensors["model.layers.1.attn.wkv.weight"][3, 5] = np.inf
+    d = tmp_path / "inf"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text((hf / "config.json").read_text())
+    with pytest.raises(ConversionError, match=r"tensor 'blk\.1\.attn_kv\.weight': 1 non-finite"):
+        convert(d, tmp_path / "o.gguf", types="f16", tokenizer_json=hf / "tokenizer.json")
+
+
+def test_config_errors():
+    base = {"num_hidden_layers": 2, "hidden_size": 256}
+    with pytest.raises(ConversionError, match="neither 'compress_ratios' nor 'layer_types'"):
+        config_from_hf(base)
+    with pytest.raises(ConversionError, match="config.json: missing field 'head_dim'"):
+        config_from_hf(base | {"compress_ratios": [0, 0]})
+    with pytest.raises(ConversionError, match="scoring_func must be 'sqrtsoftplus', found 'softmax'"):
+        config_from_hf(base | {"compress_ratios": [0, 0], "head_dim": 128, "scoring_func": "softmax"})
+
+
+def test_checkpoint_folder_errors(tmp_path):
+    with pytest.raises(ConversionError, match="config.json: missing"):
+        HFCheckpoint(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConversionError, match="no \\*.safetensors files"):
+        HFCheckpoint(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}")
+    with pytest.raises(ConversionError, match="truncated safetensors header"):
+        HFCheckpoint(tmp_path)
+
+
+def test_cli_convert(small_f32, tmp_path, capsys):
+    out = tmp_path / "cli.gguf"
+    rc = cli_main(["convert", small_f32["hf"], str(out), "--types", "q8_0", "-q"])
+    assert rc == 0 and capsys.readouterr().out.strip() == str(out)
+    m = DS4Model(out)
+    assert m.tensors["blk.1.ffn_gate_exps.weight"].type.name == "Q8_0"
+    assert m.tensors["token_embd.weight"].type.name == "Q8_0"
+    assert m.tensors["blk.1.hc_attn_fn.weight"].type.name == "F16"
+    rc = cli_main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf"), "-q"])
+    assert rc == 1 and "not a folder" in capsys.readouterr().err
