@@ -28,7 +28,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -336,7 +336,9 @@ class _Sources:
     def _layer_cands(self, layer: int, leaf: str) -> list[str]:
         return [f"layers.{layer}.{leaf}", f"model.layers.{layer}.{leaf}"]
 
-    def load(self, spec: TensorSpec) -> np.ndarray:
+    def load(self, spec: TensorSpec) -> np.ndarray | Iterator[np.ndarray]:
+        """The tensor as one array, or — for routed experts — an iterator of per-expert arrays
+        (so that an 8 GB float32 stack of 256 experts never has to exist at once)."""
         name = spec.name
         if name in GLOBAL_SOURCES:
             src = self._find(GLOBAL_SOURCES[name], name)
@@ -345,11 +347,10 @@ class _Sources:
             layer = int(name.split(".")[1])
             suffix = name.split(".", 2)[2]
             if suffix in EXPERT_SOURCES:
-                arr = self._experts(layer, suffix, spec)
-            else:
-                leaves = LAYER_SOURCES[suffix]
-                src = self._find([c for leaf in leaves for c in self._layer_cands(layer, leaf)], name)
-                arr = self._take(src)
+                return self._experts(layer, suffix, spec)
+            leaves = LAYER_SOURCES[suffix]
+            src = self._find([c for leaf in leaves for c in self._layer_cands(layer, leaf)], name)
+            arr = self._take(src)
         if spec.types == L.INDEX_TYPES:
             arr = np.asarray(arr)
             if arr.shape == spec.shape and (arr.min(initial=0) < 0 or arr.max(initial=0) >= self.n_expert):
@@ -370,18 +371,17 @@ class _Sources:
             self.used.add(scale)
         return self.ckpt.float32(src)
 
-    def _experts(self, layer: int, suffix: str, spec: TensorSpec) -> np.ndarray:
+    def _experts(self, layer: int, suffix: str, spec: TensorSpec) -> Iterator[np.ndarray]:
         w = EXPERT_SOURCES[suffix]
-        E = spec.shape[0]
-        out = np.empty(spec.shape, dtype=np.float32)
-        for e in range(E):
-            src = self._find(self._layer_cands(layer, f"ffn.experts.{e}.{w}.weight"), f"{spec.name} (expert {e})")
+        # resolve every expert's name first, so a missing expert fails before any work is done
+        srcs = [self._find(self._layer_cands(layer, f"ffn.experts.{e}.{w}.weight"), f"{spec.name} (expert {e})")
+                for e in range(spec.shape[0])]
+        for src in srcs:
             a = self._take(src)
             if a.shape != spec.shape[1:]:
                 raise ConversionError(f"{self.ckpt.entries[src].file}: tensor '{src}' has shape {list(a.shape)}, "
                                       f"expected {list(spec.shape[1:])} for GGUF '{spec.name}'")
-            out[e] = a
-        return out
+            yield a
 
     def _fix_shape(self, arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
         # 1-element scales may come as scalars or [1]; nothing else is reshaped.
@@ -450,9 +450,24 @@ def stderr_progress(i: int, n: int, what: str) -> None:
 
 @dataclass
 class PlannedTensor:
+    """One tensor to write: ``load()`` gives its values as one array of ``spec.shape``, or an
+    iterable of consecutive slices along the outermost axis (encoded one at a time)."""
+
     spec: TensorSpec
     qtype: T
-    load: Callable[[], np.ndarray]
+    load: Callable[[], np.ndarray | Iterable[np.ndarray]]
+
+
+def _encode_planned(p: PlannedTensor) -> np.ndarray:
+    values = p.load()
+    if isinstance(values, np.ndarray):
+        data = encode_tensor(values, p.qtype, p.spec.name)
+    else:
+        data = np.concatenate([encode_tensor(v, p.qtype, p.spec.name).reshape(-1).view(np.uint8) for v in values])
+    if data.nbytes != _nbytes(p.spec.shape, p.qtype):
+        raise ConversionError(f"tensor '{p.spec.name}': encoded {data.nbytes} bytes, expected "
+                              f"{_nbytes(p.spec.shape, p.qtype)}")
+    return data
 
 
 def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter], None],
@@ -484,11 +499,7 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
         for i, p in enumerate(plan, 1):
             if progress:
                 progress(i, len(plan), f"{p.spec.name} {p.qtype.name} {list(p.spec.shape)}")
-            data = encode_tensor(p.load(), p.qtype, p.spec.name)
-            if data.nbytes != _nbytes(p.spec.shape, p.qtype):
-                raise ConversionError(f"tensor '{p.spec.name}': encoded {data.nbytes} bytes, expected "
-                                      f"{_nbytes(p.spec.shape, p.qtype)}")
-            w.write_tensor_data(data)
+            w.write_tensor_data(_encode_planned(p))
         w.close()
         umask = os.umask(0)
         os.umask(umask)
@@ -511,7 +522,6 @@ def _f32(w: GGUFWriter, key: str, v: float) -> None:
 
 def write_model_metadata(w: GGUFWriter, c: DS4Config, vocab, *, name: str, n_mtp: int = 1) -> None:
     """All keys of spec ds4.md §3.2 with their exact GGUF types (ds4 + llama.cpp)."""
-    p = L.P
     w.add_key_value("general.name", name, GGUFValueType.STRING)
     w.add_key_value("general.alignment", 32, GGUFValueType.UINT32)
     for mk in L.MODEL_KEYS:
@@ -530,7 +540,6 @@ def write_model_metadata(w: GGUFWriter, c: DS4Config, vocab, *, name: str, n_mtp
             w.add_key_value(mk.key, list(v) + [0] * n_mtp, GGUFValueType.ARRAY, GGUFValueType.INT32)
         elif mk.type is L.MetaType.F32_ARRAY and v is not None:
             w.add_key_value(mk.key, [float(x) for x in v], GGUFValueType.ARRAY, GGUFValueType.FLOAT32)
-    assert p  # keys above all carry the deepseek4. prefix
     write_vocab_metadata(w, vocab)
 
 

@@ -539,7 +539,6 @@ class DS4Model:
         weights = 0
         for spec in self.specs:
             info = self.tensors[spec.name]
-            n = spec.name.split(".")[-2] if spec.name.count(".") >= 2 else spec.name
             if spec.name == "token_embd.weight":
                 weights += info.nbytes // c.n_vocab
             elif "_exps." in spec.name:
@@ -551,7 +550,6 @@ class DS4Model:
                     weights += info.nbytes
             else:
                 weights += info.nbytes
-            del n
         kv = 0
         row = c.head_dim * 4
         for layer in range(c.n_layer):
