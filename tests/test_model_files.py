@@ -250,3 +250,14 @@ def test_make_test_model_is_deterministic(tmp_path):
     assert ra == open(b["model"], "rb").read()
     assert open(a["support"], "rb").read() == open(b["support"], "rb").read()
     assert ra != open(c["model"], "rb").read()
+
+
+def test_tiny128_for_llama_cpp_cross_checks(tmp_path):
+    """HCA ratio 128 (llama.cpp's only HCA ratio) and head 256 (≠ indexer key length 128, see make_test_model)."""
+    r = mtm.make(tmp_path, config="tiny128", seed=3, types="f16")
+    m = DS4Model(r["model"])
+    assert m.config.compress_ratios == (0, 0, 4, 128, 4, 128)
+    assert (m.config.head_dim, m.config.indexer_head_dim) == (256, 128)
+    assert m.tensors["blk.3.attn_compressor_ape.weight"].shape == (128, 256)
+    assert m.tensors["blk.2.attn_compressor_ape.weight"].shape == (4, 512)
+    assert SupportModel(r["support"], m.config).compatible

