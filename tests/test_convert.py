@@ -164,3 +164,41 @@ def test_cli_convert(small_f32, tmp_path, capsys):
     assert m.tensors["blk.1.hc_attn_fn.weight"].type.name == "F16"
     rc = cli_main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf"), "-q"])
     assert rc == 1 and "not a folder" in capsys.readouterr().err
+
+
+def test_output_path_checks_happen_before_work(small_f32, tmp_path, capsys):
+    hf = small_f32["hf"]
+    # a folder, a missing folder, an existing file without --force, and an input file: all refused at once
+    rc = cli_main(["convert", hf, str(tmp_path), "-q"])
+    assert rc == 1 and "is a folder" in capsys.readouterr().err
+    rc = cli_main(["convert", hf, str(tmp_path / "no" / "such" / "o.gguf"), "-q"])
+    assert rc == 1 and "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    existing = tmp_path / "keep.gguf"
+    existing.write_bytes(b"precious")
+    rc = cli_main(["convert", hf, str(existing), "-q"])
+    assert rc == 1 and "already exists (use --force" in capsys.readouterr().err
+    assert existing.read_bytes() == b"precious"
+    rc = cli_main(["convert", hf, str(Path(hf) / "model.safetensors"), "-q", "--force"])
+    assert rc == 1 and "is one of the input files" in capsys.readouterr().err
+    rc = cli_main(["convert", hf, str(existing), "-q", "--force", "--types", "f16"])
+    assert rc == 0 and DS4Model(existing).config.n_layer == 3
+
+
+def test_sigterm_leaves_no_partial_file(small_f32, tmp_path):
+    """kill/timeout (SIGTERM) unwinds like Ctrl-C: the temporary .part file is removed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "t.gguf"
+    p = subprocess.Popen([sys.executable, "-m", "ds4tui", "convert", small_f32["hf"], str(out), "--types", "q2"],
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("t.gguf.*.part")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("t.gguf.*.part")), "conversion never started writing"
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130 and "interrupted" in err
+    assert list(tmp_path.iterdir()) == []

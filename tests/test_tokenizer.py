@@ -425,7 +425,7 @@ def test_cli_table_file_and_stdin(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert rc == 0
     assert out.splitlines() == [" id  piece", "259  'hello'", " 92  '\\\\'", "195  '\\xc3'", "169  '\\xa9'", "4 tokens"]
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("hell"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hell")))
     rc, out, _ = run_cli(capsys, model, "-f", "-", "--chat", "--system", "hello", "--ids-only")
     assert rc == 0
     assert out == "[260, 259, 262, 258, 263, 264]\n"
@@ -446,3 +446,23 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
     rc, _, err = run_cli(capsys, model, "--text", "x", "--nothink")
     assert rc == 1 and "--chat" in err
+
+
+def test_cli_reads_text_exactly_and_refuses_non_utf8(capsys: pytest.CaptureFixture[str], ds4_gguf: Path,
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    f = tmp_path / "crlf.txt"
+    f.write_bytes(b"a\r\nb\rc")
+    rc, out_file, _ = run_cli(capsys, ds4_gguf, "--file", f, "--ids-only")
+    rc2, out_text, _ = run_cli(capsys, ds4_gguf, "--text", "a\r\nb\rc", "--ids-only")
+    assert rc == rc2 == 0 and out_file == out_text  # no newline translation
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ab\xffcd")
+    rc, _, err = run_cli(capsys, ds4_gguf, "--file", bad)
+    assert rc == 1 and "bad.txt: not UTF-8 text (invalid start byte at byte 2)" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ab\xffcd")))
+    rc, _, err = run_cli(capsys, ds4_gguf, "--file", "-")
+    assert rc == 1 and "<stdin>: not UTF-8 text" in err
+    rc, _, err = run_cli(capsys, ds4_gguf, "--text", "ab\udcffcd")  # how argv carries an undecodable byte
+    assert rc == 1 and "--text: not UTF-8 text" in err and "Traceback" not in err

@@ -79,6 +79,9 @@ def run(args) -> int:
             print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
         print(f"ds4tui inspect: error: {exc}", file=sys.stderr)
         return 1
+    if args.ctx > model.config.context_length:
+        print(f"ds4tui inspect: warning: --ctx {args.ctx} is beyond the model's context length "
+              f"{model.config.context_length}", file=sys.stderr)
     ms = model.summary(ctx=args.ctx)
     ss = support.summary() if support is not None else None
     ok = ss is None or ss["compatible"]

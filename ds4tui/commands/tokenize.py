@@ -6,7 +6,7 @@ single ids); with ``--chat`` the text becomes the user message of a single-turn 
 (spec §4.3), where it is always plain text.
 
 Output: a table (id, piece) with a token count, ``--ids-only`` a Python-style list, or
-``--json`` one object ``{"n_tokens", "ids", "pieces"}``. User errors print one line to stderr
+``--json`` one object ``{"n_tokens", "ids", "pieces", "bytes"}`` (bytes: each token's UTF-8 bytes in hex). User errors print one line to stderr
 and return 1.
 """
 
@@ -27,16 +27,31 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _read_text(args: argparse.Namespace) -> str:
-    if args.text is not None:
-        return args.text
-    if args.file == "-":
-        return sys.stdin.read()
+def _decode_utf8(raw: bytes, where: str) -> str:
     try:
-        with open(args.file, encoding="utf-8") as fh:
-            return fh.read()
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TokenizerError(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise TokenizerError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _check_arg_text(text: str, what: str) -> str:
+    """Command-line text arrives with undecodable bytes as surrogates; refuse it clearly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TokenizerError(f"{what}: not UTF-8 text (undecodable byte at character {exc.start})") from None
+    return text
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    """The text exactly as given: bytes are read raw (no newline translation) and decoded as UTF-8."""
+    if args.text is not None:
+        return _check_arg_text(args.text, "--text")
+    if args.file == "-":
+        return _decode_utf8(sys.stdin.buffer.read(), "<stdin>")
+    try:
+        with open(args.file, "rb") as fh:
+            return _decode_utf8(fh.read(), args.file)
     except OSError as exc:
         raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc}") from exc
 
@@ -80,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 tokenizer,
                 [{"role": "user", "content": text}],
                 think=not args.nothink,
-                system=args.system or None,
+                system=_check_arg_text(args.system, "--system") or None,
             )
         else:
             ids = tokenizer.encode(text, parse_special=True)
@@ -92,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     pieces = [tokenizer.token_piece(i) for i in ids]
     if args.json:
-        print(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces}, ensure_ascii=False))
+        # "bytes" (hex) is exact where a piece is only part of a multi-byte character
+        raw = [tokenizer.token_bytes(i).hex() for i in ids]
+        print(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw}, ensure_ascii=False))
         return 0
     width = max([len(str(i)) for i in ids] + [2])
     print(f"{'id':>{width}}  piece")

@@ -42,12 +42,12 @@ NOISE_TOKEN = 128799  # DSpark noise/mask token of DeepSeek V4 (spec dspark.md �
 def tiny_config(*, layers: int = 6, hidden: int = 256, experts: int = 16, hca_ratio: int = 16,
                 head_dim: int = 128) -> DS4Config:
     """Spec ds4.md §6 'tiny': every code path of DS4 at a size the numpy reference runs in seconds."""
-    if hidden % 256:
-        raise SystemExit(f"--hidden must be a multiple of 256 (IQ2_XXS/Q2_K rows), got {hidden}")
+    if hidden <= 0 or hidden % 256:
+        raise ValueError(f"--hidden must be a positive multiple of 256 (IQ2_XXS/Q2_K rows), got {hidden}")
     if layers < 3:
-        raise SystemExit(f"--layers must be at least 3 (two SWA layers and one compressed layer), got {layers}")
+        raise ValueError(f"--layers must be at least 3 (two SWA layers and one compressed layer), got {layers}")
     if experts < 6:
-        raise SystemExit(f"--experts must be at least 6 (experts used per token), got {experts}")
+        raise ValueError(f"--experts must be at least 6 (experts used per token), got {experts}")
     ratios = tuple([0, 0] + [4 if i % 2 == 0 else hca_ratio for i in range(2, layers)])
     return DS4Config(
         n_layer=layers, n_embd=hidden, n_vocab=VOCAB, n_head=8, n_head_kv=1, head_dim=head_dim, value_dim=head_dim, n_rot=64,
@@ -195,14 +195,15 @@ def make(outdir: str | Path, *, config: str = "tiny", seed: int = 0, layers: int
          hidden: int | None = None, experts: int | None = None, types: str = "q2", quiet: bool = True) -> dict:
     """Write the checkpoint, the target GGUF and the support GGUF; returns their paths."""
     kw = {k: v for k, v in (("layers", layers), ("hidden", hidden), ("experts", experts)) if v is not None}
-    c = CONFIGS[config](**kw)
+    c = CONFIGS[config](**kw)  # validates the sizes before anything is written
     out = Path(outdir)
     hf = out / "hf"
     progress = None if quiet else (lambda i, n, what: print(f"  [{i:4d}/{n}] {what}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     write_checkpoint(hf, c, seed)
     t1 = time.perf_counter()
-    model = convert(hf, out / "model.gguf", types=types, name=f"ds4-{config}-seed{seed}", progress=progress)
+    model = convert(hf, out / "model.gguf", types=types, name=f"ds4-{config}-seed{seed}", progress=progress,
+                    overwrite=True)
     t2 = time.perf_counter()
     support = write_support(out / "support.gguf", c, seed, types=types, progress=progress)
     t3 = time.perf_counter()
@@ -212,19 +213,35 @@ def make(outdir: str | Path, *, config: str = "tiny", seed: int = 0, layers: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ds4tui.devtools.make_test_model", description=__doc__.split("\n\n")[0])
-    ap.add_argument("outdir")
-    ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--experts", type=int)
-    ap.add_argument("--layers", type=int)
-    ap.add_argument("--hidden", type=int)
+    ap.add_argument("outdir", help="folder to write hf/, model.gguf and support.gguf into (created if missing)")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny",
+                    help="tiny: spec ds4.md §6; tiny128: HCA ratio 128 and head 256 for llama.cpp cross-checks")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (>= 0); the same seed gives identical files")
+    ap.add_argument("--experts", type=int, help="routed experts (default 16, at least 6)")
+    ap.add_argument("--layers", type=int, help="layers (default 6, at least 3): 2 SWA, then CSA/HCA alternating")
+    ap.add_argument("--hidden", type=int, help="hidden size, a multiple of 256 (default 256)")
     ap.add_argument("--types", choices=TYPE_MODES, default="q2", help="GGUF tensor types (default q2)")
-    ap.add_argument("--quiet", "-q", action="store_true")
+    ap.add_argument("--quiet", "-q", action="store_true", help="no per-tensor progress lines")
     a = ap.parse_args(argv)
+    if a.seed < 0:
+        ap.error(f"--seed must be >= 0, got {a.seed}")
+    out = Path(a.outdir)
+    if out.exists() and not out.is_dir():
+        ap.error(f"{out} exists and is not a folder")
     if not a.quiet:
         print(f"writing {a.config} test model (seed {a.seed}) to {a.outdir}", file=sys.stderr)
-    r = make(a.outdir, config=a.config, seed=a.seed, layers=a.layers, hidden=a.hidden, experts=a.experts,
-             types=a.types, quiet=a.quiet)
+    from ds4tui.engine.convert import ConversionError
+    from ds4tui.engine.tokenizer import TokenizerError
+
+    try:
+        r = make(a.outdir, config=a.config, seed=a.seed, layers=a.layers, hidden=a.hidden, experts=a.experts,
+                 types=a.types, quiet=a.quiet)
+    except KeyboardInterrupt:
+        print("make_test_model: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, ConversionError, TokenizerError) as exc:
+        print(f"make_test_model: error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(r, indent=2))
     return 0
 

@@ -441,6 +441,22 @@ def _nbytes(shape: tuple[int, ...], qtype: T) -> int:
 
 # ---- writing --------------------------------------------------------------------------------
 
+def check_output_path(out: str | os.PathLike, *, overwrite: bool, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse an output path that would lose data or fail late (checked before converting)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ConversionError(f"{out}: is a folder; give the path of the .gguf file to write")
+    if not out.parent.is_dir():
+        raise ConversionError(f"{out}: the folder {out.parent} does not exist")
+    if out.exists():
+        resolved = out.resolve()
+        if any(Path(i).resolve() == resolved for i in inputs):
+            raise ConversionError(f"{out}: is one of the input files; choose another output path")
+        if not overwrite:
+            raise ConversionError(f"{out}: already exists (use --force to overwrite it)")
+    return out
+
+
 Progress = Callable[[int, int, str], None]
 
 
@@ -478,7 +494,6 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
     order, so offsets are contiguous and padded to ``general.alignment`` (32) as llama.cpp requires.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
     os.close(fd)
     try:
@@ -572,13 +587,16 @@ def load_vocab(tokenizer_json: str | os.PathLike | None, folder: Path | None):
 
 def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "q2",
             tokenizer_json: str | os.PathLike | None = None, name: str | None = None,
-            progress: Progress | None = None) -> Path:
+            progress: Progress | None = None, overwrite: bool = False) -> Path:
     """Convert a checkpoint folder to a DS4-layout GGUF; returns the output path.
 
-    Raises :class:`ConversionError` (missing/misshaped/non-finite source tensors, bad config) and
-    leaves no partial output file behind.
+    Raises :class:`ConversionError` (missing/misshaped/non-finite source tensors, bad config, an
+    output path that exists — unless ``overwrite`` — or is a folder, an input, or in a missing
+    folder) before any work is done where it can, and leaves no partial output file behind.
     """
     ckpt = HFCheckpoint(hf_dir)
+    check_output_path(out, overwrite=overwrite, inputs=[e.file for e in ckpt.entries.values()]
+                      + [ckpt.folder / "config.json"] + ([Path(tokenizer_json)] if tokenizer_json else []))
     cfg, n_mtp = config_from_hf(ckpt.config, str(ckpt.folder / "config.json"))
     vocab = load_vocab(tokenizer_json, ckpt.folder)
     if len(vocab.tokens) != cfg.n_vocab:
@@ -608,7 +626,7 @@ def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: Suppor
                        progress: Progress | None = None) -> Path:
     """Write a DS4-layout DSpark support GGUF (``general.architecture = deepseek4-dspark``).
 
-    ``weights(spec)`` returns the float32 array for each tensor of
+    ``out`` is overwritten if it exists.  ``weights(spec)`` returns the float32 array for each tensor of
     :func:`ds4tui.engine.layout.support_tensor_specs` (81 tensors for 3 stages).  Types follow the
     quantizer defaults of spec dspark.md §4.2 in ``q2`` mode (routed IQ2_XXS/Q2_K, dense Q8_0,
     ``hc_*_fn`` F16, vectors F32).
@@ -630,4 +648,4 @@ def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: Suppor
         _u32(w, "dspark.embedding_length", target.n_embd)
 
     plan = [PlannedTensor(s, choose_type(s, types), (lambda s=s: weights(s))) for s in specs]
-    return write_gguf(out, L.SUPPORT_ARCH, meta, plan, progress)
+    return write_gguf(check_output_path(out, overwrite=True), L.SUPPORT_ARCH, meta, plan, progress)

@@ -476,11 +476,12 @@ class DS4Model:
             self.warnings.append(f"{len(self.extra_tensors)} tensor(s) not in the DS4 layout are ignored "
                                  f"(llama.cpp would refuse the file): {', '.join(self.extra_tensors[:5])}")
         if check_finite:
-            for spec in self.specs:
-                info = self.tensors[spec.name]
-                n = nonfinite_count(info)
-                if n:
-                    raise NonFiniteError(self.path, info.name, f"{n} non-finite (NaN/Inf) values in {info.type.name} data")
+            bad = [(s.name, n) for s in self.specs if (n := nonfinite_count(self.tensors[s.name]))]
+            if bad:
+                name, n = bad[0]
+                more = "".join(f"; '{o}': {k}" for o, k in bad[1:])
+                raise NonFiniteError(self.path, name, f"{n} non-finite (NaN/Inf) values in "
+                                                      f"{self.tensors[name].type.name} data{more}")
 
     def _check_vocab(self) -> None:
         c = self.config
@@ -746,7 +747,7 @@ class SupportModel:
             k, v = self._int_key(keys, name)
             c_f[name] = v
             if k is not None and v is not None and v != want:
-                self._add("mismatch", f"{name}: support metadata '{k}' = {v}, target has {want}", key=k)
+                self._add("metadata_errors", f"{name}: support metadata '{k}' = {v}, target has {want}", key=k)
         norm = self.tensors.get("mtp.0.attn_norm.weight")
         if norm is not None and norm.shape[0] != t.n_embd:
             self._add("mismatch", f"hidden size: support has {norm.shape[0]} (mtp.0.attn_norm.weight), target "
