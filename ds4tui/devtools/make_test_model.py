@@ -74,7 +74,9 @@ def hf_config_json(c: DS4Config) -> dict:
     kinds = {L.LayerKind.SWA: "sliding_attention", L.LayerKind.CSA: "compressed_sparse_attention",
              L.LayerKind.HCA: "heavily_compressed_attention"}
     layer_types = [kinds[c.layer_kind(i)] for i in range(c.n_layer)]
-    rates = {}
+    # transformers reads both rates even when a schedule has no layer of one kind (its cache
+    # classes are built per kind); Flash's values stand in for a missing kind.
+    rates = {"compressed_sparse_attention": L.CSA_RATIO, "heavily_compressed_attention": 128}
     for i in range(c.n_layer):
         if c.compress_ratios[i]:
             rates[layer_types[i]] = c.compress_ratios[i]
