@@ -49,7 +49,6 @@ class ConversionError(Exception):
 
 _ST_NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-_ST_RAW = {"BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1}
 
 
 def _e4m3_table() -> np.ndarray:
@@ -79,6 +78,10 @@ class _Entry:
 
 class HFCheckpoint:
     """The tensors of a checkpoint folder, read lazily from its safetensors files.
+
+    The files are memory-mapped through their documented header (u64 length + JSON with dtype,
+    shape and data offsets) rather than ``safetensors.numpy``, because numpy has no BF16 or FP8
+    dtypes and the release checkpoint is mostly FP8/BF16; each tensor is decoded on access.
 
     Raises :class:`ConversionError` naming the folder when ``config.json`` or the safetensors files
     are missing or unreadable.

@@ -225,10 +225,8 @@ _ACCEPT: dict[MetaType, tuple[set, set | None]] = {
     MetaType.F32: ({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.UINT32, GGUFValueType.INT32}, None),
     MetaType.BOOL: ({GGUFValueType.BOOL}, None),
     MetaType.STR: ({GGUFValueType.STRING}, None),
-    MetaType.U32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.UINT32, GGUFValueType.INT32}),
     MetaType.I32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.UINT32, GGUFValueType.INT32}),
     MetaType.F32_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}),
-    MetaType.STR_ARRAY: ({GGUFValueType.ARRAY}, {GGUFValueType.STRING}),
 }
 
 
@@ -261,7 +259,7 @@ def read_key(reader: GGUFReader, path, mk: MetaKey) -> Any:
     if not f.types or f.types[0] not in outer or (inner is not None and len(f.types) > 1 and f.types[-1] not in inner):
         raise KeyTypeError(path, mk.key, f"wrong GGUF type: expected {mk.type.value}, found {_type_name(f)}")
     v = field_value(f)
-    if mk.type in (MetaType.U32_ARRAY, MetaType.I32_ARRAY):
+    if mk.type is MetaType.I32_ARRAY:
         return tuple(int(x) for x in v)
     if mk.type is MetaType.F32_ARRAY:
         return tuple(float(x) for x in v)
@@ -348,21 +346,21 @@ def check_tensor(path, spec: TensorSpec, info: TensorInfo | None) -> None:
 
 def nonfinite_count(info: TensorInfo, chunk_bytes: int = 1 << 24) -> int:
     """Number of NaN/Inf values in an F32/F16/BF16 tensor (0 for other types), scanned in chunks."""
+    # all exponent bits set = Inf or NaN, per IEEE layout of each type
     if info.type == T.F32:
-        dt, shift = np.dtype("<u4"), (0x7F800000, 0x7F800000)
+        dt, exp_mask = np.dtype("<u4"), 0x7F800000
     elif info.type == T.F16:
-        dt, shift = np.dtype("<u2"), (0x7C00, 0x7C00)
+        dt, exp_mask = np.dtype("<u2"), 0x7C00
     elif info.type == T.BF16:
-        dt, shift = np.dtype("<u2"), (0x7F80, 0x7F80)
+        dt, exp_mask = np.dtype("<u2"), 0x7F80
     else:
         return 0
-    mask, want = shift
+    mask = dt.type(exp_mask)
     raw = info.raw_bytes()
     step = (chunk_bytes // dt.itemsize) * dt.itemsize
     bad = 0
     for i in range(0, raw.size, step):
-        bits = raw[i : i + step].view(dt)
-        bad += int(np.count_nonzero((bits & dt.type(mask)) == dt.type(want)))
+        bad += int(np.count_nonzero((raw[i : i + step].view(dt) & mask) == mask))
     return bad
 
 
@@ -414,7 +412,7 @@ def _validate_config(path, c: DS4Config) -> None:
         bad("expert_gating_func", f"expected {L.GATING_SQRT_SOFTPLUS} (sqrt-softplus), found {c.expert_gating_func}")
     if c.rope_scaling_type != "yarn":
         bad("rope.scaling.type", f"expected 'yarn', found {c.rope_scaling_type!r}")
-    if c.expert_group_count not in (0,) or c.expert_group_used_count not in (0,):
+    if c.expert_group_count != 0 or c.expert_group_used_count != 0:
         bad("expert_group_count", f"expected absent or 0 (no expert groups), found {c.expert_group_count}/"
                                   f"{c.expert_group_used_count}")
 

@@ -44,10 +44,8 @@ class MetaType(str, Enum):
     F32 = "f32"  # written as FLOAT32; accepts FLOAT32/FLOAT64/UINT32/INT32
     BOOL = "bool"
     STR = "str"
-    U32_ARRAY = "u32[]"  # written as UINT32 array; accepts UINT32 or INT32 elements
     I32_ARRAY = "i32[]"  # written as INT32 array; accepts INT32 or UINT32 elements
     F32_ARRAY = "f32[]"  # written as FLOAT32 array; accepts FLOAT32 or FLOAT64
-    STR_ARRAY = "str[]"
 
 
 @dataclass(frozen=True)
