@@ -8,6 +8,7 @@ imported only when that command runs, so ``ds4tui --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
@@ -106,23 +107,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
-    # SIGTERM/SIGHUP (kill, timeout, a dropped terminal) unwind like Ctrl-C, so that commands
-    # clean up after themselves (e.g. convert removes its partial output).
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return int(module.run(args) or 0)
+        with interrupt_on_signals():
+            return int(module.run(args) or 0)
     except KeyboardInterrupt:
         print("ds4tui: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+
+
+@contextlib.contextmanager
+def interrupt_on_signals():
+    """Make SIGTERM/SIGHUP (kill, timeout, a dropped terminal) raise KeyboardInterrupt like Ctrl-C,
+    so that commands clean up after themselves (e.g. a converter removes its partial output)."""
+
+    def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

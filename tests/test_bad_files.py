@@ -283,3 +283,40 @@ def test_inspect_ctx_must_be_positive(tiny_q2, capsys):
     assert ei.value.code == 2 and "expected a positive integer, found 0" in capsys.readouterr().err
     rc = cli_main(["inspect", tiny_q2["model"], "--ctx", "2000000", "--json"])
     assert rc == 0 and "beyond the model's context length 1048576" in capsys.readouterr().err
+
+
+def test_check_finite_sees_nan_block_scales(model, tmp_path):
+    """A NaN f16 scale makes a whole Q8_0 / Q2_K / IQ2_XXS block NaN; the scan reads the scales."""
+    r = gm.open_gguf(model)
+    edits = {}
+    for name, off in (("blk.0.attn_q_a.weight", 0), ("blk.0.ffn_down_exps.weight", 82),
+                      ("blk.0.ffn_gate_exps.weight", 0)):
+        t = next(t for t in r.tensors if t.name == name)
+        data = np.array(t.data)
+        flat = data.reshape(-1)
+        flat[off : off + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        edits[name] = (data, T(int(t.tensor_type)))
+    p = rewrite(model, tmp_path / "scales.gguf", replace_tensors=edits)
+    with pytest.raises(gm.NonFiniteError) as ei:
+        DS4Model(p, check_finite=True)
+    msg = str(ei.value)
+    assert "'blk.0.attn_q_a.weight': 1 non-finite (NaN/Inf) block scales in Q8_0 data" in msg
+    assert "'blk.0.ffn_gate_exps.weight': 1" in msg and "'blk.0.ffn_down_exps.weight': 1" in msg
+
+
+def test_unreadable_file_is_a_clean_error(model, tmp_path, monkeypatch):
+    """A file the user may not read (injected: root ignores file modes)."""
+    import builtins
+    import errno
+
+    real_open = builtins.open
+    locked = tmp_path / "locked.gguf"
+    shutil.copyfile(model, locked)
+
+    def guarded(file, *a, **k):
+        if str(file) == str(locked):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    _expect(locked, gm.ModelFileError, "cannot read: Permission denied")

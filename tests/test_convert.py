@@ -202,3 +202,63 @@ def test_sigterm_leaves_no_partial_file(small_f32, tmp_path):
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 130 and "interrupted" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_tokenizer_json_is_an_input_and_devices_are_never_replaced(small_f32, tmp_path, capsys):
+    hf = small_f32["hf"]
+    tok = Path(hf) / "tokenizer.json"
+    before = tok.read_bytes()
+    rc = cli_main(["convert", hf, str(tok), "-q", "--force"])
+    assert rc == 1 and "is one of the input files" in capsys.readouterr().err
+    assert tok.read_bytes() == before
+    import os
+
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    rc = cli_main(["convert", hf, str(fifo), "-q", "--force"])
+    assert rc == 1 and "is not a regular file" in capsys.readouterr().err
+    assert fifo.is_fifo()
+
+
+def test_write_errors_name_the_output(small_f32, tmp_path, capsys, monkeypatch):
+    """OS errors (read-only folder, disk full) become one line naming the output (root ignores
+    folder modes, so the errors are injected)."""
+    import errno
+
+    from ds4tui.engine import convert as cv
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cv.tempfile, "mkstemp", refuse)
+    rc = cli_main(["convert", small_f32["hf"], str(tmp_path / "o.gguf"), "-q"])
+    assert rc == 1 and f"{tmp_path / 'o.gguf'}: cannot write in {tmp_path}: Permission denied" in capsys.readouterr().err
+    monkeypatch.undo()
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cv.GGUFWriter, "write_tensor_data", full)
+    rc = cli_main(["convert", small_f32["hf"], str(tmp_path / "o.gguf"), "-q"])
+    assert rc == 1 and f"{tmp_path / 'o.gguf'}: cannot write: No space left on device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_overwrite_is_atomic(small_f32, tmp_path):
+    """Without --force an output that appears while converting is not replaced (hard-link commit)."""
+    from ds4tui.engine import convert as cv
+
+    out = tmp_path / "race.gguf"
+    real = cv.write_model_metadata
+
+    def sneaky(w, *a, **k):  # another writer creates the file after the up-front check
+        out.write_bytes(b"theirs")
+        return real(w, *a, **k)
+
+    cv.write_model_metadata = sneaky
+    try:
+        with pytest.raises(ConversionError, match="was created by someone else while converting"):
+            convert(small_f32["hf"], out, types="f16")
+    finally:
+        cv.write_model_metadata = real
+    assert out.read_bytes() == b"theirs" and list(tmp_path.iterdir()) == [out]

