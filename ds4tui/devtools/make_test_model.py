@@ -33,7 +33,7 @@ import numpy as np
 
 from ds4tui.engine import layout as L
 from ds4tui.engine.convert import (EXPERT_SOURCES, LAYER_SOURCES, SupportParams, TYPE_MODES, convert,
-                                   write_support_gguf)
+                                   stderr_progress, write_support_gguf)
 from ds4tui.engine.layout import DS4Config, TensorSpec
 
 VOCAB = 129280
@@ -206,7 +206,7 @@ def make(outdir: str | Path, *, config: str = "tiny", seed: int = 0, layers: int
         print(f"writing {config} test model (seed {seed}) to {outdir}", file=sys.stderr)
     out = Path(outdir)
     hf = out / "hf"
-    progress = None if quiet else (lambda i, n, what: print(f"  [{i:4d}/{n}] {what}", file=sys.stderr, flush=True))
+    progress = None if quiet else stderr_progress
     t0 = time.perf_counter()
     write_checkpoint(hf, c, seed)
     t1 = time.perf_counter()

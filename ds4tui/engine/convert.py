@@ -466,7 +466,12 @@ Progress = Callable[[int, int, str], None]
 
 
 def stderr_progress(i: int, n: int, what: str) -> None:
-    print(f"[{i:4d}/{n}] {what}", file=sys.stderr, flush=True)
+    """Progress on stderr: one self-overwriting line on a terminal, else a line per 10 %."""
+    if sys.stderr.isatty():
+        end = "\n" if i == n else ""
+        print(f"\r\033[K[{i:4d}/{n}] {what}", end=end, file=sys.stderr, flush=True)
+    elif i == 1 or i == n or (10 * i) // n != (10 * (i - 1)) // n:
+        print(f"[{i:4d}/{n}] {what}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -523,7 +528,7 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
         w.write_ti_data_to_file()
         for i, p in enumerate(plan, 1):
             if progress:
-                progress(i, len(plan), f"{p.spec.name} {p.qtype.name} {list(p.spec.shape)}")
+                progress(i, len(plan), f"{out.name}: {p.spec.name} {p.qtype.name} {list(p.spec.shape)}")
             w.write_tensor_data(_encode_planned(p))
         w.close()
         umask = os.umask(0)
