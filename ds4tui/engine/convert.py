@@ -326,7 +326,6 @@ class _Sources:
     def __init__(self, ckpt: HFCheckpoint, n_expert: int):
         self.ckpt = ckpt
         self.n_expert = n_expert
-        self.used: set[str] = set()
 
     def _find(self, candidates: Iterable[str], gguf_name: str) -> str:
         cands = list(candidates)
@@ -364,14 +363,11 @@ class _Sources:
         return arr
 
     def _take(self, src: str) -> np.ndarray:
-        self.used.add(src)
         e = self.ckpt.entries[src]
         scale = src[: -len(".weight")] + ".scale" if src.endswith(".weight") else None
         has_scale = scale is not None and scale in self.ckpt
         if e.dtype in ("I64", "I32", "I16", "U8") or (e.dtype == "I8" and not has_scale):
             return np.asarray(self.ckpt.raw(src))
-        if has_scale:
-            self.used.add(scale)
         return self.ckpt.float32(src)
 
     def _experts(self, layer: int, suffix: str, spec: TensorSpec) -> Iterator[np.ndarray]:

@@ -13,6 +13,7 @@ compatible / not-compatible verdict, so that a user sees every reason at once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass, field
@@ -311,10 +312,6 @@ class TensorInfo:
         """The tensor's bytes as a flat uint8 view (no copy)."""
         return np.asarray(self.data).reshape(-1).view(np.uint8)
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "type": self.type.name, "shape": list(self.shape), "ne": list(self.ne),
-                "offset": self.offset, "nbytes": self.nbytes}
-
 
 def tensor_table(reader: GGUFReader) -> dict[str, TensorInfo]:
     return {
@@ -447,16 +444,13 @@ def read_config(reader: GGUFReader, path) -> DS4Config:
         v = read_key(reader, path, mk)
         if v is not None:
             values[mk.field] = v
-    n_layer = values["n_layer"]
-    # Longer lists (e.g. the 44-entry compress_ratios with the MTP slot) are cut to n_layer after
-    # the length checks below have seen the original length.
     cfg = DS4Config(**values)
-    _validate_config(path, cfg)
-    return DS4Config(**{**values,
-                        "compress_ratios": tuple(values["compress_ratios"][:n_layer]),
-                        "swiglu_clamp": tuple(values["swiglu_clamp"][:n_layer]),
-                        **({"swiglu_clamp_shexp": tuple(values["swiglu_clamp_shexp"][:n_layer])}
-                           if "swiglu_clamp_shexp" in values else {})})
+    _validate_config(path, cfg)  # sees the stored list lengths
+    # Longer lists (e.g. the 44-entry compress_ratios with the MTP slot) are cut to n_layer.
+    n = cfg.n_layer
+    shexp = cfg.swiglu_clamp_shexp
+    return dataclasses.replace(cfg, compress_ratios=cfg.compress_ratios[:n], swiglu_clamp=cfg.swiglu_clamp[:n],
+                               swiglu_clamp_shexp=shexp[:n] if shexp is not None else None)
 
 
 class DS4Model:
