@@ -32,3 +32,12 @@ def tokenizer_json() -> Path:
     from ds4tui.engine.tokenizer import default_tokenizer_json
 
     return default_tokenizer_json()
+
+
+@pytest.fixture(scope="session")
+def tiny_f32(tmp_path_factory) -> dict:
+    """The tiny test model with F32 tensors: the weights of the golden transformers checkpoint, unrounded."""
+    out = tmp_path_factory.mktemp("tiny_f32")
+    r = mtm.make(out, config="tiny", seed=0, types="f32")
+    r["config"] = mtm.tiny_config()
+    return r
