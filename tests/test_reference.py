@@ -171,3 +171,26 @@ def test_rope_yarn_table_matches_spec(tiny_q2):
     assert np.array_equal(y[..., :64], x[..., :64])  # only the tail rotates
     np.testing.assert_allclose(rope.apply(y, pos, inverse=True), x, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(y[..., 64:], axis=-1), np.linalg.norm(x[..., 64:], axis=-1), rtol=1e-5)
+
+
+def test_other_shapes_come_from_the_config(tmp_path_factory):
+    """Nothing is tied to the tiny shapes: head 256 (three FP8 blocks), HCA ratio 128, 8 experts.
+
+    Windows of 128 close at positions 127 and 255; the last 10 tokens are decoded one at a time
+    across the second closing and must match the one-shot prefill.
+    """
+    from ds4tui.devtools import make_test_model as mtm
+
+    r = mtm.make(tmp_path_factory.mktemp("tiny128"), config="tiny128", seed=4, layers=4, experts=8, types="q2")
+    model = R.ReferenceModel(r["model"])
+    c = model.config
+    assert (c.head_dim, c.compress_ratios, c.n_expert) == (256, (0, 0, 4, 128), 8)
+    ids = np.random.default_rng(6).integers(0, 129280, 260).tolist()
+    one = model.new_state()
+    full = model.forward(one, ids, logits="all").logits
+    st = model.new_state()
+    rows = [model.forward(st, ids[:250], logits="all").logits]
+    rows += [model.forward(st, [t]).logits for t in ids[250:]]
+    assert np.abs(np.concatenate(rows) - full).max() < TOL["ds4"]
+    assert one.layers[3].comp.shape == st.layers[3].comp.shape == (2, 256)
+    assert one.layers[2].comp.shape == (65, 256) and one.layers[2].idx_keys.shape == (65, 128)
