@@ -173,3 +173,12 @@ def test_add_context_must_continue_the_window(target, tiny_q2, prompt):
         dr.add_context(ds, np.array([61, 62]), h)
     with pytest.raises(ValueError, match="no context yet"):
         dr.propose(dr.new_state(), anchor)
+    with pytest.raises(ValueError, match="capture layer\\(s\\) \\[3, 5\\] missing"):
+        dr.add_context(ds, np.array([60, 61]), {4: h[4]})
+    with pytest.raises(ValueError, match="must be \\[3, 256\\]"):
+        dr.add_context(ds, np.array([60, 61, 62]), h)
+    with pytest.raises(R.TokenRangeError):
+        dr.propose(ds, -1)
+    with pytest.raises(ValueError, match="finite"):
+        dr.propose(ds, anchor, threshold=float("nan"))
+    assert ds.last_pos == len(prompt) - 1  # refused calls changed nothing

@@ -132,6 +132,22 @@ def test_errors_leave_the_state_unchanged(tiny_q2):
         model.forward(st, [5], capture=[6])
     with pytest.raises(ValueError, match="numerics must be one of"):
         R.ReferenceModel(tiny_q2["model"], numerics="fast")
+    with pytest.raises(TypeError, match="integers"):
+        model.forward(st, [1.5])
+    with pytest.raises(TypeError, match="not a string"):
+        model.forward(st, "12")
+    with pytest.raises(ValueError, match="non-empty"):
+        model.prefill(st, [])
+    with pytest.raises(R.TokenRangeError):  # checked before the first chunk runs
+        model.prefill(st, [1, 2, 129280], chunk=2)
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        model.prefill(st, [1, 2], chunk=0)
+    with pytest.raises(TypeError, match="capture layer must be an integer"):
+        model.forward(st, [5], capture=[2.5])
+    with pytest.raises(TypeError, match="truncate length"):
+        model.truncate(st, True)
+    with pytest.raises(ValueError, match="context size must be >= 1"):
+        model.new_state(0)
     assert st.n_tokens == 3 and st.layers[0].kv.shape[0] == 3
     model.forward(st, list(range(7)))  # exactly fills the context
     assert st.n_tokens == 10

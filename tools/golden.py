@@ -36,7 +36,7 @@ boundary, and transformers' own agreement between its no-cache, cached-prefill a
 
 Regenerate (torch and transformers are not dependencies of ds4tui)::
 
-    pip install torch==2.13.0 'transformers>=5.17'
+    pip install torch==2.13.0 transformers==5.23.0
     PYTHONPATH=. python tools/golden.py                 # builds the tiny seed-0 model in a temp dir
     PYTHONPATH=. python tools/golden.py --seed 1 --gen 32 --out tests/golden
     PYTHONPATH=. python tools/golden.py --model-dir DIR  # DIR from make_test_model --config tiny
@@ -65,7 +65,7 @@ import numpy as np
 
 N_TOP = 32
 MID_POS = 100  # extra complete logit row for prompt 0
-INSTALL = "pip install torch==2.13.0 'transformers>=5.17'"
+INSTALL = "pip install torch==2.13.0 transformers==5.23.0"
 PROMPT_TOKENS = (200, 300)  # inclusive bounds on every rendered prompt's length
 
 # Three prompts of different character: a coding request with a code block, English prose, and a

@@ -59,6 +59,34 @@ class TokenRangeError(ReferenceError):
     """A token id outside the vocabulary."""
 
 
+def _int(name: str, value, *, minimum: int | None = None) -> int:
+    """``value`` as a Python int; ``TypeError`` for non-integers (bools and floats included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def token_array(tokens, n_vocab: int) -> np.ndarray:
+    """Validate token ids: a non-empty 1-D sequence of integers in ``0 … n_vocab−1`` → int64 ``[T]``.
+
+    Raises ``TypeError`` for non-integer ids (floats, bools, strings), ``ValueError`` for an empty or
+    nested sequence and :class:`TokenRangeError` for an id outside the vocabulary.
+    """
+    if isinstance(tokens, (str, bytes)):
+        raise TypeError("token ids must be a sequence of integers, not a string")
+    arr = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"token ids must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+    bad = arr[(arr < 0) | (arr >= n_vocab)]
+    if bad.size:
+        raise TokenRangeError(f"token id {int(bad[0])} is outside the vocabulary 0..{n_vocab - 1}")
+    return arr.astype(np.int64)
+
+
 # ---- numerics switches (spec ds4.md §2.9) --------------------------------------------------
 
 
@@ -167,6 +195,7 @@ def indexer_qat(x: np.ndarray) -> np.ndarray:
 
 
 def f16_round(x: np.ndarray) -> np.ndarray:
+    """Round to the nearest IEEE half (ties to even) and back to float32."""
     return x.astype(np.float16).astype(F32)
 
 
@@ -181,15 +210,18 @@ def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function, float32."""
     with np.errstate(over="ignore"):
         return (1.0 / (1.0 + np.exp(-x))).astype(F32)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
+    """``x · sigmoid(x)``, float32."""
     return (x * sigmoid(x)).astype(F32)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax along ``axis``, float32."""
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(F32)
@@ -242,6 +274,7 @@ class Rope:
         self.freq = freq
 
     def cos_sin(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``cos``/``sin`` of ``pos[T] × freq[n_rot/2]`` (angles in float64, results float32)."""
         ang = np.asarray(pos, dtype=np.float64)[:, None] * self.freq[None, :]
         return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
@@ -277,6 +310,7 @@ class Weights:
         self._cache: dict[tuple, np.ndarray] = {}
 
     def info(self, name: str) -> TensorInfo:
+        """The tensor's table entry; ``MissingTensorError`` naming the file if absent."""
         try:
             return self.tensors[name]
         except KeyError:
@@ -298,6 +332,7 @@ class Weights:
         return arr
 
     def get(self, name: str) -> np.ndarray:
+        """The whole tensor, float32, numpy shape (outermost first)."""
         key = (name,)
         if key not in self._cache:
             info = self.info(name)
@@ -320,6 +355,7 @@ class Weights:
         return self._cache[key]
 
     def ints(self, name: str) -> np.ndarray:
+        """An integer tensor (``tid2eid``) as int64."""
         key = (name, "int")
         if key not in self._cache:
             self._cache[key] = np.asarray(self.info(name).data).astype(np.int64).reshape(self.info(name).shape)
@@ -495,6 +531,7 @@ class LayerState:
     idx_keys: np.ndarray | None = None
 
     def truncate(self, n: int, ratio: int) -> None:
+        """Keep positions ``< n`` and the ``n // ratio`` windows they complete."""
         self.kv = self.kv[:n]
         if self.comp is not None:
             self.comp_c, self.comp_z, self.comp = self.comp_c[:n], self.comp_z[:n], self.comp[: n // ratio]
@@ -521,6 +558,7 @@ class RefState:
         return len(self.tokens)
 
     def copy(self) -> "RefState":
+        """An independent deep copy (snapshot)."""
         return copy.deepcopy(self)
 
 
@@ -552,6 +590,8 @@ class ReferenceModel:
             if numerics not in NUMERICS:
                 raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got '{numerics}'")
             numerics = NUMERICS[numerics]
+        if not isinstance(numerics, Numerics):
+            raise TypeError(f"numerics must be one of {', '.join(NUMERICS)} or a Numerics, got {numerics!r}")
         self.numerics = numerics
         self.w = Weights(self.model.path, self.model.tensors)
         c = self.config
@@ -561,11 +601,12 @@ class ReferenceModel:
 
     # -- state ---------------------------------------------------------------------------------
     def new_state(self, n_ctx: int | None = None, *, log_indexer: bool = False) -> RefState:
-        """An empty cache for up to ``n_ctx`` tokens (default: 4096, capped at the model's context)."""
+        """An empty cache for up to ``n_ctx`` tokens (``None``: 4096), capped at the model's context length.
+
+        Raises ``TypeError``/``ValueError`` unless ``n_ctx`` is a positive integer.
+        """
         c = self.config
-        n_ctx = min(n_ctx or 4096, c.context_length)
-        if n_ctx <= 0:
-            raise ValueError(f"context size must be positive, got {n_ctx}")
+        n_ctx = min(4096 if n_ctx is None else _int("context size", n_ctx, minimum=1), c.context_length)
         layers = []
         for i in range(c.n_layer):
             kind = c.layer_kind(i)
@@ -580,7 +621,11 @@ class ReferenceModel:
         return RefState(n_ctx=n_ctx, layers=layers, indexer_log={} if log_indexer else None)
 
     def truncate(self, state: RefState, n: int) -> None:
-        """Forget every token at position ≥ ``n`` (speculative rollback)."""
+        """Forget every token at position ≥ ``n`` (speculative rollback).
+
+        Raises ``ValueError`` unless ``0 ≤ n ≤ state.n_tokens`` (``TypeError`` for a non-integer).
+        """
+        n = _int("truncate length", n)
         if not 0 <= n <= state.n_tokens:
             raise ValueError(f"cannot truncate a state of {state.n_tokens} tokens to {n}")
         for i, ls in enumerate(state.layers):
@@ -602,22 +647,17 @@ class ReferenceModel:
 
         ``logits``: ``"last"`` → ``[1, V]``, ``"all"`` → ``[T, V]``, ``None`` → no LM head.
         ``capture``: layer indices whose stream-mean output to return in ``hidden``.
-        Raises :class:`ContextOverflowError` past ``state.n_ctx`` and :class:`TokenRangeError` for an
-        id outside ``0 … n_vocab−1``; the state is unchanged when it raises.
+        Raises :class:`ContextOverflowError` past ``state.n_ctx``, the errors of :func:`token_array`
+        for bad ids, ``ValueError`` for bad ``logits``/``capture``; the state is unchanged when it raises.
         """
         c = self.config
-        toks = np.asarray(list(tokens), dtype=np.int64)
-        if toks.ndim != 1 or toks.size == 0:
-            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
-        bad = toks[(toks < 0) | (toks >= c.n_vocab)]
-        if bad.size:
-            raise TokenRangeError(f"token id {int(bad[0])} is outside the vocabulary 0..{c.n_vocab - 1}")
+        toks = token_array(tokens, c.n_vocab)
         if state.n_tokens + toks.size > state.n_ctx:
             raise ContextOverflowError(f"context overflow: {state.n_tokens} tokens in the cache + {toks.size} new "
                                        f"> context size {state.n_ctx}")
         if logits not in ("last", "all", None):
             raise ValueError(f"logits must be 'last', 'all' or None, got {logits!r}")
-        capture = sorted(set(capture))
+        capture = sorted({_int("capture layer", L) for L in capture})
         for L in capture:
             if not 0 <= L < c.n_layer:
                 raise ValueError(f"capture layer {L} outside 0..{c.n_layer - 1}")
@@ -645,14 +685,14 @@ class ReferenceModel:
 
     def prefill(self, state: RefState, tokens: Sequence[int], *, chunk: int | None = None, logits: str | None = "last",
                 capture: Iterable[int] = (), progress: Callable[[int, int], None] | None = None) -> ForwardResult:
-        """:meth:`forward` in chunks of ``chunk`` tokens (default: one chunk); results concatenated.
+        """:meth:`forward` in chunks of ``chunk`` tokens (``None``: one chunk); results concatenated.
 
-        ``progress(done, total)`` is called after every chunk.
+        ``progress(done, total)`` is called after every chunk.  Token ids, ``chunk`` (a positive
+        integer) and the context size are checked before the first chunk runs, so a bad request
+        leaves the state unchanged; see :meth:`forward` for the errors.
         """
-        toks = list(tokens)
-        chunk = chunk or max(1, len(toks))
-        if chunk <= 0:
-            raise ValueError(f"chunk must be positive, got {chunk}")
+        toks = token_array(tokens, self.config.n_vocab).tolist()
+        chunk = len(toks) if chunk is None else _int("chunk", chunk, minimum=1)
         if state.n_tokens + len(toks) > state.n_ctx:
             raise ContextOverflowError(f"context overflow: {state.n_tokens} tokens in the cache + {len(toks)} new "
                                        f"> context size {state.n_ctx}")
@@ -790,7 +830,11 @@ def argmax_lowest(logits: np.ndarray) -> np.ndarray:
 
 def greedy_generate(model: ReferenceModel, prompt: Sequence[int], n_new: int, *, n_ctx: int | None = None,
                     chunk: int | None = None, eos: int | None = None) -> list[int]:
-    """Plain greedy decoding: ``n_new`` tokens after ``prompt`` (stops after ``eos`` if given)."""
+    """Plain greedy decoding: ``n_new`` ≥ 1 tokens after ``prompt`` (stops after ``eos`` if given).
+
+    ``n_ctx`` defaults to ``len(prompt) + n_new + 1``; errors as :meth:`ReferenceModel.prefill`.
+    """
+    n_new = _int("n_new", n_new, minimum=1)
     st = model.new_state(n_ctx or len(prompt) + n_new + 1)
     logits = model.prefill(st, prompt, chunk=chunk).logits
     out: list[int] = []
@@ -820,6 +864,7 @@ class DraftState:
     last_pos: int = -1
 
     def copy(self) -> "DraftState":
+        """An independent deep copy (snapshot)."""
         return copy.deepcopy(self)
 
 
@@ -881,6 +926,7 @@ class ReferenceDrafter:
         self.rope = target.rope_main  # drafter stages are sliding-window layers (compress ratio 0)
 
     def new_state(self) -> DraftState:
+        """Empty support windows (one per stage, ``sliding_window`` rows each)."""
         D = self.c.head_dim
         return DraftState(window=self.c.sliding_window, rows=[_empty(D) for _ in range(self.n_stages)],
                           pos=np.zeros(0, np.int64))
@@ -895,10 +941,19 @@ class ReferenceDrafter:
         """Append context rows for target positions ``positions`` (contiguous, right after ``last_pos``).
 
         ``hidden`` maps each capture layer to ``[n, H]`` stream means from the target pass.
+        Raises ``ValueError`` for non-contiguous positions, a missing capture layer or a row count
+        that differs from the number of positions; the state is then unchanged.
         """
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size == 0:
             return
+        missing = [L for L in self.capture_layers if L not in hidden]
+        if missing:
+            raise ValueError(f"hidden states of capture layer(s) {missing} missing (the support file captures "
+                             f"layers {list(self.capture_layers)}: pass capture= to the target forward)")
+        shapes = {L: np.shape(hidden[L]) for L in self.capture_layers}
+        if any(sh != (positions.size, self.c.n_embd) for sh in shapes.values()):
+            raise ValueError(f"hidden states must be [{positions.size}, {self.c.n_embd}] per capture layer, got {shapes}")
         if positions[0] != ds.last_pos + 1 or np.any(np.diff(positions) != 1):
             raise ValueError(f"drafter context must continue at position {ds.last_pos + 1}, got "
                              f"{positions[0]}..{positions[-1]}")
@@ -937,10 +992,15 @@ class ReferenceDrafter:
         Block rows sit at positions ``last_pos+1 …`` with inputs ``[anchor, noise, …]``; row k
         predicts the token at ``last_pos + 2 + k``.  The proposal is cut at the first k with
         ``confidence[k] < threshold``.  ``block`` (≤ the support block size) shortens the block.
+        Raises :class:`TokenRangeError` for an anchor outside the vocabulary, ``ValueError`` for a
+        block outside ``1 … block_size``, a non-finite threshold or a drafter without context.
         """
-        B = self.block_size if block is None else int(block)
+        anchor = int(token_array([anchor], self.c.n_vocab)[0])
+        B = self.block_size if block is None else _int("block", block)
         if not 1 <= B <= self.block_size:
             raise ValueError(f"block must be 1..{self.block_size}, got {B}")
+        if not math.isfinite(threshold):
+            raise ValueError(f"confidence threshold must be finite, got {threshold}")
         if ds.last_pos < 0:
             raise ValueError("the drafter has no context yet: call add_context after the prefill")
         c = self.c
@@ -980,6 +1040,8 @@ class Cycle:
 
 @dataclass
 class SpecResult:
+    """Output of :func:`speculative_generate`: the emitted tokens and one record per cycle."""
+
     tokens: list[int]
     cycles: list[Cycle]
 
@@ -992,8 +1054,14 @@ def speculative_generate(model: ReferenceModel, drafter: ReferenceDrafter, promp
     Each cycle: the anchor (greedy token from the last committed row) is emitted, the drafter
     proposes ``d_1 … d_ℓ``, the target verifies ``[anchor, d_1 … d_ℓ]`` in one pass, the longest
     matching prefix is accepted, the cache is truncated after it and the bonus token becomes the
-    next anchor.  The output equals :func:`greedy_generate`'s.
+    next anchor.  In exact arithmetic the output equals :func:`greedy_generate`'s; in float32 the
+    verify pass batches rows differently from one-token decode, so a near tie (top-2 gap below the
+    ~1e-3 rounding noise of ds4 numerics) could in principle resolve differently.
+
+    ``n_ctx`` defaults to ``len(prompt) + n_new + block_size + 2``; errors as
+    :meth:`ReferenceModel.prefill` and :meth:`ReferenceDrafter.propose`.
     """
+    n_new = _int("n_new", n_new, minimum=1)
     cap = drafter.capture_layers
     st = model.new_state(n_ctx or len(prompt) + n_new + drafter.block_size + 2)
     r = model.prefill(st, prompt, chunk=chunk, capture=cap)
