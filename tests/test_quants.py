@@ -190,11 +190,12 @@ def test_q2_k_special_blocks():
     assert abs(dq[-1, 37] - 1000.0) <= 1000.0 * 1e-3
 
 
-def test_q2_k_tiny_values_never_worse_than_zero():
-    # d and dmin are f16: below ~6e-8 nothing is representable; a block then decodes as zeros
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.IQ2_XXS])
+def test_tiny_values_never_worse_than_zero(qtype):
+    # the block scales are f16: below ~6e-8 nothing is representable; a block then decodes as zeros
     for c in (1e-6, -1e-6, 1e-8, -3e-9):
         x = np.full((1, 256), c, np.float32)
-        _, dq, _ = roundtrip(x, T.Q2_K)
+        _, dq, _ = roundtrip(x, qtype)
         assert np.all(np.abs(dq - x) <= abs(c)), c
 
 
@@ -279,13 +280,6 @@ def test_iq2_xxs_single_outlier():
     assert np.all(ls[others] == 0)
     err = np.abs(dq - x).reshape(2, 8, 32)
     assert np.all(err[others] <= np.abs(x.reshape(2, 8, 32))[others] + d.repeat(7)[:, None] * 1.0001)
-
-
-def test_iq2_xxs_tiny_values_never_worse_than_zero():
-    for c in (1e-6, -1e-6, 1e-8, -3e-9):
-        x = np.full((1, 256), c, np.float32)
-        _, dq, _ = roundtrip(x, T.IQ2_XXS)
-        assert np.all(np.abs(dq - x) <= abs(c)), c
 
 
 def test_iq2_xxs_importance_lowers_weighted_error():
