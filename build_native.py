@@ -14,6 +14,7 @@ generated here from the ``gguf`` package, so they are never retyped by hand.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "ds4tui" / "native"
 HEADER = NATIVE / "ds4_engine.h"
 
-CPU_SOURCES = ["engine.c", "cpu/dequant.c"]
+CPU_SOURCES = ["engine.c", "forward.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
 
 
 def extract_cdef(header_text: str) -> str:
@@ -62,6 +63,19 @@ def write_iq2xxs_tables(path: Path) -> None:
         path.write_text(text)
 
 
+def arch_flags() -> list[str]:
+    """Target-CPU flags: ``-march=native`` on x86-64 (the extension is built on the machine that runs it).
+
+    ``DS4TUI_MARCH`` overrides it (e.g. ``DS4TUI_MARCH=x86-64-v2``; empty for the compiler's default).
+    Floating-point semantics stay strict either way: no ``-ffast-math``, and ``-std=c11`` keeps
+    ``-ffp-contract=off`` so results do not depend on FMA availability.
+    """
+    if "DS4TUI_MARCH" in os.environ:
+        v = os.environ["DS4TUI_MARCH"].strip()
+        return [f"-march={v}"] if v else []
+    return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []
+
+
 def make_ffibuilder() -> FFI:
     write_iq2xxs_tables(NATIVE / "cpu" / "iq2xxs_tables.h")
     ffibuilder = FFI()
@@ -73,7 +87,7 @@ def make_ffibuilder() -> FFI:
         sources=[rel(s) for s in CPU_SOURCES],
         include_dirs=[rel(".")],
         libraries=["m", "pthread", "dl"],
-        extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fno-fast-math"],
+        extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-fast-math", "-D_GNU_SOURCE"] + arch_flags(),
     )
     return ffibuilder
 

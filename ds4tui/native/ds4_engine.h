@@ -26,9 +26,14 @@ extern "C" {
 
 /* Return codes. */
 #define DS4_OK 0
-#define DS4_E_INVALID -1
-#define DS4_E_UNSUPPORTED -2
-#define DS4_E_NOMEM -3
+#define DS4_E_INVALID -1      /* a bad argument or descriptor */
+#define DS4_E_UNSUPPORTED -2  /* a type, backend or option this build cannot run */
+#define DS4_E_NOMEM -3        /* an allocation failed */
+#define DS4_E_CONTEXT -4      /* the tokens do not fit in the session's context */
+#define DS4_E_CANCELLED -5    /* ds4_session_cancel stopped the call; the session is unchanged */
+#define DS4_E_TOKEN -6        /* a token id outside the vocabulary */
+#define DS4_E_NONFINITE -7    /* NaN/Inf appeared in the logits (bad weights) */
+#define DS4_E_STATE -8        /* the call does not fit the session's state (e.g. step with no logits) */
 
 /* GGML type ids (ggml.h / GGUF tensor-info type field). */
 #define DS4_TYPE_F32 0
@@ -39,7 +44,18 @@ extern "C" {
 #define DS4_TYPE_I32 26
 #define DS4_TYPE_BF16 30
 
-/* Version string of the native library, e.g. "ds4tui-native 0.1.0 (cpu)". */
+/* Backends and numerics (spec ds4.md §2.9). */
+#define DS4_BACKEND_CPU 0
+#define DS4_BACKEND_HIP 1
+#define DS4_NUMERICS_DS4 0          /* FP8 KV, f16 cache rows, FP4 indexer, router floor */
+#define DS4_NUMERICS_TRANSFORMERS 1 /* plain float32, as Hugging Face transformers */
+
+/* Logit outputs of ds4_session_eval. */
+#define DS4_LOGITS_NONE 0
+#define DS4_LOGITS_LAST 1
+#define DS4_LOGITS_ALL 2
+
+/* Version string of the native library, e.g. "ds4tui-native 0.2.0 (cpu)". */
 const char *ds4_version(void);
 
 /* Bytes occupied by n elements of GGML type `type`, or 0 when the type is
@@ -52,6 +68,147 @@ size_t ds4_type_row_bytes(int type, int64_t n);
  * with a message in err[0..err_len). */
 int ds4_dequantize(int type, const void *src, float *dst, int64_t n,
                    char *err, size_t err_len);
+
+/* The CPU matmul kernel on its own (for tests and benchmarks):
+ * Y[t, r] = sum_c W[r, c] * X[t, c] for t < n_tok, r < rows, c < cols.
+ * W: `rows` rows of `cols` elements of GGML type `type` (row-major, rows
+ * contiguous); X: float [n_tok, cols]; Y: float [n_tok, rows].
+ * Activations stay float32 for every weight type (no 8-bit activation
+ * quantisation), so the only difference from dequantise-then-numpy is the
+ * float32 summation order.  n_threads 0 = one thread per online core. */
+int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols,
+                      const float *X, int64_t n_tok, float *Y, int n_threads,
+                      char *err, size_t err_len);
+
+/* memcpy bandwidth: copy `bytes` bytes `reps` times between two buffers,
+ * split over n_threads threads (0 = one per core), and return the best
+ * rate in GB/s (1e9 bytes copied per second), or a negative DS4_E* code. */
+double ds4_memcpy_bandwidth(size_t bytes, int reps, int n_threads);
+
+/* ---- model descriptor (built by Python from the memory-mapped GGUF) ---- */
+
+/* One tensor: ne[] in GGUF order (ne[0] innermost, unused dims 1); data
+ * points into the caller's mapping, which must outlive the engine. */
+typedef struct {
+    const char *name;
+    int32_t type;
+    int32_t n_dims;
+    int64_t ne[4];
+    const void *data;
+    uint64_t nbytes;
+} ds4_tensor_desc;
+
+/* The hyper-parameters of spec ds4.md §1/§3.2.  The per-layer arrays have
+ * n_layer entries and are copied by ds4_engine_open. */
+typedef struct {
+    int32_t n_layer, n_embd, n_vocab, n_head, head_dim, n_rot;
+    int32_t q_lora_rank, o_lora_rank, o_groups;
+    int32_t n_expert, n_expert_used, n_ff_exp, n_hash_layer, expert_weights_norm;
+    int32_t sliding_window, indexer_n_head, indexer_head_dim, indexer_top_k;
+    int32_t hc_count, hc_sinkhorn_iters;
+    int32_t rope_yarn;              /* 1: YaRN on compressed layers (rope.scaling.type yarn) */
+    int64_t rope_orig_ctx, context_length;
+    float rope_freq_base, rope_scaling_factor, yarn_beta_fast, yarn_beta_slow;
+    float compress_rope_freq_base, expert_weights_scale, rms_eps, hc_eps;
+    const int32_t *compress_ratios;   /* [n_layer] 0 = SWA, 4 = CSA, other = HCA */
+    const float *swiglu_clamp;        /* [n_layer] routed experts; <= 0 disables */
+    const float *swiglu_clamp_shexp;  /* [n_layer] shared expert */
+} ds4_model_config;
+
+typedef struct {
+    int32_t backend;    /* DS4_BACKEND_* */
+    int32_t n_threads;  /* 0: one per online core */
+    int32_t numerics;   /* DS4_NUMERICS_* */
+} ds4_engine_options;
+
+/* Memory held, in bytes.  weights: tensor bytes the engine reads (mapped
+ * from the GGUF on the CPU backend); kv: raw KV rows; compressor: compressor
+ * and indexer state plus compressed rows; scratch: activations and buffers;
+ * device: bytes the GPU backend allocated (0 on the CPU backend). */
+typedef struct {
+    uint64_t weights, kv, compressor, scratch, device;
+} ds4_memory;
+
+/* Sampling settings.  temperature <= 0: greedy (argmax, ties to the lowest
+ * id).  Otherwise logits/temperature, then top_k (0 = off), top_p (1 = off),
+ * min_p (0 = off), sampled with a splitmix64 stream seeded by `seed`. */
+typedef struct {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    uint64_t seed;
+} ds4_sampling;
+
+/* Monotonic counters of a session (rates are derived by the caller). */
+typedef struct {
+    uint64_t n_prefill_tokens;  /* tokens run through ds4_session_eval */
+    uint64_t n_decode_tokens;   /* tokens emitted by ds4_session_step */
+    uint64_t n_steps;           /* ds4_session_step calls that emitted */
+    uint64_t n_target_evals;    /* target forward passes (any batch size) */
+    double prefill_ms;          /* wall time inside ds4_session_eval */
+    double decode_ms;           /* wall time inside ds4_session_step */
+    double sample_ms;           /* part of decode_ms spent sampling */
+    uint64_t n_cancelled;       /* calls stopped by ds4_session_cancel */
+} ds4_stats;
+
+typedef struct ds4_engine ds4_engine;
+typedef struct ds4_session ds4_session;
+
+/* Open an engine over the tensors of a validated DS4 model.  Every tensor
+ * the forward pass needs is looked up by its GGUF name and its type and
+ * dims are checked; the error names the tensor and the expected and found
+ * values. */
+int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
+                    int32_t n_tensors, const ds4_engine_options *opt,
+                    ds4_engine **out, char *err, size_t err_len);
+void ds4_engine_close(ds4_engine *e);
+int ds4_engine_memory(const ds4_engine *e, ds4_memory *out);
+int32_t ds4_engine_n_threads(const ds4_engine *e);
+
+/* A session: KV cache and compressor state for up to n_ctx tokens,
+ * evaluating at most n_batch tokens per forward pass (longer inputs are
+ * split).  n_batch also bounds how far back ds4_session_truncate can go. */
+int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch,
+                       ds4_session **out, char *err, size_t err_len);
+void ds4_session_free(ds4_session *s);
+
+/* Tokens in the KV cache, the context size, and the sampled token that is
+ * emitted but not yet run through the model (-1 if none). */
+int32_t ds4_session_n_tokens(const ds4_session *s);
+int32_t ds4_session_n_ctx(const ds4_session *s);
+int32_t ds4_session_pending(const ds4_session *s);
+
+/* Run tokens[0..n) at the next positions (a pending token, if any, is run
+ * first) and write logits: DS4_LOGITS_LAST -> logits[n_vocab] of the last
+ * token, DS4_LOGITS_ALL -> logits[n, n_vocab], DS4_LOGITS_NONE -> logits may
+ * be NULL.  The last row is also kept for ds4_session_step.  On any error
+ * (context overflow, bad id, cancel) the session is left as before the call. */
+int ds4_session_eval(ds4_session *s, const int32_t *tokens, int32_t n,
+                     int32_t logits_mode, float *logits, char *err, size_t err_len);
+
+/* One decode cycle: run the pending token (if any), sample the next token
+ * from the last logits and make it the pending token.  Writes the emitted
+ * tokens to out[0..*n_out) (max_out >= 1).  DS4_E_STATE when there are no
+ * logits yet (nothing evaluated). */
+int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out,
+                     char *err, size_t err_len);
+
+/* Forget every token at position >= n (0 <= n <= n_tokens, and no further
+ * back than n_batch tokens unless n == 0).  Clears the pending token and the
+ * last logits. */
+int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len);
+
+/* Ask a running eval/step to stop at the next layer boundary (thread-safe;
+ * sticky until that call returns DS4_E_CANCELLED or ds4_session_clear_cancel). */
+void ds4_session_cancel(ds4_session *s);
+void ds4_session_clear_cancel(ds4_session *s);
+
+int ds4_session_set_sampling(ds4_session *s, const ds4_sampling *p, char *err, size_t err_len);
+int ds4_session_get_sampling(const ds4_session *s, ds4_sampling *out);
+int ds4_session_stats(const ds4_session *s, ds4_stats *out);
+void ds4_session_reset_stats(ds4_session *s);
+int ds4_session_memory(const ds4_session *s, ds4_memory *out);
 
 /* CDEF END */
 

@@ -1,0 +1,612 @@
+"""Python side of the engine: open a model on a backend, run sessions, read stats and memory.
+
+``Engine(model, backend="cpu" | "reference", numerics="ds4" | "transformers")`` opens a validated
+DS4 GGUF.  On the ``cpu`` backend the native engine (``ds4tui._native``, C API in
+``ds4tui/native/ds4_engine.h``) gets a descriptor built here — the configuration and a table of
+tensors pointing into the memory-mapped file — so C never parses files.  The ``reference``
+backend runs the numpy reference (:mod:`ds4tui.engine.reference`) behind the same interface, so
+``generate`` and the tests can compare the two.
+
+A :class:`Session` holds one sequence: ``prefill(ids)`` in chunks (progress callback,
+cancellation between chunks), ``step()`` for one decode cycle, ``generate()`` as an iterator of
+token ids, sampling knobs, and snapshots of the engine's counters (:class:`Stats`) and memory
+(:class:`Memory`).  Native calls release the GIL (cffi's default), so a worker thread can decode
+while the UI thread runs.
+
+Decode layout (spec dspark.md §2.5, the reference layout): ``step()`` samples the next token from
+the last logits and returns it; that token is *pending* — emitted but not yet run through the
+model — and is run first by the next ``step()`` or ``prefill()``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ds4tui.engine.gguf_model import DS4Model
+from ds4tui.engine.layout import DS4Config
+
+BACKENDS = ("cpu", "hip", "reference")
+NUMERICS = ("ds4", "transformers")
+
+
+class EngineError(Exception):
+    """An engine call failed; the message names the problem (from the C engine where it came from)."""
+
+
+class BackendUnavailableError(EngineError):
+    """The requested backend cannot run here (not built, no device)."""
+
+
+class ContextOverflowError(EngineError):
+    """The tokens do not fit in the session's context size."""
+
+
+class TokenRangeError(EngineError):
+    """A token id outside the vocabulary."""
+
+
+class CancelledError(EngineError):
+    """:meth:`Session.cancel` stopped a prefill or step.  ``kept`` = tokens left in the cache."""
+
+    def __init__(self, message: str, kept: int = 0):
+        super().__init__(message)
+        self.kept = kept
+
+
+class NonFiniteError(EngineError):
+    """NaN/Inf appeared in the logits (bad weights or an overflow)."""
+
+
+class StateError(EngineError):
+    """The call does not fit the session's state (e.g. a step before any prompt)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings: ``temperature`` 0 = greedy (ties to the lowest id); otherwise
+    logits/temperature → top-k (0 = off) → top-p (1 = off) → min-p (0 = off) → a draw from a
+    splitmix64 stream seeded with ``seed``."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def validate(self) -> "SamplingParams":
+        """Return self; ``ValueError`` naming the first bad field."""
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if int(self.seed) != self.seed or not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be an integer in 0..2^64-1, got {self.seed}")
+        return self
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Monotonic counters of a session (ds4_stats); times in milliseconds."""
+
+    n_prefill_tokens: int = 0
+    n_decode_tokens: int = 0
+    n_steps: int = 0
+    n_target_evals: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    sample_ms: float = 0.0
+    n_cancelled: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes held (ds4_memory): weights read by the engine (mapped from the GGUF on the CPU),
+    raw KV rows, compressor/indexer state and compressed rows, scratch buffers and small tensors
+    expanded to float, and GPU allocations (0 on the CPU)."""
+
+    weights: int = 0
+    kv: int = 0
+    compressor: int = 0
+    scratch: int = 0
+    device: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compressor + self.scratch + self.device
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def _native():
+    try:
+        from ds4tui import _native
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
+        ) from exc
+    return _native
+
+
+_ERRORS = {-4: ContextOverflowError, -5: CancelledError, -6: TokenRangeError, -7: NonFiniteError, -8: StateError}
+
+
+def _check(rc: int, err, ffi) -> None:
+    if rc != 0:
+        msg = ffi.string(err).decode("utf-8", "replace") or f"native error {rc}"
+        raise _ERRORS.get(rc, EngineError)(msg)
+
+
+def _model(model: str | os.PathLike | DS4Model) -> DS4Model:
+    return model if isinstance(model, DS4Model) else DS4Model(model)
+
+
+class Engine:
+    """A DS4 model opened on a backend.
+
+    ``model``: GGUF path or opened :class:`DS4Model` (validated on open; the ``ModelFileError``
+    subclasses name file, tensor, expected and found values).  ``backend``: ``"cpu"`` (native C),
+    ``"reference"`` (numpy) or ``"hip"`` (not in this build: :class:`BackendUnavailableError`).
+    ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
+    core.  The GGUF stays memory-mapped while the engine lives.
+    """
+
+    def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
+                 n_threads: int = 0):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+        if int(n_threads) != n_threads or n_threads < 0:
+            raise ValueError(f"n_threads must be an integer >= 0 (0 = one per core), got {n_threads}")
+        if backend == "hip":
+            raise BackendUnavailableError("the HIP backend is not part of this build (only cpu and reference)")
+        self.model = _model(model)
+        self.config: DS4Config = self.model.config
+        self.backend = backend
+        self.numerics = numerics
+        self._handle = None
+        self._keep: list = []
+        if backend == "reference":
+            from ds4tui.engine.reference import ReferenceModel
+
+            self._ref = ReferenceModel(self.model, numerics=numerics)
+            self.n_threads = 1
+            return
+        n = _native()
+        self._ffi, self._lib = n.ffi, n.lib
+        self._open_native(int(n_threads))
+
+    # -- native descriptor ---------------------------------------------------------------------
+    def _open_native(self, n_threads: int) -> None:
+        ffi, lib, c = self._ffi, self._lib, self.config
+        keep = self._keep
+        cfg = ffi.new("ds4_model_config *")
+        for name in ("n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank", "o_lora_rank",
+                     "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_hash_layer", "sliding_window",
+                     "indexer_n_head", "indexer_head_dim", "indexer_top_k", "hc_count", "hc_sinkhorn_iters",
+                     "rope_orig_ctx", "context_length"):
+            setattr(cfg, name, int(getattr(c, name)))
+        for name in ("rope_freq_base", "rope_scaling_factor", "yarn_beta_fast", "yarn_beta_slow",
+                     "compress_rope_freq_base", "expert_weights_scale", "rms_eps", "hc_eps"):
+            setattr(cfg, name, float(getattr(c, name)))
+        cfg.expert_weights_norm = int(bool(c.expert_weights_norm))
+        if c.rope_scaling_type not in ("yarn", "none"):
+            raise EngineError(f"{self.model.path}: rope.scaling.type '{c.rope_scaling_type}' is not supported "
+                              f"(expected 'yarn')")
+        cfg.rope_yarn = int(c.rope_scaling_type == "yarn")
+        ratios = ffi.new("int32_t[]", list(c.compress_ratios[: c.n_layer]))
+        clamp = ffi.new("float[]", list(c.swiglu_clamp[: c.n_layer]))
+        clamp_sh = ffi.new("float[]", list((c.swiglu_clamp_shexp or c.swiglu_clamp)[: c.n_layer]))
+        cfg.compress_ratios, cfg.swiglu_clamp, cfg.swiglu_clamp_shexp = ratios, clamp, clamp_sh
+        infos = list(self.model.tensors.values())
+        table = ffi.new("ds4_tensor_desc[]", len(infos))
+        for i, info in enumerate(infos):
+            name = ffi.new("char[]", info.name.encode())
+            buf = ffi.from_buffer(info.raw_bytes())
+            keep += [name, buf]
+            d = table[i]
+            d.name, d.type, d.n_dims = name, int(info.type), len(info.shape)
+            for j, ne in enumerate(info.ne[:4]):
+                d.ne[j] = ne
+            for j in range(len(info.shape), 4):
+                d.ne[j] = 1
+            d.data, d.nbytes = buf, info.nbytes
+        opt = ffi.new("ds4_engine_options *", {"backend": 0, "n_threads": n_threads,
+                                               "numerics": NUMERICS.index(self.numerics)})
+        out = ffi.new("ds4_engine **")
+        err = ffi.new("char[1024]")
+        keep += [cfg, ratios, clamp, clamp_sh, table]
+        rc = lib.ds4_engine_open(cfg, table, len(infos), opt, out, err, 1024)
+        if rc != 0:
+            raise EngineError(f"{self.model.path}: {ffi.string(err).decode('utf-8', 'replace')}")
+        self._handle = out[0]
+        self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
+
+    # -- public --------------------------------------------------------------------------------
+    def session(self, n_ctx: int = 4096, *, n_batch: int = 256) -> "Session":
+        """A new session with room for ``n_ctx`` tokens (capped at the model's context length)
+        and forward passes of at most ``n_batch`` tokens (prefill chunk size)."""
+        for name, v in (("context size", n_ctx), ("batch size", n_batch)):
+            if isinstance(v, bool) or int(v) != v or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        n_ctx = min(int(n_ctx), int(self.config.context_length))
+        if self.backend == "reference":
+            return ReferenceSession(self, n_ctx, int(n_batch))
+        return Session(self, n_ctx, int(n_batch))
+
+    def memory(self) -> Memory:
+        """Engine-level bytes (weights and small tensors expanded at open)."""
+        if self.backend == "reference":
+            return Memory(weights=sum(t.nbytes for t in self.model.tensors.values()))
+        m = self._ffi.new("ds4_memory *")
+        self._lib.ds4_engine_memory(self._handle, m)
+        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.ds4_engine_close(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Session:
+    """One sequence on an :class:`Engine` (see the module docstring for the decode layout).
+
+    ``tokens``: ids in the KV cache, in order; ``pending``: the emitted token not yet run (or None).
+    Thread use: one thread drives the session; :meth:`cancel` may be called from any thread.
+    """
+
+    def __init__(self, engine: Engine, n_ctx: int, n_batch: int):
+        self.engine = engine
+        self.config = engine.config
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.tokens: list[int] = []
+        self.pending: int | None = None
+        self._cancel = threading.Event()
+        self._sampling = SamplingParams()
+        self._open()
+
+    # -- backend hooks (the reference session overrides these) ---------------------------------
+    def _open(self) -> None:
+        e = self.engine
+        self._ffi, self._lib = e._ffi, e._lib
+        out = self._ffi.new("ds4_session **")
+        self._err = self._ffi.new("char[1024]")
+        self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, out, self._err, 1024))
+        self._h = self._ffi.gc(out[0], self._lib.ds4_session_free)
+        self._n_batch = self.n_batch
+
+    def _check(self, rc: int) -> None:
+        _check(rc, self._err, self._ffi)
+
+    def _eval(self, ids: list[int], mode: str) -> np.ndarray | None:
+        V = self.config.n_vocab
+        n = len(ids)
+        arr = np.asarray(ids, dtype=np.int32)
+        code = {"none": 0, "last": 1, "all": 2}[mode]
+        out = None if mode == "none" else np.empty((n if mode == "all" else 1, V), np.float32)
+        ptr = self._ffi.NULL if out is None else self._ffi.cast("float *", self._ffi.from_buffer(out))
+        self._check(self._lib.ds4_session_eval(self._h, self._ffi.cast("int32_t *", self._ffi.from_buffer(arr)), n,
+                                               code, ptr, self._err, 1024))
+        return out
+
+    def _step(self) -> list[int]:
+        out = self._ffi.new("int32_t[16]")
+        n = self._ffi.new("int32_t *")
+        self._check(self._lib.ds4_session_step(self._h, out, 16, n, self._err, 1024))
+        return [int(out[i]) for i in range(n[0])]
+
+    def _truncate(self, n: int) -> None:
+        self._check(self._lib.ds4_session_truncate(self._h, n, self._err, 1024))
+
+    def _native_cancel(self, on: bool) -> None:
+        (self._lib.ds4_session_cancel if on else self._lib.ds4_session_clear_cancel)(self._h)
+
+    # -- checks --------------------------------------------------------------------------------
+    def _ids(self, ids: Iterable[int]) -> list[int]:
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("token ids must be a sequence of integers, not a string")
+        out = []
+        V = self.config.n_vocab
+        for i, t in enumerate(ids):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"token ids must be integers, got {t!r} at index {i}")
+            if not 0 <= int(t) < V:
+                raise TokenRangeError(f"token id {int(t)} at index {i} is outside the vocabulary 0..{V - 1}")
+            out.append(int(t))
+        return out
+
+    def _room(self, n_new: int) -> None:
+        have = len(self.tokens) + (self.pending is not None)
+        if have + n_new > self.n_ctx:
+            raise ContextOverflowError(f"context overflow: {have} tokens in the session + {n_new} new > context size "
+                                       f"{self.n_ctx} (start a new chat or raise --ctx)")
+
+    # -- public --------------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the KV cache (the pending token not counted)."""
+        return len(self.tokens)
+
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None, logits: str = "last",
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray | None:
+        """Run ``ids`` (after the pending token, if any) in chunks of ``chunk`` (default and
+        maximum: the batch size) and return logits: ``"last"`` → ``[V]`` of the last token,
+        ``"all"`` → ``[len(ids), V]``, ``"none"`` → None.
+
+        ``progress(done, total)`` is called after each chunk.  :meth:`cancel` (from any thread)
+        stops between chunks or inside one (at a layer boundary) with :class:`CancelledError`:
+        the session then goes back to where it was before this call when that is at most one
+        batch back, else it is emptied (``kept`` says how many tokens remain).  Raises
+        :class:`ContextOverflowError` / :class:`TokenRangeError` / ``TypeError`` before
+        anything runs; an empty ``ids`` with no pending token raises ``ValueError``.
+        """
+        ids = self._ids(ids)
+        if logits not in ("last", "all", "none"):
+            raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
+        if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        chunk = min(int(chunk or self.n_batch), self.n_batch)
+        if not ids and self.pending is None:
+            raise ValueError("empty prompt: nothing to prefill")
+        self._room(len(ids))
+        start = len(self.tokens)
+        had_pending = self.pending is not None
+        parts = [ids[i:i + chunk] for i in range(0, len(ids), chunk)] or [[]]
+        rows: list[np.ndarray] = []
+        done = 0
+        try:
+            for k, part in enumerate(parts):
+                if self._cancel.is_set():
+                    raise CancelledError("cancelled")
+                last = k == len(parts) - 1
+                if logits == "all":
+                    mode = "all" if part else "none"
+                else:
+                    mode = "last" if (last and logits == "last") else "none"
+                r = self._eval(part, mode)  # the backend runs the pending token first
+                if self.pending is not None:
+                    self.tokens.append(self.pending)
+                    self.pending = None
+                self.tokens.extend(part)
+                done += len(part)
+                if r is not None:
+                    rows.append(r)
+                if progress is not None:
+                    progress(done, len(ids))
+        except CancelledError:
+            self._rollback(start + (1 if had_pending and len(self.tokens) > start else 0))
+            raise CancelledError("prefill cancelled", kept=len(self.tokens)) from None
+        finally:
+            self._cancel.clear()
+            self._native_cancel(False)
+        if logits == "last":
+            return rows[-1][-1]
+        if logits == "all":
+            return np.concatenate(rows) if rows else np.zeros((0, self.config.n_vocab), np.float32)
+        return None
+
+    def _rollback(self, start: int) -> None:
+        """After a cancel: back to ``start`` tokens (or empty when that is more than a batch back)."""
+        back = len(self.tokens) - start
+        if back <= 0:
+            return  # the engine already left the cache as it was
+        target = start if back <= self.n_batch else 0
+        self._truncate(target)
+        del self.tokens[target:]
+        self.pending = None
+
+    def step(self) -> list[int]:
+        """One decode cycle: run the pending token, sample the next and return the emitted ids.
+
+        Raises :class:`StateError` before any prompt, :class:`ContextOverflowError` when the
+        pending token does not fit, :class:`CancelledError` if cancelled (the session is unchanged).
+        """
+        if self.pending is not None:
+            self._room(0)
+        try:
+            out = self._step()
+        finally:
+            self._cancel.clear()
+        if self.pending is not None:
+            self.tokens.append(self.pending)
+        self.pending = out[-1]
+        return out
+
+    def generate(self, prompt: Sequence[int] | None = None, *, max_tokens: int = 256,
+                 stop: Iterable[int] = (), progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
+        """Prefill ``prompt`` (if given) and yield up to ``max_tokens`` sampled ids, stopping after an
+        id in ``stop``.  Cancellation ends the iterator with :class:`CancelledError`."""
+        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        stop = {int(s) for s in stop}
+        if prompt is not None:
+            self.prefill(prompt, progress=progress)
+        n = 0
+        while n < max_tokens:
+            for tok in self.step():
+                yield tok
+                n += 1
+                if tok in stop or n >= max_tokens:
+                    return
+
+    def truncate(self, n: int) -> None:
+        """Forget every token at position >= ``n`` (at most one batch back, or all: ``n`` = 0)."""
+        if isinstance(n, bool) or int(n) != n:
+            raise TypeError(f"truncate length must be an integer, got {n!r}")
+        n = int(n)
+        if not 0 <= n <= len(self.tokens):
+            raise ValueError(f"cannot truncate a session of {len(self.tokens)} tokens to {n}")
+        self._truncate(n)
+        del self.tokens[n:]
+        self.pending = None
+
+    def reset(self) -> None:
+        """Empty the session (keeps sampling settings and counters)."""
+        self.truncate(0)
+
+    def cancel(self) -> None:
+        """Stop the running prefill/step as soon as possible (thread-safe)."""
+        self._cancel.set()
+        self._native_cancel(True)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self._sampling
+
+    def set_sampling(self, params: SamplingParams) -> None:
+        """Apply sampling settings from the next step on (``ValueError`` for bad values)."""
+        params = params.validate()
+        p = self._ffi.new("ds4_sampling *", {"temperature": params.temperature, "top_k": int(params.top_k),
+                                             "top_p": params.top_p, "min_p": params.min_p, "seed": int(params.seed)})
+        self._check(self._lib.ds4_session_set_sampling(self._h, p, self._err, 1024))
+        self._sampling = params
+
+    def stats(self) -> Stats:
+        """A snapshot of the session's counters."""
+        st = self._ffi.new("ds4_stats *")
+        self._lib.ds4_session_stats(self._h, st)
+        return Stats(**{f.name: getattr(st, f.name) for f in fields(Stats)})
+
+    def reset_stats(self) -> None:
+        self._lib.ds4_session_reset_stats(self._h)
+
+    def memory(self) -> Memory:
+        """Bytes held by the engine and this session."""
+        m = self._ffi.new("ds4_memory *")
+        self._lib.ds4_session_memory(self._h, m)
+        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
+
+
+def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]) -> int:
+    """The native sampler in numpy (same order, same splitmix64 stream): used by the reference backend."""
+    if not p.temperature > 0:
+        return int(np.argmax(logits))
+    v = logits.astype(np.float64) / float(np.float32(p.temperature))
+    order = np.lexsort((np.arange(v.size), -v))
+    vals = v[order]
+    n = v.size if not 0 < p.top_k < v.size else p.top_k
+    pr = np.exp(vals[:n] - vals[0])
+    pr = pr / pr.sum()
+    if p.top_p < 1:
+        cum = np.cumsum(pr)
+        hit = np.nonzero(cum >= float(np.float32(p.top_p)))[0]
+        n = int(hit[0]) + 1 if hit.size else n
+    if p.min_p > 0:
+        floor_p = float(np.float32(p.min_p)) * pr[0]
+        keep = 1
+        while keep < n and pr[keep] >= floor_p:
+            keep += 1
+        n = keep
+    pr = pr[:n]
+    M = (1 << 64) - 1
+    rng_state[0] = (rng_state[0] + 0x9E3779B97F4A7C15) & M
+    z = rng_state[0]
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    z ^= z >> 31
+    u = (z >> 11) * (1.0 / 9007199254740992.0) * pr.sum()
+    cum = 0.0
+    for i in range(n):
+        cum += pr[i]
+        if u < cum:
+            return int(order[i])
+    return int(order[n - 1])
+
+
+class ReferenceSession(Session):
+    """A :class:`Session` over the numpy reference (backend ``"reference"``)."""
+
+    def _open(self) -> None:
+        self._ref = self.engine._ref
+        self._st = self._ref.new_state(self.n_ctx)
+        self._logits: np.ndarray | None = None
+        self._rng = [0]
+        self._counters = dict(Stats().to_dict())
+
+    def _eval(self, ids: list[int], mode: str) -> np.ndarray | None:
+        from ds4tui.engine import reference as R
+
+        t0 = time.perf_counter()
+        seq = ([self.pending] if self.pending is not None else []) + list(ids)
+        try:
+            r = self._ref.forward(self._st, seq, logits={"none": None, "last": "last", "all": "all"}[mode])
+        except R.ContextOverflowError as exc:
+            raise ContextOverflowError(str(exc)) from None
+        if mode == "all" and self.pending is not None:
+            r.logits = r.logits[1:]
+        self._counters["prefill_ms"] += (time.perf_counter() - t0) * 1e3
+        self._counters["n_prefill_tokens"] += len(seq)
+        self._counters["n_target_evals"] += 1
+        if r.logits is None:
+            self._logits = None
+            return None
+        self._logits = r.logits[-1].copy()
+        return r.logits if mode == "all" else r.logits[-1:]
+
+    def _step(self) -> list[int]:
+        t0 = time.perf_counter()
+        if self.pending is not None:
+            self._logits = self._ref.forward(self._st, [self.pending], logits="last").logits[-1].copy()
+            self._counters["n_target_evals"] += 1
+        if self._logits is None:
+            raise StateError("no logits to sample from: evaluate a prompt first")
+        ts = time.perf_counter()
+        tok = sample_reference(self._logits, self._sampling, self._rng)
+        te = time.perf_counter()
+        self._counters["sample_ms"] += (te - ts) * 1e3
+        self._counters["decode_ms"] += (te - t0) * 1e3
+        self._counters["n_decode_tokens"] += 1
+        self._counters["n_steps"] += 1
+        return [tok]
+
+    def _truncate(self, n: int) -> None:
+        self._ref.truncate(self._st, n)
+        self._logits = None
+
+    def _native_cancel(self, on: bool) -> None:
+        pass
+
+    def set_sampling(self, params: SamplingParams) -> None:
+        self._sampling = params.validate()
+        self._rng = [int(params.seed)]
+
+    def stats(self) -> Stats:
+        return Stats(**self._counters)
+
+    def reset_stats(self) -> None:
+        self._counters = dict(Stats().to_dict())
+
+    def memory(self) -> Memory:
+        kv = sum(ls.kv.nbytes for ls in self._st.layers)
+        comp = sum(a.nbytes for ls in self._st.layers for a in (ls.comp_c, ls.comp_z, ls.comp, ls.idx_c, ls.idx_z,
+                                                               ls.idx_keys) if a is not None)
+        return Memory(weights=self.engine.memory().weights, kv=kv, compressor=comp)

@@ -1,0 +1,145 @@
+/* ops.c — element-wise and row operations of the DS4 forward pass (spec ds4.md §2).
+ *
+ * Float32 throughout, in the operation order of the numpy reference
+ * (ds4tui/engine/reference.py), which is checked against transformers.
+ */
+#include "../internal.h"
+#include "kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out) {
+    float ss = ds4_dot_f32(x, x, n);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float y = x[i] * inv;
+        out[i] = w ? y * w[i] : y;
+    }
+}
+
+float ds4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* RoPE frequencies of spec ds4.md §2.3: base^(-2k/n_rot), YaRN-blended when `yarn`. */
+double *ds4_rope_freqs(int n_rot, double base, int yarn, double factor, double orig_ctx, double beta_fast,
+                       double beta_slow) {
+    int half = n_rot / 2;
+    double *f = malloc((size_t)(half > 0 ? half : 1) * sizeof(double));
+    if (!f) return NULL;
+    double lo = 0, hi = 0;
+    if (yarn) {
+        double pi2 = 2.0 * 3.14159265358979323846;
+        double c_fast = n_rot * log(orig_ctx / (beta_fast * pi2)) / (2.0 * log(base));
+        double c_slow = n_rot * log(orig_ctx / (beta_slow * pi2)) / (2.0 * log(base));
+        lo = floor(c_fast);
+        if (lo < 0) lo = 0;
+        hi = ceil(c_slow);
+        if (hi > n_rot - 1.0) hi = n_rot - 1.0;
+        if (hi == lo) hi += 0.001;
+    }
+    for (int k = 0; k < half; k++) {
+        double fr = pow(base, -2.0 * k / n_rot);
+        if (yarn) {
+            double t = ((double)k - lo) / (hi - lo);
+            t = t < 0 ? 0 : (t > 1 ? 1 : t);
+            fr = fr * (1.0 - t) + (fr / factor) * t;
+        }
+        f[k] = fr;
+    }
+    return f;
+}
+
+/* Interleaved rotation of the last n_rot lanes of x[width] at position pos. */
+void ds4_rope(const double *freq, int n_rot, float *x, int64_t width, int64_t pos, int inverse) {
+    float *t = x + width - n_rot;
+    for (int k = 0; k < n_rot / 2; k++) {
+        double ang = (double)pos * freq[k];
+        float c = (float)cos(ang), s = (float)sin(ang);
+        if (inverse) s = -s;
+        float a = t[2 * k], b = t[2 * k + 1];
+        t[2 * k] = a * c - b * s;
+        t[2 * k + 1] = a * s + b * c;
+    }
+}
+
+/* Smallest e with 2^e >= r (r > 0), exactly. */
+static int ceil_log2(float r) {
+    int e;
+    float m = frexpf(r, &e); /* r = m * 2^e, m in [0.5, 1) */
+    return m == 0.5f ? e - 1 : e;
+}
+
+/* Round a >= 0 to a minifloat grid with `mbits` mantissa bits whose smallest normal exponent is
+ * emin; ties go to the even code (rint under round-to-nearest-even). */
+static float round_minifloat(float a, int mbits, int emin) {
+    if (a == 0.0f) return 0.0f;
+    int e;
+    frexpf(a, &e);            /* 2^(e-1) <= a < 2^e */
+    int ex = e - 1;
+    if (ex < emin) ex = emin; /* subnormals share the smallest normal's spacing */
+    float spacing = ldexpf(1.0f, ex - mbits);
+    return rintf(a / spacing) * spacing;
+}
+
+/* Block round trip with power-of-two scales (spec ds4.md §2.9): scale = 2^ceil(log2(amax/qmax)). */
+static void block_round_trip(float *x, int64_t n, int block, float qmax, int mbits, int emin, float amax_floor) {
+    for (int64_t b = 0; b < n; b += block) {
+        float amax = 0.0f;
+        for (int i = 0; i < block; i++) {
+            float a = fabsf(x[b + i]);
+            if (a > amax) amax = a;
+        }
+        if (amax < amax_floor) amax = amax_floor;
+        float scale = ldexpf(1.0f, ceil_log2(amax / qmax));
+        for (int i = 0; i < block; i++) {
+            float v = x[b + i] / scale;
+            if (v > qmax) v = qmax;
+            if (v < -qmax) v = -qmax;
+            float q = round_minifloat(fabsf(v), mbits, emin);
+            if (q > qmax) q = qmax;
+            x[b + i] = (v < 0 ? -q : q) * scale;
+        }
+    }
+}
+
+/* FP8 E4M3 round trip of the non-RoPE lanes in blocks of 64 (spec ds4.md §2.9.1). */
+void ds4_fp8_kv_round_trip(float *row, int64_t width, int n_rot) {
+    block_round_trip(row, width - n_rot, 64, 448.0f, 3, -6, 1e-4f);
+}
+
+uint16_t ds4_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) { /* below 2^-14: half subnormal, unit 2^-24 */
+        float a;
+        memcpy(&a, &ax, sizeof a);
+        return (uint16_t)(sign | (uint32_t)rintf(a * 16777216.0f));
+    }
+    uint32_t h = ((((ax >> 23) - 127u + 15u)) << 10) | ((ax & 0x7fffffu) >> 13);
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+void ds4_f16_round(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = ds4_f16_to_f32(ds4_f32_to_f16(x[i]));
+}
+
+/* Hadamard (Sylvester butterflies, stride 1, 2, 4, ...; scale 1/sqrt(n)) then FP4 E2M1 in blocks
+ * of 32 (spec ds4.md §2.9.3).  n is a power of two and a multiple of 32. */
+void ds4_indexer_qat(float *x, int64_t n) {
+    for (int64_t stride = 1; stride < n; stride *= 2)
+        for (int64_t b = 0; b < n; b += 2 * stride)
+            for (int64_t i = b; i < b + stride; i++) {
+                float a = x[i], c = x[i + stride];
+                x[i] = a + c;
+                x[i + stride] = a - c;
+            }
+    float sc = (float)(1.0 / sqrt((double)n));
+    for (int64_t i = 0; i < n; i++) x[i] *= sc;
+    block_round_trip(x, n, 32, 6.0f, 1, 0, 7.052966104933725e-38f);
+}

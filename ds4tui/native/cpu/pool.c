@@ -1,0 +1,121 @@
+/* pool.c — a persistent thread pool that splits a range of items over threads.
+ *
+ * ds4_pool_run(pool, fn, ctx, n) calls fn(ctx, begin, end, thread) on disjoint,
+ * contiguous slices that cover 0..n, one slice per thread (the caller's thread
+ * takes slice 0), and returns when every slice is done.  Workers sleep on a
+ * condition variable between runs.
+ */
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct ds4_pool {
+    int n_threads;
+    pthread_t *threads;
+    pthread_mutex_t run_mu; /* one run at a time (sessions on several threads share the pool) */
+    pthread_mutex_t mu;
+    pthread_cond_t start, done;
+    uint64_t generation;  /* bumped for every run */
+    int pending;          /* workers still busy with the current run */
+    int quit;
+    ds4_task_fn fn;
+    void *ctx;
+    int64_t n;
+};
+
+typedef struct { ds4_pool *pool; int index; } worker_arg;
+
+static void run_slice(ds4_pool *p, int t) {
+    int64_t per = (p->n + p->n_threads - 1) / p->n_threads;
+    int64_t b = per * t, e = b + per;
+    if (e > p->n) e = p->n;
+    if (b < e) p->fn(p->ctx, b, e, t);
+}
+
+static void *worker(void *arg) {
+    worker_arg wa = *(worker_arg *)arg;
+    free(arg);
+    ds4_pool *p = wa.pool;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->start, &p->mu);
+        if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        run_slice(p, wa.index);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+int ds4_online_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+ds4_pool *ds4_pool_create(int n_threads) {
+    if (n_threads <= 0) n_threads = ds4_online_cores();
+    ds4_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->run_mu, NULL);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    if (n_threads > 1) {
+        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
+        if (!p->threads) { free(p); return NULL; }
+        for (int i = 1; i < n_threads; i++) {
+            worker_arg *wa = malloc(sizeof *wa);
+            if (!wa || pthread_create(&p->threads[i - 1], NULL, worker, (wa->pool = p, wa->index = i, wa)) != 0) {
+                free(wa);
+                p->n_threads = i;  /* keep the threads that started */
+                break;
+            }
+        }
+    }
+    return p;
+}
+
+void ds4_pool_destroy(ds4_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i - 1], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->run_mu);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    free(p);
+}
+
+int ds4_pool_size(const ds4_pool *p) { return p ? p->n_threads : 1; }
+
+void ds4_pool_run(ds4_pool *p, ds4_task_fn fn, void *ctx, int64_t n) {
+    if (n <= 0) return;
+    if (!p || p->n_threads == 1 || n == 1) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->run_mu);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n = n;
+    p->pending = p->n_threads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    run_slice(p, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->run_mu);
+}
