@@ -37,7 +37,7 @@ def extract_cdef(header_text: str) -> str:
 
 
 def write_iq2xxs_tables(path: Path) -> None:
-    """Write the IQ2_XXS grid (256 x 8 magnitudes) and ksigns (128) as a C header."""
+    """Write the IQ2_XXS grid (256 x 8 magnitudes) and ksigns (128) as a C header, as bytes and as float rows."""
     from gguf.quants import IQ2_XXS
 
     IQ2_XXS.init_grid()
@@ -56,6 +56,15 @@ def write_iq2xxs_tables(path: Path) -> None:
     lines.append("static const uint8_t ds4_iq2xxs_ksigns[128] = {")
     for i in range(0, 128, 16):
         lines.append("    " + ", ".join(str(b) for b in signs[i : i + 16]) + ",")
+    lines.append("};")
+    # The same data as float rows, so that dot products can load 8 magnitudes or 8 signs at once.
+    lines.append("static const float ds4_iq2xxs_grid_f[256][8] = {")
+    for row in grid:
+        lines.append("    {" + ", ".join(f"{float(v):.1f}f" for v in row) + "},")
+    lines.append("};")
+    lines.append("static const float ds4_iq2xxs_sign_f[128][8] = {")
+    for b in signs:
+        lines.append("    {" + ", ".join("-1.0f" if (int(b) >> j) & 1 else "1.0f" for j in range(8)) + "},")
     lines.append("};")
     lines.append("#endif")
     text = "\n".join(lines) + "\n"

@@ -27,6 +27,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {v}")
+    return v
+
+
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
@@ -81,10 +92,41 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure prefill and decode speed, bytes read per token and memory bandwidth",
+        description="Prefill a fixed prompt, decode greedily, and report prefill and decode tokens/s, the "
+        "bytes read per decoded token (the inspect estimate at the mean decode position), the effective "
+        "bandwidth that implies, the machine's memcpy bandwidth measured in the same run with the same "
+        "threads, and their ratio. Give a DS4 GGUF, or --medium for a synthetic model built once and cached.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("model", nargs="?", metavar="MODEL", help="DS4 GGUF to benchmark")
+    src.add_argument("--medium", action="store_true",
+                     help="benchmark a synthetic medium model (hidden 1024, 8 layers, 64 experts, q2) built on "
+                     "first use and cached under $XDG_CACHE_HOME/ds4tui/bench-medium (default ~/.cache)")
+    p.add_argument("--backend", choices=["cpu", "reference"], default="cpu", help="engine backend (default cpu)")
+    p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
+    p.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
+                   help="threads for the engine and the memcpy test (default 0 = one per core)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=256, metavar="N",
+                   help="prompt length to prefill (default 256)")
+    p.add_argument("--decode-tokens", type=positive_int, default=64, metavar="N",
+                   help="decode steps to time (default 64)")
+    p.add_argument("--ctx", type=positive_int, metavar="N",
+                   help="session context size (default: prompt + decode tokens + 1, the least that fits)")
+    p.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                   help="measure N times and report the fastest run (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
+
+
 COMMANDS = {
     "inspect": _add_inspect,
     "tokenize": _add_tokenize,
     "convert": _add_convert,
+    "bench": _add_bench,
 }
 
 

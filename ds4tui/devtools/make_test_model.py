@@ -1,6 +1,6 @@
 """Deterministic random DeepSeek V4 test models with the real vocabulary.
 
-``python -m ds4tui.devtools.make_test_model OUTDIR [--config tiny|tiny128] [--seed N] [--experts N]
+``python -m ds4tui.devtools.make_test_model OUTDIR [--config tiny|tiny128|medium] [--seed N] [--experts N]
 [--layers N] [--hidden N] [--types q2|q8_0|f16|f32]`` writes::
 
     OUTDIR/hf/config.json, OUTDIR/hf/model.safetensors, OUTDIR/hf/tokenizer.json
@@ -11,6 +11,7 @@
                           the last three target layers)
 
 Configurations: ``tiny`` is spec ds4.md §6 (6 layers, ratios 0,0,4,16,4,16, hidden 256, 16 experts);
+``medium`` is ``tiny`` with 8 layers, hidden 1024 and 64 experts (the model of ``ds4tui bench --medium``);
 ``tiny128`` uses the HCA ratio 128 that llama.cpp requires and a head size of 256
 (llama.cpp fails when the head size equals the indexer's 128), for cross-checks with llama.cpp.  Weights follow §6: normal(0, 0.02)
 matrices, norms 1 ± noise, non-zero sinks/ape/biases, ``tid2eid`` rows of distinct experts, and an
@@ -67,6 +68,9 @@ CONFIGS = {
     # attention.indexer.key_length (both 128 in 'tiny'), so the llama.cpp cross-check model also
     # widens the heads to 256 (the real model has 512 vs 128).
     "tiny128": lambda **kw: tiny_config(hca_ratio=128, head_dim=256, **kw),
+    # ``ds4tui bench --medium``: big enough that decode reads ~100 MiB of weights per token (more
+    # than a last-level cache holds), small enough to build in minutes.
+    "medium": lambda **kw: tiny_config(**{"layers": 8, "hidden": 1024, "experts": 64, **kw}),
 }
 
 
@@ -223,11 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ds4tui.devtools.make_test_model", description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir", help="folder to write hf/, model.gguf and support.gguf into (created if missing)")
     ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny",
-                    help="tiny: spec ds4.md §6; tiny128: HCA ratio 128 and head 256 for llama.cpp cross-checks")
+                    help="tiny: spec ds4.md §6; tiny128: HCA ratio 128 and head 256 for llama.cpp cross-checks; "
+                         "medium: tiny with 8 layers, hidden 1024, 64 experts (ds4tui bench --medium)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (>= 0); the same seed gives identical files")
-    ap.add_argument("--experts", type=int, help="routed experts (default 16, at least 6)")
-    ap.add_argument("--layers", type=int, help="layers (default 6, at least 3): 2 SWA, then CSA/HCA alternating")
-    ap.add_argument("--hidden", type=int, help="hidden size, a multiple of 256 (default 256)")
+    ap.add_argument("--experts", type=int, help="routed experts (default 16; medium 64; at least 6)")
+    ap.add_argument("--layers", type=int, help="layers (default 6; medium 8; at least 3): 2 SWA, then CSA/HCA alternating")
+    ap.add_argument("--hidden", type=int, help="hidden size, a multiple of 256 (default 256; medium 1024)")
     ap.add_argument("--types", choices=TYPE_MODES, default="q2", help="GGUF tensor types (default q2)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no per-tensor progress lines")
     a = ap.parse_args(argv)

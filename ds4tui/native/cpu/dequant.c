@@ -11,29 +11,7 @@
 
 #include <string.h>
 
-float ds4_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do { e++; mant <<= 1; } while ((mant & 0x400u) == 0);
-            mant &= 0x3ffu;
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13); /* inf / nan */
-    } else {
-        bits = sign | ((exp + (127 - 15)) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+float ds4_f16_to_f32(uint16_t h) { return ds4_half(h); }
 
 float ds4_bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;

@@ -8,6 +8,25 @@
 #include "../ds4_engine.h"
 #include "pool.h"
 
+#include <string.h>
+
+/* IEEE half -> float, exact for every input (subnormals, inf, NaN payloads), branch-free so that
+ * loops over it vectorise: the 15 exponent/mantissa bits shifted into a float and rescaled by
+ * 2^112 (the bias difference 127 - 15) give normal and subnormal halves; inf/NaN get the all-ones
+ * exponent. */
+static inline float ds4_half(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &em, sizeof f);
+    f *= 5.192296858534828e+33f; /* 2^112 */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (em >= (0x7c00u << 13)) bits = em | 0x7f800000u;
+    bits |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 float ds4_f16_to_f32(uint16_t h);
 float ds4_bf16_to_f32(uint16_t h);
 uint16_t ds4_f32_to_f16(float f); /* round to nearest, ties to even */

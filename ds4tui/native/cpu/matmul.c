@@ -13,10 +13,20 @@
  * vectorise them without -ffast-math (no reassociation is needed).
  */
 #include "kernels.h"
+#include "iq2xxs_tables.h"
 
+#include <math.h>
 #include <string.h>
 
 #define LANES 16
+
+/* a*b + c: fused where the target has a fast FMA (checked by the compiler's __FP_FAST_FMAF), else
+ * two roundings.  Either way the result stays within the tests' summation-order bound. */
+#ifdef __FP_FAST_FMAF
+#define MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
 
 static inline float hsum(const float *acc) {
     float s8[8];
@@ -36,30 +46,128 @@ float ds4_dot_f32(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Q8_0 block: f16 scale + 32 int8 (spec ds4.md §5.1). */
+/* Q8_0 block: f16 scale + 32 int8 (spec ds4.md §5.1).  Per block the 32 products q*x are formed in
+ * float, then scaled by d into 32 running sums.  The AVX2 path (compiled when the target has AVX2
+ * and FMA) does the same arithmetic with explicit sign-extending loads, which the compiler's
+ * auto-vectorised form spends most of its time shuffling for. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
-    float acc[LANES] = {0};
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 34 * b;
-        float d = ds4_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8)));
-        const int8_t *q = (const int8_t *)(blk + 2);
+        __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
         const float *xb = x + 32 * b;
-        float s[LANES];
-        for (int j = 0; j < LANES; j++) s[j] = (float)q[j] * xb[j];
-        for (int j = 0; j < LANES; j++) s[j] += (float)q[j + LANES] * xb[j + LANES];
-        for (int j = 0; j < LANES; j++) acc[j] += d * s[j];
+        __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2))));
+        __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 10))));
+        __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 18))));
+        __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 26))));
+        acc0 = _mm256_fmadd_ps(d, _mm256_mul_ps(q0, _mm256_loadu_ps(xb)), acc0);
+        acc1 = _mm256_fmadd_ps(d, _mm256_mul_ps(q1, _mm256_loadu_ps(xb + 8)), acc1);
+        acc2 = _mm256_fmadd_ps(d, _mm256_mul_ps(q2, _mm256_loadu_ps(xb + 16)), acc2);
+        acc3 = _mm256_fmadd_ps(d, _mm256_mul_ps(q3, _mm256_loadu_ps(xb + 24)), acc3);
     }
+    float acc[32];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    _mm256_storeu_ps(acc + 16, acc2);
+    _mm256_storeu_ps(acc + 24, acc3);
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
     return hsum(acc);
 }
+#else
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        const int8_t *q = (const int8_t *)(blk + 2);
+        const float *xb = x + 32 * b;
+        float sb[32];
+        for (int j = 0; j < 32; j++) sb[j] = (float)q[j] * xb[j];
+        for (int j = 0; j < 32; j++) acc[j] = MADD(d, sb[j], acc[j]);
+    }
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+    return hsum(acc);
+}
+#endif
 
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+/* F16C converts 8 halves per instruction, exactly (the same values as ds4_half). */
+static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i + 8)));
+        acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    float acc[LANES];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    float s = hsum(acc);
+    for (; i < n; i++) s += ds4_half(row[i]) * x[i];
+    return s;
+}
+#else
 static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += ds4_f16_to_f32(row[i + j]) * x[i + j];
+        for (int j = 0; j < LANES; j++) acc[j] = MADD(ds4_half(row[i + j]), x[i + j], acc[j]);
     float s = hsum(acc);
-    for (; i < n; i++) s += ds4_f16_to_f32(row[i]) * x[i];
+    for (; i < n; i++) s += ds4_half(row[i]) * x[i];
     return s;
+}
+#endif
+
+/* Q2_K (spec ds4.md §5.2): element 128h + 32j + l of a block has code (qs[32h + l] >> 2j) & 3 and
+ * belongs to sub-block 8h + 2j + l/16, whose weight is d*(sc & 15)*code - dmin*(sc >> 4) (the values
+ * gguf.quants produces), dotted with x in 16 lanes. */
+static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int half = 0; half < 2; half++) {
+                    const int sb = 8 * h + 2 * j + half;
+                    const float dl = d * (float)(sc[sb] & 15), ml = dmin * (float)(sc[sb] >> 4);
+                    const uint8_t *q = qs + 32 * h + 16 * half;
+                    const float *xs = xb + 128 * h + 32 * j + 16 * half;
+                    for (int l = 0; l < 16; l++) {
+                        float w = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
+                        acc[l] = MADD(w, xs[l], acc[l]);
+                    }
+                }
+    }
+    return hsum(acc);
+}
+
+/* IQ2_XXS (spec ds4.md §5.3): 8 groups of 32; each group has 4 grid indices, 4 x 7 sign bits and a
+ * 4-bit scale; weight = d * (0.5 + scale) / 4 * grid * sign. */
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const float db = d * (0.5f + (float)(w >> 28)) * 0.25f;
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k++) {
+                const float *grid = ds4_iq2xxs_grid_f[g[k]], *sign = ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127];
+                for (int j = 0; j < 8; j++) acc[j] = MADD(db * grid[j] * sign[j], xs[8 * k + j], acc[j]);
+            }
+        }
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 typedef struct {
@@ -99,6 +207,8 @@ static void row_times_tokens(int type, const uint8_t *row, int64_t cols, const f
         case DS4_TYPE_F32: Y[0] = ds4_dot_f32((const float *)row, X, cols); return;
         case DS4_TYPE_F16: Y[0] = dot_f16((const uint16_t *)row, X, cols); return;
         case DS4_TYPE_Q8_0: Y[0] = dot_q8_0(row, X, cols); return;
+        case DS4_TYPE_Q2_K: Y[0] = dot_q2_k(row, X, cols); return;
+        case DS4_TYPE_IQ2_XXS: Y[0] = dot_iq2_xxs(row, X, cols); return;
         }
     }
     if (type == DS4_TYPE_F32) {

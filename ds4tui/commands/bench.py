@@ -1,0 +1,438 @@
+"""``ds4tui bench (MODEL | --medium)``: prefill and decode speed, bytes per token, bandwidth.
+
+What is measured, in one run:
+
+* **prefill** — a prompt of ``--prompt-tokens`` ids (a fixed English + code text in the model's own
+  tokenizer, repeated to length) through :meth:`Session.prefill` with the session's default
+  chunking; timed from the call to its return.
+* **decode** — after the prefill, ``step()`` once *untimed* (it only samples the first token from the
+  prefill's logits; no forward pass), then ``--decode-tokens`` timed greedy steps, each one forward
+  pass of one token plus sampling.  Timed token positions: ``P .. P+D-1``.
+* **bytes per token** — the inspect estimate (:meth:`DS4Model.bytes_per_token`, spec ds4.md §8): all
+  dense tensors, ``n_expert_used/n_expert`` of the routed experts, one embedding row, the LM head,
+  and the KV/compressed rows read at the mean timed decode context ``P + (D+1)//2``.
+* **effective bandwidth** = bytes per token × decode tokens/s; **memcpy bandwidth** from
+  ``ds4_memcpy_bandwidth`` (buffer ≥ 256 MiB and ≥ 4 × the last-level cache, the engine's thread
+  count, best of 5; GB/s = 1e9 bytes copied per second) and the ratio of the two.
+
+With ``--repeat N`` the whole measurement runs N times on one session (reset in between) and the
+fastest prefill and fastest decode are reported (``runs`` lists all).  ``--medium`` builds a synthetic
+medium model (``make_test_model`` config ``medium``) once into the user cache and reuses it.
+Errors print one line naming the file and return 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError
+from ds4tui.engine.session import EngineError
+
+_PREFIX = "ds4tui bench:"
+
+#: The text a benchmark prompt is made of (tokenised with the model's tokenizer, repeated to length).
+PROMPT_TEXT = """\
+The quick brown fox jumps over the lazy dog. A benchmark should measure one thing at a time, say
+exactly what it timed, and give the same answer when it is run twice on the same machine.
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    \"\"\"Mean of each run of `window` consecutive values.\"\"\"
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            out.append(total / window)
+    return out
+
+Memory bandwidth, not arithmetic, bounds single-sequence decoding: every generated token reads the
+dense weights, a few experts per layer, the output head and the attention cache once.
+"""
+
+MEMCPY_MIN_BYTES = 256 << 20
+MEMCPY_REPS = 5
+
+#: What ``--medium`` builds (make_test_model.make arguments); the cache is rebuilt when this changes.
+MEDIUM_RECIPE = {"config": "medium", "seed": 0, "types": "q2"}
+MEDIUM_MARKER = "bench-medium.json"
+
+
+class BenchError(Exception):
+    """A user-facing problem (bad option combination, unwritable --out)."""
+
+
+# ---- the --medium model ----------------------------------------------------------------------
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/ds4tui`` (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ``~/.cache/ds4tui``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if base and os.path.isabs(base) else Path.home() / ".cache") / "ds4tui"
+
+
+def medium_dir() -> Path:
+    return cache_root() / "bench-medium"
+
+
+def _medium_recipe() -> dict:
+    from ds4tui.devtools import make_test_model as mtm
+
+    cfg = dataclasses.asdict(mtm.CONFIGS[MEDIUM_RECIPE["config"]]())
+    return json.loads(json.dumps({**MEDIUM_RECIPE, "model_config": cfg}))
+
+
+def cached_medium(folder: Path) -> Path | None:
+    """``folder/model.gguf`` when a finished build of the current recipe is there, else None."""
+    try:
+        marker = json.loads((folder / MEDIUM_MARKER).read_text())
+        model = folder / "model.gguf"
+        if marker.get("recipe") == _medium_recipe() and model.stat().st_size == marker.get("model_bytes"):
+            return model
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def medium_model(folder: Path | None = None) -> Path:
+    """The medium benchmark model: reused from ``folder`` (default :func:`medium_dir`) when complete,
+    else built there (progress on stderr).  The build goes to a temporary sibling folder that is
+    renamed into place only when finished, so an interrupted build leaves nothing half-made."""
+    from ds4tui.devtools import make_test_model as mtm
+
+    folder = Path(folder) if folder is not None else medium_dir()
+    found = cached_medium(folder)
+    if found is not None:
+        return found
+    recipe = _medium_recipe()
+    c = recipe["model_config"]
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
+    except OSError as exc:
+        raise BenchError(f"{folder}: cannot create the model cache: {exc.strerror or exc}") from None
+    print(f"{_PREFIX} building the medium model (hidden {c['n_embd']}, {c['n_layer']} layers, {c['n_expert']} "
+          f"experts, {recipe['types']}) in {folder}; this happens once and takes several minutes",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        made = mtm.make(tmp, config=recipe["config"], seed=recipe["seed"], types=recipe["types"], quiet=False)
+        shutil.rmtree(tmp / "hf", ignore_errors=True)  # the f32 checkpoint (GBs); the GGUFs are what is used
+        model = tmp / Path(made["model"]).name
+        (tmp / MEDIUM_MARKER).write_text(json.dumps({"recipe": recipe, "model_bytes": model.stat().st_size},
+                                                    indent=2) + "\n")
+        if folder.exists() or folder.is_symlink():  # a stale or unfinished earlier build
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder)
+            else:
+                folder.unlink()
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if cached_medium(folder) is None:  # not another process finishing the same build first
+                raise
+    except OSError as exc:
+        raise BenchError(f"{folder}: cannot build the medium model: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{_PREFIX} medium model ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    found = cached_medium(folder)
+    if found is None:
+        raise BenchError(f"{folder}: the medium model build did not leave a complete model")
+    return found
+
+
+# ---- measurement helpers -----------------------------------------------------------------------
+
+def prompt_ids(model: DS4Model, n: int) -> tuple[list[int], str]:
+    """``n`` deterministic prompt ids: :data:`PROMPT_TEXT` in the model's tokenizer, repeated to length
+    (fallback: fixed-seed random ids over the vocabulary when the tokenizer cannot be built)."""
+    from ds4tui.engine.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        ids = Tokenizer.from_gguf(model.reader).encode(PROMPT_TEXT, parse_special=False)
+        if ids:
+            return (ids * (n // len(ids) + 1))[:n], "text"
+    except TokenizerError:
+        pass
+    rng = np.random.default_rng(0)
+    return [int(t) for t in rng.integers(0, model.config.n_vocab, n)], "random"
+
+
+def _llc_bytes() -> int:
+    """Size of the largest (last-level) CPU cache from sysfs; 0 when unknown."""
+    best = (0, 0)
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in root.glob("index*"):
+        try:
+            level = int((idx / "level").read_text())
+            text = (idx / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        try:
+            size = int(text.rstrip("KMGkmg")) * mult
+        except ValueError:
+            continue
+        best = max(best, (level, size))
+    return best[1]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:
+        available = os.cpu_count()
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(), "cpus_available": available, "llc_bytes": _llc_bytes(),
+            "python": platform.python_version()}
+
+
+def memcpy_bandwidth(n_threads: int) -> dict:
+    """``ds4_memcpy_bandwidth`` over a buffer of at least 256 MiB and 4 × the last-level cache."""
+    size = max(MEMCPY_MIN_BYTES, 4 * _llc_bytes())
+    out = {"gb_per_s": None, "buffer_bytes": size, "reps": MEMCPY_REPS, "n_threads": n_threads}
+    try:
+        from ds4tui._native import lib
+    except ImportError:
+        out["error"] = "the native library (ds4tui._native) is not built"
+        return out
+    gbs = float(lib.ds4_memcpy_bandwidth(size, MEMCPY_REPS, n_threads))
+    if gbs > 0:
+        out["gb_per_s"] = gbs
+    else:
+        out["error"] = f"ds4_memcpy_bandwidth failed (code {gbs:g})"
+    return out
+
+
+def _in_worker(fn, on_interrupt):
+    """Run ``fn()`` in a thread so that Ctrl-C / SIGTERM reach the main thread at once even while a
+    native call runs; on an interrupt call ``on_interrupt()`` (cancel), wait, and re-raise."""
+    box: dict = {}
+
+    def work():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="ds4tui-bench", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.1)
+    except KeyboardInterrupt:
+        on_interrupt()
+        t.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _status(text: str) -> None:
+    """A self-overwriting phase line on a terminal's stderr (nothing when stderr is not a terminal)."""
+    if sys.stderr.isatty():
+        print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+
+
+def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
+    """Time prefill and decode ``repeat`` times (see the module docstring for what is timed)."""
+    runs = []
+    for r in range(repeat):
+        if r:
+            session.reset()
+        tag = f" (run {r + 1}/{repeat})" if repeat > 1 else ""
+        _status(f"prefill {len(ids)} tokens{tag}...")
+        t0 = time.perf_counter()
+        session.prefill(ids)
+        t1 = time.perf_counter()
+        session.step()  # samples the first token from the prefill logits: no forward pass, not timed
+        _status(f"decode {n_decode} tokens{tag}...")
+        t2 = time.perf_counter()
+        for _ in range(n_decode):
+            session.step()
+        t3 = time.perf_counter()
+        runs.append({"prefill_seconds": t1 - t0, "prefill_tokens_per_s": len(ids) / (t1 - t0),
+                     "decode_seconds": t3 - t2, "decode_tokens_per_s": n_decode / (t3 - t2)})
+    return runs
+
+
+def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n_prompt: int, n_decode: int,
+              ctx: int | None, repeat: int, medium: bool) -> dict:
+    """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``)."""
+    from ds4tui.engine.session import Engine
+
+    need = n_prompt + n_decode + 1  # prompt, the timed tokens, and the last emitted (pending) token
+    if ctx is None:
+        ctx = need
+    if ctx < need:
+        raise BenchError(f"--ctx {ctx} is too small: {n_prompt} prompt + {n_decode} decode tokens need {need}")
+    if ctx > model.config.context_length:
+        raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
+                         f"{model.config.context_length}")
+    ids, prompt_kind = prompt_ids(model, n_prompt)
+    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads)
+    try:
+        session = engine.session(ctx)
+
+        def work():
+            runs = measure(session, ids, n_decode, repeat)
+            _status("memcpy bandwidth...")
+            return runs, memcpy_bandwidth(engine.n_threads)
+
+        try:
+            runs, mc = _in_worker(work, session.cancel)
+        finally:
+            _status("")
+        memory = session.memory().to_dict()
+        n_threads_used = engine.n_threads
+    finally:
+        engine.close()
+
+    decode_ctx = n_prompt + (n_decode + 1) // 2  # mean context of the timed decode steps (P+1 .. P+D)
+    bpt = model.bytes_per_token(decode_ctx)
+    prefill_tps = max(r["prefill_tokens_per_s"] for r in runs)
+    decode_tps = max(r["decode_tokens_per_s"] for r in runs)
+    effective = bpt["total"] * decode_tps / 1e9
+    memcpy_gbs = mc["gb_per_s"]
+    c = model.config
+    return {
+        "ok": True,
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": {"path": str(model.path), "name": model.name, "file_bytes": model.file_bytes, "medium": medium,
+                  "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_expert": c.n_expert,
+                  "n_expert_used": c.n_expert_used},
+        "backend": backend,
+        "numerics": numerics,
+        "n_threads": n_threads_used,
+        "prompt_tokens": n_prompt,
+        "prompt": prompt_kind,
+        "decode_tokens": n_decode,
+        "ctx": ctx,
+        "repeat": repeat,
+        "prefill_tokens_per_s": prefill_tps,
+        "decode_tokens_per_s": decode_tps,
+        "decode_timing": "greedy step() calls 2..D+1 after the prefill, one forward pass each; "
+                         "step 1 (sampling the prefill's logits) is not timed",
+        "bytes_per_token": bpt["total"],
+        "bytes_per_token_detail": {"weights": bpt["weights"], "kv": bpt["kv"], "at_ctx": decode_ctx},
+        "effective_gb_per_s": effective,
+        "memcpy_gb_per_s": memcpy_gbs,
+        "bandwidth_ratio": effective / memcpy_gbs if memcpy_gbs else None,
+        "memcpy": mc,
+        "memory": memory,
+        "machine": machine_info(),
+        "runs": runs,
+    }
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+def _size(n: float) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+def render_text(r: dict) -> str:
+    m, mem, mach, mc = r["model"], r["memory"], r["machine"], r["memcpy"]
+    b = r["bytes_per_token_detail"]
+    best = " (fastest of %d runs)" % r["repeat"] if r["repeat"] > 1 else ""
+    prefill_s = min(x["prefill_seconds"] for x in r["runs"])
+    decode_s = min(x["decode_seconds"] for x in r["runs"])
+    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {_size(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
+              f"best of {mc['reps']}" if mc["gb_per_s"] else f"{'-':>10}        {mc.get('error', 'not measured')}")
+    ratio = f"{r['bandwidth_ratio']:10.3f}        effective / memcpy" if r["bandwidth_ratio"] is not None else \
+        f"{'-':>10}"
+    rows = [
+        ("model", f"{m['path']}  ({m['name']}, {_size(m['file_bytes'])})"),
+        ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r['n_threads']} threads, context {r['ctx']}"),
+        ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
+        ("memory", f"{_size(mem['total'])}  (weights {_size(mem['weights'])}, KV {_size(mem['kv'])}, "
+                   f"compressor {_size(mem['compressor'])}, scratch {_size(mem['scratch'])})"),
+        ("prefill", f"{r['prefill_tokens_per_s']:10.2f} tok/s  {r['prompt_tokens']} tokens in {prefill_s:.3f} s{best}"),
+        ("decode", f"{r['decode_tokens_per_s']:10.2f} tok/s  {r['decode_tokens']} tokens in {decode_s:.3f} s{best}"),
+        ("bytes/token", f"{_size(r['bytes_per_token']):>10}        weights {_size(b['weights'])} + KV "
+                        f"{_size(b['kv'])} at context {b['at_ctx']}"),
+        ("effective", f"{r['effective_gb_per_s']:10.2f} GB/s   bytes/token x decode tok/s"),
+        ("memcpy", memcpy),
+        ("ratio", ratio),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _fail(message: str, args, exc: BaseException | None = None) -> int:
+    if args.json:
+        print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__ if exc else "BenchError"}))
+    print(f"{_PREFIX} error: {message}", file=sys.stderr)
+    return 1
+
+
+def _write_out(path: str, text: str) -> None:
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BenchError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        parent = Path(args.out).parent
+        if Path(args.out).is_dir() or not parent.is_dir():
+            return _fail(f"{args.out}: cannot write the --out file: "
+                         f"{'is a directory' if Path(args.out).is_dir() else 'no such folder ' + str(parent)}", args)
+    path = args.model
+    try:
+        if args.medium:
+            path = medium_model()
+        model = DS4Model(path)
+        result = run_bench(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+                           n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
+                           repeat=args.repeat, medium=bool(args.medium))
+    except ModelFileError as exc:
+        return _fail(str(exc), args, exc)
+    except EngineError as exc:
+        msg = str(exc)
+        return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)
+    except BenchError as exc:
+        return _fail(str(exc), args, exc)
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        try:
+            _write_out(args.out, text + "\n")
+        except BenchError as exc:
+            return _fail(str(exc), args, exc)
+    print(text if args.json else render_text(result))
+    return 0

@@ -1,0 +1,397 @@
+"""The C matmul kernel (``ds4_kernel_matmul``) against dequantise-then-numpy.
+
+Oracle: ``gguf.quants.dequantize`` of the weight bytes (numpy views for
+F32/F16/BF16), then a float64 matmul with the float32 activations.  The
+kernel keeps activations in float32 and differs only in float32 summation
+order, so every element must satisfy
+
+    |Y[t, r] - Y_ref[t, r]| <= 1e-5 * sum_c |W[r, c] * X[t, c]| + 1e-30
+
+The relative term is the classical float32 bound (k + 1) * 2**-24 * sum|w x|
+for a chain of k roundings: the kernel sums 16 partial sums per 256-element
+chunk (k <= ~40 on the batched path) or, on the fused single-token paths
+(F32/F16/Q8_0), over the whole row (k <= ~147 for the widths used here,
+2047 float columns and 4096 Q8_0 columns), and 1e-5 is ~168 * 2**-24.  The
+1e-30 absorbs float32 underflow of products with subnormal weights.
+
+Weights come from the project's quantisers and from raw blocks with random
+codes but scales chosen explicitly (finite f16: near ±65504, the smallest
+subnormals, ±0), so no weight decodes to inf/NaN; coverage tests put every
+Q8_0 int8 value, every Q2_K scale/min nibble pair and 2-bit code, every
+IQ2_XXS grid index, sign index and scale code, and every finite F16/BF16
+pattern through the kernel.  Row splits over 1, 2, 3 threads (and 0 = one
+per core) must agree bit for bit.  Layouts: spec ds4.md §5.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+from test_native_dequant import f16_bits, iq2_xxs_block  # also fails loudly if the extension is missing
+
+from ds4tui._native import ffi, lib
+from ds4tui.engine.quants import quantize_with_reconstruction
+
+T = GGMLQuantizationType
+TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q2_K, T.IQ2_XXS)
+ROWS = 7  # not a multiple of 2 or 3 threads
+N_TOKS = (1, 2, 7, 33)  # 1: the fused single-token path; others: the batched path
+COLS = {
+    T.F32: (1, 33, 2047),
+    T.F16: (1, 33, 2047),
+    T.BF16: (1, 33, 2047),
+    T.Q8_0: (32, 96, 4096),
+    T.Q2_K: (256, 512, 2304),
+    T.IQ2_XXS: (256, 512, 2304),
+}
+REL_TOL = 1e-5
+ABS_TOL = 1e-30
+GUARD = 8  # float32 sentinels after Y that the kernel must not touch
+
+# Raw blocks: row r draws every block's f16 scale from F16_SCALE_CLASSES[r]
+# (bit ranges, random sign), so the blocks of a row have comparable scales and
+# each one is visible in the row's sum; rows 4 and 6 mix magnitudes.
+F16_SCALE_CLASSES = (
+    (0x7BF0, 0x7BFF),  # the largest finite: 65024 .. 65504
+    (0x0001, 0x000F),  # the smallest subnormals: 2**-24 .. 15 * 2**-24
+    (0x03F0, 0x040F),  # the largest subnormals and smallest normals, around 2**-14
+    (0x3800, 0x3FFF),  # 0.5 .. 2
+    (0x0000, 0x7BFF),  # anything finite, mixed within the row
+    (0x0000, 0x0000),  # zero (±0)
+    None,  # only the extremes ±65504, ±2**-24, ±0, mixed within the row
+)
+EXTREME_F16_SCALES = (65504.0, -65504.0, 2.0**-24, -(2.0**-24), 0.0, -0.0)
+# Raw F32/F16/BF16 rows: biased-exponent ranges per row, relative to the
+# format's bias and to `top` (the largest exponent used: 30 for F16, bias+100
+# for F32/BF16 so that float32 sums stay finite; test_float_range_ends goes
+# to the format's end)
+FLOAT_EXP_CLASSES = (
+    lambda bias, top: (top - 1, top),
+    lambda bias, top: (0, 0),  # subnormals and ±0
+    lambda bias, top: (1, 2),
+    lambda bias, top: (bias - 1, bias),
+    lambda bias, top: (0, top),
+    lambda bias, top: (0, 1),
+    lambda bias, top: (0, top),
+)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def kernel_matmul(qtype: int, raw: np.ndarray, rows: int, cols: int, x: np.ndarray, n_threads: int = 3) -> np.ndarray:
+    """Run ds4_kernel_matmul; fail with the C message on error; check Y is fully written and not overrun."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    assert raw.size == rows * lib.ds4_type_row_bytes(int(qtype), cols)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n_tok = x.shape[0]
+    assert x.shape == (n_tok, cols)
+    y = np.full(n_tok * rows + GUARD, np.nan, dtype=np.float32)
+    err = ffi.new("char[256]")
+    rc = lib.ds4_kernel_matmul(int(qtype), ffi.from_buffer(raw), rows, cols,
+                               ffi.cast("const float *", ffi.from_buffer(x)), n_tok,
+                               ffi.cast("float *", ffi.from_buffer(y)), n_threads, err, 256)
+    assert rc == lib.DS4_OK, ffi.string(err).decode()
+    assert np.isnan(y[n_tok * rows :]).all(), "the kernel wrote past the end of Y"
+    return y[: n_tok * rows].reshape(n_tok, rows)
+
+
+def decode_weights(qtype: GGMLQuantizationType, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The oracle's float64 weights [rows, cols]; asserts they are finite (by construction)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
+    if qtype == T.F32:
+        w = raw.view("<f4")
+    elif qtype == T.F16:
+        w = raw.view("<f2")
+    elif qtype == T.BF16:
+        w = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        w = dequantize(raw, qtype)
+    w = np.asarray(w, dtype=np.float64).reshape(rows, cols)
+    assert np.isfinite(w).all(), "test weights must be finite"
+    return w
+
+
+def assert_matches_oracle(qtype, raw, rows, cols, x, y) -> None:
+    w = decode_weights(qtype, raw, rows, cols)
+    x64 = np.asarray(x, dtype=np.float64)
+    want = x64 @ w.T
+    bound = REL_TOL * (np.abs(x64) @ np.abs(w).T) + ABS_TOL
+    assert np.isfinite(want).all()
+    err = np.abs(y.astype(np.float64) - want)
+    bad = np.argwhere(~(err <= bound))  # NaN in y counts as bad
+    assert bad.size == 0, (
+        f"{qtype.name} rows={rows} cols={cols} n_tok={x.shape[0]}: {len(bad)} of {y.size} outside the bound; "
+        f"first [t={bad[0][0]}, r={bad[0][1]}]: C {y[tuple(bad[0])]!r} vs oracle {want[tuple(bad[0])]!r}, "
+        f"|diff| {err[tuple(bad[0])]:.3g} > bound {bound[tuple(bad[0])]:.3g}"
+    )
+
+
+def activations(rng: np.random.Generator, n_tok: int, cols: int) -> np.ndarray:
+    return rng.standard_normal((n_tok, cols)).astype(np.float32)
+
+
+def f16_scales(rng: np.random.Generator, n: int, cls) -> np.ndarray:
+    """n finite f16 scales of one F16_SCALE_CLASSES entry, as bytes (n, 2)."""
+    if cls is None:
+        bits = np.asarray(EXTREME_F16_SCALES, dtype=np.float16).view(np.uint16)[rng.integers(0, 6, size=n)]
+    else:
+        bits = rng.integers(cls[0], cls[1] + 1, size=n).astype(np.uint16)
+        bits |= rng.integers(0, 2, size=n).astype(np.uint16) << 15
+    assert np.isfinite(bits.view(np.float16)).all()
+    return bits.view(np.uint8).reshape(n, 2)
+
+
+def float_bits(rng: np.random.Generator, shape, exp_bits: int, mant_bits: int, lo: int, hi: int) -> np.ndarray:
+    """Random sign and mantissa with biased exponent lo..hi (< all ones: no inf/NaN), as uint32."""
+    assert 0 <= lo <= hi < (1 << exp_bits) - 1
+    sign = rng.integers(0, 2, size=shape).astype(np.uint32)
+    exp = rng.integers(lo, hi + 1, size=shape).astype(np.uint32)
+    mant = rng.integers(0, 1 << mant_bits, size=shape).astype(np.uint32)
+    return (sign << (exp_bits + mant_bits)) | (exp << mant_bits) | mant
+
+
+FLOAT_LAYOUT = {T.F32: (8, 23, "<u4"), T.F16: (5, 10, "<u2"), T.BF16: (8, 7, "<u2")}  # exponent, mantissa bits
+
+
+def raw_extreme_weights(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """rows x cols weights of random codes with explicitly chosen finite, often extreme, scales."""
+    rng = np.random.default_rng(seed)
+    if qtype in FLOAT_LAYOUT:
+        eb, mb, dt = FLOAT_LAYOUT[qtype]
+        bias = (1 << (eb - 1)) - 1
+        top = 30 if qtype == T.F16 else bias + 100
+        bits = np.stack([float_bits(rng, cols, eb, mb, *FLOAT_EXP_CLASSES[r % 7](bias, top)) for r in range(rows)])
+        bits[0, 0] = (top << mb) | ((1 << mb) - 1)  # the largest value used (65504 for F16)
+        if rows > 1:
+            bits[1, :3] = [1, 0, 1 << (eb + mb)][:cols]  # smallest subnormal, +0, -0
+        return bits.astype(dt).view(np.uint8).reshape(rows, -1)
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    per_row = cols // bs
+    blocks = rng.integers(0, 256, size=(rows, per_row, ts), dtype=np.uint8)  # every byte value is a valid code
+    scale_fields = {T.Q8_0: [0], T.Q2_K: [80, 82], T.IQ2_XXS: [0]}[qtype]  # d (and dmin for Q2_K)
+    for r in range(rows):
+        for off in scale_fields:
+            blocks[r, :, off : off + 2] = f16_scales(rng, per_row, F16_SCALE_CLASSES[r % 7])
+    return blocks.reshape(rows, -1)
+
+
+@functools.lru_cache(maxsize=None)
+def weights(source: str, qtype: GGMLQuantizationType, cols: int) -> np.ndarray:
+    seed = 1000 * TYPES.index(qtype) + cols
+    if source == "quantised":
+        w = np.random.default_rng(seed).standard_normal((ROWS, cols)).astype(np.float32)
+        raw = quantize_with_reconstruction(w, qtype).data
+    else:
+        raw = raw_extreme_weights(qtype, ROWS, cols, seed)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(ROWS, -1)
+    raw.flags.writeable = False
+    return raw
+
+
+# ---------------------------------------------------------------- agreement with the oracle
+
+
+CASES = [pytest.param(qt, c, id=f"{qt.name}-{c}") for qt in TYPES for c in COLS[qt]]
+
+
+@pytest.mark.parametrize("source", ["quantised", "raw_extreme"])
+@pytest.mark.parametrize(("qtype", "cols"), CASES)
+def test_matmul_matches_dequantise_then_numpy(qtype, cols, source):
+    raw = weights(source, qtype, cols)
+    rng = np.random.default_rng(cols)
+    assert np.abs(decode_weights(qtype, raw, ROWS, cols)).max() > 0  # something to multiply
+    for n_tok in N_TOKS:
+        x = activations(rng, n_tok, cols)
+        for rows in (1, ROWS):
+            y = kernel_matmul(qtype, raw[:rows], rows, cols, x, n_threads=3)
+            assert_matches_oracle(qtype, raw[:rows], rows, cols, x, y)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_row_split_over_threads_is_bitwise_identical(qtype):
+    # every row is computed by one thread, so the split must not change a bit;
+    # rows 1 and 2 leave threads without work, 5 and 7 split unevenly
+    cols = COLS[qtype][1]
+    raw = weights("raw_extreme", qtype, cols)
+    rng = np.random.default_rng(7)
+    for n_tok in (1, 7):
+        x = activations(rng, n_tok, cols)
+        for rows in (1, 2, 5, ROWS):
+            ys = [kernel_matmul(qtype, raw[:rows], rows, cols, x, n_threads=k) for k in (1, 2, 3, 0)]
+            for k, y in zip((2, 3, 0), ys[1:]):
+                assert np.array_equal(y.view(np.uint32), ys[0].view(np.uint32)), (
+                    f"{qtype.name} rows={rows} n_tok={n_tok}: n_threads={k} differs from n_threads=1"
+                )
+            assert_matches_oracle(qtype, raw[:rows], rows, cols, x, ys[0])
+
+
+def test_f32_exact_small_integers():
+    # an oracle-free check of the layout: integer products and sums are exact in float32
+    rng = np.random.default_rng(8)
+    w = rng.integers(-8, 9, size=(5, 40)).astype(np.float32)
+    for n_tok in (1, 3):
+        x = rng.integers(-8, 9, size=(n_tok, 40)).astype(np.float32)
+        y = kernel_matmul(T.F32, w.view(np.uint8), 5, 40, x)
+        assert np.array_equal(y, (x.astype(np.int64) @ w.T.astype(np.int64)).astype(np.float32))
+
+
+# ---------------------------------------------------------------- every code through the kernel
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16])
+def test_every_finite_half_pattern(qtype):
+    # in bit-pattern order a row spans two exponents of one sign, so every
+    # element is visible in its row's sum
+    eb, mb, _ = FLOAT_LAYOUT[qtype]
+    exp_mask = ((1 << eb) - 1) << mb
+    bits = np.arange(65536, dtype=np.uint32)
+    bits = bits[(bits & exp_mask) != exp_mask].astype("<u2")  # drop inf/NaN
+    cols = 2048 if qtype == T.F16 else 256  # 63488 = 31 x 2048 and 65280 = 255 x 256 finite patterns
+    raw = bits.view(np.uint8).reshape(-1, 2 * cols)
+    # bf16 spans 2**-133 .. 3.4e38: activations x 2**64 for the lower half of the
+    # exponents, x 2**-64 for the upper half, keep the products normal float32 numbers
+    row_exp = (bits.reshape(-1, cols) & exp_mask).max(axis=1) >> mb
+    groups = [(np.ones(len(raw), bool), 1.0)] if qtype == T.F16 else [
+        (row_exp < 127, 2.0**64), (row_exp >= 127, 2.0**-64)]
+    rng = np.random.default_rng(9)
+    for rows_sel, scale in groups:
+        part = np.ascontiguousarray(raw[rows_sel])
+        for n_tok in (1, 3):
+            x = activations(rng, n_tok, cols) * np.float32(scale)
+            y = kernel_matmul(qtype, part, len(part), cols, x, n_threads=2)
+            assert_matches_oracle(qtype, part, len(part), cols, x, y)
+            assert (np.abs(y) > 2.0**-100).all()  # no row flushed to zero
+
+
+@pytest.mark.parametrize("qtype", list(FLOAT_LAYOUT))
+def test_float_range_ends(qtype):
+    # the ends of the float formats, with activations scaled so that the
+    # products are normal float32 numbers (else the absolute 1e-30 would hide
+    # them): subnormal and smallest-normal weights times 2**100, the largest
+    # finite weights times 2**-100; catches flush-to-zero and overflow in the kernel
+    eb, mb, dt = FLOAT_LAYOUT[qtype]
+    hi = (1 << eb) - 2
+    rng = np.random.default_rng(13)
+    for (lo_e, hi_e), scale in (((0, 1), 2.0**100), ((hi - 1, hi), 2.0**-100)):
+        for cols in (33, 512):
+            bits = float_bits(rng, (5, cols), eb, mb, lo_e, hi_e)
+            if lo_e == 0:
+                bits[0, :3] = [1, 0, 1 << (eb + mb)]  # the smallest subnormal, +0, -0
+            else:
+                bits[0, 0] = (hi << mb) | ((1 << mb) - 1)  # the largest finite value (65504 for F16)
+            raw = bits.astype(dt).view(np.uint8).reshape(5, -1)
+            for n_tok in (1, 3):
+                x = activations(rng, n_tok, cols) * np.float32(scale)
+                y = kernel_matmul(qtype, raw, 5, cols, x)
+                assert_matches_oracle(qtype, raw, 5, cols, x, y)
+                assert (np.abs(y) > 2.0**-100).all()  # nothing flushed to zero or lost
+
+
+def test_q8_0_every_int8_value_with_extreme_scales():
+    # one scale a row, the 256 int8 values over the row's 8 blocks
+    scales = [65504.0, -65504.0, 65472.0, 2.0**-24, -(2.0**-24), 2.0**-23, 2.0**-14 - 2.0**-24, 2.0**-14,
+              1.0, -0.1, 0.0, -0.0]
+    blocks = np.zeros((len(scales), 8, 34), dtype=np.uint8)
+    blocks[:, :, 2:] = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    for i, d in enumerate(scales):
+        blocks[i, :, 0:2] = f16_bits([d])
+    rows = len(scales)
+    raw = blocks.reshape(rows, -1)
+    rng = np.random.default_rng(10)
+    for n_tok in (1, 2, 33):
+        x = activations(rng, n_tok, 256)
+        y = kernel_matmul(T.Q8_0, raw, rows, 256, x)
+        assert_matches_oracle(T.Q8_0, raw, rows, 256, x, y)
+        assert np.all(y[:, -2:] == 0)  # zero scales give exact zeros
+
+
+def test_q2_k_every_scale_min_pair_and_code():
+    # 16 blocks hold the 256 (scale, min) nibble pairs; every 4 blocks hold the
+    # 256 qs bytes (each 2-bit code at each of the 4 shifts); 4 (d, dmin) pairs
+    pairs = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    codes = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    blocks = np.zeros((4, 16, 84), dtype=np.uint8)
+    for rep, (d, dmin) in enumerate([(0.5, 0.25), (-65504.0, 2.0**-24), (2.0**-24, -65504.0), (0.0, 1.5)]):
+        for b in range(16):
+            blocks[rep, b, 0:16] = pairs[b]
+            blocks[rep, b, 16:80] = codes[(b + rep) % 4]
+            blocks[rep, b, 80:82] = f16_bits([d])
+            blocks[rep, b, 82:84] = f16_bits([dmin])
+    sc, qs = blocks[..., 0:16], blocks[..., 16:80]
+    assert set(np.unique(sc & 15)) == set(range(16)) and set(np.unique(sc >> 4)) == set(range(16))
+    assert all(set(np.unique((qs >> s) & 3)) == {0, 1, 2, 3} for s in (0, 2, 4, 6))
+    rows, cols = 8, 2048  # 8 blocks a row
+    raw = blocks.reshape(rows, -1)
+    rng = np.random.default_rng(11)
+    for n_tok in (1, 2, 7):
+        x = activations(rng, n_tok, cols)
+        y = kernel_matmul(T.Q2_K, raw, rows, cols, x)
+        assert_matches_oracle(T.Q2_K, raw, rows, cols, x, y)
+
+
+def test_iq2_xxs_every_grid_index_sign_index_and_scale_code():
+    # per d: 8 blocks x 8 groups x 4 chunks = 256 chunks take a permutation of
+    # the 256 grid indices and two of the 128 sign indices; scale codes cycle 0..15
+    rng = np.random.default_rng(12)
+    blocks = []
+    for d in (1.0, -0.75, 65504.0, 2.0**-24, 0.0):
+        grid = rng.permutation(256).reshape(8, 8, 4)
+        sign = np.concatenate([rng.permutation(128), rng.permutation(128)]).reshape(8, 8, 4)
+        for b in range(8):
+            groups = [(list(grid[b, g]), list(sign[b, g]), (8 * b + g) % 16) for g in range(8)]
+            blocks.append(iq2_xxs_block(d, groups))
+    blocks = np.stack(blocks)
+    words = blocks[:, 2:].reshape(-1, 8, 8)[:, :, 4:].copy().view("<u4")[..., 0]
+    assert set(np.unique(blocks[:, 2:].reshape(-1, 8, 8)[:, :, :4])) == set(range(256))
+    assert set(np.unique(np.stack([(words >> (7 * k)) & 127 for k in range(4)]))) == set(range(128))
+    assert set(np.unique(words >> 28)) == set(range(16))
+    rows, cols = 5, 2048
+    raw = blocks.reshape(rows, -1)
+    for n_tok in (1, 2, 7):
+        x = activations(rng, n_tok, cols)
+        y = kernel_matmul(T.IQ2_XXS, raw, rows, cols, x)
+        assert_matches_oracle(T.IQ2_XXS, raw, rows, cols, x, y)
+    assert np.all(y[:, 4] == 0)  # the d = 0 row
+
+
+# ---------------------------------------------------------------- errors
+
+
+def call_matmul(qtype: int, rows: int, cols: int, n_tok: int = 1, nbytes: int = 4096):
+    w = np.zeros(nbytes, dtype=np.uint8)
+    x = np.zeros(max(n_tok * cols, 1) + 64, dtype=np.float32)
+    y = np.full(max(n_tok * rows, 1) + 64, 7.0, dtype=np.float32)
+    err = ffi.new("char[256]")
+    rc = lib.ds4_kernel_matmul(qtype, ffi.from_buffer(w), rows, cols, ffi.cast("const float *", ffi.from_buffer(x)),
+                               n_tok, ffi.cast("float *", ffi.from_buffer(y)), 2, err, 256)
+    assert np.all(y == 7.0) or rc == lib.DS4_OK, "a failed call wrote to Y"
+    return rc, ffi.string(err).decode()
+
+
+@pytest.mark.parametrize("qtype", [2, int(T.I32), int(T.Q4_K), 999, -1])
+def test_unsupported_type_is_reported(qtype):
+    rc, msg = call_matmul(qtype, 2, 256)
+    assert rc == lib.DS4_E_UNSUPPORTED
+    assert "unsupported" in msg and str(qtype) in msg, msg
+
+
+@pytest.mark.parametrize(("qtype", "cols"), [(T.Q8_0, 33), (T.Q8_0, 16), (T.Q2_K, 255), (T.Q2_K, 288),
+                                             (T.IQ2_XXS, 32), (T.IQ2_XXS, 2304 + 128), (T.F32, 0), (T.Q2_K, -256)])
+def test_cols_not_a_multiple_of_the_block_size_is_invalid(qtype, cols):
+    rc, msg = call_matmul(int(qtype), 2, cols)
+    assert rc == lib.DS4_E_INVALID
+    bs = GGML_QUANT_SIZES[qtype][0]
+    assert f"cols={cols}" in msg and str(bs) in msg and "multiple" in msg and qtype.name in msg, msg
+
+
+def test_null_buffers_are_invalid_and_empty_products_are_ok():
+    err = ffi.new("char[128]")
+    rc = lib.ds4_kernel_matmul(int(T.Q8_0), ffi.NULL, 2, 32, ffi.NULL, 1, ffi.NULL, 1, err, 128)
+    assert rc == lib.DS4_E_INVALID and "NULL" in ffi.string(err).decode()
+    for rows, n_tok in ((0, 3), (3, 0)):
+        assert lib.ds4_kernel_matmul(int(T.Q2_K), ffi.NULL, rows, 256, ffi.NULL, n_tok, ffi.NULL, 2, err, 128) == lib.DS4_OK
