@@ -135,6 +135,9 @@ def medium_model(folder: Path | None = None) -> Path:
         model = tmp / Path(made["model"]).name
         (tmp / MEDIUM_MARKER).write_text(json.dumps({"recipe": recipe, "model_bytes": model.stat().st_size},
                                                     indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the cache folder need not be
         if folder.exists() or folder.is_symlink():  # a stale or unfinished earlier build
             if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)

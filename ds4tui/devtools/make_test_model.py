@@ -68,8 +68,8 @@ CONFIGS = {
     # attention.indexer.key_length (both 128 in 'tiny'), so the llama.cpp cross-check model also
     # widens the heads to 256 (the real model has 512 vs 128).
     "tiny128": lambda **kw: tiny_config(hca_ratio=128, head_dim=256, **kw),
-    # ``ds4tui bench --medium``: big enough that decode reads ~100 MiB of weights per token (more
-    # than a last-level cache holds), small enough to build in minutes.
+    # ``ds4tui bench --medium``: big enough that decoding reads ~170 MiB per token (far more than a
+    # last-level cache holds; the Q8_0 LM head is most of it), small enough to build in minutes.
     "medium": lambda **kw: tiny_config(**{"layers": 8, "hidden": 1024, "experts": 64, **kw}),
 }
 

@@ -465,6 +465,9 @@ class Session:
         n = int(n)
         if not 0 <= n <= len(self.tokens):
             raise ValueError(f"cannot truncate a session of {len(self.tokens)} tokens to {n}")
+        if n and len(self.tokens) - n > self.n_batch:
+            raise ValueError(f"cannot take back {len(self.tokens) - n} tokens: at most {self.n_batch} (the batch "
+                             f"size) can be taken back, or all of them (truncate to 0)")
         self._truncate(n)
         del self.tokens[n:]
         self.pending = None
