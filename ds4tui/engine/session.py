@@ -302,7 +302,8 @@ class Session:
         self._err = self._ffi.new("char[1024]")
         self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, out, self._err, 1024))
         self._h = self._ffi.gc(out[0], self._lib.ds4_session_free)
-        self._n_batch = self.n_batch
+        self._out = self._ffi.new("int32_t[16]")  # reused by every step (no allocation per token)
+        self._n_out = self._ffi.new("int32_t *")
 
     def _check(self, rc: int) -> None:
         _check(rc, self._err, self._ffi)
@@ -319,8 +320,7 @@ class Session:
         return out
 
     def _step(self) -> list[int]:
-        out = self._ffi.new("int32_t[16]")
-        n = self._ffi.new("int32_t *")
+        out, n = self._out, self._n_out
         self._check(self._lib.ds4_session_step(self._h, out, 16, n, self._err, 1024))
         return [int(out[i]) for i in range(n[0])]
 

@@ -128,7 +128,67 @@ static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
 
 /* Q2_K (spec ds4.md §5.2): element 128h + 32j + l of a block has code (qs[32h + l] >> 2j) & 3 and
  * belongs to sub-block 8h + 2j + l/16, whose weight is d*(sc & 15)*code - dmin*(sc >> 4) (the values
- * gguf.quants produces), dotted with x in 16 lanes. */
+ * gguf.quants produces), dotted with x in 16 lanes.
+ * IQ2_XXS (spec ds4.md §5.3): 8 groups of 32; each group has 4 grid indices, 4 x 7 sign bits and a
+ * 4-bit scale; weight = d * (0.5 + scale) / 4 * grid * sign (grid and signs as float rows). */
+#if defined(__AVX2__) && defined(__FMA__)
+static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int half = 0; half < 2; half++) {
+                    const int sb = 8 * h + 2 * j + half;
+                    const __m256 dl = _mm256_set1_ps(d * (float)(sc[sb] & 15));
+                    const __m256 ml = _mm256_set1_ps(dmin * (float)(sc[sb] >> 4));
+                    const uint8_t *q = qs + 32 * h + 16 * half;
+                    const float *xs = xb + 128 * h + 32 * j + 16 * half;
+                    const __m128i sh = _mm_cvtsi32_si128(2 * j);
+                    __m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), sh), three);
+                    __m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))), sh), three);
+                    __m256 w0 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c0)), ml);
+                    __m256 w1 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c1)), ml);
+                    acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs), acc0);
+                    acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8), acc1);
+                }
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    return hsum(acc);
+}
+
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k += 2) {
+                __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k]])),
+                                          _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127]));
+                __m256 w1 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k + 1]])),
+                                          _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (k + 1))) & 127]));
+                acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs + 8 * k), acc0);
+                acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8 * k + 8), acc1);
+            }
+        }
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    return hsum(acc);
+}
+#else
 static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
     float acc[LANES] = {0};
     for (int64_t b = 0; b < n / 256; b++) {
@@ -152,8 +212,6 @@ static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
     return hsum(acc);
 }
 
-/* IQ2_XXS (spec ds4.md §5.3): 8 groups of 32; each group has 4 grid indices, 4 x 7 sign bits and a
- * 4-bit scale; weight = d * (0.5 + scale) / 4 * grid * sign. */
 static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
     float acc[8] = {0};
     for (int64_t b = 0; b < n / 256; b++) {
@@ -173,14 +231,8 @@ static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-typedef struct {
-    int type;
-    const uint8_t *W;
-    size_t row_bytes;
-    int64_t cols, n_tok, ldx, ldy;
-    const float *X;
-    float *Y;
-} mm_task;
+
+#endif
 
 static void dequant(int type, const uint8_t *row, int64_t first, float *dst, int64_t n) {
     switch (type) {
@@ -222,6 +274,15 @@ static void row_times_tokens(int type, const uint8_t *row, int64_t cols, const f
     for (int64_t k = 0; k < n_tok; k++) Y[k * ldy] = dot_row(type, row, X + k * ldx, cols);
 }
 
+typedef struct {
+    int type;
+    const uint8_t *W;
+    size_t row_bytes;
+    int64_t cols, n_tok, ldx, ldy;
+    const float *X;
+    float *Y;
+} mm_task;
+
 static void mm_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const mm_task *t = ctx;
@@ -233,5 +294,8 @@ void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64
                     int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
     if (rows <= 0 || n_tok <= 0) return;
     mm_task t = {type, W, ds4_row_bytes(type, cols), cols, n_tok, ldx, ldy, X, Y};
-    ds4_pool_run(pool, mm_slice, &t, rows);
+    /* Below ~64K multiply-adds waking the workers costs more than the work (the split never changes
+     * results: every row is computed the same way wherever it runs). */
+    if (rows * cols * n_tok < 65536) mm_slice(&t, 0, rows, 0);
+    else ds4_pool_run(pool, mm_slice, &t, rows);
 }

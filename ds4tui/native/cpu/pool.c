@@ -8,6 +8,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@ struct ds4_pool {
     pthread_mutex_t mu;
     pthread_cond_t start, done;
     uint64_t generation;  /* bumped for every run */
+    _Atomic uint64_t gen_seen; /* a copy of generation that workers poll without the lock */
     int pending;          /* workers still busy with the current run */
     int quit;
     ds4_task_fn fn;
@@ -26,6 +28,14 @@ struct ds4_pool {
 };
 
 typedef struct { ds4_pool *pool; int index; } worker_arg;
+
+static inline void sched_yield_light(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 static void run_slice(ds4_pool *p, int t) {
     int64_t per = (p->n + p->n_threads - 1) / p->n_threads;
@@ -40,6 +50,10 @@ static void *worker(void *arg) {
     ds4_pool *p = wa.pool;
     uint64_t seen = 0;
     for (;;) {
+        /* Poll briefly before sleeping: a decode step dispatches hundreds of runs a few
+         * microseconds apart, and a condition-variable wake-up costs tens of microseconds. */
+        for (int spin = 0; spin < 20000 && atomic_load_explicit(&p->gen_seen, memory_order_acquire) == seen; spin++)
+            sched_yield_light();
         pthread_mutex_lock(&p->mu);
         while (!p->quit && p->generation == seen) pthread_cond_wait(&p->start, &p->mu);
         if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
@@ -111,6 +125,7 @@ void ds4_pool_run(ds4_pool *p, ds4_task_fn fn, void *ctx, int64_t n) {
     p->n = n;
     p->pending = p->n_threads - 1;
     p->generation++;
+    atomic_store_explicit(&p->gen_seen, p->generation, memory_order_release);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
     run_slice(p, 0);
