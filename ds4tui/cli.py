@@ -122,11 +122,46 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one prompt, headless (streams to stdout)",
+        description="Render PROMPT with the DS4 chat template (or --raw), prefill it, decode until EOS or -n "
+        "tokens and stream the text to stdout. With --json, print one JSON object at the end instead "
+        "(prompt and generated token ids, text, timings, counters, memory).",
+    )
+    p.add_argument("model", help="DS4 target GGUF")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="the prompt text")
+    src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin)")
+    p.add_argument("-n", "--n-predict", type=positive_int, default=256, metavar="N",
+                   help="tokens to generate at most (default 256)")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="min-p (default 0 = off)")
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--nothink", action="store_true", help="non-thinking mode (</think> after the Assistant marker)")
+    p.add_argument("--system", help="system text for the chat template")
+    p.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template")
+    p.add_argument("--backend", choices=["cpu", "hip", "reference"], default="cpu",
+                   help="cpu (native C), hip (GPU; not in this build) or reference (numpy oracle). Default cpu")
+    p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
+                   help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
+                   "Default ds4")
+    p.add_argument("--ctx", type=positive_int, metavar="N",
+                   help="context size (default: prompt + N + 1, the least that fits)")
+    p.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
+                   help="CPU threads (default 0 = one per core)")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+
 COMMANDS = {
     "inspect": _add_inspect,
     "tokenize": _add_tokenize,
     "convert": _add_convert,
     "bench": _add_bench,
+    "generate": _add_generate,
 }
 
 

@@ -1,0 +1,148 @@
+"""``ds4tui generate``: one prompt in, streamed text out, headless (like ds4's ``-p``).
+
+The prompt is rendered with the DS4 chat template (spec ds4.md §4.3; ``--nothink`` for the
+non-thinking generation prompt, ``--raw`` to tokenize the text as it is), prefilled in chunks and
+decoded until EOS or ``-n`` tokens.  Text streams to stdout as tokens arrive (an incremental UTF-8
+decoder holds back a multi-byte character until it is complete).  With ``--json`` nothing streams:
+one JSON object is printed at the end with the prompt and generated token ids, the text, timings,
+the session's counters and memory.
+
+Errors (bad model file, unknown backend, context overflow) print one line to stderr and return 1;
+Ctrl-C stops decoding, keeps what was printed and returns 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import sys
+import time
+
+from ds4tui.engine.gguf_model import ModelFileError
+from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
+
+_PREFIX = "ds4tui generate: error:"
+
+
+def _fail(message: str, as_json: bool) -> int:
+    print(f"{_PREFIX} {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"ok": False, "error": message}))
+    return 1
+
+
+def prompt_ids(tokenizer: Tokenizer, text: str, *, raw: bool, think: bool, system: str | None) -> list[int]:
+    """Token ids of the prompt: the chat template around ``text``, or ``text`` encoded as it is."""
+    if raw:
+        return tokenizer.encode(text)
+    return render_chat(tokenizer, [{"role": "user", "content": text}], think=think, system=system or None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ds4tui.engine import session as S
+
+    as_json = args.json
+    t_start = time.perf_counter()
+    try:
+        text = args.prompt if args.file is None else _read(args.file)
+        params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                  seed=args.seed).validate()
+        engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
+        tokenizer = Tokenizer.from_gguf(engine.model.reader)
+        ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=args.system)
+        if not ids:
+            return _fail("the prompt is empty (nothing to prefill)", as_json)
+        n_ctx = args.ctx or len(ids) + args.n_predict + 1
+        if len(ids) + 1 > n_ctx:
+            return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
+                         f"(raise --ctx)", as_json)
+        session = engine.session(n_ctx)
+        session.set_sampling(params)
+    except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
+        return _fail(str(exc), as_json)
+    t_loaded = time.perf_counter()
+
+    show_progress = not as_json and sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show_progress:
+            print(f"\rprefill {done}/{total} tokens", end="", file=sys.stderr, flush=True)
+
+    eos = tokenizer.eos_id
+    out_ids: list[int] = []
+    pieces: list[str] = []
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stop = "max_tokens"
+    t_prefill_end = t_loaded
+    try:
+        session.prefill(ids, progress=progress)
+        t_prefill_end = time.perf_counter()
+        if show_progress:
+            print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
+        while len(out_ids) < args.n_predict:
+            tok = session.step()[0]
+            out_ids.append(tok)
+            if tok == eos:
+                stop = "eos"
+                break
+            piece = utf8.decode(tokenizer.token_bytes(tok))
+            pieces.append(piece)
+            if not as_json and piece:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        stop = "interrupted"
+    except S.EngineError as exc:
+        if not as_json:
+            print(file=sys.stdout)
+        return _fail(str(exc), as_json)
+    tail = utf8.decode(b"", final=True)
+    pieces.append(tail)
+    t_end = time.perf_counter()
+    if not as_json:
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+        if stop == "interrupted":
+            print("ds4tui: interrupted", file=sys.stderr)
+            return 130
+        return 0
+    st = session.stats()
+    n_dec = len(out_ids)
+    prefill_s = t_prefill_end - t_loaded
+    decode_s = t_end - t_prefill_end
+    result = {
+        "ok": True,
+        "model": str(engine.model.path),
+        "backend": engine.backend,
+        "numerics": engine.numerics,
+        "n_threads": engine.n_threads,
+        "raw": bool(args.raw),
+        "think": not args.nothink,
+        "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                     "min_p": params.min_p, "seed": params.seed},
+        "prompt": text,
+        "prompt_ids": ids,
+        "generated_ids": out_ids,
+        "text": "".join(pieces),
+        "stop": stop,
+        "n_ctx": session.n_ctx,
+        "timings": {
+            "load_s": round(t_loaded - t_start, 4),
+            "prefill_s": round(prefill_s, 4),
+            "prefill_tokens_per_s": round(len(ids) / prefill_s, 3) if prefill_s > 0 else None,
+            "decode_s": round(decode_s, 4),
+            "decode_tokens_per_s": round(n_dec / decode_s, 3) if decode_s > 0 and n_dec else None,
+        },
+        "stats": st.to_dict(),
+        "memory": session.memory().to_dict(),
+    }
+    print(json.dumps(result))
+    return 130 if stop == "interrupted" else 0
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
