@@ -77,12 +77,10 @@ void ds4_cpu_dequant_iq2_xxs(const void *src, float *dst, int64_t n) {
             uint32_t w = rd32(g + 4);
             float db = d * (0.5f + (float)(w >> 28)) * 0.25f;
             for (int k = 0; k < 4; k++) {
-                const uint8_t *grid = ds4_iq2xxs_grid[g[k]];
-                uint8_t signs = ds4_iq2xxs_ksigns[(w >> (7 * k)) & 127];
-                for (int j = 0; j < 8; j++) {
-                    float s = (signs >> j) & 1 ? -1.0f : 1.0f;
-                    dst[32 * ib + 8 * k + j] = db * (float)grid[j] * s;
-                }
+                /* multiply by the sign (a table of +-1.0f) rather than negate: a NaN scale keeps its
+                 * sign bit exactly as gguf's (db * grid) * signs does */
+                const float *grid = ds4_iq2xxs_grid_f[g[k]], *sign = ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127];
+                for (int j = 0; j < 8; j++) dst[32 * ib + 8 * k + j] = db * grid[j] * sign[j];
             }
         }
     }
