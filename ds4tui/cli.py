@@ -16,26 +16,24 @@ import sys
 from ds4tui import __version__
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _int_at_least(text: str, minimum: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, found {v}")
+        raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"expected {what}, found {v}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {v}")
-    return v
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:

@@ -298,3 +298,14 @@ def test_descriptor_errors_name_the_tensor(tiny_q2):
         S.Engine(tiny_q2["model"], backend="hip")
     with pytest.raises(ValueError, match="numerics"):
         S.Engine(tiny_q2["model"], numerics="fast")
+
+
+def test_thread_count_is_bounded(tiny_q2):
+    from ds4tui._native import lib
+
+    assert lib.DS4_MAX_THREADS == S.MAX_THREADS
+    with pytest.raises(ValueError, match=r"n_threads must be an integer 0\.\.256"):
+        S.Engine(tiny_q2["model"], n_threads=100000)
+    err = np.zeros(1, np.float32)
+    assert lib.ds4_memcpy_bandwidth(1 << 20, 1, 100000) == lib.DS4_E_INVALID
+    assert err[0] == 0

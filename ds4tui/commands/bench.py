@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ds4tui.commands.inspect import _gib
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import EngineError
 
@@ -356,13 +357,6 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
 
 # ---- output ------------------------------------------------------------------------------------
 
-def _size(n: float) -> str:
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    return f"{n / 1024:.1f} KiB"
-
 
 def render_text(r: dict) -> str:
     m, mem, mach, mc = r["model"], r["memory"], r["machine"], r["memcpy"]
@@ -370,20 +364,20 @@ def render_text(r: dict) -> str:
     best = " (fastest of %d runs)" % r["repeat"] if r["repeat"] > 1 else ""
     prefill_s = min(x["prefill_seconds"] for x in r["runs"])
     decode_s = min(x["decode_seconds"] for x in r["runs"])
-    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {_size(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
+    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {_gib(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
               f"best of {mc['reps']}" if mc["gb_per_s"] else f"{'-':>10}        {mc.get('error', 'not measured')}")
     ratio = f"{r['bandwidth_ratio']:10.3f}        effective / memcpy" if r["bandwidth_ratio"] is not None else \
         f"{'-':>10}"
     rows = [
-        ("model", f"{m['path']}  ({m['name']}, {_size(m['file_bytes'])})"),
+        ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r['n_threads']} threads, context {r['ctx']}"),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
-        ("memory", f"{_size(mem['total'])}  (weights {_size(mem['weights'])}, KV {_size(mem['kv'])}, "
-                   f"compressor {_size(mem['compressor'])}, scratch {_size(mem['scratch'])})"),
+        ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "
+                   f"compressor {_gib(mem['compressor'])}, scratch {_gib(mem['scratch'])})"),
         ("prefill", f"{r['prefill_tokens_per_s']:10.2f} tok/s  {r['prompt_tokens']} tokens in {prefill_s:.3f} s{best}"),
         ("decode", f"{r['decode_tokens_per_s']:10.2f} tok/s  {r['decode_tokens']} tokens in {decode_s:.3f} s{best}"),
-        ("bytes/token", f"{_size(r['bytes_per_token']):>10}        weights {_size(b['weights'])} + KV "
-                        f"{_size(b['kv'])} at context {b['at_ctx']}"),
+        ("bytes/token", f"{_gib(r['bytes_per_token']):>10}        weights {_gib(b['weights'])} + KV "
+                        f"{_gib(b['kv'])} at context {b['at_ctx']}"),
         ("effective", f"{r['effective_gb_per_s']:10.2f} GB/s   bytes/token x decode tok/s"),
         ("memcpy", memcpy),
         ("ratio", ratio),

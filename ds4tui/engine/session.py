@@ -34,6 +34,8 @@ from ds4tui.engine.gguf_model import DS4Model
 from ds4tui.engine.layout import DS4Config
 
 BACKENDS = ("cpu", "hip", "reference")
+#: ds4_engine.h's DS4_MAX_THREADS.
+MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
 
 
@@ -172,8 +174,8 @@ class Engine:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
-        if int(n_threads) != n_threads or n_threads < 0:
-            raise ValueError(f"n_threads must be an integer >= 0 (0 = one per core), got {n_threads}")
+        if isinstance(n_threads, bool) or int(n_threads) != n_threads or not 0 <= n_threads <= MAX_THREADS:
+            raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads}")
         if backend == "hip":
             raise BackendUnavailableError("the HIP backend is not part of this build (only cpu and reference)")
         self.model = _model(model)

@@ -44,6 +44,9 @@ extern "C" {
 #define DS4_TYPE_I32 26
 #define DS4_TYPE_BF16 30
 
+/* Most threads an engine, the matmul kernel or the memcpy test will start. */
+#define DS4_MAX_THREADS 256
+
 /* Backends and numerics (spec ds4.md §2.9). */
 #define DS4_BACKEND_CPU 0
 #define DS4_BACKEND_HIP 1
@@ -117,7 +120,7 @@ typedef struct {
 
 typedef struct {
     int32_t backend;    /* DS4_BACKEND_* */
-    int32_t n_threads;  /* 0: one per online core */
+    int32_t n_threads;  /* 0: one per online core; at most DS4_MAX_THREADS */
     int32_t numerics;   /* DS4_NUMERICS_* */
 } ds4_engine_options;
 

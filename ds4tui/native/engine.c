@@ -100,12 +100,15 @@ static int matmul_type_ok(int type) {
 int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
                       int n_threads, char *err, size_t err_len) {
     if (!matmul_type_ok(type)) return fail(err, err_len, DS4_E_UNSUPPORTED, "matmul: unsupported GGML type %d", type);
+    if (n_threads < 0 || n_threads > DS4_MAX_THREADS)
+        return fail(err, err_len, DS4_E_INVALID, "matmul: n_threads must be 0 .. %d, got %d", DS4_MAX_THREADS, n_threads);
     if (rows < 0 || n_tok < 0 || cols <= 0 || ds4_row_bytes(type, cols) == 0)
         return fail(err, err_len, DS4_E_INVALID, "matmul: cols=%lld must be a positive multiple of %s's block size %lld",
                     (long long)cols, type_name(type), (long long)ds4_block_elems(type));
     if ((rows && n_tok) && (!W || !X || !Y)) return fail(err, err_len, DS4_E_INVALID, "matmul: NULL buffer");
-    ds4_pool *pool = ds4_pool_create(n_threads);
-    if (!pool) return fail(err, err_len, DS4_E_NOMEM, "matmul: cannot start the thread pool");
+    int perr = 0;
+    ds4_pool *pool = ds4_pool_create(n_threads, &perr);
+    if (!pool) return fail(err, err_len, DS4_E_NOMEM, "matmul: cannot start %d threads: %s", n_threads, strerror(perr));
     ds4_cpu_matmul(pool, type, W, rows, cols, X, cols, n_tok, Y, rows);
     ds4_pool_destroy(pool);
     return DS4_OK;
@@ -122,9 +125,9 @@ static void copy_slice(void *ctx, int64_t b, int64_t e, int thread) {
 }
 
 double ds4_memcpy_bandwidth(size_t bytes, int reps, int n_threads) {
-    if (bytes < 64 || reps < 1) return DS4_E_INVALID;
+    if (bytes < 64 || reps < 1 || n_threads < 0 || n_threads > DS4_MAX_THREADS) return DS4_E_INVALID;
     char *a = malloc(bytes), *b = malloc(bytes);
-    ds4_pool *pool = ds4_pool_create(n_threads);
+    ds4_pool *pool = ds4_pool_create(n_threads, NULL);
     if (!a || !b || !pool) {
         free(a); free(b); ds4_pool_destroy(pool);
         return DS4_E_NOMEM;
@@ -369,7 +372,9 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
         return fail(err, err_len, DS4_E_UNSUPPORTED, "backend %d: this build has only the CPU backend", o.backend);
     if (o.numerics != DS4_NUMERICS_DS4 && o.numerics != DS4_NUMERICS_TRANSFORMERS)
         return fail(err, err_len, DS4_E_INVALID, "numerics %d: expected 0 (ds4) or 1 (transformers)", o.numerics);
-    if (o.n_threads < 0) return fail(err, err_len, DS4_E_INVALID, "n_threads must be >= 0, got %d", o.n_threads);
+    if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
+        return fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
+                    o.n_threads);
     int rc = check_config(cfg, err, err_len);
     if (rc != DS4_OK) return rc;
     ds4_engine *e = calloc(1, sizeof *e);
@@ -386,8 +391,13 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     int yarn = cfg->rope_yarn && cfg->rope_scaling_factor != 1.0f;
     e->freq_comp = ds4_rope_freqs(cfg->n_rot, cfg->compress_rope_freq_base, yarn, cfg->rope_scaling_factor,
                                   (double)cfg->rope_orig_ctx, cfg->yarn_beta_fast, cfg->yarn_beta_slow);
-    e->pool = ds4_pool_create(o.n_threads);
-    if (!e->layers || !e->freq_main || !e->freq_comp || !e->pool) {
+    int perr = 0;
+    e->pool = ds4_pool_create(o.n_threads, &perr);
+    if (!e->pool) {
+        ds4_engine_close(e);
+        return fail(err, err_len, DS4_E_NOMEM, "cannot start %d threads: %s", o.n_threads, strerror(perr));
+    }
+    if (!e->layers || !e->freq_main || !e->freq_comp) {
         ds4_engine_close(e);
         return fail(err, err_len, DS4_E_NOMEM, "out of memory");
     }
@@ -421,8 +431,6 @@ int ds4_engine_memory(const ds4_engine *e, ds4_memory *out) {
 int32_t ds4_engine_n_threads(const ds4_engine *e) { return e ? e->n_threads : 0; }
 
 /* ---- sessions ------------------------------------------------------------------------------- */
-
-typedef struct { void **slot; size_t bytes; } alloc_req;
 
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
@@ -600,17 +608,14 @@ int ds4_session_eval(ds4_session *s, const int32_t *tokens, int32_t n, int32_t l
     if ((int64_t)s->n_tokens + total > s->n_ctx)
         return fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + %d new > context size %d",
                     s->n_tokens, total, s->n_ctx);
-    int32_t seq_buf[1];
-    int32_t *seq = (int32_t *)tokens;
+    const int32_t *seq = tokens;
     int32_t *owned = NULL;
-    if (has_pending) {
+    if (has_pending) { /* the emitted-but-unrun token goes first */
         owned = malloc((size_t)total * sizeof(int32_t));
         if (!owned) return fail(err, err_len, DS4_E_NOMEM, "out of memory");
         owned[0] = s->pending;
         if (n) memcpy(owned + 1, tokens, (size_t)n * sizeof(int32_t));
         seq = owned;
-    } else if (n == 0) {
-        seq = seq_buf;
     }
     double t0 = now_ms();
     int rc;

@@ -7,6 +7,7 @@
  */
 #include "pool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -71,10 +72,14 @@ int ds4_online_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
-ds4_pool *ds4_pool_create(int n_threads) {
+ds4_pool *ds4_pool_create(int n_threads, int *error) {
+    if (error) *error = 0;
     if (n_threads <= 0) n_threads = ds4_online_cores();
     ds4_pool *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
+    if (!p) {
+        if (error) *error = ENOMEM;
+        return NULL;
+    }
     p->n_threads = n_threads;
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_mutex_init(&p->mu, NULL);
@@ -82,13 +87,20 @@ ds4_pool *ds4_pool_create(int n_threads) {
     pthread_cond_init(&p->done, NULL);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
-        if (!p->threads) { free(p); return NULL; }
+        if (!p->threads) {
+            free(p);
+            if (error) *error = ENOMEM;
+            return NULL;
+        }
         for (int i = 1; i < n_threads; i++) {
             worker_arg *wa = malloc(sizeof *wa);
-            if (!wa || pthread_create(&p->threads[i - 1], NULL, worker, (wa->pool = p, wa->index = i, wa)) != 0) {
+            int rc = wa ? pthread_create(&p->threads[i - 1], NULL, worker, (wa->pool = p, wa->index = i, wa)) : ENOMEM;
+            if (rc != 0) { /* never run with fewer threads than asked: stop the ones that started */
                 free(wa);
-                p->n_threads = i;  /* keep the threads that started */
-                break;
+                p->n_threads = i;
+                ds4_pool_destroy(p);
+                if (error) *error = rc;
+                return NULL;
             }
         }
     }

@@ -9,7 +9,8 @@ typedef struct ds4_pool ds4_pool;
 typedef void (*ds4_task_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 
 int ds4_online_cores(void);
-ds4_pool *ds4_pool_create(int n_threads); /* n_threads <= 0: one per online core */
+/* n_threads <= 0: one per online core.  NULL on failure with an errno value in *error (may be NULL). */
+ds4_pool *ds4_pool_create(int n_threads, int *error);
 void ds4_pool_destroy(ds4_pool *p);
 int ds4_pool_size(const ds4_pool *p);
 void ds4_pool_run(ds4_pool *p, ds4_task_fn fn, void *ctx, int64_t n);
