@@ -306,6 +306,5 @@ def test_thread_count_is_bounded(tiny_q2):
     assert lib.DS4_MAX_THREADS == S.MAX_THREADS
     with pytest.raises(ValueError, match=r"n_threads must be an integer 0\.\.256"):
         S.Engine(tiny_q2["model"], n_threads=100000)
-    err = np.zeros(1, np.float32)
     assert lib.ds4_memcpy_bandwidth(1 << 20, 1, 100000) == lib.DS4_E_INVALID
-    assert err[0] == 0
+    assert lib.ds4_memcpy_bandwidth(1 << 20, 1, 2) > 0
