@@ -16,13 +16,14 @@ import sys
 from ds4tui import __version__
 
 
-def _int_at_least(text: str, minimum: int, what: str) -> int:
+def _int_at_least(text: str, minimum: int, what: str, maximum: int = 2**31 - 1) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
-    if v < minimum:
-        raise argparse.ArgumentTypeError(f"expected {what}, found {v}")
+    if not minimum <= v <= maximum:
+        raise argparse.ArgumentTypeError(f"expected {what} (at most {maximum}), found {v}" if v > maximum
+                                         else f"expected {what}, found {v}")
     return v
 
 
@@ -34,6 +35,16 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _int_at_least(text, 0, "an integer >= 0")
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a sampling seed, 0 .. 2^64-1."""
+    return _int_at_least(text, 0, "an integer >= 0", 2**64 - 1)
+
+
+def thread_count(text: str) -> int:
+    """argparse type: 0 (one per core) .. 256 threads (the engine's DS4_MAX_THREADS)."""
+    return _int_at_least(text, 0, "a thread count >= 0 (0 = one per core)", 256)
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -106,8 +117,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      "first use and cached under $XDG_CACHE_HOME/ds4tui/bench-medium (default ~/.cache)")
     p.add_argument("--backend", choices=["cpu", "reference"], default="cpu", help="engine backend (default cpu)")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
-    p.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
-                   help="threads for the engine and the memcpy test (default 0 = one per core)")
+    p.add_argument("--threads", type=thread_count, default=0, metavar="N",
+                   help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, default=256, metavar="N",
                    help="prompt length to prefill (default 256)")
     p.add_argument("--decode-tokens", type=positive_int, default=64, metavar="N",
@@ -138,7 +149,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="min-p (default 0 = off)")
-    p.add_argument("--seed", type=non_negative_int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed, 0..2^64-1 (default 0)")
     p.add_argument("--nothink", action="store_true", help="non-thinking mode (</think> after the Assistant marker)")
     p.add_argument("--system", help="system text for the chat template")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template")
@@ -148,9 +159,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
     p.add_argument("--ctx", type=positive_int, metavar="N",
-                   help="context size (default: prompt + N + 1, the least that fits)")
-    p.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
-                   help="CPU threads (default 0 = one per core)")
+                   help="context size (default: prompt + N; generation stops when the context is full)")
+    p.add_argument("--threads", type=thread_count, default=0, metavar="N",
+                   help="CPU threads, at most 256 (default 0 = one per core)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
 
 

@@ -87,3 +87,23 @@ def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys):
     assert rc == 1 and "empty" in err
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "x", "--top-p", "0")
     assert rc == 1 and "top_p" in err
+
+
+def test_a_full_context_stops_generation_cleanly(tiny_q2, tok, capsys):
+    n_prompt = len(render_chat(tok, [{"role": "user", "content": "hi"}], think=True))
+    ctx = n_prompt + 3
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "50", "--ctx", str(ctx), "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["stop"] == "ctx" and len(r["generated_ids"]) == 4  # 3 run + the last one emitted, not run
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "50", "--ctx", str(ctx))
+    assert rc == 0 and "context of" in err and "full" in err
+
+
+def test_bad_text_and_unwritable_output(tiny_q2, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"abc\xff")
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-f", str(bad))
+    assert rc == 1 and "bad.txt: not UTF-8 text" in err
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "ab\udcff")
+    assert rc == 1 and "--prompt: not UTF-8 text" in err

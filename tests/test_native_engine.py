@@ -308,3 +308,59 @@ def test_thread_count_is_bounded(tiny_q2):
         S.Engine(tiny_q2["model"], n_threads=100000)
     assert lib.ds4_memcpy_bandwidth(1 << 20, 1, 100000) == lib.DS4_E_INVALID
     assert lib.ds4_memcpy_bandwidth(1 << 20, 1, 2) > 0
+
+
+def test_closing_the_engine_closes_its_sessions(tiny_q2, prompt):
+    e = S.Engine(tiny_q2["model"])
+    s = e.session(64)
+    s.prefill(prompt[:5])
+    s.step()
+    e.close()
+    for call in (s.step, lambda: s.prefill([1]), s.stats, s.memory, lambda: s.truncate(0), e.memory,
+                 lambda: e.session(16)):
+        with pytest.raises(S.EngineError, match="closed"):
+            call()
+    e.close()  # twice is fine
+
+
+def test_two_threads_on_one_session_are_serialised(eng, prompt):
+    s = eng.session(512)
+    s.prefill(prompt[:20])
+    errors = []
+
+    def work():
+        try:
+            for _ in range(40):
+                s.step()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    from ds4tui._native import lib
+
+    assert s.n_tokens == 20 + 79 == lib.ds4_session_n_tokens(s._h)
+    assert s.stats().n_decode_tokens == 80
+
+
+def test_a_cancel_while_idle_is_dropped_and_truncate_to_the_end_keeps_the_pending_token(eng, prompt):
+    s = eng.session(128)
+    s.prefill(prompt[:10])
+    s.cancel()  # nothing is running
+    tok = s.step()[0]
+    s.truncate(s.n_tokens)
+    assert s.pending == tok
+    s.step()
+    assert s.tokens == prompt[:10] + [tok]
+
+
+def test_sampling_knobs_are_checked_in_the_engine_s_float32_range():
+    for bad in (S.SamplingParams(temperature=1e-320), S.SamplingParams(temperature=1e39),
+                S.SamplingParams(top_k=2**40), S.SamplingParams(temperature=float("nan"))):
+        with pytest.raises(ValueError):
+            bad.validate()
+    assert S.SamplingParams(temperature=1e-30).validate().temperature == 1e-30

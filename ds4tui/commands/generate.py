@@ -2,7 +2,7 @@
 
 The prompt is rendered with the DS4 chat template (spec ds4.md §4.3; ``--nothink`` for the
 non-thinking generation prompt, ``--raw`` to tokenize the text as it is), prefilled in chunks and
-decoded until EOS or ``-n`` tokens.  Text streams to stdout as tokens arrive (an incremental UTF-8
+decoded until EOS, ``-n`` tokens or a full context.  Text streams to stdout as tokens arrive (an incremental UTF-8
 decoder holds back a multi-byte character until it is complete).  With ``--json`` nothing streams:
 one JSON object is printed at the end with the prompt and generated token ids, the text, timings,
 the session's counters and memory.
@@ -19,6 +19,7 @@ import json
 import sys
 import time
 
+from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
@@ -45,15 +46,19 @@ def run(args: argparse.Namespace) -> int:
     as_json = args.json
     t_start = time.perf_counter()
     try:
-        text = args.prompt if args.file is None else _read(args.file)
+        text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
+        system = _check_arg_text(args.system, "--system") if args.system else None
         params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                   seed=args.seed).validate()
         engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
         tokenizer = Tokenizer.from_gguf(engine.model.reader)
-        ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=args.system)
+        ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
         if not ids:
             return _fail("the prompt is empty (nothing to prefill)", as_json)
-        n_ctx = args.ctx or len(ids) + args.n_predict + 1
+        limit = engine.config.context_length
+        n_ctx = args.ctx or min(len(ids) + args.n_predict, limit)
+        if n_ctx > limit:
+            return _fail(f"--ctx {n_ctx} exceeds the model's context length {limit}", as_json)
         if len(ids) + 1 > n_ctx:
             return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
                          f"(raise --ctx)", as_json)
@@ -74,43 +79,58 @@ def run(args: argparse.Namespace) -> int:
     pieces: list[str] = []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = "max_tokens"
-    t_prefill_end = t_loaded
+    t_prefill_end = t_first = None
     try:
-        session.prefill(ids, progress=progress)
-        t_prefill_end = time.perf_counter()
-        if show_progress:
-            print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
-        while len(out_ids) < args.n_predict:
-            tok = session.step()[0]
-            out_ids.append(tok)
-            if tok == eos:
-                stop = "eos"
-                break
-            piece = utf8.decode(tokenizer.token_bytes(tok))
-            pieces.append(piece)
-            if not as_json and piece:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        stop = "interrupted"
-    except S.EngineError as exc:
+        try:
+            session.prefill(ids, progress=progress)
+            t_prefill_end = time.perf_counter()
+            if show_progress:
+                print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
+            while len(out_ids) < args.n_predict:
+                if session.pending is not None and session.n_tokens + 1 > session.n_ctx:
+                    stop = "ctx"  # the context is full: the next token has no position to run at
+                    break
+                tok = session.step()[0]
+                out_ids.append(tok)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                if tok == eos:
+                    stop = "eos"
+                    break
+                piece = utf8.decode(tokenizer.token_bytes(tok))
+                pieces.append(piece)
+                if not as_json and piece:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            stop = "interrupted"
+        except S.EngineError as exc:
+            if not as_json:
+                print(file=sys.stdout)
+            return _fail(str(exc), as_json)
+        t_end = time.perf_counter()
+        tail = utf8.decode(b"", final=True)
+        pieces.append(tail)
         if not as_json:
-            print(file=sys.stdout)
-        return _fail(str(exc), as_json)
-    tail = utf8.decode(b"", final=True)
-    pieces.append(tail)
-    t_end = time.perf_counter()
-    if not as_json:
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        if stop == "interrupted":
-            print("ds4tui: interrupted", file=sys.stderr)
-            return 130
-        return 0
+            sys.stdout.write(tail + "\n")
+            sys.stdout.flush()
+            if stop == "ctx":
+                print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
+                      file=sys.stderr)
+            if stop == "interrupted":
+                print("ds4tui: interrupted", file=sys.stderr)
+                return 130
+            return 0
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # stdout is a full disk or otherwise unwritable
+        print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     st = session.stats()
     n_dec = len(out_ids)
-    prefill_s = t_prefill_end - t_loaded
-    decode_s = t_end - t_prefill_end
+    prefill_s = (t_prefill_end or t_end) - t_loaded
+    # Decode rate over the steps that ran the model: the first step only samples the prefill's logits.
+    decode_s = (t_end - t_first) if t_first is not None else 0.0
     result = {
         "ok": True,
         "model": str(engine.model.path),
@@ -118,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "numerics": engine.numerics,
         "n_threads": engine.n_threads,
         "raw": bool(args.raw),
-        "think": not args.nothink,
+        "think": None if args.raw else not args.nothink,
         "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                      "min_p": params.min_p, "seed": params.seed},
         "prompt": text,
@@ -130,19 +150,30 @@ def run(args: argparse.Namespace) -> int:
         "timings": {
             "load_s": round(t_loaded - t_start, 4),
             "prefill_s": round(prefill_s, 4),
-            "prefill_tokens_per_s": round(len(ids) / prefill_s, 3) if prefill_s > 0 else None,
+            "prefill_tokens_per_s": round(len(ids) / prefill_s, 3) if t_prefill_end and prefill_s > 0 else None,
+            "first_token_s": round(t_first - t_loaded, 4) if t_first is not None else None,
             "decode_s": round(decode_s, 4),
-            "decode_tokens_per_s": round(n_dec / decode_s, 3) if decode_s > 0 and n_dec else None,
+            "decode_tokens_per_s": round((n_dec - 1) / decode_s, 3) if decode_s > 0 and n_dec > 1 else None,
         },
         "stats": st.to_dict(),
         "memory": session.memory().to_dict(),
     }
-    print(json.dumps(result))
+    try:
+        print(json.dumps(result))
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 130 if stop == "interrupted" else 0
 
 
 def _read(path: str) -> str:
+    """The prompt file's text (UTF-8, at most 16 MiB); TokenizerError naming the file otherwise."""
     if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+        return _read_limited(sys.stdin.buffer, "<stdin>")
+    try:
+        with open(path, "rb") as fh:
+            return _read_limited(fh, path)
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc}") from exc

@@ -24,6 +24,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -84,11 +85,17 @@ class SamplingParams:
     seed: int = 0
 
     def validate(self) -> "SamplingParams":
-        """Return self; ``ValueError`` naming the first bad field."""
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        """Return self; ``ValueError`` naming the first bad field.
+
+        The engine holds the knobs as float32: a temperature must be 0 or a normal float32
+        (1.2e-38 … 3.4e38), so that what runs is what was asked for."""
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if t and not 1.1754944e-38 <= t <= 3.4028235e38:
+            raise ValueError(f"temperature {t!r} is outside the float32 range the engine uses (0, or 1.2e-38 .. 3.4e38)")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or not 0 <= self.top_k <= 2**31 - 1:
+            raise ValueError(f"top_k must be an integer 0 .. 2^31-1 (0 = off), got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
@@ -174,8 +181,8 @@ class Engine:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
-        if isinstance(n_threads, bool) or int(n_threads) != n_threads or not 0 <= n_threads <= MAX_THREADS:
-            raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads}")
+        if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
+            raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         if backend == "hip":
             raise BackendUnavailableError("the HIP backend is not part of this build (only cpu and reference)")
         self.model = _model(model)
@@ -183,7 +190,9 @@ class Engine:
         self.backend = backend
         self.numerics = numerics
         self._handle = None
+        self._closed = False
         self._keep: list = []
+        self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
         if backend == "reference":
             from ds4tui.engine.reference import ReferenceModel
 
@@ -244,16 +253,24 @@ class Engine:
     def session(self, n_ctx: int = 4096, *, n_batch: int = 256) -> "Session":
         """A new session with room for ``n_ctx`` tokens (capped at the model's context length)
         and forward passes of at most ``n_batch`` tokens (prefill chunk size)."""
+        self._check_open()
         for name, v in (("context size", n_ctx), ("batch size", n_batch)):
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        n_ctx = min(int(n_ctx), int(self.config.context_length))
-        if self.backend == "reference":
-            return ReferenceSession(self, n_ctx, int(n_batch))
-        return Session(self, n_ctx, int(n_batch))
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= 2**31 - 1:
+                raise ValueError(f"{name} must be an integer 1 .. 2^31-1, got {v!r}")
+        if n_ctx > self.config.context_length:
+            raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
+        cls = ReferenceSession if self.backend == "reference" else Session
+        s = cls(self, int(n_ctx), int(n_batch))
+        self._sessions.add(s)
+        return s
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError(f"{self.model.path}: the engine is closed")
 
     def memory(self) -> Memory:
         """Engine-level bytes (weights and small tensors expanded at open)."""
+        self._check_open()
         if self.backend == "reference":
             return Memory(weights=sum(t.nbytes for t in self.model.tensors.values()))
         m = self._ffi.new("ds4_memory *")
@@ -261,9 +278,15 @@ class Engine:
         return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
 
     def close(self) -> None:
+        """Free the engine and every session made from it (their calls then raise EngineError)."""
+        if self._closed:
+            return
+        for s in list(self._sessions):
+            s._close()
         if self._handle is not None:
             self._lib.ds4_engine_close(self._handle)
             self._handle = None
+        self._closed = True
 
     def __enter__(self) -> "Engine":
         return self
@@ -282,7 +305,9 @@ class Session:
     """One sequence on an :class:`Engine` (see the module docstring for the decode layout).
 
     ``tokens``: ids in the KV cache, in order; ``pending``: the emitted token not yet run (or None).
-    Thread use: one thread drives the session; :meth:`cancel` may be called from any thread.
+    Thread use: calls that change the session (prefill, step, truncate, sampling) are serialised by
+    a lock, so a second thread waits rather than corrupting the state; :meth:`cancel` may be called
+    from any thread at any time.  After the engine is closed every call raises :class:`EngineError`.
     """
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int):
@@ -293,8 +318,29 @@ class Session:
         self.tokens: list[int] = []
         self.pending: int | None = None
         self._cancel = threading.Event()
+        self._lock = threading.RLock()
+        self._closed = False
         self._sampling = SamplingParams()
         self._open()
+
+    def _close(self) -> None:
+        """Free the native session now (the engine is closing)."""
+        with self._lock:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        self._ffi.release(self._h)
+
+    def _alive(self) -> None:
+        if self._closed:
+            raise EngineError("the session's engine is closed")
+
+    def _begin(self) -> None:
+        """Start of a call that runs the model: a cancel requested while nothing ran is dropped."""
+        self._alive()
+        self._cancel.clear()
+        self._native_cancel(False)
 
     # -- backend hooks (the reference session overrides these) ---------------------------------
     def _open(self) -> None:
@@ -371,6 +417,10 @@ class Session:
         :class:`ContextOverflowError` / :class:`TokenRangeError` / ``TypeError`` before
         anything runs; an empty ``ids`` with no pending token raises ``ValueError``.
         """
+        with self._lock:
+            return self._prefill(ids, chunk, logits, progress)
+
+    def _prefill(self, ids, chunk, logits, progress):
         ids = self._ids(ids)
         if logits not in ("last", "all", "none"):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
@@ -380,6 +430,7 @@ class Session:
         if not ids and self.pending is None:
             raise ValueError("empty prompt: nothing to prefill")
         self._room(len(ids))
+        self._begin()
         start = len(self.tokens)
         had_pending = self.pending is not None
         parts = [ids[i:i + chunk] for i in range(0, len(ids), chunk)] or [[]]
@@ -432,16 +483,20 @@ class Session:
         Raises :class:`StateError` before any prompt, :class:`ContextOverflowError` when the
         pending token does not fit, :class:`CancelledError` if cancelled (the session is unchanged).
         """
-        if self.pending is not None:
-            self._room(0)
-        try:
-            out = self._step()
-        finally:
-            self._cancel.clear()
-        if self.pending is not None:
-            self.tokens.append(self.pending)
-        self.pending = out[-1]
-        return out
+        with self._lock:
+            self._alive()
+            if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
+                raise ContextOverflowError(f"context full: all {self.n_ctx} positions hold tokens, so the next "
+                                           f"token cannot be run (start a new chat or raise --ctx)")
+            self._begin()
+            try:
+                out = self._step()
+            finally:
+                self._cancel.clear()
+            if self.pending is not None:
+                self.tokens.append(self.pending)
+            self.pending = out[-1]
+            return out
 
     def generate(self, prompt: Sequence[int] | None = None, *, max_tokens: int = 256,
                  stop: Iterable[int] = (), progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
@@ -462,26 +517,32 @@ class Session:
 
     def truncate(self, n: int) -> None:
         """Forget every token at position >= ``n`` (at most one batch back, or all: ``n`` = 0)."""
-        if isinstance(n, bool) or int(n) != n:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
             raise TypeError(f"truncate length must be an integer, got {n!r}")
         n = int(n)
-        if not 0 <= n <= len(self.tokens):
-            raise ValueError(f"cannot truncate a session of {len(self.tokens)} tokens to {n}")
-        if n and len(self.tokens) - n > self.n_batch:
-            raise ValueError(f"cannot take back {len(self.tokens) - n} tokens: at most {self.n_batch} (the batch "
-                             f"size) can be taken back, or all of them (truncate to 0)")
-        self._truncate(n)
-        del self.tokens[n:]
-        self.pending = None
+        with self._lock:
+            self._alive()
+            if not 0 <= n <= len(self.tokens):
+                raise ValueError(f"cannot truncate a session of {len(self.tokens)} tokens to {n}")
+            if n == len(self.tokens) and n:
+                return  # nothing to forget; the pending token and the logits stay
+            if n and len(self.tokens) - n > self.n_batch:
+                raise ValueError(f"cannot take back {len(self.tokens) - n} tokens: at most {self.n_batch} (the "
+                                 f"batch size) can be taken back, or all of them (truncate to 0)")
+            self._truncate(n)
+            del self.tokens[n:]
+            self.pending = None
 
     def reset(self) -> None:
         """Empty the session (keeps sampling settings and counters)."""
         self.truncate(0)
 
     def cancel(self) -> None:
-        """Stop the running prefill/step as soon as possible (thread-safe)."""
-        self._cancel.set()
-        self._native_cancel(True)
+        """Stop the running prefill/step as soon as possible (thread-safe).  A cancel that arrives
+        while nothing runs is dropped when the next call starts."""
+        if not self._closed:
+            self._cancel.set()
+            self._native_cancel(True)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -492,20 +553,25 @@ class Session:
         params = params.validate()
         p = self._ffi.new("ds4_sampling *", {"temperature": params.temperature, "top_k": int(params.top_k),
                                              "top_p": params.top_p, "min_p": params.min_p, "seed": int(params.seed)})
-        self._check(self._lib.ds4_session_set_sampling(self._h, p, self._err, 1024))
-        self._sampling = params
+        with self._lock:
+            self._alive()
+            self._check(self._lib.ds4_session_set_sampling(self._h, p, self._err, 1024))
+            self._sampling = params
 
     def stats(self) -> Stats:
         """A snapshot of the session's counters."""
+        self._alive()
         st = self._ffi.new("ds4_stats *")
         self._lib.ds4_session_stats(self._h, st)
         return Stats(**{f.name: getattr(st, f.name) for f in fields(Stats)})
 
     def reset_stats(self) -> None:
+        self._alive()
         self._lib.ds4_session_reset_stats(self._h)
 
     def memory(self) -> Memory:
         """Bytes held by the engine and this session."""
+        self._alive()
         m = self._ffi.new("ds4_memory *")
         self._lib.ds4_session_memory(self._h, m)
         return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
@@ -515,7 +581,7 @@ def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]
     """The native sampler in numpy (same order, same splitmix64 stream): used by the reference backend."""
     if not p.temperature > 0:
         return int(np.argmax(logits))
-    v = logits.astype(np.float64) / float(np.float32(p.temperature))
+    v = logits.astype(np.float64) / float(np.float32(p.temperature))  # validate() keeps it a normal float32
     order = np.lexsort((np.arange(v.size), -v))
     vals = v[order]
     n = v.size if not 0 < p.top_k < v.size else p.top_k
@@ -600,9 +666,15 @@ class ReferenceSession(Session):
     def _native_cancel(self, on: bool) -> None:
         pass
 
+    def _release(self) -> None:
+        self._st = None
+
     def set_sampling(self, params: SamplingParams) -> None:
-        self._sampling = params.validate()
-        self._rng = [int(params.seed)]
+        params = params.validate()
+        with self._lock:
+            self._alive()
+            self._sampling = params
+            self._rng = [int(params.seed)]
 
     def stats(self) -> Stats:
         return Stats(**self._counters)
@@ -611,6 +683,7 @@ class ReferenceSession(Session):
         self._counters = dict(Stats().to_dict())
 
     def memory(self) -> Memory:
+        self._alive()
         kv = sum(ls.kv.nbytes for ls in self._st.layers)
         comp = sum(a.nbytes for ls in self._st.layers for a in (ls.comp_c, ls.comp_z, ls.comp, ls.idx_c, ls.idx_z,
                                                                ls.idx_keys) if a is not None)
