@@ -55,6 +55,27 @@ float ds4_dot_f32(const float *a, const float *b, int64_t n) {
  * auto-vectorised form spends most of its time shuffling for. */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+/* 16 lanes per instruction halves the sign-extension shuffles that bound the AVX2 form. */
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+        const float *xb = x + 32 * b;
+        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+        acc0 = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), acc0);
+        acc1 = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), acc1);
+    }
+    float acc[32];
+    _mm512_storeu_ps(acc, acc0);
+    _mm512_storeu_ps(acc + 16, acc1);
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+    return hsum(acc);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
            acc3 = _mm256_setzero_ps();
