@@ -184,6 +184,33 @@ static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
     return hsum(acc);
 }
 
+#if defined(__AVX512F__)
+/* Two 8-element grid rows per 16-lane vector; the weights are the same products as below. */
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const __m512 db = _mm512_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k += 2) {
+                __m512 grid = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k]])),
+                                                 _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k + 1]]), 1);
+                __m512 sign = _mm512_insertf32x8(
+                    _mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127])),
+                    _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (k + 1))) & 127]), 1);
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(db, grid), sign), _mm512_loadu_ps(xs + 8 * k), acc);
+            }
+        }
+    }
+    float a16[16];
+    _mm512_storeu_ps(a16, acc);
+    return hsum(a16);
+}
+#else
 static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 256; b++) {
@@ -209,6 +236,7 @@ static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
     _mm256_storeu_ps(acc + 8, acc1);
     return hsum(acc);
 }
+#endif
 #else
 static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
     float acc[LANES] = {0};
