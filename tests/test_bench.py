@@ -127,7 +127,7 @@ def test_not_a_gguf_is_one_line_and_status_1(tmp_path, capsys):
     ([], "one of the arguments MODEL --medium is required"),
     (["model.gguf", "--medium"], "argument --medium: not allowed with argument MODEL"),
     (["model.gguf", "--decode-tokens", "0"], "argument --decode-tokens: expected a positive integer, found 0"),
-    (["model.gguf", "--threads", "-1"], "argument --threads: expected an integer >= 0, found -1"),
+    (["model.gguf", "--threads", "-1"], "argument --threads: expected a thread count >= 0 (0 = one per core), found -1"),
 ])
 def test_argument_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

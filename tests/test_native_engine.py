@@ -347,10 +347,15 @@ def test_two_threads_on_one_session_are_serialised(eng, prompt):
     assert s.stats().n_decode_tokens == 80
 
 
-def test_a_cancel_while_idle_is_dropped_and_truncate_to_the_end_keeps_the_pending_token(eng, prompt):
+def test_a_cancel_while_idle_stops_the_next_call_unless_cleared(eng, prompt):
     s = eng.session(128)
     s.prefill(prompt[:10])
-    s.cancel()  # nothing is running
+    s.cancel()  # nothing is running: the next model call stops
+    with pytest.raises(S.CancelledError):
+        s.prefill(prompt[10:12])
+    assert s.n_tokens == 10
+    s.cancel()
+    s.clear_cancel()
     tok = s.step()[0]
     s.truncate(s.n_tokens)
     assert s.pending == tok

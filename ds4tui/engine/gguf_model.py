@@ -472,7 +472,7 @@ class DS4Model:
             raise MissingKeyError(self.path, "general.architecture", f"missing (expected '{L.ARCH}')")
         arch = field_value(arch_f)
         if arch != L.ARCH:
-            hint = " (this is a DSpark support file: give it as the support model, not as the model)" if arch in (L.SUPPORT_ARCH, "dflash") else ""
+            hint = " (this is a DSpark support file: pass it with --mtp)" if arch in (L.SUPPORT_ARCH, "dflash") else ""
             raise ArchitectureError(self.path, f"general.architecture: expected '{L.ARCH}', found '{arch}'{hint}")
         self.config = read_config(self.reader, self.path)
         self._check_vocab()

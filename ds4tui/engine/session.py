@@ -337,10 +337,7 @@ class Session:
             raise EngineError("the session's engine is closed")
 
     def _begin(self) -> None:
-        """Start of a call that runs the model: a cancel requested while nothing ran is dropped."""
         self._alive()
-        self._cancel.clear()
-        self._native_cancel(False)
 
     # -- backend hooks (the reference session overrides these) ---------------------------------
     def _open(self) -> None:
@@ -538,11 +535,19 @@ class Session:
         self.truncate(0)
 
     def cancel(self) -> None:
-        """Stop the running prefill/step as soon as possible (thread-safe).  A cancel that arrives
-        while nothing runs is dropped when the next call starts."""
+        """Stop the running prefill/step as soon as possible (thread-safe).  The request is sticky:
+        if nothing is running, the next prefill or step stops instead (so a cancel that races with
+        the end of a step is never lost); :meth:`clear_cancel` withdraws it, e.g. at the start of a
+        new turn."""
         if not self._closed:
             self._cancel.set()
             self._native_cancel(True)
+
+    def clear_cancel(self) -> None:
+        """Withdraw a pending :meth:`cancel` that no call has consumed."""
+        if not self._closed:
+            self._cancel.clear()
+            self._native_cancel(False)
 
     @property
     def sampling(self) -> SamplingParams:
