@@ -483,8 +483,8 @@ class Session:
         with self._lock:
             self._alive()
             if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
-                raise ContextOverflowError(f"context full: all {self.n_ctx} positions hold tokens, so the next "
-                                           f"token cannot be run (start a new chat or raise --ctx)")
+                raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
+                                           f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
             self._begin()
             try:
                 out = self._step()
