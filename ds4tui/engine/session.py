@@ -453,11 +453,9 @@ class Session:
                 if progress is not None:
                     progress(done, len(ids))
         except CancelledError:
+            self.clear_cancel()  # consumed (the C engine clears its flag when it stops a pass)
             self._rollback(start + (1 if had_pending and len(self.tokens) > start else 0))
             raise CancelledError("prefill cancelled", kept=len(self.tokens)) from None
-        finally:
-            self._cancel.clear()
-            self._native_cancel(False)
         if logits == "last":
             return rows[-1][-1]
         if logits == "all":
@@ -488,8 +486,9 @@ class Session:
             self._begin()
             try:
                 out = self._step()
-            finally:
-                self._cancel.clear()
+            except CancelledError:
+                self.clear_cancel()  # consumed
+                raise
             if self.pending is not None:
                 self.tokens.append(self.pending)
             self.pending = out[-1]
@@ -535,10 +534,10 @@ class Session:
         self.truncate(0)
 
     def cancel(self) -> None:
-        """Stop the running prefill/step as soon as possible (thread-safe).  The request is sticky:
-        if nothing is running, the next prefill or step stops instead (so a cancel that races with
-        the end of a step is never lost); :meth:`clear_cancel` withdraws it, e.g. at the start of a
-        new turn."""
+        """Stop the running prefill/step as soon as possible (thread-safe).  The request is sticky
+        until a call stops because of it: if nothing is running, or the running call is past its
+        last check, the next prefill or step stops instead, so a cancel is never lost;
+        :meth:`clear_cancel` withdraws it, e.g. at the start of a new turn."""
         if not self._closed:
             self._cancel.set()
             self._native_cancel(True)
