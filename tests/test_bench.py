@@ -158,10 +158,16 @@ def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):
         return real_step(self)
 
     monkeypatch.setattr(S.Session, "step", step)
+    # A shell starts background jobs with SIGINT ignored, and Python then keeps it ignored: install
+    # Python's own handler for this test so that it behaves as at a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     sender = threading.Thread(target=lambda: decoding.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
     t0 = time.perf_counter()
     sender.start()
-    rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", "4", "--decode-tokens", "100000")
+    try:
+        rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", "4", "--decode-tokens", "100000")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     sender.join(5)
     assert rc == 130 and out == ""
     assert err.strip().endswith("ds4tui: interrupted")
