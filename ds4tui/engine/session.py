@@ -336,9 +336,6 @@ class Session:
         if self._closed:
             raise EngineError("the session's engine is closed")
 
-    def _begin(self) -> None:
-        self._alive()
-
     # -- backend hooks (the reference session overrides these) ---------------------------------
     def _open(self) -> None:
         e = self.engine
@@ -427,7 +424,7 @@ class Session:
         if not ids and self.pending is None:
             raise ValueError("empty prompt: nothing to prefill")
         self._room(len(ids))
-        self._begin()
+        self._alive()
         start = len(self.tokens)
         had_pending = self.pending is not None
         parts = [ids[i:i + chunk] for i in range(0, len(ids), chunk)] or [[]]
@@ -483,7 +480,7 @@ class Session:
             if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
                 raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
                                            f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
-            self._begin()
+            self._alive()
             try:
                 out = self._step()
             except CancelledError:

@@ -11,8 +11,6 @@
 
 #include <string.h>
 
-float ds4_f16_to_f32(uint16_t h) { return ds4_half(h); }
-
 float ds4_bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -31,7 +29,7 @@ void ds4_cpu_dequant_f32(const void *src, float *dst, int64_t n) {
 
 void ds4_cpu_dequant_f16(const void *src, float *dst, int64_t n) {
     const uint8_t *p = (const uint8_t *)src;
-    for (int64_t i = 0; i < n; i++) dst[i] = ds4_f16_to_f32(rd16(p + 2 * i));
+    for (int64_t i = 0; i < n; i++) dst[i] = ds4_half(rd16(p + 2 * i));
 }
 
 void ds4_cpu_dequant_bf16(const void *src, float *dst, int64_t n) {
@@ -43,7 +41,7 @@ void ds4_cpu_dequant_bf16(const void *src, float *dst, int64_t n) {
 void ds4_cpu_dequant_q8_0(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     for (int64_t blk = 0; blk < n / 32; blk++, b += 34, dst += 32) {
-        float d = ds4_f16_to_f32(rd16(b));
+        float d = ds4_half(rd16(b));
         const int8_t *q = (const int8_t *)(b + 2);
         for (int i = 0; i < 32; i++) dst[i] = d * (float)q[i];
     }
@@ -55,8 +53,8 @@ void ds4_cpu_dequant_q2_k(const void *src, float *dst, int64_t n) {
     for (int64_t blk = 0; blk < n / 256; blk++, b += 84, dst += 256) {
         const uint8_t *scales = b;
         const uint8_t *qs = b + 16;
-        float d = ds4_f16_to_f32(rd16(b + 80));
-        float dmin = ds4_f16_to_f32(rd16(b + 82));
+        float d = ds4_half(rd16(b + 80));
+        float dmin = ds4_half(rd16(b + 82));
         for (int e = 0; e < 256; e++) {
             int h = e / 128, j = (e % 128) / 32, l = e % 32, sb = e / 16;
             int code = (qs[32 * h + l] >> (2 * j)) & 3;
@@ -71,7 +69,7 @@ void ds4_cpu_dequant_q2_k(const void *src, float *dst, int64_t n) {
 void ds4_cpu_dequant_iq2_xxs(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     for (int64_t blk = 0; blk < n / 256; blk++, b += 66, dst += 256) {
-        float d = ds4_f16_to_f32(rd16(b));
+        float d = ds4_half(rd16(b));
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *g = b + 2 + 8 * ib;
             uint32_t w = rd32(g + 4);

@@ -4,11 +4,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../ds4_engine.h"
 #include "pool.h"
-
-#include <string.h>
 
 /* IEEE half -> float, exact for every input (subnormals, inf, NaN payloads), branch-free so that
  * loops over it vectorise: the 15 exponent/mantissa bits shifted into a float and rescaled by
@@ -27,7 +26,6 @@ static inline float ds4_half(uint16_t h) {
     return f;
 }
 
-float ds4_f16_to_f32(uint16_t h);
 float ds4_bf16_to_f32(uint16_t h);
 uint16_t ds4_f32_to_f16(float f); /* round to nearest, ties to even */
 

@@ -126,7 +126,7 @@ uint16_t ds4_f32_to_f16(float f) {
 }
 
 void ds4_f16_round(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = ds4_f16_to_f32(ds4_f32_to_f16(x[i]));
+    for (int64_t i = 0; i < n; i++) x[i] = ds4_half(ds4_f32_to_f16(x[i]));
 }
 
 /* Hadamard (Sylvester butterflies, stride 1, 2, 4, ...; scale 1/sqrt(n)) then FP4 E2M1 in blocks

@@ -67,14 +67,14 @@ static void *worker(void *arg) {
     }
 }
 
-int ds4_online_cores(void) {
+static int online_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
 
 ds4_pool *ds4_pool_create(int n_threads, int *error) {
     if (error) *error = 0;
-    if (n_threads <= 0) n_threads = ds4_online_cores();
+    if (n_threads <= 0) n_threads = online_cores();
     ds4_pool *p = calloc(1, sizeof *p);
     if (!p) {
         if (error) *error = ENOMEM;
