@@ -1,0 +1,391 @@
+"""DSpark statistics of a session: a frozen dataclass, ds4's stats line, JSON.
+
+:class:`DSparkStats` mirrors ``ds4_dspark_stats`` of ``ds4tui/native/ds4_engine.h`` with the stat
+names of spec dspark.md §6, so the numbers read the same as ds4's ``DS4_DSPARK_STATS`` output.
+The counters are monotonic per session; rates and per-cycle values are derived here, never
+stored.  A cycle ends in exactly one of full, partial, miss_first, no_draft, invalid,
+verifier_unavailable and errors; both length histograms have one entry per cycle (bin 0 for
+cycles that verified no draft); :meth:`DSparkStats.check_invariants` says which of these rules a
+snapshot breaks.
+
+:func:`format_line` writes ds4's line (``ds4_session_print_dspark_stats``): its keys in its order,
+counters as integers, ``accept_rate`` with two decimals and ``%``, ``avg_accept`` with three, the
+word ``time_ms`` and then every time in milliseconds with three decimals and no unit, histograms
+as ``len:count`` pairs.  Our keys (``chain_fail``, ``chain_fail_op``, ``no_draft_reasons``) come
+after ds4's, so a parser written for ds4's line still reads ours.  :func:`parse_line` reads
+either line back into a dict.
+
+Nothing here needs the native module: :meth:`DSparkStats.from_native` takes the ``ffi`` and the
+cdata it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: ds4_engine.h's DS4_ND_* indices, in order.
+NO_DRAFT_REASONS = (
+    "disabled",
+    "support_invalid",
+    "capture_invalid",
+    "chain_fail",
+    "confidence_gate",
+    "scheduler_skip",
+    "tail_skip",
+    "no_room",
+)
+#: DS4_DSPARK_MAX_BLOCK: the largest drafter block.
+MAX_BLOCK = 16
+#: DS4_DSPARK_CONF_BINS: bin i counts confidences in [i/20, (i+1)/20).
+CONF_BINS = 20
+
+# ds4's line order (spec dspark.md §6).
+_LINE_COUNTS_A = ("cycles", "first_tokens", "proposed", "accepted_draft")
+_LINE_COUNTS_B = (
+    "full",
+    "partial",
+    "miss_first",
+    "no_draft",
+    "no_room",
+    "invalid",
+    "scheduler_skips",
+    "tail_skips",
+    "verifier_unavailable",
+    "errors",
+)
+_COUNTS = _LINE_COUNTS_A + _LINE_COUNTS_B + ("chain_fail",)
+# Milliseconds; the C field is the name with "_ms" appended.
+_TIMES = (
+    "propose",
+    "prop_stage0",
+    "prop_setup",
+    "prop_cache",
+    "prop_chain",
+    "prop_hidden",
+    "prop_conf0",
+    "prop_logits",
+    "prop_markov",
+    "prop_confidence",
+    "snapshot",
+    "verify",
+    "spec_total",
+    "target",
+    "saved",
+    "net_saved",
+)
+_STAGES = tuple(t for t in _TIMES if t.startswith("prop_")) + ("snapshot", "verify")
+_LEN_HISTS = ("draft_len_hist", "accepted_len_hist")
+_POS = ("pos_proposed", "pos_accepted")
+_DERIVED = (
+    "accept_rate",
+    "avg_accept",
+    "tokens_per_cycle",
+    "per_position_accept",
+    "dominant_no_draft_reason",
+    "stage_ms_per_cycle",
+    "invariant_violations",
+)
+
+
+def _counts(values, least: int, what: str) -> tuple[int, ...]:
+    """Non-negative ints, padded with zeros to ``least`` entries; trailing zeros past it dropped
+    (a non-zero entry past it is kept, so check_invariants can name it)."""
+    out = [int(v) for v in values]
+    if any(v < 0 for v in out):
+        raise ValueError(f"{what}: negative count in {out}")
+    while len(out) > least and out[-1] == 0:
+        out.pop()
+    return tuple(out + [0] * (least - len(out)))
+
+
+@dataclass(frozen=True)
+class DSparkStats:
+    """One snapshot of a session's DSpark counters (``ds4_dspark_stats``).
+
+    Counts are integers; every time (``propose`` … ``net_saved``, ``t_decode_ms``) is in
+    milliseconds.  ``draft_len_hist[k]`` / ``accepted_len_hist[k]`` count cycles that verified /
+    accepted k draft tokens (block_size + 1 bins); ``pos_proposed[k]`` / ``pos_accepted[k]`` count
+    cycles that verified / accepted a draft at block row k (block_size entries); ``conf_hist``
+    bins every computed confidence c_k into 20 bins of width 0.05; ``no_draft_reasons`` maps each
+    name of :data:`NO_DRAFT_REASONS` to the no_draft cycles it ended.
+    """
+
+    cycles: int = 0
+    first_tokens: int = 0
+    proposed: int = 0
+    accepted_draft: int = 0
+    full: int = 0
+    partial: int = 0
+    miss_first: int = 0
+    no_draft: int = 0
+    no_room: int = 0
+    invalid: int = 0
+    scheduler_skips: int = 0
+    tail_skips: int = 0
+    verifier_unavailable: int = 0
+    errors: int = 0
+    chain_fail: int = 0
+    propose: float = 0.0
+    prop_stage0: float = 0.0
+    prop_setup: float = 0.0
+    prop_cache: float = 0.0
+    prop_chain: float = 0.0
+    prop_hidden: float = 0.0
+    prop_conf0: float = 0.0
+    prop_logits: float = 0.0
+    prop_markov: float = 0.0
+    prop_confidence: float = 0.0
+    snapshot: float = 0.0
+    verify: float = 0.0
+    spec_total: float = 0.0
+    target: float = 0.0
+    saved: float = 0.0
+    net_saved: float = 0.0
+    #: Single-token target pass time that ``saved`` is priced at.
+    t_decode_ms: float = 0.0
+    #: False until a plain decode was measured (``saved`` then uses 0).
+    t_decode_measured: bool = False
+    block_size: int = 0
+    draft_len_hist: tuple[int, ...] = ()
+    accepted_len_hist: tuple[int, ...] = ()
+    pos_proposed: tuple[int, ...] = ()
+    pos_accepted: tuple[int, ...] = ()
+    conf_hist: tuple[int, ...] = ()
+    # Left out of the hash (a dict is not hashable); still compared.
+    no_draft_reasons: dict[str, int] = field(default_factory=dict, hash=False)
+    #: The drafter op of the last chain failure ("" if none).
+    chain_fail_op: str = ""
+    #: Knob changes applied so far.
+    n_events: int = 0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        for name in _COUNTS + ("block_size", "n_events"):
+            v = int(getattr(self, name))
+            if v < 0:
+                raise ValueError(f"{name} = {v} < 0")
+            put(self, name, v)
+        for name in _TIMES + ("t_decode_ms",):
+            put(self, name, float(getattr(self, name)))
+        put(self, "t_decode_measured", bool(self.t_decode_measured))
+        put(self, "chain_fail_op", str(self.chain_fail_op))
+        for name in _LEN_HISTS:
+            put(self, name, _counts(getattr(self, name), self.block_size + 1, name))
+        for name in _POS:
+            put(self, name, _counts(getattr(self, name), self.block_size, name))
+        put(self, "conf_hist", _counts(self.conf_hist, CONF_BINS, "conf_hist"))
+        reasons = dict(self.no_draft_reasons)
+        unknown = sorted(set(reasons) - set(NO_DRAFT_REASONS))
+        if unknown:
+            raise ValueError(f"no_draft_reasons: unknown names {unknown}; known: {list(NO_DRAFT_REASONS)}")
+        counts = _counts([reasons.get(n, 0) for n in NO_DRAFT_REASONS], len(NO_DRAFT_REASONS), "no_draft_reasons")
+        put(self, "no_draft_reasons", dict(zip(NO_DRAFT_REASONS, counts)))
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_native(cls, ffi, struct_ptr) -> "DSparkStats":
+        """Read a ``ds4_dspark_stats *`` (or the struct itself) filled by the engine."""
+        p = struct_ptr
+        block = int(p.block_size)
+        kw: dict[str, Any] = {name: int(getattr(p, name)) for name in _COUNTS}
+        kw.update({name: float(getattr(p, name + "_ms")) for name in _TIMES})
+        kw.update(
+            t_decode_ms=float(p.t_decode_ms),
+            t_decode_measured=bool(p.t_decode_measured),
+            block_size=block,
+            n_events=int(p.n_events),
+            conf_hist=list(p.conf_hist),
+            no_draft_reasons=dict(zip(NO_DRAFT_REASONS, list(p.no_draft_reasons))),
+            chain_fail_op=ffi.string(p.chain_fail_op).decode("utf-8", "replace"),
+        )
+        # Trimming happens in __post_init__ (non-zero bins past the block are kept).
+        for name in _LEN_HISTS + _POS:
+            kw[name] = list(getattr(p, name))
+        return cls(**kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DSparkStats":
+        """Inverse of :meth:`to_dict` (derived values are ignored; missing fields are 0)."""
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - known - set(_DERIVED))
+        if unknown:
+            raise ValueError(f"DSparkStats.from_dict: unknown keys {unknown}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field plus the derived values, ready for ``json.dumps``."""
+        d: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            d[name] = list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
+        d.update(
+            accept_rate=self.accept_rate,
+            avg_accept=self.avg_accept,
+            tokens_per_cycle=self.tokens_per_cycle,
+            per_position_accept=list(self.per_position_accept),
+            dominant_no_draft_reason=self.dominant_no_draft_reason,
+            stage_ms_per_cycle=self.stage_ms_per_cycle(),
+            invariant_violations=self.check_invariants(),
+        )
+        return d
+
+    # ---- derived values ----------------------------------------------------------------------
+
+    @property
+    def accept_rate(self) -> float:
+        """Percent of proposed draft tokens accepted: 100·accepted_draft/proposed (0 if none proposed)."""
+        return 100.0 * self.accepted_draft / self.proposed if self.proposed else 0.0
+
+    @property
+    def avg_accept(self) -> float:
+        """Accepted draft tokens per cycle (tokens per cycle = 1 + avg_accept)."""
+        return self.accepted_draft / self.cycles if self.cycles else 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        """(first_tokens + accepted_draft) / cycles."""
+        return (self.first_tokens + self.accepted_draft) / self.cycles if self.cycles else 0.0
+
+    @property
+    def per_position_accept(self) -> tuple[float | None, ...]:
+        """Per block row k: accepted / verified drafts at row k (None where none was verified)."""
+        return tuple(a / p if p else None for p, a in zip(self.pos_proposed, self.pos_accepted))
+
+    @property
+    def dominant_no_draft_reason(self) -> str | None:
+        """The reason that ended most no_draft cycles (the first in index order on a tie)."""
+        if self.no_draft == 0:
+            return None
+        name = max(NO_DRAFT_REASONS, key=lambda n: self.no_draft_reasons[n])
+        return name if self.no_draft_reasons[name] else None
+
+    def stage_ms_per_cycle(self) -> dict[str, float]:
+        """Milliseconds per cycle of each proposal step (prop_*), snapshot and verify."""
+        n = self.cycles
+        return {s: getattr(self, s) / n if n else 0.0 for s in _STAGES}
+
+    def check_invariants(self) -> list[str]:
+        """The rules of ds4_engine.h that this snapshot breaks (empty when consistent)."""
+        bad: list[str] = []
+
+        def need(ok: bool, text: str) -> None:
+            if not ok:
+                bad.append(text)
+
+        def same(lhs: str, a: int, rhs: str, b: int) -> None:
+            need(a == b, f"{lhs} {a} != {rhs} {b}")
+
+        r = self.no_draft_reasons
+        need(self.accepted_draft <= self.proposed, f"accepted_draft {self.accepted_draft} > proposed {self.proposed}")
+        ends = ("full", "partial", "miss_first", "no_draft", "invalid", "verifier_unavailable", "errors")
+        same("+".join(ends), sum(getattr(self, e) for e in ends), "cycles", self.cycles)
+        for name in _LEN_HISTS:
+            h = getattr(self, name)
+            same(f"sum({name})", sum(h), "cycles", self.cycles)
+            need(len(h) <= self.block_size + 1, f"{name} has counts past block_size {self.block_size}: {list(h)}")
+        weighted = sum(k * c for k, c in enumerate(self.accepted_len_hist))
+        same("sum(k*accepted_len_hist[k])", weighted, "accepted_draft", self.accepted_draft)
+        same("sum(no_draft_reasons)", sum(r.values()), "no_draft", self.no_draft)
+        for stat, reason in (
+            ("no_room", "no_room"),
+            ("scheduler_skips", "scheduler_skip"),
+            ("tail_skips", "tail_skip"),
+            ("chain_fail", "chain_fail"),
+        ):
+            same(stat, getattr(self, stat), f"no_draft_reasons[{reason}]", r[reason])
+        sp, sa = sum(self.pos_proposed), sum(self.pos_accepted)
+        need(sa <= sp, f"sum(pos_accepted) {sa} > sum(pos_proposed) {sp}")
+        for k, (p, a) in enumerate(zip(self.pos_proposed, self.pos_accepted)):
+            need(a <= p, f"pos_accepted[{k}] {a} > pos_proposed[{k}] {p}")
+        for name in _POS:
+            need(len(getattr(self, name)) <= self.block_size, f"{name} has counts past block_size {self.block_size}")
+        # Both count verified / accepted draft tokens, by row and by cycle.
+        same("sum(pos_proposed)", sp, "sum(k*draft_len_hist[k])", sum(k * c for k, c in enumerate(self.draft_len_hist)))
+        same("sum(pos_accepted)", sa, "accepted_draft", self.accepted_draft)
+        return bad
+
+
+# ---- the ds4 stats line --------------------------------------------------------------------------
+
+
+def _hist(pairs: list[tuple[Any, int]]) -> str:
+    text = ",".join(f"{k}:{c}" for k, c in pairs if c)
+    return text or "none"
+
+
+def format_line(stats: DSparkStats) -> str:
+    """ds4's ``DSpark stats`` line for ``stats``, then our keys.
+
+    ``draft_len_hist`` leaves out bin 0 (cycles that verified nothing): ds4 records a draft
+    length only when a block is proposed, so its line shows ``draft_len_hist=none`` for a session
+    that never drafted; the count is cycles minus the listed bins.  ``accepted_len_hist`` keeps
+    bin 0, as ds4's does.
+    """
+    s = stats
+    parts = ["DSpark stats"]
+    parts += [f"{k}={getattr(s, k)}" for k in _LINE_COUNTS_A]
+    parts += [f"accept_rate={s.accept_rate:.2f}%", f"avg_accept={s.avg_accept:.3f}"]
+    parts += [f"{k}={getattr(s, k)}" for k in _LINE_COUNTS_B]
+    parts.append("time_ms")
+    parts += [f"{k}={getattr(s, k):.3f}" for k in _TIMES]
+    parts.append("draft_len_hist=" + _hist(list(enumerate(s.draft_len_hist))[1:]))
+    parts.append("accepted_len_hist=" + _hist(list(enumerate(s.accepted_len_hist))))
+    parts.append(f"chain_fail={s.chain_fail}")
+    if s.chain_fail_op:
+        parts.append("chain_fail_op=" + re.sub(r"[\s=]", "_", s.chain_fail_op))
+    parts.append("no_draft_reasons=" + _hist(list(s.no_draft_reasons.items())))
+    return " ".join(parts)
+
+
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf)", re.I)
+
+
+def _number(text: str) -> int | float | None:
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return None
+
+
+def parse_line(text: str) -> dict[str, Any]:
+    """Read a ``DSpark stats`` line (ours or any ds4 build's) into a dict.
+
+    Reading starts after the last ``DSpark stats`` in ``text`` (or at its start) and the line may
+    be wrapped.  Integers become int and times float (a trailing ``ms`` is accepted);
+    ``accept_rate`` is the percent as a float; ``*_hist`` keys become ``{len: count}`` and
+    ``no_draft_reasons`` ``{name: count}`` (``none`` is empty); any other value stays a string.
+    Words without ``=`` (``time_ms``, a ``ds4:`` prefix) are skipped; unknown keys are kept.
+    """
+    at = text.rfind("DSpark stats")
+    body = text[at + len("DSpark stats") :] if at >= 0 else text
+    out: dict[str, Any] = {}
+    for word in body.split():
+        key, eq, value = word.partition("=")
+        if not eq or not key:
+            continue
+        if key.endswith("_hist") or key == "no_draft_reasons":
+            pairs: dict[Any, int] = {}
+            if value != "none":
+                for item in value.split(","):
+                    k, _, c = item.rpartition(":")
+                    pairs[int(k) if key.endswith("_hist") else k] = int(c)
+            out[key] = pairs
+            continue
+        if value.endswith("%"):
+            value = value[:-1]
+        elif value.endswith("ms") and _number(value[:-2]) is not None:
+            value = value[:-2]
+        n = _number(value)
+        out[key] = value if n is None else n
+    return out
+
+
+def to_json(stats: DSparkStats) -> str:
+    """:meth:`DSparkStats.to_dict` as JSON (indent 1)."""
+    return json.dumps(stats.to_dict(), indent=1)
