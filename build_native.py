@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "ds4tui" / "native"
 HEADER = NATIVE / "ds4_engine.h"
 
-CPU_SOURCES = ["engine.c", "forward.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
+CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
 
 
 def extract_cdef(header_text: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -31,10 +32,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ds4tui.engine.gguf_model import DS4Model
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.layout import DS4Config
+from ds4tui.engine.stats import DSparkStats, format_line
 
 BACKENDS = ("cpu", "hip", "reference")
+#: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
+STEP_MAX = 64
 #: ds4_engine.h's DS4_MAX_THREADS.
 MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
@@ -142,6 +146,29 @@ class Memory:
         return {**asdict(self), "total": self.total}
 
 
+@dataclass(frozen=True)
+class DSparkKnobs:
+    """DSpark's live knobs (ds4_dspark_knobs): ``enabled`` (draft and verify, or target-only),
+    ``scheduler`` (the adaptive cost model of spec dspark.md §7.3), ``threshold`` (cut the proposal
+    at the first confidence below it, 0..1) and ``max_draft`` (drafts per cycle, 1..block size)."""
+
+    enabled: bool = True
+    scheduler: bool = True
+    threshold: float = 0.0
+    max_draft: int = 5
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class KnobEvent:
+    """A knob change the engine applied: the knobs in force from cycle ``cycle`` on."""
+
+    cycle: int
+    knobs: DSparkKnobs
+
+
 def _native():
     try:
         from ds4tui import _native
@@ -176,7 +203,7 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
-                 n_threads: int = 0):
+                 n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -193,6 +220,12 @@ class Engine:
         self._closed = False
         self._keep: list = []
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+        self.support: SupportModel | None = None
+        self.support_status = "none"
+        self.support_message = ""
+        if support is not None and backend == "reference":
+            raise BackendUnavailableError("DSpark runs on the cpu backend; the reference backend drafts only through "
+                                          "ds4tui.engine.reference.speculative_generate")
         if backend == "reference":
             from ds4tui.engine.reference import ReferenceModel
 
@@ -202,6 +235,8 @@ class Engine:
         n = _native()
         self._ffi, self._lib = n.ffi, n.lib
         self._open_native(int(n_threads))
+        if support is not None:
+            self._attach_support(support)
 
     # -- native descriptor ---------------------------------------------------------------------
     def _open_native(self, n_threads: int) -> None:
@@ -226,11 +261,27 @@ class Engine:
         clamp_sh = ffi.new("float[]", list((c.swiglu_clamp_shexp or c.swiglu_clamp)[: c.n_layer]))
         cfg.compress_ratios, cfg.swiglu_clamp, cfg.swiglu_clamp_shexp = ratios, clamp, clamp_sh
         infos = list(self.model.tensors.values())
+        table = self._table(self.model.tensors)
+        opt = ffi.new("ds4_engine_options *", {"backend": 0, "n_threads": n_threads,
+                                               "numerics": NUMERICS.index(self.numerics)})
+        out = ffi.new("ds4_engine **")
+        err = ffi.new("char[1024]")
+        keep += [cfg, ratios, clamp, clamp_sh]
+        rc = lib.ds4_engine_open(cfg, table, len(infos), opt, out, err, 1024)
+        if rc != 0:
+            raise EngineError(f"{self.model.path}: {ffi.string(err).decode('utf-8', 'replace')}")
+        self._handle = out[0]
+        self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
+
+    def _table(self, tensors: dict):
+        """A ds4_tensor_desc[] over ``tensors`` (name → TensorInfo; data stays in the mapping)."""
+        ffi = self._ffi
+        infos = list(tensors.items())
         table = ffi.new("ds4_tensor_desc[]", len(infos))
-        for i, info in enumerate(infos):
-            name = ffi.new("char[]", info.name.encode())
+        for i, (tname, info) in enumerate(infos):
+            name = ffi.new("char[]", tname.encode())
             buf = ffi.from_buffer(info.raw_bytes())
-            keep += [name, buf]
+            self._keep += [name, buf]
             d = table[i]
             d.name, d.type, d.n_dims = name, int(info.type), len(info.shape)
             for j, ne in enumerate(info.ne[:4]):
@@ -238,16 +289,45 @@ class Engine:
             for j in range(len(info.shape), 4):
                 d.ne[j] = 1
             d.data, d.nbytes = buf, info.nbytes
-        opt = ffi.new("ds4_engine_options *", {"backend": 0, "n_threads": n_threads,
-                                               "numerics": NUMERICS.index(self.numerics)})
-        out = ffi.new("ds4_engine **")
+        self._keep.append(table)
+        return table
+
+    def _attach_support(self, support) -> None:
+        """Validate and attach a DSpark support GGUF (spec dspark.md §4, §12).  A file that fails
+        validation is refused: the engine keeps running target-only, ``support_status`` is
+        ``"refused"``, ``support_message`` says why and every cycle counts as ``support_invalid``.
+        An unreadable file (not a GGUF, truncated) raises its ``ModelFileError``."""
+        ffi, lib = self._ffi, self._lib
+        sm = support if isinstance(support, SupportModel) else SupportModel(support, self.config)
+        self.support = sm
+        if not sm.compatible:
+            why = f"{sm.path}: support model refused for drafting ({sm.summary_line()}): " + "; ".join(
+                p.message for p in sm.problems)
+            lib.ds4_engine_refuse_support(self._handle, why.encode()[:1000])
+            self.support_status, self.support_message = "refused", why
+            return
+        m = sm.meta
+        ids = ffi.new("int32_t[]", list(m.target_layer_ids))
+        cfg = ffi.new("ds4_support_config *", {"n_stages": m.n_stages, "block_size": m.block_size,
+                                               "markov_rank": m.markov_rank, "noise_token": m.noise_token_id,
+                                               "n_capture": len(m.target_layer_ids), "capture_layers": ids})
+        self._keep += [ids, cfg]
+        table = self._table(sm.tensors)
         err = ffi.new("char[1024]")
-        keep += [cfg, ratios, clamp, clamp_sh, table]
-        rc = lib.ds4_engine_open(cfg, table, len(infos), opt, out, err, 1024)
+        rc = lib.ds4_engine_attach_support(self._handle, cfg, table, len(sm.tensors), err, 1024)
         if rc != 0:
-            raise EngineError(f"{self.model.path}: {ffi.string(err).decode('utf-8', 'replace')}")
-        self._handle = out[0]
-        self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
+            self.support_status = "refused"
+            self.support_message = f"{sm.path}: support model refused for drafting: " + ffi.string(err).decode(
+                "utf-8", "replace")
+            lib.ds4_engine_refuse_support(self._handle, self.support_message.encode()[:1000])
+            return
+        self.support_status = "attached"
+        self.support_message = f"{sm.path}: {sm.summary_line()}"
+
+    @property
+    def block_size(self) -> int:
+        """The drafter's block size (0 without an attached support model)."""
+        return int(self.support.meta.block_size) if self.support_status == "attached" else 0
 
     # -- public --------------------------------------------------------------------------------
     def session(self, n_ctx: int = 4096, *, n_batch: int = 256) -> "Session":
@@ -282,7 +362,7 @@ class Engine:
         if self._closed:
             return
         for s in list(self._sessions):
-            s._close()
+            s.close()
         if self._handle is not None:
             self._lib.ds4_engine_close(self._handle)
             self._handle = None
@@ -321,6 +401,7 @@ class Session:
         self._lock = threading.RLock()
         self._closed = False
         self._sampling = SamplingParams()
+        self.last_accepted = 0
         self._open()
 
     def _close(self) -> None:
@@ -344,7 +425,7 @@ class Session:
         self._err = self._ffi.new("char[1024]")
         self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, out, self._err, 1024))
         self._h = self._ffi.gc(out[0], self._lib.ds4_session_free)
-        self._out = self._ffi.new("int32_t[16]")  # reused by every step (no allocation per token)
+        self._out = self._ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
         self._n_out = self._ffi.new("int32_t *")
 
     def _check(self, rc: int) -> None:
@@ -361,9 +442,9 @@ class Session:
                                                code, ptr, self._err, 1024))
         return out
 
-    def _step(self) -> list[int]:
+    def _step(self, max_out: int) -> list[int]:
         out, n = self._out, self._n_out
-        self._check(self._lib.ds4_session_step(self._h, out, 16, n, self._err, 1024))
+        self._check(self._lib.ds4_session_step(self._h, out, max_out, n, self._err, 1024))
         return [int(out[i]) for i in range(n[0])]
 
     def _truncate(self, n: int) -> None:
@@ -469,26 +550,36 @@ class Session:
         del self.tokens[target:]
         self.pending = None
 
-    def step(self) -> list[int]:
-        """One decode cycle: run the pending token, sample the next and return the emitted ids.
+    def step(self, max_out: int = STEP_MAX) -> list[int]:
+        """One decode cycle; returns the emitted ids (the last one is the new pending token).
+
+        Without DSpark: run the pending token, sample the next, return ``[next]``.  With DSpark
+        (a support model attached and enabled; spec dspark.md §2.5): the pending token is the
+        anchor, the drafter proposes, one target pass verifies ``[anchor, drafts]`` and the step
+        returns the accepted drafts followed by the next sampled token, so ``len(result) - 1``
+        tokens came from accepted drafts.  ``max_out`` (1..64) is the caller's remaining budget:
+        drafts are clipped so that at most ``max_out`` ids come back.
 
         Raises :class:`StateError` before any prompt, :class:`ContextOverflowError` when the
         pending token does not fit, :class:`CancelledError` if cancelled (the session is unchanged).
         """
+        if isinstance(max_out, bool) or int(max_out) != max_out or not 1 <= max_out <= STEP_MAX:
+            raise ValueError(f"max_out must be an integer 1..{STEP_MAX}, got {max_out!r}")
         with self._lock:
             self._alive()
             if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
                 raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
                                            f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
-            self._alive()
             try:
-                out = self._step()
+                out = self._step(int(max_out))
             except CancelledError:
                 self.clear_cancel()  # consumed
                 raise
             if self.pending is not None:
                 self.tokens.append(self.pending)
+            self.tokens.extend(out[:-1])
             self.pending = out[-1]
+            self.last_accepted = len(out) - 1
             return out
 
     def generate(self, prompt: Sequence[int] | None = None, *, max_tokens: int = 256,
@@ -502,7 +593,7 @@ class Session:
             self.prefill(prompt, progress=progress)
         n = 0
         while n < max_tokens:
-            for tok in self.step():
+            for tok in self.step(min(STEP_MAX, max_tokens - n)):
                 yield tok
                 n += 1
                 if tok in stop or n >= max_tokens:
@@ -578,6 +669,106 @@ class Session:
         return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
 
 
+    # -- DSpark --------------------------------------------------------------------------------
+    @property
+    def has_dspark(self) -> bool:
+        """True when the engine has a support model attached (or refused: then every cycle
+        reports ``support_invalid``)."""
+        return self.engine.support_status != "none"
+
+    def _knobs_native(self):
+        k = self._ffi.new("ds4_dspark_knobs *")
+        if self._lib.ds4_session_get_dspark(self._h, k) != 0:
+            raise StateError("no DSpark support model is attached to this engine (pass support= / --mtp)")
+        return k
+
+    @property
+    def dspark(self) -> DSparkKnobs:
+        """The knobs as last set (they apply from the next cycle on)."""
+        with self._lock:
+            self._alive()
+            k = self._knobs_native()
+            return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
+
+    def set_dspark(self, *, enabled: bool | None = None, scheduler: bool | None = None,
+                   threshold: float | None = None, max_draft: int | None = None) -> DSparkKnobs:
+        """Change DSpark's knobs (thread-safe; a running step finishes with the old ones, the next
+        cycle uses the new ones, and the engine logs the change with that cycle's number).
+
+        ``threshold`` in [0, 1], ``max_draft`` in 1..block size.  Raises ``ValueError`` for bad
+        values and :class:`StateError` without a support model or when enabling a refused one.
+        Returns the knobs now requested."""
+        cur = self.dspark
+        new = DSparkKnobs(cur.enabled if enabled is None else bool(enabled),
+                          cur.scheduler if scheduler is None else bool(scheduler),
+                          cur.threshold if threshold is None else threshold,
+                          cur.max_draft if max_draft is None else max_draft)
+        if not (isinstance(new.threshold, (int, float)) and math.isfinite(new.threshold) and 0 <= new.threshold <= 1):
+            raise ValueError(f"confidence threshold must be a number in [0, 1], got {new.threshold!r}")
+        if isinstance(new.max_draft, bool) or int(new.max_draft) != new.max_draft:
+            raise ValueError(f"max draft length must be an integer, got {new.max_draft!r}")
+        k = self._ffi.new("ds4_dspark_knobs *", {"enabled": int(new.enabled), "scheduler": int(new.scheduler),
+                                                 "threshold": float(new.threshold), "max_draft": int(new.max_draft)})
+        err = self._ffi.new("char[512]")
+        self._alive()
+        rc = self._lib.ds4_session_set_dspark(self._h, k, err, 512)
+        if rc == -1:
+            raise ValueError(self._ffi.string(err).decode())
+        _check(rc, err, self._ffi)
+        return new
+
+    def dspark_stats(self) -> DSparkStats:
+        """A snapshot of the DSpark counters (all zero without a support model)."""
+        self._alive()
+        st = self._ffi.new("ds4_dspark_stats *")
+        self._lib.ds4_session_dspark_stats(self._h, st)
+        return DSparkStats.from_native(self._ffi, st)
+
+    def dspark_events(self, last: int = 256) -> list[KnobEvent]:
+        """The knob changes the engine applied (at most the latest ``last``), oldest first."""
+        self._alive()
+        buf = self._ffi.new("ds4_dspark_event[]", max(1, int(last)))
+        n = self._ffi.new("int32_t *")
+        self._lib.ds4_session_dspark_events(self._h, buf, int(last), n)
+        return [KnobEvent(int(e.cycle), DSparkKnobs(bool(e.knobs.enabled), bool(e.knobs.scheduler),
+                                                    float(e.knobs.threshold), int(e.knobs.max_draft)))
+                for e in (buf[i] for i in range(n[0]))]
+
+    def last_confidence(self) -> list[float]:
+        """The raw confidences c_1.. of the last proposal (spec dspark.md §2.4; uncalibrated)."""
+        self._alive()
+        buf = self._ffi.new("float[16]")
+        n = self._ffi.new("int32_t *")
+        self._lib.ds4_session_dspark_last_confidence(self._h, buf, 16, n)
+        return [float(buf[i]) for i in range(n[0])]
+
+    def dspark_fail_op(self, op: str | None) -> None:
+        """Test hook: make the named drafter op fail on every pass (None: none).  The cycle is
+        then counted as ``chain_fail`` with the op's name and decoding continues target-only."""
+        self._alive()
+        if self._lib.ds4_session_dspark_fail_op(self._h, (op or "").encode()) != 0:
+            raise StateError("no DSpark support model is attached to this engine")
+
+    def close(self) -> None:
+        """Free the session now.  With ``DS4_DSPARK_STATS`` set (and not "0") and any DSpark
+        activity, the ds4-compatible stats line is printed to stderr first (as ds4 does)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self.has_dspark and os.environ.get("DS4_DSPARK_STATS", "") not in ("", "0"):
+                st = self.dspark_stats()
+                if st.cycles or st.propose:
+                    print(format_line(st), file=sys.stderr, flush=True)
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]) -> int:
     """The native sampler in numpy (same order, same splitmix64 stream): used by the reference backend."""
     if not p.temperature > 0:
@@ -644,7 +835,7 @@ class ReferenceSession(Session):
         self._logits = r.logits[-1].copy()
         return r.logits if mode == "all" else r.logits[-1:]
 
-    def _step(self) -> list[int]:
+    def _step(self, max_out: int) -> list[int]:
         t0 = time.perf_counter()
         if self.pending is not None:
             self._logits = self._ref.forward(self._st, [self.pending], logits="last").logits[-1].copy()

@@ -193,7 +193,13 @@ int ds4_session_eval(ds4_session *s, const int32_t *tokens, int32_t n,
 /* One decode cycle: run the pending token (if any), sample the next token
  * from the last logits and make it the pending token.  Writes the emitted
  * tokens to out[0..*n_out) (max_out >= 1).  DS4_E_STATE when there are no
- * logits yet (nothing evaluated). */
+ * logits yet (nothing evaluated).
+ * With DSpark (a support model attached and enabled) the pending token is
+ * the anchor (spec dspark.md §2.5): the drafter proposes d_1..d_l, one
+ * target pass verifies [anchor, d_1..d_l], and the step emits the accepted
+ * drafts followed by the next sampled token (which becomes pending), so
+ * *n_out is 1 + accepted.  max_out is the caller's remaining budget: drafts
+ * are clipped to max_out - 1 (no_room when that is 0). */
 int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out,
                      char *err, size_t err_len);
 
@@ -212,6 +218,108 @@ int ds4_session_get_sampling(const ds4_session *s, ds4_sampling *out);
 int ds4_session_stats(const ds4_session *s, ds4_stats *out);
 void ds4_session_reset_stats(ds4_session *s);
 int ds4_session_memory(const ds4_session *s, ds4_memory *out);
+
+/* ---- DSpark speculative decoding (spec dspark.md) ----------------------- */
+
+/* Largest drafter block the engine supports (spec dspark.md §4.3: ds4's
+ * metadata check refuses block sizes above 16). */
+#define DS4_DSPARK_MAX_BLOCK 16
+/* Bins of the confidence histogram: bin i counts c in [i/20, (i+1)/20). */
+#define DS4_DSPARK_CONF_BINS 20
+
+/* Why a cycle verified no draft (ds4_dspark_stats.no_draft_reasons[]). */
+#define DS4_ND_DISABLED 0         /* DSpark switched off (or no support model) */
+#define DS4_ND_SUPPORT_INVALID 1  /* the support file was refused at load */
+#define DS4_ND_CAPTURE_INVALID 2  /* captured target hidden rows not current */
+#define DS4_ND_CHAIN_FAIL 3       /* a drafter op failed (chain_fail_op names it) */
+#define DS4_ND_CONFIDENCE_GATE 4  /* c_1 below the threshold: nothing to verify */
+#define DS4_ND_SCHEDULER_SKIP 5   /* the adaptive scheduler skipped drafting */
+#define DS4_ND_TAIL_SKIP 6        /* too few tokens left in the budget (scheduler on) */
+#define DS4_ND_NO_ROOM 7          /* budget or context leaves no room for a draft */
+#define DS4_ND_COUNT 8
+
+/* The support model's shape (spec dspark.md §4.1).  Tensors are passed
+ * with the ds4 support names (`mtp.N.<suffix>`, final-stage heads under
+ * `mtp.<n_stages-1>.`); llama.cpp `dflash` names are mapped by the caller. */
+typedef struct {
+    int32_t n_stages;        /* drafter MoE stages (3 for Flash) */
+    int32_t block_size;      /* draft rows per pass (5 for Flash), 1..DS4_DSPARK_MAX_BLOCK */
+    int32_t markov_rank;     /* r of markov_w1/markov_w2 */
+    int32_t noise_token;     /* block filler id (128799 for Flash) */
+    int32_t n_capture;       /* target layers captured, 1..8 */
+    const int32_t *capture_layers;  /* [n_capture] post-layer ids, increasing */
+} ds4_support_config;
+
+/* Live knobs, applied at the next cycle boundary. */
+typedef struct {
+    int32_t enabled;     /* 1: draft and verify; 0: target-only decode */
+    int32_t scheduler;   /* 1: adaptive scheduler (spec dspark.md §7.3) */
+    float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold */
+    int32_t max_draft;   /* 1..block_size drafts per cycle */
+} ds4_dspark_knobs;
+
+/* One applied knob change: the knobs in force from cycle `cycle` on. */
+typedef struct {
+    uint64_t cycle;
+    ds4_dspark_knobs knobs;
+} ds4_dspark_event;
+
+/* DSpark counters of a session (spec dspark.md §6 names; times in ms).
+ * A cycle is one ds4_session_step that runs the target on a pending anchor
+ * while a support model is attached (or was refused).  Each cycle ends in
+ * exactly one of: full, partial, miss_first (verified, 0 accepted),
+ * no_draft (nothing verified; no_draft_reasons[] says why and sums to it),
+ * invalid, verifier_unavailable, errors.  Both histograms have one entry per
+ * cycle (index = draft tokens verified / accepted; 0 for no-draft cycles). */
+typedef struct {
+    uint64_t cycles, first_tokens, proposed, accepted_draft;
+    uint64_t full, partial, miss_first, no_draft, no_room, invalid;
+    uint64_t scheduler_skips, tail_skips, verifier_unavailable, errors;
+    uint64_t chain_fail;
+    double propose_ms, prop_stage0_ms, prop_setup_ms, prop_cache_ms, prop_chain_ms;
+    double prop_hidden_ms, prop_conf0_ms, prop_logits_ms, prop_markov_ms, prop_confidence_ms;
+    double snapshot_ms, verify_ms, spec_total_ms, target_ms, saved_ms, net_saved_ms;
+    double t_decode_ms;          /* single-token target pass time the savings are priced at */
+    int32_t t_decode_measured;   /* 0: no plain decode measured yet (saved uses 0) */
+    int32_t block_size;
+    uint64_t draft_len_hist[17];      /* [DS4_DSPARK_MAX_BLOCK + 1] */
+    uint64_t accepted_len_hist[17];
+    uint64_t pos_proposed[16];        /* [k]: cycles that verified a draft at block row k */
+    uint64_t pos_accepted[16];        /* [k]: ... and accepted it */
+    uint64_t conf_hist[20];           /* every computed c_k, DS4_DSPARK_CONF_BINS bins */
+    uint64_t no_draft_reasons[8];     /* [DS4_ND_COUNT] */
+    char chain_fail_op[32];           /* the op of the last chain failure ("" if none) */
+    uint64_t n_events;                /* knob changes applied so far */
+} ds4_dspark_stats;
+
+/* Attach a DSpark support model to an engine (once, before sessions are
+ * made).  Every tensor is bound by name with its type and dims checked
+ * against the target; vectors are scanned for NaN/Inf.  On failure the
+ * engine keeps running target-only, the message is kept (ds4_engine_support_status)
+ * and every cycle counts as no_draft with reason support_invalid. */
+int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg,
+                              const ds4_tensor_desc *tensors, int32_t n_tensors,
+                              char *err, size_t err_len);
+/* Record a support file that was refused before attaching (the caller's
+ * validation); `why` is kept as the status message. */
+void ds4_engine_refuse_support(ds4_engine *e, const char *why);
+/* 1: a support model is attached and drafting is possible; 0: none;
+ * -1: refused (message in msg[0..len)). */
+int ds4_engine_support_status(const ds4_engine *e, char *msg, size_t len);
+
+/* Knobs (thread-safe; take effect at the next cycle; each applied change is
+ * logged with its cycle number).  Errors for out-of-range values. */
+int ds4_session_set_dspark(ds4_session *s, const ds4_dspark_knobs *k, char *err, size_t err_len);
+int ds4_session_get_dspark(ds4_session *s, ds4_dspark_knobs *out);
+/* The latest min(max, n_events) applied changes, oldest first; *n = written. */
+int ds4_session_dspark_events(ds4_session *s, ds4_dspark_event *out, int32_t max, int32_t *n);
+int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out);
+/* Last proposal's raw confidences c_1..c_n (n <= block) for calibration. */
+int ds4_session_dspark_last_confidence(ds4_session *s, float *out, int32_t max, int32_t *n);
+/* Test hook: make the named drafter op fail on every pass ("" or NULL: none).
+ * Op names: main_proj, context_kv, embed, hc_pre, attn_q, attn_kv, attention,
+ * attn_output, moe, hc_head, lm_head, markov, confidence. */
+int ds4_session_dspark_fail_op(ds4_session *s, const char *op);
 
 /* CDEF END */
 

@@ -15,7 +15,7 @@
 
 const char *ds4_version(void) { return "ds4tui-native " DS4_NATIVE_VERSION " (cpu)"; }
 
-static int fail(char *err, size_t len, int code, const char *fmt, ...) {
+int ds4_fail(char *err, size_t len, int code, const char *fmt, ...) {
     if (err && len) {
         va_list ap;
         va_start(ap, fmt);
@@ -25,7 +25,7 @@ static int fail(char *err, size_t len, int code, const char *fmt, ...) {
     return code;
 }
 
-static double now_ms(void) {
+double ds4_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
@@ -75,12 +75,12 @@ static const char *type_name(int type) {
 int ds4_dequantize(int type, const void *src, float *dst, int64_t n, char *err, size_t err_len) {
     int64_t be = ds4_block_elems(type);
     if (be == 0 || type == DS4_TYPE_I32)
-        return fail(err, err_len, DS4_E_UNSUPPORTED, "ds4_dequantize: unsupported GGML type %d", type);
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "ds4_dequantize: unsupported GGML type %d", type);
     if (n < 0 || n % be != 0)
-        return fail(err, err_len, DS4_E_INVALID,
+        return ds4_fail(err, err_len, DS4_E_INVALID,
                     "ds4_dequantize: n=%lld is not a multiple of the block size %lld of GGML type %s",
                     (long long)n, (long long)be, type_name(type));
-    if (n > 0 && (!src || !dst)) return fail(err, err_len, DS4_E_INVALID, "ds4_dequantize: NULL buffer");
+    if (n > 0 && (!src || !dst)) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_dequantize: NULL buffer");
     switch (type) {
     case DS4_TYPE_F32: ds4_cpu_dequant_f32(src, dst, n); break;
     case DS4_TYPE_F16: ds4_cpu_dequant_f16(src, dst, n); break;
@@ -99,16 +99,16 @@ static int matmul_type_ok(int type) {
 
 int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
                       int n_threads, char *err, size_t err_len) {
-    if (!matmul_type_ok(type)) return fail(err, err_len, DS4_E_UNSUPPORTED, "matmul: unsupported GGML type %d", type);
+    if (!matmul_type_ok(type)) return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "matmul: unsupported GGML type %d", type);
     if (n_threads < 0 || n_threads > DS4_MAX_THREADS)
-        return fail(err, err_len, DS4_E_INVALID, "matmul: n_threads must be 0 .. %d, got %d", DS4_MAX_THREADS, n_threads);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "matmul: n_threads must be 0 .. %d, got %d", DS4_MAX_THREADS, n_threads);
     if (rows < 0 || n_tok < 0 || cols <= 0 || ds4_row_bytes(type, cols) == 0)
-        return fail(err, err_len, DS4_E_INVALID, "matmul: cols=%lld must be a positive multiple of %s's block size %lld",
+        return ds4_fail(err, err_len, DS4_E_INVALID, "matmul: cols=%lld must be a positive multiple of %s's block size %lld",
                     (long long)cols, type_name(type), (long long)ds4_block_elems(type));
-    if ((rows && n_tok) && (!W || !X || !Y)) return fail(err, err_len, DS4_E_INVALID, "matmul: NULL buffer");
+    if ((rows && n_tok) && (!W || !X || !Y)) return ds4_fail(err, err_len, DS4_E_INVALID, "matmul: NULL buffer");
     int perr = 0;
     ds4_pool *pool = ds4_pool_create(n_threads, &perr);
-    if (!pool) return fail(err, err_len, DS4_E_NOMEM, "matmul: cannot start %d threads: %s", n_threads, strerror(perr));
+    if (!pool) return ds4_fail(err, err_len, DS4_E_NOMEM, "matmul: cannot start %d threads: %s", n_threads, strerror(perr));
     ds4_cpu_matmul(pool, type, W, rows, cols, X, cols, n_tok, Y, rows);
     ds4_pool_destroy(pool);
     return DS4_OK;
@@ -137,9 +137,9 @@ double ds4_memcpy_bandwidth(size_t bytes, int reps, int n_threads) {
     double best = 0.0;
     for (int r = 0; r < reps + 1; r++) {
         copy_task t = {r % 2 ? a : b, r % 2 ? b : a, bytes};
-        double t0 = now_ms();
+        double t0 = ds4_now_ms();
         ds4_pool_run(pool, copy_slice, &t, 64);
-        double ms = now_ms() - t0;
+        double ms = ds4_now_ms() - t0;
         double gbs = (double)bytes / (ms * 1e-3) / 1e9;
         if (r > 0 && gbs > best) best = gbs; /* the first copy faults the pages in */
     }
@@ -169,17 +169,17 @@ static int check_dims(const binder *b, const ds4_tensor_desc *t, int64_t ne0, in
     for (int i = 0; i < 3; i++) {
         int64_t have = i < t->n_dims ? t->ne[i] : 1;
         if (have != want[i])
-            return fail(b->err, b->len, DS4_E_INVALID,
+            return ds4_fail(b->err, b->len, DS4_E_INVALID,
                         "tensor '%s': wrong dims: expected GGUF ne [%lld, %lld, %lld], found ne[%d] = %lld",
                         t->name, (long long)ne0, (long long)ne1, (long long)ne2, i, (long long)have);
     }
-    if (!t->data) return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': no data pointer", t->name);
+    if (!t->data) return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': no data pointer", t->name);
     return DS4_OK;
 }
 
 static const ds4_tensor_desc *lookup(const binder *b, const char *name, int *rc) {
     const ds4_tensor_desc *t = find(b, name);
-    if (!t) *rc = fail(b->err, b->len, DS4_E_INVALID, "tensor '%s' is missing from the model descriptor", name);
+    if (!t) *rc = ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s' is missing from the model descriptor", name);
     return t;
 }
 
@@ -189,16 +189,16 @@ static int bind_mat(binder *b, const char *name, int64_t cols, int64_t rows, int
     const ds4_tensor_desc *t = lookup(b, name, &rc);
     if (!t) return rc;
     if (!matmul_type_ok(t->type))
-        return fail(b->err, b->len, DS4_E_UNSUPPORTED,
+        return ds4_fail(b->err, b->len, DS4_E_UNSUPPORTED,
                     "tensor '%s': GGML type %s (%d) has no CPU kernel (expected F32, F16, BF16, Q8_0, Q2_K or IQ2_XXS)",
                     name, type_name(t->type), t->type);
     if ((rc = check_dims(b, t, cols, rows, n_mat)) != DS4_OK) return rc;
     size_t rb = ds4_row_bytes(t->type, cols);
     if (rb == 0)
-        return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %lld columns is not a multiple of %s's block size",
+        return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %lld columns is not a multiple of %s's block size",
                     name, (long long)cols, type_name(t->type));
     if (t->nbytes < rb * (uint64_t)rows * (uint64_t)n_mat)
-        return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %llu bytes, expected %llu", name,
+        return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %llu bytes, expected %llu", name,
                     (unsigned long long)t->nbytes, (unsigned long long)(rb * rows * n_mat));
     *out = (ds4_w){t->data, t->type, rows, cols, n_mat, rb, rb * (size_t)rows};
     b->e->weight_bytes += rb * (uint64_t)rows * (uint64_t)n_mat;
@@ -220,19 +220,19 @@ static int bind_vec(binder *b, const char *name, int64_t ne0, int64_t ne1, float
     const ds4_tensor_desc *t = lookup(b, name, &rc);
     if (!t) return rc;
     if (t->type != DS4_TYPE_F32 && t->type != DS4_TYPE_F16 && t->type != DS4_TYPE_BF16)
-        return fail(b->err, b->len, DS4_E_UNSUPPORTED, "tensor '%s': wrong type: expected F32, F16 or BF16, found %s",
+        return ds4_fail(b->err, b->len, DS4_E_UNSUPPORTED, "tensor '%s': wrong type: expected F32, F16 or BF16, found %s",
                     name, type_name(t->type));
     if ((rc = check_dims(b, t, ne0, ne1, 1)) != DS4_OK) return rc;
     int64_t n = ne0 * ne1;
     if (t->nbytes < ds4_row_bytes(t->type, n))
-        return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %llu bytes, expected %llu", name,
+        return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %llu bytes, expected %llu", name,
                     (unsigned long long)t->nbytes, (unsigned long long)ds4_row_bytes(t->type, n));
     float *v = engine_alloc(b->e, (size_t)n);
-    if (!v) return fail(b->err, b->len, DS4_E_NOMEM, "out of memory binding '%s'", name);
+    if (!v) return ds4_fail(b->err, b->len, DS4_E_NOMEM, "out of memory binding '%s'", name);
     ds4_dequantize(t->type, t->data, v, n, NULL, 0);
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(v[i]))
-            return fail(b->err, b->len, DS4_E_NONFINITE, "tensor '%s': non-finite value %g at element %lld", name,
+            return ds4_fail(b->err, b->len, DS4_E_NONFINITE, "tensor '%s': non-finite value %g at element %lld", name,
                         (double)v[i], (long long)i);
     b->e->expanded_bytes += (uint64_t)n * sizeof(float);
     b->e->weight_bytes += ds4_row_bytes(t->type, n);
@@ -242,19 +242,19 @@ static int bind_vec(binder *b, const char *name, int64_t ne0, int64_t ne1, float
 
 #define TRY(x) do { int rc_ = (x); if (rc_ != DS4_OK) return rc_; } while (0)
 
-static int bind_layer(binder *b, int L, const int32_t *ratios, const float *clamp, const float *clamp_sh) {
+/* One block (target layer `blk.L.` or drafter stage `mtp.S.`) with names `prefix<suffix>`. */
+static int bind_block(binder *b, ds4_layer *l, const char *prefix, int ratio, int hashed, float clamp, float clamp_sh) {
     ds4_engine *e = b->e;
     const ds4_cfg *c = &e->c;
-    ds4_layer *l = &e->layers[L];
-    char nm[128];
-#define N(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", L, suffix), nm)
+    char nm[160];
+#define N(suffix) (snprintf(nm, sizeof nm, "%s%s", prefix, suffix), nm)
     const int64_t H = c->n_embd, HC = c->hc_count, mix = 2 * HC + HC * HC, D = c->head_dim, NH = c->n_head;
     const int64_t G = c->o_groups, R = c->o_lora_rank, QL = c->q_lora_rank, E = c->n_expert, F = c->n_ff_exp;
-    l->ratio = ratios[L];
+    l->ratio = ratio;
     l->kind = l->ratio == 0 ? DS4_SWA : (l->ratio == 4 ? DS4_CSA : DS4_HCA);
-    l->hashed = L < c->n_hash_layer;
-    l->clamp = clamp[L];
-    l->clamp_shexp = clamp_sh ? clamp_sh[L] : clamp[L];
+    l->hashed = hashed;
+    l->clamp = clamp;
+    l->clamp_shexp = clamp_sh;
     TRY(bind_mat(b, N("hc_attn_fn.weight"), HC * H, mix, 1, &l->hc_attn_fn));
     TRY(bind_vec(b, N("hc_attn_base.weight"), mix, 1, &l->hc_attn_base));
     TRY(bind_vec(b, N("hc_attn_scale.weight"), 3, 1, &l->hc_attn_scale));
@@ -293,13 +293,13 @@ static int bind_layer(binder *b, int L, const int32_t *ratios, const float *clam
         const ds4_tensor_desc *t = lookup(b, N("ffn_gate_tid2eid.weight"), &rc);
         if (!t) return rc;
         if (t->type != DS4_TYPE_I32)
-            return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': wrong type: expected I32, found %s", nm,
+            return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': wrong type: expected I32, found %s", nm,
                         type_name(t->type));
         TRY(check_dims(b, t, c->n_expert_used, c->n_vocab, 1));
         l->tid2eid = t->data;
         for (int64_t i = 0; i < (int64_t)c->n_vocab * c->n_expert_used; i++)
             if (l->tid2eid[i] < 0 || l->tid2eid[i] >= c->n_expert)
-                return fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': expert id %d at token %lld outside 0..%d", nm,
+                return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': expert id %d at token %lld outside 0..%d", nm,
                             l->tid2eid[i], (long long)(i / c->n_expert_used), c->n_expert - 1);
         e->weight_bytes += t->nbytes;
     } else {
@@ -322,37 +322,38 @@ static int bind_layer(binder *b, int L, const int32_t *ratios, const float *clam
 }
 
 static int check_config(const ds4_model_config *c, char *err, size_t len) {
-#define POS(f) if (c->f <= 0) return fail(err, len, DS4_E_INVALID, "model config: " #f " must be positive, found %lld", (long long)c->f)
+#define POS(f) if (c->f <= 0) return ds4_fail(err, len, DS4_E_INVALID, "model config: " #f " must be positive, found %lld", (long long)c->f)
     POS(n_layer); POS(n_embd); POS(n_vocab); POS(n_head); POS(head_dim); POS(n_rot); POS(q_lora_rank);
     POS(o_lora_rank); POS(o_groups); POS(n_expert); POS(n_expert_used); POS(n_ff_exp); POS(sliding_window);
     POS(indexer_n_head); POS(indexer_head_dim); POS(indexer_top_k); POS(hc_count); POS(hc_sinkhorn_iters);
     POS(context_length);
 #undef POS
-    if (c->hc_count > 16) return fail(err, len, DS4_E_UNSUPPORTED, "model config: hc_count %d > 16", c->hc_count);
+    if (c->hc_count > 16) return ds4_fail(err, len, DS4_E_UNSUPPORTED, "model config: hc_count %d > 16", c->hc_count);
     if (c->n_rot % 2 || c->n_rot > c->head_dim || c->n_rot > c->indexer_head_dim)
-        return fail(err, len, DS4_E_INVALID, "model config: n_rot %d must be even and at most head_dim %d / indexer_head_dim %d",
+        return ds4_fail(err, len, DS4_E_INVALID, "model config: n_rot %d must be even and at most head_dim %d / indexer_head_dim %d",
                     c->n_rot, c->head_dim, c->indexer_head_dim);
     if (c->n_head % c->o_groups)
-        return fail(err, len, DS4_E_INVALID, "model config: n_head %d is not a multiple of o_groups %d", c->n_head, c->o_groups);
+        return ds4_fail(err, len, DS4_E_INVALID, "model config: n_head %d is not a multiple of o_groups %d", c->n_head, c->o_groups);
     if (c->n_expert_used > c->n_expert)
-        return fail(err, len, DS4_E_INVALID, "model config: n_expert_used %d > n_expert %d", c->n_expert_used, c->n_expert);
+        return ds4_fail(err, len, DS4_E_INVALID, "model config: n_expert_used %d > n_expert %d", c->n_expert_used, c->n_expert);
     if (!c->compress_ratios || !c->swiglu_clamp)
-        return fail(err, len, DS4_E_INVALID, "model config: compress_ratios and swiglu_clamp are required");
+        return ds4_fail(err, len, DS4_E_INVALID, "model config: compress_ratios and swiglu_clamp are required");
     for (int L = 0; L < c->n_layer; L++)
         if (c->compress_ratios[L] < 0 || c->compress_ratios[L] == 1)
-            return fail(err, len, DS4_E_INVALID, "model config: compress_ratios[%d] = %d (expected 0, 4 or another ratio >= 2)",
+            return ds4_fail(err, len, DS4_E_INVALID, "model config: compress_ratios[%d] = %d (expected 0, 4 or another ratio >= 2)",
                         L, c->compress_ratios[L]);
     int64_t ID = c->indexer_head_dim;
     if ((ID & (ID - 1)) || ID % 32)
-        return fail(err, len, DS4_E_UNSUPPORTED, "model config: indexer_head_dim %d must be a power of two >= 32", c->indexer_head_dim);
+        return ds4_fail(err, len, DS4_E_UNSUPPORTED, "model config: indexer_head_dim %d must be a power of two >= 32", c->indexer_head_dim);
     if ((c->head_dim - c->n_rot) % 64)
-        return fail(err, len, DS4_E_UNSUPPORTED, "model config: head_dim - n_rot = %d is not a multiple of 64 (FP8 KV blocks)",
+        return ds4_fail(err, len, DS4_E_UNSUPPORTED, "model config: head_dim - n_rot = %d is not a multiple of 64 (FP8 KV blocks)",
                     c->head_dim - c->n_rot);
     return DS4_OK;
 }
 
 void ds4_engine_close(ds4_engine *e) {
     if (!e) return;
+    ds4_dspark_free_support(e);
     ds4_pool_destroy(e->pool);
     for (int i = 0; i < e->n_alloc; i++) free(e->allocs[i]);
     free(e->allocs);
@@ -364,21 +365,21 @@ void ds4_engine_close(ds4_engine *e) {
 
 int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors, int32_t n_tensors,
                     const ds4_engine_options *opt, ds4_engine **out, char *err, size_t err_len) {
-    if (!out) return fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: out is NULL");
+    if (!out) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: out is NULL");
     *out = NULL;
-    if (!cfg || !tensors || n_tensors <= 0) return fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: empty descriptor");
+    if (!cfg || !tensors || n_tensors <= 0) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: empty descriptor");
     ds4_engine_options o = opt ? *opt : (ds4_engine_options){DS4_BACKEND_CPU, 0, DS4_NUMERICS_DS4};
     if (o.backend != DS4_BACKEND_CPU)
-        return fail(err, err_len, DS4_E_UNSUPPORTED, "backend %d: this build has only the CPU backend", o.backend);
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "backend %d: this build has only the CPU backend", o.backend);
     if (o.numerics != DS4_NUMERICS_DS4 && o.numerics != DS4_NUMERICS_TRANSFORMERS)
-        return fail(err, err_len, DS4_E_INVALID, "numerics %d: expected 0 (ds4) or 1 (transformers)", o.numerics);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "numerics %d: expected 0 (ds4) or 1 (transformers)", o.numerics);
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
-        return fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
+        return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
     int rc = check_config(cfg, err, err_len);
     if (rc != DS4_OK) return rc;
     ds4_engine *e = calloc(1, sizeof *e);
-    if (!e) return fail(err, err_len, DS4_E_NOMEM, "out of memory");
+    if (!e) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
     e->c = (ds4_cfg){cfg->n_layer, cfg->n_embd, cfg->n_vocab, cfg->n_head, cfg->head_dim, cfg->n_rot,
                      cfg->q_lora_rank, cfg->o_lora_rank, cfg->o_groups, cfg->n_expert, cfg->n_expert_used,
                      cfg->n_ff_exp, cfg->n_hash_layer, cfg->expert_weights_norm, cfg->sliding_window,
@@ -395,11 +396,11 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->pool = ds4_pool_create(o.n_threads, &perr);
     if (!e->pool) {
         ds4_engine_close(e);
-        return fail(err, err_len, DS4_E_NOMEM, "cannot start %d threads: %s", o.n_threads, strerror(perr));
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "cannot start %d threads: %s", o.n_threads, strerror(perr));
     }
     if (!e->layers || !e->freq_main || !e->freq_comp) {
         ds4_engine_close(e);
-        return fail(err, err_len, DS4_E_NOMEM, "out of memory");
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
     }
     e->n_threads = ds4_pool_size(e->pool);
     binder b = {e, tensors, n_tensors, err, err_len};
@@ -410,14 +411,134 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (rc == DS4_OK) rc = bind_vec(&b, "output_hc_base.weight", HC, 1, &e->output_hc_base);
     if (rc == DS4_OK) rc = bind_vec(&b, "output_hc_scale.weight", 1, 1, &e->output_hc_scale);
     if (rc == DS4_OK) rc = bind_vec(&b, "output_norm.weight", H, 1, &e->output_norm);
-    for (int L = 0; rc == DS4_OK && L < cfg->n_layer; L++)
-        rc = bind_layer(&b, L, cfg->compress_ratios, cfg->swiglu_clamp, cfg->swiglu_clamp_shexp);
+    for (int L = 0; rc == DS4_OK && L < cfg->n_layer; L++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "blk.%d.", L);
+        float clamp = cfg->swiglu_clamp[L], clamp_sh = cfg->swiglu_clamp_shexp ? cfg->swiglu_clamp_shexp[L] : clamp;
+        rc = bind_block(&b, &e->layers[L], prefix, cfg->compress_ratios[L], L < cfg->n_hash_layer, clamp, clamp_sh);
+    }
+    if (rc == DS4_OK) {
+        e->sup_clamp = cfg->swiglu_clamp[cfg->n_layer - 1];
+        e->sup_clamp_sh = cfg->swiglu_clamp_shexp ? cfg->swiglu_clamp_shexp[cfg->n_layer - 1] : e->sup_clamp;
+    }
     if (rc != DS4_OK) {
         ds4_engine_close(e);
         return rc;
     }
     *out = e;
     return DS4_OK;
+}
+
+/* ---- DSpark support model (spec dspark.md §4.2; dflash names are mapped by the caller) ------ */
+
+static int bind_support(binder *b, const ds4_support_config *sc, ds4_support *sup) {
+    ds4_engine *e = b->e;
+    const ds4_cfg *c = &e->c;
+    const int64_t H = c->n_embd, HC = c->hc_count;
+    char nm[160];
+    for (int st = 0; st < sc->n_stages; st++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "mtp.%d.", st);
+        TRY(bind_block(b, &sup->stages[st], prefix, 0, 0, e->sup_clamp, e->sup_clamp_sh));
+    }
+    const int last = sc->n_stages - 1;
+#define M(suffix) (snprintf(nm, sizeof nm, "mtp.%d.%s", last, suffix), nm)
+    TRY(bind_mat(b, "mtp.0.main_proj.weight", (int64_t)sc->n_capture * H, H, 1, &sup->main_proj));
+    TRY(bind_vec(b, "mtp.0.main_norm.weight", H, 1, &sup->main_norm));
+    TRY(bind_vec(b, M("norm.weight"), H, 1, &sup->norm));
+    TRY(bind_mat(b, M("hc_head_fn.weight"), HC * H, HC, 1, &sup->hc_head_fn));
+    TRY(bind_vec(b, M("hc_head_base.weight"), HC, 1, &sup->hc_head_base));
+    TRY(bind_vec(b, M("hc_head_scale.weight"), 1, 1, &sup->hc_head_scale));
+    TRY(bind_mat(b, M("markov_head.markov_w1.weight"), sc->markov_rank, c->n_vocab, 1, &sup->markov_w1));
+    TRY(bind_mat(b, M("markov_head.markov_w2.weight"), sc->markov_rank, c->n_vocab, 1, &sup->markov_w2));
+    TRY(bind_mat(b, M("confidence_head.proj.weight"), H + sc->markov_rank, 1, 1, &sup->conf));
+#undef M
+    return DS4_OK;
+}
+
+static int check_support_config(const ds4_engine *e, const ds4_support_config *sc, char *err, size_t len) {
+    const ds4_cfg *c = &e->c;
+    if (!sc) return ds4_fail(err, len, DS4_E_INVALID, "support config is NULL");
+    if (sc->n_stages < 1 || sc->n_stages > 8)
+        return ds4_fail(err, len, DS4_E_INVALID, "support stages: expected 1..8, found %d", sc->n_stages);
+    if (sc->block_size < 1 || sc->block_size > DS4_DSPARK_MAX_BLOCK)
+        return ds4_fail(err, len, DS4_E_INVALID, "support block size: expected 1..%d, found %d", DS4_DSPARK_MAX_BLOCK,
+                        sc->block_size);
+    if (sc->markov_rank < 1)
+        return ds4_fail(err, len, DS4_E_INVALID, "support Markov rank: expected > 0, found %d", sc->markov_rank);
+    if (sc->noise_token < 0 || sc->noise_token >= c->n_vocab)
+        return ds4_fail(err, len, DS4_E_INVALID, "support noise token id: expected 0..%d, found %d", c->n_vocab - 1,
+                        sc->noise_token);
+    if (sc->n_capture < 1 || sc->n_capture > 8 || !sc->capture_layers)
+        return ds4_fail(err, len, DS4_E_INVALID, "support capture layers: expected 1..8 ids, found %d", sc->n_capture);
+    for (int i = 0; i < sc->n_capture; i++) {
+        int L = sc->capture_layers[i];
+        if (L < 0 || L >= c->n_layer)
+            return ds4_fail(err, len, DS4_E_INVALID, "support capture layer %d: expected 0..%d (target block_count %d)", L,
+                            c->n_layer - 1, c->n_layer);
+        if (i && L <= sc->capture_layers[i - 1])
+            return ds4_fail(err, len, DS4_E_INVALID, "support capture layers must be strictly increasing (%d after %d)", L,
+                            sc->capture_layers[i - 1]);
+    }
+    return DS4_OK;
+}
+
+void ds4_engine_refuse_support(ds4_engine *e, const char *why) {
+    if (!e) return;
+    ds4_dspark_free_support(e);
+    e->sup_refused = 1;
+    snprintf(e->sup_msg, sizeof e->sup_msg, "%s", why ? why : "support model refused");
+}
+
+int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg, const ds4_tensor_desc *tensors,
+                              int32_t n_tensors, char *err, size_t err_len) {
+    if (!e) return ds4_fail(err, err_len, DS4_E_INVALID, "no engine");
+    char msg[1024] = "";
+    int rc = check_support_config(e, cfg, msg, sizeof msg);
+    if (rc == DS4_OK && (!tensors || n_tensors <= 0))
+        rc = ds4_fail(msg, sizeof msg, DS4_E_INVALID, "support model: empty tensor table");
+    ds4_support *sup = NULL;
+    uint64_t wb = e->weight_bytes, xb = e->expanded_bytes;
+    if (rc == DS4_OK) {
+        sup = calloc(1, sizeof *sup);
+        if (sup) {
+            sup->stages = calloc((size_t)cfg->n_stages, sizeof *sup->stages);
+            sup->capture_slot = malloc((size_t)e->c.n_layer * sizeof *sup->capture_slot);
+        }
+        if (!sup || !sup->stages || !sup->capture_slot) rc = ds4_fail(msg, sizeof msg, DS4_E_NOMEM, "out of memory");
+    }
+    if (rc == DS4_OK) {
+        binder b = {e, tensors, n_tensors, msg, sizeof msg};
+        rc = bind_support(&b, cfg, sup);
+    }
+    if (rc != DS4_OK) {
+        if (sup) { free(sup->stages); free(sup->capture_slot); free(sup); }
+        e->weight_bytes = wb;
+        e->expanded_bytes = xb;
+        ds4_engine_refuse_support(e, msg);
+        return ds4_fail(err, err_len, rc, "%s", msg);
+    }
+    sup->n_stages = cfg->n_stages;
+    sup->block = cfg->block_size;
+    sup->rank = cfg->markov_rank;
+    sup->noise = cfg->noise_token;
+    sup->n_capture = cfg->n_capture;
+    for (int L = 0; L < e->c.n_layer; L++) sup->capture_slot[L] = -1;
+    for (int i = 0; i < cfg->n_capture; i++) {
+        sup->capture[i] = cfg->capture_layers[i];
+        sup->capture_slot[cfg->capture_layers[i]] = i;
+    }
+    ds4_dspark_free_support(e);
+    e->sup = sup;
+    e->sup_refused = 0;
+    e->sup_msg[0] = 0;
+    return DS4_OK;
+}
+
+int ds4_engine_support_status(const ds4_engine *e, char *msg, size_t len) {
+    if (!e) return 0;
+    if (msg && len) snprintf(msg, len, "%s", e->sup_msg);
+    return e->sup ? 1 : (e->sup_refused ? -1 : 0);
 }
 
 int ds4_engine_memory(const ds4_engine *e, ds4_memory *out) {
@@ -442,6 +563,7 @@ void ds4_session_free(ds4_session *s) {
         }
     }
     free(s->lc);
+    ds4_dspark_session_free(s);
     ds4_scratch *sc = &s->sc;
     void *bufs[] = {sc->X, sc->X3, sc->X2, sc->hcm, sc->post, sc->comb, sc->x, sc->xn, sc->qr, sc->q, sc->kvr,
                     sc->att, sc->u, sc->y, sc->cbuf, sc->zbuf, sc->qi, sc->iw, sc->sel_comp, sc->nsel_comp,
@@ -459,24 +581,25 @@ static void *take(size_t bytes, uint64_t *count, int *ok) {
 }
 
 int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_session **out, char *err, size_t err_len) {
-    if (!out) return fail(err, err_len, DS4_E_INVALID, "ds4_session_create: out is NULL");
+    if (!out) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_session_create: out is NULL");
     *out = NULL;
-    if (!e) return fail(err, err_len, DS4_E_INVALID, "ds4_session_create: no engine");
+    if (!e) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_session_create: no engine");
     const ds4_cfg *c = &e->c;
     if (n_ctx < 1 || n_ctx > c->context_length)
-        return fail(err, err_len, DS4_E_INVALID, "context size %d outside 1..%lld (the model's context length)", n_ctx,
+        return ds4_fail(err, err_len, DS4_E_INVALID, "context size %d outside 1..%lld (the model's context length)", n_ctx,
                     (long long)c->context_length);
-    if (n_batch < 1) return fail(err, err_len, DS4_E_INVALID, "batch size must be >= 1, got %d", n_batch);
+    if (n_batch < 1) return ds4_fail(err, err_len, DS4_E_INVALID, "batch size must be >= 1, got %d", n_batch);
     if (n_batch > n_ctx) n_batch = n_ctx;
     ds4_session *s = calloc(1, sizeof *s);
-    if (!s) return fail(err, err_len, DS4_E_NOMEM, "out of memory");
+    if (!s) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
     s->e = e;
     s->n_layer = c->n_layer;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
     s->pending = -1;
     s->sampling = (ds4_sampling){0.0f, 0, 1.0f, 0.0f, 0};
-    const int64_t B = (int64_t)n_batch + 1;
+    int64_t B = (int64_t)n_batch + 1;
+    if (e->sup && B < e->sup->block) B = e->sup->block; /* the drafter's block runs in the same scratch */
     int max_ratio = 0, min_ratio = 0;
     for (int L = 0; L < c->n_layer; L++) {
         int r = e->layers[L].ratio;
@@ -510,7 +633,7 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
     const int64_t F = c->n_ff_exp > FS ? c->n_ff_exp : FS;
     const int64_t mix = 2 * HC + HC * HC, cwmax = 2 * (D > ID ? D : ID);
     const int64_t n_comp = min_ratio ? n_ctx / min_ratio + 1 : 1;
-    int64_t keys_cap = c->sliding_window + n_comp;
+    int64_t keys_cap = c->sliding_window + (n_comp > DS4_DSPARK_MAX_BLOCK ? n_comp : DS4_DSPARK_MAX_BLOCK);
     keys_cap += keys_cap & 1;
     const int nt = e->n_threads;
     ds4_scratch *sc = &s->sc;
@@ -536,9 +659,13 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
 #undef I32S
     if (!ok) {
         ds4_session_free(s);
-        return fail(err, err_len, DS4_E_NOMEM, "out of memory allocating a session of %d tokens", n_ctx);
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating a session of %d tokens", n_ctx);
     }
     atomic_init(&s->cancel, 0);
+    if ((e->sup || e->sup_refused) && ds4_dspark_session_init(s) != DS4_OK) {
+        ds4_session_free(s);
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
+    }
     *out = s;
     return DS4_OK;
 }
@@ -557,26 +684,27 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
 }
 
 /* Run seq[0..n) (n <= n_batch + 1) as one pass; on failure the session is unchanged. */
-static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
+int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                     char *err, size_t err_len) {
     int rc = ds4_forward(s, seq, n, mode, logits);
     if (rc == DS4_E_CANCELLED) {
         atomic_store(&s->cancel, 0);
         s->stats.n_cancelled++;
-        return fail(err, err_len, rc, "cancelled");
+        return ds4_fail(err, err_len, rc, "cancelled");
     }
-    if (rc != DS4_OK) return fail(err, err_len, rc, "forward pass failed (%d)", rc);
+    if (rc != DS4_OK) return ds4_fail(err, err_len, rc, "forward pass failed (%d)", rc);
     if (mode != DS4_LOGITS_NONE) {
         int64_t bad = first_nonfinite(logits, n_logit_rows * s->e->c.n_vocab);
         if (bad >= 0) {
             int64_t row = bad / s->e->c.n_vocab;
             int64_t pos = s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1);
-            return fail(err, err_len, DS4_E_NONFINITE,
+            return ds4_fail(err, err_len, DS4_E_NONFINITE,
                         "non-finite logit (token id %lld) at position %lld: the model has NaN/Inf weights or "
                         "overflows (check the file with `ds4tui inspect --check-finite`)",
                         (long long)(bad % s->e->c.n_vocab), (long long)pos);
         }
     }
+    if (s->dsp && s->e->sup) ds4_dspark_captured(s, s->n_tokens, n);
     s->n_tokens += n;
     s->stats.n_target_evals++;
     return DS4_OK;
@@ -584,54 +712,54 @@ static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, flo
 
 int ds4_session_eval(ds4_session *s, const int32_t *tokens, int32_t n, int32_t logits_mode, float *logits, char *err,
                      size_t err_len) {
-    if (!s) return fail(err, err_len, DS4_E_INVALID, "no session");
+    if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
     const ds4_cfg *c = &s->e->c;
     if (logits_mode < DS4_LOGITS_NONE || logits_mode > DS4_LOGITS_ALL)
-        return fail(err, err_len, DS4_E_INVALID, "logits mode %d: expected 0 (none), 1 (last) or 2 (all)", logits_mode);
-    if (n < 0 || (n > 0 && !tokens)) return fail(err, err_len, DS4_E_INVALID, "bad token buffer (n = %d)", n);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "logits mode %d: expected 0 (none), 1 (last) or 2 (all)", logits_mode);
+    if (n < 0 || (n > 0 && !tokens)) return ds4_fail(err, err_len, DS4_E_INVALID, "bad token buffer (n = %d)", n);
     if (n > s->n_batch)
-        return fail(err, err_len, DS4_E_INVALID, "%d tokens in one call exceed the batch size %d: split the input", n,
+        return ds4_fail(err, err_len, DS4_E_INVALID, "%d tokens in one call exceed the batch size %d: split the input", n,
                     s->n_batch);
-    if (logits_mode != DS4_LOGITS_NONE && !logits) return fail(err, err_len, DS4_E_INVALID, "logits buffer is NULL");
+    if (logits_mode != DS4_LOGITS_NONE && !logits) return ds4_fail(err, err_len, DS4_E_INVALID, "logits buffer is NULL");
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
-            return fail(err, err_len, DS4_E_TOKEN, "token id %d at index %d is outside the vocabulary 0..%d", tokens[i], i,
+            return ds4_fail(err, err_len, DS4_E_TOKEN, "token id %d at index %d is outside the vocabulary 0..%d", tokens[i], i,
                         c->n_vocab - 1);
     int has_pending = s->pending >= 0;
     int32_t total = n + has_pending;
     if (total == 0) {
         if (logits_mode == DS4_LOGITS_NONE) return DS4_OK;
-        return fail(err, err_len, DS4_E_INVALID, "no tokens to evaluate (empty prompt)");
+        return ds4_fail(err, err_len, DS4_E_INVALID, "no tokens to evaluate (empty prompt)");
     }
     if (n == 0 && logits_mode == DS4_LOGITS_ALL)
-        return fail(err, err_len, DS4_E_INVALID, "no tokens to evaluate (empty prompt)");
+        return ds4_fail(err, err_len, DS4_E_INVALID, "no tokens to evaluate (empty prompt)");
     if ((int64_t)s->n_tokens + total > s->n_ctx)
-        return fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + %d new > context size %d",
+        return ds4_fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + %d new > context size %d",
                     s->n_tokens, total, s->n_ctx);
     const int32_t *seq = tokens;
     int32_t *owned = NULL;
     if (has_pending) { /* the emitted-but-unrun token goes first */
         owned = malloc((size_t)total * sizeof(int32_t));
-        if (!owned) return fail(err, err_len, DS4_E_NOMEM, "out of memory");
+        if (!owned) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
         owned[0] = s->pending;
         if (n) memcpy(owned + 1, tokens, (size_t)n * sizeof(int32_t));
         seq = owned;
     }
-    double t0 = now_ms();
+    double t0 = ds4_now_ms();
     int rc;
     if (logits_mode == DS4_LOGITS_ALL && has_pending) {
         /* rows for tokens only: run the pass with all logits into a temporary and drop row 0 */
         float *tmp = malloc((size_t)total * c->n_vocab * sizeof(float));
-        if (!tmp) { free(owned); return fail(err, err_len, DS4_E_NOMEM, "out of memory"); }
-        rc = run_pass(s, seq, total, DS4_LOGITS_ALL, tmp, total, err, err_len);
+        if (!tmp) { free(owned); return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory"); }
+        rc = ds4_run_pass(s, seq, total, DS4_LOGITS_ALL, tmp, total, err, err_len);
         if (rc == DS4_OK) memcpy(logits, tmp + c->n_vocab, (size_t)n * c->n_vocab * sizeof(float));
         free(tmp);
     } else {
         float *dst = logits_mode == DS4_LOGITS_NONE ? NULL : logits;
-        rc = run_pass(s, seq, total, logits_mode, dst, logits_mode == DS4_LOGITS_ALL ? total : 1, err, err_len);
+        rc = ds4_run_pass(s, seq, total, logits_mode, dst, logits_mode == DS4_LOGITS_ALL ? total : 1, err, err_len);
     }
     free(owned);
-    s->stats.prefill_ms += now_ms() - t0;
+    s->stats.prefill_ms += ds4_now_ms() - t0;
     if (rc != DS4_OK) return rc;
     s->stats.n_prefill_tokens += (uint64_t)total;
     s->pending = -1;
@@ -660,18 +788,22 @@ static int by_value_then_id(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
-static int32_t argmax_lowest(const float *x, int32_t n) {
+int32_t ds4_argmax(const float *x, int32_t n) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
     return best;
 }
 
-/* temperature -> top-k -> top-p -> min-p -> draw (probabilities in double). */
-static int32_t sample(ds4_session *s, const float *logits) {
+double ds4_uniform(ds4_session *s) {
+    return (double)(splitmix64(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* temperature -> top-k -> top-p -> min-p: the kept candidates in order of decreasing probability
+ * (ties to the lower id), left in s->sample_buf; returns how many and their unnormalised sum. */
+static int32_t sample_candidates(ds4_session *s, const float *logits, double *sum_out) {
     const ds4_sampling *p = &s->sampling;
     const int32_t V = s->e->c.n_vocab;
-    if (!(p->temperature > 0.0f)) return argmax_lowest(logits, V);
     cand *c = (cand *)s->sample_buf;
     for (int32_t i = 0; i < V; i++) c[i] = (cand){(double)logits[i] / (double)p->temperature, i, 0};
     qsort(c, (size_t)V, sizeof *c, by_value_then_id);
@@ -697,7 +829,17 @@ static int32_t sample(ds4_session *s, const float *logits) {
     }
     sum = 0.0;
     for (int32_t i = 0; i < n; i++) sum += c[i].v;
-    double u = (double)(splitmix64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    *sum_out = sum;
+    return n;
+}
+
+/* temperature -> top-k -> top-p -> min-p -> draw (probabilities in double). */
+int32_t ds4_sample(ds4_session *s, const float *logits) {
+    if (!(s->sampling.temperature > 0.0f)) return ds4_argmax(logits, s->e->c.n_vocab);
+    double sum;
+    int32_t n = sample_candidates(s, logits, &sum);
+    const cand *c = (const cand *)s->sample_buf;
+    double u = ds4_uniform(s) * sum;
     double cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         cum += c[i].v;
@@ -706,15 +848,29 @@ static int32_t sample(ds4_session *s, const float *logits) {
     return c[n - 1].id;
 }
 
+void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *p, int32_t *n_out) {
+    if (!(s->sampling.temperature > 0.0f)) {
+        ids[0] = ds4_argmax(logits, s->e->c.n_vocab);
+        p[0] = 1.0;
+        *n_out = 1;
+        return;
+    }
+    double sum;
+    int32_t n = sample_candidates(s, logits, &sum);
+    const cand *c = (const cand *)s->sample_buf;
+    for (int32_t i = 0; i < n; i++) { ids[i] = c[i].id; p[i] = c[i].v / sum; }
+    *n_out = n;
+}
+
 int ds4_session_set_sampling(ds4_session *s, const ds4_sampling *p, char *err, size_t err_len) {
-    if (!s || !p) return fail(err, err_len, DS4_E_INVALID, "no session or settings");
+    if (!s || !p) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or settings");
     if (!isfinite(p->temperature) || p->temperature < 0.0f)
-        return fail(err, err_len, DS4_E_INVALID, "temperature must be a finite number >= 0, got %g", (double)p->temperature);
-    if (p->top_k < 0) return fail(err, err_len, DS4_E_INVALID, "top_k must be >= 0 (0 = off), got %d", p->top_k);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "temperature must be a finite number >= 0, got %g", (double)p->temperature);
+    if (p->top_k < 0) return ds4_fail(err, err_len, DS4_E_INVALID, "top_k must be >= 0 (0 = off), got %d", p->top_k);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return fail(err, err_len, DS4_E_INVALID, "top_p must be in (0, 1], got %g", (double)p->top_p);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "top_p must be in (0, 1], got %g", (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return fail(err, err_len, DS4_E_INVALID, "min_p must be in [0, 1], got %g", (double)p->min_p);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "min_p must be in [0, 1], got %g", (double)p->min_p);
     s->sampling = *p;
     s->rng = p->seed;
     return DS4_OK;
@@ -727,26 +883,27 @@ int ds4_session_get_sampling(const ds4_session *s, ds4_sampling *out) {
 }
 
 int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len) {
-    if (!s || !out || !n_out || max_out < 1) return fail(err, err_len, DS4_E_INVALID, "bad output buffer");
+    if (!s || !out || !n_out || max_out < 1) return ds4_fail(err, err_len, DS4_E_INVALID, "bad output buffer");
     *n_out = 0;
-    double t0 = now_ms();
+    if (s->dsp && s->pending >= 0) return ds4_dspark_step(s, out, max_out, n_out, err, err_len);
+    double t0 = ds4_now_ms();
     if (s->pending >= 0) {
         if (s->n_tokens + 1 > s->n_ctx)
-            return fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + 1 new > context size %d",
+            return ds4_fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + 1 new > context size %d",
                         s->n_tokens, s->n_ctx);
         int32_t tok = s->pending;
-        int rc = run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
+        int rc = ds4_run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
         if (rc != DS4_OK) {
-            s->stats.decode_ms += now_ms() - t0;
+            s->stats.decode_ms += ds4_now_ms() - t0;
             return rc;
         }
         s->pending = -1;
         s->has_logits = 1;
     }
-    if (!s->has_logits) return fail(err, err_len, DS4_E_STATE, "no logits to sample from: evaluate a prompt first");
-    double ts = now_ms();
-    int32_t tok = sample(s, s->logits);
-    double te = now_ms();
+    if (!s->has_logits) return ds4_fail(err, err_len, DS4_E_STATE, "no logits to sample from: evaluate a prompt first");
+    double ts = ds4_now_ms();
+    int32_t tok = ds4_sample(s, s->logits);
+    double te = ds4_now_ms();
     s->stats.sample_ms += te - ts;
     s->pending = tok;
     out[0] = tok;
@@ -758,16 +915,17 @@ int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_o
 }
 
 int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len) {
-    if (!s) return fail(err, err_len, DS4_E_INVALID, "no session");
+    if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
     if (n < 0 || n > s->n_tokens)
-        return fail(err, err_len, DS4_E_INVALID, "cannot truncate a session of %d tokens to %d", s->n_tokens, n);
+        return ds4_fail(err, err_len, DS4_E_INVALID, "cannot truncate a session of %d tokens to %d", s->n_tokens, n);
     if (n != 0 && s->n_tokens - n > s->n_batch)
-        return fail(err, err_len, DS4_E_INVALID,
+        return ds4_fail(err, err_len, DS4_E_INVALID,
                     "cannot truncate %d tokens: at most %d (the batch size) can be taken back, or all of them",
                     s->n_tokens - n, s->n_batch);
     s->n_tokens = n;
     s->pending = -1;
     s->has_logits = 0;
+    if (s->dsp) ds4_dspark_truncate(s, n);
     return DS4_OK;
 }
 

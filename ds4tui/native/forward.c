@@ -16,13 +16,13 @@
 
 #define MAXHC 16
 
-static void mm(ds4_engine *e, const ds4_w *w, int64_t mat, const float *X, int64_t ldx, int64_t n, float *Y,
+void ds4_mm(ds4_engine *e, const ds4_w *w, int64_t mat, const float *X, int64_t ldx, int64_t n, float *Y,
                int64_t ldy) {
     ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)mat * w->mat_bytes, w->rows, w->cols, X, ldx, n, Y, ldy);
 }
 
 /* Rows [r0, r0+nr) of a matrix. */
-static void mm_rows(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
+void ds4_mm_rows(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
                     float *Y, int64_t ldy) {
     ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)r0 * w->row_bytes, nr, w->cols, X, ldx, n, Y, ldy);
 }
@@ -35,14 +35,14 @@ static const double *rope_of(const ds4_engine *e, const ds4_layer *l) {
 
 /* mHC pre-mix of X[n, HC, H]: writes the collapsed input x[n, H], post[n, HC], comb[n, HC*HC]
  * (row = source stream, column = destination). */
-static void hc_pre(ds4_session *s, const ds4_w *fn, const float *base, const float *scale, const float *X, int n,
+void ds4_hc_pre(ds4_session *s, const ds4_w *fn, const float *base, const float *scale, const float *X, int n,
                    float *x, float *post, float *comb) {
     ds4_engine *e = s->e;
     const int HC = e->c.hc_count, H = e->c.n_embd, mix = 2 * HC + HC * HC;
     const float eps = e->c.hc_eps;
     float *f = s->sc.X2; /* [n, HC*H] normalised streams (X2 is free here) */
     for (int t = 0; t < n; t++) ds4_rms_norm(X + (size_t)t * HC * H, (int64_t)HC * H, e->c.rms_eps, NULL, f + (size_t)t * HC * H);
-    mm(e, fn, 0, f, (int64_t)HC * H, n, s->sc.hcm, mix);
+    ds4_mm(e, fn, 0, f, (int64_t)HC * H, n, s->sc.hcm, mix);
     for (int t = 0; t < n; t++) {
         const float *m = s->sc.hcm + (size_t)t * mix;
         float pre[MAXHC];
@@ -85,7 +85,7 @@ static void hc_pre(ds4_session *s, const ds4_w *fn, const float *base, const flo
 }
 
 /* X'[b] = post[b] * out + sum_a comb[a, b] * X[a]; written to Y (may not alias X). */
-static void hc_post(const ds4_engine *e, const float *X, const float *out, const float *post, const float *comb, int n,
+void ds4_hc_post(const ds4_engine *e, const float *X, const float *out, const float *post, const float *comb, int n,
                     float *Y) {
     const int HC = e->c.hc_count, H = e->c.n_embd;
     for (int t = 0; t < n; t++) {
@@ -116,8 +116,8 @@ static void compress(ds4_session *s, const compressor *cp, const float *xn, int 
     const int H = e->c.n_embd, W = cp->width, cw = (cp->overlap ? 2 : 1) * W, R = cp->ratio;
     const int cap = s->cmp_cap;
     float *cbuf = s->sc.cbuf, *zbuf = s->sc.zbuf;
-    mm(e, cp->kv, 0, xn, H, n, cbuf, cw);
-    mm(e, cp->gate, 0, xn, H, n, zbuf, cw);
+    ds4_mm(e, cp->kv, 0, xn, H, n, cbuf, cw);
+    ds4_mm(e, cp->gate, 0, xn, H, n, zbuf, cw);
     for (int t = 0; t < n; t++) {
         int64_t p = p0 + t;
         float *rc = cp->ring_c + (size_t)(p % cap) * cw, *rz = cp->ring_z + (size_t)(p % cap) * cw;
@@ -261,6 +261,50 @@ static void attend_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
     }
 }
 
+/* Queries of n tokens at positions p0...: sc->qr [n, q_lora] (normed, kept for the indexer) and
+ * sc->q [n, NH, D] (head-normed, RoPE'd). */
+void ds4_attn_q(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq) {
+    ds4_engine *e = s->e;
+    ds4_scratch *sc = &s->sc;
+    const int H = e->c.n_embd, NH = e->c.n_head, D = e->c.head_dim, QL = e->c.q_lora_rank;
+    ds4_mm(e, &l->q_a, 0, xn, H, n, sc->qr, QL);
+    for (int t = 0; t < n; t++) ds4_rms_norm(sc->qr + (size_t)t * QL, QL, e->c.rms_eps, l->q_a_norm, sc->qr + (size_t)t * QL);
+    ds4_mm(e, &l->q_b, 0, sc->qr, QL, n, sc->q, (int64_t)NH * D);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < NH; h++) {
+            float *qh = sc->q + ((size_t)t * NH + h) * D;
+            ds4_rms_norm(qh, D, e->c.rms_eps, NULL, qh);
+            ds4_rope(freq, e->c.n_rot, qh, D, p0 + t, 0);
+        }
+}
+
+/* KV rows [n, D] of n tokens at positions p0... (normed, RoPE'd, not rounded) into out. */
+void ds4_attn_kv(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq, float *out) {
+    ds4_engine *e = s->e;
+    const int H = e->c.n_embd, D = e->c.head_dim;
+    ds4_mm(e, &l->kv, 0, xn, H, n, out, D);
+    for (int t = 0; t < n; t++) {
+        float *r = out + (size_t)t * D;
+        ds4_rms_norm(r, D, e->c.rms_eps, l->kv_norm, r);
+        ds4_rope(freq, e->c.n_rot, r, D, p0 + t, 0);
+    }
+}
+
+/* Inverse RoPE of sc->att [n, NH, D] at the query positions, then the grouped low-rank output
+ * projection (group g maps its heads' NH/G*D lanes to R lanes) into out [n, H]. */
+void ds4_attn_output(ds4_session *s, const ds4_layer *l, int n, int64_t p0, const double *freq, float *out) {
+    ds4_engine *e = s->e;
+    ds4_scratch *sc = &s->sc;
+    const int H = e->c.n_embd, NH = e->c.n_head, D = e->c.head_dim;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < NH; h++) ds4_rope(freq, e->c.n_rot, sc->att + ((size_t)t * NH + h) * D, D, p0 + t, 1);
+    const int G = e->c.o_groups, R = e->c.o_lora_rank, gw = NH / G * D;
+    for (int g = 0; g < G; g++)
+        ds4_mm_rows(e, &l->out_a, (int64_t)g * R, R, sc->att + (size_t)g * gw, (int64_t)NH * D, n, sc->u + (size_t)g * R,
+                    (int64_t)G * R);
+    ds4_mm(e, &l->out_b, 0, sc->u, (int64_t)G * R, n, out, H);
+}
+
 static void attention(ds4_session *s, int L, const float *xn, int n, int64_t p0, float *out) {
     ds4_engine *e = s->e;
     const ds4_layer *l = &e->layers[L];
@@ -270,22 +314,11 @@ static void attention(ds4_session *s, int L, const float *xn, int n, int64_t p0,
     const double *freq = rope_of(e, l);
     const int ds4n = e->numerics == DS4_NUMERICS_DS4;
 
-    mm(e, &l->q_a, 0, xn, H, n, sc->qr, QL);
-    for (int t = 0; t < n; t++) ds4_rms_norm(sc->qr + (size_t)t * QL, QL, e->c.rms_eps, l->q_a_norm, sc->qr + (size_t)t * QL);
-    mm(e, &l->q_b, 0, sc->qr, QL, n, sc->q, (int64_t)NH * D);
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < NH; h++) {
-            float *qh = sc->q + ((size_t)t * NH + h) * D;
-            ds4_rms_norm(qh, D, e->c.rms_eps, NULL, qh);
-            ds4_rope(freq, nr, qh, D, p0 + t, 0);
-        }
-    mm(e, &l->kv, 0, xn, H, n, sc->kvr, D);
+    ds4_attn_q(s, l, xn, n, p0, freq);
+    ds4_attn_kv(s, l, xn, n, p0, freq, sc->kvr);
     for (int t = 0; t < n; t++) {
-        float *r = sc->kvr + (size_t)t * D;
-        ds4_rms_norm(r, D, e->c.rms_eps, l->kv_norm, r);
-        ds4_rope(freq, nr, r, D, p0 + t, 0);
         float *dst = lc->kv + (size_t)((p0 + t) % s->kv_cap) * D;
-        memcpy(dst, r, (size_t)D * sizeof(float));
+        memcpy(dst, sc->kvr + (size_t)t * D, (size_t)D * sizeof(float));
         if (ds4n) {
             ds4_fp8_kv_round_trip(dst, D, nr);
             ds4_f16_round(dst, D);
@@ -304,14 +337,14 @@ static void attention(ds4_session *s, int L, const float *xn, int n, int64_t p0,
         compress(s, &ip, xn, n, p0);
         int need = (p0 + n) / l->ratio > e->c.indexer_top_k;
         if (need) {
-            mm(e, &l->idx_q_b, 0, sc->qr, QL, n, sc->qi, (int64_t)IH * ID);
+            ds4_mm(e, &l->idx_q_b, 0, sc->qr, QL, n, sc->qi, (int64_t)IH * ID);
             for (int t = 0; t < n; t++)
                 for (int h = 0; h < IH; h++) {
                     float *qh = sc->qi + ((size_t)t * IH + h) * ID;
                     ds4_rope(e->freq_comp, nr, qh, ID, p0 + t, 0);
                     if (ds4n) ds4_indexer_qat(qh, ID);
                 }
-            mm(e, &l->idx_proj, 0, xn, H, n, sc->iw, IH);
+            ds4_mm(e, &l->idx_proj, 0, xn, H, n, sc->iw, IH);
             const float ws = (float)pow((double)IH, -0.5);
             for (int64_t i = 0; i < (int64_t)n * IH; i++) sc->iw[i] *= ws;
         }
@@ -324,13 +357,7 @@ static void attention(ds4_session *s, int L, const float *xn, int n, int64_t p0,
         }
     }
     ds4_pool_run(e->pool, attend_slice, &at, (int64_t)n * NH);
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < NH; h++) ds4_rope(freq, nr, sc->att + ((size_t)t * NH + h) * D, D, p0 + t, 1);
-    /* grouped low-rank output: group g maps its heads' NH/G*D lanes to R lanes */
-    const int G = e->c.o_groups, R = e->c.o_lora_rank, gw = NH / G * D;
-    for (int g = 0; g < G; g++) mm_rows(e, &l->out_a, (int64_t)g * R, R, sc->att + (size_t)g * gw, (int64_t)NH * D, n,
-                                        sc->u + (size_t)g * R, (int64_t)G * R);
-    mm(e, &l->out_b, 0, sc->u, (int64_t)G * R, n, out, H);
+    ds4_attn_output(s, l, n, p0, freq, out);
 }
 
 /* ---- MoE (spec ds4.md §2.7) ----------------------------------------------------------------- */
@@ -352,12 +379,11 @@ static void swiglu(float *a, const float *b, int64_t n, float clamp) {
     }
 }
 
-static void moe(ds4_session *s, int L, const float *xn, const int32_t *tokens, int n, float *out) {
+void ds4_moe(ds4_session *s, const ds4_layer *l, const float *xn, const int32_t *tokens, int n, float *out) {
     ds4_engine *e = s->e;
-    const ds4_layer *l = &e->layers[L];
     ds4_scratch *sc = &s->sc;
     const int H = e->c.n_embd, E = e->c.n_expert, K = e->c.n_expert_used, F = e->c.n_ff_exp;
-    mm(e, &l->gate_inp, 0, xn, H, n, sc->scores, E);
+    ds4_mm(e, &l->gate_inp, 0, xn, H, n, sc->scores, E);
     for (int64_t i = 0; i < (int64_t)n * E; i++) sc->scores[i] = sqrt_softplus(sc->scores[i]);
     for (int t = 0; t < n; t++) {
         const float *st = sc->scores + (size_t)t * E;
@@ -398,10 +424,10 @@ static void moe(ds4_session *s, int L, const float *xn, const int32_t *tokens, i
                     ne++;
                 }
         if (!ne) continue;
-        mm(e, &l->gate_exps, x, sc->xe, H, ne, sc->ge, F);
-        mm(e, &l->up_exps, x, sc->xe, H, ne, sc->he, F);
+        ds4_mm(e, &l->gate_exps, x, sc->xe, H, ne, sc->ge, F);
+        ds4_mm(e, &l->up_exps, x, sc->xe, H, ne, sc->he, F);
         swiglu(sc->ge, sc->he, (int64_t)ne * F, l->clamp);
-        mm(e, &l->down_exps, x, sc->ge, F, ne, sc->oe, H);
+        ds4_mm(e, &l->down_exps, x, sc->ge, F, ne, sc->oe, H);
         for (int i = 0; i < ne; i++) {
             int t = sc->erows[i];
             float w = sc->wsel[(size_t)t * K + sc->eslot[i]];
@@ -411,35 +437,44 @@ static void moe(ds4_session *s, int L, const float *xn, const int32_t *tokens, i
         }
     }
     const int FS = (int)l->gate_sh.rows;
-    mm(e, &l->gate_sh, 0, xn, H, n, sc->ge, FS);
-    mm(e, &l->up_sh, 0, xn, H, n, sc->he, FS);
+    ds4_mm(e, &l->gate_sh, 0, xn, H, n, sc->ge, FS);
+    ds4_mm(e, &l->up_sh, 0, xn, H, n, sc->he, FS);
     swiglu(sc->ge, sc->he, (int64_t)n * FS, l->clamp_shexp);
-    mm(e, &l->down_sh, 0, sc->ge, FS, n, sc->oe, H);
+    ds4_mm(e, &l->down_sh, 0, sc->ge, FS, n, sc->oe, H);
     for (int64_t i = 0; i < (int64_t)n * H; i++) out[i] = sc->moe_y[i] + sc->oe[i];
 }
 
 /* ---- the whole pass ------------------------------------------------------------------------- */
 
-static void lm_head(ds4_session *s, const float *X, int n, float *logits) {
+/* HC head: collapse X [n, HC, H] to out [n, H] with weights sigmoid(scale * fn . rmsnorm(X) + base)
+ * + eps (spec ds4.md §2.1); out is the pre-norm hidden state. */
+void ds4_hc_head(ds4_session *s, const float *X, int n, const ds4_w *fn, const float *base, const float *scale,
+                 float *out) {
     ds4_engine *e = s->e;
     const int HC = e->c.hc_count, H = e->c.n_embd;
-    float *y = s->sc.lm;
     for (int t = 0; t < n; t++) {
         const float *Xt = X + (size_t)t * HC * H;
         float *f = s->sc.X2;
         ds4_rms_norm(Xt, (int64_t)HC * H, e->c.rms_eps, NULL, f);
         float m[MAXHC], w[MAXHC];
-        mm(e, &e->output_hc_fn, 0, f, (int64_t)HC * H, 1, m, HC);
-        for (int a = 0; a < HC; a++) w[a] = ds4_sigmoid(e->output_hc_scale[0] * m[a] + e->output_hc_base[a]) + e->c.hc_eps;
-        float *yt = y + (size_t)t * H;
+        ds4_mm(e, fn, 0, f, (int64_t)HC * H, 1, m, HC);
+        for (int a = 0; a < HC; a++) w[a] = ds4_sigmoid(scale[0] * m[a] + base[a]) + e->c.hc_eps;
+        float *yt = out + (size_t)t * H;
         for (int d = 0; d < H; d++) {
             float acc = 0.0f;
             for (int a = 0; a < HC; a++) acc += w[a] * Xt[(size_t)a * H + d];
             yt[d] = acc;
         }
-        ds4_rms_norm(yt, H, e->c.rms_eps, e->output_norm, yt);
     }
-    mm(e, &e->output, 0, y, H, n, logits, e->c.n_vocab);
+}
+
+static void lm_head(ds4_session *s, const float *X, int n, float *logits) {
+    ds4_engine *e = s->e;
+    const int H = e->c.n_embd;
+    float *y = s->sc.lm;
+    ds4_hc_head(s, X, n, &e->output_hc_fn, e->output_hc_base, e->output_hc_scale, y);
+    for (int t = 0; t < n; t++) ds4_rms_norm(y + (size_t)t * H, H, e->c.rms_eps, e->output_norm, y + (size_t)t * H);
+    ds4_mm(e, &e->output, 0, y, H, n, logits, e->c.n_vocab);
 }
 
 int ds4_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
@@ -457,16 +492,17 @@ int ds4_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mod
     for (int L = 0; L < e->c.n_layer; L++) {
         if (atomic_load(&s->cancel)) return DS4_E_CANCELLED;
         const ds4_layer *l = &e->layers[L];
-        hc_pre(s, &l->hc_attn_fn, l->hc_attn_base, l->hc_attn_scale, X, n, sc->x, sc->post, sc->comb);
+        ds4_hc_pre(s, &l->hc_attn_fn, l->hc_attn_base, l->hc_attn_scale, X, n, sc->x, sc->post, sc->comb);
         for (int t = 0; t < n; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->attn_norm, sc->xn + (size_t)t * H);
         attention(s, L, sc->xn, n, p0, sc->y);
-        hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
+        ds4_hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
         float *tmp = X; X = Y; Y = tmp;
-        hc_pre(s, &l->hc_ffn_fn, l->hc_ffn_base, l->hc_ffn_scale, X, n, sc->x, sc->post, sc->comb);
+        ds4_hc_pre(s, &l->hc_ffn_fn, l->hc_ffn_base, l->hc_ffn_scale, X, n, sc->x, sc->post, sc->comb);
         for (int t = 0; t < n; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->ffn_norm, sc->xn + (size_t)t * H);
-        moe(s, L, sc->xn, tokens, n, sc->y);
-        hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
+        ds4_moe(s, l, sc->xn, tokens, n, sc->y);
+        ds4_hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
         tmp = X; X = Y; Y = tmp;
+        if (s->dsp) ds4_dspark_capture(s, L, X, n, p0);
     }
     if (logits_mode == DS4_LOGITS_ALL) lm_head(s, X, n, logits);
     else if (logits_mode == DS4_LOGITS_LAST) lm_head(s, X + (size_t)(n - 1) * HC * H, 1, logits);

@@ -47,6 +47,17 @@ typedef struct {
     int64_t context_length;
 } ds4_cfg;
 
+/* An attached DSpark support model (spec dspark.md §2, §4). Stages are bound as SWA layers. */
+typedef struct {
+    int n_stages, block, rank, noise, n_capture;
+    int32_t capture[8];
+    int32_t *capture_slot;   /* [n_layer]: slot of a captured target layer, or -1 */
+    ds4_layer *stages;
+    ds4_w main_proj, hc_head_fn, markov_w1, markov_w2, conf;
+    float *main_norm, *hc_head_base, *hc_head_scale, *norm;
+    float clamp, clamp_shexp;
+} ds4_support;
+
 struct ds4_engine {
     ds4_cfg c;
     int numerics;
@@ -60,6 +71,10 @@ struct ds4_engine {
     uint64_t expanded_bytes; /* small tensors dequantised to float at open */
     int n_alloc;             /* float arrays owned by the engine */
     float **allocs;
+    ds4_support *sup;        /* NULL: no support model attached */
+    int sup_refused;         /* 1: a support file was refused (sup_msg says why) */
+    float sup_clamp, sup_clamp_sh; /* SwiGLU clamps the drafter stages use (the target's last layer's) */
+    char sup_msg[1024];
 };
 
 /* Per-layer cache.  Raw rows live in a ring of kv_cap rows (position p at p % kv_cap);
@@ -102,6 +117,8 @@ typedef struct {
     int64_t isel_stride;
 } ds4_scratch;
 
+typedef struct ds4_dspark ds4_dspark; /* dspark.c */
+
 struct ds4_session {
     ds4_engine *e;
     int32_t n_layer, n_ctx, n_batch, kv_cap, cmp_cap;
@@ -117,12 +134,50 @@ struct ds4_session {
     uint64_t rng;
     ds4_stats stats;
     uint64_t kv_bytes, cmp_bytes, scratch_bytes;
+    ds4_dspark *dsp;       /* DSpark state when the engine has (or refused) a support model */
 };
 
 /* forward.c: run tokens[0..n) (n <= n_batch) at positions s->n_tokens...; logits rows for
  * DS4_LOGITS_LAST/ALL go to `logits`.  Returns DS4_OK or DS4_E_CANCELLED (cache untouched
  * beyond n_tokens in that case: the caller does not advance n_tokens). */
 int ds4_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits);
+
+/* forward.c building blocks (shared with the drafter in dspark.c) */
+void ds4_mm(ds4_engine *e, const ds4_w *w, int64_t mat, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy);
+void ds4_mm_rows(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
+                 float *Y, int64_t ldy);
+void ds4_hc_pre(ds4_session *s, const ds4_w *fn, const float *base, const float *scale, const float *X, int n,
+                float *x, float *post, float *comb);
+void ds4_hc_post(const ds4_engine *e, const float *X, const float *out, const float *post, const float *comb, int n,
+                 float *Y);
+void ds4_hc_head(ds4_session *s, const float *X, int n, const ds4_w *fn, const float *base, const float *scale,
+                 float *out);
+void ds4_attn_q(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq);
+void ds4_attn_kv(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq, float *out);
+void ds4_attn_output(ds4_session *s, const ds4_layer *l, int n, int64_t p0, const double *freq, float *out);
+void ds4_moe(ds4_session *s, const ds4_layer *l, const float *xn, const int32_t *tokens, int n, float *out);
+
+/* dspark.c */
+void ds4_dspark_capture(ds4_session *s, int L, const float *X, int n, int64_t p0);
+int ds4_dspark_session_init(ds4_session *s);   /* DS4_OK or DS4_E_NOMEM */
+void ds4_dspark_session_free(ds4_session *s);
+void ds4_dspark_truncate(ds4_session *s, int32_t n);
+void ds4_dspark_captured(ds4_session *s, int64_t p0, int n); /* after a successful pass */
+void ds4_dspark_free_support(ds4_engine *e);
+/* The DSpark decode step (the pending token is the anchor); same contract as ds4_session_step. */
+int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len);
+
+/* engine.c helpers shared with dspark.c */
+double ds4_now_ms(void);
+int ds4_fail(char *err, size_t len, int code, const char *fmt, ...);
+int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
+                 char *err, size_t err_len);
+int32_t ds4_sample(ds4_session *s, const float *logits);
+int32_t ds4_argmax(const float *x, int32_t n);
+/* The target sampler's distribution over the candidates it keeps: ids[0..*n) and probabilities
+ * p[0..*n) (sum 1); greedy gives one candidate with p = 1. */
+void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *p, int32_t *n);
+double ds4_uniform(ds4_session *s);  /* [0, 1) from the session's splitmix64 stream */
 
 /* ops.c */
 void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out);

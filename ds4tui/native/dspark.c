@@ -1,0 +1,798 @@
+/* dspark.c — DSpark speculative decoding on the CPU (spec dspark.md).
+ *
+ * Reference cycle layout (spec dspark.md §2.5): after a target pass whose last position is p,
+ * the anchor t_{p+1} is sampled and emitted but not run (the session's pending token).  A cycle
+ *   1. checks the live knobs, the support model, the capture and the scheduler;
+ *   2. runs the drafter: context rows main_x(q) -> per-stage KV for q in (p-W, p] (projected lazily
+ *      from the captured target hidden rows), block [anchor, noise...] at p+1..p+B through the
+ *      stages (non-causal block attention with sinks, MoE), HC head -> pre-norm h_k, confidence
+ *      c_k = sigmoid(w . [h_k ; W1[x_{k-1}]]), norm -> the target's LM head -> U_k, Markov head
+ *      U_k + W2 W1[x_{k-1}] -> x_k; the proposal is cut at the first c_k < threshold;
+ *   3. verifies [anchor, d_1..d_l] in one target pass (batch-invariant kernels make each row equal
+ *      to a one-token decode), accepts the longest matching prefix (greedy) or runs rejection
+ *      sampling (temperature > 0, spec §3.2), truncates the caches after the accepted prefix
+ *      (ring buffers make that exact: there is no separate snapshot to restore), and samples
+ *      the next token from the last accepted row; it becomes the next anchor.
+ * Every cycle ends in exactly one outcome (ds4_engine.h documents the counters).
+ */
+#include "internal.h"
+#include "cpu/kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_EVENTS 256
+#define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
+#define MAX_BACKOFF 32
+#define EMA 0.2
+#define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
+
+struct ds4_dspark {
+    int32_t cap_cap;            /* rows of the capture and context rings */
+    float *cap;                 /* [cap_cap, n_capture, H] stream means by position */
+    int64_t cap_from, cap_last; /* captured positions held: [cap_from, cap_last] */
+    float *ctx;                 /* [n_stages, cap_cap, D] context KV rows by position */
+    int64_t ctx_from, ctx_last;
+    float *xcat, *mx, *kvtmp;   /* [cap_cap, n_capture*H], [cap_cap, H], [cap_cap, D] */
+    float *dkv;                 /* [n_stages, B, D] draft KV rows */
+    float *h;                   /* [B, H] pre-norm hidden */
+    float *hn;                  /* [B, H] normed hidden */
+    float *feat;                /* [H + r] confidence input */
+    float *U;                   /* [B, V] base logits */
+    float *corr;                /* [B, V] corrected (Markov) logits */
+    float *vlogits;             /* [B + 1, V] verify rows */
+    int32_t *cand_ids;          /* [V] */
+    double *cand_p;             /* [V] */
+    float conf[DS4_DSPARK_MAX_BLOCK];
+    int32_t n_conf;
+    /* knobs */
+    pthread_mutex_t mu;
+    ds4_dspark_knobs want, act;
+    ds4_dspark_event events[N_EVENTS];
+    uint64_t n_events;
+    char fail_op[32];
+    /* scheduler (spec dspark.md §7.3) */
+    double t_ver[DS4_DSPARK_MAX_BLOCK + 2];
+    int has_ver[DS4_DSPARK_MAX_BLOCK + 2];
+    double t_prop;
+    int has_prop;
+    int skip_left, backoff;
+    ds4_dspark_stats st;
+};
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end ? def : (int)x;
+}
+
+static float *take_f32(size_t n, uint64_t *bytes, int *ok) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) *ok = 0;
+    *bytes += n * sizeof(float);
+    return p;
+}
+
+int ds4_dspark_session_init(ds4_session *s) {
+    ds4_engine *e = s->e;
+    ds4_dspark *d = calloc(1, sizeof *d);
+    if (!d) return DS4_E_NOMEM;
+    s->dsp = d;
+    pthread_mutex_init(&d->mu, NULL);
+    d->cap_from = d->ctx_from = 0;
+    d->cap_last = d->ctx_last = -1;
+    d->backoff = 2;
+    const ds4_support *sup = e->sup;
+    int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
+    int maxd = env_int("DS4_DSPARK_MAX_DRAFT_TOKENS", 0);
+    d->want = (ds4_dspark_knobs){sup ? 1 : 0, env_int("DS4_DSPARK_SCHEDULER", 1) ? 1 : 0, 0.0f,
+                                 maxd >= 1 && maxd <= block ? maxd : block};
+    d->act = d->want;
+    d->st.block_size = sup ? sup->block : 0;
+    if (!sup) return DS4_OK;
+    const ds4_cfg *c = &e->c;
+    const int64_t H = c->n_embd, D = c->head_dim, V = c->n_vocab, B = sup->block;
+    d->cap_cap = s->kv_cap; /* sliding_window + batch + 1: as far back as truncate may go */
+    uint64_t *sb = &s->scratch_bytes;
+    int ok = 1;
+#define A(n) take_f32((size_t)(n), sb, &ok)
+    d->cap = A((int64_t)d->cap_cap * sup->n_capture * H);
+    d->ctx = A((int64_t)sup->n_stages * d->cap_cap * D);
+    d->xcat = A((int64_t)d->cap_cap * sup->n_capture * H);
+    d->mx = A((int64_t)d->cap_cap * H);
+    d->kvtmp = A((int64_t)d->cap_cap * D);
+    d->dkv = A((int64_t)sup->n_stages * B * D);
+    d->h = A(B * H);
+    d->hn = A(B * H);
+    d->feat = A(H + sup->rank);
+    d->U = A(B * V);
+    d->corr = A(B * V);
+    d->vlogits = A((B + 1) * V);
+#undef A
+    d->cand_ids = malloc((size_t)V * sizeof(int32_t));
+    d->cand_p = malloc((size_t)V * sizeof(double));
+    *sb += (size_t)V * (sizeof(int32_t) + sizeof(double));
+    if (!ok || !d->cand_ids || !d->cand_p) return DS4_E_NOMEM;
+    return DS4_OK;
+}
+
+void ds4_dspark_session_free(ds4_session *s) {
+    ds4_dspark *d = s->dsp;
+    if (!d) return;
+    void *bufs[] = {d->cap, d->ctx, d->xcat, d->mx, d->kvtmp, d->dkv, d->h, d->hn, d->feat, d->U, d->corr,
+                    d->vlogits, d->cand_ids, d->cand_p};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    s->dsp = NULL;
+}
+
+void ds4_dspark_free_support(ds4_engine *e) {
+    if (!e->sup) return;
+    free(e->sup->stages);
+    free(e->sup->capture_slot);
+    free(e->sup);
+    e->sup = NULL;
+}
+
+/* ---- capture (spec dspark.md §2.2): the stream mean after each captured layer ------------------ */
+
+void ds4_dspark_capture(ds4_session *s, int L, const float *X, int n, int64_t p0) {
+    const ds4_support *sup = s->e->sup;
+    ds4_dspark *d = s->dsp;
+    if (!sup || sup->capture_slot[L] < 0) return;
+    const int slot = sup->capture_slot[L], HC = s->e->c.hc_count, H = s->e->c.n_embd;
+    const float inv = 1.0f / (float)HC;
+    /* rows of positions < p0 + n - cap_cap are being overwritten */
+    if (p0 + n - d->cap_cap > d->cap_from) d->cap_from = p0 + n - d->cap_cap;
+    for (int t = 0; t < n; t++) {
+        const float *Xt = X + (size_t)t * HC * H;
+        float *dst = d->cap + ((size_t)((p0 + t) % d->cap_cap) * sup->n_capture + slot) * H;
+        for (int i = 0; i < H; i++) {
+            float acc = 0.0f;
+            for (int a = 0; a < HC; a++) acc += Xt[(size_t)a * H + i];
+            dst[i] = acc * inv;
+        }
+    }
+}
+
+/* After a successful target pass over positions p0..p0+n-1 (all capture layers written). */
+void ds4_dspark_captured(ds4_session *s, int64_t p0, int n) {
+    ds4_dspark *d = s->dsp;
+    if (p0 != d->cap_last + 1) d->cap_from = p0; /* a gap: older rows do not continue this one */
+    d->cap_last = p0 + n - 1;
+    if (d->cap_last - d->cap_cap + 1 > d->cap_from) d->cap_from = d->cap_last - d->cap_cap + 1;
+}
+
+void ds4_dspark_truncate(ds4_session *s, int32_t n) {
+    ds4_dspark *d = s->dsp;
+    if (d->cap_last > n - 1) d->cap_last = n - 1;
+    if (d->ctx_last > n - 1) d->ctx_last = n - 1;
+    if (d->cap_last < d->cap_from) { d->cap_from = 0; d->cap_last = -1; }
+    if (d->ctx_last < d->ctx_from) { d->ctx_from = 0; d->ctx_last = -1; }
+}
+
+/* ---- the drafter pass ----------------------------------------------------------------------- */
+
+typedef struct {
+    int fail;
+    const char *op;
+} chain;
+
+/* 1 if the op must fail (the test hook) or `bad` (a real failure); records the op. */
+static int op_failed(ds4_dspark *d, chain *ch, const char *op, int bad) {
+    if (bad || (d->fail_op[0] && strcmp(d->fail_op, op) == 0)) {
+        ch->fail = 1;
+        ch->op = op;
+        return 1;
+    }
+    return 0;
+}
+
+static int all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* Project context rows for positions [lo, hi] of every stage from the captured rows. */
+static int project_context(ds4_session *s, chain *ch, int64_t lo, int64_t hi) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    const int64_t H = e->c.n_embd, D = e->c.head_dim, CW = (int64_t)sup->n_capture * H;
+    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
+    const int64_t W = e->c.sliding_window;
+    for (int64_t p0 = lo; p0 <= hi; p0 += W) {
+        int n = (int)(hi - p0 + 1 < W ? hi - p0 + 1 : W);
+        for (int t = 0; t < n; t++)
+            memcpy(d->xcat + (size_t)t * CW, d->cap + (size_t)((p0 + t) % d->cap_cap) * CW, (size_t)CW * sizeof(float));
+        ds4_mm(e, &sup->main_proj, 0, d->xcat, CW, n, d->mx, H);
+        for (int t = 0; t < n; t++) ds4_rms_norm(d->mx + (size_t)t * H, H, e->c.rms_eps, sup->main_norm, d->mx + (size_t)t * H);
+        if (op_failed(d, ch, "main_proj", !all_finite(d->mx, (int64_t)n * H))) return 0;
+        for (int st = 0; st < sup->n_stages; st++) {
+            ds4_attn_kv(s, &sup->stages[st], d->mx, n, p0, e->freq_main, d->kvtmp);
+            if (op_failed(d, ch, "context_kv", 0)) return 0;
+            for (int t = 0; t < n; t++) {
+                float *dst = d->ctx + ((size_t)st * d->cap_cap + (size_t)((p0 + t) % d->cap_cap)) * D;
+                memcpy(dst, d->kvtmp + (size_t)t * D, (size_t)D * sizeof(float));
+                if (ds4n) ds4_fp8_kv_round_trip(dst, D, e->c.n_rot);
+            }
+        }
+    }
+    if (lo != d->ctx_last + 1) d->ctx_from = lo;
+    d->ctx_last = hi;
+    if (d->ctx_last - d->cap_cap + 1 > d->ctx_from) d->ctx_from = d->ctx_last - d->cap_cap + 1;
+    return 1;
+}
+
+typedef struct {
+    ds4_session *s;
+    const ds4_layer *l;
+    const float *ctx;  /* this stage's ring */
+    const float *dkv;  /* [B, D] */
+    int64_t lo, hi;    /* context positions */
+    int B;
+} nc_task;
+
+/* Non-causal block attention of one (row, head): keys = context rows lo..hi then all B draft
+ * rows; softmax with the head's sink logit; V = K (spec dspark.md §2.4 step 4). */
+static void noncausal_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
+    nc_task *a = ctx;
+    ds4_session *s = a->s;
+    const ds4_engine *e = s->e;
+    const ds4_dspark *d = s->dsp;
+    const int NH = e->c.n_head, D = e->c.head_dim;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    float *sc = s->sc.att_tmp + (size_t)thread * s->sc.att_tmp_stride;
+    const float **keys = (const float **)(sc + s->sc.att_tmp_stride / 2);
+    for (int64_t it = i0; it < i1; it++) {
+        int t = (int)(it / NH), h = (int)(it % NH);
+        const float *q = s->sc.q + ((size_t)t * NH + h) * D;
+        int nk = 0;
+        for (int64_t p = a->lo; p <= a->hi; p++) keys[nk++] = a->ctx + (size_t)(p % d->cap_cap) * D;
+        for (int j = 0; j < a->B; j++) keys[nk++] = a->dkv + (size_t)j * D;
+        float sink = a->l->sinks[h], mx = sink;
+        for (int k = 0; k < nk; k++) {
+            sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
+            if (sc[k] > mx) mx = sc[k];
+        }
+        float denom = 0.0f;
+        for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
+        denom += expf(sink - mx);
+        float *o = s->sc.att + ((size_t)t * NH + h) * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int k = 0; k < nk; k++) {
+            float pk = sc[k] / denom;
+            const float *kk = keys[k];
+            for (int dd = 0; dd < D; dd++) o[dd] += pk * kk[dd];
+        }
+    }
+}
+
+/* One stage over the block X [B, HC, H] -> Y. */
+static int run_stage(ds4_session *s, chain *ch, int st, float *X, float *Y, int B, int64_t p0, int64_t lo, int64_t hi) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    ds4_scratch *sc = &s->sc;
+    const ds4_layer *l = &sup->stages[st];
+    const int H = e->c.n_embd, D = e->c.head_dim, NH = e->c.n_head;
+    ds4_hc_pre(s, &l->hc_attn_fn, l->hc_attn_base, l->hc_attn_scale, X, B, sc->x, sc->post, sc->comb);
+    if (op_failed(d, ch, "hc_pre", 0)) return 0;
+    for (int t = 0; t < B; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->attn_norm, sc->xn + (size_t)t * H);
+    ds4_attn_q(s, l, sc->xn, B, p0, e->freq_main);
+    if (op_failed(d, ch, "attn_q", 0)) return 0;
+    float *dkv = d->dkv + (size_t)st * B * D;
+    ds4_attn_kv(s, l, sc->xn, B, p0, e->freq_main, dkv);
+    if (e->numerics == DS4_NUMERICS_DS4)
+        for (int t = 0; t < B; t++) ds4_fp8_kv_round_trip(dkv + (size_t)t * D, D, e->c.n_rot);
+    if (op_failed(d, ch, "attn_kv", 0)) return 0;
+    if (op_failed(d, ch, "attention", 0)) return 0;
+    nc_task at = {s, l, d->ctx + (size_t)st * d->cap_cap * D, dkv, lo, hi, B};
+    ds4_pool_run(e->pool, noncausal_slice, &at, (int64_t)B * NH);
+    ds4_attn_output(s, l, B, p0, e->freq_main, sc->y);
+    if (op_failed(d, ch, "attn_output", 0)) return 0;
+    ds4_hc_post(e, X, sc->y, sc->post, sc->comb, B, Y);
+    ds4_hc_pre(s, &l->hc_ffn_fn, l->hc_ffn_base, l->hc_ffn_scale, Y, B, sc->x, sc->post, sc->comb);
+    for (int t = 0; t < B; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->ffn_norm, sc->xn + (size_t)t * H);
+    ds4_moe(s, l, sc->xn, NULL, B, sc->y);
+    if (op_failed(d, ch, "moe", !all_finite(sc->y, (int64_t)B * H))) return 0;
+    ds4_hc_post(e, Y, sc->y, sc->post, sc->comb, B, X); /* result back in X */
+    return 1;
+}
+
+static float confidence(ds4_session *s, const float *h, int32_t prev) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    const int H = e->c.n_embd, r = sup->rank;
+    memcpy(d->feat, h, (size_t)H * sizeof(float));
+    const ds4_w *w1 = &sup->markov_w1;
+    ds4_dequantize(w1->type, w1->data + (size_t)prev * w1->row_bytes, d->feat + H, r, NULL, 0);
+    float z;
+    ds4_mm(e, &sup->conf, 0, d->feat, H + r, 1, &z, 1);
+    return ds4_sigmoid(z);
+}
+
+static void note_conf(ds4_dspark *d, float c) {
+    int bin = (int)(c * DS4_DSPARK_CONF_BINS);
+    if (bin < 0) bin = 0;
+    if (bin >= DS4_DSPARK_CONF_BINS) bin = DS4_DSPARK_CONF_BINS - 1;
+    d->st.conf_hist[bin]++;
+    if (d->n_conf < DS4_DSPARK_MAX_BLOCK) d->conf[d->n_conf++] = c;
+}
+
+/* Draw from softmax(row / T) over the whole vocabulary. */
+static int32_t draw_q(ds4_session *s, const float *row, float T) {
+    const int32_t V = s->e->c.n_vocab;
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
+    for (int32_t i = 0; i < V; i++) sum += exp((double)row[i] / T - mx);
+    double u = ds4_uniform(s) * sum, cum = 0.0;
+    for (int32_t i = 0; i < V; i++) {
+        cum += exp((double)row[i] / T - mx);
+        if (u < cum) return i;
+    }
+    return V - 1;
+}
+
+typedef struct {
+    double stage0, setup, cache, chain, hidden, conf0, logits, markov, confidence;
+} prop_times;
+
+/* The drafter pass for `anchor` after context ending at last = n_tokens - 1.  Writes up to
+ * `want` drafts (fewer where c_k < threshold).  Returns the number of drafts, 0 for the
+ * confidence gate, or -1 for a chain failure (ch names the op). */
+static int propose(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
+                   prop_times *pt) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    ds4_scratch *sc = &s->sc;
+    const int H = e->c.n_embd, HC = e->c.hc_count, B = sup->block;
+    const int32_t V = e->c.n_vocab;
+    const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
+    const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
+    double t = ds4_now_ms(), t1;
+    d->n_conf = 0;
+    /* context rows (lazily projected; positions the ring already holds are reused) */
+    int64_t from = (d->ctx_last >= lo - 1 && d->ctx_from <= lo) ? d->ctx_last + 1 : lo;
+    if (from <= last && !project_context(s, ch, from, last)) return -1;
+    t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1;
+    /* block input: [anchor, noise...] embedded with the target's table, repeated over the streams */
+    if (op_failed(d, ch, "embed", 0)) return -1;
+    for (int i = 0; i < B; i++) {
+        const ds4_w *te = &e->token_embd;
+        int32_t tok = i == 0 ? anchor : sup->noise;
+        float *row = sc->x + (size_t)i * H;
+        ds4_dequantize(te->type, te->data + (size_t)tok * te->row_bytes, row, H, NULL, 0);
+        for (int a = 0; a < HC; a++) memcpy(sc->X + ((size_t)i * HC + a) * H, row, (size_t)H * sizeof(float));
+    }
+    t1 = ds4_now_ms(); pt->setup += t1 - t; t = t1;
+    for (int st = 0; st < sup->n_stages; st++)
+        if (!run_stage(s, ch, st, sc->X, sc->X3, B, last + 1, lo, last)) { pt->chain += ds4_now_ms() - t; return -1; }
+    t1 = ds4_now_ms(); pt->chain += t1 - t; t = t1;
+    ds4_hc_head(s, sc->X, B, &sup->hc_head_fn, sup->hc_head_base, sup->hc_head_scale, d->h);
+    if (op_failed(d, ch, "hc_head", !all_finite(d->h, (int64_t)B * H))) return -1;
+    t1 = ds4_now_ms(); pt->hidden += t1 - t; t = t1;
+    float c0 = confidence(s, d->h, anchor);
+    if (op_failed(d, ch, "confidence", !isfinite(c0))) return -1;
+    note_conf(d, c0);
+    t1 = ds4_now_ms(); pt->conf0 += t1 - t; t = t1;
+    if (c0 < threshold) return 0;
+    /* base logits of the rows that may be drafted */
+    for (int k = 0; k < want; k++)
+        ds4_rms_norm(d->h + (size_t)k * H, H, e->c.rms_eps, sup->norm, d->hn + (size_t)k * H);
+    if (op_failed(d, ch, "lm_head", 0)) return -1;
+    ds4_mm(e, &e->output, 0, d->hn, H, want, d->U, V);
+    t1 = ds4_now_ms(); pt->logits += t1 - t; t = t1;
+    const float T = s->sampling.temperature;
+    int32_t prev = anchor;
+    int n = 0;
+    for (int k = 0; k < want; k++) {
+        if (k > 0) { /* c_k needs m_k = W1[x_{k-1}] */
+            double tc = ds4_now_ms();
+            float ck = confidence(s, d->h + (size_t)k * H, prev);
+            if (op_failed(d, ch, "confidence", !isfinite(ck))) return -1;
+            note_conf(d, ck);
+            double tc1 = ds4_now_ms();
+            pt->confidence += tc1 - tc;
+            t += tc1 - tc; /* keep it out of prop_markov */
+            if (ck < threshold) break;
+        }
+        if (op_failed(d, ch, "markov", 0)) return -1;
+        const ds4_w *w1 = &sup->markov_w1;
+        ds4_dequantize(w1->type, w1->data + (size_t)prev * w1->row_bytes, d->feat, sup->rank, NULL, 0);
+        float *row = d->corr + (size_t)k * V;
+        ds4_mm(e, &sup->markov_w2, 0, d->feat, sup->rank, 1, row, V);
+        const float *u = d->U + (size_t)k * V;
+        for (int32_t i = 0; i < V; i++) row[i] += u[i];
+        int32_t x = T > 0.0f ? draw_q(s, row, T) : ds4_argmax(row, V);
+        drafts[n++] = x;
+        prev = x;
+    }
+    pt->markov += ds4_now_ms() - t;
+    return n;
+}
+
+/* ---- verification --------------------------------------------------------------------------- */
+
+/* q(x) under softmax(row / T). */
+static double q_prob(const float *row, int32_t V, float T, int32_t x) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
+    for (int32_t i = 0; i < V; i++) sum += exp((double)row[i] / T - mx);
+    return exp((double)row[x] / T - mx) / sum;
+}
+
+/* Rejection sampling at one verified row (spec dspark.md §3.2): accept draft x with probability
+ * min(1, p(x)/q(x)); otherwise draw from normalize(max(p - q, 0)) into *repl. */
+static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, int32_t x, int32_t *repl) {
+    ds4_dspark *d = s->dsp;
+    const int32_t V = s->e->c.n_vocab;
+    const float T = s->sampling.temperature;
+    int32_t n;
+    ds4_sample_dist(s, trow, d->cand_ids, d->cand_p, &n);
+    double px = 0.0;
+    for (int32_t i = 0; i < n; i++) if (d->cand_ids[i] == x) { px = d->cand_p[i]; break; }
+    double qx = q_prob(qrow, V, T, x);
+    if (qx > 0.0 && ds4_uniform(s) < px / qx) return 1;
+    /* residual over p's support */
+    double mx = -INFINITY, z = 0.0;
+    for (int32_t i = 0; i < V; i++) if ((double)qrow[i] / T > mx) mx = (double)qrow[i] / T;
+    for (int32_t i = 0; i < V; i++) z += exp((double)qrow[i] / T - mx);
+    double mass = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        double r = d->cand_p[i] - exp((double)qrow[d->cand_ids[i]] / T - mx) / z;
+        d->cand_p[i] = r > 0.0 ? r : 0.0;
+        mass += d->cand_p[i];
+    }
+    if (!(mass > 1e-12)) { /* p <= q everywhere up to rounding: fall back to p */
+        *repl = ds4_sample(s, trow);
+        return 0;
+    }
+    double u = ds4_uniform(s) * mass, cum = 0.0;
+    *repl = d->cand_ids[n - 1];
+    for (int32_t i = 0; i < n; i++) {
+        cum += d->cand_p[i];
+        if (u < cum && d->cand_p[i] > 0.0) { *repl = d->cand_ids[i]; break; }
+    }
+    return 0;
+}
+
+/* ---- scheduler (spec dspark.md §7.3) -------------------------------------------------------- */
+
+static double t_verify(const ds4_dspark *d, int n) {
+    if (d->has_ver[n]) return d->t_ver[n];
+    int lo = n, hi = n;
+    while (lo > 1 && !d->has_ver[lo]) lo--;
+    while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !d->has_ver[hi]) hi++;
+    if (d->has_ver[lo] && d->has_ver[hi] && hi != lo)
+        return d->t_ver[lo] + (d->t_ver[hi] - d->t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
+    return d->has_ver[lo] ? d->t_ver[lo] : d->t_ver[hi]; /* optimistic: flat beyond what was measured */
+}
+
+/* Expected tokens per ms with l drafts verified, from the per-position acceptance so far. */
+static double rate(const ds4_dspark *d, int l) {
+    double surv = 1.0, tokens = 1.0;
+    for (int k = 0; k < l; k++) {
+        double a = ((double)d->st.pos_accepted[k] + 1.0) / ((double)d->st.pos_proposed[k] + 2.0);
+        surv *= a;
+        tokens += surv;
+    }
+    return tokens / (d->t_prop + t_verify(d, l + 1));
+}
+
+/* The verify length (<= lmax) that maximises expected tokens per ms, scanning up and stopping at
+ * the first length that does not improve; 0 when target-only decoding is expected to be faster. */
+static int best_length(const ds4_dspark *d, int lmax) {
+    int best = 1;
+    double r = rate(d, 1);
+    for (int l = 2; l <= lmax; l++) {
+        double rl = rate(d, l);
+        if (rl <= r) break;
+        r = rl;
+        best = l;
+    }
+    return r > 1.0 / t_verify(d, 1) ? best : 0;
+}
+
+static void ema(double *v, int *has, double x) {
+    *v = *has ? (1.0 - EMA) * *v + EMA * x : x;
+    *has = 1;
+}
+
+/* ---- the cycle ------------------------------------------------------------------------------ */
+
+static void apply_knobs(ds4_dspark *d) {
+    pthread_mutex_lock(&d->mu);
+    if (memcmp(&d->want, &d->act, sizeof d->act) != 0) {
+        d->act = d->want;
+        ds4_dspark_event *ev = &d->events[d->n_events % N_EVENTS];
+        ev->cycle = d->st.cycles;
+        ev->knobs = d->act;
+        d->n_events++;
+        d->st.n_events = d->n_events;
+        d->skip_left = 0;
+        d->backoff = 2;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void no_draft(ds4_dspark *d, int reason) {
+    d->st.no_draft++;
+    d->st.no_draft_reasons[reason]++;
+    d->st.draft_len_hist[0]++;
+    d->st.accepted_len_hist[0]++;
+    if (reason == DS4_ND_NO_ROOM) d->st.no_room++;
+    if (reason == DS4_ND_SCHEDULER_SKIP) d->st.scheduler_skips++;
+    if (reason == DS4_ND_TAIL_SKIP) d->st.tail_skips++;
+    if (reason == DS4_ND_CHAIN_FAIL) d->st.chain_fail++;
+}
+
+/* A plain decode of the anchor (no draft to verify): outcome no_draft with `reason`, or invalid. */
+static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out, char *err, size_t err_len,
+                       double t_start, double propose_ms) {
+    ds4_dspark *d = s->dsp;
+    int32_t tok = s->pending;
+    double t0 = ds4_now_ms();
+    int rc = ds4_run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
+    double t1 = ds4_now_ms();
+    if (rc != DS4_OK) {
+        s->stats.decode_ms += t1 - t_start;
+        return rc;
+    }
+    s->has_logits = 1;
+    d->st.cycles++;
+    d->st.first_tokens++;
+    d->st.target_ms += t1 - t0;
+    d->st.propose_ms += propose_ms;
+    ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
+    if (reason >= 0) {
+        no_draft(d, reason);
+    } else { /* INVALID_DRAFT */
+        d->st.invalid++;
+        d->st.draft_len_hist[0]++;
+        d->st.accepted_len_hist[0]++;
+    }
+    double ts = ds4_now_ms();
+    int32_t next = ds4_sample(s, s->logits);
+    double te = ds4_now_ms();
+    s->stats.sample_ms += te - ts;
+    s->pending = next;
+    out[0] = next;
+    *n_out = 1;
+    s->stats.n_decode_tokens++;
+    s->stats.n_steps++;
+    s->stats.decode_ms += te - t_start;
+    return DS4_OK;
+}
+
+int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len) {
+    ds4_engine *e = s->e;
+    ds4_dspark *d = s->dsp;
+    const ds4_support *sup = e->sup;
+    double t_start = ds4_now_ms();
+    if (s->n_tokens + 1 > s->n_ctx)
+        return ds4_fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + 1 new > context size %d",
+                        s->n_tokens, s->n_ctx);
+    apply_knobs(d);
+    const ds4_dspark_knobs k = d->act;
+    if (!sup) return plain_cycle(s, e->sup_refused ? DS4_ND_SUPPORT_INVALID : DS4_ND_DISABLED, out, n_out, err,
+                                 err_len, t_start, 0.0);
+    if (!k.enabled) return plain_cycle(s, DS4_ND_DISABLED, out, n_out, err, err_len, t_start, 0.0);
+    const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
+    const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
+    if (last < 0 || d->cap_last != last || d->cap_from > lo)
+        return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, 0.0);
+    /* room: budget, context (anchor + drafts), batch */
+    int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;
+    if (lmax > max_out - 1) lmax = max_out - 1;
+    if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
+    if (lmax > s->n_batch) lmax = s->n_batch;
+    if (k.scheduler) {
+        if (max_out < TAIL_MIN_TOKENS) return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        if (d->skip_left > 0) {
+            d->skip_left--;
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        }
+        if (!d->has_ver[1]) /* measure a plain decode first: the cost model is priced in it */
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
+            d->skip_left = d->backoff - 1;
+            d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        }
+    }
+    if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, 0.0);
+
+    /* propose */
+    int32_t drafts[DS4_DSPARK_MAX_BLOCK];
+    chain ch = {0, NULL};
+    prop_times pt = {0};
+    double tp0 = ds4_now_ms();
+    const int32_t anchor = s->pending;
+    int nd = propose(s, anchor, lmax, k.threshold, drafts, &ch, &pt);
+    double tp1 = ds4_now_ms(), propose_ms = tp1 - tp0;
+    d->st.prop_stage0_ms += pt.stage0;
+    d->st.prop_setup_ms += pt.setup;
+    d->st.prop_cache_ms += pt.cache;
+    d->st.prop_chain_ms += pt.chain;
+    d->st.prop_hidden_ms += pt.hidden;
+    d->st.prop_conf0_ms += pt.conf0;
+    d->st.prop_logits_ms += pt.logits;
+    d->st.prop_markov_ms += pt.markov;
+    d->st.prop_confidence_ms += pt.confidence;
+    if (nd < 0) {
+        snprintf(d->st.chain_fail_op, sizeof d->st.chain_fail_op, "%s", ch.op ? ch.op : "unknown");
+        return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, propose_ms);
+    }
+    ema(&d->t_prop, &d->has_prop, propose_ms);
+    if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, propose_ms);
+    if (k.scheduler) {
+        int l = best_length(d, nd);
+        if (l >= 1 && l < nd) nd = l;
+    }
+    for (int i = 0; i < nd; i++)
+        if (drafts[i] < 0 || drafts[i] >= e->c.n_vocab) { /* cannot happen with an argmax; counted if it does */
+            return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, propose_ms);
+        }
+
+    /* verify [anchor, d_1..d_nd] in one pass */
+    const int32_t V = e->c.n_vocab;
+    int32_t seq[DS4_DSPARK_MAX_BLOCK + 1];
+    seq[0] = anchor;
+    memcpy(seq + 1, drafts, (size_t)nd * sizeof(int32_t));
+    const int64_t p0 = s->n_tokens;
+    double tv0 = ds4_now_ms();
+    int rc = ds4_run_pass(s, seq, nd + 1, DS4_LOGITS_ALL, d->vlogits, nd + 1, err, err_len);
+    double tv1 = ds4_now_ms();
+    if (rc != DS4_OK) {
+        s->stats.decode_ms += tv1 - t_start;
+        return rc; /* the session is unchanged (cancel, non-finite logits) */
+    }
+    /* accept */
+    const float T = s->sampling.temperature;
+    int a = 0;
+    int32_t bonus = -1;
+    double ts0 = ds4_now_ms();
+    if (T > 0.0f) {
+        for (a = 0; a < nd; a++) {
+            int32_t repl;
+            if (!accept_sampled(s, d->vlogits + (size_t)a * V, d->corr + (size_t)a * V, drafts[a], &repl)) {
+                bonus = repl;
+                break;
+            }
+        }
+        if (bonus < 0) bonus = ds4_sample(s, d->vlogits + (size_t)nd * V);
+    } else {
+        while (a < nd && ds4_argmax(d->vlogits + (size_t)a * V, V) == drafts[a]) a++;
+        bonus = ds4_argmax(d->vlogits + (size_t)a * V, V);
+    }
+    double ts1 = ds4_now_ms();
+    s->stats.sample_ms += ts1 - ts0;
+    /* commit: keep anchor + a accepted rows */
+    s->n_tokens = (int32_t)(p0 + 1 + a);
+    ds4_dspark_truncate(s, s->n_tokens);
+    memcpy(s->logits, d->vlogits + (size_t)a * V, (size_t)V * sizeof(float));
+    s->has_logits = 1;
+    s->pending = bonus;
+    for (int i = 0; i < a; i++) out[i] = drafts[i];
+    out[a] = bonus;
+    *n_out = a + 1;
+    double t_end = ds4_now_ms();
+    /* stats */
+    ds4_dspark_stats *st = &d->st;
+    st->cycles++;
+    st->first_tokens++;
+    st->proposed += (uint64_t)nd;
+    st->accepted_draft += (uint64_t)a;
+    if (a == nd) st->full++;
+    else if (a > 0) st->partial++;
+    else st->miss_first++;
+    st->draft_len_hist[nd]++;
+    st->accepted_len_hist[a]++;
+    for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
+    for (int i = 0; i < a; i++) st->pos_accepted[i]++;
+    st->propose_ms += propose_ms;
+    st->verify_ms += tv1 - tv0;
+    st->spec_total_ms += t_end - tv0;
+    ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
+    s->stats.n_decode_tokens += (uint64_t)(a + 1);
+    s->stats.n_steps++;
+    s->stats.decode_ms += t_end - t_start;
+    return DS4_OK;
+}
+
+/* ---- knobs, stats, hooks -------------------------------------------------------------------- */
+
+int ds4_session_set_dspark(ds4_session *s, const ds4_dspark_knobs *k, char *err, size_t err_len) {
+    if (!s || !k) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or knobs");
+    if (!s->dsp) return ds4_fail(err, err_len, DS4_E_STATE, "no DSpark support model is attached to this engine");
+    const ds4_support *sup = s->e->sup;
+    int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
+    if (k->enabled != 0 && k->enabled != 1) return ds4_fail(err, err_len, DS4_E_INVALID, "enabled must be 0 or 1, got %d", k->enabled);
+    if (k->scheduler != 0 && k->scheduler != 1)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "scheduler must be 0 or 1, got %d", k->scheduler);
+    if (!(k->threshold >= 0.0f && k->threshold <= 1.0f))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "confidence threshold must be in [0, 1], got %g", (double)k->threshold);
+    if (k->max_draft < 1 || k->max_draft > block)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "max draft length must be 1..%d (the support block size), got %d", block,
+                        k->max_draft);
+    if (k->enabled && !sup)
+        return ds4_fail(err, err_len, DS4_E_STATE, "DSpark cannot be enabled: the support model was refused: %s",
+                        s->e->sup_msg);
+    pthread_mutex_lock(&s->dsp->mu);
+    s->dsp->want = *k;
+    pthread_mutex_unlock(&s->dsp->mu);
+    return DS4_OK;
+}
+
+int ds4_session_get_dspark(ds4_session *s, ds4_dspark_knobs *out) {
+    if (!s || !out || !s->dsp) return DS4_E_STATE;
+    pthread_mutex_lock(&s->dsp->mu);
+    *out = s->dsp->want;
+    pthread_mutex_unlock(&s->dsp->mu);
+    return DS4_OK;
+}
+
+int ds4_session_dspark_events(ds4_session *s, ds4_dspark_event *out, int32_t max, int32_t *n) {
+    if (!s || !n || (max > 0 && !out)) return DS4_E_INVALID;
+    *n = 0;
+    if (!s->dsp) return DS4_OK;
+    ds4_dspark *d = s->dsp;
+    pthread_mutex_lock(&d->mu);
+    uint64_t have = d->n_events < N_EVENTS ? d->n_events : N_EVENTS;
+    uint64_t take = have < (uint64_t)(max > 0 ? max : 0) ? have : (uint64_t)(max > 0 ? max : 0);
+    for (uint64_t i = 0; i < take; i++) out[i] = d->events[(d->n_events - take + i) % N_EVENTS];
+    pthread_mutex_unlock(&d->mu);
+    *n = (int32_t)take;
+    return DS4_OK;
+}
+
+int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
+    if (!s || !out) return DS4_E_INVALID;
+    memset(out, 0, sizeof *out);
+    if (!s->dsp) return DS4_OK;
+    ds4_dspark *d = s->dsp;
+    *out = d->st;
+    /* savings are priced at the single-token decode time: measured when plain decodes happened,
+     * otherwise the fastest verify pass seen (an upper bound; t_decode_measured = 0) */
+    double td = 0.0;
+    if (d->has_ver[1]) {
+        td = d->t_ver[1];
+        out->t_decode_measured = 1;
+    } else {
+        for (int n = 2; n <= DS4_DSPARK_MAX_BLOCK + 1; n++)
+            if (d->has_ver[n]) { td = d->t_ver[n]; break; }
+    }
+    out->t_decode_ms = td;
+    out->saved_ms = (double)d->st.accepted_draft * td;
+    out->net_saved_ms = (double)(d->st.cycles + d->st.accepted_draft) * td -
+                        (d->st.target_ms + d->st.propose_ms + d->st.spec_total_ms);
+    return DS4_OK;
+}
+
+int ds4_session_dspark_last_confidence(ds4_session *s, float *out, int32_t max, int32_t *n) {
+    if (!s || !n || (max > 0 && !out)) return DS4_E_INVALID;
+    *n = 0;
+    if (!s->dsp) return DS4_OK;
+    int32_t k = s->dsp->n_conf < max ? s->dsp->n_conf : max;
+    memcpy(out, s->dsp->conf, (size_t)(k > 0 ? k : 0) * sizeof(float));
+    *n = k;
+    return DS4_OK;
+}
+
+int ds4_session_dspark_fail_op(ds4_session *s, const char *op) {
+    if (!s || !s->dsp) return DS4_E_STATE;
+    snprintf(s->dsp->fail_op, sizeof s->dsp->fail_op, "%s", op ? op : "");
+    return DS4_OK;
+}
