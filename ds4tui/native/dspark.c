@@ -59,7 +59,8 @@ struct ds4_dspark {
     int has_ver[DS4_DSPARK_MAX_BLOCK + 2];
     double t_prop;
     int has_prop;
-    int skip_left, backoff;
+    int skip_left, backoff, probe;
+    uint64_t n_plain;           /* plain (no-draft) cycles: target_ms / n_plain prices the savings */
     ds4_dspark_stats st;
 };
 
@@ -522,6 +523,7 @@ static void apply_knobs(ds4_dspark *d) {
         d->n_events++;
         d->st.n_events = d->n_events;
         d->skip_left = 0;
+        d->probe = 0;
         d->backoff = 2;
     }
     pthread_mutex_unlock(&d->mu);
@@ -556,6 +558,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.target_ms += t1 - t0;
     d->st.propose_ms += propose_ms;
     ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
+    d->n_plain++;
     if (reason >= 0) {
         no_draft(d, reason);
     } else { /* INVALID_DRAFT */
@@ -606,10 +609,20 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         }
         if (!d->has_ver[1]) /* measure a plain decode first: the cost model is priced in it */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
-        if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
+        if (d->probe) {
+            /* a back-off just ended: one cheap single-draft cycle refreshes the first position's
+             * acceptance estimate (the one every longer draft depends on) */
+            d->probe = 0;
+            if (lmax > 1) lmax = 1;
+        } else if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
+            /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
+             * drafting stays unprofitable */
             d->skip_left = d->backoff - 1;
+            d->probe = 1;
             d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        } else {
+            d->backoff = 2;
         }
     }
     if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, 0.0);
@@ -764,11 +777,11 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
     if (!s->dsp) return DS4_OK;
     ds4_dspark *d = s->dsp;
     *out = d->st;
-    /* savings are priced at the single-token decode time: measured when plain decodes happened,
-     * otherwise the fastest verify pass seen (an upper bound; t_decode_measured = 0) */
+    /* savings are priced at the single-token decode time: the mean plain decode when there were
+     * any, otherwise the shortest verify pass seen (an upper bound; t_decode_measured = 0) */
     double td = 0.0;
-    if (d->has_ver[1]) {
-        td = d->t_ver[1];
+    if (d->n_plain) {
+        td = d->st.target_ms / (double)d->n_plain;
         out->t_decode_measured = 1;
     } else {
         for (int n = 2; n <= DS4_DSPARK_MAX_BLOCK + 1; n++)

@@ -117,6 +117,72 @@ static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
 }
 #endif
 
+/* Q8_0 against NT activation rows at once: each block's 32 int8 are converted to float once and
+ * shared by the NT tokens, and every token's accumulators see exactly the operations dot_q8_0
+ * performs for it alone (same FMAs in the same order, same final reduction), so the results are
+ * bit-identical to NT single-token calls — batch invariance is kept while a verify or prefill
+ * batch stops paying the int8 conversion once per token. */
+#if defined(__AVX512F__)
+#define Q8_MULTI(NT)                                                                                            \
+    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
+                               int64_t ldy) {                                                                  \
+        __m512 a0[NT], a1[NT];                                                                                 \
+        for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm512_setzero_ps();                                      \
+        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
+            const uint8_t *blk = row + 34 * b;                                                                 \
+            __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
+            __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));  \
+            __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))); \
+            for (int k = 0; k < NT; k++) {                                                                     \
+                const float *xb = X + k * ldx + 32 * b;                                                        \
+                a0[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), a0[k]);                     \
+                a1[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), a1[k]);                \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[32];                                                                                     \
+            _mm512_storeu_ps(acc, a0[k]);                                                                      \
+            _mm512_storeu_ps(acc + 16, a1[k]);                                                                 \
+            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+Q8_MULTI(8)
+Q8_MULTI(4)
+Q8_MULTI(2)
+#define Q8_GROUPS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define Q8_MULTI(NT)                                                                                            \
+    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
+                               int64_t ldy) {                                                                  \
+        __m256 a[NT][4];                                                                                       \
+        for (int k = 0; k < NT; k++)                                                                           \
+            for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();                                         \
+        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
+            const uint8_t *blk = row + 34 * b;                                                                 \
+            __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
+            __m256 q[4];                                                                                       \
+            for (int j = 0; j < 4; j++)                                                                        \
+                q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))); \
+            for (int k = 0; k < NT; k++) {                                                                     \
+                const float *xb = X + k * ldx + 32 * b;                                                        \
+                for (int j = 0; j < 4; j++)                                                                    \
+                    a[k][j] = _mm256_fmadd_ps(d, _mm256_mul_ps(q[j], _mm256_loadu_ps(xb + 8 * j)), a[k][j]);   \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[32];                                                                                     \
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + 8 * j, a[k][j]);                                \
+            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+Q8_MULTI(8)
+Q8_MULTI(4)
+Q8_MULTI(2)
+#define Q8_GROUPS 1
+#endif
+
 #if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
 /* F16C converts 8 halves per instruction, exactly (the same values as ds4_half). */
 static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
@@ -320,7 +386,15 @@ static float dot_row(int type, const uint8_t *row, const float *x, int64_t cols)
  * verification give bit-identical rows (the weight row stays in L1 between tokens). */
 static void row_times_tokens(int type, const uint8_t *row, int64_t cols, const float *X, int64_t ldx,
                              int64_t n_tok, float *Y, int64_t ldy) {
-    for (int64_t k = 0; k < n_tok; k++) Y[k * ldy] = dot_row(type, row, X + k * ldx, cols);
+    int64_t k = 0;
+#ifdef Q8_GROUPS
+    if (type == DS4_TYPE_Q8_0) {
+        for (; k + 8 <= n_tok; k += 8) dot_q8_0_x8(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy);
+        if (k + 4 <= n_tok) { dot_q8_0_x4(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 4; }
+        if (k + 2 <= n_tok) { dot_q8_0_x2(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 2; }
+    }
+#endif
+    for (; k < n_tok; k++) Y[k * ldy] = dot_row(type, row, X + k * ldx, cols);
 }
 
 typedef struct {
