@@ -52,3 +52,27 @@ def rewrite(src: str | Path, dst: str | Path, *, arch: str | None = None, drop_k
     w.write_tensors_to_file()
     w.close()
     return Path(dst)
+
+
+def to_dflash(src: str | Path, dst: str | Path, *, last_stage: int = 2) -> Path:
+    """Rewrite a ds4 support GGUF in llama.cpp's ``dflash`` layout (spec dspark.md §12): ``blk.N.``
+    stage names, root names for the heads, ``dflash.*`` keys, layer-*input* capture ids (+1)."""
+    from ds4tui.engine.layout import DFLASH_ROOT_NAMES
+
+    r = open_gguf(src)
+    inverse = {v.format(last=last_stage): k for k, v in DFLASH_ROOT_NAMES.items()}
+    ids = [int(x) + 1 for x in field_value(r.fields["dspark.target_layer_ids"])]
+    w = GGUFWriter(str(dst), arch="dflash")
+    w.add_key_value("dflash.block_size", int(field_value(r.fields["dspark.block_size"])), GGUFValueType.UINT32)
+    w.add_key_value("tokenizer.ggml.mask_token_id", int(field_value(r.fields["dspark.noise_token_id"])),
+                    GGUFValueType.UINT32)
+    w.add_key_value("dflash.target_layers", ids, GGUFValueType.ARRAY, GGUFValueType.INT32)
+    for t in r.tensors:
+        name = inverse.get(t.name) or ("blk." + t.name[4:] if t.name.startswith("mtp.") else t.name)
+        qt = T(int(t.tensor_type))
+        w.add_tensor(name, np.asarray(t.data), raw_dtype=None if qt in (T.F32, T.F16) else qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)

@@ -15,7 +15,7 @@ from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine import gguf_model as gm
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 
-from gguf_edit import rewrite
+from gguf_edit import rewrite, to_dflash
 
 
 @pytest.fixture(scope="module")
@@ -225,27 +225,7 @@ def test_support_nan_weights_refused(tiny_q2, tmp_path):
 
 def test_dflash_names_are_accepted(tiny_q2, tmp_path):
     """llama.cpp's DSpark GGUF naming (spec dspark.md §12) maps onto the same 81 tensors."""
-    from ds4tui.engine.layout import DFLASH_ROOT_NAMES
-
-    src = tiny_q2["support"]
-    import gguf
-
-    r = gm.open_gguf(src)
-    inverse = {v.format(last=2): k for k, v in DFLASH_ROOT_NAMES.items()}
-    w = gguf.GGUFWriter(str(tmp_path / "dflash.gguf"), arch="dflash")
-    w.add_key_value("dflash.block_size", 5, V.UINT32)
-    w.add_key_value("tokenizer.ggml.mask_token_id", 128799, V.UINT32)
-    w.add_key_value("dflash.target_layers", [4, 5, 6], V.ARRAY, V.INT32)  # layer-input ids
-    for t in r.tensors:
-        name = inverse.get(t.name) or ("blk." + t.name[4:] if t.name.startswith("mtp.") else t.name)
-        qt = T(int(t.tensor_type))
-        data = np.asarray(t.data)
-        w.add_tensor(name, data, raw_dtype=None if qt in (T.F32, T.F16) else qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    s = SupportModel(tmp_path / "dflash.gguf", tiny_q2["config"])
+    s = SupportModel(to_dflash(tiny_q2["support"], tmp_path / "dflash.gguf"), tiny_q2["config"])
     assert s.compatible, _reasons(s)
     assert s.meta.target_layer_ids == (3, 4, 5)
     assert s.counts()["markov_rank"] == 32 and s.present == 81

@@ -734,13 +734,15 @@ class Session:
                                                     float(e.knobs.threshold), int(e.knobs.max_draft)))
                 for e in (buf[i] for i in range(n[0]))]
 
-    def last_confidence(self) -> list[float]:
-        """The raw confidences c_1.. of the last proposal (spec dspark.md §2.4; uncalibrated)."""
+    def last_proposal(self) -> tuple[list[int], list[float]]:
+        """The last drafter pass: ``(drafts, confidences)`` — the draft ids after the confidence
+        cut (before budget/scheduler cuts) and the raw, uncalibrated c_k it computed (spec
+        dspark.md §2.4; computed up to the first one below the threshold)."""
         self._alive()
-        buf = self._ffi.new("float[16]")
-        n = self._ffi.new("int32_t *")
-        self._lib.ds4_session_dspark_last_confidence(self._h, buf, 16, n)
-        return [float(buf[i]) for i in range(n[0])]
+        toks, conf = self._ffi.new("int32_t[16]"), self._ffi.new("float[16]")
+        nt, nc = self._ffi.new("int32_t *"), self._ffi.new("int32_t *")
+        self._lib.ds4_session_dspark_last_proposal(self._h, toks, conf, 16, nt, nc)
+        return [int(toks[i]) for i in range(nt[0])], [float(conf[i]) for i in range(nc[0])]
 
     def dspark_fail_op(self, op: str | None) -> None:
         """Test hook: make the named drafter op fail on every pass (None: none).  The cycle is

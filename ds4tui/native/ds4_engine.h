@@ -254,7 +254,7 @@ typedef struct {
 typedef struct {
     int32_t enabled;     /* 1: draft and verify; 0: target-only decode */
     int32_t scheduler;   /* 1: adaptive scheduler (spec dspark.md §7.3) */
-    float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold */
+    float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold (1: never draft) */
     int32_t max_draft;   /* 1..block_size drafts per cycle */
 } ds4_dspark_knobs;
 
@@ -314,11 +314,15 @@ int ds4_session_get_dspark(ds4_session *s, ds4_dspark_knobs *out);
 /* The latest min(max, n_events) applied changes, oldest first; *n = written. */
 int ds4_session_dspark_events(ds4_session *s, ds4_dspark_event *out, int32_t max, int32_t *n);
 int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out);
-/* Last proposal's raw confidences c_1..c_n (n <= block) for calibration. */
-int ds4_session_dspark_last_confidence(ds4_session *s, float *out, int32_t max, int32_t *n);
+/* The last drafter pass: its draft tokens (after the confidence cut, before
+ * any budget or scheduler cut) and the raw confidences c_1..c_n it computed
+ * (uncalibrated; c_k is computed up to the first one below the threshold). */
+int ds4_session_dspark_last_proposal(ds4_session *s, int32_t *tokens, float *conf, int32_t max,
+                                    int32_t *n_tokens, int32_t *n_conf);
 /* Test hook: make the named drafter op fail on every pass ("" or NULL: none).
  * Op names: main_proj, context_kv, embed, hc_pre, attn_q, attn_kv, attention,
- * attn_output, moe, hc_head, lm_head, markov, confidence. */
+ * attn_output, moe, hc_head, lm_head, markov, confidence; "capture" makes the
+ * capture check fail instead (no-draft reason capture_invalid). */
 int ds4_session_dspark_fail_op(ds4_session *s, const char *op);
 
 /* CDEF END */

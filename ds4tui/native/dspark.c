@@ -48,6 +48,8 @@ struct ds4_dspark {
     double *cand_p;             /* [V] */
     float conf[DS4_DSPARK_MAX_BLOCK];
     int32_t n_conf;
+    int32_t drafts[DS4_DSPARK_MAX_BLOCK]; /* the last proposal (before the scheduler's cut) */
+    int32_t n_drafts;
     /* knobs */
     pthread_mutex_t mu;
     ds4_dspark_knobs want, act;
@@ -364,6 +366,7 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
     double t = ds4_now_ms(), t1;
     d->n_conf = 0;
+    d->n_drafts = 0;
     /* context rows (lazily projected; positions the ring already holds are reused) */
     int64_t from = (d->ctx_last >= lo - 1 && d->ctx_from <= lo) ? d->ctx_last + 1 : lo;
     if (from <= last && !project_context(s, ch, from, last)) return -1;
@@ -388,7 +391,7 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
     if (op_failed(d, ch, "confidence", !isfinite(c0))) return -1;
     note_conf(d, c0);
     t1 = ds4_now_ms(); pt->conf0 += t1 - t; t = t1;
-    if (c0 < threshold) return 0;
+    if (c0 < threshold || threshold >= 1.0f) return 0; /* 1 = never draft (even a saturated c = 1) */
     /* base logits of the rows that may be drafted */
     for (int k = 0; k < want; k++)
         ds4_rms_norm(d->h + (size_t)k * H, H, e->c.rms_eps, sup->norm, d->hn + (size_t)k * H);
@@ -418,6 +421,7 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
         for (int32_t i = 0; i < V; i++) row[i] += u[i];
         int32_t x = T > 0.0f ? draw_q(s, row, T) : ds4_argmax(row, V);
         drafts[n++] = x;
+        d->drafts[d->n_drafts++] = x;
         prev = x;
     }
     pt->markov += ds4_now_ms() - t;
@@ -594,7 +598,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (!k.enabled) return plain_cycle(s, DS4_ND_DISABLED, out, n_out, err, err_len, t_start, 0.0);
     const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
-    if (last < 0 || d->cap_last != last || d->cap_from > lo)
+    if (last < 0 || d->cap_last != last || d->cap_from > lo || (d->fail_op[0] && !strcmp(d->fail_op, "capture")))
         return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, 0.0);
     /* room: budget, context (anchor + drafts), batch */
     int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;
@@ -794,13 +798,17 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
     return DS4_OK;
 }
 
-int ds4_session_dspark_last_confidence(ds4_session *s, float *out, int32_t max, int32_t *n) {
-    if (!s || !n || (max > 0 && !out)) return DS4_E_INVALID;
-    *n = 0;
-    if (!s->dsp) return DS4_OK;
-    int32_t k = s->dsp->n_conf < max ? s->dsp->n_conf : max;
-    memcpy(out, s->dsp->conf, (size_t)(k > 0 ? k : 0) * sizeof(float));
-    *n = k;
+int ds4_session_dspark_last_proposal(ds4_session *s, int32_t *tokens, float *conf, int32_t max, int32_t *n_tokens,
+                                    int32_t *n_conf) {
+    if (!s || !n_tokens || !n_conf || (max > 0 && (!tokens || !conf))) return DS4_E_INVALID;
+    *n_tokens = *n_conf = 0;
+    if (!s->dsp || max <= 0) return DS4_OK;
+    const ds4_dspark *d = s->dsp;
+    int32_t nt = d->n_drafts < max ? d->n_drafts : max, nc = d->n_conf < max ? d->n_conf : max;
+    memcpy(tokens, d->drafts, (size_t)nt * sizeof(int32_t));
+    memcpy(conf, d->conf, (size_t)nc * sizeof(float));
+    *n_tokens = nt;
+    *n_conf = nc;
     return DS4_OK;
 }
 
