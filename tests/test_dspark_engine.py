@@ -382,3 +382,30 @@ def test_sampling_matches_target_only_distribution(tiny_q2, fitted_support):
     assert len(keys) >= 3
     _, p_value, _, _ = chi2_contingency(table)
     assert p_value > 1e-3, (keys, table.tolist())
+
+
+def test_stop_token_inside_accepted_drafts(tiny_q2):
+    """generate() stops at a stop token even when it arrives as an accepted draft; the session is
+    left as if decoding had stopped there (that token pending, nothing after it kept)."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(256)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPTS[0])
+    out = s.step()
+    stop = None
+    while stop is None and len(out) < 120:
+        r = s.step()
+        if len(r) > 1 and r[0] not in out:
+            stop = r[0]  # first emitted as an accepted draft, with more tokens after it in the step
+        out += r
+    assert stop is not None, "no accepted draft in 120 tokens"
+    s.close()
+    s = e.session(256)
+    s.set_dspark(scheduler=False)
+    got = list(s.generate(PROMPTS[0], max_tokens=200, stop=[stop]))
+    assert got == out[:out.index(stop) + 1]
+    assert s.pending == stop and s.tokens == PROMPTS[0] + got[:-1]
+    more = list(s.generate(PROMPTS[1][:5], max_tokens=10))
+    p = S.Engine(tiny_q2["model"]).session(256)
+    want = list(p.generate(PROMPTS[0], max_tokens=200, stop=[stop]))
+    assert want == got and list(p.generate(PROMPTS[1][:5], max_tokens=10)) == more

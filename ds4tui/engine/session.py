@@ -593,11 +593,33 @@ class Session:
             self.prefill(prompt, progress=progress)
         n = 0
         while n < max_tokens:
-            for tok in self.step(min(STEP_MAX, max_tokens - n)):
+            out = self.step(min(STEP_MAX, max_tokens - n))
+            for j, tok in enumerate(out):
                 yield tok
                 n += 1
                 if tok in stop or n >= max_tokens:
+                    if j < len(out) - 1:  # a stop inside accepted drafts: forget what follows it
+                        self.rewind(len(out) - 1 - j)
                     return
+
+    def rewind(self, k: int) -> None:
+        """Take back the last ``k`` emitted tokens (1 <= k <= 64): the pending token and the k - 1
+        tokens before it leave the session, and the token emitted before them becomes pending, as
+        if decoding had stopped there (used when a stop token is among accepted drafts)."""
+        with self._lock:
+            self._alive()
+            if self.pending is None or not 1 <= k <= min(STEP_MAX, len(self.tokens)):
+                raise ValueError(f"cannot take back {k} emitted tokens (pending={self.pending}, "
+                                 f"{len(self.tokens)} in the cache)")
+            keep = len(self.tokens) - k
+            tok = self.tokens[keep]
+            self._truncate(keep)
+            del self.tokens[keep:]
+            self._set_pending(tok)
+            self.pending = tok
+
+    def _set_pending(self, tok: int) -> None:
+        self._check(self._lib.ds4_session_set_pending(self._h, tok, self._err, 1024))
 
     def truncate(self, n: int) -> None:
         """Forget every token at position >= ``n`` (at most one batch back, or all: ``n`` = 0)."""
@@ -859,6 +881,9 @@ class ReferenceSession(Session):
 
     def _native_cancel(self, on: bool) -> None:
         pass
+
+    def _set_pending(self, tok: int) -> None:
+        pass  # the reference runs self.pending first on its own
 
     def _release(self) -> None:
         self._st = None

@@ -208,6 +208,10 @@ int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_o
  * last logits. */
 int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len);
 
+/* Make `token` the pending token (emitted, not yet run) of a session that has
+ * none, e.g. after truncating drafts accepted past a stop token. */
+int ds4_session_set_pending(ds4_session *s, int32_t token, char *err, size_t err_len);
+
 /* Ask a running eval/step to stop at the next layer boundary (thread-safe;
  * sticky until that call returns DS4_E_CANCELLED or ds4_session_clear_cancel). */
 void ds4_session_cancel(ds4_session *s);

@@ -929,6 +929,16 @@ int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len) {
     return DS4_OK;
 }
 
+int ds4_session_set_pending(ds4_session *s, int32_t token, char *err, size_t err_len) {
+    if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
+    if (token < 0 || token >= s->e->c.n_vocab)
+        return ds4_fail(err, err_len, DS4_E_TOKEN, "token id %d is outside the vocabulary 0..%d", token,
+                        s->e->c.n_vocab - 1);
+    if (s->pending >= 0) return ds4_fail(err, err_len, DS4_E_STATE, "the session already has a pending token");
+    s->pending = token;
+    return DS4_OK;
+}
+
 int ds4_session_stats(const ds4_session *s, ds4_stats *out) {
     if (!s || !out) return DS4_E_INVALID;
     *out = s->stats;
