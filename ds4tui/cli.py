@@ -42,6 +42,17 @@ def seed_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0", 2**64 - 1)
 
 
+def unit_float(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], found {text!r}") from None
+    if not 0.0 <= v <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], found {text}")
+    return v
+
+
 def thread_count(text: str) -> int:
     """argparse type: 0 (one per core) .. 256 threads (the engine's DS4_MAX_THREADS)."""
     return _int_at_least(text, 0, "a thread count >= 0 (0 = one per core)", 256)
@@ -119,16 +130,28 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
-    p.add_argument("--prompt-tokens", type=positive_int, default=256, metavar="N",
+    p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
                    help="prompt length to prefill (default 256)")
-    p.add_argument("--decode-tokens", type=positive_int, default=64, metavar="N",
+    p.add_argument("--decode-tokens", type=positive_int, metavar="N",
                    help="decode steps to time (default 64)")
     p.add_argument("--ctx", type=positive_int, metavar="N",
-                   help="session context size (default: prompt + decode tokens + 1, the least that fits)")
-    p.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                   help="session context size (default: the least that fits)")
+    p.add_argument("--repeat", type=positive_int, metavar="N",
                    help="measure N times and report the fastest run (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
+    ab = p.add_argument_group(
+        "A/B run (DSpark)",
+        "--ab runs three arms on one engine with the support model attached in each (same memory; only the knob "
+        "under test changes): target-only, DSpark without the scheduler, DSpark with it. Each arm generates "
+        "--tokens greedy tokens for a code prompt and for a prose prompt. Per arm and prompt: tokens/s and its "
+        "ratio to target-only, accept rate, tokens/cycle, ms per cycle of each stage, ds4's stats line, and a "
+        "check that all arms generated the same ids (exit status 1 if not).")
+    ab.add_argument("--ab", action="store_true", help="run the A/B comparison (needs --mtp, or --medium)")
+    ab.add_argument("--mtp", metavar="SUPPORT",
+                    help="DSpark support GGUF for --ab (with --medium: default the medium model's, built once)")
+    ab.add_argument("--tokens", type=positive_int, metavar="N",
+                    help="greedy tokens per prompt and arm (default 512; short runs mislead)")
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -163,6 +186,25 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="CPU threads, at most 256 (default 0 = one per core)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    d = p.add_argument_group(
+        "DSpark speculative decoding",
+        "--mtp attaches a DSpark support GGUF and turns DSpark ON: unlike ds4, no --dspark is needed, because a "
+        "support model that is loaded but never drafts is exactly the failure to avoid. --no-dspark loads it and "
+        "runs target-only. A support file that does not match the model is refused with a warning (file and "
+        "reason) and generation continues target-only. At the end ds4's 'DSpark stats' line goes to stderr "
+        "(with --json: the knobs, the full counters, the line, and which tokens came from accepted drafts).")
+    d.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF (ds4's deepseek4-dspark file)")
+    d.add_argument("--dspark", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft and verify with the support model (default: on when --mtp is given; "
+                   "--dspark without --mtp is an error)")
+    d.add_argument("--no-scheduler", action="store_true",
+                   help="turn off the adaptive scheduler that skips drafting when it does not pay (as ds4's "
+                   "DS4_DSPARK_SCHEDULER=0)")
+    d.add_argument("--confidence", type=unit_float, metavar="C",
+                   help="cut each draft at the first position whose confidence is below C, 0..1 (default 0 = "
+                   "always propose the whole block)")
+    d.add_argument("--max-draft", type=positive_int, metavar="N",
+                   help="draft tokens per cycle, 1..block size (default: the block size)")
 
 
 COMMANDS = {

@@ -1,6 +1,6 @@
 """``ds4tui bench``: real measurements on the tiny model, the bytes-per-token figure recomputed from
-the tensor table, error handling, and the --medium cache (with a stand-in builder: the real medium
-model takes minutes to build)."""
+the tensor table, error handling, the --medium cache (with a stand-in builder: the real medium
+model takes minutes to build), and the --ab comparison of target-only and DSpark arms."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ds4tui.cli import main as cli_main
 from ds4tui.commands import bench
 from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine.gguf_model import DS4Model
+from ds4tui.engine.stats import DSparkStats
 
 # 12 prompt tokens, then 5 timed decode steps at positions 12..16, i.e. contexts 13..17: mean 15.
 PROMPT, DECODE, MEAN_CTX = 12, 5, 15
@@ -241,3 +242,119 @@ def test_medium_build_interrupted_leaves_nothing(tmp_path, monkeypatch, capsys):
     rc, out, err = _bench(capsys, "--medium")
     assert rc == 130 and err.strip().endswith("ds4tui: interrupted")
     assert list((tmp_path / "cache" / "ds4tui").iterdir()) == []
+
+
+# ---- --ab --------------------------------------------------------------------------------------
+
+ARMS = ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
+
+
+def _ab(capsys, tiny_q2, *argv: str) -> tuple[int, str, str]:
+    return _bench(capsys, tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", *argv)
+
+
+def test_ab_runs_three_arms_with_identical_greedy_outputs(tiny_q2, tmp_path, capsys):
+    out_file = tmp_path / "ab.json"
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "40", "--json", "--out", str(out_file))
+    assert rc == 0, err
+    r = json.loads(out)
+    assert json.loads(out_file.read_text()) == r
+    assert r["ok"] and r["mode"] == "ab" and r["tokens"] == 40 and r["sampling"] == "greedy"
+    assert r["support"]["status"] == "attached" and r["support"]["path"] == tiny_q2["support"]
+    assert [p["kind"] for p in r["prompts"]] == ["code", "prose"]
+    assert [a["name"] for a in r["arms"]] == ARMS
+    knobs = [(a["knobs"]["enabled"], a["knobs"]["scheduler"]) for a in r["arms"]]
+    assert knobs == [(False, True), (True, False), (True, True)]
+    assert r["outputs_identical"] is True and r["mismatches"] == []
+    assert len({a["ids_sha256"] for a in r["arms"]}) == 1
+    assert r["memory_identical"] and r["arms"][0]["memory"]["kv"] > 0
+    for arm in r["arms"]:
+        assert [run["kind"] for run in arm["runs"]] == ["code", "prose"]
+        assert arm["tokens_per_s"] > 0 and arm["ratio_to_target"] > 0
+        total = DSparkStats.from_dict(arm["dspark_stats"])
+        assert total.check_invariants() == []
+        for run, want in zip(arm["runs"], r["arms"][0]["runs"]):
+            assert run["generated_tokens"] == len(run["generated_ids"]) == 40
+            assert run["ids_sha256"] == bench.ids_sha256(run["generated_ids"]) == want["ids_sha256"]
+            assert run["ratio_to_target"] == pytest.approx(run["tokens_per_s"] / want["tokens_per_s"])
+            st = DSparkStats.from_dict(run["dspark_stats"])
+            assert st.check_invariants() == [] and run["from_draft"] == st.accepted_draft
+            assert run["dspark_line"].startswith("DSpark stats cycles=")
+            assert set(run["stage_ms_per_cycle"]) >= {"prop_chain", "verify"}
+        assert total.cycles == sum(run["dspark_stats"]["cycles"] for run in arm["runs"])
+        assert total.accepted_draft == sum(run["from_draft"] for run in arm["runs"])
+    assert r["arms"][0]["ratio_to_target"] == 1.0
+    target = DSparkStats.from_dict(r["arms"][0]["dspark_stats"])
+    assert target.proposed == 0 and target.no_draft_reasons["disabled"] == target.cycles > 0
+    assert DSparkStats.from_dict(r["arms"][1]["dspark_stats"]).proposed > 0  # no scheduler: it drafts
+
+
+def test_ab_text_report(tiny_q2, capsys):
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "6")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in ARMS]
+    assert [(row[0], row[1]) for row in rows] == [(a, k) for a in ARMS for k in ("code", "prose", "all")]
+    assert all(row[3].endswith("x") for row in rows) and rows[0][3] == "1.000x"
+    assert out.count("  DSpark stats cycles=") == 3 and out.count("  ms/cycle prop_stage0=") == 3
+    assert "greedy outputs: identical in all 3 arms" in out
+
+
+def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
+    real = bench._ab_one
+
+    def altered(engine, ctx, ids, n_tokens, knobs, current):
+        r = real(engine, ctx, ids, n_tokens, knobs, current)
+        if knobs.get("scheduler") is False:
+            r["generated_ids"] = r["generated_ids"][:3] + [r["generated_ids"][3] ^ 1] + r["generated_ids"][4:]
+        return r
+
+    monkeypatch.setattr(bench, "_ab_one", altered)
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "5", "--json")
+    assert rc == 1
+    r = json.loads(out)
+    assert r["outputs_identical"] is False
+    assert [(m["arm"], m["kind"], m["first_difference"]) for m in r["mismatches"]] == [
+        ("dspark-no-scheduler", "code", 3), ("dspark-no-scheduler", "prose", 3)]
+    assert "the greedy outputs of the arms differ: dspark-no-scheduler (code prompt) from token 3" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ab"], "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"),
+    (["--tokens", "5"], "--tokens is an option of the A/B run: add --ab"),
+    (["--mtp", "s.gguf"], "--mtp is an option of the A/B run: add --ab"),
+    (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
+     "--decode-tokens, --repeat do not apply to --ab (use --tokens N)"),
+])
+def test_ab_option_errors(argv, message, tiny_q2, capsys):
+    rc, out, err = _bench(capsys, tiny_q2["model"], *argv)
+    assert rc == 2 and out == "" and err.strip() == f"ds4tui bench: error: {message}"
+
+
+def test_ab_refuses_a_support_model_that_cannot_draft(tiny_q2, tmp_path, capsys):
+    bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "4")
+    assert rc == 1 and out == ""
+    assert err.startswith(f"ds4tui bench: error: an A/B run needs a support model that drafts: {bad}: support model "
+                          f"refused") and "support has 8 experts" in err
+
+
+def test_medium_ab_writes_the_support_model_once(fake_medium_build, tiny_q2, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "cache" / "ds4tui" / "bench-medium"
+    written: list[Path] = []
+
+    def fake_write_support(path, c, seed, *, types, **kw):
+        assert (c.n_embd, seed, types) == (1024, 0, "q2")
+        written.append(Path(path))
+        shutil.copyfile(tiny_q2["support"], path)
+        return Path(path)
+
+    monkeypatch.setattr(mtm, "write_support", fake_write_support)
+    argv = ("--medium", "--ab", "--tokens", "3", "--threads", "2", "--json")
+    rc, out, err = _bench(capsys, *argv)
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["support"]["path"] == str(folder / "support.gguf") and r["model"]["medium"] is True
+    assert len(written) == 1 and "writing the medium model's support file" in err
+    assert sorted(p.name for p in folder.iterdir()) == sorted([bench.MEDIUM_MARKER, "model.gguf", "support.gguf"])
+    rc, out, err = _bench(capsys, *argv)
+    assert rc == 0 and len(written) == 1 and json.loads(out)["outputs_identical"]

@@ -1,5 +1,7 @@
 """``ds4tui generate``: greedy tokens equal the numpy reference's, the prompt is the chat template
-(or the raw text), the streamed text is the decoded ids, and bad requests are clear errors."""
+(or the raw text), the streamed text is the decoded ids, and bad requests are clear errors.  With
+``--mtp``: DSpark is on, the greedy tokens do not change, the counters are consistent and match the
+tokens marked as drafted, and a refused support file is a warning, not a failure."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import json
 import pytest
 
 from ds4tui.cli import main as cli_main
+from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine import reference as R
+from ds4tui.engine.stats import DSparkStats, parse_line
 from ds4tui.engine.tokenizer import Tokenizer, render_chat
 
 PROMPT = "Write a Python function that reverses a linked list."
@@ -107,3 +111,112 @@ def test_bad_text_and_unwritable_output(tiny_q2, tmp_path, capsys):
     assert rc == 1 and "bad.txt: not UTF-8 text" in err
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "ab\udcff")
     assert rc == 1 and "--prompt: not UTF-8 text" in err
+
+
+# ---- DSpark ------------------------------------------------------------------------------------
+
+def _mtp(tiny_q2, *extra: str) -> list[str]:
+    return [tiny_q2["model"], "-p", PROMPT, "-n", "24", "--threads", "2", "--mtp", tiny_q2["support"], *extra]
+
+
+def _stats(r: dict) -> DSparkStats:
+    return DSparkStats.from_dict(r["dspark_stats"])
+
+
+def test_mtp_turns_dspark_on_and_json_reports_it(tiny_q2, capsys):
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "24", "--threads", "2", "--json")
+    assert rc == 0, err
+    plain = json.loads(out)
+    assert plain["support"]["status"] == "none" and plain["dspark"] is None and plain["dspark_stats"] is None
+    assert plain["from_draft"] == [False] * 24
+
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--no-scheduler", "--json"))
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["support"]["status"] == "attached" and r["support"]["block_size"] == 5
+    assert r["support"]["path"] == tiny_q2["support"]
+    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}
+    st = _stats(r)
+    assert st.check_invariants() == [] and r["dspark_stats"]["invariant_violations"] == []
+    # Without the scheduler every cycle with room drafts: only the budget's tail may stop it.
+    assert st.proposed > 0 and set(k for k, v in st.no_draft_reasons.items() if v) <= {"no_room"}
+    assert r["stop"] == "max_tokens" and len(r["from_draft"]) == len(r["generated_ids"]) == 24
+    assert sum(r["from_draft"]) == st.accepted_draft
+    assert r["generated_ids"] == plain["generated_ids"]  # greedy: drafting changes the speed, not the tokens
+    line = parse_line(r["dspark_line"])
+    assert r["dspark_line"].startswith("DSpark stats ")
+    assert (line["cycles"], line["proposed"], line["accepted_draft"]) == (st.cycles, st.proposed, st.accepted_draft)
+    assert r["dspark_events"] and r["dspark_events"][-1]["knobs"] == r["dspark"]
+
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--dspark", "--json"))
+    assert rc == 0, err
+    on = json.loads(out)
+    assert on["dspark"]["enabled"] and on["dspark"]["scheduler"]  # the default knobs
+    assert _stats(on).check_invariants() == [] and sum(on["from_draft"]) == _stats(on).accepted_draft
+    assert on["generated_ids"] == plain["generated_ids"]
+
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--no-dspark", "--json"))
+    assert rc == 0, err
+    off = json.loads(out)
+    assert off["dspark"]["enabled"] is False and off["generated_ids"] == plain["generated_ids"]
+    st = _stats(off)
+    assert st.proposed == 0 and st.no_draft_reasons["disabled"] == st.cycles > 0 and not any(off["from_draft"])
+
+
+def test_knobs_and_the_stats_line_on_stderr(tiny_q2, capsys, monkeypatch):
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--confidence", "0.25", "--max-draft", "2", "--json"))
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["dspark"]["threshold"] == pytest.approx(0.25) and r["dspark"]["max_draft"] == 2
+    assert max(k for k, c in enumerate(r["dspark_stats"]["draft_len_hist"]) if c) <= 2
+    assert _stats(r).check_invariants() == []
+
+    monkeypatch.delenv("DS4_DSPARK_STATS", raising=False)
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8"))
+    assert rc == 0, err
+    assert err.count("DSpark stats") == 1 and err.splitlines()[-1].startswith("DSpark stats cycles=")
+    monkeypatch.setenv("DS4_DSPARK_STATS", "1")  # closing the session prints it: still once
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8"))
+    assert rc == 0 and err.count("DSpark stats") == 1
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--json"))
+    assert rc == 0 and err.count("DSpark stats") == 1 and json.loads(out)["ok"]
+    monkeypatch.delenv("DS4_DSPARK_STATS")
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark"))
+    assert rc == 0 and "DSpark stats" not in err  # the user turned it off: nothing to report
+
+
+def test_refused_support_warns_and_runs_target_only(tiny_q2, tmp_path, capsys):
+    bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
+    base = [tiny_q2["model"], "-p", PROMPT, "-n", "8", "--threads", "2"]
+    rc, out, err = _gen(capsys, *base, "--json")
+    plain = json.loads(out)
+    rc, out, err = _gen(capsys, *base, "--json", "--mtp", str(bad))
+    assert rc == 0, err
+    warning = err.splitlines()[0]
+    assert warning.startswith("ds4tui generate: warning: DSpark support model refused, continuing target-only")
+    assert str(bad) in warning and "support has 8 experts" in warning and "expert_count = 16" in warning
+    r = json.loads(out)
+    assert r["support"]["status"] == "refused" and "support has 8 experts" in r["support"]["message"]
+    assert r["generated_ids"] == plain["generated_ids"] and not any(r["from_draft"])
+    st = _stats(r)
+    assert st.proposed == 0 and st.no_draft_reasons["support_invalid"] == st.cycles > 0
+    assert st.check_invariants() == []
+    rc, out, err = _gen(capsys, *base, "--mtp", str(bad))
+    assert rc == 0 and "warning: DSpark support model refused" in err
+    assert "no_draft_reasons=support_invalid:" in err.splitlines()[-1]  # the line says why nothing drafted
+
+
+def test_dspark_option_errors(tiny_q2, capsys):
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "--dspark")
+    assert rc == 2 and out == ""
+    assert err.strip() == ("ds4tui generate: error: --dspark needs a DSpark support model: add --mtp SUPPORT.gguf "
+                           "(DSpark is then on by default), or leave out --dspark")
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "--max-draft", "2", "--json")
+    assert rc == 2 and "--max-draft needs a DSpark support model" in json.loads(out)["error"]
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--max-draft", "6"))
+    assert rc == 1 and "--max-draft 6 exceeds the support model's block size 5" in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--backend", "reference"))
+    assert rc == 2 and "--mtp needs the cpu backend" in err
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["generate", tiny_q2["model"], "-p", "hi", "--confidence", "1.5"])
+    assert exc.value.code == 2 and "expected a number in [0, 1], found 1.5" in capsys.readouterr().err

@@ -19,6 +19,17 @@ With ``--repeat N`` the whole measurement runs N times on one session (reset in 
 fastest prefill and fastest decode are reported (``runs`` lists all).  ``--medium`` builds a synthetic
 medium model (``make_test_model`` config ``medium``) once into the user cache and reuses it.
 Errors print one line naming the file and return 1.
+
+``--ab`` (spec dspark.md §11 item 7) compares three arms on one engine with the support model
+attached in every arm, so the memory configuration is the same and only the knob under test
+changes: target-only (DSpark disabled), DSpark without the scheduler, DSpark with it.  Each arm
+generates ``--tokens`` greedy tokens (default 512; EOS does not stop it) for each of two prompts, a
+code request and a prose request, rendered with the chat template in non-thinking mode, each in a
+fresh session.  Timed as above: the first step (sampling the prefill's logits) is not timed, every
+later step is, and tokens/s counts the tokens those steps emitted.  Per arm and prompt kind it
+reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, per-stage
+ms per cycle and ds4's stats line, and it checks that the three arms generated the same ids (a
+sha256 of each arm's ids); different outputs are an error (exit status 1).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -41,6 +53,7 @@ import numpy as np
 from ds4tui.commands.inspect import _gib
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import EngineError
+from ds4tui.engine.stats import DSparkStats, format_line
 
 _PREFIX = "ds4tui bench:"
 
@@ -65,6 +78,37 @@ def moving_average(values: list[float], window: int) -> list[float]:
 Memory bandwidth, not arithmetic, bounds single-sequence decoding: every generated token reads the
 dense weights, a few experts per layer, the output head and the attention cache once.
 """
+
+#: --ab prompts: a code request and a prose request (spec dspark.md §11 item 7 reports them apart).
+AB_PROMPTS = (
+    ("code", """\
+Here is a Python function:
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            out.append(total / window)
+    return out
+
+Rewrite it as a class `MovingAverage` with an `update(value)` method that returns the current mean, \
+add type hints and a docstring, and write pytest tests for windows of 1, 3 and 10."""),
+    ("prose", "Write a short essay for a general audience about why the lighthouses of the nineteenth century "
+              "were built where they were, who kept them, and what daily life was like for the keepers and "
+              "their families through a long winter."),
+)
+#: The --ab arms: name and the knobs each sets (the others stay at the session's defaults).
+AB_ARMS = (
+    ("target-only", {"enabled": False}),
+    ("dspark-no-scheduler", {"enabled": True, "scheduler": False}),
+    ("dspark-scheduler", {"enabled": True, "scheduler": True}),
+)
+AB_TOKENS = 512
 
 MEMCPY_MIN_BYTES = 256 << 20
 MEMCPY_REPS = 5
@@ -158,6 +202,28 @@ def medium_model(folder: Path | None = None) -> Path:
     if found is None:
         raise BenchError(f"{folder}: the medium model build did not leave a complete model")
     return found
+
+
+def medium_support(model: Path) -> Path:
+    """The support model of the medium benchmark model: ``support.gguf`` beside it (the build
+    writes one), else written there now (random weights for the medium configuration; written to a
+    temporary name first, so that the file exists only when complete)."""
+    from ds4tui.devtools import make_test_model as mtm
+
+    path = Path(model).parent / "support.gguf"
+    if path.is_file():
+        return path
+    print(f"{_PREFIX} writing the medium model's support file {path}", file=sys.stderr, flush=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        c = mtm.CONFIGS[MEDIUM_RECIPE["config"]]()
+        mtm.write_support(tmp, c, MEDIUM_RECIPE["seed"], types=MEDIUM_RECIPE["types"])
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot write the support model: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 # ---- measurement helpers -----------------------------------------------------------------------
@@ -355,6 +421,191 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
     }
 
 
+# ---- --ab ----------------------------------------------------------------------------------------
+
+def ids_sha256(ids: list[int]) -> str:
+    """sha256 of the ids written as decimal numbers joined by commas."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+
+
+def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
+    """The counters of several sessions added up (histograms bin by bin).  ``t_decode_ms`` is the
+    cycle-weighted mean of the parts' and ``chain_fail_op`` the last non-empty one."""
+    if not parts:
+        return DSparkStats()
+    kw: dict = {}
+    for name in DSparkStats.__dataclass_fields__:
+        vals = [getattr(p, name) for p in parts]
+        if name == "block_size":
+            kw[name] = max(vals)
+        elif name == "t_decode_ms":
+            cycles = sum(p.cycles for p in parts)
+            kw[name] = sum(p.t_decode_ms * p.cycles for p in parts) / cycles if cycles else 0.0
+        elif name == "t_decode_measured":
+            kw[name] = any(vals)
+        elif name == "chain_fail_op":
+            kw[name] = next((v for v in reversed(vals) if v), "")
+        elif isinstance(vals[0], tuple):
+            n = max(len(v) for v in vals)
+            kw[name] = tuple(sum(v[i] for v in vals if i < len(v)) for i in range(n))
+        elif isinstance(vals[0], dict):
+            kw[name] = {k: sum(v.get(k, 0) for v in vals) for k in vals[0]}
+        else:
+            kw[name] = sum(vals)
+    return DSparkStats(**kw)
+
+
+def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, current: list) -> dict:
+    """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session with ``knobs``."""
+    from ds4tui.engine.session import STEP_MAX, SamplingParams
+
+    session = engine.session(ctx)
+    current[0] = session
+    try:
+        session.set_sampling(SamplingParams())  # greedy
+        session.set_dspark(**knobs)
+        applied = session.dspark
+        t0 = time.perf_counter()
+        session.prefill(ids)
+        t1 = time.perf_counter()
+        out = session.step(min(STEP_MAX, n_tokens))  # samples the prefill's logits: not timed
+        n_untimed = len(out)
+        drafted = len(out) - 1
+        t2 = time.perf_counter()
+        while len(out) < n_tokens:
+            got = session.step(min(STEP_MAX, n_tokens - len(out)))
+            drafted += len(got) - 1  # the accepted drafts come first, then the sampled token
+            out += got
+        t3 = time.perf_counter()
+        st = session.dspark_stats()
+        memory = session.memory().to_dict()
+    finally:
+        current[0] = None
+        session.close()
+    timed = len(out) - n_untimed
+    return {"knobs": applied.to_dict(), "prompt_tokens": len(ids), "generated_tokens": len(out),
+            "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
+            "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
+            "from_draft": drafted,
+            "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory}
+
+
+def _arm_summary(runs: list[dict], st: DSparkStats) -> dict:
+    """Figures of an arm (or a run): tokens/s and the DSpark ones derived from ``st``."""
+    tokens = sum(r["decode_tokens"] for r in runs)
+    seconds = sum(r["decode_seconds"] for r in runs)
+    return {"decode_tokens": tokens, "decode_seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 and tokens else None,
+            "accept_rate": st.accept_rate, "tokens_per_cycle": st.tokens_per_cycle,
+            "stage_ms_per_cycle": st.stage_ms_per_cycle(), "dspark_line": format_line(st),
+            "dspark_stats": st.to_dict()}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_threads: int, n_tokens: int,
+           ctx: int | None, medium: bool) -> dict:
+    """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
+    prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object."""
+    from ds4tui.engine.session import Engine
+    from ds4tui.engine.tokenizer import Tokenizer, render_chat
+
+    tok = Tokenizer.from_gguf(model.reader)
+    prompts = [(kind, text, render_chat(tok, [{"role": "user", "content": text}], think=False))
+               for kind, text in AB_PROMPTS]
+    need = max(len(ids) for _, _, ids in prompts) + n_tokens  # the last emitted token is never run
+    if ctx is None:
+        ctx = need
+    if ctx < need:
+        raise BenchError(f"--ctx {ctx} is too small: the longest prompt ({need - n_tokens} tokens) + {n_tokens} "
+                         f"tokens need {need}")
+    if ctx > model.config.context_length:
+        raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
+                         f"{model.config.context_length}")
+    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, support=support)
+    try:
+        if engine.support_status != "attached":
+            raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
+        block = engine.block_size
+        support_info = {"path": str(support), "status": engine.support_status, "message": engine.support_message,
+                        "block_size": block}
+        current: list = [None]
+
+        def work():
+            arms = []
+            for name, knobs in AB_ARMS:
+                runs = []
+                for kind, _, ids in prompts:
+                    _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
+                    runs.append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current)})
+                arms.append((name, runs))
+            return arms
+
+        def stop():
+            if current[0] is not None:
+                current[0].cancel()
+
+        try:
+            arms = _in_worker(work, stop)
+        finally:
+            _status("")
+        n_threads_used = engine.n_threads
+    finally:
+        engine.close()
+
+    base = {r["kind"]: r for r in arms[0][1]}
+    out_arms = []
+    for name, runs in arms:
+        for r in runs:
+            st = r.pop("stats")
+            r.update(_arm_summary([r], st))
+            r["ratio_to_target"] = _ratio(r["tokens_per_s"], base[r["kind"]]["tokens_per_s"])
+        total = sum_stats([DSparkStats.from_dict(r["dspark_stats"]) for r in runs])
+        arm = {"name": name, "knobs": runs[0]["knobs"], "memory": runs[0]["memory"], **_arm_summary(runs, total),
+               "ids_sha256": ids_sha256([t for r in runs for t in r["generated_ids"]]), "runs": runs}
+        out_arms.append(arm)
+    for arm in out_arms:
+        arm["ratio_to_target"] = _ratio(arm["tokens_per_s"], out_arms[0]["tokens_per_s"])
+    mismatches = []
+    for kind, _, _ in prompts:
+        want = base[kind]["generated_ids"]
+        for arm in out_arms[1:]:
+            got = next(r for r in arm["runs"] if r["kind"] == kind)["generated_ids"]
+            if got != want:
+                at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+                mismatches.append({"kind": kind, "arm": arm["name"], "first_difference": at,
+                                   "target_only": want[at] if at < len(want) else None,
+                                   "arm_id": got[at] if at < len(got) else None})
+    c = model.config
+    return {
+        "ok": True,
+        "mode": "ab",
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": {"path": str(model.path), "name": model.name, "file_bytes": model.file_bytes, "medium": medium,
+                  "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_expert": c.n_expert,
+                  "n_expert_used": c.n_expert_used},
+        "support": support_info,
+        "backend": backend,
+        "numerics": numerics,
+        "n_threads": n_threads_used,
+        "ctx": ctx,
+        "tokens": n_tokens,
+        "sampling": "greedy",
+        "timing": "per prompt: a fresh session, prefill, one untimed step (it samples the prefill's logits), then "
+                  "timed steps until the tokens are generated; tokens/s = tokens emitted by the timed steps / "
+                  "their time",
+        "prompts": [{"kind": kind, "text": text, "template": "chat, non-thinking", "prompt_tokens": len(ids)}
+                    for kind, text, ids in prompts],
+        "arms": out_arms,
+        "outputs_identical": not mismatches,
+        "mismatches": mismatches,
+        "memory_identical": all(a["memory"] == out_arms[0]["memory"] for a in out_arms),
+        "machine": machine_info(),
+    }
+
+
 # ---- output ------------------------------------------------------------------------------------
 
 
@@ -386,6 +637,49 @@ def render_text(r: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _num(v: float | None, fmt: str, width: int) -> str:
+    return f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
+
+
+def render_ab_text(r: dict) -> str:
+    m, sup = r["model"], r["support"]
+    mem = r["arms"][0]["memory"]
+    same = "the same in every arm" if r["memory_identical"] else "DIFFERS between arms"
+    lines = [
+        f"model    {m['path']}  ({m['name']}, {_gib(m['file_bytes'])})",
+        f"support  {sup['message']}",
+        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r['n_threads']} threads, context {r['ctx']}, "
+        f"memory {_gib(mem['total'])} ({same})",
+        "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
+        + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
+        "",
+    ]
+    name_w = max(len(a["name"]) for a in r["arms"])
+    lines.append(f"{'arm':<{name_w}}  {'prompt':<6} {'tok/s':>9} {'vs target':>9} {'accept':>8} {'tok/cycle':>9} "
+                 f"{'cycles':>7}  ids sha256")
+    for a in r["arms"]:
+        for row in a["runs"] + [dict(a, kind="all")]:
+            st = row["dspark_stats"]
+            ratio = _num(row["ratio_to_target"], ".3f", 8) + "x" if row["ratio_to_target"] else f"{'-':>9}"
+            lines.append(f"{a['name']:<{name_w}}  {row['kind']:<6} {_num(row['tokens_per_s'], '.2f', 9)} {ratio} "
+                         f"{row['accept_rate']:7.2f}% {row['tokens_per_cycle']:9.3f} {st['cycles']:7d}  "
+                         f"{row['ids_sha256'][:16]}")
+    for a in r["arms"]:
+        k = a["knobs"]
+        lines += ["", f"{a['name']}: enabled={int(k['enabled'])} scheduler={int(k['scheduler'])} "
+                      f"threshold={k['threshold']:g} max_draft={k['max_draft']}",
+                  "  " + a["dspark_line"],
+                  "  ms/cycle " + " ".join(f"{s}={v:.3f}" for s, v in a["stage_ms_per_cycle"].items())]
+    lines.append("")
+    if r["outputs_identical"]:
+        lines.append(f"greedy outputs: identical in all {len(r['arms'])} arms (" + ", ".join(
+            f"{row['kind']} {row['ids_sha256'][:16]}" for row in r["arms"][0]["runs"]) + ")")
+    else:
+        lines.append("greedy outputs: DIFFERENT: " + "; ".join(
+            f"{x['arm']} {x['kind']} from token {x['first_difference']}" for x in r["mismatches"]))
+    return "\n".join(lines)
+
+
 def _fail(message: str, args, exc: BaseException | None = None) -> int:
     if args.json:
         print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__ if exc else "BenchError"}))
@@ -404,7 +698,33 @@ def _write_out(path: str, text: str) -> None:
         raise BenchError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
+#: Options of the plain benchmark and their defaults (None in the parser, so that --ab can refuse them).
+PLAIN_DEFAULTS = {"prompt_tokens": 256, "decode_tokens": 64, "repeat": 1}
+
+
+def _usage_error(args) -> str | None:
+    """Why the options cannot be used together (None when they can)."""
+    if args.ab:
+        given = [f"--{k.replace('_', '-')}" for k in PLAIN_DEFAULTS if getattr(args, k) is not None]
+        if given:
+            return f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (use --tokens N)"
+        if args.mtp is None and not args.medium:
+            return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
+        return None
+    for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens)):
+        if value is not None:
+            return f"{flag} is an option of the A/B run: add --ab"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    why = _usage_error(args)
+    if why:
+        print(f"{_PREFIX} error: {why}", file=sys.stderr)
+        return 2
+    for k, v in PLAIN_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.out is not None:
         parent = Path(args.out).parent
         if Path(args.out).is_dir() or not parent.is_dir():
@@ -415,9 +735,14 @@ def run(args: argparse.Namespace) -> int:
         if args.medium:
             path = medium_model()
         model = DS4Model(path)
-        result = run_bench(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
-                           n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
-                           repeat=args.repeat, medium=bool(args.medium))
+        if args.ab:
+            support = Path(args.mtp) if args.mtp is not None else medium_support(Path(path))
+            result = run_ab(model, support, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+                            n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium))
+        else:
+            result = run_bench(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+                               n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
+                               repeat=args.repeat, medium=bool(args.medium))
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
     except EngineError as exc:
@@ -431,5 +756,10 @@ def run(args: argparse.Namespace) -> int:
             _write_out(args.out, text + "\n")
         except BenchError as exc:
             return _fail(str(exc), args, exc)
-    print(text if args.json else render_text(result))
+    print(text if args.json else render_ab_text(result) if args.ab else render_text(result))
+    if args.ab and not result["outputs_identical"]:
+        print(f"{_PREFIX} error: the greedy outputs of the arms differ: " + "; ".join(
+            f"{x['arm']} ({x['kind']} prompt) from token {x['first_difference']}" for x in result["mismatches"]),
+            file=sys.stderr)
+        return 1
     return 0

@@ -7,8 +7,19 @@ decoder holds back a multi-byte character until it is complete).  With ``--json`
 one JSON object is printed at the end with the prompt and generated token ids, the text, timings,
 the session's counters and memory.
 
+DSpark (spec dspark.md): ``--mtp SUPPORT`` attaches a support GGUF and turns DSpark on, unlike ds4,
+which also needs ``--dspark`` (§7.2) and otherwise loads the support model and silently never
+drafts; ``--no-dspark`` keeps the file loaded and runs target-only.  ``--no-scheduler``,
+``--confidence C`` and ``--max-draft N`` set the knobs.  A support file that fails validation is
+refused with a warning naming the file and the reason, and generation continues target-only (every
+cycle then counts as no_draft reason ``support_invalid``).  Each step returns the accepted drafts
+followed by the next sampled token, so ``--json`` marks each generated id ``from_draft`` or not and
+carries the knobs, the full DSpark counters and ds4's stats line; without ``--json`` that line goes
+to stderr at the end.  ``DS4_DSPARK_STATS=1`` prints it when the session closes, as ds4 does.
+
 Errors (bad model file, unknown backend, context overflow) print one line to stderr and return 1;
-Ctrl-C stops decoding, keeps what was printed and returns 130.
+an option that needs another one (``--dspark`` without ``--mtp``) returns 2; Ctrl-C stops decoding,
+keeps what was printed and returns 130.
 """
 
 from __future__ import annotations
@@ -16,21 +27,23 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import os
 import sys
 import time
 
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.gguf_model import ModelFileError
+from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
 _PREFIX = "ds4tui generate: error:"
 
 
-def _fail(message: str, as_json: bool) -> int:
+def _fail(message: str, as_json: bool, status: int = 1) -> int:
     print(f"{_PREFIX} {message}", file=sys.stderr)
     if as_json:
         print(json.dumps({"ok": False, "error": message}))
-    return 1
+    return status
 
 
 def prompt_ids(tokenizer: Tokenizer, text: str, *, raw: bool, think: bool, system: str | None) -> list[int]:
@@ -40,34 +53,85 @@ def prompt_ids(tokenizer: Tokenizer, text: str, *, raw: bool, think: bool, syste
     return render_chat(tokenizer, [{"role": "user", "content": text}], think=think, system=system or None)
 
 
+def _dspark_usage(args: argparse.Namespace) -> str | None:
+    """Why the DSpark options cannot be used as given (None when they can)."""
+    if args.mtp is not None:
+        if args.backend == "reference":
+            return "--mtp needs the cpu backend (the reference backend does not draft): use --backend cpu"
+        return None
+    given = [flag for flag, on in (("--dspark", args.dspark is True), ("--no-scheduler", args.no_scheduler),
+                                   ("--confidence", args.confidence is not None),
+                                   ("--max-draft", args.max_draft is not None)) if on]
+    if given:
+        return (f"{given[0]} needs a DSpark support model: add --mtp SUPPORT.gguf (DSpark is then on by default), "
+                f"or leave out {' '.join(given)}")
+    return None
+
+
+def _setup_dspark(engine, session, args: argparse.Namespace) -> None:
+    """Apply the DSpark options to a session whose engine has a support model attached.  Raises
+    ValueError naming the option for a knob out of range."""
+    knobs: dict = {"enabled": args.dspark is not False}
+    if args.no_scheduler:
+        knobs["scheduler"] = False
+    if args.confidence is not None:
+        knobs["threshold"] = args.confidence
+    if args.max_draft is not None:
+        if args.max_draft > engine.block_size:
+            raise ValueError(f"--max-draft {args.max_draft} exceeds the support model's block size "
+                             f"{engine.block_size} (use 1..{engine.block_size})")
+        knobs["max_draft"] = args.max_draft
+    session.set_dspark(**knobs)
+
+
 def run(args: argparse.Namespace) -> int:
     from ds4tui.engine import session as S
 
     as_json = args.json
+    why = _dspark_usage(args)
+    if why:
+        return _fail(why, as_json, status=2)  # a usage error, as argparse's
     t_start = time.perf_counter()
+    engine = session = None
     try:
-        text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
-        system = _check_arg_text(args.system, "--system") if args.system else None
-        params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                  seed=args.seed).validate()
-        engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
-        tokenizer = Tokenizer.from_gguf(engine.model.reader)
-        ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
-        if not ids:
-            return _fail("the prompt is empty (nothing to prefill)", as_json)
-        limit = engine.config.context_length
-        n_ctx = args.ctx or min(len(ids) + args.n_predict, limit)
-        if n_ctx > limit:
-            return _fail(f"--ctx {n_ctx} exceeds the model's context length {limit}", as_json)
-        if len(ids) + 1 > n_ctx:
-            return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
-                         f"(raise --ctx)", as_json)
-        session = engine.session(n_ctx)
-        session.set_sampling(params)
-    except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
-        return _fail(str(exc), as_json)
-    t_loaded = time.perf_counter()
+        try:
+            text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
+            system = _check_arg_text(args.system, "--system") if args.system else None
+            params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                      seed=args.seed).validate()
+            engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+                              support=args.mtp)
+            if engine.support_status == "refused":
+                print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
+                      f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
+            tokenizer = Tokenizer.from_gguf(engine.model.reader)
+            ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
+            if not ids:
+                return _fail("the prompt is empty (nothing to prefill)", as_json)
+            limit = engine.config.context_length
+            n_ctx = args.ctx or min(len(ids) + args.n_predict, limit)
+            if n_ctx > limit:
+                return _fail(f"--ctx {n_ctx} exceeds the model's context length {limit}", as_json)
+            if len(ids) + 1 > n_ctx:
+                return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
+                             f"(raise --ctx)", as_json)
+            session = engine.session(n_ctx)
+            session.set_sampling(params)
+            if engine.support_status == "attached":
+                _setup_dspark(engine, session, args)
+        except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
+            return _fail(str(exc), as_json)
+        return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json)
+    finally:
+        # Closing the session prints ds4's stats line when DS4_DSPARK_STATS is set.
+        if session is not None:
+            session.close()
+        if engine is not None:
+            engine.close()
 
+
+def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json) -> int:
+    t_loaded = time.perf_counter()
     show_progress = not as_json and sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:
@@ -76,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
     eos = tokenizer.eos_id
     out_ids: list[int] = []
+    from_draft: list[bool] = []
     pieces: list[str] = []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = "max_tokens"
@@ -86,21 +151,25 @@ def run(args: argparse.Namespace) -> int:
             t_prefill_end = time.perf_counter()
             if show_progress:
                 print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
-            while len(out_ids) < args.n_predict:
+            while stop == "max_tokens" and len(out_ids) < args.n_predict:
                 if session.pending is not None and session.n_tokens + 1 > session.n_ctx:
                     stop = "ctx"  # the context is full: the next token has no position to run at
                     break
-                tok = session.step()[0]
-                out_ids.append(tok)
+                # Accepted drafts first, then the token sampled after them.
+                got = session.step(min(S.STEP_MAX, args.n_predict - len(out_ids)))
                 if t_first is None:
                     t_first = time.perf_counter()
-                if tok == eos:
-                    stop = "eos"
-                    break
-                piece = utf8.decode(tokenizer.token_bytes(tok))
-                pieces.append(piece)
-                if not as_json and piece:
-                    sys.stdout.write(piece)
+                for k, tok in enumerate(got):
+                    out_ids.append(tok)
+                    from_draft.append(k < len(got) - 1)
+                    if tok == eos:
+                        stop = "eos"
+                        break
+                    piece = utf8.decode(tokenizer.token_bytes(tok))
+                    pieces.append(piece)
+                    if not as_json and piece:
+                        sys.stdout.write(piece)
+                if not as_json:
                     sys.stdout.flush()
         except KeyboardInterrupt:
             stop = "interrupted"
@@ -111,12 +180,15 @@ def run(args: argparse.Namespace) -> int:
         t_end = time.perf_counter()
         tail = utf8.decode(b"", final=True)
         pieces.append(tail)
+        dspark = _dspark_result(engine, session)
         if not as_json:
             sys.stdout.write(tail + "\n")
             sys.stdout.flush()
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
+            if dspark["ran"] and os.environ.get("DS4_DSPARK_STATS", "") in ("", "0"):
+                print(dspark["dspark_line"], file=sys.stderr)  # else closing the session prints it
             if stop == "interrupted":
                 print("ds4tui: interrupted", file=sys.stderr)
                 return 130
@@ -131,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     prefill_s = (t_prefill_end or t_end) - t_loaded
     # Decode rate over the steps that ran the model: the first step only samples the prefill's logits.
     decode_s = (t_end - t_first) if t_first is not None else 0.0
+    del dspark["ran"]
     result = {
         "ok": True,
         "model": str(engine.model.path),
@@ -144,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         "prompt": text,
         "prompt_ids": ids,
         "generated_ids": out_ids,
+        "from_draft": from_draft,
         "text": "".join(pieces),
         "stop": stop,
         "n_ctx": session.n_ctx,
@@ -156,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             "decode_tokens_per_s": round((n_dec - 1) / decode_s, 3) if decode_s > 0 and n_dec > 1 else None,
         },
         "stats": st.to_dict(),
+        **dspark,
         "memory": session.memory().to_dict(),
     }
     try:
@@ -166,6 +241,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 130 if stop == "interrupted" else 0
+
+
+def _dspark_result(engine, session) -> dict:
+    """The support model's state, the knobs, the DSpark counters and ds4's line (None where no
+    support model was given); ``ran`` = the line is worth printing (drafting was on, or refused)."""
+    support = {"path": str(engine.support.path) if engine.support is not None else None,
+               "status": engine.support_status, "message": engine.support_message,
+               "block_size": engine.block_size}
+    if engine.support_status == "none":
+        return {"support": support, "dspark": None, "dspark_stats": None, "dspark_line": None,
+                "dspark_events": [], "ran": False}
+    knobs = session.dspark
+    st = session.dspark_stats()
+    events = [{"cycle": e.cycle, "knobs": e.knobs.to_dict()} for e in session.dspark_events()]
+    ran = bool(st.cycles or st.propose) and (knobs.enabled or engine.support_status == "refused")
+    return {"support": support, "dspark": knobs.to_dict(), "dspark_stats": st.to_dict(),
+            "dspark_line": format_line(st), "dspark_events": events, "ran": ran}
 
 
 def _read(path: str) -> str:
