@@ -224,8 +224,8 @@ class Engine:
         self.support_status = "none"
         self.support_message = ""
         if support is not None and backend == "reference":
-            raise BackendUnavailableError("DSpark runs on the cpu backend; the reference backend drafts only through "
-                                          "ds4tui.engine.reference.speculative_generate")
+            raise BackendUnavailableError("DSpark drafting needs the cpu backend (--backend cpu); the reference "
+                                          "backend decodes target-only")
         if backend == "reference":
             from ds4tui.engine.reference import ReferenceModel
 

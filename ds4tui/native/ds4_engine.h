@@ -269,6 +269,21 @@ typedef struct {
 } ds4_dspark_event;
 
 /* DSpark counters of a session (spec dspark.md §6 names; times in ms).
+ * Where our reference layout makes ds4's definitions differ:
+ *   target      plain (no-draft) single-token passes only: the anchor of a
+ *               drafted cycle runs inside the verify pass;
+ *   verify      the one pass over [anchor, drafts] (anchor included);
+ *   snapshot    0: caches are rings truncated after the accepted prefix, so
+ *               nothing is saved or restored;
+ *   saved       accepted_draft * t_decode_ms;
+ *   net_saved   (cycles + accepted_draft) * t_decode_ms
+ *               - (target + propose + spec_total): the time target-only
+ *               decoding would have needed for the tokens these cycles
+ *               emitted, minus the time spent.  (ds4's saved - propose -
+ *               spec_total would charge the anchor's own decode, which
+ *               the verify pass does, as overhead.)
+ *   tail_skips  counted as cycles (no_draft reason tail_skip).
+ * ds4_session_reset_stats zeroes these counters too.
  * A cycle is one ds4_session_step that runs the target on a pending anchor
  * while a support model is attached (or was refused).  Each cycle ends in
  * exactly one of: full, partial, miss_first (verified, 0 accepted),

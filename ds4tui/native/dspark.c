@@ -735,6 +735,9 @@ int ds4_session_set_dspark(ds4_session *s, const ds4_dspark_knobs *k, char *err,
     if (!s || !k) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or knobs");
     if (!s->dsp) return ds4_fail(err, err_len, DS4_E_STATE, "no DSpark support model is attached to this engine");
     const ds4_support *sup = s->e->sup;
+    if (!sup)
+        return ds4_fail(err, err_len, DS4_E_STATE, "DSpark knobs cannot change: the support model was refused: %s",
+                        s->e->sup_msg);
     int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
     if (k->enabled != 0 && k->enabled != 1) return ds4_fail(err, err_len, DS4_E_INVALID, "enabled must be 0 or 1, got %d", k->enabled);
     if (k->scheduler != 0 && k->scheduler != 1)
@@ -744,9 +747,6 @@ int ds4_session_set_dspark(ds4_session *s, const ds4_dspark_knobs *k, char *err,
     if (k->max_draft < 1 || k->max_draft > block)
         return ds4_fail(err, err_len, DS4_E_INVALID, "max draft length must be 1..%d (the support block size), got %d", block,
                         k->max_draft);
-    if (k->enabled && !sup)
-        return ds4_fail(err, err_len, DS4_E_STATE, "DSpark cannot be enabled: the support model was refused: %s",
-                        s->e->sup_msg);
     pthread_mutex_lock(&s->dsp->mu);
     s->dsp->want = *k;
     pthread_mutex_unlock(&s->dsp->mu);
@@ -810,6 +810,16 @@ int ds4_session_dspark_last_proposal(ds4_session *s, int32_t *tokens, float *con
     *n_tokens = nt;
     *n_conf = nc;
     return DS4_OK;
+}
+
+void ds4_dspark_reset_stats(ds4_session *s) {
+    ds4_dspark *d = s->dsp;
+    int32_t block = d->st.block_size;
+    uint64_t n_events = d->st.n_events;
+    memset(&d->st, 0, sizeof d->st);
+    d->st.block_size = block;
+    d->st.n_events = n_events;
+    d->n_plain = 0;
 }
 
 int ds4_session_dspark_fail_op(ds4_session *s, const char *op) {

@@ -946,7 +946,9 @@ int ds4_session_stats(const ds4_session *s, ds4_stats *out) {
 }
 
 void ds4_session_reset_stats(ds4_session *s) {
-    if (s) memset(&s->stats, 0, sizeof s->stats);
+    if (!s) return;
+    memset(&s->stats, 0, sizeof s->stats);
+    if (s->dsp) ds4_dspark_reset_stats(s);
 }
 
 int ds4_session_memory(const ds4_session *s, ds4_memory *out) {

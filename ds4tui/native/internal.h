@@ -164,6 +164,7 @@ void ds4_dspark_session_free(ds4_session *s);
 void ds4_dspark_truncate(ds4_session *s, int32_t n);
 void ds4_dspark_captured(ds4_session *s, int64_t p0, int n); /* after a successful pass */
 void ds4_dspark_free_support(ds4_engine *e);
+void ds4_dspark_reset_stats(ds4_session *s); /* counters only: knobs, timings model and events stay */
 /* The DSpark decode step (the pending token is the anchor); same contract as ds4_session_step. */
 int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len);
 
