@@ -39,3 +39,15 @@ def tokenizer_json() -> Path:
     from ds4tui.engine.tokenizer import default_tokenizer_json
 
     return default_tokenizer_json()
+
+
+@pytest.fixture(scope="session")
+def fitted_support(tiny_q2, tmp_path_factory) -> Path:
+    """``tiny_q2``'s support GGUF with its Markov and confidence heads fitted to the model
+    (``ds4tui.devtools.fit_support``: a small fit, 6 prompts × 24 tokens, margins of 4096 tokens),
+    so that greedy DSpark decoding sees full, partial and miss_first cycles (~50 % accepted)."""
+    from ds4tui.devtools.fit_support import fit_support
+
+    out = tmp_path_factory.mktemp("fitted_support") / "support.gguf"
+    fit_support(tiny_q2["model"], tiny_q2["support"], out, prompts=6, tokens=24, scan=4096, seed=0)
+    return out
