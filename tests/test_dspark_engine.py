@@ -139,6 +139,28 @@ def test_threshold_one_gates_every_cycle(tiny_q2):
     assert st.no_draft_reasons == {**{r: 0 for r in NO_DRAFT_REASONS}, "confidence_gate": 29}
     assert st.dominant_no_draft_reason == "confidence_gate"
     assert sum(st.conf_hist) == 29  # c_1 is still computed and recorded every cycle
+    # every cycle was a plain decode: nothing saved, and the drafter passes are the whole loss
+    assert st.t_decode_measured and st.t_decode_ms == pytest.approx(st.target / 29)
+    assert st.saved == 0 and st.net_saved == pytest.approx(-st.propose, abs=1e-6)
+
+
+def test_savings_unknown_until_a_plain_decode_is_measured(tiny_q2, fitted_support):
+    e = S.Engine(tiny_q2["model"], support=fitted_support)
+    s = e.session(256)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPTS[0])
+    s.step()
+    for _ in range(3):
+        s.step()
+    st = s.dspark_stats()
+    assert st.no_draft == 0 and not st.t_decode_measured and st.saved == 0 and st.net_saved == 0
+    s.set_dspark(enabled=False)
+    s.step()
+    st = s.dspark_stats()
+    assert st.t_decode_measured and st.t_decode_ms == pytest.approx(st.target)
+    assert st.saved == pytest.approx(st.accepted_draft * st.t_decode_ms)
+    want = (st.cycles + st.accepted_draft) * st.t_decode_ms - (st.target + st.propose + st.spec_total)
+    assert st.net_saved == pytest.approx(want)
 
 
 def test_disabled_counts_every_cycle(tiny_q2):

@@ -146,7 +146,7 @@ class DSparkStats:
     net_saved: float = 0.0
     #: Single-token target pass time that ``saved`` is priced at.
     t_decode_ms: float = 0.0
-    #: False until a plain decode was measured (``saved`` then uses 0).
+    #: False until a plain decode was measured: ``saved`` and ``net_saved`` are then unknown (0).
     t_decode_measured: bool = False
     block_size: int = 0
     draft_len_hist: tuple[int, ...] = ()

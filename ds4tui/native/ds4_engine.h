@@ -298,8 +298,8 @@ typedef struct {
     double propose_ms, prop_stage0_ms, prop_setup_ms, prop_cache_ms, prop_chain_ms;
     double prop_hidden_ms, prop_conf0_ms, prop_logits_ms, prop_markov_ms, prop_confidence_ms;
     double snapshot_ms, verify_ms, spec_total_ms, target_ms, saved_ms, net_saved_ms;
-    double t_decode_ms;          /* single-token target pass time the savings are priced at */
-    int32_t t_decode_measured;   /* 0: no plain decode measured yet (saved uses 0) */
+    double t_decode_ms;          /* mean plain single-token pass: the price of the savings */
+    int32_t t_decode_measured;   /* 0: no plain decode yet, so saved/net_saved are unknown (0) */
     int32_t block_size;
     uint64_t draft_len_hist[17];      /* [DS4_DSPARK_MAX_BLOCK + 1] */
     uint64_t accepted_len_hist[17];

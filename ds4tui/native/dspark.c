@@ -781,20 +781,17 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
     if (!s->dsp) return DS4_OK;
     ds4_dspark *d = s->dsp;
     *out = d->st;
-    /* savings are priced at the single-token decode time: the mean plain decode when there were
-     * any, otherwise the shortest verify pass seen (an upper bound; t_decode_measured = 0) */
-    double td = 0.0;
+    /* savings are priced at the mean plain (single-token) decode of this session; before one was
+     * measured they are unknown and reported as 0 with t_decode_measured = 0 (the scheduler
+     * measures one first; without it any no-draft cycle does) */
     if (d->n_plain) {
-        td = d->st.target_ms / (double)d->n_plain;
+        double td = d->st.target_ms / (double)d->n_plain;
         out->t_decode_measured = 1;
-    } else {
-        for (int n = 2; n <= DS4_DSPARK_MAX_BLOCK + 1; n++)
-            if (d->has_ver[n]) { td = d->t_ver[n]; break; }
+        out->t_decode_ms = td;
+        out->saved_ms = (double)d->st.accepted_draft * td;
+        out->net_saved_ms = (double)(d->st.cycles + d->st.accepted_draft) * td -
+                            (d->st.target_ms + d->st.propose_ms + d->st.spec_total_ms);
     }
-    out->t_decode_ms = td;
-    out->saved_ms = (double)d->st.accepted_draft * td;
-    out->net_saved_ms = (double)(d->st.cycles + d->st.accepted_draft) * td -
-                        (d->st.target_ms + d->st.propose_ms + d->st.spec_total_ms);
     return DS4_OK;
 }
 
