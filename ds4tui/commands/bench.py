@@ -57,11 +57,8 @@ from ds4tui.engine.stats import DSparkStats, format_line
 
 _PREFIX = "ds4tui bench:"
 
-#: The text a benchmark prompt is made of (tokenised with the model's tokenizer, repeated to length).
-PROMPT_TEXT = """\
-The quick brown fox jumps over the lazy dog. A benchmark should measure one thing at a time, say
-exactly what it timed, and give the same answer when it is run twice on the same machine.
-
+#: A small Python function both benchmark prompts contain.
+_CODE = """\
 def moving_average(values: list[float], window: int) -> list[float]:
     \"\"\"Mean of each run of `window` consecutive values.\"\"\"
     if window < 1:
@@ -74,7 +71,14 @@ def moving_average(values: list[float], window: int) -> list[float]:
         if i >= window - 1:
             out.append(total / window)
     return out
+"""
 
+#: The text a benchmark prompt is made of (tokenised with the model's tokenizer, repeated to length).
+PROMPT_TEXT = """\
+The quick brown fox jumps over the lazy dog. A benchmark should measure one thing at a time, say
+exactly what it timed, and give the same answer when it is run twice on the same machine.
+
+""" + _CODE + """
 Memory bandwidth, not arithmetic, bounds single-sequence decoding: every generated token reads the
 dense weights, a few experts per layer, the output head and the attention cache once.
 """
@@ -84,18 +88,7 @@ AB_PROMPTS = (
     ("code", """\
 Here is a Python function:
 
-def moving_average(values: list[float], window: int) -> list[float]:
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            out.append(total / window)
-    return out
-
+""" + _CODE + """
 Rewrite it as a class `MovingAverage` with an `update(value)` method that returns the current mean, \
 add type hints and a docstring, and write pytest tests for windows of 1, 3 and 10."""),
     ("prose", "Write a short essay for a general audience about why the lighthouses of the nineteenth century "

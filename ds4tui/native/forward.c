@@ -218,6 +218,27 @@ static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
     }
 }
 
+/* o[D] = sum_k p_k keys[k] with p = softmax over (q . keys[k] * scale, sink) of the nk keys and the
+ * head's sink logit, which takes probability mass but adds no value (V = K; spec ds4.md §2.2).
+ * sc[nk] is scratch. */
+void ds4_attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
+                     float *o) {
+    float mx = sink;
+    for (int k = 0; k < nk; k++) {
+        sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
+        if (sc[k] > mx) mx = sc[k];
+    }
+    float denom = 0.0f;
+    for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
+    denom += expf(sink - mx);
+    memset(o, 0, (size_t)D * sizeof(float));
+    for (int k = 0; k < nk; k++) {
+        float pk = sc[k] / denom;
+        const float *kk = keys[k];
+        for (int d = 0; d < D; d++) o[d] += pk * kk[d];
+    }
+}
+
 /* Sink softmax attention of one (token, head) pair; V = K.  Items are t * n_head + h. */
 static void attend_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
     att_task *a = ctx;
@@ -243,21 +264,7 @@ static void attend_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
                 for (int64_t c = 0; c < n_vis; c++) keys[nk++] = a->lc->comp + (size_t)c * D;
             }
         }
-        float sink = a->l->sinks[h], mx = sink;
-        for (int k = 0; k < nk; k++) {
-            sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
-            if (sc[k] > mx) mx = sc[k];
-        }
-        float denom = 0.0f;
-        for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
-        denom += expf(sink - mx);
-        float *o = s->sc.att + ((size_t)t * NH + h) * D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        for (int k = 0; k < nk; k++) {
-            float pk = sc[k] / denom;
-            const float *kk = keys[k];
-            for (int d = 0; d < D; d++) o[d] += pk * kk[d];
-        }
+        ds4_attend_keys(q, keys, nk, a->l->sinks[h], D, scale, sc, s->sc.att + ((size_t)t * NH + h) * D);
     }
 }
 

@@ -155,6 +155,8 @@ void ds4_hc_head(ds4_session *s, const float *X, int n, const ds4_w *fn, const f
 void ds4_attn_q(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq);
 void ds4_attn_kv(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq, float *out);
 void ds4_attn_output(ds4_session *s, const ds4_layer *l, int n, int64_t p0, const double *freq, float *out);
+void ds4_attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
+                     float *o);
 void ds4_moe(ds4_session *s, const ds4_layer *l, const float *xn, const int32_t *tokens, int n, float *out);
 
 /* dspark.c */
