@@ -527,14 +527,14 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
         current: list = [None]
 
         def work():
-            arms = []
-            for name, knobs in AB_ARMS:
-                runs = []
-                for kind, _, ids in prompts:
+            # prompts outer, arms inner: a machine that slowly speeds up or slows down (thermal,
+            # neighbours) then biases every arm alike instead of the arm that runs last
+            runs: dict = {name: [] for name, _ in AB_ARMS}
+            for kind, _, ids in prompts:
+                for name, knobs in AB_ARMS:
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
-                    runs.append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current)})
-                arms.append((name, runs))
-            return arms
+                    runs[name].append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current)})
+            return [(name, runs[name]) for name, _ in AB_ARMS]
 
         def stop():
             if current[0] is not None:
