@@ -740,11 +740,13 @@ class Session:
         return new
 
     def dspark_stats(self) -> DSparkStats:
-        """A snapshot of the DSpark counters (all zero without a support model)."""
-        self._alive()
-        st = self._ffi.new("ds4_dspark_stats *")
-        self._lib.ds4_session_dspark_stats(self._h, st)
-        return DSparkStats.from_native(self._ffi, st)
+        """A consistent snapshot of the DSpark counters (all zero without a support model).  Taken
+        between steps: from another thread it waits for the running step to finish."""
+        with self._lock:
+            self._alive()
+            st = self._ffi.new("ds4_dspark_stats *")
+            self._lib.ds4_session_dspark_stats(self._h, st)
+            return DSparkStats.from_native(self._ffi, st)
 
     def dspark_events(self, last: int = 256) -> list[KnobEvent]:
         """The knob changes the engine applied (at most the latest ``last``), oldest first."""

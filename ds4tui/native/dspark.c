@@ -530,9 +530,24 @@ static void no_draft(ds4_dspark *d, int reason) {
     if (reason == DS4_ND_CHAIN_FAIL) d->st.chain_fail++;
 }
 
-/* A plain decode of the anchor (no draft to verify): outcome no_draft with `reason`, or invalid. */
+/* The proposal's stage timers join the counters only when its cycle completes. */
+static void add_prop_times(ds4_dspark_stats *st, const prop_times *pt) {
+    if (!pt) return;
+    st->prop_stage0_ms += pt->stage0;
+    st->prop_setup_ms += pt->setup;
+    st->prop_cache_ms += pt->cache;
+    st->prop_chain_ms += pt->chain;
+    st->prop_hidden_ms += pt->hidden;
+    st->prop_conf0_ms += pt->conf0;
+    st->prop_logits_ms += pt->logits;
+    st->prop_markov_ms += pt->markov;
+    st->prop_confidence_ms += pt->confidence;
+}
+
+/* A plain decode of the anchor (no draft to verify): outcome no_draft with `reason`, or invalid.
+ * `pt`/`propose_ms`: the drafter pass that ran first (NULL/0 if none). */
 static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out, char *err, size_t err_len,
-                       double t_start, double propose_ms) {
+                       double t_start, const prop_times *pt, double propose_ms) {
     ds4_dspark *d = s->dsp;
     int32_t tok = s->pending;
     double t0 = ds4_now_ms();
@@ -547,6 +562,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.first_tokens++;
     d->st.target_ms += t1 - t0;
     d->st.propose_ms += propose_ms;
+    add_prop_times(&d->st, pt);
     ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
     d->n_plain++;
     if (reason >= 0) {
@@ -580,25 +596,26 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     apply_knobs(d);
     const ds4_dspark_knobs k = d->act;
     if (!sup) return plain_cycle(s, e->sup_refused ? DS4_ND_SUPPORT_INVALID : DS4_ND_DISABLED, out, n_out, err,
-                                 err_len, t_start, 0.0);
-    if (!k.enabled) return plain_cycle(s, DS4_ND_DISABLED, out, n_out, err, err_len, t_start, 0.0);
+                                 err_len, t_start, NULL, 0.0);
+    if (!k.enabled) return plain_cycle(s, DS4_ND_DISABLED, out, n_out, err, err_len, t_start, NULL, 0.0);
     const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
     if (last < 0 || d->cap_last != last || d->cap_from > lo || (d->fail_op[0] && !strcmp(d->fail_op, "capture")))
-        return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, 0.0);
+        return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, NULL, 0.0);
     /* room: budget, context (anchor + drafts), batch */
     int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;
     if (lmax > max_out - 1) lmax = max_out - 1;
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
     if (k.scheduler) {
-        if (max_out < TAIL_MIN_TOKENS) return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, 0.0);
+        if (max_out < TAIL_MIN_TOKENS)
+            return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->skip_left > 0) {
             d->skip_left--;
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         }
         if (!d->has_ver[1]) /* measure a plain decode first: the cost model is priced in it */
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->probe) {
             /* a back-off just ended: one cheap single-draft cycle refreshes the first position's
              * acceptance estimate (the one every longer draft depends on) */
@@ -610,12 +627,12 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             d->skip_left = d->backoff - 1;
             d->probe = 1;
             d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, 0.0);
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         } else {
             d->backoff = 2;
         }
     }
-    if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, 0.0);
+    if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, NULL, 0.0);
 
     /* propose */
     int32_t drafts[DS4_DSPARK_MAX_BLOCK];
@@ -625,28 +642,19 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     const int32_t anchor = s->pending;
     int nd = propose(s, anchor, lmax, k.threshold, drafts, &ch, &pt);
     double tp1 = ds4_now_ms(), propose_ms = tp1 - tp0;
-    d->st.prop_stage0_ms += pt.stage0;
-    d->st.prop_setup_ms += pt.setup;
-    d->st.prop_cache_ms += pt.cache;
-    d->st.prop_chain_ms += pt.chain;
-    d->st.prop_hidden_ms += pt.hidden;
-    d->st.prop_conf0_ms += pt.conf0;
-    d->st.prop_logits_ms += pt.logits;
-    d->st.prop_markov_ms += pt.markov;
-    d->st.prop_confidence_ms += pt.confidence;
     if (nd < 0) {
         snprintf(d->st.chain_fail_op, sizeof d->st.chain_fail_op, "%s", ch.op ? ch.op : "unknown");
-        return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, propose_ms);
+        return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, &pt, propose_ms);
     }
     ema(&d->t_prop, &d->has_prop, propose_ms);
-    if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, propose_ms);
+    if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler) {
         int l = best_length(d, nd);
         if (l >= 1 && l < nd) nd = l;
     }
     for (int i = 0; i < nd; i++)
         if (drafts[i] < 0 || drafts[i] >= e->c.n_vocab) { /* cannot happen with an argmax; counted if it does */
-            return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, propose_ms);
+            return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, &pt, propose_ms);
         }
 
     /* verify [anchor, d_1..d_nd] in one pass */
@@ -706,6 +714,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
     st->propose_ms += propose_ms;
+    add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0;
     st->spec_total_ms += t_end - tv0;
     ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
