@@ -431,3 +431,49 @@ def test_stop_token_inside_accepted_drafts(tiny_q2):
     p = S.Engine(tiny_q2["model"]).session(256)
     want = list(p.generate(PROMPTS[0], max_tokens=200, stop=[stop]))
     assert want == got and list(p.generate(PROMPTS[1][:5], max_tokens=10)) == more
+
+
+def test_bad_environment_values_are_errors(tiny_q2, monkeypatch):
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "off")
+    with pytest.raises(S.EngineError, match="DS4_DSPARK_SCHEDULER='off': expected 0 \\(off\\) or 1 \\(on\\)"):
+        e.session(64)
+    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "1")
+    monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")
+    with pytest.raises(S.EngineError, match="DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 1..5"):
+        e.session(64)
+
+
+def test_reference_backend_reports_no_dspark(tiny_q2):
+    s = S.Engine(tiny_q2["model"], backend="reference").session(64)
+    assert s.dspark_stats() == S.DSparkStats() and s.dspark_events() == [] and s.last_proposal() == ([], [])
+    with pytest.raises(S.StateError, match="reference backend decodes target-only"):
+        s.set_dspark(enabled=True)
+    with pytest.raises(S.BackendUnavailableError, match="--backend cpu"):
+        S.Engine(tiny_q2["model"], backend="reference", support=tiny_q2["support"])
+
+
+def test_knobs_change_while_a_step_runs(tiny_q2):
+    """set_dspark does not wait for a running prefill (the C engine has its own lock)."""
+    import threading
+    import time
+
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(2048, n_batch=2048)
+    started = threading.Event()
+
+    def long_prefill():
+        started.set()
+        s.prefill(np.random.default_rng(0).integers(100, 128000, 1500).tolist())
+
+    t = threading.Thread(target=long_prefill)
+    t.start()
+    started.wait()
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    s.set_dspark(threshold=0.5)
+    waited = time.perf_counter() - t0
+    still_running = t.is_alive()
+    t.join()
+    assert still_running and waited < 0.1, (still_running, waited)
+    assert s.dspark.threshold == 0.5

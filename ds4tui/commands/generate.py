@@ -189,6 +189,10 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                       file=sys.stderr)
             if dspark["ran"] and os.environ.get("DS4_DSPARK_STATS", "") in ("", "0"):
                 print(dspark["dspark_line"], file=sys.stderr)  # else closing the session prints it
+            if dspark["ran"] and not dspark["dspark_stats"]["t_decode_measured"]:
+                print("ds4tui generate: note: saved/net_saved are unknown (printed as 0): every cycle drafted, so "
+                      "no target-only decode was timed to price them (the scheduler times one; `ds4tui bench --ab` "
+                      "compares whole runs)", file=sys.stderr)
             if stop == "interrupted":
                 print("ds4tui: interrupted", file=sys.stderr)
                 return 130

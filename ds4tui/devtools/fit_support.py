@@ -1,7 +1,7 @@
 """Fit the Markov and confidence heads of a DSpark support GGUF to its target, so that it drafts.
 
-``python -m ds4tui.devtools.fit_support MODEL.gguf SUPPORT_IN.gguf OUT.gguf [--prompts N] [--tokens N]
-[--rank R] [--scan N] [--seed S] [--quiet]``
+``ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf [--prompts N] [--tokens N] [--rank R] [--scan N]
+[--seed S] [--quiet]`` (also ``python -m ds4tui.devtools.fit_support``)
 
 A random support model (``make_test_model``) proposes tokens the target almost never emits.  This
 tool rewrites the two small heads at the end of the drafter (spec dspark.md §1, §2.4) and copies
@@ -499,7 +499,7 @@ def summary_line(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ds4tui.devtools.fit_support", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="ds4tui-fit-support", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="target DS4 GGUF")
     ap.add_argument("support_in", help="DSpark support GGUF to start from (all tensors but the two heads are kept)")
     ap.add_argument("out", help="support GGUF to write (replaced if it exists)")

@@ -188,6 +188,18 @@ def _check(rc: int, err, ffi) -> None:
         raise _ERRORS.get(rc, EngineError)(msg)
 
 
+def _check_dspark_env(block: int) -> None:
+    """ds4's environment knobs (spec dspark.md §7.2), read by the C engine when a session starts:
+    a value it would not understand is an error here rather than silently ignored."""
+    v = os.environ.get("DS4_DSPARK_SCHEDULER", "")
+    if v not in ("", "0", "1"):
+        raise EngineError(f"DS4_DSPARK_SCHEDULER={v!r}: expected 0 (off) or 1 (on)")
+    v = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
+    if v not in ("", "0") and not (v.isdigit() and 1 <= int(v) <= block):
+        raise EngineError(f"DS4_DSPARK_MAX_DRAFT_TOKENS={v!r}: expected 1..{block} (the support block size), or 0 "
+                          f"for no cap")
+
+
 def _model(model: str | os.PathLike | DS4Model) -> DS4Model:
     return model if isinstance(model, DS4Model) else DS4Model(model)
 
@@ -301,8 +313,12 @@ class Engine:
         sm = support if isinstance(support, SupportModel) else SupportModel(support, self.config)
         self.support = sm
         if not sm.compatible:
-            why = f"{sm.path}: support model refused for drafting ({sm.summary_line()}): " + "; ".join(
-                p.message for p in sm.problems)
+            # a shape mismatch against the target says most (e.g. "support has 8 experts ..., target ... 16")
+            first = next((p for p in sm.problems if p.kind == "mismatch"), sm.problems[0]).message
+            more = len(sm.problems) - 1
+            why = (f"{sm.path}: support model refused for drafting ({sm.summary_line()}): {first}"
+                   + (f" (and {more} more problem{'s' if more > 1 else ''}: `ds4tui inspect MODEL --mtp "
+                      f"{sm.path}` lists them)" if more else ""))
             lib.ds4_engine_refuse_support(self._handle, why.encode()[:1000])
             self.support_status, self.support_message = "refused", why
             return
@@ -339,6 +355,8 @@ class Engine:
                 raise ValueError(f"{name} must be an integer 1 .. 2^31-1, got {v!r}")
         if n_ctx > self.config.context_length:
             raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
+        if self.support_status == "attached":
+            _check_dspark_env(self.block_size)
         cls = ReferenceSession if self.backend == "reference" else Session
         s = cls(self, int(n_ctx), int(n_batch))
         self._sessions.add(s)
@@ -399,6 +417,7 @@ class Session:
         self.pending: int | None = None
         self._cancel = threading.Event()
         self._lock = threading.RLock()
+        self._knob_lock = threading.Lock()  # knobs change while a step holds _lock (C has its own mutex)
         self._closed = False
         self._sampling = SamplingParams()
         self.last_accepted = 0
@@ -406,7 +425,7 @@ class Session:
 
     def _close(self) -> None:
         """Free the native session now (the engine is closing)."""
-        with self._lock:
+        with self._lock, self._knob_lock:
             self._closed = True
             self._release()
 
@@ -706,8 +725,9 @@ class Session:
 
     @property
     def dspark(self) -> DSparkKnobs:
-        """The knobs as last set (they apply from the next cycle on)."""
-        with self._lock:
+        """The knobs as last set (they apply from the next cycle on).  Does not wait for a running
+        step."""
+        with self._knob_lock:
             self._alive()
             k = self._knobs_native()
             return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
@@ -719,25 +739,35 @@ class Session:
 
         ``threshold`` in [0, 1], ``max_draft`` in 1..block size.  Raises ``ValueError`` for bad
         values and :class:`StateError` without a support model or when enabling a refused one.
-        Returns the knobs now requested."""
-        cur = self.dspark
-        new = DSparkKnobs(cur.enabled if enabled is None else bool(enabled),
-                          cur.scheduler if scheduler is None else bool(scheduler),
-                          cur.threshold if threshold is None else threshold,
-                          cur.max_draft if max_draft is None else max_draft)
-        if not (isinstance(new.threshold, (int, float)) and math.isfinite(new.threshold) and 0 <= new.threshold <= 1):
-            raise ValueError(f"confidence threshold must be a number in [0, 1], got {new.threshold!r}")
-        if isinstance(new.max_draft, bool) or int(new.max_draft) != new.max_draft:
-            raise ValueError(f"max draft length must be an integer, got {new.max_draft!r}")
-        k = self._ffi.new("ds4_dspark_knobs *", {"enabled": int(new.enabled), "scheduler": int(new.scheduler),
-                                                 "threshold": float(new.threshold), "max_draft": int(new.max_draft)})
-        err = self._ffi.new("char[512]")
-        self._alive()
-        rc = self._lib.ds4_session_set_dspark(self._h, k, err, 512)
-        if rc == -1:
-            raise ValueError(self._ffi.string(err).decode())
-        _check(rc, err, self._ffi)
-        return new
+        Returns the knobs now requested.  Does not wait for a running prefill or step."""
+        for name, v in (("enabled", enabled), ("scheduler", scheduler)):
+            if v is not None and not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        if threshold is not None and (isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (
+                int, float, np.integer, np.floating)) or not math.isfinite(threshold) or not 0 <= threshold <= 1):
+            raise ValueError(f"confidence threshold must be a number in [0, 1], got {threshold!r}")
+        if max_draft is not None and (isinstance(max_draft, (bool, np.bool_)) or not isinstance(
+                max_draft, (int, np.integer))):
+            raise ValueError(f"max draft length must be an integer, got {max_draft!r}")
+        with self._knob_lock:
+            self._alive()
+            k = self._knobs_native()
+            if enabled is not None:
+                k.enabled = int(bool(enabled))
+            if scheduler is not None:
+                k.scheduler = int(bool(scheduler))
+            if threshold is not None:
+                k.threshold = float(threshold)
+            if max_draft is not None:
+                if not 1 <= int(max_draft) <= STEP_MAX:
+                    raise ValueError(f"max draft length must be 1..the support block size, got {max_draft}")
+                k.max_draft = int(max_draft)
+            err = self._ffi.new("char[512]")
+            rc = self._lib.ds4_session_set_dspark(self._h, k, err, 512)
+            if rc == -1:
+                raise ValueError(self._ffi.string(err).decode())
+            _check(rc, err, self._ffi)
+            return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
 
     def dspark_stats(self) -> DSparkStats:
         """A consistent snapshot of the DSpark counters (all zero without a support model).  Taken
@@ -785,8 +815,9 @@ class Session:
                 st = self.dspark_stats()
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)
-            self._closed = True
-            self._release()
+            with self._knob_lock:
+                self._closed = True
+                self._release()
 
     def __enter__(self) -> "Session":
         return self
@@ -886,6 +917,22 @@ class ReferenceSession(Session):
 
     def _set_pending(self, tok: int) -> None:
         pass  # the reference runs self.pending first on its own
+
+    # DSpark: the reference backend never drafts (Engine refuses a support model on it)
+    def _knobs_native(self):
+        raise StateError("no DSpark support model is attached (the reference backend decodes target-only)")
+
+    def dspark_stats(self) -> DSparkStats:
+        return DSparkStats()
+
+    def dspark_events(self, last: int = 256) -> list[KnobEvent]:
+        return []
+
+    def last_proposal(self) -> tuple[list[int], list[float]]:
+        return [], []
+
+    def dspark_fail_op(self, op: str | None) -> None:
+        self._knobs_native()
 
     def _release(self) -> None:
         self._st = None
