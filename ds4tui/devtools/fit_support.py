@@ -47,19 +47,18 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType, GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
 
 from ds4tui.engine import layout as L
-from ds4tui.engine.convert import ConversionError, Progress, check_output_path, stderr_progress
+from ds4tui.engine.convert import (ConversionError, PlannedTensor, Progress, check_output_path, stderr_progress,
+                                   write_gguf)
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel, field_value
 from ds4tui.engine.quants import quantize
 from ds4tui.engine.reference import Weights, rms_norm
@@ -271,38 +270,27 @@ def bigram_hits(conts: Sequence[Continuation], bigram: ZeroLayerBigram) -> tuple
 # ---- writing ----------------------------------------------------------------------------------
 
 
-def _nbytes(shape: tuple[int, ...], qtype: T) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return int(np.prod(shape, dtype=np.int64)) // block * size
-
-
 def _write_support(out: Path, target: L.DS4Config, sm: SupportModel, rank: int, fitted: dict[str, tuple[T, np.ndarray]],
                    description: str, progress: Progress | None) -> None:
     """The ds4 support layout (spec dspark.md §4.1 keys, ``rank`` as the Markov rank) with the ``fitted``
-    tensors (type, encoded bytes) replaced; every other tensor is copied from ``sm`` as raw bytes.
-
-    ``convert.write_gguf`` encodes from float32, which would re-quantise the kept IQ2_XXS/Q2_K
-    tensors; hence this writer.  Same temporary-file-then-rename scheme, same errors.
+    tensors (type, encoded bytes) replaced; every other tensor is copied from ``sm`` as raw bytes
+    (re-encoding from float32 would re-quantise the kept IQ2_XXS/Q2_K tensors).  Written by
+    ``convert.write_gguf``: temporary file then rename, same errors.
     """
     m = sm.meta
     specs = L.support_tensor_specs(target, m.n_stages, len(m.target_layer_ids), rank)
     name_f = sm.reader.fields.get("general.name")
     name = (str(field_value(name_f)) if name_f is not None else sm.path.stem) + "-fitted"
-    plan: list[tuple[str, tuple[int, ...], T, int, Callable[[], np.ndarray]]] = []
+    plan: list[PlannedTensor] = []
     for spec in specs:
         if spec.name in fitted:
             qt, data = fitted[spec.name]
-            plan.append((spec.name, spec.shape, qt, _nbytes(spec.shape, qt), lambda d=data: d))
+            plan.append(PlannedTensor(spec, qt, lambda d=data: d, encoded=True))
         else:
             info = sm.tensors[spec.name]
-            plan.append((spec.name, info.shape, info.type, info.nbytes, info.raw_bytes))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
-    except OSError as exc:
-        raise ConversionError(f"{out}: cannot write in {out.parent}: {exc.strerror or exc}") from None
-    os.close(fd)
-    try:
-        w = GGUFWriter(tmp, arch=L.SUPPORT_ARCH)
+            plan.append(PlannedTensor(replace(spec, shape=tuple(info.shape)), info.type, info.raw_bytes, encoded=True))
+
+    def metadata(w: GGUFWriter) -> None:
         w.add_key_value("general.name", name, GGUFValueType.STRING)
         w.add_key_value("general.description", description, GGUFValueType.STRING)
         w.add_key_value("general.alignment", 32, GGUFValueType.UINT32)
@@ -315,37 +303,8 @@ def _write_support(out: Path, target: L.DS4Config, sm: SupportModel, rank: int, 
                        ("dspark.expert_count", target.n_expert), ("dspark.expert_used_count", target.n_expert_used),
                        ("dspark.embedding_length", target.n_embd)):
             w.add_key_value(key, int(v), GGUFValueType.UINT32)
-        for tname, shape, qt, nbytes, _ in plan:
-            block, size = GGML_QUANT_SIZES[qt]
-            if qt in (T.F32, T.F16, T.I32):
-                dt = {T.F32: np.float32, T.F16: np.float16, T.I32: np.int32}[qt]
-                w.add_tensor_info(tname, shape, np.dtype(dt), nbytes)
-            else:
-                w.add_tensor_info(tname, shape[:-1] + (shape[-1] // block * size,), np.dtype(np.uint8), nbytes,
-                                  raw_dtype=qt)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, (tname, shape, qt, nbytes, load) in enumerate(plan, 1):
-            if progress is not None:
-                progress(i, len(plan), f"{out.name}: {tname} {qt.name} {list(shape)}")
-            data = np.ascontiguousarray(load()).reshape(-1).view(np.uint8)
-            if data.nbytes != nbytes:
-                raise ConversionError(f"tensor '{tname}': {data.nbytes} bytes to write, expected {nbytes}")
-            w.write_tensor_data(data)
-        w.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ConversionError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    write_gguf(out, L.SUPPORT_ARCH, metadata, plan, progress)
 
 
 # ---- the fit ----------------------------------------------------------------------------------

@@ -473,16 +473,20 @@ def stderr_progress(i: int, n: int, what: str) -> None:
 @dataclass
 class PlannedTensor:
     """One tensor to write: ``load()`` gives its values as one array of ``spec.shape``, or an
-    iterable of consecutive slices along the outermost axis (encoded one at a time)."""
+    iterable of consecutive slices along the outermost axis (encoded one at a time); with
+    ``encoded=True`` it gives the tensor's GGML bytes as they are (copied without re-quantising)."""
 
     spec: TensorSpec
     qtype: T
     load: Callable[[], np.ndarray | Iterable[np.ndarray]]
+    encoded: bool = False
 
 
 def _encode_planned(p: PlannedTensor) -> np.ndarray:
     values = p.load()
-    if isinstance(values, np.ndarray):
+    if p.encoded:
+        data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    elif isinstance(values, np.ndarray):
         data = encode_tensor(values, p.qtype, p.spec.name)
     else:
         data = np.concatenate([encode_tensor(v, p.qtype, p.spec.name).reshape(-1).view(np.uint8) for v in values])

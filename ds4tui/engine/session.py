@@ -27,12 +27,11 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
+from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
 
