@@ -383,13 +383,10 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
     decode_tps = max(r["decode_tokens_per_s"] for r in runs)
     effective = bpt["total"] * decode_tps / 1e9
     memcpy_gbs = mc["gb_per_s"]
-    c = model.config
     return {
         "ok": True,
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {"path": str(model.path), "name": model.name, "file_bytes": model.file_bytes, "medium": medium,
-                  "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_expert": c.n_expert,
-                  "n_expert_used": c.n_expert_used},
+        "model": _model_info(model, medium),
         "backend": backend,
         "numerics": numerics,
         "n_threads": n_threads_used,
@@ -498,6 +495,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def _model_info(model: DS4Model, medium: bool) -> dict:
+    """The model block of the JSON report."""
+    c = model.config
+    return {"path": str(model.path), "name": model.name, "file_bytes": model.file_bytes, "medium": medium,
+            "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_expert": c.n_expert,
+            "n_expert_used": c.n_expert_used}
+
+
 def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_threads: int, n_tokens: int,
            ctx: int | None, medium: bool) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
@@ -571,14 +576,11 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
                 mismatches.append({"kind": kind, "arm": arm["name"], "first_difference": at,
                                    "target_only": want[at] if at < len(want) else None,
                                    "arm_id": got[at] if at < len(got) else None})
-    c = model.config
     return {
         "ok": True,
         "mode": "ab",
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": {"path": str(model.path), "name": model.name, "file_bytes": model.file_bytes, "medium": medium,
-                  "n_layer": c.n_layer, "n_embd": c.n_embd, "n_vocab": c.n_vocab, "n_expert": c.n_expert,
-                  "n_expert_used": c.n_expert_used},
+        "model": _model_info(model, medium),
         "support": support_info,
         "backend": backend,
         "numerics": numerics,

@@ -319,12 +319,20 @@ static void note_conf(ds4_dspark *d, float c) {
     if (d->n_conf < DS4_DSPARK_MAX_BLOCK) d->conf[d->n_conf++] = c;
 }
 
-/* Draw from softmax(row / T) over the whole vocabulary. */
-static int32_t draw_q(ds4_session *s, const float *row, float T) {
-    const int32_t V = s->e->c.n_vocab;
+/* The normaliser of softmax(row / T) over V entries: q(i) = exp(row[i] / T - *mx) / *sum. */
+static void softmax_norm(const float *row, int32_t V, float T, double *mx_out, double *sum_out) {
     double mx = -INFINITY, sum = 0.0;
     for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
     for (int32_t i = 0; i < V; i++) sum += exp((double)row[i] / T - mx);
+    *mx_out = mx;
+    *sum_out = sum;
+}
+
+/* Draw from softmax(row / T) over the whole vocabulary. */
+static int32_t draw_q(ds4_session *s, const float *row, float T) {
+    const int32_t V = s->e->c.n_vocab;
+    double mx, sum;
+    softmax_norm(row, V, T, &mx, &sum);
     double u = ds4_uniform(s) * sum, cum = 0.0;
     for (int32_t i = 0; i < V; i++) {
         cum += exp((double)row[i] / T - mx);
@@ -416,14 +424,6 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
 
 /* ---- verification --------------------------------------------------------------------------- */
 
-/* q(x) under softmax(row / T). */
-static double q_prob(const float *row, int32_t V, float T, int32_t x) {
-    double mx = -INFINITY, sum = 0.0;
-    for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
-    for (int32_t i = 0; i < V; i++) sum += exp((double)row[i] / T - mx);
-    return exp((double)row[x] / T - mx) / sum;
-}
-
 /* Rejection sampling at one verified row (spec dspark.md §3.2): accept draft x with probability
  * min(1, p(x)/q(x)); otherwise draw from normalize(max(p - q, 0)) into *repl. */
 static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, int32_t x, int32_t *repl) {
@@ -434,12 +434,11 @@ static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, 
     ds4_sample_dist(s, trow, d->cand_ids, d->cand_p, &n);
     double px = 0.0;
     for (int32_t i = 0; i < n; i++) if (d->cand_ids[i] == x) { px = d->cand_p[i]; break; }
-    double qx = q_prob(qrow, V, T, x);
+    double mx, z;
+    softmax_norm(qrow, V, T, &mx, &z); /* q, once for the test and the residual */
+    double qx = exp((double)qrow[x] / T - mx) / z;
     if (qx > 0.0 && ds4_uniform(s) < px / qx) return 1;
     /* residual over p's support */
-    double mx = -INFINITY, z = 0.0;
-    for (int32_t i = 0; i < V; i++) if ((double)qrow[i] / T > mx) mx = (double)qrow[i] / T;
-    for (int32_t i = 0; i < V; i++) z += exp((double)qrow[i] / T - mx);
     double mass = 0.0;
     for (int32_t i = 0; i < n; i++) {
         double r = d->cand_p[i] - exp((double)qrow[d->cand_ids[i]] / T - mx) / z;
