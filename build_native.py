@@ -2,7 +2,18 @@
 
 ``pip install .`` / ``pip install -e .`` run this through setup.py's
 ``cffi_modules``.  Run it directly (``python build_native.py``) to rebuild the
-extension in place during development.
+extension in place during development (``--gpu-only`` rebuilds just the GPU library).  Every
+library is built into a temporary file and then renamed onto its final path, so a process that
+has the old one loaded keeps a consistent file.
+
+The GPU backend is a separate shared library that the C engine ``dlopen``s at run time (spec
+platform.md §0.3, §4): ``ds4tui/libds4tui_hip.so`` built by ``hipcc`` (AMD; ``--offload-arch``
+from ``DS4TUI_HIP_ARCH``, default gfx1151) or ``ds4tui/libds4tui_cuda.so`` built by ``nvcc -x cu``
+from the same sources through ``hip/hip_compat.h`` (NVIDIA; ``-arch`` from ``DS4TUI_CUDA_ARCH``,
+default sm_90, the H200).  ``DS4TUI_GPU=auto`` (default: hipcc, else nvcc, else none),
+``hip``, ``cuda`` or ``off`` chooses.  Wave64 targets (gfx9) are refused.  What happened is
+written to ``ds4tui/gpu_build.json`` (``ds4tui doctor`` prints it); in ``auto`` mode a failed GPU
+build is recorded there and warned about, and the CPU extension still installs.
 
 The cdef is the block between ``/* CDEF BEGIN */`` and ``/* CDEF END */`` of
 ``ds4tui/native/ds4_engine.h``: one header is the whole native API.
@@ -13,10 +24,14 @@ generated here from the ``gguf`` package, so they are never retyped by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from cffi import FFI
@@ -25,7 +40,13 @@ ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "ds4tui" / "native"
 HEADER = NATIVE / "ds4_engine.h"
 
-CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
+CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "gpu.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
+# Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
+HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip"]
+GPU_RECORD = "gpu_build.json"
+GPU_LIBS = {"hip": "libds4tui_hip.so", "cuda": "libds4tui_cuda.so"}
+DEFAULT_HIP_ARCH = "gfx1151"
+DEFAULT_CUDA_ARCH = "sm_90"
 
 
 def extract_cdef(header_text: str) -> str:
@@ -85,11 +106,16 @@ def arch_flags() -> list[str]:
     return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []
 
 
-def make_ffibuilder() -> FFI:
+def make_ffibuilder(absolute: bool = False) -> FFI:
+    """The cffi builder; source paths are relative to the working directory (setuptools wants that)
+    unless ``absolute`` (a direct build compiles in a temporary folder)."""
     write_iq2xxs_tables(NATIVE / "cpu" / "iq2xxs_tables.h")
     ffibuilder = FFI()
     ffibuilder.cdef(extract_cdef(HEADER.read_text()))
-    rel = lambda p: os.path.relpath(NATIVE / p, os.getcwd())  # noqa: E731 - setuptools wants relative paths
+    if absolute:
+        rel = lambda p: str(NATIVE / p)  # noqa: E731
+    else:
+        rel = lambda p: os.path.relpath(NATIVE / p, os.getcwd())  # noqa: E731 - setuptools wants relative paths
     ffibuilder.set_source(
         "ds4tui._native",
         '#include "ds4_engine.h"',
@@ -101,8 +127,167 @@ def make_ffibuilder() -> FFI:
     return ffibuilder
 
 
+# ---- GPU backend library ----------------------------------------------------------------------
+
+class GPUBuildError(RuntimeError):
+    """The GPU library could not be built (the message says which compiler, arch and why)."""
+
+
+def _which(name: str, env_dirs: tuple[str, ...], fixed: tuple[str, ...]) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for var in env_dirs:
+        d = os.environ.get(var)
+        if d and os.access(os.path.join(d, "bin", name), os.X_OK):
+            return os.path.join(d, "bin", name)
+    for d in fixed:
+        if os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    return None
+
+
+def find_gpu_compiler() -> tuple[str | None, str | None, str]:
+    """(platform, compiler path, why): platform "hip" or "cuda", or (None, None, reason)."""
+    want = os.environ.get("DS4TUI_GPU", "auto").strip().lower() or "auto"
+    if want not in ("auto", "hip", "cuda", "off"):
+        raise GPUBuildError(f"DS4TUI_GPU={want!r}: expected auto, hip, cuda or off")
+    if want == "off":
+        return None, None, "DS4TUI_GPU=off"
+    hipcc = _which("hipcc", ("ROCM_PATH", "HIP_PATH"), ("/opt/rocm/bin",)) if want in ("auto", "hip") else None
+    nvcc = _which("nvcc", ("CUDA_HOME", "CUDA_PATH"), ("/usr/local/cuda/bin",)) if want in ("auto", "cuda") else None
+    if hipcc:
+        return "hip", hipcc, ""
+    if nvcc:
+        return "cuda", nvcc, ""
+    looked = {"auto": "hipcc or nvcc", "hip": "hipcc", "cuda": "nvcc"}[want]
+    return None, None, (f"no GPU toolchain: {looked} not found on PATH, in $ROCM_PATH/bin, $HIP_PATH/bin, "
+                        f"/opt/rocm/bin, $CUDA_HOME/bin or /usr/local/cuda/bin")
+
+
+def gpu_arch(plat: str) -> list[str]:
+    """Device-code targets: DS4TUI_HIP_ARCH (default gfx1151) or DS4TUI_CUDA_ARCH (default sm_90), comma-separated.
+    Wave64 AMD targets (gfx9: GCN/CDNA) are refused, because every kernel assumes 32-lane warps."""
+    if plat == "hip":
+        archs = [a.strip() for a in os.environ.get("DS4TUI_HIP_ARCH", DEFAULT_HIP_ARCH).split(",") if a.strip()]
+        for a in archs:
+            if not re.fullmatch(r"gfx[0-9a-f]+(:[a-z+-:]+)?", a):
+                raise GPUBuildError(f"DS4TUI_HIP_ARCH: {a!r} is not an AMD offload arch (e.g. gfx1151)")
+            if re.match(r"gfx9", a):
+                raise GPUBuildError(f"DS4TUI_HIP_ARCH: {a} is a wave64 target (GCN/CDNA); the kernels assume 32-lane "
+                                    f"warps: build for RDNA (gfx10/11/12, default {DEFAULT_HIP_ARCH})")
+    else:
+        archs = [a.strip() for a in os.environ.get("DS4TUI_CUDA_ARCH", DEFAULT_CUDA_ARCH).split(",") if a.strip()]
+        for a in archs:
+            if not re.fullmatch(r"sm_[0-9]+a?", a):
+                raise GPUBuildError(f"DS4TUI_CUDA_ARCH: {a!r} is not an NVIDIA arch (e.g. sm_90)")
+    if not archs:
+        raise GPUBuildError("no GPU arch given (DS4TUI_HIP_ARCH / DS4TUI_CUDA_ARCH is empty)")
+    return archs
+
+
+def gpu_command(plat: str, compiler: str, archs: list[str], out: str) -> list[str]:
+    """The one compile-and-link command of the GPU library.  No fast-math; no FMA contraction
+    (fmaf is written where it is meant), as the CPU build (spec platform.md §0.6)."""
+    srcs = [str(NATIVE / s) for s in HIP_SOURCES]
+    define = "-DDS4_GPU_ARCH=\"" + ",".join(archs) + "\""
+    common = ["-O3", "-std=c++17", define, f"-I{NATIVE}"]
+    if plat == "hip":
+        return ([compiler, "-x", "hip"] + [f"--offload-arch={a}" for a in archs] + common
+                + ["-ffp-contract=off", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread"])
+    gencode = []
+    for a in archs:
+        num = a[3:]
+        gencode += ["-gencode", f"arch=compute_{num},code=[sm_{num},compute_{num}]"]
+    return ([compiler, "-x", "cu"] + gencode + common + ["-fmad=false", "-Xcompiler", "-fPIC", "-shared", "-o", out]
+            + srcs + ["-lpthread"])
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        r = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+        lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def build_gpu(out_dir: Path, *, verbose: bool = False) -> dict:
+    """Build the GPU library into out_dir when a toolchain is found; write and return the build record.
+
+    ``DS4TUI_GPU=hip|cuda`` makes any failure an error (GPUBuildError); ``auto`` records it."""
+    want = os.environ.get("DS4TUI_GPU", "auto").strip().lower() or "auto"
+    record: dict = {"status": "skipped", "platform": None, "compiler": None, "compiler_version": None,
+                    "arch": None, "library": None, "reason": "", "command": None}
+    try:
+        plat, compiler, why = find_gpu_compiler()
+        if plat is None:
+            record["reason"] = why
+            if want in ("hip", "cuda"):
+                raise GPUBuildError(why)
+        else:
+            archs = gpu_arch(plat)
+            lib = out_dir / GPU_LIBS[plat]
+            record.update(platform=plat, compiler=compiler, compiler_version=_compiler_version(compiler),
+                          arch=",".join(archs), library=lib.name)
+            fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=out_dir)
+            os.close(fd)
+            cmd = gpu_command(plat, compiler, archs, tmp)
+            record["command"] = " ".join(cmd)
+            env = dict(os.environ)
+            if plat == "hip":
+                env["HIP_PLATFORM"] = "amd"  # hipcc picks NVIDIA when nvcc is on PATH (spec platform.md §1.2)
+            print(f"build_native: building {lib.name} for {record['arch']} with {compiler}", file=sys.stderr)
+            r = subprocess.run(cmd, capture_output=not verbose, text=True, env=env)
+            if r.returncode != 0:
+                os.unlink(tmp)
+                tail = "\n".join(((r.stderr or "") + (r.stdout or "")).strip().splitlines()[-15:])
+                raise GPUBuildError(f"{compiler} failed (exit {r.returncode}) building {lib.name} for "
+                                    f"{record['arch']}:\n{tail}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, lib)
+            record["status"] = "built"
+    except GPUBuildError as exc:
+        record["status"] = "failed" if record["platform"] or want in ("hip", "cuda") else "skipped"
+        record["reason"] = str(exc)
+        _write_record(out_dir, record)
+        if want in ("hip", "cuda"):
+            raise
+        print(f"build_native: WARNING: the GPU backend was not built: {exc}", file=sys.stderr)
+        return record
+    _write_record(out_dir, record)
+    return record
+
+
+def _write_record(out_dir: Path, record: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{GPU_RECORD}.", suffix=".tmp", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out_dir / GPU_RECORD)
+
+
+def compile_extension_atomically(builder: FFI, verbose: bool = False) -> Path:
+    """Compile the cffi extension in a temporary folder and rename it onto ds4tui/ (never overwrite a
+    library that running processes have mapped)."""
+    with tempfile.TemporaryDirectory(prefix="ds4tui-build-", dir=ROOT) as tmp:
+        built = Path(builder.compile(tmpdir=tmp, verbose=verbose))
+        final = ROOT / "ds4tui" / built.name
+        staged = final.with_name(f".{built.name}.tmp")
+        shutil.copy2(built, staged)
+        os.replace(staged, final)
+    return final
+
+
 ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
     os.chdir(ROOT)
-    ffibuilder.compile(tmpdir=str(ROOT), verbose="-v" in sys.argv)
+    verbose = "-v" in sys.argv
+    if "--gpu-only" not in sys.argv:
+        print(f"build_native: {compile_extension_atomically(make_ffibuilder(absolute=True), verbose)}",
+              file=sys.stderr)
+    rec = build_gpu(ROOT / "ds4tui", verbose=verbose)
+    print(f"build_native: GPU backend {rec['status']}" + (f": {rec['reason']}" if rec["reason"] else ""),
+          file=sys.stderr)

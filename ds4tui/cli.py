@@ -126,7 +126,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--medium", action="store_true",
                      help="benchmark a synthetic medium model (hidden 1024, 8 layers, 64 experts, q2) built on "
                      "first use and cached under $XDG_CACHE_HOME/ds4tui/bench-medium (default ~/.cache)")
-    p.add_argument("--backend", choices=["cpu", "reference"], default="cpu", help="engine backend (default cpu)")
+    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
+                   help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
+                   "(hip when it runs, else cpu) or reference. Default cpu")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
@@ -176,8 +178,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nothink", action="store_true", help="non-thinking mode (</think> after the Assistant marker)")
     p.add_argument("--system", help="system text for the chat template")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template")
-    p.add_argument("--backend", choices=["cpu", "hip", "reference"], default="cpu",
-                   help="cpu (native C), hip (GPU; not in this build) or reference (numpy oracle). Default cpu")
+    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
+                   help="cpu (native C), hip (the GPU library; `ds4tui doctor` says whether it runs here), auto (hip "
+                   "when it runs, else cpu, with a note on stderr) or reference (numpy oracle). Default cpu")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
@@ -207,12 +210,24 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="draft tokens per cycle, 1..block size (default: the block size)")
 
 
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="report the native build, the GPU library (toolchain, arch) and the device the runtime sees",
+        description="Print what build_native.py built (the C engine; the GPU library, its toolchain and offload arch, "
+        "or why none was built), then load the GPU library and print the device name, arch, warp size and memory "
+        "as the runtime reports them, or exactly why --backend hip cannot run here.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
 COMMANDS = {
     "inspect": _add_inspect,
     "tokenize": _add_tokenize,
     "convert": _add_convert,
     "bench": _add_bench,
     "generate": _add_generate,
+    "doctor": _add_doctor,
 }
 
 

@@ -80,11 +80,12 @@ def test_raw_skips_the_template_and_sampling_is_seeded(tiny_q2, tok, capsys):
     assert runs[0]["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 1}
 
 
-def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys):
+def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):
     rc, out, err = _gen(capsys, str(tmp_path / "missing.gguf"), "-p", "hi")
     assert rc == 1 and "missing.gguf" in err and err.count("\n") == 1
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "--ctx", "5")
     assert rc == 1 and "raise --ctx" in err
+    monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "no-gpu-library.so"))  # also on a machine with a GPU
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "--backend", "hip", "--json")
     assert rc == 1 and "HIP" in err and json.loads(out)["ok"] is False
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "", "--raw")

@@ -289,12 +289,13 @@ def test_memory_accounting(tiny_q2, eng):
     assert mem.total == mem.weights + mem.kv + mem.compressor + mem.scratch
 
 
-def test_descriptor_errors_name_the_tensor(tiny_q2):
+def test_descriptor_errors_name_the_tensor(tiny_q2, monkeypatch, tmp_path):
     m = DS4Model(tiny_q2["model"])
     del m.tensors["blk.1.attn_q_a.weight"]
     with pytest.raises(S.EngineError, match=r"tensor 'blk\.1\.attn_q_a\.weight' is missing"):
         S.Engine(m)
-    with pytest.raises(S.BackendUnavailableError, match="HIP"):
+    monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "no-gpu-library.so"))  # also on a machine with a GPU
+    with pytest.raises(S.BackendUnavailableError, match="HIP backend is unavailable: DS4TUI_GPU_LIB="):
         S.Engine(tiny_q2["model"], backend="hip")
     with pytest.raises(ValueError, match="numerics"):
         S.Engine(tiny_q2["model"], numerics="fast")

@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                                       seed=args.seed).validate()
             engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                               support=args.mtp)
+            if args.backend == "auto" and engine.backend_note:
+                print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """Python side of the engine: open a model on a backend, run sessions, read stats and memory.
 
-``Engine(model, backend="cpu" | "reference", numerics="ds4" | "transformers")`` opens a validated
-DS4 GGUF.  On the ``cpu`` backend the native engine (``ds4tui._native``, C API in
+``Engine(model, backend="cpu" | "hip" | "auto" | "reference", numerics="ds4" | "transformers")``
+opens a validated DS4 GGUF.  On the ``cpu`` and ``hip`` backends the native engine (``ds4tui._native``, C API in
 ``ds4tui/native/ds4_engine.h``) gets a descriptor built here — the configuration and a table of
 tensors pointing into the memory-mapped file — so C never parses files.  The ``reference``
 backend runs the numpy reference (:mod:`ds4tui.engine.reference`) behind the same interface, so
@@ -35,7 +35,7 @@ from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
 
-BACKENDS = ("cpu", "hip", "reference")
+BACKENDS = ("cpu", "hip", "auto", "reference")
 #: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
 STEP_MAX = 64
 #: ds4_engine.h's DS4_MAX_THREADS.
@@ -49,6 +49,10 @@ class EngineError(Exception):
 
 class BackendUnavailableError(EngineError):
     """The requested backend cannot run here (not built, no device)."""
+
+
+class DeviceError(EngineError):
+    """The GPU backend failed during a call (a runtime call or kernel launch; the message names it)."""
 
 
 class ContextOverflowError(EngineError):
@@ -178,7 +182,8 @@ def _native():
     return _native
 
 
-_ERRORS = {-4: ContextOverflowError, -5: CancelledError, -6: TokenRangeError, -7: NonFiniteError, -8: StateError}
+_ERRORS = {-4: ContextOverflowError, -5: CancelledError, -6: TokenRangeError, -7: NonFiniteError, -8: StateError,
+           -9: DeviceError}
 
 
 def _check(rc: int, err, ffi) -> None:
@@ -208,21 +213,42 @@ class Engine:
 
     ``model``: GGUF path or opened :class:`DS4Model` (validated on open; the ``ModelFileError``
     subclasses name file, tensor, expected and found values).  ``backend``: ``"cpu"`` (native C),
-    ``"reference"`` (numpy) or ``"hip"`` (not in this build: :class:`BackendUnavailableError`).
+    ``"hip"`` (the native engine with the dlopen'ed GPU library, :mod:`ds4tui.engine.gpu`: weights
+    in device memory; :class:`BackendUnavailableError` says exactly why when it cannot run: no
+    toolchain at build time, library failed to load, no device, wrong arch), ``"auto"`` (hip when
+    it can run, else cpu; ``backend`` then says which and ``backend_note`` why) or ``"reference"``
+    (numpy).  ``progress(done, total)`` (hip) is called with bytes as weights are uploaded.
     ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
     core.  The GGUF stays memory-mapped while the engine lives.
     """
 
     def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
-                 n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None):
+                 n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
+                 progress: Callable[[int, int], None] | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
-        if backend == "hip":
-            raise BackendUnavailableError("the HIP backend is not part of this build (only cpu and reference)")
+        self.backend_note = ""
+        self.gpu_info = None
+        self._gpu_library: str | None = None
+        if backend in ("hip", "auto"):
+            from ds4tui.engine import gpu
+
+            info, why = gpu.probe()
+            if why:
+                if backend == "hip":
+                    raise BackendUnavailableError(f"the HIP backend is unavailable: {why}")
+                self.backend_note = f"auto: using cpu because the HIP backend is unavailable: {why}"
+                backend = "cpu"
+            else:
+                self.gpu_info = info
+                self._gpu_library = info.library
+                self.backend_note = (f"hip: {info.device_name} ({info.device_arch}) through {info.library}"
+                                     + (" (chosen by auto)" if backend == "auto" else ""))
+                backend = "hip"
         self.model = _model(model)
         self.config: DS4Config = self.model.config
         self.backend = backend
@@ -235,7 +261,7 @@ class Engine:
         self.support_status = "none"
         self.support_message = ""
         if support is not None and backend == "reference":
-            raise BackendUnavailableError("DSpark drafting needs the cpu backend (--backend cpu); the reference "
+            raise BackendUnavailableError("DSpark drafting needs the cpu or hip backend; the reference "
                                           "backend decodes target-only")
         if backend == "reference":
             from ds4tui.engine.reference import ReferenceModel
@@ -245,12 +271,12 @@ class Engine:
             return
         n = _native()
         self._ffi, self._lib = n.ffi, n.lib
-        self._open_native(int(n_threads))
+        self._open_native(int(n_threads), progress)
         if support is not None:
             self._attach_support(support)
 
     # -- native descriptor ---------------------------------------------------------------------
-    def _open_native(self, n_threads: int) -> None:
+    def _open_native(self, n_threads: int, progress: Callable[[int, int], None] | None = None) -> None:
         ffi, lib, c = self._ffi, self._lib, self.config
         keep = self._keep
         cfg = ffi.new("ds4_model_config *")
@@ -273,14 +299,24 @@ class Engine:
         cfg.compress_ratios, cfg.swiglu_clamp, cfg.swiglu_clamp_shexp = ratios, clamp, clamp_sh
         infos = list(self.model.tensors.values())
         table = self._table(self.model.tensors)
-        opt = ffi.new("ds4_engine_options *", {"backend": 0, "n_threads": n_threads,
+        opt = ffi.new("ds4_engine_options *", {"backend": 1 if self.backend == "hip" else 0, "n_threads": n_threads,
                                                "numerics": NUMERICS.index(self.numerics)})
+        if self.backend == "hip":
+            libpath = ffi.new("char[]", self._gpu_library.encode())
+            keep.append(libpath)
+            opt.gpu_library = libpath
+            if progress is not None:
+                cb = ffi.callback("void(void *, uint64_t, uint64_t)",
+                                  lambda _ctx, done, total: progress(int(done), int(total)))
+                keep.append(cb)
+                opt.progress = cb
         out = ffi.new("ds4_engine **")
         err = ffi.new("char[1024]")
         keep += [cfg, ratios, clamp, clamp_sh]
         rc = lib.ds4_engine_open(cfg, table, len(infos), opt, out, err, 1024)
         if rc != 0:
-            raise EngineError(f"{self.model.path}: {ffi.string(err).decode('utf-8', 'replace')}")
+            msg = f"{self.model.path}: {ffi.string(err).decode('utf-8', 'replace')}"
+            raise (BackendUnavailableError if rc == -9 else EngineError)(msg)
         self._handle = out[0]
         self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
 

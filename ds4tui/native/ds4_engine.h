@@ -34,6 +34,7 @@ extern "C" {
 #define DS4_E_TOKEN -6        /* a token id outside the vocabulary */
 #define DS4_E_NONFINITE -7    /* NaN/Inf appeared in the logits (bad weights) */
 #define DS4_E_STATE -8        /* the call does not fit the session's state (e.g. step with no logits) */
+#define DS4_E_DEVICE -9       /* the GPU backend failed: library, device, memory or a kernel launch */
 
 /* GGML type ids (ggml.h / GGUF tensor-info type field). */
 #define DS4_TYPE_F32 0
@@ -122,6 +123,13 @@ typedef struct {
     int32_t backend;    /* DS4_BACKEND_* */
     int32_t n_threads;  /* 0: one per online core; at most DS4_MAX_THREADS */
     int32_t numerics;   /* DS4_NUMERICS_* */
+    /* DS4_BACKEND_HIP only: the GPU backend library to dlopen (libds4tui_hip.so or
+     * libds4tui_cuda.so; required), the device index, and an optional progress callback called
+     * from the opening thread as weights are uploaded: done/total in bytes. */
+    const char *gpu_library;
+    int32_t gpu_device;
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
 } ds4_engine_options;
 
 /* Memory held, in bytes.  weights: tensor bytes the engine reads (mapped
@@ -222,6 +230,41 @@ int ds4_session_get_sampling(const ds4_session *s, ds4_sampling *out);
 int ds4_session_stats(const ds4_session *s, ds4_stats *out);
 void ds4_session_reset_stats(ds4_session *s);
 int ds4_session_memory(const ds4_session *s, ds4_memory *out);
+
+/* ---- GPU backend library (spec platform.md §0.3, §4: dlopen'ed, never linked) ---- */
+
+/* What a GPU backend library was built as and what its runtime sees. */
+typedef struct {
+    char library[512];      /* the file that was loaded */
+    char platform[16];      /* "hip" (AMD, hipcc/clang) or "cuda" (NVIDIA, nvcc through hip_compat.h) */
+    char built_arch[64];    /* device code target of the build, e.g. gfx1151 or sm_90 */
+    int32_t runtime_version, driver_version; /* as the runtime reports them (0: unknown) */
+    int32_t n_devices;      /* devices the runtime sees */
+    int32_t device;         /* the device described below */
+    char device_name[256];
+    char device_arch[64];   /* gfx1151 (gcnArchName) or sm_90 (compute capability) */
+    int32_t warp_size;
+    int32_t arch_ok;        /* 1: a kernel of this library ran on the device */
+    uint64_t mem_total, mem_free; /* bytes, hipMemGetInfo / cudaMemGetInfo */
+} ds4_gpu_info;
+
+/* Load `library` and describe it and device 0.  Returns DS4_OK when a device is there and the
+ * library's kernels run on it; otherwise DS4_E_DEVICE (or DS4_E_UNSUPPORTED when the file cannot be
+ * loaded) with the reason in err: no such file / dlopen's message, no device, wrong arch.  `out`
+ * is filled as far as the probe got (library, platform, built_arch even without a device). */
+int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_len);
+
+/* The GPU matmul kernel on its own (tests, benchmarks): the same contract as ds4_kernel_matmul
+ * (W host memory, uploaded first; X float [n_tok, cols]; Y float [n_tok, rows]); the kernel runs
+ * `reps` >= 1 times on device buffers and *ms (may be NULL) gets the median time of one run in
+ * milliseconds (device events). */
+int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols,
+                          const float *X, int64_t n_tok, float *Y, int32_t reps, double *ms,
+                          char *err, size_t err_len);
+
+/* Device memory read bandwidth in GB/s (1e9 bytes read per second; best of `reps` passes over a
+ * buffer of `bytes` bytes), or a negative DS4_E* code. */
+int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double *gbs, char *err, size_t err_len);
 
 /* ---- DSpark speculative decoding (spec dspark.md) ----------------------- */
 

@@ -139,6 +139,7 @@ void ds4_dspark_session_free(ds4_session *s) {
 
 void ds4_dspark_free_support(ds4_engine *e) {
     if (!e->sup) return;
+    ds4_gpu_free_support(e);
     free(e->sup->stages);
     free(e->sup->capture_slot);
     free(e->sup);

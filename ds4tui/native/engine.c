@@ -200,7 +200,8 @@ static int bind_mat(binder *b, const char *name, int64_t cols, int64_t rows, int
     if (t->nbytes < rb * (uint64_t)rows * (uint64_t)n_mat)
         return ds4_fail(b->err, b->len, DS4_E_INVALID, "tensor '%s': %llu bytes, expected %llu", name,
                     (unsigned long long)t->nbytes, (unsigned long long)(rb * rows * n_mat));
-    *out = (ds4_w){t->data, t->type, rows, cols, n_mat, rb, rb * (size_t)rows};
+    *out = (ds4_w){.data = t->data, .type = t->type, .rows = rows, .cols = cols, .n_mat = n_mat, .row_bytes = rb,
+                   .mat_bytes = rb * (size_t)rows};
     b->e->weight_bytes += rb * (uint64_t)rows * (uint64_t)n_mat;
     return DS4_OK;
 }
@@ -353,6 +354,7 @@ static int check_config(const ds4_model_config *c, char *err, size_t len) {
 
 void ds4_engine_close(ds4_engine *e) {
     if (!e) return;
+    ds4_gpu_engine_close(e);
     ds4_dspark_free_support(e);
     ds4_pool_destroy(e->pool);
     for (int i = 0; i < e->n_alloc; i++) free(e->allocs[i]);
@@ -368,9 +370,10 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (!out) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: out is NULL");
     *out = NULL;
     if (!cfg || !tensors || n_tensors <= 0) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_engine_open: empty descriptor");
-    ds4_engine_options o = opt ? *opt : (ds4_engine_options){DS4_BACKEND_CPU, 0, DS4_NUMERICS_DS4};
-    if (o.backend != DS4_BACKEND_CPU)
-        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "backend %d: this build has only the CPU backend", o.backend);
+    ds4_engine_options o = opt ? *opt : (ds4_engine_options){.backend = DS4_BACKEND_CPU, .numerics = DS4_NUMERICS_DS4};
+    if (o.backend != DS4_BACKEND_CPU && o.backend != DS4_BACKEND_HIP)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "backend %d: expected %d (cpu) or %d (hip)", o.backend,
+                        DS4_BACKEND_CPU, DS4_BACKEND_HIP);
     if (o.numerics != DS4_NUMERICS_DS4 && o.numerics != DS4_NUMERICS_TRANSFORMERS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "numerics %d: expected 0 (ds4) or 1 (transformers)", o.numerics);
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
@@ -417,6 +420,8 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
         float clamp = cfg->swiglu_clamp[L], clamp_sh = cfg->swiglu_clamp_shexp ? cfg->swiglu_clamp_shexp[L] : clamp;
         rc = bind_block(&b, &e->layers[L], prefix, cfg->compress_ratios[L], L < cfg->n_hash_layer, clamp, clamp_sh);
     }
+    e->backend = o.backend;
+    if (rc == DS4_OK && o.backend == DS4_BACKEND_HIP) rc = ds4_gpu_engine_open(e, &o, err, err_len);
     if (rc == DS4_OK) {
         e->sup_clamp = cfg->swiglu_clamp[cfg->n_layer - 1];
         e->sup_clamp_sh = cfg->swiglu_clamp_shexp ? cfg->swiglu_clamp_shexp[cfg->n_layer - 1] : e->sup_clamp;
@@ -532,6 +537,13 @@ int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg, cons
     e->sup = sup;
     e->sup_refused = 0;
     e->sup_msg[0] = 0;
+    rc = ds4_gpu_upload_support(e, msg, sizeof msg);
+    if (rc != DS4_OK) {
+        e->weight_bytes = wb;
+        e->expanded_bytes = xb;
+        ds4_engine_refuse_support(e, msg);
+        return ds4_fail(err, err_len, rc, "%s", msg);
+    }
     return DS4_OK;
 }
 
@@ -546,6 +558,7 @@ int ds4_engine_memory(const ds4_engine *e, ds4_memory *out) {
     memset(out, 0, sizeof *out);
     out->weights = e->weight_bytes;
     out->scratch = e->expanded_bytes;
+    out->device = ds4_gpu_allocated(e);
     return DS4_OK;
 }
 
@@ -687,6 +700,10 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                     char *err, size_t err_len) {
     int rc = ds4_forward(s, seq, n, mode, logits);
+    if (s->e->gpu_ctx) {
+        int grc = ds4_gpu_check(s->e, err, err_len);
+        if (grc != DS4_OK) return grc;
+    }
     if (rc == DS4_E_CANCELLED) {
         atomic_store(&s->cancel, 0);
         s->stats.n_cancelled++;

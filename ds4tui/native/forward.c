@@ -18,13 +18,15 @@
 
 void ds4_mm(ds4_engine *e, const ds4_w *w, int64_t mat, const float *X, int64_t ldx, int64_t n, float *Y,
                int64_t ldy) {
-    ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)mat * w->mat_bytes, w->rows, w->cols, X, ldx, n, Y, ldy);
+    if (w->dev) ds4_gpu_mm(e, w, mat, 0, w->rows, X, ldx, n, Y, ldy);
+    else ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)mat * w->mat_bytes, w->rows, w->cols, X, ldx, n, Y, ldy);
 }
 
 /* Rows [r0, r0+nr) of a matrix. */
 void ds4_mm_rows(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
                     float *Y, int64_t ldy) {
-    ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)r0 * w->row_bytes, nr, w->cols, X, ldx, n, Y, ldy);
+    if (w->dev) ds4_gpu_mm(e, w, 0, r0, nr, X, ldx, n, Y, ldy);
+    else ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)r0 * w->row_bytes, nr, w->cols, X, ldx, n, Y, ldy);
 }
 
 static const double *rope_of(const ds4_engine *e, const ds4_layer *l) {

@@ -15,6 +15,7 @@ typedef struct {
     int32_t type;
     int64_t rows, cols, n_mat;
     size_t row_bytes, mat_bytes;
+    const uint8_t *dev;  /* device copy (GPU backend), or NULL */
 } ds4_w;
 
 enum { DS4_SWA = 0, DS4_CSA = 1, DS4_HCA = 2 };
@@ -75,6 +76,14 @@ struct ds4_engine {
     int sup_refused;         /* 1: a support file was refused (sup_msg says why) */
     float sup_clamp, sup_clamp_sh; /* SwiGLU clamps the drafter stages use (the target's last layer's) */
     char sup_msg[1024];
+    /* GPU backend (DS4_BACKEND_HIP; gpu.c): the dlopen'ed library's table and context.  gpu_rc and
+     * gpu_msg keep the first device failure of a pass until ds4_gpu_check reports it. */
+    int backend;
+    void *gpu_lib;
+    const struct ds4_gpu_api_s *gpu;
+    struct ds4_gpu_ctx *gpu_ctx;
+    int gpu_rc;
+    char gpu_msg[512];
 };
 
 /* Per-layer cache.  Raw rows live in a ring of kv_cap rows (position p at p % kv_cap);
@@ -181,6 +190,16 @@ int32_t ds4_argmax(const float *x, int32_t n);
  * p[0..*n) (sum 1); greedy gives one candidate with p = 1. */
 void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *p, int32_t *n);
 double ds4_uniform(ds4_session *s);  /* [0, 1) from the session's splitmix64 stream */
+
+/* gpu.c */
+int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, size_t len);
+void ds4_gpu_engine_close(ds4_engine *e);
+int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len);
+void ds4_gpu_free_support(ds4_engine *e);
+uint64_t ds4_gpu_allocated(const ds4_engine *e);
+void ds4_gpu_mm(ds4_engine *e, const ds4_w *w, int64_t mat, int64_t r0, int64_t nr, const float *X, int64_t ldx,
+                int64_t n, float *Y, int64_t ldy);
+int ds4_gpu_check(ds4_engine *e, char *err, size_t len); /* DS4_OK, or the pass's first device failure */
 
 /* ops.c */
 void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out);

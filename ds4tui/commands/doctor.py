@@ -1,0 +1,84 @@
+"""``ds4tui doctor``: what was built, for which arch, and what the GPU runtime sees.
+
+Prints the native engine's version, the GPU build record that build_native.py wrote
+(``ds4tui/gpu_build.json``: toolchain, compiler version, offload arch, library, or why nothing was
+built), then loads the GPU library and reports the device (name, arch, warp size, memory total and
+free as the runtime reports them, runtime and driver versions) or exactly why the hip backend cannot
+run: no toolchain, library failed to load, no device, wrong arch.  Exit status 0 when the report
+could be made (even without a GPU); 1 when the native engine itself is not built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def collect() -> dict:
+    """The report as one JSON-able dict."""
+    from ds4tui import __version__
+    from ds4tui.engine import gpu
+
+    out: dict = {"ds4tui": __version__}
+    try:
+        from ds4tui import _native
+    except ImportError as exc:
+        out["native"] = None
+        out["native_error"] = f"the native engine (ds4tui._native) is not built: {exc}"
+        return out
+    out["native"] = _native.ffi.string(_native.lib.ds4_version()).decode()
+    out["native_file"] = _native.__file__
+    out["gpu_build"] = gpu.build_record().__dict__
+    lib, why = gpu.locate()
+    out["gpu_library"] = str(lib) if lib else None
+    info, why2 = gpu.probe(lib) if lib else (None, why)
+    out["gpu"] = info.to_json() if info else None
+    out["hip_available"] = not why2
+    out["hip_unavailable_reason"] = why2
+    out["auto_backend"] = "hip" if not why2 else "cpu"
+    hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
+    out["warnings"] = []
+    if hsa:
+        out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
+                               f"that version, not the ones this library was built for (spec platform.md §1.1)")
+    return out
+
+
+def run(args) -> int:
+    r = collect()
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0 if r.get("native") else 1
+    if not r.get("native"):
+        print(f"ds4tui doctor: {r['native_error']}", file=sys.stderr)
+        return 1
+    b = r["gpu_build"]
+    lines = [
+        ("ds4tui", r["ds4tui"]),
+        ("native", f"{r['native']}  ({r['native_file']})"),
+        ("gpu build", b["status"] + (f": {b['platform']} for {b['arch']} with {b['compiler']} ({b['compiler_version']})"
+                                     if b.get("platform") else "") + (f"\n  reason: {b['reason']}" if b["reason"] else "")),
+        ("gpu library", r["gpu_library"] or "none"),
+    ]
+    g = r["gpu"]
+    if g and g.get("n_devices"):
+        lines += [
+            ("platform", f"{g['platform']} (runtime {g['runtime_version']}, driver {g['driver_version']}), "
+                         f"{g['n_devices']} device(s)"),
+            ("device", f"{g['device']}: {g['device_name']} ({g['device_arch']}, warp {g['warp_size']})"),
+            ("built for", f"{g['built_arch']} ({'runs on this device' if g['arch_ok'] else 'does NOT run here'})"),
+            ("memory", f"{_gib(g['mem_total'])} total, {_gib(g['mem_free'])} free (as the runtime reports it)"),
+        ]
+    lines.append(("hip backend", "available" if r["hip_available"] else f"unavailable: {r['hip_unavailable_reason']}"))
+    lines.append(("--backend auto", r["auto_backend"]))
+    w = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k:<{w}}  {v}")
+    for msg in r["warnings"]:
+        print(f"warning: {msg}")
+    return 0

@@ -1,0 +1,119 @@
+"""The GPU backend library: where it is, how it was built, what the runtime sees.
+
+The C engine ``dlopen``s the GPU backend at run time (spec platform.md §0.3, §4): build_native.py
+builds ``ds4tui/libds4tui_hip.so`` (hipcc, AMD) or ``ds4tui/libds4tui_cuda.so`` (nvcc, NVIDIA)
+next to the extension when it finds a toolchain and records what happened in
+``ds4tui/gpu_build.json``.  ``DS4TUI_GPU_LIB`` overrides the library path.
+
+:func:`locate` answers "which library, and if none, exactly why" (no toolchain at build time,
+the build failed, a wrong-arch build); :func:`probe` loads it and asks the runtime for the device
+(name, arch, memory), turning each failure into :class:`~ds4tui.engine.session.BackendUnavailableError`
+text that names the cause: no toolchain, library failed to load, no device, wrong arch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+RECORD = PACKAGE_DIR / "gpu_build.json"
+LIBRARIES = ("libds4tui_hip.so", "libds4tui_cuda.so")
+
+
+@dataclass
+class GPUBuild:
+    """What build_native.py did about the GPU library (``gpu_build.json``); status ``unknown`` when
+    the record is missing (a build that predates it, or a copied tree)."""
+
+    status: str  # built | skipped | failed | unknown
+    platform: str | None = None
+    compiler: str | None = None
+    compiler_version: str | None = None
+    arch: str | None = None
+    library: str | None = None
+    reason: str = ""
+    command: str | None = None
+
+
+@dataclass
+class GPUInfo:
+    """``ds4_gpu_info`` of the C API: the library and device 0 as the runtime reports them."""
+
+    library: str
+    platform: str
+    built_arch: str
+    runtime_version: int
+    driver_version: int
+    n_devices: int
+    device: int
+    device_name: str
+    device_arch: str
+    warp_size: int
+    arch_ok: bool
+    mem_total: int  # bytes
+    mem_free: int  # bytes
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def build_record() -> GPUBuild:
+    try:
+        data = json.loads(RECORD.read_text())
+    except FileNotFoundError:
+        return GPUBuild(status="unknown", reason=f"{RECORD} is missing (rebuild with `pip install -e .` or "
+                                                 f"`python build_native.py`)")
+    except (OSError, ValueError) as exc:
+        return GPUBuild(status="unknown", reason=f"{RECORD}: unreadable build record: {exc}")
+    known = {k: data.get(k) for k in GPUBuild.__dataclass_fields__ if k in data}
+    known.setdefault("status", "unknown")
+    known["reason"] = known.get("reason") or ""
+    return GPUBuild(**known)
+
+
+def locate() -> tuple[Path | None, str]:
+    """(library path, "") or (None, why there is none)."""
+    env = os.environ.get("DS4TUI_GPU_LIB")
+    if env:
+        p = Path(env)
+        return (p, "") if p.exists() else (None, f"DS4TUI_GPU_LIB={env}: no such file")
+    rec = build_record()
+    if rec.status == "built" and rec.library and (PACKAGE_DIR / rec.library).exists():
+        return PACKAGE_DIR / rec.library, ""
+    for name in LIBRARIES:
+        if (PACKAGE_DIR / name).exists():
+            return PACKAGE_DIR / name, ""
+    if rec.status == "skipped":
+        return None, f"the GPU backend was not built: {rec.reason}"
+    if rec.status == "failed":
+        return None, f"the GPU backend failed to build: {rec.reason}"
+    if rec.status == "built":
+        return None, f"the GPU backend was built but {PACKAGE_DIR / (rec.library or '?')} is gone"
+    return None, f"the GPU backend was not built ({rec.reason})"
+
+
+def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
+    """(info, "") when the library loads, a device is there and its kernels run on it; otherwise
+    (info filled as far as the probe got, or None, and the reason)."""
+    if library is None:
+        library, why = locate()
+        if library is None:
+            return None, why
+    from ds4tui import _native
+
+    ffi, lib = _native.ffi, _native.lib
+    info = ffi.new("ds4_gpu_info *")
+    err = ffi.new("char[1024]")
+    rc = lib.ds4_gpu_probe(str(library).encode(), info, err, 1024)
+    s = lambda b: ffi.string(b).decode("utf-8", "replace")  # noqa: E731
+    got = GPUInfo(library=s(info.library), platform=s(info.platform), built_arch=s(info.built_arch),
+                  runtime_version=int(info.runtime_version), driver_version=int(info.driver_version),
+                  n_devices=int(info.n_devices), device=int(info.device), device_name=s(info.device_name),
+                  device_arch=s(info.device_arch), warp_size=int(info.warp_size), arch_ok=bool(info.arch_ok),
+                  mem_total=int(info.mem_total), mem_free=int(info.mem_free))
+    if rc != 0:
+        return (got if got.platform else None), s(err)
+    return got, ""

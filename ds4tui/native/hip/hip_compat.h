@@ -1,0 +1,132 @@
+/*
+ * hip_compat.h — the portability header of the GPU backend (spec platform.md §1, Appendix A).
+ *
+ * The backend is written in the HIP dialect.  On AMD it compiles against the real HIP headers
+ * (hipcc / amdclang++ / clang++ -x hip, --offload-arch=gfx1151 by default).  On NVIDIA it compiles
+ * with `nvcc -x cu` against the CUDA runtime: the HIP names the backend uses are mapped onto CUDA
+ * here, because the vendor's nvidia_detail headers do not compile with CUDA 12/13 (platform.md
+ * §1.3).  Add a name here when the backend starts using it.
+ *
+ * Every kernel assumes 32-lane warps (GPU_WARP): NVIDIA always, RDNA (gfx10/11/12) in its default
+ * wave32 mode.  Wave64 targets (GCN/CDNA gfx9, or -mwavefrontsize64) are refused at compile time.
+ * Nothing here enables fast-math; the backend is built without it (platform.md §0.6).
+ */
+#ifndef DS4_HIP_COMPAT_H
+#define DS4_HIP_COMPAT_H
+
+#if defined(__HIP_PLATFORM_AMD__) || (defined(__HIP__) && !defined(__CUDACC__))
+#define GPU_AMD 1
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define GPU_PLATFORM "hip"
+#elif defined(__CUDACC__)
+#define GPU_NVIDIA 1
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#define GPU_PLATFORM "cuda"
+typedef cudaError_t hipError_t;
+typedef cudaStream_t hipStream_t;
+typedef cudaEvent_t hipEvent_t;
+typedef cudaDeviceProp hipDeviceProp_t;
+typedef cudaGraph_t hipGraph_t;
+typedef cudaGraphExec_t hipGraphExec_t;
+#define hipSuccess cudaSuccess
+#define hipErrorNoDevice cudaErrorNoDevice
+#define hipGetErrorString cudaGetErrorString
+#define hipGetErrorName cudaGetErrorName
+#define hipGetLastError cudaGetLastError
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipSetDevice cudaSetDevice
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipRuntimeGetVersion cudaRuntimeGetVersion
+#define hipDriverGetVersion cudaDriverGetVersion
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostMalloc(p, n, f) cudaHostAlloc((p), (n), (f))
+#define hipHostMallocDefault cudaHostAllocDefault
+#define hipHostFree cudaFreeHost
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemcpyToSymbol cudaMemcpyToSymbol
+#define hipMemcpy2DAsync cudaMemcpy2DAsync
+#define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
+#define hipMemGetInfo cudaMemGetInfo
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamCreate cudaStreamCreate
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipEventCreate cudaEventCreate
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipLaunchKernelGGL(k, g, b, shm, st, ...) k<<<(g), (b), (shm), (st)>>>(__VA_ARGS__)
+#else
+#error "compile the GPU backend with hipcc / clang -x hip (AMD) or nvcc -x cu (NVIDIA)"
+#endif
+
+/* Lanes per warp that every kernel is written for. */
+#define GPU_WARP 32
+
+/* Refuse wave64 device code: GCN/CDNA (gfx9) runs 64-lane wavefronts only, and RDNA can be forced
+ * to them with -mwavefrontsize64.  (__AMDGCN_WAVEFRONT_SIZE is deprecated in newer clang; the
+ * __GFX9__ family macro covers that case.) */
+#if defined(GPU_AMD) && defined(__HIP_DEVICE_COMPILE__)
+#if defined(__GFX9__)
+#error "wave64 target (GCN/CDNA gfx9): the ds4tui kernels assume 32-lane warps; build for RDNA (gfx10/11/12)"
+#endif
+#if defined(__AMDGCN_WAVEFRONT_SIZE__)
+#if __AMDGCN_WAVEFRONT_SIZE__ != 32
+#error "wave64 device code: the ds4tui kernels assume 32-lane warps (drop -mwavefrontsize64)"
+#endif
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
+#if __AMDGCN_WAVEFRONT_SIZE != 32
+#error "wave64 device code: the ds4tui kernels assume 32-lane warps (drop -mwavefrontsize64)"
+#endif
+#endif
+#endif
+
+/* Butterfly exchange within a 32-lane warp (all lanes participate). */
+__device__ __forceinline__ float gpu_shfl_xor(float v, int mask) {
+#if defined(GPU_NVIDIA)
+    return __shfl_xor_sync(0xffffffffu, v, mask, GPU_WARP);
+#else
+    return __shfl_xor(v, mask, GPU_WARP); /* maskless form: no 32/64-bit mask type question */
+#endif
+}
+
+__device__ __forceinline__ int gpu_shfl_xor_int(int v, int mask) {
+#if defined(GPU_NVIDIA)
+    return __shfl_xor_sync(0xffffffffu, v, mask, GPU_WARP);
+#else
+    return __shfl_xor(v, mask, GPU_WARP);
+#endif
+}
+
+/* Sum over the 32 lanes of a warp, the same butterfly order on every target; every lane gets it. */
+__device__ __forceinline__ float gpu_warp_sum(float v) {
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);
+    return v;
+}
+
+/* c + dot(a, b) over four signed 8-bit lanes (dp4a / v_dot4). */
+__device__ __forceinline__ int gpu_dp4a(int a, int b, int c) {
+#if defined(GPU_NVIDIA)
+    return __dp4a(a, b, c);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) ||           \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1152__) || defined(__gfx1153__) ||             \
+    defined(__gfx1200__) || defined(__gfx1201__)
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false); /* v_dot4_i32_iu8, both signed */
+#elif defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__)
+    return __builtin_amdgcn_sdot4(a, b, c, false); /* v_dot4_i32_i8 */
+#else
+    const signed char *x = (const signed char *)&a, *y = (const signed char *)&b;
+    return c + x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3];
+#endif
+}
+
+#endif /* DS4_HIP_COMPAT_H */

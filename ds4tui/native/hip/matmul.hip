@@ -1,0 +1,227 @@
+/*
+ * matmul.hip — quantised matvec / small-batch matmul on device-resident GGML weights.
+ *
+ * Y[t, r] = sum_c W[r, c] * X[t, c] for the GGML types the DS4 files use (spec ds4.md §5): F32,
+ * F16, BF16, Q8_0 (34-byte blocks of 32), Q2_K (84-byte blocks of 256), IQ2_XXS (66-byte blocks of
+ * 256).  Activations stay float32, as in the CPU kernels (cpu/matmul.c): each weight is formed in
+ * float exactly as the format defines it and multiplied into the activation with an explicit fmaf,
+ * so GPU and CPU differ only by float32 summation order.  (An 8-bit activation path with dp4a /
+ * v_dot4 changes numerics; it will be an explicit engine option, never a silent default.)
+ *
+ * Layout: one 32-lane warp per weight row; lane l takes the 8-element chunks l, l+32, l+64, ...
+ * (32 x 8 = 256 elements per warp step: one K-quant super-block), and up to MM_NT tokens share
+ * each chunk's dequantised weights.  A token's accumulator sees the same operations whatever the
+ * batch size, so results are batch-invariant (greedy DSpark verification relies on it), and the
+ * final warp reduction is one fixed butterfly.
+ */
+#include "gpu_internal.h"
+#include "../cpu/iq2xxs_tables.h"
+
+#include <algorithm>
+#include <vector>
+
+#define MM_NT 8     /* tokens per warp */
+#define MM_WARPS 4  /* warps (rows) per block */
+
+__constant__ uint8_t c_iq2_grid[256][8];
+__constant__ uint8_t c_iq2_ksigns[128];
+
+int gpu_matmul_init(char *err, size_t len) {
+    GPU_TRY(hipMemcpyToSymbol(c_iq2_grid, ds4_iq2xxs_grid, sizeof ds4_iq2xxs_grid), "copy the IQ2_XXS grid");
+    GPU_TRY(hipMemcpyToSymbol(c_iq2_ksigns, ds4_iq2xxs_ksigns, sizeof ds4_iq2xxs_ksigns), "copy the IQ2_XXS signs");
+    return DS4_OK;
+}
+
+__device__ __forceinline__ float h2f(uint16_t u) { return __half2float(__ushort_as_half(u)); }
+__device__ __forceinline__ uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* The 8 weights of chunk c (elements 8c .. 8c+7) of one row; m = valid elements (< 8 only at the
+ * end of an F32/F16/BF16 row whose length is not a multiple of 8). */
+template <int TYPE> struct Chunk;
+
+template <> struct Chunk<DS4_TYPE_F32> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
+        const float *p = (const float *)row + 8 * c;
+        for (int j = 0; j < 8; j++) w[j] = j < m ? p[j] : 0.0f;
+    }
+};
+template <> struct Chunk<DS4_TYPE_F16> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
+        const uint16_t *p = (const uint16_t *)row + 8 * c;
+        for (int j = 0; j < 8; j++) w[j] = j < m ? h2f(p[j]) : 0.0f;
+    }
+};
+template <> struct Chunk<DS4_TYPE_BF16> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
+        const uint16_t *p = (const uint16_t *)row + 8 * c;
+        for (int j = 0; j < 8; j++) w[j] = j < m ? __uint_as_float((uint32_t)p[j] << 16) : 0.0f;
+    }
+};
+/* Q8_0: f16 d, int8 q[32]; x = d * q (exact in float32). */
+template <> struct Chunk<DS4_TYPE_Q8_0> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
+        const uint8_t *blk = row + 34 * (c >> 2);
+        const float d = h2f(rd16(blk));
+        const int8_t *q = (const int8_t *)(blk + 2 + 8 * (c & 3));
+        for (int j = 0; j < 8; j++) w[j] = d * (float)q[j];
+    }
+};
+/* Q2_K: scales[16] (low nibble scale, high nibble min), qs[64] (2-bit codes), f16 d, f16 dmin;
+ * element e: code = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3, x = d*sc*code - dmin*mn. */
+template <> struct Chunk<DS4_TYPE_Q2_K> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
+        const uint8_t *blk = row + 84 * (c >> 5);
+        const int k = (int)(c & 31), h = k >> 4, sh = 2 * ((k >> 2) & 3), l0 = 8 * (k & 3), sb = k >> 1;
+        const float d = h2f(rd16(blk + 80)), dmin = h2f(rd16(blk + 82));
+        const float dl = d * (float)(blk[sb] & 15), ml = dmin * (float)(blk[sb] >> 4);
+        const uint8_t *qs = blk + 16 + 32 * h + l0;
+        for (int j = 0; j < 8; j++) w[j] = dl * (float)((qs[j] >> sh) & 3) - ml;
+    }
+};
+/* IQ2_XXS: f16 d, then 8 groups of 32: 4 grid indices (bytes) and a u32 whose 4 x 7 low bits
+ * index the sign table and whose top 4 bits are the group scale; x = d*(0.5+s)/4 * grid * sign. */
+template <> struct Chunk<DS4_TYPE_IQ2_XXS> {
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
+        const uint8_t *blk = row + 66 * (c >> 5);
+        const int k = (int)(c & 31), ib = k >> 2, kk = k & 3;
+        const uint8_t *g = blk + 2 + 8 * ib;
+        const uint32_t sw = (uint32_t)rd16(g + 4) | ((uint32_t)rd16(g + 6) << 16);
+        const float db = h2f(rd16(blk)) * (0.5f + (float)(sw >> 28)) * 0.25f;
+        const uint8_t *grid = c_iq2_grid[g[kk]];
+        const uint8_t signs = c_iq2_ksigns[(sw >> (7 * kk)) & 127];
+        for (int j = 0; j < 8; j++) {
+            float v = db * (float)grid[j];
+            w[j] = (signs >> j) & 1 ? -v : v;
+        }
+    }
+};
+
+template <int TYPE>
+__global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
+mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row_bytes,
+          const float *__restrict__ X, int64_t ldx, int64_t n, float *__restrict__ Y, int64_t ldy) {
+    const int lane = threadIdx.x;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    const int64_t t0 = (int64_t)blockIdx.y * MM_NT;
+    const int nt = (int)(n - t0 < MM_NT ? n - t0 : MM_NT);
+    const uint8_t *row = W + r * row_bytes;
+    float acc[MM_NT];
+    for (int t = 0; t < MM_NT; t++) acc[t] = 0.0f;
+    const int64_t nchunk = (cols + 7) / 8;
+    for (int64_t c = lane; c < nchunk; c += GPU_WARP) {
+        const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
+        float w[8];
+        Chunk<TYPE>::load(row, c, m, w);
+#pragma unroll
+        for (int t = 0; t < MM_NT; t++) {
+            if (t < nt) {
+                const float *x = X + (t0 + t) * ldx + 8 * c;
+                for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MM_NT; t++) {
+        const float v = gpu_warp_sum(acc[t]);
+        if (lane == 0 && t < nt) Y[(t0 + t) * ldy + r] = v;
+    }
+}
+
+int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    if (rows <= 0 || n <= 0) return DS4_OK;
+    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS),
+                                              (unsigned)((n + MM_NT - 1) / MM_NT));
+    const uint8_t *w = (const uint8_t *)W;
+    switch (type) {
+    case DS4_TYPE_F32: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_F32>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_F16: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_F16>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_BF16: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_BF16>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_Q8_0: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_Q8_0>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_Q2_K: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_Q2_K>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_IQ2_XXS: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_IQ2_XXS>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    default:
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU matmul: GGML type %d has no kernel (expected F32, F16, BF16, "
+                        "Q8_0, Q2_K or IQ2_XXS)", type);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "GPU matmul launch (type %d, %lld x %lld, %lld tokens)", type, (long long)rows,
+             (long long)cols, (long long)n);
+    GPU_TRY(hipGetLastError(), what);
+    return DS4_OK;
+}
+
+/* Host activations in, host results out (the stage where only the matmuls run on the device). */
+int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+               const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    if (n <= 0 || rows <= 0) return DS4_OK;
+    pthread_mutex_lock(&c->lock);
+    int rc = gpu_stage(c, &c->dx, &c->dx_cap, (size_t)(n * cols), err, len);
+    if (rc == DS4_OK) rc = gpu_stage(c, &c->dy, &c->dy_cap, (size_t)(n * rows), err, len);
+    if (rc == DS4_OK) {
+        hipError_t e = hipMemcpy2DAsync(c->dx, (size_t)cols * sizeof(float), X, (size_t)ldx * sizeof(float),
+                                        (size_t)cols * sizeof(float), (size_t)n, hipMemcpyHostToDevice, c->stream);
+        if (e != hipSuccess)
+            rc = gpu_fail(err, len, DS4_E_DEVICE, "copy activations to the device: %s", hipGetErrorString(e));
+    }
+    if (rc == DS4_OK) rc = gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, c->dx, cols, n, c->dy, rows, err, len);
+    if (rc == DS4_OK) {
+        hipError_t e = hipMemcpy2DAsync(Y, (size_t)ldy * sizeof(float), c->dy, (size_t)rows * sizeof(float),
+                                        (size_t)rows * sizeof(float), (size_t)n, hipMemcpyDeviceToHost, c->stream);
+        if (e == hipSuccess) e = hipStreamSynchronize(c->stream);
+        if (e != hipSuccess)
+            rc = gpu_fail(err, len, DS4_E_DEVICE, "GPU matmul (type %d, %lld x %lld): %s", type, (long long)rows,
+                          (long long)cols, hipGetErrorString(e));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+                     const float *X, int64_t n, float *Y, int32_t reps, double *ms, char *err, size_t len) {
+    if (reps < 1) return gpu_fail(err, len, DS4_E_INVALID, "reps must be >= 1, got %d", reps);
+    void *dw = NULL, *dx = NULL, *dy = NULL;
+    const size_t wb = (size_t)rows * (size_t)row_bytes, xb = (size_t)(n * cols) * sizeof(float),
+                 yb = (size_t)(n * rows) * sizeof(float);
+    int rc = gpu_alloc(c, wb, &dw, err, len);
+    if (rc == DS4_OK) rc = gpu_alloc(c, xb, &dx, err, len);
+    if (rc == DS4_OK) rc = gpu_alloc(c, yb, &dy, err, len);
+    hipEvent_t e0 = NULL, e1 = NULL;
+    std::vector<float> times;
+    if (rc == DS4_OK) {
+        hipError_t e = hipMemcpy(dw, W, wb, hipMemcpyHostToDevice);
+        if (e == hipSuccess) e = hipMemcpy(dx, X, xb, hipMemcpyHostToDevice);
+        if (e == hipSuccess) e = hipMemset(dy, 0xff, yb); /* NaN poison: every element must be written */
+        if (e == hipSuccess) e = hipEventCreate(&e0);
+        if (e == hipSuccess) e = hipEventCreate(&e1);
+        if (e != hipSuccess) rc = gpu_fail(err, len, DS4_E_DEVICE, "bench setup: %s", hipGetErrorString(e));
+    }
+    for (int i = 0; rc == DS4_OK && i <= reps; i++) {
+        hipError_t e = hipEventRecord(e0, c->stream);
+        if (e != hipSuccess) { rc = gpu_fail(err, len, DS4_E_DEVICE, "event: %s", hipGetErrorString(e)); break; }
+        rc = gpu_matmul_launch(c->stream, type, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
+                               rows, err, len);
+        if (rc != DS4_OK) break;
+        e = hipEventRecord(e1, c->stream);
+        if (e == hipSuccess) e = hipEventSynchronize(e1);
+        float t = 0.0f;
+        if (e == hipSuccess) e = hipEventElapsedTime(&t, e0, e1);
+        if (e != hipSuccess) { rc = gpu_fail(err, len, DS4_E_DEVICE, "GPU matmul run: %s", hipGetErrorString(e)); break; }
+        if (i > 0) times.push_back(t); /* run 0 is the warm-up */
+    }
+    if (rc == DS4_OK) {
+        hipError_t e = hipMemcpy(Y, dy, yb, hipMemcpyDeviceToHost);
+        if (e != hipSuccess) rc = gpu_fail(err, len, DS4_E_DEVICE, "copy results back: %s", hipGetErrorString(e));
+    }
+    if (rc == DS4_OK && ms) {
+        std::sort(times.begin(), times.end());
+        *ms = times[times.size() / 2];
+    }
+    if (e0) (void)hipEventDestroy(e0);
+    if (e1) (void)hipEventDestroy(e1);
+    gpu_free(c, dw, wb);
+    gpu_free(c, dx, xb);
+    gpu_free(c, dy, yb);
+    return rc;
+}
