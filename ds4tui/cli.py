@@ -210,6 +210,35 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="draft tokens per cycle, 1..block size (default: the block size)")
 
 
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal app, with live DSpark panes and knobs",
+        description="Open the Textual chat app: streamed answers, and live panes for DSpark (draft and "
+        "accepted lengths, accept rate, stage timings, no-draft reasons, throughput) and memory, with knobs "
+        "that apply at the next cycle. Without MODEL it opens the bundled demo model.",
+    )
+    p.add_argument("model", nargs="?", help="DS4 target GGUF (default: the bundled demo model)")
+    p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF; DSpark starts on unless --no-dspark")
+    p.add_argument("--dspark", action=argparse.BooleanOptionalAction, default=None,
+                   help="start with DSpark on (default with --mtp) or off (--no-dspark; F2 turns it on)")
+    p.add_argument("--ctx", type=positive_int, metavar="N", help="context size (default 4096, at most the model's)")
+    p.add_argument("--backend", choices=["auto", "cpu", "hip"], default="auto",
+                   help="auto (the GPU when this build has one and a device answers, else cpu), cpu or hip")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--nothink", action="store_true", help="start in non-thinking mode (F5 toggles)")
+    p.add_argument("--system", help="system text for the chat template")
+    p.add_argument("-n", "--n-predict", type=positive_int, metavar="N",
+                   help="tokens per answer at most (default: until EOS or the context is full)")
+    p.add_argument("--threads", type=thread_count, default=0, metavar="N", help="CPU threads (default 0 = one per core)")
+    p.add_argument("--save-dir", default=".", metavar="DIR",
+                   help="where Ctrl+S (transcript) and F6 (stats) write their files (default: here)")
+    p.add_argument("--telemetry", choices=["sysfs", "nvml", "rss", "fake", "none"],
+                   help="memory telemetry source (default: amdgpu sysfs or NVML on the GPU, process RSS on the cpu)")
+
+
 def _add_doctor(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "doctor",
@@ -222,6 +251,7 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
 
 
 COMMANDS = {
+    "chat": _add_chat,
     "inspect": _add_inspect,
     "tokenize": _add_tokenize,
     "convert": _add_convert,
@@ -246,9 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
+    if args.command is None:  # plain `ds4tui`: the chat app on the bundled demo model
+        args = parser.parse_args(["chat"])
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
     try:
         with interrupt_on_signals():

@@ -1,0 +1,582 @@
+"""The ds4tui chat app: layout, key bindings and the wiring between the engine thread and the panes.
+
+Data flow (ARCHITECTURE.md "data flow of one chat turn"): a thread worker opens the model
+(``LoadProgress`` events), then each prompt runs ``ChatEngine.run_turn`` in a thread worker; the
+engine thread only appends small event dataclasses to an ``EventQueue``.  One UI timer drains the
+queue at 10 Hz: token text goes to the Markdown stream of the current turn in one write per flush,
+the newest ``StatsSnapshot`` goes to the panes, and prefill progress, finished turns and errors are
+handled in order.  Memory is sampled at 1 Hz.  Knobs call the engine's thread-safe setters, which
+never wait for a running cycle; the engine applies them at the next cycle and logs them, and the
+panes mark that point on their series.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
+
+from ds4tui.engine import worker as W
+from ds4tui.engine.stats import format_line
+from ds4tui.engine.telemetry import MemoryHistory, select_backend
+from ds4tui.engine.timeline import SpecTimeline
+from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage
+from ds4tui.widgets.dialogs import ErrorDialog
+from ds4tui.widgets.histogram import Histogram
+from ds4tui.widgets.memory import MemoryPane
+from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
+                                        ThroughputPane)
+
+#: UI refresh period of the text and the panes (seconds): ~10 Hz (ux.md §0 item 2).
+FLUSH_S = 0.1
+#: Memory sampling period (seconds).
+MEMORY_S = 1.0
+#: Confidence threshold step of F7/F8 and -/+.
+THRESHOLD_STEP = 0.05
+
+
+@dataclass
+class ChatOptions:
+    """What ``ds4tui chat`` was started with (sampling defaults: greedy)."""
+
+    model: str | None
+    support: str | None = None
+    dspark: bool = True
+    ctx: int | None = None
+    backend: str = "auto"
+    threads: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    think: bool = True
+    system: str | None = None
+    max_tokens: int | None = None
+    save_dir: Path = field(default_factory=Path.cwd)
+    telemetry: str | None = None
+
+
+# One action list feeds the footer, the key bindings and the command palette:
+# (binding id, key, action, footer label, palette title, palette help, shown in the footer)
+ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
+    ("generation.stop", "escape", "stop", "Stop", "Stop generating", "Stop the running turn; its text is kept", True),
+    ("dspark.toggle", "f2", "toggle_dspark", "DSpark", "Toggle DSpark", "Drafting on/off from the next cycle", True),
+    ("dspark.scheduler", "f3", "toggle_scheduler", "Sched", "Toggle the DSpark scheduler",
+     "The adaptive scheduler on/off from the next cycle", True),
+    ("chat.trace", "f4", "toggle_trace", "Drafts", "Highlight accepted drafts",
+     "Show answers token by token with accepted-draft tokens highlighted", True),
+    ("chat.think", "f5", "toggle_think", "Think", "Toggle thinking mode", "Think / nothink for the next turn", True),
+    ("stats.export", "f6", "export_stats", "Export", "Export DSpark stats",
+     "Write the session's stats as JSON and as ds4's stats line", True),
+    ("dspark.threshold_down", "f7", f"threshold({-THRESHOLD_STEP})", "Conf−", "Lower the confidence threshold",
+     f"Confidence threshold −{THRESHOLD_STEP}", True),
+    ("dspark.threshold_up", "f8", f"threshold({THRESHOLD_STEP})", "Conf+", "Raise the confidence threshold",
+     f"Confidence threshold +{THRESHOLD_STEP}", True),
+    ("dspark.draft_down", "f9", "max_draft(-1)", "Draft−", "Shorter drafts", "Max draft length −1", True),
+    ("dspark.draft_up", "f10", "max_draft(1)", "Draft+", "Longer drafts", "Max draft length +1", True),
+    ("chat.new", "ctrl+n", "new_chat", "New", "New chat", "Clear the conversation and its KV cache", True),
+    ("chat.save", "ctrl+s", "save_transcript", "Save", "Save transcript",
+     "Write the chat as Markdown and as JSON with per-turn stats", True),
+)
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    engine: Any
+
+
+def _stamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+class DS4App(App):
+    """``DS4App(options, engine_factory=None, telemetry=None, flush_s=0.1, memory_s=1.0)``.
+
+    ``engine_factory(options, progress)`` returns a ``ChatEngine`` (tests pass a fake one with the
+    same interface); ``telemetry``: a memory backend (default: chosen for the engine's backend,
+    ``--telemetry``); ``flush_s`` / ``memory_s``: periods of the UI drain and of memory sampling
+    (None: no timer, the caller calls :meth:`flush` / :meth:`sample_memory`)."""
+
+    TITLE = "ds4tui"
+    CSS = """
+    #main { height: 1fr; }
+    #chat-column { width: 1fr; }
+    #side { width: 58; border-left: vkey $primary-darken-2; }
+    #histograms { height: auto; }
+    #status { height: 1; padding: 0 1; color: $text-muted; }
+    #progress { display: none; height: 1; padding: 0 1; }
+    #progress.active { display: block; }
+    PromptInput { margin: 0 1; }
+    """
+    BINDINGS = [Binding(key, action, label, show=show, id=bid) for bid, key, action, label, _, _, show in ACTIONS] + [
+        Binding("minus", f"threshold({-THRESHOLD_STEP})", "Conf−", show=False, id="dspark.threshold_down_key"),
+        Binding("plus", f"threshold({THRESHOLD_STEP})", "Conf+", show=False, id="dspark.threshold_up_key"),
+    ]
+
+    def __init__(self, options: ChatOptions, engine_factory: Callable | None = None, *, telemetry=None,
+                 flush_s: float | None = FLUSH_S, memory_s: float | None = MEMORY_S):
+        super().__init__()
+        self.options = options
+        self.engine_factory = engine_factory or _real_engine
+        self.engine = None
+        self.queue = W.EventQueue()
+        self.timeline = SpecTimeline()
+        self.memory_history = MemoryHistory()
+        self.telemetry = telemetry
+        self.flush_s, self.memory_s = flush_s, memory_s
+        self.think = options.think
+        self.trace = False
+        self.messages: list[dict] = []
+        self.turns: list[W.TurnResult] = []
+        self.current: AssistantMessage | None = None
+        self.last_snapshot: W.StatsSnapshot | None = None
+        self.last_sample = None
+        self.errors: list[tuple[str, str]] = []
+        self._draining = False
+        self._generating = False
+
+    # ---- layout ------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield ChatView(id="transcript")
+                yield ProgressBar(id="progress", show_eta=False)
+                yield Static("", id="status")
+                yield PromptInput(id="prompt", disabled=True)
+            with VerticalScroll(id="side"):
+                yield KnobsPane(id="knobs")
+                yield AcceptPane("acceptance", id="accept")
+                with Horizontal(id="histograms"):
+                    yield Histogram("draft len", id="draft-hist")
+                    yield Histogram("accepted len", id="accepted-hist")
+                yield NoDraftPane("no-draft reasons", id="no-draft")
+                yield ThroughputPane("throughput", id="throughput")
+                yield StagesPane("proposal stages, ms/cycle", id="stages")
+                yield SupportPane("support model", id="support")
+                yield MemoryPane("memory", id="memory")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "loading…"
+        self.query_one("#transcript", ChatView).mount(Static(Content.styled(
+            "Opening the model…", "$text-muted"), id="welcome"))
+        self._set_status()
+        if self.flush_s:
+            self.set_interval(self.flush_s, self.flush)
+        if self.memory_s:
+            self.set_interval(self.memory_s, self.sample_memory)
+        self.run_worker(self._load, thread=True, group="load", exit_on_error=False)
+
+    # ---- loading ----------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            engine = self.engine_factory(self.options, self.queue.put)
+        except Exception as exc:  # every load error is shown; the app stays usable
+            self.queue.put(W.Failed(f"cannot open {self.options.model}", str(exc) or type(exc).__name__))
+            return
+        self.queue.put(EngineReady(engine))
+
+    def _engine_ready(self, engine) -> None:
+        self.engine = engine
+        info = engine.info
+        self.sub_title = f"{info.model_name} · {info.backend}"
+        if self.telemetry is None:
+            try:
+                self.telemetry = select_backend(self.options.telemetry, engine_backend=info.backend)
+            except Exception as exc:
+                self._error("memory telemetry unavailable", str(exc))
+        self._progress(None)
+        welcome = self.query("#welcome")
+        if welcome:
+            welcome.first().update(Content.styled(
+                f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend. "
+                f"Type a prompt and press Enter.", "$text-muted"))
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.disabled = False
+        prompt.focus()
+        self._show_knobs()
+        self.query_one("#support", SupportPane).show(info.support_status, info.support_summary, info.support_message)
+        if info.support_status == "refused":
+            self._error("support model refused: DSpark will not draft", info.support_message)
+        self._apply_snapshot(engine.snapshot(generating=False))
+        self.sample_memory()
+        self._set_status()
+
+    # ---- the 10 Hz drain ----------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Handle every queued engine event (the 10 Hz timer calls this)."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            pending: list = []
+            snap = None
+            for ev in self.queue.drain():
+                if isinstance(ev, W.TokensEmitted):
+                    pending.extend(ev.pieces)
+                    continue
+                if pending:
+                    await self._write(pending)
+                    pending = []
+                if isinstance(ev, W.StatsSnapshot):
+                    snap = ev
+                elif isinstance(ev, W.PrefillProgress):
+                    self._progress(ev)
+                elif isinstance(ev, W.Finished):
+                    if snap is not None:
+                        self._apply_snapshot(snap)
+                        snap = None
+                    await self._finished(ev.result)
+                elif isinstance(ev, W.Failed):
+                    self._error(ev.title, ev.message)
+                elif isinstance(ev, W.LoadProgress):
+                    self._load_progress(ev)
+                elif isinstance(ev, EngineReady):
+                    self._engine_ready(ev.engine)
+            if pending:
+                await self._write(pending)
+            if snap is not None:
+                self._apply_snapshot(snap)
+        finally:
+            self._draining = False
+
+    async def _write(self, pieces) -> None:
+        if self.current is not None:
+            self._progress(None)
+            await self.current.add(pieces)
+
+    def _apply_snapshot(self, snap: W.StatsSnapshot) -> None:
+        self.last_snapshot = snap
+        self.timeline.add(snap)
+        view = self.timeline.view()
+        st = snap.dspark
+        info = self.engine.info if self.engine is not None else None
+        self.query_one("#accept", AcceptPane).show(st, view)
+        block = st.block_size if st is not None else 0
+        self.query_one("#draft-hist", Histogram).show(st.draft_len_hist if st is not None else [0] * (block + 1))
+        self.query_one("#accepted-hist", Histogram).show(st.accepted_len_hist if st is not None else [0] * (block + 1))
+        self.query_one("#stages", StagesPane).show(st)
+        self.query_one("#no-draft", NoDraftPane).show(st, support_status=info.support_status if info else "none")
+        self.query_one("#throughput", ThroughputPane).show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx)
+        if snap.knobs is not None:
+            self._show_knobs(snap.knobs)
+        self._set_status()
+
+    def _show_knobs(self, knobs=None) -> None:
+        e = self.engine
+        if e is None:
+            return
+        knobs = knobs if knobs is not None else e.knobs
+        if knobs is None:
+            note = ("support model refused — see the support pane" if e.info.support_status == "refused"
+                    else "no support model: start with --mtp SUPPORT.gguf")
+        else:
+            note = "changes apply at the next cycle"
+        self.query_one("#knobs", KnobsPane).show(knobs, note=note, block=e.info.block_size or 16)
+
+    def sample_memory(self) -> None:
+        if self.telemetry is None or self.engine is None:
+            return
+        s = self.telemetry.sample()
+        self.last_sample = s
+        self.memory_history.append(s)
+        main = "gtt_used_b" if s.gtt_total_b is not None else "vram_used_b" if s.vram_total_b is not None else "rss_b"
+        self.query_one("#memory", MemoryPane).show(s, self.memory_history.series(main), self.engine.memory())
+
+    def _progress(self, ev) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        if ev is None:
+            bar.remove_class("active")
+            return
+        bar.add_class("active")
+        bar.update(total=max(1, ev.total), progress=ev.done)
+        self._set_status(f"prefill {ev.done}/{ev.total} tokens" + (f" ({ev.reused} reused from the KV cache)"
+                                                                   if ev.reused else ""))
+
+    def _load_progress(self, ev: W.LoadProgress) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.add_class("active")
+        bar.update(total=ev.total, progress=ev.step - 1)
+        self._set_status(f"loading: {ev.phase} ({ev.step}/{ev.total})")
+
+    def _set_status(self, text: str | None = None) -> None:
+        if text is None:
+            parts = []
+            if self.engine is None:
+                parts.append("loading…")
+            else:
+                parts.append("generating (Esc stops)" if self._generating else "ready")
+            parts.append("think" if self.think else "nothink")
+            if self.trace:
+                parts.append("draft highlight on")
+            text = " · ".join(parts)
+        self.query_one("#status", Static).update(text)
+
+    def _error(self, title: str, message: str) -> None:
+        self.errors.append((title, message))
+        self.push_screen(ErrorDialog(title, message))
+
+    # ---- chat -----------------------------------------------------------------------------------------
+
+    @on(Input.Submitted, "#prompt")
+    async def _submit(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.engine is None:
+            self.notify("the model is not loaded", severity="warning")
+            return
+        if self._generating:
+            self.notify("a turn is running: Esc stops it", severity="warning")
+            return
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.remember(text)
+        prompt.value = ""
+        view = self.query_one("#transcript", ChatView)
+        await view.mount(UserMessage(text))
+        self.current = AssistantMessage(trace=self.trace)
+        await view.mount(self.current)
+        view.scroll_end(animate=False)
+        self.messages.append({"role": "user", "content": text})
+        self._generating = True
+        self._set_status()
+        self.run_worker(partial(self._turn, list(self.messages), self.think), thread=True, group="generation",
+                        exclusive=True, exit_on_error=False)
+
+    def _turn(self, messages, think) -> None:
+        try:
+            self.engine.run_turn(messages, self.queue, think=think, system=self.options.system,
+                                 max_tokens=self.options.max_tokens)
+        except Exception as exc:
+            self.queue.put(W.Failed("generation failed", f"{type(exc).__name__}: {exc}"))
+            self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
+
+    async def _finished(self, r: W.TurnResult) -> None:
+        self._generating = False
+        self._progress(None)
+        if self.current is not None:
+            tps = r.decode_tokens_per_s
+            n = len(r.ids)
+            summary = (f"{n} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)" if n else "0 tokens")
+            summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
+            await self.current.finish(summary)
+        if r.turn:
+            self.messages.append({"role": "assistant", "content": r.answer, "reasoning": r.reasoning})
+            self.turns.append(r)
+        self.current = None
+        self._set_status()
+
+    # ---- actions -----------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.engine is not None and self._generating:
+            self.engine.stop()
+            self._set_status("stopping…")
+
+    def _knob(self, **kw) -> None:
+        if self.engine is None:
+            return
+        try:
+            knobs = self.engine.set_dspark(**kw)
+        except Exception as exc:
+            self.notify(str(exc), title="DSpark knobs", severity="error", timeout=8)
+            return
+        self._show_knobs(knobs)
+        changed = ", ".join(f"{k}={v}" for k, v in kw.items())
+        self.notify(f"{changed}: applies at the next cycle", timeout=2)
+
+    def action_toggle_dspark(self) -> None:
+        if self.engine is not None and self.engine.knobs is not None:
+            self._knob(enabled=not self.engine.knobs.enabled)
+        else:
+            self._knob(enabled=True)
+
+    def action_toggle_scheduler(self) -> None:
+        if self.engine is not None and self.engine.knobs is not None:
+            self._knob(scheduler=not self.engine.knobs.scheduler)
+        else:
+            self._knob(scheduler=True)
+
+    def action_threshold(self, step: float) -> None:
+        k = self.engine.knobs if self.engine is not None else None
+        if k is None:
+            self._knob(threshold=0.0)
+            return
+        self._knob(threshold=round(min(1.0, max(0.0, k.threshold + step)), 2))
+
+    def action_max_draft(self, step: int) -> None:
+        k = self.engine.knobs if self.engine is not None else None
+        if k is None:
+            self._knob(max_draft=1)
+            return
+        self._knob(max_draft=min(max(1, k.max_draft + step), self.engine.info.block_size or 1))
+
+    @on(Switch.Changed, "#dspark")
+    def _dspark_switch(self, event: Switch.Changed) -> None:
+        self._knob(enabled=event.value)
+
+    @on(Switch.Changed, "#scheduler")
+    def _scheduler_switch(self, event: Switch.Changed) -> None:
+        self._knob(scheduler=event.value)
+
+    @on(Input.Submitted, "#threshold")
+    def _threshold_input(self, event: Input.Submitted) -> None:
+        if event.validation_result is not None and not event.validation_result.is_valid:
+            self.notify("confidence threshold: a number in [0, 1]", severity="error")
+            return
+        self._knob(threshold=float(event.value))
+
+    @on(Input.Submitted, "#max-draft")
+    def _max_draft_input(self, event: Input.Submitted) -> None:
+        if event.validation_result is not None and not event.validation_result.is_valid:
+            block = self.engine.info.block_size if self.engine is not None else 16
+            self.notify(f"max draft length: an integer 1..{block}", severity="error")
+            return
+        self._knob(max_draft=int(event.value))
+
+    def action_toggle_trace(self) -> None:
+        self.trace = not self.trace
+        for m in self.query(AssistantMessage):
+            m.set_trace(self.trace)
+        self._set_status()
+
+    def action_toggle_think(self) -> None:
+        self.think = not self.think
+        self.notify(f"{'thinking' if self.think else 'nothink'} mode from the next turn", timeout=2)
+        self._set_status()
+
+    async def action_new_chat(self) -> None:
+        if self._generating:
+            self.notify("a turn is running: Esc stops it first", severity="warning")
+            return
+        if self.engine is not None:
+            self.engine.new_chat()
+        self.messages.clear()
+        self.turns.clear()
+        await self.query_one("#transcript", ChatView).remove_children()
+        self.notify("new chat", timeout=2)
+
+    def _stats_payload(self) -> tuple[dict, str | None]:
+        snap = self.last_snapshot if self._generating or self.engine is None else self.engine.snapshot(generating=False)
+        if snap is None:
+            return {}, None
+        d = {
+            "model": self.engine.info.model_path if self.engine else self.options.model,
+            "support": self.engine.info.support_path if self.engine else self.options.support,
+            "support_status": self.engine.info.support_status if self.engine else "none",
+            "backend": self.engine.info.backend if self.engine else None,
+            "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
+            "knob_events": [{"cycle": e.cycle, **e.knobs.to_dict()} for e in snap.events],
+            "stats": snap.stats.to_dict(),
+            "dspark_stats": snap.dspark.to_dict() if snap.dspark is not None else None,
+            "n_tokens": snap.n_tokens,
+            "n_ctx": snap.n_ctx,
+        }
+        return d, format_line(snap.dspark) if snap.dspark is not None else None
+
+    def action_export_stats(self) -> None:
+        payload, line = self._stats_payload()
+        if not payload:
+            self.notify("no stats yet", severity="warning")
+            return
+        base = Path(self.options.save_dir) / f"ds4tui-stats-{_stamp()}"
+        try:
+            base.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+            if line is not None:
+                base.with_suffix(".txt").write_text(line + "\n")
+        except OSError as exc:
+            self._error("cannot write the stats", str(exc))
+            return
+        self.notify(f"wrote {base}.json" + (f" and {base.name}.txt" if line is not None else ""), timeout=6)
+
+    def transcript_markdown(self) -> str:
+        info = self.engine.info if self.engine is not None else None
+        out = [f"# ds4tui chat — {info.model_name if info else self.options.model}", ""]
+        if info is not None:
+            out += [f"- model: `{info.model_path}` ({info.backend} backend, context {info.n_ctx})",
+                    f"- support: `{info.support_path}` ({info.support_status})" if info.support_path else "- support: none",
+                    ""]
+        turns = iter(self.turns)
+        for m in self.messages:
+            if m["role"] == "user":
+                out += ["## User", "", m["content"], ""]
+                continue
+            r = next(turns, None)
+            out += ["## Assistant", ""]
+            if m.get("reasoning"):
+                out += ["<details><summary>reasoning</summary>", "", m["reasoning"], "", "</details>", ""]
+            out += [m["content"], ""]
+            if r is not None:
+                tps = r.decode_tokens_per_s
+                out += [f"*{len(r.ids)} tokens, {r.n_draft} from accepted drafts"
+                        + (f", {tps:.1f} t/s" if tps else "") + f", stop: {r.reason}*", ""]
+        return "\n".join(out)
+
+    def transcript_json(self) -> dict:
+        payload, line = self._stats_payload()
+        turns = iter(self.turns)
+        msgs = []
+        for m in self.messages:
+            if m["role"] == "assistant":
+                r = next(turns, None)
+                msgs.append({**m, "stats": r.to_dict() if r is not None else None})
+            else:
+                msgs.append(dict(m))
+        return {"format": "ds4tui-chat/1", "saved": _dt.datetime.now().isoformat(timespec="seconds"),
+                "messages": msgs, "session": payload, "dspark_line": line}
+
+    def action_save_transcript(self) -> None:
+        if not self.messages:
+            self.notify("nothing to save yet", severity="warning")
+            return
+        base = Path(self.options.save_dir) / f"ds4tui-chat-{_stamp()}"
+        try:
+            base.with_suffix(".md").write_text(self.transcript_markdown())
+            base.with_suffix(".json").write_text(json.dumps(self.transcript_json(), indent=2) + "\n")
+        except OSError as exc:
+            self._error("cannot save the transcript", str(exc))
+            return
+        self.notify(f"saved {base}.md and {base.name}.json", timeout=6)
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for _, key, action, _, title, help_text, _ in ACTIONS:
+            yield SystemCommand(f"{title} ({key})", help_text, partial(self.run_action, action))
+
+    def on_unmount(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()  # a thread worker cannot be killed: let it end at the next cycle
+
+    async def action_quit(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.workers.cancel_group(self, "generation")
+        await self.workers.wait_for_complete()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.telemetry is not None:
+            self.telemetry.close()
+        self.exit()
+
+
+def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
+    from ds4tui.engine.session import SamplingParams
+
+    sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
+    return W.ChatEngine(options.model, support=options.support, backend=options.backend, n_ctx=options.ctx,
+                        n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress)

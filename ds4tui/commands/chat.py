@@ -1,0 +1,75 @@
+"""``ds4tui chat``: open the Textual app on a model (default: the bundled demo pair)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+_PREFIX = "ds4tui chat:"
+
+#: Where the bundled demo pair lives (package data), when this build ships one.
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
+
+
+def demo_pair() -> tuple[Path, Path | None] | None:
+    """The bundled demo model and its support model, or None when this build has no demo."""
+    model = DEMO_DIR / "model.gguf"
+    if not model.is_file():
+        return None
+    support = DEMO_DIR / "support.gguf"
+    return model, support if support.is_file() else None
+
+
+NO_DEMO = f"""{_PREFIX} no MODEL given and this build has no bundled demo model.
+Make a small test model (random weights: the text is noise, the speculation panes are real) and open it:
+
+    python -m ds4tui.devtools.make_test_model models/tiny
+    ds4tui-fit-support models/tiny/model.gguf models/tiny/support.gguf models/tiny/fitted.gguf
+    ds4tui chat models/tiny/model.gguf --mtp models/tiny/fitted.gguf
+
+(the fitted support model drafts tokens the test model accepts about half of the time)."""
+
+
+def options_from_args(args: argparse.Namespace):
+    """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
+    from ds4tui.app import ChatOptions
+
+    model, support = args.model, args.mtp
+    if model is None:
+        pair = demo_pair()
+        if pair is None:
+            raise LookupError(NO_DEMO)
+        model = str(pair[0])
+        if support is None and pair[1] is not None:
+            support = str(pair[1])
+    if args.dspark and support is None:
+        raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
+    for what, path in (("model", model), ("support model (--mtp)", support)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{what} {path}: no such file")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not args.temp >= 0:
+        raise ValueError(f"--temp must be >= 0, got {args.temp}")
+    return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
+                       backend=args.backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
+                       seed=args.seed, think=not args.nothink, system=args.system, max_tokens=args.n_predict,
+                       save_dir=Path(args.save_dir), telemetry=args.telemetry)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from_args(args)
+    except LookupError as exc:
+        print(exc.args[0], file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"{_PREFIX} {exc}", file=sys.stderr)
+        return 2
+    from ds4tui.app import DS4App
+
+    app = DS4App(options)
+    app.run()
+    return int(app.return_code or 0)

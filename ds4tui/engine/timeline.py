@@ -1,0 +1,122 @@
+"""Rates and time series derived from the engine's monotonic counters (for the live panes).
+
+The engine only counts (``Stats``, ``DSparkStats``); windows and rates are derived here from
+successive :class:`~ds4tui.engine.worker.StatsSnapshot` s, so a number is never counted twice
+(STYLE.md "monotonic counters in the engine, rates in the UI").  A point is kept only when a
+counter moved, so idle time does not flatten the series.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+#: Seconds of the "recent" acceptance window.
+RECENT_S = 10.0
+
+
+@dataclass(frozen=True)
+class _Point:
+    t: float
+    cycles: int
+    proposed: int
+    accepted: int
+    decode_tokens: int
+    decode_ms: float
+    n_events: int
+    turn: int
+    turn_tokens: int
+    turn_decode_s: float
+
+
+@dataclass(frozen=True)
+class SpecView:
+    """What the acceptance and throughput panes draw.
+
+    Rates in percent (accept) and tokens per second; ``None`` where nothing was measured yet.
+    ``accept_series`` / ``decode_series`` / ``effective_series``: one value per kept snapshot
+    (oldest first); ``marks``: indexes into those series where a knob change took effect."""
+
+    session_accept: float | None
+    recent_accept: float | None
+    accept_series: tuple[float | None, ...]
+    decode_tps: float | None
+    effective_tps: float | None
+    decode_series: tuple[float | None, ...]
+    effective_series: tuple[float | None, ...]
+    marks: frozenset[int]
+
+
+class SpecTimeline:
+    """A bounded history of snapshots (``maxlen`` points) and the rates between them."""
+
+    def __init__(self, maxlen: int = 240, recent_s: float = RECENT_S):
+        self._pts: collections.deque[_Point] = collections.deque(maxlen=maxlen)
+        self._accept: collections.deque[float | None] = collections.deque(maxlen=maxlen)
+        self._decode: collections.deque[float | None] = collections.deque(maxlen=maxlen)
+        self._effective: collections.deque[float | None] = collections.deque(maxlen=maxlen)
+        self._marked: collections.deque[bool] = collections.deque(maxlen=maxlen)
+        self.recent_s = recent_s
+        self._session: tuple[int, int] = (0, 0)
+
+    def add(self, snap: Any) -> bool:
+        """Fold in a ``StatsSnapshot``; returns True if it added a point (a counter moved)."""
+        d = snap.dspark
+        p = _Point(snap.t, d.cycles if d else 0, d.proposed if d else 0, d.accepted_draft if d else 0,
+                   snap.stats.n_decode_tokens, snap.stats.decode_ms, len(snap.events), snap.turn,
+                   snap.turn_tokens, snap.turn_decode_s)
+        if d is not None:
+            self._session = (d.proposed, d.accepted_draft)
+        prev = self._pts[-1] if self._pts else None
+        if prev is not None and (p.cycles, p.decode_tokens, p.n_events, p.turn_tokens) == (
+                prev.cycles, prev.decode_tokens, prev.n_events, prev.turn_tokens):
+            return False
+        if prev is not None and (p.decode_tokens < prev.decode_tokens or p.cycles < prev.cycles):
+            self.clear()  # the counters were reset
+            prev = None
+        self._pts.append(p)
+        self._accept.append(self._window_accept())
+        if prev is None:
+            self._decode.append(None)
+            self._effective.append(None)
+        else:
+            dms = p.decode_ms - prev.decode_ms
+            self._decode.append(1000.0 * (p.decode_tokens - prev.decode_tokens) / dms if dms > 0 else None)
+            ds = p.turn_decode_s - prev.turn_decode_s
+            same = p.turn == prev.turn and ds > 0
+            self._effective.append((p.turn_tokens - prev.turn_tokens) / ds if same else None)
+        self._marked.append(prev is not None and p.n_events > prev.n_events)
+        return True
+
+    def clear(self) -> None:
+        for q in (self._pts, self._accept, self._decode, self._effective, self._marked):
+            q.clear()
+
+    def _window_accept(self) -> float | None:
+        last = self._pts[-1]
+        first = last
+        for q in reversed(self._pts):
+            if last.t - q.t > self.recent_s:
+                break
+            first = q
+        if first is last and len(self._pts) > 1:
+            first = self._pts[-2]
+        dp = last.proposed - first.proposed
+        if first is last:
+            dp, da = last.proposed, last.accepted
+        else:
+            da = last.accepted - first.accepted
+        return 100.0 * da / dp if dp > 0 else None
+
+    def view(self) -> SpecView:
+        proposed, accepted = self._session
+        return SpecView(
+            session_accept=100.0 * accepted / proposed if proposed else None,
+            recent_accept=self._accept[-1] if self._accept else None,
+            accept_series=tuple(self._accept),
+            decode_tps=next((v for v in reversed(self._decode) if v is not None), None),
+            effective_tps=next((v for v in reversed(self._effective) if v is not None), None),
+            decode_series=tuple(self._decode),
+            effective_series=tuple(self._effective),
+            marks=frozenset(i for i, m in enumerate(self._marked) if m))

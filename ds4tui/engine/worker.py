@@ -1,0 +1,506 @@
+"""Chat generation off the UI thread: a chat session over the engine, and the events it posts.
+
+``ChatEngine`` owns one :class:`~ds4tui.engine.session.Engine`, its tokenizer and one
+:class:`~ds4tui.engine.session.Session`.  ``run_turn`` is meant to run in a worker thread: it
+renders the conversation with the DS4 chat template (spec ds4.md §4.3), keeps the KV cache of the
+previous turns where the new prompt starts with the same tokens, prefills the rest in chunks
+(``PrefillProgress``), decodes one engine cycle at a time (``TokensEmitted``: the accepted drafts
+and the token sampled after them, split into the reasoning and the answer channel), posts a
+``StatsSnapshot`` about every ``snapshot_s`` seconds, and ends with ``Finished`` or ``Failed``.
+
+The events are small frozen dataclasses put into an :class:`EventQueue` (a ``deque``: appends and
+pops are thread-safe); the UI drains it on a timer (~10 Hz), so the engine never waits for the UI
+(ux.md §0 items 1–2).  A ``threading.Event`` is checked at every cycle and ``cancel()`` stops a
+running prefill or step inside the engine, so a stop request takes effect within one cycle.
+
+No UI import here (tests/test_architecture.py): the same class serves the app, tests and benches.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ds4tui.engine import session as S
+from ds4tui.engine.stats import DSparkStats
+from ds4tui.engine.tokenizer import Tokenizer, render_chat
+
+#: Default context size of a chat (tokens), clipped to the model's own context length.
+DEFAULT_CTX = 4096
+
+
+# ---- events (engine thread → UI) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Opening the model: phase ``step`` of ``total`` (``phase`` says what runs now)."""
+
+    phase: str
+    step: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenPiece:
+    """One emitted token: its id, the text it completed (may be "" while a UTF-8 character is
+    split across tokens), whether it was an accepted draft, and its channel ("think" | "answer")."""
+
+    id: int
+    text: str
+    from_draft: bool
+    channel: str
+
+
+@dataclass(frozen=True)
+class TokensEmitted:
+    """The tokens of one engine cycle (accepted drafts first, then the sampled token)."""
+
+    turn: int
+    pieces: tuple[TokenPiece, ...]
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt tokens run so far in this turn's prefill (``reused`` came from the KV cache)."""
+
+    turn: int
+    done: int
+    total: int
+    reused: int
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """A consistent copy of the engine's counters, taken between two cycles.
+
+    ``t``: ``time.monotonic()`` seconds; ``stats``: the session's decode counters; ``dspark``:
+    the DSpark counters (None without a support model); ``knobs``: the knobs in force; ``events``:
+    the knob changes so far; ``generating``: a turn is running; ``turn_tokens`` /
+    ``turn_draft_tokens``: tokens emitted in the running (or last) turn and how many of them were
+    accepted drafts; ``turn_decode_s``: wall seconds since that turn's first decoded token."""
+
+    t: float
+    stats: S.Stats
+    dspark: DSparkStats | None
+    knobs: S.DSparkKnobs | None
+    events: tuple[S.KnobEvent, ...]
+    n_tokens: int
+    n_ctx: int
+    generating: bool
+    turn: int
+    turn_tokens: int
+    turn_draft_tokens: int
+    turn_decode_s: float
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What one assistant turn produced.  Times in seconds; ``reason``: "eos", "stopped",
+    "max_tokens" or "ctx" (the context filled up)."""
+
+    turn: int
+    prompt_tokens: int
+    reused_tokens: int
+    ids: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    reasoning: str
+    answer: str
+    reason: str
+    prefill_s: float
+    first_token_s: float | None
+    decode_s: float
+    dspark_delta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_draft(self) -> int:
+        return sum(self.from_draft)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens per second after the first one (the first only samples the prefill's logits)."""
+        n = len(self.ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ids"] = list(self.ids)
+        d["from_draft"] = list(self.from_draft)
+        d["n_tokens"] = len(self.ids)
+        d["n_draft"] = self.n_draft
+        d["decode_tokens_per_s"] = self.decode_tokens_per_s
+        return d
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A turn ended (its text is kept whatever the reason)."""
+
+    turn: int
+    result: TurnResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Something failed; ``title`` says what was being done, ``message`` names file, tensor,
+    expected and found values where the engine gave them.  ``turn`` is None outside a turn."""
+
+    title: str
+    message: str
+    turn: int | None = None
+
+
+class EventQueue:
+    """Thread-safe FIFO of events: the engine thread ``put``s, the UI ``drain``s on a timer."""
+
+    def __init__(self) -> None:
+        self._q: collections.deque = collections.deque()
+
+    def put(self, event: Any) -> None:
+        self._q.append(event)
+
+    def drain(self) -> list[Any]:
+        """Every event queued so far, oldest first."""
+        out = []
+        for _ in range(len(self._q)):
+            out.append(self._q.popleft())
+        return out
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+
+# ---- the chat engine --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChatInfo:
+    """What the panes show about the loaded model (sizes in bytes)."""
+
+    model_path: str
+    model_name: str
+    backend: str
+    n_threads: int
+    n_ctx: int
+    n_layer: int
+    n_vocab: int
+    model_bytes: int
+    support_path: str | None
+    support_status: str  # "attached" | "refused" | "none"
+    support_message: str
+    support_summary: str
+    block_size: int
+    sampling: S.SamplingParams
+
+
+def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """Field-wise ``after - before`` of two ``DSparkStats.to_dict()`` (counts, times, histograms,
+    no-draft reasons); derived values are recomputed from the differences."""
+    out: dict[str, Any] = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, bool) or k in ("block_size", "chain_fail_op", "t_decode_ms"):
+            continue
+        if isinstance(v, (int, float)) and isinstance(b, (int, float)):
+            out[k] = v - b
+        elif isinstance(v, list) and isinstance(b, list) and len(v) == len(b) and all(
+                isinstance(x, (int, float)) for x in v + b):
+            out[k] = [x - y for x, y in zip(v, b)]
+        elif isinstance(v, dict) and isinstance(b, dict):
+            out[k] = {n: v[n] - b.get(n, 0) for n in v}
+    keep = {k: out[k] for k in DSparkStats.__dataclass_fields__ if k in out}
+    try:
+        return DSparkStats(block_size=after["block_size"], **keep).to_dict()
+    except (TypeError, ValueError):
+        return out
+
+
+class ChatEngine:
+    """A multi-turn chat over one DS4 model (and optionally a DSpark support model).
+
+    ``model``/``support``: GGUF paths.  ``backend``: "cpu" | "hip" | "auto" (auto = the HIP
+    backend when this build has one and a device answers, else cpu; the chosen one is in
+    ``info.backend``).  ``n_ctx``: context tokens (default 4096, at most the model's context
+    length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
+    attached.  ``progress(LoadProgress)`` is called during opening.
+
+    Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
+    ``BackendUnavailableError``) unchanged: they name the file, tensor, expected and found values.
+    A support model that fails validation does not raise: it is *refused* (``info.support_status``)
+    and the chat decodes target-only, every cycle counted as no_draft reason ``support_invalid``.
+    """
+
+    def __init__(self, model: str | os.PathLike, *, support: str | os.PathLike | None = None,
+                 backend: str = "cpu", n_ctx: int | None = None, n_threads: int = 0,
+                 sampling: S.SamplingParams | None = None, dspark: bool = True,
+                 progress: Callable[[LoadProgress], None] | None = None):
+        from ds4tui.engine.gguf_model import DS4Model
+
+        steps = 4 if support is not None else 3
+        say = progress or (lambda p: None)
+        say(LoadProgress(f"reading {Path(model).name}", 1, steps))
+        dm = DS4Model(model)
+        backend = self._choose_backend(backend)
+        say(LoadProgress(f"opening the {backend} engine", 2, steps))
+        if support is not None:
+            say(LoadProgress(f"checking the support model {Path(support).name}", 3, steps))
+        self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support)
+        try:
+            say(LoadProgress("loading the tokenizer", steps, steps))
+            self.tokenizer = Tokenizer.from_gguf(dm.reader)
+            limit = self.engine.config.context_length
+            n_ctx = int(n_ctx or min(DEFAULT_CTX, limit))
+            if not 2 <= n_ctx <= limit:
+                raise ValueError(f"--ctx {n_ctx}: the context size must be 2..{limit} (the model's context length)")
+            self.session = self.engine.session(n_ctx)
+            self.session.set_sampling((sampling or S.SamplingParams()).validate())
+            if self.has_dspark:
+                self.session.set_dspark(enabled=bool(dspark))
+        except BaseException:
+            self.engine.close()
+            raise
+        self._stop = threading.Event()
+        self._busy = threading.Lock()
+        self._turn = 0
+        self._last: StatsSnapshot | None = None
+        self.info = self._info(model, support)
+
+    @staticmethod
+    def _choose_backend(backend: str) -> str:
+        if backend not in ("auto", "cpu", "hip"):
+            raise ValueError(f"backend must be auto, cpu or hip, got {backend!r}")
+        if backend != "auto":
+            return backend
+        probe = getattr(S, "hip_available", None)
+        return "hip" if probe is not None and probe() else "cpu"
+
+    def _info(self, model, support) -> ChatInfo:
+        e = self.engine
+        summary = e.support.summary_line() if e.support is not None else ""
+        return ChatInfo(
+            model_path=str(model), model_name=Path(model).name, backend=e.backend, n_threads=e.n_threads,
+            n_ctx=self.session.n_ctx, n_layer=e.config.n_layer, n_vocab=e.config.n_vocab,
+            model_bytes=os.path.getsize(model), support_path=None if support is None else str(support),
+            support_status=e.support_status, support_message=e.support_message, support_summary=summary,
+            block_size=e.block_size if self.has_dspark else 0, sampling=self.session.sampling)
+
+    # ---- knobs (any thread; never wait for a running step) ----------------------------------------
+
+    @property
+    def has_dspark(self) -> bool:
+        """A support model is attached (DSpark can draft)."""
+        return self.engine.support_status == "attached"
+
+    @property
+    def knobs(self) -> S.DSparkKnobs | None:
+        return self.session.dspark if self.has_dspark else None
+
+    def set_dspark(self, **knobs) -> S.DSparkKnobs:
+        """``Session.set_dspark``: applied at the next cycle.  Raises ``StateError`` when no support
+        model is attached (naming why: none given, or refused and the reason)."""
+        if not self.has_dspark:
+            why = (f"the support model was refused: {self.engine.support_message}"
+                   if self.engine.support_status == "refused" else "no support model (start with --mtp SUPPORT.gguf)")
+            raise S.StateError(f"DSpark knobs cannot change: {why}")
+        return self.session.set_dspark(**knobs)
+
+    # ---- turns ----------------------------------------------------------------------------------------
+
+    @property
+    def generating(self) -> bool:
+        return self._busy.locked()
+
+    def stop(self) -> None:
+        """Stop the running turn at the next cycle boundary (or inside the running pass); does
+        nothing when no turn runs."""
+        if self.generating:
+            self._stop.set()
+            self.session.cancel()
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], *, think: bool, system: str | None = None) -> list[int]:
+        return render_chat(self.tokenizer, messages, think=think, system=system)
+
+    def _reuse(self, ids: list[int]) -> int:
+        """Make the session a prefix of ``ids`` and return how many of its tokens are kept."""
+        s = self.session
+        ctx = list(s.tokens) + ([s.pending] if s.pending is not None else [])
+        common = 0
+        for a, b in zip(ctx, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # at least one token left to run
+        if common == len(ctx):
+            return common  # the pending token is part of the prompt and runs first
+        keep = min(common, len(s.tokens))
+        if keep == len(s.tokens) and s.pending is not None:
+            keep -= 1  # truncating to the full length would keep the wrong pending token
+        if keep <= 0 or len(s.tokens) - keep > s.n_batch:
+            keep = 0
+        s.truncate(keep)
+        return keep
+
+    def run_turn(self, messages: Sequence[Mapping[str, Any]], sink: EventQueue, *, think: bool = True,
+                 system: str | None = None, max_tokens: int | None = None, snapshot_s: float = 0.1) -> TurnResult | None:
+        """Generate the assistant's answer to ``messages`` (the last one a user message), posting
+        events to ``sink``.  Returns the result (also posted as ``Finished``), or None after
+        posting ``Failed``.  Call from one thread at a time (a second call raises ``StateError``)."""
+        if not self._busy.acquire(blocking=False):
+            raise S.StateError("a turn is already running")
+        try:
+            self._stop.clear()
+            self.session.clear_cancel()
+            self._turn += 1
+            return self._run(self._turn, messages, sink, think, system, max_tokens, snapshot_s)
+        finally:
+            self._stop.clear()
+            self.session.clear_cancel()
+            self._busy.release()
+
+    def _run(self, turn, messages, sink, think, system, max_tokens, snapshot_s):
+        s, tok = self.session, self.tokenizer
+        try:
+            ids = self.prompt_ids(messages, think=think, system=system)
+            if len(ids) + 1 > s.n_ctx:
+                raise S.ContextOverflowError(
+                    f"the conversation has {len(ids)} tokens, which does not fit a context of {s.n_ctx} "
+                    f"(start a new chat, or restart with a larger --ctx)")
+            before = self._dspark_dict()
+            reused = self._reuse(ids)
+            budget = s.n_ctx - len(ids)
+            max_tokens = budget if max_tokens is None else max(1, min(int(max_tokens), budget))
+        except (S.EngineError, ValueError) as exc:
+            sink.put(Failed("cannot start the turn", str(exc), turn))
+            return None
+        t0 = time.perf_counter()
+        sink.put(PrefillProgress(turn, 0, len(ids) - reused, reused))
+        stopped = False
+        try:
+            s.prefill(ids[reused:], logits="last",
+                      progress=lambda done, total: sink.put(PrefillProgress(turn, done, total, reused)))
+        except S.CancelledError:
+            stopped = True
+        except S.EngineError as exc:
+            sink.put(Failed("prefill failed", str(exc), turn))
+            return None
+        t_prefill = time.perf_counter()
+        eos, think_end = tok.eos_id, tok.think_end_id
+        channel = "think" if think else "answer"
+        decoder = tok.stream_decoder()
+        out: list[int] = []
+        drafts: list[bool] = []
+        text = {"think": [], "answer": []}
+        reason = "stopped" if stopped else "max_tokens"
+        t_first = None
+        t_snap = 0.0
+        self._progress = (turn, 0, 0, None)
+        try:
+            while not stopped and len(out) < max_tokens:
+                if self._stop.is_set():
+                    reason = "stopped"
+                    break
+                if s.pending is not None and s.n_tokens + 1 > s.n_ctx:
+                    reason = "ctx"
+                    break
+                try:
+                    got = s.step(min(S.STEP_MAX, max_tokens - len(out)))
+                except S.CancelledError:
+                    reason = "stopped"
+                    break
+                if t_first is None:
+                    t_first = time.perf_counter()
+                pieces = []
+                for k, t in enumerate(got):
+                    d = k < len(got) - 1
+                    out.append(t)
+                    drafts.append(d)
+                    if t == eos:
+                        reason = "eos"
+                        if k < len(got) - 1:  # drafts after EOS leave the session
+                            s.rewind(len(got) - 1 - k)
+                        break
+                    if channel == "think" and t == think_end:
+                        piece = decoder.flush()
+                        text["think"].append(piece)
+                        pieces.append(TokenPiece(t, piece, d, "think"))
+                        channel = "answer"
+                        continue
+                    piece = decoder.push(t)
+                    text[channel].append(piece)
+                    pieces.append(TokenPiece(t, piece, d, channel))
+                sink.put(TokensEmitted(turn, tuple(pieces)))
+                self._progress = (turn, len(out), sum(drafts), t_first)
+                if reason == "eos":
+                    break
+                now = time.monotonic()
+                if now - t_snap >= snapshot_s:
+                    t_snap = now
+                    sink.put(self.snapshot(generating=True))
+        except S.EngineError as exc:
+            sink.put(Failed("decoding failed", str(exc), turn))
+            reason = "error"
+        tail = decoder.flush()
+        if tail:
+            text[channel].append(tail)
+            sink.put(TokensEmitted(turn, (TokenPiece(-1, tail, False, channel),)))
+        t_end = time.perf_counter()
+        self._progress = (turn, len(out), sum(drafts), t_first)
+        after = self._dspark_dict()
+        result = TurnResult(
+            turn=turn, prompt_tokens=len(ids), reused_tokens=reused, ids=tuple(out), from_draft=tuple(drafts),
+            reasoning="".join(text["think"]), answer="".join(text["answer"]), reason=reason,
+            prefill_s=t_prefill - t0, first_token_s=None if t_first is None else t_first - t0,
+            decode_s=0.0 if t_first is None else t_end - t_first,
+            dspark_delta=_diff(after, before) if after and before else {})
+        sink.put(self.snapshot(generating=False))
+        sink.put(Finished(turn, result))
+        return result
+
+    def _dspark_dict(self) -> dict[str, Any] | None:
+        return self.session.dspark_stats().to_dict() if self.has_dspark else None
+
+    # ---- snapshots ------------------------------------------------------------------------------------
+
+    def snapshot(self, *, generating: bool | None = None) -> StatsSnapshot:
+        """The counters now.  From the worker thread between cycles; from another thread it waits
+        for the running cycle to end (``Session.dspark_stats``)."""
+        s = self.session
+        turn, n, nd, t_first = getattr(self, "_progress", (0, 0, 0, None))
+        snap = StatsSnapshot(
+            t=time.monotonic(), stats=s.stats(), dspark=s.dspark_stats() if self.has_dspark else None,
+            knobs=self.knobs, events=tuple(s.dspark_events()) if self.has_dspark else (),
+            n_tokens=s.n_tokens, n_ctx=s.n_ctx, generating=self.generating if generating is None else generating,
+            turn=turn, turn_tokens=n, turn_draft_tokens=nd,
+            turn_decode_s=0.0 if t_first is None else time.perf_counter() - t_first)
+        self._last = snap
+        return snap
+
+    @property
+    def last_snapshot(self) -> StatsSnapshot | None:
+        """The most recent snapshot taken (by the worker during a turn), without waiting."""
+        return self._last
+
+    def memory(self) -> S.Memory:
+        """Bytes the engine holds (weights, KV, compressor state, scratch, device)."""
+        return self.session.memory()
+
+    def new_chat(self) -> None:
+        """Forget the conversation's KV cache (counters keep running; ``reset_stats`` clears them)."""
+        if self.generating:
+            raise S.StateError("stop the running turn first")
+        self.session.truncate(0)
+
+    def reset_stats(self) -> None:
+        if self.generating:
+            raise S.StateError("stop the running turn first")
+        self.session.reset_stats()
+        self._last = None
+
+    def close(self) -> None:
+        """Stop a running turn, then free the session and the engine (waits for the running cycle)."""
+        self.stop()
+        self.session.close()
+        self.engine.close()

@@ -1,0 +1,1 @@
+"""One widget per pane.  Widgets only render what a snapshot says; they never touch the engine."""

@@ -1,0 +1,40 @@
+"""Modal dialogs: an error the user must read (bad file, refused support model, no GPU)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static
+
+
+class ErrorDialog(ModalScreen[None]):
+    """Shows ``title`` and ``message`` (the engine's full error text) until dismissed with
+    Enter, Esc or the OK button; the app behind it stays as it was."""
+
+    DEFAULT_CSS = """
+    ErrorDialog { align: center middle; }
+    ErrorDialog > Vertical { width: 80%; max-width: 100; height: auto; border: thick $error; background: $surface; padding: 1 2; }
+    ErrorDialog #error-title { text-style: bold; color: $error; }
+    ErrorDialog #error-message { margin: 1 0; }
+    ErrorDialog Button { width: 100%; }
+    """
+    BINDINGS = [Binding("escape", "dismiss", "close", show=False), Binding("enter", "dismiss", "close", show=False)]
+
+    def __init__(self, title: str, message: str):
+        super().__init__()
+        self.title_text = title
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="error-title")
+            yield Static(self.message, id="error-message", markup=False)
+            yield Button("OK", variant="error", id="ok")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    async def action_dismiss(self, result=None) -> None:
+        self.dismiss(None)

@@ -1,0 +1,248 @@
+"""Pilot tests of the chat app on the real engine (tiny q2 test model + fitted DSpark support).
+
+Every number asserted here is compared with what the engine itself reports (``dspark_stats``,
+a target-only greedy run of the same prompt), never with a constant."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ds4tui.app import ChatOptions, DS4App
+from ds4tui.engine import session as S
+from ds4tui.engine.stats import parse_line
+from ds4tui.engine.tokenizer import Tokenizer, render_chat
+from ds4tui.widgets.chat import AssistantMessage, PromptInput
+from ds4tui.widgets.dialogs import ErrorDialog
+from ds4tui.widgets.histogram import Histogram
+
+PROMPT = "Write a Python function that reverses a linked list."
+
+
+def _options(model, support, tmp_path, **kw) -> ChatOptions:
+    kw = {"backend": "cpu", "ctx": 1024, "think": False, "max_tokens": 40, "save_dir": tmp_path, "telemetry": "rss",
+          **kw}
+    return ChatOptions(model=str(model), support=None if support is None else str(support), **kw)
+
+
+async def _until(pilot, cond, timeout: float = 90.0, what: str = "condition") -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def _loaded(pilot, app) -> None:
+    await _until(pilot, lambda: app.engine is not None or app.errors, what="the model to load")
+    assert not app.errors, app.errors
+
+
+async def _ask(pilot, app, text: str = PROMPT) -> None:
+    n = len(app.turns)
+    prompt = app.query_one("#prompt", PromptInput)
+    prompt.value = text
+    prompt.focus()
+    await pilot.press("enter")
+    await _until(pilot, lambda: len(app.turns) > n, what="the turn to finish")
+    await app.flush()
+
+
+def _greedy_ids(model, messages, n: int) -> list[int]:
+    """Target-only greedy continuation of a chat, computed without the app."""
+    with S.Engine(str(model)) as engine:
+        tok = Tokenizer.from_gguf(engine.model.reader)
+        ids = render_chat(tok, messages, think=False)
+        s = engine.session(1024)
+        return list(s.generate(ids, max_tokens=n, stop=[tok.eos_id]))
+
+
+async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_support, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], fitted_support, tmp_path))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        assert app.engine.info.support_status == "attached"
+        await pilot.press("f3")  # scheduler off: every cycle drafts, so the histograms fill up
+        assert app.engine.knobs.scheduler is False
+        # type the prompt key by key (the real input path)
+        app.query_one("#prompt").focus()
+        await pilot.press(*"Hello")
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.turns, what="the first turn")
+        await app.flush()
+        r = app.turns[-1]
+        msg = app.query(AssistantMessage).last()
+        assert app.query_one("#prompt").value == ""
+        # the transcript holds exactly the decoded tokens, which are the target's own greedy tokens
+        assert r.ids and msg.answer == r.answer and msg.finished
+        assert list(r.ids) == _greedy_ids(tiny_q2["model"], [{"role": "user", "content": "Hello"}], len(r.ids))
+        tok = app.engine.tokenizer
+        assert r.answer == tok.decode([i for i in r.ids if i != tok.eos_id])
+        assert msg.n_draft == r.n_draft > 0
+
+        st = app.engine.session.dspark_stats()
+        assert st.proposed > 0 and st.accepted_draft > 0 and not st.check_invariants()
+        assert app.last_snapshot.dspark == st
+        assert app.query_one("#draft-hist", Histogram).counts == st.draft_len_hist
+        assert app.query_one("#accepted-hist", Histogram).counts == st.accepted_len_hist
+        accept = app.query_one("#accept").text
+        assert f"accept {st.accept_rate:.1f}% session" in accept
+        assert f"proposed {st.proposed} · accepted_draft {st.accepted_draft} · cycles {st.cycles}" in accept
+        assert f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}" in accept
+        stages = app.query_one("#stages").text
+        for name, ms in st.stage_ms_per_cycle().items():
+            if ms > 0:
+                assert f"{name:<16}{ms:8.3f}" in stages
+        assert "verify" in stages and "prop_markov" in stages
+        no_draft = app.query_one("#no-draft").text
+        assert st.no_draft == 0 and f"every one of {st.cycles} cycles drafted" in no_draft
+        assert "RSS" in app.query_one("#memory").text and "engine holds" in app.query_one("#memory").text
+        assert f"context {app.engine.session.n_tokens}/1024 tokens" in app.query_one("#throughput").text
+
+
+async def test_knobs_reach_the_engine_and_the_next_cycles(tiny_q2, fitted_support, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], fitted_support, tmp_path, max_tokens=12))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        eng = app.engine
+        await pilot.press("f2")  # DSpark off
+        assert eng.knobs.enabled is False
+        before = eng.session.dspark_stats()
+        await _ask(pilot, app)
+        after = eng.session.dspark_stats()
+        cycles = after.cycles - before.cycles
+        assert cycles > 0 and after.proposed == before.proposed
+        assert after.no_draft_reasons["disabled"] - before.no_draft_reasons["disabled"] == cycles
+        assert "disabled" in app.query_one("#no-draft").text and "dominant" in app.query_one("#no-draft").text
+
+        await pilot.click("#dspark")  # the switch turns it back on
+        await pilot.pause()
+        assert eng.knobs.enabled is True
+        await pilot.press("f3")
+        assert eng.knobs.scheduler is False
+        await pilot.press("f8", "f8")
+        assert eng.knobs.threshold == pytest.approx(0.10)
+        await pilot.press("f7")
+        assert eng.knobs.threshold == pytest.approx(0.05)
+        await pilot.press("f9")
+        assert eng.knobs.max_draft == eng.info.block_size - 1
+        thr = app.query_one("#threshold")
+        thr.focus()
+        thr.value = "1"
+        await pilot.press("enter")
+        assert eng.knobs.threshold == 1.0  # no confidence reaches 1: nothing is drafted from now on
+        before = eng.session.dspark_stats()
+        await _ask(pilot, app, "And in C?")
+        after = eng.session.dspark_stats()
+        cycles = after.cycles - before.cycles
+        assert cycles > 0 and after.proposed == before.proposed
+        delta = {k: after.no_draft_reasons[k] - before.no_draft_reasons[k] for k in after.no_draft_reasons}
+        # the last cycle of a 12-token answer may have a budget of one token: no room to draft
+        assert delta["no_room"] <= 1 and delta["confidence_gate"] == cycles - delta["no_room"], delta
+        # the engine logged each set of changes with the cycle it applied from (changes made between two
+        # cycles apply together), and the series carry a mark there
+        events = eng.session.dspark_events()
+        assert [e.cycle for e in events] == [0, before.cycles]
+        assert events[0].knobs.enabled is False and events[-1].knobs == eng.knobs
+        assert app.timeline.view().marks
+        bad = app.query_one("#max-draft")
+        bad.focus()
+        bad.value = "99"
+        await pilot.press("enter")
+        assert eng.knobs.max_draft == eng.info.block_size - 1  # refused by the validator, knob unchanged
+
+
+async def test_escape_stops_and_keeps_the_text_then_the_chat_goes_on(tiny_q2, fitted_support, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], fitted_support, tmp_path, max_tokens=None))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        prompt = app.query_one("#prompt", PromptInput)
+        prompt.value = PROMPT
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.current is not None and app.current.n_tokens >= 8, what="streamed tokens")
+        await pilot.press("escape")
+        await _until(pilot, lambda: app.turns, what="the stopped turn")
+        await app.flush()
+        r = app.turns[-1]
+        msg = app.query(AssistantMessage).first()
+        assert r.reason == "stopped" and 8 <= len(r.ids) < 1024 - r.prompt_tokens
+        assert msg.answer == r.answer and r.answer and "stop: stopped" in str(msg.query_one("#summary").render())
+        assert app.messages[-1] == {"role": "assistant", "content": r.answer, "reasoning": ""}
+        # the next turn reuses the KV cache of the conversation and runs normally
+        app.options.max_tokens = 6
+        await _ask(pilot, app, "Shorter, please.")
+        r2 = app.turns[-1]
+        assert r2.reason in ("max_tokens", "eos") and r2.reused_tokens > 0 and len(app.query(AssistantMessage)) == 2
+        # prompt history: up recalls the previous prompts
+        prompt.focus()
+        await pilot.press("up")
+        assert prompt.value == "Shorter, please."
+        await pilot.press("up")
+        assert prompt.value == PROMPT
+
+
+async def test_save_transcript_and_export_stats(tiny_q2, fitted_support, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], fitted_support, tmp_path, max_tokens=16))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        await _ask(pilot, app)
+        r = app.turns[-1]
+        await pilot.press("ctrl+s")
+        await pilot.press("f6")
+        await pilot.pause()
+        md = next(tmp_path.glob("ds4tui-chat-*.md")).read_text()
+        assert PROMPT in md and r.answer.strip()[:20] in md
+        saved = json.loads(next(tmp_path.glob("ds4tui-chat-*.json")).read_text())
+        assert saved["messages"][0] == {"role": "user", "content": PROMPT}
+        assert saved["messages"][1]["stats"]["ids"] == list(r.ids)
+        assert saved["messages"][1]["stats"]["n_draft"] == r.n_draft
+        st = app.engine.session.dspark_stats()
+        stats = json.loads(next(tmp_path.glob("ds4tui-stats-*.json")).read_text())
+        assert stats["dspark_stats"]["draft_len_hist"] == list(st.draft_len_hist)
+        assert stats["dspark_stats"]["accepted_draft"] == st.accepted_draft
+        line = next(tmp_path.glob("ds4tui-stats-*.txt")).read_text().strip()
+        assert line.startswith("DSpark stats cycles=")
+        back = parse_line(line)
+        assert (back["cycles"], back["proposed"], back["accepted_draft"]) == (st.cycles, st.proposed, st.accepted_draft)
+
+
+async def test_bad_model_file_shows_an_error_dialog_and_the_app_stays_usable(tmp_path):
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 8)
+    app = DS4App(_options(bad, None, tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.errors, what="the load error")
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorDialog)
+        title, message = app.errors[0]
+        assert str(bad) in title and "truncated.gguf" in message
+        await pilot.press("enter")
+        assert not isinstance(app.screen, ErrorDialog)
+        assert app.engine is None and app.query_one("#prompt").disabled
+        await pilot.press("f2")  # knobs without an engine do nothing, and nothing breaks
+        assert app.is_running
+
+
+async def test_missing_model_and_refused_support(tiny_q2, small_f32, tmp_path):
+    app = DS4App(_options(tmp_path / "nope.gguf", None, tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.errors, what="the load error")
+        assert "nope.gguf" in app.errors[0][1]
+    # a support file made for another model (6 experts instead of 16) is refused: target-only decoding
+    app = DS4App(_options(tiny_q2["model"], small_f32["support"], tmp_path, max_tokens=4))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _until(pilot, lambda: app.engine is not None, what="the model")
+        await _until(pilot, lambda: app.errors, what="the refusal dialog")
+        title, message = app.errors[0]
+        assert "refused" in title and "expert" in message
+        await pilot.press("escape")
+        assert "refused" in app.query_one("#support").text
+        assert app.engine.knobs is None
+        await pilot.press("f2")  # the knob cannot change; the app says why
+        await _ask(pilot, app)
+        st = app.engine.session.dspark_stats()
+        assert st.cycles > 0 and st.no_draft_reasons["support_invalid"] == st.cycles
+        assert "support_invalid" in app.query_one("#no-draft").text
