@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "ds4tui" / "native"
 HEADER = NATIVE / "ds4_engine.h"
 
-CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "gpu.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
+CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "gpu.c", "gpu_forward.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
 # Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
-HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip"]
+HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/ops.hip"]
 GPU_RECORD = "gpu_build.json"
 GPU_LIBS = {"hip": "libds4tui_hip.so", "cuda": "libds4tui_cuda.so"}
 DEFAULT_HIP_ARCH = "gfx1151"

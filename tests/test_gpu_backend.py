@@ -110,7 +110,7 @@ def test_build_refuses_wave64_and_fast_math(monkeypatch):
 
 @pytest.mark.skipif(not shutil.which("clang++-19") or not Path("/usr/include/hip/hip_runtime.h").exists(),
                     reason="clang-19 and libamdhip64-dev are not installed (.ci/run installs them)")
-@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip"])
+@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/ops.hip"])
 def test_device_code_compiles_for_gfx1151(src, tmp_path):
     """Spec platform.md §1.2: the device code of every HIP source compiles for gfx1151, wave32."""
     out = tmp_path / "k.s"

@@ -5,6 +5,7 @@
 #include "cpu/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,8 +353,9 @@ static int check_config(const ds4_model_config *c, char *err, size_t len) {
     return DS4_OK;
 }
 
-void ds4_engine_close(ds4_engine *e) {
-    if (!e) return;
+/* Free the engine (after its last session: a session's device state is freed through the engine's
+ * GPU context, and a garbage collector may free sessions after their engine was closed). */
+static void engine_destroy(ds4_engine *e) {
     ds4_gpu_engine_close(e);
     ds4_dspark_free_support(e);
     ds4_pool_destroy(e->pool);
@@ -362,7 +364,26 @@ void ds4_engine_close(ds4_engine *e) {
     free(e->layers);
     free(e->freq_main);
     free(e->freq_comp);
+    pthread_mutex_destroy(&e->life);
     free(e);
+}
+
+void ds4_engine_close(ds4_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->life);
+    e->closing = 1;
+    int last = e->n_sessions == 0;
+    pthread_mutex_unlock(&e->life);
+    if (last) engine_destroy(e);
+}
+
+/* A session is made (+1) or freed (-1); the closed engine goes with its last session. */
+static void engine_sessions(ds4_engine *e, int delta) {
+    pthread_mutex_lock(&e->life);
+    e->n_sessions += delta;
+    int last = e->closing && e->n_sessions == 0;
+    pthread_mutex_unlock(&e->life);
+    if (last) engine_destroy(e);
 }
 
 int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors, int32_t n_tensors,
@@ -383,6 +404,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (rc != DS4_OK) return rc;
     ds4_engine *e = calloc(1, sizeof *e);
     if (!e) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
+    pthread_mutex_init(&e->life, NULL);
     e->c = (ds4_cfg){cfg->n_layer, cfg->n_embd, cfg->n_vocab, cfg->n_head, cfg->head_dim, cfg->n_rot,
                      cfg->q_lora_rank, cfg->o_lora_rank, cfg->o_groups, cfg->n_expert, cfg->n_expert_used,
                      cfg->n_ff_exp, cfg->n_hash_layer, cfg->expert_weights_norm, cfg->sliding_window,
@@ -398,11 +420,11 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     int perr = 0;
     e->pool = ds4_pool_create(o.n_threads, &perr);
     if (!e->pool) {
-        ds4_engine_close(e);
+        engine_destroy(e);
         return ds4_fail(err, err_len, DS4_E_NOMEM, "cannot start %d threads: %s", o.n_threads, strerror(perr));
     }
     if (!e->layers || !e->freq_main || !e->freq_comp) {
-        ds4_engine_close(e);
+        engine_destroy(e);
         return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
     }
     e->n_threads = ds4_pool_size(e->pool);
@@ -427,7 +449,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
         e->sup_clamp_sh = cfg->swiglu_clamp_shexp ? cfg->swiglu_clamp_shexp[cfg->n_layer - 1] : e->sup_clamp;
     }
     if (rc != DS4_OK) {
-        ds4_engine_close(e);
+        engine_destroy(e);
         return rc;
     }
     *out = e;
@@ -576,6 +598,7 @@ void ds4_session_free(ds4_session *s) {
         }
     }
     free(s->lc);
+    ds4_gpu_session_free(s);
     ds4_dspark_session_free(s);
     ds4_scratch *sc = &s->sc;
     void *bufs[] = {sc->X, sc->X3, sc->X2, sc->hcm, sc->post, sc->comb, sc->x, sc->xn, sc->qr, sc->q, sc->kvr,
@@ -583,7 +606,9 @@ void ds4_session_free(ds4_session *s) {
                     sc->scores, sc->sel, sc->wsel, sc->xe, sc->ge, sc->he, sc->oe, sc->erows, sc->eslot,
                     sc->moe_y, sc->lm, sc->att_tmp, sc->iscore, s->logits, s->sample_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    ds4_engine *e = s->e;
     free(s);
+    engine_sessions(e, -1);
 }
 
 static void *take(size_t bytes, uint64_t *count, int *ok) {
@@ -606,6 +631,7 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
     ds4_session *s = calloc(1, sizeof *s);
     if (!s) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory");
     s->e = e;
+    engine_sessions(e, +1);
     s->n_layer = c->n_layer;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
@@ -631,6 +657,7 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
         const ds4_layer *l = &e->layers[L];
         ds4_layer_cache *lc = &s->lc[L];
         if (l->gate_sh.rows > FS) FS = l->gate_sh.rows;
+        if (e->gpu_ctx) continue; /* the caches live in device memory (ds4_gpu_session_init) */
         lc->kv = take((size_t)s->kv_cap * D * sizeof(float), &s->kv_bytes, &ok);
         if (l->kind == DS4_SWA) continue;
         int64_t cw = (l->kind == DS4_CSA ? 2 : 1) * D, n_rows = n_ctx / l->ratio + 1;
@@ -675,6 +702,13 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
         return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating a session of %d tokens", n_ctx);
     }
     atomic_init(&s->cancel, 0);
+    if (e->gpu_ctx) {
+        int rc = ds4_gpu_session_init(s, &s->kv_bytes, &s->cmp_bytes, &s->scratch_bytes, err, err_len);
+        if (rc != DS4_OK) {
+            ds4_session_free(s);
+            return rc;
+        }
+    }
     if ((e->sup || e->sup_refused) && ds4_dspark_session_init(s) != DS4_OK) {
         ds4_session_free(s);
         return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
@@ -699,7 +733,7 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
 /* Run seq[0..n) (n <= n_batch + 1) as one pass; on failure the session is unchanged. */
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                     char *err, size_t err_len) {
-    int rc = ds4_forward(s, seq, n, mode, logits);
+    int rc = s->gs ? ds4_gpu_forward(s, seq, n, mode, logits) : ds4_forward(s, seq, n, mode, logits);
     if (s->e->gpu_ctx) {
         int grc = ds4_gpu_check(s->e, err, err_len);
         if (grc != DS4_OK) return grc;

@@ -149,10 +149,10 @@ static void free_w(ds4_engine *e, ds4_w *w) {
     w->dev = NULL;
 }
 
-/* Every matrix of the target: the LM head, the HC head and each layer's (token_embd stays on the
- * host: one row per token is read there). */
+/* Every matrix of the target: the embedding, the LM head, the HC head and each layer's. */
 static int target_mats(ds4_engine *e, ds4_w **out, int cap) {
     int n = 0;
+    out[n++] = &e->token_embd;
     out[n++] = &e->output;
     out[n++] = &e->output_hc_fn;
     for (int L = 0; L < e->c.n_layer && n + MAX_BLOCK_MATS <= cap; L++) n += block_mats(&e->layers[L], out + n);
@@ -189,11 +189,12 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     if (rc != DS4_OK) return rc;
     rc = e->gpu->open(o->gpu_device, &e->gpu_ctx, err, len);
     if (rc != DS4_OK) return rc;
-    int cap = 2 + e->c.n_layer * MAX_BLOCK_MATS;
+    int cap = 3 + e->c.n_layer * MAX_BLOCK_MATS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
     rc = upload_all(e, ws, target_mats(e, ws, cap), o->progress, o->progress_ctx, err, len);
     free(ws);
+    if (rc == DS4_OK) rc = ds4_gpu_engine_vectors(e, err, len);
     return rc;
 }
 
@@ -217,7 +218,8 @@ void ds4_gpu_free_support(ds4_engine *e) {
 void ds4_gpu_engine_close(ds4_engine *e) {
     if (e->gpu_ctx) {
         ds4_gpu_free_support(e);
-        int cap = 2 + e->c.n_layer * MAX_BLOCK_MATS;
+        ds4_gpu_engine_vectors_free(e);
+        int cap = 3 + e->c.n_layer * MAX_BLOCK_MATS;
         ds4_w **ws = e->layers ? malloc((size_t)cap * sizeof *ws) : NULL;
         if (ws) {
             int n = target_mats(e, ws, cap);
@@ -250,6 +252,14 @@ void ds4_gpu_mm(ds4_engine *e, const ds4_w *w, int64_t mat, int64_t r0, int64_t 
     }
     for (int64_t t = 0; t < n; t++)
         for (int64_t r = 0; r < nr; r++) Y[t * ldy + r] = __builtin_nanf("");
+}
+
+int ds4_gpu_fail(ds4_engine *e, int rc, const char *msg) {
+    if (e->gpu_rc == DS4_OK) {
+        e->gpu_rc = rc;
+        snprintf(e->gpu_msg, sizeof e->gpu_msg, "%s", msg);
+    }
+    return rc;
 }
 
 int ds4_gpu_check(ds4_engine *e, char *err, size_t len) {

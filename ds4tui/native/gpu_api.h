@@ -53,6 +53,78 @@ typedef struct ds4_gpu_api_s {
                         const float *X, int64_t n, float *Y, int32_t reps, double *ms, char *err, size_t len);
     /* Device memory bandwidth: a read-only kernel over `bytes` bytes, best of `reps`, in GB/s. */
     int (*bandwidth)(ds4_gpu_ctx *c, size_t bytes, int32_t reps, double *gbs, char *err, size_t len);
+
+    /* ---- operations of the device-resident forward pass (gpu_forward.c; spec ds4.md §2) -------
+     * Every pointer below is device memory; the work is queued on the context's stream in call
+     * order and a call returns the launch status (DS4_E_DEVICE with the kernel's name on failure).
+     * Shapes are row-major [rows, width]; positions are absolute token positions. */
+    int (*copy)(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len);
+    int (*sync)(ds4_gpu_ctx *c, char *err, size_t len);
+    /* Y[t*ldy + r] = W[r, :] . X[t*ldx + :], device X and Y (the matmul contract above). */
+    int (*mm)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+              const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
+    /* MoE products: slot s uses matrix ids[s] (mat_bytes apart) and X row s / x_div; Y[s*ldy + r]. */
+    int (*mm_gather)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
+                     int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
+                     float *Y, int64_t ldy, char *err, size_t len);
+    /* X[t, a, :] = row tokens[t] of the embedding W (GGML type, H columns) for each of HC streams. */
+    int (*embed)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t row_bytes, int32_t H, const int32_t *tokens,
+                 int32_t n, int32_t HC, float *X, char *err, size_t len);
+    /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) (* w when w is not NULL) for r < rows. */
+    int (*rms_norm)(ds4_gpu_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps,
+                    const float *w, float *out, int64_t ldo, char *err, size_t len);
+    /* mHC pre (spec ds4.md §2.1): from hcm [n, 2HC+HC^2] the weights pre, post [n, HC] and the
+     * Sinkhorn combination comb [n, HC, HC]; x[t] = sum_a pre[t, a] X[t, a]. */
+    int (*hc_pre)(ds4_gpu_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
+                  const float *base, float eps, int32_t iters, const float *X, float *x, float *pre, float *post,
+                  float *comb, char *err, size_t len);
+    /* Y[t, b] = post[t, b] * out[t] + sum_a comb[t, a, b] X[t, a]. */
+    int (*hc_post)(ds4_gpu_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
+                   int32_t HC, int32_t H, float *Y, char *err, size_t len);
+    /* HC head: w[t, a] = sigmoid(s0 * m[t, a] + base[a]) + eps; out[t] = sum_a w[t, a] X[t, a]. */
+    int (*hc_head)(ds4_gpu_ctx *c, const float *X, const float *m, int32_t n, int32_t HC, int32_t H, float s0,
+                   const float *base, float eps, float *w, float *out, char *err, size_t len);
+    /* Rows of `width` lanes, heads_per_tok rows per token at position p0 + row / heads_per_tok:
+     * optional RMS norm (eps >= 0; weight w or none), RoPE of the last n_rot lanes (freq: n_rot/2
+     * doubles; inverse rotates back), optional indexer QAT (Hadamard + FP4, ds4 numerics). */
+    int (*norm_rope)(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t heads_per_tok, float eps,
+                     const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
+                     char *err, size_t len);
+    /* KV rows [n, D] into the ring (position p at row p % cap), FP8 + f16 rounded when ds4n. */
+    int (*kv_store)(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
+                    int32_t n_rot, int32_t ds4n, char *err, size_t len);
+    /* Compressor (spec ds4.md §2.4): append n projections (cbuf, zbuf [n, cw]; ape [R, cw]) at
+     * p0... to the rings, then emit windows w0 .. w0+nw-1 into rows [*, W] (pooled, normed,
+     * RoPE'd at R*w, rounded: FP8+f16, or the indexer's QAT). */
+    int (*compress)(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W,
+                    int32_t R, int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap,
+                    int64_t w0, int32_t nw, float *rows, const float *norm, float eps, const double *freq,
+                    int32_t n_rot, int32_t indexer, int32_t ds4n, char *err, size_t len);
+    /* Lightning indexer (spec ds4.md §2.5): for each token with more than top_k visible
+     * compressed rows, the top_k rows by sum_h iw[h] relu(q_h . key) * scale, ascending; nsel[t]
+     * = top_k, or -1 (every visible row).  score: scratch [n, max_vis]. */
+    int (*indexer)(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH, int32_t ID,
+                   const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
+                   int32_t *sel, int32_t *nsel, char *err, size_t len);
+    /* Sink softmax attention, V = K (spec ds4.md §2.2): for each (token, head) the window keys of
+     * the ring, then the compressed rows (ratio > 0: selected by sel/nsel when given, else all
+     * visible); sc: scratch [n * NH, keys_cap]. */
+    int (*attend)(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, int64_t p0, int32_t window,
+                  const float *kv, int32_t kv_cap, const float *comp, int32_t ratio, const int32_t *sel,
+                  const int32_t *nsel, int32_t top_k, const float *sinks, float *sc, int32_t keys_cap, float *att,
+                  char *err, size_t len);
+    /* MoE routing (spec ds4.md §2.7): scores [n, E] -> sqrt(softplus); the K experts (hash table
+     * tid2eid [vocab, K] by token, or top-k of score + bias) and their weights. */
+    int (*moe_route)(ds4_gpu_ctx *c, float *scores, int32_t n, int32_t E, int32_t K, const int32_t *tid2eid,
+                     const int32_t *tokens, const float *bias, int32_t norm, int32_t ds4n, float scale, int32_t *sel,
+                     float *wsel, char *err, size_t len);
+    /* a = silu(min(a, clamp)) * clip(b, +-clamp) (clamp <= 0: none), n elements. */
+    int (*swiglu)(ds4_gpu_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len);
+    /* y[t] = (sum over t's K experts in ascending id of wsel * oe[t*K + k]) + shared[t]. */
+    int (*moe_combine)(ds4_gpu_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
+                       int32_t H, const float *shared, float *y, char *err, size_t len);
+    /* x[i] *= s. */
+    int (*scale)(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len);
 } ds4_gpu_api;
 
 typedef const ds4_gpu_api *(*ds4_gpu_api_fn)(void);

@@ -2,6 +2,7 @@
 #ifndef DS4_INTERNAL_H
 #define DS4_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,13 @@ typedef struct {
 } ds4_w;
 
 enum { DS4_SWA = 0, DS4_CSA = 1, DS4_HCA = 2 };
+
+/* Device copies of a block's vectors and tables (GPU backend; gpu_forward.c). */
+typedef struct {
+    float *hc_attn_base, *hc_ffn_base, *attn_norm, *q_a_norm, *kv_norm, *sinks, *ffn_norm;
+    float *comp_ape, *comp_norm, *idx_comp_ape, *idx_comp_norm, *exp_bias;
+    int32_t *tid2eid;
+} ds4_layer_dev;
 
 /* Weights of one block.  Vectors and small tables are dequantised to float at open. */
 typedef struct {
@@ -38,6 +46,7 @@ typedef struct {
     ds4_w gate_inp, gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh;
     float *exp_bias;         /* [n_expert] (top-k layers) */
     const int32_t *tid2eid;  /* [n_vocab, n_expert_used] (hash layers) */
+    ds4_layer_dev dv;        /* device copies (GPU backend), NULL pointers otherwise */
 } ds4_layer;
 
 typedef struct {
@@ -61,6 +70,8 @@ typedef struct {
 
 struct ds4_engine {
     ds4_cfg c;
+    pthread_mutex_t life;   /* guards n_sessions and closing */
+    int n_sessions, closing; /* ds4_engine_close frees the engine when its last session goes */
     int numerics;
     ds4_pool *pool;
     int n_threads;
@@ -84,6 +95,11 @@ struct ds4_engine {
     struct ds4_gpu_ctx *gpu_ctx;
     int gpu_rc;
     char gpu_msg[512];
+    float *d_output_hc_base, *d_output_norm; /* device copies of the head's vectors */
+    double *d_freq_main, *d_freq_comp;
+    int n_dev_vec;                           /* device vectors owned by the engine (freed at close) */
+    void **dev_vec;
+    size_t *dev_vec_bytes;
 };
 
 /* Per-layer cache.  Raw rows live in a ring of kv_cap rows (position p at p % kv_cap);
@@ -127,6 +143,7 @@ typedef struct {
 } ds4_scratch;
 
 typedef struct ds4_dspark ds4_dspark; /* dspark.c */
+typedef struct ds4_gpu_session ds4_gpu_session; /* gpu_forward.c */
 
 struct ds4_session {
     ds4_engine *e;
@@ -144,6 +161,7 @@ struct ds4_session {
     ds4_stats stats;
     uint64_t kv_bytes, cmp_bytes, scratch_bytes;
     ds4_dspark *dsp;       /* DSpark state when the engine has (or refused) a support model */
+    ds4_gpu_session *gs;   /* device caches and scratch (GPU backend): the pass runs on the device */
 };
 
 /* forward.c: run tokens[0..n) (n <= n_batch) at positions s->n_tokens...; logits rows for
@@ -200,6 +218,16 @@ uint64_t ds4_gpu_allocated(const ds4_engine *e);
 void ds4_gpu_mm(ds4_engine *e, const ds4_w *w, int64_t mat, int64_t r0, int64_t nr, const float *X, int64_t ldx,
                 int64_t n, float *Y, int64_t ldy);
 int ds4_gpu_check(ds4_engine *e, char *err, size_t len); /* DS4_OK, or the pass's first device failure */
+int ds4_gpu_fail(ds4_engine *e, int rc, const char *msg); /* keep the first device failure; returns rc */
+
+/* gpu_forward.c: the target pass on the device (same contract as ds4_forward; a device failure
+ * returns DS4_E_DEVICE with the message kept for ds4_gpu_check). */
+int ds4_gpu_engine_vectors(ds4_engine *e, char *err, size_t len);
+void ds4_gpu_engine_vectors_free(ds4_engine *e);
+int ds4_gpu_session_init(ds4_session *s, uint64_t *kv_bytes, uint64_t *cmp_bytes, uint64_t *scratch_bytes, char *err,
+                         size_t len);
+void ds4_gpu_session_free(ds4_session *s);
+int ds4_gpu_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits);
 
 /* ops.c */
 void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out);

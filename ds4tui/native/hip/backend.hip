@@ -133,6 +133,7 @@ static int open_ctx(int32_t device, ds4_gpu_ctx **out, char *err, size_t len) {
     int rc = probe(&info, err, len);
     if (rc != DS4_OK) return rc;
     if ((rc = gpu_matmul_init(err, len)) != DS4_OK) return rc;
+    if ((rc = gpu_ops_init(err, len)) != DS4_OK) return rc;
     ds4_gpu_ctx *c = (ds4_gpu_ctx *)calloc(1, sizeof *c);
     if (!c) return gpu_fail(err, len, DS4_E_NOMEM, "out of memory");
     c->device = device;
@@ -228,6 +229,9 @@ static int bandwidth(ds4_gpu_ctx *c, size_t bytes, int32_t reps, double *gbs, ch
 static const ds4_gpu_api k_api = {
     DS4_GPU_API_VERSION, probe, open_ctx, close_ctx, upload, gpu_free, allocated, mem_info,
     gpu_matmul, gpu_bench_matmul, bandwidth,
+    gpu_copy, gpu_sync, gpu_mm_dev, gpu_mm_gather, gpu_embed, gpu_rms_norm, gpu_hc_pre, gpu_hc_post, gpu_hc_head,
+    gpu_norm_rope, gpu_kv_store, gpu_compress, gpu_indexer, gpu_attend, gpu_moe_route, gpu_swiglu, gpu_moe_combine,
+    gpu_scale,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_gpu_api *ds4_gpu_api_v1(void) { return &k_api; }

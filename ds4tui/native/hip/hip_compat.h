@@ -107,6 +107,16 @@ __device__ __forceinline__ int gpu_shfl_xor_int(int v, int mask) {
 #endif
 }
 
+/* Order the memory operations of a warp's lanes (lane results written for other lanes to read). */
+__device__ __forceinline__ void gpu_syncwarp(void) {
+#if defined(GPU_NVIDIA)
+    __syncwarp();
+#else
+    __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+#endif
+}
+
 /* Sum over the 32 lanes of a warp, the same butterfly order on every target; every lane gets it. */
 __device__ __forceinline__ float gpu_warp_sum(float v) {
     for (int m = GPU_WARP / 2; m > 0; m >>= 1) v += gpu_shfl_xor(v, m);

@@ -14,8 +14,7 @@
  * batch size, so results are batch-invariant (greedy DSpark verification relies on it), and the
  * final warp reduction is one fixed butterfly.
  */
-#include "gpu_internal.h"
-#include "../cpu/iq2xxs_tables.h"
+#include "quant.h"
 
 #include <algorithm>
 #include <vector>
@@ -23,78 +22,7 @@
 #define MM_NT 8     /* tokens per warp */
 #define MM_WARPS 4  /* warps (rows) per block */
 
-__constant__ uint8_t c_iq2_grid[256][8];
-__constant__ uint8_t c_iq2_ksigns[128];
-
-int gpu_matmul_init(char *err, size_t len) {
-    GPU_TRY(hipMemcpyToSymbol(c_iq2_grid, ds4_iq2xxs_grid, sizeof ds4_iq2xxs_grid), "copy the IQ2_XXS grid");
-    GPU_TRY(hipMemcpyToSymbol(c_iq2_ksigns, ds4_iq2xxs_ksigns, sizeof ds4_iq2xxs_ksigns), "copy the IQ2_XXS signs");
-    return DS4_OK;
-}
-
-__device__ __forceinline__ float h2f(uint16_t u) { return __half2float(__ushort_as_half(u)); }
-__device__ __forceinline__ uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
-/* The 8 weights of chunk c (elements 8c .. 8c+7) of one row; m = valid elements (< 8 only at the
- * end of an F32/F16/BF16 row whose length is not a multiple of 8). */
-template <int TYPE> struct Chunk;
-
-template <> struct Chunk<DS4_TYPE_F32> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
-        const float *p = (const float *)row + 8 * c;
-        for (int j = 0; j < 8; j++) w[j] = j < m ? p[j] : 0.0f;
-    }
-};
-template <> struct Chunk<DS4_TYPE_F16> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
-        const uint16_t *p = (const uint16_t *)row + 8 * c;
-        for (int j = 0; j < 8; j++) w[j] = j < m ? h2f(p[j]) : 0.0f;
-    }
-};
-template <> struct Chunk<DS4_TYPE_BF16> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
-        const uint16_t *p = (const uint16_t *)row + 8 * c;
-        for (int j = 0; j < 8; j++) w[j] = j < m ? __uint_as_float((uint32_t)p[j] << 16) : 0.0f;
-    }
-};
-/* Q8_0: f16 d, int8 q[32]; x = d * q (exact in float32). */
-template <> struct Chunk<DS4_TYPE_Q8_0> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
-        const uint8_t *blk = row + 34 * (c >> 2);
-        const float d = h2f(rd16(blk));
-        const int8_t *q = (const int8_t *)(blk + 2 + 8 * (c & 3));
-        for (int j = 0; j < 8; j++) w[j] = d * (float)q[j];
-    }
-};
-/* Q2_K: scales[16] (low nibble scale, high nibble min), qs[64] (2-bit codes), f16 d, f16 dmin;
- * element e: code = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3, x = d*sc*code - dmin*mn. */
-template <> struct Chunk<DS4_TYPE_Q2_K> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
-        const uint8_t *blk = row + 84 * (c >> 5);
-        const int k = (int)(c & 31), h = k >> 4, sh = 2 * ((k >> 2) & 3), l0 = 8 * (k & 3), sb = k >> 1;
-        const float d = h2f(rd16(blk + 80)), dmin = h2f(rd16(blk + 82));
-        const float dl = d * (float)(blk[sb] & 15), ml = dmin * (float)(blk[sb] >> 4);
-        const uint8_t *qs = blk + 16 + 32 * h + l0;
-        for (int j = 0; j < 8; j++) w[j] = dl * (float)((qs[j] >> sh) & 3) - ml;
-    }
-};
-/* IQ2_XXS: f16 d, then 8 groups of 32: 4 grid indices (bytes) and a u32 whose 4 x 7 low bits
- * index the sign table and whose top 4 bits are the group scale; x = d*(0.5+s)/4 * grid * sign. */
-template <> struct Chunk<DS4_TYPE_IQ2_XXS> {
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
-        const uint8_t *blk = row + 66 * (c >> 5);
-        const int k = (int)(c & 31), ib = k >> 2, kk = k & 3;
-        const uint8_t *g = blk + 2 + 8 * ib;
-        const uint32_t sw = (uint32_t)rd16(g + 4) | ((uint32_t)rd16(g + 6) << 16);
-        const float db = h2f(rd16(blk)) * (0.5f + (float)(sw >> 28)) * 0.25f;
-        const uint8_t *grid = c_iq2_grid[g[kk]];
-        const uint8_t signs = c_iq2_ksigns[(sw >> (7 * kk)) & 127];
-        for (int j = 0; j < 8; j++) {
-            float v = db * (float)grid[j];
-            w[j] = (signs >> j) & 1 ? -v : v;
-        }
-    }
-};
+int gpu_matmul_init(char *err, size_t len) { return quant_tables_init(err, len); }
 
 template <int TYPE>
 __global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
@@ -150,6 +78,50 @@ int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows,
              (long long)cols, (long long)n);
     GPU_TRY(hipGetLastError(), what);
     return DS4_OK;
+}
+
+/* Expert-gathered products (MoE): slot s uses matrix ids[s] of a stack of matrices (mat_bytes apart)
+ * and activation row s / x_div of X; Y[s * ldy + r].  One slot per grid row, so a slot's result
+ * does not depend on how many slots run (batch-invariant, like mm_kernel). */
+template <int TYPE>
+__global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
+mm_gather_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
+                 int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div,
+                 float *__restrict__ Y, int64_t ldy) {
+    const int lane = threadIdx.x;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    const int64_t slot = blockIdx.y;
+    const uint8_t *row = W + (int64_t)ids[slot] * mat_bytes + r * row_bytes;
+    const float *xs = X + (slot / x_div) * ldx;
+    float acc = 0.0f;
+    const int64_t nchunk = (cols + 7) / 8;
+    for (int64_t c = lane; c < nchunk; c += GPU_WARP) {
+        const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
+        float w[8];
+        Chunk<TYPE>::load(row, c, m, w);
+        const float *x = xs + 8 * c;
+        for (int j = 0; j < m; j++) acc = fmaf(w[j], x[j], acc);
+    }
+    const float v = gpu_warp_sum(acc);
+    if (lane == 0) Y[slot * ldy + r] = v;
+}
+
+int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
+                  int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
+                  float *Y, int64_t ldy, char *err, size_t len) {
+    if (rows <= 0 || n_slots <= 0) return DS4_OK;
+    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)n_slots);
+    GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids, rows, cols,
+                    row_bytes, X, ldx, x_div, Y, ldy)
+    GPU_TRY(hipGetLastError(), "GPU expert matmul launch");
+    return DS4_OK;
+}
+
+/* Device activations in and out, queued on the context's stream. */
+int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+               const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    return gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
 }
 
 /* Host activations in, host results out (the stage where only the matmuls run on the device). */

@@ -1,0 +1,635 @@
+/*
+ * ops.hip — the non-matmul operations of the DS4 forward pass on the device (spec ds4.md §2):
+ * embedding, RMS norm, mHC pre/post/head, RoPE, KV store with ds4's FP8/f16 roundings, the
+ * compressor, the lightning indexer with top-k, sink-softmax attention, MoE routing, SwiGLU and
+ * the expert combination.
+ *
+ * Each kernel follows the operation order of the CPU engine (ds4tui/native/forward.c, cpu/ops.c),
+ * which follows the numpy reference.  Where a loop accumulates in a fixed order there (mHC mixes,
+ * attention values, expert sums) the kernel keeps that order, so only reductions that are split
+ * over lanes (norms, dot products) differ by float32 summation order.  The ds4 rounding helpers
+ * (E4M3 / FP4 block round trips, f16) are the CPU's arithmetic, exact on both sides.
+ */
+#include "quant.h"
+
+#include <math.h>
+
+#define OPS_THREADS 256
+
+static int ops_check(const char *what, char *err, size_t len) {
+    GPU_TRY(hipGetLastError(), what);
+    return DS4_OK;
+}
+
+static unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+/* Sum over a block of OPS_THREADS threads (fixed tree: warp butterflies, then warp 0 over the warps). */
+__device__ float block_sum(float v, float *red) {
+    v = gpu_warp_sum(v);
+    const int w = threadIdx.x / GPU_WARP, l = threadIdx.x % GPU_WARP;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float s = l < (int)(blockDim.x / GPU_WARP) ? red[l] : 0.0f;
+    if (w == 0) s = gpu_warp_sum(s);
+    if (threadIdx.x == 0) red[0] = s;
+    __syncthreads();
+    s = red[0];
+    __syncthreads();
+    return s;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ---- ds4 numerics (cpu/ops.c) ---------------------------------------------------------------- */
+
+__device__ int ceil_log2_(float r) {
+    int e;
+    float m = frexpf(r, &e);
+    return m == 0.5f ? e - 1 : e;
+}
+
+__device__ float round_minifloat_(float a, int mbits, int emin) {
+    if (a == 0.0f) return 0.0f;
+    int e;
+    frexpf(a, &e);
+    int ex = e - 1;
+    if (ex < emin) ex = emin;
+    float spacing = ldexpf(1.0f, ex - mbits);
+    return rintf(a / spacing) * spacing;
+}
+
+/* One block of a power-of-two-scaled minifloat round trip (spec ds4.md §2.9), serial in the caller. */
+__device__ void block_round_trip_(float *x, int block, float qmax, int mbits, int emin, float amax_floor) {
+    float amax = 0.0f;
+    for (int i = 0; i < block; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    if (amax < amax_floor) amax = amax_floor;
+    float scale = ldexpf(1.0f, ceil_log2_(amax / qmax));
+    for (int i = 0; i < block; i++) {
+        float v = x[i] / scale;
+        if (v > qmax) v = qmax;
+        if (v < -qmax) v = -qmax;
+        float q = round_minifloat_(fabsf(v), mbits, emin);
+        if (q > qmax) q = qmax;
+        x[i] = (v < 0 ? -q : q) * scale;
+    }
+}
+
+__device__ __forceinline__ float f16_round_(float v) { return __half2float(__float2half_rn(v)); }
+
+/* FP8 E4M3 round trip of lanes [0, width - n_rot) in blocks of 64, then f16 rounding of every lane,
+ * of one row shared by the block. */
+__device__ void kv_round_(float *row, int width, int n_rot) {
+    const int nb = (width - n_rot) / 64;
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) block_round_trip_(row + 64 * b, 64, 448.0f, 3, -6, 1e-4f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < width; i += blockDim.x) row[i] = f16_round_(row[i]);
+    __syncthreads();
+}
+
+/* Hadamard (stride 1, 2, 4, ...; scale 1/sqrt(n)) and FP4 E2M1 in blocks of 32 of one row. */
+__device__ void indexer_qat_(float *x, int n) {
+    for (int stride = 1; stride < n; stride *= 2) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+            int b = (i / stride) * 2 * stride, j = b + i % stride;
+            float a = x[j], c = x[j + stride];
+            x[j] = a + c;
+            x[j + stride] = a - c;
+        }
+    }
+    __syncthreads();
+    const float sc = (float)(1.0 / sqrt((double)n));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= sc;
+    __syncthreads();
+    for (int b = threadIdx.x; b < n / 32; b += blockDim.x)
+        block_round_trip_(x + 32 * b, 32, 6.0f, 1, 0, 7.052966104933725e-38f);
+    __syncthreads();
+}
+
+__device__ void rope_row_(float *x, int width, const double *freq, int n_rot, int64_t pos, int inverse) {
+    float *t = x + width - n_rot;
+    for (int k = threadIdx.x; k < n_rot / 2; k += blockDim.x) {
+        double ang = (double)pos * freq[k];
+        float c = (float)cos(ang), s = (float)sin(ang);
+        if (inverse) s = -s;
+        float a = t[2 * k], b = t[2 * k + 1];
+        t[2 * k] = a * c - b * s;
+        t[2 * k + 1] = a * s + b * c;
+    }
+}
+
+/* RMS norm of a row in place or into out, by the whole block. */
+__device__ void rms_row_(const float *x, int64_t width, float eps, const float *w, float *out, float *red) {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)width + eps);
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+        float y = x[i] * inv;
+        out[i] = w ? y * w[i] : y;
+    }
+    __syncthreads();
+}
+
+/* ---- kernels ------------------------------------------------------------------------------------ */
+
+template <int TYPE>
+__global__ void embed_kernel(const uint8_t *W, int64_t row_bytes, int H, const int32_t *tokens, int HC, float *X) {
+    const int t = blockIdx.x;
+    const uint8_t *row = W + (int64_t)tokens[t] * row_bytes;
+    for (int c = threadIdx.x; c < (H + 7) / 8; c += blockDim.x) {
+        const int m = H - 8 * c < 8 ? H - 8 * c : 8;
+        float w[8];
+        Chunk<TYPE>::load(row, c, m, w);
+        for (int a = 0; a < HC; a++)
+            for (int j = 0; j < m; j++) X[((int64_t)t * HC + a) * H + 8 * c + j] = w[j];
+    }
+}
+
+__global__ void rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const float *w, float *out,
+                                int64_t ldo) {
+    __shared__ float red[OPS_THREADS / GPU_WARP];
+    rms_row_(x + blockIdx.x * ldx, width, eps, w, out + blockIdx.x * ldo, red);
+}
+
+#define MAXHC 16
+
+/* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order. */
+__global__ void hc_mix_kernel(const float *hcm, int n, int HC, float s0, float s1, float s2, const float *base,
+                              float eps, int iters, float *pre, float *post, float *comb) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const int mix = 2 * HC + HC * HC;
+    const float *m = hcm + (int64_t)t * mix;
+    float *pr = pre + (int64_t)t * HC, *po = post + (int64_t)t * HC, *cb = comb + (int64_t)t * HC * HC;
+    for (int a = 0; a < HC; a++) {
+        pr[a] = sigmoidf_(s0 * m[a] + base[a]) + eps;
+        po[a] = 2.0f * sigmoidf_(s1 * m[HC + a] + base[HC + a]);
+    }
+    for (int a = 0; a < HC; a++) {
+        float *r = cb + a * HC, mx = -INFINITY, sum = 0.0f;
+        for (int b = 0; b < HC; b++) {
+            r[b] = s2 * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
+            if (r[b] > mx) mx = r[b];
+        }
+        for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
+        for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            for (int a = 0; a < HC; a++) {
+                float sum = 0.0f;
+                for (int b = 0; b < HC; b++) sum += cb[a * HC + b];
+                for (int b = 0; b < HC; b++) cb[a * HC + b] /= sum + eps;
+            }
+        }
+        for (int b = 0; b < HC; b++) {
+            float sum = 0.0f;
+            for (int a = 0; a < HC; a++) sum += cb[a * HC + b];
+            for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
+        }
+    }
+}
+
+/* x[t, d] = sum_a w[t, a] X[t, a, d] (ascending a, as the CPU). */
+__global__ void hc_collapse_kernel(const float *X, const float *w, int HC, int H, float *x) {
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= H) return;
+    const float *Xt = X + (int64_t)t * HC * H, *wt = w + (int64_t)t * HC;
+    float acc = 0.0f;
+    for (int a = 0; a < HC; a++) acc += wt[a] * Xt[(int64_t)a * H + d];
+    x[(int64_t)t * H + d] = acc;
+}
+
+__global__ void hc_post_kernel(const float *X, const float *out, const float *post, const float *comb, int HC, int H,
+                               float *Y) {
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= H) return;
+    const float *Xt = X + (int64_t)t * HC * H, *po = post + (int64_t)t * HC, *cb = comb + (int64_t)t * HC * HC;
+    const float o = out[(int64_t)t * H + d];
+    for (int b = 0; b < HC; b++) {
+        float acc = 0.0f;
+        for (int a = 0; a < HC; a++) acc += cb[a * HC + b] * Xt[(int64_t)a * H + d];
+        Y[((int64_t)t * HC + b) * H + d] = po[b] * o + acc;
+    }
+}
+
+__global__ void hc_head_w_kernel(const float *m, int n, int HC, float s0, const float *base, float eps, float *w) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * HC) return;
+    w[i] = sigmoidf_(s0 * m[i] + base[i % HC]) + eps;
+}
+
+__global__ void norm_rope_kernel(float *x, int width, int hpt, float eps, const float *w, const double *freq,
+                                 int n_rot, int64_t p0, int inverse, int qat) {
+    __shared__ float red[OPS_THREADS / GPU_WARP];
+    float *row = x + (int64_t)blockIdx.x * width;
+    const int64_t pos = p0 + blockIdx.x / hpt;
+    if (eps >= 0.0f) rms_row_(row, width, eps, w, row, red);
+    rope_row_(row, width, freq, n_rot, pos, inverse);
+    if (qat) indexer_qat_(row, width);
+}
+
+__global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, int n_rot, int ds4n) {
+    const int t = blockIdx.x;
+    float *dst = ring + ((p0 + t) % cap) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = kvr[(int64_t)t * D + i];
+    if (ds4n) kv_round_(dst, D, n_rot);
+}
+
+__global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int cw, int64_t p0, int R,
+                                       const float *ape, float *ring_c, float *ring_z, int cap) {
+    const int t = blockIdx.x;
+    const int64_t p = p0 + t;
+    float *rc = ring_c + (p % cap) * cw, *rz = ring_z + (p % cap) * cw;
+    const float *ap = ape + (p % R) * cw;
+    for (int j = threadIdx.x; j < cw; j += blockDim.x) {
+        rc[j] = cbuf[(int64_t)t * cw + j];
+        rz[j] = zbuf[(int64_t)t * cw + j] + ap[j];
+    }
+}
+
+__global__ void compress_emit_kernel(int W, int R, int overlap, const float *ring_c, const float *ring_z, int cap,
+                                     int64_t w0, float *rows, const float *norm, float eps, const double *freq,
+                                     int n_rot, int indexer, int ds4n) {
+    __shared__ float red[OPS_THREADS / GPU_WARP];
+    const int64_t w = w0 + blockIdx.x, a = (int64_t)R * w;
+    const int cw = (overlap ? 2 : 1) * W;
+    float *row = rows + w * W;
+    const int lo = (overlap && w > 0) ? -R : 0;
+    for (int d = threadIdx.x; d < W; d += blockDim.x) {
+        float mx = -INFINITY;
+        for (int k = lo; k < R; k++) {
+            int64_t q = a + k;
+            float z = ring_z[(q % cap) * cw + (k < 0 ? d : (overlap ? W + d : d))];
+            if (z > mx) mx = z;
+        }
+        float sum = 0.0f;
+        for (int k = lo; k < R; k++) {
+            int64_t q = a + k;
+            sum += expf(ring_z[(q % cap) * cw + (k < 0 ? d : (overlap ? W + d : d))] - mx);
+        }
+        float acc = 0.0f;
+        for (int k = lo; k < R; k++) {
+            int64_t q = a + k;
+            int64_t off = (q % cap) * cw + (k < 0 ? d : (overlap ? W + d : d));
+            float pk = expf(ring_z[off] - mx) / sum;
+            acc += pk * ring_c[off];
+        }
+        row[d] = acc;
+    }
+    __syncthreads();
+    rms_row_(row, W, eps, norm, row, red);
+    rope_row_(row, W, freq, n_rot, a, 0);
+    __syncthreads();
+    if (indexer) {
+        if (ds4n) indexer_qat_(row, W);
+    } else if (ds4n) {
+        kv_round_(row, W, n_rot);
+    }
+}
+
+/* One block per token: scores of the visible compressed rows, then the top_k by (score desc, index
+ * asc) written in ascending index order (forward.c's indexer_slice). */
+__global__ void indexer_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys,
+                               int ratio, int top_k, float scale, float *score, int max_vis, int32_t *sel,
+                               int32_t *nsel) {
+    const int t = blockIdx.x;
+    const int64_t p = p0 + t;
+    const int64_t n_vis = (p + 1) / ratio;
+    if (n_vis <= top_k) {
+        if (threadIdx.x == 0) nsel[t] = -1;
+        return;
+    }
+    float *s = score + (int64_t)t * max_vis;
+    const float *q = qi + (int64_t)t * IH * ID, *wt = iw + (int64_t)t * IH;
+    for (int64_t c = threadIdx.x; c < n_vis; c += blockDim.x) {
+        const float *key = keys + c * ID;
+        float sc = 0.0f;
+        for (int h = 0; h < IH; h++) {
+            float dot = 0.0f;
+            for (int j = 0; j < ID; j++) dot = fmaf(q[h * ID + j], key[j], dot);
+            sc += wt[h] * ((dot > 0.0f ? dot : 0.0f) * scale);
+        }
+        s[c] = sc;
+    }
+    __syncthreads();
+    /* rank of c = rows that sort before it; kept when rank < top_k; kept indices are compacted in
+     * ascending order. */
+    int32_t *out = sel + (int64_t)t * top_k;
+    __shared__ int count;
+    __shared__ int flags[OPS_THREADS];
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    for (int64_t c0 = 0; c0 < n_vis; c0 += blockDim.x) {
+        const int64_t c = c0 + threadIdx.x;
+        int keep = 0;
+        if (c < n_vis) {
+            const float v = s[c];
+            int64_t rank = 0;
+            for (int64_t o = 0; o < n_vis && rank < top_k; o++) {
+                const float u = s[o];
+                rank += (u > v) || (u == v && o < c);
+            }
+            keep = rank < top_k;
+        }
+        /* ascending order within this chunk, compacted by thread 0 */
+        flags[threadIdx.x] = keep;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int base = count;
+            for (int i = 0; i < (int)blockDim.x; i++)
+                if (flags[i]) out[base++] = (int32_t)(c0 + i);
+            count = base;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) nsel[t] = top_k;
+}
+
+/* One warp per (token, head): scores, sink softmax, then o[d] = sum_k p_k key_k[d] in key order. */
+__global__ void attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv,
+                              int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel,
+                              int top_k, const float *sinks, float *scr, int keys_cap, float *att) {
+    const int lane = threadIdx.x % GPU_WARP;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x / GPU_WARP) + threadIdx.x / GPU_WARP;
+    if (item >= (int64_t)n * NH) return;
+    const int t = (int)(item / NH), h = (int)(item % NH);
+    const int64_t p = p0 + t;
+    const float *qh = q + item * D;
+    float *sc = scr + item * keys_cap;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
+    const int n_win = (int)(p - first + 1);
+    int n_comp = 0;
+    const int32_t *cs = NULL;
+    if (ratio > 0) {
+        if (sel && nsel[t] >= 0) {
+            n_comp = nsel[t];
+            cs = sel + (int64_t)t * top_k;
+        } else {
+            n_comp = (int)((p + 1) / ratio);
+        }
+    }
+    const int nk = n_win + n_comp;
+    const float sink = sinks[h];
+    float mx = sink;
+    for (int k = 0; k < nk; k++) {
+        const float *key = k < n_win ? kv + ((first + k) % kv_cap) * D
+                                     : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
+        float dot = 0.0f;
+        for (int d = lane; d < D; d += GPU_WARP) dot = fmaf(qh[d], key[d], dot);
+        dot = gpu_warp_sum(dot) * scale;
+        if (lane == 0) sc[k] = dot;
+        if (dot > mx) mx = dot;
+    }
+    gpu_syncwarp();
+    float den = 0.0f;
+    for (int k = lane; k < nk; k += GPU_WARP) {
+        const float e = expf(sc[k] - mx);
+        sc[k] = e;
+        den += e;
+    }
+    den = gpu_warp_sum(den) + expf(sink - mx);
+    gpu_syncwarp();
+    float *o = att + item * D;
+    for (int d = lane; d < D; d += GPU_WARP) {
+        float acc = 0.0f;
+        for (int k = 0; k < nk; k++) {
+            const float *key = k < n_win ? kv + ((first + k) % kv_cap) * D
+                                         : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
+            acc += (sc[k] / den) * key[d];
+        }
+        o[d] = acc;
+    }
+}
+
+__device__ float sqrt_softplus_(float x) {
+    float sp = x > 0.0f ? x + log1pf(expf(-x)) : log1pf(expf(x));
+    return sqrtf(sp);
+}
+
+__global__ void moe_route_kernel(float *scores, int n, int E, int K, const int32_t *tid2eid, const int32_t *tokens,
+                                 const float *bias, int norm, int ds4n, float wscale, int32_t *sel, float *wsel) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    float *st = scores + (int64_t)t * E;
+    for (int x = 0; x < E; x++) st[x] = sqrt_softplus_(st[x]);
+    int32_t *sl = sel + (int64_t)t * K;
+    float *ws = wsel + (int64_t)t * K;
+    if (tid2eid) {
+        for (int k = 0; k < K; k++) sl[k] = tid2eid[(int64_t)tokens[t] * K + k];
+    } else {
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            float bv = -INFINITY;
+            for (int x = 0; x < E; x++) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= sl[j] == x;
+                float v = st[x] + bias[x];
+                if (!used && (best < 0 || v > bv)) { best = x; bv = v; }
+            }
+            sl[k] = best;
+        }
+    }
+    float total = 0.0f;
+    for (int k = 0; k < K; k++) { ws[k] = st[sl[k]]; total += ws[k]; }
+    if (norm) {
+        total = ds4n ? (total < 6.1035e-5f ? 6.1035e-5f : total) : total + 1e-20f;
+        for (int k = 0; k < K; k++) ws[k] /= total;
+    }
+    for (int k = 0; k < K; k++) ws[k] *= wscale;
+}
+
+__global__ void swiglu_kernel(float *a, const float *b, int64_t n, float clamp) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = a[i], u = b[i];
+    if (clamp > 0.0f) {
+        if (g > clamp) g = clamp;
+        if (u > clamp) u = clamp;
+        if (u < -clamp) u = -clamp;
+    }
+    a[i] = g * sigmoidf_(g) * u;
+}
+
+#define MAXK 32
+
+__global__ void moe_combine_kernel(const float *oe, const int32_t *sel, const float *wsel, int K, int H,
+                                   const float *shared, float *y) {
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= H) return;
+    const int32_t *sl = sel + (int64_t)t * K;
+    int order[MAXK];
+    for (int k = 0; k < K; k++) order[k] = k;
+    for (int i = 1; i < K; i++) /* ascending expert id (the CPU visits experts in that order) */
+        for (int j = i; j > 0 && sl[order[j]] < sl[order[j - 1]]; j--) {
+            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
+        }
+    float acc = 0.0f;
+    for (int i = 0; i < K; i++) {
+        const int k = order[i];
+        acc += wsel[(int64_t)t * K + k] * oe[((int64_t)t * K + k) * H + d];
+    }
+    y[(int64_t)t * H + d] = acc + shared[(int64_t)t * H + d];
+}
+
+__global__ void scale_kernel(float *x, int64_t n, float s) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+/* ---- host entry points ----------------------------------------------------------------------- */
+
+int gpu_ops_init(char *err, size_t len) { return quant_tables_init(err, len); }
+
+int gpu_copy(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len) {
+    if (!bytes) return DS4_OK;
+    GPU_TRY(hipMemcpyAsync(dst, src, bytes, to_host ? hipMemcpyDeviceToHost : hipMemcpyHostToDevice, c->stream),
+            to_host ? "copy to the host" : "copy to the device");
+    if (to_host) GPU_TRY(hipStreamSynchronize(c->stream), "device work before a copy to the host");
+    return DS4_OK;
+}
+
+int gpu_sync(ds4_gpu_ctx *c, char *err, size_t len) {
+    GPU_TRY(hipStreamSynchronize(c->stream), "device work");
+    return DS4_OK;
+}
+
+int gpu_embed(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t row_bytes, int32_t H, const int32_t *tokens,
+              int32_t n, int32_t HC, float *X, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    GPU_TYPE_SWITCH(type, embed_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, (const uint8_t *)W, row_bytes, H,
+                    tokens, HC, X)
+    return ops_check("embed kernel", err, len);
+}
+
+int gpu_rms_norm(ds4_gpu_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps, const float *w,
+                 float *out, int64_t ldo, char *err, size_t len) {
+    if (rows <= 0) return DS4_OK;
+    hipLaunchKernelGGL(rms_norm_kernel, dim3((unsigned)rows), dim3(OPS_THREADS), 0, c->stream, x, ldx, width, eps, w,
+                       out, ldo);
+    return ops_check("rms_norm kernel", err, len);
+}
+
+int gpu_hc_pre(ds4_gpu_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
+               const float *base, float eps, int32_t iters, const float *X, float *x, float *pre, float *post,
+               float *comb, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    if (HC > MAXHC) return gpu_fail(err, len, DS4_E_UNSUPPORTED, "hc_count %d > %d", HC, MAXHC);
+    hipLaunchKernelGGL(hc_mix_kernel, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2, base,
+                       eps, iters, pre, post, comb);
+    int rc = ops_check("hc_pre mix kernel", err, len);
+    if (rc != DS4_OK) return rc;
+    hipLaunchKernelGGL(hc_collapse_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X,
+                       pre, HC, H, x);
+    return ops_check("hc_pre collapse kernel", err, len);
+}
+
+int gpu_hc_post(ds4_gpu_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
+                int32_t HC, int32_t H, float *Y, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(hc_post_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X, out,
+                       post, comb, HC, H, Y);
+    return ops_check("hc_post kernel", err, len);
+}
+
+int gpu_hc_head(ds4_gpu_ctx *c, const float *X, const float *m, int32_t n, int32_t HC, int32_t H, float s0,
+                const float *base, float eps, float *w, float *out, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(hc_head_w_kernel, dim3(blocks_for((int64_t)n * HC, 64)), dim3(64), 0, c->stream, m, n, HC, s0,
+                       base, eps, w);
+    int rc = ops_check("hc_head weight kernel", err, len);
+    if (rc != DS4_OK) return rc;
+    hipLaunchKernelGGL(hc_collapse_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X, w,
+                       HC, H, out);
+    return ops_check("hc_head collapse kernel", err, len);
+}
+
+int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t hpt, float eps, const float *w,
+                  const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat, char *err, size_t len) {
+    if (rows <= 0) return DS4_OK;
+    hipLaunchKernelGGL(norm_rope_kernel, dim3((unsigned)rows), dim3(OPS_THREADS), 0, c->stream, x, width, hpt, eps, w,
+                       freq, n_rot, p0, inverse, qat);
+    return ops_check("norm_rope kernel", err, len);
+}
+
+int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
+                 int32_t n_rot, int32_t ds4n, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(kv_store_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, kvr, D, ring, cap, p0, n_rot, ds4n);
+    return ops_check("kv_store kernel", err, len);
+}
+
+int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W, int32_t R,
+                 int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap, int64_t w0, int32_t nw,
+                 float *rows, const float *norm, float eps, const double *freq, int32_t n_rot, int32_t indexer,
+                 int32_t ds4n, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    const int cw = (overlap ? 2 : 1) * W;
+    hipLaunchKernelGGL(compress_append_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, cbuf, zbuf, cw, p0, R, ape,
+                       ring_c, ring_z, cap);
+    int rc = ops_check("compressor append kernel", err, len);
+    if (rc != DS4_OK || nw <= 0) return rc;
+    hipLaunchKernelGGL(compress_emit_kernel, dim3(nw), dim3(OPS_THREADS), 0, c->stream, W, R, overlap, ring_c, ring_z,
+                       cap, w0, rows, norm, eps, freq, n_rot, indexer, ds4n);
+    return ops_check("compressor emit kernel", err, len);
+}
+
+int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH, int32_t ID,
+                const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
+                int32_t *sel, int32_t *nsel, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(indexer_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio,
+                       top_k, scale, score, max_vis, sel, nsel);
+    return ops_check("indexer kernel", err, len);
+}
+
+int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, int64_t p0, int32_t window,
+               const float *kv, int32_t kv_cap, const float *comp, int32_t ratio, const int32_t *sel,
+               const int32_t *nsel, int32_t top_k, const float *sinks, float *sc, int32_t keys_cap, float *att,
+               char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    const int warps = 4;
+    hipLaunchKernelGGL(attend_kernel, dim3(blocks_for((int64_t)n * NH, warps)), dim3(warps * GPU_WARP), 0, c->stream,
+                       q, n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att);
+    return ops_check("attention kernel", err, len);
+}
+
+int gpu_moe_route(ds4_gpu_ctx *c, float *scores, int32_t n, int32_t E, int32_t K, const int32_t *tid2eid,
+                  const int32_t *tokens, const float *bias, int32_t norm, int32_t ds4n, float scale, int32_t *sel,
+                  float *wsel, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    if (K > MAXK) return gpu_fail(err, len, DS4_E_UNSUPPORTED, "n_expert_used %d > %d", K, MAXK);
+    hipLaunchKernelGGL(moe_route_kernel, dim3(blocks_for(n, 32)), dim3(32), 0, c->stream, scores, n, E, K, tid2eid,
+                       tokens, bias, norm, ds4n, scale, sel, wsel);
+    return ops_check("moe_route kernel", err, len);
+}
+
+int gpu_swiglu(ds4_gpu_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(swiglu_kernel, dim3(blocks_for(n, OPS_THREADS)), dim3(OPS_THREADS), 0, c->stream, a, b, n, clamp);
+    return ops_check("swiglu kernel", err, len);
+}
+
+int gpu_moe_combine(ds4_gpu_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
+                    int32_t H, const float *shared, float *y, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(moe_combine_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, oe,
+                       sel, wsel, K, H, shared, y);
+    return ops_check("moe_combine kernel", err, len);
+}
+
+int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(scale_kernel, dim3(blocks_for(n, OPS_THREADS)), dim3(OPS_THREADS), 0, c->stream, x, n, s);
+    return ops_check("scale kernel", err, len);
+}
