@@ -1,10 +1,11 @@
 """The GPU backend: build and load seam (everywhere), and the HIP engine against the CPU engine
 (``@pytest.mark.gpu``: only where a device answers; skipped cleanly otherwise).
 
-What the GPU backend runs today: every weight matrix product of the target and of the drafter, on
-weights uploaded to device memory at open (ds4tui/native/hip/matmul.hip); the other operations
-still run in the C engine on the host.  The GPU kernels keep float32 activations like the CPU
-kernels, so the two backends differ only by float32 summation order inside each dot product:
+What the GPU backend runs today: the whole target pass with its weights, KV and compressor state
+in device memory (ds4tui/native/gpu_forward.c over ds4tui/native/hip/); the drafter's matmuls run
+on the device and its other operations on the host.  The GPU kernels keep float32 activations
+like the CPU kernels and follow the CPU's operation order wherever a loop accumulates in a fixed
+order, so the two backends differ only by float32 summation order inside dot products and norms:
 
 * kernels: ``|Y_gpu - Y_cpu| <= 2e-5 * sum_c |W[r,c] X[t,c]|`` (each side is within the 1e-5
   bound that tests/test_native_kernels.py holds the CPU kernel to against float64), and a
