@@ -29,7 +29,7 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
 
 from ds4tui.engine import worker as W
 from ds4tui.engine.stats import format_line
-from ds4tui.engine.telemetry import MemoryHistory, select_backend
+from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage
 from ds4tui.widgets.dialogs import ErrorDialog
@@ -202,8 +202,9 @@ class DS4App(App):
         welcome = self.query("#welcome")
         if welcome:
             welcome.first().update(Content.styled(
-                f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend. "
-                f"Type a prompt and press Enter.", "$text-muted"))
+                f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend"
+                + (f" ({info.backend_note})" if info.backend_note else "") + ". Type a prompt and press Enter.",
+                "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False
         prompt.focus()
@@ -310,8 +311,10 @@ class DS4App(App):
     def _load_progress(self, ev: W.LoadProgress) -> None:
         bar = self.query_one("#progress", ProgressBar)
         bar.add_class("active")
-        bar.update(total=ev.total, progress=ev.step - 1)
-        self._set_status(f"loading: {ev.phase} ({ev.step}/{ev.total})")
+        bar.update(total=max(1, ev.total), progress=ev.done)
+        amount = (f"{format_bytes(ev.done)} of {format_bytes(ev.total)}" if ev.unit == "byte"
+                  else f"step {ev.done + 1} of {ev.total}")
+        self._set_status(f"loading: {ev.phase} ({amount})")
 
     def _set_status(self, text: str | None = None) -> None:
         if text is None:

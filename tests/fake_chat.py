@@ -62,7 +62,7 @@ class FakeChatEngine:
         self.last_snapshot = None
         self.calls: list[tuple] = []
         self.info = W.ChatInfo(
-            model_path=str(options.model), model_name="demo.gguf", backend="cpu", n_threads=2, n_ctx=4096,
+            model_path=str(options.model), model_name="demo.gguf", backend="cpu", backend_note="", n_threads=2, n_ctx=4096,
             n_layer=6, n_vocab=129280, model_bytes=100 << 20, support_path=options.support,
             support_status="attached" if self.has_dspark else "none",
             support_message="", support_summary="stages=3 block=5 markov_rank=288 tensors=81 missing=0 invalid=0 "
@@ -94,7 +94,8 @@ class FakeChatEngine:
         snap = W.StatsSnapshot(
             t=self._t, stats=S.Stats(n_decode_tokens=self._tokens, n_steps=self._cycles, decode_ms=8.0 * self._cycles),
             dspark=st, knobs=self.knobs, events=tuple(self._events), n_tokens=40 + self._tokens, n_ctx=4096,
-            generating=bool(generating), turn=1, turn_tokens=self._tokens, turn_decode_s=0.01 * self._cycles)
+            generating=bool(generating), turn=1, turn_tokens=self._tokens, turn_draft_tokens=self._tokens // 3,
+            turn_decode_s=0.01 * self._cycles)
         self.last_snapshot = snap
         return snap
 

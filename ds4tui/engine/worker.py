@@ -38,11 +38,13 @@ DEFAULT_CTX = 4096
 
 @dataclass(frozen=True)
 class LoadProgress:
-    """Opening the model: phase ``step`` of ``total`` (``phase`` says what runs now)."""
+    """Opening the model: ``done`` of ``total`` ``unit`` s ("step" or "byte": weights uploaded to
+    the GPU) in the phase ``phase`` says runs now."""
 
     phase: str
-    step: int
+    done: int
     total: int
+    unit: str = "step"
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class ChatInfo:
     model_path: str
     model_name: str
     backend: str
+    backend_note: str
     n_threads: int
     n_ctx: int
     n_layer: int
@@ -223,7 +226,7 @@ class ChatEngine:
 
     ``model``/``support``: GGUF paths.  ``backend``: "cpu" | "hip" | "auto" (auto = the HIP
     backend when this build has one and a device answers, else cpu; the chosen one is in
-    ``info.backend``).  ``n_ctx``: context tokens (default 4096, at most the model's context
+    ``info.backend`` and the reason in ``info.backend_note``).  ``n_ctx``: context tokens (default 4096, at most the model's context
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached.  ``progress(LoadProgress)`` is called during opening.
 
@@ -239,17 +242,17 @@ class ChatEngine:
                  progress: Callable[[LoadProgress], None] | None = None):
         from ds4tui.engine.gguf_model import DS4Model
 
-        steps = 4 if support is not None else 3
+        if backend not in ("auto", "cpu", "hip"):
+            raise ValueError(f"backend must be auto, cpu or hip, got {backend!r}")
         say = progress or (lambda p: None)
-        say(LoadProgress(f"reading {Path(model).name}", 1, steps))
+        say(LoadProgress(f"reading and checking {Path(model).name}", 0, 3))
         dm = DS4Model(model)
-        backend = self._choose_backend(backend)
-        say(LoadProgress(f"opening the {backend} engine", 2, steps))
-        if support is not None:
-            say(LoadProgress(f"checking the support model {Path(support).name}", 3, steps))
-        self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support)
+        say(LoadProgress(f"opening the engine ({backend})" + (f", checking {Path(support).name}" if support else ""),
+                         1, 3))
+        self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support,
+                               progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")))
         try:
-            say(LoadProgress("loading the tokenizer", steps, steps))
+            say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
             limit = self.engine.config.context_length
             n_ctx = int(n_ctx or min(DEFAULT_CTX, limit))
@@ -268,20 +271,12 @@ class ChatEngine:
         self._last: StatsSnapshot | None = None
         self.info = self._info(model, support)
 
-    @staticmethod
-    def _choose_backend(backend: str) -> str:
-        if backend not in ("auto", "cpu", "hip"):
-            raise ValueError(f"backend must be auto, cpu or hip, got {backend!r}")
-        if backend != "auto":
-            return backend
-        probe = getattr(S, "hip_available", None)
-        return "hip" if probe is not None and probe() else "cpu"
-
     def _info(self, model, support) -> ChatInfo:
         e = self.engine
         summary = e.support.summary_line() if e.support is not None else ""
         return ChatInfo(
-            model_path=str(model), model_name=Path(model).name, backend=e.backend, n_threads=e.n_threads,
+            model_path=str(model), model_name=Path(model).name, backend=e.backend,
+            backend_note=getattr(e, "backend_note", ""), n_threads=e.n_threads,
             n_ctx=self.session.n_ctx, n_layer=e.config.n_layer, n_vocab=e.config.n_vocab,
             model_bytes=os.path.getsize(model), support_path=None if support is None else str(support),
             support_status=e.support_status, support_message=e.support_message, support_summary=summary,

@@ -55,7 +55,7 @@ class KnobsPane(Vertical):
 
     DEFAULT_CSS = """
     KnobsPane { height: auto; border: round $accent; padding: 0 1; }
-    KnobsPane Horizontal { height: 1; margin-bottom: 1; }
+    KnobsPane Horizontal { height: 1; }
     KnobsPane Label { width: 11; }
     KnobsPane Switch { width: 8; height: 1; border: none; padding: 0; margin-right: 3; }
     KnobsPane Input { width: 8; height: 1; border: none; padding: 0 1; margin-right: 3; }
@@ -99,8 +99,8 @@ class KnobsPane(Vertical):
                     inp.value = text
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
-            state = (f"DSpark {'on' if knobs.enabled else 'off'} · scheduler {'on' if knobs.scheduler else 'off'}"
-                     f" · threshold {knobs.threshold:.2f} · max draft {knobs.max_draft}")
+            state = (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
+                     f" · threshold {knobs.threshold:.2f} · drafts ≤ {knobs.max_draft}")
             note = f"{state}\n{note}" if note else state
         self.query_one("#knob-note", Static).update(note)
 

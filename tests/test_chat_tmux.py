@@ -1,0 +1,68 @@
+"""End to end: ``ds4tui chat`` in a real terminal (tmux), driven with send-keys, read with
+capture-pane (ux.md §4.5).  .ci/run installs tmux; without it the test is skipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+
+
+class Tmux:
+    def __init__(self, name: str):
+        self.base = ["tmux", "-L", name]
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(self.base + list(args), check=True, capture_output=True, text=True).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-t", "e2e", "-p")
+
+    def wait_for(self, pattern: str, timeout: float) -> str:
+        t0 = time.monotonic()
+        while True:
+            screen = self.screen()
+            if re.search(pattern, screen):
+                return screen
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"{pattern!r} did not appear within {timeout} s; the screen:\n{screen}")
+            time.sleep(0.3)
+
+
+def test_chat_streams_and_shows_live_panes_in_a_terminal(tiny_q2, fitted_support, tmp_path):
+    tmux = Tmux(f"ds4tui-e2e-{os.getpid()}")
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color {sys.executable} -m ds4tui chat {tiny_q2['model']} "
+           f"--mtp {fitted_support} --backend cpu --ctx 1024 -n 48 --nothink; sleep 60")
+    tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "50", cmd)
+    try:
+        tmux("resize-window", "-t", "e2e", "-x", "160", "-y", "50")
+        tmux.wait_for(r"ready · nothink", 120)
+        tmux("send-keys", "-t", "e2e", "F3")  # scheduler off: every cycle drafts
+        tmux.wait_for(r"sched off", 20)
+        tmux("send-keys", "-t", "e2e", "-l", "Write a linked list in Python")
+        tmux("send-keys", "-t", "e2e", "Enter")
+        screen = tmux.wait_for(r"stop: (max_tokens|eos)", 120)
+        (tmp_path / "screen.txt").write_text(screen)
+        print(screen)
+        assert "Write a linked list in Python" in screen
+        m = re.search(r"(\d+) tokens · (\d+) from accepted drafts", screen)
+        assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, screen
+        cycles = re.search(r"cycles (\d+)", screen)
+        assert cycles and int(cycles.group(1)) > 0, screen
+        assert re.search(r"accept \d+\.\d% session", screen)
+        assert "every one of" in screen  # no-draft pane: with the scheduler off every cycle drafted
+        assert re.search(r"verify +\d+\.\d{3}", screen)  # stage timings
+        tmux("send-keys", "-t", "e2e", "C-q")
+        t0 = time.monotonic()
+        while "DSpark knobs" in tmux.screen() and time.monotonic() - t0 < 30:
+            time.sleep(0.3)
+        assert "DSpark knobs" not in tmux.screen()  # the app quit
+    finally:
+        subprocess.run(tmux.base + ["kill-server"], capture_output=True)
