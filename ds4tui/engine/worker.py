@@ -366,7 +366,9 @@ class ChatEngine:
             before = self._dspark_dict()
             reused = self._reuse(ids)
             budget = s.n_ctx - len(ids)
-            max_tokens = budget if max_tokens is None else max(1, min(int(max_tokens), budget))
+            # without a limit, the answer may fill the context: then the stop reason is "ctx"
+            limited = max_tokens is not None and int(max_tokens) < budget
+            max_tokens = max(1, min(int(max_tokens), budget)) if limited else budget
         except (S.EngineError, ValueError) as exc:
             sink.put(Failed("cannot start the turn", str(exc), turn))
             return None
@@ -388,7 +390,7 @@ class ChatEngine:
         out: list[int] = []
         drafts: list[bool] = []
         text = {"think": [], "answer": []}
-        reason = "stopped" if stopped else "max_tokens"
+        reason = "stopped" if stopped else "max_tokens" if limited else "ctx"
         t_first = None
         t_snap = 0.0
         self._progress = (turn, 0, 0, None)

@@ -1,0 +1,103 @@
+"""ChatEngine (the app's engine thread side) and SpecTimeline (rates derived for the panes)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_chat import _stats
+
+from ds4tui.engine import session as S
+from ds4tui.engine import worker as W
+from ds4tui.engine.timeline import SpecTimeline
+
+
+def _events(sink: W.EventQueue, kind) -> list:
+    return [e for e in sink.drain() if isinstance(e, kind)]
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_q2):
+    eng = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=512)
+    yield eng
+    eng.close()
+
+
+def test_turn_events_and_kv_reuse_match_a_fresh_engine(chat, tiny_q2):
+    sink = W.EventQueue()
+    first = [{"role": "user", "content": "Write a linked list in Python."}]
+    r1 = chat.run_turn(first, sink, think=False, max_tokens=10)
+    events = sink.drain()
+    assert isinstance(events[-1], W.Finished) and events[-1].result is r1
+    prefill = [e for e in events if isinstance(e, W.PrefillProgress)]
+    assert prefill[-1].done == prefill[-1].total == r1.prompt_tokens and r1.reused_tokens == 0
+    pieces = [p for e in events if isinstance(e, W.TokensEmitted) for p in e.pieces]
+    assert "".join(p.text for p in pieces) == r1.answer and [p.id for p in pieces if p.id >= 0] == list(r1.ids)
+    snaps = [e for e in events if isinstance(e, W.StatsSnapshot)]
+    assert snaps and snaps[-1].generating is False and snaps[-1].turn_tokens == len(r1.ids)
+    assert snaps[-1].n_tokens == chat.session.n_tokens and snaps[-1].dspark is None  # no support model
+
+    # second turn: the conversation's KV cache is kept up to where the new prompt differs
+    second = first + [{"role": "assistant", "content": r1.answer}, {"role": "user", "content": "Now in C."}]
+    r2 = chat.run_turn(second, sink, think=False, max_tokens=10)
+    assert r2.reused_tokens > r1.prompt_tokens // 2 and r2.prompt_tokens > r1.prompt_tokens
+    fresh = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=512)
+    try:
+        r2_fresh = fresh.run_turn(second, W.EventQueue(), think=False, max_tokens=10)
+    finally:
+        fresh.close()
+    assert r2_fresh.reused_tokens == 0 and r2.ids == r2_fresh.ids and r2.answer == r2_fresh.answer
+
+
+def test_think_mode_splits_reasoning_from_the_answer(chat):
+    sink = W.EventQueue()
+    r = chat.run_turn([{"role": "user", "content": "Hi"}], sink, think=True, max_tokens=24)
+    tok = chat.tokenizer
+    ids = [i for i in r.ids if i != tok.eos_id]
+    cut = ids.index(tok.think_end_id) if tok.think_end_id in ids else len(ids)
+    assert r.reasoning == tok.decode(ids[:cut]) and r.answer == tok.decode(ids[cut + 1:])
+    pieces = [p for e in _events(sink, W.TokensEmitted) for p in e.pieces]
+    assert all(p.channel == "think" for p in pieces[:cut])
+
+
+def test_context_overflow_and_a_stop_while_idle(tiny_q2):
+    eng = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=40)
+    try:
+        sink = W.EventQueue()
+        assert eng.run_turn([{"role": "user", "content": "word " * 60}], sink, think=False) is None
+        failed = _events(sink, W.Failed)
+        assert failed and "does not fit a context of 40" in failed[0].message
+        eng.stop()  # nothing runs: must not cancel the next turn
+        r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False)
+        assert r.reason in ("ctx", "eos") and len(r.ids) > 0
+        assert r.reason == "eos" or r.prompt_tokens + len(r.ids) == 40  # ran until the context was full
+        with pytest.raises(S.StateError, match="no support model"):
+            eng.set_dspark(enabled=True)
+    finally:
+        eng.close()
+
+
+def test_timeline_rates_windows_and_marks():
+    def snap(t, cycles, events=0, turn_tokens=None):
+        st = _stats(cycles)
+        tokens = st.first_tokens + st.accepted_draft
+        return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=tokens, decode_ms=10.0 * cycles), dspark=st,
+                               knobs=None, events=tuple(range(events)), n_tokens=tokens, n_ctx=4096, generating=True,
+                               turn=1, turn_tokens=tokens if turn_tokens is None else turn_tokens, turn_draft_tokens=0,
+                               turn_decode_s=0.02 * cycles)
+
+    tl = SpecTimeline(recent_s=10.0)
+    assert tl.add(snap(0.0, 12))
+    assert not tl.add(snap(0.5, 12))  # nothing moved: no point
+    assert tl.add(snap(1.0, 24, events=1))
+    assert tl.add(snap(20.0, 48, events=1))
+    v = tl.view()
+    a, b, c = _stats(12), _stats(24), _stats(48)
+    assert v.session_accept == pytest.approx(100 * c.accepted_draft / c.proposed)
+    # the point at t=20 s has only the point before it within 10 s (the previous one is 19 s old)
+    assert v.recent_accept == pytest.approx(100 * (c.accepted_draft - b.accepted_draft) / (c.proposed - b.proposed))
+    tok = lambda s: s.first_tokens + s.accepted_draft  # noqa: E731
+    assert v.decode_tps == pytest.approx(1000 * (tok(c) - tok(b)) / (10.0 * 24))
+    assert v.effective_tps == pytest.approx((tok(c) - tok(b)) / (0.02 * 24))
+    assert v.decode_series[0] is None and len(v.accept_series) == 3
+    assert v.marks == frozenset({1})  # the knob change showed up at the second point
+    assert tl.add(snap(21.0, 6))  # counters went back (reset_stats): the history starts over
+    assert len(tl.view().accept_series) == 1
