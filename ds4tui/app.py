@@ -35,11 +35,14 @@ from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMes
 from ds4tui.widgets.dialogs import ErrorDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
+from ds4tui.widgets.pane import set_line
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
                                         ThroughputPane)
 
 #: UI refresh period of the text and the panes (seconds): ~10 Hz (ux.md §0 item 2).
 FLUSH_S = 0.1
+#: Period of the speculation panes while a turn runs (seconds); the text streams at FLUSH_S.
+PANES_S = 0.5
 #: Memory sampling period (seconds).
 MEMORY_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
@@ -144,6 +147,7 @@ class DS4App(App):
         self.errors: list[tuple[str, str]] = []
         self._draining = False
         self._generating = False
+        self._panes_t = 0.0
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -261,8 +265,14 @@ class DS4App(App):
             await self.current.add(pieces)
 
     def _apply_snapshot(self, snap: W.StatsSnapshot) -> None:
+        """Every snapshot feeds the timeline; the panes redraw at most every PANES_S while a turn
+        runs (a redraw costs the UI thread far more than reading a snapshot)."""
         self.last_snapshot = snap
         self.timeline.add(snap)
+        now = time.monotonic()
+        if snap.generating and now - self._panes_t < PANES_S:
+            return
+        self._panes_t = now
         view = self.timeline.view()
         st = snap.dspark
         info = self.engine.info if self.engine is not None else None
@@ -327,7 +337,7 @@ class DS4App(App):
             if self.trace:
                 parts.append("draft highlight on")
             text = " · ".join(parts)
-        self.query_one("#status", Static).update(text)
+        set_line(self.query_one("#status", Static), text)
 
     def _error(self, title: str, message: str) -> None:
         self.errors.append((title, message))

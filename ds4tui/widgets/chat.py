@@ -15,6 +15,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Collapsible, Input, Markdown, Static
 
+from ds4tui.widgets.pane import set_line
+
 DRAFT_STYLE = "on $success 40%"
 
 
@@ -93,8 +95,8 @@ class AssistantMessage(Vertical):
         if trace:
             self._trace = Content("").join([self._trace, *trace])
             self.query_one("#trace", Static).update(self._trace)
-        self.query_one("#summary", Static).update(Content.styled(
-            f"{self.n_tokens} tokens · {self.n_draft} from accepted drafts", "$text-muted"))
+        set_line(self.query_one("#summary", Static), f"{self.n_tokens} tokens · {self.n_draft} from accepted drafts",
+                 "$text-muted")
 
     async def finish(self, summary: str) -> None:
         """End the streams and write the full text once more (repairs half-parsed blocks)."""
@@ -104,7 +106,7 @@ class AssistantMessage(Vertical):
         if self.reasoning:
             await self.query_one("#think", Markdown).update(self.reasoning)
         await self.query_one("#answer", Markdown).update(self.answer)
-        self.query_one("#summary", Static).update(Content.styled(summary, "$text-muted"))
+        set_line(self.query_one("#summary", Static), summary, "$text-muted")
         self.finished = True
 
     def set_trace(self, on: bool) -> None:

@@ -5,39 +5,36 @@ from __future__ import annotations
 from typing import Sequence
 
 from textual.content import Content
-from textual.widgets import Static
 
+from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows
 
 BAR_WIDTH = 8
 
 
-class Histogram(Static):
+class Histogram(Pane):
     """Bars with counts for lengths ``0..len(counts)-1``; the largest bin is drawn in bold.
 
     ``counts``: one count per length (the engine's ``draft_len_hist`` / ``accepted_len_hist``;
     bin 0 = cycles with no draft, or with no accepted draft)."""
 
     DEFAULT_CSS = """
-    Histogram { height: auto; width: 1fr; border: round $primary-darken-2; padding: 0 1; }
+    Histogram { width: 1fr; }
     """
 
     def __init__(self, title: str, *, id: str | None = None):
-        super().__init__(Content.styled("no cycles yet", "$text-muted"), id=id)
-        self.border_title = title
+        super().__init__(title, id=id)
         self.counts: tuple[int, ...] = ()
 
     def show(self, counts: Sequence[int]) -> None:
         counts = tuple(int(c) for c in counts)
-        if counts == self.counts:
-            return
         self.counts = counts
         if not sum(counts):
-            self.update(Content.styled("no cycles yet", "$text-muted"))
+            self.put(Content.styled("no cycles yet", "$text-muted"))
             return
         total, top = sum(counts), max(counts)
         lines = [Content.assemble(f"{n:>2} ", (bar(c, top, BAR_WIDTH).ljust(BAR_WIDTH),
                                                 "bold $accent" if c == top else "$accent"),
                                   f"{c:>6} {100.0 * c / total:3.0f}%")
                  for n, c in enumerate(counts)]
-        self.update(rows(lines))
+        self.put(rows(lines))

@@ -13,7 +13,8 @@ from textual.content import Content
 
 from ds4tui.engine.telemetry import MemorySample, format_bytes
 from ds4tui.widgets.series import bar, rows, spark
-from ds4tui.widgets.speculation import SPARK_WIDTH, Pane
+from ds4tui.widgets.pane import Pane
+from ds4tui.widgets.speculation import SPARK_WIDTH
 
 
 def _pool(name: str, used: int | None, total: int | None, extra: str = "") -> Content:

@@ -14,6 +14,7 @@ from textual.widgets import Input, Label, Static, Switch
 
 from ds4tui.engine.stats import NO_DRAFT_REASONS, DSparkStats
 from ds4tui.engine.timeline import SpecView
+from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
 
 SPARK_WIDTH = 36
@@ -21,29 +22,6 @@ SPARK_WIDTH = 36
 
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}%"
-
-
-class Pane(Static):
-    """A bordered text pane that re-renders only when its content changes."""
-
-    DEFAULT_CSS = """
-    Pane { height: auto; border: round $primary-darken-2; padding: 0 1; }
-    """
-
-    def __init__(self, title: str, *, id: str | None = None):
-        super().__init__(Content.styled("waiting for the engine", "$text-muted"), id=id)
-        self.border_title = title
-        self._shown: object = None
-
-    def put(self, content: Content) -> None:
-        if content.plain != getattr(self._shown, "plain", None) or content.spans != getattr(self._shown, "spans", None):
-            self._shown = content
-            self.update(content)
-
-    @property
-    def text(self) -> str:
-        """The plain text shown (what tests read)."""
-        return "" if self._shown is None else self._shown.plain
 
 
 class KnobsPane(Vertical):
@@ -77,6 +55,8 @@ class KnobsPane(Vertical):
                         tooltip="drafts per cycle, 1..block size; Enter applies")
         yield Static("", id="knob-note")
 
+    _note = ""
+
     def on_mount(self) -> None:
         self.border_title = "DSpark knobs"
 
@@ -102,7 +82,9 @@ class KnobsPane(Vertical):
             state = (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
                      f" · threshold {knobs.threshold:.2f} · drafts ≤ {knobs.max_draft}")
             note = f"{state}\n{note}" if note else state
-        self.query_one("#knob-note", Static).update(note)
+        if note != self._note:
+            self._note = note
+            self.query_one("#knob-note", Static).update(note)
 
 
 class AcceptPane(Pane):

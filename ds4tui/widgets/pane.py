@@ -1,0 +1,45 @@
+"""The bordered text pane every speculation and memory pane is built on."""
+
+from __future__ import annotations
+
+from textual.content import Content
+from textual.widgets import Static
+
+
+class Pane(Static):
+    """A bordered text pane that re-renders only when its content changes, and re-runs the
+    screen's layout only when its height can change (a full layout of the screen costs far more
+    than repainting one pane, and the panes update several times a second while text streams)."""
+
+    DEFAULT_CSS = """
+    Pane { height: auto; border: round $primary-darken-2; padding: 0 1; }
+    """
+
+    def __init__(self, title: str, *, id: str | None = None):
+        super().__init__(Content.styled("waiting for the engine", "$text-muted"), id=id)
+        self.border_title = title
+        self._shown: Content | None = None
+
+    def put(self, content: Content) -> None:
+        old = self._shown
+        if old is not None and content.plain == old.plain and content.spans == old.spans:
+            return
+        lines = content.plain.split("\n")
+        same_height = (old is not None and len(lines) == old.plain.count("\n") + 1
+                       and max(len(line) for line in lines) <= self.content_size.width)
+        self._shown = content
+        self.update(content, layout=not same_height)
+
+    @property
+    def text(self) -> str:
+        """The plain text shown (what tests read)."""
+        return "" if self._shown is None else self._shown.plain
+
+
+def set_line(widget: Static, text: str, style: str = "") -> None:
+    """Show one line of text in ``widget``; skips the screen layout when the line still fits."""
+    if getattr(widget, "_line", None) == (text, style):
+        return
+    fits = getattr(widget, "_line", None) is not None and len(text) <= widget.content_size.width
+    widget._line = (text, style)
+    widget.update(Content.styled(text, style) if style else Content(text), layout=not fits)
