@@ -374,7 +374,7 @@ class DS4App(App):
         try:
             self.engine.run_turn(messages, self.queue, think=think, system=self.options.system,
                                  max_tokens=self.options.max_tokens)
-        except Exception as exc:
+        except Exception as exc:  # a bug, not an engine error: show it and keep the app usable
             self.queue.put(W.Failed("generation failed", f"{type(exc).__name__}: {exc}"))
             self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
 
@@ -384,10 +384,18 @@ class DS4App(App):
         if self.current is not None:
             tps = r.decode_tokens_per_s
             n = len(r.ids)
-            summary = (f"{n} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)" if n else "0 tokens")
-            summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
+            if r.reason == "error" and not n:
+                summary = "not answered (see the error); this prompt is not part of the conversation"
+            else:
+                summary = (f"{n} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
+                           if n else "0 tokens")
+                summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
             await self.current.finish(summary)
-        if r.turn:
+        if r.reason == "error" and not r.ids:
+            # nothing was generated: the prompt leaves the conversation (the dialog said why)
+            if self.messages and self.messages[-1]["role"] == "user":
+                self.messages.pop()
+        else:
             self.messages.append({"role": "assistant", "content": r.answer, "reasoning": r.reasoning})
             self.turns.append(r)
         self.current = None

@@ -46,11 +46,13 @@ def _stats(cycles: int) -> DSparkStats:
 
 class FakeChatEngine:
     """Scripted answers: ``REASONING`` then ``ANSWER`` in 4-character pieces, every third piece an
-    accepted draft.  ``gate``: if given, each cycle waits for it (tests hold the engine mid-turn)."""
+    accepted draft.  ``gate``: if given, the turn stops after ``hold_after`` tokens until the gate
+    is set (tests hold the engine mid-turn, deterministically)."""
 
-    def __init__(self, options, progress=None, *, gate: threading.Event | None = None):
+    def __init__(self, options, progress=None, *, gate: threading.Event | None = None, hold_after: int = 5):
         self.options = options
         self.gate = gate
+        self.hold_after = hold_after
         self.has_dspark = options.support is not None
         self._knobs = S.DSparkKnobs(enabled=options.dspark, scheduler=True, threshold=0.0, max_draft=5)
         self._events: list[S.KnobEvent] = []
@@ -112,7 +114,7 @@ class FakeChatEngine:
             reason = "eos"
             for body, channel in text:
                 for i in range(0, len(body), 4):
-                    if self.gate is not None:
+                    if self.gate is not None and n >= self.hold_after:
                         self.gate.wait()
                     if self._stop.is_set():
                         reason = "stopped"

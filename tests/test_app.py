@@ -246,3 +246,20 @@ async def test_missing_model_and_refused_support(tiny_q2, small_f32, tmp_path):
         st = app.engine.session.dspark_stats()
         assert st.cycles > 0 and st.no_draft_reasons["support_invalid"] == st.cycles
         assert "support_invalid" in app.query_one("#no-draft").text
+
+
+async def test_context_overflow_is_a_dialog_and_the_chat_goes_on(tiny_q2, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], None, tmp_path, ctx=48, max_tokens=4))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        prompt = app.query_one("#prompt", PromptInput)
+        prompt.value = "word " * 80
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.errors, what="the overflow dialog")
+        await app.flush()
+        title, message = app.errors[-1]
+        assert "does not fit a context of 48" in message and isinstance(app.screen, ErrorDialog)
+        await pilot.press("escape")
+        assert app.messages == [] and not app._generating  # the prompt left the conversation
+        await _ask(pilot, app, "Hi")
+        assert app.turns[-1].ids and [m["role"] for m in app.messages] == ["user", "assistant"]

@@ -63,8 +63,10 @@ def test_context_overflow_and_a_stop_while_idle(tiny_q2):
     try:
         sink = W.EventQueue()
         assert eng.run_turn([{"role": "user", "content": "word " * 60}], sink, think=False) is None
-        failed = _events(sink, W.Failed)
+        events = sink.drain()
+        failed = [e for e in events if isinstance(e, W.Failed)]
         assert failed and "does not fit a context of 40" in failed[0].message
+        assert isinstance(events[-1], W.Finished) and events[-1].result.reason == "error"
         eng.stop()  # nothing runs: must not cancel the next turn
         r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False)
         assert r.reason in ("ctx", "eos") and len(r.ids) > 0

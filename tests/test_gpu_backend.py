@@ -262,3 +262,15 @@ def test_hip_dspark_decisions_match_cpu(tiny_q2, fitted_support):
         tot["accepted_draft"] += st_h.accepted_draft
     print(f"\nDSpark on hip: {tot['accepted_draft']}/{tot['proposed']} drafts accepted, same decisions as cpu")
     assert tot["accepted_draft"] > 0
+
+
+def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
+    """The benchmark's model building, timing and extrapolation, on layers shrunk to CPU size."""
+    from ds4tui.engine import synthetic
+
+    r = synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, n_embd=256,
+                                  n_head=4, head_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2, n_expert=8,
+                                  n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
+    assert r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
+    assert r["decode_tokens_per_s"] > 0 and r["bytes_per_token"] > 0 and r["roofline_fraction"] is None
+    assert "verify(1+5 rows) / decode(1 row)" in synthetic.render(r)

@@ -341,8 +341,9 @@ class ChatEngine:
     def run_turn(self, messages: Sequence[Mapping[str, Any]], sink: EventQueue, *, think: bool = True,
                  system: str | None = None, max_tokens: int | None = None, snapshot_s: float = 0.1) -> TurnResult | None:
         """Generate the assistant's answer to ``messages`` (the last one a user message), posting
-        events to ``sink``.  Returns the result (also posted as ``Finished``), or None after
-        posting ``Failed``.  Call from one thread at a time (a second call raises ``StateError``)."""
+        events to ``sink``; the last event is always ``Finished``.  Returns the result, or None when
+        the turn could not run (then ``Failed`` says why and ``Finished`` has reason "error" and no
+        tokens).  Call from one thread at a time (a second call raises ``StateError``)."""
         if not self._busy.acquire(blocking=False):
             raise S.StateError("a turn is already running")
         try:
@@ -370,8 +371,7 @@ class ChatEngine:
             limited = max_tokens is not None and int(max_tokens) < budget
             max_tokens = max(1, min(int(max_tokens), budget)) if limited else budget
         except (S.EngineError, ValueError) as exc:
-            sink.put(Failed("cannot start the turn", str(exc), turn))
-            return None
+            return self._failed(sink, turn, "cannot start the turn", exc)
         t0 = time.perf_counter()
         sink.put(PrefillProgress(turn, 0, len(ids) - reused, reused))
         stopped = False
@@ -381,8 +381,7 @@ class ChatEngine:
         except S.CancelledError:
             stopped = True
         except S.EngineError as exc:
-            sink.put(Failed("prefill failed", str(exc), turn))
-            return None
+            return self._failed(sink, turn, "prefill failed", exc)
         t_prefill = time.perf_counter()
         eos, think_end = tok.eos_id, tok.think_end_id
         channel = "think" if think else "answer"
@@ -455,6 +454,13 @@ class ChatEngine:
         sink.put(self.snapshot(generating=False))
         sink.put(Finished(turn, result))
         return result
+
+    def _failed(self, sink: EventQueue, turn: int, title: str, exc: BaseException) -> None:
+        """A turn that produced nothing: ``Failed`` with the reason, then ``Finished`` (reason "error")."""
+        sink.put(Failed(title, str(exc), turn))
+        sink.put(self.snapshot(generating=False))
+        sink.put(Finished(turn, TurnResult(turn, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
+        return None
 
     def _dspark_dict(self) -> dict[str, Any] | None:
         return self.session.dspark_stats().to_dict() if self.has_dspark else None
