@@ -171,15 +171,19 @@ class ThroughputPane(Pane):
             return "—" if v is None else f"{v:.1f}"
 
         ratio = (view.effective_tps / view.decode_tps) if view.effective_tps and view.decode_tps else None
-        line, marks = spark(view.decode_series, SPARK_WIDTH, marks=view.marks)
+        finite = [v for v in view.decode_series + view.effective_series if v is not None]
+        top = max(finite) if finite else None  # one scale for both series, so they compare
+        dec, marks = spark(view.decode_series, SPARK_WIDTH, hi=top, marks=view.marks)
+        eff, _ = spark(view.effective_series, SPARK_WIDTH, hi=top)
         out = [
             Content.assemble("decode ", (tps(view.decode_tps), "bold"), " t/s · effective ",
                              (tps(view.effective_tps), "bold"), " t/s",
                              "" if ratio is None else f" ({ratio:.2f}×)"),
-            Content.styled(line or " ", "$success"),
+            Content.assemble(("dec ", "$text-muted"), (dec, "$success")),
+            Content.assemble(("eff ", "$text-muted"), (eff, "$accent")),
         ]
         if marks.strip():
-            out.append(Content.styled(marks, "$warning"))
+            out.append(Content.styled("    " + marks, "$warning"))
         out.append(Content(f"context {n_tokens}/{n_ctx} tokens"))
         if st is not None:
             if st.t_decode_measured:
