@@ -126,6 +126,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--medium", action="store_true",
                      help="benchmark a synthetic medium model (hidden 1024, 8 layers, 64 experts, q2) built on "
                      "first use and cached under $XDG_CACHE_HOME/ds4tui/bench-medium (default ~/.cache)")
+    src.add_argument("--synthetic", choices=["flash"],
+                     help="flash: full-width DS4 Flash layers (hidden 4096, 64 heads, 256 experts, q2 mix) with "
+                     "random weights, 2 and 4 layers timed and extrapolated to 43 (decode tokens/s, bytes/token, "
+                     "fraction of the memory roofline measured in the same run, verify(1+5 rows)/decode); "
+                     "use with --backend hip; --ctx sets the context (default 2048)")
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
                    help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
                    "(hip when it runs, else cpu) or reference. Default cpu")

@@ -712,7 +712,32 @@ def _usage_error(args) -> str | None:
     return None
 
 
+def run_synthetic(args: argparse.Namespace) -> int:
+    """``--synthetic flash``: full-width synthetic layers (ds4tui.engine.synthetic)."""
+    from ds4tui.engine import synthetic
+
+    if args.ab or args.mtp is not None:
+        print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
+        return 2
+    backend = "hip" if args.backend == "auto" else args.backend
+    try:
+        result = synthetic.run_flash_bench(backend=backend, ctx=args.ctx or 2048,
+                                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (EngineError, RuntimeError) as exc:
+        return _fail(f"--synthetic flash: {exc}", args, exc)
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        try:
+            _write_out(args.out, text + "\n")
+        except BenchError as exc:
+            return _fail(str(exc), args, exc)
+    print(text if args.json else synthetic.render(result))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "synthetic", None):
+        return run_synthetic(args)
     why = _usage_error(args)
     if why:
         print(f"{_PREFIX} error: {why}", file=sys.stderr)

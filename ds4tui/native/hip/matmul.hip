@@ -8,9 +8,10 @@
  * so GPU and CPU differ only by float32 summation order.  (An 8-bit activation path with dp4a /
  * v_dot4 changes numerics; it will be an explicit engine option, never a silent default.)
  *
- * Layout: one 32-lane warp per weight row; lane l takes the 8-element chunks l, l+32, l+64, ...
- * (32 x 8 = 256 elements per warp step: one K-quant super-block), and up to MM_NT tokens share
- * each chunk's dequantised weights.  A token's accumulator sees the same operations whatever the
+ * Layout: one 32-lane warp per weight row (or MM_WARPS warps for matrices of fewer than
+ * MM_SHORT_ROWS rows); lane l takes the 8-element chunks l, l+32, l+64, ... (32 x 8 = 256 elements
+ * per warp step: one K-quant super-block), and up to MM_NT tokens share each chunk's dequantised
+ * weights.  A token's accumulator sees the same operations whatever the
  * batch size, so results are batch-invariant (greedy DSpark verification relies on it), and the
  * final warp reduction is one fixed butterfly.
  */
@@ -24,20 +25,25 @@
 
 int gpu_matmul_init(char *err, size_t len) { return quant_tables_init(err, len); }
 
-template <int TYPE>
+/* WPR warps per row: 1 (MM_WARPS rows per block) for tall matrices, MM_WARPS (one row per block)
+ * for short ones, so that a matvec with a few thousand rows still keeps every multiprocessor busy.
+ * The choice depends only on the matrix shape, never on the token count (batch invariance). */
+template <int TYPE, int WPR>
 __global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
 mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row_bytes,
           const float *__restrict__ X, int64_t ldx, int64_t n, float *__restrict__ Y, int64_t ldy) {
-    const int lane = threadIdx.x;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.y;
-    if (r >= rows) return;
+    const int lane = threadIdx.x, wp = threadIdx.y;
+    const int64_t r = WPR == 1 ? (int64_t)blockIdx.x * MM_WARPS + wp : (int64_t)blockIdx.x;
+    if (r >= rows) return; /* uniform over the block when WPR > 1 */
     const int64_t t0 = (int64_t)blockIdx.y * MM_NT;
     const int nt = (int)(n - t0 < MM_NT ? n - t0 : MM_NT);
     const uint8_t *row = W + r * row_bytes;
     float acc[MM_NT];
     for (int t = 0; t < MM_NT; t++) acc[t] = 0.0f;
     const int64_t nchunk = (cols + 7) / 8;
-    for (int64_t c = lane; c < nchunk; c += GPU_WARP) {
+    const int tid = (WPR == 1 ? 0 : wp) * GPU_WARP + lane;
+#pragma unroll 2
+    for (int64_t c = tid; c < nchunk; c += GPU_WARP * WPR) {
         const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
         float w[8];
         Chunk<TYPE>::load(row, c, m, w);
@@ -49,26 +55,55 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
             }
         }
     }
+    if (WPR == 1) {
 #pragma unroll
-    for (int t = 0; t < MM_NT; t++) {
-        const float v = gpu_warp_sum(acc[t]);
-        if (lane == 0 && t < nt) Y[(t0 + t) * ldy + r] = v;
+        for (int t = 0; t < MM_NT; t++) {
+            const float v = gpu_warp_sum(acc[t]);
+            if (lane == 0 && t < nt) Y[(t0 + t) * ldy + r] = v;
+        }
+    } else {
+        __shared__ float part[MM_NT][MM_WARPS];
+#pragma unroll
+        for (int t = 0; t < MM_NT; t++) {
+            const float v = gpu_warp_sum(acc[t]);
+            if (lane == 0) part[t][wp] = v;
+        }
+        __syncthreads();
+        if (wp == 0 && lane < nt) {
+            float v = part[lane][0];
+            for (int k = 1; k < MM_WARPS; k++) v += part[lane][k];
+            Y[(t0 + lane) * ldy + r] = v;
+        }
     }
+}
+
+/* Rows below which a row gets MM_WARPS warps. */
+#define MM_SHORT_ROWS 8192
+
+template <int TYPE>
+static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
+                        const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    const dim3 block(GPU_WARP, MM_WARPS);
+    const unsigned gy = (unsigned)((n + MM_NT - 1) / MM_NT);
+    if (rows < MM_SHORT_ROWS)
+        hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
+                           row_bytes, X, ldx, n, Y, ldy);
+    else
+        hipLaunchKernelGGL((mm_kernel<TYPE, 1>), dim3((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), gy), block, 0, st,
+                           w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
 int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n <= 0) return DS4_OK;
-    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS),
-                                              (unsigned)((n + MM_NT - 1) / MM_NT));
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
-    case DS4_TYPE_F32: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_F32>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
-    case DS4_TYPE_F16: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_F16>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
-    case DS4_TYPE_BF16: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_BF16>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
-    case DS4_TYPE_Q8_0: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_Q8_0>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
-    case DS4_TYPE_Q2_K: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_Q2_K>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
-    case DS4_TYPE_IQ2_XXS: hipLaunchKernelGGL(mm_kernel<DS4_TYPE_IQ2_XXS>, grid, block, 0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_F32: mm_launch_t<DS4_TYPE_F32>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_F16: mm_launch_t<DS4_TYPE_F16>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_BF16: mm_launch_t<DS4_TYPE_BF16>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_Q8_0: mm_launch_t<DS4_TYPE_Q8_0>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_Q2_K: mm_launch_t<DS4_TYPE_Q2_K>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
+    case DS4_TYPE_IQ2_XXS: mm_launch_t<DS4_TYPE_IQ2_XXS>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
     default:
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU matmul: GGML type %d has no kernel (expected F32, F16, BF16, "
                         "Q8_0, Q2_K or IQ2_XXS)", type);
@@ -88,30 +123,37 @@ __global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
 mm_gather_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
                  int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div,
                  float *__restrict__ Y, int64_t ldy) {
-    const int lane = threadIdx.x;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.y;
-    if (r >= rows) return;
+    const int lane = threadIdx.x, wp = threadIdx.y;
+    const int64_t r = blockIdx.x; /* one row per block: MM_WARPS warps split its chunks */
     const int64_t slot = blockIdx.y;
     const uint8_t *row = W + (int64_t)ids[slot] * mat_bytes + r * row_bytes;
     const float *xs = X + (slot / x_div) * ldx;
     float acc = 0.0f;
     const int64_t nchunk = (cols + 7) / 8;
-    for (int64_t c = lane; c < nchunk; c += GPU_WARP) {
+#pragma unroll 2
+    for (int64_t c = wp * GPU_WARP + lane; c < nchunk; c += GPU_WARP * MM_WARPS) {
         const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
         float w[8];
         Chunk<TYPE>::load(row, c, m, w);
         const float *x = xs + 8 * c;
         for (int j = 0; j < m; j++) acc = fmaf(w[j], x[j], acc);
     }
+    __shared__ float part[MM_WARPS];
     const float v = gpu_warp_sum(acc);
-    if (lane == 0) Y[slot * ldy + r] = v;
+    if (lane == 0) part[wp] = v;
+    __syncthreads();
+    if (wp == 0 && lane == 0) {
+        float s = part[0];
+        for (int k = 1; k < MM_WARPS; k++) s += part[k];
+        Y[slot * ldy + r] = s;
+    }
 }
 
 int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                   float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n_slots <= 0) return DS4_OK;
-    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)n_slots);
+    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)rows, (unsigned)n_slots);
     GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids, rows, cols,
                     row_bytes, X, ldx, x_div, Y, ldy)
     GPU_TRY(hipGetLastError(), "GPU expert matmul launch");

@@ -354,13 +354,28 @@ __global__ void indexer_kernel(const float *qi, const float *iw, int64_t p0, int
     if (threadIdx.x == 0) nsel[t] = top_k;
 }
 
-/* One warp per (token, head): scores, sink softmax, then o[d] = sum_k p_k key_k[d] in key order. */
-__global__ void attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv,
-                              int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel,
-                              int top_k, const float *sinks, float *scr, int keys_cap, float *att) {
-    const int lane = threadIdx.x % GPU_WARP;
-    const int64_t item = (int64_t)blockIdx.x * (blockDim.x / GPU_WARP) + threadIdx.x / GPU_WARP;
-    if (item >= (int64_t)n * NH) return;
+/* One block of ATT_WARPS warps per (token, head).  Keys (the ring's window rows, then the
+ * compressed rows) are dealt to the warps round-robin: a warp dots its keys with the query (lanes
+ * split the head's D lanes), the block takes the max over the scores and the sink, the softmax
+ * denominator, then each warp accumulates p_k * key_k over its keys for all D lanes (ATT_DPL per
+ * lane, in key order) and the warps' partial sums are added in warp order.  The split depends only
+ * on the key count, so a (token, head) result does not depend on how many tokens the pass has. */
+#define ATT_WARPS 8
+#define ATT_DPL 16 /* D <= 32 * ATT_DPL */
+
+__device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first, const float *kv, int kv_cap,
+                                                const float *comp, const int32_t *cs, int D) {
+    return k < n_win ? kv + ((first + k) % kv_cap) * D : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
+}
+
+__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
+attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv, int kv_cap,
+              const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k, const float *sinks,
+              float *scr, int keys_cap, float *att) {
+    __shared__ float red[ATT_WARPS];
+    __shared__ float part[ATT_WARPS][GPU_WARP * ATT_DPL];
+    const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
+    const int64_t item = blockIdx.x;
     const int t = (int)(item / NH), h = (int)(item % NH);
     const int64_t p = p0 + t;
     const float *qh = q + item * D;
@@ -380,34 +395,49 @@ __global__ void attend_kernel(const float *q, int n, int NH, int D, int64_t p0, 
     }
     const int nk = n_win + n_comp;
     const float sink = sinks[h];
-    float mx = sink;
-    for (int k = 0; k < nk; k++) {
-        const float *key = k < n_win ? kv + ((first + k) % kv_cap) * D
-                                     : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
+    float qv[ATT_DPL];
+    for (int i = 0; i < ATT_DPL; i++) qv[i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
+    float mx = -INFINITY;
+    for (int k = wp; k < nk; k += ATT_WARPS) {
+        const float *key = att_key(k, n_win, first, kv, kv_cap, comp, cs, D);
         float dot = 0.0f;
-        for (int d = lane; d < D; d += GPU_WARP) dot = fmaf(qh[d], key[d], dot);
+        for (int i = 0; i < ATT_DPL; i++) {
+            const int d = lane + GPU_WARP * i;
+            if (d < D) dot = fmaf(qv[i], key[d], dot);
+        }
         dot = gpu_warp_sum(dot) * scale;
         if (lane == 0) sc[k] = dot;
-        if (dot > mx) mx = dot;
+        mx = dot > mx ? dot : mx;
     }
-    gpu_syncwarp();
+    if (lane == 0) red[wp] = mx;
+    __syncthreads();
+    mx = sink;
+    for (int w = 0; w < ATT_WARPS; w++) mx = red[w] > mx ? red[w] : mx;
+    __syncthreads();
     float den = 0.0f;
-    for (int k = lane; k < nk; k += GPU_WARP) {
+    for (int k = threadIdx.x; k < nk; k += blockDim.x) {
         const float e = expf(sc[k] - mx);
         sc[k] = e;
         den += e;
     }
-    den = gpu_warp_sum(den) + expf(sink - mx);
-    gpu_syncwarp();
-    float *o = att + item * D;
-    for (int d = lane; d < D; d += GPU_WARP) {
-        float acc = 0.0f;
-        for (int k = 0; k < nk; k++) {
-            const float *key = k < n_win ? kv + ((first + k) % kv_cap) * D
-                                         : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
-            acc += (sc[k] / den) * key[d];
+    den = block_sum(den, red) + expf(sink - mx);
+    float acc[ATT_DPL];
+    for (int i = 0; i < ATT_DPL; i++) acc[i] = 0.0f;
+    for (int k = wp; k < nk; k += ATT_WARPS) {
+        const float *key = att_key(k, n_win, first, kv, kv_cap, comp, cs, D);
+        const float pk = sc[k] / den;
+        for (int i = 0; i < ATT_DPL; i++) {
+            const int d = lane + GPU_WARP * i;
+            if (d < D) acc[i] += pk * key[d];
         }
-        o[d] = acc;
+    }
+    for (int i = 0; i < ATT_DPL; i++) part[wp][lane + GPU_WARP * i] = acc[i];
+    __syncthreads();
+    float *o = att + item * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = part[0][d];
+        for (int w = 1; w < ATT_WARPS; w++) v += part[w][d];
+        o[d] = v;
     }
 }
 
@@ -598,9 +628,10 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
                const int32_t *nsel, int32_t top_k, const float *sinks, float *sc, int32_t keys_cap, float *att,
                char *err, size_t len) {
     if (n <= 0) return DS4_OK;
-    const int warps = 4;
-    hipLaunchKernelGGL(attend_kernel, dim3(blocks_for((int64_t)n * NH, warps)), dim3(warps * GPU_WARP), 0, c->stream,
-                       q, n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att);
+    if (D > GPU_WARP * ATT_DPL)
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
+    hipLaunchKernelGGL(attend_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
+                       n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att);
     return ops_check("attention kernel", err, len);
 }
 

@@ -1,0 +1,210 @@
+"""Synthetic full-width DS4 Flash layers for the GPU benchmark (``ds4tui bench --synthetic flash``).
+
+The issue's benchmark: DS4 Flash layers at full width (hidden 4096, 64 heads of 512, 256 experts
+of 2048, 6 used; spec ds4.md §1) in the q2 mix of the released files (routed gate/up IQ2_XXS,
+routed down Q2_K, dense projections and the LM head Q8_0, embedding and other matrices F16,
+vectors F32; ``convert.choose_type``), with random weights, run by the real engine.  Two models
+are built, with 2 and 4 layers alternating CSA (ratio 4) and HCA (ratio 128) as Flash's layers 2..42
+do; the difference of their per-token times is the cost of two layers, the rest is the fixed cost
+(embedding, HC head, LM head), and a 43-layer token costs fixed + 43 x per-layer (SWA layers 0-1 are
+priced as the mean compressed layer).  Bytes read per token are counted the way
+``DS4Model.bytes_per_token`` counts them (every dense tensor once, 6/256 of each routed tensor, one
+embedding row, the indexer scoring weights only when more compressed rows exist than top_k, KV
+rows as f32) and extrapolated the same way; the memory read bandwidth is measured in the same run
+(``ds4_gpu_bandwidth``), and the fraction of that roofline is bytes/token x tokens/s over it.
+
+Random bytes are made valid per format: every f16 scale (and every F16 weight) gets the exponent of
+2^-7, so nothing decodes to inf/NaN; the weights are noise, so only the timings mean anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ds4tui.engine import layout as L
+from ds4tui.engine.convert import choose_type
+from ds4tui.engine.gguf_model import DS4Model, TensorInfo
+
+BLOCK = {T.Q8_0: (32, 34), T.Q2_K: (256, 84), T.IQ2_XXS: (256, 66), T.F16: (1, 2), T.F32: (1, 4), T.I32: (1, 4)}
+
+
+def flash_config(ratios: tuple[int, ...], **overrides) -> L.DS4Config:
+    """DS4 Flash's hyper-parameters (spec ds4.md §1) with the given layer schedule (no hash layers);
+    ``overrides`` replace fields (tests shrink the widths)."""
+    n = len(ratios)
+    return replace(L.DS4Config(
+        n_layer=n, n_embd=4096, n_vocab=129280, n_head=64, n_head_kv=1, head_dim=512, value_dim=512, n_rot=64,
+        q_lora_rank=1024, o_lora_rank=1024, o_groups=8, n_expert=256, n_expert_used=6, n_ff_exp=2048,
+        n_expert_shared=1, n_hash_layer=0, sliding_window=128, indexer_n_head=64, indexer_head_dim=128,
+        indexer_top_k=512, hc_count=4, hc_sinkhorn_iters=20, compress_ratios=tuple(ratios),
+        swiglu_clamp=(10.0,) * n, rope_orig_ctx=65536, rope_freq_base=10000.0, rope_scaling_factor=16.0,
+        yarn_beta_fast=32.0, yarn_beta_slow=1.0, compress_rope_freq_base=160000.0, expert_weights_scale=1.5,
+        rms_eps=1e-6, hc_eps=1e-6, expert_weights_norm=True, context_length=1048576), **overrides)
+
+
+def _f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n finite f16 values of magnitude [2^-7, 2^-6) with random sign and mantissa, as uint16."""
+    r = np.frombuffer(rng.bytes(2 * n), dtype=np.uint16)
+    return (r & np.uint16(0x83FF)) | np.uint16(0x2000)
+
+
+def random_tensor(rng: np.random.Generator, qtype: T, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Random but finite data of a GGML type, as the uint8 bytes (or F32/I32 array) a GGUF would hold."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if qtype == T.F32:
+        if name.endswith(("norm.weight",)):
+            return np.ones(n, np.float32)
+        return (rng.standard_normal(n).astype(np.float32) * 0.05).astype(np.float32)
+    if qtype == T.F16:
+        return _f16_bits(rng, n).view(np.uint8)
+    per, nb = BLOCK[qtype]
+    blocks = n // per
+    data = np.frombuffer(rng.bytes(blocks * nb), dtype=np.uint8).copy().reshape(blocks, nb)
+    scales = _f16_bits(rng, blocks * 2).view(np.uint8).reshape(blocks, 4)
+    if qtype == T.Q8_0:
+        data[:, 0:2] = scales[:, 0:2]
+    elif qtype == T.Q2_K:
+        data[:, 80:84] = scales
+    elif qtype == T.IQ2_XXS:
+        data[:, 0:2] = scales[:, 0:2]
+    return data.reshape(-1)
+
+
+class SyntheticModel(DS4Model):
+    """A DS4Model whose tensors are random arrays in memory (no file); ``base`` shares its arrays."""
+
+    def __init__(self, config: L.DS4Config, *, seed: int = 0, base: "SyntheticModel | None" = None):  # noqa: D107
+        self.path = Path(f"<synthetic flash, {config.n_layer} layers>")
+        self.config = config
+        self.specs = L.model_tensor_specs(config)
+        rng = np.random.default_rng(seed)
+        self.tensors = {}
+        for spec in self.specs:
+            if base is not None and spec.name in base.tensors and base.tensors[spec.name].shape == spec.shape:
+                self.tensors[spec.name] = base.tensors[spec.name]
+                continue
+            qt = choose_type(spec, "q2")
+            data = random_tensor(rng, qt, spec.shape, spec.name)
+            self.tensors[spec.name] = TensorInfo(spec.name, qt, tuple(spec.shape), 0, int(data.nbytes), data)
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(np.asarray(xs)))
+
+
+def _time_model(model: SyntheticModel, *, backend: str, ctx: int, n_decode: int, n_verify: int, verify_rows: int,
+                log) -> dict:
+    from ds4tui.engine.session import Engine
+
+    t0 = time.perf_counter()
+    eng = Engine(model, backend=backend)
+    log(f"  {model.config.n_layer} layers: engine open {time.perf_counter() - t0:.1f} s "
+        f"(device {eng.memory().device / 2**30:.1f} GiB)")
+    try:
+        s = eng.session(ctx + verify_rows + n_decode + 8, n_batch=64)
+        rng = np.random.default_rng(1)
+        prompt = rng.integers(100, 128000, ctx).tolist()
+        t0 = time.perf_counter()
+        s.prefill(prompt, logits="none")
+        log(f"  prefill {ctx} tokens: {time.perf_counter() - t0:.1f} s")
+        toks = rng.integers(100, 128000, n_decode + n_verify * verify_rows).tolist()
+        dec = []
+        for i in range(n_decode):  # one token per pass: the decode step (pending token run, last row out)
+            t = time.perf_counter()
+            s.prefill([toks[i]])
+            dec.append((time.perf_counter() - t) * 1e3)
+        ver = []
+        base = s.n_tokens
+        for i in range(n_verify):  # 1 + 5 rows with every row's logits, then rolled back: a verify pass
+            rows = toks[n_decode + i * verify_rows: n_decode + (i + 1) * verify_rows]
+            t = time.perf_counter()
+            s.prefill(rows, logits="all")
+            ver.append((time.perf_counter() - t) * 1e3)
+            s.truncate(base)
+        mem = eng.memory()
+        return {"layers": model.config.n_layer, "decode_ms": _median(dec[2:] or dec),
+                "verify_ms": _median(ver[1:] or ver), "device_bytes": mem.device}
+    finally:
+        eng.close()
+
+
+def bytes_per_token(model: SyntheticModel, ctx: int) -> dict:
+    """``DS4Model.bytes_per_token`` of the synthetic model (weights and KV read for one token)."""
+    return DS4Model.bytes_per_token(model, ctx)
+
+
+def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24, n_verify: int = 8,
+                    verify_rows: int = 6, target_layers: int = 43, log=print, **overrides) -> dict:
+    """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
+    ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU)."""
+    from ds4tui.engine import gpu
+
+    small_cfg = flash_config((4, 128), **overrides)
+    r0, r1 = small_cfg.compress_ratios
+    big_cfg = replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
+    t0 = time.perf_counter()
+    big = SyntheticModel(big_cfg, seed=0)
+    small = SyntheticModel(small_cfg, seed=0, base=big)
+    log(f"synthetic Flash weights built in {time.perf_counter() - t0:.1f} s "
+        f"({sum(t.nbytes for t in big.tensors.values()) / 2**30:.1f} GiB for 4 layers)")
+    bw = None
+    if backend == "hip":
+        info, why = gpu.probe()
+        if why:
+            raise RuntimeError(why)
+        from ds4tui import _native
+
+        ffi, lib = _native.ffi, _native.lib
+        gbs, err = ffi.new("double *"), ffi.new("char[512]")
+        if lib.ds4_gpu_bandwidth(info.library.encode(), 4 << 30, 10, gbs, err, 512) != 0:
+            raise RuntimeError(ffi.string(err).decode())
+        bw = gbs[0] * 1e9
+        log(f"device {info.device_name}: read bandwidth {gbs[0]:.0f} GB/s")
+    r2 = _time_model(small, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
+                     log=log)
+    r4 = _time_model(big, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
+                     log=log)
+    b2, b4 = bytes_per_token(small, ctx + n_decode // 2)["total"], bytes_per_token(big, ctx + n_decode // 2)["total"]
+    per_layer = {k: (r4[k] - r2[k]) / 2 for k in ("decode_ms", "verify_ms")}
+    fixed = {k: r2[k] - 2 * per_layer[k] for k in per_layer}
+    ext = {k: fixed[k] + target_layers * per_layer[k] for k in per_layer}
+    bytes_layer = (b4 - b2) / 2
+    bytes_tok = (b2 - 2 * bytes_layer) + target_layers * bytes_layer
+    tps = 1e3 / ext["decode_ms"]
+    eff = bytes_tok * tps
+    out = {
+        "backend": backend, "ctx": ctx, "target_layers": target_layers,
+        "measured": [r2, r4],
+        "per_layer_ms": per_layer, "fixed_ms": fixed,
+        "decode_ms": ext["decode_ms"], "verify_ms": ext["verify_ms"], "verify_rows": verify_rows,
+        "decode_tokens_per_s": tps,
+        "bytes_per_token": bytes_tok, "bytes_per_layer": bytes_layer,
+        "effective_bandwidth_gbs": eff / 1e9,
+        "measured_bandwidth_gbs": bw / 1e9 if bw else None,
+        "roofline_fraction": eff / bw if bw else None,
+        "verify_over_decode": ext["verify_ms"] / ext["decode_ms"],
+    }
+    return out
+
+
+def render(r: dict) -> str:
+    lines = [
+        f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, context {r['ctx']}, extrapolated to "
+        f"{r['target_layers']} layers",
+        "  measured: " + "; ".join(f"{m['layers']} layers decode {m['decode_ms']:.2f} ms, verify({r['verify_rows']} "
+                                   f"rows) {m['verify_ms']:.2f} ms" for m in r["measured"]),
+        f"  per layer: decode {r['per_layer_ms']['decode_ms']:.3f} ms, verify {r['per_layer_ms']['verify_ms']:.3f} ms;"
+        f" fixed (embedding, heads): decode {r['fixed_ms']['decode_ms']:.2f} ms",
+        f"  decode      {r['decode_tokens_per_s']:.1f} tokens/s ({r['decode_ms']:.2f} ms/token)",
+        f"  bytes/token {r['bytes_per_token'] / 2**30:.2f} GiB ({r['bytes_per_layer'] / 2**20:.0f} MiB per layer)",
+        f"  bandwidth   {r['effective_bandwidth_gbs']:.0f} GB/s effective"
+        + (f" of {r['measured_bandwidth_gbs']:.0f} GB/s measured: {r['roofline_fraction']:.2f} of roofline"
+           if r["measured_bandwidth_gbs"] else ""),
+        f"  verify(1+{r['verify_rows'] - 1} rows) / decode(1 row) = {r['verify_over_decode']:.2f}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Per-kernel profile of one decode step and one verify pass (1 + 5 rows) on synthetic full-width
+DS4 Flash layers (ds4tui.engine.synthetic), for Nsight Compute:
+
+    ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \\
+        --print-summary per-kernel python3 tools/gpu_profile.py [--ctx 2048] [--layers 2]
+
+The model is built and the context prefilled with profiling off; cuProfilerStart/Stop (libcuda)
+bracket the decode step and the verify pass, so only their kernels are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+
+import numpy as np
+
+from ds4tui.engine import synthetic
+from ds4tui.engine.session import Engine
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=2, help="layers, alternating CSA and HCA (default 2)")
+    args = ap.parse_args(argv)
+    ratios = tuple(4 if i % 2 == 0 else 128 for i in range(args.layers))
+    model = synthetic.SyntheticModel(synthetic.flash_config(ratios), seed=0)
+    eng = Engine(model, backend="hip")
+    s = eng.session(args.ctx + 16, n_batch=64)
+    rng = np.random.default_rng(1)
+    s.prefill(rng.integers(100, 128000, args.ctx).tolist(), logits="none")
+    s.prefill([5000])  # warm
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuProfilerStart()
+    t = time.perf_counter()
+    s.prefill([5001])
+    t_dec = time.perf_counter() - t
+    base = s.n_tokens
+    t = time.perf_counter()
+    s.prefill([5002, 5003, 5004, 5005, 5006, 5007], logits="all")
+    t_ver = time.perf_counter() - t
+    cuda.cuProfilerStop()
+    s.truncate(base)
+    print(f"decode {t_dec * 1e3:.2f} ms, verify(6 rows) {t_ver * 1e3:.2f} ms (wall, under the profiler)",
+          file=sys.stderr)
+    eng.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
