@@ -587,12 +587,16 @@ class DS4App(App):
             self.engine.stop()
         self.workers.cancel_group(self, "generation")
         await self.workers.wait_for_complete()
+        if self.telemetry is not None:
+            self.telemetry.close()
+        self.exit()  # the caller closes the engine once the terminal is restored (close() may print)
+
+    def close_engine(self) -> None:
+        """Free the engine (after the app has exited: with DS4_DSPARK_STATS=1 this prints ds4's
+        stats line to stderr)."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
-        if self.telemetry is not None:
-            self.telemetry.close()
-        self.exit()
 
 
 def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:

@@ -71,5 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from ds4tui.app import DS4App
 
     app = DS4App(options)
-    app.run()
+    try:
+        app.run()
+    finally:
+        app.close_engine()
     return int(app.return_code or 0)
