@@ -123,37 +123,31 @@ __global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
 mm_gather_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
                  int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div,
                  float *__restrict__ Y, int64_t ldy) {
-    const int lane = threadIdx.x, wp = threadIdx.y;
-    const int64_t r = blockIdx.x; /* one row per block: MM_WARPS warps split its chunks */
+    const int lane = threadIdx.x;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + threadIdx.y; /* one warp per row: rows x slots is large */
+    if (r >= rows) return;
     const int64_t slot = blockIdx.y;
     const uint8_t *row = W + (int64_t)ids[slot] * mat_bytes + r * row_bytes;
     const float *xs = X + (slot / x_div) * ldx;
     float acc = 0.0f;
     const int64_t nchunk = (cols + 7) / 8;
-#pragma unroll 2
-    for (int64_t c = wp * GPU_WARP + lane; c < nchunk; c += GPU_WARP * MM_WARPS) {
+#pragma unroll 4
+    for (int64_t c = lane; c < nchunk; c += GPU_WARP) {
         const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
         float w[8];
         Chunk<TYPE>::load(row, c, m, w);
         const float *x = xs + 8 * c;
         for (int j = 0; j < m; j++) acc = fmaf(w[j], x[j], acc);
     }
-    __shared__ float part[MM_WARPS];
     const float v = gpu_warp_sum(acc);
-    if (lane == 0) part[wp] = v;
-    __syncthreads();
-    if (wp == 0 && lane == 0) {
-        float s = part[0];
-        for (int k = 1; k < MM_WARPS; k++) s += part[k];
-        Y[slot * ldy + r] = s;
-    }
+    if (lane == 0) Y[slot * ldy + r] = v;
 }
 
 int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                   float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n_slots <= 0) return DS4_OK;
-    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)rows, (unsigned)n_slots);
+    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)n_slots);
     GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids, rows, cols,
                     row_bytes, X, ldx, x_div, Y, ldy)
     GPU_TRY(hipGetLastError(), "GPU expert matmul launch");

@@ -151,22 +151,26 @@ __global__ void embed_kernel(const uint8_t *W, int64_t row_bytes, int H, const i
     }
 }
 
-__global__ void rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const float *w, float *out,
-                                int64_t ldo) {
-    __shared__ float red[OPS_THREADS / GPU_WARP];
+#define NORM_THREADS 1024
+
+__global__ void __launch_bounds__(NORM_THREADS)
+rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const float *w, float *out, int64_t ldo) {
+    __shared__ float red[NORM_THREADS / GPU_WARP];
     rms_row_(x + blockIdx.x * ldx, width, eps, w, out + blockIdx.x * ldo, red);
 }
 
 #define MAXHC 16
 
-/* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order. */
+/* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order, computed in local
+ * arrays (global memory round trips made the Sinkhorn loop latency-bound) and stored once. */
 __global__ void hc_mix_kernel(const float *hcm, int n, int HC, float s0, float s1, float s2, const float *base,
                               float eps, int iters, float *pre, float *post, float *comb) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const int mix = 2 * HC + HC * HC;
     const float *m = hcm + (int64_t)t * mix;
-    float *pr = pre + (int64_t)t * HC, *po = post + (int64_t)t * HC, *cb = comb + (int64_t)t * HC * HC;
+    float *pr = pre + (int64_t)t * HC, *po = post + (int64_t)t * HC;
+    float cb[MAXHC * MAXHC];
     for (int a = 0; a < HC; a++) {
         pr[a] = sigmoidf_(s0 * m[a] + base[a]) + eps;
         po[a] = 2.0f * sigmoidf_(s1 * m[HC + a] + base[HC + a]);
@@ -194,6 +198,8 @@ __global__ void hc_mix_kernel(const float *hcm, int n, int HC, float s0, float s
             for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
         }
     }
+    float *out = comb + (int64_t)t * HC * HC;
+    for (int i = 0; i < HC * HC; i++) out[i] = cb[i];
 }
 
 /* x[t, d] = sum_a w[t, a] X[t, a, d] (ascending a, as the CPU). */
@@ -296,33 +302,41 @@ __global__ void compress_emit_kernel(int W, int R, int overlap, const float *rin
     }
 }
 
-/* One block per token: scores of the visible compressed rows, then the top_k by (score desc, index
- * asc) written in ascending index order (forward.c's indexer_slice). */
-__global__ void indexer_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys,
-                               int ratio, int top_k, float scale, float *score, int max_vis, int32_t *sel,
-                               int32_t *nsel) {
+/* Indexer scores (forward.c's indexer_slice): one warp per (token, compressed row), lanes split the
+ * head dim; per head the dot is reduced over the warp and lane 0 adds iw[h] * relu(dot) * scale in
+ * head order.  Tokens with at most top_k visible rows are skipped (they attend to every row). */
+#define IDX_WARPS 8
+__global__ void __launch_bounds__(IDX_WARPS * GPU_WARP)
+indexer_score_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys, int ratio,
+                     int top_k, float scale, float *score, int max_vis) {
+    const int t = blockIdx.y;
+    const int64_t n_vis = (p0 + t + 1) / ratio;
+    if (n_vis <= top_k) return;
+    const int lane = threadIdx.x % GPU_WARP;
+    const int64_t c = (int64_t)blockIdx.x * IDX_WARPS + threadIdx.x / GPU_WARP;
+    if (c >= n_vis) return;
+    const float *q = qi + (int64_t)t * IH * ID, *wt = iw + (int64_t)t * IH, *key = keys + c * ID;
+    float sc = 0.0f;
+    for (int h = 0; h < IH; h++) {
+        float dot = 0.0f;
+        for (int j = lane; j < ID; j += GPU_WARP) dot = fmaf(q[h * ID + j], key[j], dot);
+        dot = gpu_warp_sum(dot);
+        sc += wt[h] * ((dot > 0.0f ? dot : 0.0f) * scale);
+    }
+    if (lane == 0) score[(int64_t)t * max_vis + c] = sc;
+}
+
+/* One block per token: the top_k rows by (score desc, index asc), written in ascending index order;
+ * nsel[t] = top_k, or -1 when every visible row is attended. */
+__global__ void indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int max_vis, int32_t *sel,
+                                      int32_t *nsel) {
     const int t = blockIdx.x;
-    const int64_t p = p0 + t;
-    const int64_t n_vis = (p + 1) / ratio;
+    const int64_t n_vis = (p0 + t + 1) / ratio;
     if (n_vis <= top_k) {
         if (threadIdx.x == 0) nsel[t] = -1;
         return;
     }
-    float *s = score + (int64_t)t * max_vis;
-    const float *q = qi + (int64_t)t * IH * ID, *wt = iw + (int64_t)t * IH;
-    for (int64_t c = threadIdx.x; c < n_vis; c += blockDim.x) {
-        const float *key = keys + c * ID;
-        float sc = 0.0f;
-        for (int h = 0; h < IH; h++) {
-            float dot = 0.0f;
-            for (int j = 0; j < ID; j++) dot = fmaf(q[h * ID + j], key[j], dot);
-            sc += wt[h] * ((dot > 0.0f ? dot : 0.0f) * scale);
-        }
-        s[c] = sc;
-    }
-    __syncthreads();
-    /* rank of c = rows that sort before it; kept when rank < top_k; kept indices are compacted in
-     * ascending order. */
+    const float *s = score + (int64_t)t * max_vis;
     int32_t *out = sel + (int64_t)t * top_k;
     __shared__ int count;
     __shared__ int flags[OPS_THREADS];
@@ -340,7 +354,6 @@ __global__ void indexer_kernel(const float *qi, const float *iw, int64_t p0, int
             }
             keep = rank < top_k;
         }
-        /* ascending order within this chunk, compacted by thread 0 */
         flags[threadIdx.x] = keep;
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -446,36 +459,63 @@ __device__ float sqrt_softplus_(float x) {
     return sqrtf(sp);
 }
 
-__global__ void moe_route_kernel(float *scores, int n, int E, int K, const int32_t *tid2eid, const int32_t *tokens,
-                                 const float *bias, int norm, int ds4n, float wscale, int32_t *sel, float *wsel) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
+/* One block per token: sqrt(softplus) of every expert's score in parallel, then K rounds of a
+ * block argmax of score + bias over the unused experts (ties to the lowest id, as forward.c's
+ * loop), or the hash table's row; the weights by one thread in the CPU's order. */
+#define ROUTE_THREADS 256
+__global__ void __launch_bounds__(ROUTE_THREADS)
+moe_route_kernel(float *scores, int E, int K, const int32_t *tid2eid, const int32_t *tokens, const float *bias,
+                 int norm, int ds4n, float wscale, int32_t *sel, float *wsel) {
+    __shared__ float bv_s[ROUTE_THREADS / GPU_WARP];
+    __shared__ int bi_s[ROUTE_THREADS / GPU_WARP];
+    __shared__ int chosen[32];
+    const int t = blockIdx.x;
     float *st = scores + (int64_t)t * E;
-    for (int x = 0; x < E; x++) st[x] = sqrt_softplus_(st[x]);
+    for (int x = threadIdx.x; x < E; x += blockDim.x) st[x] = sqrt_softplus_(st[x]);
+    __syncthreads();
     int32_t *sl = sel + (int64_t)t * K;
     float *ws = wsel + (int64_t)t * K;
     if (tid2eid) {
-        for (int k = 0; k < K; k++) sl[k] = tid2eid[(int64_t)tokens[t] * K + k];
+        if (threadIdx.x < K) chosen[threadIdx.x] = tid2eid[(int64_t)tokens[t] * K + threadIdx.x];
     } else {
+        const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
         for (int k = 0; k < K; k++) {
-            int best = -1;
             float bv = -INFINITY;
-            for (int x = 0; x < E; x++) {
+            int bi = -1;
+            for (int x = threadIdx.x; x < E; x += blockDim.x) {
                 int used = 0;
-                for (int j = 0; j < k; j++) used |= sl[j] == x;
-                float v = st[x] + bias[x];
-                if (!used && (best < 0 || v > bv)) { best = x; bv = v; }
+                for (int j = 0; j < k; j++) used |= chosen[j] == x;
+                const float v = st[x] + bias[x];
+                if (!used && (bi < 0 || v > bv)) { bv = v; bi = x; }
             }
-            sl[k] = best;
+            for (int m = GPU_WARP / 2; m > 0; m >>= 1) { /* max value, then lowest id */
+                const float ov = gpu_shfl_xor(bv, m);
+                const int oi = gpu_shfl_xor_int(bi, m);
+                if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+            }
+            if (lane == 0) { bv_s[wp] = bv; bi_s[wp] = bi; }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float b = bv_s[0];
+                int i = bi_s[0];
+                for (int w = 1; w < (int)(blockDim.x / GPU_WARP); w++)
+                    if (bi_s[w] >= 0 && (i < 0 || bv_s[w] > b || (bv_s[w] == b && bi_s[w] < i))) { b = bv_s[w]; i = bi_s[w]; }
+                chosen[k] = i;
+            }
+            __syncthreads();
         }
     }
-    float total = 0.0f;
-    for (int k = 0; k < K; k++) { ws[k] = st[sl[k]]; total += ws[k]; }
-    if (norm) {
-        total = ds4n ? (total < 6.1035e-5f ? 6.1035e-5f : total) : total + 1e-20f;
-        for (int k = 0; k < K; k++) ws[k] /= total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < K; k++) sl[k] = chosen[k];
+        float total = 0.0f;
+        for (int k = 0; k < K; k++) { ws[k] = st[sl[k]]; total += ws[k]; }
+        if (norm) {
+            total = ds4n ? (total < 6.1035e-5f ? 6.1035e-5f : total) : total + 1e-20f;
+            for (int k = 0; k < K; k++) ws[k] /= total;
+        }
+        for (int k = 0; k < K; k++) ws[k] *= wscale;
     }
-    for (int k = 0; k < K; k++) ws[k] *= wscale;
 }
 
 __global__ void swiglu_kernel(float *a, const float *b, int64_t n, float clamp) {
@@ -545,8 +585,9 @@ int gpu_embed(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t row_bytes, in
 int gpu_rms_norm(ds4_gpu_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps, const float *w,
                  float *out, int64_t ldo, char *err, size_t len) {
     if (rows <= 0) return DS4_OK;
-    hipLaunchKernelGGL(rms_norm_kernel, dim3((unsigned)rows), dim3(OPS_THREADS), 0, c->stream, x, ldx, width, eps, w,
-                       out, ldo);
+    const int threads = width >= 4 * NORM_THREADS ? NORM_THREADS : OPS_THREADS; /* the HC-wide rows get more */
+    hipLaunchKernelGGL(rms_norm_kernel, dim3((unsigned)rows), dim3(threads), 0, c->stream, x, ldx, width, eps, w, out,
+                       ldo);
     return ops_check("rms_norm kernel", err, len);
 }
 
@@ -618,8 +659,15 @@ int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int
                 const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
                 int32_t *sel, int32_t *nsel, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
-    hipLaunchKernelGGL(indexer_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio,
-                       top_k, scale, score, max_vis, sel, nsel);
+    const int64_t max_n_vis = (p0 + n) / ratio;
+    if (max_n_vis > top_k) {
+        hipLaunchKernelGGL(indexer_score_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS), n), dim3(IDX_WARPS * GPU_WARP),
+                           0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale, score, max_vis);
+        int rc = ops_check("indexer score kernel", err, len);
+        if (rc != DS4_OK) return rc;
+    }
+    hipLaunchKernelGGL(indexer_select_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, p0, ratio, top_k, score,
+                       max_vis, sel, nsel);
     return ops_check("indexer kernel", err, len);
 }
 
@@ -640,8 +688,8 @@ int gpu_moe_route(ds4_gpu_ctx *c, float *scores, int32_t n, int32_t E, int32_t K
                   float *wsel, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
     if (K > MAXK) return gpu_fail(err, len, DS4_E_UNSUPPORTED, "n_expert_used %d > %d", K, MAXK);
-    hipLaunchKernelGGL(moe_route_kernel, dim3(blocks_for(n, 32)), dim3(32), 0, c->stream, scores, n, E, K, tid2eid,
-                       tokens, bias, norm, ds4n, scale, sel, wsel);
+    hipLaunchKernelGGL(moe_route_kernel, dim3(n), dim3(ROUTE_THREADS), 0, c->stream, scores, E, K, tid2eid, tokens,
+                       bias, norm, ds4n, scale, sel, wsel);
     return ops_check("moe_route kernel", err, len);
 }
 
