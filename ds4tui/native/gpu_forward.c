@@ -30,6 +30,7 @@ struct ds4_gpu_session {
     gpu_cache *lc;                         /* [n_layer] device pointers */
     int32_t B, max_vis, keys_cap, FF;      /* rows per pass, indexer scores per token, keys per head, FFN width */
     int32_t *tokens, *sel_comp, *nsel_comp, *sel;
+    int32_t *grp_ids;                      /* [B * o_groups]: slot % o_groups, the grouped output's matrix ids */
     float *X, *X3, *X2, *hcm, *pre, *post, *comb, *x, *xn, *qr, *q, *kvr, *att, *u, *y, *cbuf, *zbuf, *qi, *iw;
     float *iscore, *scores, *wsel, *ge, *he, *oe, *shg, *shh, *sho, *lm, *hm, *hw, *logits, *att_sc;
     float *host_X;                         /* host staging of captured stream rows [B, HC*H] */
@@ -187,8 +188,16 @@ int ds4_gpu_session_init(ds4_session *s, uint64_t *kv_bytes, uint64_t *cmp_bytes
     d->shg = DF(B * (FS ? FS : 1)); d->shh = DF(B * (FS ? FS : 1)); d->sho = DF(B * H);
     d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(B * c->n_vocab);
     d->att_sc = DF(B * NH * keys_cap);
+    d->grp_ids = DI(B * c->o_groups);
 #undef DF
 #undef DI
+    if (rc != DS4_OK) return rc;
+    int32_t *ids = malloc((size_t)(B * c->o_groups) * sizeof *ids);
+    if (!ids) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    for (int64_t i = 0; i < B * c->o_groups; i++) ids[i] = (int32_t)(i % c->o_groups);
+    rc = e->gpu->copy(e->gpu_ctx, d->grp_ids, ids, (size_t)(B * c->o_groups) * sizeof *ids, 0, err, len);
+    if (rc == DS4_OK) rc = e->gpu->sync(e->gpu_ctx, err, len);
+    free(ids);
     if (rc != DS4_OK) return rc;
     d->host_X = malloc((size_t)(B * HC * H) * F4);
     if (!d->host_X) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
@@ -212,13 +221,6 @@ typedef struct {
 
 static int mm(pass *P, const ds4_w *w, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     G(P->g->mm(P->cx, w->type, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
-    return DS4_OK;
-}
-
-static int mm_rows(pass *P, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n, float *Y,
-                   int64_t ldy) {
-    G(P->g->mm(P->cx, w->type, w->dev + (size_t)r0 * w->row_bytes, nr, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y,
-               ldy, M));
     return DS4_OK;
 }
 
@@ -303,10 +305,10 @@ static int attention(pass *P, int L, int n, int64_t p0) {
                    d->att, M));
     /* output: inverse RoPE, grouped low-rank projection */
     G(P->g->norm_rope(P->cx, d->att, (int64_t)n * NH, D, NH, -1.0f, NULL, freq, nr, p0, 1, 0, M));
+    /* group g of token t is slot t*G + g: rows [g*R, (g+1)*R) of out_a times att[t, g*gw ..] into u[t, g*R ..] */
     const int G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
-    for (int g = 0; g < G_; g++)
-        TRYP(mm_rows(P, &l->out_a, (int64_t)g * R, R, d->att + (size_t)g * gw, (int64_t)NH * D, n, d->u + (size_t)g * R,
-                     (int64_t)G_ * R));
+    G(P->g->mm_gather(P->cx, l->out_a.type, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
+                      l->out_a.cols, (int64_t)l->out_a.row_bytes, d->att, gw, 1, (int64_t)n * G_, d->u, R, M));
     TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, n, d->y, H));
     return DS4_OK;
 }

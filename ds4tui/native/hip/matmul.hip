@@ -8,8 +8,8 @@
  * so GPU and CPU differ only by float32 summation order.  (An 8-bit activation path with dp4a /
  * v_dot4 changes numerics; it will be an explicit engine option, never a silent default.)
  *
- * Layout: one 32-lane warp per weight row (or MM_WARPS warps for matrices of fewer than
- * MM_SHORT_ROWS rows); lane l takes the 8-element chunks l, l+32, l+64, ... (32 x 8 = 256 elements
+ * Layout: one 32-lane warp per weight row (MM_WARPS warps for matrices of fewer than
+ * MM_SHORT_ROWS rows, MM_TINY_WARPS for fewer than MM_TINY_ROWS); lane l takes the 8-element chunks l, l+32, l+64, ... (32 x 8 = 256 elements
  * per warp step: one K-quant super-block), and up to MM_NT tokens share each chunk's dequantised
  * weights.  A token's accumulator sees the same operations whatever the
  * batch size, so results are batch-invariant (greedy DSpark verification relies on it), and the
@@ -29,7 +29,7 @@ int gpu_matmul_init(char *err, size_t len) { return quant_tables_init(err, len);
  * for short ones, so that a matvec with a few thousand rows still keeps every multiprocessor busy.
  * The choice depends only on the matrix shape, never on the token count (batch invariance). */
 template <int TYPE, int WPR>
-__global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
+__global__ void __launch_bounds__(GPU_WARP * (WPR > MM_WARPS ? WPR : MM_WARPS))
 mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row_bytes,
           const float *__restrict__ X, int64_t ldx, int64_t n, float *__restrict__ Y, int64_t ldy) {
     const int lane = threadIdx.x, wp = threadIdx.y;
@@ -62,7 +62,7 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
             if (lane == 0 && t < nt) Y[(t0 + t) * ldy + r] = v;
         }
     } else {
-        __shared__ float part[MM_NT][MM_WARPS];
+        __shared__ float part[MM_NT][WPR];
 #pragma unroll
         for (int t = 0; t < MM_NT; t++) {
             const float v = gpu_warp_sum(acc[t]);
@@ -71,21 +71,27 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
         __syncthreads();
         if (wp == 0 && lane < nt) {
             float v = part[lane][0];
-            for (int k = 1; k < MM_WARPS; k++) v += part[lane][k];
+            for (int k = 1; k < WPR; k++) v += part[lane][k];
             Y[(t0 + lane) * ldy + r] = v;
         }
     }
 }
 
-/* Rows below which a row gets MM_WARPS warps. */
+/* Rows below which a row gets MM_WARPS warps, and below which it gets MM_TINY_WARPS (the HC
+ * control and router matrices: a few dozen to a few hundred rows of up to 16384 columns). */
 #define MM_SHORT_ROWS 8192
+#define MM_TINY_ROWS 320
+#define MM_TINY_WARPS 32
 
 template <int TYPE>
 static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     const dim3 block(GPU_WARP, MM_WARPS);
     const unsigned gy = (unsigned)((n + MM_NT - 1) / MM_NT);
-    if (rows < MM_SHORT_ROWS)
+    if (rows < MM_TINY_ROWS)
+        hipLaunchKernelGGL((mm_kernel<TYPE, MM_TINY_WARPS>), dim3((unsigned)rows, gy), dim3(GPU_WARP, MM_TINY_WARPS), 0,
+                           st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (rows < MM_SHORT_ROWS)
         hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
                            row_bytes, X, ldx, n, Y, ldy);
     else

@@ -161,44 +161,59 @@ rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const flo
 
 #define MAXHC 16
 
-/* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order, computed in local
- * arrays (global memory round trips made the Sinkhorn loop latency-bound) and stored once. */
-__global__ void hc_mix_kernel(const float *hcm, int n, int HC, float s0, float s1, float s2, const float *base,
+/* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order.  HCT is the
+ * stream count when known at compile time (4 for DS4: the Sinkhorn matrix stays in registers), or
+ * 0 for any count up to MAXHC (local arrays). */
+template <int HCT>
+__global__ void hc_mix_kernel(const float *hcm, int n, int hc, float s0, float s1, float s2, const float *base,
                               float eps, int iters, float *pre, float *post, float *comb) {
+    const int HC = HCT ? HCT : hc;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const int mix = 2 * HC + HC * HC;
     const float *m = hcm + (int64_t)t * mix;
     float *pr = pre + (int64_t)t * HC, *po = post + (int64_t)t * HC;
-    float cb[MAXHC * MAXHC];
+    float cb[(HCT ? HCT : MAXHC) * (HCT ? HCT : MAXHC)];
+#pragma unroll
     for (int a = 0; a < HC; a++) {
         pr[a] = sigmoidf_(s0 * m[a] + base[a]) + eps;
         po[a] = 2.0f * sigmoidf_(s1 * m[HC + a] + base[HC + a]);
     }
+#pragma unroll
     for (int a = 0; a < HC; a++) {
         float *r = cb + a * HC, mx = -INFINITY, sum = 0.0f;
+#pragma unroll
         for (int b = 0; b < HC; b++) {
             r[b] = s2 * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
             if (r[b] > mx) mx = r[b];
         }
+#pragma unroll
         for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
+#pragma unroll
         for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
     }
     for (int it = 0; it < iters; it++) {
         if (it > 0) {
+#pragma unroll
             for (int a = 0; a < HC; a++) {
                 float sum = 0.0f;
+#pragma unroll
                 for (int b = 0; b < HC; b++) sum += cb[a * HC + b];
+#pragma unroll
                 for (int b = 0; b < HC; b++) cb[a * HC + b] /= sum + eps;
             }
         }
+#pragma unroll
         for (int b = 0; b < HC; b++) {
             float sum = 0.0f;
+#pragma unroll
             for (int a = 0; a < HC; a++) sum += cb[a * HC + b];
+#pragma unroll
             for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
         }
     }
     float *out = comb + (int64_t)t * HC * HC;
+#pragma unroll
     for (int i = 0; i < HC * HC; i++) out[i] = cb[i];
 }
 
@@ -596,8 +611,12 @@ int gpu_hc_pre(ds4_gpu_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t 
                float *comb, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
     if (HC > MAXHC) return gpu_fail(err, len, DS4_E_UNSUPPORTED, "hc_count %d > %d", HC, MAXHC);
-    hipLaunchKernelGGL(hc_mix_kernel, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2, base,
-                       eps, iters, pre, post, comb);
+    if (HC == 4)
+        hipLaunchKernelGGL(hc_mix_kernel<4>, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2,
+                           base, eps, iters, pre, post, comb);
+    else
+        hipLaunchKernelGGL(hc_mix_kernel<0>, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2,
+                           base, eps, iters, pre, post, comb);
     int rc = ops_check("hc_pre mix kernel", err, len);
     if (rc != DS4_OK) return rc;
     hipLaunchKernelGGL(hc_collapse_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X,
