@@ -10,7 +10,7 @@
 
 /* In global memory, not __constant__: lanes index the tables divergently, which the constant cache
  * serialises (measured on an H200: IQ2_XXS matvec at 23 GB/s with __constant__ tables). */
-static __device__ uint8_t c_iq2_grid[256][8];
+static __device__ __attribute__((aligned(8))) uint8_t c_iq2_grid[256][8];
 static __device__ uint8_t c_iq2_ksigns[128];
 
 /* The IQ2_XXS grid and sign tables into this translation unit's constant memory. */
@@ -62,27 +62,34 @@ template <> struct Chunk<DS4_TYPE_Q8_0> {
  * element e: code = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3, x = d*sc*code - dmin*mn. */
 template <> struct Chunk<DS4_TYPE_Q2_K> {
     static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
-        const uint8_t *blk = row + 84 * (c >> 5);
+        const uint8_t *blk = row + 84 * (c >> 5); /* 4-byte aligned: rows are multiples of 84 bytes */
         const int k = (int)(c & 31), h = k >> 4, sh = 2 * ((k >> 2) & 3), l0 = 8 * (k & 3), sb = k >> 1;
-        const float d = h2f(rd16(blk + 80)), dmin = h2f(rd16(blk + 82));
-        const float dl = d * (float)(blk[sb] & 15), ml = dmin * (float)(blk[sb] >> 4);
-        const uint8_t *qs = blk + 16 + 32 * h + l0;
-        for (int j = 0; j < 8; j++) w[j] = dl * (float)((qs[j] >> sh) & 3) - ml;
+        const uint32_t dd = *(const uint32_t *)(blk + 80);
+        const float d = h2f((uint16_t)(dd & 0xffff)), dmin = h2f((uint16_t)(dd >> 16));
+        const uint8_t scm = blk[sb];
+        const float dl = d * (float)(scm & 15), ml = dmin * (float)(scm >> 4);
+        const uint32_t *qs = (const uint32_t *)(blk + 16 + 32 * h + l0);
+        const uint32_t q0 = qs[0] >> sh, q1 = qs[1] >> sh;
+        for (int j = 0; j < 4; j++) {
+            w[j] = dl * (float)((q0 >> (8 * j)) & 3) - ml;
+            w[4 + j] = dl * (float)((q1 >> (8 * j)) & 3) - ml;
+        }
     }
 };
 /* IQ2_XXS: f16 d, then 8 groups of 32: 4 grid indices (bytes) and a u32 whose 4 x 7 low bits
  * index the sign table and whose top 4 bits are the group scale; x = d*(0.5+s)/4 * grid * sign. */
 template <> struct Chunk<DS4_TYPE_IQ2_XXS> {
     static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, float w[8]) {
-        const uint8_t *blk = row + 66 * (c >> 5);
+        const uint8_t *blk = row + 66 * (c >> 5); /* 2-byte aligned: rows are multiples of 66 bytes */
         const int k = (int)(c & 31), ib = k >> 2, kk = k & 3;
-        const uint8_t *g = blk + 2 + 8 * ib;
-        const uint32_t sw = (uint32_t)rd16(g + 4) | ((uint32_t)rd16(g + 6) << 16);
-        const float db = h2f(rd16(blk)) * (0.5f + (float)(sw >> 28)) * 0.25f;
-        const uint8_t *grid = c_iq2_grid[g[kk]];
+        const uint16_t *g = (const uint16_t *)(blk + 2 + 8 * ib);
+        const uint32_t sw = (uint32_t)g[2] | ((uint32_t)g[3] << 16);
+        const uint8_t idx = (uint8_t)(g[kk >> 1] >> (8 * (kk & 1)));
+        const float db = h2f(*(const uint16_t *)blk) * (0.5f + (float)(sw >> 28)) * 0.25f;
+        const uint64_t grid = *(const uint64_t *)c_iq2_grid[idx]; /* one 8-byte load of the 8 magnitudes */
         const uint8_t signs = c_iq2_ksigns[(sw >> (7 * kk)) & 127];
         for (int j = 0; j < 8; j++) {
-            float v = db * (float)grid[j];
+            float v = db * (float)(uint8_t)(grid >> (8 * j));
             w[j] = (signs >> j) & 1 ? -v : v;
         }
     }
