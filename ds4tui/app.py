@@ -26,12 +26,13 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
+from textual.worker import WorkerCancelled, WorkerFailed
 
 from ds4tui.engine import worker as W
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
-from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage
+from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
 from ds4tui.widgets.dialogs import ErrorDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
@@ -90,12 +91,20 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("chat.new", "ctrl+n", "new_chat", "New", "New chat", "Clear the conversation and its KV cache", True),
     ("chat.save", "ctrl+s", "save_transcript", "Save", "Save transcript",
      "Write the chat as Markdown and as JSON with per-turn stats", True),
+    ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
+     "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
 )
 
 
 @dataclass(frozen=True)
 class EngineReady:
     engine: Any
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    title: str
+    message: str
 
 
 def _stamp() -> str:
@@ -115,13 +124,19 @@ class DS4App(App):
     #main { height: 1fr; }
     #chat-column { width: 1fr; }
     #side { width: 58; border-left: vkey $primary-darken-2; }
+    Screen.-narrow #side { display: none; }
+    Screen.-narrow.panes-shown #side { display: block; width: 100%; }
+    Screen.-narrow.panes-shown #chat-column { display: none; }
+    Screen.-wide.panes-hidden #side { display: none; }
     #histograms { height: auto; }
     #status { height: 1; padding: 0 1; color: $text-muted; }
     #progress { display: none; height: 1; padding: 0 1; }
     #progress.active { display: block; }
     PromptInput { margin: 0 1; }
     """
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     BINDINGS = [Binding(key, action, label, show=show, id=bid) for bid, key, action, label, _, _, show in ACTIONS] + [
+        Binding("ctrl+q", "quit", "Quit", show=True, priority=True, id="app.quit"),
         Binding("minus", f"threshold({-THRESHOLD_STEP})", "Conf−", show=False, id="dspark.threshold_down_key"),
         Binding("plus", f"threshold({THRESHOLD_STEP})", "Conf+", show=False, id="dspark.threshold_up_key"),
     ]
@@ -148,6 +163,7 @@ class DS4App(App):
         self._draining = False
         self._generating = False
         self._panes_t = 0.0
+        self.load_error: str | None = None
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -188,10 +204,27 @@ class DS4App(App):
     def _load(self) -> None:
         try:
             engine = self.engine_factory(self.options, self.queue.put)
-        except Exception as exc:  # every load error is shown; the app stays usable
-            self.queue.put(W.Failed(f"cannot open {self.options.model}", str(exc) or type(exc).__name__))
+        except Exception as exc:  # every load error is shown; the app stays up to show it
+            path = str(getattr(exc, "path", "") or "")
+            which = ("the support model" if self.options.support and path and Path(path) == Path(self.options.support)
+                     else "the model")
+            self.queue.put(LoadFailed(f"cannot open {which}", str(exc) or type(exc).__name__))
             return
         self.queue.put(EngineReady(engine))
+
+    def _load_failed(self, ev: "LoadFailed") -> None:
+        self.load_error = f"{ev.title}: {ev.message}"
+        self._progress(None)
+        self.sub_title = "no model loaded"
+        welcome = self.query("#welcome")
+        if welcome:
+            welcome.first().update(Content.assemble(("No model loaded. ", "bold $error"), ev.message, (
+                "\nQuit with Ctrl+Q and start again with a valid file.", "$text-muted")))
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.disabled = True
+        prompt.placeholder = "no model loaded — Ctrl+Q quits"
+        self._set_status("no model loaded · Ctrl+Q quits")
+        self._error(ev.title, ev.message)
 
     def _engine_ready(self, engine) -> None:
         self.engine = engine
@@ -222,9 +255,13 @@ class DS4App(App):
 
     # ---- the 10 Hz drain ----------------------------------------------------------------------------
 
+    def _panes_mounted(self) -> bool:
+        """False while the app shuts down (timers can still fire after the widgets left)."""
+        return self.is_running and bool(self.query("#memory"))
+
     async def flush(self) -> None:
         """Handle every queued engine event (the 10 Hz timer calls this)."""
-        if self._draining:
+        if self._draining or not self._panes_mounted():
             return
         self._draining = True
         try:
@@ -252,6 +289,8 @@ class DS4App(App):
                     self._load_progress(ev)
                 elif isinstance(ev, EngineReady):
                     self._engine_ready(ev.engine)
+                elif isinstance(ev, LoadFailed):
+                    self._load_failed(ev)
             if pending:
                 await self._write(pending)
             if snap is not None:
@@ -276,7 +315,7 @@ class DS4App(App):
         view = self.timeline.view()
         st = snap.dspark
         info = self.engine.info if self.engine is not None else None
-        self.query_one("#accept", AcceptPane).show(st, view)
+        self.query_one("#accept", AcceptPane).show(st, view, support_status=info.support_status if info else "none")
         block = st.block_size if st is not None else 0
         self.query_one("#draft-hist", Histogram).show(st.draft_len_hist if st is not None else [0] * (block + 1))
         self.query_one("#accepted-hist", Histogram).show(st.accepted_len_hist if st is not None else [0] * (block + 1))
@@ -300,7 +339,7 @@ class DS4App(App):
         self.query_one("#knobs", KnobsPane).show(knobs, note=note, block=e.info.block_size or 16)
 
     def sample_memory(self) -> None:
-        if self.telemetry is None or self.engine is None:
+        if self.telemetry is None or self.engine is None or not self._panes_mounted():
             return
         s = self.telemetry.sample()
         self.last_sample = s
@@ -387,7 +426,7 @@ class DS4App(App):
             if r.reason == "error" and not n:
                 summary = "not answered (see the error); this prompt is not part of the conversation"
             else:
-                summary = (f"{n} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
+                summary = (f"{plural(n, 'token')} · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
                            if n else "0 tokens")
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
             await self.current.finish(summary)
@@ -469,6 +508,14 @@ class DS4App(App):
             return
         self._knob(max_draft=int(event.value))
 
+    @on(Input.Blurred, "#threshold, #max-draft")
+    def _knob_input_left(self) -> None:
+        self._show_knobs()
+
+    def action_toggle_panes(self) -> None:
+        screen = self.screen
+        screen.toggle_class("panes-shown" if screen.has_class("-narrow") else "panes-hidden")
+
     def action_toggle_trace(self) -> None:
         self.trace = not self.trace
         for m in self.query(AssistantMessage):
@@ -486,6 +533,7 @@ class DS4App(App):
             return
         if self.engine is not None:
             self.engine.new_chat()
+            self._apply_snapshot(self.engine.snapshot(generating=False))
         self.messages.clear()
         self.turns.clear()
         await self.query_one("#transcript", ChatView).remove_children()
@@ -583,13 +631,23 @@ class DS4App(App):
             self.engine.stop()  # a thread worker cannot be killed: let it end at the next cycle
 
     async def action_quit(self) -> None:
+        """Stop a running answer (thread workers cannot be cancelled: the engine stops at its next
+        cycle), wait for the engine thread, then exit; status 1 after a failed load."""
         if self.engine is not None:
             self.engine.stop()
-        self.workers.cancel_group(self, "generation")
-        await self.workers.wait_for_complete()
+        for w in list(self.workers):
+            if w.group in ("generation", "load") and not w.is_finished:
+                try:
+                    await w.wait()
+                except (WorkerCancelled, WorkerFailed):
+                    pass
         if self.telemetry is not None:
             self.telemetry.close()
-        self.exit()  # the caller closes the engine once the terminal is restored (close() may print)
+        # the caller closes the engine once the terminal is restored (close() may print)
+        if self.load_error:
+            self.exit(return_code=1, message=f"ds4tui chat: {self.load_error}")
+        else:
+            self.exit()
 
     def close_engine(self) -> None:
         """Free the engine (after the app has exited: with DS4_DSPARK_STATS=1 this prints ds4's

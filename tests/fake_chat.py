@@ -89,6 +89,8 @@ class FakeChatEngine:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.gate is not None:
+            self.gate.set()
 
     def snapshot(self, *, generating=None) -> W.StatsSnapshot:
         self._t += 0.1

@@ -218,12 +218,15 @@ async def test_bad_model_file_shows_an_error_dialog_and_the_app_stays_usable(tmp
         await pilot.pause()
         assert isinstance(app.screen, ErrorDialog)
         title, message = app.errors[0]
-        assert str(bad) in title and "truncated.gguf" in message
+        assert title == "cannot open the model" and str(bad) in message
         await pilot.press("enter")
         assert not isinstance(app.screen, ErrorDialog)
         assert app.engine is None and app.query_one("#prompt").disabled
+        assert "No model loaded" in str(app.query_one("#welcome").render()) and app.sub_title == "no model loaded"
         await pilot.press("f2")  # knobs without an engine do nothing, and nothing breaks
         assert app.is_running
+        await pilot.press("ctrl+q")
+    assert app.return_code == 1  # quitting after a failed load is a failure
 
 
 async def test_missing_model_and_refused_support(tiny_q2, small_f32, tmp_path):
@@ -245,7 +248,10 @@ async def test_missing_model_and_refused_support(tiny_q2, small_f32, tmp_path):
         await _ask(pilot, app)
         st = app.engine.session.dspark_stats()
         assert st.cycles > 0 and st.no_draft_reasons["support_invalid"] == st.cycles
-        assert "support_invalid" in app.query_one("#no-draft").text
+        # the panes count the refused model's cycles like the engine does
+        assert app.query_one("#draft-hist", Histogram).counts == st.draft_len_hist and st.draft_len_hist[0] == st.cycles
+        assert f"support_invalid{st.cycles:>{23 - len('support_invalid')}}" in app.query_one("#no-draft").text
+        assert "support model refused" in app.query_one("#accept").text
 
 
 async def test_context_overflow_is_a_dialog_and_the_chat_goes_on(tiny_q2, tmp_path):
@@ -263,3 +269,17 @@ async def test_context_overflow_is_a_dialog_and_the_chat_goes_on(tiny_q2, tmp_pa
         assert app.messages == [] and not app._generating  # the prompt left the conversation
         await _ask(pilot, app, "Hi")
         assert app.turns[-1].ids and [m["role"] for m in app.messages] == ["user", "assistant"]
+
+
+async def test_quit_while_an_answer_streams(tiny_q2, tmp_path):
+    app = DS4App(_options(tiny_q2["model"], None, tmp_path, max_tokens=None))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await _loaded(pilot, app)
+        app.query_one("#prompt").value = PROMPT
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.current is not None and app.current.n_tokens >= 4, what="streamed tokens")
+        engine = app.engine
+        await pilot.press("ctrl+q")
+        await _until(pilot, lambda: not app.is_running, timeout=30, what="the app to exit")
+    assert app.return_code == 0 and not engine.generating
+    app.close_engine()

@@ -11,7 +11,7 @@ from fake_chat import ANSWER, REASONING, FakeChatEngine
 from ds4tui import cli
 from ds4tui.app import ACTIONS, ChatOptions, DS4App
 from ds4tui.engine.telemetry import FakeBackend, MemorySample
-from ds4tui.widgets.chat import DRAFT_STYLE, AssistantMessage, UserMessage
+from ds4tui.widgets.chat import DRAFT_STYLE, THINK_STYLE, AssistantMessage, UserMessage
 
 APU = MemorySample(t_mono_s=0.0, backend="sysfs", device="amdgpu card1 (0000:c3:00.0)", vram_total_b=512 << 20,
                    vram_used_b=310 << 20, gtt_total_b=133143986176, gtt_used_b=99 << 30, busy_pct=87)
@@ -62,11 +62,13 @@ async def test_reasoning_trace_highlight_think_toggle_and_new_chat(tmp_path):
         await pilot.press("f4")  # token trace with accepted drafts highlighted
         assert msg.has_class("trace") and app.trace
         trace = msg._trace
-        drafted = [s for s in trace.spans if s.style == DRAFT_STYLE]
-        pieces = [ANSWER[i:i + 4] for i in range(0, len(ANSWER), 4)]
-        n_think = len(range(0, len(REASONING), 4))
-        expected = [p for k, p in enumerate(pieces) if (n_think + k) % 3 == 1]
-        assert [trace.plain[s.start:s.end] for s in drafted] == expected
+        assert trace.plain == REASONING + ANSWER  # the reasoning too, in THINK_STYLE
+        drafted = [s for s in trace.spans if str(s.style).endswith(DRAFT_STYLE)]
+        pieces = [REASONING[i:i + 4] for i in range(0, len(REASONING), 4)] + [
+            ANSWER[i:i + 4] for i in range(0, len(ANSWER), 4)]
+        assert [trace.plain[s.start:s.end] for s in drafted] == [p for k, p in enumerate(pieces) if k % 3 == 1]
+        assert [trace.plain[s.start:s.end] for s in trace.spans if str(s.style).startswith(THINK_STYLE)] == [
+            p for p in pieces[:len(range(0, len(REASONING), 4))]]
         await pilot.press("f5")  # nothink for the next turn
         assert app.think is False
         await _turn(pilot, "Again")
@@ -123,3 +125,18 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     assert "s.gguf: no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["chat", str(model), "--backend", "gpu"])
+
+
+async def test_narrow_window_hides_the_panes_until_f12(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=(90, 30)) as pilot:
+        await _ready(pilot)
+        side, chat = app.query_one("#side"), app.query_one("#chat-column")
+        assert not side.display or side.region.width == 0
+        assert chat.region.width == 90
+        await pilot.press("f12")
+        await pilot.pause()
+        assert side.region.width == 90 and chat.region.width == 0
+        await pilot.press("f12")
+        await pilot.pause()
+        assert chat.region.width == 90

@@ -103,3 +103,19 @@ def test_timeline_rates_windows_and_marks():
     assert v.marks == frozenset({1})  # the knob change showed up at the second point
     assert tl.add(snap(21.0, 6))  # counters went back (reset_stats): the history starts over
     assert len(tl.view().accept_series) == 1
+
+
+def test_timeline_rates_average_over_two_seconds():
+    def snap(t, tokens, ms):
+        return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=tokens, decode_ms=ms), dspark=None, knobs=None,
+                               events=(), n_tokens=tokens, n_ctx=4096, generating=True, turn=1, turn_tokens=tokens,
+                               turn_draft_tokens=0, turn_decode_s=t)
+
+    tl = SpecTimeline()
+    for t, tokens, ms in ((0.0, 0, 0.0), (0.5, 30, 100.0), (1.0, 31, 150.0), (1.5, 60, 300.0)):
+        tl.add(snap(t, tokens, ms))
+    v = tl.view()
+    # over the whole 1.5 s (all within 2 s): 60 tokens in 300 engine-ms and 1.5 wall-s
+    assert v.decode_tps == pytest.approx(200.0) and v.effective_tps == pytest.approx(40.0)
+    tl.add(snap(3.0, 90, 450.0))  # now the base is the point at t=1.0
+    assert tl.view().decode_tps == pytest.approx(1000 * 59 / 300.0)

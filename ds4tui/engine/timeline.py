@@ -14,6 +14,8 @@ from typing import Any
 
 #: Seconds of the "recent" acceptance window.
 RECENT_S = 10.0
+#: Seconds over which the tokens/s rates are averaged.
+RATE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class _Point:
 class SpecView:
     """What the acceptance and throughput panes draw.
 
-    Rates in percent (accept) and tokens per second; ``None`` where nothing was measured yet.
+    Rates in percent (accept) and tokens per second (averaged over the last ``RATE_S`` seconds);
+    ``None`` where nothing was measured yet.
     ``accept_series`` / ``decode_series`` / ``effective_series``: one value per kept snapshot
     (oldest first); ``marks``: indexes into those series where a knob change took effect."""
 
@@ -51,13 +54,14 @@ class SpecView:
 class SpecTimeline:
     """A bounded history of snapshots (``maxlen`` points) and the rates between them."""
 
-    def __init__(self, maxlen: int = 240, recent_s: float = RECENT_S):
+    def __init__(self, maxlen: int = 240, recent_s: float = RECENT_S, rate_s: float = RATE_S):
         self._pts: collections.deque[_Point] = collections.deque(maxlen=maxlen)
         self._accept: collections.deque[float | None] = collections.deque(maxlen=maxlen)
         self._decode: collections.deque[float | None] = collections.deque(maxlen=maxlen)
         self._effective: collections.deque[float | None] = collections.deque(maxlen=maxlen)
         self._marked: collections.deque[bool] = collections.deque(maxlen=maxlen)
         self.recent_s = recent_s
+        self.rate_s = rate_s
         self._session: tuple[int, int] = (0, 0)
 
     def add(self, snap: Any) -> bool:
@@ -75,19 +79,30 @@ class SpecTimeline:
         if prev is not None and (p.decode_tokens < prev.decode_tokens or p.cycles < prev.cycles):
             self.clear()  # the counters were reset
             prev = None
+        base = self._base(p) if prev is not None else None
         self._pts.append(p)
         self._accept.append(self._window_accept())
-        if prev is None:
+        if base is None:
             self._decode.append(None)
             self._effective.append(None)
         else:
-            dms = p.decode_ms - prev.decode_ms
-            self._decode.append(1000.0 * (p.decode_tokens - prev.decode_tokens) / dms if dms > 0 else None)
-            ds = p.turn_decode_s - prev.turn_decode_s
-            same = p.turn == prev.turn and ds > 0
-            self._effective.append((p.turn_tokens - prev.turn_tokens) / ds if same else None)
+            dms = p.decode_ms - base.decode_ms
+            self._decode.append(1000.0 * (p.decode_tokens - base.decode_tokens) / dms if dms > 0 else None)
+            first = base if base.turn == p.turn else None
+            ds = p.turn_decode_s - first.turn_decode_s if first is not None else 0.0
+            self._effective.append((p.turn_tokens - first.turn_tokens) / ds if ds > 0 else None)
         self._marked.append(prev is not None and p.n_events > prev.n_events)
         return True
+
+    def _base(self, p: _Point) -> _Point:
+        """The oldest kept point at most ``rate_s`` before ``p`` (else the newest): rates are
+        averaged over that span, so one short interval does not make the numbers jump."""
+        base = self._pts[-1]
+        for q in reversed(self._pts):
+            if p.t - q.t > self.rate_s:
+                break
+            base = q
+        return base
 
     def clear(self) -> None:
         for q in (self._pts, self._accept, self._decode, self._effective, self._marked):

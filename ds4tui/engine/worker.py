@@ -361,9 +361,14 @@ class ChatEngine:
         try:
             ids = self.prompt_ids(messages, think=think, system=system)
             if len(ids) + 1 > s.n_ctx:
+                alone = len(self.prompt_ids(list(messages)[-1:], think=think, system=system))
+                if alone + 1 > s.n_ctx:
+                    raise S.ContextOverflowError(
+                        f"the prompt alone has {alone} tokens, which does not fit a context of {s.n_ctx} "
+                        f"(restart with a larger --ctx)")
                 raise S.ContextOverflowError(
                     f"the conversation has {len(ids)} tokens, which does not fit a context of {s.n_ctx} "
-                    f"(start a new chat, or restart with a larger --ctx)")
+                    f"(start a new chat with Ctrl+N, or restart with a larger --ctx)")
             before = self._dspark_dict()
             reused = self._reuse(ids)
             budget = s.n_ctx - len(ids)
@@ -462,8 +467,14 @@ class ChatEngine:
         sink.put(Finished(turn, TurnResult(turn, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
         return None
 
+    @property
+    def counts_dspark(self) -> bool:
+        """The engine keeps DSpark counters: a support model is attached, or was refused (then every
+        cycle is a no_draft cycle with reason support_invalid)."""
+        return self.engine.support_status in ("attached", "refused")
+
     def _dspark_dict(self) -> dict[str, Any] | None:
-        return self.session.dspark_stats().to_dict() if self.has_dspark else None
+        return self.session.dspark_stats().to_dict() if self.counts_dspark else None
 
     # ---- snapshots ------------------------------------------------------------------------------------
 
@@ -473,7 +484,7 @@ class ChatEngine:
         s = self.session
         turn, n, nd, t_first = getattr(self, "_progress", (0, 0, 0, None))
         snap = StatsSnapshot(
-            t=time.monotonic(), stats=s.stats(), dspark=s.dspark_stats() if self.has_dspark else None,
+            t=time.monotonic(), stats=s.stats(), dspark=s.dspark_stats() if self.counts_dspark else None,
             knobs=self.knobs, events=tuple(s.dspark_events()) if self.has_dspark else (),
             n_tokens=s.n_tokens, n_ctx=s.n_ctx, generating=self.generating if generating is None else generating,
             turn=turn, turn_tokens=n, turn_draft_tokens=nd,

@@ -17,7 +17,13 @@ from textual.widgets import Collapsible, Input, Markdown, Static
 
 from ds4tui.widgets.pane import set_line
 
+#: Accepted-draft tokens in the token trace; reasoning tokens are drawn in THINK_STYLE.
 DRAFT_STYLE = "on $success 40%"
+THINK_STYLE = "italic $text-muted"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class UserMessage(Static):
@@ -41,6 +47,7 @@ class AssistantMessage(Vertical):
     AssistantMessage #trace { display: none; }
     AssistantMessage.trace #trace { display: block; }
     AssistantMessage.trace #answer { display: none; }
+    AssistantMessage.trace Collapsible { display: none; }
     AssistantMessage #summary { color: $text-muted; }
     """
 
@@ -79,8 +86,9 @@ class AssistantMessage(Vertical):
                 self.n_think += p.channel == "think"
             if p.text:
                 text[p.channel].append(p.text)
-                if p.channel == "answer":
-                    trace.append(Content.styled(p.text, DRAFT_STYLE) if p.from_draft else Content(p.text))
+                base = THINK_STYLE if p.channel == "think" else ""
+                style = f"{base} {DRAFT_STYLE}".strip() if p.from_draft else base
+                trace.append(Content.styled(p.text, style) if style else Content(p.text))
         for channel in ("think", "answer"):
             chunk = "".join(text[channel])
             if not chunk:
@@ -88,15 +96,15 @@ class AssistantMessage(Vertical):
             if channel == "think":
                 self.reasoning += chunk
                 self.add_class("has-reasoning")
-                self.query_one(Collapsible).title = f"reasoning · {self.n_think} tokens"
+                self.query_one(Collapsible).title = f"reasoning · {plural(self.n_think, 'token')}"
             else:
                 self.answer += chunk
             await self._stream(channel).write(chunk)
         if trace:
             self._trace = Content("").join([self._trace, *trace])
             self.query_one("#trace", Static).update(self._trace)
-        set_line(self.query_one("#summary", Static), f"{self.n_tokens} tokens · {self.n_draft} from accepted drafts",
-                 "$text-muted")
+        set_line(self.query_one("#summary", Static), f"{plural(self.n_tokens, 'token')} · {self.n_draft} from "
+                 f"accepted drafts", "$text-muted")
 
     async def finish(self, summary: str) -> None:
         """End the streams and write the full text once more (repairs half-parsed blocks)."""

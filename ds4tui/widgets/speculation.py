@@ -35,8 +35,10 @@ class KnobsPane(Vertical):
     KnobsPane { height: auto; border: round $accent; padding: 0 1; }
     KnobsPane Horizontal { height: 1; }
     KnobsPane Label { width: 11; }
-    KnobsPane Switch { width: 8; height: 1; border: none; padding: 0; margin-right: 3; }
-    KnobsPane Input { width: 8; height: 1; border: none; padding: 0 1; margin-right: 3; }
+    KnobsPane Switch, KnobsPane Switch:focus { width: 8; height: 1; border: none; padding: 0; margin-right: 3; }
+    KnobsPane Input, KnobsPane Input:focus { width: 8; height: 1; border: none; padding: 0 1; margin-right: 3; }
+    KnobsPane Input:focus { background: $accent 30%; }
+    KnobsPane Switch:focus { background: $accent 30%; }
     KnobsPane #knob-note { color: $text-muted; }
     """
 
@@ -91,9 +93,13 @@ class AcceptPane(Pane):
     """Accept rate for the session and the recent window, its series (▲ = knob change), mean
     accepted length and per-position acceptance (accepted / verified drafts at block row k)."""
 
-    def show(self, st: DSparkStats | None, view: SpecView) -> None:
+    def show(self, st: DSparkStats | None, view: SpecView, *, support_status: str = "attached") -> None:
         if st is None:
             self.put(Content.styled("no support model: nothing is drafted", "$text-muted"))
+            return
+        if support_status == "refused":
+            self.put(rows([Content.styled("support model refused: nothing is drafted", "$error"),
+                           Content(f"cycles {st.cycles} · every one is a no_draft cycle (support_invalid)")]))
             return
         line, marks = spark(view.accept_series, SPARK_WIDTH, lo=0.0, hi=100.0, marks=view.marks)
         out = [
@@ -130,7 +136,7 @@ class StagesPane(Pane):
         out.append(Content(f"{'propose (sum)':<16}{st.propose / st.cycles:8.3f}"))
         idle = [name for name in per if name not in shown]
         if idle:
-            out.append(Content.styled(f"0 ms: {', '.join(idle)}", "$text-muted"))
+            out.append(Content.styled(f"at 0 ms: {', '.join(idle)}", "$text-muted"))
         self.put(rows(out))
 
 
