@@ -12,8 +12,11 @@ panes mark that point on their series.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import json
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -164,6 +167,7 @@ class DS4App(App):
         self._generating = False
         self._panes_t = 0.0
         self.load_error: str | None = None
+        self._signal_rc = 0
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -198,6 +202,36 @@ class DS4App(App):
         if self.memory_s:
             self.set_interval(self.memory_s, self.sample_memory)
         self.run_worker(self._load, thread=True, group="load", exit_on_error=False)
+        self._watch_signals()
+
+    def _watch_signals(self) -> None:
+        """A closed terminal (SIGHUP) or a kill (SIGTERM) quits like Ctrl+Q: the engine stops at its
+        next cycle and the process exits (else a thread worker keeps decoding with no one to see)."""
+        loop = asyncio.get_running_loop()
+        self._signals: list[int] = []
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                self._signals.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signal
+                pass
+
+    def _on_signal(self, sig: int) -> None:
+        self._signal_rc = 128 + int(sig)
+        if self.engine is not None:
+            self.engine.stop()
+        self.call_later(self._hangup if sig == signal.SIGHUP else self.action_quit)
+
+    async def _hangup(self) -> None:
+        """The terminal is gone: Textual cannot restore it (its writer thread then never drains), so
+        once the engine thread has stopped the process leaves at once."""
+        for w in list(self.workers):
+            if w.group == "generation" and not w.is_finished:
+                try:
+                    await asyncio.wait_for(w.wait(), 30)
+                except (WorkerCancelled, WorkerFailed, asyncio.TimeoutError):
+                    pass
+        os._exit(self._signal_rc)
 
     # ---- loading ----------------------------------------------------------------------------------
 
@@ -629,6 +663,9 @@ class DS4App(App):
     def on_unmount(self) -> None:
         if self.engine is not None:
             self.engine.stop()  # a thread worker cannot be killed: let it end at the next cycle
+        loop = asyncio.get_running_loop()
+        for sig in getattr(self, "_signals", ()):
+            loop.remove_signal_handler(sig)
 
     async def action_quit(self) -> None:
         """Stop a running answer (thread workers cannot be cancelled: the engine stops at its next
@@ -644,7 +681,9 @@ class DS4App(App):
         if self.telemetry is not None:
             self.telemetry.close()
         # the caller closes the engine once the terminal is restored (close() may print)
-        if self.load_error:
+        if self._signal_rc:
+            self.exit(return_code=self._signal_rc)
+        elif self.load_error:
             self.exit(return_code=1, message=f"ds4tui chat: {self.load_error}")
         else:
             self.exit()

@@ -66,3 +66,25 @@ def test_chat_streams_and_shows_live_panes_in_a_terminal(tiny_q2, fitted_support
         assert "DSpark knobs" not in tmux.screen()  # the app quit
     finally:
         subprocess.run(tmux.base + ["kill-server"], capture_output=True)
+
+
+def _running(tag: str) -> bool:
+    return subprocess.run(["pgrep", "-f", f"ds4tui chat .*--save-dir {tag}"], capture_output=True).returncode == 0
+
+
+def test_closing_the_terminal_mid_answer_ends_the_process(tiny_q2, tmp_path):
+    tmux = Tmux(f"ds4tui-hup-{os.getpid()}")
+    cmd = (f"env -u COLUMNS -u LINES TERM=xterm-256color {sys.executable} -m ds4tui chat {tiny_q2['model']} "
+           f"--backend cpu --ctx 4096 --nothink --save-dir {tmp_path}")
+    tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "120", "-y", "40", cmd)
+    try:
+        tmux.wait_for(r"ready · nothink", 120)
+        tmux("send-keys", "-t", "e2e", "-l", "Tell me a long story")
+        tmux("send-keys", "-t", "e2e", "Enter")
+        tmux.wait_for(r"generating", 30)
+    finally:
+        subprocess.run(tmux.base + ["kill-server"], capture_output=True)  # the terminal goes away: SIGHUP
+    t0 = time.monotonic()
+    while _running(str(tmp_path)) and time.monotonic() - t0 < 30:
+        time.sleep(0.3)
+    assert not _running(str(tmp_path)), "ds4tui chat kept running after its terminal closed"
