@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -29,6 +30,10 @@ struct ds4_pool {
 };
 
 typedef struct { ds4_pool *pool; int index; } worker_arg;
+
+/* Worker polling between runs: POLL_SPINS pause instructions, then POLL_YIELDS sched_yield()s,
+ * then sleep on the condition variable. */
+enum { POLL_SPINS = 512, POLL_YIELDS = 4096 };
 
 static inline void sched_yield_light(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,9 +57,14 @@ static void *worker(void *arg) {
     uint64_t seen = 0;
     for (;;) {
         /* Poll briefly before sleeping: a decode step dispatches hundreds of runs a few
-         * microseconds apart, and a condition-variable wake-up costs tens of microseconds. */
-        for (int spin = 0; spin < 20000 && atomic_load_explicit(&p->gen_seen, memory_order_acquire) == seen; spin++)
-            sched_yield_light();
+         * microseconds apart, and a condition-variable wake-up costs tens of microseconds.
+         * After a short busy poll, yield the core at every poll: when the machine has more
+         * runnable threads than cores (a UI, another process), a worker that only spins keeps
+         * the thread it waits for (the caller, or a preempted worker) off the core. */
+        for (int spin = 0; spin < POLL_SPINS + POLL_YIELDS && atomic_load_explicit(&p->gen_seen, memory_order_acquire) == seen; spin++) {
+            if (spin < POLL_SPINS) sched_yield_light();
+            else sched_yield();
+        }
         pthread_mutex_lock(&p->mu);
         while (!p->quit && p->generation == seen) pthread_cond_wait(&p->start, &p->mu);
         if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
