@@ -261,7 +261,7 @@ class Engine:
         self.support_status = "none"
         self.support_message = ""
         if support is not None and backend == "reference":
-            raise BackendUnavailableError("DSpark drafting needs the cpu or hip backend; the reference "
+            raise BackendUnavailableError("DSpark drafting needs --backend cpu (or hip); the reference "
                                           "backend decodes target-only")
         if backend == "reference":
             from ds4tui.engine.reference import ReferenceModel
