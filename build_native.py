@@ -122,7 +122,7 @@ def make_ffibuilder(absolute: bool = False) -> FFI:
         sources=[rel(s) for s in CPU_SOURCES],
         include_dirs=[rel(".")],
         libraries=["m", "pthread", "dl"],
-        extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-fast-math", "-D_GNU_SOURCE"] + arch_flags(),
+        extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration", "-fno-fast-math", "-D_GNU_SOURCE"] + arch_flags(),
     )
     return ffibuilder
 

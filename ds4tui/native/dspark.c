@@ -167,6 +167,12 @@ void ds4_dspark_capture(ds4_session *s, int L, const float *X, int n, int64_t p0
     }
 }
 
+/* The bookkeeping of ds4_dspark_capture when the rows went to the device capture ring. */
+void ds4_dspark_capture_mark(ds4_session *s, int n, int64_t p0) {
+    ds4_dspark *d = s->dsp;
+    if (p0 + n - d->cap_cap > d->cap_from) d->cap_from = p0 + n - d->cap_cap;
+}
+
 /* After a successful target pass over positions p0..p0+n-1 (all capture layers written). */
 void ds4_dspark_captured(ds4_session *s, int64_t p0, int n) {
     ds4_dspark *d = s->dsp;
@@ -346,6 +352,49 @@ typedef struct {
     double stage0, setup, cache, chain, hidden, conf0, logits, markov, confidence;
 } prop_times;
 
+/* The drafter pass with the session's state in device memory (GPU backend): the same ops as
+ * project_context / run_stage / the HC head, run by gpu_forward.c, then propose_heads.  The
+ * test hook's op names are checked in the host pass's order; a device failure is named by the
+ * op it happened in, a non-finite block by "hc_head" (the host pass checks after each MoE).
+ * Stage timers: the context projection is prop_cache; embedding + stages + HC head are prop_chain
+ * (one device sequence; prop_setup and prop_hidden stay 0). */
+static int propose_heads(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
+                         prop_times *pt, double t);
+
+static int propose_device(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
+                          prop_times *pt, int64_t from, int64_t lo, int64_t last, double t) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    const int H = e->c.n_embd, B = sup->block;
+    double t1;
+    if (from <= last) {
+        if (op_failed(d, ch, "main_proj", 0) || op_failed(d, ch, "context_kv", 0)) return -1;
+        if (ds4_gpu_draft_context(s, from, last) != DS4_OK) {
+            op_failed(d, ch, "context_kv", 1);
+            return -1;
+        }
+        if (from != d->ctx_last + 1) d->ctx_from = from;
+        d->ctx_last = last;
+        if (d->ctx_last - d->cap_cap + 1 > d->ctx_from) d->ctx_from = d->ctx_last - d->cap_cap + 1;
+    }
+    t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1;
+    static const char *const stage_ops[] = {"hc_pre", "attn_q", "attn_kv", "attention", "attn_output", "moe"};
+    if (op_failed(d, ch, "embed", 0)) return -1;
+    for (int st = 0; st < sup->n_stages; st++)
+        for (size_t i = 0; i < sizeof stage_ops / sizeof stage_ops[0]; i++)
+            if (op_failed(d, ch, stage_ops[i], 0)) return -1;
+    const char *op = "embed";
+    int rc = ds4_gpu_draft_chain(s, anchor, last + 1, lo, last, d->h, &op);
+    t1 = ds4_now_ms(); pt->chain += t1 - t; t = t1;
+    if (rc != DS4_OK) {
+        op_failed(d, ch, op, 1);
+        return -1;
+    }
+    if (op_failed(d, ch, "hc_head", !all_finite(d->h, (int64_t)B * H))) return -1;
+    return propose_heads(s, anchor, want, threshold, drafts, ch, pt, t);
+}
+
 /* The drafter pass for `anchor` after context ending at last = n_tokens - 1.  Writes up to
  * `want` drafts (fewer where c_k < threshold).  Returns the number of drafts, 0 for the
  * confidence gate, or -1 for a chain failure (ch names the op). */
@@ -356,7 +405,6 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
     ds4_dspark *d = s->dsp;
     ds4_scratch *sc = &s->sc;
     const int H = e->c.n_embd, HC = e->c.hc_count, B = sup->block;
-    const int32_t V = e->c.n_vocab;
     const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
     double t = ds4_now_ms(), t1;
@@ -364,6 +412,7 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
     d->n_drafts = 0;
     /* context rows (lazily projected; positions the ring already holds are reused) */
     int64_t from = (d->ctx_last >= lo - 1 && d->ctx_from <= lo) ? d->ctx_last + 1 : lo;
+    if (s->gs) return propose_device(s, anchor, want, threshold, drafts, ch, pt, from, lo, last, t);
     if (from <= last && !project_context(s, ch, from, last)) return -1;
     t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1;
     /* block input: [anchor, noise...] embedded with the target's table, repeated over the streams */
@@ -382,6 +431,19 @@ static int propose(ds4_session *s, int32_t anchor, int want, float threshold, in
     ds4_hc_head(s, sc->X, B, &sup->hc_head_fn, sup->hc_head_base, sup->hc_head_scale, d->h);
     if (op_failed(d, ch, "hc_head", !all_finite(d->h, (int64_t)B * H))) return -1;
     t1 = ds4_now_ms(); pt->hidden += t1 - t; t = t1;
+    return propose_heads(s, anchor, want, threshold, drafts, ch, pt, t);
+}
+
+/* After the HC head: confidences, the LM head and the Markov head (shared by the host and device
+ * drafters; their matmuls run wherever the weights live). */
+static int propose_heads(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
+                         prop_times *pt, double t) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    const int H = e->c.n_embd;
+    const int32_t V = e->c.n_vocab;
+    double t1;
     float c0 = confidence(s, d->h, anchor);
     if (op_failed(d, ch, "confidence", !isfinite(c0))) return -1;
     note_conf(d, c0);

@@ -205,6 +205,7 @@ int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
     int rc = upload_all(e, ws, support_mats(e, ws), NULL, NULL, err, len);
     free(ws);
+    if (rc == DS4_OK) rc = ds4_gpu_support_vectors(e, err, len);
     return rc;
 }
 

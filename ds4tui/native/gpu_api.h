@@ -90,9 +90,10 @@ typedef struct ds4_gpu_api_s {
     int (*norm_rope)(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t heads_per_tok, float eps,
                      const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
                      char *err, size_t len);
-    /* KV rows [n, D] into the ring (position p at row p % cap), FP8 + f16 rounded when ds4n. */
+    /* KV rows [n, D] into the ring (position p at row p % cap; kvr may be the ring itself), rounded
+     * by `round`: 0 none, 1 FP8 + f16 (target rows, ds4 numerics), 2 FP8 only (drafter rows). */
     int (*kv_store)(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
-                    int32_t n_rot, int32_t ds4n, char *err, size_t len);
+                    int32_t n_rot, int32_t round, char *err, size_t len);
     /* Compressor (spec ds4.md §2.4): append n projections (cbuf, zbuf [n, cw]; ape [R, cw]) at
      * p0... to the rings, then emit windows w0 .. w0+nw-1 into rows [*, W] (pooled, normed,
      * RoPE'd at R*w, rounded: FP8+f16, or the indexer's QAT). */
@@ -125,6 +126,16 @@ typedef struct ds4_gpu_api_s {
                        int32_t H, const float *shared, float *y, char *err, size_t len);
     /* x[i] *= s. */
     int (*scale)(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len);
+    /* DSpark capture (spec dspark.md §2.2): the stream mean of X [n, HC, H] into ring row
+     * (p0 + t) % cap, capture slot `slot` of n_slot. */
+    int (*capture)(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring,
+                   int32_t cap, int32_t n_slot, int32_t slot, char *err, size_t len);
+    /* The drafter's non-causal block attention (spec dspark.md §2.4): every one of the n block rows
+     * attends to the context ring rows of positions lo .. lo+n_ctx-1 (row p % cap), then to all
+     * n_rows block KV rows, with the head's sink; V = K. */
+    int (*attend_nc)(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
+                     int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
+                     int32_t keys_cap, float *att, char *err, size_t len);
 } ds4_gpu_api;
 
 typedef const ds4_gpu_api *(*ds4_gpu_api_fn)(void);

@@ -34,6 +34,10 @@ struct ds4_gpu_session {
     float *X, *X3, *X2, *hcm, *pre, *post, *comb, *x, *xn, *qr, *q, *kvr, *att, *u, *y, *cbuf, *zbuf, *qi, *iw;
     float *iscore, *scores, *wsel, *ge, *he, *oe, *shg, *shh, *sho, *lm, *hm, *hw, *logits, *att_sc;
     float *host_X;                         /* host staging of captured stream rows [B, HC*H] */
+    /* DSpark drafter (support model attached): capture ring [cap, n_capture, H] and context KV
+     * ring [n_stages, cap, D] by position (cap = kv_cap, as dspark.c), projections of up to W
+     * context rows [W, H] / [W, D], and the block's KV rows [n_stages, B, D] */
+    float *dcap, *dctx, *dmx, *dkvtmp, *ddkv;
 };
 
 /* ---- engine vectors ------------------------------------------------------------------------- */
@@ -55,36 +59,57 @@ static int dev_vec(ds4_engine *e, const void *src, size_t bytes, void *out, char
     return DS4_OK;
 }
 
-int ds4_gpu_engine_vectors(ds4_engine *e, char *err, size_t len) {
+#define V(src, n, dst) do { int rc_ = dev_vec(e, (src), (size_t)(n), &(dst), err, len); if (rc_ != DS4_OK) return rc_; } while (0)
+
+/* Device copies of one block's vectors (a target layer or a drafter stage). */
+static int layer_vectors(ds4_engine *e, ds4_layer *l, char *err, size_t len) {
     const ds4_cfg *c = &e->c;
     const size_t H = c->n_embd, HC = c->hc_count, mix = 2 * HC + HC * HC, D = c->head_dim, ID = c->indexer_head_dim;
     const size_t F = sizeof(float);
-#define V(src, n, dst) do { int rc_ = dev_vec(e, (src), (size_t)(n), &(dst), err, len); if (rc_ != DS4_OK) return rc_; } while (0)
+    ds4_layer_dev *d = &l->dv;
+    const size_t cw = (l->kind == DS4_CSA ? 2 : 1) * D;
+    V(l->hc_attn_base, mix * F, d->hc_attn_base);
+    V(l->hc_ffn_base, mix * F, d->hc_ffn_base);
+    V(l->attn_norm, H * F, d->attn_norm);
+    V(l->q_a_norm, (size_t)c->q_lora_rank * F, d->q_a_norm);
+    V(l->kv_norm, D * F, d->kv_norm);
+    V(l->sinks, (size_t)c->n_head * F, d->sinks);
+    V(l->ffn_norm, H * F, d->ffn_norm);
+    V(l->comp_ape, (size_t)l->ratio * cw * F, d->comp_ape);
+    V(l->comp_norm, D * F, d->comp_norm);
+    V(l->idx_comp_ape, (size_t)l->ratio * 2 * ID * F, d->idx_comp_ape);
+    V(l->idx_comp_norm, ID * F, d->idx_comp_norm);
+    V(l->exp_bias, (size_t)c->n_expert * F, d->exp_bias);
+    V(l->tid2eid, (size_t)c->n_vocab * c->n_expert_used * sizeof(int32_t), d->tid2eid);
+    return DS4_OK;
+}
+
+int ds4_gpu_engine_vectors(ds4_engine *e, char *err, size_t len) {
+    const ds4_cfg *c = &e->c;
+    const size_t H = c->n_embd, HC = c->hc_count, F = sizeof(float);
     V(e->output_hc_base, HC * F, e->d_output_hc_base);
     V(e->output_norm, H * F, e->d_output_norm);
     V(e->freq_main, (size_t)(c->n_rot / 2) * sizeof(double), e->d_freq_main);
     V(e->freq_comp, (size_t)(c->n_rot / 2) * sizeof(double), e->d_freq_comp);
     for (int L = 0; L < c->n_layer; L++) {
-        ds4_layer *l = &e->layers[L];
-        ds4_layer_dev *d = &l->dv;
-        const size_t cw = (l->kind == DS4_CSA ? 2 : 1) * D;
-        V(l->hc_attn_base, mix * F, d->hc_attn_base);
-        V(l->hc_ffn_base, mix * F, d->hc_ffn_base);
-        V(l->attn_norm, H * F, d->attn_norm);
-        V(l->q_a_norm, (size_t)c->q_lora_rank * F, d->q_a_norm);
-        V(l->kv_norm, D * F, d->kv_norm);
-        V(l->sinks, (size_t)c->n_head * F, d->sinks);
-        V(l->ffn_norm, H * F, d->ffn_norm);
-        V(l->comp_ape, (size_t)l->ratio * cw * F, d->comp_ape);
-        V(l->comp_norm, D * F, d->comp_norm);
-        V(l->idx_comp_ape, (size_t)l->ratio * 2 * ID * F, d->idx_comp_ape);
-        V(l->idx_comp_norm, ID * F, d->idx_comp_norm);
-        V(l->exp_bias, (size_t)c->n_expert * F, d->exp_bias);
-        V(l->tid2eid, (size_t)c->n_vocab * c->n_expert_used * sizeof(int32_t), d->tid2eid);
+        int rc = layer_vectors(e, &e->layers[L], err, len);
+        if (rc != DS4_OK) return rc;
     }
-#undef V
     return DS4_OK;
 }
+
+int ds4_gpu_support_vectors(ds4_engine *e, char *err, size_t len) {
+    ds4_support *sup = e->sup;
+    const size_t H = e->c.n_embd, HC = e->c.hc_count, F = sizeof(float);
+    V(sup->main_norm, H * F, sup->d_main_norm);
+    V(sup->hc_head_base, HC * F, sup->d_hc_head_base);
+    for (int st = 0; st < sup->n_stages; st++) {
+        int rc = layer_vectors(e, &sup->stages[st], err, len);
+        if (rc != DS4_OK) return rc;
+    }
+    return DS4_OK;
+}
+#undef V
 
 void ds4_gpu_engine_vectors_free(ds4_engine *e) {
     for (int i = 0; i < e->n_dev_vec; i++) e->gpu->free(e->gpu_ctx, e->dev_vec[i], e->dev_vec_bytes[i]);
@@ -94,6 +119,10 @@ void ds4_gpu_engine_vectors_free(ds4_engine *e) {
     e->dev_vec_bytes = NULL;
     e->n_dev_vec = 0;
     for (int L = 0; e->layers && L < e->c.n_layer; L++) memset(&e->layers[L].dv, 0, sizeof e->layers[L].dv);
+    if (e->sup) {
+        for (int st = 0; st < e->sup->n_stages; st++) memset(&e->sup->stages[st].dv, 0, sizeof e->sup->stages[st].dv);
+        e->sup->d_main_norm = e->sup->d_hc_head_base = NULL;
+    }
 }
 
 /* ---- session state -------------------------------------------------------------------------- */
@@ -189,6 +218,14 @@ int ds4_gpu_session_init(ds4_session *s, uint64_t *kv_bytes, uint64_t *cmp_bytes
     d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(B * c->n_vocab);
     d->att_sc = DF(B * NH * keys_cap);
     d->grp_ids = DI(B * c->o_groups);
+    if (e->sup) {
+        const ds4_support *sup = e->sup;
+        d->dcap = DF((int64_t)s->kv_cap * sup->n_capture * H);
+        d->dctx = DF((int64_t)sup->n_stages * s->kv_cap * D);
+        d->dmx = DF((int64_t)c->sliding_window * H);
+        d->dkvtmp = DF((int64_t)c->sliding_window * D);
+        d->ddkv = DF((int64_t)sup->n_stages * sup->block * D);
+    }
 #undef DF
 #undef DI
     if (rc != DS4_OK) return rc;
@@ -268,7 +305,7 @@ static int attention(pass *P, int L, int n, int64_t p0) {
     /* KV row */
     TRYP(mm(P, &l->kv, d->xn, H, n, d->kvr, D));
     G(P->g->norm_rope(P->cx, d->kvr, n, D, 1, c->rms_eps, dl->kv_norm, freq, nr, p0, 0, 0, M));
-    G(P->g->kv_store(P->cx, d->kvr, n, D, lc->kv, s->kv_cap, p0, nr, ds4n, M));
+    G(P->g->kv_store(P->cx, d->kvr, n, D, lc->kv, s->kv_cap, p0, nr, ds4n ? 1 : 0, M));
     const int32_t *sel = NULL, *nsel = NULL;
     if (l->kind != DS4_SWA) {
         const int cw = (l->kind == DS4_CSA ? 2 : 1) * D;
@@ -364,8 +401,8 @@ int ds4_gpu_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits
         G(P->g->hc_post(P->cx, X, d->y, d->post, d->comb, n, HC, H, Y, M));
         tmp = X; X = Y; Y = tmp;
         if (s->dsp && e->sup && e->sup->capture_slot[L] >= 0) {
-            G(P->g->copy(P->cx, d->host_X, X, (size_t)n * HC * H * sizeof(float), 1, M));
-            ds4_dspark_capture(s, L, d->host_X, n, p0);
+            G(P->g->capture(P->cx, X, n, HC, H, p0, d->dcap, s->kv_cap, e->sup->n_capture, e->sup->capture_slot[L], M));
+            ds4_dspark_capture_mark(s, n, p0);
         }
     }
     if (logits_mode == DS4_LOGITS_NONE) {
@@ -381,5 +418,101 @@ int ds4_gpu_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits
     G(P->g->rms_norm(P->cx, d->lm, H, rows, H, c->rms_eps, e->d_output_norm, d->lm, H, M));
     TRYP(mm(P, &e->output, d->lm, H, rows, d->logits, c->n_vocab));
     G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * c->n_vocab * sizeof(float), 1, M));
+    return DS4_OK;
+}
+
+/* ---- the DSpark drafter (dspark.c's project_context / run_stage / HC head, on the device) ---- */
+
+int ds4_gpu_draft_context(ds4_session *s, int64_t lo, int64_t hi) {
+    ds4_engine *e = s->e;
+    pass P_ = {s, e, e->gpu, e->gpu_ctx, s->gs, ""}, *P = &P_;
+    ds4_gpu_session *d = s->gs;
+    const ds4_support *sup = e->sup;
+    const ds4_cfg *c = &e->c;
+    const int H = c->n_embd, D = c->head_dim, nr = c->n_rot, cap = s->kv_cap;
+    const int64_t CW = (int64_t)sup->n_capture * H, W = c->sliding_window;
+    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
+    for (int64_t p0 = lo; p0 <= hi; p0 += W) {
+        const int n = (int)(hi - p0 + 1 < W ? hi - p0 + 1 : W);
+        for (int done = 0; done < n;) { /* main_proj over the capture ring, in contiguous pieces */
+            const int64_t r0 = (p0 + done) % cap;
+            const int k = (int)(n - done < cap - r0 ? n - done : cap - r0);
+            TRYP(mm(P, &sup->main_proj, d->dcap + r0 * CW, CW, k, d->dmx + (size_t)done * H, H));
+            done += k;
+        }
+        G(P->g->rms_norm(P->cx, d->dmx, H, n, H, c->rms_eps, sup->d_main_norm, d->dmx, H, M));
+        for (int st = 0; st < sup->n_stages; st++) {
+            const ds4_layer *l = &sup->stages[st];
+            TRYP(mm(P, &l->kv, d->dmx, H, n, d->dkvtmp, D));
+            G(P->g->norm_rope(P->cx, d->dkvtmp, n, D, 1, c->rms_eps, l->dv.kv_norm, e->d_freq_main, nr, p0, 0, 0, M));
+            G(P->g->kv_store(P->cx, d->dkvtmp, n, D, d->dctx + (size_t)st * cap * D, cap, p0, nr, ds4n ? 2 : 0, M));
+        }
+    }
+    G(P->g->sync(P->cx, M));
+    return DS4_OK;
+}
+
+/* One drafter stage over the block X [B, HC, H] -> X (Y is scratch). *op names the op that failed. */
+static int draft_stage(pass *P, int st, float *X, float *Y, int B, int64_t p0, int64_t lo, int64_t hi,
+                       const char **op) {
+    ds4_engine *e = P->e;
+    ds4_session *s = P->s;
+    ds4_gpu_session *d = P->d;
+    const ds4_cfg *c = &e->c;
+    const ds4_layer *l = &e->sup->stages[st];
+    const int H = c->n_embd, NH = c->n_head, D = c->head_dim, QL = c->q_lora_rank, nr = c->n_rot, HC = c->hc_count;
+    const double *freq = e->d_freq_main;
+    *op = "hc_pre";
+    TRYP(hc_pre(P, &l->hc_attn_fn, l->dv.hc_attn_base, l->hc_attn_scale, X, B));
+    G(P->g->rms_norm(P->cx, d->x, H, B, H, c->rms_eps, l->dv.attn_norm, d->xn, H, M));
+    *op = "attn_q";
+    TRYP(mm(P, &l->q_a, d->xn, H, B, d->qr, QL));
+    G(P->g->rms_norm(P->cx, d->qr, QL, B, QL, c->rms_eps, l->dv.q_a_norm, d->qr, QL, M));
+    TRYP(mm(P, &l->q_b, d->qr, QL, B, d->q, (int64_t)NH * D));
+    G(P->g->norm_rope(P->cx, d->q, (int64_t)B * NH, D, NH, c->rms_eps, NULL, freq, nr, p0, 0, 0, M));
+    *op = "attn_kv";
+    float *dkv = d->ddkv + (size_t)st * B * D;
+    TRYP(mm(P, &l->kv, d->xn, H, B, dkv, D));
+    G(P->g->norm_rope(P->cx, dkv, B, D, 1, c->rms_eps, l->dv.kv_norm, freq, nr, p0, 0, 0, M));
+    if (e->numerics == DS4_NUMERICS_DS4) G(P->g->kv_store(P->cx, dkv, B, D, dkv, B, 0, nr, 2, M));
+    *op = "attention";
+    G(P->g->attend_nc(P->cx, d->q, B, NH, D, d->dctx + (size_t)st * s->kv_cap * D, s->kv_cap, lo, (int)(hi - lo + 1),
+                      dkv, B, l->dv.sinks, d->att_sc, d->keys_cap, d->att, M));
+    *op = "attn_output";
+    G(P->g->norm_rope(P->cx, d->att, (int64_t)B * NH, D, NH, -1.0f, NULL, freq, nr, p0, 1, 0, M));
+    const int G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
+    G(P->g->mm_gather(P->cx, l->out_a.type, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
+                      l->out_a.cols, (int64_t)l->out_a.row_bytes, d->att, gw, 1, (int64_t)B * G_, d->u, R, M));
+    TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, B, d->y, H));
+    G(P->g->hc_post(P->cx, X, d->y, d->post, d->comb, B, HC, H, Y, M));
+    *op = "moe";
+    TRYP(hc_pre(P, &l->hc_ffn_fn, l->dv.hc_ffn_base, l->hc_ffn_scale, Y, B));
+    G(P->g->rms_norm(P->cx, d->x, H, B, H, c->rms_eps, l->dv.ffn_norm, d->xn, H, M));
+    TRYP(moe(P, l, B));
+    G(P->g->hc_post(P->cx, Y, d->y, d->post, d->comb, B, HC, H, X, M));
+    return DS4_OK;
+}
+
+int ds4_gpu_draft_chain(ds4_session *s, int32_t anchor, int64_t p0, int64_t lo, int64_t hi, float *h_host,
+                        const char **op) {
+    ds4_engine *e = s->e;
+    pass P_ = {s, e, e->gpu, e->gpu_ctx, s->gs, ""}, *P = &P_;
+    ds4_gpu_session *d = s->gs;
+    const ds4_support *sup = e->sup;
+    const ds4_cfg *c = &e->c;
+    const int H = c->n_embd, HC = c->hc_count, B = sup->block;
+    int32_t toks[DS4_DSPARK_MAX_BLOCK];
+    for (int i = 0; i < B; i++) toks[i] = i == 0 ? anchor : sup->noise;
+    *op = "embed";
+    G(P->g->copy(P->cx, d->tokens, toks, (size_t)B * sizeof(int32_t), 0, M));
+    G(P->g->embed(P->cx, e->token_embd.type, e->token_embd.dev, (int64_t)e->token_embd.row_bytes, H, d->tokens, B, HC,
+                  d->X, M));
+    for (int st = 0; st < sup->n_stages; st++) TRYP(draft_stage(P, st, d->X, d->X3, B, p0, lo, hi, op));
+    *op = "hc_head";
+    G(P->g->rms_norm(P->cx, d->X, (int64_t)HC * H, B, (int64_t)HC * H, c->rms_eps, NULL, d->X2, (int64_t)HC * H, M));
+    TRYP(mm(P, &sup->hc_head_fn, d->X2, (int64_t)HC * H, B, d->hm, HC));
+    G(P->g->hc_head(P->cx, d->X, d->hm, B, HC, H, sup->hc_head_scale[0], sup->d_hc_head_base, c->hc_eps, d->hw, d->lm,
+                    M));
+    G(P->g->copy(P->cx, h_host, d->lm, (size_t)B * H * sizeof(float), 1, M));
     return DS4_OK;
 }

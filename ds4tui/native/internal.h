@@ -66,6 +66,7 @@ typedef struct {
     ds4_w main_proj, hc_head_fn, markov_w1, markov_w2, conf;
     float *main_norm, *hc_head_base, *hc_head_scale, *norm;
     float clamp, clamp_shexp;
+    float *d_main_norm, *d_hc_head_base; /* device copies (GPU backend) */
 } ds4_support;
 
 struct ds4_engine {
@@ -192,6 +193,7 @@ int ds4_dspark_session_init(ds4_session *s);   /* DS4_OK or DS4_E_NOMEM */
 void ds4_dspark_session_free(ds4_session *s);
 void ds4_dspark_truncate(ds4_session *s, int32_t n);
 void ds4_dspark_captured(ds4_session *s, int64_t p0, int n); /* after a successful pass */
+void ds4_dspark_capture_mark(ds4_session *s, int n, int64_t p0); /* bookkeeping of a device capture */
 void ds4_dspark_free_support(ds4_engine *e);
 void ds4_dspark_reset_stats(ds4_session *s); /* counters only: knobs, timings model and events stay */
 /* The DSpark decode step (the pending token is the anchor); same contract as ds4_session_step. */
@@ -228,6 +230,13 @@ int ds4_gpu_session_init(ds4_session *s, uint64_t *kv_bytes, uint64_t *cmp_bytes
                          size_t len);
 void ds4_gpu_session_free(ds4_session *s);
 int ds4_gpu_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits);
+int ds4_gpu_support_vectors(ds4_engine *e, char *err, size_t len);
+/* The drafter on the device (dspark.c decides when; spec dspark.md §2.4): context KV rows of
+ * positions lo..hi projected from the device capture ring; the block [anchor, noise...] at p0..
+ * through the stages and the HC head into h_host [B, H].  On failure *op names the stage op. */
+int ds4_gpu_draft_context(ds4_session *s, int64_t lo, int64_t hi);
+int ds4_gpu_draft_chain(ds4_session *s, int32_t anchor, int64_t p0, int64_t lo, int64_t hi, float *h_host,
+                        const char **op);
 
 /* ops.c */
 void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out);

@@ -30,7 +30,12 @@ int gpu_hc_head(ds4_gpu_ctx *c, const float *X, const float *m, int32_t n, int32
 int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t hpt, float eps, const float *w,
                   const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat, char *err, size_t len);
 int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
-                 int32_t n_rot, int32_t ds4n, char *err, size_t len);
+                 int32_t n_rot, int32_t round, char *err, size_t len);
+int gpu_capture(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring, int32_t cap,
+                int32_t n_slot, int32_t slot, char *err, size_t len);
+int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
+                  int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
+                  int32_t keys_cap, float *att, char *err, size_t len);
 int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W, int32_t R,
                  int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap, int64_t w0, int32_t nw,
                  float *rows, const float *norm, float eps, const double *freq, int32_t n_rot, int32_t indexer,
@@ -119,7 +124,12 @@ int gpu_hc_head(ds4_gpu_ctx *c, const float *X, const float *m, int32_t n, int32
 int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t hpt, float eps, const float *w,
                   const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat, char *err, size_t len);
 int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
-                 int32_t n_rot, int32_t ds4n, char *err, size_t len);
+                 int32_t n_rot, int32_t round, char *err, size_t len);
+int gpu_capture(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring, int32_t cap,
+                int32_t n_slot, int32_t slot, char *err, size_t len);
+int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
+                  int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
+                  int32_t keys_cap, float *att, char *err, size_t len);
 int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W, int32_t R,
                  int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap, int64_t w0, int32_t nw,
                  float *rows, const float *norm, float eps, const double *freq, int32_t n_rot, int32_t indexer,

@@ -258,11 +258,33 @@ __global__ void norm_rope_kernel(float *x, int width, int hpt, float eps, const 
     if (qat) indexer_qat_(row, width);
 }
 
-__global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, int n_rot, int ds4n) {
+/* round: 0 none, 1 FP8 + f16 (target KV rows), 2 FP8 only (the drafter's rows, dspark.c). */
+__global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, int n_rot, int round) {
     const int t = blockIdx.x;
     float *dst = ring + ((p0 + t) % cap) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = kvr[(int64_t)t * D + i];
-    if (ds4n) kv_round_(dst, D, n_rot);
+    const float *src = kvr + (int64_t)t * D;
+    if (dst != src)
+        for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+    if (round == 1) kv_round_(dst, D, n_rot);
+    if (round == 2) {
+        __syncthreads();
+        for (int b = threadIdx.x; b < (D - n_rot) / 64; b += blockDim.x)
+            block_round_trip_(dst + 64 * b, 64, 448.0f, 3, -6, 1e-4f);
+        __syncthreads();
+    }
+}
+
+/* Stream means of X [n, HC, H] into a capture ring (row (p0+t) % cap, slot `slot` of n_slot rows of
+ * H): dst[i] = (sum_a X[t, a, i]) * (1/HC), ascending a (dspark.c's ds4_dspark_capture). */
+__global__ void capture_kernel(const float *X, int HC, int H, int64_t p0, float *ring, int cap, int n_slot, int slot) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= H) return;
+    const float inv = 1.0f / (float)HC;
+    const float *Xt = X + (int64_t)t * HC * H;
+    float acc = 0.0f;
+    for (int a = 0; a < HC; a++) acc += Xt[(int64_t)a * H + i];
+    ring[(((p0 + t) % cap) * n_slot + slot) * (int64_t)H + i] = acc * inv;
 }
 
 __global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int cw, int64_t p0, int R,
@@ -399,7 +421,7 @@ __device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first,
 __global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
 attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv, int kv_cap,
               const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k, const float *sinks,
-              float *scr, int keys_cap, float *att) {
+              float *scr, int keys_cap, float *att, int64_t nc_lo, int nc_n) {
     __shared__ float red[ATT_WARPS];
     __shared__ float part[ATT_WARPS][GPU_WARP * ATT_DPL];
     const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
@@ -409,11 +431,15 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
     const float *qh = q + item * D;
     float *sc = scr + item * keys_cap;
     const float scale = (float)(1.0 / sqrt((double)D));
-    const int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
-    const int n_win = (int)(p - first + 1);
+    int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
+    int n_win = (int)(p - first + 1);
     int n_comp = 0;
     const int32_t *cs = NULL;
-    if (ratio > 0) {
+    if (nc_n >= 0) { /* non-causal drafter block: context ring rows nc_lo.. (nc_n), then `ratio` block rows */
+        first = nc_lo;
+        n_win = nc_n;
+        n_comp = ratio;
+    } else if (ratio > 0) {
         if (sel && nsel[t] >= 0) {
             n_comp = nsel[t];
             cs = sel + (int64_t)t * top_k;
@@ -653,10 +679,18 @@ int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t
 }
 
 int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
-                 int32_t n_rot, int32_t ds4n, char *err, size_t len) {
+                 int32_t n_rot, int32_t round, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
-    hipLaunchKernelGGL(kv_store_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, kvr, D, ring, cap, p0, n_rot, ds4n);
+    hipLaunchKernelGGL(kv_store_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, kvr, D, ring, cap, p0, n_rot, round);
     return ops_check("kv_store kernel", err, len);
+}
+
+int gpu_capture(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring, int32_t cap,
+                int32_t n_slot, int32_t slot, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    hipLaunchKernelGGL(capture_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X, HC, H,
+                       p0, ring, cap, n_slot, slot);
+    return ops_check("capture kernel", err, len);
 }
 
 int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W, int32_t R,
@@ -698,8 +732,23 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
     if (D > GPU_WARP * ATT_DPL)
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
     hipLaunchKernelGGL(attend_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
-                       n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att);
+                       n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att,
+                       (int64_t)0, -1);
     return ops_check("attention kernel", err, len);
+}
+
+int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
+                  int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
+                  int32_t keys_cap, float *att, char *err, size_t len) {
+    if (n <= 0) return DS4_OK;
+    if (D > GPU_WARP * ATT_DPL)
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
+    if (n_ctx + n_rows > keys_cap)
+        return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
+    hipLaunchKernelGGL(attend_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
+                       n, NH, D, (int64_t)0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
+                       sinks, sc, keys_cap, att, lo, n_ctx);
+    return ops_check("drafter attention kernel", err, len);
 }
 
 int gpu_moe_route(ds4_gpu_ctx *c, float *scores, int32_t n, int32_t E, int32_t K, const int32_t *tid2eid,
