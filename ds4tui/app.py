@@ -47,6 +47,10 @@ from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, Stag
 FLUSH_S = 0.1
 #: Period of the speculation panes while a turn runs (seconds); the text streams at FLUSH_S.
 PANES_S = 0.5
+#: While an answer streams the interface may use at most this share of one core; when it uses more
+#: (a slow machine, a long Markdown block) the text is written less often, down to every MAX_FLUSH_S.
+UI_CPU_BUDGET = 0.15
+MAX_FLUSH_S = 1.0
 #: Memory sampling period (seconds).
 MEMORY_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
@@ -166,6 +170,9 @@ class DS4App(App):
         self._draining = False
         self._generating = False
         self._panes_t = 0.0
+        self.text_period = FLUSH_S  # seconds between text writes while streaming (adapts to UI_CPU_BUDGET)
+        self._next_text_t = 0.0
+        self._cpu_mark = (time.monotonic(), time.thread_time())
         self.load_error: str | None = None
         self._signal_rc = 0
 
@@ -293,9 +300,31 @@ class DS4App(App):
         """False while the app shuts down (timers can still fire after the widgets left)."""
         return self.is_running and bool(self.query("#memory"))
 
+    def _pace(self) -> bool:
+        """While an answer streams: is a text write due?  Every ~2 s the interface's own CPU time
+        (this thread) is compared with UI_CPU_BUDGET and the text period adapted (×1.5 / ÷1.5,
+        between FLUSH_S and MAX_FLUSH_S), so that on a machine whose cores the engine needs the
+        interface takes a bounded share of them."""
+        now = time.monotonic()
+        t0, c0 = self._cpu_mark
+        if now - t0 >= 2.0:
+            share = (time.thread_time() - c0) / (now - t0)
+            if share > UI_CPU_BUDGET:
+                self.text_period = min(MAX_FLUSH_S, self.text_period * 1.5)
+            elif share < UI_CPU_BUDGET / 2:
+                self.text_period = max(self.flush_s or FLUSH_S, self.text_period / 1.5)
+            self._cpu_mark = (now, time.thread_time())
+        if now < self._next_text_t:
+            return False
+        self._next_text_t = now + self.text_period
+        return True
+
     async def flush(self) -> None:
-        """Handle every queued engine event (the 10 Hz timer calls this)."""
+        """Handle every queued engine event (the 10 Hz timer calls this; while an answer streams,
+        at the pace ``_pace`` allows)."""
         if self._draining or not self._panes_mounted():
+            return
+        if self._generating and self.flush_s and not self._pace():
             return
         self._draining = True
         try:
