@@ -28,18 +28,21 @@ int gpu_matmul_init(char *err, size_t len) { return quant_tables_init(err, len);
 /* WPR warps per row: 1 (MM_WARPS rows per block) for tall matrices, MM_WARPS (one row per block)
  * for short ones, so that a matvec with a few thousand rows still keeps every multiprocessor busy.
  * The choice depends only on the matrix shape, never on the token count (batch invariance). */
-template <int TYPE, int WPR>
+/* NT tokens per warp: MM_NT, or 1 for a single-token pass (fewer registers, more warps in flight).
+ * A token's accumulator sees the same fmaf sequence and the same reduction either way, so the
+ * results are bit-identical (tests/test_gpu_backend.py checks one-token passes against prefill). */
+template <int TYPE, int WPR, int NT>
 __global__ void __launch_bounds__(GPU_WARP * (WPR > MM_WARPS ? WPR : MM_WARPS))
 mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row_bytes,
           const float *__restrict__ X, int64_t ldx, int64_t n, float *__restrict__ Y, int64_t ldy) {
     const int lane = threadIdx.x, wp = threadIdx.y;
     const int64_t r = WPR == 1 ? (int64_t)blockIdx.x * MM_WARPS + wp : (int64_t)blockIdx.x;
     if (r >= rows) return; /* uniform over the block when WPR > 1 */
-    const int64_t t0 = (int64_t)blockIdx.y * MM_NT;
-    const int nt = (int)(n - t0 < MM_NT ? n - t0 : MM_NT);
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)(n - t0 < NT ? n - t0 : NT);
     const uint8_t *row = W + r * row_bytes;
-    float acc[MM_NT];
-    for (int t = 0; t < MM_NT; t++) acc[t] = 0.0f;
+    float acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     const int64_t nchunk = (cols + 7) / 8;
     const int tid = (WPR == 1 ? 0 : wp) * GPU_WARP + lane;
 #pragma unroll 2
@@ -48,7 +51,7 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
         float w[8];
         Chunk<TYPE>::load(row, c, m, w);
 #pragma unroll
-        for (int t = 0; t < MM_NT; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t < nt) {
                 const float *x = X + (t0 + t) * ldx + 8 * c;
                 for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
@@ -57,14 +60,14 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
     }
     if (WPR == 1) {
 #pragma unroll
-        for (int t = 0; t < MM_NT; t++) {
+        for (int t = 0; t < NT; t++) {
             const float v = gpu_warp_sum(acc[t]);
             if (lane == 0 && t < nt) Y[(t0 + t) * ldy + r] = v;
         }
     } else {
-        __shared__ float part[MM_NT][WPR];
+        __shared__ float part[NT][WPR];
 #pragma unroll
-        for (int t = 0; t < MM_NT; t++) {
+        for (int t = 0; t < NT; t++) {
             const float v = gpu_warp_sum(acc[t]);
             if (lane == 0) part[t][wp] = v;
         }
@@ -83,20 +86,27 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
 #define MM_TINY_ROWS 320
 #define MM_TINY_WARPS 32
 
+template <int TYPE, int NT>
+static void mm_launch_nt(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
+                         const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    const dim3 block(GPU_WARP, MM_WARPS);
+    const unsigned gy = (unsigned)((n + NT - 1) / NT);
+    if (rows < MM_TINY_ROWS)
+        hipLaunchKernelGGL((mm_kernel<TYPE, MM_TINY_WARPS, NT>), dim3((unsigned)rows, gy), dim3(GPU_WARP, MM_TINY_WARPS),
+                           0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (rows < MM_SHORT_ROWS)
+        hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS, NT>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
+                           row_bytes, X, ldx, n, Y, ldy);
+    else
+        hipLaunchKernelGGL((mm_kernel<TYPE, 1, NT>), dim3((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), gy), block, 0,
+                           st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+}
+
 template <int TYPE>
 static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    const dim3 block(GPU_WARP, MM_WARPS);
-    const unsigned gy = (unsigned)((n + MM_NT - 1) / MM_NT);
-    if (rows < MM_TINY_ROWS)
-        hipLaunchKernelGGL((mm_kernel<TYPE, MM_TINY_WARPS>), dim3((unsigned)rows, gy), dim3(GPU_WARP, MM_TINY_WARPS), 0,
-                           st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
-    else if (rows < MM_SHORT_ROWS)
-        hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
-                           row_bytes, X, ldx, n, Y, ldy);
-    else
-        hipLaunchKernelGGL((mm_kernel<TYPE, 1>), dim3((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), gy), block, 0, st,
-                           w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    if (n == 1) mm_launch_nt<TYPE, 1>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else mm_launch_nt<TYPE, MM_NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
 int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,

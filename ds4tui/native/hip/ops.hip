@@ -163,7 +163,7 @@ rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const flo
 
 /* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order.  HCT is the
  * stream count when known at compile time (4 for DS4: the Sinkhorn matrix stays in registers), or
- * 0 for any count up to MAXHC (local arrays). */
+ * 0 for any count up to MAXHC (local arrays); constant loop bounds let the compiler unroll. */
 template <int HCT>
 __global__ void hc_mix_kernel(const float *hcm, int n, int hc, float s0, float s1, float s2, const float *base,
                               float eps, int iters, float *pre, float *post, float *comb) {
@@ -174,46 +174,34 @@ __global__ void hc_mix_kernel(const float *hcm, int n, int hc, float s0, float s
     const float *m = hcm + (int64_t)t * mix;
     float *pr = pre + (int64_t)t * HC, *po = post + (int64_t)t * HC;
     float cb[(HCT ? HCT : MAXHC) * (HCT ? HCT : MAXHC)];
-#pragma unroll
     for (int a = 0; a < HC; a++) {
         pr[a] = sigmoidf_(s0 * m[a] + base[a]) + eps;
         po[a] = 2.0f * sigmoidf_(s1 * m[HC + a] + base[HC + a]);
     }
-#pragma unroll
     for (int a = 0; a < HC; a++) {
         float *r = cb + a * HC, mx = -INFINITY, sum = 0.0f;
-#pragma unroll
         for (int b = 0; b < HC; b++) {
             r[b] = s2 * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
             if (r[b] > mx) mx = r[b];
         }
-#pragma unroll
         for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
-#pragma unroll
         for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
     }
     for (int it = 0; it < iters; it++) {
         if (it > 0) {
-#pragma unroll
             for (int a = 0; a < HC; a++) {
                 float sum = 0.0f;
-#pragma unroll
                 for (int b = 0; b < HC; b++) sum += cb[a * HC + b];
-#pragma unroll
                 for (int b = 0; b < HC; b++) cb[a * HC + b] /= sum + eps;
             }
         }
-#pragma unroll
         for (int b = 0; b < HC; b++) {
             float sum = 0.0f;
-#pragma unroll
             for (int a = 0; a < HC; a++) sum += cb[a * HC + b];
-#pragma unroll
             for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
         }
     }
     float *out = comb + (int64_t)t * HC * HC;
-#pragma unroll
     for (int i = 0; i < HC * HC; i++) out[i] = cb[i];
 }
 
