@@ -12,49 +12,6 @@
 /* The device code target this library was built for (build_native.py passes it). */
 #ifndef DS4_GPU_ARCH
 #define DS4_GPU_ARCH "unknown"
-/* ops.hip (see the table in ../gpu_api.h for the contracts) */
-int gpu_ops_init(char *err, size_t len);
-int gpu_copy(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len);
-int gpu_sync(ds4_gpu_ctx *c, char *err, size_t len);
-int gpu_embed(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t row_bytes, int32_t H, const int32_t *tokens,
-              int32_t n, int32_t HC, float *X, char *err, size_t len);
-int gpu_rms_norm(ds4_gpu_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps, const float *w,
-                 float *out, int64_t ldo, char *err, size_t len);
-int gpu_hc_pre(ds4_gpu_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
-               const float *base, float eps, int32_t iters, const float *X, float *x, float *pre, float *post,
-               float *comb, char *err, size_t len);
-int gpu_hc_post(ds4_gpu_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
-                int32_t HC, int32_t H, float *Y, char *err, size_t len);
-int gpu_hc_head(ds4_gpu_ctx *c, const float *X, const float *m, int32_t n, int32_t HC, int32_t H, float s0,
-                const float *base, float eps, float *w, float *out, char *err, size_t len);
-int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t hpt, float eps, const float *w,
-                  const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat, char *err, size_t len);
-int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
-                 int32_t n_rot, int32_t round, char *err, size_t len);
-int gpu_capture(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring, int32_t cap,
-                int32_t n_slot, int32_t slot, char *err, size_t len);
-int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
-                  int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
-                  int32_t keys_cap, float *att, char *err, size_t len);
-int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W, int32_t R,
-                 int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap, int64_t w0, int32_t nw,
-                 float *rows, const float *norm, float eps, const double *freq, int32_t n_rot, int32_t indexer,
-                 int32_t ds4n, char *err, size_t len);
-int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH, int32_t ID,
-                const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
-                int32_t *sel, int32_t *nsel, char *err, size_t len);
-int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, int64_t p0, int32_t window,
-               const float *kv, int32_t kv_cap, const float *comp, int32_t ratio, const int32_t *sel,
-               const int32_t *nsel, int32_t top_k, const float *sinks, float *sc, int32_t keys_cap, float *att,
-               char *err, size_t len);
-int gpu_moe_route(ds4_gpu_ctx *c, float *scores, int32_t n, int32_t E, int32_t K, const int32_t *tid2eid,
-                  const int32_t *tokens, const float *bias, int32_t norm, int32_t ds4n, float scale, int32_t *sel,
-                  float *wsel, char *err, size_t len);
-int gpu_swiglu(ds4_gpu_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len);
-int gpu_moe_combine(ds4_gpu_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
-                    int32_t H, const float *shared, float *y, char *err, size_t len);
-int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len);
-
 #endif
 
 struct ds4_gpu_ctx {
