@@ -268,9 +268,32 @@ def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
     """The benchmark's model building, timing and extrapolation, on layers shrunk to CPU size."""
     from ds4tui.engine import synthetic
 
-    r = synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, n_embd=256,
-                                  n_head=4, head_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2, n_expert=8,
-                                  n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
-    assert r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
-    assert r["decode_tokens_per_s"] > 0 and r["bytes_per_token"] > 0 and r["roofline_fraction"] is None
+    shrunk = dict(n_embd=256, n_head=4, head_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2, n_expert=8,
+                  n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
+    real_time = synthetic._time_model
+    timed = []
+
+    def fixed_times(model, **kw):  # run the real timing, then report known times: the arithmetic is checked
+        r = real_time(model, **kw)
+        timed.append(r["layers"])
+        return {**r, "decode_ms": 10.0 + 2.0 * r["layers"], "verify_ms": 20.0 + 5.0 * r["layers"]}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(synthetic, "_time_model", fixed_times)
+        r = synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, **shrunk)
+    assert timed == [2, 4] and r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
+    assert r["per_layer_ms"] == {"decode_ms": 2.0, "verify_ms": 5.0} and r["fixed_ms"] == {"decode_ms": 10.0,
+                                                                                          "verify_ms": 20.0}
+    assert r["decode_ms"] == pytest.approx(10.0 + 43 * 2.0) and r["decode_tokens_per_s"] == pytest.approx(1e3 / 96.0)
+    assert r["verify_over_decode"] == pytest.approx((20.0 + 43 * 5.0) / 96.0)
+    assert r["bytes_per_token"] > 0 and r["roofline_fraction"] is None
     assert "verify(1+5 rows) / decode(1 row)" in synthetic.render(r)
+
+    def noisy(model, **kw):  # the 4-layer model timed faster: refuse to extrapolate
+        r = real_time(model, **kw)
+        return {**r, "decode_ms": 10.0 - r["layers"], "verify_ms": 20.0 + r["layers"]}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(synthetic, "_time_model", noisy)
+        with pytest.raises(RuntimeError, match="timing noise exceeds two layers' cost"):
+            synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, **shrunk)

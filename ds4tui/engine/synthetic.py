@@ -171,6 +171,11 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
                      log=log)
     b2, b4 = bytes_per_token(small, ctx + n_decode // 2)["total"], bytes_per_token(big, ctx + n_decode // 2)["total"]
     per_layer = {k: (r4[k] - r2[k]) / 2 for k in ("decode_ms", "verify_ms")}
+    for k, v in per_layer.items():
+        if v <= 0:  # timing noise larger than two layers' cost: an extrapolation would be meaningless
+            raise RuntimeError(f"the 4-layer model's {k.split('_')[0]} ({r4[k]:.3f} ms) was not slower than the "
+                               f"2-layer model's ({r2[k]:.3f} ms): timing noise exceeds two layers' cost, so no "
+                               f"per-layer time can be extrapolated (time more tokens, on a quieter machine)")
     fixed = {k: r2[k] - 2 * per_layer[k] for k in per_layer}
     ext = {k: fixed[k] + target_layers * per_layer[k] for k in per_layer}
     bytes_layer = (b4 - b2) / 2
