@@ -61,7 +61,6 @@ class FakeChatEngine:
         self._tokens = 0
         self._stop = threading.Event()
         self._busy = threading.Lock()
-        self.last_snapshot = None
         self.calls: list[tuple] = []
         self.info = W.ChatInfo(
             model_path=str(options.model), model_name="demo.gguf", backend="cpu", backend_note="", n_threads=2, n_ctx=4096,
@@ -100,7 +99,6 @@ class FakeChatEngine:
             dspark=st, knobs=self.knobs, events=tuple(self._events), n_tokens=40 + self._tokens, n_ctx=4096,
             generating=bool(generating), turn=1, turn_tokens=self._tokens, turn_draft_tokens=self._tokens // 3,
             turn_decode_s=0.01 * self._cycles)
-        self.last_snapshot = snap
         return snap
 
     def memory(self) -> S.Memory:

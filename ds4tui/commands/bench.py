@@ -712,6 +712,19 @@ def _usage_error(args) -> str | None:
     return None
 
 
+def _emit(args, result: dict, render) -> int | None:
+    """Write the JSON to ``--out`` (if given) and print JSON or ``render(result)``; an exit status
+    if the file cannot be written, else None."""
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        try:
+            _write_out(args.out, text + "\n")
+        except BenchError as exc:
+            return _fail(str(exc), args, exc)
+    print(text if args.json else render(result))
+    return None
+
+
 def run_synthetic(args: argparse.Namespace) -> int:
     """``--synthetic flash``: full-width synthetic layers (ds4tui.engine.synthetic)."""
     from ds4tui.engine import synthetic
@@ -725,14 +738,7 @@ def run_synthetic(args: argparse.Namespace) -> int:
                                            log=lambda m: print(m, file=sys.stderr, flush=True))
     except (EngineError, RuntimeError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
-    text = json.dumps(result, indent=2)
-    if args.out is not None:
-        try:
-            _write_out(args.out, text + "\n")
-        except BenchError as exc:
-            return _fail(str(exc), args, exc)
-    print(text if args.json else synthetic.render(result))
-    return 0
+    return _emit(args, result, synthetic.render) or 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -770,13 +776,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)
     except BenchError as exc:
         return _fail(str(exc), args, exc)
-    text = json.dumps(result, indent=2)
-    if args.out is not None:
-        try:
-            _write_out(args.out, text + "\n")
-        except BenchError as exc:
-            return _fail(str(exc), args, exc)
-    print(text if args.json else render_ab_text(result) if args.ab else render_text(result))
+    failed = _emit(args, result, render_ab_text if args.ab else render_text)
+    if failed is not None:
+        return failed
     if args.ab and not result["outputs_identical"]:
         print(f"{_PREFIX} error: the greedy outputs of the arms differ: " + "; ".join(
             f"{x['arm']} ({x['kind']} prompt) from token {x['first_difference']}" for x in result["mismatches"]),

@@ -268,7 +268,7 @@ class ChatEngine:
         self._stop = threading.Event()
         self._busy = threading.Lock()
         self._turn = 0
-        self._last: StatsSnapshot | None = None
+        self._progress: tuple = (0, 0, 0, None)  # turn, tokens, accepted drafts, first-token time
         self.info = self._info(model, support)
 
     def _info(self, model, support) -> ChatInfo:
@@ -482,20 +482,14 @@ class ChatEngine:
         """The counters now.  From the worker thread between cycles; from another thread it waits
         for the running cycle to end (``Session.dspark_stats``)."""
         s = self.session
-        turn, n, nd, t_first = getattr(self, "_progress", (0, 0, 0, None))
+        turn, n, nd, t_first = self._progress
         snap = StatsSnapshot(
             t=time.monotonic(), stats=s.stats(), dspark=s.dspark_stats() if self.counts_dspark else None,
             knobs=self.knobs, events=tuple(s.dspark_events()) if self.has_dspark else (),
             n_tokens=s.n_tokens, n_ctx=s.n_ctx, generating=self.generating if generating is None else generating,
             turn=turn, turn_tokens=n, turn_draft_tokens=nd,
             turn_decode_s=0.0 if t_first is None else time.perf_counter() - t_first)
-        self._last = snap
         return snap
-
-    @property
-    def last_snapshot(self) -> StatsSnapshot | None:
-        """The most recent snapshot taken (by the worker during a turn), without waiting."""
-        return self._last
 
     def memory(self) -> S.Memory:
         """Bytes the engine holds (weights, KV, compressor state, scratch, device)."""
@@ -511,7 +505,6 @@ class ChatEngine:
         if self.generating:
             raise S.StateError("stop the running turn first")
         self.session.reset_stats()
-        self._last = None
 
     def close(self) -> None:
         """Stop a running turn, then free the session and the engine (waits for the running cycle)."""

@@ -132,9 +132,6 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    def clear(self) -> None:
-        self.remove_children()
-
 
 class PromptInput(Input):
     """The prompt line: Enter sends; ↑/↓ walk through the prompts sent before."""
