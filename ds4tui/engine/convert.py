@@ -614,8 +614,11 @@ def tokenizer_json_path(tokenizer_json: str | os.PathLike | None, folder: Path |
 
 def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "q2",
             tokenizer_json: str | os.PathLike | None = None, name: str | None = None,
-            progress: Progress | None = None, overwrite: bool = False) -> Path:
+            progress: Progress | None = None, overwrite: bool = False, token_embd_q8: bool = False) -> Path:
     """Convert a checkpoint folder to a DS4-layout GGUF; returns the output path.
+
+    ``token_embd_q8`` stores the token embedding as Q8_0 instead of the mode's type (half the size
+    of F16; ``token_embd.weight`` accepts any dense type, spec ds4.md §3.3).
 
     Raises :class:`ConversionError` (missing/misshaped/non-finite source tensors, bad config, an
     output path that exists — unless ``overwrite`` — or is a folder, an input, or in a missing
@@ -632,7 +635,10 @@ def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "
     if len(vocab.tokens) != cfg.n_vocab:
         raise ConversionError(f"tokenizer has {len(vocab.tokens)} tokens, config.json vocab_size = {cfg.n_vocab}")
     src = _Sources(ckpt, cfg.n_expert)
-    plan = [PlannedTensor(s, choose_type(s, types), (lambda s=s: src.load(s))) for s in L.model_tensor_specs(cfg)]
+    def qtype(s: TensorSpec) -> T:
+        return T.Q8_0 if token_embd_q8 and s.name == "token_embd.weight" else choose_type(s, types)
+
+    plan = [PlannedTensor(s, qtype(s), (lambda s=s: src.load(s))) for s in L.model_tensor_specs(cfg)]
     return write_gguf(out, L.ARCH,
                       lambda w: write_model_metadata(w, cfg, vocab, name=name or ckpt.folder.name, n_mtp=max(n_mtp, 1)),
                       plan, progress, overwrite=overwrite)

@@ -1,0 +1,545 @@
+"""Train the bundled demo model (a small DeepSeek V4) and its DSpark drafter, and export both to GGUF.
+
+``python tools/train_demo.py CORPUS_DIR OUT_DIR [--target-seconds S] [--drafter-seconds S] [--seed N]``
+
+Needs ``torch`` and ``transformers`` (>= 5.23, ``DeepseekV4ForCausalLM``), which are not ds4tui
+dependencies; runs on one CUDA GPU (``--device cpu`` for a smoke run).  ``CORPUS_DIR`` comes
+from ``tools/demo_corpus.py`` (token ids of the Python standard library, train / held-out split).
+
+**Target.**  transformers' own ``DeepseekV4ForCausalLM`` with :func:`demo_config`: the tiny layout
+of spec ds4.md §6 (hidden 256, 6 layers: 2 sliding, 2 compressed-sparse with the lightning
+indexer, 2 heavily-compressed; 1 hash-routed and 5 learned-routed MoE layers of 16 experts, 6 used;
+4 hyper-connection streams) with a 64-token sliding window and indexer top-16, trained from
+scratch with AdamW on random 512-token windows of the corpus, bf16 autocast, for a fixed wall-clock
+budget (the learning-rate schedule is a function of elapsed time so that the run ends on time).
+Token ids that never occur in the training split start (and therefore stay) identical: zero
+embedding rows, equal LM-head rows — so the exported GGUF compresses to a fraction of its size.
+The hash-routing table gets 6 distinct random experts per seen token.
+
+**Drafter** (spec dspark.md §1-§2, the reference anchor layout of §2.5): 3 stages (sliding-window
+attention over the support window + the whole block, non-causal, with sinks; learned-routed MoE;
+hyper-connections), block 5, Markov rank 32 (vanilla head), confidence head on ``[h_k ; W1[x_{k-1}]]``
+with the pre-norm ``h_k``, capture of the last three target layers (stream means after each layer).
+:class:`Drafter` keeps its parameters in the GGUF tensor shapes of
+``ds4tui.engine.layout.support_tensor_specs`` and computes exactly what
+``ds4tui.engine.reference.ReferenceDrafter`` computes (no FP8 simulation).  Training: frozen target,
+random anchors ``a`` in random windows; block input ``[x_a, noise×4]`` at positions ``a … a+4``;
+row ``k`` is trained towards the target's distribution at ``a+k`` (the token after ``a+k``):
+``0.1·CE(argmax) + 0.9·‖p_d − p_t‖₁ + 1.0·BCE(c_k, 1 − ½‖p_d − p_t‖₁)``, rows weighted by
+``exp(−k/4)`` (DSpark paper §3.3; released config ``loss_decay_gamma = 4``); the Markov head is
+teacher-forced with the target's argmax tokens.
+
+**Export**: the target through ``save_pretrained`` and ds4tui's converter (q2 mix, Q8_0 token
+embedding), the drafter through ``write_support_gguf`` (q2 mix).  ``OUT_DIR`` gets
+``model.gguf``, ``support.gguf``, ``train_log.json`` (losses, steps, speeds, config, seeds,
+versions) and ``hf/`` (the transformers checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ds4tui.devtools.make_test_model import hf_config_json, tiny_config
+from ds4tui.engine import layout as L
+from ds4tui.engine.convert import SupportParams, convert, write_support_gguf
+from ds4tui.engine.layout import DS4Config
+
+NOISE_TOKEN = 128799
+"""Mask/noise token of the drafter's block (spec dspark.md §2.1)."""
+BLOCK = 5
+RANK = 32
+SEQ = 512
+
+
+def demo_config() -> DS4Config:
+    """The demo model's shape: spec ds4.md §6 'tiny' with a 64-token window, indexer top-16, 1 hash layer."""
+    return dataclasses.replace(tiny_config(), sliding_window=64, indexer_top_k=16, n_hash_layer=1)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def lr_at(frac: float, peak: float, warm: float = 0.03) -> float:
+    """Linear warm-up over the first ``warm`` of the budget, then cosine to 10 % of ``peak``."""
+    if frac < warm:
+        return peak * frac / warm
+    t = min(1.0, (frac - warm) / (1.0 - warm))
+    return peak * (0.1 + 0.45 * (1.0 + math.cos(math.pi * t)))
+
+
+class Windows:
+    """Random ``length``-token windows of a token array (seeded generator, int64 on ``device``)."""
+
+    def __init__(self, tokens: np.ndarray, length: int, device: str, seed: int):
+        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.length, self.device = length, device
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def batch(self, n: int) -> torch.Tensor:
+        start = torch.randint(0, self.tokens.numel() - self.length, (n,), generator=self.gen)
+        idx = start[:, None] + torch.arange(self.length)[None, :]
+        return self.tokens[idx].to(self.device)
+
+    def fixed(self, n: int) -> torch.Tensor:
+        """``n`` evenly spaced windows (the same every call)."""
+        start = torch.linspace(0, self.tokens.numel() - self.length - 1, n).long()
+        return self.tokens[start[:, None] + torch.arange(self.length)[None, :]].to(self.device)
+
+
+# ---- target ----------------------------------------------------------------------------------
+
+def build_target(c: DS4Config, seen: np.ndarray, work: Path, seed: int, device: str):
+    import transformers
+
+    torch.manual_seed(seed)
+    (work / "hf").mkdir(parents=True, exist_ok=True)
+    (work / "hf" / "config.json").write_text(json.dumps(hf_config_json(c), indent=1))
+    cfg = transformers.AutoConfig.from_pretrained(str(work / "hf"))
+    cfg._attn_implementation = "eager"
+    model = transformers.DeepseekV4ForCausalLM(cfg)
+    unseen = torch.from_numpy(seen == 0)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        keep = emb[NOISE_TOKEN].clone()
+        emb[unseen] = 0.0
+        emb[NOISE_TOKEN] = keep  # the drafter's mask input needs a non-zero row
+        model.lm_head.weight[unseen] = 0.0
+        for i in range(c.n_hash_layer):
+            table = torch.stack([torch.randperm(c.n_expert, generator=g)[:c.n_expert_used] for _ in range(c.n_vocab)])
+            table[unseen] = torch.arange(c.n_expert_used)
+            model.model.layers[i].mlp.gate.tid2eid.copy_(table)
+    return model.to(device)
+
+
+def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over a ``[B, T]`` batch."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        hidden = model.model(input_ids=ids[:, :-1], use_cache=False).last_hidden_state
+        logits = model.lm_head(hidden)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batch: int, peak_lr: float) -> dict:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=peak_lr, betas=(0.9, 0.95), eps=1e-8)
+    history, t0, step, tokens = [], time.time(), 0, 0
+    model.train()
+    while True:
+        frac = (time.time() - t0) / seconds
+        if frac >= 1.0:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(frac, peak_lr)
+        loss = lm_loss(model, train.batch(batch))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += batch * (train.length - 1)
+        if step % 25 == 0 or step == 1:
+            rec = {"step": step, "s": round(time.time() - t0, 1), "tokens": tokens, "lr": opt.param_groups[0]["lr"],
+                   "train_loss": round(float(loss), 4), "grad_norm": round(float(gn), 3)}
+            if step % 100 == 0 or step == 1:
+                rec["heldout_loss"] = round(evaluate(model, held), 4)
+                model.train()
+            history.append(rec)
+            log(f"target {json.dumps(rec)}")
+    final = {"steps": step, "tokens": tokens, "seconds": round(time.time() - t0, 1),
+             "heldout_loss": round(evaluate(model, held), 4)}
+    log(f"target done {json.dumps(final)}")
+    return {"history": history, **final}
+
+
+@torch.no_grad()
+def evaluate(model, held: torch.Tensor) -> float:
+    model.eval()
+    return float(torch.stack([lm_loss(model, held[i:i + 8]) for i in range(0, held.shape[0], 8)]).mean())
+
+
+# ---- drafter ---------------------------------------------------------------------------------
+
+def _rms(x: torch.Tensor, eps: float, w: torch.Tensor | None = None) -> torch.Tensor:
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+class Drafter(nn.Module):
+    """The DSpark drafter in torch, parameters named and shaped as the support GGUF's tensors.
+
+    ``forward(ids[S, N], caps[S, N, n_capture·H], anchors[A])`` → ``(logits_base[S, A·B, V],
+    h[S, A·B, H])``: ``caps`` are the captured target rows (stream means of the capture layers,
+    concatenated in layer order); anchors are positions ``a`` (block at ``a … a+B-1``, context
+    ``max(0, a-W) … a-1``).  Follows ``ReferenceDrafter`` (spec dspark.md §2.3-§2.4).
+    """
+
+    def __init__(self, c: DS4Config, embed: torch.Tensor, head: torch.Tensor, seen: np.ndarray, seed: int):
+        super().__init__()
+        self.c = c
+        self.specs = L.support_tensor_specs(c, 3, 3, RANK)
+        self.embed, self.head = embed, head  # frozen target tensors [V, H]
+        g = torch.Generator().manual_seed(seed)
+        unseen = torch.from_numpy(seen == 0)
+        self.w = nn.ParameterDict()
+        for s in self.specs:
+            name, shape = s.name, s.shape
+            if name.endswith(("_scale.weight",)) or (name.endswith("norm.weight")):
+                t = torch.ones(shape)
+            elif name.endswith(("_base.weight", "attn_sinks.weight", "exp_probs_b.bias", "confidence_head.proj.weight")):
+                t = torch.zeros(shape)
+            else:
+                t = torch.randn(shape, generator=g) * 0.02
+            if "markov" in name:
+                t[unseen] = 0.0
+            self.w[name.replace(".", "__")] = nn.Parameter(t, requires_grad=not name.endswith("exp_probs_b.bias"))
+        half = c.n_rot // 2
+        self.register_buffer("freq", (c.rope_freq_base ** (-2.0 * torch.arange(half, dtype=torch.float64) / c.n_rot)).float())
+
+    def p(self, name: str) -> torch.Tensor:
+        return self.w[name.replace(".", "__")]
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {s.name: self.p(s.name).detach().float().cpu().numpy() for s in self.specs}
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """Interleaved RoPE on the last ``n_rot`` lanes; ``x[S, T, ..., D]``, ``pos[T]``."""
+        ang = pos.float()[:, None] * self.freq[None, :]
+        shape = (1, pos.numel()) + (1,) * (x.dim() - 3) + (self.freq.numel(),)
+        cos, sin = ang.cos().view(shape), ang.sin().view(shape)
+        if inverse:
+            sin = -sin
+        d = x.shape[-1] - self.c.n_rot
+        a, b = x[..., d::2], x[..., d + 1::2]
+        tail = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        return torch.cat((x[..., :d], tail), dim=-1)
+
+    def hc_pre(self, X, pre_name):
+        c, HC = self.c, self.c.hc_count
+        fn, base, scale = (self.p(pre_name + k) for k in ("fn.weight", "base.weight", "scale.weight"))
+        m = _rms(X.flatten(-2), c.rms_eps) @ fn.T
+        pre = torch.sigmoid(scale[0] * m[..., :HC] + base[:HC]) + c.hc_eps
+        post = 2.0 * torch.sigmoid(scale[1] * m[..., HC:2 * HC] + base[HC:2 * HC])
+        comb = (scale[2] * m[..., 2 * HC:] + base[2 * HC:]).unflatten(-1, (HC, HC))
+        comb = torch.softmax(comb, dim=-1) + c.hc_eps
+        comb = comb / (comb.sum(-2, keepdim=True) + c.hc_eps)
+        for _ in range(c.hc_sinkhorn_iters - 1):
+            comb = comb / (comb.sum(-1, keepdim=True) + c.hc_eps)
+            comb = comb / (comb.sum(-2, keepdim=True) + c.hc_eps)
+        return torch.einsum("sta,stad->std", pre, X), post, comb
+
+    @staticmethod
+    def hc_post(X, out, post, comb):
+        return post[..., None] * out[..., None, :] + torch.einsum("stab,stad->stbd", comb, X)
+
+    def kv(self, pre: str, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.rope(_rms(x @ self.p(pre + "attn_kv.weight").T, self.c.rms_eps, self.p(pre + "attn_kv_a_norm.weight")), pos)
+
+    def moe(self, pre: str, x: torch.Tensor) -> torch.Tensor:
+        c = self.c
+        scores = torch.sqrt(F.softplus(x @ self.p(pre + "ffn_gate_inp.weight").T))
+        idx = torch.topk(scores + self.p(pre + "exp_probs_b.bias"), c.n_expert_used, dim=-1).indices
+        wsel = scores.gather(-1, idx)
+        wsel = wsel / (wsel.sum(-1, keepdim=True) + 1e-20) * c.expert_weights_scale
+        gates = torch.zeros_like(scores).scatter(-1, idx, wsel)  # [S, T, E]
+        clamp = c.swiglu_clamp[-1]
+        a = torch.einsum("std,efd->stef", x, self.p(pre + "ffn_gate_exps.weight")).clamp(max=clamp)
+        b = torch.einsum("std,efd->stef", x, self.p(pre + "ffn_up_exps.weight")).clamp(-clamp, clamp)
+        y = torch.einsum("stef,edf,ste->std", F.silu(a) * b, self.p(pre + "ffn_down_exps.weight"), gates)
+        cs = c.swiglu_clamp_shexp[-1] if c.swiglu_clamp_shexp else clamp
+        sa = (x @ self.p(pre + "ffn_gate_shexp.weight").T).clamp(max=cs)
+        sb = (x @ self.p(pre + "ffn_up_shexp.weight").T).clamp(-cs, cs)
+        return y + (F.silu(sa) * sb) @ self.p(pre + "ffn_down_shexp.weight").T
+
+    def forward(self, ids: torch.Tensor, caps: torch.Tensor, anchors: torch.Tensor):
+        c, S, N = self.c, ids.shape[0], ids.shape[1]
+        A, B, NH, D, W = anchors.numel(), BLOCK, c.n_head, c.head_dim, c.sliding_window
+        dev = ids.device
+        mx = _rms(caps @ self.p("mtp.0.main_proj.weight").T, c.rms_eps, self.p("mtp.0.main_norm.weight"))
+        ctx_pos = torch.arange(N, device=dev)
+        blk_pos = (anchors[:, None] + torch.arange(B, device=dev)[None, :]).reshape(-1)  # [A·B]
+        inputs = torch.full((S, A, B), NOISE_TOKEN, dtype=torch.long, device=dev)
+        inputs[:, :, 0] = ids[:, anchors]
+        X = self.embed[inputs.reshape(S, A * B)][:, :, None, :].expand(S, A * B, c.hc_count, c.n_embd)
+        # visibility [A·B, N + A·B]: the window of context rows before the anchor, and the own block
+        a_of_row = anchors.repeat_interleave(B)
+        ctx_vis = (ctx_pos[None, :] < a_of_row[:, None]) & (ctx_pos[None, :] >= a_of_row[:, None] - W)
+        blk_of_row = torch.arange(A, device=dev).repeat_interleave(B)
+        blk_vis = blk_of_row[:, None] == blk_of_row[None, :]
+        visible = torch.cat((ctx_vis, blk_vis), dim=1)
+        for s in range(3):
+            pre = f"mtp.{s}."
+            x, post, comb = self.hc_pre(X, pre + "hc_attn_")
+            x = _rms(x, c.rms_eps, self.p(pre + "attn_norm.weight"))
+            qr = _rms(x @ self.p(pre + "attn_q_a.weight").T, c.rms_eps, self.p(pre + "attn_q_a_norm.weight"))
+            q = self.rope(_rms((qr @ self.p(pre + "attn_q_b.weight").T).unflatten(-1, (NH, D)), c.rms_eps), blk_pos)
+            keys = torch.cat((self.kv(pre, mx, ctx_pos), self.kv(pre, x, blk_pos)), dim=1)  # [S, N+AB, D]
+            sc = torch.einsum("sthd,srd->shtr", q, keys) / math.sqrt(D)
+            sc = sc.masked_fill(~visible[None, None], float("-inf"))
+            sink = self.p(pre + "attn_sinks.weight").view(1, NH, 1, 1).expand(S, NH, A * B, 1)
+            prob = torch.softmax(torch.cat((sc, sink), dim=-1), dim=-1)[..., :-1]
+            o = self.rope(torch.einsum("shtr,srd->sthd", prob, keys), blk_pos, inverse=True)
+            G, R = c.o_groups, c.o_lora_rank
+            wa = self.p(pre + "attn_output_a.weight").view(G, R, -1)
+            u = torch.einsum("stgi,gri->stgr", o.reshape(S, A * B, G, -1), wa).reshape(S, A * B, G * R)
+            X = self.hc_post(X, u @ self.p(pre + "attn_output_b.weight").T, post, comb)
+            x, post, comb = self.hc_pre(X, pre + "hc_ffn_")
+            X = self.hc_post(X, self.moe(pre, _rms(x, c.rms_eps, self.p(pre + "ffn_norm.weight"))), post, comb)
+        last = "mtp.2."
+        f = _rms(X.flatten(-2), c.rms_eps)
+        wh = torch.sigmoid(self.p(last + "hc_head_scale.weight")[0] * (f @ self.p(last + "hc_head_fn.weight").T)
+                           + self.p(last + "hc_head_base.weight")) + c.hc_eps
+        h = torch.einsum("sta,stad->std", wh, X)
+        base = _rms(h, c.rms_eps, self.p(last + "norm.weight")) @ self.head.T
+        return base, h
+
+    def markov(self, prev: torch.Tensor):
+        """``W1[prev]`` and the bias ``W2·W1[prev]`` for token ids ``prev[...]``."""
+        m = self.p("mtp.2.markov_head.markov_w1.weight")[prev]
+        return m, m @ self.p("mtp.2.markov_head.markov_w2.weight").T
+
+    def confidence_logit(self, h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return torch.cat((h, m), dim=-1) @ self.p("mtp.2.confidence_head.proj.weight").reshape(-1)
+
+
+def capture(model, capture_layers):
+    """Forward hooks that keep the stream mean of each capture layer's output."""
+    store: dict[int, torch.Tensor] = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda mod, args, out, i=i: store.__setitem__(i, out.float().mean(dim=2))) for i in capture_layers]
+    return store, hooks
+
+
+def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tensor, capture_layers, store):
+    """Loss terms of one drafter batch (see the module docstring) and acceptance statistics."""
+    S, A, B = ids.shape[0], anchors.numel(), BLOCK
+    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [S, N, H], normed
+        rows = (anchors[:, None] + torch.arange(B, device=ids.device)[None, :]).reshape(-1)
+        tlog = model.lm_head(hidden[:, rows]).float()  # [S, A·B, V]: target at a+k predicts a+k+1
+    caps = torch.cat([store[i] for i in capture_layers], dim=-1)
+    p_t = torch.softmax(tlog, dim=-1)
+    y = tlog.argmax(-1)  # [S, A·B]
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        base, h = drafter(ids, caps, anchors)
+    prev = torch.cat((ids[:, anchors][:, :, None], y.view(S, A, B)[:, :, :-1]), dim=2).reshape(S, A * B)
+    m, bias = drafter.markov(prev)
+    logits = base.float() + bias.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    ce = -logp.gather(-1, y[..., None])[..., 0]
+    tv = (logp.exp() - p_t).abs().sum(-1)
+    target_c = (1.0 - 0.5 * tv).clamp(0, 1).detach()
+    c_logit = drafter.confidence_logit(h.float(), m.float())
+    bce = F.binary_cross_entropy_with_logits(c_logit, target_c, reduction="none")
+    k = torch.arange(A * B, device=ids.device) % B
+    wk = torch.exp(-k.float() / 4.0)
+    wk = wk / wk.sum()
+    loss = ((0.1 * ce + 0.9 * tv + bce) * wk).sum(-1).mean()
+    hit = (logits.argmax(-1) == y).view(S, A, B).float()
+    return loss, {"ce": float((ce * wk).sum(-1).mean()), "tv": float((tv * wk).sum(-1).mean()),
+                  "bce": float((bce * wk).sum(-1).mean()), "hit_per_pos": hit.mean(dim=(0, 1)).tolist(),
+                  "accept_len": float(hit.cumprod(-1).sum(-1).mean())}
+
+
+def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Config, seconds: float, batch: int,
+                  anchors_per_seq: int, peak_lr: float, seed: int) -> dict:
+    capture_layers = list(range(c.n_layer - 3, c.n_layer))
+    store, hooks = capture(model, capture_layers)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=peak_lr, betas=(0.9, 0.95),
+                            weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    N = train.length
+
+    def pick() -> torch.Tensor:
+        return torch.sort(torch.randperm(N - BLOCK - 8, generator=g)[:anchors_per_seq] + 8).values.to(train.device)
+
+    history, t0, step = [], time.time(), 0
+    while True:
+        frac = (time.time() - t0) / seconds
+        if frac >= 1.0:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(frac, peak_lr)
+        loss, st = drafter_step(model, drafter, train.batch(batch), pick(), capture_layers, store)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 25 == 0 or step == 1:
+            rec = {"step": step, "s": round(time.time() - t0, 1), "loss": round(float(loss), 4),
+                   "grad_norm": round(float(gn), 3), **{k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v])
+                                                         for k, v in st.items()}}
+            history.append(rec)
+            log(f"drafter {json.dumps(rec)}")
+    with torch.no_grad():
+        ga = torch.Generator().manual_seed(seed + 7)
+        anchors = torch.sort(torch.randperm(N - BLOCK - 8, generator=ga)[:anchors_per_seq] + 8).values.to(train.device)
+        stats = [drafter_step(model, drafter, held[i:i + batch], anchors, capture_layers, store)[1]
+                 for i in range(0, held.shape[0], batch)]
+    for h_ in hooks:
+        h_.remove()
+    held_stats = {"accept_len": float(np.mean([s["accept_len"] for s in stats])),
+                  "hit_per_pos": np.mean([s["hit_per_pos"] for s in stats], axis=0).round(4).tolist()}
+    log(f"drafter done steps={step} heldout {json.dumps(held_stats)}")
+    return {"history": history, "steps": step, "seconds": round(time.time() - t0, 1), "heldout": held_stats,
+            "capture_layers": capture_layers}
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+def tie_unseen(t: torch.Tensor, seen: np.ndarray) -> float:
+    """Set the rows of unseen token ids to their mean (they are equal up to rounding); return the max change."""
+    unseen = torch.from_numpy(seen == 0).to(t.device)
+    with torch.no_grad():
+        rows = t[unseen]
+        mean = rows.mean(dim=0, keepdim=True)
+        change = float((rows - mean).abs().max()) if rows.numel() else 0.0
+        t[unseen] = mean.expand_as(rows)
+    return change
+
+
+def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_json: str | None) -> dict:
+    info = {"lm_head_unseen_max_change": tie_unseen(model.lm_head.weight, seen),
+            "markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
+    model.to("cpu").float().save_pretrained(str(out / "hf"))
+    t0 = time.time()
+    convert(out / "hf", out / "model.gguf", types="q2", tokenizer_json=tokenizer_json, name="ds4tui-demo",
+            overwrite=True, token_embd_q8=True)
+    tensors = drafter.tensors()
+    params = SupportParams(n_stages=3, block_size=BLOCK, markov_rank=RANK, noise_token_id=NOISE_TOKEN,
+                           target_layer_ids=tuple(range(c.n_layer - 3, c.n_layer)))
+    write_support_gguf(out / "support.gguf", c, params, lambda spec: tensors[spec.name], types="q2",
+                       name="ds4tui-demo-dspark")
+    info.update(export_seconds=round(time.time() - t0, 1), model_bytes=(out / "model.gguf").stat().st_size,
+                support_bytes=(out / "support.gguf").stat().st_size)
+    log(f"export {json.dumps(info)}")
+    return info
+
+
+def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, n_tokens: int = 96) -> dict:
+    """Exported files against their sources, on ``n_tokens`` held-out tokens (numpy reference, fp32).
+
+    * an F32 GGUF of the same checkpoint, run by ``ReferenceModel(numerics="transformers")``, against
+      transformers' logits of the trained model (fp32, eager): the conversion is exact;
+    * the q2 ``model.gguf`` against the same logits: what the 2-bit mix costs;
+    * the torch :class:`Drafter` loaded with the support GGUF's dequantised tensors against
+      ``ReferenceDrafter`` on that GGUF (two anchors, one past the window): base logits, ``h``,
+      confidences and the greedy Markov chain.
+    """
+    from ds4tui.engine.reference import ReferenceDrafter, ReferenceModel
+
+    ids = [int(t) for t in held[:n_tokens]]
+    model = model.to("cpu").float().eval()
+    with torch.no_grad():
+        hf = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    convert(out / "hf", out / "model_f32.gguf", types="f32", tokenizer_json=tokenizer_json, overwrite=True)
+    res: dict = {"tokens": n_tokens}
+    for name in ("model_f32.gguf", "model.gguf"):
+        ref = ReferenceModel(out / name, numerics="transformers")
+        r = ref.prefill(ref.new_state(n_tokens + 8), ids, logits="all")
+        res[name] = {"max_abs_logit_diff_vs_transformers": float(np.abs(r.logits - hf).max()),
+                     "logit_std": float(hf.std()),
+                     "argmax_agreement": float((r.logits.argmax(-1) == hf.argmax(-1)).mean())}
+    (out / "model_f32.gguf").unlink()
+    ref = ReferenceModel(out / "model.gguf", numerics="transformers")
+    rd = ReferenceDrafter(ref, out / "support.gguf")
+    r = ref.prefill(ref.new_state(n_tokens + 8), ids, logits="all", capture=rd.capture_layers)
+    seen = np.ones(ref.config.n_vocab, np.uint8)
+    td = Drafter(ref.config, torch.from_numpy(ref.w.get("token_embd.weight")), torch.from_numpy(ref.w.get("output.weight")),
+                 seen, 0)
+    with torch.no_grad():
+        for s in td.specs:
+            td.p(s.name).copy_(torch.from_numpy(np.asarray(rd.w.get(s.name), np.float32).reshape(s.shape)))
+    caps = torch.from_numpy(np.concatenate([r.hidden[L] for L in rd.capture_layers], axis=-1))[None]
+    for a in (40, n_tokens - BLOCK - 1):
+        ds = rd.new_state()
+        rd.add_context(ds, np.arange(a), {L: h[:a] for L, h in r.hidden.items()})
+        prop = rd.propose(ds, ids[a])
+        with torch.no_grad():
+            base, h = td(torch.tensor([ids]), caps, torch.tensor([a]))
+            prev = torch.tensor([[ids[a]] + prop.greedy[:-1]])
+            m, bias = td.markov(prev)
+            chain = (base + bias)[0].argmax(-1).tolist()
+            conf = torch.sigmoid(td.confidence_logit(h, m))[0].numpy()
+        res[f"drafter_anchor_{a}"] = {
+            "max_abs_base_logit_diff": float(np.abs(base[0].numpy() - prop.base_logits).max()),
+            "base_logit_std": float(prop.base_logits.std()),
+            "max_abs_h_diff": float(np.abs(h[0].numpy() - prop.hidden).max()),
+            "max_abs_confidence_diff": float(np.abs(conf - prop.confidence).max()),
+            "greedy_equal": chain == prop.greedy}
+    log(f"check {json.dumps(res)}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("corpus", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--target-seconds", type=float, default=330.0)
+    ap.add_argument("--drafter-seconds", type=float, default=150.0)
+    ap.add_argument("--batch", type=int, default=48, help="target: windows per step")
+    ap.add_argument("--drafter-batch", type=int, default=16)
+    ap.add_argument("--anchors", type=int, default=48, help="drafter: anchors per window")
+    ap.add_argument("--seq", type=int, default=SEQ)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--drafter-lr", type=float, default=2e-3)
+    ap.add_argument("--heldout-windows", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tokenizer-json", default=None)
+    a = ap.parse_args(argv)
+    import transformers
+
+    t_start = time.time()
+    torch.manual_seed(a.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    a.out.mkdir(parents=True, exist_ok=True)
+    c = demo_config()
+    seen = np.load(a.corpus / "seen.npy")
+    seen[NOISE_TOKEN] = 0  # never in the text; its embedding row is kept random (see build_target)
+    train = Windows(np.load(a.corpus / "train.npy"), a.seq + 1, a.device, a.seed)
+    held = Windows(np.load(a.corpus / "heldout.npy"), a.seq + 1, a.device, a.seed).fixed(a.heldout_windows)
+    model = build_target(c, seen, a.out, a.seed, a.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"target: {n_params / 1e6:.1f} M parameters on {a.device}")
+    report = {"config": dataclasses.asdict(c), "seed": a.seed, "args": {k: str(v) for k, v in vars(a).items()},
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "numpy": np.__version__},
+              "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+              "corpus": json.loads((a.corpus / "manifest.json").read_text()), "target_parameters": n_params}
+    report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
+    drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed).to(a.device)
+    dtrain = Windows(np.load(a.corpus / "train.npy"), a.seq, a.device, a.seed + 1)
+    dheld = held[:, :a.seq]
+    report["drafter"] = train_drafter(model, drafter, dtrain, dheld, c, a.drafter_seconds, a.drafter_batch, a.anchors,
+                                      a.drafter_lr, a.seed)
+    drafter.embed = drafter.head = None
+    report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json)
+    report["check"] = check(model, a.out, np.load(a.corpus / "heldout.npy"), a.tokenizer_json)
+    report["total_seconds"] = round(time.time() - t_start, 1)
+    (a.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
+    log(f"done in {report['total_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
