@@ -29,6 +29,11 @@ row ``k`` is trained towards the target's distribution at ``a+k`` (the token aft
 ``exp(−k/4)`` (DSpark paper §3.3; released config ``loss_decay_gamma = 4``); the Markov head is
 teacher-forced with the target's argmax tokens.
 
+**Quantise and heal.**  The routed experts are then replaced by what their q2-mix bytes decode to
+(IQ2_XXS gate/up, Q2_K down: about a third of each weight is rounding error at 2 bits) and every
+other parameter trains on for ``--heal-seconds`` with the experts frozen, so the target the drafter
+learns from — and the one ``model.gguf`` holds — is the quantised one.
+
 **Export**: the target through ``save_pretrained`` and ds4tui's converter (q2 mix, Q8_0 token
 embedding), the drafter through ``write_support_gguf`` (q2 mix).  ``OUT_DIR`` gets
 ``model.gguf``, ``support.gguf``, ``train_log.json`` (losses, steps, speeds, config, seeds,
@@ -133,9 +138,12 @@ def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batch: int, peak_lr: float) -> dict:
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batch: int, peak_lr: float,
+                 label: str = "target") -> dict:
+    """AdamW on every parameter that requires grad, for ``seconds`` of wall clock; returns the log."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.dim() >= 2 and "embed" not in n]
+    other = [p for n, p in named if not (p.dim() >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=peak_lr, betas=(0.9, 0.95), eps=1e-8)
     history, t0, step, tokens = [], time.time(), 0, 0
@@ -149,22 +157,54 @@ def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batc
         loss = lm_loss(model, train.batch(batch))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        gn = torch.nn.utils.clip_grad_norm_([p for _, p in named], 1.0)
         opt.step()
         step += 1
         tokens += batch * (train.length - 1)
         if step % 25 == 0 or step == 1:
             rec = {"step": step, "s": round(time.time() - t0, 1), "tokens": tokens, "lr": opt.param_groups[0]["lr"],
-                   "train_loss": round(float(loss), 4), "grad_norm": round(float(gn), 3)}
+                   "train_loss": round(float(loss.detach()), 4), "grad_norm": round(float(gn), 3)}
             if step % 100 == 0 or step == 1:
                 rec["heldout_loss"] = round(evaluate(model, held), 4)
                 model.train()
             history.append(rec)
-            log(f"target {json.dumps(rec)}")
+            log(f"{label} {json.dumps(rec)}")
     final = {"steps": step, "tokens": tokens, "seconds": round(time.time() - t0, 1),
              "heldout_loss": round(evaluate(model, held), 4)}
-    log(f"target done {json.dumps(final)}")
+    log(f"{label} done {json.dumps(final)}")
     return {"history": history, **final}
+
+
+@torch.no_grad()
+def quantize_experts(model) -> tuple[dict, dict]:
+    """Replace every routed expert matrix by the values its q2-mix GGUF bytes decode to.
+
+    Gate/up rows become IQ2_XXS, down rows Q2_K (``ds4tui.engine.quants``, the converter's own
+    quantiser, block by block along each row).  Returns the full-precision originals (the export
+    writes those, and the converter's deterministic quantiser turns them into exactly these values)
+    and the relative error per type.
+    """
+    from gguf import GGMLQuantizationType as QT
+
+    from ds4tui.engine.quants import quantize_with_reconstruction
+
+    originals, err = {}, {"IQ2_XXS": [], "Q2_K": []}
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        originals[i] = (ex.gate_up_proj.detach().clone(), ex.down_proj.detach().clone())
+        for param, qt in ((ex.gate_up_proj, QT.IQ2_XXS), (ex.down_proj, QT.Q2_K)):
+            x = param.detach().float().cpu().numpy()
+            v = quantize_with_reconstruction(x, qt).values
+            err[qt.name].append(float(np.abs(v - x).mean() / np.abs(x).mean()))
+            param.copy_(torch.from_numpy(v).to(param.device, param.dtype))
+    return originals, {k: round(float(np.mean(v)), 4) for k, v in err.items()}
+
+
+def set_experts(model, values: dict) -> None:
+    with torch.no_grad():
+        for i, (gu, dn) in values.items():
+            model.model.layers[i].mlp.experts.gate_up_proj.copy_(gu)
+            model.model.layers[i].mlp.experts.down_proj.copy_(dn)
 
 
 @torch.no_grad()
@@ -417,10 +457,21 @@ def tie_unseen(t: torch.Tensor, seen: np.ndarray) -> float:
     return change
 
 
-def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_json: str | None) -> dict:
+def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_json: str | None,
+           originals: dict | None = None) -> dict:
+    """Write ``model.gguf`` and ``support.gguf``; with ``originals`` the checkpoint gets the full-precision
+    experts (whose quantisation is what the model was healed with) and the model keeps the quantised ones."""
     info = {"lm_head_unseen_max_change": tie_unseen(model.lm_head.weight, seen),
             "markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
-    model.to("cpu").float().save_pretrained(str(out / "hf"))
+    model.to("cpu").float()
+    quantised = None
+    if originals:
+        quantised = {i: (l.mlp.experts.gate_up_proj.detach().clone(), l.mlp.experts.down_proj.detach().clone())
+                     for i, l in enumerate(model.model.layers)}
+        set_experts(model, {i: (a.cpu().float(), b.cpu().float()) for i, (a, b) in originals.items()})
+    model.save_pretrained(str(out / "hf"))
+    if quantised:
+        set_experts(model, quantised)
     t0 = time.time()
     convert(out / "hf", out / "model.gguf", types="q2", tokenizer_json=tokenizer_json, name="ds4tui-demo",
             overwrite=True, token_embd_q8=True)
@@ -435,12 +486,16 @@ def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_
     return info
 
 
-def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, n_tokens: int = 96) -> dict:
+def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, originals: dict | None = None,
+          n_tokens: int = 96) -> dict:
     """Exported files against their sources, on ``n_tokens`` held-out tokens (numpy reference, fp32).
 
-    * an F32 GGUF of the same checkpoint, run by ``ReferenceModel(numerics="transformers")``, against
-      transformers' logits of the trained model (fp32, eager): the conversion is exact;
-    * the q2 ``model.gguf`` against the same logits: what the 2-bit mix costs;
+    * an F32 GGUF of the saved checkpoint (full-precision experts), run by
+      ``ReferenceModel(numerics="transformers")``, against transformers' logits of the same weights
+      (fp32, eager): the conversion is exact;
+    * the q2 ``model.gguf`` against transformers' logits of the healed model (quantised experts): the
+      rest of the q2 mix (Q8_0 matrices) costs little, and its routed experts decode to exactly the
+      healed model's values;
     * the torch :class:`Drafter` loaded with the support GGUF's dequantised tensors against
       ``ReferenceDrafter`` on that GGUF (two anchors, one past the window): base logits, ``h``,
       confidences and the greedy Markov chain.
@@ -449,11 +504,24 @@ def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, n_toke
 
     ids = [int(t) for t in held[:n_tokens]]
     model = model.to("cpu").float().eval()
-    with torch.no_grad():
-        hf = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+
+    def hf_logits() -> np.ndarray:
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+
+    want = {"model.gguf": hf_logits()}
+    if originals:
+        quantised = {i: (l.mlp.experts.gate_up_proj.detach().clone(), l.mlp.experts.down_proj.detach().clone())
+                     for i, l in enumerate(model.model.layers)}
+        set_experts(model, {i: (a.cpu().float(), b.cpu().float()) for i, (a, b) in originals.items()})
+        want["model_f32.gguf"] = hf_logits()
+        set_experts(model, quantised)
+    else:
+        want["model_f32.gguf"] = want["model.gguf"]
     convert(out / "hf", out / "model_f32.gguf", types="f32", tokenizer_json=tokenizer_json, overwrite=True)
     res: dict = {"tokens": n_tokens}
     for name in ("model_f32.gguf", "model.gguf"):
+        hf = want[name]
         ref = ReferenceModel(out / name, numerics="transformers")
         r = ref.prefill(ref.new_state(n_tokens + 8), ids, logits="all")
         res[name] = {"max_abs_logit_diff_vs_transformers": float(np.abs(r.logits - hf).max()),
@@ -461,6 +529,13 @@ def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, n_toke
                      "argmax_agreement": float((r.logits.argmax(-1) == hf.argmax(-1)).mean())}
     (out / "model_f32.gguf").unlink()
     ref = ReferenceModel(out / "model.gguf", numerics="transformers")
+    diff = 0.0
+    for i, layer in enumerate(model.model.layers):
+        F_ = ref.config.n_ff_exp
+        gu, dn = layer.mlp.experts.gate_up_proj.detach().numpy(), layer.mlp.experts.down_proj.detach().numpy()
+        for name, want in (("ffn_gate_exps", gu[:, :F_]), ("ffn_up_exps", gu[:, F_:]), ("ffn_down_exps", dn)):
+            diff = max(diff, float(np.abs(ref.w.get(f"blk.{i}.{name}.weight") - want).max()))
+    res["experts_gguf_vs_model_max_abs"] = diff
     rd = ReferenceDrafter(ref, out / "support.gguf")
     r = ref.prefill(ref.new_state(n_tokens + 8), ids, logits="all", capture=rd.capture_layers)
     seen = np.ones(ref.config.n_vocab, np.uint8)
@@ -495,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("corpus", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--target-seconds", type=float, default=330.0)
+    ap.add_argument("--heal-seconds", type=float, default=60.0,
+                    help="training of everything but the routed experts after they are quantised")
+    ap.add_argument("--heal-lr", type=float, default=1e-3)
     ap.add_argument("--drafter-seconds", type=float, default=150.0)
     ap.add_argument("--batch", type=int, default=48, help="target: windows per step")
     ap.add_argument("--drafter-batch", type=int, default=16)
@@ -527,14 +605,20 @@ def main(argv: list[str] | None = None) -> int:
               "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
               "corpus": json.loads((a.corpus / "manifest.json").read_text()), "target_parameters": n_params}
     report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
+    originals, report["expert_quant_rel_error"] = quantize_experts(model)
+    report["heldout_loss_after_quantisation"] = round(evaluate(model, held), 4)
+    log(f"experts quantised: {report['expert_quant_rel_error']}, held-out loss {report['heldout_loss_after_quantisation']}")
+    for name, p in model.named_parameters():
+        p.requires_grad_(".experts." not in name)
+    report["heal"] = train_target(model, train, held, a.heal_seconds, a.batch, a.heal_lr, label="heal")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed).to(a.device)
     dtrain = Windows(np.load(a.corpus / "train.npy"), a.seq, a.device, a.seed + 1)
     dheld = held[:, :a.seq]
     report["drafter"] = train_drafter(model, drafter, dtrain, dheld, c, a.drafter_seconds, a.drafter_batch, a.anchors,
                                       a.drafter_lr, a.seed)
     drafter.embed = drafter.head = None
-    report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json)
-    report["check"] = check(model, a.out, np.load(a.corpus / "heldout.npy"), a.tokenizer_json)
+    report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals)
+    report["check"] = check(model, a.out, np.load(a.corpus / "heldout.npy"), a.tokenizer_json, originals)
     report["total_seconds"] = round(time.time() - t_start, 1)
     (a.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"done in {report['total_seconds']} s")
