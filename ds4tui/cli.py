@@ -171,7 +171,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "tokens and stream the text to stdout. With --json, print one JSON object at the end instead "
         "(prompt and generated token ids, text, timings, counters, memory).",
     )
-    p.add_argument("model", help="DS4 target GGUF")
+    p.add_argument("model", nargs="?", help="DS4 target GGUF (default: the bundled demo model, with its DSpark "
+                   "support model unless --mtp names another)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="the prompt text")
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin)")

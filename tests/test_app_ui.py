@@ -110,9 +110,7 @@ async def test_memory_pane_shows_gtt_and_vram_separately(tmp_path):
 
 
 def test_chat_command_errors(tmp_path, capsys, monkeypatch):
-    from ds4tui.commands import chat
-
-    monkeypatch.setattr(chat, "DEMO_DIR", tmp_path / "no-demo")
+    monkeypatch.setattr("ds4tui.demo.PACKAGE_DIR", tmp_path / "no-demo")
     assert cli.main(["chat"]) == 2
     assert "no bundled demo model" in capsys.readouterr().err
     assert cli.main([]) == 2  # plain `ds4tui` is `ds4tui chat`

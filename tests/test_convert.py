@@ -164,6 +164,15 @@ def test_cli_convert(small_f32, tmp_path, capsys):
     assert m.tensors["blk.1.hc_attn_fn.weight"].type.name == "F16"
     rc = cli_main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf"), "-q"])
     assert rc == 1 and "not a folder" in capsys.readouterr().err
+    # the q2 mix keeps the embedding in F16 unless --token-embd-q8 asks for Q8_0 (the demo model's choice)
+    for flag, want in (([], "F16"), (["--token-embd-q8"], "Q8_0")):
+        out = tmp_path / f"q2{len(flag)}.gguf"
+        assert cli_main(["convert", small_f32["hf"], str(out), "--types", "q2", "-q", *flag]) == 0
+        capsys.readouterr()
+        m = DS4Model(out)
+        assert m.tensors["token_embd.weight"].type.name == want
+        assert m.tensors["blk.1.ffn_gate_exps.weight"].type.name == "IQ2_XXS"
+        assert m.tensors["output.weight"].type.name == "Q8_0"
 
 
 def test_output_path_checks_happen_before_work(small_f32, tmp_path, capsys):

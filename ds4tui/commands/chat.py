@@ -9,19 +9,6 @@ from pathlib import Path
 
 _PREFIX = "ds4tui chat:"
 
-#: Where the bundled demo pair lives (package data), when this build ships one.
-DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
-
-
-def demo_pair() -> tuple[Path, Path | None] | None:
-    """The bundled demo model and its support model, or None when this build has no demo."""
-    model = DEMO_DIR / "model.gguf"
-    if not model.is_file():
-        return None
-    support = DEMO_DIR / "support.gguf"
-    return model, support if support.is_file() else None
-
-
 NO_DEMO = f"""{_PREFIX} no MODEL given and this build has no bundled demo model.
 Make a small test model (random weights: the text is noise, the speculation panes are real) and open it:
 
@@ -36,14 +23,16 @@ def options_from_args(args: argparse.Namespace):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
     from ds4tui.app import ChatOptions
 
+    from ds4tui.demo import demo_pair, stderr_progress
+
     model, support = args.model, args.mtp
     if model is None:
-        pair = demo_pair()
+        pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
         if pair is None:
             raise LookupError(NO_DEMO)
-        model = str(pair[0])
-        if support is None and pair[1] is not None:
-            support = str(pair[1])
+        model = str(pair.model)
+        if support is None:
+            support = str(pair.support)
     if args.dspark and support is None:
         raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
     for what, path in (("model", model), ("support model (--mtp)", support)):
@@ -60,8 +49,13 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ds4tui.demo import DemoError
+
     try:
         options = options_from_args(args)
+    except DemoError as exc:
+        print(f"{_PREFIX} {exc}", file=sys.stderr)
+        return 1
     except LookupError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2

@@ -88,6 +88,18 @@ def run(args: argparse.Namespace) -> int:
     from ds4tui.engine import session as S
 
     as_json = args.json
+    if args.model is None:
+        from ds4tui.demo import DemoError, demo_pair, stderr_progress
+
+        try:
+            pair = demo_pair(None if as_json else stderr_progress)
+        except DemoError as exc:
+            return _fail(str(exc), as_json)
+        if pair is None:
+            return _fail("no MODEL given and this build has no bundled demo model", as_json, status=2)
+        args.model = str(pair.model)
+        if args.mtp is None and args.backend != "reference":
+            args.mtp = str(pair.support)
     why = _dspark_usage(args)
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's

@@ -1,0 +1,131 @@
+"""The bundled demo pair: a small DeepSeek V4 model trained on the Python standard library and its DSpark drafter.
+
+The package ships the two GGUFs xz-compressed (``model.gguf.xz``, ``support.gguf.xz``) with
+``demo.json`` (sizes and sha256 of the uncompressed files, how they were made).  On first use
+:func:`demo_pair` unpacks them into the user cache — ``$DS4TUI_DEMO_DIR`` if set, else
+``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
+model's sha256, checking every byte against ``demo.json``, and afterwards only checks the sizes.
+Unpacking writes to a temporary file in the same folder and renames it into place, so an
+interrupted first run leaves nothing half-written behind.
+
+How the pair was made (``tools/demo_corpus.py``, ``tools/train_demo.py``) and what it measures is in
+``demo.json`` and in the README.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+"""Where the compressed pair and ``demo.json`` live (package data)."""
+
+CHUNK = 1 << 20
+PROGRESS_EVERY = 8 << 20
+"""Bytes between two progress calls while unpacking."""
+
+
+class DemoError(RuntimeError):
+    """The demo pair cannot be unpacked (the message names the file or folder and what is wrong)."""
+
+
+@dataclass(frozen=True)
+class DemoPair:
+    """Paths of the unpacked demo model and support model."""
+
+    model: Path
+    support: Path
+
+
+def manifest() -> dict | None:
+    """``demo.json`` of this build, or None when the build ships no demo."""
+    path = PACKAGE_DIR / "demo.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Root folder the pair is unpacked into (see the module docstring)."""
+    if os.environ.get("DS4TUI_DEMO_DIR"):
+        return Path(os.environ["DS4TUI_DEMO_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ds4tui" / "demo"
+
+
+def _unpack(src: Path, dest: Path, size: int, sha256: str, progress: Callable[[str, int, int], None] | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    digest, done, reported = hashlib.sha256(), 0, 0
+    try:
+        with os.fdopen(fd, "wb") as out, lzma.open(src) as inp:
+            while chunk := inp.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                if progress and (done - reported >= PROGRESS_EVERY or done == size):
+                    progress(dest.name, done, size)
+                    reported = done
+        if done != size or digest.hexdigest() != sha256:
+            raise DemoError(f"{src}: unpacks to {done} bytes with sha256 {digest.hexdigest()[:16]}…, "
+                            f"demo.json expects {size} bytes with sha256 {sha256[:16]}… (damaged installation; "
+                            f"reinstall ds4tui)")
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def demo_pair(progress: Callable[[str, int, int], None] | None = None) -> DemoPair | None:
+    """The unpacked demo pair, unpacking it on first use; None when this build ships no demo.
+
+    ``progress(file_name, bytes_done, bytes_total)`` is called while unpacking.  Raises
+    :class:`DemoError` when a bundled file is missing or damaged, or the cache folder cannot be
+    written (the message names it and the variable that moves it).
+    """
+    m = manifest()
+    if m is None:
+        return None
+    files = m["files"]
+    folder = cache_dir() / files["model.gguf"]["sha256"][:16]
+    paths = {}
+    for name, info in files.items():
+        dest = folder / name
+        paths[name] = dest
+        if dest.is_file() and dest.stat().st_size == info["bytes"]:
+            continue
+        src = PACKAGE_DIR / (name + ".xz")
+        if not src.is_file():
+            raise DemoError(f"{src}: missing from this installation (reinstall ds4tui)")
+        try:
+            _unpack(src, dest, info["bytes"], info["sha256"], progress)
+        except OSError as exc:
+            raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc} "
+                            f"(set DS4TUI_DEMO_DIR to a writable folder)") from exc
+        except lzma.LZMAError as exc:
+            raise DemoError(f"{src}: not a valid xz file ({exc}); reinstall ds4tui") from exc
+    return DemoPair(paths["model.gguf"], paths["support.gguf"])
+
+
+def stderr_progress(name: str, done: int, total: int) -> None:
+    """Progress line for the first unpacking, on stderr."""
+    import sys
+
+    end = "\n" if done >= total else ""
+    print(f"\rds4tui: unpacking the demo {name} (first run): {done / total:4.0%} of {total / 2**20:.0f} MiB",
+          end=end, file=sys.stderr, flush=True)

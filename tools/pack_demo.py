@@ -1,0 +1,112 @@
+"""Put a trained demo pair into the package: ``ds4tui/demo/{model,support}.gguf.xz`` and ``demo.json``.
+
+``python tools/pack_demo.py OUT_DIR [--bench AB.json ...] [--corpus CORPUS_DIR]``
+
+``OUT_DIR`` is what ``tools/train_demo.py`` wrote (``model.gguf``, ``support.gguf``,
+``train_log.json``).  Both GGUFs are validated (target layout, support compatible with the target),
+compressed with xz (preset 6; the unseen-token rows that training kept identical make the
+files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
+uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
+summary, the ``ds4tui bench --ab`` results given with ``--bench`` and, with ``--corpus``, the
+held-out perplexity of the q2 GGUF measured with the native engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ds4tui.demo import PACKAGE_DIR, file_sha256
+from ds4tui.engine.gguf_model import DS4Model, SupportModel
+
+
+def bench_summary(path: Path) -> dict:
+    """Per arm and prompt kind (from ``ds4tui bench --ab --out`` JSON): tokens/s and its ratio to
+    target-only, accept rate, accepted drafts and tokens per cycle, per-position acceptance, and
+    verify / target decode ms."""
+    data = json.loads(path.read_text())
+    arms = {}
+    for arm in data["arms"]:
+        runs = {}
+        for r in arm["runs"]:
+            st = r.get("dspark_stats", {})
+            runs[r["kind"]] = {
+                "tokens_per_s": round(r["tokens_per_s"], 2), "ratio_to_target": round(r["ratio_to_target"], 3),
+                "accept_rate": round(r["accept_rate"], 2), "avg_accept": round(st.get("avg_accept", 0.0), 3),
+                "tokens_per_cycle": round(r["tokens_per_cycle"], 3), "cycles": st.get("cycles"),
+                "per_position_accept": [None if x is None else round(x, 3) for x in st.get("per_position_accept", [])],
+                "verify_ms_per_cycle": round(r["stage_ms_per_cycle"].get("verify", 0.0), 3),
+                "t_decode_ms": round(st.get("t_decode_ms", 0.0), 3)}
+        arms[arm["name"]] = {"knobs": arm["knobs"], "runs": runs}
+    return {"backend": data["backend"], "threads": data["n_threads"], "tokens": data["tokens"],
+            "outputs_identical": data["outputs_identical"], "arms": arms}
+
+
+def heldout_perplexity(model: Path, tokens: np.ndarray, windows: int = 8, length: int = 512) -> dict:
+    """Perplexity of ``model`` (native CPU engine, ds4 numerics) on ``windows`` evenly spaced
+    ``length``-token windows of the held-out split: every position's next-token log-likelihood."""
+    from ds4tui.engine.session import Engine
+
+    nll = []
+    with Engine(model) as engine:
+        for start in np.linspace(0, tokens.size - length - 1, windows).astype(int):
+            ids = tokens[start:start + length + 1].tolist()
+            session = engine.session(n_ctx=length + 8)
+            logits = session.prefill(ids[:-1], logits="all").astype(np.float64)
+            session.close()
+            top = logits.max(-1)
+            lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+            nll.append(lse - logits[np.arange(length), ids[1:]])
+    mean = float(np.concatenate(nll).mean())
+    return {"tokens": windows * length, "mean_nll": round(mean, 4), "perplexity": round(math.exp(mean), 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="the folder tools/train_demo.py wrote")
+    ap.add_argument("--bench", type=Path, nargs="*", default=[], help="ds4tui bench --ab --out JSON files to record")
+    ap.add_argument("--corpus", type=Path, help="tools/demo_corpus.py folder: measure held-out perplexity of the GGUF")
+    a = ap.parse_args(argv)
+    model, support = a.out / "model.gguf", a.out / "support.gguf"
+    target = DS4Model(model)
+    SupportModel(support, target.config).require_compatible()
+    log = json.loads((a.out / "train_log.json").read_text())
+    files = {}
+    for path in (model, support):
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        dest = PACKAGE_DIR / (path.name + ".xz")
+        with open(path, "rb") as src, lzma.open(dest, "wb", preset=6) as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        files[path.name]["xz_bytes"] = dest.stat().st_size
+        print(f"pack_demo: {dest} ({files[path.name]['xz_bytes'] / 2**20:.1f} MiB from "
+              f"{files[path.name]['bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
+    summary = {
+        "files": files,
+        "corpus": log["corpus"],
+        "training": {
+            "device": log["device"], "versions": log["versions"], "seed": log["seed"],
+            "target_parameters": log["target_parameters"],
+            "target": {k: log["target"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
+            "expert_quant_rel_error": log["expert_quant_rel_error"],
+            "heal": {k: log["heal"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
+            "drafter": {k: log["drafter"][k] for k in ("steps", "seconds", "heldout", "capture_layers")},
+            "check": log["check"],
+        },
+        "bench": {p.name: bench_summary(p) for p in a.bench},
+    }
+    if a.corpus:
+        summary["heldout_perplexity_gguf"] = heldout_perplexity(model, np.load(a.corpus / "heldout.npy"))
+        print(f"pack_demo: held-out perplexity {summary['heldout_perplexity_gguf']}", file=sys.stderr)
+    (PACKAGE_DIR / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
