@@ -85,6 +85,25 @@ def lr_at(frac: float, peak: float, warm: float = 0.03) -> float:
     return peak * (0.1 + 0.45 * (1.0 + math.cos(math.pi * t)))
 
 
+def timed_steps(opt, params, seconds: float, peak_lr: float, step_fn):
+    """Optimiser steps until ``seconds`` of wall clock have passed, the learning rate following :func:`lr_at`.
+
+    ``step_fn()`` returns ``(loss, extra)``; yields ``(step, elapsed_s, loss, grad_norm, extra)`` after each
+    step (gradients clipped to norm 1 over ``params``).
+    """
+    t0, step = time.time(), 0
+    while (frac := (time.time() - t0) / seconds) < 1.0:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(frac, peak_lr)
+        loss, extra = step_fn()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        yield step, time.time() - t0, float(loss.detach()), float(gn), extra
+
+
 class Windows:
     """Random ``length``-token windows of a token array (seeded generator, int64 on ``device``)."""
 
@@ -146,24 +165,18 @@ def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batc
     other = [p for n, p in named if not (p.dim() >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=peak_lr, betas=(0.9, 0.95), eps=1e-8)
-    history, t0, step, tokens = [], time.time(), 0, 0
+    history, tokens = [], 0
     model.train()
-    while True:
-        frac = (time.time() - t0) / seconds
-        if frac >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(frac, peak_lr)
-        loss = lm_loss(model, train.batch(batch))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_([p for _, p in named], 1.0)
-        opt.step()
-        step += 1
+
+    def one() -> tuple[torch.Tensor, dict]:
+        return lm_loss(model, train.batch(batch)), {}
+
+    step, t0 = 0, time.time()
+    for step, elapsed, loss, gn, _ in timed_steps(opt, [p for _, p in named], seconds, peak_lr, one):
         tokens += batch * (train.length - 1)
         if step % 25 == 0 or step == 1:
-            rec = {"step": step, "s": round(time.time() - t0, 1), "tokens": tokens, "lr": opt.param_groups[0]["lr"],
-                   "train_loss": round(float(loss.detach()), 4), "grad_norm": round(float(gn), 3)}
+            rec = {"step": step, "s": round(elapsed, 1), "tokens": tokens, "lr": opt.param_groups[0]["lr"],
+                   "train_loss": round(loss, 4), "grad_norm": round(gn, 3)}
             if step % 100 == 0 or step == 1:
                 rec["heldout_loss"] = round(evaluate(model, held), 4)
                 model.train()
@@ -390,10 +403,12 @@ def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tens
     wk = torch.exp(-k.float() / 4.0)
     wk = wk / wk.sum()
     loss = ((0.1 * ce + 0.9 * tv + bce) * wk).sum(-1).mean()
-    hit = (logits.argmax(-1) == y).view(S, A, B).float()
-    return loss, {"ce": float((ce * wk).sum(-1).mean()), "tv": float((tv * wk).sum(-1).mean()),
-                  "bce": float((bce * wk).sum(-1).mean()), "hit_per_pos": hit.mean(dim=(0, 1)).tolist(),
-                  "accept_len": float(hit.cumprod(-1).sum(-1).mean())}
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == y).view(S, A, B).float()
+        stats = {"ce": float((ce * wk).sum(-1).mean()), "tv": float((tv * wk).sum(-1).mean()),
+                 "bce": float((bce * wk).sum(-1).mean()), "hit_per_pos": hit.mean(dim=(0, 1)).tolist(),
+                 "accept_len": float(hit.cumprod(-1).sum(-1).mean())}
+    return loss, stats
 
 
 def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Config, seconds: float, batch: int,
@@ -411,23 +426,13 @@ def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Conf
     def pick() -> torch.Tensor:
         return torch.sort(torch.randperm(N - BLOCK - 8, generator=g)[:anchors_per_seq] + 8).values.to(train.device)
 
-    history, t0, step = [], time.time(), 0
-    while True:
-        frac = (time.time() - t0) / seconds
-        if frac >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(frac, peak_lr)
-        loss, st = drafter_step(model, drafter, train.batch(batch), pick(), capture_layers, store)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
+    history, step, t0 = [], 0, time.time()
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    one = lambda: drafter_step(model, drafter, train.batch(batch), pick(), capture_layers, store)  # noqa: E731
+    for step, elapsed, loss, gn, st in timed_steps(opt, params, seconds, peak_lr, one):
         if step % 25 == 0 or step == 1:
-            rec = {"step": step, "s": round(time.time() - t0, 1), "loss": round(float(loss), 4),
-                   "grad_norm": round(float(gn), 3), **{k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v])
-                                                         for k, v in st.items()}}
+            rec = {"step": step, "s": round(elapsed, 1), "loss": round(loss, 4), "grad_norm": round(gn, 3),
+                   **{k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]) for k, v in st.items()}}
             history.append(rec)
             log(f"drafter {json.dumps(rec)}")
     with torch.no_grad():
