@@ -8,7 +8,8 @@ compressed with xz (preset 6; the unseen-token rows that training kept identical
 files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
 summary, the ``ds4tui bench --ab`` results given with ``--bench`` and, with ``--corpus``, the
-held-out perplexity of the q2 GGUF measured with the native engine.
+held-out perplexity of the q2 GGUF measured with the native engine.  The full ``train_log.json``
+is copied next to them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import lzma
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["heldout_perplexity_gguf"] = heldout_perplexity(model, np.load(a.corpus / "heldout.npy"))
         print(f"pack_demo: held-out perplexity {summary['heldout_perplexity_gguf']}", file=sys.stderr)
     (PACKAGE_DIR / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
+    shutil.copyfile(a.out / "train_log.json", PACKAGE_DIR / "train_log.json")
     return 0
 
 
