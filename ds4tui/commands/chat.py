@@ -22,7 +22,6 @@ Make a small test model (random weights: the text is noise, the speculation pane
 def options_from_args(args: argparse.Namespace):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
     from ds4tui.app import ChatOptions
-
     from ds4tui.demo import demo_pair, stderr_progress
 
     model, support = args.model, args.mtp

@@ -635,6 +635,7 @@ def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, types: str = "
     if len(vocab.tokens) != cfg.n_vocab:
         raise ConversionError(f"tokenizer has {len(vocab.tokens)} tokens, config.json vocab_size = {cfg.n_vocab}")
     src = _Sources(ckpt, cfg.n_expert)
+
     def qtype(s: TensorSpec) -> T:
         return T.Q8_0 if token_embd_q8 and s.name == "token_embd.weight" else choose_type(s, types)
 
