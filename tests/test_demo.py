@@ -84,6 +84,23 @@ def test_damaged_or_truncated_files(tmp_path, monkeypatch):
     assert [p.name for p in folder.iterdir() if p.name.startswith("model")] == []
 
 
+def test_truncated_bundled_xz_is_a_clear_error(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    shutil.copy(demo.PACKAGE_DIR / "demo.json", pkg)
+    data = (demo.PACKAGE_DIR / "support.gguf.xz").read_bytes()
+    (pkg / "support.gguf.xz").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(demo, "PACKAGE_DIR", pkg)
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo, "_verified", lambda dest, size, sha: dest.name == "model.gguf")  # skip the big one
+    monkeypatch.setattr(demo, "PROGRESS_EVERY", 1 << 20)
+    ends = []
+    with pytest.raises(demo.DemoError, match=r"support\.gguf\.xz: not a valid xz file"):
+        demo.demo_pair(lambda name, done, total: ends.append(done))
+    assert ends and ends[-1] is None  # the progress line was ended
+    assert list((tmp_path / "cache").rglob("*.part")) == []
+
+
 def test_unwritable_cache_names_the_folder(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -92,12 +109,39 @@ def test_unwritable_cache_names_the_folder(tmp_path, monkeypatch):
         demo.demo_pair()
 
 
-def test_truncated_cached_file_is_unpacked_again(pair):
+def test_damaged_cached_file_is_unpacked_again(pair):
+    want = demo.manifest()["files"]["support.gguf"]["sha256"]
     size = pair.support.stat().st_size
     with open(pair.support, "r+b") as f:
         f.truncate(size // 2)
     assert demo.demo_pair() == pair and pair.support.stat().st_size == size
-    assert demo.file_sha256(pair.support) == demo.manifest()["files"]["support.gguf"]["sha256"]
+    assert demo.file_sha256(pair.support) == want
+    # same size, four bytes changed: the mtime no longer matches the .verified note, so it is hashed
+    with open(pair.support, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff\xff\xff\xff")
+    os.utime(pair.support, ns=(1, 1))
+    assert demo.demo_pair() == pair and demo.file_sha256(pair.support) == want
+    assert oct(pair.support.stat().st_mode & 0o777) == "0o644"
+
+
+def test_stale_temporary_files_are_removed(pair):
+    stale = pair.support.with_name("support.gguf.abc123.part")
+    fresh = pair.support.with_name("support.gguf.def456.part")
+    for p in (stale, fresh):
+        p.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    pair.support.unlink()
+    assert demo.demo_pair() == pair
+    assert not stale.exists() and fresh.exists()  # a fresh one may belong to a concurrent unpack
+    fresh.unlink()
+
+
+def test_window_title_names_the_demo():
+    from ds4tui.engine.worker import _display_name
+
+    assert _display_name("ds4tui-demo", Path("/c/model.gguf")) == "ds4tui-demo (model.gguf)"
+    assert _display_name("model", Path("/c/model.gguf")) == "model.gguf"
 
 
 def _generate(capsys, *extra):

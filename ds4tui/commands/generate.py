@@ -98,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
         if pair is None:
             return _fail("no MODEL given and this build has no bundled demo model", as_json, status=2)
         args.model = str(pair.model)
-        if args.mtp is None and args.backend != "reference":
-            args.mtp = str(pair.support)
+        if args.mtp is None:
+            if args.backend != "reference":
+                args.mtp = str(pair.support)
+            elif not as_json:
+                print(f"{_PREFIX} the reference backend does not draft: the demo's DSpark support model is not "
+                      "attached", file=sys.stderr)
     why = _dspark_usage(args)
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's

@@ -5,9 +5,12 @@ The package ships the two GGUFs xz-compressed (``model.gguf.xz``, ``support.gguf
 and ``train_log.json`` (the full log of the training run that made them).  On first use
 :func:`demo_pair` unpacks them into the user cache — ``$DS4TUI_DEMO_DIR`` if set, else
 ``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
-model's sha256, checking every byte against ``demo.json``, and afterwards only checks the sizes.
-Unpacking writes to a temporary file in the same folder and renames it into place, so an
-interrupted first run leaves nothing half-written behind.
+model's sha256, checking every byte against ``demo.json``.  A ``.verified`` note beside each file
+records the size, mtime and sha256 that were checked; a later start hashes the file again only
+when its size or mtime changed (and unpacks it again when the hash no longer matches).  Unpacking
+writes to a temporary file in the same folder and renames it into place, so an interrupted first
+run leaves nothing half-written behind; temporary files that a killed run left are removed after
+an hour.  To start afresh, delete the folder.
 
 How the pair was made (``tools/demo_corpus.py``, ``tools/train_demo.py``) and what it measures is in
 ``demo.json`` and in the README.
@@ -20,6 +23,7 @@ import json
 import lzma
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -30,6 +34,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CHUNK = 1 << 20
 PROGRESS_EVERY = 8 << 20
 """Bytes between two progress calls while unpacking."""
+STALE_PART_S = 3600
+"""Temporary files of an unpacking older than this are left-overs of a killed run and are removed."""
 
 
 class DemoError(RuntimeError):
@@ -69,12 +75,56 @@ def cache_dir() -> Path:
     return Path(base) / "ds4tui" / "demo"
 
 
-def _unpack(src: Path, dest: Path, size: int, sha256: str, progress: Callable[[str, int, int], None] | None) -> None:
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def _verified(dest: Path, size: int, sha256: str) -> bool:
+    """Whether ``dest`` holds the expected bytes: its ``.verified`` note matches, or hashing says so."""
+    note = dest.with_name(dest.name + ".verified")
+    try:
+        if dest.stat().st_size != size:
+            return False
+        if note.read_text().split("\n")[0] == f"{_stamp(dest)} {sha256}":
+            return True
+    except OSError:
+        pass
+    try:
+        ok = file_sha256(dest) == sha256
+    except OSError:
+        return False
+    if ok:
+        _write_note(dest, sha256)
+    return ok
+
+
+def _write_note(dest: Path, sha256: str) -> None:
+    try:
+        dest.with_name(dest.name + ".verified").write_text(f"{_stamp(dest)} {sha256}\n")
+    except OSError:
+        pass  # a read-only cache that already holds the files: they are hashed at each start instead
+
+
+def _remove_stale_parts(dest: Path) -> None:
+    now = time.time()
+    for part in dest.parent.glob(dest.name + ".*.part"):
+        try:
+            if now - part.stat().st_mtime > STALE_PART_S:
+                part.unlink()
+        except OSError:
+            pass
+
+
+def _unpack(src: Path, dest: Path, size: int, sha256: str,
+            progress: Callable[[str, int | None, int], None] | None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_parts(dest)
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
     digest, done, reported = hashlib.sha256(), 0, 0
     try:
         with os.fdopen(fd, "wb") as out, lzma.open(src) as inp:
+            os.fchmod(out.fileno(), 0o644)  # readable by others, like any unpacked archive (mkstemp: 0600)
             while chunk := inp.read(CHUNK):
                 out.write(chunk)
                 digest.update(chunk)
@@ -87,15 +137,19 @@ def _unpack(src: Path, dest: Path, size: int, sha256: str, progress: Callable[[s
                             f"demo.json expects {size} bytes with sha256 {sha256[:16]}… (damaged installation; "
                             f"reinstall ds4tui)")
         os.replace(tmp, dest)
+        _write_note(dest, sha256)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if progress and 0 < reported < size:
+            progress(dest.name, None, size)  # end the progress line
         raise
 
 
-def demo_pair(progress: Callable[[str, int, int], None] | None = None) -> DemoPair | None:
+def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) -> DemoPair | None:
     """The unpacked demo pair, unpacking it on first use; None when this build ships no demo.
 
-    ``progress(file_name, bytes_done, bytes_total)`` is called while unpacking.  Raises
+    ``progress(file_name, bytes_done, bytes_total)`` is called while unpacking (``bytes_done`` None:
+    unpacking stopped early).  Raises
     :class:`DemoError` when a bundled file is missing or damaged, or the cache folder cannot be
     written (the message names it and the variable that moves it).
     """
@@ -108,7 +162,7 @@ def demo_pair(progress: Callable[[str, int, int], None] | None = None) -> DemoPa
     for name, info in files.items():
         dest = folder / name
         paths[name] = dest
-        if dest.is_file() and dest.stat().st_size == info["bytes"]:
+        if _verified(dest, info["bytes"], info["sha256"]):
             continue
         src = PACKAGE_DIR / (name + ".xz")
         if not src.is_file():
@@ -118,15 +172,18 @@ def demo_pair(progress: Callable[[str, int, int], None] | None = None) -> DemoPa
         except OSError as exc:
             raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc} "
                             f"(set DS4TUI_DEMO_DIR to a writable folder)") from exc
-        except lzma.LZMAError as exc:
+        except (lzma.LZMAError, EOFError) as exc:  # EOFError: a truncated xz stream
             raise DemoError(f"{src}: not a valid xz file ({exc}); reinstall ds4tui") from exc
     return DemoPair(paths["model.gguf"], paths["support.gguf"])
 
 
-def stderr_progress(name: str, done: int, total: int) -> None:
+def stderr_progress(name: str, done: int | None, total: int) -> None:
     """Progress line for the first unpacking, on stderr."""
     import sys
 
+    if done is None:
+        print(file=sys.stderr, flush=True)
+        return
     end = "\n" if done >= total else ""
     print(f"\rds4tui: unpacking the demo {name} (first run): {done / total:4.0%} of {total / 2**20:.0f} MiB",
           end=end, file=sys.stderr, flush=True)

@@ -221,6 +221,13 @@ def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]
         return out
 
 
+def _display_name(general_name: str, path: Path) -> str:
+    """The file name, preceded by the GGUF's ``general.name`` where that says more (e.g. the demo)."""
+    if general_name and general_name not in (path.stem, path.name):
+        return f"{general_name} ({path.name})"
+    return path.name
+
+
 class ChatEngine:
     """A multi-turn chat over one DS4 model (and optionally a DSpark support model).
 
@@ -275,7 +282,7 @@ class ChatEngine:
         e = self.engine
         summary = e.support.summary_line() if e.support is not None else ""
         return ChatInfo(
-            model_path=str(model), model_name=Path(model).name, backend=e.backend,
+            model_path=str(model), model_name=_display_name(e.model.name, Path(model)), backend=e.backend,
             backend_note=getattr(e, "backend_note", ""), n_threads=e.n_threads,
             n_ctx=self.session.n_ctx, n_layer=e.config.n_layer, n_vocab=e.config.n_vocab,
             model_bytes=os.path.getsize(model), support_path=None if support is None else str(support),
