@@ -122,6 +122,9 @@ def test_damaged_cached_file_is_unpacked_again(pair):
         f.write(b"\xff\xff\xff\xff")
     os.utime(pair.support, ns=(1, 1))
     assert demo.demo_pair() == pair and demo.file_sha256(pair.support) == want
+    # a garbled note (not even UTF-8) only means hashing again
+    pair.support.with_name("support.gguf.verified").write_bytes(b"\xff\xfe garbage")
+    assert demo.demo_pair() == pair
     assert oct(pair.support.stat().st_mode & 0o777) == "0o644"
 
 

@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
             if args.backend != "reference":
                 args.mtp = str(pair.support)
             elif not as_json:
-                print(f"{_PREFIX} the reference backend does not draft: the demo's DSpark support model is not "
-                      "attached", file=sys.stderr)
+                print("ds4tui generate: note: the reference backend does not draft, so the demo's DSpark support "
+                      "model is not attached", file=sys.stderr)
     why = _dspark_usage(args)
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's

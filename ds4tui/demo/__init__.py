@@ -7,7 +7,8 @@ and ``train_log.json`` (the full log of the training run that made them).  On fi
 ``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
 model's sha256, checking every byte against ``demo.json``.  A ``.verified`` note beside each file
 records the size, mtime and sha256 that were checked; a later start hashes the file again only
-when its size or mtime changed (and unpacks it again when the hash no longer matches).  Unpacking
+when its size or mtime changed (and unpacks it again when the hash no longer matches) — damage
+that keeps both goes unnoticed, as with any size-and-mtime check.  Unpacking
 writes to a temporary file in the same folder and renames it into place, so an interrupted first
 run leaves nothing half-written behind; temporary files that a killed run left are removed after
 an hour.  To start afresh, delete the folder.
@@ -86,7 +87,7 @@ def _verified(dest: Path, size: int, sha256: str) -> bool:
     try:
         if dest.stat().st_size != size:
             return False
-        if note.read_text().split("\n")[0] == f"{_stamp(dest)} {sha256}":
+        if note.read_bytes().split(b"\n")[0] == f"{_stamp(dest)} {sha256}".encode():
             return True
     except OSError:
         pass
@@ -185,5 +186,5 @@ def stderr_progress(name: str, done: int | None, total: int) -> None:
         print(file=sys.stderr, flush=True)
         return
     end = "\n" if done >= total else ""
-    print(f"\rds4tui: unpacking the demo {name} (first run): {done / total:4.0%} of {total / 2**20:.0f} MiB",
+    print(f"\rds4tui: unpacking the demo {name}: {done / total:4.0%} of {total / 2**20:.0f} MiB",
           end=end, file=sys.stderr, flush=True)
