@@ -171,3 +171,12 @@ def test_chat_without_a_model_opens_the_demo(pair):
     args = cli.build_parser().parse_args(["chat"])
     options = options_from_args(args)
     assert Path(options.model) == pair.model and Path(options.support) == pair.support and options.dspark
+
+
+def test_doctor_reports_the_demo(pair, capsys):
+    assert cli.main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["demo"]
+    assert d == {"bundled": True, "folder": str(pair.model.parent), "unpacked": True,
+                 "bytes": pair.model.stat().st_size + pair.support.stat().st_size}
+    assert cli.main(["doctor"]) == 0
+    assert f"demo model      bundled (99 MiB unpacked), unpacked in {pair.model.parent}" in capsys.readouterr().out

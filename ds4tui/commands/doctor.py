@@ -24,7 +24,9 @@ def collect() -> dict:
     from ds4tui import __version__
     from ds4tui.engine import gpu
 
-    out: dict = {"ds4tui": __version__}
+    from ds4tui import demo
+
+    out: dict = {"ds4tui": __version__, "demo": demo.status()}
     try:
         from ds4tui import _native
     except ImportError as exc:
@@ -76,6 +78,12 @@ def run(args) -> int:
         ]
     lines.append(("hip backend", "available" if r["hip_available"] else f"unavailable: {r['hip_unavailable_reason']}"))
     lines.append(("--backend auto", r["auto_backend"]))
+    d = r["demo"]
+    if not d["bundled"]:
+        lines.append(("demo model", "not in this build"))
+    else:
+        where = "unpacked in" if d["unpacked"] else "unpacked on first use into"
+        lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), {where} {d['folder']}"))
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k:<{w}}  {v}")

@@ -76,6 +76,21 @@ def cache_dir() -> Path:
     return Path(base) / "ds4tui" / "demo"
 
 
+def pair_folder(m: dict) -> Path:
+    """Folder the pair of manifest ``m`` is (or will be) unpacked in: named after the model's sha256."""
+    return cache_dir() / m["files"]["model.gguf"]["sha256"][:16]
+
+
+def status() -> dict:
+    """What ``ds4tui doctor`` reports: bundled or not, the unpack folder, whether both files are there."""
+    m = manifest()
+    if m is None:
+        return {"bundled": False}
+    folder = pair_folder(m)
+    return {"bundled": True, "folder": str(folder), "bytes": sum(f["bytes"] for f in m["files"].values()),
+            "unpacked": all((folder / name).is_file() for name in m["files"])}
+
+
 def _stamp(path: Path) -> str:
     st = path.stat()
     return f"{st.st_size} {st.st_mtime_ns}"
@@ -158,7 +173,7 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     if m is None:
         return None
     files = m["files"]
-    folder = cache_dir() / files["model.gguf"]["sha256"][:16]
+    folder = pair_folder(m)
     paths = {}
     for name, info in files.items():
         dest = folder / name
