@@ -165,9 +165,8 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     """The unpacked demo pair, unpacking it on first use; None when this build ships no demo.
 
     ``progress(file_name, bytes_done, bytes_total)`` is called while unpacking (``bytes_done`` None:
-    unpacking stopped early).  Raises
-    :class:`DemoError` when a bundled file is missing or damaged, or the cache folder cannot be
-    written (the message names it and the variable that moves it).
+    unpacking stopped early).  Raises :class:`DemoError` when a bundled file is missing or damaged,
+    or the cache folder cannot be written (the message names it and the variable that moves it).
     """
     m = manifest()
     if m is None:
@@ -194,7 +193,7 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
 
 
 def stderr_progress(name: str, done: int | None, total: int) -> None:
-    """Progress line for the first unpacking, on stderr."""
+    """Progress line of an unpacking, on stderr (``done`` None ends the line early)."""
     import sys
 
     if done is None:
