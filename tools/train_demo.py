@@ -43,6 +43,7 @@ versions) and ``hf/`` (the transformers checkpoint).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -218,6 +219,22 @@ def set_experts(model, values: dict) -> None:
         for i, (gu, dn) in values.items():
             model.model.layers[i].mlp.experts.gate_up_proj.copy_(gu)
             model.model.layers[i].mlp.experts.down_proj.copy_(dn)
+
+
+@contextlib.contextmanager
+def full_precision_experts(model, originals: dict | None):
+    """Inside the block the model holds the full-precision experts (``originals``); after it, the quantised ones."""
+    if not originals:
+        yield
+        return
+    quantised = {i: (l.mlp.experts.gate_up_proj.detach().clone(), l.mlp.experts.down_proj.detach().clone())
+                 for i, l in enumerate(model.model.layers)}
+    set_experts(model, {i: (a.to(quantised[i][0].device, quantised[i][0].dtype),
+                            b.to(quantised[i][1].device, quantised[i][1].dtype)) for i, (a, b) in originals.items()})
+    try:
+        yield
+    finally:
+        set_experts(model, quantised)
 
 
 @torch.no_grad()
@@ -469,14 +486,8 @@ def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_
     info = {"lm_head_unseen_max_change": tie_unseen(model.lm_head.weight, seen),
             "markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
     model.to("cpu").float()
-    quantised = None
-    if originals:
-        quantised = {i: (l.mlp.experts.gate_up_proj.detach().clone(), l.mlp.experts.down_proj.detach().clone())
-                     for i, l in enumerate(model.model.layers)}
-        set_experts(model, {i: (a.cpu().float(), b.cpu().float()) for i, (a, b) in originals.items()})
-    model.save_pretrained(str(out / "hf"))
-    if quantised:
-        set_experts(model, quantised)
+    with full_precision_experts(model, originals):
+        model.save_pretrained(str(out / "hf"))
     t0 = time.time()
     convert(out / "hf", out / "model.gguf", types="q2", tokenizer_json=tokenizer_json, name="ds4tui-demo",
             overwrite=True, token_embd_q8=True)
@@ -515,14 +526,8 @@ def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, origin
             return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
 
     want = {"model.gguf": hf_logits()}
-    if originals:
-        quantised = {i: (l.mlp.experts.gate_up_proj.detach().clone(), l.mlp.experts.down_proj.detach().clone())
-                     for i, l in enumerate(model.model.layers)}
-        set_experts(model, {i: (a.cpu().float(), b.cpu().float()) for i, (a, b) in originals.items()})
+    with full_precision_experts(model, originals):
         want["model_f32.gguf"] = hf_logits()
-        set_experts(model, quantised)
-    else:
-        want["model_f32.gguf"] = want["model.gguf"]
     convert(out / "hf", out / "model_f32.gguf", types="f32", tokenizer_json=tokenizer_json, overwrite=True)
     res: dict = {"tokens": n_tokens}
     for name in ("model_f32.gguf", "model.gguf"):
