@@ -42,7 +42,7 @@ HEADER = NATIVE / "ds4_engine.h"
 
 CPU_SOURCES = ["engine.c", "forward.c", "dspark.c", "gpu.c", "gpu_forward.c", "cpu/dequant.c", "cpu/matmul.c", "cpu/ops.c", "cpu/pool.c"]
 # Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
-HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/ops.hip"]
+HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/ops.hip"]
 GPU_RECORD = "gpu_build.json"
 GPU_LIBS = {"hip": "libds4tui_hip.so", "cuda": "libds4tui_cuda.so"}
 DEFAULT_HIP_ARCH = "gfx1151"

@@ -111,7 +111,7 @@ def test_build_refuses_wave64_and_fast_math(monkeypatch):
 
 @pytest.mark.skipif(not shutil.which("clang++-19") or not Path("/usr/include/hip/hip_runtime.h").exists(),
                     reason="clang-19 and libamdhip64-dev are not installed (.ci/run installs them)")
-@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/ops.hip"])
+@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/ops.hip"])
 def test_device_code_compiles_for_gfx1151(src, tmp_path):
     """Spec platform.md §1.2: the device code of every HIP source compiles for gfx1151, wave32."""
     out = tmp_path / "k.s"
@@ -157,39 +157,115 @@ def _weights(type_id: int, rows: int, cols: int, rng) -> np.ndarray:
     return np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("tname", list(TYPES))
-def test_gpu_matmul_matches_cpu_kernel(tname):
-    info = _device_or_skip()
+PLANAR = 256  # DS4_GPU_PLANAR: the planar device layout of Q8_0 / Q2_K / IQ2_XXS rows
+# (type, layout, rows, cols): the GGML layout for every type (Q8_0 rows of 1056 cannot be planar:
+# 33 blocks are not a 16-byte multiple), the planar one at each kernel shape class (tiny rows: 32
+# warps per row, short: 4 warps, tall: 2 rows per warp, with an odd row count)
+MATMUL_CASES = [(t, 0, 67, 2048 if t in (10, 16) else 1056) for t in TYPES.values()] + [
+    (t, PLANAR, rows, 1024 if t == 8 else 2048) for t in (8, 10, 16) for rows in (67, 400, 8195)]
+
+
+def _cpu_matmul(t, W, rows, cols, X):
     from ds4tui._native import ffi, lib
 
-    t = TYPES[tname]
-    rng = np.random.default_rng(7 + t)
-    rows, cols = 67, (2048 if t in (10, 16) else 1056)
-    W = _weights(t, rows, cols, rng)
+    n = X.shape[0]
+    y = np.empty((n, rows), np.float32)
+    err = ffi.new("char[1024]")
+    assert lib.ds4_kernel_matmul(t, ffi.from_buffer(W), rows, cols, ffi.cast("float *", X.ctypes.data), n,
+                                 ffi.cast("float *", y.ctypes.data), 1, err, 1024) == 0, ffi.string(err).decode()
+    return y
+
+
+def _bound(t, W, rows, cols, X):
+    """2e-5 * sum_c |W[r, c] X[t, c]|: the dequantised weights from the CPU's own dequantiser."""
+    from ds4tui._native import ffi, lib
+
     Wf = np.empty((rows, cols), np.float32)
     err = ffi.new("char[1024]")
     assert lib.ds4_dequantize(t, ffi.from_buffer(W), ffi.cast("float *", Wf.ctypes.data), rows * cols, err, 1024) == 0
+    return 2e-5 * (np.abs(X).astype(np.float64) @ np.abs(Wf).astype(np.float64).T) + 1e-30
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,layout,rows,cols", MATMUL_CASES,
+                         ids=[f"{k}-{'planar' if lay else 'ggml'}-{r}x{c}" for (t, lay, r, c) in MATMUL_CASES
+                              for k in [next(n for n, v in TYPES.items() if v == t)]])
+def test_gpu_matmul_matches_cpu_kernel(t, layout, rows, cols):
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    rng = np.random.default_rng(7 + t + rows)
+    W = _weights(t, rows, cols, rng)
+    err = ffi.new("char[1024]")
     one = {}
     for n in (1, 2, 6, 8, 13):
         X = rng.standard_normal((n, cols)).astype(np.float32)
         if n == 13:
             X[:] = np.resize(X0, (13, cols))  # the same tokens again, in a bigger batch
-        ycpu = np.empty((n, rows), np.float32)
-        ygpu = np.empty((n, rows), np.float32)
-        assert lib.ds4_kernel_matmul(t, ffi.from_buffer(W), rows, cols, ffi.cast("float *", X.ctypes.data), n,
-                                     ffi.cast("float *", ycpu.ctypes.data), 1, err, 1024) == 0
-        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t, ffi.from_buffer(W), rows, cols,
+        ycpu = _cpu_matmul(t, W, rows, cols, X)
+        ygpu = np.full((n, rows), np.nan, np.float32)
+        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, ffi.from_buffer(W), rows, cols,
                                        ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", ygpu.ctypes.data), 1,
                                        ffi.NULL, err, 1024)
         assert rc == 0, ffi.string(err).decode()
-        bound = 2e-5 * (np.abs(X)[:, None, :] * np.abs(Wf)[None, :, :]).sum(-1) + 1e-30
-        assert np.all(np.abs(ygpu - ycpu) <= bound), (tname, n, float(np.max(np.abs(ygpu - ycpu) / bound)))
+        bound = _bound(t, W, rows, cols, X)
+        assert np.all(np.abs(ygpu - ycpu) <= bound), (t, layout, n, float(np.nanmax(np.abs(ygpu - ycpu) / bound)))
         if n == 1:
             X0 = X
         one[n] = (X, ygpu)
     # batch invariance: token 0 of every batch that starts with X0 gives the same bits
     assert np.array_equal(one[13][1][0], one[1][1][0])
+    assert np.array_equal(one[13][1][1], one[1][1][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,cols", [(8, 1024), (10, 2048), (16, 2048)], ids=["Q8_0", "Q2_K", "IQ2_XXS"])
+@pytest.mark.parametrize("layout", [0, PLANAR], ids=["ggml", "planar"])
+def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout):
+    """The MoE product: slot s multiplies expert ids[s] (repeats included) by activation row s."""
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    rng = np.random.default_rng(100 + t)
+    n_mat, rows, n_slots = 5, 515, 12
+    Ws = [_weights(t, rows, cols, rng) for _ in range(n_mat)]
+    W = np.ascontiguousarray(np.concatenate(Ws))
+    ids = np.array([3, 0, 3, 4, 1, 1, 2, 0, 4, 3, 2, 2], np.int32)
+    X = rng.standard_normal((n_slots, cols)).astype(np.float32)
+    Y = np.full((n_slots, rows), np.nan, np.float32)
+    err = ffi.new("char[1024]")
+    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, ffi.from_buffer(W), n_mat, rows, cols,
+                                   ffi.cast("int32_t *", ids.ctypes.data), n_slots, ffi.cast("float *", X.ctypes.data),
+                                   ffi.cast("float *", Y.ctypes.data), err, 1024)
+    assert rc == 0, ffi.string(err).decode()
+    for s in range(n_slots):
+        want = _cpu_matmul(t, Ws[ids[s]], rows, cols, X[s:s + 1])
+        bound = _bound(t, Ws[ids[s]], rows, cols, X[s:s + 1])
+        assert np.all(np.abs(Y[s] - want[0]) <= bound[0]), (t, layout, s)
+    # the same expert and the same activation give the same bits in any slot
+    X2 = np.ascontiguousarray(np.repeat(X[:1], n_slots, axis=0))
+    Y2 = np.empty_like(Y)
+    same = np.full(n_slots, ids[0], np.int32)
+    assert lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, ffi.from_buffer(W), n_mat, rows, cols,
+                                     ffi.cast("int32_t *", same.ctypes.data), n_slots,
+                                     ffi.cast("float *", X2.ctypes.data), ffi.cast("float *", Y2.ctypes.data),
+                                     err, 1024) == 0
+    assert all(np.array_equal(Y2[s], Y[0]) for s in range(n_slots))
+
+
+@pytest.mark.gpu
+def test_planar_layout_refuses_rows_it_cannot_take():
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    W = _weights(8, 4, 1056, np.random.default_rng(0))  # 33 Q8_0 blocks: 1122-byte rows
+    X = np.ones((1, 1056), np.float32)
+    Y = np.empty((1, 4), np.float32)
+    err = ffi.new("char[1024]")
+    rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), 8 | PLANAR, ffi.from_buffer(W), 4, 1056,
+                                   ffi.cast("float *", X.ctypes.data), 1, ffi.cast("float *", Y.ctypes.data), 1,
+                                   ffi.NULL, err, 1024)
+    assert rc != 0 and "cannot take the planar layout (rows of 1122 bytes)" in ffi.string(err).decode()
 
 
 N_PROMPT = 230

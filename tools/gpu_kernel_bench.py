@@ -16,6 +16,8 @@ import numpy as np
 
 from ds4tui.engine import gpu
 
+PLANAR = 256  # DS4_GPU_PLANAR (ds4_engine.h)
+
 # (name, GGML type id, rows, cols): one full-width DS4 Flash layer's matrices (q2 mix: dense Q8_0,
 # routed gate/up IQ2_XXS, routed down Q2_K) and the F16 LM head slice.
 SHAPES = [
@@ -31,6 +33,7 @@ SHAPES = [
     ("ffn_gate_exps(6 experts as rows)", 16, 6 * 2048, 4096),
     ("ffn_down_exps(6 experts as rows)", 10, 6 * 4096, 2048),
     ("output(F16, 16k vocab rows)", 1, 16384, 4096),
+    ("output(Q8_0, full vocab)", 8, 129280, 4096),
 ]
 
 
@@ -56,7 +59,8 @@ def main(argv=None) -> int:
     print(f"device {info.device_name} ({info.device_arch}); read bandwidth {bw:.0f} GB/s (4 GiB, best of 10)")
     rng = np.random.default_rng(0)
     rows_out = []
-    print(f"{'weight':36s} {'type':>4s} {'rows':>6s} {'cols':>5s} {'tok':>3s} {'us':>8s} {'GB/s':>7s} {'roof':>5s}")
+    print(f"{'weight':36s} {'type':>4s} {'rows':>6s} {'cols':>5s} {'tok':>3s} {'layout':>6s} {'us':>8s} {'GB/s':>7s} "
+          f"{'roof':>5s} {'vs ggml':>7s}")
     for name, t, rows, cols in SHAPES:
         rb = lib.ds4_type_row_bytes(t, cols)
         W = rng.integers(0, 256, rows * rb, dtype=np.uint8)
@@ -75,22 +79,29 @@ def main(argv=None) -> int:
                 blocks = W.reshape(rows, -1, 66)
                 blocks[:, :, 1] &= 0x3B
             W = np.ascontiguousarray(W).ravel()
+        # the GGML layout and, where the rows allow it, the planar one, side by side
+        layouts = [("ggml", 0)] + ([("planar", PLANAR)] if t in (8, 10, 16) and rb % 16 == 0 else [])
         for n in (1, 6):
             X = rng.standard_normal((n, cols)).astype(np.float32)
-            Y = np.empty((n, rows), np.float32)
-            ms = ffi.new("double *")
-            rc = lib.ds4_gpu_kernel_matmul(lib_path, t, ffi.from_buffer(W), rows, cols,
-                                           ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", Y.ctypes.data),
-                                           args.reps, ms, err, 1024)
-            if rc:
-                print(f"{name}: {ffi.string(err).decode()}", file=sys.stderr)
-                return 1
-            assert np.isfinite(Y).all(), name
-            nbytes = rows * rb + n * cols * 4
-            g = nbytes / (ms[0] * 1e-3) / 1e9
-            rows_out.append({"weight": name, "type": t, "rows": rows, "cols": cols, "tokens": n, "ms": ms[0],
-                             "bytes": nbytes, "gbs": g, "roofline": g / bw})
-            print(f"{name:36s} {t:4d} {rows:6d} {cols:5d} {n:3d} {ms[0] * 1e3:8.1f} {g:7.0f} {g / bw:5.2f}")
+            base_ms = None
+            for lname, flag in layouts:
+                Y = np.empty((n, rows), np.float32)
+                ms = ffi.new("double *")
+                rc = lib.ds4_gpu_kernel_matmul(lib_path, t | flag, ffi.from_buffer(W), rows, cols,
+                                               ffi.cast("float *", X.ctypes.data), n,
+                                               ffi.cast("float *", Y.ctypes.data), args.reps, ms, err, 1024)
+                if rc:
+                    print(f"{name}: {ffi.string(err).decode()}", file=sys.stderr)
+                    return 1
+                assert np.isfinite(Y).all(), name
+                nbytes = rows * rb + n * cols * 4
+                g = nbytes / (ms[0] * 1e-3) / 1e9
+                base_ms = base_ms or ms[0]
+                rows_out.append({"weight": name, "type": t, "rows": rows, "cols": cols, "tokens": n, "layout": lname,
+                                 "ms": ms[0], "bytes": nbytes, "gbs": g, "roofline": g / bw,
+                                 "speedup_vs_ggml": base_ms / ms[0]})
+                print(f"{name:36s} {t:4d} {rows:6d} {cols:5d} {n:3d} {lname:>6s} {ms[0] * 1e3:8.1f} {g:7.0f} "
+                      f"{g / bw:5.2f} {base_ms / ms[0]:6.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": info.to_json(), "bandwidth_gbs": bw, "kernels": rows_out}, f, indent=2)

@@ -45,6 +45,10 @@ extern "C" {
 #define DS4_TYPE_I32 26
 #define DS4_TYPE_BF16 30
 
+/* A GPU weight layout flag (ORed into a type id): the planar device layout of Q8_0, Q2_K and
+ * IQ2_XXS rows whose byte length is a multiple of 16 (ds4tui/native/hip/planar.hip). */
+#define DS4_GPU_PLANAR 256
+
 /* Most threads an engine, the matmul kernel or the memcpy test will start. */
 #define DS4_MAX_THREADS 256
 
@@ -260,6 +264,14 @@ int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_
  * milliseconds (device events). */
 int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols,
                           const float *X, int64_t n_tok, float *Y, int32_t reps, double *ms,
+                          char *err, size_t err_len);
+
+/* The GPU expert-gathered product on its own (tests): W host memory holding n_mat matrices of
+ * rows x cols elements of GGML `type` (with DS4_GPU_PLANAR: uploaded in the planar layout, or
+ * DS4_E_INVALID when the rows cannot take it); slot s < n_slots multiplies matrix ids[s] by row s
+ * of X (float [n_slots, cols]) into row s of Y (float [n_slots, rows]). */
+int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows,
+                          int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y,
                           char *err, size_t err_len);
 
 /* Device memory read bandwidth in GB/s (1e9 bytes read per second; best of `reps` passes over a

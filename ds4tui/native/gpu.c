@@ -80,7 +80,7 @@ static int scratch_ctx(const char *library, void **h, const ds4_gpu_api **api, d
 
 int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols, const float *X,
                           int64_t n_tok, float *Y, int32_t reps, double *ms, char *err, size_t err_len) {
-    size_t rb = ds4_type_row_bytes(type, cols);
+    size_t rb = ds4_type_row_bytes(type & ~DS4_GPU_PLANAR, cols);
     if (rb == 0 || rows <= 0 || n_tok <= 0 || !W || !X || !Y)
         return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_matmul: bad arguments (type %d, %lld x %lld, %lld tokens)",
                         type, (long long)rows, (long long)cols, (long long)n_tok);
@@ -92,6 +92,49 @@ int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t 
     double t = 0.0;
     rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
     if (rc == DS4_OK && ms) *ms = t;
+    api->close(ctx);
+    ds4_gpu_unload(h);
+    return rc;
+}
+
+int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows, int64_t cols,
+                          const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err, size_t err_len) {
+    const int32_t base = type & ~DS4_GPU_PLANAR;
+    size_t rb = ds4_type_row_bytes(base, cols);
+    if (rb == 0 || n_mat <= 0 || rows <= 0 || n_slots <= 0 || !W || !ids || !X || !Y)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: bad arguments (type %d, %lld matrices of "
+                        "%lld x %lld, %lld slots)", type, (long long)n_mat, (long long)rows, (long long)cols,
+                        (long long)n_slots);
+    for (int64_t i = 0; i < n_slots; i++)
+        if (ids[i] < 0 || ids[i] >= n_mat)
+            return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: slot %lld uses matrix %d of %lld",
+                            (long long)i, ids[i], (long long)n_mat);
+    void *h;
+    const ds4_gpu_api *api;
+    ds4_gpu_ctx *ctx;
+    int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
+    if (rc != DS4_OK) return rc;
+    void *dw = NULL, *di = NULL, *dx = NULL, *dy = NULL;
+    int32_t layout = base;
+    const size_t wb = (size_t)(n_mat * rows) * rb, ib = (size_t)n_slots * sizeof(int32_t),
+                 xb = (size_t)(n_slots * cols) * sizeof(float), yb = (size_t)(n_slots * rows) * sizeof(float);
+    rc = api->upload_matrix(ctx, W, base, n_mat * rows, cols, (int64_t)rb, (type & DS4_GPU_PLANAR) != 0, &dw, &layout,
+                            err, err_len);
+    if (rc == DS4_OK && layout != type)
+        rc = ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: GGML type %d with %lld columns cannot take "
+                      "the planar layout", base, (long long)cols);
+    if (rc == DS4_OK) rc = api->upload(ctx, ids, ib, &di, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, X, xb, &dx, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, NULL, yb, &dy, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->mm_gather(ctx, layout, dw, rows * (int64_t)rb, (const int32_t *)di, rows, cols, (int64_t)rb,
+                            (const float *)dx, cols, 1, n_slots, (float *)dy, rows, err, err_len);
+    if (rc == DS4_OK) rc = api->copy(ctx, Y, dy, yb, 1, err, err_len);
+    if (rc == DS4_OK) rc = api->sync(ctx, err, err_len);
+    api->free(ctx, dw, wb);
+    api->free(ctx, di, ib);
+    api->free(ctx, dx, xb);
+    api->free(ctx, dy, yb);
     api->close(ctx);
     ds4_gpu_unload(h);
     return rc;
@@ -133,12 +176,23 @@ typedef struct {
     void *ctx;
 } uploader;
 
+/* The planar layout (hip/planar.hip) for every matrix the matmul kernels read; the embedding
+ * keeps GGML rows (gpu_embed reads them).  DS4TUI_GPU_LAYOUT=ggml keeps GGML rows everywhere (for
+ * side-by-side kernel comparisons; results differ only by float32 rounding order). */
+static int want_planar(const ds4_engine *e, const ds4_w *w) {
+    const char *v = getenv("DS4TUI_GPU_LAYOUT");
+    return w != &e->token_embd && !(v && strcmp(v, "ggml") == 0);
+}
+
 static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
     ds4_engine *e = u->e;
     void *dev = NULL;
-    int rc = e->gpu->upload(e->gpu_ctx, w->data, (size_t)w_bytes(w), &dev, err, len);
+    int32_t layout = w->type;
+    int rc = e->gpu->upload_matrix(e->gpu_ctx, w->data, w->type, w->rows * w->n_mat, w->cols, (int64_t)w->row_bytes,
+                                   want_planar(e, w), &dev, &layout, err, len);
     if (rc != DS4_OK) return rc;
     w->dev = dev;
+    w->dev_layout = layout;
     u->done += w_bytes(w);
     if (u->progress) u->progress(u->ctx, u->done, u->total);
     return DS4_OK;
@@ -206,6 +260,16 @@ int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
     int rc = upload_all(e, ws, support_mats(e, ws), NULL, NULL, err, len);
     free(ws);
     if (rc == DS4_OK) rc = ds4_gpu_support_vectors(e, err, len);
+    if (rc == DS4_OK) { /* the drafter's host-row products (dspark.c), staged at their largest now */
+        const ds4_support *sp = e->sup;
+        const int64_t H = e->c.n_embd, W = e->c.sliding_window, V = e->c.n_vocab, B = sp->block, r = sp->rank;
+        const int64_t CW = (int64_t)sp->n_capture * H;
+        int64_t x = W * CW, y = W * H;
+        if (B * H > x) x = B * H;
+        if (H + r > x) x = H + r;
+        if (B * V > y) y = B * V;
+        rc = e->gpu->reserve(e->gpu_ctx, x, y, err, len);
+    }
     return rc;
 }
 
@@ -244,7 +308,7 @@ void ds4_gpu_mm(ds4_engine *e, const ds4_w *w, int64_t mat, int64_t r0, int64_t 
                 int64_t n, float *Y, int64_t ldy) {
     char msg[512];
     const uint8_t *W = w->dev + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
-    int rc = e->gpu->matmul(e->gpu_ctx, w->type, W, nr, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, msg,
+    int rc = e->gpu->matmul(e->gpu_ctx, w->dev_layout, W, nr, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, msg,
                             sizeof msg);
     if (rc == DS4_OK) return;
     if (e->gpu_rc == DS4_OK) {

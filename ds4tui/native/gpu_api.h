@@ -23,7 +23,11 @@
 extern "C" {
 #endif
 
-#define DS4_GPU_API_VERSION 1
+#define DS4_GPU_API_VERSION 2
+
+/* A device matrix's layout id is its GGML type, or DS4_GPU_PLANAR | type (ds4_engine.h) when
+ * upload_matrix wrote its rows in the planar layout (hip/planar.hip: Q8_0, Q2_K and IQ2_XXS rows
+ * of a 16-byte multiple; the same bytes in another order).  The matmul entry points take it. */
 
 typedef struct ds4_gpu_ctx ds4_gpu_ctx;
 
@@ -42,13 +46,14 @@ typedef struct ds4_gpu_api_s {
     uint64_t (*allocated)(const ds4_gpu_ctx *c);
     int (*mem_info)(ds4_gpu_ctx *c, uint64_t *free_bytes, uint64_t *total_bytes, char *err, size_t len);
     /* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c] for t < n, r < rows: W is device memory of `rows`
-     * rows of `row_bytes` bytes (GGML `type`, `cols` elements each); X and Y are host float32.
+     * rows of `row_bytes` bytes (layout id `type`, `cols` elements each); X and Y are host float32.
      * Float32 activations, as the CPU kernels (ds4tui/native/cpu/matmul.c): only the float32
      * summation order differs.  Each (row, token) result is independent of n (batch-invariant). */
     int (*matmul)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                   const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
     /* The matmul kernel alone on device buffers, timed with events: uploads host W/X, runs it
-     * `reps` times (after one warm-up), downloads Y, and writes the median milliseconds. */
+     * `reps` times (after one warm-up), downloads Y, and writes the median milliseconds.  `type`
+     * with DS4_GPU_PLANAR: upload in the planar layout (refused when the rows cannot take it). */
     int (*bench_matmul)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float *X, int64_t n, float *Y, int32_t reps, double *ms, char *err, size_t len);
     /* Device memory bandwidth: a read-only kernel over `bytes` bytes, best of `reps`, in GB/s. */
@@ -136,6 +141,16 @@ typedef struct ds4_gpu_api_s {
     int (*attend_nc)(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
                      int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
                      int32_t keys_cap, float *att, char *err, size_t len);
+
+    /* ---- version 2 ---------------------------------------------------------------------------
+     * A weight matrix of `rows` rows (all experts of a stack together) into device memory, in the
+     * planar layout when want_planar and the rows allow it (staged through a 64 MiB buffer);
+     * *layout gets the id the matmul entry points take.  Freed with free(rows * row_bytes). */
+    int (*upload_matrix)(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols,
+                         int64_t row_bytes, int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);
+    /* Size the host-activation staging of `matmul` for x_floats in and y_floats out now, so that
+     * device memory stays constant while a session runs. */
+    int (*reserve)(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);
 } ds4_gpu_api;
 
 typedef const ds4_gpu_api *(*ds4_gpu_api_fn)(void);

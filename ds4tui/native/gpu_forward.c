@@ -257,7 +257,7 @@ typedef struct {
 #define M P->msg, sizeof P->msg
 
 static int mm(pass *P, const ds4_w *w, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    G(P->g->mm(P->cx, w->type, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
+    G(P->g->mm(P->cx, w->dev_layout, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
     return DS4_OK;
 }
 
@@ -344,7 +344,7 @@ static int attention(pass *P, int L, int n, int64_t p0) {
     G(P->g->norm_rope(P->cx, d->att, (int64_t)n * NH, D, NH, -1.0f, NULL, freq, nr, p0, 1, 0, M));
     /* group g of token t is slot t*G + g: rows [g*R, (g+1)*R) of out_a times att[t, g*gw ..] into u[t, g*R ..] */
     const int G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
-    G(P->g->mm_gather(P->cx, l->out_a.type, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
+    G(P->g->mm_gather(P->cx, l->out_a.dev_layout, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
                       l->out_a.cols, (int64_t)l->out_a.row_bytes, d->att, gw, 1, (int64_t)n * G_, d->u, R, M));
     TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, n, d->y, H));
     return DS4_OK;
@@ -360,12 +360,12 @@ static int moe(pass *P, const ds4_layer *l, int n) {
                       c->expert_weights_norm, e->numerics == DS4_NUMERICS_DS4, c->expert_weights_scale, d->sel, d->wsel,
                       M));
     const int64_t slots = (int64_t)n * K;
-    G(P->g->mm_gather(P->cx, l->gate_exps.type, l->gate_exps.dev, (int64_t)l->gate_exps.mat_bytes, d->sel, F, H,
+    G(P->g->mm_gather(P->cx, l->gate_exps.dev_layout, l->gate_exps.dev, (int64_t)l->gate_exps.mat_bytes, d->sel, F, H,
                       (int64_t)l->gate_exps.row_bytes, d->xn, H, K, slots, d->ge, F, M));
-    G(P->g->mm_gather(P->cx, l->up_exps.type, l->up_exps.dev, (int64_t)l->up_exps.mat_bytes, d->sel, F, H,
+    G(P->g->mm_gather(P->cx, l->up_exps.dev_layout, l->up_exps.dev, (int64_t)l->up_exps.mat_bytes, d->sel, F, H,
                       (int64_t)l->up_exps.row_bytes, d->xn, H, K, slots, d->he, F, M));
     G(P->g->swiglu(P->cx, d->ge, d->he, slots * F, l->clamp, M));
-    G(P->g->mm_gather(P->cx, l->down_exps.type, l->down_exps.dev, (int64_t)l->down_exps.mat_bytes, d->sel, H, F,
+    G(P->g->mm_gather(P->cx, l->down_exps.dev_layout, l->down_exps.dev, (int64_t)l->down_exps.mat_bytes, d->sel, H, F,
                       (int64_t)l->down_exps.row_bytes, d->ge, F, 1, slots, d->oe, H, M));
     const int FS = (int)l->gate_sh.rows;
     TRYP(mm(P, &l->gate_sh, d->xn, H, n, d->shg, FS));
@@ -481,7 +481,7 @@ static int draft_stage(pass *P, int st, float *X, float *Y, int B, int64_t p0, i
     *op = "attn_output";
     G(P->g->norm_rope(P->cx, d->att, (int64_t)B * NH, D, NH, -1.0f, NULL, freq, nr, p0, 1, 0, M));
     const int G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
-    G(P->g->mm_gather(P->cx, l->out_a.type, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
+    G(P->g->mm_gather(P->cx, l->out_a.dev_layout, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R,
                       l->out_a.cols, (int64_t)l->out_a.row_bytes, d->att, gw, 1, (int64_t)B * G_, d->u, R, M));
     TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, B, d->y, H));
     G(P->g->hc_post(P->cx, X, d->y, d->post, d->comb, B, HC, H, Y, M));

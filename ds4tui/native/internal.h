@@ -17,6 +17,7 @@ typedef struct {
     int64_t rows, cols, n_mat;
     size_t row_bytes, mat_bytes;
     const uint8_t *dev;  /* device copy (GPU backend), or NULL */
+    int32_t dev_layout;  /* its layout id (gpu_api.h: the GGML type, or DS4_GPU_PLANAR | type) */
 } ds4_w;
 
 enum { DS4_SWA = 0, DS4_CSA = 1, DS4_HCA = 2 };

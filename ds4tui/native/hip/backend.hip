@@ -48,6 +48,14 @@ int gpu_stage(ds4_gpu_ctx *c, float **buf, size_t *cap, size_t n, char *err, siz
     return DS4_OK;
 }
 
+int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len) {
+    pthread_mutex_lock(&c->lock);
+    int rc = gpu_stage(c, &c->dx, &c->dx_cap, (size_t)(x_floats > 0 ? x_floats : 0), err, len);
+    if (rc == DS4_OK) rc = gpu_stage(c, &c->dy, &c->dy_cap, (size_t)(y_floats > 0 ? y_floats : 0), err, len);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 __global__ void probe_kernel(int *out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *out = 0x5eed;
 }
@@ -232,6 +240,7 @@ static const ds4_gpu_api k_api = {
     gpu_copy, gpu_sync, gpu_mm_dev, gpu_mm_gather, gpu_embed, gpu_rms_norm, gpu_hc_pre, gpu_hc_post, gpu_hc_head,
     gpu_norm_rope, gpu_kv_store, gpu_compress, gpu_indexer, gpu_attend, gpu_moe_route, gpu_swiglu, gpu_moe_combine,
     gpu_scale, gpu_capture, gpu_attend_nc,
+    gpu_upload_matrix, gpu_reserve,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_gpu_api *ds4_gpu_api_v1(void) { return &k_api; }

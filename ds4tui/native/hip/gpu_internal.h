@@ -63,6 +63,16 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
 int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t n, float *Y, int32_t reps, double *ms, char *err, size_t len);
 
+/* planar.hip: the planar device layout of Q8_0 / Q2_K / IQ2_XXS rows (layout id DS4_GPU_PLANAR | type) */
+int gpu_planar_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
+int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes);
+int gpu_planar_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+                      int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
+                      int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
+int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
+                      int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);
+int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);
+
 /* ops.hip (see the table in ../gpu_api.h for the contracts) */
 int gpu_ops_init(char *err, size_t len);
 int gpu_copy(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len);

@@ -99,6 +99,15 @@ __device__ __forceinline__ float gpu_shfl_xor(float v, int mask) {
 #endif
 }
 
+/* Lane `src`'s v (all lanes participate). */
+__device__ __forceinline__ float gpu_shfl(float v, int src) {
+#if defined(GPU_NVIDIA)
+    return __shfl_sync(0xffffffffu, v, src, GPU_WARP);
+#else
+    return __shfl(v, src, GPU_WARP);
+#endif
+}
+
 __device__ __forceinline__ int gpu_shfl_xor_int(int v, int mask) {
 #if defined(GPU_NVIDIA)
     return __shfl_xor_sync(0xffffffffu, v, mask, GPU_WARP);

@@ -23,7 +23,10 @@
 #define MM_NT 8     /* tokens per warp */
 #define MM_WARPS 4  /* warps (rows) per block */
 
-int gpu_matmul_init(char *err, size_t len) { return quant_tables_init(err, len); }
+int gpu_matmul_init(char *err, size_t len) {
+    int rc = quant_tables_init(err, len);
+    return rc == DS4_OK ? gpu_planar_init(err, len) : rc;
+}
 
 /* WPR warps per row: 1 (MM_WARPS rows per block) for tall matrices, MM_WARPS (one row per block)
  * for short ones, so that a matvec with a few thousand rows still keeps every multiprocessor busy.
@@ -112,6 +115,8 @@ static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t 
 int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n <= 0) return DS4_OK;
+    if (type & DS4_GPU_PLANAR)
+        return gpu_planar_launch(st, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
     case DS4_TYPE_F32: mm_launch_t<DS4_TYPE_F32>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
@@ -163,6 +168,9 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                   float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n_slots <= 0) return DS4_OK;
+    if (type & DS4_GPU_PLANAR)
+        return gpu_planar_launch(c->stream, type, W, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, 1,
+                                 Y, ldy, err, len);
     const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)n_slots);
     GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids, rows, cols,
                     row_bytes, X, ldx, x_div, Y, ldy)
@@ -208,14 +216,18 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
     void *dw = NULL, *dx = NULL, *dy = NULL;
     const size_t wb = (size_t)rows * (size_t)row_bytes, xb = (size_t)(n * cols) * sizeof(float),
                  yb = (size_t)(n * rows) * sizeof(float);
-    int rc = gpu_alloc(c, wb, &dw, err, len);
+    int32_t layout = type;
+    int rc = gpu_upload_matrix(c, W, type & ~DS4_GPU_PLANAR, rows, cols, row_bytes, (type & DS4_GPU_PLANAR) != 0, &dw,
+                               &layout, err, len);
+    if (rc == DS4_OK && layout != type)
+        rc = gpu_fail(err, len, DS4_E_INVALID, "bench: GGML type %d with %lld columns cannot take the planar layout "
+                      "(rows of %lld bytes)", type & ~DS4_GPU_PLANAR, (long long)cols, (long long)row_bytes);
     if (rc == DS4_OK) rc = gpu_alloc(c, xb, &dx, err, len);
     if (rc == DS4_OK) rc = gpu_alloc(c, yb, &dy, err, len);
     hipEvent_t e0 = NULL, e1 = NULL;
     std::vector<float> times;
     if (rc == DS4_OK) {
-        hipError_t e = hipMemcpy(dw, W, wb, hipMemcpyHostToDevice);
-        if (e == hipSuccess) e = hipMemcpy(dx, X, xb, hipMemcpyHostToDevice);
+        hipError_t e = hipMemcpy(dx, X, xb, hipMemcpyHostToDevice);
         if (e == hipSuccess) e = hipMemset(dy, 0xff, yb); /* NaN poison: every element must be written */
         if (e == hipSuccess) e = hipEventCreate(&e0);
         if (e == hipSuccess) e = hipEventCreate(&e1);
@@ -224,7 +236,7 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
     for (int i = 0; rc == DS4_OK && i <= reps; i++) {
         hipError_t e = hipEventRecord(e0, c->stream);
         if (e != hipSuccess) { rc = gpu_fail(err, len, DS4_E_DEVICE, "event: %s", hipGetErrorString(e)); break; }
-        rc = gpu_matmul_launch(c->stream, type, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
+        rc = gpu_matmul_launch(c->stream, layout, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
                                rows, err, len);
         if (rc != DS4_OK) break;
         e = hipEventRecord(e1, c->stream);

@@ -123,10 +123,21 @@ __device__ void rope_row_(float *x, int width, const double *freq, int n_rot, in
     }
 }
 
-/* RMS norm of a row in place or into out, by the whole block. */
+#define RMS_REG 16 /* elements per thread held in registers by rms_row_ (the rest are read again) */
+
+/* RMS norm of a row in place or into out, by the whole block.  Thread k sums x[k], x[k + bd], ...
+ * in that order; its first RMS_REG elements are all loaded before the sum starts, so a one-row
+ * norm is not a chain of dependent loads on one multiprocessor. */
 __device__ void rms_row_(const float *x, int64_t width, float eps, const float *w, float *out, float *red) {
+    float v[RMS_REG];
+    const int64_t bd = blockDim.x;
+#pragma unroll
+    for (int j = 0; j < RMS_REG; j++) v[j] = threadIdx.x + j * bd < width ? x[threadIdx.x + j * bd] : 0.0f;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
+#pragma unroll
+    for (int j = 0; j < RMS_REG; j++)
+        if (threadIdx.x + j * bd < width) ss = fmaf(v[j], v[j], ss);
+    for (int64_t i = threadIdx.x + RMS_REG * bd; i < width; i += bd) ss = fmaf(x[i], x[i], ss);
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / (float)width + eps);
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
@@ -203,6 +214,56 @@ __global__ void hc_mix_kernel(const float *hcm, int n, int hc, float s0, float s
     }
     float *out = comb + (int64_t)t * HC * HC;
     for (int i = 0; i < HC * HC; i++) out[i] = cb[i];
+}
+
+/* The same for 4 streams with 4 lanes per token, lane a holding row a of the Sinkhorn matrix: every
+ * sum and division is the one hc_mix_kernel (and forward.c) does, in the same order (a column sum
+ * gathers the 4 rows by shuffles and adds them in ascending a), so the results are the same bits;
+ * the row and column passes' divisions run on 4 lanes at once instead of one. */
+__global__ void __launch_bounds__(64) hc_mix4_kernel(const float *hcm, int n, float s0, float s1, float s2,
+                                                     const float *base, float eps, int iters, float *pre, float *post,
+                                                     float *comb) {
+    const int HC = 4, mix = 2 * HC + HC * HC;
+    const int g = (blockIdx.x * blockDim.x + threadIdx.x) / HC, a = threadIdx.x % HC, lane0 = (threadIdx.x % GPU_WARP) & ~3;
+    const int t = g < n ? g : n - 1; /* lanes past the last token shadow it and write nothing */
+    const float *m = hcm + (int64_t)t * mix;
+    if (g < n) {
+        pre[(int64_t)t * HC + a] = sigmoidf_(s0 * m[a] + base[a]) + eps;
+        post[(int64_t)t * HC + a] = 2.0f * sigmoidf_(s1 * m[HC + a] + base[HC + a]);
+    }
+    float r[4], mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+    for (int b = 0; b < HC; b++) {
+        r[b] = s2 * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
+        if (r[b] > mx) mx = r[b];
+    }
+#pragma unroll
+    for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
+#pragma unroll
+    for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            float rs = 0.0f;
+#pragma unroll
+            for (int b = 0; b < HC; b++) rs += r[b];
+#pragma unroll
+            for (int b = 0; b < HC; b++) r[b] /= rs + eps;
+        }
+#pragma unroll
+        for (int b = 0; b < HC; b++) {
+            const float c0 = gpu_shfl(r[b], lane0), c1 = gpu_shfl(r[b], lane0 + 1), c2 = gpu_shfl(r[b], lane0 + 2),
+                        c3 = gpu_shfl(r[b], lane0 + 3);
+            float cs = 0.0f;
+            cs += c0;
+            cs += c1;
+            cs += c2;
+            cs += c3;
+            r[b] /= cs + eps;
+        }
+    }
+    if (g < n)
+#pragma unroll
+        for (int b = 0; b < HC; b++) comb[(int64_t)t * HC * HC + a * HC + b] = r[b];
 }
 
 /* x[t, d] = sum_a w[t, a] X[t, a, d] (ascending a, as the CPU). */
@@ -400,6 +461,7 @@ __global__ void indexer_select_kernel(int64_t p0, int ratio, int top_k, const fl
  * on the key count, so a (token, head) result does not depend on how many tokens the pass has. */
 #define ATT_WARPS 8
 #define ATT_DPL 16 /* D <= 32 * ATT_DPL */
+#define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them */
 
 __device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first, const float *kv, int kv_cap,
                                                 const float *comp, const int32_t *cs, int D) {
@@ -440,16 +502,34 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
     float qv[ATT_DPL];
     for (int i = 0; i < ATT_DPL; i++) qv[i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
     float mx = -INFINITY;
-    for (int k = wp; k < nk; k += ATT_WARPS) {
-        const float *key = att_key(k, n_win, first, kv, kv_cap, comp, cs, D);
-        float dot = 0.0f;
-        for (int i = 0; i < ATT_DPL; i++) {
-            const int d = lane + GPU_WARP * i;
-            if (d < D) dot = fmaf(qv[i], key[d], dot);
+    /* A warp takes keys wp, wp + ATT_WARPS, ... in ascending order, ATT_UNROLL at a time: their
+     * rows are loaded before any is reduced, so the loads of several keys are in flight at once
+     * (the arithmetic per key, and so the result, is that of one key at a time). */
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * ATT_UNROLL) {
+        float kr[ATT_UNROLL][ATT_DPL];
+#pragma unroll
+        for (int u = 0; u < ATT_UNROLL; u++) {
+            const int k = k0 + u * ATT_WARPS;
+            const float *key = k < nk ? att_key(k, n_win, first, kv, kv_cap, comp, cs, D) : NULL;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) {
+                const int d = lane + GPU_WARP * i;
+                kr[u][i] = key && d < D ? key[d] : 0.0f;
+            }
         }
-        dot = gpu_warp_sum(dot) * scale;
-        if (lane == 0) sc[k] = dot;
-        mx = dot > mx ? dot : mx;
+#pragma unroll
+        for (int u = 0; u < ATT_UNROLL; u++) {
+            const int k = k0 + u * ATT_WARPS;
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++)
+                if (lane + GPU_WARP * i < D) dot = fmaf(qv[i], kr[u][i], dot);
+            dot = gpu_warp_sum(dot) * scale;
+            if (k < nk) {
+                if (lane == 0) sc[k] = dot;
+                mx = dot > mx ? dot : mx;
+            }
+        }
     }
     if (lane == 0) red[wp] = mx;
     __syncthreads();
@@ -465,12 +545,26 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
     den = block_sum(den, red) + expf(sink - mx);
     float acc[ATT_DPL];
     for (int i = 0; i < ATT_DPL; i++) acc[i] = 0.0f;
-    for (int k = wp; k < nk; k += ATT_WARPS) {
-        const float *key = att_key(k, n_win, first, kv, kv_cap, comp, cs, D);
-        const float pk = sc[k] / den;
-        for (int i = 0; i < ATT_DPL; i++) {
-            const int d = lane + GPU_WARP * i;
-            if (d < D) acc[i] += pk * key[d];
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * ATT_UNROLL) {
+        float kr[ATT_UNROLL][ATT_DPL];
+#pragma unroll
+        for (int u = 0; u < ATT_UNROLL; u++) {
+            const int k = k0 + u * ATT_WARPS;
+            const float *key = k < nk ? att_key(k, n_win, first, kv, kv_cap, comp, cs, D) : NULL;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) {
+                const int d = lane + GPU_WARP * i;
+                kr[u][i] = key && d < D ? key[d] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_UNROLL; u++) {
+            const int k = k0 + u * ATT_WARPS;
+            if (k >= nk) break;
+            const float pk = sc[k] / den;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++)
+                if (lane + GPU_WARP * i < D) acc[i] += pk * kr[u][i];
         }
     }
     for (int i = 0; i < ATT_DPL; i++) part[wp][lane + GPU_WARP * i] = acc[i];
@@ -626,8 +720,8 @@ int gpu_hc_pre(ds4_gpu_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t 
     if (n <= 0) return DS4_OK;
     if (HC > MAXHC) return gpu_fail(err, len, DS4_E_UNSUPPORTED, "hc_count %d > %d", HC, MAXHC);
     if (HC == 4)
-        hipLaunchKernelGGL(hc_mix_kernel<4>, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2,
-                           base, eps, iters, pre, post, comb);
+        hipLaunchKernelGGL(hc_mix4_kernel, dim3(blocks_for((int64_t)n * 4, 64)), dim3(64), 0, c->stream, hcm, n, s0, s1,
+                           s2, base, eps, iters, pre, post, comb);
     else
         hipLaunchKernelGGL(hc_mix_kernel<0>, dim3(blocks_for(n, 64)), dim3(64), 0, c->stream, hcm, n, HC, s0, s1, s2,
                            base, eps, iters, pre, post, comb);
