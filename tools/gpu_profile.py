@@ -2,7 +2,9 @@
 DS4 Flash layers (ds4tui.engine.synthetic), for Nsight Compute:
 
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \\
-        --print-summary per-kernel python3 tools/gpu_profile.py [--ctx 2048] [--layers 2]
+        --print-summary per-kernel python3 tools/gpu_profile.py [--ctx 2048] [--layers 2] [--only decode]
+
+(tools/ncu_summary.py turns that log into a table sorted by total kernel time.)
 
 The model is built and the context prefilled with profiling off; cuProfilerStart/Stop (libcuda)
 bracket the decode step and the verify pass, so only their kernels are measured.
@@ -25,6 +27,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2, help="layers, alternating CSA and HCA (default 2)")
+    ap.add_argument("--only", choices=("decode", "verify", "both"), default="both",
+                    help="profile only the decode step or only the verify pass (default both)")
     args = ap.parse_args(argv)
     ratios = tuple(4 if i % 2 == 0 else 128 for i in range(args.layers))
     model = synthetic.SyntheticModel(synthetic.flash_config(ratios), seed=0)
@@ -34,15 +38,21 @@ def main(argv=None) -> int:
     s.prefill(rng.integers(100, 128000, args.ctx).tolist(), logits="none")
     s.prefill([5000])  # warm
     cuda = ctypes.CDLL("libcuda.so.1")
-    cuda.cuProfilerStart()
+    if args.only != "verify":
+        cuda.cuProfilerStart()
     t = time.perf_counter()
     s.prefill([5001])
     t_dec = time.perf_counter() - t
     base = s.n_tokens
+    if args.only == "verify":
+        cuda.cuProfilerStart()
+    elif args.only == "decode":
+        cuda.cuProfilerStop()
     t = time.perf_counter()
     s.prefill([5002, 5003, 5004, 5005, 5006, 5007], logits="all")
     t_ver = time.perf_counter() - t
-    cuda.cuProfilerStop()
+    if args.only != "decode":
+        cuda.cuProfilerStop()
     s.truncate(base)
     print(f"decode {t_dec * 1e3:.2f} ms, verify(6 rows) {t_ver * 1e3:.2f} ms (wall, under the profiler)",
           file=sys.stderr)

@@ -453,9 +453,15 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
     for (int k = 0; k < want; k++)
         ds4_rms_norm(d->h + (size_t)k * H, H, e->c.rms_eps, sup->norm, d->hn + (size_t)k * H);
     if (op_failed(d, ch, "lm_head", 0)) return -1;
-    ds4_mm(e, &e->output, 0, d->hn, H, want, d->U, V);
-    t1 = ds4_now_ms(); pt->logits += t1 - t; t = t1;
     const float T = s->sampling.temperature;
+    /* greedy on the device: the base logits stay there and only each draft's id comes back */
+    const int dev = s->gs && e->output.dev && sup->markov_w2.dev && !(T > 0.0f);
+    if (dev) {
+        if (op_failed(d, ch, "lm_head", ds4_gpu_draft_logits(s, d->hn, want) != DS4_OK)) return -1;
+    } else {
+        ds4_mm(e, &e->output, 0, d->hn, H, want, d->U, V);
+    }
+    t1 = ds4_now_ms(); pt->logits += t1 - t; t = t1;
     int32_t prev = anchor;
     int n = 0;
     for (int k = 0; k < want; k++) {
@@ -472,11 +478,16 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
         if (op_failed(d, ch, "markov", 0)) return -1;
         const ds4_w *w1 = &sup->markov_w1;
         ds4_dequantize(w1->type, w1->data + (size_t)prev * w1->row_bytes, d->feat, sup->rank, NULL, 0);
-        float *row = d->corr + (size_t)k * V;
-        ds4_mm(e, &sup->markov_w2, 0, d->feat, sup->rank, 1, row, V);
-        const float *u = d->U + (size_t)k * V;
-        for (int32_t i = 0; i < V; i++) row[i] += u[i];
-        int32_t x = T > 0.0f ? draw_q(s, row, T) : ds4_argmax(row, V);
+        int32_t x;
+        if (dev) {
+            if (op_failed(d, ch, "markov", ds4_gpu_draft_markov(s, k, d->feat, &x) != DS4_OK)) return -1;
+        } else {
+            float *row = d->corr + (size_t)k * V;
+            ds4_mm(e, &sup->markov_w2, 0, d->feat, sup->rank, 1, row, V);
+            const float *u = d->U + (size_t)k * V;
+            for (int32_t i = 0; i < V; i++) row[i] += u[i];
+            x = T > 0.0f ? draw_q(s, row, T) : ds4_argmax(row, V);
+        }
         drafts[n++] = x;
         d->drafts[d->n_drafts++] = x;
         prev = x;

@@ -151,6 +151,9 @@ typedef struct ds4_gpu_api_s {
     /* Size the host-activation staging of `matmul` for x_floats in and y_floats out now, so that
      * device memory stays constant while a session runs. */
     int (*reserve)(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);
+    /* *out (device int) = the first i of the largest a[i] + b[i], i < n (ds4_argmax's rule on the
+     * float sums; NaN sums are passed over, and a NaN at 0 gives 0 as on the host). */
+    int (*add_argmax)(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err, size_t len);
 } ds4_gpu_api;
 
 typedef const ds4_gpu_api *(*ds4_gpu_api_fn)(void);

@@ -38,6 +38,8 @@ struct ds4_gpu_session {
      * ring [n_stages, cap, D] by position (cap = kv_cap, as dspark.c), projections of up to W
      * context rows [W, H] / [W, D], and the block's KV rows [n_stages, B, D] */
     float *dcap, *dctx, *dmx, *dkvtmp, *ddkv;
+    float *dhn, *dU, *drow, *dfeat; /* the drafter's greedy heads: normed rows, base logits [B, V], Markov row */
+    int32_t *dbest;
 };
 
 /* ---- engine vectors ------------------------------------------------------------------------- */
@@ -225,6 +227,11 @@ int ds4_gpu_session_init(ds4_session *s, uint64_t *kv_bytes, uint64_t *cmp_bytes
         d->dmx = DF((int64_t)c->sliding_window * H);
         d->dkvtmp = DF((int64_t)c->sliding_window * D);
         d->ddkv = DF((int64_t)sup->n_stages * sup->block * D);
+        d->dhn = DF((int64_t)sup->block * H);
+        d->dU = DF((int64_t)sup->block * c->n_vocab);
+        d->drow = DF(c->n_vocab);
+        d->dfeat = DF(sup->rank > 0 ? sup->rank : 1);
+        d->dbest = DI(4);
     }
 #undef DF
 #undef DI
@@ -514,5 +521,31 @@ int ds4_gpu_draft_chain(ds4_session *s, int32_t anchor, int64_t p0, int64_t lo, 
     G(P->g->hc_head(P->cx, d->X, d->hm, B, HC, H, sup->hc_head_scale[0], sup->d_hc_head_base, c->hc_eps, d->hw, d->lm,
                     M));
     G(P->g->copy(P->cx, h_host, d->lm, (size_t)B * H * sizeof(float), 1, M));
+    return DS4_OK;
+}
+
+/* The drafter's LM head on the device for rows hn [want, H] (host): base logits kept in device
+ * memory for ds4_gpu_draft_markov (greedy drafting: no V-wide row comes back to the host). */
+int ds4_gpu_draft_logits(ds4_session *s, const float *hn, int want) {
+    ds4_engine *e = s->e;
+    pass P_ = {s, e, e->gpu, e->gpu_ctx, s->gs, ""}, *P = &P_;
+    ds4_gpu_session *d = s->gs;
+    const int64_t H = e->c.n_embd;
+    G(P->g->copy(P->cx, d->dhn, hn, (size_t)(want * H) * sizeof(float), 0, M));
+    return mm(P, &e->output, d->dhn, H, want, d->dU, e->c.n_vocab);
+}
+
+/* Greedy draft k: argmax over V of W2 feat + U[k] (dspark.md §2.5), with feat = W1[prev] [rank]
+ * (host); the sum and the argmax rule are the host loop's, so the draft is the same token. */
+int ds4_gpu_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
+    ds4_engine *e = s->e;
+    pass P_ = {s, e, e->gpu, e->gpu_ctx, s->gs, ""}, *P = &P_;
+    ds4_gpu_session *d = s->gs;
+    const ds4_support *sup = e->sup;
+    const int32_t V = e->c.n_vocab;
+    G(P->g->copy(P->cx, d->dfeat, feat, (size_t)sup->rank * sizeof(float), 0, M));
+    TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
+    G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest, M));
+    G(P->g->copy(P->cx, x, d->dbest, sizeof(int32_t), 1, M));
     return DS4_OK;
 }

@@ -236,6 +236,8 @@ int ds4_gpu_support_vectors(ds4_engine *e, char *err, size_t len);
  * positions lo..hi projected from the device capture ring; the block [anchor, noise...] at p0..
  * through the stages and the HC head into h_host [B, H].  On failure *op names the stage op. */
 int ds4_gpu_draft_context(ds4_session *s, int64_t lo, int64_t hi);
+int ds4_gpu_draft_logits(ds4_session *s, const float *hn, int want);
+int ds4_gpu_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x);
 int ds4_gpu_draft_chain(ds4_session *s, int32_t anchor, int64_t p0, int64_t lo, int64_t hi, float *h_host,
                         const char **op);
 

@@ -240,7 +240,7 @@ static const ds4_gpu_api k_api = {
     gpu_copy, gpu_sync, gpu_mm_dev, gpu_mm_gather, gpu_embed, gpu_rms_norm, gpu_hc_pre, gpu_hc_post, gpu_hc_head,
     gpu_norm_rope, gpu_kv_store, gpu_compress, gpu_indexer, gpu_attend, gpu_moe_route, gpu_swiglu, gpu_moe_combine,
     gpu_scale, gpu_capture, gpu_attend_nc,
-    gpu_upload_matrix, gpu_reserve,
+    gpu_upload_matrix, gpu_reserve, gpu_add_argmax,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_gpu_api *ds4_gpu_api_v1(void) { return &k_api; }

@@ -115,5 +115,6 @@ int gpu_swiglu(ds4_gpu_ctx *c, float *a, const float *b, int64_t n, float clamp,
 int gpu_moe_combine(ds4_gpu_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
                     int32_t H, const float *shared, float *y, char *err, size_t len);
 int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len);
+int gpu_add_argmax(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err, size_t len);
 
 #endif

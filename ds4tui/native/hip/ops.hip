@@ -862,3 +862,44 @@ int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t le
     hipLaunchKernelGGL(scale_kernel, dim3(blocks_for(n, OPS_THREADS)), dim3(OPS_THREADS), 0, c->stream, x, n, s);
     return ops_check("scale kernel", err, len);
 }
+
+/* ---- the drafter's greedy Markov head (dspark.c) ---------------------------------------------- */
+
+#define ARGMAX_THREADS 1024
+
+/* One block: each thread keeps the first maximum of its strided elements, then a tree keeps the
+ * larger value, or the lower index on equal values, so the winner is the first maximum overall. */
+__global__ void __launch_bounds__(ARGMAX_THREADS) add_argmax_kernel(const float *a, const float *b, int n, int32_t *out) {
+    __shared__ float sv[ARGMAX_THREADS];
+    __shared__ int si[ARGMAX_THREADS];
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = a[i] + b[i];
+        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) {
+            const float ov = sv[threadIdx.x + w];
+            const int oi = si[threadIdx.x + w];
+            if (oi >= 0 && (si[threadIdx.x] < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x]))) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float v0 = a[0] + b[0];
+        *out = (v0 != v0 || si[0] < 0) ? 0 : si[0]; /* the host loop never leaves a NaN at 0 */
+    }
+}
+
+int gpu_add_argmax(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err, size_t len) {
+    if (n <= 0) return gpu_fail(err, len, DS4_E_INVALID, "argmax over %d entries", n);
+    hipLaunchKernelGGL(add_argmax_kernel, dim3(1), dim3(ARGMAX_THREADS), 0, c->stream, a, b, n, out);
+    return ops_check("add_argmax kernel", err, len);
+}
