@@ -3,7 +3,8 @@
 
 What the GPU backend runs today: the whole target pass with its weights, KV and compressor state
 in device memory (ds4tui/native/gpu_forward.c over ds4tui/native/hip/), and the DSpark drafter's
-context projection, stages and HC head (its heads' products too, from host rows).  The GPU kernels keep float32 activations
+context projection, stages, HC head and greedy LM / Markov heads.  Quantised rows of a 16-byte
+multiple live in the planar device layout (hip/planar.hip).  The GPU kernels keep float32 activations
 like the CPU kernels and follow the CPU's operation order wherever a loop accumulates in a fixed
 order, so the two backends differ only by float32 summation order inside dot products and norms:
 
