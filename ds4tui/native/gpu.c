@@ -179,8 +179,10 @@ typedef struct {
 /* The planar layout (hip/planar.hip) for every matrix the matmul kernels read; the embedding
  * keeps GGML rows (gpu_embed reads them).  DS4TUI_GPU_LAYOUT=ggml keeps GGML rows everywhere (for
  * side-by-side kernel comparisons; results differ only by float32 rounding order). */
-static int want_planar(const ds4_engine *e, const ds4_w *w) {
+static int want_planar(const ds4_engine *e, const ds4_w *w, char *err, size_t len) {
     const char *v = getenv("DS4TUI_GPU_LAYOUT");
+    if (v && *v && strcmp(v, "ggml") != 0 && strcmp(v, "planar") != 0)
+        return ds4_fail(err, len, DS4_E_INVALID, "DS4TUI_GPU_LAYOUT=%s: expected planar (the default) or ggml", v);
     return w != &e->token_embd && !(v && strcmp(v, "ggml") == 0);
 }
 
@@ -188,8 +190,10 @@ static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
     ds4_engine *e = u->e;
     void *dev = NULL;
     int32_t layout = w->type;
+    int planar = want_planar(e, w, err, len);
+    if (planar < 0) return planar;
     int rc = e->gpu->upload_matrix(e->gpu_ctx, w->data, w->type, w->rows * w->n_mat, w->cols, (int64_t)w->row_bytes,
-                                   want_planar(e, w), &dev, &layout, err, len);
+                                   planar, &dev, &layout, err, len);
     if (rc != DS4_OK) return rc;
     w->dev = dev;
     w->dev_layout = layout;
