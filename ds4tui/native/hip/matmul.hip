@@ -168,13 +168,24 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                   float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n_slots <= 0) return DS4_OK;
-    if (type & DS4_GPU_PLANAR)
-        return gpu_planar_launch(c->stream, type, W, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, 1,
-                                 Y, ldy, err, len);
-    const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)n_slots);
-    GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids, rows, cols,
-                    row_bytes, X, ldx, x_div, Y, ldy)
-    GPU_TRY(hipGetLastError(), "GPU expert matmul launch");
+    if (x_div < 1) return gpu_fail(err, len, DS4_E_INVALID, "GPU expert matmul: x_div %d < 1", x_div);
+    /* slots go on grid y (at most 65535 per launch): launch in chunks of whole activation rows */
+    const int64_t chunk = 65535 - 65535 % x_div;
+    for (int64_t s0 = 0; s0 < n_slots; s0 += chunk) {
+        const int64_t ns = n_slots - s0 < chunk ? n_slots - s0 : chunk;
+        const float *Xs = X + (s0 / x_div) * ldx;
+        float *Ys = Y + s0 * ldy;
+        if (type & DS4_GPU_PLANAR) {
+            int rc = gpu_planar_launch(c->stream, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx,
+                                       x_div, 1, Ys, ldy, err, len);
+            if (rc != DS4_OK) return rc;
+            continue;
+        }
+        const dim3 block(GPU_WARP, MM_WARPS), grid((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), (unsigned)ns);
+        GPU_TYPE_SWITCH(type, mm_gather_kernel, grid, block, 0, c->stream, (const uint8_t *)W, mat_bytes, ids + s0,
+                        rows, cols, row_bytes, Xs, ldx, x_div, Ys, ldy)
+        GPU_TRY(hipGetLastError(), "GPU expert matmul launch");
+    }
     return DS4_OK;
 }
 

@@ -274,11 +274,14 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
         else pl_go<TYPE, 1, 2, 1>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         return;
     }
-    /* several tokens: more rows per warp, so that each activation load serves more weights */
+    /* several tokens: more rows per warp, so that each activation load serves more weights (Q8_0 4,
+     * IQ2_XXS 2, Q2_K 1: more would spill registers on gfx1151) */
+    constexpr int PL_RPW_MULTI = TYPE == DS4_TYPE_Q8_0 ? 4 : TYPE == DS4_TYPE_IQ2_XXS ? 2 : 1;
+    constexpr int PL_RPW_SHORT = PL_RPW_MULTI > 1 ? PL_RPW_MULTI / 2 : 1;
     const unsigned gy = (unsigned)((n + PL_NT - 1) / PL_NT);
     if (rows < PL_TINY_ROWS) pl_go<TYPE, PL_NT, 1, PL_TINY_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else if (rows < PL_SHORT_ROWS) pl_go<TYPE, PL_NT, 2, PL_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else pl_go<TYPE, PL_NT, 4, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (rows < PL_SHORT_ROWS) pl_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else pl_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
 
 int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes) {
@@ -296,12 +299,16 @@ int gpu_planar_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat
                       int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     const int32_t type = layout & ~DS4_GPU_PLANAR;
+    if (type != DS4_TYPE_Q8_0 && type != DS4_TYPE_Q2_K && type != DS4_TYPE_IQ2_XXS)
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul: GGML type %d has no planar layout (Q8_0, Q2_K and "
+                        "IQ2_XXS have)", type);
     if (!gpu_planar_ok(type, cols, row_bytes))
         return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul: a planar matrix of GGML type %d needs rows of 16-byte "
                         "multiples (%lld columns, %lld bytes per row)", type, (long long)cols, (long long)row_bytes);
     if (((uintptr_t)W & 15) || ((uintptr_t)X & 15) || (ldx & 3) || (ids && (mat_bytes & 15)))
-        return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul: planar kernels need 16-byte aligned weights and "
-                        "activations (W %p, X %p, ldx %lld)", W, (const void *)X, (long long)ldx);
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul: planar kernels need 16-byte aligned weights, matrix "
+                        "strides and activations (W %p, matrix stride %lld bytes, X %p, ldx %lld)", W,
+                        (long long)mat_bytes, (const void *)X, (long long)ldx);
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
     case DS4_TYPE_Q8_0: pl_launch_t<DS4_TYPE_Q8_0>(st, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
@@ -362,9 +369,9 @@ int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t row
     hipError_t e = hipSuccess;
     for (int64_t r = 0; rc == DS4_OK && e == hipSuccess && r < rows; r += chunk_rows) {
         const int64_t nr = rows - r < chunk_rows ? rows - r : chunk_rows;
-        e = hipStreamSynchronize(c->stream); /* the previous chunk's repack has read tmp */
-        if (e == hipSuccess) e = hipMemcpy(tmp, (const uint8_t *)src + r * row_bytes, (size_t)nr * (size_t)row_bytes,
-                                           hipMemcpyHostToDevice);
+        /* on the context's stream, after the previous chunk's repack has read tmp */
+        e = hipMemcpyAsync(tmp, (const uint8_t *)src + r * row_bytes, (size_t)nr * (size_t)row_bytes,
+                           hipMemcpyHostToDevice, c->stream);
         if (e != hipSuccess) break;
         const int64_t nt = nr * nb;
         const unsigned grid = (unsigned)((nt + 255) / 256);
