@@ -48,7 +48,7 @@ typedef struct ds4_gpu_api_s {
     /* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c] for t < n, r < rows: W is device memory of `rows`
      * rows of `row_bytes` bytes (layout id `type`, `cols` elements each); X and Y are host float32.
      * Float32 activations, as the CPU kernels (ds4tui/native/cpu/matmul.c): only the float32
-     * summation order differs.  Each (row, token) result is independent of n (batch-invariant). */
+     * rounding order differs.  Each (row, token) result is independent of n (batch-invariant). */
     int (*matmul)(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                   const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
     /* The matmul kernel alone on device buffers, timed with events: uploads host W/X, runs it

@@ -535,7 +535,7 @@ int ds4_gpu_draft_logits(ds4_session *s, const float *hn, int want) {
     return mm(P, &e->output, d->dhn, H, want, d->dU, e->c.n_vocab);
 }
 
-/* Greedy draft k: argmax over V of W2 feat + U[k] (dspark.md §2.5), with feat = W1[prev] [rank]
+/* Greedy draft k: argmax over V of W2 feat + U[k] (dspark.md §2.4), with feat = W1[prev] [rank]
  * (host); the sum and the argmax rule are the host loop's, so the draft is the same token. */
 int ds4_gpu_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
     ds4_engine *e = s->e;
