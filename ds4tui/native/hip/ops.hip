@@ -173,8 +173,8 @@ rms_norm_kernel(const float *x, int64_t ldx, int64_t width, float eps, const flo
 #define MAXHC 16
 
 /* One thread per token: the mHC weights of forward.c's ds4_hc_pre, in its order.  HCT is the
- * stream count when known at compile time (4 for DS4: the Sinkhorn matrix stays in registers), or
- * 0 for any count up to MAXHC (local arrays); constant loop bounds let the compiler unroll. */
+ * stream count when known at compile time, or 0 for any count up to MAXHC (local arrays); DS4's 4
+ * streams use hc_mix4_kernel below (the same bits, 4 lanes per token). */
 template <int HCT>
 __global__ void hc_mix_kernel(const float *hcm, int n, int hc, float s0, float s1, float s2, const float *base,
                               float eps, int iters, float *pre, float *post, float *comb) {
