@@ -299,8 +299,12 @@ class Engine:
         cfg.compress_ratios, cfg.swiglu_clamp, cfg.swiglu_clamp_shexp = ratios, clamp, clamp_sh
         infos = list(self.model.tensors.values())
         table = self._table(self.model.tensors)
+        layout = os.environ.get("DS4TUI_GPU_LAYOUT", "") or "planar"
+        if layout not in ("planar", "ggml"):
+            raise EngineError(f"DS4TUI_GPU_LAYOUT={layout!r}: expected planar (the default) or ggml")
         opt = ffi.new("ds4_engine_options *", {"backend": 1 if self.backend == "hip" else 0, "n_threads": n_threads,
-                                               "numerics": NUMERICS.index(self.numerics)})
+                                               "numerics": NUMERICS.index(self.numerics),
+                                               "gpu_layout": 0 if layout == "planar" else 1})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)
@@ -477,7 +481,13 @@ class Session:
         self._ffi, self._lib = e._ffi, e._lib
         out = self._ffi.new("ds4_session **")
         self._err = self._ffi.new("char[1024]")
-        self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, out, self._err, 1024))
+        knobs = self._ffi.NULL
+        if e.support_status == "attached":
+            sched = os.environ.get("DS4_DSPARK_SCHEDULER", "")
+            maxd = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
+            knobs = self._ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": 0 if sched == "0" else 1,
+                                                         "threshold": 0.0, "max_draft": int(maxd or 0)})
+        self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, knobs, out, self._err, 1024))
         self._h = self._ffi.gc(out[0], self._lib.ds4_session_free)
         self._out = self._ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
         self._n_out = self._ffi.new("int32_t *")

@@ -134,7 +134,17 @@ typedef struct {
     int32_t gpu_device;
     void (*progress)(void *ctx, uint64_t done, uint64_t total);
     void *progress_ctx;
+    /* DS4_BACKEND_HIP only: the device layout of the weight matrices (DS4_GPU_LAYOUT_*). */
+    int32_t gpu_layout;
 } ds4_engine_options;
+
+/* Device layouts of the weight matrices (ds4_engine_options.gpu_layout).  PLANAR (the default):
+ * Q8_0, Q2_K and IQ2_XXS rows of a 16-byte multiple are rewritten at upload with their codes
+ * first and their scales after (the same bytes; hip/planar.hip), every other matrix keeps its
+ * GGML rows; GGML: the file's rows everywhere (the previous kernels, for side-by-side timing).
+ * Results differ only by float32 rounding order. */
+#define DS4_GPU_LAYOUT_PLANAR 0
+#define DS4_GPU_LAYOUT_GGML 1
 
 /* Memory held, in bytes.  weights: tensor bytes the engine reads (mapped
  * from the GGUF on the CPU backend); kv: raw KV rows; compressor: compressor
@@ -167,6 +177,14 @@ typedef struct {
     uint64_t n_cancelled;       /* calls stopped by ds4_session_cancel */
 } ds4_stats;
 
+/* DSpark's live knobs (spec dspark.md §7), applied at the next cycle boundary. */
+typedef struct {
+    int32_t enabled;     /* 1: draft and verify; 0: target-only decode */
+    int32_t scheduler;   /* 1: adaptive scheduler (spec dspark.md §7.3) */
+    float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold (1: never draft) */
+    int32_t max_draft;   /* 1..block_size drafts per cycle */
+} ds4_dspark_knobs;
+
 typedef struct ds4_engine ds4_engine;
 typedef struct ds4_session ds4_session;
 
@@ -183,8 +201,13 @@ int32_t ds4_engine_n_threads(const ds4_engine *e);
 
 /* A session: KV cache and compressor state for up to n_ctx tokens,
  * evaluating at most n_batch tokens per forward pass (longer inputs are
- * split).  n_batch also bounds how far back ds4_session_truncate can go. */
+ * split).  n_batch also bounds how far back ds4_session_truncate can go.
+ * `dspark`: the DSpark knobs the session starts with (NULL: DSpark on when a
+ * support model is attached, scheduler on, threshold 0, max_draft = the
+ * block size; max_draft 0 also means the block size).  Knobs given here are
+ * in force from cycle 0 and are not logged as a change. */
 int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch,
+                       const ds4_dspark_knobs *dspark,
                        ds4_session **out, char *err, size_t err_len);
 void ds4_session_free(ds4_session *s);
 
@@ -308,14 +331,6 @@ typedef struct {
     int32_t n_capture;       /* target layers captured, 1..8 */
     const int32_t *capture_layers;  /* [n_capture] post-layer ids, increasing */
 } ds4_support_config;
-
-/* Live knobs, applied at the next cycle boundary. */
-typedef struct {
-    int32_t enabled;     /* 1: draft and verify; 0: target-only decode */
-    int32_t scheduler;   /* 1: adaptive scheduler (spec dspark.md §7.3) */
-    float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold (1: never draft) */
-    int32_t max_draft;   /* 1..block_size drafts per cycle */
-} ds4_dspark_knobs;
 
 /* One applied knob change: the knobs in force from cycle `cycle` on. */
 typedef struct {

@@ -68,14 +68,6 @@ struct ds4_dspark {
 
 /* ---- setup ---------------------------------------------------------------------------------- */
 
-static int env_int(const char *name, int def) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end ? def : (int)x;
-}
-
 static float *take_f32(size_t n, uint64_t *bytes, int *ok) {
     float *p = calloc(n ? n : 1, sizeof(float));
     if (!p) *ok = 0;
@@ -83,20 +75,40 @@ static float *take_f32(size_t n, uint64_t *bytes, int *ok) {
     return p;
 }
 
-int ds4_dspark_session_init(ds4_session *s) {
+/* DS4_OK, or DS4_E_INVALID naming the knob that is out of range (max_draft 0 passes when
+ * zero_max_ok: "the block size" at session creation). */
+static int check_knobs(const ds4_dspark_knobs *k, int block, int zero_max_ok, char *err, size_t err_len) {
+    if (k->enabled != 0 && k->enabled != 1) return ds4_fail(err, err_len, DS4_E_INVALID, "enabled must be 0 or 1, got %d", k->enabled);
+    if (k->scheduler != 0 && k->scheduler != 1)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "scheduler must be 0 or 1, got %d", k->scheduler);
+    if (!(k->threshold >= 0.0f && k->threshold <= 1.0f))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "confidence threshold must be in [0, 1], got %g", (double)k->threshold);
+    if ((k->max_draft < 1 && !(zero_max_ok && k->max_draft == 0)) || k->max_draft > block)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "max draft length must be 1..%d (the support block size), got %d", block,
+                        k->max_draft);
+    return DS4_OK;
+}
+
+int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, char *err, size_t err_len) {
     ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
+    ds4_dspark_knobs k = {sup ? 1 : 0, 1, 0.0f, block};
+    if (initial) {
+        int rc = check_knobs(initial, block, 1, err, err_len);
+        if (rc != DS4_OK) return rc;
+        k = *initial;
+        if (!sup) k.enabled = 0;
+        if (k.max_draft == 0) k.max_draft = block;
+    }
     ds4_dspark *d = calloc(1, sizeof *d);
-    if (!d) return DS4_E_NOMEM;
+    if (!d) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
     s->dsp = d;
     pthread_mutex_init(&d->mu, NULL);
     d->cap_from = d->ctx_from = 0;
     d->cap_last = d->ctx_last = -1;
     d->backoff = 2;
-    const ds4_support *sup = e->sup;
-    int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
-    int maxd = env_int("DS4_DSPARK_MAX_DRAFT_TOKENS", 0);
-    d->want = (ds4_dspark_knobs){sup ? 1 : 0, env_int("DS4_DSPARK_SCHEDULER", 1) ? 1 : 0, 0.0f,
-                                 maxd >= 1 && maxd <= block ? maxd : block};
+    d->want = k;
     d->act = d->want;
     d->st.block_size = sup ? sup->block : 0;
     if (!sup) return DS4_OK;
@@ -122,7 +134,8 @@ int ds4_dspark_session_init(ds4_session *s) {
     d->cand_ids = malloc((size_t)V * sizeof(int32_t));
     d->cand_p = malloc((size_t)V * sizeof(double));
     *sb += (size_t)V * (sizeof(int32_t) + sizeof(double));
-    if (!ok || !d->cand_ids || !d->cand_p) return DS4_E_NOMEM;
+    if (!ok || !d->cand_ids || !d->cand_p)
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
     return DS4_OK;
 }
 
@@ -806,15 +819,8 @@ int ds4_session_set_dspark(ds4_session *s, const ds4_dspark_knobs *k, char *err,
     if (!sup)
         return ds4_fail(err, err_len, DS4_E_STATE, "DSpark knobs cannot change: the support model was refused: %s",
                         s->e->sup_msg);
-    int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
-    if (k->enabled != 0 && k->enabled != 1) return ds4_fail(err, err_len, DS4_E_INVALID, "enabled must be 0 or 1, got %d", k->enabled);
-    if (k->scheduler != 0 && k->scheduler != 1)
-        return ds4_fail(err, err_len, DS4_E_INVALID, "scheduler must be 0 or 1, got %d", k->scheduler);
-    if (!(k->threshold >= 0.0f && k->threshold <= 1.0f))
-        return ds4_fail(err, err_len, DS4_E_INVALID, "confidence threshold must be in [0, 1], got %g", (double)k->threshold);
-    if (k->max_draft < 1 || k->max_draft > block)
-        return ds4_fail(err, err_len, DS4_E_INVALID, "max draft length must be 1..%d (the support block size), got %d", block,
-                        k->max_draft);
+    int rc = check_knobs(k, sup->block, 0, err, err_len);
+    if (rc != DS4_OK) return rc;
     pthread_mutex_lock(&s->dsp->mu);
     s->dsp->want = *k;
     pthread_mutex_unlock(&s->dsp->mu);

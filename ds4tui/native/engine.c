@@ -618,7 +618,8 @@ static void *take(size_t bytes, uint64_t *count, int *ok) {
     return p;
 }
 
-int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_session **out, char *err, size_t err_len) {
+int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, const ds4_dspark_knobs *dspark, ds4_session **out,
+                       char *err, size_t err_len) {
     if (!out) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_session_create: out is NULL");
     *out = NULL;
     if (!e) return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_session_create: no engine");
@@ -709,9 +710,12 @@ int ds4_session_create(ds4_engine *e, int32_t n_ctx, int32_t n_batch, ds4_sessio
             return rc;
         }
     }
-    if ((e->sup || e->sup_refused) && ds4_dspark_session_init(s) != DS4_OK) {
-        ds4_session_free(s);
-        return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
+    if (e->sup || e->sup_refused) {
+        int rc = ds4_dspark_session_init(s, dspark, err, err_len);
+        if (rc != DS4_OK) {
+            ds4_session_free(s);
+            return rc;
+        }
     }
     *out = s;
     return DS4_OK;

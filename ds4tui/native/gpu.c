@@ -177,21 +177,17 @@ typedef struct {
 } uploader;
 
 /* The planar layout (hip/planar.hip) for every matrix the matmul kernels read; the embedding
- * keeps GGML rows (gpu_embed reads them).  DS4TUI_GPU_LAYOUT=ggml keeps GGML rows everywhere (for
+ * keeps GGML rows (gpu_embed reads them).  DS4_GPU_LAYOUT_GGML keeps GGML rows everywhere (for
  * side-by-side kernel comparisons; results differ only by float32 rounding order). */
-static int want_planar(const ds4_engine *e, const ds4_w *w, char *err, size_t len) {
-    const char *v = getenv("DS4TUI_GPU_LAYOUT");
-    if (v && *v && strcmp(v, "ggml") != 0 && strcmp(v, "planar") != 0)
-        return ds4_fail(err, len, DS4_E_INVALID, "DS4TUI_GPU_LAYOUT=%s: expected planar (the default) or ggml", v);
-    return w != &e->token_embd && !(v && strcmp(v, "ggml") == 0);
+static int want_planar(const ds4_engine *e, const ds4_w *w) {
+    return w != &e->token_embd && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR;
 }
 
 static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
     ds4_engine *e = u->e;
     void *dev = NULL;
     int32_t layout = w->type;
-    int planar = want_planar(e, w, err, len);
-    if (planar < 0) return planar;
+    int planar = want_planar(e, w);
     int rc = e->gpu->upload_matrix(e->gpu_ctx, w->data, w->type, w->rows * w->n_mat, w->cols, (int64_t)w->row_bytes,
                                    planar, &dev, &layout, err, len);
     if (rc != DS4_OK) return rc;
@@ -243,6 +239,10 @@ static int upload_all(ds4_engine *e, ds4_w **ws, int n, void (*progress)(void *,
 }
 
 int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, size_t len) {
+    if (o->gpu_layout != DS4_GPU_LAYOUT_PLANAR && o->gpu_layout != DS4_GPU_LAYOUT_GGML)
+        return ds4_fail(err, len, DS4_E_INVALID, "gpu_layout %d: expected %d (planar) or %d (ggml)", o->gpu_layout,
+                        DS4_GPU_LAYOUT_PLANAR, DS4_GPU_LAYOUT_GGML);
+    e->gpu_layout = o->gpu_layout;
     int rc = ds4_gpu_load(o->gpu_library, &e->gpu_lib, &e->gpu, err, len);
     if (rc != DS4_OK) return rc;
     rc = e->gpu->open(o->gpu_device, &e->gpu_ctx, err, len);

@@ -92,6 +92,7 @@ struct ds4_engine {
     /* GPU backend (DS4_BACKEND_HIP; gpu.c): the dlopen'ed library's table and context.  gpu_rc and
      * gpu_msg keep the first device failure of a pass until ds4_gpu_check reports it. */
     int backend;
+    int gpu_layout;          /* DS4_GPU_LAYOUT_* */
     void *gpu_lib;
     const struct ds4_gpu_api_s *gpu;
     struct ds4_gpu_ctx *gpu_ctx;
@@ -190,7 +191,7 @@ void ds4_moe(ds4_session *s, const ds4_layer *l, const float *xn, const int32_t 
 
 /* dspark.c */
 void ds4_dspark_capture(ds4_session *s, int L, const float *X, int n, int64_t p0);
-int ds4_dspark_session_init(ds4_session *s);   /* DS4_OK or DS4_E_NOMEM */
+int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, char *err, size_t err_len);
 void ds4_dspark_session_free(ds4_session *s);
 void ds4_dspark_truncate(ds4_session *s, int32_t n);
 void ds4_dspark_captured(ds4_session *s, int64_t p0, int n); /* after a successful pass */
