@@ -42,3 +42,28 @@ def test_public_header_is_the_whole_cdef():
     block = re.search(r"/\* CDEF BEGIN \*/(.*?)/\* CDEF END \*/", text, re.S).group(1)
     for fn in ("ds4_version", "ds4_type_row_bytes", "ds4_dequantize"):
         assert fn in block
+
+
+def test_engine_exceptions_are_defined_once_in_the_errors_module():
+    """Every exception class of the engine layer lives in ds4tui/engine/errors.py, once, and none
+    shadows a builtin name (a class called ReferenceError hid Python's own)."""
+    import builtins
+
+    from ds4tui.engine import errors
+
+    defined: dict[str, list[str]] = {}
+    for f in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(str(f.relative_to(PKG)))
+    twice = {name: files for name, files in defined.items() if len(files) > 1}
+    assert not twice, f"classes defined more than once: {twice}"
+    shadowing = sorted(n for n in defined if hasattr(builtins, n))
+    assert not shadowing, f"classes named like Python builtins: {shadowing}"
+    for f in sorted((PKG / "engine").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ClassDef) and f.name != "errors.py":
+                cls = getattr(__import__(f"ds4tui.engine.{f.stem}", fromlist=["x"]), node.name, None)
+                assert not (isinstance(cls, type) and issubclass(cls, BaseException)), \
+                    f"{f.relative_to(PKG)} defines the exception {node.name}: move it to engine/errors.py"
+    assert errors.NonFiniteError.__mro__.count(errors.EngineError) == 1

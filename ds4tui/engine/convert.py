@@ -35,14 +35,11 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 
 from ds4tui.engine import layout as L
+from ds4tui.engine.errors import ConversionError  # re-exported
 from ds4tui.engine.layout import DS4Config, TensorSpec
 from ds4tui.engine.quants import quantize
 
 TYPE_MODES = ("f32", "f16", "q8_0", "q2")
-
-
-class ConversionError(Exception):
-    """The checkpoint cannot be converted; the message names the file/tensor and what is wrong."""
 
 
 # ---- safetensors reading --------------------------------------------------------------------

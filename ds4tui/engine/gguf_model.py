@@ -25,87 +25,26 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
 from gguf import GGMLQuantizationType as T
 
 from ds4tui.engine import layout as L
+from ds4tui.engine.errors import (  # re-exported: the names this module always had
+    ArchitectureError,
+    GGUFFormatError,
+    KeyTypeError,
+    KeyValueError,
+    MetadataError,
+    MissingKeyError,
+    MissingTensorError,
+    ModelFileError,
+    NonFiniteError,
+    SupportInvalidError,
+    TensorError,
+    TensorShapeError,
+    TensorTypeError,
+    TruncatedFileError,
+)
 from ds4tui.engine.layout import DS4Config, MetaKey, MetaType, TensorSpec
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
-
-
-# ---- errors ---------------------------------------------------------------------------------
-
-class ModelFileError(Exception):
-    """A model file cannot be used. ``path`` is the file; the message says what and where."""
-
-    def __init__(self, path: str | os.PathLike, message: str):
-        self.path = str(path)
-        self.detail = message
-        super().__init__(f"{self.path}: {message}")
-
-
-class GGUFFormatError(ModelFileError):
-    """Not a readable GGUF v3 file (wrong magic, unsupported version, corrupt header)."""
-
-
-class TruncatedFileError(GGUFFormatError):
-    """The file ends before the header or a tensor's data does."""
-
-
-class ArchitectureError(ModelFileError):
-    """``general.architecture`` is not the one expected."""
-
-
-class MetadataError(ModelFileError):
-    """A metadata key is missing, has the wrong GGUF type or an invalid value."""
-
-    def __init__(self, path, key: str, message: str):
-        self.key = key
-        super().__init__(path, f"metadata key '{key}': {message}")
-
-
-class MissingKeyError(MetadataError):
-    pass
-
-
-class KeyTypeError(MetadataError):
-    pass
-
-
-class KeyValueError(MetadataError):
-    pass
-
-
-class TensorError(ModelFileError):
-    """A tensor is missing, has the wrong dims or the wrong GGML type."""
-
-    def __init__(self, path, tensor: str, message: str):
-        self.tensor = tensor
-        super().__init__(path, f"tensor '{tensor}': {message}")
-
-
-class MissingTensorError(TensorError):
-    pass
-
-
-class TensorShapeError(TensorError):
-    pass
-
-
-class TensorTypeError(TensorError):
-    pass
-
-
-class NonFiniteError(TensorError):
-    """A float tensor holds NaN or Inf values."""
-
-
-class SupportInvalidError(ModelFileError):
-    """A DSpark support file failed validation; ``problems`` lists every reason."""
-
-    def __init__(self, path, problems: list["Problem"]):
-        self.problems = problems
-        lines = "; ".join(p.message for p in problems[:8])
-        more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
-        super().__init__(path, f"DSpark support model refused: {lines}{more}")
 
 
 # ---- low-level reading ----------------------------------------------------------------------

@@ -41,22 +41,16 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from ds4tui.engine.gguf_model import DS4Model, NonFiniteError, SupportModel, TensorInfo
+from ds4tui.engine.errors import (  # re-exported: the names this module always had
+    ContextOverflowError,
+    EngineError,
+    NonFiniteError,
+    TokenRangeError,
+)
+from ds4tui.engine.gguf_model import DS4Model, SupportModel, TensorInfo
 from ds4tui.engine.layout import DS4Config, LayerKind
 
 F32 = np.float32
-
-
-class ReferenceError(Exception):
-    """Base class of errors raised by the reference engine."""
-
-
-class ContextOverflowError(ReferenceError):
-    """More tokens than the state's context size."""
-
-
-class TokenRangeError(ReferenceError):
-    """A token id outside the vocabulary."""
 
 
 def _int(name: str, value, *, minimum: int | None = None) -> int:
@@ -248,7 +242,7 @@ class Rope:
     """Partial interleaved RoPE on the last ``n_rot`` lanes of a row.
 
     ``compressed=True`` selects the compressed-layer table: base ``compress_rope_freq_base`` with
-    YaRN frequency blending and no magnitude correction.  Raises ``ReferenceError`` for a scaling
+    YaRN frequency blending and no magnitude correction.  Raises :class:`EngineError` for a scaling
     type other than ``yarn`` or ``none``.
     """
 
@@ -260,7 +254,7 @@ class Rope:
         freq = base ** (-2.0 * k / c.n_rot)
         if compressed and c.rope_scaling_factor != 1.0 and c.rope_scaling_type != "none":
             if c.rope_scaling_type != "yarn":
-                raise ReferenceError(f"rope.scaling.type '{c.rope_scaling_type}' is not supported (expected 'yarn')")
+                raise EngineError(f"rope.scaling.type '{c.rope_scaling_type}' is not supported (expected 'yarn')")
 
             def corr(rot: float) -> float:
                 return c.n_rot * math.log(c.rope_orig_ctx / (rot * 2 * math.pi)) / (2 * math.log(base))

@@ -31,6 +31,17 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ds4tui.engine.errors import (  # re-exported: the names this module always had
+    BackendUnavailableError,
+    CancelledError,
+    ContextOverflowError,
+    DeviceError,
+    EngineError,
+    NonFiniteError,
+    StateError,
+    TokenRangeError,
+    native_error,
+)
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -41,42 +52,6 @@ STEP_MAX = 64
 #: ds4_engine.h's DS4_MAX_THREADS.
 MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
-
-
-class EngineError(Exception):
-    """An engine call failed; the message names the problem (from the C engine where it came from)."""
-
-
-class BackendUnavailableError(EngineError):
-    """The requested backend cannot run here (not built, no device)."""
-
-
-class DeviceError(EngineError):
-    """The GPU backend failed during a call (a runtime call or kernel launch; the message names it)."""
-
-
-class ContextOverflowError(EngineError):
-    """The tokens do not fit in the session's context size."""
-
-
-class TokenRangeError(EngineError):
-    """A token id outside the vocabulary."""
-
-
-class CancelledError(EngineError):
-    """:meth:`Session.cancel` stopped a prefill or step.  ``kept`` = tokens left in the cache."""
-
-    def __init__(self, message: str, kept: int = 0):
-        super().__init__(message)
-        self.kept = kept
-
-
-class NonFiniteError(EngineError):
-    """NaN/Inf appeared in the logits (bad weights or an overflow)."""
-
-
-class StateError(EngineError):
-    """The call does not fit the session's state (e.g. a step before any prompt)."""
 
 
 @dataclass(frozen=True)
@@ -182,14 +157,9 @@ def _native():
     return _native
 
 
-_ERRORS = {-4: ContextOverflowError, -5: CancelledError, -6: TokenRangeError, -7: NonFiniteError, -8: StateError,
-           -9: DeviceError}
-
-
 def _check(rc: int, err, ffi) -> None:
     if rc != 0:
-        msg = ffi.string(err).decode("utf-8", "replace") or f"native error {rc}"
-        raise _ERRORS.get(rc, EngineError)(msg)
+        raise native_error(rc, ffi.string(err).decode("utf-8", "replace"))
 
 
 def _check_dspark_env(block: int) -> None:
@@ -918,14 +888,9 @@ class ReferenceSession(Session):
         self._counters = dict(Stats().to_dict())
 
     def _eval(self, ids: list[int], mode: str) -> np.ndarray | None:
-        from ds4tui.engine import reference as R
-
         t0 = time.perf_counter()
         seq = ([self.pending] if self.pending is not None else []) + list(ids)
-        try:
-            r = self._ref.forward(self._st, seq, logits={"none": None, "last": "last", "all": "all"}[mode])
-        except R.ContextOverflowError as exc:
-            raise ContextOverflowError(str(exc)) from None
+        r = self._ref.forward(self._st, seq, logits={"none": None, "last": "last", "all": "all"}[mode])
         if mode == "all" and self.pending is not None:
             r.logits = r.logits[1:]
         self._counters["prefill_ms"] += (time.perf_counter() - t0) * 1e3

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ds4tui.engine.errors import TelemetryUnavailable
+
 __all__ = [
     "BACKEND_NAMES",
     "APU_NOTE",
@@ -60,10 +62,6 @@ BACKEND_NAMES = ("fake", "sysfs", "nvml", "rss", "none")
 #: The note every amdgpu sample carries (spec platform.md §3.1, ROCm issue #6004).
 APU_NOTE = ("on APUs (Strix Halo) the model lives in GTT and VRAM is the BIOS carve-out: "
             "the two pools are not to be summed")
-
-
-class TelemetryUnavailable(RuntimeError):
-    """An explicitly requested telemetry backend cannot run here; ``str(e)`` is the one-line reason."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ import gguf
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from ds4tui.engine.errors import TokenizerError
+
 __all__ = [
     "TokenizerError",
     "GGUFVocab",
@@ -59,10 +61,6 @@ __all__ = [
     "THINK_START_TEXT",
     "THINK_END_TEXT",
 ]
-
-
-class TokenizerError(ValueError):
-    """Bad or unsupported tokenizer data (file, GGUF key, token id or chat message)."""
 
 
 # --------------------------------------------------------------------------------------------
