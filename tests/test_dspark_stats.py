@@ -296,7 +296,9 @@ def _dspark_cdef() -> str:
     block = re.sub(r"/\*.*?\*/", "", block, flags=re.S)
     defines = re.findall(r"^#define \w+ +\d+(?= *$)", block, flags=re.M)
     structs = re.findall(r"typedef struct \{.*?\} \w+;", block, flags=re.S)
-    return "\n".join(defines + structs)
+    # the knobs are declared before the session API (ds4_session_create takes the starting ones)
+    knobs = re.search(r"typedef struct \{[^}]*\} ds4_dspark_knobs;", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
+    return "\n".join(defines + [knobs.group(0)] + structs)
 
 
 @pytest.fixture(scope="module")

@@ -207,13 +207,22 @@ TYPE_CLASS_NAMES = {
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One expected tensor: GGUF name, numpy-order shape and accepted GGML types."""
+    """One expected tensor: GGUF name, numpy-order shape and accepted GGML types.
+
+    ``c_field`` / ``c_bind``: where the native engine keeps it (a member of ``ds4_layer``,
+    ``ds4_engine`` or ``ds4_support`` in ds4tui/native/internal.h) and how it binds it: ``"mat"`` a
+    weight matrix read where it is mapped, ``"vec"`` a vector or small table dequantised to float,
+    ``"idx"`` an I32 table.  build_native.py generates the engine's binding table from these
+    (ds4tui/native/tensors.h), so this list is the one inventory of the model's tensors.
+    """
 
     name: str
     shape: tuple[int, ...]
     types: frozenset = field(compare=False)
     role: str = ""  # short description for messages and `inspect`
     layer: int | None = None
+    c_field: str = field(default="", compare=False)
+    c_bind: str = field(default="", compare=False)
 
     @property
     def ne(self) -> tuple[int, ...]:
@@ -224,12 +233,12 @@ class TensorSpec:
 def global_tensor_specs(c: DS4Config) -> list[TensorSpec]:
     H, V, HC = c.n_embd, c.n_vocab, c.hc_count
     return [
-        TensorSpec("token_embd.weight", (V, H), DENSE_TYPES, "token embedding"),
-        TensorSpec("output_hc_fn.weight", (HC, HC * H), FLOAT_TYPES, "output HC head fn"),
-        TensorSpec("output_hc_base.weight", (HC,), FLOAT_TYPES, "output HC head base"),
-        TensorSpec("output_hc_scale.weight", (1,), FLOAT_TYPES, "output HC head scale"),
-        TensorSpec("output_norm.weight", (H,), FLOAT_TYPES, "final norm"),
-        TensorSpec("output.weight", (V, H), DENSE_TYPES, "LM head"),
+        TensorSpec("token_embd.weight", (V, H), DENSE_TYPES, "token embedding", None, "token_embd", "mat"),
+        TensorSpec("output_hc_fn.weight", (HC, HC * H), FLOAT_TYPES, "output HC head fn", None, "output_hc_fn", "mat"),
+        TensorSpec("output_hc_base.weight", (HC,), FLOAT_TYPES, "output HC head base", None, "output_hc_base", "vec"),
+        TensorSpec("output_hc_scale.weight", (1,), FLOAT_TYPES, "output HC head scale", None, "output_hc_scale", "vec"),
+        TensorSpec("output_norm.weight", (H,), FLOAT_TYPES, "final norm", None, "output_norm", "vec"),
+        TensorSpec("output.weight", (V, H), DENSE_TYPES, "LM head", None, "output", "mat"),
     ]
 
 
@@ -246,61 +255,62 @@ def block_tensor_specs(c: DS4Config, layer: int, prefix: str | None = None, *, d
     kind = LayerKind.SWA if draft else c.layer_kind(layer)
     hashed = False if draft else c.is_hash_layer(layer)
 
-    def t(suffix: str, shape: tuple[int, ...], types: frozenset, role: str) -> TensorSpec:
-        return TensorSpec(pre + suffix, shape, types, role, layer)
+    def t(suffix: str, shape: tuple[int, ...], types: frozenset, role: str, c: str) -> TensorSpec:
+        bind, _, member = c.partition(":")
+        return TensorSpec(pre + suffix, shape, types, role, layer, member, bind)
 
     specs = [
-        t("hc_attn_fn.weight", (c.hc_mix, HC * H), FLOAT_TYPES, "HC attention fn"),
-        t("hc_attn_base.weight", (c.hc_mix,), FLOAT_TYPES, "HC attention base"),
-        t("hc_attn_scale.weight", (3,), FLOAT_TYPES, "HC attention scale"),
-        t("attn_norm.weight", (H,), FLOAT_TYPES, "attention norm"),
-        t("attn_q_a.weight", (c.q_lora_rank, H), DENSE_TYPES, "Q low-rank A"),
-        t("attn_q_a_norm.weight", (c.q_lora_rank,), FLOAT_TYPES, "Q low-rank norm"),
-        t("attn_q_b.weight", (NH * D, c.q_lora_rank), DENSE_TYPES, "Q low-rank B"),
-        t("attn_kv.weight", (D, H), DENSE_TYPES, "KV projection"),
-        t("attn_kv_a_norm.weight", (D,), FLOAT_TYPES, "KV norm"),
-        t("attn_sinks.weight", (NH,), FLOAT_TYPES, "attention sinks"),
+        t("hc_attn_fn.weight", (c.hc_mix, HC * H), FLOAT_TYPES, "HC attention fn", "mat:hc_attn_fn"),
+        t("hc_attn_base.weight", (c.hc_mix,), FLOAT_TYPES, "HC attention base", "vec:hc_attn_base"),
+        t("hc_attn_scale.weight", (3,), FLOAT_TYPES, "HC attention scale", "vec:hc_attn_scale"),
+        t("attn_norm.weight", (H,), FLOAT_TYPES, "attention norm", "vec:attn_norm"),
+        t("attn_q_a.weight", (c.q_lora_rank, H), DENSE_TYPES, "Q low-rank A", "mat:q_a"),
+        t("attn_q_a_norm.weight", (c.q_lora_rank,), FLOAT_TYPES, "Q low-rank norm", "vec:q_a_norm"),
+        t("attn_q_b.weight", (NH * D, c.q_lora_rank), DENSE_TYPES, "Q low-rank B", "mat:q_b"),
+        t("attn_kv.weight", (D, H), DENSE_TYPES, "KV projection", "mat:kv"),
+        t("attn_kv_a_norm.weight", (D,), FLOAT_TYPES, "KV norm", "vec:kv_norm"),
+        t("attn_sinks.weight", (NH,), FLOAT_TYPES, "attention sinks", "vec:sinks"),
         t("attn_output_a.weight", (c.o_groups * c.o_lora_rank, (NH // c.o_groups) * D), DENSE_TYPES,
-          "grouped output A"),
-        t("attn_output_b.weight", (H, c.o_groups * c.o_lora_rank), DENSE_TYPES, "grouped output B"),
+          "grouped output A", "mat:out_a"),
+        t("attn_output_b.weight", (H, c.o_groups * c.o_lora_rank), DENSE_TYPES, "grouped output B", "mat:out_b"),
     ]
     if kind is not LayerKind.SWA:
         ratio = c.compress_ratios[layer]
         coff = 2 if kind is LayerKind.CSA else 1
         specs += [
-            t("attn_compressor_kv.weight", (coff * D, H), FLOAT_TYPES, "compressor KV"),
-            t("attn_compressor_gate.weight", (coff * D, H), FLOAT_TYPES, "compressor gate"),
-            t("attn_compressor_ape.weight", (ratio, coff * D), FLOAT_TYPES, "compressor position bias"),
-            t("attn_compressor_norm.weight", (D,), FLOAT_TYPES, "compressor norm"),
+            t("attn_compressor_kv.weight", (coff * D, H), FLOAT_TYPES, "compressor KV", "mat:comp_kv"),
+            t("attn_compressor_gate.weight", (coff * D, H), FLOAT_TYPES, "compressor gate", "mat:comp_gate"),
+            t("attn_compressor_ape.weight", (ratio, coff * D), FLOAT_TYPES, "compressor position bias", "vec:comp_ape"),
+            t("attn_compressor_norm.weight", (D,), FLOAT_TYPES, "compressor norm", "vec:comp_norm"),
         ]
     if kind is LayerKind.CSA:
         IH, ID = c.indexer_n_head, c.indexer_head_dim
         specs += [
-            t("indexer.attn_q_b.weight", (IH * ID, c.q_lora_rank), FLOAT_TYPES, "indexer Q B"),
-            t("indexer.proj.weight", (IH, H), FLOAT_TYPES, "indexer head weights"),
-            t("indexer_compressor_kv.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor KV"),
-            t("indexer_compressor_gate.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor gate"),
-            t("indexer_compressor_ape.weight", (CSA_RATIO, 2 * ID), FLOAT_TYPES, "indexer compressor position bias"),
-            t("indexer_compressor_norm.weight", (ID,), FLOAT_TYPES, "indexer compressor norm"),
+            t("indexer.attn_q_b.weight", (IH * ID, c.q_lora_rank), FLOAT_TYPES, "indexer Q B", "mat:idx_q_b"),
+            t("indexer.proj.weight", (IH, H), FLOAT_TYPES, "indexer head weights", "mat:idx_proj"),
+            t("indexer_compressor_kv.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor KV", "mat:idx_comp_kv"),
+            t("indexer_compressor_gate.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor gate", "mat:idx_comp_gate"),
+            t("indexer_compressor_ape.weight", (CSA_RATIO, 2 * ID), FLOAT_TYPES, "indexer compressor position bias", "vec:idx_comp_ape"),
+            t("indexer_compressor_norm.weight", (ID,), FLOAT_TYPES, "indexer compressor norm", "vec:idx_comp_norm"),
         ]
     specs += [
-        t("hc_ffn_fn.weight", (c.hc_mix, HC * H), FLOAT_TYPES, "HC FFN fn"),
-        t("hc_ffn_base.weight", (c.hc_mix,), FLOAT_TYPES, "HC FFN base"),
-        t("hc_ffn_scale.weight", (3,), FLOAT_TYPES, "HC FFN scale"),
-        t("ffn_norm.weight", (H,), FLOAT_TYPES, "FFN norm"),
-        t("ffn_gate_inp.weight", (E, H), DENSE_TYPES if draft else FLOAT_TYPES, "router"),
+        t("hc_ffn_fn.weight", (c.hc_mix, HC * H), FLOAT_TYPES, "HC FFN fn", "mat:hc_ffn_fn"),
+        t("hc_ffn_base.weight", (c.hc_mix,), FLOAT_TYPES, "HC FFN base", "vec:hc_ffn_base"),
+        t("hc_ffn_scale.weight", (3,), FLOAT_TYPES, "HC FFN scale", "vec:hc_ffn_scale"),
+        t("ffn_norm.weight", (H,), FLOAT_TYPES, "FFN norm", "vec:ffn_norm"),
+        t("ffn_gate_inp.weight", (E, H), DENSE_TYPES if draft else FLOAT_TYPES, "router", "mat:gate_inp"),
     ]
     if hashed:
-        specs.append(t("ffn_gate_tid2eid.weight", (c.n_vocab, c.n_expert_used), INDEX_TYPES, "hash routing table"))
+        specs.append(t("ffn_gate_tid2eid.weight", (c.n_vocab, c.n_expert_used), INDEX_TYPES, "hash routing table", "idx:tid2eid"))
     else:
-        specs.append(t("exp_probs_b.bias", (E,), FLOAT_TYPES, "router selection bias"))
+        specs.append(t("exp_probs_b.bias", (E,), FLOAT_TYPES, "router selection bias", "vec:exp_bias"))
     specs += [
-        t("ffn_gate_exps.weight", (E, F, H), ROUTED_TYPES, "routed experts gate"),
-        t("ffn_up_exps.weight", (E, F, H), ROUTED_TYPES, "routed experts up"),
-        t("ffn_down_exps.weight", (E, H, F), ROUTED_TYPES, "routed experts down"),
-        t("ffn_gate_shexp.weight", (c.n_ff_shexp, H), DENSE_TYPES, "shared expert gate"),
-        t("ffn_up_shexp.weight", (c.n_ff_shexp, H), DENSE_TYPES, "shared expert up"),
-        t("ffn_down_shexp.weight", (H, c.n_ff_shexp), DENSE_TYPES, "shared expert down"),
+        t("ffn_gate_exps.weight", (E, F, H), ROUTED_TYPES, "routed experts gate", "mat:gate_exps"),
+        t("ffn_up_exps.weight", (E, F, H), ROUTED_TYPES, "routed experts up", "mat:up_exps"),
+        t("ffn_down_exps.weight", (E, H, F), ROUTED_TYPES, "routed experts down", "mat:down_exps"),
+        t("ffn_gate_shexp.weight", (c.n_ff_shexp, H), DENSE_TYPES, "shared expert gate", "mat:gate_sh"),
+        t("ffn_up_shexp.weight", (c.n_ff_shexp, H), DENSE_TYPES, "shared expert up", "mat:up_sh"),
+        t("ffn_down_shexp.weight", (H, c.n_ff_shexp), DENSE_TYPES, "shared expert down", "mat:down_sh"),
     ]
     return specs
 
@@ -360,16 +370,23 @@ def support_tensor_specs(c: DS4Config, n_stages: int, n_capture: int, rank: int)
         specs += block_tensor_specs(c, s, prefix=f"mtp.{s}.", draft=True)
         if s == 0:
             specs += [
-                TensorSpec("mtp.0.main_proj.weight", (H, n_capture * H), DENSE_TYPES, "capture projection", 0),
-                TensorSpec("mtp.0.main_norm.weight", (H,), FLOAT_TYPES, "capture norm", 0),
+                TensorSpec("mtp.0.main_proj.weight", (H, n_capture * H), DENSE_TYPES, "capture projection", 0,
+                           "main_proj", "mat"),
+                TensorSpec("mtp.0.main_norm.weight", (H,), FLOAT_TYPES, "capture norm", 0, "main_norm", "vec"),
             ]
     specs += [
-        TensorSpec(f"mtp.{last}.norm.weight", (H,), FLOAT_TYPES, "drafter final norm", last),
-        TensorSpec(f"mtp.{last}.hc_head_base.weight", (HC,), FLOAT_TYPES, "drafter HC head base", last),
-        TensorSpec(f"mtp.{last}.hc_head_fn.weight", (HC, HC * H), FLOAT_TYPES, "drafter HC head fn", last),
-        TensorSpec(f"mtp.{last}.hc_head_scale.weight", (1,), FLOAT_TYPES, "drafter HC head scale", last),
-        TensorSpec(f"mtp.{last}.markov_head.markov_w1.weight", (V, rank), DENSE_TYPES, "Markov embedding W1", last),
-        TensorSpec(f"mtp.{last}.markov_head.markov_w2.weight", (V, rank), DENSE_TYPES, "Markov output W2", last),
-        TensorSpec(f"mtp.{last}.confidence_head.proj.weight", (1, H + rank), DENSE_TYPES, "confidence head", last),
+        TensorSpec(f"mtp.{last}.norm.weight", (H,), FLOAT_TYPES, "drafter final norm", last, "norm", "vec"),
+        TensorSpec(f"mtp.{last}.hc_head_base.weight", (HC,), FLOAT_TYPES, "drafter HC head base", last, "hc_head_base",
+                   "vec"),
+        TensorSpec(f"mtp.{last}.hc_head_fn.weight", (HC, HC * H), FLOAT_TYPES, "drafter HC head fn", last, "hc_head_fn",
+                   "mat"),
+        TensorSpec(f"mtp.{last}.hc_head_scale.weight", (1,), FLOAT_TYPES, "drafter HC head scale", last,
+                   "hc_head_scale", "vec"),
+        TensorSpec(f"mtp.{last}.markov_head.markov_w1.weight", (V, rank), DENSE_TYPES, "Markov embedding W1", last,
+                   "markov_w1", "mat"),
+        TensorSpec(f"mtp.{last}.markov_head.markov_w2.weight", (V, rank), DENSE_TYPES, "Markov output W2", last,
+                   "markov_w2", "mat"),
+        TensorSpec(f"mtp.{last}.confidence_head.proj.weight", (1, H + rank), DENSE_TYPES, "confidence head", last,
+                   "conf", "mat"),
     ]
     return specs

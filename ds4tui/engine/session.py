@@ -251,7 +251,7 @@ class Engine:
         keep = self._keep
         cfg = ffi.new("ds4_model_config *")
         for name in ("n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank", "o_lora_rank",
-                     "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_hash_layer", "sliding_window",
+                     "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_expert_shared", "n_hash_layer", "sliding_window",
                      "indexer_n_head", "indexer_head_dim", "indexer_top_k", "hc_count", "hc_sinkhorn_iters",
                      "rope_orig_ctx", "context_length"):
             setattr(cfg, name, int(getattr(c, name)))

@@ -114,6 +114,7 @@ typedef struct {
     int32_t n_expert, n_expert_used, n_ff_exp, n_hash_layer, expert_weights_norm;
     int32_t sliding_window, indexer_n_head, indexer_head_dim, indexer_top_k;
     int32_t hc_count, hc_sinkhorn_iters;
+    int32_t n_expert_shared;        /* shared experts (their FFN width is n_ff_exp * n_expert_shared) */
     int32_t rope_yarn;              /* 1: YaRN on compressed layers (rope.scaling.type yarn) */
     int64_t rope_orig_ctx, context_length;
     float rope_freq_base, rope_scaling_factor, yarn_beta_fast, yarn_beta_slow;

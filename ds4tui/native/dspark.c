@@ -1,4 +1,4 @@
-/* dspark.c — DSpark speculative decoding on the CPU (spec dspark.md).
+/* dspark.c — DSpark speculative decoding (spec dspark.md), on the engine's backend.
  *
  * Reference cycle layout (spec dspark.md §2.5): after a target pass whose last position is p,
  * the anchor t_{p+1} is sampled and emitted but not run (the session's pending token).  A cycle
@@ -31,18 +31,11 @@
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
 struct ds4_dspark {
-    int32_t cap_cap;            /* rows of the capture and context rings */
-    float *cap;                 /* [cap_cap, n_capture, H] stream means by position */
-    int64_t cap_from, cap_last; /* captured positions held: [cap_from, cap_last] */
-    float *ctx;                 /* [n_stages, cap_cap, D] context KV rows by position */
-    int64_t ctx_from, ctx_last;
-    float *xcat, *mx, *kvtmp;   /* [cap_cap, n_capture*H], [cap_cap, H], [cap_cap, D] */
-    float *dkv;                 /* [n_stages, B, D] draft KV rows */
+    ds4_span ctx;               /* positions whose context KV rows the drafter's ring holds (forward.c) */
     float *h;                   /* [B, H] pre-norm hidden */
     float *hn;                  /* [B, H] normed hidden */
     float *feat;                /* [H + r] confidence input */
-    float *U;                   /* [B, V] base logits */
-    float *corr;                /* [B, V] corrected (Markov) logits */
+    float *corr;                /* [B, V] corrected (Markov) logits (sampled drafting) */
     float *vlogits;             /* [B + 1, V] verify rows */
     int32_t *cand_ids;          /* [V] */
     double *cand_p;             /* [V] */
@@ -105,29 +98,20 @@ int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, cha
     if (!d) return ds4_fail(err, err_len, DS4_E_NOMEM, "out of memory allocating the DSpark state of a session");
     s->dsp = d;
     pthread_mutex_init(&d->mu, NULL);
-    d->cap_from = d->ctx_from = 0;
-    d->cap_last = d->ctx_last = -1;
+    ds4_span_init(&d->ctx, s->kv_cap); /* sliding_window + batch + 1: as far back as truncate may go */
     d->backoff = 2;
     d->want = k;
     d->act = d->want;
     d->st.block_size = sup ? sup->block : 0;
     if (!sup) return DS4_OK;
     const ds4_cfg *c = &e->c;
-    const int64_t H = c->n_embd, D = c->head_dim, V = c->n_vocab, B = sup->block;
-    d->cap_cap = s->kv_cap; /* sliding_window + batch + 1: as far back as truncate may go */
+    const int64_t H = c->n_embd, V = c->n_vocab, B = sup->block;
     uint64_t *sb = &s->scratch_bytes;
     int ok = 1;
 #define A(n) take_f32((size_t)(n), sb, &ok)
-    d->cap = A((int64_t)d->cap_cap * sup->n_capture * H);
-    d->ctx = A((int64_t)sup->n_stages * d->cap_cap * D);
-    d->xcat = A((int64_t)d->cap_cap * sup->n_capture * H);
-    d->mx = A((int64_t)d->cap_cap * H);
-    d->kvtmp = A((int64_t)d->cap_cap * D);
-    d->dkv = A((int64_t)sup->n_stages * B * D);
     d->h = A(B * H);
     d->hn = A(B * H);
     d->feat = A(H + sup->rank);
-    d->U = A(B * V);
     d->corr = A(B * V);
     d->vlogits = A((B + 1) * V);
 #undef A
@@ -142,8 +126,7 @@ int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, cha
 void ds4_dspark_session_free(ds4_session *s) {
     ds4_dspark *d = s->dsp;
     if (!d) return;
-    void *bufs[] = {d->cap, d->ctx, d->xcat, d->mx, d->kvtmp, d->dkv, d->h, d->hn, d->feat, d->U, d->corr,
-                    d->vlogits, d->cand_ids, d->cand_p};
+    void *bufs[] = {d->h, d->hn, d->feat, d->corr, d->vlogits, d->cand_ids, d->cand_p};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     pthread_mutex_destroy(&d->mu);
     free(d);
@@ -159,47 +142,10 @@ void ds4_dspark_free_support(ds4_engine *e) {
     e->sup = NULL;
 }
 
-/* ---- capture (spec dspark.md §2.2): the stream mean after each captured layer ------------------ */
-
-void ds4_dspark_capture(ds4_session *s, int L, const float *X, int n, int64_t p0) {
-    const ds4_support *sup = s->e->sup;
-    ds4_dspark *d = s->dsp;
-    if (!sup || sup->capture_slot[L] < 0) return;
-    const int slot = sup->capture_slot[L], HC = s->e->c.hc_count, H = s->e->c.n_embd;
-    const float inv = 1.0f / (float)HC;
-    /* rows of positions < p0 + n - cap_cap are being overwritten */
-    if (p0 + n - d->cap_cap > d->cap_from) d->cap_from = p0 + n - d->cap_cap;
-    for (int t = 0; t < n; t++) {
-        const float *Xt = X + (size_t)t * HC * H;
-        float *dst = d->cap + ((size_t)((p0 + t) % d->cap_cap) * sup->n_capture + slot) * H;
-        for (int i = 0; i < H; i++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += Xt[(size_t)a * H + i];
-            dst[i] = acc * inv;
-        }
-    }
-}
-
-/* The bookkeeping of ds4_dspark_capture when the rows went to the device capture ring. */
-void ds4_dspark_capture_mark(ds4_session *s, int n, int64_t p0) {
-    ds4_dspark *d = s->dsp;
-    if (p0 + n - d->cap_cap > d->cap_from) d->cap_from = p0 + n - d->cap_cap;
-}
-
-/* After a successful target pass over positions p0..p0+n-1 (all capture layers written). */
-void ds4_dspark_captured(ds4_session *s, int64_t p0, int n) {
-    ds4_dspark *d = s->dsp;
-    if (p0 != d->cap_last + 1) d->cap_from = p0; /* a gap: older rows do not continue this one */
-    d->cap_last = p0 + n - 1;
-    if (d->cap_last - d->cap_cap + 1 > d->cap_from) d->cap_from = d->cap_last - d->cap_cap + 1;
-}
-
+/* Forget captured and context rows of positions >= n (the rings keep theirs: nothing to restore). */
 void ds4_dspark_truncate(ds4_session *s, int32_t n) {
-    ds4_dspark *d = s->dsp;
-    if (d->cap_last > n - 1) d->cap_last = n - 1;
-    if (d->ctx_last > n - 1) d->ctx_last = n - 1;
-    if (d->cap_last < d->cap_from) { d->cap_from = 0; d->cap_last = -1; }
-    if (d->ctx_last < d->ctx_from) { d->ctx_from = 0; d->ctx_last = -1; }
+    ds4_span_truncate(&s->cap, n);
+    ds4_span_truncate(&s->dsp->ctx, n);
 }
 
 /* ---- the drafter pass ----------------------------------------------------------------------- */
@@ -219,105 +165,6 @@ static int op_failed(ds4_dspark *d, chain *ch, const char *op, int bad) {
     return 0;
 }
 
-static int all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return 0;
-    return 1;
-}
-
-/* Project context rows for positions [lo, hi] of every stage from the captured rows. */
-static int project_context(ds4_session *s, chain *ch, int64_t lo, int64_t hi) {
-    ds4_engine *e = s->e;
-    const ds4_support *sup = e->sup;
-    ds4_dspark *d = s->dsp;
-    const int64_t H = e->c.n_embd, D = e->c.head_dim, CW = (int64_t)sup->n_capture * H;
-    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
-    const int64_t W = e->c.sliding_window;
-    for (int64_t p0 = lo; p0 <= hi; p0 += W) {
-        int n = (int)(hi - p0 + 1 < W ? hi - p0 + 1 : W);
-        for (int t = 0; t < n; t++)
-            memcpy(d->xcat + (size_t)t * CW, d->cap + (size_t)((p0 + t) % d->cap_cap) * CW, (size_t)CW * sizeof(float));
-        ds4_mm(e, &sup->main_proj, 0, d->xcat, CW, n, d->mx, H);
-        for (int t = 0; t < n; t++) ds4_rms_norm(d->mx + (size_t)t * H, H, e->c.rms_eps, sup->main_norm, d->mx + (size_t)t * H);
-        if (op_failed(d, ch, "main_proj", !all_finite(d->mx, (int64_t)n * H))) return 0;
-        for (int st = 0; st < sup->n_stages; st++) {
-            ds4_attn_kv(s, &sup->stages[st], d->mx, n, p0, e->freq_main, d->kvtmp);
-            if (op_failed(d, ch, "context_kv", 0)) return 0;
-            for (int t = 0; t < n; t++) {
-                float *dst = d->ctx + ((size_t)st * d->cap_cap + (size_t)((p0 + t) % d->cap_cap)) * D;
-                memcpy(dst, d->kvtmp + (size_t)t * D, (size_t)D * sizeof(float));
-                if (ds4n) ds4_fp8_kv_round_trip(dst, D, e->c.n_rot);
-            }
-        }
-    }
-    if (lo != d->ctx_last + 1) d->ctx_from = lo;
-    d->ctx_last = hi;
-    if (d->ctx_last - d->cap_cap + 1 > d->ctx_from) d->ctx_from = d->ctx_last - d->cap_cap + 1;
-    return 1;
-}
-
-typedef struct {
-    ds4_session *s;
-    const ds4_layer *l;
-    const float *ctx;  /* this stage's ring */
-    const float *dkv;  /* [B, D] */
-    int64_t lo, hi;    /* context positions */
-    int B;
-} nc_task;
-
-/* Non-causal block attention of one (row, head): keys = context rows lo..hi then all B draft
- * rows; softmax with the head's sink logit; V = K (spec dspark.md §2.4 step 4). */
-static void noncausal_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
-    nc_task *a = ctx;
-    ds4_session *s = a->s;
-    const ds4_engine *e = s->e;
-    const ds4_dspark *d = s->dsp;
-    const int NH = e->c.n_head, D = e->c.head_dim;
-    const float scale = (float)(1.0 / sqrt((double)D));
-    float *sc = s->sc.att_tmp + (size_t)thread * s->sc.att_tmp_stride;
-    const float **keys = (const float **)(sc + s->sc.att_tmp_stride / 2);
-    for (int64_t it = i0; it < i1; it++) {
-        int t = (int)(it / NH), h = (int)(it % NH);
-        const float *q = s->sc.q + ((size_t)t * NH + h) * D;
-        int nk = 0;
-        for (int64_t p = a->lo; p <= a->hi; p++) keys[nk++] = a->ctx + (size_t)(p % d->cap_cap) * D;
-        for (int j = 0; j < a->B; j++) keys[nk++] = a->dkv + (size_t)j * D;
-        ds4_attend_keys(q, keys, nk, a->l->sinks[h], D, scale, sc, s->sc.att + ((size_t)t * NH + h) * D);
-    }
-}
-
-/* One stage over the block X [B, HC, H] -> Y. */
-static int run_stage(ds4_session *s, chain *ch, int st, float *X, float *Y, int B, int64_t p0, int64_t lo, int64_t hi) {
-    ds4_engine *e = s->e;
-    const ds4_support *sup = e->sup;
-    ds4_dspark *d = s->dsp;
-    ds4_scratch *sc = &s->sc;
-    const ds4_layer *l = &sup->stages[st];
-    const int H = e->c.n_embd, D = e->c.head_dim, NH = e->c.n_head;
-    ds4_hc_pre(s, &l->hc_attn_fn, l->hc_attn_base, l->hc_attn_scale, X, B, sc->x, sc->post, sc->comb);
-    if (op_failed(d, ch, "hc_pre", 0)) return 0;
-    for (int t = 0; t < B; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->attn_norm, sc->xn + (size_t)t * H);
-    ds4_attn_q(s, l, sc->xn, B, p0, e->freq_main);
-    if (op_failed(d, ch, "attn_q", 0)) return 0;
-    float *dkv = d->dkv + (size_t)st * B * D;
-    ds4_attn_kv(s, l, sc->xn, B, p0, e->freq_main, dkv);
-    if (e->numerics == DS4_NUMERICS_DS4)
-        for (int t = 0; t < B; t++) ds4_fp8_kv_round_trip(dkv + (size_t)t * D, D, e->c.n_rot);
-    if (op_failed(d, ch, "attn_kv", 0)) return 0;
-    if (op_failed(d, ch, "attention", 0)) return 0;
-    nc_task at = {s, l, d->ctx + (size_t)st * d->cap_cap * D, dkv, lo, hi, B};
-    ds4_pool_run(e->pool, noncausal_slice, &at, (int64_t)B * NH);
-    ds4_attn_output(s, l, B, p0, e->freq_main, sc->y);
-    if (op_failed(d, ch, "attn_output", 0)) return 0;
-    ds4_hc_post(e, X, sc->y, sc->post, sc->comb, B, Y);
-    ds4_hc_pre(s, &l->hc_ffn_fn, l->hc_ffn_base, l->hc_ffn_scale, Y, B, sc->x, sc->post, sc->comb);
-    for (int t = 0; t < B; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->ffn_norm, sc->xn + (size_t)t * H);
-    ds4_moe(s, l, sc->xn, NULL, B, sc->y);
-    if (op_failed(d, ch, "moe", !all_finite(sc->y, (int64_t)B * H))) return 0;
-    ds4_hc_post(e, Y, sc->y, sc->post, sc->comb, B, X); /* result back in X */
-    return 1;
-}
-
 static float confidence(ds4_session *s, const float *h, int32_t prev) {
     ds4_engine *e = s->e;
     const ds4_support *sup = e->sup;
@@ -325,9 +172,9 @@ static float confidence(ds4_session *s, const float *h, int32_t prev) {
     const int H = e->c.n_embd, r = sup->rank;
     memcpy(d->feat, h, (size_t)H * sizeof(float));
     const ds4_w *w1 = &sup->markov_w1;
-    ds4_dequantize(w1->type, w1->data + (size_t)prev * w1->row_bytes, d->feat + H, r, NULL, 0);
+    ds4_type(w1->type)->dequant(w1->data + (size_t)prev * w1->row_bytes, d->feat + H, r);
     float z;
-    ds4_mm(e, &sup->conf, 0, d->feat, H + r, 1, &z, 1);
+    ds4_host_mm(e, &sup->conf, 0, 1, d->feat, H + r, 1, &z, 1);
     return ds4_sigmoid(z);
 }
 
@@ -365,90 +212,77 @@ typedef struct {
     double stage0, setup, cache, chain, hidden, conf0, logits, markov, confidence;
 } prop_times;
 
-/* The drafter pass with the session's state in device memory (GPU backend): the same ops as
- * project_context / run_stage / the HC head, run by gpu_forward.c, then propose_heads.  The
- * test hook's op names are checked in the host pass's order; a device failure is named by the
- * op it happened in, a non-finite block by "hc_head" (the host pass checks after each MoE).
- * Stage timers: the context projection is prop_cache; embedding + stages + HC head are prop_chain
- * (one device sequence; prop_setup and prop_hidden stay 0). */
+static int all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 static int propose_heads(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
                          prop_times *pt, double t);
 
-static int propose_device(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
-                          prop_times *pt, int64_t from, int64_t lo, int64_t last, double t) {
-    ds4_engine *e = s->e;
-    const ds4_support *sup = e->sup;
-    ds4_dspark *d = s->dsp;
-    const int H = e->c.n_embd, B = sup->block;
-    double t1;
-    if (from <= last) {
-        if (op_failed(d, ch, "main_proj", 0) || op_failed(d, ch, "context_kv", 0)) return -1;
-        if (ds4_gpu_draft_context(s, from, last) != DS4_OK) {
-            op_failed(d, ch, "context_kv", 1);
-            return -1;
-        }
-        if (from != d->ctx_last + 1) d->ctx_from = from;
-        d->ctx_last = last;
-        if (d->ctx_last - d->cap_cap + 1 > d->ctx_from) d->ctx_from = d->ctx_last - d->cap_cap + 1;
-    }
-    t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1;
-    static const char *const stage_ops[] = {"hc_pre", "attn_q", "attn_kv", "attention", "attn_output", "moe"};
-    if (op_failed(d, ch, "embed", 0)) return -1;
-    for (int st = 0; st < sup->n_stages; st++)
-        for (size_t i = 0; i < sizeof stage_ops / sizeof stage_ops[0]; i++)
-            if (op_failed(d, ch, stage_ops[i], 0)) return -1;
-    const char *op = "embed";
-    int rc = ds4_gpu_draft_chain(s, anchor, last + 1, lo, last, d->h, &op);
-    t1 = ds4_now_ms(); pt->chain += t1 - t; t = t1;
-    if (rc != DS4_OK) {
-        op_failed(d, ch, op, 1);
-        return -1;
-    }
-    if (op_failed(d, ch, "hc_head", !all_finite(d->h, (int64_t)B * H))) return -1;
-    return propose_heads(s, anchor, want, threshold, drafts, ch, pt, t);
-}
-
-/* The drafter pass for `anchor` after context ending at last = n_tokens - 1.  Writes up to
- * `want` drafts (fewer where c_k < threshold).  Returns the number of drafts, 0 for the
- * confidence gate, or -1 for a chain failure (ch names the op). */
+/* The drafter pass for `anchor` after context ending at last = n_tokens - 1 (forward.c runs it on
+ * the engine's backend).  Writes up to `want` drafts (fewer where c_k < threshold).  Returns the
+ * number of drafts, 0 for the confidence gate, or -1 for a chain failure (ch names the op).
+ * Stage timers: the context projection is prop_cache; the embedding prop_setup, the stages
+ * prop_chain and the HC head prop_hidden on a host backend; on a GPU backend the embedding, the
+ * stages and the HC head are one queued sequence timed as prop_chain (prop_setup and prop_hidden
+ * stay 0).  The test hook's op names are checked in the order the ops run. */
 static int propose(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
                    prop_times *pt) {
     ds4_engine *e = s->e;
     const ds4_support *sup = e->sup;
     ds4_dspark *d = s->dsp;
-    ds4_scratch *sc = &s->sc;
-    const int H = e->c.n_embd, HC = e->c.hc_count, B = sup->block;
+    const int H = e->c.n_embd, B = sup->block;
+    const int host = e->ops->host_memory;
     const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
-    double t = ds4_now_ms(), t1;
+    double t = ds4_now_ms(), t1, t_chain = t;
     d->n_conf = 0;
     d->n_drafts = 0;
     /* context rows (lazily projected; positions the ring already holds are reused) */
-    int64_t from = (d->ctx_last >= lo - 1 && d->ctx_from <= lo) ? d->ctx_last + 1 : lo;
-    if (s->gs) return propose_device(s, anchor, want, threshold, drafts, ch, pt, from, lo, last, t);
-    if (from <= last && !project_context(s, ch, from, last)) return -1;
-    t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1;
+    int64_t from = (d->ctx.last >= lo - 1 && d->ctx.from <= lo) ? d->ctx.last + 1 : lo;
+    if (from <= last) {
+        if (op_failed(d, ch, "main_proj", 0) || op_failed(d, ch, "context_kv", 0)) return -1;
+        const char *op = "main_proj";
+        if (ds4_draft_context(s, from, last, &op) != DS4_OK) {
+            op_failed(d, ch, op, 1);
+            return -1;
+        }
+        ds4_span_written(&d->ctx, from, (int)(last - from + 1));
+    }
+    t1 = ds4_now_ms(); pt->cache += t1 - t; t = t1; t_chain = t;
     /* block input: [anchor, noise...] embedded with the target's table, repeated over the streams */
     if (op_failed(d, ch, "embed", 0)) return -1;
-    for (int i = 0; i < B; i++) {
-        const ds4_w *te = &e->token_embd;
-        int32_t tok = i == 0 ? anchor : sup->noise;
-        float *row = sc->x + (size_t)i * H;
-        ds4_dequantize(te->type, te->data + (size_t)tok * te->row_bytes, row, H, NULL, 0);
-        for (int a = 0; a < HC; a++) memcpy(sc->X + ((size_t)i * HC + a) * H, row, (size_t)H * sizeof(float));
+    if (ds4_draft_embed(s, anchor) != DS4_OK) {
+        op_failed(d, ch, "embed", 1);
+        return -1;
     }
-    t1 = ds4_now_ms(); pt->setup += t1 - t; t = t1;
+    t1 = ds4_now_ms(); if (host) pt->setup += t1 - t; t = t1;
+    static const char *const stage_ops[] = {"hc_pre", "attn_q", "attn_kv", "attention", "attn_output", "moe"};
     for (int st = 0; st < sup->n_stages; st++)
-        if (!run_stage(s, ch, st, sc->X, sc->X3, B, last + 1, lo, last)) { pt->chain += ds4_now_ms() - t; return -1; }
-    t1 = ds4_now_ms(); pt->chain += t1 - t; t = t1;
-    ds4_hc_head(s, sc->X, B, &sup->hc_head_fn, sup->hc_head_base, sup->hc_head_scale, d->h);
-    if (op_failed(d, ch, "hc_head", !all_finite(d->h, (int64_t)B * H))) return -1;
-    t1 = ds4_now_ms(); pt->hidden += t1 - t; t = t1;
+        for (size_t i = 0; i < sizeof stage_ops / sizeof stage_ops[0]; i++)
+            if (op_failed(d, ch, stage_ops[i], 0)) return -1;
+    const char *op = "hc_pre";
+    int rc = ds4_draft_stages(s, last + 1, lo, last, &op);
+    t1 = ds4_now_ms(); if (host) pt->chain += t1 - t; t = t1;
+    if (rc != DS4_OK) {
+        if (!host) pt->chain += t1 - t_chain;
+        op_failed(d, ch, op, 1);
+        return -1;
+    }
+    rc = ds4_draft_head(s, d->h);
+    t1 = ds4_now_ms();
+    if (host) pt->hidden += t1 - t;
+    else pt->chain += t1 - t_chain;
+    t = t1;
+    if (op_failed(d, ch, "hc_head", rc != DS4_OK || !all_finite(d->h, (int64_t)B * H))) return -1;
     return propose_heads(s, anchor, want, threshold, drafts, ch, pt, t);
 }
 
-/* After the HC head: confidences, the LM head and the Markov head (shared by the host and device
- * drafters; their matmuls run wherever the weights live). */
+/* After the HC head: confidences, the LM head and the Markov head.  Greedy drafting keeps the base
+ * logits in the backend's memory and takes each draft's argmax there; sampled drafting (T > 0) reads
+ * host rows of them. */
 static int propose_heads(ds4_session *s, int32_t anchor, int want, float threshold, int32_t *drafts, chain *ch,
                          prop_times *pt, double t) {
     ds4_engine *e = s->e;
@@ -467,13 +301,8 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
         ds4_rms_norm(d->h + (size_t)k * H, H, e->c.rms_eps, sup->norm, d->hn + (size_t)k * H);
     if (op_failed(d, ch, "lm_head", 0)) return -1;
     const float T = s->sampling.temperature;
-    /* greedy on the device: the base logits stay there and only each draft's id comes back */
-    const int dev = s->gs && e->output.dev && sup->markov_w2.dev && !(T > 0.0f);
-    if (dev) {
-        if (op_failed(d, ch, "lm_head", ds4_gpu_draft_logits(s, d->hn, want) != DS4_OK)) return -1;
-    } else {
-        ds4_mm(e, &e->output, 0, d->hn, H, want, d->U, V);
-    }
+    const float *U = NULL;
+    if (op_failed(d, ch, "lm_head", ds4_draft_logits(s, d->hn, want, T > 0.0f ? &U : NULL) != DS4_OK)) return -1;
     t1 = ds4_now_ms(); pt->logits += t1 - t; t = t1;
     int32_t prev = anchor;
     int n = 0;
@@ -490,16 +319,17 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
         }
         if (op_failed(d, ch, "markov", 0)) return -1;
         const ds4_w *w1 = &sup->markov_w1;
-        ds4_dequantize(w1->type, w1->data + (size_t)prev * w1->row_bytes, d->feat, sup->rank, NULL, 0);
+        ds4_type(w1->type)->dequant(w1->data + (size_t)prev * w1->row_bytes, d->feat, sup->rank);
         int32_t x;
-        if (dev) {
-            if (op_failed(d, ch, "markov", ds4_gpu_draft_markov(s, k, d->feat, &x) != DS4_OK)) return -1;
+        if (!(T > 0.0f)) {
+            if (op_failed(d, ch, "markov", ds4_draft_markov(s, k, d->feat, &x) != DS4_OK)) return -1;
         } else {
             float *row = d->corr + (size_t)k * V;
-            ds4_mm(e, &sup->markov_w2, 0, d->feat, sup->rank, 1, row, V);
-            const float *u = d->U + (size_t)k * V;
+            if (op_failed(d, ch, "markov", ds4_host_mm(e, &sup->markov_w2, 0, V, d->feat, sup->rank, 1, row, V) != DS4_OK))
+                return -1;
+            const float *u = U + (size_t)k * V;
             for (int32_t i = 0; i < V; i++) row[i] += u[i];
-            x = T > 0.0f ? draw_q(s, row, T) : ds4_argmax(row, V);
+            x = draw_q(s, row, T);
         }
         drafts[n++] = x;
         d->drafts[d->n_drafts++] = x;
@@ -686,7 +516,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (!k.enabled) return plain_cycle(s, DS4_ND_DISABLED, out, n_out, err, err_len, t_start, NULL, 0.0);
     const int64_t last = s->n_tokens - 1, W = e->c.sliding_window;
     const int64_t lo = last - W + 1 < 0 ? 0 : last - W + 1;
-    if (last < 0 || d->cap_last != last || d->cap_from > lo || (d->fail_op[0] && !strcmp(d->fail_op, "capture")))
+    if (last < 0 || s->cap.last != last || s->cap.from > lo || (d->fail_op[0] && !strcmp(d->fail_op, "capture")))
         return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, NULL, 0.0);
     /* room: budget, context (anchor + drafts), batch */
     int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;

@@ -1,519 +1,730 @@
-/* forward.c — the DS4 target forward pass on the CPU (spec ds4.md §2).
+/* forward.c — the DS4 forward pass and the DSpark drafter, written once, through the op table
+ * (spec ds4.md §2, dspark.md §2.4).
  *
- * One call runs a batch of up to n_batch tokens through every layer:
- * embedding -> [mHC pre -> attention (SWA / CSA with the lightning indexer /
- * HCA, sinks) -> mHC post -> mHC pre -> MoE (hash or top-k routing, shared
- * expert) -> mHC post] x n_layer -> HC head -> norm -> LM head.
- * The operation order follows the numpy reference (ds4tui/engine/reference.py);
- * tests/test_native_engine.py holds the engine to it.
+ * One target pass runs a batch of up to n_batch + 1 tokens through every layer:
+ * embedding -> [mHC pre -> attention (SWA / CSA with the lightning indexer / HCA, sinks) -> mHC
+ * post -> mHC pre -> MoE (hash or top-k routing, shared expert) -> mHC post] x n_layer -> HC head
+ * -> norm -> LM head.  The drafter's stages are the same blocks (`attn_q`, `attn_kv`,
+ * `attn_output`, `moe`, `hc_pre`) with a non-causal block attention.  The operation order follows
+ * the numpy reference (ds4tui/engine/reference.py); tests/test_native_engine.py holds the CPU
+ * backend to it and tests/test_gpu_backend.py holds the GPU backend to the CPU.
+ *
+ * Every op goes through the engine's backend table (backend.h): on the CPU backend the state is
+ * host memory and the ops run on the thread pool; on a GPU backend the weights, caches and
+ * activations live in device memory, work is queued on one stream, and the only synchronisations
+ * are the copies back (logits, the drafter's hidden rows and draft ids).
+ *
+ * Errors: each op returns its status; the first failure of a pass is kept in the engine
+ * (ds4_op_fail) with the op's message and the pass returns DS4_E_DEVICE, which ds4_run_pass
+ * reports through ds4_op_check.
  */
 #include "internal.h"
-#include "cpu/kernels.h"
+#define DS4_TENSOR_TABLES
+#include "tensors.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXHC 16
-
-void ds4_mm(ds4_engine *e, const ds4_w *w, int64_t mat, const float *X, int64_t ldx, int64_t n, float *Y,
-               int64_t ldy) {
-    if (w->dev) ds4_gpu_mm(e, w, mat, 0, w->rows, X, ldx, n, Y, ldy);
-    else ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)mat * w->mat_bytes, w->rows, w->cols, X, ldx, n, Y, ldy);
-}
-
-/* Rows [r0, r0+nr) of a matrix. */
-void ds4_mm_rows(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
-                    float *Y, int64_t ldy) {
-    if (w->dev) ds4_gpu_mm(e, w, 0, r0, nr, X, ldx, n, Y, ldy);
-    else ds4_cpu_matmul(e->pool, w->type, w->data + (size_t)r0 * w->row_bytes, nr, w->cols, X, ldx, n, Y, ldy);
-}
-
-static const double *rope_of(const ds4_engine *e, const ds4_layer *l) {
-    return l->kind == DS4_SWA ? e->freq_main : e->freq_comp;
-}
-
-/* ---- hyper-connections (spec ds4.md §2.1) ------------------------------------------------- */
-
-/* mHC pre-mix of X[n, HC, H]: writes the collapsed input x[n, H], post[n, HC], comb[n, HC*HC]
- * (row = source stream, column = destination). */
-void ds4_hc_pre(ds4_session *s, const ds4_w *fn, const float *base, const float *scale, const float *X, int n,
-                   float *x, float *post, float *comb) {
-    ds4_engine *e = s->e;
-    const int HC = e->c.hc_count, H = e->c.n_embd, mix = 2 * HC + HC * HC;
-    const float eps = e->c.hc_eps;
-    float *f = s->sc.X2; /* [n, HC*H] normalised streams (X2 is free here) */
-    for (int t = 0; t < n; t++) ds4_rms_norm(X + (size_t)t * HC * H, (int64_t)HC * H, e->c.rms_eps, NULL, f + (size_t)t * HC * H);
-    ds4_mm(e, fn, 0, f, (int64_t)HC * H, n, s->sc.hcm, mix);
-    for (int t = 0; t < n; t++) {
-        const float *m = s->sc.hcm + (size_t)t * mix;
-        float pre[MAXHC];
-        float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
-        for (int a = 0; a < HC; a++) {
-            pre[a] = ds4_sigmoid(scale[0] * m[a] + base[a]) + eps;
-            po[a] = 2.0f * ds4_sigmoid(scale[1] * m[HC + a] + base[HC + a]);
-        }
-        for (int a = 0; a < HC; a++) { /* softmax over destinations, + eps */
-            float *r = cb + a * HC, mx = -INFINITY, sum = 0.0f;
-            for (int b = 0; b < HC; b++) {
-                r[b] = scale[2] * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
-                if (r[b] > mx) mx = r[b];
-            }
-            for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
-            for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
-        }
-        for (int it = 0; it < e->c.hc_sinkhorn_iters; it++) {
-            if (it > 0) { /* rows (over destinations) */
-                for (int a = 0; a < HC; a++) {
-                    float sum = 0.0f;
-                    for (int b = 0; b < HC; b++) sum += cb[a * HC + b];
-                    for (int b = 0; b < HC; b++) cb[a * HC + b] /= sum + eps;
-                }
-            }
-            for (int b = 0; b < HC; b++) { /* columns (over sources) */
-                float sum = 0.0f;
-                for (int a = 0; a < HC; a++) sum += cb[a * HC + b];
-                for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
-            }
-        }
-        const float *Xt = X + (size_t)t * HC * H;
-        float *xt = x + (size_t)t * H;
-        for (int d = 0; d < H; d++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += pre[a] * Xt[(size_t)a * H + d];
-            xt[d] = acc;
-        }
-    }
-}
-
-/* X'[b] = post[b] * out + sum_a comb[a, b] * X[a]; written to Y (may not alias X). */
-void ds4_hc_post(const ds4_engine *e, const float *X, const float *out, const float *post, const float *comb, int n,
-                    float *Y) {
-    const int HC = e->c.hc_count, H = e->c.n_embd;
-    for (int t = 0; t < n; t++) {
-        const float *Xt = X + (size_t)t * HC * H, *o = out + (size_t)t * H;
-        const float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
-        float *Yt = Y + (size_t)t * HC * H;
-        for (int b = 0; b < HC; b++)
-            for (int d = 0; d < H; d++) {
-                float acc = 0.0f;
-                for (int a = 0; a < HC; a++) acc += cb[a * HC + b] * Xt[(size_t)a * H + d];
-                Yt[(size_t)b * H + d] = po[b] * o[d] + acc;
-            }
-    }
-}
-
-/* ---- compressor (spec ds4.md §2.4) ---------------------------------------------------------- */
-
 typedef struct {
-    const ds4_w *kv, *gate;
-    const float *ape, *norm;
-    int ratio, width, overlap, indexer;
-    float *ring_c, *ring_z, *rows;
-} compressor;
+    float *kv, *cmp_c, *cmp_z, *comp, *idx_c, *idx_z, *idx_keys;
+} layer_cache;
 
-/* Append the projections of n tokens (positions p0...) and emit every window that closes. */
-static void compress(ds4_session *s, const compressor *cp, const float *xn, int n, int64_t p0) {
-    ds4_engine *e = s->e;
-    const int H = e->c.n_embd, W = cp->width, cw = (cp->overlap ? 2 : 1) * W, R = cp->ratio;
-    const int cap = s->cmp_cap;
-    float *cbuf = s->sc.cbuf, *zbuf = s->sc.zbuf;
-    ds4_mm(e, cp->kv, 0, xn, H, n, cbuf, cw);
-    ds4_mm(e, cp->gate, 0, xn, H, n, zbuf, cw);
-    for (int t = 0; t < n; t++) {
-        int64_t p = p0 + t;
-        float *rc = cp->ring_c + (size_t)(p % cap) * cw, *rz = cp->ring_z + (size_t)(p % cap) * cw;
-        const float *ape = cp->ape + (size_t)(p % R) * cw;
-        memcpy(rc, cbuf + (size_t)t * cw, (size_t)cw * sizeof(float));
-        for (int j = 0; j < cw; j++) rz[j] = zbuf[(size_t)t * cw + j] + ape[j];
-        if ((p + 1) % R) continue;
-        int64_t w = p / R, a = R * w;
-        float *row = cp->rows + (size_t)w * W;
-        for (int d = 0; d < W; d++) {
-            /* candidates: lane A of the previous window (overlap, w > 0), then this window */
-            float mx = -INFINITY;
-            int lo = (cp->overlap && w > 0) ? -R : 0;
-            for (int k = lo; k < R; k++) {
-                int64_t q = a + k;
-                float z = cp->ring_z[(size_t)(q % cap) * cw + (k < 0 ? d : (cp->overlap ? W + d : d))];
-                if (z > mx) mx = z;
-            }
-            float sum = 0.0f;
-            for (int k = lo; k < R; k++) {
-                int64_t q = a + k;
-                sum += expf(cp->ring_z[(size_t)(q % cap) * cw + (k < 0 ? d : (cp->overlap ? W + d : d))] - mx);
-            }
-            float acc = 0.0f;
-            for (int k = lo; k < R; k++) {
-                int64_t q = a + k;
-                size_t off = (size_t)(q % cap) * cw + (k < 0 ? d : (cp->overlap ? W + d : d));
-                float pk = expf(cp->ring_z[off] - mx) / sum;
-                acc += pk * cp->ring_c[off];
-            }
-            row[d] = acc;
-        }
-        ds4_rms_norm(row, W, e->c.rms_eps, cp->norm, row);
-        ds4_rope(e->freq_comp, e->c.n_rot, row, W, a, 0);
-        if (cp->indexer) {
-            if (e->numerics == DS4_NUMERICS_DS4) ds4_indexer_qat(row, W);
-        } else if (e->numerics == DS4_NUMERICS_DS4) {
-            ds4_fp8_kv_round_trip(row, W, e->c.n_rot);
-            ds4_f16_round(row, W);
-        }
+struct ds4_state {
+    int n_alloc, cap_alloc;
+    void **ptr;
+    size_t *bytes;
+    layer_cache *lc;                       /* [n_layer] */
+    int32_t B, max_vis, keys_cap, FF;      /* rows per pass, indexer scores per token, keys per head, FFN width */
+    int32_t *tokens, *sel_comp, *nsel_comp, *sel;
+    int32_t *grp_ids;                      /* [B * o_groups]: slot % o_groups, the grouped output's matrix ids */
+    float *X, *X3, *X2, *hcm, *pre, *post, *comb, *x, *xn, *qr, *q, *kvr, *att, *u, *y, *cbuf, *zbuf, *qi, *iw;
+    float *iscore, *scores, *wsel, *ge, *he, *oe, *shg, *shh, *sho, *lm, *hm, *hw, *logits, *att_sc;
+    /* DSpark drafter (support model attached): capture ring [cap, n_capture, H] and context KV
+     * ring [n_stages, cap, D] by position (cap = kv_cap), projections of up to W context rows
+     * [W, H] / [W, D], the block's KV rows [n_stages, B, D], the greedy heads' normed rows, base
+     * logits [block, V], Markov row and draft id */
+    float *dcap, *dctx, *dmx, *dkvtmp, *ddkv, *dhn, *dU, *drow, *dfeat;
+    int32_t *dbest;
+    float *hU; /* host copy of the base logits for sampled drafting (GPU backends; malloc'ed) */
+};
+
+/* ---- vectors where the backend reads them ------------------------------------------------------ */
+
+/* *out = src in the backend's memory: the host array itself on the CPU backend, else a copy owned by
+ * the engine (freed by ds4_engine_vectors_free). */
+static int dev_vec(ds4_engine *e, const void *src, size_t bytes, void *out, char *err, size_t len) {
+    void **o = (void **)out;
+    *o = NULL;
+    if (!src) return DS4_OK;
+    if (e->ops->host_memory) {
+        *o = (void *)src;
+        return DS4_OK;
+    }
+    void **np = realloc(e->dev_vec, (size_t)(e->n_dev_vec + 1) * sizeof *np);
+    if (!np) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    e->dev_vec = np;
+    size_t *nb = realloc(e->dev_vec_bytes, (size_t)(e->n_dev_vec + 1) * sizeof *nb);
+    if (!nb) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    e->dev_vec_bytes = nb;
+    int rc = e->ops->upload(e->ctx, src, bytes, o, err, len);
+    if (rc != DS4_OK) return rc;
+    e->dev_vec[e->n_dev_vec] = *o;
+    e->dev_vec_bytes[e->n_dev_vec++] = bytes;
+    return DS4_OK;
+}
+
+/* Every vector and table of a block, where the backend reads it. */
+static int layer_vectors(ds4_engine *e, ds4_layer *l, char *err, size_t len) {
+    for (int i = 0; i < DS4_N_BLOCK_TENSORS; i++) {
+        if (ds4_block_tensors[i].bind == DS4_BIND_MAT) continue;
+        const void *host = *(void *const *)((const char *)l + ds4_block_tensors[i].field);
+        int rc = dev_vec(e, host, ds4_block_tensor_bytes(e, l, i), &l->dv[i], err, len);
+        if (rc != DS4_OK) return rc;
+    }
+    return DS4_OK;
+}
+
+/* The vectors of a head table (global or support) into dv[]. */
+static int head_vectors(ds4_engine *e, const ds4_tensor_row *rows, int n, const void *base, const size_t *bytes,
+                        void **dv, char *err, size_t len) {
+    for (int i = 0; i < n; i++) {
+        if (rows[i].bind == DS4_BIND_MAT) continue;
+        int rc = dev_vec(e, *(void *const *)((const char *)base + rows[i].field), bytes[i], &dv[i], err, len);
+        if (rc != DS4_OK) return rc;
+    }
+    return DS4_OK;
+}
+
+int ds4_engine_vectors(ds4_engine *e, char *err, size_t len) {
+    const ds4_cfg *c = &e->c;
+    size_t bytes[DS4_N_GLOBAL_TENSORS];
+    for (int i = 0; i < DS4_N_GLOBAL_TENSORS; i++) {
+        int64_t ne[3];
+        ds4_global_tensor_ne(c, i, ne);
+        bytes[i] = (size_t)(ne[0] * ne[1] * ne[2]) * sizeof(float);
+    }
+    int rc = head_vectors(e, ds4_global_tensors, DS4_N_GLOBAL_TENSORS, e, bytes, e->dv, err, len);
+    if (rc != DS4_OK) return rc;
+    rc = dev_vec(e, e->freq_main, (size_t)(c->n_rot / 2) * sizeof(double), &e->d_freq_main, err, len);
+    if (rc == DS4_OK) rc = dev_vec(e, e->freq_comp, (size_t)(c->n_rot / 2) * sizeof(double), &e->d_freq_comp, err, len);
+    for (int L = 0; rc == DS4_OK && L < c->n_layer; L++) rc = layer_vectors(e, &e->layers[L], err, len);
+    return rc;
+}
+
+int ds4_support_vectors(ds4_engine *e, char *err, size_t len) {
+    ds4_support *sup = e->sup;
+    const ds4_support_config sc = {sup->n_stages, sup->block, sup->rank, sup->noise, sup->n_capture, sup->capture};
+    size_t bytes[DS4_N_SUPPORT_TENSORS];
+    for (int i = 0; i < DS4_N_SUPPORT_TENSORS; i++) {
+        int64_t ne[3];
+        ds4_support_tensor_ne(&e->c, &sc, i, ne);
+        bytes[i] = (size_t)(ne[0] * ne[1] * ne[2]) * sizeof(float);
+    }
+    int rc = head_vectors(e, ds4_support_tensors, DS4_N_SUPPORT_TENSORS, sup, bytes, sup->dv, err, len);
+    for (int st = 0; rc == DS4_OK && st < sup->n_stages; st++) rc = layer_vectors(e, &sup->stages[st], err, len);
+    return rc;
+}
+
+void ds4_engine_vectors_free(ds4_engine *e) {
+    for (int i = 0; i < e->n_dev_vec; i++) e->ops->free(e->ctx, e->dev_vec[i], e->dev_vec_bytes[i]);
+    free(e->dev_vec);
+    free(e->dev_vec_bytes);
+    e->dev_vec = NULL;
+    e->dev_vec_bytes = NULL;
+    e->n_dev_vec = 0;
+    memset(e->dv, 0, sizeof e->dv);
+    for (int L = 0; e->layers && L < e->c.n_layer; L++) memset(e->layers[L].dv, 0, sizeof e->layers[L].dv);
+    if (e->sup) {
+        for (int st = 0; st < e->sup->n_stages; st++) memset(e->sup->stages[st].dv, 0, sizeof e->sup->stages[st].dv);
+        memset(e->sup->dv, 0, sizeof e->sup->dv);
     }
 }
 
-/* ---- attention (spec ds4.md §2.2, §2.5) ----------------------------------------------------- */
+/* ---- session state -------------------------------------------------------------------------- */
+
+static void *dalloc(ds4_session *s, size_t bytes, uint64_t *count, int *rc, char *err, size_t len) {
+    ds4_state *d = s->st;
+    if (*rc != DS4_OK) return NULL;
+    if (d->n_alloc == d->cap_alloc) {
+        int cap = d->cap_alloc ? 2 * d->cap_alloc : 64;
+        void **np = realloc(d->ptr, (size_t)cap * sizeof *np);
+        size_t *nb = np ? realloc(d->bytes, (size_t)cap * sizeof *nb) : NULL;
+        if (np) d->ptr = np;
+        if (!nb) { *rc = ds4_fail(err, len, DS4_E_NOMEM, "out of memory"); return NULL; }
+        d->bytes = nb;
+        d->cap_alloc = cap;
+    }
+    void *p = NULL;
+    if (bytes == 0) bytes = 4;
+    *rc = s->e->ops->upload(s->e->ctx, NULL, bytes, &p, err, len);
+    if (*rc != DS4_OK) return NULL;
+    d->ptr[d->n_alloc] = p;
+    d->bytes[d->n_alloc++] = bytes;
+    *count += bytes;
+    return p;
+}
+
+void ds4_state_free(ds4_session *s) {
+    ds4_state *d = s->st;
+    if (!d) return;
+    for (int i = 0; i < d->n_alloc; i++) s->e->ops->free(s->e->ctx, d->ptr[i], d->bytes[i]);
+    free(d->ptr);
+    free(d->bytes);
+    free(d->lc);
+    free(d->hU);
+    free(d);
+    s->st = NULL;
+}
+
+int ds4_state_init(ds4_session *s, char *err, size_t len) {
+    ds4_engine *e = s->e;
+    const ds4_cfg *c = &e->c;
+    s->st = calloc(1, sizeof *s->st);
+    if (!s->st) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    ds4_state *d = s->st;
+    d->lc = calloc((size_t)c->n_layer, sizeof *d->lc);
+    if (!d->lc) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    int64_t B = (int64_t)s->n_batch + 1;
+    if (e->sup && B < e->sup->block) B = e->sup->block; /* the drafter's block runs in the same state */
+    int max_ratio = 0, min_ratio = 0;
+    int64_t FS = 0;
+    for (int L = 0; L < c->n_layer; L++) {
+        const ds4_layer *l = &e->layers[L];
+        if (l->ratio > max_ratio) max_ratio = l->ratio;
+        if (l->ratio && (!min_ratio || l->ratio < min_ratio)) min_ratio = l->ratio;
+        if (l->gate_sh.rows > FS) FS = l->gate_sh.rows;
+    }
+    /* raw KV rows: the window plus one pass (truncate goes back at most n_batch); compressor
+     * projections: two windows of the largest ratio plus one pass */
+    s->kv_cap = (int32_t)(c->sliding_window + B);
+    s->cmp_cap = (int32_t)(2 * max_ratio + B);
+    ds4_span_init(&s->cap, s->kv_cap);
+    const int64_t H = c->n_embd, HC = c->hc_count, D = c->head_dim, NH = c->n_head, ID = c->indexer_head_dim;
+    const int64_t IH = c->indexer_n_head, K = c->n_expert_used, E = c->n_expert, mix = 2 * HC + HC * HC;
+    int rc = DS4_OK;
+    const size_t F4 = sizeof(float);
+    for (int L = 0; L < c->n_layer; L++) {
+        const ds4_layer *l = &e->layers[L];
+        layer_cache *lc = &d->lc[L];
+        lc->kv = dalloc(s, (size_t)s->kv_cap * D * F4, &s->kv_bytes, &rc, err, len);
+        if (l->kind == DS4_SWA) continue;
+        const int64_t cw = (l->kind == DS4_CSA ? 2 : 1) * D, n_rows = s->n_ctx / l->ratio + 1;
+        lc->cmp_c = dalloc(s, (size_t)s->cmp_cap * cw * F4, &s->cmp_bytes, &rc, err, len);
+        lc->cmp_z = dalloc(s, (size_t)s->cmp_cap * cw * F4, &s->cmp_bytes, &rc, err, len);
+        lc->comp = dalloc(s, (size_t)n_rows * D * F4, &s->cmp_bytes, &rc, err, len);
+        if (l->kind == DS4_CSA) {
+            lc->idx_c = dalloc(s, (size_t)s->cmp_cap * 2 * ID * F4, &s->cmp_bytes, &rc, err, len);
+            lc->idx_z = dalloc(s, (size_t)s->cmp_cap * 2 * ID * F4, &s->cmp_bytes, &rc, err, len);
+            lc->idx_keys = dalloc(s, (size_t)n_rows * ID * F4, &s->cmp_bytes, &rc, err, len);
+        }
+    }
+    const int64_t n_comp = min_ratio ? s->n_ctx / min_ratio + 1 : 1;
+    int64_t keys_cap = c->sliding_window + (n_comp > DS4_DSPARK_MAX_BLOCK ? n_comp : DS4_DSPARK_MAX_BLOCK);
+    keys_cap += keys_cap & 1;
+    const int64_t FF = c->n_ff_exp > FS ? c->n_ff_exp : FS, cwmax = 2 * (D > ID ? D : ID);
+    d->B = (int32_t)B;
+    d->max_vis = (int32_t)n_comp;
+    d->keys_cap = (int32_t)keys_cap;
+    d->FF = (int32_t)FF;
+    /* attention and indexer scratch (backend.h, attend/indexer): a row per (token, head) on a GPU,
+     * a row per worker thread on the host */
+    const int host = e->ops->host_memory;
+    const int64_t att_rows = host ? e->n_threads : B * NH, att_w = host ? 4 * keys_cap : keys_cap;
+    const int64_t isc_rows = host ? e->n_threads : B, isc_w = host ? 2 * n_comp : n_comp;
+    uint64_t *sb = &s->scratch_bytes;
+#define DF(n) dalloc(s, (size_t)(n) * F4, sb, &rc, err, len)
+#define DI(n) dalloc(s, (size_t)(n) * sizeof(int32_t), sb, &rc, err, len)
+    d->tokens = DI(B);
+    d->X = DF(B * HC * H); d->X3 = DF(B * HC * H); d->X2 = DF(B * HC * H);
+    d->hcm = DF(B * mix); d->pre = DF(B * HC); d->post = DF(B * HC); d->comb = DF(B * HC * HC);
+    d->x = DF(B * H); d->xn = DF(B * H); d->qr = DF(B * c->q_lora_rank); d->q = DF(B * NH * D);
+    d->kvr = DF(B * D); d->att = DF(B * NH * D); d->u = DF(B * c->o_groups * c->o_lora_rank); d->y = DF(B * H);
+    d->cbuf = DF(B * cwmax); d->zbuf = DF(B * cwmax); d->qi = DF(B * IH * ID); d->iw = DF(B * IH);
+    d->sel_comp = DI(B * c->indexer_top_k); d->nsel_comp = DI(B); d->iscore = DF(isc_rows * isc_w);
+    d->scores = DF(B * E); d->sel = DI(B * K); d->wsel = DF(B * K);
+    d->ge = DF(B * K * FF); d->he = DF(B * K * FF); d->oe = DF(B * K * H);
+    d->shg = DF(B * (FS ? FS : 1)); d->shh = DF(B * (FS ? FS : 1)); d->sho = DF(B * H);
+    d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(B * c->n_vocab);
+    d->att_sc = DF(att_rows * att_w);
+    d->grp_ids = DI(B * c->o_groups);
+    if (e->sup) {
+        const ds4_support *sup = e->sup;
+        d->dcap = DF((int64_t)s->kv_cap * sup->n_capture * H);
+        d->dctx = DF((int64_t)sup->n_stages * s->kv_cap * D);
+        d->dmx = DF((int64_t)c->sliding_window * H);
+        d->dkvtmp = DF((int64_t)c->sliding_window * D);
+        d->ddkv = DF((int64_t)sup->n_stages * sup->block * D);
+        d->dhn = DF((int64_t)sup->block * H);
+        d->dU = DF((int64_t)sup->block * c->n_vocab);
+        d->drow = DF(c->n_vocab);
+        d->dfeat = DF(sup->rank > 0 ? sup->rank : 1);
+        d->dbest = DI(4);
+        if (!host) {
+            d->hU = malloc((size_t)sup->block * c->n_vocab * F4);
+            if (!d->hU) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+            *sb += (uint64_t)sup->block * c->n_vocab * F4;
+        }
+    }
+#undef DF
+#undef DI
+    if (rc != DS4_OK) return rc;
+    int32_t *ids = malloc((size_t)(B * c->o_groups) * sizeof *ids);
+    if (!ids) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    for (int64_t i = 0; i < B * c->o_groups; i++) ids[i] = (int32_t)(i % c->o_groups);
+    rc = e->ops->copy(e->ctx, d->grp_ids, ids, (size_t)(B * c->o_groups) * sizeof *ids, 0, err, len);
+    if (rc == DS4_OK) rc = e->ops->sync(e->ctx, err, len);
+    free(ids);
+    return rc;
+}
+
+/* ---- the pass ------------------------------------------------------------------------------- */
 
 typedef struct {
     ds4_session *s;
-    const ds4_layer *l;
-    const ds4_layer_cache *lc;
-    int64_t p0;
-    int n;
-    int32_t *csel;   /* [n, top_k] selected compressed rows (CSA with more than top_k visible) */
-    int32_t *ncsel;  /* [n]: count, or -1 = every visible compressed row */
-} att_task;
+    ds4_engine *e;
+    const ds4_backend *g;
+    ds4_backend_ctx *cx;
+    ds4_state *d;
+    char msg[512];
+} pass;
 
-typedef struct { float score; int32_t idx; } scored;
+/* A vector or table of block l / of the target's head / of the support model where the backend
+ * reads it (tensors.h names the tensors after their members). */
+#define DV(l, f) ((float *)(l)->dv[DS4_BT_##f])
+#define DV_TID2EID(l) ((const int32_t *)(l)->dv[DS4_BT_tid2eid])
+#define GV(e, f) ((const float *)(e)->dv[DS4_GT_##f])
+#define SV(sup, f) ((const float *)(sup)->dv[DS4_ST_##f])
 
-static int by_score_then_index(const void *pa, const void *pb) {
-    const scored *a = pa, *b = pb;
-    if (a->score > b->score) return -1;
-    if (a->score < b->score) return 1;
-    return (a->idx > b->idx) - (a->idx < b->idx);
+#define PASS(s_) pass P_ = {(s_), (s_)->e, (s_)->e->ops, (s_)->e->ctx, (s_)->st, ""}, *P = &P_
+#define G(call) do { int rc_ = (call); if (rc_ != DS4_OK) return ds4_op_fail(P->e, DS4_E_DEVICE, P->msg); } while (0)
+#define M P->msg, sizeof P->msg
+#define TRYP(x) do { int rc__ = (x); if (rc__ != DS4_OK) return rc__; } while (0)
+
+int ds4_op_fail(ds4_engine *e, int rc, const char *msg) {
+    if (e->op_rc == DS4_OK) {
+        e->op_rc = rc;
+        snprintf(e->op_msg, sizeof e->op_msg, "%s", msg);
+    }
+    return rc;
 }
 
-static int by_index(const void *pa, const void *pb) {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    return (a > b) - (a < b);
+int ds4_op_check(ds4_engine *e, char *err, size_t len) {
+    if (e->op_rc == DS4_OK) return DS4_OK;
+    int rc = e->op_rc;
+    e->op_rc = DS4_OK;
+    return ds4_fail(err, len, rc == DS4_E_NOMEM ? DS4_E_NOMEM : DS4_E_DEVICE, "%s backend: %s",
+                    e->backend == DS4_BACKEND_HIP ? "GPU" : "CPU", e->op_msg);
 }
 
-/* Lightning indexer for token t: the top_k compressed rows by sum_h w_h * relu(q_h . K_c). */
-static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
-    att_task *a = ctx;
-    ds4_session *s = a->s;
-    const ds4_engine *e = s->e;
-    const int IH = e->c.indexer_n_head, ID = e->c.indexer_head_dim, K = e->c.indexer_top_k;
-    scored *buf = (scored *)(s->sc.iscore + (size_t)thread * s->sc.isel_stride);
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t p = a->p0 + t;
-        int64_t n_vis = (p + 1) / a->l->ratio;
-        if (n_vis <= K) { a->ncsel[t] = -1; continue; }
-        const float *qi = s->sc.qi + (size_t)t * IH * ID, *iw = s->sc.iw + (size_t)t * IH;
-        const float scale = (float)pow((double)ID, -0.5);
-        for (int64_t c = 0; c < n_vis; c++) {
-            const float *key = a->lc->idx_keys + (size_t)c * ID;
-            float sc = 0.0f;
-            for (int h = 0; h < IH; h++) {
-                float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
-                sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * scale);
-            }
-            buf[c].score = sc;
-            buf[c].idx = (int32_t)c;
-        }
-        qsort(buf, (size_t)n_vis, sizeof *buf, by_score_then_index);
-        int32_t *sel = a->csel + (size_t)t * K;
-        for (int k = 0; k < K; k++) sel[k] = buf[k].idx;
-        qsort(sel, (size_t)K, sizeof *sel, by_index);
-        a->ncsel[t] = K;
-    }
+static int mm(pass *P, const ds4_w *w, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    G(P->g->mm(P->cx, w->dev_layout, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
+    return DS4_OK;
 }
 
-/* o[D] = sum_k p_k keys[k] with p = softmax over (q . keys[k] * scale, sink) of the nk keys and the
- * head's sink logit, which takes probability mass but adds no value (V = K; spec ds4.md §2.2).
- * sc[nk] is scratch. */
-void ds4_attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
-                     float *o) {
-    float mx = sink;
-    for (int k = 0; k < nk; k++) {
-        sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
-        if (sc[k] > mx) mx = sc[k];
-    }
-    float denom = 0.0f;
-    for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
-    denom += expf(sink - mx);
-    memset(o, 0, (size_t)D * sizeof(float));
-    for (int k = 0; k < nk; k++) {
-        float pk = sc[k] / denom;
-        const float *kk = keys[k];
-        for (int d = 0; d < D; d++) o[d] += pk * kk[d];
-    }
+/* Rows of matrix w in groups: slot i multiplies matrix ids[i] (mat_bytes apart) by X row i / x_div. */
+static int mm_gather(pass *P, const ds4_w *w, int64_t mat_bytes, const int32_t *ids, int64_t rows, const float *X,
+                     int64_t ldx, int32_t x_div, int64_t n_slots, float *Y, int64_t ldy) {
+    G(P->g->mm_gather(P->cx, w->dev_layout, w->dev, mat_bytes, ids, rows, w->cols, (int64_t)w->row_bytes, X, ldx, x_div,
+                      n_slots, Y, ldy, M));
+    return DS4_OK;
 }
 
-/* Sink softmax attention of one (token, head) pair; V = K.  Items are t * n_head + h. */
-static void attend_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
-    att_task *a = ctx;
-    ds4_session *s = a->s;
-    const ds4_engine *e = s->e;
-    const int NH = e->c.n_head, D = e->c.head_dim, Wn = e->c.sliding_window;
-    const float scale = (float)(1.0 / sqrt((double)D));
-    float *sc = s->sc.att_tmp + (size_t)thread * s->sc.att_tmp_stride;
-    const float **keys = (const float **)(sc + s->sc.att_tmp_stride / 2);
-    for (int64_t it = i0; it < i1; it++) {
-        int t = (int)(it / NH), h = (int)(it % NH);
-        int64_t p = a->p0 + t;
-        const float *q = s->sc.q + ((size_t)t * NH + h) * D;
-        int nk = 0;
-        int64_t first = p - Wn + 1 < 0 ? 0 : p - Wn + 1;
-        for (int64_t kp = first; kp <= p; kp++) keys[nk++] = a->lc->kv + (size_t)(kp % s->kv_cap) * D;
-        if (a->l->kind != DS4_SWA) {
-            int64_t n_vis = (p + 1) / a->l->ratio;
-            if (a->ncsel && a->ncsel[t] >= 0) {
-                const int32_t *sel = a->csel + (size_t)t * e->c.indexer_top_k;
-                for (int k = 0; k < a->ncsel[t]; k++) keys[nk++] = a->lc->comp + (size_t)sel[k] * D;
-            } else {
-                for (int64_t c = 0; c < n_vis; c++) keys[nk++] = a->lc->comp + (size_t)c * D;
-            }
-        }
-        ds4_attend_keys(q, keys, nk, a->l->sinks[h], D, scale, sc, s->sc.att + ((size_t)t * NH + h) * D);
-    }
+/* Y rows (host) of `w` for host activations X: the drafter's confidence and sampled Markov heads.
+ * On failure Y is NaN, so nothing downstream can pass for a result, and the message is kept. */
+int ds4_host_mm(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
+                float *Y, int64_t ldy) {
+    char msg[512];
+    const uint8_t *W = w->dev + (size_t)r0 * w->row_bytes;
+    int rc = e->ops->matmul(e->ctx, w->dev_layout, W, nr, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, msg,
+                            sizeof msg);
+    if (rc == DS4_OK) return DS4_OK;
+    ds4_op_fail(e, rc, msg);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < nr; r++) Y[t * ldy + r] = __builtin_nanf("");
+    return rc;
 }
 
-/* Queries of n tokens at positions p0...: sc->qr [n, q_lora] (normed, kept for the indexer) and
- * sc->q [n, NH, D] (head-normed, RoPE'd). */
-void ds4_attn_q(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq) {
-    ds4_engine *e = s->e;
-    ds4_scratch *sc = &s->sc;
-    const int H = e->c.n_embd, NH = e->c.n_head, D = e->c.head_dim, QL = e->c.q_lora_rank;
-    ds4_mm(e, &l->q_a, 0, xn, H, n, sc->qr, QL);
-    for (int t = 0; t < n; t++) ds4_rms_norm(sc->qr + (size_t)t * QL, QL, e->c.rms_eps, l->q_a_norm, sc->qr + (size_t)t * QL);
-    ds4_mm(e, &l->q_b, 0, sc->qr, QL, n, sc->q, (int64_t)NH * D);
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < NH; h++) {
-            float *qh = sc->q + ((size_t)t * NH + h) * D;
-            ds4_rms_norm(qh, D, e->c.rms_eps, NULL, qh);
-            ds4_rope(freq, e->c.n_rot, qh, D, p0 + t, 0);
-        }
+/* ---- the block, shared by the target's layers and the drafter's stages ------------------------ */
+
+/* mHC pre of X [n, HC, H] (spec ds4.md §2.1) into d->x, d->pre/post/comb. */
+static int hc_pre(pass *P, const ds4_w *fn, const float *base_dev, const float *scale, const float *X, int n) {
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &P->e->c;
+    const int HC = c->hc_count, H = c->n_embd, mix = 2 * HC + HC * HC;
+    G(P->g->rms_norm(P->cx, X, (int64_t)HC * H, n, (int64_t)HC * H, c->rms_eps, NULL, d->X2, (int64_t)HC * H, M));
+    TRYP(mm(P, fn, d->X2, (int64_t)HC * H, n, d->hcm, mix));
+    G(P->g->hc_pre(P->cx, d->hcm, n, HC, H, scale[0], scale[1], scale[2], base_dev, c->hc_eps, c->hc_sinkhorn_iters, X,
+                   d->x, d->pre, d->post, d->comb, M));
+    return DS4_OK;
 }
 
-/* KV rows [n, D] of n tokens at positions p0... (normed, RoPE'd, not rounded) into out. */
-void ds4_attn_kv(ds4_session *s, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq, float *out) {
-    ds4_engine *e = s->e;
-    const int H = e->c.n_embd, D = e->c.head_dim;
-    ds4_mm(e, &l->kv, 0, xn, H, n, out, D);
-    for (int t = 0; t < n; t++) {
-        float *r = out + (size_t)t * D;
-        ds4_rms_norm(r, D, e->c.rms_eps, l->kv_norm, r);
-        ds4_rope(freq, e->c.n_rot, r, D, p0 + t, 0);
-    }
+/* The sub-block input: mHC pre of X, then the RMS norm `norm` into d->xn. */
+static int sub_in(pass *P, const ds4_w *fn, const float *base_dev, const float *scale, const float *norm,
+                  const float *X, int n) {
+    const ds4_cfg *c = &P->e->c;
+    TRYP(hc_pre(P, fn, base_dev, scale, X, n));
+    G(P->g->rms_norm(P->cx, P->d->x, c->n_embd, n, c->n_embd, c->rms_eps, norm, P->d->xn, c->n_embd, M));
+    return DS4_OK;
 }
 
-/* Inverse RoPE of sc->att [n, NH, D] at the query positions, then the grouped low-rank output
- * projection (group g maps its heads' NH/G*D lanes to R lanes) into out [n, H]. */
-void ds4_attn_output(ds4_session *s, const ds4_layer *l, int n, int64_t p0, const double *freq, float *out) {
-    ds4_engine *e = s->e;
-    ds4_scratch *sc = &s->sc;
-    const int H = e->c.n_embd, NH = e->c.n_head, D = e->c.head_dim;
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < NH; h++) ds4_rope(freq, e->c.n_rot, sc->att + ((size_t)t * NH + h) * D, D, p0 + t, 1);
-    const int G = e->c.o_groups, R = e->c.o_lora_rank, gw = NH / G * D;
-    for (int g = 0; g < G; g++)
-        ds4_mm_rows(e, &l->out_a, (int64_t)g * R, R, sc->att + (size_t)g * gw, (int64_t)NH * D, n, sc->u + (size_t)g * R,
-                    (int64_t)G * R);
-    ds4_mm(e, &l->out_b, 0, sc->u, (int64_t)G * R, n, out, H);
+/* Queries of n tokens at positions p0... (spec ds4.md §2.2): d->qr [n, q_lora] (normed, kept for
+ * the indexer) and d->q [n, NH, D] (head-normed, RoPE'd). */
+static int attn_q(pass *P, const ds4_layer *l, int n, int64_t p0, const double *freq) {
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &P->e->c;
+    const int H = c->n_embd, NH = c->n_head, D = c->head_dim, QL = c->q_lora_rank;
+    TRYP(mm(P, &l->q_a, d->xn, H, n, d->qr, QL));
+    G(P->g->rms_norm(P->cx, d->qr, QL, n, QL, c->rms_eps, DV(l, q_a_norm), d->qr, QL, M));
+    TRYP(mm(P, &l->q_b, d->qr, QL, n, d->q, (int64_t)NH * D));
+    G(P->g->norm_rope(P->cx, d->q, (int64_t)n * NH, D, NH, c->rms_eps, NULL, freq, c->n_rot, p0, 0, 0, M));
+    return DS4_OK;
 }
 
-static void attention(ds4_session *s, int L, const float *xn, int n, int64_t p0, float *out) {
-    ds4_engine *e = s->e;
-    const ds4_layer *l = &e->layers[L];
-    ds4_layer_cache *lc = &s->lc[L];
-    ds4_scratch *sc = &s->sc;
-    const int H = e->c.n_embd, NH = e->c.n_head, D = e->c.head_dim, QL = e->c.q_lora_rank, nr = e->c.n_rot;
-    const double *freq = rope_of(e, l);
-    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
-
-    ds4_attn_q(s, l, xn, n, p0, freq);
-    ds4_attn_kv(s, l, xn, n, p0, freq, sc->kvr);
-    for (int t = 0; t < n; t++) {
-        float *dst = lc->kv + (size_t)((p0 + t) % s->kv_cap) * D;
-        memcpy(dst, sc->kvr + (size_t)t * D, (size_t)D * sizeof(float));
-        if (ds4n) {
-            ds4_fp8_kv_round_trip(dst, D, nr);
-            ds4_f16_round(dst, D);
-        }
-    }
-    att_task at = {s, l, lc, p0, n, NULL, NULL};
-    if (l->kind != DS4_SWA) {
-        compressor cp = {&l->comp_kv, &l->comp_gate, l->comp_ape, l->comp_norm, l->ratio, D, l->kind == DS4_CSA, 0,
-                         lc->cmp_c, lc->cmp_z, lc->comp};
-        compress(s, &cp, xn, n, p0);
-    }
-    if (l->kind == DS4_CSA) {
-        const int IH = e->c.indexer_n_head, ID = e->c.indexer_head_dim;
-        compressor ip = {&l->idx_comp_kv, &l->idx_comp_gate, l->idx_comp_ape, l->idx_comp_norm, l->ratio, ID, 1, 1,
-                         lc->idx_c, lc->idx_z, lc->idx_keys};
-        compress(s, &ip, xn, n, p0);
-        int need = (p0 + n) / l->ratio > e->c.indexer_top_k;
-        if (need) {
-            ds4_mm(e, &l->idx_q_b, 0, sc->qr, QL, n, sc->qi, (int64_t)IH * ID);
-            for (int t = 0; t < n; t++)
-                for (int h = 0; h < IH; h++) {
-                    float *qh = sc->qi + ((size_t)t * IH + h) * ID;
-                    ds4_rope(e->freq_comp, nr, qh, ID, p0 + t, 0);
-                    if (ds4n) ds4_indexer_qat(qh, ID);
-                }
-            ds4_mm(e, &l->idx_proj, 0, xn, H, n, sc->iw, IH);
-            const float ws = (float)pow((double)IH, -0.5);
-            for (int64_t i = 0; i < (int64_t)n * IH; i++) sc->iw[i] *= ws;
-        }
-        at.csel = sc->sel_comp;
-        at.ncsel = sc->nsel_comp;
-        if (need) {
-            ds4_pool_run(e->pool, indexer_slice, &at, n);
-        } else {
-            for (int t = 0; t < n; t++) at.ncsel[t] = -1;
-        }
-    }
-    ds4_pool_run(e->pool, attend_slice, &at, (int64_t)n * NH);
-    ds4_attn_output(s, l, n, p0, freq, out);
+/* KV rows [n, D] of n rows of xn at positions p0... (normed, RoPE'd, not rounded) into out. */
+static int attn_kv(pass *P, const ds4_layer *l, const float *xn, int n, int64_t p0, const double *freq, float *out) {
+    const ds4_cfg *c = &P->e->c;
+    TRYP(mm(P, &l->kv, xn, c->n_embd, n, out, c->head_dim));
+    G(P->g->norm_rope(P->cx, out, n, c->head_dim, 1, c->rms_eps, DV(l, kv_norm), freq, c->n_rot, p0, 0, 0, M));
+    return DS4_OK;
 }
 
-/* ---- MoE (spec ds4.md §2.7) ----------------------------------------------------------------- */
-
-static float sqrt_softplus(float x) {
-    float sp = x > 0.0f ? x + log1pf(expf(-x)) : log1pf(expf(x));
-    return sqrtf(sp);
+/* Inverse RoPE of d->att [n, NH, D] at the query positions, then the grouped low-rank output
+ * projection (group g maps its heads' NH/G*D lanes to R lanes) into d->y [n, H]. */
+static int attn_output(pass *P, const ds4_layer *l, int n, int64_t p0, const double *freq) {
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &P->e->c;
+    const int NH = c->n_head, D = c->head_dim, G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
+    G(P->g->norm_rope(P->cx, d->att, (int64_t)n * NH, D, NH, -1.0f, NULL, freq, c->n_rot, p0, 1, 0, M));
+    /* group g of token t is slot t*G + g: rows [g*R, (g+1)*R) of out_a times att[t, g*gw ..] into u[t, g*R ..] */
+    TRYP(mm_gather(P, &l->out_a, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids, R, d->att, gw, 1,
+                   (int64_t)n * G_, d->u, R));
+    TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, n, d->y, c->n_embd));
+    return DS4_OK;
 }
 
-static void swiglu(float *a, const float *b, int64_t n, float clamp) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = a[i], u = b[i];
-        if (clamp > 0.0f) {
-            if (g > clamp) g = clamp;
-            if (u > clamp) u = clamp;
-            if (u < -clamp) u = -clamp;
-        }
-        a[i] = g * ds4_sigmoid(g) * u;
-    }
-}
-
-void ds4_moe(ds4_session *s, const ds4_layer *l, const float *xn, const int32_t *tokens, int n, float *out) {
-    ds4_engine *e = s->e;
-    ds4_scratch *sc = &s->sc;
-    const int H = e->c.n_embd, E = e->c.n_expert, K = e->c.n_expert_used, F = e->c.n_ff_exp;
-    ds4_mm(e, &l->gate_inp, 0, xn, H, n, sc->scores, E);
-    for (int64_t i = 0; i < (int64_t)n * E; i++) sc->scores[i] = sqrt_softplus(sc->scores[i]);
-    for (int t = 0; t < n; t++) {
-        const float *st = sc->scores + (size_t)t * E;
-        int32_t *sel = sc->sel + (size_t)t * K;
-        float *ws = sc->wsel + (size_t)t * K;
-        if (l->hashed) {
-            memcpy(sel, l->tid2eid + (size_t)tokens[t] * K, (size_t)K * sizeof(int32_t));
-        } else { /* top-k of score + bias, ties to the lowest expert id */
-            for (int k = 0; k < K; k++) {
-                int best = -1;
-                float bv = -INFINITY;
-                for (int x = 0; x < E; x++) {
-                    int used = 0;
-                    for (int j = 0; j < k; j++) used |= sel[j] == x;
-                    float v = st[x] + l->exp_bias[x];
-                    if (!used && (best < 0 || v > bv)) { best = x; bv = v; }
-                }
-                sel[k] = best;
-            }
-        }
-        float total = 0.0f;
-        for (int k = 0; k < K; k++) { ws[k] = st[sel[k]]; total += ws[k]; }
-        if (e->c.expert_weights_norm) {
-            total = e->numerics == DS4_NUMERICS_DS4 ? (total < 6.1035e-5f ? 6.1035e-5f : total) : total + 1e-20f;
-            for (int k = 0; k < K; k++) ws[k] /= total;
-        }
-        for (int k = 0; k < K; k++) ws[k] *= e->c.expert_weights_scale;
-    }
-    memset(sc->moe_y, 0, (size_t)n * H * sizeof(float));
-    for (int x = 0; x < E; x++) { /* experts in ascending order, each over the tokens that chose it */
-        int ne = 0;
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++)
-                if (sc->sel[(size_t)t * K + k] == x) {
-                    sc->erows[ne] = t;
-                    sc->eslot[ne] = k;
-                    memcpy(sc->xe + (size_t)ne * H, xn + (size_t)t * H, (size_t)H * sizeof(float));
-                    ne++;
-                }
-        if (!ne) continue;
-        ds4_mm(e, &l->gate_exps, x, sc->xe, H, ne, sc->ge, F);
-        ds4_mm(e, &l->up_exps, x, sc->xe, H, ne, sc->he, F);
-        swiglu(sc->ge, sc->he, (int64_t)ne * F, l->clamp);
-        ds4_mm(e, &l->down_exps, x, sc->ge, F, ne, sc->oe, H);
-        for (int i = 0; i < ne; i++) {
-            int t = sc->erows[i];
-            float w = sc->wsel[(size_t)t * K + sc->eslot[i]];
-            float *y = sc->moe_y + (size_t)t * H;
-            const float *o = sc->oe + (size_t)i * H;
-            for (int d = 0; d < H; d++) y[d] += w * o[d];
-        }
-    }
+/* MoE (spec ds4.md §2.7) of d->xn [n, H] into d->y: routing, the K routed experts by gathered
+ * products, the shared expert, the weighted sum.  tokens: d->tokens (hash layers). */
+static int moe(pass *P, const ds4_layer *l, int n) {
+    ds4_engine *e = P->e;
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &e->c;
+    const int H = c->n_embd, E = c->n_expert, K = c->n_expert_used, F = c->n_ff_exp;
+    TRYP(mm(P, &l->gate_inp, d->xn, H, n, d->scores, E));
+    G(P->g->moe_route(P->cx, d->scores, n, E, K, l->hashed ? DV_TID2EID(l) : NULL, d->tokens, DV(l, exp_bias),
+                      c->expert_weights_norm, e->numerics == DS4_NUMERICS_DS4, c->expert_weights_scale, d->sel, d->wsel,
+                      M));
+    const int64_t slots = (int64_t)n * K;
+    TRYP(mm_gather(P, &l->gate_exps, (int64_t)l->gate_exps.mat_bytes, d->sel, F, d->xn, H, K, slots, d->ge, F));
+    TRYP(mm_gather(P, &l->up_exps, (int64_t)l->up_exps.mat_bytes, d->sel, F, d->xn, H, K, slots, d->he, F));
+    G(P->g->swiglu(P->cx, d->ge, d->he, slots * F, l->clamp, M));
+    TRYP(mm_gather(P, &l->down_exps, (int64_t)l->down_exps.mat_bytes, d->sel, H, d->ge, F, 1, slots, d->oe, H));
     const int FS = (int)l->gate_sh.rows;
-    ds4_mm(e, &l->gate_sh, 0, xn, H, n, sc->ge, FS);
-    ds4_mm(e, &l->up_sh, 0, xn, H, n, sc->he, FS);
-    swiglu(sc->ge, sc->he, (int64_t)n * FS, l->clamp_shexp);
-    ds4_mm(e, &l->down_sh, 0, sc->ge, FS, n, sc->oe, H);
-    for (int64_t i = 0; i < (int64_t)n * H; i++) out[i] = sc->moe_y[i] + sc->oe[i];
+    TRYP(mm(P, &l->gate_sh, d->xn, H, n, d->shg, FS));
+    TRYP(mm(P, &l->up_sh, d->xn, H, n, d->shh, FS));
+    G(P->g->swiglu(P->cx, d->shg, d->shh, (int64_t)n * FS, l->clamp_shexp, M));
+    TRYP(mm(P, &l->down_sh, d->shg, FS, n, d->sho, H));
+    G(P->g->moe_combine(P->cx, d->oe, d->sel, d->wsel, n, K, H, d->sho, d->y, M));
+    return DS4_OK;
 }
 
-/* ---- the whole pass ------------------------------------------------------------------------- */
+/* The FFN half of a block: X [n, HC, H] -> Y (mHC pre, norm, MoE, mHC post). */
+static int ffn_half(pass *P, const ds4_layer *l, const float *X, float *Y, int n) {
+    const ds4_cfg *c = &P->e->c;
+    TRYP(sub_in(P, &l->hc_ffn_fn, DV(l, hc_ffn_base), l->hc_ffn_scale, DV(l, ffn_norm), X, n));
+    TRYP(moe(P, l, n));
+    G(P->g->hc_post(P->cx, X, P->d->y, P->d->post, P->d->comb, n, c->hc_count, c->n_embd, Y, M));
+    return DS4_OK;
+}
 
-/* HC head: collapse X [n, HC, H] to out [n, H] with weights sigmoid(scale * fn . rmsnorm(X) + base)
- * + eps (spec ds4.md §2.1); out is the pre-norm hidden state. */
-void ds4_hc_head(ds4_session *s, const float *X, int n, const ds4_w *fn, const float *base, const float *scale,
-                 float *out) {
-    ds4_engine *e = s->e;
-    const int HC = e->c.hc_count, H = e->c.n_embd;
-    for (int t = 0; t < n; t++) {
-        const float *Xt = X + (size_t)t * HC * H;
-        float *f = s->sc.X2;
-        ds4_rms_norm(Xt, (int64_t)HC * H, e->c.rms_eps, NULL, f);
-        float m[MAXHC], w[MAXHC];
-        ds4_mm(e, fn, 0, f, (int64_t)HC * H, 1, m, HC);
-        for (int a = 0; a < HC; a++) w[a] = ds4_sigmoid(scale[0] * m[a] + base[a]) + e->c.hc_eps;
-        float *yt = out + (size_t)t * H;
-        for (int d = 0; d < H; d++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += w[a] * Xt[(size_t)a * H + d];
-            yt[d] = acc;
+/* HC head (spec ds4.md §2.1) of X [n, HC, H] with fn/scale/base: the pre-norm hidden rows d->lm. */
+static int hc_head(pass *P, const float *X, int n, const ds4_w *fn, const float *scale, const float *base_dev) {
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &P->e->c;
+    const int HC = c->hc_count, H = c->n_embd;
+    G(P->g->rms_norm(P->cx, X, (int64_t)HC * H, n, (int64_t)HC * H, c->rms_eps, NULL, d->X2, (int64_t)HC * H, M));
+    TRYP(mm(P, fn, d->X2, (int64_t)HC * H, n, d->hm, HC));
+    G(P->g->hc_head(P->cx, X, d->hm, n, HC, H, scale[0], base_dev, c->hc_eps, d->hw, d->lm, M));
+    return DS4_OK;
+}
+
+/* Windows that close among positions p0 .. p0+n-1 of a ratio-R compressor: w0 .. w0+*nw-1. */
+static void closing_windows(int64_t p0, int n, int R, int64_t *w0, int32_t *nw) {
+    *nw = 0;
+    *w0 = 0;
+    for (int t = 0; t < n; t++)
+        if ((p0 + t + 1) % R == 0) {
+            if (*nw == 0) *w0 = (p0 + t) / R;
+            (*nw)++;
+        }
+}
+
+/* Causal attention of target layer L (spec ds4.md §2.2-§2.6): KV ring, compressors, indexer. */
+static int attention(pass *P, int L, int n, int64_t p0) {
+    ds4_engine *e = P->e;
+    ds4_session *s = P->s;
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &e->c;
+    const ds4_layer *l = &e->layers[L];
+    layer_cache *lc = &d->lc[L];
+    const int H = c->n_embd, NH = c->n_head, D = c->head_dim, QL = c->q_lora_rank, nr = c->n_rot;
+    const double *freq = l->kind == DS4_SWA ? e->d_freq_main : e->d_freq_comp;
+    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
+    TRYP(attn_q(P, l, n, p0, freq));
+    TRYP(attn_kv(P, l, d->xn, n, p0, freq, d->kvr));
+    G(P->g->kv_store(P->cx, d->kvr, n, D, lc->kv, s->kv_cap, p0, nr, ds4n ? 1 : 0, M));
+    const int32_t *sel = NULL, *nsel = NULL;
+    if (l->kind != DS4_SWA) {
+        const int cw = (l->kind == DS4_CSA ? 2 : 1) * D;
+        int64_t w0;
+        int32_t nw;
+        closing_windows(p0, n, l->ratio, &w0, &nw);
+        TRYP(mm(P, &l->comp_kv, d->xn, H, n, d->cbuf, cw));
+        TRYP(mm(P, &l->comp_gate, d->xn, H, n, d->zbuf, cw));
+        G(P->g->compress(P->cx, d->cbuf, d->zbuf, n, p0, D, l->ratio, l->kind == DS4_CSA, DV(l, comp_ape), lc->cmp_c,
+                         lc->cmp_z, s->cmp_cap, w0, nw, lc->comp, DV(l, comp_norm), c->rms_eps, e->d_freq_comp, nr, 0,
+                         ds4n, M));
+        if (l->kind == DS4_CSA) {
+            const int IH = c->indexer_n_head, ID = c->indexer_head_dim;
+            TRYP(mm(P, &l->idx_comp_kv, d->xn, H, n, d->cbuf, 2 * ID));
+            TRYP(mm(P, &l->idx_comp_gate, d->xn, H, n, d->zbuf, 2 * ID));
+            G(P->g->compress(P->cx, d->cbuf, d->zbuf, n, p0, ID, l->ratio, 1, DV(l, idx_comp_ape), lc->idx_c, lc->idx_z,
+                             s->cmp_cap, w0, nw, lc->idx_keys, DV(l, idx_comp_norm), c->rms_eps, e->d_freq_comp, nr, 1,
+                             ds4n, M));
+            if ((p0 + n) / l->ratio > c->indexer_top_k) {
+                TRYP(mm(P, &l->idx_q_b, d->qr, QL, n, d->qi, (int64_t)IH * ID));
+                G(P->g->norm_rope(P->cx, d->qi, (int64_t)n * IH, ID, IH, -1.0f, NULL, e->d_freq_comp, nr, p0, 0, ds4n,
+                                  M));
+                TRYP(mm(P, &l->idx_proj, d->xn, H, n, d->iw, IH));
+                G(P->g->scale(P->cx, d->iw, (int64_t)n * IH, (float)pow((double)IH, -0.5), M));
+                G(P->g->indexer(P->cx, d->qi, d->iw, n, p0, IH, ID, lc->idx_keys, l->ratio, c->indexer_top_k,
+                                (float)pow((double)ID, -0.5), d->iscore, d->max_vis, d->sel_comp, d->nsel_comp, M));
+                sel = d->sel_comp;
+                nsel = d->nsel_comp;
+            }
         }
     }
+    G(P->g->attend(P->cx, d->q, n, NH, D, p0, c->sliding_window, lc->kv, s->kv_cap, lc->comp,
+                   l->kind == DS4_SWA ? 0 : l->ratio, sel, nsel, c->indexer_top_k, DV(l, sinks), d->att_sc, d->keys_cap,
+                   d->att, M));
+    return attn_output(P, l, n, p0, freq);
 }
 
-static void lm_head(ds4_session *s, const float *X, int n, float *logits) {
+static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
     ds4_engine *e = s->e;
-    const int H = e->c.n_embd;
-    float *y = s->sc.lm;
-    ds4_hc_head(s, X, n, &e->output_hc_fn, e->output_hc_base, e->output_hc_scale, y);
-    for (int t = 0; t < n; t++) ds4_rms_norm(y + (size_t)t * H, H, e->c.rms_eps, e->output_norm, y + (size_t)t * H);
-    ds4_mm(e, &e->output, 0, y, H, n, logits, e->c.n_vocab);
-}
-
-int ds4_forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
-    ds4_engine *e = s->e;
-    ds4_scratch *sc = &s->sc;
-    const int HC = e->c.hc_count, H = e->c.n_embd;
+    PASS(s);
+    ds4_state *d = s->st;
+    const ds4_cfg *c = &e->c;
+    const int HC = c->hc_count, H = c->n_embd;
     const int64_t p0 = s->n_tokens;
-    for (int t = 0; t < n; t++) {
-        const ds4_w *te = &e->token_embd;
-        float *row = sc->x + (size_t)t * H;
-        ds4_dequantize(te->type, te->data + (size_t)tokens[t] * te->row_bytes, row, H, NULL, 0);
-        for (int a = 0; a < HC; a++) memcpy(sc->X + ((size_t)t * HC + a) * H, row, (size_t)H * sizeof(float));
-    }
-    float *X = sc->X, *Y = sc->X3;
-    for (int L = 0; L < e->c.n_layer; L++) {
+    G(P->g->copy(P->cx, d->tokens, tokens, (size_t)n * sizeof(int32_t), 0, M));
+    G(P->g->embed(P->cx, e->token_embd.dev_layout, e->token_embd.dev, (int64_t)e->token_embd.row_bytes, H, d->tokens, n,
+                  HC, d->X, M));
+    float *X = d->X, *Y = d->X3;
+    for (int L = 0; L < c->n_layer; L++) {
         if (atomic_load(&s->cancel)) return DS4_E_CANCELLED;
         const ds4_layer *l = &e->layers[L];
-        ds4_hc_pre(s, &l->hc_attn_fn, l->hc_attn_base, l->hc_attn_scale, X, n, sc->x, sc->post, sc->comb);
-        for (int t = 0; t < n; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->attn_norm, sc->xn + (size_t)t * H);
-        attention(s, L, sc->xn, n, p0, sc->y);
-        ds4_hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
-        float *tmp = X; X = Y; Y = tmp;
-        ds4_hc_pre(s, &l->hc_ffn_fn, l->hc_ffn_base, l->hc_ffn_scale, X, n, sc->x, sc->post, sc->comb);
-        for (int t = 0; t < n; t++) ds4_rms_norm(sc->x + (size_t)t * H, H, e->c.rms_eps, l->ffn_norm, sc->xn + (size_t)t * H);
-        ds4_moe(s, l, sc->xn, tokens, n, sc->y);
-        ds4_hc_post(e, X, sc->y, sc->post, sc->comb, n, Y);
-        tmp = X; X = Y; Y = tmp;
-        if (s->dsp) ds4_dspark_capture(s, L, X, n, p0);
+        TRYP(sub_in(P, &l->hc_attn_fn, DV(l, hc_attn_base), l->hc_attn_scale, DV(l, attn_norm), X, n));
+        TRYP(attention(P, L, n, p0));
+        G(P->g->hc_post(P->cx, X, d->y, d->post, d->comb, n, HC, H, Y, M));
+        TRYP(ffn_half(P, l, Y, X, n));
+        if (s->dsp && e->sup && e->sup->capture_slot[L] >= 0) {
+            G(P->g->capture(P->cx, X, n, HC, H, p0, d->dcap, s->kv_cap, e->sup->n_capture, e->sup->capture_slot[L], M));
+            ds4_span_writing(&s->cap, p0, n);
+        }
     }
-    if (logits_mode == DS4_LOGITS_ALL) lm_head(s, X, n, logits);
-    else if (logits_mode == DS4_LOGITS_LAST) lm_head(s, X + (size_t)(n - 1) * HC * H, 1, logits);
+    if (logits_mode == DS4_LOGITS_NONE) {
+        G(P->g->sync(P->cx, M));
+        return DS4_OK;
+    }
+    const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
+    const float *Xs = logits_mode == DS4_LOGITS_ALL ? X : X + (size_t)(n - 1) * HC * H;
+    TRYP(hc_head(P, Xs, rows, &e->output_hc_fn, e->output_hc_scale, GV(e, output_hc_base)));
+    G(P->g->rms_norm(P->cx, d->lm, H, rows, H, c->rms_eps, GV(e, output_norm), d->lm, H, M));
+    if (P->g->host_memory) return mm(P, &e->output, d->lm, H, rows, logits, c->n_vocab);
+    TRYP(mm(P, &e->output, d->lm, H, rows, d->logits, c->n_vocab));
+    G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * c->n_vocab * sizeof(float), 1, M));
+    return DS4_OK;
+}
+
+/* First non-finite logit of rows[0..n), or -1. */
+static int64_t first_nonfinite(const float *rows, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(rows[i])) return i;
+    return -1;
+}
+
+int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
+                 char *err, size_t err_len) {
+    int rc = forward(s, seq, n, mode, logits);
+    int orc = ds4_op_check(s->e, err, err_len);
+    if (orc != DS4_OK) return orc;
+    if (rc == DS4_E_CANCELLED) {
+        atomic_store(&s->cancel, 0);
+        s->stats.n_cancelled++;
+        return ds4_fail(err, err_len, rc, "cancelled");
+    }
+    if (rc != DS4_OK) return ds4_fail(err, err_len, rc, "forward pass failed (%d)", rc);
+    if (mode != DS4_LOGITS_NONE) {
+        int64_t bad = first_nonfinite(logits, n_logit_rows * s->e->c.n_vocab);
+        if (bad >= 0) {
+            int64_t row = bad / s->e->c.n_vocab;
+            int64_t pos = s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1);
+            return ds4_fail(err, err_len, DS4_E_NONFINITE,
+                        "non-finite logit (token id %lld) at position %lld: the model has NaN/Inf weights or "
+                        "overflows (check the file with `ds4tui inspect --check-finite`)",
+                        (long long)(bad % s->e->c.n_vocab), (long long)pos);
+        }
+    }
+    if (s->dsp && s->e->sup) ds4_span_written(&s->cap, s->n_tokens, n);
+    s->n_tokens += n;
+    s->stats.n_target_evals++;
+    return DS4_OK;
+}
+
+/* ---- the DSpark drafter (spec dspark.md §2.4) ------------------------------------------------ */
+
+static int all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* Context KV rows of positions lo..hi of every stage, projected from the capture ring: main_proj
+ * of the captured rows, its norm, then each stage's KV projection into the stage's context ring
+ * (FP8-rounded in ds4 numerics).  On a host backend a non-finite projection returns
+ * DS4_E_NONFINITE (not kept as a device failure) with *op = "main_proj". */
+int ds4_draft_context(ds4_session *s, int64_t lo, int64_t hi, const char **op) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    ds4_state *d = s->st;
+    const ds4_support *sup = e->sup;
+    const ds4_cfg *c = &e->c;
+    const int H = c->n_embd, D = c->head_dim, nr = c->n_rot, cap = s->kv_cap;
+    const int64_t CW = (int64_t)sup->n_capture * H, W = c->sliding_window;
+    const int ds4n = e->numerics == DS4_NUMERICS_DS4;
+    for (int64_t p0 = lo; p0 <= hi; p0 += W) {
+        const int n = (int)(hi - p0 + 1 < W ? hi - p0 + 1 : W);
+        *op = "main_proj";
+        for (int done = 0; done < n;) { /* main_proj over the capture ring, in contiguous pieces */
+            const int64_t r0 = (p0 + done) % cap;
+            const int k = (int)(n - done < cap - r0 ? n - done : cap - r0);
+            TRYP(mm(P, &sup->main_proj, d->dcap + r0 * CW, CW, k, d->dmx + (size_t)done * H, H));
+            done += k;
+        }
+        G(P->g->rms_norm(P->cx, d->dmx, H, n, H, c->rms_eps, SV(sup, main_norm), d->dmx, H, M));
+        if (P->g->host_memory && !all_finite(d->dmx, (int64_t)n * H)) return DS4_E_NONFINITE;
+        *op = "context_kv";
+        for (int st = 0; st < sup->n_stages; st++) {
+            const ds4_layer *l = &sup->stages[st];
+            TRYP(attn_kv(P, l, d->dmx, n, p0, e->d_freq_main, d->dkvtmp));
+            G(P->g->kv_store(P->cx, d->dkvtmp, n, D, d->dctx + (size_t)st * cap * D, cap, p0, nr, ds4n ? 2 : 0, M));
+        }
+    }
+    G(P->g->sync(P->cx, M));
+    return DS4_OK;
+}
+
+/* The block [anchor, noise...] embedded with the target's table, repeated over the streams. */
+int ds4_draft_embed(ds4_session *s, int32_t anchor) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    const ds4_support *sup = e->sup;
+    const int B = sup->block;
+    int32_t toks[DS4_DSPARK_MAX_BLOCK];
+    for (int i = 0; i < B; i++) toks[i] = i == 0 ? anchor : sup->noise;
+    G(P->g->copy(P->cx, P->d->tokens, toks, (size_t)B * sizeof(int32_t), 0, M));
+    G(P->g->embed(P->cx, e->token_embd.dev_layout, e->token_embd.dev, (int64_t)e->token_embd.row_bytes, e->c.n_embd,
+                  P->d->tokens, B, e->c.hc_count, P->d->X, M));
+    return DS4_OK;
+}
+
+/* One drafter stage over the block X [B, HC, H] -> X (Y is scratch): the target's block functions
+ * with a non-causal attention over the context rows lo..hi and the block's own KV rows. */
+static int draft_stage(pass *P, int st, float *X, float *Y, int B, int64_t p0, int64_t lo, int64_t hi,
+                       const char **op) {
+    ds4_engine *e = P->e;
+    ds4_session *s = P->s;
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &e->c;
+    const ds4_layer *l = &e->sup->stages[st];
+    const int NH = c->n_head, D = c->head_dim, HC = c->hc_count, H = c->n_embd;
+    const double *freq = e->d_freq_main;
+    *op = "hc_pre";
+    TRYP(sub_in(P, &l->hc_attn_fn, DV(l, hc_attn_base), l->hc_attn_scale, DV(l, attn_norm), X, B));
+    *op = "attn_q";
+    TRYP(attn_q(P, l, B, p0, freq));
+    *op = "attn_kv";
+    float *dkv = d->ddkv + (size_t)st * B * D;
+    TRYP(attn_kv(P, l, d->xn, B, p0, freq, dkv));
+    if (e->numerics == DS4_NUMERICS_DS4) G(P->g->kv_store(P->cx, dkv, B, D, dkv, B, 0, c->n_rot, 2, M));
+    *op = "attention";
+    G(P->g->attend_nc(P->cx, d->q, B, NH, D, d->dctx + (size_t)st * s->kv_cap * D, s->kv_cap, lo, (int)(hi - lo + 1),
+                      dkv, B, DV(l, sinks), d->att_sc, d->keys_cap, d->att, M));
+    *op = "attn_output";
+    TRYP(attn_output(P, l, B, p0, freq));
+    G(P->g->hc_post(P->cx, X, d->y, d->post, d->comb, B, HC, H, Y, M));
+    *op = "moe";
+    TRYP(ffn_half(P, l, Y, X, B));
+    if (P->g->host_memory && !all_finite(d->y, (int64_t)B * H)) return DS4_E_NONFINITE;
+    return DS4_OK;
+}
+
+/* The stages over the embedded block at positions p0.., context rows lo..hi (*op: the stage op that
+ * failed; on a host backend a non-finite MoE output returns DS4_E_NONFINITE as "moe"). */
+int ds4_draft_stages(ds4_session *s, int64_t p0, int64_t lo, int64_t hi, const char **op) {
+    PASS(s);
+    for (int st = 0; st < s->e->sup->n_stages; st++)
+        TRYP(draft_stage(P, st, P->d->X, P->d->X3, s->e->sup->block, p0, lo, hi, op));
+    return DS4_OK;
+}
+
+/* The HC head of the block: pre-norm hidden rows into h_host [block, H]. */
+int ds4_draft_head(ds4_session *s, float *h_host) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    const ds4_support *sup = e->sup;
+    TRYP(hc_head(P, P->d->X, sup->block, &sup->hc_head_fn, sup->hc_head_scale, SV(sup, hc_head_base)));
+    G(P->g->copy(P->cx, h_host, P->d->lm, (size_t)sup->block * e->c.n_embd * sizeof(float), 1, M));
+    G(P->g->sync(P->cx, M));
+    return DS4_OK;
+}
+
+/* The LM head for normed rows hn [want, H] (host): base logits U [want, V] kept in the backend's
+ * memory for ds4_draft_markov; *U_host (when not NULL) gets host-readable rows for sampling. */
+int ds4_draft_logits(ds4_session *s, const float *hn, int want, const float **U_host) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    ds4_state *d = s->st;
+    const int64_t H = e->c.n_embd, V = e->c.n_vocab;
+    G(P->g->copy(P->cx, d->dhn, hn, (size_t)(want * H) * sizeof(float), 0, M));
+    TRYP(mm(P, &e->output, d->dhn, H, want, d->dU, V));
+    if (!U_host) return DS4_OK;
+    if (P->g->host_memory) {
+        *U_host = d->dU;
+        return DS4_OK;
+    }
+    G(P->g->copy(P->cx, d->hU, d->dU, (size_t)(want * V) * sizeof(float), 1, M));
+    G(P->g->sync(P->cx, M));
+    *U_host = d->hU;
+    return DS4_OK;
+}
+
+/* Greedy draft k: argmax over V of W2 feat + U[k] (dspark.md §2.4), with feat = W1[prev] [rank]
+ * (host); the sum and the argmax rule are ds4_argmax's (first maximum), so the draft is the same
+ * token on every backend. */
+int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    ds4_state *d = s->st;
+    const ds4_support *sup = e->sup;
+    const int32_t V = e->c.n_vocab;
+    G(P->g->copy(P->cx, d->dfeat, feat, (size_t)sup->rank * sizeof(float), 0, M));
+    TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
+    G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest, M));
+    G(P->g->copy(P->cx, x, d->dbest, sizeof(int32_t), 1, M));
+    G(P->g->sync(P->cx, M));
     return DS4_OK;
 }

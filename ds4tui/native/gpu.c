@@ -1,18 +1,15 @@
 /* gpu.c — the engine's side of the GPU backend seam (spec platform.md §0.3, §4 option B).
  *
- * The GPU backend is a separate shared library (gpu_api.h) that is dlopen()ed here; the cffi
+ * The GPU backend is a separate shared library (backend.h) that is dlopen()ed here; the cffi
  * extension never links a GPU runtime, so it builds and runs wherever a C compiler does.  Every
  * failure names its cause: the file (missing, or dlopen's message), the symbol or table version,
  * no device, a wrong-arch build, a runtime call.
  *
  * With DS4_BACKEND_HIP the engine uploads every weight matrix the forward pass and the drafter
- * multiply with to device memory at open (progress reported through the options' callback), and
- * ds4_mm runs those products on the device.  Small vectors (norms, biases, HC bases) stay in the
- * host copies bound by engine.c.  A device failure inside a pass is kept (the first one) and
- * turned into DS4_E_DEVICE with its message by ds4_gpu_check after the pass.
+ * multiply with to device memory at open (progress reported through the options' callback); the
+ * library's table is then the engine's op table (forward.c runs every pass through it).
  */
 #include "internal.h"
-#include "gpu_api.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -20,7 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int ds4_gpu_load(const char *path, void **handle, const ds4_gpu_api **api, char *err, size_t len) {
+int ds4_gpu_load(const char *path, void **handle, const ds4_backend **api, char *err, size_t len) {
     *handle = NULL;
     *api = NULL;
     if (!path || !*path)
@@ -40,7 +37,7 @@ int ds4_gpu_load(const char *path, void **handle, const ds4_gpu_api **api, char 
         dlclose(h);
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "'%s' is not a ds4tui GPU backend library: no symbol ds4_gpu_api_v1", path);
     }
-    const ds4_gpu_api *a = fn();
+    const ds4_backend *a = fn();
     if (!a || a->version != DS4_GPU_API_VERSION) {
         dlclose(h);
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "GPU backend library '%s': API version %d, this engine needs %d "
@@ -60,7 +57,7 @@ int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_
     memset(out, 0, sizeof *out);
     snprintf(out->library, sizeof out->library, "%s", library ? library : "");
     void *h;
-    const ds4_gpu_api *api;
+    const ds4_backend *api;
     int rc = ds4_gpu_load(library, &h, &api, err, err_len);
     if (rc != DS4_OK) return rc;
     rc = api->probe(out, err, err_len);
@@ -69,7 +66,7 @@ int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_
 }
 
 /* A context on device 0 of a library, for the stand-alone kernel entry points. */
-static int scratch_ctx(const char *library, void **h, const ds4_gpu_api **api, ds4_gpu_ctx **ctx, char *err,
+static int scratch_ctx(const char *library, void **h, const ds4_backend **api, ds4_backend_ctx **ctx, char *err,
                        size_t len) {
     int rc = ds4_gpu_load(library, h, api, err, len);
     if (rc != DS4_OK) return rc;
@@ -80,13 +77,13 @@ static int scratch_ctx(const char *library, void **h, const ds4_gpu_api **api, d
 
 int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols, const float *X,
                           int64_t n_tok, float *Y, int32_t reps, double *ms, char *err, size_t err_len) {
-    size_t rb = ds4_type_row_bytes(type & ~DS4_GPU_PLANAR, cols);
+    size_t rb = ds4_row_bytes(type & ~DS4_GPU_PLANAR, cols);
     if (rb == 0 || rows <= 0 || n_tok <= 0 || !W || !X || !Y)
         return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_matmul: bad arguments (type %d, %lld x %lld, %lld tokens)",
                         type, (long long)rows, (long long)cols, (long long)n_tok);
     void *h;
-    const ds4_gpu_api *api;
-    ds4_gpu_ctx *ctx;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
     int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
     if (rc != DS4_OK) return rc;
     double t = 0.0;
@@ -100,7 +97,7 @@ int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t 
 int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows, int64_t cols,
                           const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err, size_t err_len) {
     const int32_t base = type & ~DS4_GPU_PLANAR;
-    size_t rb = ds4_type_row_bytes(base, cols);
+    size_t rb = ds4_row_bytes(base, cols);
     if (rb == 0 || n_mat <= 0 || rows <= 0 || n_slots <= 0 || !W || !ids || !X || !Y)
         return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: bad arguments (type %d, %lld matrices of "
                         "%lld x %lld, %lld slots)", type, (long long)n_mat, (long long)rows, (long long)cols,
@@ -110,8 +107,8 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
             return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: slot %lld uses matrix %d of %lld",
                             (long long)i, ids[i], (long long)n_mat);
     void *h;
-    const ds4_gpu_api *api;
-    ds4_gpu_ctx *ctx;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
     int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
     if (rc != DS4_OK) return rc;
     void *dw = NULL, *di = NULL, *dx = NULL, *dy = NULL;
@@ -142,8 +139,8 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
 
 int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double *gbs, char *err, size_t err_len) {
     void *h;
-    const ds4_gpu_api *api;
-    ds4_gpu_ctx *ctx;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
     int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
     if (rc != DS4_OK) return rc;
     rc = api->bandwidth(ctx, (size_t)bytes, reps, gbs, err, err_len);
@@ -153,19 +150,6 @@ int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double 
 }
 
 /* ---- weights in device memory -------------------------------------------------------------- */
-
-/* The weight matrices of one block (unbound ones have no data and are skipped). */
-static int block_mats(ds4_layer *l, ds4_w **out) {
-    ds4_w *all[] = {&l->hc_attn_fn, &l->hc_ffn_fn, &l->q_a, &l->q_b, &l->kv, &l->out_a, &l->out_b,
-                    &l->comp_kv, &l->comp_gate, &l->idx_comp_kv, &l->idx_comp_gate, &l->idx_q_b, &l->idx_proj,
-                    &l->gate_inp, &l->gate_exps, &l->up_exps, &l->down_exps, &l->gate_sh, &l->up_sh, &l->down_sh};
-    int n = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i]->data) out[n++] = all[i];
-    return n;
-}
-
-#define MAX_BLOCK_MATS 20
 
 static uint64_t w_bytes(const ds4_w *w) { return (uint64_t)w->mat_bytes * (uint64_t)w->n_mat; }
 
@@ -180,7 +164,7 @@ typedef struct {
  * keeps GGML rows (gpu_embed reads them).  DS4_GPU_LAYOUT_GGML keeps GGML rows everywhere (for
  * side-by-side kernel comparisons; results differ only by float32 rounding order). */
 static int want_planar(const ds4_engine *e, const ds4_w *w) {
-    return w != &e->token_embd && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR;
+    return w != &e->token_embd && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR && ds4_type(w->type)->gpu_planar;
 }
 
 static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
@@ -188,7 +172,7 @@ static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
     void *dev = NULL;
     int32_t layout = w->type;
     int planar = want_planar(e, w);
-    int rc = e->gpu->upload_matrix(e->gpu_ctx, w->data, w->type, w->rows * w->n_mat, w->cols, (int64_t)w->row_bytes,
+    int rc = e->ops->upload_matrix(e->ctx, w->data, w->type, w->rows * w->n_mat, w->cols, (int64_t)w->row_bytes,
                                    planar, &dev, &layout, err, len);
     if (rc != DS4_OK) return rc;
     w->dev = dev;
@@ -199,28 +183,8 @@ static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
 }
 
 static void free_w(ds4_engine *e, ds4_w *w) {
-    if (w->dev) e->gpu->free(e->gpu_ctx, (void *)w->dev, (size_t)w_bytes(w));
+    if (w->dev) e->ops->free(e->ctx, (void *)w->dev, (size_t)w_bytes(w));
     w->dev = NULL;
-}
-
-/* Every matrix of the target: the embedding, the LM head, the HC head and each layer's. */
-static int target_mats(ds4_engine *e, ds4_w **out, int cap) {
-    int n = 0;
-    out[n++] = &e->token_embd;
-    out[n++] = &e->output;
-    out[n++] = &e->output_hc_fn;
-    for (int L = 0; L < e->c.n_layer && n + MAX_BLOCK_MATS <= cap; L++) n += block_mats(&e->layers[L], out + n);
-    return n;
-}
-
-static int support_mats(ds4_engine *e, ds4_w **out) {
-    ds4_support *s = e->sup;
-    int n = 0;
-    ds4_w *heads[] = {&s->main_proj, &s->hc_head_fn, &s->markov_w1, &s->markov_w2, &s->conf};
-    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
-        if (heads[i]->data) out[n++] = heads[i];
-    for (int st = 0; st < s->n_stages; st++) n += block_mats(&s->stages[st], out + n);
-    return n;
 }
 
 static int upload_all(ds4_engine *e, ds4_w **ws, int n, void (*progress)(void *, uint64_t, uint64_t), void *pctx,
@@ -243,97 +207,54 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
         return ds4_fail(err, len, DS4_E_INVALID, "gpu_layout %d: expected %d (planar) or %d (ggml)", o->gpu_layout,
                         DS4_GPU_LAYOUT_PLANAR, DS4_GPU_LAYOUT_GGML);
     e->gpu_layout = o->gpu_layout;
-    int rc = ds4_gpu_load(o->gpu_library, &e->gpu_lib, &e->gpu, err, len);
+    int rc = ds4_gpu_load(o->gpu_library, &e->gpu_lib, &e->ops, err, len);
     if (rc != DS4_OK) return rc;
-    rc = e->gpu->open(o->gpu_device, &e->gpu_ctx, err, len);
+    rc = e->ops->open(o->gpu_device, &e->ctx, err, len);
     if (rc != DS4_OK) return rc;
-    int cap = 3 + e->c.n_layer * MAX_BLOCK_MATS;
+    int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
-    rc = upload_all(e, ws, target_mats(e, ws, cap), o->progress, o->progress_ctx, err, len);
+    rc = upload_all(e, ws, ds4_target_mats(e, ws), o->progress, o->progress_ctx, err, len);
     free(ws);
-    if (rc == DS4_OK) rc = ds4_gpu_engine_vectors(e, err, len);
     return rc;
 }
 
 int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
-    if (!e->gpu_ctx || !e->sup) return DS4_OK;
-    int cap = 5 + e->sup->n_stages * MAX_BLOCK_MATS;
+    if (e->backend != DS4_BACKEND_HIP || !e->ctx || !e->sup) return DS4_OK;
+    int cap = DS4_N_SUPPORT_TENSORS + e->sup->n_stages * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
-    int rc = upload_all(e, ws, support_mats(e, ws), NULL, NULL, err, len);
+    int rc = upload_all(e, ws, ds4_support_mats(e, ws), NULL, NULL, err, len);
     free(ws);
-    if (rc == DS4_OK) rc = ds4_gpu_support_vectors(e, err, len);
-    if (rc == DS4_OK) { /* the drafter's host-row products (dspark.c), staged at their largest now */
+    if (rc == DS4_OK) { /* the drafter's host-row products (the confidence head, the sampled Markov head),
+                          * staged at their largest now */
         const ds4_support *sp = e->sup;
-        const int64_t H = e->c.n_embd, W = e->c.sliding_window, V = e->c.n_vocab, B = sp->block, r = sp->rank;
-        const int64_t CW = (int64_t)sp->n_capture * H;
-        int64_t x = W * CW, y = W * H;
-        if (B * H > x) x = B * H;
-        if (H + r > x) x = H + r;
-        if (B * V > y) y = B * V;
-        rc = e->gpu->reserve(e->gpu_ctx, x, y, err, len);
+        rc = e->ops->reserve(e->ctx, (int64_t)e->c.n_embd + sp->rank, e->c.n_vocab, err, len);
     }
     return rc;
 }
 
 void ds4_gpu_free_support(ds4_engine *e) {
-    if (!e->gpu_ctx || !e->sup) return;
-    ds4_w *ws[5 + DS4_DSPARK_MAX_BLOCK * MAX_BLOCK_MATS];
-    int n = e->sup->n_stages <= DS4_DSPARK_MAX_BLOCK ? support_mats(e, ws) : 0;
+    if (e->backend != DS4_BACKEND_HIP || !e->ctx || !e->sup) return;
+    ds4_w *ws[DS4_N_SUPPORT_TENSORS + 8 * DS4_N_BLOCK_TENSORS]; /* at most 8 stages (load.c) */
+    int n = ds4_support_mats(e, ws);
     for (int i = 0; i < n; i++) free_w(e, ws[i]);
 }
 
 void ds4_gpu_engine_close(ds4_engine *e) {
-    if (e->gpu_ctx) {
+    if (e->ctx) {
         ds4_gpu_free_support(e);
-        ds4_gpu_engine_vectors_free(e);
-        int cap = 3 + e->c.n_layer * MAX_BLOCK_MATS;
+        int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
         ds4_w **ws = e->layers ? malloc((size_t)cap * sizeof *ws) : NULL;
         if (ws) {
-            int n = target_mats(e, ws, cap);
+            int n = ds4_target_mats(e, ws);
             for (int i = 0; i < n; i++) free_w(e, ws[i]);
             free(ws);
         }
-        e->gpu->close(e->gpu_ctx);
-        e->gpu_ctx = NULL;
+        e->ops->close(e->ctx);
+        e->ctx = NULL;
     }
     ds4_gpu_unload(e->gpu_lib);
     e->gpu_lib = NULL;
-    e->gpu = NULL;
-}
-
-uint64_t ds4_gpu_allocated(const ds4_engine *e) { return e->gpu_ctx ? e->gpu->allocated(e->gpu_ctx) : 0; }
-
-/* Rows [r0, r0 + nr) of matrix `mat` of w, on the device.  The first failure is kept in the engine
- * (ds4_gpu_check reports it after the pass) and Y is filled with NaN so nothing downstream can
- * pass for a result. */
-void ds4_gpu_mm(ds4_engine *e, const ds4_w *w, int64_t mat, int64_t r0, int64_t nr, const float *X, int64_t ldx,
-                int64_t n, float *Y, int64_t ldy) {
-    char msg[512];
-    const uint8_t *W = w->dev + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
-    int rc = e->gpu->matmul(e->gpu_ctx, w->dev_layout, W, nr, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, msg,
-                            sizeof msg);
-    if (rc == DS4_OK) return;
-    if (e->gpu_rc == DS4_OK) {
-        e->gpu_rc = rc;
-        snprintf(e->gpu_msg, sizeof e->gpu_msg, "%s", msg);
-    }
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t r = 0; r < nr; r++) Y[t * ldy + r] = __builtin_nanf("");
-}
-
-int ds4_gpu_fail(ds4_engine *e, int rc, const char *msg) {
-    if (e->gpu_rc == DS4_OK) {
-        e->gpu_rc = rc;
-        snprintf(e->gpu_msg, sizeof e->gpu_msg, "%s", msg);
-    }
-    return rc;
-}
-
-int ds4_gpu_check(ds4_engine *e, char *err, size_t len) {
-    if (e->gpu_rc == DS4_OK) return DS4_OK;
-    int rc = e->gpu_rc;
-    e->gpu_rc = DS4_OK;
-    return ds4_fail(err, len, rc == DS4_E_NOMEM ? DS4_E_NOMEM : DS4_E_DEVICE, "GPU backend: %s", e->gpu_msg);
+    e->ops = NULL;
 }

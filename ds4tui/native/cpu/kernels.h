@@ -37,14 +37,22 @@ void ds4_cpu_dequant_q8_0(const void *src, float *dst, int64_t n);
 void ds4_cpu_dequant_q2_k(const void *src, float *dst, int64_t n);
 void ds4_cpu_dequant_iq2_xxs(const void *src, float *dst, int64_t n);
 
-/* Block geometry: elements per block and bytes per block (0 if unsupported). */
-int64_t ds4_block_elems(int type);
-size_t ds4_row_bytes(int type, int64_t n);
-
 /* Float dot product with 16 partial sums (vectorisable without -ffast-math). */
 float ds4_dot_f32(const float *a, const float *b, int64_t n);
 
-/* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool. */
+/* The CPU dot kernels of types.h (cpu/dot.c): Y[t*ldy] = row . X[t*ldx, 0..cols) for t < n_tok. */
+#define DS4_CPU_DOT(name)                                                                                  \
+    void name(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,    \
+              int64_t ldy)
+DS4_CPU_DOT(ds4_cpu_dot_f32);
+DS4_CPU_DOT(ds4_cpu_dot_f16);
+DS4_CPU_DOT(ds4_cpu_dot_bf16);
+DS4_CPU_DOT(ds4_cpu_dot_q8_0);
+DS4_CPU_DOT(ds4_cpu_dot_q2_k);
+DS4_CPU_DOT(ds4_cpu_dot_iq2_xxs);
+#undef DS4_CPU_DOT
+
+/* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool (cpu/matmul.c). */
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,
                     int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 

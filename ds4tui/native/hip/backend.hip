@@ -1,6 +1,6 @@
 /*
  * backend.hip — the GPU backend library's entry point: device probe, context, device memory,
- * bandwidth test and the exported function table `ds4_gpu_api_v1` (see ../gpu_api.h).
+ * bandwidth test and the exported function table `ds4_gpu_api_v1` (see ../backend.h).
  *
  * Built as libds4tui_hip.so (hipcc/clang, AMD) or libds4tui_cuda.so (nvcc -x cu, NVIDIA) by
  * build_native.py; the C engine dlopen()s it (spec platform.md §0.3).
@@ -234,7 +234,7 @@ static int bandwidth(ds4_gpu_ctx *c, size_t bytes, int32_t reps, double *gbs, ch
     return rc;
 }
 
-static const ds4_gpu_api k_api = {
+static const ds4_backend k_api = {
     DS4_GPU_API_VERSION, probe, open_ctx, close_ctx, upload, gpu_free, allocated, mem_info,
     gpu_matmul, gpu_bench_matmul, bandwidth,
     gpu_copy, gpu_sync, gpu_mm_dev, gpu_mm_gather, gpu_embed, gpu_rms_norm, gpu_hc_pre, gpu_hc_post, gpu_hc_head,
@@ -243,4 +243,4 @@ static const ds4_gpu_api k_api = {
     gpu_upload_matrix, gpu_reserve, gpu_add_argmax,
 };
 
-extern "C" __attribute__((visibility("default"))) const ds4_gpu_api *ds4_gpu_api_v1(void) { return &k_api; }
+extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

@@ -3,7 +3,7 @@
 #define DS4_GPU_INTERNAL_H
 
 #include "hip_compat.h"
-#include "../gpu_api.h"
+#include "../backend.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,7 +14,10 @@
 #define DS4_GPU_ARCH "unknown"
 #endif
 
-struct ds4_gpu_ctx {
+/* The GPU backend's context (backend.h's ds4_backend_ctx). */
+typedef struct ds4_backend_ctx ds4_gpu_ctx;
+
+struct ds4_backend_ctx {
     int device;
     hipStream_t stream;
     pthread_mutex_t lock;     /* one caller at a time on the stream and the staging buffers */

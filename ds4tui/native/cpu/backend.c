@@ -1,0 +1,628 @@
+/* backend.c — the CPU backend of the op table (../backend.h).
+ *
+ * "Device" memory is host memory (host_memory = 1): uploads are calloc + memcpy, copies are memcpy,
+ * sync is a no-op.  Every op computes in float32 in the operation order of the numpy reference
+ * (ds4tui/engine/reference.py, spec ds4.md §2); the per-token loops of attention and the indexer
+ * run on the engine's thread pool, the matmuls through cpu/matmul.c.  These are the reference
+ * compositions of the table: the GPU backend's kernels are tested against them.
+ */
+#include "kernels.h"
+#include "../internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXHC 16
+
+struct ds4_backend_ctx {
+    ds4_pool *pool;
+    int n_threads;
+    pthread_mutex_t lock;      /* the gather buffers (sessions on several threads share the context) */
+    float *gx, *gy;            /* mm_gather: gathered activations and results */
+    size_t gx_cap, gy_cap;     /* floats */
+    _Atomic uint64_t allocated;
+};
+
+int ds4_cpu_backend_open(ds4_pool *pool, ds4_backend_ctx **out, char *err, size_t len) {
+    ds4_backend_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
+    c->pool = pool;
+    c->n_threads = ds4_pool_size(pool);
+    pthread_mutex_init(&c->lock, NULL);
+    *out = c;
+    return DS4_OK;
+}
+
+static void close_ctx(ds4_backend_ctx *c) {
+    if (!c) return;
+    free(c->gx);
+    free(c->gy);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static int upload(ds4_backend_ctx *c, const void *src, size_t bytes, void **out, char *err, size_t len) {
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory allocating %zu bytes", bytes);
+    if (src) memcpy(*out, src, bytes);
+    c->allocated += bytes;
+    return DS4_OK;
+}
+
+static void release(ds4_backend_ctx *c, void *p, size_t bytes) {
+    if (!p) return;
+    free(p);
+    c->allocated -= bytes;
+}
+
+static uint64_t allocated(const ds4_backend_ctx *c) { return c ? c->allocated : 0; }
+
+static int copy(ds4_backend_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len) {
+    (void)c, (void)to_host, (void)err, (void)len;
+    if (dst != src) memcpy(dst, src, bytes);
+    return DS4_OK;
+}
+
+static int sync(ds4_backend_ctx *c, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    return DS4_OK;
+}
+
+/* ---- products ----------------------------------------------------------------------------------- */
+
+static int mm(ds4_backend_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+              const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    (void)row_bytes, (void)err, (void)len;
+    ds4_cpu_matmul(c->pool, type, W, rows, cols, X, ldx, n, Y, ldy);
+    return DS4_OK;
+}
+
+static int grow(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return 1;
+    float *p = realloc(*buf, n * sizeof(float));
+    if (!p) return 0;
+    *buf = p;
+    *cap = n;
+    return 1;
+}
+
+/* Slots grouped by matrix id, ascending; each group is one matmul (a result never depends on the
+ * group's size).  A group whose activation rows and result rows are equally spaced is multiplied
+ * in place; any other is gathered into the context's buffers and scattered back. */
+static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
+                     int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div,
+                     int64_t n_slots, float *Y, int64_t ldy, char *err, size_t len) {
+    (void)row_bytes;
+    int32_t lo = ids[0], hi = ids[0];
+    for (int64_t i = 1; i < n_slots; i++) {
+        if (ids[i] < lo) lo = ids[i];
+        if (ids[i] > hi) hi = ids[i];
+    }
+    int rc = DS4_OK;
+    pthread_mutex_lock(&c->lock);
+    for (int32_t m = lo; m <= hi && rc == DS4_OK; m++) {
+        int64_t cnt = 0, first = -1, step = 0, regular = 1, prev = -1;
+        for (int64_t i = 0; i < n_slots; i++) {
+            if (ids[i] != m) continue;
+            if (cnt == 0) first = i;
+            else if (cnt == 1) step = i - prev;
+            else if (i - prev != step) regular = 0;
+            prev = i;
+            cnt++;
+        }
+        if (!cnt) continue;
+        const uint8_t *Wm = (const uint8_t *)W + (size_t)m * (size_t)mat_bytes;
+        /* slots first + j*step read X row (first + j*step) / x_div: equally spaced when step divides */
+        if (regular && (cnt == 1 || step % x_div == 0)) {
+            ds4_cpu_matmul(c->pool, type, Wm, rows, cols, X + (first / x_div) * ldx, (step / x_div) * ldx, cnt,
+                           Y + first * ldy, step * ldy);
+            continue;
+        }
+        if (!grow(&c->gx, &c->gx_cap, (size_t)(cnt * cols)) || !grow(&c->gy, &c->gy_cap, (size_t)(cnt * rows))) {
+            rc = ds4_fail(err, len, DS4_E_NOMEM, "mm_gather: out of memory for %lld rows", (long long)cnt);
+            break;
+        }
+        int64_t j = 0;
+        for (int64_t i = 0; i < n_slots; i++)
+            if (ids[i] == m) memcpy(c->gx + (size_t)(j++ * cols), X + (i / x_div) * ldx, (size_t)cols * sizeof(float));
+        ds4_cpu_matmul(c->pool, type, Wm, rows, cols, c->gx, cols, cnt, c->gy, rows);
+        j = 0;
+        for (int64_t i = 0; i < n_slots; i++)
+            if (ids[i] == m) memcpy(Y + i * ldy, c->gy + (size_t)(j++ * rows), (size_t)rows * sizeof(float));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int embed(ds4_backend_ctx *c, int32_t type, const void *W, int64_t row_bytes, int32_t H, const int32_t *tokens,
+                 int32_t n, int32_t HC, float *X, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    const ds4_type_traits *tt = ds4_type(type);
+    for (int t = 0; t < n; t++) {
+        float *row = X + (size_t)t * HC * H;
+        tt->dequant((const uint8_t *)W + (size_t)tokens[t] * (size_t)row_bytes, row, H);
+        for (int a = 1; a < HC; a++) memcpy(row + (size_t)a * H, row, (size_t)H * sizeof(float));
+    }
+    return DS4_OK;
+}
+
+/* ---- norms and hyper-connections (spec ds4.md §2.1) --------------------------------------------- */
+
+static int rms_norm(ds4_backend_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps,
+                    const float *w, float *out, int64_t ldo, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int64_t r = 0; r < rows; r++) ds4_rms_norm(x + r * ldx, width, eps, w, out + r * ldo);
+    return DS4_OK;
+}
+
+static int hc_pre(ds4_backend_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
+                  const float *base, float eps, int32_t iters, const float *X, float *x, float *pre_out, float *post,
+                  float *comb, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    const int mix = 2 * HC + HC * HC;
+    for (int t = 0; t < n; t++) {
+        const float *m = hcm + (size_t)t * mix;
+        float *pre = pre_out + (size_t)t * HC;
+        float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
+        for (int a = 0; a < HC; a++) {
+            pre[a] = ds4_sigmoid(s0 * m[a] + base[a]) + eps;
+            po[a] = 2.0f * ds4_sigmoid(s1 * m[HC + a] + base[HC + a]);
+        }
+        for (int a = 0; a < HC; a++) { /* softmax over destinations, + eps */
+            float *r = cb + a * HC, mx = -INFINITY, sum = 0.0f;
+            for (int b = 0; b < HC; b++) {
+                r[b] = s2 * m[2 * HC + a * HC + b] + base[2 * HC + a * HC + b];
+                if (r[b] > mx) mx = r[b];
+            }
+            for (int b = 0; b < HC; b++) { r[b] = expf(r[b] - mx); sum += r[b]; }
+            for (int b = 0; b < HC; b++) r[b] = r[b] / sum + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0) { /* rows (over destinations) */
+                for (int a = 0; a < HC; a++) {
+                    float sum = 0.0f;
+                    for (int b = 0; b < HC; b++) sum += cb[a * HC + b];
+                    for (int b = 0; b < HC; b++) cb[a * HC + b] /= sum + eps;
+                }
+            }
+            for (int b = 0; b < HC; b++) { /* columns (over sources) */
+                float sum = 0.0f;
+                for (int a = 0; a < HC; a++) sum += cb[a * HC + b];
+                for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
+            }
+        }
+        const float *Xt = X + (size_t)t * HC * H;
+        float *xt = x + (size_t)t * H;
+        for (int d = 0; d < H; d++) {
+            float acc = 0.0f;
+            for (int a = 0; a < HC; a++) acc += pre[a] * Xt[(size_t)a * H + d];
+            xt[d] = acc;
+        }
+    }
+    return DS4_OK;
+}
+
+static int hc_post(ds4_backend_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
+                   int32_t HC, int32_t H, float *Y, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int t = 0; t < n; t++) {
+        const float *Xt = X + (size_t)t * HC * H, *o = out + (size_t)t * H;
+        const float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
+        float *Yt = Y + (size_t)t * HC * H;
+        for (int b = 0; b < HC; b++)
+            for (int d = 0; d < H; d++) {
+                float acc = 0.0f;
+                for (int a = 0; a < HC; a++) acc += cb[a * HC + b] * Xt[(size_t)a * H + d];
+                Yt[(size_t)b * H + d] = po[b] * o[d] + acc;
+            }
+    }
+    return DS4_OK;
+}
+
+static int hc_head(ds4_backend_ctx *c, const float *X, const float *m, int32_t n, int32_t HC, int32_t H, float s0,
+                   const float *base, float eps, float *w_out, float *out, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int t = 0; t < n; t++) {
+        const float *Xt = X + (size_t)t * HC * H;
+        float *w = w_out + (size_t)t * HC;
+        for (int a = 0; a < HC; a++) w[a] = ds4_sigmoid(s0 * m[(size_t)t * HC + a] + base[a]) + eps;
+        float *yt = out + (size_t)t * H;
+        for (int d = 0; d < H; d++) {
+            float acc = 0.0f;
+            for (int a = 0; a < HC; a++) acc += w[a] * Xt[(size_t)a * H + d];
+            yt[d] = acc;
+        }
+    }
+    return DS4_OK;
+}
+
+/* ---- attention pieces (spec ds4.md §2.2-§2.6) ---------------------------------------------------- */
+
+static int norm_rope(ds4_backend_ctx *c, float *x, int64_t rows, int32_t width, int32_t heads_per_tok, float eps,
+                     const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
+                     char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * width;
+        if (eps >= 0.0f) ds4_rms_norm(row, width, eps, w, row);
+        ds4_rope(freq, n_rot, row, width, p0 + r / heads_per_tok, inverse);
+        if (qat) ds4_indexer_qat(row, width);
+    }
+    return DS4_OK;
+}
+
+static int kv_store(ds4_backend_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
+                    int32_t n_rot, int32_t round, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int t = 0; t < n; t++) {
+        float *dst = ring + (size_t)((p0 + t) % cap) * D;
+        const float *src = kvr + (size_t)t * D;
+        if (dst != src) memcpy(dst, src, (size_t)D * sizeof(float));
+        if (round) ds4_fp8_kv_round_trip(dst, D, n_rot);
+        if (round == 1) ds4_f16_round(dst, D);
+    }
+    return DS4_OK;
+}
+
+static int compress(ds4_backend_ctx *c, const float *cbuf, const float *zbuf, int32_t n, int64_t p0, int32_t W,
+                    int32_t R, int32_t overlap, const float *ape, float *ring_c, float *ring_z, int32_t cap, int64_t w0,
+                    int32_t nw, float *rows, const float *norm, float eps, const double *freq, int32_t n_rot,
+                    int32_t indexer, int32_t ds4n, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    const int cw = (overlap ? 2 : 1) * W;
+    for (int t = 0; t < n; t++) { /* append the projections; the gate gets the position's ape row */
+        int64_t p = p0 + t;
+        float *rc = ring_c + (size_t)(p % cap) * cw, *rz = ring_z + (size_t)(p % cap) * cw;
+        const float *a = ape + (size_t)(p % R) * cw;
+        memcpy(rc, cbuf + (size_t)t * cw, (size_t)cw * sizeof(float));
+        for (int j = 0; j < cw; j++) rz[j] = zbuf[(size_t)t * cw + j] + a[j];
+    }
+    for (int64_t w = w0; w < w0 + nw; w++) { /* emit the windows that closed */
+        int64_t a = R * w;
+        float *row = rows + (size_t)w * W;
+        int lo = (overlap && w > 0) ? -R : 0; /* lane A of the previous window, then this window */
+        for (int d = 0; d < W; d++) {
+            float mx = -INFINITY;
+            for (int k = lo; k < R; k++) {
+                float z = ring_z[(size_t)((a + k) % cap) * cw + (k < 0 ? d : (overlap ? W + d : d))];
+                if (z > mx) mx = z;
+            }
+            float sum = 0.0f;
+            for (int k = lo; k < R; k++)
+                sum += expf(ring_z[(size_t)((a + k) % cap) * cw + (k < 0 ? d : (overlap ? W + d : d))] - mx);
+            float acc = 0.0f;
+            for (int k = lo; k < R; k++) {
+                size_t off = (size_t)((a + k) % cap) * cw + (k < 0 ? d : (overlap ? W + d : d));
+                float pk = expf(ring_z[off] - mx) / sum;
+                acc += pk * ring_c[off];
+            }
+            row[d] = acc;
+        }
+        ds4_rms_norm(row, W, eps, norm, row);
+        ds4_rope(freq, n_rot, row, W, a, 0);
+        if (indexer) {
+            if (ds4n) ds4_indexer_qat(row, W);
+        } else if (ds4n) {
+            ds4_fp8_kv_round_trip(row, W, n_rot);
+            ds4_f16_round(row, W);
+        }
+    }
+    return DS4_OK;
+}
+
+typedef struct { float score; int32_t idx; } scored;
+
+static int by_score_then_index(const void *pa, const void *pb) {
+    const scored *a = pa, *b = pb;
+    if (a->score > b->score) return -1;
+    if (a->score < b->score) return 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+static int by_index(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+typedef struct {
+    const float *qi, *iw, *keys;
+    int64_t p0;
+    int IH, ID, ratio, top_k;
+    float scale;
+    float *score;          /* [n_threads, 2 * max_vis] (score, index) pairs */
+    int32_t max_vis;
+    int32_t *sel, *nsel;
+} idx_task;
+
+/* Lightning indexer for token t: the top_k compressed rows by sum_h w_h * relu(q_h . K_c). */
+static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
+    const idx_task *a = ctx;
+    const int IH = a->IH, ID = a->ID, K = a->top_k;
+    scored *buf = (scored *)(a->score + (size_t)thread * 2 * a->max_vis);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t n_vis = (a->p0 + t + 1) / a->ratio;
+        if (n_vis <= K) { a->nsel[t] = -1; continue; }
+        const float *qi = a->qi + (size_t)t * IH * ID, *iw = a->iw + (size_t)t * IH;
+        for (int64_t cc = 0; cc < n_vis; cc++) {
+            const float *key = a->keys + (size_t)cc * ID;
+            float sc = 0.0f;
+            for (int h = 0; h < IH; h++) {
+                float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
+                sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * a->scale);
+            }
+            buf[cc].score = sc;
+            buf[cc].idx = (int32_t)cc;
+        }
+        qsort(buf, (size_t)n_vis, sizeof *buf, by_score_then_index);
+        int32_t *sel = a->sel + (size_t)t * K;
+        for (int k = 0; k < K; k++) sel[k] = buf[k].idx;
+        qsort(sel, (size_t)K, sizeof *sel, by_index);
+        a->nsel[t] = K;
+    }
+}
+
+/* score: n_threads rows of 2 * max_vis floats (one per worker; forward.c sizes it). */
+static int indexer(ds4_backend_ctx *c, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH, int32_t ID,
+                   const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
+                   int32_t *sel, int32_t *nsel, char *err, size_t len) {
+    (void)err, (void)len;
+    idx_task t = {qi, iw, keys, p0, IH, ID, ratio, top_k, scale, score, max_vis, sel, nsel};
+    ds4_pool_run(c->pool, indexer_slice, &t, n);
+    return DS4_OK;
+}
+
+/* o[D] = sum_k p_k keys[k] with p = softmax over (q . keys[k] * scale, sink) of the nk keys and the
+ * head's sink logit, which takes probability mass but adds no value (V = K; spec ds4.md §2.2).
+ * sc[nk] is scratch. */
+static void attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
+                        float *o) {
+    float mx = sink;
+    for (int k = 0; k < nk; k++) {
+        sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
+        if (sc[k] > mx) mx = sc[k];
+    }
+    float denom = 0.0f;
+    for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
+    denom += expf(sink - mx);
+    memset(o, 0, (size_t)D * sizeof(float));
+    for (int k = 0; k < nk; k++) {
+        float pk = sc[k] / denom;
+        const float *kk = keys[k];
+        for (int d = 0; d < D; d++) o[d] += pk * kk[d];
+    }
+}
+
+typedef struct {
+    const float *q;
+    int NH, D;
+    int64_t p0;
+    int window;
+    const float *kv;
+    int32_t kv_cap;
+    const float *comp;
+    int ratio;
+    const int32_t *sel, *nsel;
+    int top_k;
+    const float *sinks;
+    float *sc;              /* [n_threads, 4 * keys_cap]: scores, then key pointers */
+    int64_t stride;
+    float *att;
+    /* non-causal block attention (attend_nc): context ring rows lo .. lo+n_ctx-1, then n_rows rows */
+    int64_t lo;
+    int32_t n_ctx, n_rows;
+    const float *rows;
+} att_task;
+
+/* Items are t * NH + h; each worker uses its own scratch row. */
+static void attend_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
+    const att_task *a = ctx;
+    const int NH = a->NH, D = a->D;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    float *sc = a->sc + (size_t)thread * a->stride;
+    const float **keys = (const float **)(sc + a->stride / 2);
+    for (int64_t it = i0; it < i1; it++) {
+        int t = (int)(it / NH), h = (int)(it % NH);
+        const float *q = a->q + ((size_t)t * NH + h) * D;
+        int nk = 0;
+        if (a->rows) {
+            for (int64_t p = a->lo; p < a->lo + a->n_ctx; p++) keys[nk++] = a->kv + (size_t)(p % a->kv_cap) * D;
+            for (int j = 0; j < a->n_rows; j++) keys[nk++] = a->rows + (size_t)j * D;
+        } else {
+            int64_t p = a->p0 + t;
+            int64_t first = p - a->window + 1 < 0 ? 0 : p - a->window + 1;
+            for (int64_t kp = first; kp <= p; kp++) keys[nk++] = a->kv + (size_t)(kp % a->kv_cap) * D;
+            if (a->ratio > 0) {
+                if (a->nsel && a->nsel[t] >= 0) {
+                    const int32_t *sel = a->sel + (size_t)t * a->top_k;
+                    for (int k = 0; k < a->nsel[t]; k++) keys[nk++] = a->comp + (size_t)sel[k] * D;
+                } else {
+                    int64_t n_vis = (p + 1) / a->ratio;
+                    for (int64_t cc = 0; cc < n_vis; cc++) keys[nk++] = a->comp + (size_t)cc * D;
+                }
+            }
+        }
+        attend_keys(q, keys, nk, a->sinks[h], D, scale, sc, a->att + ((size_t)t * NH + h) * D);
+    }
+}
+
+/* sc: n_threads rows of 4 * keys_cap floats (one per worker; forward.c sizes it). */
+static int attend(ds4_backend_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, int64_t p0, int32_t window,
+                  const float *kv, int32_t kv_cap, const float *comp, int32_t ratio, const int32_t *sel,
+                  const int32_t *nsel, int32_t top_k, const float *sinks, float *sc, int32_t keys_cap, float *att,
+                  char *err, size_t len) {
+    (void)err, (void)len;
+    att_task t = {q, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, 4 * (int64_t)keys_cap,
+                  att, 0, 0, 0, NULL};
+    ds4_pool_run(c->pool, attend_slice, &t, (int64_t)n * NH);
+    return DS4_OK;
+}
+
+static int attend_nc(ds4_backend_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D, const float *ring, int32_t cap,
+                     int64_t lo, int32_t n_ctx, const float *rows, int32_t n_rows, const float *sinks, float *sc,
+                     int32_t keys_cap, float *att, char *err, size_t len) {
+    (void)err, (void)len;
+    att_task t = {q, NH, D, 0, 0, ring, cap, NULL, 0, NULL, NULL, 0, sinks, sc, 4 * (int64_t)keys_cap, att, lo, n_ctx,
+                  n_rows, rows};
+    ds4_pool_run(c->pool, attend_slice, &t, (int64_t)n * NH);
+    return DS4_OK;
+}
+
+/* ---- MoE (spec ds4.md §2.7) ------------------------------------------------------------------- */
+
+static float sqrt_softplus(float x) {
+    float sp = x > 0.0f ? x + log1pf(expf(-x)) : log1pf(expf(x));
+    return sqrtf(sp);
+}
+
+static int moe_route(ds4_backend_ctx *c, float *scores, int32_t n, int32_t E, int32_t K, const int32_t *tid2eid,
+                     const int32_t *tokens, const float *bias, int32_t norm, int32_t ds4n, float scale, int32_t *sel_out,
+                     float *wsel, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int64_t i = 0; i < (int64_t)n * E; i++) scores[i] = sqrt_softplus(scores[i]);
+    for (int t = 0; t < n; t++) {
+        const float *st = scores + (size_t)t * E;
+        int32_t *sel = sel_out + (size_t)t * K;
+        float *ws = wsel + (size_t)t * K;
+        if (tid2eid) {
+            memcpy(sel, tid2eid + (size_t)tokens[t] * K, (size_t)K * sizeof(int32_t));
+        } else { /* top-k of score + bias, ties to the lowest expert id */
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                float bv = -INFINITY;
+                for (int x = 0; x < E; x++) {
+                    int used = 0;
+                    for (int j = 0; j < k; j++) used |= sel[j] == x;
+                    float v = st[x] + bias[x];
+                    if (!used && (best < 0 || v > bv)) { best = x; bv = v; }
+                }
+                sel[k] = best;
+            }
+        }
+        float total = 0.0f;
+        for (int k = 0; k < K; k++) { ws[k] = st[sel[k]]; total += ws[k]; }
+        if (norm) {
+            total = ds4n ? (total < 6.1035e-5f ? 6.1035e-5f : total) : total + 1e-20f;
+            for (int k = 0; k < K; k++) ws[k] /= total;
+        }
+        for (int k = 0; k < K; k++) ws[k] *= scale;
+    }
+    return DS4_OK;
+}
+
+static int swiglu(ds4_backend_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int64_t i = 0; i < n; i++) {
+        float g = a[i], u = b[i];
+        if (clamp > 0.0f) {
+            if (g > clamp) g = clamp;
+            if (u > clamp) u = clamp;
+            if (u < -clamp) u = -clamp;
+        }
+        a[i] = g * ds4_sigmoid(g) * u;
+    }
+    return DS4_OK;
+}
+
+/* y[t] = (sum of t's expert rows in ascending expert id, then slot order) + shared[t]. */
+static int moe_combine(ds4_backend_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
+                       int32_t H, const float *shared, float *y, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int t = 0; t < n; t++) {
+        int order[64];
+        int nk = K < 64 ? K : 64;
+        for (int k = 0; k < nk; k++) { /* insertion sort of the slots by (expert id, slot) */
+            int j = k;
+            while (j > 0 && sel[(size_t)t * K + order[j - 1]] > sel[(size_t)t * K + k]) { order[j] = order[j - 1]; j--; }
+            order[j] = k;
+        }
+        float *yt = y + (size_t)t * H;
+        const float *sh = shared + (size_t)t * H;
+        for (int d = 0; d < H; d++) {
+            float acc = 0.0f;
+            for (int i = 0; i < nk; i++) {
+                int k = order[i];
+                acc += wsel[(size_t)t * K + k] * oe[((size_t)t * K + k) * H + d];
+            }
+            yt[d] = acc + sh[d];
+        }
+    }
+    return DS4_OK;
+}
+
+static int scale(ds4_backend_ctx *c, float *x, int64_t n, float s, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    return DS4_OK;
+}
+
+/* ---- DSpark (spec dspark.md §2.2, §2.4) -------------------------------------------------------- */
+
+static int capture(ds4_backend_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H, int64_t p0, float *ring,
+                   int32_t cap, int32_t n_slot, int32_t slot, char *err, size_t len) {
+    (void)c, (void)err, (void)len;
+    const float inv = 1.0f / (float)HC;
+    for (int t = 0; t < n; t++) {
+        const float *Xt = X + (size_t)t * HC * H;
+        float *dst = ring + ((size_t)((p0 + t) % cap) * n_slot + slot) * H;
+        for (int i = 0; i < H; i++) {
+            float acc = 0.0f;
+            for (int a = 0; a < HC; a++) acc += Xt[(size_t)a * H + i];
+            dst[i] = acc * inv;
+        }
+    }
+    return DS4_OK;
+}
+
+/* ds4_argmax's rule (first maximum; NaN never wins) on the sums a[i] + b[i]. */
+static int add_argmax(ds4_backend_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err,
+                      size_t len) {
+    (void)c, (void)err, (void)len;
+    int32_t best = 0;
+    float bv = a[0] + b[0];
+    for (int32_t i = 1; i < n; i++) {
+        float v = a[i] + b[i];
+        if (v > bv) { best = i; bv = v; }
+    }
+    *out = best;
+    return DS4_OK;
+}
+
+static int reserve(ds4_backend_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len) {
+    (void)c, (void)x_floats, (void)y_floats, (void)err, (void)len;
+    return DS4_OK;
+}
+
+static const ds4_backend k_cpu = {
+    .version = DS4_GPU_API_VERSION,
+    .close = close_ctx,
+    .upload = upload,
+    .free = release,
+    .allocated = allocated,
+    .matmul = mm,
+    .copy = copy,
+    .sync = sync,
+    .mm = mm,
+    .mm_gather = mm_gather,
+    .embed = embed,
+    .rms_norm = rms_norm,
+    .hc_pre = hc_pre,
+    .hc_post = hc_post,
+    .hc_head = hc_head,
+    .norm_rope = norm_rope,
+    .kv_store = kv_store,
+    .compress = compress,
+    .indexer = indexer,
+    .attend = attend,
+    .moe_route = moe_route,
+    .swiglu = swiglu,
+    .moe_combine = moe_combine,
+    .scale = scale,
+    .capture = capture,
+    .attend_nc = attend_nc,
+    .reserve = reserve,
+    .add_argmax = add_argmax,
+    .host_memory = 1,
+};
+
+const ds4_backend *ds4_cpu_backend(void) { return &k_cpu; }

@@ -1,0 +1,396 @@
+/* dot.c — dot products of GGML-typed weight rows with float activation rows (the CPU dot kernels
+ * of types.h; cpu/matmul.c drives them over rows and threads).
+ *
+ * Y[t, r] = sum_c W[r, c] * X[t, c].  Activations stay float32 for every
+ * weight type: each block's weights are formed in float registers (the
+ * values gguf.quants' dequantisation gives) and dotted with the activations,
+ * so results differ from "dequantise, then numpy" only by float32 summation
+ * order (~1e-7 of sum |w*x| measured; tests/test_native_kernels.py bounds it
+ * at 1e-5).  This costs speed against llama.cpp/ds4's 8-bit activation dot
+ * products (which move the tiny test model's logits by ~0.3) and keeps the
+ * engine comparable with the numpy reference at 1e-4.
+ *
+ * cpu/matmul.c splits rows over the thread pool; each (row, token) pair uses the same
+ * dot product whatever the batch size, so results are batch-invariant.
+ * Dot products keep 8-32 independent partial sums so that the compiler can
+ * vectorise them without -ffast-math (no reassociation is needed); x86 AVX2,
+ * FMA and F16C paths sit behind the compiler's feature macros.
+ */
+#include "kernels.h"
+#include "iq2xxs_tables.h"
+
+#include <math.h>
+#include <string.h>
+
+#define LANES 16
+
+/* a*b + c: fused where the target has a fast FMA (checked by the compiler's __FP_FAST_FMAF), else
+ * two roundings.  Either way the result stays within the tests' summation-order bound. */
+#ifdef __FP_FAST_FMAF
+#define MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline float hsum(const float *acc) {
+    float s8[8];
+    for (int j = 0; j < 8; j++) s8[j] = acc[j] + acc[j + 8];
+    float s4[4];
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+float ds4_dot_f32(const float *a, const float *b, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Q8_0 block: f16 scale + 32 int8 (spec ds4.md §5.1).  Per block the 32 products q*x are formed in
+ * float, then scaled by d into 32 running sums.  The AVX2 path (compiled when the target has AVX2
+ * and FMA) does the same arithmetic with explicit sign-extending loads, which the compiler's
+ * auto-vectorised form spends most of its time shuffling for. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+/* 16 lanes per instruction halves the sign-extension shuffles that bound the AVX2 form. */
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+        const float *xb = x + 32 * b;
+        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+        acc0 = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), acc0);
+        acc1 = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), acc1);
+    }
+    float acc[32];
+    _mm512_storeu_ps(acc, acc0);
+    _mm512_storeu_ps(acc + 16, acc1);
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+    return hsum(acc);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+        const float *xb = x + 32 * b;
+        __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2))));
+        __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 10))));
+        __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 18))));
+        __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 26))));
+        acc0 = _mm256_fmadd_ps(d, _mm256_mul_ps(q0, _mm256_loadu_ps(xb)), acc0);
+        acc1 = _mm256_fmadd_ps(d, _mm256_mul_ps(q1, _mm256_loadu_ps(xb + 8)), acc1);
+        acc2 = _mm256_fmadd_ps(d, _mm256_mul_ps(q2, _mm256_loadu_ps(xb + 16)), acc2);
+        acc3 = _mm256_fmadd_ps(d, _mm256_mul_ps(q3, _mm256_loadu_ps(xb + 24)), acc3);
+    }
+    float acc[32];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    _mm256_storeu_ps(acc + 16, acc2);
+    _mm256_storeu_ps(acc + 24, acc3);
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+    return hsum(acc);
+}
+#else
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+    float acc[32] = {0};
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        const int8_t *q = (const int8_t *)(blk + 2);
+        const float *xb = x + 32 * b;
+        float sb[32];
+        for (int j = 0; j < 32; j++) sb[j] = (float)q[j] * xb[j];
+        for (int j = 0; j < 32; j++) acc[j] = MADD(d, sb[j], acc[j]);
+    }
+    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+    return hsum(acc);
+}
+#endif
+
+/* Q8_0 against NT activation rows at once: each block's 32 int8 are converted to float once and
+ * shared by the NT tokens, and every token's accumulators see exactly the operations dot_q8_0
+ * performs for it alone (same FMAs in the same order, same final reduction), so the results are
+ * bit-identical to NT single-token calls — batch invariance is kept while a verify or prefill
+ * batch stops paying the int8 conversion once per token. */
+#if defined(__AVX512F__)
+#define Q8_MULTI(NT)                                                                                            \
+    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
+                               int64_t ldy) {                                                                  \
+        __m512 a0[NT], a1[NT];                                                                                 \
+        for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm512_setzero_ps();                                      \
+        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
+            const uint8_t *blk = row + 34 * b;                                                                 \
+            __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
+            __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));  \
+            __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))); \
+            for (int k = 0; k < NT; k++) {                                                                     \
+                const float *xb = X + k * ldx + 32 * b;                                                        \
+                a0[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), a0[k]);                     \
+                a1[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), a1[k]);                \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[32];                                                                                     \
+            _mm512_storeu_ps(acc, a0[k]);                                                                      \
+            _mm512_storeu_ps(acc + 16, a1[k]);                                                                 \
+            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+Q8_MULTI(8)
+Q8_MULTI(4)
+Q8_MULTI(2)
+#define Q8_GROUPS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define Q8_MULTI(NT)                                                                                            \
+    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
+                               int64_t ldy) {                                                                  \
+        __m256 a[NT][4];                                                                                       \
+        for (int k = 0; k < NT; k++)                                                                           \
+            for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();                                         \
+        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
+            const uint8_t *blk = row + 34 * b;                                                                 \
+            __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
+            __m256 q[4];                                                                                       \
+            for (int j = 0; j < 4; j++)                                                                        \
+                q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))); \
+            for (int k = 0; k < NT; k++) {                                                                     \
+                const float *xb = X + k * ldx + 32 * b;                                                        \
+                for (int j = 0; j < 4; j++)                                                                    \
+                    a[k][j] = _mm256_fmadd_ps(d, _mm256_mul_ps(q[j], _mm256_loadu_ps(xb + 8 * j)), a[k][j]);   \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[32];                                                                                     \
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + 8 * j, a[k][j]);                                \
+            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+Q8_MULTI(8)
+Q8_MULTI(4)
+Q8_MULTI(2)
+#define Q8_GROUPS 1
+#endif
+
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+/* F16C converts 8 halves per instruction, exactly (the same values as ds4_half). */
+static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i + 8)));
+        acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    float acc[LANES];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    float s = hsum(acc);
+    for (; i < n; i++) s += ds4_half(row[i]) * x[i];
+    return s;
+}
+#else
+static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] = MADD(ds4_half(row[i + j]), x[i + j], acc[j]);
+    float s = hsum(acc);
+    for (; i < n; i++) s += ds4_half(row[i]) * x[i];
+    return s;
+}
+#endif
+
+/* Q2_K (spec ds4.md §5.2): element 128h + 32j + l of a block has code (qs[32h + l] >> 2j) & 3 and
+ * belongs to sub-block 8h + 2j + l/16, whose weight is d*(sc & 15)*code - dmin*(sc >> 4) (the values
+ * gguf.quants produces), dotted with x in 16 lanes.
+ * IQ2_XXS (spec ds4.md §5.3): 8 groups of 32; each group has 4 grid indices, 4 x 7 sign bits and a
+ * 4-bit scale; weight = d * (0.5 + scale) / 4 * grid * sign (grid and signs as float rows). */
+#if defined(__AVX2__) && defined(__FMA__)
+static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i three = _mm256_set1_epi32(3);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int half = 0; half < 2; half++) {
+                    const int sb = 8 * h + 2 * j + half;
+                    const __m256 dl = _mm256_set1_ps(d * (float)(sc[sb] & 15));
+                    const __m256 ml = _mm256_set1_ps(dmin * (float)(sc[sb] >> 4));
+                    const uint8_t *q = qs + 32 * h + 16 * half;
+                    const float *xs = xb + 128 * h + 32 * j + 16 * half;
+                    const __m128i sh = _mm_cvtsi32_si128(2 * j);
+                    __m256i c0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), sh), three);
+                    __m256i c1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))), sh), three);
+                    __m256 w0 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c0)), ml);
+                    __m256 w1 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c1)), ml);
+                    acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs), acc0);
+                    acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8), acc1);
+                }
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    return hsum(acc);
+}
+
+#if defined(__AVX512F__)
+/* Two 8-element grid rows per 16-lane vector; the weights are the same products as below. */
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const __m512 db = _mm512_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k += 2) {
+                __m512 grid = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k]])),
+                                                 _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k + 1]]), 1);
+                __m512 sign = _mm512_insertf32x8(
+                    _mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127])),
+                    _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (k + 1))) & 127]), 1);
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(db, grid), sign), _mm512_loadu_ps(xs + 8 * k), acc);
+            }
+        }
+    }
+    float a16[16];
+    _mm512_storeu_ps(a16, acc);
+    return hsum(a16);
+}
+#else
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k += 2) {
+                __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k]])),
+                                          _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127]));
+                __m256 w1 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[k + 1]])),
+                                          _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (k + 1))) & 127]));
+                acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs + 8 * k), acc0);
+                acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8 * k + 8), acc1);
+            }
+        }
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, acc0);
+    _mm256_storeu_ps(acc + 8, acc1);
+    return hsum(acc);
+}
+#endif
+#else
+static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int half = 0; half < 2; half++) {
+                    const int sb = 8 * h + 2 * j + half;
+                    const float dl = d * (float)(sc[sb] & 15), ml = dmin * (float)(sc[sb] >> 4);
+                    const uint8_t *q = qs + 32 * h + 16 * half;
+                    const float *xs = xb + 128 * h + 32 * j + 16 * half;
+                    for (int l = 0; l < 16; l++) {
+                        float w = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
+                        acc[l] = MADD(w, xs[l], acc[l]);
+                    }
+                }
+    }
+    return hsum(acc);
+}
+
+static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
+    float acc[8] = {0};
+    for (int64_t b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + 66 * b;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            const float db = d * (0.5f + (float)(w >> 28)) * 0.25f;
+            const float *xs = x + 256 * b + 32 * ib;
+            for (int k = 0; k < 4; k++) {
+                const float *grid = ds4_iq2xxs_grid_f[g[k]], *sign = ds4_iq2xxs_sign_f[(w >> (7 * k)) & 127];
+                for (int j = 0; j < 8; j++) acc[j] = MADD(db * grid[j] * sign[j], xs[8 * k + j], acc[j]);
+            }
+        }
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+
+#endif
+
+/* ---- one weight row against n_tok activation rows, per type (types.h's cpu_dot) ------------
+ * Every token goes through the same dot product, so a result never depends on how many tokens
+ * share the batch: prefill, decode and speculative verification give bit-identical rows (the
+ * weight row stays in L1 between tokens). */
+
+#define TOKENS_OF(FN, DOT)                                                                                 \
+    void FN(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,      \
+            int64_t ldy) {                                                                                 \
+        for (int64_t k = 0; k < n_tok; k++) Y[k * ldy] = DOT(row, X + k * ldx, cols);                     \
+    }
+
+static inline float dot_f32_row(const uint8_t *row, const float *x, int64_t n) {
+    return ds4_dot_f32((const float *)row, x, n);
+}
+static inline float dot_f16_row(const uint8_t *row, const float *x, int64_t n) {
+    return dot_f16((const uint16_t *)row, x, n);
+}
+/* BF16 (no fused kernel): 256-element chunks dequantised into a stack buffer. */
+static float dot_bf16_row(const uint8_t *row, const float *x, int64_t cols) {
+    float tmp[256], s = 0.0f;
+    for (int64_t c = 0; c < cols; c += 256) {
+        int64_t n = cols - c < 256 ? cols - c : 256;
+        ds4_cpu_dequant_bf16(row + 2 * c, tmp, n);
+        s += ds4_dot_f32(tmp, x + c, n);
+    }
+    return s;
+}
+
+TOKENS_OF(ds4_cpu_dot_f32, dot_f32_row)
+TOKENS_OF(ds4_cpu_dot_f16, dot_f16_row)
+TOKENS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
+TOKENS_OF(ds4_cpu_dot_q2_k, dot_q2_k)
+TOKENS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
+
+void ds4_cpu_dot_q8_0(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,
+                      int64_t ldy) {
+    int64_t k = 0;
+#ifdef Q8_GROUPS
+    for (; k + 8 <= n_tok; k += 8) dot_q8_0_x8(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy);
+    if (k + 4 <= n_tok) { dot_q8_0_x4(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 4; }
+    if (k + 2 <= n_tok) { dot_q8_0_x2(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 2; }
+#endif
+    for (; k < n_tok; k++) Y[k * ldy] = dot_q8_0(row, X + k * ldx, cols);
+}
