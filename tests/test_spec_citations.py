@@ -40,9 +40,7 @@ THIS_FILE = Path(__file__).resolve()
 #: they are matched by path and text, the line is for the reader.  The owner of those files fixes
 #: them, and each entry must disappear from here in the same change that fixes the citation (a
 #: stale entry fails the test), so the list is empty once they are all fixed.
-UNRESOLVED_CITATIONS_OWNED_ELSEWHERE: tuple[tuple[str, int, str], ...] = (
-    ("ds4tui/commands/tokenize.py", 6, "§4.3"),  # should read "spec ds4.md §4.3"
-)
+UNRESOLVED_CITATIONS_OWNED_ELSEWHERE: tuple[tuple[str, int, str], ...] = ()
 
 #: Files larger than this are data, not text with citations.
 MAX_BYTES = 2_000_000

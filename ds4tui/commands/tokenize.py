@@ -3,7 +3,7 @@
 Only the GGUF's ``tokenizer.ggml.*`` keys are read (ds4tui.engine.tokenizer). Plain text is
 encoded with added-token strings recognised (so a pasted rendered prompt shows its markers as
 single ids); with ``--chat`` the text becomes the user message of a single-turn DS4 chat prompt
-(spec §4.3), where it is always plain text.
+(spec ds4.md §4.3), where it is always plain text.
 
 Output: a table (id, piece) with a token count, ``--ids-only`` a Python-style list, or
 ``--json`` one object ``{"n_tokens", "ids", "pieces", "bytes"}`` (bytes: each token's UTF-8 bytes in hex). User errors print one line to stderr
