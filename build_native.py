@@ -198,7 +198,8 @@ def tensor_table_text() -> str:
     lines = head_lines
     groups = [
         ("BLOCK", "ds4_layer", [(s, r["spec"], r["when"], r["ne"]) for s, r in rows.items()]),
-        ("GLOBAL", "struct ds4_engine", [(t.name, t, 0, {0: ne(t)}) for t in L.global_tensor_specs(config(0, False))]),
+        ("GLOBAL", "struct ds4_engine",
+         [(t.name, t, 0, {0: ne(t)}) for t in L.global_tensor_specs(config(0, False))]),
     ]
     # the support model's heads: the tensors that are not a stage's block (stage 0's capture
     # projection, the last stage's heads; `mtp.%d.` takes the last stage's index)

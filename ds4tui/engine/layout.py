@@ -289,8 +289,10 @@ def block_tensor_specs(c: DS4Config, layer: int, prefix: str | None = None, *, d
             t("indexer.attn_q_b.weight", (IH * ID, c.q_lora_rank), FLOAT_TYPES, "indexer Q B", "mat:idx_q_b"),
             t("indexer.proj.weight", (IH, H), FLOAT_TYPES, "indexer head weights", "mat:idx_proj"),
             t("indexer_compressor_kv.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor KV", "mat:idx_comp_kv"),
-            t("indexer_compressor_gate.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor gate", "mat:idx_comp_gate"),
-            t("indexer_compressor_ape.weight", (CSA_RATIO, 2 * ID), FLOAT_TYPES, "indexer compressor position bias", "vec:idx_comp_ape"),
+            t("indexer_compressor_gate.weight", (2 * ID, H), FLOAT_TYPES, "indexer compressor gate",
+              "mat:idx_comp_gate"),
+            t("indexer_compressor_ape.weight", (CSA_RATIO, 2 * ID), FLOAT_TYPES, "indexer compressor position bias",
+              "vec:idx_comp_ape"),
             t("indexer_compressor_norm.weight", (ID,), FLOAT_TYPES, "indexer compressor norm", "vec:idx_comp_norm"),
         ]
     specs += [
@@ -301,7 +303,8 @@ def block_tensor_specs(c: DS4Config, layer: int, prefix: str | None = None, *, d
         t("ffn_gate_inp.weight", (E, H), DENSE_TYPES if draft else FLOAT_TYPES, "router", "mat:gate_inp"),
     ]
     if hashed:
-        specs.append(t("ffn_gate_tid2eid.weight", (c.n_vocab, c.n_expert_used), INDEX_TYPES, "hash routing table", "idx:tid2eid"))
+        specs.append(t("ffn_gate_tid2eid.weight", (c.n_vocab, c.n_expert_used), INDEX_TYPES, "hash routing table",
+                       "idx:tid2eid"))
     else:
         specs.append(t("exp_probs_b.bias", (E,), FLOAT_TYPES, "router selection bias", "vec:exp_bias"))
     specs += [
