@@ -199,11 +199,11 @@ def test_cancel_inside_a_forward_pass_leaves_the_session_unchanged(eng, ref_q2, 
 
     s = eng.session(512, n_batch=64)
     s.prefill(prompt[:40])
-    lib.ds4_session_cancel(s._h)
+    lib.ds4_session_cancel(s.backend.handle)
     with pytest.raises(S.CancelledError):
-        s._eval(prompt[40:60], "all")
-    assert lib.ds4_session_n_tokens(s._h) == 40 and s.stats().n_cancelled == 1
-    got = s._eval(prompt[40:60], "all")
+        s.backend.eval(prompt[40:60], "all", None)
+    assert lib.ds4_session_n_tokens(s.backend.handle) == 40 and s.stats().n_cancelled == 1
+    got = s.backend.eval(prompt[40:60], "all", None)
     want = ref_q2.forward(ref_q2.new_state(512), prompt[:60], logits="all").logits[40:]
     assert np.abs(got - want).max() < 1e-2
     assert ffi.string(lib.ds4_version()).startswith(b"ds4tui-native")
@@ -233,9 +233,9 @@ def test_zero_length_prompt_is_refused_without_crashing(eng):
         s.prefill([])
     err = ffi.new("char[256]")
     logits = np.empty(129280, np.float32)
-    rc = lib.ds4_session_eval(s._h, ffi.NULL, 0, 1, ffi.cast("float *", ffi.from_buffer(logits)), err, 256)
+    rc = lib.ds4_session_eval(s.backend.handle, ffi.NULL, 0, 1, ffi.cast("float *", ffi.from_buffer(logits)), err, 256)
     assert rc == lib.DS4_E_INVALID and b"empty prompt" in ffi.string(err)
-    assert lib.ds4_session_eval(s._h, ffi.NULL, 0, 0, ffi.NULL, err, 256) == lib.DS4_OK
+    assert lib.ds4_session_eval(s.backend.handle, ffi.NULL, 0, 0, ffi.NULL, err, 256) == lib.DS4_OK
     with pytest.raises(S.StateError, match="evaluate a prompt first"):
         s.step()
 
@@ -344,7 +344,7 @@ def test_two_threads_on_one_session_are_serialised(eng, prompt):
     assert not errors
     from ds4tui._native import lib
 
-    assert s.n_tokens == 20 + 79 == lib.ds4_session_n_tokens(s._h)
+    assert s.n_tokens == 20 + 79 == lib.ds4_session_n_tokens(s.backend.handle)
     assert s.stats().n_decode_tokens == 80
 
 

@@ -5,7 +5,9 @@ opens a validated DS4 GGUF.  On the ``cpu`` and ``hip`` backends the native engi
 ``ds4tui/native/ds4_engine.h``) gets a descriptor built here — the configuration and a table of
 tensors pointing into the memory-mapped file — so C never parses files.  The ``reference``
 backend runs the numpy reference (:mod:`ds4tui.engine.reference`) behind the same interface, so
-``generate`` and the tests can compare the two.
+``generate`` and the tests can compare the two.  The backend's part of each session call goes
+through a small protocol (:mod:`ds4tui.engine.backend`): the session itself keeps the tokens, the
+locks, chunked prefill, rollback and the checks.
 
 A :class:`Session` holds one sequence: ``prefill(ids)`` in chunks (progress callback,
 cancellation between chunks), ``step()`` for one decode cycle, ``generate()`` as an iterator of
@@ -24,13 +26,24 @@ import math
 import os
 import sys
 import threading
-import time
 import weakref
-from dataclasses import asdict, dataclass, fields
+from dataclasses import replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ds4tui.engine.backend import (  # re-exported: the names this module always had
+    STEP_MAX,
+    DSparkKnobs,
+    KnobEvent,
+    Memory,
+    NativeBackend,
+    ReferenceBackend,
+    SamplingParams,
+    SessionBackend,
+    Stats,
+    sample_reference,
+)
 from ds4tui.engine.errors import (  # re-exported: the names this module always had
     BackendUnavailableError,
     CancelledError,
@@ -47,104 +60,9 @@ from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
 
 BACKENDS = ("cpu", "hip", "auto", "reference")
-#: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
-STEP_MAX = 64
 #: ds4_engine.h's DS4_MAX_THREADS.
 MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings: ``temperature`` 0 = greedy (ties to the lowest id); otherwise
-    logits/temperature → top-k (0 = off) → top-p (1 = off) → min-p (0 = off) → a draw from a
-    splitmix64 stream seeded with ``seed``."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-
-    def validate(self) -> "SamplingParams":
-        """Return self; ``ValueError`` naming the first bad field.
-
-        The engine holds the knobs as float32: a temperature must be 0 or a normal float32
-        (1.2e-38 … 3.4e38), so that what runs is what was asked for."""
-        t = self.temperature
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if t and not 1.1754944e-38 <= t <= 3.4028235e38:
-            raise ValueError(f"temperature {t!r} is outside the float32 range the engine uses (0, or 1.2e-38 .. 3.4e38)")
-        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or not 0 <= self.top_k <= 2**31 - 1:
-            raise ValueError(f"top_k must be an integer 0 .. 2^31-1 (0 = off), got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if int(self.seed) != self.seed or not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be an integer in 0..2^64-1, got {self.seed}")
-        return self
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Monotonic counters of a session (ds4_stats); times in milliseconds."""
-
-    n_prefill_tokens: int = 0
-    n_decode_tokens: int = 0
-    n_steps: int = 0
-    n_target_evals: int = 0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    sample_ms: float = 0.0
-    n_cancelled: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes held (ds4_memory): weights read by the engine (mapped from the GGUF on the CPU),
-    raw KV rows, compressor/indexer state and compressed rows, scratch buffers and small tensors
-    expanded to float, and GPU allocations (0 on the CPU)."""
-
-    weights: int = 0
-    kv: int = 0
-    compressor: int = 0
-    scratch: int = 0
-    device: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv + self.compressor + self.scratch + self.device
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
-
-
-@dataclass(frozen=True)
-class DSparkKnobs:
-    """DSpark's live knobs (ds4_dspark_knobs): ``enabled`` (draft and verify, or target-only),
-    ``scheduler`` (the adaptive cost model of spec dspark.md §7.3), ``threshold`` (cut the proposal
-    at the first confidence below it, 0..1) and ``max_draft`` (drafts per cycle, 1..block size)."""
-
-    enabled: bool = True
-    scheduler: bool = True
-    threshold: float = 0.0
-    max_draft: int = 5
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class KnobEvent:
-    """A knob change the engine applied: the knobs in force from cycle ``cycle`` on."""
-
-    cycle: int
-    knobs: DSparkKnobs
 
 
 def _native():
@@ -155,11 +73,6 @@ def _native():
             "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
         ) from exc
     return _native
-
-
-def _check(rc: int, err, ffi) -> None:
-    if rc != 0:
-        raise native_error(rc, ffi.string(err).decode("utf-8", "replace"))
 
 
 def _check_dspark_env(block: int) -> None:
@@ -364,10 +277,18 @@ class Engine:
                 raise ValueError(f"{name} must be an integer 1 .. 2^31-1, got {v!r}")
         if n_ctx > self.config.context_length:
             raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
-        if self.support_status == "attached":
-            _check_dspark_env(self.block_size)
-        cls = ReferenceSession if self.backend == "reference" else Session
-        s = cls(self, int(n_ctx), int(n_batch))
+        n_ctx, n_batch = int(n_ctx), int(n_batch)
+        if self.backend == "reference":
+            backend: SessionBackend = ReferenceBackend(self._ref, n_ctx, self.memory().weights)
+        else:
+            knobs = None
+            if self.support_status == "attached":
+                _check_dspark_env(self.block_size)
+                sched = os.environ.get("DS4_DSPARK_SCHEDULER", "")
+                maxd = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
+                knobs = DSparkKnobs(enabled=True, scheduler=sched != "0", threshold=0.0, max_draft=int(maxd or 0))
+            backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
+        s = Session(self, n_ctx, n_batch, backend)
         self._sessions.add(s)
         return s
 
@@ -412,16 +333,20 @@ class Session:
     """One sequence on an :class:`Engine` (see the module docstring for the decode layout).
 
     ``tokens``: ids in the KV cache, in order; ``pending``: the emitted token not yet run (or None).
+    The session keeps these, the locks and the checks; ``backend`` (a
+    :class:`~ds4tui.engine.backend.SessionBackend`: the C engine's session, or the numpy reference)
+    does the backend's part of each call.
     Thread use: calls that change the session (prefill, step, truncate, sampling) are serialised by
     a lock, so a second thread waits rather than corrupting the state; :meth:`cancel` may be called
     from any thread at any time.  After the engine is closed every call raises :class:`EngineError`.
     """
 
-    def __init__(self, engine: Engine, n_ctx: int, n_batch: int):
+    def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend):
         self.engine = engine
         self.config = engine.config
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.backend = backend
         self.tokens: list[int] = []
         self.pending: int | None = None
         self._cancel = threading.Event()
@@ -430,62 +355,10 @@ class Session:
         self._closed = False
         self._sampling = SamplingParams()
         self.last_accepted = 0
-        self._open()
-
-    def _close(self) -> None:
-        """Free the native session now (the engine is closing)."""
-        with self._lock, self._knob_lock:
-            self._closed = True
-            self._release()
-
-    def _release(self) -> None:
-        self._ffi.release(self._h)
 
     def _alive(self) -> None:
         if self._closed:
             raise EngineError("the session's engine is closed")
-
-    # -- backend hooks (the reference session overrides these) ---------------------------------
-    def _open(self) -> None:
-        e = self.engine
-        self._ffi, self._lib = e._ffi, e._lib
-        out = self._ffi.new("ds4_session **")
-        self._err = self._ffi.new("char[1024]")
-        knobs = self._ffi.NULL
-        if e.support_status == "attached":
-            sched = os.environ.get("DS4_DSPARK_SCHEDULER", "")
-            maxd = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
-            knobs = self._ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": 0 if sched == "0" else 1,
-                                                         "threshold": 0.0, "max_draft": int(maxd or 0)})
-        self._check(self._lib.ds4_session_create(e._handle, self.n_ctx, self.n_batch, knobs, out, self._err, 1024))
-        self._h = self._ffi.gc(out[0], self._lib.ds4_session_free)
-        self._out = self._ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
-        self._n_out = self._ffi.new("int32_t *")
-
-    def _check(self, rc: int) -> None:
-        _check(rc, self._err, self._ffi)
-
-    def _eval(self, ids: list[int], mode: str) -> np.ndarray | None:
-        V = self.config.n_vocab
-        n = len(ids)
-        arr = np.asarray(ids, dtype=np.int32)
-        code = {"none": 0, "last": 1, "all": 2}[mode]
-        out = None if mode == "none" else np.empty((n if mode == "all" else 1, V), np.float32)
-        ptr = self._ffi.NULL if out is None else self._ffi.cast("float *", self._ffi.from_buffer(out))
-        self._check(self._lib.ds4_session_eval(self._h, self._ffi.cast("int32_t *", self._ffi.from_buffer(arr)), n,
-                                               code, ptr, self._err, 1024))
-        return out
-
-    def _step(self, max_out: int) -> list[int]:
-        out, n = self._out, self._n_out
-        self._check(self._lib.ds4_session_step(self._h, out, max_out, n, self._err, 1024))
-        return [int(out[i]) for i in range(n[0])]
-
-    def _truncate(self, n: int) -> None:
-        self._check(self._lib.ds4_session_truncate(self._h, n, self._err, 1024))
-
-    def _native_cancel(self, on: bool) -> None:
-        (self._lib.ds4_session_cancel if on else self._lib.ds4_session_clear_cancel)(self._h)
 
     # -- checks --------------------------------------------------------------------------------
     def _ids(self, ids: Iterable[int]) -> list[int]:
@@ -554,7 +427,7 @@ class Session:
                     mode = "all" if part else "none"
                 else:
                     mode = "last" if (last and logits == "last") else "none"
-                r = self._eval(part, mode)  # the backend runs the pending token first
+                r = self.backend.eval(part, mode, self.pending)  # the pending token runs first
                 if self.pending is not None:
                     self.tokens.append(self.pending)
                     self.pending = None
@@ -580,7 +453,7 @@ class Session:
         if back <= 0:
             return  # the engine already left the cache as it was
         target = start if back <= self.n_batch else 0
-        self._truncate(target)
+        self.backend.truncate(target)
         del self.tokens[target:]
         self.pending = None
 
@@ -605,7 +478,7 @@ class Session:
                 raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
                                            f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
             try:
-                out = self._step(int(max_out))
+                out = self.backend.step(int(max_out), self.pending)
             except CancelledError:
                 self.clear_cancel()  # consumed
                 raise
@@ -647,13 +520,10 @@ class Session:
                                  f"{len(self.tokens)} in the cache)")
             keep = len(self.tokens) - k
             tok = self.tokens[keep]
-            self._truncate(keep)
+            self.backend.truncate(keep)
             del self.tokens[keep:]
-            self._set_pending(tok)
+            self.backend.set_pending(tok)
             self.pending = tok
-
-    def _set_pending(self, tok: int) -> None:
-        self._check(self._lib.ds4_session_set_pending(self._h, tok, self._err, 1024))
 
     def truncate(self, n: int) -> None:
         """Forget every token at position >= ``n`` (at most one batch back, or all: ``n`` = 0)."""
@@ -669,7 +539,7 @@ class Session:
             if n and len(self.tokens) - n > self.n_batch:
                 raise ValueError(f"cannot take back {len(self.tokens) - n} tokens: at most {self.n_batch} (the "
                                  f"batch size) can be taken back, or all of them (truncate to 0)")
-            self._truncate(n)
+            self.backend.truncate(n)
             del self.tokens[n:]
             self.pending = None
 
@@ -684,13 +554,13 @@ class Session:
         :meth:`clear_cancel` withdraws it, e.g. at the start of a new turn."""
         if not self._closed:
             self._cancel.set()
-            self._native_cancel(True)
+            self.backend.cancel(True)
 
     def clear_cancel(self) -> None:
         """Withdraw a pending :meth:`cancel` that no call has consumed."""
         if not self._closed:
             self._cancel.clear()
-            self._native_cancel(False)
+            self.backend.cancel(False)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -699,31 +569,24 @@ class Session:
     def set_sampling(self, params: SamplingParams) -> None:
         """Apply sampling settings from the next step on (``ValueError`` for bad values)."""
         params = params.validate()
-        p = self._ffi.new("ds4_sampling *", {"temperature": params.temperature, "top_k": int(params.top_k),
-                                             "top_p": params.top_p, "min_p": params.min_p, "seed": int(params.seed)})
         with self._lock:
             self._alive()
-            self._check(self._lib.ds4_session_set_sampling(self._h, p, self._err, 1024))
+            self.backend.set_sampling(params)
             self._sampling = params
 
     def stats(self) -> Stats:
         """A snapshot of the session's counters."""
         self._alive()
-        st = self._ffi.new("ds4_stats *")
-        self._lib.ds4_session_stats(self._h, st)
-        return Stats(**{f.name: getattr(st, f.name) for f in fields(Stats)})
+        return self.backend.stats()
 
     def reset_stats(self) -> None:
         self._alive()
-        self._lib.ds4_session_reset_stats(self._h)
+        self.backend.reset_stats()
 
     def memory(self) -> Memory:
         """Bytes held by the engine and this session."""
         self._alive()
-        m = self._ffi.new("ds4_memory *")
-        self._lib.ds4_session_memory(self._h, m)
-        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
-
+        return self.backend.memory()
 
     # -- DSpark --------------------------------------------------------------------------------
     @property
@@ -732,20 +595,13 @@ class Session:
         reports ``support_invalid``)."""
         return self.engine.support_status != "none"
 
-    def _knobs_native(self):
-        k = self._ffi.new("ds4_dspark_knobs *")
-        if self._lib.ds4_session_get_dspark(self._h, k) != 0:
-            raise StateError("no DSpark support model is attached to this engine (pass support= / --mtp)")
-        return k
-
     @property
     def dspark(self) -> DSparkKnobs:
         """The knobs as last set (they apply from the next cycle on).  Does not wait for a running
-        step."""
+        step.  :class:`StateError` without a support model."""
         with self._knob_lock:
             self._alive()
-            k = self._knobs_native()
-            return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
+            return self.backend.knobs()
 
     def set_dspark(self, *, enabled: bool | None = None, scheduler: bool | None = None,
                    threshold: float | None = None, max_draft: int | None = None) -> DSparkKnobs:
@@ -766,59 +622,46 @@ class Session:
             raise ValueError(f"max draft length must be an integer, got {max_draft!r}")
         with self._knob_lock:
             self._alive()
-            k = self._knobs_native()
+            k = self.backend.knobs()
+            change: dict = {}
             if enabled is not None:
-                k.enabled = int(bool(enabled))
+                change["enabled"] = bool(enabled)
             if scheduler is not None:
-                k.scheduler = int(bool(scheduler))
+                change["scheduler"] = bool(scheduler)
             if threshold is not None:
-                k.threshold = float(threshold)
+                change["threshold"] = float(np.float32(threshold))  # the engine holds it as float32
             if max_draft is not None:
                 if not 1 <= int(max_draft) <= STEP_MAX:
                     raise ValueError(f"max draft length must be 1..the support block size, got {max_draft}")
-                k.max_draft = int(max_draft)
-            err = self._ffi.new("char[512]")
-            rc = self._lib.ds4_session_set_dspark(self._h, k, err, 512)
-            if rc == -1:
-                raise ValueError(self._ffi.string(err).decode())
-            _check(rc, err, self._ffi)
-            return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
+                change["max_draft"] = int(max_draft)
+            k = replace(k, **change)
+            self.backend.set_knobs(k)
+            return k
 
     def dspark_stats(self) -> DSparkStats:
         """A consistent snapshot of the DSpark counters (all zero without a support model).  Taken
         between steps: from another thread it waits for the running step to finish."""
         with self._lock:
             self._alive()
-            st = self._ffi.new("ds4_dspark_stats *")
-            self._lib.ds4_session_dspark_stats(self._h, st)
-            return DSparkStats.from_native(self._ffi, st)
+            return self.backend.dspark_stats()
 
     def dspark_events(self, last: int = 256) -> list[KnobEvent]:
         """The knob changes the engine applied (at most the latest ``last``), oldest first."""
         self._alive()
-        buf = self._ffi.new("ds4_dspark_event[]", max(1, int(last)))
-        n = self._ffi.new("int32_t *")
-        self._lib.ds4_session_dspark_events(self._h, buf, int(last), n)
-        return [KnobEvent(int(e.cycle), DSparkKnobs(bool(e.knobs.enabled), bool(e.knobs.scheduler),
-                                                    float(e.knobs.threshold), int(e.knobs.max_draft)))
-                for e in (buf[i] for i in range(n[0]))]
+        return self.backend.dspark_events(last)
 
     def last_proposal(self) -> tuple[list[int], list[float]]:
         """The last drafter pass: ``(drafts, confidences)`` — the draft ids after the confidence
         cut (before budget/scheduler cuts) and the raw, uncalibrated c_k it computed (spec
         dspark.md §2.4; computed up to the first one below the threshold)."""
         self._alive()
-        toks, conf = self._ffi.new("int32_t[16]"), self._ffi.new("float[16]")
-        nt, nc = self._ffi.new("int32_t *"), self._ffi.new("int32_t *")
-        self._lib.ds4_session_dspark_last_proposal(self._h, toks, conf, 16, nt, nc)
-        return [int(toks[i]) for i in range(nt[0])], [float(conf[i]) for i in range(nc[0])]
+        return self.backend.last_proposal()
 
     def dspark_fail_op(self, op: str | None) -> None:
         """Test hook: make the named drafter op fail on every pass (None: none).  The cycle is
         then counted as ``chain_fail`` with the op's name and decoding continues target-only."""
         self._alive()
-        if self._lib.ds4_session_dspark_fail_op(self._h, (op or "").encode()) != 0:
-            raise StateError("no DSpark support model is attached to this engine")
+        self.backend.fail_op(op)
 
     def close(self) -> None:
         """Free the session now.  With ``DS4_DSPARK_STATS`` set (and not "0") and any DSpark
@@ -832,137 +675,10 @@ class Session:
                     print(format_line(st), file=sys.stderr, flush=True)
             with self._knob_lock:
                 self._closed = True
-                self._release()
+                self.backend.close()
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]) -> int:
-    """The native sampler in numpy (same order, same splitmix64 stream): used by the reference backend."""
-    if not p.temperature > 0:
-        return int(np.argmax(logits))
-    v = logits.astype(np.float64) / float(np.float32(p.temperature))  # validate() keeps it a normal float32
-    order = np.lexsort((np.arange(v.size), -v))
-    vals = v[order]
-    n = v.size if not 0 < p.top_k < v.size else p.top_k
-    pr = np.exp(vals[:n] - vals[0])
-    pr = pr / pr.sum()
-    if p.top_p < 1:
-        cum = np.cumsum(pr)
-        hit = np.nonzero(cum >= float(np.float32(p.top_p)))[0]
-        n = int(hit[0]) + 1 if hit.size else n
-    if p.min_p > 0:
-        floor_p = float(np.float32(p.min_p)) * pr[0]
-        keep = 1
-        while keep < n and pr[keep] >= floor_p:
-            keep += 1
-        n = keep
-    pr = pr[:n]
-    M = (1 << 64) - 1
-    rng_state[0] = (rng_state[0] + 0x9E3779B97F4A7C15) & M
-    z = rng_state[0]
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-    z ^= z >> 31
-    u = (z >> 11) * (1.0 / 9007199254740992.0) * pr.sum()
-    cum = 0.0
-    for i in range(n):
-        cum += pr[i]
-        if u < cum:
-            return int(order[i])
-    return int(order[n - 1])
-
-
-class ReferenceSession(Session):
-    """A :class:`Session` over the numpy reference (backend ``"reference"``)."""
-
-    def _open(self) -> None:
-        self._ref = self.engine._ref
-        self._st = self._ref.new_state(self.n_ctx)
-        self._logits: np.ndarray | None = None
-        self._rng = [0]
-        self._counters = dict(Stats().to_dict())
-
-    def _eval(self, ids: list[int], mode: str) -> np.ndarray | None:
-        t0 = time.perf_counter()
-        seq = ([self.pending] if self.pending is not None else []) + list(ids)
-        r = self._ref.forward(self._st, seq, logits={"none": None, "last": "last", "all": "all"}[mode])
-        if mode == "all" and self.pending is not None:
-            r.logits = r.logits[1:]
-        self._counters["prefill_ms"] += (time.perf_counter() - t0) * 1e3
-        self._counters["n_prefill_tokens"] += len(seq)
-        self._counters["n_target_evals"] += 1
-        if r.logits is None:
-            self._logits = None
-            return None
-        self._logits = r.logits[-1].copy()
-        return r.logits if mode == "all" else r.logits[-1:]
-
-    def _step(self, max_out: int) -> list[int]:
-        t0 = time.perf_counter()
-        if self.pending is not None:
-            self._logits = self._ref.forward(self._st, [self.pending], logits="last").logits[-1].copy()
-            self._counters["n_target_evals"] += 1
-        if self._logits is None:
-            raise StateError("no logits to sample from: evaluate a prompt first")
-        ts = time.perf_counter()
-        tok = sample_reference(self._logits, self._sampling, self._rng)
-        te = time.perf_counter()
-        self._counters["sample_ms"] += (te - ts) * 1e3
-        self._counters["decode_ms"] += (te - t0) * 1e3
-        self._counters["n_decode_tokens"] += 1
-        self._counters["n_steps"] += 1
-        return [tok]
-
-    def _truncate(self, n: int) -> None:
-        self._ref.truncate(self._st, n)
-        self._logits = None
-
-    def _native_cancel(self, on: bool) -> None:
-        pass
-
-    def _set_pending(self, tok: int) -> None:
-        pass  # the reference runs self.pending first on its own
-
-    # DSpark: the reference backend never drafts (Engine refuses a support model on it)
-    def _knobs_native(self):
-        raise StateError("no DSpark support model is attached (the reference backend decodes target-only)")
-
-    def dspark_stats(self) -> DSparkStats:
-        return DSparkStats()
-
-    def dspark_events(self, last: int = 256) -> list[KnobEvent]:
-        return []
-
-    def last_proposal(self) -> tuple[list[int], list[float]]:
-        return [], []
-
-    def dspark_fail_op(self, op: str | None) -> None:
-        self._knobs_native()
-
-    def _release(self) -> None:
-        self._st = None
-
-    def set_sampling(self, params: SamplingParams) -> None:
-        params = params.validate()
-        with self._lock:
-            self._alive()
-            self._sampling = params
-            self._rng = [int(params.seed)]
-
-    def stats(self) -> Stats:
-        return Stats(**self._counters)
-
-    def reset_stats(self) -> None:
-        self._counters = dict(Stats().to_dict())
-
-    def memory(self) -> Memory:
-        self._alive()
-        kv = sum(ls.kv.nbytes for ls in self._st.layers)
-        comp = sum(a.nbytes for ls in self._st.layers for a in (ls.comp_c, ls.comp_z, ls.comp, ls.idx_c, ls.idx_z,
-                                                               ls.idx_keys) if a is not None)
-        return Memory(weights=self.engine.memory().weights, kv=kv, compressor=comp)

@@ -1,0 +1,436 @@
+"""The seam between a :class:`~ds4tui.engine.session.Session` and the code that runs it.
+
+A ``Session`` keeps everything that is the same on every backend — the token bookkeeping, the
+locks, chunked prefill, rollback after a cancel, rewinding after a stop token, the checks of
+sampling settings and knobs — and hands the per-backend work to an object that implements
+:class:`SessionBackend`: evaluate tokens, run one decode cycle, truncate, set the pending token,
+raise or clear the cancel flag, and report counters, memory and the DSpark state.  Two implement
+it:
+
+* :class:`NativeBackend` — a session of the C engine (``ds4tui._native``, C API in
+  ``ds4tui/native/ds4_engine.h``) through cffi, on the CPU or the GPU;
+* :class:`ReferenceBackend` — the numpy reference (:mod:`ds4tui.engine.reference`), target-only,
+  with the native sampler written in numpy (:func:`sample_reference`).
+
+The small value types both sides speak (:class:`SamplingParams`, :class:`Stats`, :class:`Memory`,
+:class:`DSparkKnobs`, :class:`KnobEvent`) live here too; :mod:`ds4tui.engine.session` re-exports
+them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Protocol
+
+import numpy as np
+
+from ds4tui.engine.errors import StateError, native_error
+from ds4tui.engine.stats import DSparkStats
+
+#: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
+STEP_MAX = 64
+#: Logit outputs of an evaluation (ds4_engine.h's DS4_LOGITS_*).
+LOGITS_MODES = ("none", "last", "all")
+
+
+# ---- values ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings: ``temperature`` 0 = greedy (ties to the lowest id); otherwise
+    logits/temperature → top-k (0 = off) → top-p (1 = off) → min-p (0 = off) → a draw from a
+    splitmix64 stream seeded with ``seed``."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def validate(self) -> "SamplingParams":
+        """Return self; ``ValueError`` naming the first bad field.
+
+        The engine holds the knobs as float32: a temperature must be 0 or a normal float32
+        (1.2e-38 … 3.4e38), so that what runs is what was asked for."""
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if t and not 1.1754944e-38 <= t <= 3.4028235e38:
+            raise ValueError(f"temperature {t!r} is outside the float32 range the engine uses (0, or 1.2e-38 .. 3.4e38)")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or not 0 <= self.top_k <= 2**31 - 1:
+            raise ValueError(f"top_k must be an integer 0 .. 2^31-1 (0 = off), got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if int(self.seed) != self.seed or not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be an integer in 0..2^64-1, got {self.seed}")
+        return self
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Monotonic counters of a session (ds4_stats); times in milliseconds."""
+
+    n_prefill_tokens: int = 0
+    n_decode_tokens: int = 0
+    n_steps: int = 0
+    n_target_evals: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    sample_ms: float = 0.0
+    n_cancelled: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes held (ds4_memory): weights read by the engine (mapped from the GGUF on the CPU),
+    raw KV rows, compressor/indexer state and compressed rows, scratch buffers and small tensors
+    expanded to float, and GPU allocations (0 on the CPU)."""
+
+    weights: int = 0
+    kv: int = 0
+    compressor: int = 0
+    scratch: int = 0
+    device: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compressor + self.scratch + self.device
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class DSparkKnobs:
+    """DSpark's live knobs (ds4_dspark_knobs): ``enabled`` (draft and verify, or target-only),
+    ``scheduler`` (the adaptive cost model of spec dspark.md §7.3), ``threshold`` (cut the proposal
+    at the first confidence below it, 0..1) and ``max_draft`` (drafts per cycle, 1..block size)."""
+
+    enabled: bool = True
+    scheduler: bool = True
+    threshold: float = 0.0
+    max_draft: int = 5
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class KnobEvent:
+    """A knob change the engine applied: the knobs in force from cycle ``cycle`` on."""
+
+    cycle: int
+    knobs: DSparkKnobs
+
+
+# ---- the protocol ----------------------------------------------------------------------------------
+
+class SessionBackend(Protocol):
+    """What a :class:`~ds4tui.engine.session.Session` asks of its backend.
+
+    The session calls these under its own lock, after its own checks (token ids in range, room in
+    the context, knob values in range), and keeps ``tokens`` and ``pending`` itself; ``pending``
+    is passed where a backend needs it.  Errors are the :mod:`ds4tui.engine.errors` classes."""
+
+    def eval(self, ids: list[int], mode: str, pending: int | None) -> np.ndarray | None:
+        """Run ``pending`` (if not None) and then ``ids`` at the next positions; logits per ``mode``
+        (``"none"`` → None, ``"last"`` → ``[1, V]``, ``"all"`` → ``[len(ids), V]``).  On any error
+        (cancel included) the backend is left as before the call."""
+
+    def step(self, max_out: int, pending: int | None) -> list[int]:
+        """One decode cycle (run ``pending``, maybe draft and verify, sample): the emitted ids, the
+        last of them the new pending token; at most ``max_out``."""
+
+    def truncate(self, n: int) -> None:
+        """Forget every position >= ``n``; no pending token and no logits afterwards."""
+
+    def set_pending(self, token: int) -> None:
+        """Make ``token`` the pending token of a backend that has none."""
+
+    def cancel(self, on: bool) -> None:
+        """Raise (True) or clear (False) the flag that stops a running eval or step."""
+
+    def set_sampling(self, params: SamplingParams) -> None: ...
+
+    def stats(self) -> Stats: ...
+
+    def reset_stats(self) -> None:
+        """Zero the counters, the DSpark ones included."""
+
+    def memory(self) -> Memory: ...
+
+    def knobs(self) -> DSparkKnobs:
+        """The DSpark knobs as last set; :class:`StateError` without a support model."""
+
+    def set_knobs(self, knobs: DSparkKnobs) -> None:
+        """Apply ``knobs`` from the next cycle on; ``ValueError`` for an out-of-range value,
+        :class:`StateError` without a support model (or with a refused one)."""
+
+    def dspark_stats(self) -> DSparkStats: ...
+
+    def dspark_events(self, last: int) -> list[KnobEvent]: ...
+
+    def last_proposal(self) -> tuple[list[int], list[float]]: ...
+
+    def fail_op(self, op: str | None) -> None:
+        """Test hook: make the named drafter op fail (None: none); :class:`StateError` without a
+        support model."""
+
+    def close(self) -> None:
+        """Free what the backend holds; no call follows."""
+
+
+# ---- the C engine ----------------------------------------------------------------------------------
+
+class NativeBackend:
+    """A session of the C engine: ``ds4_session_*`` through cffi.
+
+    ``handle`` is the ``ds4_session *`` (freed by :meth:`close`, or when this object is collected).
+    ``knobs``: the DSpark knobs the session starts with (None: the engine's defaults; a
+    ``max_draft`` of 0 means the block size)."""
+
+    def __init__(self, ffi, lib, engine_handle, n_ctx: int, n_batch: int, n_vocab: int,
+                 knobs: DSparkKnobs | None = None):
+        self._ffi, self._lib = ffi, lib
+        self._vocab = n_vocab
+        self._err = ffi.new("char[1024]")
+        out = ffi.new("ds4_session **")
+        start = ffi.NULL if knobs is None else ffi.new("ds4_dspark_knobs *", {
+            "enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler), "threshold": float(knobs.threshold),
+            "max_draft": int(knobs.max_draft)})
+        self._check(lib.ds4_session_create(engine_handle, n_ctx, n_batch, start, out, self._err, 1024))
+        self.handle = ffi.gc(out[0], lib.ds4_session_free)
+        self._out = ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
+        self._n_out = ffi.new("int32_t *")
+
+    def _check(self, rc: int) -> None:
+        if rc != 0:
+            raise native_error(rc, self._ffi.string(self._err).decode("utf-8", "replace"))
+
+    def eval(self, ids: list[int], mode: str, pending: int | None) -> np.ndarray | None:
+        ffi = self._ffi
+        n = len(ids)
+        arr = np.asarray(ids, dtype=np.int32)
+        out = None if mode == "none" else np.empty((n if mode == "all" else 1, self._vocab), np.float32)
+        ptr = ffi.NULL if out is None else ffi.cast("float *", ffi.from_buffer(out))
+        self._check(self._lib.ds4_session_eval(self.handle, ffi.cast("int32_t *", ffi.from_buffer(arr)), n,
+                                               LOGITS_MODES.index(mode), ptr, self._err, 1024))
+        return out
+
+    def step(self, max_out: int, pending: int | None) -> list[int]:
+        out, n = self._out, self._n_out
+        self._check(self._lib.ds4_session_step(self.handle, out, max_out, n, self._err, 1024))
+        return [int(out[i]) for i in range(n[0])]
+
+    def truncate(self, n: int) -> None:
+        self._check(self._lib.ds4_session_truncate(self.handle, n, self._err, 1024))
+
+    def set_pending(self, token: int) -> None:
+        self._check(self._lib.ds4_session_set_pending(self.handle, token, self._err, 1024))
+
+    def cancel(self, on: bool) -> None:
+        (self._lib.ds4_session_cancel if on else self._lib.ds4_session_clear_cancel)(self.handle)
+
+    def set_sampling(self, params: SamplingParams) -> None:
+        p = self._ffi.new("ds4_sampling *", {"temperature": params.temperature, "top_k": int(params.top_k),
+                                             "top_p": params.top_p, "min_p": params.min_p, "seed": int(params.seed)})
+        self._check(self._lib.ds4_session_set_sampling(self.handle, p, self._err, 1024))
+
+    def stats(self) -> Stats:
+        st = self._ffi.new("ds4_stats *")
+        self._lib.ds4_session_stats(self.handle, st)
+        return Stats(**{f.name: getattr(st, f.name) for f in fields(Stats)})
+
+    def reset_stats(self) -> None:
+        self._lib.ds4_session_reset_stats(self.handle)
+
+    def memory(self) -> Memory:
+        m = self._ffi.new("ds4_memory *")
+        self._lib.ds4_session_memory(self.handle, m)
+        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
+
+    def knobs(self) -> DSparkKnobs:
+        k = self._ffi.new("ds4_dspark_knobs *")
+        if self._lib.ds4_session_get_dspark(self.handle, k) != 0:
+            raise StateError("no DSpark support model is attached to this engine (pass support= / --mtp)")
+        return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
+
+    def set_knobs(self, knobs: DSparkKnobs) -> None:
+        k = self._ffi.new("ds4_dspark_knobs *", {"enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler),
+                                                 "threshold": float(knobs.threshold),
+                                                 "max_draft": int(knobs.max_draft)})
+        err = self._ffi.new("char[512]")
+        rc = self._lib.ds4_session_set_dspark(self.handle, k, err, 512)
+        if rc == -1:  # DS4_E_INVALID: a value out of range
+            raise ValueError(self._ffi.string(err).decode())
+        if rc != 0:
+            raise native_error(rc, self._ffi.string(err).decode("utf-8", "replace"))
+
+    def dspark_stats(self) -> DSparkStats:
+        st = self._ffi.new("ds4_dspark_stats *")
+        self._lib.ds4_session_dspark_stats(self.handle, st)
+        return DSparkStats.from_native(self._ffi, st)
+
+    def dspark_events(self, last: int) -> list[KnobEvent]:
+        buf = self._ffi.new("ds4_dspark_event[]", max(1, int(last)))
+        n = self._ffi.new("int32_t *")
+        self._lib.ds4_session_dspark_events(self.handle, buf, int(last), n)
+        return [KnobEvent(int(e.cycle), DSparkKnobs(bool(e.knobs.enabled), bool(e.knobs.scheduler),
+                                                    float(e.knobs.threshold), int(e.knobs.max_draft)))
+                for e in (buf[i] for i in range(n[0]))]
+
+    def last_proposal(self) -> tuple[list[int], list[float]]:
+        toks, conf = self._ffi.new("int32_t[16]"), self._ffi.new("float[16]")
+        nt, nc = self._ffi.new("int32_t *"), self._ffi.new("int32_t *")
+        self._lib.ds4_session_dspark_last_proposal(self.handle, toks, conf, 16, nt, nc)
+        return [int(toks[i]) for i in range(nt[0])], [float(conf[i]) for i in range(nc[0])]
+
+    def fail_op(self, op: str | None) -> None:
+        if self._lib.ds4_session_dspark_fail_op(self.handle, (op or "").encode()) != 0:
+            raise StateError("no DSpark support model is attached to this engine")
+
+    def close(self) -> None:
+        self._ffi.release(self.handle)
+
+
+# ---- the numpy reference -----------------------------------------------------------------------
+
+class ReferenceBackend:
+    """The numpy reference model behind the same interface (target-only: no drafter, so every
+    DSpark call says there is no support model, and the DSpark counters stay zero).
+
+    ``model``: a :class:`~ds4tui.engine.reference.ReferenceModel`; ``weights``: the bytes its
+    tensors take (reported by :meth:`memory`)."""
+
+    _NO_DSPARK = "no DSpark support model is attached (the reference backend decodes target-only)"
+
+    def __init__(self, model, n_ctx: int, weights: int):
+        self._ref = model
+        self._st = model.new_state(n_ctx)
+        self._weights = weights
+        self._logits: np.ndarray | None = None
+        self._sampling = SamplingParams()
+        self._rng = [0]
+        self._counters = dict(Stats().to_dict())
+
+    def eval(self, ids: list[int], mode: str, pending: int | None) -> np.ndarray | None:
+        t0 = time.perf_counter()
+        seq = ([pending] if pending is not None else []) + list(ids)
+        r = self._ref.forward(self._st, seq, logits={"none": None, "last": "last", "all": "all"}[mode])
+        if mode == "all" and pending is not None:
+            r.logits = r.logits[1:]
+        self._counters["prefill_ms"] += (time.perf_counter() - t0) * 1e3
+        self._counters["n_prefill_tokens"] += len(seq)
+        self._counters["n_target_evals"] += 1
+        if r.logits is None:
+            self._logits = None
+            return None
+        self._logits = r.logits[-1].copy()
+        return r.logits if mode == "all" else r.logits[-1:]
+
+    def step(self, max_out: int, pending: int | None) -> list[int]:
+        t0 = time.perf_counter()
+        if pending is not None:
+            self._logits = self._ref.forward(self._st, [pending], logits="last").logits[-1].copy()
+            self._counters["n_target_evals"] += 1
+        if self._logits is None:
+            raise StateError("no logits to sample from: evaluate a prompt first")
+        ts = time.perf_counter()
+        tok = sample_reference(self._logits, self._sampling, self._rng)
+        te = time.perf_counter()
+        self._counters["sample_ms"] += (te - ts) * 1e3
+        self._counters["decode_ms"] += (te - t0) * 1e3
+        self._counters["n_decode_tokens"] += 1
+        self._counters["n_steps"] += 1
+        return [tok]
+
+    def truncate(self, n: int) -> None:
+        self._ref.truncate(self._st, n)
+        self._logits = None
+
+    def set_pending(self, token: int) -> None:
+        pass  # the session passes its pending token to the next eval or step, which runs it first
+
+    def cancel(self, on: bool) -> None:
+        pass  # a numpy pass is not interruptible; the session checks its flag between chunks
+
+    def set_sampling(self, params: SamplingParams) -> None:
+        self._sampling = params
+        self._rng = [int(params.seed)]
+
+    def stats(self) -> Stats:
+        return Stats(**self._counters)
+
+    def reset_stats(self) -> None:
+        self._counters = dict(Stats().to_dict())
+
+    def memory(self) -> Memory:
+        layers = self._st.layers
+        kv = sum(ls.kv.nbytes for ls in layers)
+        comp = sum(a.nbytes for ls in layers for a in (ls.comp_c, ls.comp_z, ls.comp, ls.idx_c, ls.idx_z,
+                                                        ls.idx_keys) if a is not None)
+        return Memory(weights=self._weights, kv=kv, compressor=comp)
+
+    def knobs(self) -> DSparkKnobs:
+        raise StateError(self._NO_DSPARK)
+
+    def set_knobs(self, knobs: DSparkKnobs) -> None:
+        raise StateError(self._NO_DSPARK)
+
+    def dspark_stats(self) -> DSparkStats:
+        return DSparkStats()
+
+    def dspark_events(self, last: int) -> list[KnobEvent]:
+        return []
+
+    def last_proposal(self) -> tuple[list[int], list[float]]:
+        return [], []
+
+    def fail_op(self, op: str | None) -> None:
+        raise StateError(self._NO_DSPARK)
+
+    def close(self) -> None:
+        self._st = None
+
+
+def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]) -> int:
+    """The native sampler in numpy (same order, same splitmix64 stream): used by the reference backend."""
+    if not p.temperature > 0:
+        return int(np.argmax(logits))
+    v = logits.astype(np.float64) / float(np.float32(p.temperature))  # validate() keeps it a normal float32
+    order = np.lexsort((np.arange(v.size), -v))
+    vals = v[order]
+    n = v.size if not 0 < p.top_k < v.size else p.top_k
+    pr = np.exp(vals[:n] - vals[0])
+    pr = pr / pr.sum()
+    if p.top_p < 1:
+        cum = np.cumsum(pr)
+        hit = np.nonzero(cum >= float(np.float32(p.top_p)))[0]
+        n = int(hit[0]) + 1 if hit.size else n
+    if p.min_p > 0:
+        floor_p = float(np.float32(p.min_p)) * pr[0]
+        keep = 1
+        while keep < n and pr[keep] >= floor_p:
+            keep += 1
+        n = keep
+    pr = pr[:n]
+    M = (1 << 64) - 1
+    rng_state[0] = (rng_state[0] + 0x9E3779B97F4A7C15) & M
+    z = rng_state[0]
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    z ^= z >> 31
+    u = (z >> 11) * (1.0 / 9007199254740992.0) * pr.sum()
+    cum = 0.0
+    for i in range(n):
+        cum += pr[i]
+        if u < cum:
+            return int(order[i])
+    return int(order[n - 1])
