@@ -22,10 +22,11 @@ typedef struct {
     int gpu_planar;      /* 1: the GPU's planar layout takes its rows (hip/planar.hip) */
     /* n elements (a multiple of block_elems) to float; NULL for I32 */
     void (*dequant)(const void *src, float *dst, int64_t n);
-    /* the CPU dot kernel: Y[t * ldy] = row . X[t * ldx, 0..cols) for t < n_tok, every token through
-     * the same arithmetic (batch-invariant); NULL when not a matrix type */
-    void (*cpu_dot)(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,
-                    int64_t ldy);
+    /* the CPU dot kernel: Y[t * ldy + r] = row r . X[t * ldx, 0..cols) for rows r0 <= r < r1 (row r
+     * at W + r * row_bytes) and t < n_tok, every token through the same arithmetic (batch-invariant);
+     * NULL when not a matrix type */
+    void (*cpu_dot)(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
+                    int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 } ds4_type_traits;
 
 /* The row of `type`, or NULL when the engine does not know it. */

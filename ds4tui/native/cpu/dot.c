@@ -350,15 +350,20 @@ static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
 
 #endif
 
-/* ---- one weight row against n_tok activation rows, per type (types.h's cpu_dot) ------------
+/* ---- rows [r0, r1) of a weight matrix against n_tok activation rows, per type (types.h's
+ * cpu_dot) ---------------------------------------------------------------------------------------
  * Every token goes through the same dot product, so a result never depends on how many tokens
  * share the batch: prefill, decode and speculative verification give bit-identical rows (the
- * weight row stays in L1 between tokens). */
+ * weight row stays in L1 between tokens).  One call per slice of rows keeps the dispatch on the
+ * type out of the per-row loop. */
 
-#define TOKENS_OF(FN, DOT)                                                                                 \
-    void FN(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,      \
-            int64_t ldy) {                                                                                 \
-        for (int64_t k = 0; k < n_tok; k++) Y[k * ldy] = DOT(row, X + k * ldx, cols);                     \
+#define ROWS_OF(FN, DOT)                                                                                   \
+    void FN(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,     \
+            int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {                                          \
+        for (int64_t r = r0; r < r1; r++) {                                                                \
+            const uint8_t *row = W + (size_t)r * row_bytes;                                                \
+            for (int64_t k = 0; k < n_tok; k++) Y[k * ldy + r] = DOT(row, X + k * ldx, cols);              \
+        }                                                                                                  \
     }
 
 static inline float dot_f32_row(const uint8_t *row, const float *x, int64_t n) {
@@ -378,19 +383,23 @@ static float dot_bf16_row(const uint8_t *row, const float *x, int64_t cols) {
     return s;
 }
 
-TOKENS_OF(ds4_cpu_dot_f32, dot_f32_row)
-TOKENS_OF(ds4_cpu_dot_f16, dot_f16_row)
-TOKENS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
-TOKENS_OF(ds4_cpu_dot_q2_k, dot_q2_k)
-TOKENS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
+ROWS_OF(ds4_cpu_dot_f32, dot_f32_row)
+ROWS_OF(ds4_cpu_dot_f16, dot_f16_row)
+ROWS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
+ROWS_OF(ds4_cpu_dot_q2_k, dot_q2_k)
+ROWS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
 
-void ds4_cpu_dot_q8_0(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,
-                      int64_t ldy) {
-    int64_t k = 0;
+void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
+                      int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = W + (size_t)r * row_bytes;
+        float *y = Y + r;
+        int64_t k = 0;
 #ifdef Q8_GROUPS
-    for (; k + 8 <= n_tok; k += 8) dot_q8_0_x8(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy);
-    if (k + 4 <= n_tok) { dot_q8_0_x4(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 4; }
-    if (k + 2 <= n_tok) { dot_q8_0_x2(row, X + k * ldx, ldx, cols, Y + k * ldy, ldy); k += 2; }
+        for (; k + 8 <= n_tok; k += 8) dot_q8_0_x8(row, X + k * ldx, ldx, cols, y + k * ldy, ldy);
+        if (k + 4 <= n_tok) { dot_q8_0_x4(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 4; }
+        if (k + 2 <= n_tok) { dot_q8_0_x2(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 2; }
 #endif
-    for (; k < n_tok; k++) Y[k * ldy] = dot_q8_0(row, X + k * ldx, cols);
+        for (; k < n_tok; k++) y[k * ldy] = dot_q8_0(row, X + k * ldx, cols);
+    }
 }

@@ -40,10 +40,11 @@ void ds4_cpu_dequant_iq2_xxs(const void *src, float *dst, int64_t n);
 /* Float dot product with 16 partial sums (vectorisable without -ffast-math). */
 float ds4_dot_f32(const float *a, const float *b, int64_t n);
 
-/* The CPU dot kernels of types.h (cpu/dot.c): Y[t*ldy] = row . X[t*ldx, 0..cols) for t < n_tok. */
+/* The CPU dot kernels of types.h (cpu/dot.c): Y[t*ldy + r] = W row r . X[t*ldx, 0..cols) for rows
+ * r0 <= r < r1 (row r at W + r * row_bytes) and t < n_tok. */
 #define DS4_CPU_DOT(name)                                                                                  \
-    void name(const uint8_t *row, int64_t cols, const float *X, int64_t ldx, int64_t n_tok, float *Y,    \
-              int64_t ldy)
+    void name(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,  \
+              int64_t ldx, int64_t n_tok, float *Y, int64_t ldy)
 DS4_CPU_DOT(ds4_cpu_dot_f32);
 DS4_CPU_DOT(ds4_cpu_dot_f16);
 DS4_CPU_DOT(ds4_cpu_dot_bf16);

@@ -5,7 +5,7 @@
 #include "../types.h"
 
 typedef struct {
-    void (*dot)(const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
+    void (*dot)(const uint8_t *, size_t, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t);
     const uint8_t *W;
     size_t row_bytes;
     int64_t cols, n_tok, ldx, ldy;
@@ -16,7 +16,7 @@ typedef struct {
 static void mm_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const mm_task *t = ctx;
-    for (int64_t r = r0; r < r1; r++) t->dot(t->W + (size_t)r * t->row_bytes, t->cols, t->X, t->ldx, t->n_tok, t->Y + r, t->ldy);
+    t->dot(t->W, t->row_bytes, r0, r1, t->cols, t->X, t->ldx, t->n_tok, t->Y, t->ldy);
 }
 
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,
