@@ -154,9 +154,9 @@ def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):
     decoding = threading.Event()
     real_step = S.Session.step
 
-    def step(self):
+    def step(self, *args, **kwargs):
         decoding.set()
-        return real_step(self)
+        return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(S.Session, "step", step)
     # A shell starts background jobs with SIGINT ignored, and Python then keeps it ignored: install

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4tui.commands.inspect import _gib
+from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -334,11 +335,12 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
         t0 = time.perf_counter()
         session.prefill(ids)
         t1 = time.perf_counter()
-        session.step()  # samples the first token from the prefill logits: no forward pass, not timed
+        cycles = iter(DecodeLoop(session, 1 + n_decode))  # target-only: one token per cycle
+        next(cycles)  # samples the first token from the prefill logits: no forward pass, not timed
         _status(f"decode {n_decode} tokens{tag}...")
         t2 = time.perf_counter()
-        for _ in range(n_decode):
-            session.step()
+        for _ in cycles:
+            pass
         t3 = time.perf_counter()
         runs.append({"prefill_seconds": t1 - t0, "prefill_tokens_per_s": len(ids) / (t1 - t0),
                      "decode_seconds": t3 - t2, "decode_tokens_per_s": n_decode / (t3 - t2)})
@@ -447,7 +449,7 @@ def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
 
 def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, current: list) -> dict:
     """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session with ``knobs``."""
-    from ds4tui.engine.session import STEP_MAX, SamplingParams
+    from ds4tui.engine.session import SamplingParams
 
     session = engine.session(ctx)
     current[0] = session
@@ -458,15 +460,14 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         t0 = time.perf_counter()
         session.prefill(ids)
         t1 = time.perf_counter()
-        out = session.step(min(STEP_MAX, n_tokens))  # samples the prefill's logits: not timed
-        n_untimed = len(out)
-        drafted = len(out) - 1
+        loop = DecodeLoop(session, n_tokens)  # no stop token: EOS does not end a run
+        cycles = iter(loop)
+        n_untimed = len(next(cycles).tokens)  # samples the prefill's logits: not timed
         t2 = time.perf_counter()
-        while len(out) < n_tokens:
-            got = session.step(min(STEP_MAX, n_tokens - len(out)))
-            drafted += len(got) - 1  # the accepted drafts come first, then the sampled token
-            out += got
+        for _ in cycles:
+            pass
         t3 = time.perf_counter()
+        out, drafted = loop.ids, loop.n_draft
         st = session.dspark_stats()
         memory = session.memory().to_dict()
     finally:

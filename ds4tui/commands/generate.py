@@ -32,6 +32,7 @@ import sys
 import time
 
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
+from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
@@ -157,8 +158,10 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             print(f"\rprefill {done}/{total} tokens", end="", file=sys.stderr, flush=True)
 
     eos = tokenizer.eos_id
-    out_ids: list[int] = []
-    from_draft: list[bool] = []
+    # Each cycle: the accepted drafts, then the token sampled after them; EOS among the drafts ends
+    # the cycle there and the loop rewinds the session to it.
+    loop = DecodeLoop(session, args.n_predict, stop=(eos,))
+    out_ids, from_draft = loop.ids, loop.from_draft
     pieces: list[str] = []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = "max_tokens"
@@ -169,19 +172,11 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             t_prefill_end = time.perf_counter()
             if show_progress:
                 print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
-            while stop == "max_tokens" and len(out_ids) < args.n_predict:
-                if session.pending is not None and session.n_tokens + 1 > session.n_ctx:
-                    stop = "ctx"  # the context is full: the next token has no position to run at
-                    break
-                # Accepted drafts first, then the token sampled after them.
-                got = session.step(min(S.STEP_MAX, args.n_predict - len(out_ids)))
+            for cycle in loop:
                 if t_first is None:
                     t_first = time.perf_counter()
-                for k, tok in enumerate(got):
-                    out_ids.append(tok)
-                    from_draft.append(k < len(got) - 1)
+                for tok in cycle.tokens:
                     if tok == eos:
-                        stop = "eos"
                         break
                     piece = utf8.decode(tokenizer.token_bytes(tok))
                     pieces.append(piece)
@@ -189,6 +184,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                         sys.stdout.write(piece)
                 if not as_json:
                     sys.stdout.flush()
+            # ctx: the context is full, the next token has no position to run at
+            stop = {"stop": "eos", "ctx": "ctx"}.get(loop.reason, "max_tokens")
         except KeyboardInterrupt:
             stop = "interrupted"
         except S.EngineError as exc:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import weakref
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -329,6 +329,35 @@ class Engine:
             pass
 
 
+@dataclass
+class _TakenBack:
+    """What :meth:`Session.rewind` took back from the engine's counters, which only grow: emitted
+    tokens, accepted drafts, and the moves of their cycles between ``accepted_len_hist`` bins and
+    out of ``pos_accepted`` rows (bin/row → change)."""
+
+    tokens: int = 0
+    drafts: int = 0
+    hist: dict[int, int] = field(default_factory=dict)
+    pos: dict[int, int] = field(default_factory=dict)
+
+    def apply(self, st: DSparkStats) -> DSparkStats:
+        """``st`` as the session's user sees it: without the drafts taken back."""
+        if not self.drafts:
+            return st
+
+        def moved(counts: tuple[int, ...], change: dict[int, int]) -> tuple[int, ...]:
+            out = list(counts) + [0] * (max(change, default=-1) + 1 - len(counts))
+            for i, d in change.items():
+                out[i] += d
+            return tuple(out)
+
+        price = self.drafts * st.t_decode_ms if st.t_decode_measured else 0.0
+        return replace(st, accepted_draft=st.accepted_draft - self.drafts,
+                       accepted_len_hist=moved(st.accepted_len_hist, self.hist),
+                       pos_accepted=moved(st.pos_accepted, self.pos),
+                       saved=st.saved - price, net_saved=st.net_saved - price)
+
+
 class Session:
     """One sequence on an :class:`Engine` (see the module docstring for the decode layout).
 
@@ -355,6 +384,10 @@ class Session:
         self._closed = False
         self._sampling = SamplingParams()
         self.last_accepted = 0
+        # [accepted drafts, tokens still emitted] of the cycles since the last prefill or truncate
+        # (enough of them to cover a rewind), and what rewinds took back from the counters
+        self._cycles: list[list[int]] = []
+        self._taken = _TakenBack()
 
     def _alive(self) -> None:
         if self._closed:
@@ -413,6 +446,7 @@ class Session:
             raise ValueError("empty prompt: nothing to prefill")
         self._room(len(ids))
         self._alive()
+        self._cycles.clear()  # the pending token runs now: a rewind cannot take it back any more
         start = len(self.tokens)
         had_pending = self.pending is not None
         parts = [ids[i:i + chunk] for i in range(0, len(ids), chunk)] or [[]]
@@ -487,32 +521,41 @@ class Session:
             self.tokens.extend(out[:-1])
             self.pending = out[-1]
             self.last_accepted = len(out) - 1
+            self._cycles.append([len(out) - 1, len(out)])
+            while len(self._cycles) > STEP_MAX:  # a rewind takes back at most STEP_MAX tokens
+                self._cycles.pop(0)
             return out
 
     def generate(self, prompt: Sequence[int] | None = None, *, max_tokens: int = 256,
                  stop: Iterable[int] = (), progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
         """Prefill ``prompt`` (if given) and yield up to ``max_tokens`` sampled ids, stopping after an
-        id in ``stop``.  Cancellation ends the iterator with :class:`CancelledError`."""
-        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        stop = {int(s) for s in stop}
+        id in ``stop`` (the decode loop of :mod:`ds4tui.engine.decode`: a stop among accepted drafts
+        leaves the session and its counters as if decoding had stopped there).  Cancellation ends
+        the iterator with :class:`CancelledError`, a full context with
+        :class:`ContextOverflowError`."""
+        from ds4tui.engine.decode import DecodeLoop
+
+        loop = DecodeLoop(self, max_tokens, stop=stop)
         if prompt is not None:
             self.prefill(prompt, progress=progress)
-        n = 0
-        while n < max_tokens:
-            out = self.step(min(STEP_MAX, max_tokens - n))
-            for j, tok in enumerate(out):
-                yield tok
-                n += 1
-                if tok in stop or n >= max_tokens:
-                    if j < len(out) - 1:  # a stop inside accepted drafts: forget what follows it
-                        self.rewind(len(out) - 1 - j)
-                    return
+        for cycle in loop:
+            yield from cycle.tokens
+        if loop.reason == "cancelled":
+            raise loop.error
+        if loop.reason == "ctx":
+            raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold tokens, "
+                                       f"so the next token cannot be run (start a new chat or raise --ctx)")
 
     def rewind(self, k: int) -> None:
         """Take back the last ``k`` emitted tokens (1 <= k <= 64): the pending token and the k - 1
         tokens before it leave the session, and the token emitted before them becomes pending, as
-        if decoding had stopped there (used when a stop token is among accepted drafts)."""
+        if decoding had stopped there (used when a stop token is among accepted drafts).
+
+        The engine's counters cannot be lowered, so the session records what it took back:
+        :meth:`stats` no longer counts the taken-back tokens as decoded, and :meth:`dspark_stats`
+        no longer counts the taken-back drafts as accepted (in ``accepted_draft``,
+        ``accepted_len_hist``, ``pos_accepted``, ``saved`` and ``net_saved``; a cycle's outcome —
+        full, partial, miss_first — and what it proposed stay as the verifier decided)."""
         with self._lock:
             self._alive()
             if self.pending is None or not 1 <= k <= min(STEP_MAX, len(self.tokens)):
@@ -524,6 +567,27 @@ class Session:
             del self.tokens[keep:]
             self.backend.set_pending(tok)
             self.pending = tok
+            self._take_back(k)
+
+    def _take_back(self, k: int) -> None:
+        """Record that the last ``k`` emitted tokens were taken back (see :meth:`rewind`)."""
+        t = self._taken
+        while k and self._cycles:
+            cycle = self._cycles[-1]
+            accepted, emitted = cycle
+            n = min(k, emitted)
+            before, after = min(accepted, emitted), min(accepted, emitted - n)
+            if after < before:  # drafts of this cycle leave: it now counts `after` accepted ones
+                t.drafts += before - after
+                t.hist[before] = t.hist.get(before, 0) - 1
+                t.hist[after] = t.hist.get(after, 0) + 1
+                for row in range(after, before):
+                    t.pos[row] = t.pos.get(row, 0) - 1
+            t.tokens += n
+            k -= n
+            cycle[1] = emitted - n
+            if cycle[1] == 0:
+                self._cycles.pop()
 
     def truncate(self, n: int) -> None:
         """Forget every token at position >= ``n`` (at most one batch back, or all: ``n`` = 0)."""
@@ -542,6 +606,7 @@ class Session:
             self.backend.truncate(n)
             del self.tokens[n:]
             self.pending = None
+            self._cycles.clear()
 
     def reset(self) -> None:
         """Empty the session (keeps sampling settings and counters)."""
@@ -575,13 +640,19 @@ class Session:
             self._sampling = params
 
     def stats(self) -> Stats:
-        """A snapshot of the session's counters."""
+        """A snapshot of the session's counters (``n_decode_tokens`` without the tokens that
+        :meth:`rewind` took back)."""
         self._alive()
-        return self.backend.stats()
+        st = self.backend.stats()
+        return replace(st, n_decode_tokens=st.n_decode_tokens - self._taken.tokens) if self._taken.tokens else st
 
     def reset_stats(self) -> None:
-        self._alive()
-        self.backend.reset_stats()
+        """Zero the counters (the DSpark ones too)."""
+        with self._lock:
+            self._alive()
+            self.backend.reset_stats()
+            self._taken = _TakenBack()
+            self._cycles.clear()
 
     def memory(self) -> Memory:
         """Bytes held by the engine and this session."""
@@ -639,11 +710,12 @@ class Session:
             return k
 
     def dspark_stats(self) -> DSparkStats:
-        """A consistent snapshot of the DSpark counters (all zero without a support model).  Taken
-        between steps: from another thread it waits for the running step to finish."""
+        """A consistent snapshot of the DSpark counters (all zero without a support model), without
+        the drafts that :meth:`rewind` took back.  Taken between steps: from another thread it
+        waits for the running step to finish."""
         with self._lock:
             self._alive()
-            return self.backend.dspark_stats()
+            return self._taken.apply(self.backend.dspark_stats())
 
     def dspark_events(self, last: int = 256) -> list[KnobEvent]:
         """The knob changes the engine applied (at most the latest ``last``), oldest first."""

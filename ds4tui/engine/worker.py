@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ds4tui.engine import session as S
+from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.stats import DSparkStats
 from ds4tui.engine.tokenizer import Tokenizer, render_chat
 
@@ -398,37 +399,21 @@ class ChatEngine:
         eos, think_end = tok.eos_id, tok.think_end_id
         channel = "think" if think else "answer"
         decoder = tok.stream_decoder()
-        out: list[int] = []
-        drafts: list[bool] = []
         text = {"think": [], "answer": []}
         reason = "stopped" if stopped else "max_tokens" if limited else "ctx"
         t_first = None
         t_snap = 0.0
         self._progress = (turn, 0, 0, None)
+        # the decode loop rewinds the session when EOS arrives among accepted drafts
+        loop = DecodeLoop(s, max_tokens, stop=(eos,), cancelled=self._stop.is_set)
+        out, drafts = loop.ids, loop.from_draft
         try:
-            while not stopped and len(out) < max_tokens:
-                if self._stop.is_set():
-                    reason = "stopped"
-                    break
-                if s.pending is not None and s.n_tokens + 1 > s.n_ctx:
-                    reason = "ctx"
-                    break
-                try:
-                    got = s.step(min(S.STEP_MAX, max_tokens - len(out)))
-                except S.CancelledError:
-                    reason = "stopped"
-                    break
+            for cycle in ([] if stopped else loop):
                 if t_first is None:
                     t_first = time.perf_counter()
                 pieces = []
-                for k, t in enumerate(got):
-                    d = k < len(got) - 1
-                    out.append(t)
-                    drafts.append(d)
+                for t, d in zip(cycle.tokens, cycle.from_draft):
                     if t == eos:
-                        reason = "eos"
-                        if k < len(got) - 1:  # drafts after EOS leave the session
-                            s.rewind(len(got) - 1 - k)
                         break
                     if channel == "think" and t == think_end:
                         piece = decoder.flush()
@@ -441,12 +426,14 @@ class ChatEngine:
                     pieces.append(TokenPiece(t, piece, d, channel))
                 sink.put(TokensEmitted(turn, tuple(pieces)))
                 self._progress = (turn, len(out), sum(drafts), t_first)
-                if reason == "eos":
+                if cycle.stopped:
                     break
                 now = time.monotonic()
                 if now - t_snap >= snapshot_s:
                     t_snap = now
                     sink.put(self.snapshot(generating=True))
+            if not stopped:
+                reason = {"stop": "eos", "cancelled": "stopped", "ctx": "ctx"}.get(loop.reason, reason)
         except S.EngineError as exc:
             sink.put(Failed("decoding failed", str(exc), turn))
             reason = "error"

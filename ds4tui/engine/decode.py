@@ -1,0 +1,116 @@
+"""The decode loop: step a session until a stop token, the token budget, a full context or a cancel.
+
+The chat worker (:mod:`ds4tui.engine.worker`), ``ds4tui generate``, ``ds4tui bench`` and
+:meth:`Session.generate <ds4tui.engine.session.Session.generate>` all decode through
+:class:`DecodeLoop`, so they agree on what a cycle emits and on how decoding ends:
+
+* each cycle is one :meth:`Session.step` with the budget left (``min(STEP_MAX, max_tokens -
+  emitted)``), so drafts never overshoot the budget and DSpark decides exactly as a hand-written
+  loop would;
+* a stop token ends decoding after it is emitted.  When it arrives as an accepted draft with more
+  tokens after it in the same cycle, the loop rewinds the session (:meth:`Session.rewind`) to the
+  stop token before it hands the cycle out: the stop token is the pending token, nothing after it
+  stays in the KV cache, and the session's counters no longer count what came after it — the C
+  engine's counters cannot be lowered, so the session records what it took back and its
+  :meth:`~ds4tui.engine.session.Session.stats` and
+  :meth:`~ds4tui.engine.session.Session.dspark_stats` report the corrected figures
+  (``n_decode_tokens``, ``accepted_draft``, ``accepted_len_hist``, ``pos_accepted``, ``saved``,
+  ``net_saved``);
+* before each cycle: the budget (reason ``"max_tokens"``), the caller's ``cancelled()`` (reason
+  ``"cancelled"``) and the context (reason ``"ctx"``: the pending token has no position left to
+  run at) are checked, in that order; a step stopped by :meth:`Session.cancel` also ends the loop
+  with ``"cancelled"`` (the exception is kept in :attr:`DecodeLoop.error`).
+
+Other engine errors propagate to the caller; what was emitted until then stays in
+:attr:`DecodeLoop.ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+from ds4tui.engine.backend import STEP_MAX
+from ds4tui.engine.errors import CancelledError
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from ds4tui.engine.session import Session
+
+#: Why a loop ended (:attr:`DecodeLoop.reason`).
+REASONS = ("stop", "max_tokens", "ctx", "cancelled")
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What one engine cycle emitted, as the caller should see it: the accepted drafts, then the
+    token sampled after them — or, when a stop token came among the drafts, the tokens up to and
+    including it (``stopped``: the last token is a stop token)."""
+
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    stopped: bool = False
+
+    @property
+    def n_draft(self) -> int:
+        return sum(self.from_draft)
+
+
+class DecodeLoop:
+    """Iterate over the :class:`Cycle` s of decoding ``session`` (whose prompt is prefilled) for at
+    most ``max_tokens`` tokens, ending after a token of ``stop``.  ``cancelled()``, when given, is
+    asked before every cycle.  See the module docstring for the rules.
+
+    After (or during) the iteration: ``ids`` and ``from_draft`` hold every token emitted so far and
+    whether it was an accepted draft, ``reason`` why the loop ended (one of :data:`REASONS`; None
+    while it runs, or when an engine error ended it) and ``error`` the :class:`CancelledError` of a
+    cancelled step."""
+
+    def __init__(self, session: "Session", max_tokens: int, *, stop: Iterable[int] = (),
+                 cancelled: Callable[[], bool] | None = None):
+        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self.session = session
+        self.max_tokens = int(max_tokens)
+        self.stop = frozenset(int(t) for t in stop)
+        self.cancelled = cancelled
+        self.ids: list[int] = []
+        self.from_draft: list[bool] = []
+        self.reason: str | None = None
+        self.error: CancelledError | None = None
+
+    @property
+    def n_draft(self) -> int:
+        """Emitted tokens that were accepted drafts."""
+        return sum(self.from_draft)
+
+    def __iter__(self) -> Iterator[Cycle]:
+        s, stop = self.session, self.stop
+        while True:
+            if len(self.ids) >= self.max_tokens:
+                self.reason = "max_tokens"
+                return
+            if self.cancelled is not None and self.cancelled():
+                self.reason = "cancelled"
+                return
+            if s.pending is not None and s.n_tokens + 1 > s.n_ctx:
+                self.reason = "ctx"
+                return
+            try:
+                got = s.step(min(STEP_MAX, self.max_tokens - len(self.ids)))
+            except CancelledError as exc:
+                self.reason, self.error = "cancelled", exc
+                return
+            last = len(got) - 1
+            at = next((j for j, t in enumerate(got) if t in stop), None) if stop else None
+            if at is not None:
+                if at < last:  # a stop among the accepted drafts: the session goes back to it
+                    s.rewind(last - at)
+                got = got[:at + 1]
+            cycle = Cycle(tuple(got), tuple(j < last for j in range(len(got))), at is not None)
+            self.ids += cycle.tokens
+            self.from_draft += cycle.from_draft
+            if cycle.stopped:
+                self.reason = "stop"  # set before the caller sees the cycle, so it may break here
+            yield cycle
+            if cycle.stopped:
+                return

@@ -1,0 +1,128 @@
+"""The decode loop that the chat worker, ``generate``, ``bench`` and ``Session.generate`` share.
+
+The case that used to go wrong: a stop token (EOS) that arrives as an accepted draft with more
+accepted drafts after it in the same cycle.  Every caller must then emit the tokens up to and
+including the stop, leave the session as if decoding had stopped there (the stop token pending,
+nothing after it in the KV cache) and report DSpark counters that do not count the drafts
+accepted after the stop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.engine import session as S
+from ds4tui.engine import worker as W
+from ds4tui.engine.stats import DSparkStats
+from ds4tui.engine.tokenizer import Tokenizer
+
+PROMPT = [(i * 7919 + 13) % 120000 + 100 for i in range(30)]
+TEXT = "Write a Python function that reverses a linked list."
+
+
+def _first_stop_inside_drafts(ids: list[int], from_draft: list[bool]) -> int | None:
+    """The index of the first token that was emitted as an accepted draft, was followed by another
+    accepted draft of the same cycle, and had not been emitted before (so a stop set to it stops
+    there), or None."""
+    for i in range(len(ids) - 1):
+        if from_draft[i] and from_draft[i + 1] and ids[i] not in ids[:i]:
+            return i
+    return None
+
+
+def _steps(engine: S.Engine, prompt: list[int], n: int) -> tuple[list[int], list[bool]]:
+    """Greedy DSpark decoding with the scheduler off, step by step: the ids and their draft flags
+    (each step returns its accepted drafts, then the sampled token)."""
+    s = engine.session(len(prompt) + n + 8)
+    s.set_dspark(scheduler=False)
+    s.prefill(prompt)
+    ids: list[int] = []
+    flags: list[bool] = []
+    while len(ids) < n:
+        r = s.step(min(S.STEP_MAX, n - len(ids)))
+        ids += r
+        flags += [k < len(r) - 1 for k in range(len(r))]
+    s.close()
+    return ids, flags
+
+
+def _assert_counted_once(st: DSparkStats, n_drafts: int) -> None:
+    assert st.accepted_draft == n_drafts, (st.accepted_draft, n_drafts)
+    assert st.check_invariants() == []
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_q2, fitted_support):
+    e = S.Engine(tiny_q2["model"], support=fitted_support)
+    assert e.support_status == "attached", e.support_message
+    yield e
+    e.close()
+
+
+def test_session_generate_stops_inside_accepted_drafts_once(engine):
+    ids, flags = _steps(engine, PROMPT, 120)
+    i = _first_stop_inside_drafts(ids, flags)
+    assert i is not None, "no stop candidate inside accepted drafts in 120 tokens"
+    s = engine.session(256)
+    s.set_dspark(scheduler=False)
+    got = list(s.generate(PROMPT, max_tokens=120, stop=[ids[i]]))
+    assert got == ids[:i + 1]
+    # the session is as if decoding had stopped at the stop token: it is pending, nothing after it is kept
+    assert s.pending == ids[i] and s.tokens == PROMPT + got[:-1] and s.n_tokens == len(PROMPT) + i
+    _assert_counted_once(s.dspark_stats(), sum(flags[:i + 1]))
+    assert s.stats().n_decode_tokens == i + 1
+    # decoding goes on from the stop token exactly as a session that never drafted past it
+    more = list(s.generate(PROMPT[:3], max_tokens=10))
+    p = engine.session(256)
+    p.set_dspark(enabled=False)
+    assert list(p.generate(PROMPT, max_tokens=120, stop=[ids[i]])) == got
+    assert list(p.generate(PROMPT[:3], max_tokens=10)) == more
+
+
+def _gen_json(capsys, *argv: str) -> dict:
+    rc = cli_main(["generate", *argv])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_generate_command_stops_inside_accepted_drafts_once(tiny_q2, fitted_support, capsys, monkeypatch):
+    args = [tiny_q2["model"], "-p", TEXT, "-n", "64", "--threads", "2", "--mtp", str(fitted_support),
+            "--no-scheduler", "--json"]
+    first = _gen_json(capsys, *args)
+    ids, flags = first["generated_ids"], first["from_draft"]
+    i = _first_stop_inside_drafts(ids, flags)
+    assert i is not None, "no stop candidate inside accepted drafts in 64 tokens"
+    monkeypatch.setattr(Tokenizer, "eos_id", property(lambda self: ids[i]))
+    r = _gen_json(capsys, *args)
+    assert r["prompt_ids"] == first["prompt_ids"]
+    assert r["stop"] == "eos" and r["generated_ids"] == ids[:i + 1] and r["from_draft"] == flags[:i + 1]
+    _assert_counted_once(DSparkStats.from_dict(r["dspark_stats"]), sum(flags[:i + 1]))
+    assert r["stats"]["n_decode_tokens"] == i + 1
+
+
+def test_chat_worker_stops_inside_accepted_drafts_once(tiny_q2, fitted_support, monkeypatch):
+    messages = [{"role": "user", "content": TEXT}]
+
+    def turn() -> tuple[W.TurnResult, W.ChatEngine]:
+        chat = W.ChatEngine(tiny_q2["model"], support=fitted_support, backend="cpu", n_ctx=512)
+        chat.set_dspark(scheduler=False)
+        return chat.run_turn(messages, W.EventQueue(), think=False, max_tokens=64), chat
+
+    first, chat = turn()
+    chat.close()
+    i = _first_stop_inside_drafts(list(first.ids), list(first.from_draft))
+    assert i is not None, "no stop candidate inside accepted drafts in 64 tokens"
+    monkeypatch.setattr(Tokenizer, "eos_id", property(lambda self: first.ids[i]))
+    r, chat = turn()
+    try:
+        assert r.reason == "eos" and r.ids == first.ids[:i + 1] and r.from_draft == first.from_draft[:i + 1]
+        assert chat.session.pending == first.ids[i] and chat.session.n_tokens == r.prompt_tokens + i
+        assert r.dspark_delta["accepted_draft"] == r.n_draft == sum(first.from_draft[:i + 1])
+        _assert_counted_once(chat.session.dspark_stats(), r.n_draft)
+        snap = chat.snapshot()
+        assert snap.turn_draft_tokens == r.n_draft and snap.dspark.accepted_draft == r.n_draft
+    finally:
+        chat.close()
