@@ -39,7 +39,8 @@ def _flat(d, prefix="") -> dict[str, float]:
 
 
 def run_one(tree: Path, args: list[str]) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(tree.resolve()), PYTHONUNBUFFERED="1")
+    path = os.pathsep.join(p for p in (str(tree.resolve()), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     p = subprocess.run([sys.executable, "-m", "ds4tui", "bench", *args, "--json"], env=env, capture_output=True,
                        text=True, cwd=str(tree.resolve()))
     if p.returncode != 0:

@@ -70,6 +70,8 @@ typedef struct ds4_backend_s {
      * Every pointer below is device memory; the work is queued on the context's stream in call
      * order and a call returns the launch status (DS4_E_DEVICE with the kernel's name on failure).
      * Shapes are row-major [rows, width]; positions are absolute token positions. */
+    /* bytes from src to dst; to_host: device -> host, and the call returns when they are there (the
+     * work queued before it has run); else host -> device, queued. */
     int (*copy)(ds4_backend_ctx *c, void *dst, const void *src, size_t bytes, int32_t to_host, char *err, size_t len);
     int (*sync)(ds4_backend_ctx *c, char *err, size_t len);
     /* Y[t*ldy + r] = W[r, :] . X[t*ldx + :], device X and Y (the matmul contract above). */

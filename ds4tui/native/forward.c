@@ -688,7 +688,6 @@ int ds4_draft_head(ds4_session *s, float *h_host) {
     const ds4_support *sup = e->sup;
     TRYP(hc_head(P, P->d->X, sup->block, &sup->hc_head_fn, sup->hc_head_scale, SV(sup, hc_head_base)));
     G(P->g->copy(P->cx, h_host, P->d->lm, (size_t)sup->block * e->c.n_embd * sizeof(float), 1, M));
-    G(P->g->sync(P->cx, M));
     return DS4_OK;
 }
 
@@ -707,7 +706,6 @@ int ds4_draft_logits(ds4_session *s, const float *hn, int want, const float **U_
         return DS4_OK;
     }
     G(P->g->copy(P->cx, d->hU, d->dU, (size_t)(want * V) * sizeof(float), 1, M));
-    G(P->g->sync(P->cx, M));
     *U_host = d->hU;
     return DS4_OK;
 }
@@ -725,6 +723,5 @@ int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
     TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
     G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest, M));
     G(P->g->copy(P->cx, x, d->dbest, sizeof(int32_t), 1, M));
-    G(P->g->sync(P->cx, M));
     return DS4_OK;
 }
