@@ -45,9 +45,11 @@ def test_public_header_is_the_whole_cdef():
 
 
 def test_engine_exceptions_are_defined_once_in_the_errors_module():
-    """Every exception class of the engine layer lives in ds4tui/engine/errors.py, once, and none
-    shadows a builtin name (a class called ReferenceError hid Python's own)."""
+    """Every exception class of the engine layer lives in ds4tui/engine/errors.py, no exception
+    class name is defined twice in ds4tui, and no class shadows a builtin name (a class called
+    ReferenceError hid Python's own)."""
     import builtins
+    import importlib
 
     from ds4tui.engine import errors
 
@@ -55,9 +57,13 @@ def test_engine_exceptions_are_defined_once_in_the_errors_module():
     for f in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.ClassDef):
-                defined.setdefault(node.name, []).append(str(f.relative_to(PKG)))
-    twice = {name: files for name, files in defined.items() if len(files) > 1}
-    assert not twice, f"classes defined more than once: {twice}"
+                defined.setdefault(node.name, []).append(str(f.relative_to(PKG).with_suffix("")))
+    for name, files in defined.items():
+        if len(files) > 1:
+            for rel in files:
+                cls = getattr(importlib.import_module("ds4tui." + rel.replace("/", ".")), name, None)
+                assert not (isinstance(cls, type) and issubclass(cls, BaseException)), \
+                    f"the exception class {name} is defined more than once: {files}"
     shadowing = sorted(n for n in defined if hasattr(builtins, n))
     assert not shadowing, f"classes named like Python builtins: {shadowing}"
     for f in sorted((PKG / "engine").rglob("*.py")):
