@@ -75,6 +75,13 @@ class ChatOptions:
     max_tokens: int | None = None
     save_dir: Path = field(default_factory=Path.cwd)
     telemetry: str | None = None
+    # what the environment variables set (ds4tui.commands.environment.Settings): the engine's GPU
+    # weight layout and library, the DSpark knobs the session starts with, ds4's stats line at exit
+    gpu_layout: str = "planar"
+    gpu_library: str | None = None
+    scheduler: bool = True
+    max_draft: int = 0
+    print_stats: bool = False
 
 
 # One action list feeds the footer, the key bindings and the command palette:
@@ -718,8 +725,8 @@ class DS4App(App):
             self.exit()
 
     def close_engine(self) -> None:
-        """Free the engine (after the app has exited: with DS4_DSPARK_STATS=1 this prints ds4's
-        stats line to stderr)."""
+        """Free the engine (after the app has exited: with ``print_stats`` (DS4_DSPARK_STATS=1) this
+        prints ds4's stats line to stderr)."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -730,4 +737,6 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
 
     sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
     return W.ChatEngine(options.model, support=options.support, backend=options.backend, n_ctx=options.ctx,
-                        n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress)
+                        n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
+                        gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
+                        max_draft=options.max_draft, print_stats=options.print_stats)

@@ -281,11 +281,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Commands that open an engine: the environment variables are read and checked before they run
+#: (ds4tui.commands.environment; ``doctor`` reports them instead).
+ENGINE_COMMANDS = ("chat", "generate", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # plain `ds4tui`: the chat app on the bundled demo model
         args = parser.parse_args(["chat"])
+    if args.command in ENGINE_COMMANDS:
+        from ds4tui.commands.environment import BadVariable, read_environment
+
+        try:
+            args.settings = read_environment()
+        except BadVariable as exc:  # like a bad flag: one line, status 2, before anything loads
+            print(f"ds4tui {args.command}: error: {exc}", file=sys.stderr)
+            return 2
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
     try:
         with interrupt_on_signals():

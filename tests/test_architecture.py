@@ -73,3 +73,14 @@ def test_engine_exceptions_are_defined_once_in_the_errors_module():
                 assert not (isinstance(cls, type) and issubclass(cls, BaseException)), \
                     f"{f.relative_to(PKG)} defines the exception {node.name}: move it to engine/errors.py"
     assert errors.NonFiniteError.__mro__.count(errors.EngineError) == 1
+
+
+def test_the_engine_layer_reads_no_environment_variable():
+    """Configuration comes in as arguments: the command line reads the variables
+    (ds4tui/commands/environment.py) and passes what they set."""
+    for f in sorted((PKG / "engine").rglob("*.py")):
+        tree = ast.parse(f.read_text(), str(f))
+        for node in ast.walk(tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            assert name not in ("environ", "getenv", "environb", "putenv"), \
+                f"{f.relative_to(PKG)}:{node.lineno} reads the environment ({name})"

@@ -302,8 +302,8 @@ def test_ab_text_report(tiny_q2, capsys):
 def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     real = bench._ab_one
 
-    def altered(engine, ctx, ids, n_tokens, knobs, current):
-        r = real(engine, ctx, ids, n_tokens, knobs, current)
+    def altered(engine, ctx, ids, n_tokens, knobs, current, *rest):
+        r = real(engine, ctx, ids, n_tokens, knobs, current, *rest)
         if knobs.get("scheduler") is False:
             r["generated_ids"] = r["generated_ids"][:3] + [r["generated_ids"][3] ^ 1] + r["generated_ids"][4:]
         return r

@@ -342,13 +342,13 @@ def test_knob_values_are_checked(tiny_q2):
         S.Engine(tiny_q2["model"]).session(64).set_dspark(enabled=True)
 
 
-def test_environment_defaults_and_stats_line(tiny_q2, monkeypatch, capsys):
-    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "0")
-    monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "2")
-    monkeypatch.setenv("DS4_DSPARK_STATS", "1")
+def test_starting_knobs_and_stats_line(tiny_q2, capsys):
+    """ds4's DS4_DSPARK_SCHEDULER=0, DS4_DSPARK_MAX_DRAFT_TOKENS=2 and DS4_DSPARK_STATS=1, as the
+    command line passes them: the session starts with those knobs (not logged as a change) and
+    prints ds4's line when it closes."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(128)
-    assert s.dspark == S.DSparkKnobs(True, False, 0.0, 2)
+    s = e.session(128, scheduler=False, max_draft=2, print_stats=True)
+    assert s.dspark == S.DSparkKnobs(True, False, 0.0, 2) and s.dspark_events() == []
     list(s.generate(PROMPTS[0], max_tokens=10))
     st = s.dspark_stats()
     s.close()
@@ -433,15 +433,17 @@ def test_stop_token_inside_accepted_drafts(tiny_q2):
     assert want == got and list(p.generate(PROMPTS[1][:5], max_tokens=10)) == more
 
 
-def test_bad_environment_values_are_errors(tiny_q2, monkeypatch):
+def test_bad_starting_knobs_are_errors_and_the_environment_is_not_read(tiny_q2, monkeypatch):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "off")
-    with pytest.raises(S.EngineError, match="DS4_DSPARK_SCHEDULER='off': expected 0 \\(off\\) or 1 \\(on\\)"):
-        e.session(64)
-    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "1")
+    with pytest.raises(ValueError, match="max draft length 9 exceeds the support model's block size 5"):
+        e.session(64, max_draft=9)
+    for bad in ({"max_draft": -1}, {"max_draft": 2.0}, {"scheduler": "off"}):
+        with pytest.raises(ValueError):
+            e.session(64, **bad)
+    # the engine layer reads no variable: the command line checks them (tests/test_environment.py)
+    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "0")
     monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")
-    with pytest.raises(S.EngineError, match="DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 1..5"):
-        e.session(64)
+    assert e.session(64).dspark == S.DSparkKnobs(True, True, 0.0, 5)
 
 
 def test_reference_backend_reports_no_dspark(tiny_q2):

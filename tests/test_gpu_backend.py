@@ -45,38 +45,50 @@ def _device_or_skip():
 
 # ---- the seam, on every machine ------------------------------------------------------------------
 
-def test_hip_backend_names_a_missing_library(tiny_q2, monkeypatch, tmp_path):
-    monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "libds4tui_hip.so"))
-    with pytest.raises(S.BackendUnavailableError, match=r"the HIP backend is unavailable: DS4TUI_GPU_LIB=.*no such file"):
-        S.Engine(tiny_q2["model"], backend="hip")
+def test_hip_backend_names_a_missing_library(tiny_q2, tmp_path):
+    with pytest.raises(S.BackendUnavailableError, match=r"the HIP backend is unavailable: GPU library .*no such file"):
+        S.Engine(tiny_q2["model"], backend="hip", gpu_library=tmp_path / "libds4tui_hip.so")
 
 
-def test_hip_backend_names_a_library_that_fails_to_load(tiny_q2, monkeypatch, tmp_path):
+def test_hip_backend_names_a_library_that_fails_to_load(tiny_q2, tmp_path):
     bad = tmp_path / "libds4tui_hip.so"
     bad.write_bytes(b"not an ELF file")
-    monkeypatch.setenv("DS4TUI_GPU_LIB", str(bad))
     with pytest.raises(S.BackendUnavailableError, match=r"libds4tui_hip.so' failed to load: "):
-        S.Engine(tiny_q2["model"], backend="hip")
+        S.Engine(tiny_q2["model"], backend="hip", gpu_library=str(bad))
 
 
-def test_a_library_without_the_table_is_refused_by_name(monkeypatch):
+def test_a_library_without_the_table_is_refused_by_name():
     from ds4tui import _native
 
-    monkeypatch.setenv("DS4TUI_GPU_LIB", _native.__file__)
-    info, why = gpu.probe()
+    info, why = gpu.probe(_native.__file__)
     assert info is None and "is not a ds4tui GPU backend library: no symbol ds4_gpu_api_v1" in why
 
 
-def test_auto_falls_back_to_cpu_and_says_why(tiny_q2, monkeypatch, tmp_path):
-    monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "missing.so"))
-    e = S.Engine(tiny_q2["model"], backend="auto")
+def test_auto_falls_back_to_cpu_and_says_why(tiny_q2, tmp_path):
+    e = S.Engine(tiny_q2["model"], backend="auto", gpu_library=tmp_path / "missing.so")
     assert e.backend == "cpu"
-    assert e.backend_note.startswith("auto: using cpu because the HIP backend is unavailable: DS4TUI_GPU_LIB=")
+    assert e.backend_note.startswith("auto: using cpu because the HIP backend is unavailable: GPU library ")
     assert e.memory().device == 0
 
 
+def test_the_gpu_library_variable_reaches_the_engine_from_the_command_line(tiny_q2, tmp_path, monkeypatch, capsys):
+    """DS4TUI_GPU_LIB is read at the command line's edge and passed to the engine (which reads no
+    variable), and doctor reports the library it names."""
+    from ds4tui.cli import main as cli_main
+
+    missing = tmp_path / "elsewhere.so"
+    monkeypatch.setenv("DS4TUI_GPU_LIB", str(missing))
+    assert cli_main(["generate", tiny_q2["model"], "-p", "hi", "-n", "2", "--backend", "auto"]) == 0
+    assert f"auto: using cpu because the HIP backend is unavailable: GPU library {missing}: no such file" in \
+        capsys.readouterr().err
+    assert cli_main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["gpu_library"] is None and r["hip_unavailable_reason"] == f"GPU library {missing}: no such file"
+    assert {"name": "DS4TUI_GPU_LIB", "value": str(missing)}.items() <= next(
+        v for v in r["environment"] if v["name"] == "DS4TUI_GPU_LIB").items()
+
+
 def test_build_record_reasons(monkeypatch, tmp_path):
-    monkeypatch.delenv("DS4TUI_GPU_LIB", raising=False)
     monkeypatch.setattr(gpu, "PACKAGE_DIR", tmp_path)
     monkeypatch.setattr(gpu, "RECORD", tmp_path / "gpu_build.json")
     assert "gpu_build.json is missing" in gpu.locate()[1]

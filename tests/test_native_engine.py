@@ -294,11 +294,13 @@ def test_descriptor_errors_name_the_tensor(tiny_q2, monkeypatch, tmp_path):
     del m.tensors["blk.1.attn_q_a.weight"]
     with pytest.raises(S.EngineError, match=r"tensor 'blk\.1\.attn_q_a\.weight' is missing"):
         S.Engine(m)
-    monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "no-gpu-library.so"))  # also on a machine with a GPU
-    with pytest.raises(S.BackendUnavailableError, match="HIP backend is unavailable: DS4TUI_GPU_LIB="):
-        S.Engine(tiny_q2["model"], backend="hip")
+    missing = tmp_path / "no-gpu-library.so"  # also on a machine with a GPU
+    with pytest.raises(S.BackendUnavailableError, match="HIP backend is unavailable: GPU library .*no-gpu-library"):
+        S.Engine(tiny_q2["model"], backend="hip", gpu_library=missing)
     with pytest.raises(ValueError, match="numerics"):
         S.Engine(tiny_q2["model"], numerics="fast")
+    with pytest.raises(ValueError, match="gpu_layout must be one of planar, ggml, got 'tiled'"):
+        S.Engine(tiny_q2["model"], gpu_layout="tiled")
 
 
 def test_thread_count_is_bounded(tiny_q2):

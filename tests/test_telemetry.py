@@ -457,9 +457,9 @@ def test_select_explicit_and_env(sysfs, tmp_path, monkeypatch):
     assert isinstance(select_backend(env={"DS4TUI_TELEMETRY": "none"}, **kw), NoneBackend)
     # The argument wins over the environment.
     assert isinstance(select_backend("none", env={"DS4TUI_TELEMETRY": "sysfs"}, **kw), NoneBackend)
-    # The real os.environ is the default.
+    # The process environment is not read here: the command line reads DS4TUI_TELEMETRY and passes it.
     monkeypatch.setenv("DS4TUI_TELEMETRY", "fake")
-    assert isinstance(select_backend(), FakeBackend)
+    assert isinstance(select_backend(**kw), RssBackend)
 
 
 def test_select_errors(tmp_path, monkeypatch):

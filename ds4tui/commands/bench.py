@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ds4tui.commands.environment import BadVariable, Settings, settings_of
 from ds4tui.commands.inspect import _gib
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -348,8 +349,10 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
 
 
 def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n_prompt: int, n_decode: int,
-              ctx: int | None, repeat: int, medium: bool) -> dict:
-    """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``)."""
+              ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None) -> dict:
+    """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
+    ``settings``: what the environment variables set (default: their defaults)."""
+    settings = settings or Settings()
     from ds4tui.engine.session import Engine
 
     need = n_prompt + n_decode + 1  # prompt, the timed tokens, and the last emitted (pending) token
@@ -361,9 +364,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
         raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
                          f"{model.config.context_length}")
     ids, prompt_kind = prompt_ids(model, n_prompt)
-    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads)
+    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, **settings.engine_options())
     try:
-        session = engine.session(ctx)
+        session = engine.session(ctx, **settings.session_options())
 
         def work():
             runs = measure(session, ids, n_decode, repeat)
@@ -447,11 +450,13 @@ def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
     return DSparkStats(**kw)
 
 
-def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, current: list) -> dict:
-    """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session with ``knobs``."""
+def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, current: list,
+            session_options: dict | None = None) -> dict:
+    """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session (made with
+    ``session_options``) with ``knobs``."""
     from ds4tui.engine.session import SamplingParams
 
-    session = engine.session(ctx)
+    session = engine.session(ctx, **(session_options or {}))
     current[0] = session
     try:
         session.set_sampling(SamplingParams())  # greedy
@@ -505,9 +510,11 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
 
 
 def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_threads: int, n_tokens: int,
-           ctx: int | None, medium: bool) -> dict:
+           ctx: int | None, medium: bool, settings: Settings | None = None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
-    prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object."""
+    prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
+    ``settings``: what the environment variables set (default: their defaults)."""
+    settings = settings or Settings()
     from ds4tui.engine.session import Engine
     from ds4tui.engine.tokenizer import Tokenizer, render_chat
 
@@ -523,11 +530,14 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
     if ctx > model.config.context_length:
         raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
                          f"{model.config.context_length}")
-    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, support=support)
+    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, support=support,
+                    **settings.engine_options())
     try:
         if engine.support_status != "attached":
             raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
         block = engine.block_size
+        settings.check_block(block)
+        session_options = settings.session_options()
         support_info = {"path": str(support), "status": engine.support_status, "message": engine.support_message,
                         "block_size": block}
         current: list = [None]
@@ -539,7 +549,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
             for kind, _, ids in prompts:
                 for name, knobs in AB_ARMS:
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
-                    runs[name].append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current)})
+                    runs[name].append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current,
+                                                               session_options)})
             return [(name, runs[name]) for name, _ in AB_ARMS]
 
         def stop():
@@ -736,7 +747,8 @@ def run_synthetic(args: argparse.Namespace) -> int:
     backend = "hip" if args.backend == "auto" else args.backend
     try:
         result = synthetic.run_flash_bench(backend=backend, ctx=args.ctx or 2048,
-                                           log=lambda m: print(m, file=sys.stderr, flush=True))
+                                           log=lambda m: print(m, file=sys.stderr, flush=True),
+                                           **settings_of(args).engine_options())
     except (EngineError, RuntimeError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0
@@ -765,11 +777,15 @@ def run(args: argparse.Namespace) -> int:
         if args.ab:
             support = Path(args.mtp) if args.mtp is not None else medium_support(Path(path))
             result = run_ab(model, support, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
-                            n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium))
+                            n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium),
+                            settings=settings_of(args))
         else:
             result = run_bench(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                                n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
-                               repeat=args.repeat, medium=bool(args.medium))
+                               repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args))
+    except BadVariable as exc:  # a usage error, as a bad flag
+        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
+        return 2
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
     except EngineError as exc:

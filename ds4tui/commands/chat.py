@@ -22,6 +22,7 @@ Make a small test model (random weights: the text is noise, the speculation pane
 def options_from_args(args: argparse.Namespace):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
     from ds4tui.app import ChatOptions
+    from ds4tui.commands.environment import settings_of
     from ds4tui.demo import demo_pair, stderr_progress
 
     model, support = args.model, args.mtp
@@ -41,10 +42,13 @@ def options_from_args(args: argparse.Namespace):
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not args.temp >= 0:
         raise ValueError(f"--temp must be >= 0, got {args.temp}")
+    env = settings_of(args)
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
                        backend=args.backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
                        seed=args.seed, think=not args.nothink, system=args.system, max_tokens=args.n_predict,
-                       save_dir=Path(args.save_dir), telemetry=args.telemetry)
+                       save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
+                       gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, scheduler=env.dspark_scheduler,
+                       max_draft=env.dspark_max_draft, print_stats=env.dspark_stats)
 
 
 def run(args: argparse.Namespace) -> int:

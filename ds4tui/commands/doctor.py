@@ -4,8 +4,11 @@ Prints the native engine's version, the GPU build record that build_native.py wr
 (``ds4tui/gpu_build.json``: toolchain, compiler version, offload arch, library, or why nothing was
 built), then loads the GPU library and reports the device (name, arch, warp size, memory total and
 free as the runtime reports them, runtime and driver versions) or exactly why the hip backend cannot
-run: no toolchain, library failed to load, no device, wrong arch.  Exit status 0 when the report
-could be made (even without a GPU); 1 when the native engine itself is not built.
+run: no toolchain, library failed to load, no device, wrong arch.  Last, every environment
+variable ds4tui honours (:mod:`ds4tui.commands.environment`) with the value in force ("default: ..."
+when unset), and the check of those that change what runs (a bad value is reported here, and the
+commands that open an engine refuse it with status 2).  Exit status 0 when the report could be made
+(even without a GPU); 1 when the native engine itself is not built.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ def _gib(n: int) -> str:
 
 def collect() -> dict:
     """The report as one JSON-able dict."""
-    from ds4tui import __version__
+    from ds4tui import __version__, demo
+    from ds4tui.commands import environment
     from ds4tui.engine import gpu
 
-    from ds4tui import demo
-
-    out: dict = {"ds4tui": __version__, "demo": demo.status()}
+    env = environment.report()
+    out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
     try:
         from ds4tui import _native
     except ImportError as exc:
@@ -36,7 +39,7 @@ def collect() -> dict:
     out["native"] = _native.ffi.string(_native.lib.ds4_version()).decode()
     out["native_file"] = _native.__file__
     out["gpu_build"] = gpu.build_record().__dict__
-    lib, why = gpu.locate()
+    lib, why = gpu.locate(next(v["value"] for v in env if v["name"] == "DS4TUI_GPU_LIB"))
     out["gpu_library"] = str(lib) if lib else None
     info, why2 = gpu.probe(lib) if lib else (None, why)
     out["gpu"] = info.to_json() if info else None
@@ -87,6 +90,10 @@ def run(args) -> int:
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k:<{w}}  {v}")
+    print("environment")
+    nw = max(len(v["name"]) for v in r["environment"])
+    for v in r["environment"]:
+        print(f"  {v['name']:<{nw}}  {v['in_force']}" + (f"  (invalid: {v['error']})" if v["error"] else ""))
     for msg in r["warnings"]:
         print(f"warning: {msg}")
     return 0

@@ -15,7 +15,11 @@ refused with a warning naming the file and the reason, and generation continues 
 cycle then counts as no_draft reason ``support_invalid``).  Each step returns the accepted drafts
 followed by the next sampled token, so ``--json`` marks each generated id ``from_draft`` or not and
 carries the knobs, the full DSpark counters and ds4's stats line; without ``--json`` that line goes
-to stderr at the end.  ``DS4_DSPARK_STATS=1`` prints it when the session closes, as ds4 does.
+to stderr at the end.  ``DS4_DSPARK_STATS=1`` prints it when the session closes, as ds4 does, and
+``DS4_DSPARK_SCHEDULER`` / ``DS4_DSPARK_MAX_DRAFT_TOKENS`` set the knobs the session starts with (the
+options above change them); ``DS4TUI_GPU_LAYOUT`` and ``DS4TUI_GPU_LIB`` apply to ``--backend hip``.
+The command line reads and checks these (:mod:`ds4tui.commands.environment`); a
+``DS4_DSPARK_MAX_DRAFT_TOKENS`` above the support model's block size is a usage error (status 2).
 
 Errors (bad model file, unknown backend, context overflow) print one line to stderr and return 1;
 an option that needs another one (``--dspark`` without ``--mtp``) returns 2; Ctrl-C stops decoding,
@@ -27,10 +31,10 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
-import os
 import sys
 import time
 
+from ds4tui.commands.environment import BadVariable, settings_of
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import ModelFileError
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from ds4tui.engine import session as S
 
     as_json = args.json
+    settings = settings_of(args)
     if args.model is None:
         from ds4tui.demo import DemoError, demo_pair, stderr_progress
 
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                       seed=args.seed).validate()
             engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
-                              support=args.mtp)
+                              support=args.mtp, **settings.engine_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
@@ -134,13 +139,17 @@ def run(args: argparse.Namespace) -> int:
             if len(ids) + 1 > n_ctx:
                 return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
                              f"(raise --ctx)", as_json)
-            session = engine.session(n_ctx)
+            if engine.support_status == "attached":
+                settings.check_block(engine.block_size)
+            session = engine.session(n_ctx, **settings.session_options())
             session.set_sampling(params)
             if engine.support_status == "attached":
                 _setup_dspark(engine, session, args)
+        except BadVariable as exc:
+            return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
         except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
             return _fail(str(exc), as_json)
-        return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json)
+        return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings)
     finally:
         # Closing the session prints ds4's stats line when DS4_DSPARK_STATS is set.
         if session is not None:
@@ -149,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             engine.close()
 
 
-def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json) -> int:
+def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings) -> int:
     t_loaded = time.perf_counter()
     show_progress = not as_json and sys.stderr.isatty()
 
@@ -202,7 +211,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
-            if dspark["ran"] and os.environ.get("DS4_DSPARK_STATS", "") in ("", "0"):
+            if dspark["ran"] and not settings.dspark_stats:
                 print(dspark["dspark_line"], file=sys.stderr)  # else closing the session prints it
             if dspark["ran"] and not dspark["dspark_stats"]["t_decode_measured"]:
                 print("ds4tui generate: note: saved/net_saved are unknown (printed as 0): every cycle drafted, so "

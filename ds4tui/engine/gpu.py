@@ -3,7 +3,8 @@
 The C engine ``dlopen``s the GPU backend at run time (spec platform.md §0.3, §4): build_native.py
 builds ``ds4tui/libds4tui_hip.so`` (hipcc, AMD) or ``ds4tui/libds4tui_cuda.so`` (nvcc, NVIDIA)
 next to the extension when it finds a toolchain and records what happened in
-``ds4tui/gpu_build.json``.  ``DS4TUI_GPU_LIB`` overrides the library path.
+``ds4tui/gpu_build.json``.  A caller may name another library (the command line passes
+``DS4TUI_GPU_LIB``; nothing here reads the environment).
 
 :func:`locate` answers "which library, and if none, exactly why" (no toolchain at build time,
 the build failed, a wrong-arch build); :func:`probe` loads it and asks the runtime for the device
@@ -74,12 +75,12 @@ def build_record() -> GPUBuild:
     return GPUBuild(**known)
 
 
-def locate() -> tuple[Path | None, str]:
-    """(library path, "") or (None, why there is none)."""
-    env = os.environ.get("DS4TUI_GPU_LIB")
-    if env:
-        p = Path(env)
-        return (p, "") if p.exists() else (None, f"DS4TUI_GPU_LIB={env}: no such file")
+def locate(library: str | os.PathLike | None = None) -> tuple[Path | None, str]:
+    """(library path, "") or (None, why there is none).  ``library``: a library to use instead of
+    the built one (it must exist)."""
+    if library:
+        p = Path(library)
+        return (p, "") if p.exists() else (None, f"GPU library {p}: no such file")
     rec = build_record()
     if rec.status == "built" and rec.library and (PACKAGE_DIR / rec.library).exists():
         return PACKAGE_DIR / rec.library, ""
@@ -96,12 +97,12 @@ def locate() -> tuple[Path | None, str]:
 
 
 def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
-    """(info, "") when the library loads, a device is there and its kernels run on it; otherwise
-    (info filled as far as the probe got, or None, and the reason)."""
+    """(info, "") when the library (``library``, else the built one: :func:`locate`) loads, a
+    device is there and its kernels run on it; otherwise (info filled as far as the probe got, or
+    None, and the reason)."""
+    library, why = locate(library)
     if library is None:
-        library, why = locate()
-        if library is None:
-            return None, why
+        return None, why
     from ds4tui import _native
 
     ffi, lib = _native.ffi, _native.lib

@@ -63,6 +63,8 @@ BACKENDS = ("cpu", "hip", "auto", "reference")
 #: ds4_engine.h's DS4_MAX_THREADS.
 MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
+#: Device layouts of the weight matrices (ds4_engine.h's DS4_GPU_LAYOUT_*, in value order).
+GPU_LAYOUTS = ("planar", "ggml")
 
 
 def _native():
@@ -73,18 +75,6 @@ def _native():
             "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
         ) from exc
     return _native
-
-
-def _check_dspark_env(block: int) -> None:
-    """ds4's environment knobs (spec dspark.md §7.2), read by the C engine when a session starts:
-    a value it would not understand is an error here rather than silently ignored."""
-    v = os.environ.get("DS4_DSPARK_SCHEDULER", "")
-    if v not in ("", "0", "1"):
-        raise EngineError(f"DS4_DSPARK_SCHEDULER={v!r}: expected 0 (off) or 1 (on)")
-    v = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
-    if v not in ("", "0") and not (v.isdigit() and 1 <= int(v) <= block):
-        raise EngineError(f"DS4_DSPARK_MAX_DRAFT_TOKENS={v!r}: expected 1..{block} (the support block size), or 0 "
-                          f"for no cap")
 
 
 def _model(model: str | os.PathLike | DS4Model) -> DS4Model:
@@ -102,16 +92,25 @@ class Engine:
     it can run, else cpu; ``backend`` then says which and ``backend_note`` why) or ``"reference"``
     (numpy).  ``progress(done, total)`` (hip) is called with bytes as weights are uploaded.
     ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
-    core.  The GGUF stays memory-mapped while the engine lives.
+    core.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
+    Q2_K and IQ2_XXS rows of a 16-byte multiple with their codes apart from their scales) or
+    ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
+    ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
+    The GGUF stays memory-mapped while the engine lives.  Nothing here reads the environment: the
+    command line passes what its variables set (``ds4tui.commands.environment``).
     """
 
     def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
                  n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
+                 gpu_library: str | os.PathLike | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+        if gpu_layout not in GPU_LAYOUTS:
+            raise ValueError(f"gpu_layout must be one of {', '.join(GPU_LAYOUTS)}, got {gpu_layout!r}")
+        self.gpu_layout = gpu_layout
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         self.backend_note = ""
@@ -120,7 +119,7 @@ class Engine:
         if backend in ("hip", "auto"):
             from ds4tui.engine import gpu
 
-            info, why = gpu.probe()
+            info, why = gpu.probe(gpu_library)
             if why:
                 if backend == "hip":
                     raise BackendUnavailableError(f"the HIP backend is unavailable: {why}")
@@ -182,12 +181,9 @@ class Engine:
         cfg.compress_ratios, cfg.swiglu_clamp, cfg.swiglu_clamp_shexp = ratios, clamp, clamp_sh
         infos = list(self.model.tensors.values())
         table = self._table(self.model.tensors)
-        layout = os.environ.get("DS4TUI_GPU_LAYOUT", "") or "planar"
-        if layout not in ("planar", "ggml"):
-            raise EngineError(f"DS4TUI_GPU_LAYOUT={layout!r}: expected planar (the default) or ggml")
         opt = ffi.new("ds4_engine_options *", {"backend": 1 if self.backend == "hip" else 0, "n_threads": n_threads,
                                                "numerics": NUMERICS.index(self.numerics),
-                                               "gpu_layout": 0 if layout == "planar" else 1})
+                                               "gpu_layout": GPU_LAYOUTS.index(self.gpu_layout)})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)
@@ -268,27 +264,38 @@ class Engine:
         return int(self.support.meta.block_size) if self.support_status == "attached" else 0
 
     # -- public --------------------------------------------------------------------------------
-    def session(self, n_ctx: int = 4096, *, n_batch: int = 256) -> "Session":
+    def session(self, n_ctx: int = 4096, *, n_batch: int = 256, scheduler: bool = True, max_draft: int = 0,
+                print_stats: bool = False) -> "Session":
         """A new session with room for ``n_ctx`` tokens (capped at the model's context length)
-        and forward passes of at most ``n_batch`` tokens (prefill chunk size)."""
+        and forward passes of at most ``n_batch`` tokens (prefill chunk size).
+
+        With a support model attached, ``scheduler`` and ``max_draft`` (0: the block size) are the
+        DSpark knobs the session starts with (in force from the first cycle, not logged as a
+        change; ds4's ``DS4_DSPARK_SCHEDULER`` and ``DS4_DSPARK_MAX_DRAFT_TOKENS``); ``ValueError``
+        for a ``max_draft`` above the block size.  ``print_stats``: when the session closes after
+        any DSpark activity, print ds4's stats line to stderr (ds4's ``DS4_DSPARK_STATS``)."""
         self._check_open()
         for name, v in (("context size", n_ctx), ("batch size", n_batch)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= 2**31 - 1:
                 raise ValueError(f"{name} must be an integer 1 .. 2^31-1, got {v!r}")
         if n_ctx > self.config.context_length:
             raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
+        if not isinstance(scheduler, (bool, np.bool_)):
+            raise ValueError(f"scheduler must be True or False, got {scheduler!r}")
+        if isinstance(max_draft, (bool, np.bool_)) or not isinstance(max_draft, (int, np.integer)) or max_draft < 0:
+            raise ValueError(f"max draft length must be an integer >= 0 (0: the block size), got {max_draft!r}")
+        if self.support_status == "attached" and max_draft > self.block_size:
+            raise ValueError(f"max draft length {max_draft} exceeds the support model's block size {self.block_size} "
+                             f"(use 1..{self.block_size}, or 0 for the block size)")
         n_ctx, n_batch = int(n_ctx), int(n_batch)
         if self.backend == "reference":
             backend: SessionBackend = ReferenceBackend(self._ref, n_ctx, self.memory().weights)
         else:
             knobs = None
             if self.support_status == "attached":
-                _check_dspark_env(self.block_size)
-                sched = os.environ.get("DS4_DSPARK_SCHEDULER", "")
-                maxd = os.environ.get("DS4_DSPARK_MAX_DRAFT_TOKENS", "")
-                knobs = DSparkKnobs(enabled=True, scheduler=sched != "0", threshold=0.0, max_draft=int(maxd or 0))
+                knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        s = Session(self, n_ctx, n_batch, backend)
+        s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats))
         self._sessions.add(s)
         return s
 
@@ -370,8 +377,10 @@ class Session:
     from any thread at any time.  After the engine is closed every call raises :class:`EngineError`.
     """
 
-    def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend):
+    def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
+                 print_stats: bool = False):
         self.engine = engine
+        self.print_stats = print_stats
         self.config = engine.config
         self.n_ctx = n_ctx
         self.n_batch = n_batch
@@ -736,12 +745,13 @@ class Session:
         self.backend.fail_op(op)
 
     def close(self) -> None:
-        """Free the session now.  With ``DS4_DSPARK_STATS`` set (and not "0") and any DSpark
-        activity, the ds4-compatible stats line is printed to stderr first (as ds4 does)."""
+        """Free the session now.  With ``print_stats`` (``Engine.session``) and any DSpark activity,
+        the ds4-compatible stats line is printed to stderr first (as ds4 does with
+        ``DS4_DSPARK_STATS``)."""
         with self._lock:
             if self._closed:
                 return
-            if self.has_dspark and os.environ.get("DS4_DSPARK_STATS", "") not in ("", "0"):
+            if self.has_dspark and self.print_stats:
                 st = self.dspark_stats()
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)

@@ -98,11 +98,11 @@ def _median(xs: list[float]) -> float:
 
 
 def _time_model(model: SyntheticModel, *, backend: str, ctx: int, n_decode: int, n_verify: int, verify_rows: int,
-                log) -> dict:
+                log, engine_options: dict) -> dict:
     from ds4tui.engine.session import Engine
 
     t0 = time.perf_counter()
-    eng = Engine(model, backend=backend)
+    eng = Engine(model, backend=backend, **engine_options)
     log(f"  {model.config.n_layer} layers: engine open {time.perf_counter() - t0:.1f} s "
         f"(device {eng.memory().device / 2**30:.1f} GiB)")
     try:
@@ -139,9 +139,12 @@ def bytes_per_token(model: SyntheticModel, ctx: int) -> dict:
 
 
 def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24, n_verify: int = 8,
-                    verify_rows: int = 6, target_layers: int = 43, log=print, **overrides) -> dict:
+                    verify_rows: int = 6, target_layers: int = 43, log=print, gpu_layout: str = "planar",
+                    gpu_library: str | None = None, **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
+    ``gpu_layout`` / ``gpu_library``: as :class:`~ds4tui.engine.session.Engine`'s.
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU)."""
+    engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library}
     from ds4tui.engine import gpu
 
     small_cfg = flash_config((4, 128), **overrides)
@@ -149,7 +152,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
     big_cfg = replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
     info = None
     if backend == "hip":  # before the weights: no device means no 9 GiB of host memory spent first
-        info, why = gpu.probe()
+        info, why = gpu.probe(gpu_library)
         if why:
             raise RuntimeError(why)
     t0 = time.perf_counter()
@@ -168,9 +171,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
         bw = gbs[0] * 1e9
         log(f"device {info.device_name}: read bandwidth {gbs[0]:.0f} GB/s")
     r2 = _time_model(small, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
-                     log=log)
+                     log=log, engine_options=engine_options)
     r4 = _time_model(big, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
-                     log=log)
+                     log=log, engine_options=engine_options)
     b2, b4 = bytes_per_token(small, ctx + n_decode // 2)["total"], bytes_per_token(big, ctx + n_decode // 2)["total"]
     per_layer = {k: (r4[k] - r2[k]) / 2 for k in ("decode_ms", "verify_ms")}
     for k, v in per_layer.items():

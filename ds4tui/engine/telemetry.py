@@ -577,12 +577,14 @@ class NoneBackend(MemoryBackend):
 # ---------------------------------------------------------------------------- selection
 
 def select_backend(requested: str | None = None, *, engine_backend: str = "cpu",
-                   env: Mapping[str, str] = os.environ,
+                   env: Mapping[str, str] | None = None,
                    drm_root: Path | str = Path("/sys/class/drm"),
                    proc_root: Path | str = Path("/proc")) -> MemoryBackend:
     """The telemetry backend to poll.
 
-    1. ``requested``, else ``env["DS4TUI_TELEMETRY"]`` (empty counts as unset): one of
+    1. ``requested``, else ``env["DS4TUI_TELEMETRY"]`` (empty counts as unset; ``env`` is a
+       mapping the caller passes, None = none: the process environment is read at the command
+       line's edge, which passes ``DS4TUI_TELEMETRY`` as ``requested``): one of
        :data:`BACKEND_NAMES`.  An unknown name raises ``ValueError``; a named backend that
        is unavailable here raises :class:`TelemetryUnavailable` with its reason (``"none"``
        always succeeds; ``"fake"`` replays :func:`pressure_script`).
@@ -594,7 +596,7 @@ def select_backend(requested: str | None = None, *, engine_backend: str = "cpu",
 
     ``drm_root`` and ``proc_root`` point the sysfs and ``/proc`` backends elsewhere (tests).
     """
-    name = (requested or env.get("DS4TUI_TELEMETRY") or "").strip().lower()
+    name = (requested or (env or {}).get("DS4TUI_TELEMETRY") or "").strip().lower()
     if name:
         if name not in BACKEND_NAMES:
             raise ValueError(f"unknown telemetry backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}")

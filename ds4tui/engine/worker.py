@@ -236,7 +236,10 @@ class ChatEngine:
     backend when this build has one and a device answers, else cpu; the chosen one is in
     ``info.backend`` and the reason in ``info.backend_note``).  ``n_ctx``: context tokens (default 4096, at most the model's context
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
-    attached.  ``progress(LoadProgress)`` is called during opening.
+    attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
+    starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
+    ``gpu_layout`` and ``gpu_library`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
+    during opening.
 
     Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
     ``BackendUnavailableError``) unchanged: they name the file, tensor, expected and found values.
@@ -247,7 +250,9 @@ class ChatEngine:
     def __init__(self, model: str | os.PathLike, *, support: str | os.PathLike | None = None,
                  backend: str = "cpu", n_ctx: int | None = None, n_threads: int = 0,
                  sampling: S.SamplingParams | None = None, dspark: bool = True,
-                 progress: Callable[[LoadProgress], None] | None = None):
+                 progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
+                 gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
+                 print_stats: bool = False):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -258,7 +263,8 @@ class ChatEngine:
         say(LoadProgress(f"opening the engine ({backend})" + (f", checking {Path(support).name}" if support else ""),
                          1, 3))
         self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support,
-                               progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")))
+                               progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
+                               gpu_layout=gpu_layout, gpu_library=gpu_library)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -266,7 +272,8 @@ class ChatEngine:
             n_ctx = int(n_ctx or min(DEFAULT_CTX, limit))
             if not 2 <= n_ctx <= limit:
                 raise ValueError(f"--ctx {n_ctx}: the context size must be 2..{limit} (the model's context length)")
-            self.session = self.engine.session(n_ctx)
+            self.session = self.engine.session(n_ctx, scheduler=scheduler, max_draft=max_draft,
+                                               print_stats=print_stats)
             self.session.set_sampling((sampling or S.SamplingParams()).validate())
             if self.has_dspark:
                 self.session.set_dspark(enabled=bool(dspark))

@@ -1,0 +1,150 @@
+"""The environment variables ds4tui honours, read and checked in one place: the command line's edge.
+
+The engine layer reads no variable; what a variable sets is passed in as an argument
+(``Engine(gpu_layout=, gpu_library=)``, ``Engine.session(scheduler=, max_draft=, print_stats=)``,
+the app's telemetry choice).  :func:`read_environment` reads every variable that changes what runs,
+checks its value and returns the :class:`Settings` that ``chat``, ``generate`` and ``bench`` pass
+through; a bad value is a :class:`BadVariable` that names the variable, the value and the accepted
+values (the command line prints it and exits with status 2, like a bad flag, before any model
+loads).  :func:`report` describes every variable for ``ds4tui doctor``, the ones that only say
+where files are too (those are read where they are used: ``DS4TUI_DEMO_DIR`` and
+``XDG_CACHE_HOME`` by the demo and bench caches, ``HSA_OVERRIDE_GFX_VERSION`` by the ROCm runtime).
+
+Not a command: ``ds4tui/commands/<name>.py`` modules are commands, this one serves them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from ds4tui.engine.stats import MAX_BLOCK  # the largest block; the support model's own is checked on attach
+from ds4tui.engine.telemetry import BACKEND_NAMES as TELEMETRY
+
+
+class BadVariable(ValueError):
+    """An environment variable holds a value ds4tui does not accept."""
+
+    def __init__(self, name: str, value: str, accepted: str):
+        self.name, self.value, self.accepted = name, value, accepted
+        super().__init__(f"{name}={value!r}: expected {accepted}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the variables set (the defaults when none is set)."""
+
+    #: DS4_DSPARK_SCHEDULER: the adaptive scheduler on at the start of a DSpark session.
+    dspark_scheduler: bool = True
+    #: DS4_DSPARK_MAX_DRAFT_TOKENS: drafts per cycle at the start (0: the support model's block size).
+    dspark_max_draft: int = 0
+    #: DS4_DSPARK_STATS: print ds4's stats line when a DSpark session closes.
+    dspark_stats: bool = False
+    #: DS4TUI_GPU_LAYOUT: the device layout of the weight matrices ("planar" or "ggml").
+    gpu_layout: str = "planar"
+    #: DS4TUI_GPU_LIB: the GPU backend library to load instead of the built one (None: the built one).
+    gpu_library: str | None = None
+    #: DS4TUI_TELEMETRY: the memory telemetry source of the chat app (None: chosen by the backend).
+    telemetry: str | None = None
+
+    def session_options(self) -> dict:
+        """Keyword arguments of ``Engine.session`` (the starting DSpark knobs, the stats line)."""
+        return {"scheduler": self.dspark_scheduler, "max_draft": self.dspark_max_draft,
+                "print_stats": self.dspark_stats}
+
+    def engine_options(self) -> dict:
+        """Keyword arguments of ``Engine`` (the GPU weight layout and library)."""
+        return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library}
+
+    def check_block(self, block: int) -> None:
+        """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of
+        the attached support model (the one check that needs the support model loaded)."""
+        if block and self.dspark_max_draft > block:
+            raise BadVariable("DS4_DSPARK_MAX_DRAFT_TOKENS", str(self.dspark_max_draft),
+                              f"0 (the block size) or 1..{block} (the support model's block size)")
+
+
+def settings_of(args) -> Settings:
+    """The settings ``ds4tui.cli.main`` read for a command (``args.settings``); the defaults when
+    the command runs without them (called from Python)."""
+    return getattr(args, "settings", None) or Settings()
+
+
+def _switch(v: str) -> bool:
+    return v == "1"
+
+
+def _max_draft(v: str) -> int:
+    return int(v)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable: ``accepted`` (in words; None: any text) and ``check`` (the text → True when it
+    is accepted); ``default`` is what applies when it is unset or empty; ``field`` is the
+    :class:`Settings` field it sets and ``parse`` the value for it (None: read where it is used)."""
+
+    name: str
+    effect: str
+    default: str
+    accepted: str | None = None
+    check: Callable[[str], bool] | None = None
+    field: str | None = None
+    parse: Callable[[str], object] = str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("DS4_DSPARK_SCHEDULER", "DSpark's adaptive scheduler at the start of a session (F3 / --no-scheduler "
+             "change it)", "1", "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_scheduler", _switch),
+    Variable("DS4_DSPARK_MAX_DRAFT_TOKENS", "DSpark drafts per cycle at the start of a session (--max-draft, "
+             "F9/F10 change it)", "0 (the block size)",
+             f"0 (the block size) or an integer 1..{MAX_BLOCK} (at most the support model's block size)",
+             lambda v: v.isascii() and v.isdigit() and int(v) <= MAX_BLOCK, "dspark_max_draft", _max_draft),
+    Variable("DS4_DSPARK_STATS", "print ds4's DSpark stats line to stderr when a session closes", "0",
+             "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_stats", _switch),
+    Variable("DS4TUI_GPU_LAYOUT", "device layout of the weight matrices on the GPU backend", "planar",
+             "planar (the default) or ggml", lambda v: v in ("planar", "ggml"), "gpu_layout"),
+    Variable("DS4TUI_GPU_LIB", "GPU backend library to load instead of the one the build made", "the built library",
+             None, None, "gpu_library"),
+    Variable("DS4TUI_TELEMETRY", "memory telemetry source of the chat app (--telemetry wins)",
+             "chosen by the backend", ", ".join(TELEMETRY) + " (any case)",
+             lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower()),
+    Variable("DS4TUI_DEMO_DIR", "where the bundled demo model is unpacked", "$XDG_CACHE_HOME/ds4tui/demo"),
+    Variable("XDG_CACHE_HOME", "cache folder of the demo model and bench --medium (an absolute path)", "~/.cache"),
+    Variable("HSA_OVERRIDE_GFX_VERSION", "ROCm runtime: load code objects of this gfx version instead of the "
+             "device's (a mismatch with the build fails)", "the device's own"),
+)
+
+
+def read_environment(environ: Mapping[str, str] | None = None) -> Settings:
+    """The :class:`Settings` the variables in ``environ`` (default ``os.environ``) ask for;
+    :class:`BadVariable` for the first one whose value is not accepted.  An empty value counts as
+    unset."""
+    env = os.environ if environ is None else environ
+    kw: dict = {}
+    for var in VARIABLES:
+        value = env.get(var.name, "")
+        if not value or var.field is None:
+            continue
+        if var.check is not None and not var.check(value):
+            raise BadVariable(var.name, value, var.accepted or "")
+        kw[var.field] = var.parse(value)
+    return Settings(**kw)
+
+
+def report(environ: Mapping[str, str] | None = None) -> list[dict]:
+    """One entry per variable for ``ds4tui doctor``: ``name``, ``value`` (None when unset),
+    ``in_force`` ("default: ..." when unset), ``effect`` and ``error`` (the :class:`BadVariable`
+    message, or None)."""
+    env = os.environ if environ is None else environ
+    out = []
+    for var in VARIABLES:
+        value = env.get(var.name) or None
+        error = None
+        if value is not None and var.check is not None and not var.check(value):
+            error = str(BadVariable(var.name, value, var.accepted or ""))
+        in_force = f"default: {var.default}" if value is None else value
+        out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
+                    "checked": var.field is not None, "error": error})
+    return out

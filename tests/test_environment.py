@@ -1,0 +1,128 @@
+"""The environment variables ds4tui honours: read and checked at the command line's edge
+(ds4tui/commands/environment.py), passed to the engine as arguments, shown by ``ds4tui doctor``.
+
+A bad value is one line naming the variable, the value and the accepted values, with exit status 2
+(as a bad flag), before any model loads: the model paths given here do not even exist."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.commands import environment as E
+
+BAD = [
+    ("DS4_DSPARK_SCHEDULER", "banana", "0 (off) or 1 (on)"),
+    ("DS4_DSPARK_SCHEDULER", "2", "0 (off) or 1 (on)"),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "17", "0 (the block size) or an integer 1..16"),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "-1", "0 (the block size) or an integer 1..16"),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "two", "0 (the block size) or an integer 1..16"),
+    ("DS4_DSPARK_STATS", "banana", "0 (off) or 1 (on)"),
+    ("DS4_DSPARK_STATS", "yes", "0 (off) or 1 (on)"),
+    ("DS4TUI_GPU_LAYOUT", "tiled", "planar (the default) or ggml"),
+    ("DS4TUI_TELEMETRY", "rocm", "fake, sysfs, nvml, rss, none"),
+]
+COMMANDS = [
+    ["generate", "no-such-model.gguf", "-p", "hi"],
+    ["bench", "no-such-model.gguf"],
+    ["chat", "no-such-model.gguf"],
+]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for v in E.VARIABLES:
+        monkeypatch.delenv(v.name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
+@pytest.mark.parametrize("name, value, accepted", BAD)
+def test_a_bad_value_is_a_named_error_and_status_2(clean_env, capsys, argv, name, value, accepted):
+    clean_env.setenv(name, value)
+    rc = cli_main(argv)
+    out = capsys.readouterr()
+    assert rc == 2 and out.out == ""
+    assert out.err.count("\n") == 1
+    assert out.err.startswith(f"ds4tui {argv[0]}: error: {name}={value!r}: expected {accepted}")
+
+
+def test_settings_from_the_environment(clean_env):
+    assert E.read_environment() == E.Settings()
+    env = {"DS4_DSPARK_SCHEDULER": "0", "DS4_DSPARK_MAX_DRAFT_TOKENS": "3", "DS4_DSPARK_STATS": "1",
+           "DS4TUI_GPU_LAYOUT": "ggml", "DS4TUI_GPU_LIB": "/opt/lib.so", "DS4TUI_TELEMETRY": " RSS ",
+           "DS4TUI_DEMO_DIR": "/x"}
+    s = E.read_environment(env)
+    assert s == E.Settings(dspark_scheduler=False, dspark_max_draft=3, dspark_stats=True, gpu_layout="ggml",
+                           gpu_library="/opt/lib.so", telemetry="rss")
+    assert s.session_options() == {"scheduler": False, "max_draft": 3, "print_stats": True}
+    assert s.engine_options() == {"gpu_layout": "ggml", "gpu_library": "/opt/lib.so"}
+    # empty counts as unset (as ds4 reads them); "0" is a value
+    assert E.read_environment({"DS4_DSPARK_STATS": "", "DS4_DSPARK_MAX_DRAFT_TOKENS": "0"}) == E.Settings()
+    with pytest.raises(E.BadVariable, match=r"DS4_DSPARK_MAX_DRAFT_TOKENS='3': expected 0 \(the block size\) or "
+                                            r"1\.\.2 \(the support model's block size\)"):
+        s.check_block(2)
+    s.check_block(5)
+
+
+def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env, capsys):
+    clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")  # a block of 5
+    for argv in (["generate", tiny_q2["model"], "-p", "hi", "--mtp", tiny_q2["support"]],
+                 ["bench", tiny_q2["model"], "--ab", "--mtp", tiny_q2["support"], "--tokens", "4"]):
+        rc = cli_main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2, err
+        assert err.strip().endswith("error: DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the block size) or 1..5 "
+                                    "(the support model's block size)")
+
+
+def test_the_values_reach_the_engine(tiny_q2, clean_env, capsys):
+    clean_env.setenv("DS4_DSPARK_SCHEDULER", "0")
+    clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "2")
+    clean_env.setenv("DS4_DSPARK_STATS", "1")
+    rc = cli_main(["generate", tiny_q2["model"], "-p", "hi", "-n", "12", "--mtp", tiny_q2["support"], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    r = json.loads(out.out)
+    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 2}
+    assert max(k for k, c in enumerate(r["dspark_stats"]["draft_len_hist"]) if c) <= 2
+    assert out.err.count("DSpark stats") == 1  # printed when the session closed
+
+
+def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
+    clean_env.setenv("DS4TUI_GPU_LAYOUT", "ggml")
+    clean_env.setenv("DS4_DSPARK_STATS", "banana")
+    clean_env.setenv("XDG_CACHE_HOME", "/tmp/cache")
+    assert cli_main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    lines = text[text.index("\nenvironment\n"):].splitlines()[2:]
+    shown = {ln.split()[0]: ln.split(None, 1)[1] for ln in lines if ln.startswith("  ")}
+    assert list(shown) == [v.name for v in E.VARIABLES]
+    assert shown["DS4TUI_GPU_LAYOUT"] == "ggml" and shown["XDG_CACHE_HOME"] == "/tmp/cache"
+    assert shown["DS4_DSPARK_SCHEDULER"] == "default: 1" and shown["DS4TUI_DEMO_DIR"].startswith("default: ")
+    assert shown["DS4_DSPARK_STATS"] == ("banana  (invalid: DS4_DSPARK_STATS='banana': expected 0 (off) or "
+                                         "1 (on))")
+    assert cli_main(["doctor", "--json"]) == 0
+    env = {v["name"]: v for v in json.loads(capsys.readouterr().out)["environment"]}
+    assert env["DS4TUI_GPU_LAYOUT"]["in_force"] == "ggml" and env["DS4TUI_GPU_LAYOUT"]["error"] is None
+    assert env["DS4_DSPARK_MAX_DRAFT_TOKENS"] == {
+        "name": "DS4_DSPARK_MAX_DRAFT_TOKENS", "value": None, "in_force": "default: 0 (the block size)",
+        "effect": E.VARIABLES[1].effect, "checked": True, "error": None}
+    assert env["HSA_OVERRIDE_GFX_VERSION"]["checked"] is False
+
+
+def test_every_variable_ds4tui_reads_is_listed():
+    """Each environment read under ds4tui/ names a variable that doctor lists."""
+    import re
+    from pathlib import Path
+
+    import ds4tui
+
+    read = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Za-z0-9_]+)["']""")
+    listed = {v.name for v in E.VARIABLES}
+    found = set()
+    for f in sorted(Path(ds4tui.__file__).parent.rglob("*.py")):
+        found |= set(read.findall(f.read_text()))
+    assert found and found <= listed, sorted(found - listed)
