@@ -498,3 +498,49 @@ def _iq2_xxs_blocks(x: np.ndarray, imp: np.ndarray | None):
     grp[:, 4:8] = word.astype("<u4").view(np.uint8).reshape(ng, 4)
     out[:, 2:] = grp.reshape(nb, 64)
     return out, vals.reshape(nb, 256)
+
+
+# ---- 8-bit matmul activations (the `q8` activations option; spec ds4.md §2.9.5) ----------------
+
+def quantize_q8_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Activation rows ``x`` [..., n] (n a multiple of 32) as the native engine quantises them:
+    per block of 32, ``d = max|x| / 127`` and ``q = round(x * (1 / d))`` with ties away from zero
+    (``q = 0`` when ``d = 0``), all in float32.  Returns (q int8 [..., n], d float32 [..., n / 32])."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % 32:
+        raise ValueError(f"activation rows of {x.shape[-1]} elements are not a multiple of the 32-element block")
+    xb = x.reshape(*x.shape[:-1], -1, 32)
+    d = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    v = (xb * inv[..., None]).astype(np.float32)
+    t = np.trunc(v)
+    q = t + np.where(np.abs(v - t) >= np.float32(0.5), np.sign(v), 0)  # ties away from zero, exactly
+    return np.clip(q, -127, 127).astype(np.int8).reshape(x.shape), d
+
+
+def matmul_q8_0_q8(raw: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    """Y [n_tok, rows] = the Q8_0 matrix ``raw`` (GGUF bytes, ``rows`` x ``cols``) times activation rows
+    ``x`` [n_tok, cols] under the ``q8`` activations option, bit for bit as the native kernel
+    computes it (cpu/dot.c): 4-product int32 lanes, each times d_w * d_x into one of 16 float32
+    accumulators (lane l of block b into 8 * (b % 2) + l, blocks in order), then a fixed reduction."""
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    nb = cols // 32
+    blocks = np.frombuffer(np.ascontiguousarray(raw).tobytes(), np.uint8).reshape(rows, nb, 34)
+    dw = blocks[:, :, :2].copy().view(np.float16).reshape(rows, nb).astype(np.float32)
+    qw = blocks[:, :, 2:].copy().view(np.int8).astype(np.int32).reshape(rows, nb, 8, 4)
+    qx, dx = quantize_q8_act(x)
+    qx = qx.astype(np.int32).reshape(-1, nb, 8, 4)
+    out = np.empty((x.shape[0], rows), np.float32)
+    for t in range(x.shape[0]):
+        lanes = (qw * qx[t][None]).sum(axis=-1).astype(np.float32)  # [rows, nb, 8], exact integers
+        acc = np.zeros((rows, 16), np.float32)
+        for b in range(nb):
+            s = (dw[:, b] * dx[t, b]).astype(np.float32)
+            half = slice(8 * (b % 2), 8 * (b % 2) + 8)
+            acc[:, half] = (acc[:, half] + (s[:, None] * lanes[:, b]).astype(np.float32)).astype(np.float32)
+        s8 = acc[:, :8] + acc[:, 8:]
+        s4 = s8[:, :4] + s8[:, 4:]
+        s2 = s4[:, :2] + s4[:, 2:]
+        out[t] = s2[:, 0] + s2[:, 1]
+    return out

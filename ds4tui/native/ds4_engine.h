@@ -57,6 +57,11 @@ extern "C" {
 #define DS4_BACKEND_HIP 1
 #define DS4_NUMERICS_DS4 0          /* FP8 KV, f16 cache rows, FP4 indexer, router floor */
 #define DS4_NUMERICS_TRANSFORMERS 1 /* plain float32, as Hugging Face transformers */
+/* Matmul activations (ds4_engine_options.activations; spec ds4.md §2.9.5): F32 keeps them float32
+ * for every weight type; Q8 quantises them to 8 bits in blocks of 32 for Q8_0 matrices and sums the
+ * products in int32 (CPU backend only). */
+#define DS4_ACTIVATIONS_F32 0
+#define DS4_ACTIVATIONS_Q8 1
 
 /* Logit outputs of ds4_session_eval. */
 #define DS4_LOGITS_NONE 0
@@ -87,6 +92,12 @@ int ds4_dequantize(int type, const void *src, float *dst, int64_t n,
 int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols,
                       const float *X, int64_t n_tok, float *Y, int n_threads,
                       char *err, size_t err_len);
+
+/* ds4_kernel_matmul with the matmul activations of DS4_ACTIVATIONS_* (Q8: 8-bit activations for
+ * a Q8_0 matrix, spec ds4.md §2.9.5; any other type keeps float32). */
+int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols,
+                          const float *X, int64_t n_tok, float *Y, int n_threads,
+                          int activations, char *err, size_t err_len);
 
 /* memcpy bandwidth: copy `bytes` bytes `reps` times between two buffers,
  * split over n_threads threads (0 = one per core), and return the best
@@ -137,6 +148,7 @@ typedef struct {
     void *progress_ctx;
     /* DS4_BACKEND_HIP only: the device layout of the weight matrices (DS4_GPU_LAYOUT_*). */
     int32_t gpu_layout;
+    int32_t activations;  /* DS4_ACTIVATIONS_* (DS4_ACTIVATIONS_Q8: CPU backend only) */
 } ds4_engine_options;
 
 /* Device layouts of the weight matrices (ds4_engine_options.gpu_layout).  PLANAR (the default):

@@ -32,6 +32,14 @@ int ds4_dequantize(int type, const void *src, float *dst, int64_t n, char *err, 
 
 int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
                       int n_threads, char *err, size_t err_len) {
+    return ds4_kernel_matmul_act(type, W, rows, cols, X, n_tok, Y, n_threads, DS4_ACTIVATIONS_F32, err, err_len);
+}
+
+int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
+                          int n_threads, int activations, char *err, size_t err_len) {
+    if (activations != DS4_ACTIVATIONS_F32 && activations != DS4_ACTIVATIONS_Q8)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "matmul: activations %d: expected %d (f32) or %d (q8)", activations,
+                        DS4_ACTIVATIONS_F32, DS4_ACTIVATIONS_Q8);
     const ds4_type_traits *tt = ds4_type(type);
     if (!tt || !tt->matrix) return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "matmul: unsupported GGML type %d", type);
     if (n_threads < 0 || n_threads > DS4_MAX_THREADS)
@@ -43,7 +51,7 @@ int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols, const
     int perr = 0;
     ds4_pool *pool = ds4_pool_create(n_threads, &perr);
     if (!pool) return ds4_fail(err, err_len, DS4_E_NOMEM, "matmul: cannot start %d threads: %s", n_threads, strerror(perr));
-    ds4_cpu_matmul(pool, type, W, rows, cols, X, cols, n_tok, Y, rows);
+    ds4_cpu_matmul_act(pool, activations == DS4_ACTIVATIONS_Q8, type, W, rows, cols, X, cols, n_tok, Y, rows);
     ds4_pool_destroy(pool);
     return DS4_OK;
 }
@@ -130,7 +138,7 @@ static void cpu_weights(ds4_w **ws, int n) {
 
 static int cpu_open(ds4_engine *e, char *err, size_t len) {
     e->ops = ds4_cpu_backend();
-    int rc = ds4_cpu_backend_open(e->pool, &e->ctx, err, len);
+    int rc = ds4_cpu_backend_open(e->pool, e->activations, &e->ctx, err, len);
     if (rc != DS4_OK) return rc;
     ds4_w **ws = malloc((size_t)(DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS) * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
@@ -156,6 +164,12 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
                         DS4_BACKEND_CPU, DS4_BACKEND_HIP);
     if (o.numerics != DS4_NUMERICS_DS4 && o.numerics != DS4_NUMERICS_TRANSFORMERS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "numerics %d: expected 0 (ds4) or 1 (transformers)", o.numerics);
+    if (o.activations != DS4_ACTIVATIONS_F32 && o.activations != DS4_ACTIVATIONS_Q8)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "activations %d: expected %d (f32) or %d (q8)", o.activations,
+                        DS4_ACTIVATIONS_F32, DS4_ACTIVATIONS_Q8);
+    if (o.activations == DS4_ACTIVATIONS_Q8 && o.backend == DS4_BACKEND_HIP)
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "8-bit activations (q8) run on the CPU backend only; the GPU "
+                        "backend keeps float32 activations (choose activations f32 with the hip backend)");
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
@@ -168,6 +182,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->c.compress_ratios = NULL; /* copied into the layers by the binder */
     e->c.swiglu_clamp = e->c.swiglu_clamp_shexp = NULL;
     e->numerics = o.numerics;
+    e->activations = o.activations;
     e->layers = calloc((size_t)cfg->n_layer, sizeof *e->layers);
     e->freq_main = ds4_rope_freqs(cfg->n_rot, cfg->rope_freq_base, 0, 1, 1, 1, 1);
     int yarn = cfg->rope_yarn && cfg->rope_scaling_factor != 1.0f;

@@ -88,6 +88,7 @@ struct ds4_engine {
     pthread_mutex_t life;   /* guards n_sessions and closing */
     int n_sessions, closing; /* ds4_engine_close frees the engine when its last session goes */
     int numerics;
+    int activations;         /* DS4_ACTIVATIONS_*: float32, or 8-bit for Q8_0 matrices (CPU) */
     ds4_pool *pool;
     int n_threads;
     double *freq_main, *freq_comp; /* [n_rot/2] RoPE frequencies (YaRN-blended for compressed layers) */
@@ -216,7 +217,7 @@ size_t ds4_block_tensor_bytes(const ds4_engine *e, const ds4_layer *l, int i);
 
 /* ---- cpu/backend.c ---------------------------------------------------------------------------- */
 const ds4_backend *ds4_cpu_backend(void);
-int ds4_cpu_backend_open(ds4_pool *pool, ds4_backend_ctx **out, char *err, size_t len);
+int ds4_cpu_backend_open(ds4_pool *pool, int activations, ds4_backend_ctx **out, char *err, size_t len);
 
 /* ---- sampling.c ------------------------------------------------------------------------------- */
 int32_t ds4_sample(ds4_session *s, const float *logits);

@@ -18,16 +18,18 @@
 struct ds4_backend_ctx {
     ds4_pool *pool;
     int n_threads;
+    int act_q8;                /* DS4_ACTIVATIONS_Q8: Q8_0 matrices multiply 8-bit activations */
     pthread_mutex_t lock;      /* the gather buffers (sessions on several threads share the context) */
     float *gx, *gy;            /* mm_gather: gathered activations and results */
     size_t gx_cap, gy_cap;     /* floats */
     _Atomic uint64_t allocated;
 };
 
-int ds4_cpu_backend_open(ds4_pool *pool, ds4_backend_ctx **out, char *err, size_t len) {
+int ds4_cpu_backend_open(ds4_pool *pool, int activations, ds4_backend_ctx **out, char *err, size_t len) {
     ds4_backend_ctx *c = calloc(1, sizeof *c);
     if (!c) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
     c->pool = pool;
+    c->act_q8 = activations == DS4_ACTIVATIONS_Q8;
     c->n_threads = ds4_pool_size(pool);
     pthread_mutex_init(&c->lock, NULL);
     *out = c;
@@ -74,7 +76,7 @@ static int sync(ds4_backend_ctx *c, char *err, size_t len) {
 static int mm(ds4_backend_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
               const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     (void)row_bytes, (void)err, (void)len;
-    ds4_cpu_matmul(c->pool, type, W, rows, cols, X, ldx, n, Y, ldy);
+    ds4_cpu_matmul_act(c->pool, c->act_q8, type, W, rows, cols, X, ldx, n, Y, ldy);
     return DS4_OK;
 }
 
@@ -115,7 +117,7 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
         const uint8_t *Wm = (const uint8_t *)W + (size_t)m * (size_t)mat_bytes;
         /* slots first + j*step read X row (first + j*step) / x_div: equally spaced when step divides */
         if (regular && (cnt == 1 || step % x_div == 0)) {
-            ds4_cpu_matmul(c->pool, type, Wm, rows, cols, X + (first / x_div) * ldx, (step / x_div) * ldx, cnt,
+            ds4_cpu_matmul_act(c->pool, c->act_q8, type, Wm, rows, cols, X + (first / x_div) * ldx, (step / x_div) * ldx, cnt,
                            Y + first * ldy, step * ldy);
             continue;
         }
@@ -126,7 +128,7 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
         int64_t j = 0;
         for (int64_t i = 0; i < n_slots; i++)
             if (ids[i] == m) memcpy(c->gx + (size_t)(j++ * cols), X + (i / x_div) * ldx, (size_t)cols * sizeof(float));
-        ds4_cpu_matmul(c->pool, type, Wm, rows, cols, c->gx, cols, cnt, c->gy, rows);
+        ds4_cpu_matmul_act(c->pool, c->act_q8, type, Wm, rows, cols, c->gx, cols, cnt, c->gy, rows);
         j = 0;
         for (int64_t i = 0; i < n_slots; i++)
             if (ids[i] == m) memcpy(Y + i * ldy, c->gy + (size_t)(j++ * rows), (size_t)rows * sizeof(float));

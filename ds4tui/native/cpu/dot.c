@@ -403,3 +403,131 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
         for (; k < n_tok; k++) y[k * ldy] = dot_q8_0(row, X + k * ldx, cols);
     }
 }
+
+/* ---- 8-bit activations (the `activations = q8` numerics option; spec ds4.md §2.9.5) -------------
+ *
+ * An activation row is quantised in blocks of 32: d = max|x| / 127, q = round(x * (1 / d)) (ties away
+ * from zero; q = 0 when d = 0).  A Q8_0 weight row times such a row:
+ *   - every 4 consecutive products q_w * q_x are summed exactly in int32 (a "lane": 8 lanes a block);
+ *   - each lane, converted to float, is multiplied by s = d_w * d_x and added to one of 16 float
+ *     accumulators: lane l of block b goes to accumulator 8 * (b % 2) + l, blocks in order;
+ *   - the 16 accumulators are reduced as ((a_j + a_j+8), then + 4, then + 2, then the two left).
+ * Every step is a separate float32 rounding (no fused multiply-add), so the AVX-512 (VNNI or BW),
+ * AVX2 and portable paths give the same bits, a token's result never depends on the batch, and the
+ * numpy reference simulates it exactly (ds4tui/engine/quants.py). */
+
+void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float a = fabsf(xb[j]);
+            if (a > amax) amax = a;
+        }
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        for (int j = 0; j < 32; j++) {
+            float v = roundf(xb[j] * id);
+            q[32 * b + j] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+        }
+    }
+}
+
+static inline float q8_reduce16(const float *a) {
+    float s8[8], s4[4], s2[2];
+    for (int j = 0; j < 8; j++) s8[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    for (int j = 0; j < 2; j++) s2[j] = s4[j] + s4[j + 2];
+    return s2[0] + s2[1];
+}
+
+/* Row r of W (Q8_0) against nt <= 8 quantised activation rows (qx: rows ldq apart; dx: their block
+ * scales, cols / 32 per row). */
+static void q8_row(const uint8_t *row, int64_t cols, const int8_t *qx, int64_t ldq, const float *dx, int nt,
+                   float *Y, int64_t ldy) {
+    const int64_t nb = cols / 32;
+    float acc[8][16];
+    int64_t b = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    __m512 va[8];
+    for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = row + 34 * b, *b1 = b0 + 34;
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                              _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+        const __m512i aw = _mm512_abs_epi8(w);
+        const __mmask64 neg = _mm512_movepi8_mask(w);
+        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(ds4_half((uint16_t)(b0[0] | (b0[1] << 8)))),
+                                             _mm256_set1_ps(ds4_half((uint16_t)(b1[0] | (b1[1] << 8)))), 1);
+        for (int k = 0; k < nt; k++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(qx + k * ldq + 32 * b));
+            const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+#if defined(__AVX512VNNI__)
+            const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
+#else
+            const __m512i lanes = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
+#endif
+            const float *d = dx + k * nb + b;
+            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1);
+            va[k] = _mm512_add_ps(va[k], _mm512_mul_ps(_mm512_mul_ps(dw, dxv), _mm512_cvtepi32_ps(lanes)));
+        }
+    }
+    if (b == nb) { /* the fixed reduction, in vector form: 16 -> 8 -> 4 -> 2 -> 1 */
+        for (int k = 0; k < nt; k++) {
+            __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(va[k]), _mm512_extractf32x8_ps(va[k], 1));
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+            __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            Y[k * ldy] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+        }
+        return;
+    }
+    for (int k = 0; k < nt; k++) _mm512_storeu_ps(acc[k], va[k]);
+#elif defined(__AVX2__)
+    __m256 va[8][2];
+    for (int k = 0; k < nt; k++) va[k][0] = va[k][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (; b < nb; b++) {
+        const uint8_t *blk = row + 34 * b;
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i aw = _mm256_sign_epi8(w, w);
+        const __m256 dw = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+        for (int k = 0; k < nt; k++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(qx + k * ldq + 32 * b));
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+            const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(dx[k * nb + b]));
+            va[k][b & 1] = _mm256_add_ps(va[k][b & 1], _mm256_mul_ps(s, _mm256_cvtepi32_ps(lanes)));
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        _mm256_storeu_ps(acc[k], va[k][0]);
+        _mm256_storeu_ps(acc[k] + 8, va[k][1]);
+    }
+#else
+    for (int k = 0; k < nt; k++)
+        for (int j = 0; j < 16; j++) acc[k][j] = 0.0f;
+#endif
+    for (; b < nb; b++) { /* portable (and the last odd block of the AVX-512 path) */
+        const uint8_t *blk = row + 34 * b;
+        const int8_t *w = (const int8_t *)(blk + 2);
+        const float dw = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int k = 0; k < nt; k++) {
+            const int8_t *x = qx + k * ldq + 32 * b;
+            const float s = dw * dx[k * nb + b];
+            for (int l = 0; l < 8; l++) {
+                int32_t sum = 0;
+                for (int j = 0; j < 4; j++) sum += (int32_t)w[4 * l + j] * (int32_t)x[4 * l + j];
+                const float t = s * (float)sum;
+                acc[k][8 * (b & 1) + l] += t;
+            }
+        }
+    }
+    for (int k = 0; k < nt; k++) Y[k * ldy] = q8_reduce16(acc[k]);
+}
+
+void ds4_cpu_dot_q8_0_q8(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const int8_t *qx,
+                         int64_t ldq, const float *dx, int64_t n_tok, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < n_tok; k += 8)
+            q8_row(W + (size_t)r * row_bytes, cols, qx + k * ldq, ldq, dx + k * (cols / 32),
+                   (int)(n_tok - k < 8 ? n_tok - k : 8), Y + k * ldy + r, ldy);
+}

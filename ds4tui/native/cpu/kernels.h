@@ -53,7 +53,17 @@ DS4_CPU_DOT(ds4_cpu_dot_q2_k);
 DS4_CPU_DOT(ds4_cpu_dot_iq2_xxs);
 #undef DS4_CPU_DOT
 
-/* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool (cpu/matmul.c). */
+/* 8-bit activations (spec ds4.md §2.9.5; cpu/dot.c): n floats (a multiple of 32) to int8 q[n] and
+ * block scales d[n / 32]; the Q8_0 kernel against such rows (qx: n_tok rows ldq apart, dx: cols / 32
+ * scales per row). */
+void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);
+void ds4_cpu_dot_q8_0_q8(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const int8_t *qx,
+                         int64_t ldq, const float *dx, int64_t n_tok, float *Y, int64_t ldy);
+
+/* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool (cpu/matmul.c).  With
+ * act_q8, a Q8_0 matrix multiplies 8-bit quantised activations (the other types keep float32). */
+void ds4_cpu_matmul_act(ds4_pool *pool, int act_q8, int type, const void *W, int64_t rows, int64_t cols,
+                        const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,
                     int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 

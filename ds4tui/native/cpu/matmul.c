@@ -4,6 +4,9 @@
 #include "kernels.h"
 #include "../types.h"
 
+#include <pthread.h>
+#include <stdlib.h>
+
 typedef struct {
     void (*dot)(const uint8_t *, size_t, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t);
     const uint8_t *W;
@@ -17,6 +20,69 @@ static void mm_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const mm_task *t = ctx;
     t->dot(t->W, t->row_bytes, r0, r1, t->cols, t->X, t->ldx, t->n_tok, t->Y, t->ldy);
+}
+
+typedef struct {
+    const uint8_t *W;
+    size_t row_bytes;
+    int64_t cols, n_tok, ldy;
+    const int8_t *qx;
+    const float *dx;
+    float *Y;
+} q8_task;
+
+static void q8_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const q8_task *t = ctx;
+    ds4_cpu_dot_q8_0_q8(t->W, t->row_bytes, r0, r1, t->cols, t->qx, t->cols, t->dx, t->n_tok, t->Y, t->ldy);
+}
+
+/* The calling thread's buffer for quantised activations (grown as needed, freed with the thread). */
+static pthread_key_t q8_key;
+static pthread_once_t q8_once = PTHREAD_ONCE_INIT;
+typedef struct { void *p; size_t cap; } q8_buf;
+
+static void q8_free(void *b) {
+    if (b) free(((q8_buf *)b)->p);
+    free(b);
+}
+
+static void q8_key_init(void) { pthread_key_create(&q8_key, q8_free); }
+
+static void *q8_scratch(size_t bytes) {
+    pthread_once(&q8_once, q8_key_init);
+    q8_buf *b = pthread_getspecific(q8_key);
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b || pthread_setspecific(q8_key, b) != 0) { free(b); return NULL; }
+    }
+    if (bytes > b->cap) {
+        void *p = realloc(b->p, bytes);
+        if (!p) return NULL;
+        b->p = p;
+        b->cap = bytes;
+    }
+    return b->p;
+}
+
+void ds4_cpu_matmul_act(ds4_pool *pool, int act_q8, int type, const void *W, int64_t rows, int64_t cols,
+                        const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
+    if (!act_q8 || type != DS4_TYPE_Q8_0 || rows <= 0 || n_tok <= 0) {
+        ds4_cpu_matmul(pool, type, W, rows, cols, X, ldx, n_tok, Y, ldy);
+        return;
+    }
+    const size_t nq = (size_t)(n_tok * cols), nd = (size_t)(n_tok * (cols / 32));
+    int8_t *qx = q8_scratch(nq + nd * sizeof(float) + 64);
+    if (!qx) { /* no memory for the quantised rows: NaN, so nothing downstream passes for a result */
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < rows; r++) Y[t * ldy + r] = __builtin_nanf("");
+        return;
+    }
+    float *dx = (float *)(((uintptr_t)(qx + nq) + 63) & ~(uintptr_t)63);
+    for (int64_t t = 0; t < n_tok; t++) ds4_cpu_quantize_q8_act(X + t * ldx, cols, qx + t * cols, dx + t * (cols / 32));
+    q8_task t = {W, ds4_row_bytes(type, cols), cols, n_tok, ldy, qx, dx, Y};
+    if (rows * cols * n_tok < 65536) q8_slice(&t, 0, rows, 0);
+    else ds4_pool_run(pool, q8_slice, &t, rows);
 }
 
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,
