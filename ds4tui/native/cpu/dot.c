@@ -386,8 +386,161 @@ static float dot_bf16_row(const uint8_t *row, const float *x, int64_t cols) {
 ROWS_OF(ds4_cpu_dot_f32, dot_f32_row)
 ROWS_OF(ds4_cpu_dot_f16, dot_f16_row)
 ROWS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
+/* ---- the 2-bit types against several tokens at once -------------------------------------------
+ * Each block's weights are formed once (the same vector products dot_q2_k / dot_iq2_xxs form) and
+ * shared by NT tokens; every token's accumulators see exactly the fused multiply-adds and the final
+ * reduction its one-token call performs, so the results are bit-identical to NT one-token calls. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define Q2K_MULTI(NT)                                                                                           \
+    static void dot_q2_k_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,          \
+                               int64_t ldy) {                                                                  \
+        __m256 a0[NT], a1[NT];                                                                                 \
+        for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm256_setzero_ps();                                      \
+        const __m256i three = _mm256_set1_epi32(3);                                                            \
+        for (int64_t b = 0; b < n / 256; b++) {                                                                \
+            const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;                                      \
+            const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));                                    \
+            const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));                                 \
+            for (int h = 0; h < 2; h++)                                                                        \
+                for (int j = 0; j < 4; j++)                                                                    \
+                    for (int half = 0; half < 2; half++) {                                                     \
+                        const int sb = 8 * h + 2 * j + half;                                                   \
+                        const __m256 dl = _mm256_set1_ps(d * (float)(sc[sb] & 15));                            \
+                        const __m256 ml = _mm256_set1_ps(dmin * (float)(sc[sb] >> 4));                         \
+                        const uint8_t *q = qs + 32 * h + 16 * half;                                            \
+                        const int64_t xo = 256 * b + 128 * h + 32 * j + 16 * half;                             \
+                        const __m128i sh = _mm_cvtsi32_si128(2 * j);                                           \
+                        __m256i c0 = _mm256_and_si256(                                                         \
+                            _mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), sh), three); \
+                        __m256i c1 = _mm256_and_si256(                                                         \
+                            _mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))), sh), \
+                            three);                                                                            \
+                        __m256 w0 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c0)), ml);              \
+                        __m256 w1 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(c1)), ml);              \
+                        for (int k = 0; k < NT; k++) {                                                         \
+                            const float *xs = X + k * ldx + xo;                                                \
+                            a0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs), a0[k]);                           \
+                            a1[k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8), a1[k]);                       \
+                        }                                                                                      \
+                    }                                                                                          \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[16];                                                                                     \
+            _mm256_storeu_ps(acc, a0[k]);                                                                      \
+            _mm256_storeu_ps(acc + 8, a1[k]);                                                                  \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+Q2K_MULTI(8)
+Q2K_MULTI(4)
+Q2K_MULTI(2)
+#define Q2K_GROUPS 1
+#endif
+
+#if defined(__AVX512F__)
+#define IQ2_MULTI(NT)                                                                                           \
+    static void dot_iq2_xxs_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,       \
+                                  int64_t ldy) {                                                               \
+        __m512 acc[NT];                                                                                        \
+        for (int k = 0; k < NT; k++) acc[k] = _mm512_setzero_ps();                                             \
+        for (int64_t b = 0; b < n / 256; b++) {                                                                \
+            const uint8_t *blk = row + 66 * b;                                                                 \
+            const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));                                      \
+            for (int ib = 0; ib < 8; ib++) {                                                                   \
+                const uint8_t *g = blk + 2 + 8 * ib;                                                           \
+                uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) |                 \
+                             ((uint32_t)g[7] << 24);                                                           \
+                const __m512 db = _mm512_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);                       \
+                for (int kk = 0; kk < 4; kk += 2) {                                                            \
+                    __m512 grid = _mm512_insertf32x8(                                                          \
+                        _mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_grid_f[g[kk]])),                     \
+                        _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[kk + 1]]), 1);                                     \
+                    __m512 sign = _mm512_insertf32x8(                                                          \
+                        _mm512_castps256_ps512(_mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * kk)) & 127])),     \
+                        _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (kk + 1))) & 127]), 1);                   \
+                    const __m512 wv = _mm512_mul_ps(_mm512_mul_ps(db, grid), sign);                            \
+                    const int64_t xo = 256 * b + 32 * ib + 8 * kk;                                             \
+                    for (int k = 0; k < NT; k++)                                                               \
+                        acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(X + k * ldx + xo), acc[k]);               \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float a16[16];                                                                                     \
+            _mm512_storeu_ps(a16, acc[k]);                                                                     \
+            Y[k * ldy] = hsum(a16);                                                                            \
+        }                                                                                                      \
+    }
+IQ2_MULTI(8)
+IQ2_MULTI(4)
+IQ2_MULTI(2)
+#define IQ2_GROUPS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define IQ2_MULTI(NT)                                                                                           \
+    static void dot_iq2_xxs_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,       \
+                                  int64_t ldy) {                                                               \
+        __m256 a0[NT], a1[NT];                                                                                 \
+        for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm256_setzero_ps();                                      \
+        for (int64_t b = 0; b < n / 256; b++) {                                                                \
+            const uint8_t *blk = row + 66 * b;                                                                 \
+            const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));                                      \
+            for (int ib = 0; ib < 8; ib++) {                                                                   \
+                const uint8_t *g = blk + 2 + 8 * ib;                                                           \
+                uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) |                 \
+                             ((uint32_t)g[7] << 24);                                                           \
+                const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);                       \
+                for (int kk = 0; kk < 4; kk += 2) {                                                            \
+                    __m256 w0 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[kk]])),    \
+                                              _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * kk)) & 127]));      \
+                    __m256 w1 = _mm256_mul_ps(_mm256_mul_ps(db, _mm256_loadu_ps(ds4_iq2xxs_grid_f[g[kk + 1]])), \
+                                              _mm256_loadu_ps(ds4_iq2xxs_sign_f[(w >> (7 * (kk + 1))) & 127])); \
+                    const int64_t xo = 256 * b + 32 * ib + 8 * kk;                                             \
+                    for (int k = 0; k < NT; k++) {                                                             \
+                        a0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X + k * ldx + xo), a0[k]);                 \
+                        a1[k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(X + k * ldx + xo + 8), a1[k]);             \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int k = 0; k < NT; k++) {                                                                         \
+            float acc[16];                                                                                     \
+            _mm256_storeu_ps(acc, a0[k]);                                                                      \
+            _mm256_storeu_ps(acc + 8, a1[k]);                                                                  \
+            Y[k * ldy] = hsum(acc);                                                                            \
+        }                                                                                                      \
+    }
+IQ2_MULTI(8)
+IQ2_MULTI(4)
+IQ2_MULTI(2)
+#define IQ2_GROUPS 1
+#endif
+
+/* Rows r0..r1 of a 2-bit matrix: tokens in groups of 8, 4, 2 sharing each row's weights, then one by
+ * one (the one-token kernel). */
+#define GROUPED_ROWS(FN, ONE, X8, X4, X2)                                                                   \
+    void FN(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,      \
+            int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {                                           \
+        for (int64_t r = r0; r < r1; r++) {                                                                \
+            const uint8_t *row = W + (size_t)r * row_bytes;                                                \
+            float *y = Y + r;                                                                              \
+            int64_t k = 0;                                                                                 \
+            for (; k + 8 <= n_tok; k += 8) X8(row, X + k * ldx, ldx, cols, y + k * ldy, ldy);              \
+            if (k + 4 <= n_tok) { X4(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 4; }             \
+            if (k + 2 <= n_tok) { X2(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 2; }             \
+            for (; k < n_tok; k++) y[k * ldy] = ONE(row, X + k * ldx, cols);                               \
+        }                                                                                                  \
+    }
+
+#ifdef Q2K_GROUPS
+GROUPED_ROWS(ds4_cpu_dot_q2_k, dot_q2_k, dot_q2_k_x8, dot_q2_k_x4, dot_q2_k_x2)
+#else
 ROWS_OF(ds4_cpu_dot_q2_k, dot_q2_k)
+#endif
+#ifdef IQ2_GROUPS
+GROUPED_ROWS(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs, dot_iq2_xxs_x8, dot_iq2_xxs_x4, dot_iq2_xxs_x2)
+#else
 ROWS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
+#endif
 
 void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
                       int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
