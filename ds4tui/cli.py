@@ -137,6 +137,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
                    "(hip when it runs, else cpu) or reference. Default cpu")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
+    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
+                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0 matrices, spec ds4.md §2.9.5; cpu backend only). Default f32")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -192,6 +194,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
+    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
+                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0 matrices, spec ds4.md §2.9.5; cpu backend only). Default f32")
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",

@@ -348,7 +348,8 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
     return runs
 
 
-def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n_prompt: int, n_decode: int,
+def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
+              n_prompt: int, n_decode: int,
               ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None) -> dict:
     """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
     ``settings``: what the environment variables set (default: their defaults)."""
@@ -364,7 +365,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
         raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
                          f"{model.config.context_length}")
     ids, prompt_kind = prompt_ids(model, n_prompt)
-    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, **settings.engine_options())
+    engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
+                    **settings.engine_options())
     try:
         session = engine.session(ctx, **settings.session_options())
 
@@ -394,6 +396,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, n_threads: int, n
         "model": _model_info(model, medium),
         "backend": backend,
         "numerics": numerics,
+        "activations": activations,
         "n_threads": n_threads_used,
         "prompt_tokens": n_prompt,
         "prompt": prompt_kind,
@@ -509,7 +512,8 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
             "n_expert_used": c.n_expert_used}
 
 
-def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_threads: int, n_tokens: int,
+def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
+           n_tokens: int,
            ctx: int | None, medium: bool, settings: Settings | None = None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
@@ -530,7 +534,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
     if ctx > model.config.context_length:
         raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
                          f"{model.config.context_length}")
-    engine = Engine(model, backend=backend, numerics=numerics, n_threads=n_threads, support=support,
+    engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options())
     try:
         if engine.support_status != "attached":
@@ -596,6 +600,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, n_thr
         "support": support_info,
         "backend": backend,
         "numerics": numerics,
+        "activations": activations,
         "n_threads": n_threads_used,
         "ctx": ctx,
         "tokens": n_tokens,
@@ -628,7 +633,8 @@ def render_text(r: dict) -> str:
         f"{'-':>10}"
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
-        ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r['n_threads']} threads, context {r['ctx']}"),
+        ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+                   f"{r['n_threads']} threads, context {r['ctx']}"),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "
                    f"compressor {_gib(mem['compressor'])}, scratch {_gib(mem['scratch'])})"),
@@ -655,7 +661,8 @@ def render_ab_text(r: dict) -> str:
     lines = [
         f"model    {m['path']}  ({m['name']}, {_gib(m['file_bytes'])})",
         f"support  {sup['message']}",
-        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r['n_threads']} threads, context {r['ctx']}, "
+        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+        f"{r['n_threads']} threads, context {r['ctx']}, "
         f"memory {_gib(mem['total'])} ({same})",
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
         + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
@@ -776,11 +783,13 @@ def run(args: argparse.Namespace) -> int:
         model = DS4Model(path)
         if args.ab:
             support = Path(args.mtp) if args.mtp is not None else medium_support(Path(path))
-            result = run_ab(model, support, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+            result = run_ab(model, support, backend=args.backend, numerics=args.numerics, activations=args.activations,
+                            n_threads=args.threads,
                             n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium),
                             settings=settings_of(args))
         else:
-            result = run_bench(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+            result = run_bench(model, backend=args.backend, numerics=args.numerics, activations=args.activations,
+                               n_threads=args.threads,
                                n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
                                repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args))
     except BadVariable as exc:  # a usage error, as a bad flag

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                       seed=args.seed).validate()
             engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
-                              support=args.mtp, **settings.engine_options())
+                              support=args.mtp, activations=args.activations, **settings.engine_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
@@ -237,6 +237,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "model": str(engine.model.path),
         "backend": engine.backend,
         "numerics": engine.numerics,
+        "activations": engine.activations,
         "n_threads": engine.n_threads,
         "raw": bool(args.raw),
         "think": None if args.raw else not args.nothink,

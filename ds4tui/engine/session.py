@@ -65,6 +65,8 @@ MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
 #: Device layouts of the weight matrices (ds4_engine.h's DS4_GPU_LAYOUT_*, in value order).
 GPU_LAYOUTS = ("planar", "ggml")
+#: Matmul activations (spec ds4.md §2.9.5): float32, or 8-bit for Q8_0 matrices (CPU backend).
+ACTIVATIONS = ("f32", "q8")
 
 
 def _native():
@@ -96,6 +98,9 @@ class Engine:
     Q2_K and IQ2_XXS rows of a 16-byte multiple with their codes apart from their scales) or
     ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
+    ``activations``: ``"f32"`` (float32 activations for every weight type) or ``"q8"`` (8-bit
+    activations for Q8_0 matrices, spec ds4.md §2.9.5; the cpu backend only: hip and reference
+    refuse it by name).
     The GGUF stays memory-mapped while the engine lives.  Nothing here reads the environment: the
     command line passes what its variables set (``ds4tui.commands.environment``).
     """
@@ -103,7 +108,7 @@ class Engine:
     def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
                  n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
-                 gpu_library: str | os.PathLike | None = None):
+                 gpu_library: str | os.PathLike | None = None, activations: str = "f32"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -111,6 +116,12 @@ class Engine:
         if gpu_layout not in GPU_LAYOUTS:
             raise ValueError(f"gpu_layout must be one of {', '.join(GPU_LAYOUTS)}, got {gpu_layout!r}")
         self.gpu_layout = gpu_layout
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        if activations == "q8" and backend in ("hip", "reference"):
+            raise BackendUnavailableError(f"8-bit activations (q8) run on the cpu backend only; the {backend} backend "
+                                          f"keeps float32 activations (choose activations f32, or --backend cpu)")
+        self.activations = activations
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         self.backend_note = ""
@@ -162,15 +173,9 @@ class Engine:
         ffi, lib, c = self._ffi, self._lib, self.config
         keep = self._keep
         cfg = ffi.new("ds4_model_config *")
-        for name in ("n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank", "o_lora_rank",
-                     "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_expert_shared", "n_hash_layer", "sliding_window",
-                     "indexer_n_head", "indexer_head_dim", "indexer_top_k", "hc_count", "hc_sinkhorn_iters",
-                     "rope_orig_ctx", "context_length"):
-            setattr(cfg, name, int(getattr(c, name)))
-        for name in ("rope_freq_base", "rope_scaling_factor", "yarn_beta_fast", "yarn_beta_slow",
-                     "compress_rope_freq_base", "expert_weights_scale", "rms_eps", "hc_eps"):
-            setattr(cfg, name, float(getattr(c, name)))
-        cfg.expert_weights_norm = int(bool(c.expert_weights_norm))
+        for name, ctype in ffi.typeof("ds4_model_config").fields:  # every scalar field, by name, from DS4Config
+            if ctype.type.kind == "primitive" and hasattr(c, name):
+                setattr(cfg, name, float(getattr(c, name)) if ctype.type.cname == "float" else int(getattr(c, name)))
         if c.rope_scaling_type not in ("yarn", "none"):
             raise EngineError(f"{self.model.path}: rope.scaling.type '{c.rope_scaling_type}' is not supported "
                               f"(expected 'yarn')")
@@ -183,7 +188,8 @@ class Engine:
         table = self._table(self.model.tensors)
         opt = ffi.new("ds4_engine_options *", {"backend": 1 if self.backend == "hip" else 0, "n_threads": n_threads,
                                                "numerics": NUMERICS.index(self.numerics),
-                                               "gpu_layout": GPU_LAYOUTS.index(self.gpu_layout)})
+                                               "gpu_layout": GPU_LAYOUTS.index(self.gpu_layout),
+                                               "activations": ACTIVATIONS.index(self.activations)})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)

@@ -1,0 +1,59 @@
+"""The ``q8`` activations option end to end (spec ds4.md §2.9.5): the engine with 8-bit activations
+for Q8_0 matrices stays close to the float32 engine, decides the same greedy tokens where the
+float32 logits are decided, is batch-invariant, and is named in the JSON of generate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ds4tui.engine.errors import BackendUnavailableError
+from ds4tui.engine.session import Engine
+
+PROMPT = [(i * 7919 + 13) % 120000 + 100 for i in range(40)]
+
+
+def test_q8_logits_close_to_f32_and_same_decided_tokens(tiny_q2):
+    with Engine(tiny_q2["model"], activations="f32") as ef, Engine(tiny_q2["model"], activations="q8") as eq:
+        assert eq.activations == "q8"
+        lf = ef.session(256, n_batch=64).prefill(PROMPT, logits="all")
+        lq = eq.session(256, n_batch=64).prefill(PROMPT, logits="all")
+    diff = np.abs(lf - lq)
+    assert diff.max() > 0, "q8 computes the same floats as f32: the option does nothing"
+    # the tiny q2 model's logits span about +-10; 8-bit activations move them by a few hundredths
+    assert float(np.median(diff)) < 0.05 and float(diff.max()) < 1.0, (float(np.median(diff)), float(diff.max()))
+    top2 = np.sort(lf, axis=1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > 2 * diff.max(axis=1)
+    assert decided.sum() >= len(PROMPT) // 2
+    assert (lf.argmax(1)[decided] == lq.argmax(1)[decided]).all()
+
+
+def test_q8_is_batch_invariant(tiny_q2):
+    with Engine(tiny_q2["model"], activations="q8") as e:
+        s = e.session(256, n_batch=64)
+        whole = s.prefill(PROMPT, logits="all")
+        s.reset()
+        parts = np.concatenate([s.prefill(PROMPT[i:i + 1], logits="all") for i in range(len(PROMPT))])
+    assert np.array_equal(whole, parts)
+
+
+def test_q8_is_a_cpu_option(tiny_q2):
+    for backend in ("reference", "hip"):
+        with pytest.raises(BackendUnavailableError, match="q8.*cpu backend only"):
+            Engine(tiny_q2["model"], backend=backend, activations="q8")
+    with pytest.raises(ValueError, match="activations must be one of f32, q8"):
+        Engine(tiny_q2["model"], activations="int8")
+
+
+def test_generate_json_names_the_option(tiny_q2):
+    out = subprocess.run([sys.executable, "-m", "ds4tui", "generate", str(tiny_q2["model"]), "-p", "hello", "-n", "4",
+                          "--raw", "--activations", "q8", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["activations"] == "q8"
+    bad = subprocess.run([sys.executable, "-m", "ds4tui", "generate", str(tiny_q2["model"]), "-p", "x",
+                          "--activations", "int4"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--activations" in bad.stderr
