@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
+from gguf.quants import quantize as quantize_q8
 from test_native_dequant import f16_bits, iq2_xxs_block  # also fails loudly if the extension is missing
 
 from ds4tui._native import ffi, lib
@@ -410,3 +411,26 @@ def test_null_buffers_are_invalid_and_empty_products_are_ok():
     assert rc == lib.DS4_E_INVALID and "NULL" in ffi.string(err).decode()
     for rows, n_tok in ((0, 3), (3, 0)):
         assert lib.ds4_kernel_matmul(int(T.Q2_K), ffi.NULL, rows, 256, ffi.NULL, n_tok, ffi.NULL, 2, err, 128) == lib.DS4_OK
+
+
+def test_one_block_rows_take_the_same_bits_one_token_or_many():
+    """Q8_0 rows of one block (32 columns: the DSpark Markov head) against one token run 16 rows per
+    vector on AVX-512; a row's result must be the bits of the multi-token kernels and close to the
+    float64 product."""
+    rng = np.random.default_rng(11)
+    rows, cols = 16 * 5 + 3, 32
+    raw = quantize_q8((rng.standard_normal((rows, cols)) * 0.1).astype(np.float32), GGMLQuantizationType.Q8_0)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    err = ffi.new("char[128]")
+
+    def run(X):
+        Y = np.full((X.shape[0], rows), np.nan, np.float32)
+        assert lib.ds4_kernel_matmul(int(GGMLQuantizationType.Q8_0), ffi.from_buffer(raw), rows, cols,
+                                     ffi.cast("const float *", ffi.from_buffer(X)), X.shape[0],
+                                     ffi.cast("float *", ffi.from_buffer(Y)), 2, err, 128) == lib.DS4_OK
+        return Y
+
+    one, two = run(x), run(np.repeat(x, 2, axis=0))
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[0], two[1])
+    ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(rows, cols).astype(np.float64) @ x[0].astype(np.float64)
+    assert np.abs(one[0] - ref).max() <= 1e-5 * np.abs(ref).max()

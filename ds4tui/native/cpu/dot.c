@@ -542,8 +542,40 @@ GROUPED_ROWS(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs, dot_iq2_xxs_x8, dot_iq2_xxs_x4, d
 ROWS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
 #endif
 
+#if defined(__AVX512F__)
+/* One-block rows (32 columns, e.g. the DSpark Markov head W2 [V, rank 32]) against one token, 16 rows
+ * per vector: a row of a lane goes through exactly dot_q8_0's operations for n = 32 (the products
+ * q * x, their scaling by d, the 16 + 16 pairing and the fixed reduction), so the bits are the same;
+ * the per-row call and reduction overhead that dominates so short a row is gone. */
+static void q8_0_rows32(const uint8_t *W, size_t row_bytes, int64_t r, const float *x, float *y) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)row_bytes));
+    const uint8_t *base = W + (size_t)r * row_bytes;
+    const __m512i head = _mm512_i32gather_epi32(idx, (const void *)base, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    __m512 t[16];
+    for (int m = 0; m < 8; m++) {
+        const __m512i v = _mm512_i32gather_epi32(idx, (const void *)(base + 2 + 4 * m), 1);
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * m + k;
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * k), 24));
+            const __m512 tj = _mm512_mul_ps(d, _mm512_mul_ps(q, _mm512_set1_ps(x[j])));
+            t[j & 15] = j < 16 ? tj : _mm512_add_ps(t[j & 15], tj);
+        }
+    }
+    __m512 s8[8], s4[4];
+    for (int j = 0; j < 8; j++) s8[j] = _mm512_add_ps(t[j], t[j + 8]);
+    for (int j = 0; j < 4; j++) s4[j] = _mm512_add_ps(s8[j], s8[j + 4]);
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3])));
+}
+#endif
+
 void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
                       int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
+#if defined(__AVX512F__)
+    if (cols == 32 && n_tok == 1)
+        for (; r0 + 16 <= r1; r0 += 16) q8_0_rows32(W, row_bytes, r0, X, Y + r0);
+#endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = W + (size_t)r * row_bytes;
         float *y = Y + r;
