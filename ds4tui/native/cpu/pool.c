@@ -1,9 +1,14 @@
 /* pool.c — a persistent thread pool that splits a range of items over threads.
  *
- * ds4_pool_run(pool, fn, ctx, n) calls fn(ctx, begin, end, thread) on disjoint,
- * contiguous slices that cover 0..n, one slice per thread (the caller's thread
- * takes slice 0), and returns when every slice is done.  Workers sleep on a
- * condition variable between runs.
+ * ds4_pool_run(pool, fn, ctx, n) calls fn(ctx, begin, end, thread) on disjoint, contiguous chunks
+ * that cover 0..n (CHUNKS_PER_THREAD per thread), and returns when every chunk is done.  The caller
+ * and the workers claim chunks from one counter, so a worker that the operating system has not
+ * scheduled yet (another process, or the UI, holds its core) costs nothing: the caller takes its
+ * chunks instead of waiting a time slice for it.  A claim carries the run's generation, so a worker
+ * that wakes late can never take a chunk of a later run it did not read.  `thread` is the index of
+ * the thread running the chunk (0 = the caller): a thread runs its chunks one after another, so
+ * per-thread scratch stays private.  Which thread runs a chunk never changes a result: every item
+ * is computed the same way wherever it runs.  Workers sleep on a condition variable between runs.
  */
 #include "pool.h"
 
@@ -19,15 +24,18 @@ struct ds4_pool {
     pthread_t *threads;
     pthread_mutex_t run_mu; /* one run at a time (sessions on several threads share the pool) */
     pthread_mutex_t mu;
-    pthread_cond_t start, done;
+    pthread_cond_t start;
     uint64_t generation;  /* bumped for every run */
     _Atomic uint64_t gen_seen; /* a copy of generation that workers poll without the lock */
-    int pending;          /* workers still busy with the current run */
+    _Atomic uint64_t claim;    /* (generation << 32) | the next chunk to claim */
+    _Atomic int64_t done;      /* chunks finished in the current run */
     int quit;
     ds4_task_fn fn;
     void *ctx;
-    int64_t n;
+    int64_t n, n_chunks, chunk;
 };
+
+enum { CHUNKS_PER_THREAD = 4 };
 
 typedef struct { ds4_pool *pool; int index; } worker_arg;
 
@@ -43,11 +51,18 @@ static inline void sched_yield_light(void) {
 #endif
 }
 
-static void run_slice(ds4_pool *p, int t) {
-    int64_t per = (p->n + p->n_threads - 1) / p->n_threads;
-    int64_t b = per * t, e = b + per;
-    if (e > p->n) e = p->n;
-    if (b < e) p->fn(p->ctx, b, e, t);
+/* Claim and run chunks of run `gen` until none is left (a claim of another run fails). */
+static void run_chunks(ds4_pool *p, uint64_t gen, int t) {
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if ((v >> 32) != (gen & 0xffffffffu) || (int64_t)(v & 0xffffffffu) >= p->n_chunks) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        int64_t b = (int64_t)(v & 0xffffffffu) * p->chunk, e = b + p->chunk;
+        if (e > p->n) e = p->n;
+        if (b < e) p->fn(p->ctx, b, e, t);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+    }
 }
 
 static void *worker(void *arg) {
@@ -70,10 +85,7 @@ static void *worker(void *arg) {
         if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
         seen = p->generation;
         pthread_mutex_unlock(&p->mu);
-        run_slice(p, wa.index);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
+        run_chunks(p, seen, wa.index);
     }
 }
 
@@ -94,7 +106,6 @@ ds4_pool *ds4_pool_create(int n_threads, int *error) {
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start, NULL);
-    pthread_cond_init(&p->done, NULL);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
@@ -128,7 +139,6 @@ void ds4_pool_destroy(ds4_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->run_mu);
     pthread_cond_destroy(&p->start);
-    pthread_cond_destroy(&p->done);
     free(p);
 }
 
@@ -145,14 +155,22 @@ void ds4_pool_run(ds4_pool *p, ds4_task_fn fn, void *ctx, int64_t n) {
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
-    p->pending = p->n_threads - 1;
+    int64_t want = (int64_t)p->n_threads * CHUNKS_PER_THREAD;
+    p->n_chunks = n < want ? n : want;
+    p->chunk = (n + p->n_chunks - 1) / p->n_chunks;
+    p->n_chunks = (n + p->chunk - 1) / p->chunk;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     p->generation++;
-    atomic_store_explicit(&p->gen_seen, p->generation, memory_order_release);
+    const uint64_t gen = p->generation;
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store_explicit(&p->gen_seen, gen, memory_order_release);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
-    run_slice(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    run_chunks(p, gen, 0);
+    /* the chunks still running are on workers that are running: a short wait */
+    for (int spin = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->n_chunks; spin++) {
+        if (spin < POLL_SPINS) sched_yield_light();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&p->run_mu);
 }
