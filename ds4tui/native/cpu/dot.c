@@ -56,8 +56,26 @@ float ds4_dot_f32(const float *a, const float *b, int64_t n) {
  * auto-vectorised form spends most of its time shuffling for. */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+/* hsum of the 16 lanes a0 | a1 in vector form: the same additions in the same order. */
+static inline float hsum16_256(__m256 a0, __m256 a1) {
+    const __m256 s8 = _mm256_add_ps(a0, a1);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
 #endif
 #if defined(__AVX512F__)
+/* hsum of the 32 lanes a0 | a1 after acc[j] += acc[j + 16], in vector form: the same additions in
+ * the same order (a 256-element row has too few blocks to hide a scalar reduction). */
+static inline float hsum32_512(__m512 a0, __m512 a1) {
+    const __m512 a = _mm512_add_ps(a0, a1);
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
 /* 16 lanes per instruction halves the sign-extension shuffles that bound the AVX2 form. */
 static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -70,11 +88,7 @@ static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
         acc0 = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), acc0);
         acc1 = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), acc1);
     }
-    float acc[32];
-    _mm512_storeu_ps(acc, acc0);
-    _mm512_storeu_ps(acc + 16, acc1);
-    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
-    return hsum(acc);
+    return hsum32_512(acc0, acc1);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
@@ -140,13 +154,7 @@ static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
                 a1[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), a1[k]);                \
             }                                                                                                  \
         }                                                                                                      \
-        for (int k = 0; k < NT; k++) {                                                                         \
-            float acc[32];                                                                                     \
-            _mm512_storeu_ps(acc, a0[k]);                                                                      \
-            _mm512_storeu_ps(acc + 16, a1[k]);                                                                 \
-            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
-            Y[k * ldy] = hsum(acc);                                                                            \
-        }                                                                                                      \
+        for (int k = 0; k < NT; k++) Y[k * ldy] = hsum32_512(a0[k], a1[k]);                                   \
     }
 Q8_MULTI(8)
 Q8_MULTI(4)
@@ -245,10 +253,7 @@ static float dot_q2_k(const uint8_t *row, const float *x, int64_t n) {
                     acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs + 8), acc1);
                 }
     }
-    float acc[16];
-    _mm256_storeu_ps(acc, acc0);
-    _mm256_storeu_ps(acc + 8, acc1);
-    return hsum(acc);
+    return hsum16_256(acc0, acc1);
 }
 
 #if defined(__AVX512F__)
@@ -273,9 +278,7 @@ static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
             }
         }
     }
-    float a16[16];
-    _mm512_storeu_ps(a16, acc);
-    return hsum(a16);
+    return hsum16_256(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
 }
 #else
 static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
@@ -298,10 +301,7 @@ static float dot_iq2_xxs(const uint8_t *row, const float *x, int64_t n) {
             }
         }
     }
-    float acc[16];
-    _mm256_storeu_ps(acc, acc0);
-    _mm256_storeu_ps(acc + 8, acc1);
-    return hsum(acc);
+    return hsum16_256(acc0, acc1);
 }
 #endif
 #else
@@ -424,12 +424,7 @@ ROWS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
                         }                                                                                      \
                     }                                                                                          \
         }                                                                                                      \
-        for (int k = 0; k < NT; k++) {                                                                         \
-            float acc[16];                                                                                     \
-            _mm256_storeu_ps(acc, a0[k]);                                                                      \
-            _mm256_storeu_ps(acc + 8, a1[k]);                                                                  \
-            Y[k * ldy] = hsum(acc);                                                                            \
-        }                                                                                                      \
+        for (int k = 0; k < NT; k++) Y[k * ldy] = hsum16_256(a0[k], a1[k]);                                   \
     }
 Q2K_MULTI(8)
 Q2K_MULTI(4)
@@ -465,11 +460,8 @@ Q2K_MULTI(2)
                 }                                                                                              \
             }                                                                                                  \
         }                                                                                                      \
-        for (int k = 0; k < NT; k++) {                                                                         \
-            float a16[16];                                                                                     \
-            _mm512_storeu_ps(a16, acc[k]);                                                                     \
-            Y[k * ldy] = hsum(a16);                                                                            \
-        }                                                                                                      \
+        for (int k = 0; k < NT; k++)                                                                           \
+            Y[k * ldy] = hsum16_256(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1));         \
     }
 IQ2_MULTI(8)
 IQ2_MULTI(4)
@@ -502,12 +494,7 @@ IQ2_MULTI(2)
                 }                                                                                              \
             }                                                                                                  \
         }                                                                                                      \
-        for (int k = 0; k < NT; k++) {                                                                         \
-            float acc[16];                                                                                     \
-            _mm256_storeu_ps(acc, a0[k]);                                                                      \
-            _mm256_storeu_ps(acc + 8, a1[k]);                                                                  \
-            Y[k * ldy] = hsum(acc);                                                                            \
-        }                                                                                                      \
+        for (int k = 0; k < NT; k++) Y[k * ldy] = hsum16_256(a0[k], a1[k]);                                   \
     }
 IQ2_MULTI(8)
 IQ2_MULTI(4)
