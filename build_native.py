@@ -11,9 +11,16 @@ platform.md §0.3, §4): ``ds4tui/libds4tui_hip.so`` built by ``hipcc`` (AMD; ``
 from ``DS4TUI_HIP_ARCH``, default gfx1151) or ``ds4tui/libds4tui_cuda.so`` built by ``nvcc -x cu``
 from the same sources through ``hip/hip_compat.h`` (NVIDIA; ``-arch`` from ``DS4TUI_CUDA_ARCH``,
 default sm_90, the H200).  ``DS4TUI_GPU=auto`` (default: hipcc, else nvcc, else none),
-``hip``, ``cuda`` or ``off`` chooses.  Wave64 targets (gfx9) are refused.  What happened is
-written to ``ds4tui/gpu_build.json`` (``ds4tui doctor`` prints it); in ``auto`` mode a failed GPU
-build is recorded there and warned about, and the CPU extension still installs.
+``hip``, ``cuda`` or ``off`` chooses.  Wave64 targets (gfx9) are refused.
+``DS4TUI_GPU_ROCM_FORMULAS=1`` (CUDA builds; default 0) defines ``DS4_GPU_ROCM_FORMULAS``: the
+shuffle wrappers and ``__byte_perm`` of ``hip/hip_compat.h`` then run ROCm's own lane and byte
+arithmetic on NVIDIA, so that the GPU tests on an NVIDIA device execute the AMD branch logic.
+What happened is written to ``ds4tui/gpu_build.json`` (``ds4tui doctor`` prints it); in ``auto``
+mode a failed GPU build is recorded there and warned about, and the CPU extension still installs.
+
+:func:`hip_clang_command` is the same AMD library built by a plain ``clang++`` with Debian's HIP
+headers, ROCm device libraries and ``lld`` instead of ``hipcc`` (``ds4tui.devtools.amd_build``,
+which CI runs).
 
 The cdef is the block between ``/* CDEF BEGIN */`` and ``/* CDEF END */`` of
 ``ds4tui/native/ds4_engine.h``: one header is the whole native API.
@@ -357,9 +364,19 @@ def gpu_arch(plat: str) -> list[str]:
     return archs
 
 
-def gpu_command(plat: str, compiler: str, archs: list[str], out: str) -> list[str]:
+def rocm_formulas() -> bool:
+    """``DS4TUI_GPU_ROCM_FORMULAS``: ``1`` builds the CUDA library with ROCm's shuffle and byte-perm
+    formulas (``DS4_GPU_ROCM_FORMULAS``), ``0`` or unset with CUDA's intrinsics."""
+    v = os.environ.get("DS4TUI_GPU_ROCM_FORMULAS", "0").strip() or "0"
+    if v not in ("0", "1"):
+        raise GPUBuildError(f"DS4TUI_GPU_ROCM_FORMULAS={v!r}: expected 0 or 1")
+    return v == "1"
+
+
+def gpu_command(plat: str, compiler: str, archs: list[str], out: str, *, rocm_formulas: bool = False) -> list[str]:
     """The one compile-and-link command of the GPU library.  No fast-math; no FMA contraction
-    (fmaf is written where it is meant), as the CPU build (spec platform.md §0.6)."""
+    (fmaf is written where it is meant), as the CPU build (spec platform.md §0.6).
+    ``rocm_formulas`` (CUDA only): ROCm's shuffle and byte-perm arithmetic (``hip/hip_compat.h``)."""
     srcs = [str(NATIVE / s) for s in HIP_SOURCES]
     define = "-DDS4_GPU_ARCH=\"" + ",".join(archs) + "\""
     common = ["-O3", "-std=c++17", define, f"-I{NATIVE}"]
@@ -370,8 +387,21 @@ def gpu_command(plat: str, compiler: str, archs: list[str], out: str) -> list[st
     for a in archs:
         num = a[3:]
         gencode += ["-gencode", f"arch=compute_{num},code=[sm_{num},compute_{num}]"]
-    return ([compiler, "-x", "cu"] + gencode + common + ["-fmad=false", "-Xcompiler", "-fPIC", "-shared", "-o", out]
-            + srcs + ["-lpthread"])
+    formulas = ["-DDS4_GPU_ROCM_FORMULAS=1"] if rocm_formulas else []
+    return ([compiler, "-x", "cu"] + gencode + common + formulas
+            + ["-fmad=false", "-Xcompiler", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread"])
+
+
+def hip_clang_command(clang: str, archs: list[str], out: str, device_libs: str, rocm_path: str = "/usr") -> list[str]:
+    """The AMD library (host and device code, linked) built by a plain clang++ instead of hipcc:
+    gpu_command's hip flags, with the HIP headers under ``rocm_path`` (Debian's libamdhip64-dev:
+    /usr), the ROCm device libraries (ocml, ockl, oclc_*) from ``device_libs``, lld as the linker and
+    libamdhip64 linked in.  (Debian 12's rocm-device-libs 5.2 has no oclc_isa_version file for gfx11;
+    ``ds4tui.devtools.amd_build`` writes one beside links to the others.)"""
+    cmd = gpu_command("hip", clang, archs, out)
+    i = cmd.index("-fPIC")
+    return (cmd[:i] + [f"--rocm-path={rocm_path}", f"--rocm-device-lib-path={device_libs}", "-fuse-ld=lld"]
+            + cmd[i:] + ["-lamdhip64"])
 
 
 def _compiler_version(compiler: str) -> str:
@@ -389,7 +419,7 @@ def build_gpu(out_dir: Path, *, verbose: bool = False) -> dict:
     ``DS4TUI_GPU=hip|cuda`` makes any failure an error (GPUBuildError); ``auto`` records it."""
     want = os.environ.get("DS4TUI_GPU", "auto").strip().lower() or "auto"
     record: dict = {"status": "skipped", "platform": None, "compiler": None, "compiler_version": None,
-                    "arch": None, "library": None, "reason": "", "command": None}
+                    "arch": None, "library": None, "reason": "", "command": None, "rocm_formulas": False}
     try:
         plat, compiler, why = find_gpu_compiler()
         if plat is None:
@@ -403,7 +433,9 @@ def build_gpu(out_dir: Path, *, verbose: bool = False) -> dict:
                           arch=",".join(archs), library=lib.name)
             fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=out_dir)
             os.close(fd)
-            cmd = gpu_command(plat, compiler, archs, tmp)
+            formulas = rocm_formulas() and plat == "cuda"
+            record["rocm_formulas"] = formulas
+            cmd = gpu_command(plat, compiler, archs, tmp, rocm_formulas=formulas)
             record["command"] = " ".join(cmd)
             env = dict(os.environ)
             if plat == "hip":

@@ -7,7 +7,9 @@ free as the runtime reports them, runtime and driver versions) or exactly why th
 run: no toolchain, library failed to load, no device, wrong arch.  Last, every environment
 variable ds4tui honours (:mod:`ds4tui.commands.environment`) with the value in force ("default: ..."
 when unset), and the check of those that change what runs (a bad value is reported here, and the
-commands that open an engine refuse it with status 2).  Exit status 0 when the report could be made
+commands that open an engine refuse it with status 2).  On an amdgpu machine it also reports the
+GTT limit, whether it is the kernel's default half of RAM, and the ``ttm.pages_limit`` that raises
+it (:func:`ds4tui.engine.memplan.gtt_report`).  Exit status 0 when the report could be made
 (even without a GPU); 1 when the native engine itself is not built.
 """
 
@@ -26,7 +28,7 @@ def collect() -> dict:
     """The report as one JSON-able dict."""
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
-    from ds4tui.engine import gpu
+    from ds4tui.engine import gpu, memplan
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -46,6 +48,7 @@ def collect() -> dict:
     out["hip_available"] = not why2
     out["hip_unavailable_reason"] = why2
     out["auto_backend"] = "hip" if not why2 else "cpu"
+    out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = []
     if hsa:
@@ -67,7 +70,9 @@ def run(args) -> int:
         ("ds4tui", r["ds4tui"]),
         ("native", f"{r['native']}  ({r['native_file']})"),
         ("gpu build", b["status"] + (f": {b['platform']} for {b['arch']} with {b['compiler']} ({b['compiler_version']})"
-                                     if b.get("platform") else "") + (f"\n  reason: {b['reason']}" if b["reason"] else "")),
+                                     if b.get("platform") else "") + (", ROCm shuffle and byte-perm formulas"
+                                                                        if b.get("rocm_formulas") else "")
+         + (f"\n  reason: {b['reason']}" if b["reason"] else "")),
         ("gpu library", r["gpu_library"] or "none"),
     ]
     g = r["gpu"]
@@ -81,6 +86,8 @@ def run(args) -> int:
         ]
     lines.append(("hip backend", "available" if r["hip_available"] else f"unavailable: {r['hip_unavailable_reason']}"))
     lines.append(("--backend auto", r["auto_backend"]))
+    if r["gtt"]["card"]:
+        lines.append(("gtt limit", f"{r['gtt']['card']}: {r['gtt']['note']}"))
     d = r["demo"]
     if not d["bundled"]:
         lines.append(("demo model", "not in this build"))

@@ -32,6 +32,8 @@ __all__ = [
     "ContextOverflowError",
     "ConversionError",
     "DeviceError",
+    "DeviceFaultError",
+    "DeviceMemoryError",
     "EngineError",
     "GGUFFormatError",
     "KeyTypeError",
@@ -66,6 +68,29 @@ class BackendUnavailableError(EngineError):
 
 class DeviceError(EngineError):
     """The GPU backend failed during a call (a runtime call or kernel launch; the message names it)."""
+
+
+class DeviceMemoryError(BackendUnavailableError):
+    """The model does not fit the GPU memory this machine gives it: refused before any upload.
+
+    ``need`` and ``budget`` are bytes, ``source`` says where the budget came from (amdgpu's GTT
+    and VRAM pools in sysfs, or the GPU runtime), ``advice`` what to change (on AMD the
+    ``ttm.pages_limit`` kernel parameter, with the number), or "" when nothing can be changed."""
+
+    def __init__(self, message: str, *, need: int, budget: int, source: str, advice: str = ""):
+        super().__init__(message)
+        self.need, self.budget, self.source, self.advice = need, budget, source, advice
+
+
+class DeviceFaultError(BackendUnavailableError):
+    """The GPU failed the first device pass that runs, on AMD, in a child process before the model
+    loads (a ROCm GPU memory fault aborts the process that hits it; the child takes that hit).
+    ``returncode`` is the child's exit status (negative: the signal that ended it) and ``output``
+    the end of what it printed."""
+
+    def __init__(self, message: str, *, returncode: int | None, output: str = ""):
+        super().__init__(message)
+        self.returncode, self.output = returncode, output
 
 
 class ContextOverflowError(EngineError):

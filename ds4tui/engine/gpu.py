@@ -37,6 +37,8 @@ class GPUBuild:
     library: str | None = None
     reason: str = ""
     command: str | None = None
+    #: built with DS4TUI_GPU_ROCM_FORMULAS=1 (CUDA: ROCm's shuffle and byte-perm arithmetic)
+    rocm_formulas: bool = False
 
 
 @dataclass
@@ -56,6 +58,7 @@ class GPUInfo:
     arch_ok: bool
     mem_total: int  # bytes
     mem_free: int  # bytes
+    integrated: bool = False  # the device shares the host's memory (an APU such as Strix Halo)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,7 +117,25 @@ def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
                   runtime_version=int(info.runtime_version), driver_version=int(info.driver_version),
                   n_devices=int(info.n_devices), device=int(info.device), device_name=s(info.device_name),
                   device_arch=s(info.device_arch), warp_size=int(info.warp_size), arch_ok=bool(info.arch_ok),
-                  mem_total=int(info.mem_total), mem_free=int(info.mem_free))
+                  mem_total=int(info.mem_total), mem_free=int(info.mem_free), integrated=bool(info.integrated))
     if rc != 0:
         return (got if got.platform else None), s(err)
     return got, ""
+
+
+def admit(model, support, info: GPUInfo):
+    """Whether ``model`` (an opened DS4Model; ``support``: a support model or its path, or None) may
+    go on the device of ``info``, decided before the engine uploads anything: None when it may,
+    else the :class:`~ds4tui.engine.errors.BackendUnavailableError` to raise.  First the memory
+    plan (:mod:`ds4tui.engine.memplan`: a :class:`~ds4tui.engine.errors.DeviceMemoryError` that
+    names the numbers and, on AMD, the ``ttm.pages_limit`` to set); then, on AMD, the first device
+    pass in a child process (:mod:`ds4tui.engine.device_check`: a
+    :class:`~ds4tui.engine.errors.DeviceFaultError` where ROCm would abort this process)."""
+    from ds4tui.engine import device_check, memplan
+
+    too_big = memplan.check(model, support, info)
+    if too_big is not None:
+        return too_big
+    if info.platform == "hip":
+        return device_check.guard(info.library, model.config)
+    return None

@@ -131,6 +131,12 @@ class Engine:
             from ds4tui.engine import gpu
 
             info, why = gpu.probe(gpu_library)
+            if not why:  # the memory plan and, on AMD, a first device pass in a child: before any upload
+                model = _model(model)
+                refused = gpu.admit(model, support, info)
+                if refused is not None and backend == "hip":
+                    raise refused
+                why = str(refused or "")
             if why:
                 if backend == "hip":
                     raise BackendUnavailableError(f"the HIP backend is unavailable: {why}")

@@ -30,7 +30,8 @@
 extern "C" {
 #endif
 
-#define DS4_GPU_API_VERSION 3
+/* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's). */
+#define DS4_GPU_API_VERSION 4
 
 /* A device matrix's layout id is its GGML type, or DS4_GPU_PLANAR | type (ds4_engine.h) when
  * upload_matrix wrote its rows in the planar layout (hip/planar.hip: Q8_0, Q2_K and IQ2_XXS rows
@@ -172,10 +173,9 @@ typedef struct ds4_backend_s {
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);
 
-/* gpu.c: load a backend library by path; on failure err says which file and why (dlopen's text,
- * missing symbol, version).  *handle is for ds4_gpu_unload. */
+/* gpu.c: load a backend library by path, once per process (it is never unloaded); on failure err
+ * says which file and why (dlopen's text, missing symbol, version). */
 int ds4_gpu_load(const char *path, void **handle, const ds4_backend **api, char *err, size_t len);
-void ds4_gpu_unload(void *handle);
 
 #ifdef __cplusplus
 }

@@ -286,6 +286,7 @@ typedef struct {
     int32_t warp_size;
     int32_t arch_ok;        /* 1: a kernel of this library ran on the device */
     uint64_t mem_total, mem_free; /* bytes, hipMemGetInfo / cudaMemGetInfo */
+    int32_t integrated;     /* 1: the device shares the host's memory (an APU: Strix Halo) */
 } ds4_gpu_info;
 
 /* Load `library` and describe it and device 0.  Returns DS4_OK when a device is there and the
@@ -313,6 +314,15 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
 /* Device memory read bandwidth in GB/s (1e9 bytes read per second; best of `reps` passes over a
  * buffer of `bytes` bytes), or a negative DS4_E* code. */
 int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double *gbs, char *err, size_t err_len);
+
+/* A weight upload on its own (tests): `rows` rows of `cols` elements of GGML `type` from host
+ * memory `src` (a file-backed map, as the engine uploads from), through the path the engine uses
+ * (with DS4_GPU_PLANAR: the planar layout where the rows take it), then the device bytes copied
+ * back into out[rows * row bytes].  *layout: the layout id the device copy got.  `type`
+ * DS4_GPU_UPLOAD_BYTES: `rows` rows of `cols` bytes through the backend's vector upload. */
+#define DS4_GPU_UPLOAD_BYTES -1
+int ds4_gpu_kernel_upload(const char *library, int32_t type, const void *src, int64_t rows, int64_t cols, void *out,
+                          int32_t *layout, char *err, size_t err_len);
 
 /* ---- DSpark speculative decoding (spec dspark.md) ----------------------- */
 

@@ -7,7 +7,14 @@
  *
  * With DS4_BACKEND_HIP the engine uploads every weight matrix the forward pass and the drafter
  * multiply with to device memory at open (progress reported through the options' callback); the
- * library's table is then the engine's op table (forward.c runs every pass through it).
+ * library's table is then the engine's op table (forward.c runs every pass through it).  Before
+ * the first byte goes up, the bytes to upload are held against what the runtime reports free, and
+ * a set that cannot fit is refused with the numbers (the Python side checks the amdgpu GTT budget
+ * before it opens the engine: ds4tui/engine/memplan.py).
+ *
+ * A library is loaded once per process and never unloaded (RTLD_NODELETE, no dlclose): the probe,
+ * every engine and the stand-alone kernel entry points share the one copy.  Tearing the ROCm
+ * runtime down and bringing it up again in one process has crashed it (spec platform.md §4).
  */
 #include "internal.h"
 
@@ -25,7 +32,10 @@ int ds4_gpu_load(const char *path, void **handle, const ds4_backend **api, char 
     struct stat st;
     if (stat(path, &st) != 0)
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "GPU backend library '%s' does not exist", path);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* Loaded for the life of the process: RTLD_NODELETE keeps it (and the GPU runtime it brings)
+     * mapped whatever else closes it, and nothing here ever calls dlclose.  A second load of the
+     * same path returns the same handle. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!h) {
         const char *why = dlerror();
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "GPU backend library '%s' failed to load: %s", path,
@@ -33,23 +43,15 @@ int ds4_gpu_load(const char *path, void **handle, const ds4_backend **api, char 
     }
     ds4_gpu_api_fn fn;
     *(void **)&fn = dlsym(h, "ds4_gpu_api_v1");
-    if (!fn) {
-        dlclose(h);
+    if (!fn)
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "'%s' is not a ds4tui GPU backend library: no symbol ds4_gpu_api_v1", path);
-    }
     const ds4_backend *a = fn();
-    if (!a || a->version != DS4_GPU_API_VERSION) {
-        dlclose(h);
+    if (!a || a->version != DS4_GPU_API_VERSION)
         return ds4_fail(err, len, DS4_E_UNSUPPORTED, "GPU backend library '%s': API version %d, this engine needs %d "
                         "(rebuild it with this ds4tui)", path, a ? a->version : -1, DS4_GPU_API_VERSION);
-    }
     *handle = h;
     *api = a;
     return DS4_OK;
-}
-
-void ds4_gpu_unload(void *handle) {
-    if (handle) dlclose(handle);
 }
 
 int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_len) {
@@ -60,9 +62,7 @@ int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_
     const ds4_backend *api;
     int rc = ds4_gpu_load(library, &h, &api, err, err_len);
     if (rc != DS4_OK) return rc;
-    rc = api->probe(out, err, err_len);
-    ds4_gpu_unload(h);
-    return rc;
+    return api->probe(out, err, err_len);
 }
 
 /* A context on device 0 of a library, for the stand-alone kernel entry points. */
@@ -70,9 +70,7 @@ static int scratch_ctx(const char *library, void **h, const ds4_backend **api, d
                        size_t len) {
     int rc = ds4_gpu_load(library, h, api, err, len);
     if (rc != DS4_OK) return rc;
-    rc = (*api)->open(0, ctx, err, len);
-    if (rc != DS4_OK) ds4_gpu_unload(*h);
-    return rc;
+    return (*api)->open(0, ctx, err, len);
 }
 
 int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols, const float *X,
@@ -90,7 +88,6 @@ int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t 
     rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
     if (rc == DS4_OK && ms) *ms = t;
     api->close(ctx);
-    ds4_gpu_unload(h);
     return rc;
 }
 
@@ -133,7 +130,6 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
     api->free(ctx, dx, xb);
     api->free(ctx, dy, yb);
     api->close(ctx);
-    ds4_gpu_unload(h);
     return rc;
 }
 
@@ -145,7 +141,31 @@ int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double 
     if (rc != DS4_OK) return rc;
     rc = api->bandwidth(ctx, (size_t)bytes, reps, gbs, err, err_len);
     api->close(ctx);
-    ds4_gpu_unload(h);
+    return rc;
+}
+
+int ds4_gpu_kernel_upload(const char *library, int32_t type, const void *src, int64_t rows, int64_t cols, void *out,
+                          int32_t *layout, char *err, size_t err_len) {
+    const int32_t base = type & ~DS4_GPU_PLANAR;
+    const size_t rb = type == DS4_GPU_UPLOAD_BYTES ? (size_t)cols : ds4_row_bytes(base, cols);
+    if (rb == 0 || rows <= 0 || !src || !out || !layout)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_upload: bad arguments (type %d, %lld x %lld)", type,
+                        (long long)rows, (long long)cols);
+    void *h;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
+    int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
+    if (rc != DS4_OK) return rc;
+    const size_t bytes = (size_t)rows * rb;
+    void *dev = NULL;
+    *layout = type;
+    if (type == DS4_GPU_UPLOAD_BYTES) rc = api->upload(ctx, src, bytes, &dev, err, err_len);
+    else
+        rc = api->upload_matrix(ctx, src, base, rows, cols, (int64_t)rb, (type & DS4_GPU_PLANAR) != 0, &dev, layout, err,
+                                err_len);
+    if (rc == DS4_OK) rc = api->copy(ctx, out, dev, bytes, 1, err, err_len);
+    if (dev) api->free(ctx, dev, bytes);
+    api->close(ctx);
     return rc;
 }
 
@@ -187,13 +207,30 @@ static void free_w(ds4_engine *e, ds4_w *w) {
     w->dev = NULL;
 }
 
+/* The memory plan, before any upload: `need` bytes against what the runtime reports free.  On an
+ * integrated GPU (an APU) the runtime's numbers are no plan: hipMemGetInfo has reported only the
+ * VRAM carve-out there, or free > total; the plan is then the caller's, against the amdgpu GTT and
+ * VRAM pools (ds4tui/engine/memplan.py). */
+static int plan_fits(ds4_engine *e, uint64_t need, const char *what, char *err, size_t len) {
+    uint64_t fr = 0, tot = 0;
+    char why[256];
+    if (e->gpu_integrated || e->ops->mem_info(e->ctx, &fr, &tot, why, sizeof why) != DS4_OK || fr > tot || need <= fr)
+        return DS4_OK;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    return ds4_fail(err, len, DS4_E_NOMEM, "%s need %.2f GiB of device memory, but the GPU runtime reports %.2f GiB "
+                    "free of %.2f GiB: nothing was uploaded", what, (double)need / gib, (double)fr / gib,
+                    (double)tot / gib);
+}
+
 static int upload_all(ds4_engine *e, ds4_w **ws, int n, void (*progress)(void *, uint64_t, uint64_t), void *pctx,
-                      char *err, size_t len) {
+                      const char *what, char *err, size_t len) {
     uploader u = {e, 0, 0, progress, pctx};
     for (int i = 0; i < n; i++) u.total += w_bytes(ws[i]);
+    int rc = plan_fits(e, u.total, what, err, len);
+    if (rc != DS4_OK) return rc;
     if (progress) progress(pctx, 0, u.total);
     for (int i = 0; i < n; i++) {
-        int rc = upload_w(&u, ws[i], err, len);
+        rc = upload_w(&u, ws[i], err, len);
         if (rc != DS4_OK) {
             for (int j = 0; j < i; j++) free_w(e, ws[j]);
             return rc;
@@ -211,10 +248,16 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     if (rc != DS4_OK) return rc;
     rc = e->ops->open(o->gpu_device, &e->ctx, err, len);
     if (rc != DS4_OK) return rc;
+    ds4_gpu_info info;
+    memset(&info, 0, sizeof info);
+    info.device = o->gpu_device;
+    char why[256];
+    e->gpu_integrated = e->ops->probe(&info, why, sizeof why) == DS4_OK && info.integrated;
     int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
-    rc = upload_all(e, ws, ds4_target_mats(e, ws), o->progress, o->progress_ctx, err, len);
+    rc = upload_all(e, ws, ds4_target_mats(e, ws), o->progress, o->progress_ctx, "the model's weight matrices", err,
+                    len);
     free(ws);
     return rc;
 }
@@ -224,7 +267,7 @@ int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
     int cap = DS4_N_SUPPORT_TENSORS + e->sup->n_stages * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
-    int rc = upload_all(e, ws, ds4_support_mats(e, ws), NULL, NULL, err, len);
+    int rc = upload_all(e, ws, ds4_support_mats(e, ws), NULL, NULL, "the support model's weight matrices", err, len);
     free(ws);
     if (rc == DS4_OK) { /* the drafter's host-row products (the confidence head, the sampled Markov head),
                           * staged at their largest now */
@@ -254,7 +297,6 @@ void ds4_gpu_engine_close(ds4_engine *e) {
         e->ops->close(e->ctx);
         e->ctx = NULL;
     }
-    ds4_gpu_unload(e->gpu_lib);
-    e->gpu_lib = NULL;
+    e->gpu_lib = NULL; /* the library stays loaded (ds4_gpu_load) */
     e->ops = NULL;
 }

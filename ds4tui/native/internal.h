@@ -107,6 +107,7 @@ struct ds4_engine {
      * op_rc and op_msg keep the first failure of a pass until ds4_op_check reports it. */
     int backend;
     int gpu_layout;          /* DS4_GPU_LAYOUT_* */
+    int gpu_integrated;      /* the device shares the host's memory (an APU): its runtime free bytes are no plan */
     void *gpu_lib;
     const ds4_backend *ops;
     ds4_backend_ctx *ctx;
@@ -193,7 +194,6 @@ void ds4_span_truncate(ds4_span *s, int64_t n);        /* forget positions >= n 
 
 /* ---- gpu.c ------------------------------------------------------------------------------------ */
 int ds4_gpu_load(const char *path, void **handle, const ds4_backend **api, char *err, size_t len);
-void ds4_gpu_unload(void *handle);
 int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, size_t len);
 void ds4_gpu_engine_close(ds4_engine *e);
 int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len);

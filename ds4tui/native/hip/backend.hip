@@ -48,6 +48,48 @@ int gpu_stage(ds4_gpu_ctx *c, float **buf, size_t *cap, size_t n, char *err, siz
     return DS4_OK;
 }
 
+int gpu_stage_ready(ds4_gpu_ctx *c, char *err, size_t len) {
+    if (c->stage[1] && c->stage_free[1]) return DS4_OK;
+    for (int i = 0; i < 2; i++) {
+        if (!c->stage[i]) {
+            hipError_t e = hipHostMalloc(&c->stage[i], GPU_STAGE_BYTES, hipHostMallocDefault);
+            if (e != hipSuccess) {
+                c->stage[i] = NULL;
+                return gpu_fail(err, len, DS4_E_NOMEM, "pinned host staging buffer of %zu bytes (hipHostMalloc): %s",
+                                GPU_STAGE_BYTES, hipGetErrorString(e));
+            }
+        }
+        if (!c->stage_free[i])
+            GPU_TRY(hipEventCreateWithFlags(&c->stage_free[i], hipEventDisableTiming), "staging event");
+    }
+    return DS4_OK;
+}
+
+int gpu_stage_wait(ds4_gpu_ctx *c, char *err, size_t len) {
+    int rc = gpu_stage_ready(c, err, len);
+    if (rc != DS4_OK) return rc;
+    for (int i = 0; i < 2; i++) GPU_TRY(hipEventSynchronize(c->stage_free[i]), "wait for a staging copy");
+    return DS4_OK;
+}
+
+int gpu_put(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, char *err, size_t len) {
+    int rc = gpu_stage_ready(c, err, len);
+    if (rc != DS4_OK) return rc;
+    for (size_t off = 0; off < bytes; off += GPU_STAGE_BYTES) {
+        const size_t n = std::min(GPU_STAGE_BYTES, bytes - off);
+        const int b = c->stage_next;
+        c->stage_next ^= 1;
+        GPU_TRY(hipEventSynchronize(c->stage_free[b]), "wait for a staging buffer"); /* its last copy is done */
+        memcpy(c->stage[b], (const uint8_t *)src + off, n);
+        hipError_t e = hipMemcpyAsync((uint8_t *)dst + off, c->stage[b], n, hipMemcpyHostToDevice, c->stream);
+        if (e == hipSuccess) e = hipEventRecord(c->stage_free[b], c->stream);
+        if (e != hipSuccess)
+            return gpu_fail(err, len, DS4_E_DEVICE, "copy %zu bytes to the device (bytes %zu..%zu of %zu) through "
+                            "pinned staging: %s", n, off, off + n, bytes, hipGetErrorString(e));
+    }
+    return DS4_OK;
+}
+
 int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len) {
     pthread_mutex_lock(&c->lock);
     int rc = gpu_stage(c, &c->dx, &c->dx_cap, (size_t)(x_floats > 0 ? x_floats : 0), err, len);
@@ -120,6 +162,7 @@ static int probe(ds4_gpu_info *info, char *err, size_t len) {
     snprintf(info->device_name, sizeof info->device_name, "%s", p.name);
     device_arch(p, info->device_arch, sizeof info->device_arch);
     info->warp_size = p.warpSize;
+    info->integrated = p.integrated != 0;
     GPU_TRY(hipSetDevice(dev), "hipSetDevice");
     size_t fr = 0, tot = 0;
     GPU_TRY(hipMemGetInfo(&fr, &tot), "hipMemGetInfo");
@@ -158,6 +201,11 @@ static int open_ctx(int32_t device, ds4_gpu_ctx **out, char *err, size_t len) {
 
 static void close_ctx(ds4_gpu_ctx *c) {
     if (!c) return;
+    (void)hipStreamSynchronize(c->stream);
+    for (int i = 0; i < 2; i++) {
+        if (c->stage[i]) (void)hipHostFree(c->stage[i]);
+        if (c->stage_free[i]) (void)hipEventDestroy(c->stage_free[i]);
+    }
     gpu_free(c, c->dx, c->dx_cap * sizeof(float));
     gpu_free(c, c->dy, c->dy_cap * sizeof(float));
     (void)hipStreamDestroy(c->stream);
@@ -165,16 +213,25 @@ static void close_ctx(ds4_gpu_ctx *c) {
     free(c);
 }
 
+/* Vectors and small tensors (and anything the forward state uploads): through the pinned staging
+ * buffers, as the weight matrices (planar.hip), never a copy straight from the caller's pages (a
+ * GGUF mapping: ROCm pins large pageable sources in place rather than staging them). */
 static int upload(ds4_gpu_ctx *c, const void *src, size_t bytes, void **out, char *err, size_t len) {
     int rc = gpu_alloc(c, bytes, out, err, len);
     if (rc != DS4_OK || !src) return rc;
-    hipError_t e = hipMemcpy(*out, src, bytes, hipMemcpyHostToDevice);
-    if (e != hipSuccess) {
+    pthread_mutex_lock(&c->lock);
+    rc = gpu_put(c, *out, src, bytes, err, len);
+    if (rc == DS4_OK) {
+        hipError_t e = hipStreamSynchronize(c->stream);
+        if (e != hipSuccess)
+            rc = gpu_fail(err, len, DS4_E_DEVICE, "copy %zu bytes to the device: %s", bytes, hipGetErrorString(e));
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (rc != DS4_OK) {
         gpu_free(c, *out, bytes);
         *out = NULL;
-        return gpu_fail(err, len, DS4_E_DEVICE, "copy %zu bytes to the device: %s", bytes, hipGetErrorString(e));
     }
-    return DS4_OK;
+    return rc;
 }
 
 static uint64_t allocated(const ds4_gpu_ctx *c) { return c ? c->allocated : 0; }

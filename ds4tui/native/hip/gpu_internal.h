@@ -17,13 +17,22 @@
 /* The GPU backend's context (backend.h's ds4_backend_ctx). */
 typedef struct ds4_backend_ctx ds4_gpu_ctx;
 
+/* Bytes of one pinned host staging buffer (two per context). */
+#define GPU_STAGE_BYTES ((size_t)32 << 20)
+
 struct ds4_backend_ctx {
     int device;
     hipStream_t stream;
     pthread_mutex_t lock;     /* one caller at a time on the stream and the staging buffers */
-    float *dx, *dy;           /* staging for host activations: [dx_cap], [dy_cap] floats */
+    float *dx, *dy;           /* device staging for host activations: [dx_cap], [dy_cap] floats */
     size_t dx_cap, dy_cap;
     uint64_t allocated;       /* bytes held: weights, state, staging */
+    /* Pinned host staging (hipHostMalloc, GPU_STAGE_BYTES each, made at first use): every byte that
+     * goes from host memory to the device passes through one of them, never straight from
+     * pageable or file-backed pages; stage_free[i] is recorded after the copy out of stage[i]. */
+    void *stage[2];
+    hipEvent_t stage_free[2];
+    int stage_next;
 };
 
 /* Format a failure into err and return `code`. */
@@ -51,6 +60,13 @@ int gpu_alloc(ds4_gpu_ctx *c, size_t bytes, void **out, char *err, size_t len);
 void gpu_free(ds4_gpu_ctx *c, void *p, size_t bytes);
 /* Grow a staging buffer to hold n floats. */
 int gpu_stage(ds4_gpu_ctx *c, float **buf, size_t *cap, size_t n, char *err, size_t len);
+/* The pinned staging buffers (made at the first call); stage_wait: both free again. */
+int gpu_stage_ready(ds4_gpu_ctx *c, char *err, size_t len);
+int gpu_stage_wait(ds4_gpu_ctx *c, char *err, size_t len);
+/* Queue a copy of `bytes` host bytes to device `dst` on the context's stream, through the pinned
+ * staging buffers in turn (the host copies piece k+1 in while the device takes piece k); src has
+ * been read when it returns, dst is written once the stream gets there.  The caller holds c->lock. */
+int gpu_put(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, char *err, size_t len);
 
 /* matmul.hip */
 int gpu_matmul_init(char *err, size_t len); /* format tables into constant memory (per process) */

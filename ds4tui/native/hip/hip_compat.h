@@ -46,6 +46,8 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define hipHostMalloc(p, n, f) cudaHostAlloc((p), (n), (f))
 #define hipHostMallocDefault cudaHostAllocDefault
 #define hipHostFree cudaFreeHost
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDisableTiming cudaEventDisableTiming
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyAsync cudaMemcpyAsync
 #define hipMemcpyToSymbol cudaMemcpyToSymbol
@@ -69,6 +71,8 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #error "compile the GPU backend with hipcc / clang -x hip (AMD) or nvcc -x cu (NVIDIA)"
 #endif
 
+#include <stdint.h>
+
 /* Lanes per warp that every kernel is written for. */
 #define GPU_WARP 32
 
@@ -90,9 +94,45 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #endif
 #endif
 
+/* The warp shuffles and __byte_perm.  On AMD they are HIP's own device functions: a shuffle is a
+ * ds_bpermute to a lane index that HIP computes from the lane id, the source lane or mask and the
+ * width (below); __byte_perm picks bytes of the 8-byte pair (y:x) by the low 3 bits of each
+ * selector nibble.  On NVIDIA they are CUDA's intrinsics, unless the library is built with
+ * DS4_GPU_ROCM_FORMULAS (build_native.py: DS4TUI_GPU_ROCM_FORMULAS=1): then the H200 runs the same
+ * lane and byte arithmetic as a ROCm build, with CUDA's shuffle only as the lane permute, so that
+ * the GPU tests there execute the AMD branch logic.  The formulas, as ROCm states them:
+ *   shfl(v, src, w):      lane = src + (self & ~(w - 1))
+ *   shfl_xor(v, mask, w): lane = self ^ mask, or self when that is at or past the end of self's
+ *                         w-lane group ((self + w) & ~(w - 1))
+ *   bpermute(addr, v):    v of lane (addr / 4) modulo the wave size
+ *   byte_perm(x, y, s):   byte i of the result = byte ((s >> 4i) & 7) of y:x (x the low word) */
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+__device__ __forceinline__ int gpu_lane_id_(void) {
+    int l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return l;
+}
+/* ds_bpermute_b32 on a 32-lane wave: the byte address selects lane (addr >> 2) mod 32. */
+__device__ __forceinline__ int gpu_bpermute_(int addr, int v) {
+    return __shfl_sync(0xffffffffu, v, (addr >> 2) & (GPU_WARP - 1), GPU_WARP);
+}
+__device__ __forceinline__ int gpu_shfl_int_(int v, int src) {
+    const int self = gpu_lane_id_();
+    return gpu_bpermute_((src + (self & ~(GPU_WARP - 1))) << 2, v);
+}
+__device__ __forceinline__ int gpu_shfl_xor_int_(int v, int mask) {
+    const int self = gpu_lane_id_();
+    int lane = self ^ mask;
+    if (lane >= ((self + GPU_WARP) & ~(GPU_WARP - 1))) lane = self;
+    return gpu_bpermute_(lane << 2, v);
+}
+#endif
+
 /* Butterfly exchange within a 32-lane warp (all lanes participate). */
 __device__ __forceinline__ float gpu_shfl_xor(float v, int mask) {
-#if defined(GPU_NVIDIA)
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+    return __int_as_float(gpu_shfl_xor_int_(__float_as_int(v), mask));
+#elif defined(GPU_NVIDIA)
     return __shfl_xor_sync(0xffffffffu, v, mask, GPU_WARP);
 #else
     return __shfl_xor(v, mask, GPU_WARP); /* maskless form: no 32/64-bit mask type question */
@@ -101,7 +141,9 @@ __device__ __forceinline__ float gpu_shfl_xor(float v, int mask) {
 
 /* Lane `src`'s v (all lanes participate). */
 __device__ __forceinline__ float gpu_shfl(float v, int src) {
-#if defined(GPU_NVIDIA)
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+    return __int_as_float(gpu_shfl_int_(__float_as_int(v), src));
+#elif defined(GPU_NVIDIA)
     return __shfl_sync(0xffffffffu, v, src, GPU_WARP);
 #else
     return __shfl(v, src, GPU_WARP);
@@ -109,10 +151,25 @@ __device__ __forceinline__ float gpu_shfl(float v, int src) {
 }
 
 __device__ __forceinline__ int gpu_shfl_xor_int(int v, int mask) {
-#if defined(GPU_NVIDIA)
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+    return gpu_shfl_xor_int_(v, mask);
+#elif defined(GPU_NVIDIA)
     return __shfl_xor_sync(0xffffffffu, v, mask, GPU_WARP);
 #else
     return __shfl_xor(v, mask, GPU_WARP);
+#endif
+}
+
+/* Bytes of the pair (y:x) picked by the selector nibbles of s (CUDA's default mode; HIP's). */
+__device__ __forceinline__ uint32_t gpu_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+    const uint64_t pair = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r |= (uint32_t)((pair >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+#else
+    return __byte_perm(x, y, s);
 #endif
 }
 

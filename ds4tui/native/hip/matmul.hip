@@ -17,6 +17,8 @@
  */
 #include "quant.h"
 
+#include <string.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -195,28 +197,46 @@ int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
     return gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
 }
 
-/* Host activations in, host results out (the stage where only the matmuls run on the device). */
+/* Host activations in, host results out (the drafter's host-row products: the confidence head and
+ * the sampled path).  The rows go through the context's pinned staging buffers both ways: X's rows
+ * are packed into stage[0] and copied in, Y's rows come back into stage[1] and are unpacked to ldy
+ * (no strided copy from or to pageable memory, which ROCm runs synchronously or, on RDNA, has hung
+ * in).  Tokens go in groups that fit a staging buffer; a (row, token) result does not depend on the
+ * group (batch invariance). */
 int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (n <= 0 || rows <= 0) return DS4_OK;
+    const int64_t widest = cols > rows ? cols : rows;
+    const int64_t group = (int64_t)(GPU_STAGE_BYTES / sizeof(float)) / widest;
+    if (group < 1)
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with host rows: a row of %lld floats exceeds the %zu-byte "
+                        "staging buffer", (long long)widest, GPU_STAGE_BYTES);
+    const int64_t g = n < group ? n : group;
     pthread_mutex_lock(&c->lock);
-    int rc = gpu_stage(c, &c->dx, &c->dx_cap, (size_t)(n * cols), err, len);
-    if (rc == DS4_OK) rc = gpu_stage(c, &c->dy, &c->dy_cap, (size_t)(n * rows), err, len);
-    if (rc == DS4_OK) {
-        hipError_t e = hipMemcpy2DAsync(c->dx, (size_t)cols * sizeof(float), X, (size_t)ldx * sizeof(float),
-                                        (size_t)cols * sizeof(float), (size_t)n, hipMemcpyHostToDevice, c->stream);
-        if (e != hipSuccess)
+    int rc = gpu_stage_wait(c, err, len);
+    if (rc == DS4_OK) rc = gpu_stage(c, &c->dx, &c->dx_cap, (size_t)(g * cols), err, len);
+    if (rc == DS4_OK) rc = gpu_stage(c, &c->dy, &c->dy_cap, (size_t)(g * rows), err, len);
+    float *hx = (float *)c->stage[0], *hy = (float *)c->stage[1];
+    for (int64_t t0 = 0; rc == DS4_OK && t0 < n; t0 += g) {
+        const int64_t nt = n - t0 < g ? n - t0 : g;
+        for (int64_t t = 0; t < nt; t++) memcpy(hx + t * cols, X + (t0 + t) * ldx, (size_t)cols * sizeof(float));
+        hipError_t e = hipMemcpyAsync(c->dx, hx, (size_t)(nt * cols) * sizeof(float), hipMemcpyHostToDevice, c->stream);
+        if (e != hipSuccess) {
             rc = gpu_fail(err, len, DS4_E_DEVICE, "copy activations to the device: %s", hipGetErrorString(e));
-    }
-    if (rc == DS4_OK) rc = gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, c->dx, cols, n, c->dy, rows, err, len);
-    if (rc == DS4_OK) {
-        hipError_t e = hipMemcpy2DAsync(Y, (size_t)ldy * sizeof(float), c->dy, (size_t)rows * sizeof(float),
-                                        (size_t)rows * sizeof(float), (size_t)n, hipMemcpyDeviceToHost, c->stream);
+            break;
+        }
+        rc = gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, c->dx, cols, nt, c->dy, rows, err, len);
+        if (rc != DS4_OK) break;
+        e = hipMemcpyAsync(hy, c->dy, (size_t)(nt * rows) * sizeof(float), hipMemcpyDeviceToHost, c->stream);
         if (e == hipSuccess) e = hipStreamSynchronize(c->stream);
-        if (e != hipSuccess)
+        if (e != hipSuccess) {
             rc = gpu_fail(err, len, DS4_E_DEVICE, "GPU matmul (type %d, %lld x %lld): %s", type, (long long)rows,
                           (long long)cols, hipGetErrorString(e));
+            break;
+        }
+        for (int64_t t = 0; t < nt; t++) memcpy(Y + (t0 + t) * ldy, hy + t * rows, (size_t)rows * sizeof(float));
     }
+    if (rc != DS4_OK) (void)hipStreamSynchronize(c->stream); /* nothing left reading the staging buffers */
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -238,8 +258,13 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
     hipEvent_t e0 = NULL, e1 = NULL;
     std::vector<float> times;
     if (rc == DS4_OK) {
-        hipError_t e = hipMemcpy(dx, X, xb, hipMemcpyHostToDevice);
-        if (e == hipSuccess) e = hipMemset(dy, 0xff, yb); /* NaN poison: every element must be written */
+        pthread_mutex_lock(&c->lock);
+        rc = gpu_put(c, dx, X, xb, err, len);
+        pthread_mutex_unlock(&c->lock);
+    }
+    if (rc == DS4_OK) {
+        hipError_t e = hipMemsetAsync(dy, 0xff, yb, c->stream); /* NaN poison: every element must be written */
+        if (e == hipSuccess) e = hipStreamSynchronize(c->stream);
         if (e == hipSuccess) e = hipEventCreate(&e0);
         if (e == hipSuccess) e = hipEventCreate(&e1);
         if (e != hipSuccess) rc = gpu_fail(err, len, DS4_E_DEVICE, "bench setup: %s", hipGetErrorString(e));

@@ -661,16 +661,20 @@ __global__ void moe_combine_kernel(const float *oe, const int32_t *sel, const fl
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= H) return;
     const int32_t *sl = sel + (int64_t)t * K;
-    int order[MAXK];
-    for (int k = 0; k < K; k++) order[k] = k;
-    for (int i = 1; i < K; i++) /* ascending expert id (the CPU visits experts in that order) */
-        for (int j = i; j > 0 && sl[order[j]] < sl[order[j - 1]]; j--) {
-            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
-        }
+    /* the slots in ascending (expert id, slot) order, as the CPU visits experts; found by a scan per
+     * step rather than sorted into a local array (an indexed local array lives in scratch memory) */
     float acc = 0.0f;
+    int prev_id = 0, prev_k = -1;
     for (int i = 0; i < K; i++) {
-        const int k = order[i];
+        int k = -1;
+        for (int j = 0; j < K; j++) {
+            const int id = sl[j];
+            const bool later = prev_k < 0 || id > prev_id || (id == prev_id && j > prev_k);
+            if (later && (k < 0 || id < sl[k])) k = j;
+        }
         acc += wsel[(int64_t)t * K + k] * oe[((int64_t)t * K + k) * H + d];
+        prev_id = sl[k];
+        prev_k = k;
     }
     y[(int64_t)t * H + d] = acc + shared[(int64_t)t * H + d];
 }

@@ -36,10 +36,10 @@ int gpu_planar_init(char *err, size_t len) { return quant_tables_init(err, len);
 
 /* Exact float of byte k of w (0..255), and of w's byte k read as int8 after w ^= 0x80808080. */
 __device__ __forceinline__ float pl_u8(uint32_t w, int k) {
-    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)k)) - 8388608.0f;
+    return __uint_as_float(gpu_byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)k)) - 8388608.0f;
 }
 __device__ __forceinline__ float pl_s8(uint32_t wx, int k) {
-    return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7440u | (uint32_t)k)) - 8388736.0f;
+    return __uint_as_float(gpu_byte_perm(wx, 0x4B000000u, 0x7440u | (uint32_t)k)) - 8388736.0f;
 }
 
 /* Traits of one planar format: BLOCK weights per block, UNIT weights per 16-byte code unit,
@@ -91,7 +91,7 @@ template <> struct Planar<DS4_TYPE_Q2_K> {
         const int j = (int)(u & 3);
         v.q = ((const uint4 *)row)[u];
         const uint2 s8 = *(const uint2 *)(row + 64 * nb + 16 * b + 8 * (j >> 1));
-        v.sc = (j & 1) ? __byte_perm(s8.x, s8.y, 0x7531u) : __byte_perm(s8.x, s8.y, 0x6420u);
+        v.sc = (j & 1) ? gpu_byte_perm(s8.x, s8.y, 0x7531u) : gpu_byte_perm(s8.x, s8.y, 0x6420u);
         v.dm = ((const uint32_t *)(row + 80 * nb))[b];
         return v;
     }
@@ -349,30 +349,30 @@ __global__ void repack_kernel(const uint8_t *__restrict__ src, uint8_t *__restri
     }
 }
 
+/* A weight matrix to the device.  Its bytes come from host memory that is usually the GGUF's file
+ * mapping, so they go through the context's pinned staging buffers (gpu_put), never by a copy
+ * straight from those pages: ROCm pins a large pageable source in place instead of staging it,
+ * which has hung or crawled on file-backed pages of Strix Halo (spec platform.md §2.2).  Planar
+ * rows are staged into a device buffer of PL_REPACK_CHUNK bytes and repacked from there. */
 int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
                       int32_t want_planar, void **out, int32_t *layout, char *err, size_t len) {
     const size_t bytes = (size_t)rows * (size_t)row_bytes;
     *layout = type;
     int rc = gpu_alloc(c, bytes, out, err, len);
     if (rc != DS4_OK || !src) return rc;
-    if (!want_planar || !gpu_planar_ok(type, cols, row_bytes)) {
-        hipError_t e = hipMemcpy(*out, src, bytes, hipMemcpyHostToDevice);
-        if (e == hipSuccess) return DS4_OK;
-        gpu_free(c, *out, bytes);
-        *out = NULL;
-        return gpu_fail(err, len, DS4_E_DEVICE, "copy %zu bytes to the device: %s", bytes, hipGetErrorString(e));
-    }
+    const int planar = want_planar && gpu_planar_ok(type, cols, row_bytes);
     const int64_t per = (int64_t)(PL_REPACK_CHUNK / (size_t)row_bytes) > 0 ? (int64_t)(PL_REPACK_CHUNK / (size_t)row_bytes) : 1;
     const int64_t chunk_rows = per < rows ? per : rows, nb = cols / (type == DS4_TYPE_Q8_0 ? 32 : 256);
     void *tmp = NULL;
-    rc = gpu_alloc(c, (size_t)chunk_rows * (size_t)row_bytes, &tmp, err, len);
+    if (planar) rc = gpu_alloc(c, (size_t)chunk_rows * (size_t)row_bytes, &tmp, err, len);
+    pthread_mutex_lock(&c->lock);
+    if (rc == DS4_OK && !planar) rc = gpu_put(c, *out, src, bytes, err, len);
     hipError_t e = hipSuccess;
-    for (int64_t r = 0; rc == DS4_OK && e == hipSuccess && r < rows; r += chunk_rows) {
+    for (int64_t r = 0; planar && rc == DS4_OK && e == hipSuccess && r < rows; r += chunk_rows) {
         const int64_t nr = rows - r < chunk_rows ? rows - r : chunk_rows;
-        /* on the context's stream, after the previous chunk's repack has read tmp */
-        e = hipMemcpyAsync(tmp, (const uint8_t *)src + r * row_bytes, (size_t)nr * (size_t)row_bytes,
-                           hipMemcpyHostToDevice, c->stream);
-        if (e != hipSuccess) break;
+        /* queued on the context's stream, after the previous chunk's repack has read tmp */
+        rc = gpu_put(c, tmp, (const uint8_t *)src + r * row_bytes, (size_t)nr * (size_t)row_bytes, err, len);
+        if (rc != DS4_OK) break;
         const int64_t nt = nr * nb;
         const unsigned grid = (unsigned)((nt + 255) / 256);
         uint8_t *dst = (uint8_t *)*out + r * row_bytes;
@@ -382,15 +382,16 @@ int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t row
         e = hipGetLastError();
     }
     if (rc == DS4_OK && e == hipSuccess) e = hipStreamSynchronize(c->stream);
-    gpu_free(c, tmp, (size_t)chunk_rows * (size_t)row_bytes);
+    pthread_mutex_unlock(&c->lock);
+    if (tmp) gpu_free(c, tmp, (size_t)chunk_rows * (size_t)row_bytes);
     if (rc == DS4_OK && e != hipSuccess)
-        rc = gpu_fail(err, len, DS4_E_DEVICE, "upload a %lld x %lld matrix of GGML type %d in the planar layout: %s",
-                      (long long)rows, (long long)cols, type, hipGetErrorString(e));
+        rc = gpu_fail(err, len, DS4_E_DEVICE, "upload a %lld x %lld matrix of GGML type %d%s: %s", (long long)rows,
+                      (long long)cols, type, planar ? " in the planar layout" : "", hipGetErrorString(e));
     if (rc != DS4_OK) {
         gpu_free(c, *out, bytes);
         *out = NULL;
         return rc;
     }
-    *layout = type | DS4_GPU_PLANAR;
+    if (planar) *layout = type | DS4_GPU_PLANAR;
     return DS4_OK;
 }

@@ -1,0 +1,233 @@
+"""The memory plan of a hip engine: does the model fit the GPU memory this machine gives it?
+
+Checked before the engine uploads anything (``gpu.admit``, called by ``Engine`` when it opens a
+model on the hip backend), so that a model that cannot fit is refused in a second with the numbers
+and what to change, instead of failing with out-of-memory minutes into an 80 GB upload.
+
+The budget (spec platform.md §2.2, §3.1):
+
+- **AMD** (amdgpu in sysfs): on an APU such as Strix Halo the GPU allocates from GTT, system memory
+  that the kernel's TTM lets the GPU map, capped by ``ttm.pages_limit`` (by default half of RAM:
+  about 62 GiB on a 128 GB machine); VRAM is the BIOS carve-out.  The budget is the larger of the
+  two pools' free bytes (``mem_info_gtt_total - mem_info_gtt_used``, the same for VRAM), never
+  their sum.  ``hipMemGetInfo`` is not used there: on APUs it has been reported to give free >
+  total.  When GTT is what limits, the error names ``ttm.pages_limit`` with the number of pages
+  that leaves :data:`OS_RESERVE` of RAM to the system.
+- **NVIDIA** (and AMD without sysfs): the runtime's free bytes from the probe
+  (``cudaMemGetInfo`` / ``hipMemGetInfo``), unless they are not plausible (free > total).
+
+The model needs its tensor bytes (the support model's too) plus :data:`WORKING_RESERVE` for what
+is allocated after the weights (a session's KV and compressor state, activations, staging).
+:func:`gtt_report` is what ``ds4tui doctor`` prints: the GTT limit and whether it is the kernel's
+default half of RAM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ds4tui.engine.errors import DeviceMemoryError
+
+GIB = 1 << 30
+#: TTM counts its limit in pages of this size (ttm.pages_limit x 4096 = the GTT bytes).
+PAGE = 4096
+#: Bytes a model needs beyond its tensors: the KV and compressor state of a session at a few
+#: thousand tokens, activations and the planar upload's staging chunk.
+WORKING_RESERVE = 1 * GIB
+#: RAM the suggested ttm.pages_limit leaves to the operating system and the host side.
+OS_RESERVE = 2 * GIB
+#: A GTT total within this fraction of half of MemTotal is taken for the kernel's default.
+DEFAULT_TOLERANCE = 0.02
+
+SYSFS_DRM = Path("/sys/class/drm")
+PROC = Path("/proc")
+TTM_PARAMS = Path("/sys/module/ttm/parameters")
+
+
+def _gib(b: int | None) -> str:
+    return "?" if b is None else f"{b / GIB:.1f} GiB"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ram_total(proc_root: Path = PROC) -> int | None:
+    """``MemTotal`` of ``proc_root/meminfo`` in bytes (None when unreadable)."""
+    try:
+        for line in (proc_root / "meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                parts = line.split()
+                return int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == "kB" else 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class GTTInfo:
+    """amdgpu's memory pools and the TTM limit, as sysfs and ``/proc/meminfo`` give them (bytes;
+    None for what could not be read)."""
+
+    card: str
+    gtt_total: int | None
+    gtt_used: int | None
+    vram_total: int | None
+    vram_used: int | None
+    ram_total: int | None
+    pages_limit: int | None  # /sys/module/ttm/parameters/pages_limit (0 or None: the default)
+    page_pool_size: int | None
+
+    @property
+    def default_half(self) -> bool | None:
+        """Whether the GTT total is the kernel's default, half of RAM (None when unknown)."""
+        if not self.gtt_total or not self.ram_total:
+            return None
+        return abs(self.gtt_total - self.ram_total / 2) <= DEFAULT_TOLERANCE * self.ram_total / 2
+
+    def suggested_pages(self) -> int | None:
+        """A ``ttm.pages_limit`` that gives GTT all of RAM but :data:`OS_RESERVE`, in whole GiB
+        (32505856 pages, 124 GiB, on a 128 GB Strix Halo with 126 GiB of MemTotal)."""
+        if not self.ram_total:
+            return None
+        gib = (self.ram_total - OS_RESERVE) // GIB
+        return int(gib * GIB // PAGE) if gib > 0 else None
+
+    def advice(self) -> str:
+        """The kernel command line parameters that raise the GTT limit ("" when RAM is unknown)."""
+        pages = self.suggested_pages()
+        if not pages:
+            return ""
+        return (f"add `ttm.pages_limit={pages} ttm.page_pool_size={pages}` to the kernel command line "
+                f"({pages * PAGE / GIB:.0f} GiB of GTT = pages x {PAGE} bytes) and reboot")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["default_half"] = self.default_half
+        d["suggested_pages_limit"] = self.suggested_pages()
+        return d
+
+
+def read_gtt(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: Path = TTM_PARAMS) -> GTTInfo | None:
+    """The amdgpu card with the largest GTT (telemetry.SysfsBackend's choice), or None without one."""
+    from ds4tui.engine.telemetry import SysfsBackend
+
+    with SysfsBackend(sysfs_root) as be:
+        if not be.available():
+            return None
+        s = be.sample()
+    return GTTInfo(card=s.device, gtt_total=s.gtt_total_b, gtt_used=s.gtt_used_b, vram_total=s.vram_total_b,
+                   vram_used=s.vram_used_b, ram_total=ram_total(proc_root),
+                   pages_limit=_read_int(ttm_root / "pages_limit"), page_pool_size=_read_int(ttm_root / "page_pool_size"))
+
+
+def gtt_report(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: Path = TTM_PARAMS) -> dict:
+    """What ``ds4tui doctor`` prints about the GTT limit: the pools, RAM, the TTM parameters, whether
+    the limit is the default half of RAM, and the parameters that raise it."""
+    g = read_gtt(sysfs_root, proc_root, ttm_root)
+    if g is None:
+        return {"card": None, "note": f"no amdgpu card under {sysfs_root}"}
+    d = g.to_json()
+    if g.default_half:
+        d["note"] = (f"GTT is the kernel's default, half of the {_gib(g.ram_total)} of RAM: a model larger than "
+                     f"{_gib(g.gtt_total)} will not load; to raise it, {g.advice()}")
+    elif g.default_half is False:
+        d["note"] = f"GTT {_gib(g.gtt_total)} of {_gib(g.ram_total)} RAM (raised from the default half)"
+    else:
+        d["note"] = "GTT or RAM total unreadable"
+    return d
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A model's bytes against a device's budget (bytes); ``budget`` None: no usable numbers."""
+
+    need: int
+    weights: int
+    reserve: int
+    budget: int | None
+    source: str
+    detail: str
+    apu: bool = False  # budget from an integrated GPU's GTT and VRAM pools
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.need <= self.budget
+
+
+def tensor_bytes(model, support=None) -> int:
+    """The bytes the engine uploads: every tensor of the model and of a support model (an opened
+    model, or a path: then its file size)."""
+    total = 0
+    for m in (model, support):
+        if m is None:
+            continue
+        if isinstance(m, (str, os.PathLike)):
+            total += os.path.getsize(m)
+        else:
+            total += sum(int(t.nbytes) for t in m.tensors.values())
+    return total
+
+
+def plan(weights: int, info, gtt: GTTInfo | None = None, reserve: int = WORKING_RESERVE) -> Plan:
+    """The plan for ``weights`` bytes on the device of ``info`` (a :class:`ds4tui.engine.gpu.GPUInfo`).
+    With ``gtt`` on a HIP device, amdgpu's pools: an integrated GPU (APU) gets the larger of the GTT
+    and VRAM pools' free bytes, a discrete one its VRAM's.  Otherwise the runtime's free bytes."""
+    need = weights + reserve
+    if info.platform == "hip" and gtt is not None and (gtt.gtt_total or gtt.vram_total):
+        free = {name: (tot or 0) - (used or 0) for name, tot, used in
+                (("GTT", gtt.gtt_total, gtt.gtt_used), ("VRAM", gtt.vram_total, gtt.vram_used))}
+        if info.integrated:
+            pool = max(free, key=free.get)
+            default = " (the kernel's default: half of RAM)" if gtt.default_half else ""
+            detail = (f"{gtt.card}: GTT {_gib(gtt.gtt_total)}{default} with {_gib(free['GTT'])} free, VRAM (the "
+                      f"BIOS carve-out) {_gib(gtt.vram_total)} with {_gib(free['VRAM'])} free; RAM {_gib(gtt.ram_total)}")
+        else:
+            pool = "VRAM"
+            detail = f"{gtt.card}: VRAM {_gib(gtt.vram_total)} with {_gib(free['VRAM'])} free"
+        return Plan(need, weights, reserve, max(free[pool], 0), f"amdgpu {pool} (sysfs)", detail, bool(info.integrated))
+    name = "CUDA" if info.platform == "cuda" else "HIP"
+    if info.mem_total and info.mem_free <= info.mem_total:
+        detail = (f"device {info.device} ({info.device_name}): the {name} runtime reports {_gib(info.mem_free)} free "
+                  f"of {_gib(info.mem_total)}")
+        return Plan(need, weights, reserve, int(info.mem_free), f"{name} runtime", detail)
+    return Plan(need, weights, reserve, None, f"{name} runtime",
+                f"the {name} runtime's numbers are not usable ({info.mem_free} free of {info.mem_total} bytes)")
+
+
+def misfit(what: str, p: Plan, gtt: GTTInfo | None = None) -> DeviceMemoryError | None:
+    """The error for a plan that does not fit (None when it fits), naming the numbers and what to set."""
+    if p.fits:
+        return None
+    head = (f"{what}: the model needs {_gib(p.need)} of GPU memory ({_gib(p.weights)} of weights, support model "
+            f"included, + {_gib(p.reserve)} for the KV cache and working buffers), but {p.detail}: at most "
+            f"{_gib(p.budget)} in one pool")
+    advice = ""
+    if p.apu and gtt is not None:
+        usable = (gtt.ram_total or 0) - OS_RESERVE
+        if gtt.ram_total and p.need > usable:
+            tail = f". This machine's {_gib(gtt.ram_total)} of RAM cannot hold it at any GTT limit"
+        elif gtt.default_half or (gtt.gtt_total or 0) < p.need:
+            advice = gtt.advice()
+            tail = f". Raise the GTT limit: {advice} (README: Strix Halo)" if advice else ""
+        else:
+            tail = (f". GTT is large enough ({_gib(gtt.gtt_total)}) but {_gib(gtt.gtt_used)} of it is in use: "
+                    f"close the programs that hold it")
+    else:
+        tail = ". Free device memory or use a smaller model"
+    return DeviceMemoryError(head + tail + "; nothing was uploaded", need=p.need, budget=int(p.budget or 0),
+                             source=p.source, advice=advice)
+
+
+def check(model, support, info, *, sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC,
+          ttm_root: Path = TTM_PARAMS) -> DeviceMemoryError | None:
+    """The memory plan of ``model`` (+ ``support``) on the device of ``info``: None when it fits (or
+    the budget is unknown), else the :class:`DeviceMemoryError` to raise."""
+    gtt = read_gtt(sysfs_root, proc_root, ttm_root) if info.platform == "hip" else None
+    p = plan(tensor_bytes(model, support), info, gtt)
+    return misfit(str(getattr(model, "path", model)), p, gtt)
