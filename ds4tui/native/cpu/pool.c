@@ -4,8 +4,9 @@
  * that cover 0..n (CHUNKS_PER_THREAD per thread), and returns when every chunk is done.  The caller
  * and the workers claim chunks from one counter, so a worker that the operating system has not
  * scheduled yet (another process, or the UI, holds its core) costs nothing: the caller takes its
- * chunks instead of waiting a time slice for it.  A claim carries the run's generation, so a worker
- * that wakes late can never take a chunk of a later run it did not read.  `thread` is the index of
+ * chunks instead of waiting a time slice for it.  The claim word carries the run's generation and its
+ * chunk count with the next chunk, so a claim is checked against one consistent snapshot: a worker
+ * that wakes late can never take a chunk of a run it did not read, nor one beyond its run's end.  `thread` is the index of
  * the thread running the chunk (0 = the caller): a thread runs its chunks one after another, so
  * per-thread scratch stays private.  Which thread runs a chunk never changes a result: every item
  * is computed the same way wherever it runs.  Workers sleep on a condition variable between runs.
@@ -27,7 +28,7 @@ struct ds4_pool {
     pthread_cond_t start;
     uint64_t generation;  /* bumped for every run */
     _Atomic uint64_t gen_seen; /* a copy of generation that workers poll without the lock */
-    _Atomic uint64_t claim;    /* (generation << 32) | the next chunk to claim */
+    _Atomic uint64_t claim;    /* generation << 32 | chunks of the run << 16 | the next chunk to claim */
     _Atomic int64_t done;      /* chunks finished in the current run */
     int quit;
     ds4_task_fn fn;
@@ -35,7 +36,7 @@ struct ds4_pool {
     int64_t n, n_chunks, chunk;
 };
 
-enum { CHUNKS_PER_THREAD = 4 };
+enum { CHUNKS_PER_THREAD = 4 }; /* at most 256 threads (DS4_MAX_THREADS): the count fits 16 bits */
 
 typedef struct { ds4_pool *pool; int index; } worker_arg;
 
@@ -55,10 +56,11 @@ static inline void sched_yield_light(void) {
 static void run_chunks(ds4_pool *p, uint64_t gen, int t) {
     for (;;) {
         uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
-        if ((v >> 32) != (gen & 0xffffffffu) || (int64_t)(v & 0xffffffffu) >= p->n_chunks) return;
+        if ((v >> 32) != (gen & 0xffffffffu) || (v & 0xffffu) >= ((v >> 16) & 0xffffu)) return;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
-        int64_t b = (int64_t)(v & 0xffffffffu) * p->chunk, e = b + p->chunk;
+        /* this chunk is ours and unfinished, so the run is still current: its fields are stable */
+        int64_t b = (int64_t)(v & 0xffffu) * p->chunk, e = b + p->chunk;
         if (e > p->n) e = p->n;
         if (b < e) p->fn(p->ctx, b, e, t);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
@@ -162,7 +164,7 @@ void ds4_pool_run(ds4_pool *p, ds4_task_fn fn, void *ctx, int64_t n) {
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     p->generation++;
     const uint64_t gen = p->generation;
-    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32 | (uint64_t)p->n_chunks << 16, memory_order_release);
     atomic_store_explicit(&p->gen_seen, gen, memory_order_release);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
