@@ -16,14 +16,13 @@ def _run(model, threads: int):
         s = e.session(512, n_batch=32)
         logits = s.prefill(PROMPT, logits="all")
         s.set_sampling(SamplingParams(temperature=0.0))
-        ids = [list(e.session(512, n_batch=32).generate(PROMPT, max_tokens=24)) for _ in range(2)]
+        ids = list(e.session(512, n_batch=32).generate(PROMPT, max_tokens=16))
     return logits, ids
 
 
 def test_results_do_not_depend_on_the_thread_count(tiny_q2):
     logits1, ids1 = _run(tiny_q2["model"], 1)
-    assert ids1[0] == ids1[1]
-    for threads in (2, 16, 48):  # 16 and 48 threads on a 2-core machine: many runs hand over mid-flight
+    for threads in (3, 32):  # 32 threads on a 2-core machine: many runs hand over mid-flight
         logits, ids = _run(tiny_q2["model"], threads)
         assert np.array_equal(logits, logits1), f"{threads} threads"
         assert ids == ids1, f"{threads} threads"
