@@ -175,7 +175,11 @@ async def test_escape_stops_and_keeps_the_text_then_the_chat_goes_on(tiny_q2, fi
         app.options.max_tokens = 6
         await _ask(pilot, app, "Shorter, please.")
         r2 = app.turns[-1]
-        assert r2.reason in ("max_tokens", "eos") and r2.reused_tokens > 0 and len(app.query(AssistantMessage)) == 2
+        assert r2.reason in ("max_tokens", "eos") and len(app.query(AssistantMessage)) == 2
+        # the cache is reused when the stopped answer is within one batch of the shared prefix (the
+        # rings can be truncated that far back); a slow runner may let more tokens through before Esc
+        if len(r.ids) < app.engine.session.n_batch // 2:
+            assert r2.reused_tokens > 0
         # prompt history: up recalls the previous prompts
         prompt.focus()
         await pilot.press("up")
