@@ -2,7 +2,7 @@
 (``@pytest.mark.gpu``: only where a device answers; skipped cleanly otherwise).
 
 What the GPU backend runs today: the whole target pass with its weights, KV and compressor state
-in device memory (ds4tui/native/gpu_forward.c over ds4tui/native/hip/), and the DSpark drafter's
+in device memory (ds4tui/native/forward.c over ds4tui/native/hip/), and the DSpark drafter's
 context projection, stages, HC head and greedy LM / Markov heads.  Quantised rows of a 16-byte
 multiple live in the planar device layout (hip/planar.hip).  The GPU kernels keep float32 activations
 like the CPU kernels and follow the CPU's operation order wherever a loop accumulates in a fixed

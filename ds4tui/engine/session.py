@@ -120,7 +120,7 @@ class Engine:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if activations == "q8" and backend in ("hip", "reference"):
             raise BackendUnavailableError(f"8-bit activations (q8) run on the cpu backend only; the {backend} backend "
-                                          f"keeps float32 activations (choose activations f32, or --backend cpu)")
+                                          f"keeps float32 activations (use --activations f32, or --backend cpu)")
         self.activations = activations
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")

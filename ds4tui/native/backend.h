@@ -67,7 +67,7 @@ typedef struct ds4_backend_s {
     /* Device memory bandwidth: a read-only kernel over `bytes` bytes, best of `reps`, in GB/s. */
     int (*bandwidth)(ds4_backend_ctx *c, size_t bytes, int32_t reps, double *gbs, char *err, size_t len);
 
-    /* ---- operations of the device-resident forward pass (gpu_forward.c; spec ds4.md §2) -------
+    /* ---- operations of the forward pass (forward.c runs them on either backend; spec ds4.md §2) -
      * Every pointer below is device memory; the work is queued on the context's stream in call
      * order and a call returns the launch status (DS4_E_DEVICE with the kernel's name on failure).
      * Shapes are row-major [rows, width]; positions are absolute token positions. */

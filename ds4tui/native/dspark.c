@@ -25,6 +25,9 @@
 #include <string.h>
 
 #define N_EVENTS 256
+/* ds4_dspark_stats.no_draft_reasons has DS4_ND_COUNT entries (the cdef spells the number out). */
+_Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
+               "no_draft_reasons[] must have DS4_ND_COUNT entries");
 #define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
 #define MAX_BACKOFF 128 /* probes then cost ~1-3% when drafting never pays */
 #define EMA 0.2
