@@ -358,3 +358,13 @@ def test_medium_ab_writes_the_support_model_once(fake_medium_build, tiny_q2, tmp
     assert sorted(p.name for p in folder.iterdir()) == sorted([bench.MEDIUM_MARKER, "model.gguf", "support.gguf"])
     rc, out, err = _bench(capsys, *argv)
     assert rc == 0 and len(written) == 1 and json.loads(out)["outputs_identical"]
+
+
+def test_synthetic_flash_refuses_the_cpu_backend_before_building_anything():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ds4tui", "bench", "--synthetic", "flash"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--synthetic flash times the GPU backend" in out.stderr and "--backend hip" in out.stderr

@@ -752,6 +752,10 @@ def run_synthetic(args: argparse.Namespace) -> int:
         print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
         return 2
     backend = "hip" if args.backend == "auto" else args.backend
+    if backend != "hip":
+        print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
+              f"built on the host): add --backend hip (--backend {args.backend} given)", file=sys.stderr)
+        return 2
     try:
         result = synthetic.run_flash_bench(backend=backend, ctx=args.ctx or 2048,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
