@@ -3,20 +3,35 @@
 Data flow (ARCHITECTURE.md "data flow of one chat turn"): a thread worker opens the model
 (``LoadProgress`` events), then each prompt runs ``ChatEngine.run_turn`` in a thread worker; the
 engine thread only appends small event dataclasses to an ``EventQueue``.  One UI timer drains the
-queue at 10 Hz: token text goes to the Markdown stream of the current turn in one write per flush,
-the newest ``StatsSnapshot`` goes to the panes, and prefill progress, finished turns and errors are
-handled in order.  Memory is sampled at 1 Hz.  Knobs call the engine's thread-safe setters, which
-never wait for a running cycle; the engine applies them at the next cycle and logs them, and the
-panes mark that point on their series.
+queue 5 times a second: token text goes to the current turn in one write per tick (a light
+widget for the text still growing, Markdown for finished blocks, widgets/chat.py), the newest
+``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
+finished turns and errors are handled in order; memory is sampled from the same timer once a
+second.  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the
+engine applies them at the next cycle and logs them, and the panes mark that point on their
+series.
+
+The app must not slow down what it measures (ux.md §0 item 5).  While a turn runs the engine
+thread and the interface share the interpreter and the cores: each C step of the engine ends by
+taking the interpreter back, and waits while the interface holds it.  So while a turn runs the
+interface works in short, rare bursts (above) and the interpreter's switch interval is lowered
+to SWITCH_S (the engine waits at most that long); the objects that exist once the model is loaded
+are moved out of the garbage collector's sight (``gc.freeze``: a full collection of the
+tokenizer's and Textual's objects would hold the interpreter for ~0.1 s), and so are, at the start
+of each turn, those of the turns before (a new chat collects them).  The interface measures its own
+cost — the UI thread's CPU time per second of streaming — and shows it in the throughput pane and
+in the stats export (:class:`InterfaceCost`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import gc
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,16 +58,22 @@ from ds4tui.widgets.pane import set_line
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
                                         ThroughputPane)
 
-#: UI refresh period of the text and the panes (seconds): ~10 Hz (ux.md §0 item 2).
-FLUSH_S = 0.1
-#: Period of the speculation panes while a turn runs (seconds); the text streams at FLUSH_S.
-PANES_S = 0.5
-#: While an answer streams the interface may use at most this share of one core; when it uses more
-#: (a slow machine, a long Markdown block) the text is written less often, down to every MAX_FLUSH_S.
-UI_CPU_BUDGET = 0.15
-MAX_FLUSH_S = 1.0
+#: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
+#: answer written, 5 times a second (ux.md §0 item 2).
+FLUSH_S = 0.2
+#: Period of the speculation panes while a turn runs (seconds).
+PANES_S = 1.0
 #: Memory sampling period (seconds).
 MEMORY_S = 1.0
+#: The interpreter's switch interval while a turn runs (seconds; Python's default is 5 ms, longer
+#: than one decode step of a small model on a GPU): how long the engine thread, back from a C step,
+#: may wait for the interface to hand the interpreter over.
+SWITCH_S = 0.0001
+#: The garbage collector's thresholds while a turn runs (Python's are 700, 10, 10): the interface
+#: allocates briskly while it draws, and a young-generation pass holds the interpreter each time.
+GC_THRESHOLDS = (10_000, 10, 10)
+#: The interface's CPU share is reported once answers have streamed this long (seconds).
+MIN_COST_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
 THRESHOLD_STEP = 0.05
 
@@ -110,6 +131,39 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
 )
 
 
+@dataclass
+class InterfaceCost:
+    """What the interface itself cost while answers streamed (from the first text written to the
+    end of decoding): the UI thread's CPU seconds over the wall seconds, and how often the text
+    was written."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    text_writes: int = 0
+    max_text_gap_s: float = 0.0
+
+    @property
+    def cpu_share(self) -> float | None:
+        """CPU seconds of the UI thread per second of streaming (1.0: one core); None before
+        MIN_COST_S of streaming."""
+        return self.cpu_s / self.wall_s if self.wall_s >= MIN_COST_S else None
+
+    @property
+    def text_writes_per_s(self) -> float | None:
+        return self.text_writes / self.wall_s if self.wall_s >= MIN_COST_S else None
+
+    def add(self, other: "InterfaceCost") -> None:
+        self.cpu_s += other.cpu_s
+        self.wall_s += other.wall_s
+        self.text_writes += other.text_writes
+        self.max_text_gap_s = max(self.max_text_gap_s, other.max_text_gap_s)
+
+    def to_dict(self) -> dict:
+        return {"cpu_s": self.cpu_s, "wall_s": self.wall_s, "cpu_share": self.cpu_share,
+                "text_writes": self.text_writes, "text_writes_per_s": self.text_writes_per_s,
+                "max_text_gap_s": self.max_text_gap_s}
+
+
 @dataclass(frozen=True)
 class EngineReady:
     engine: Any
@@ -131,7 +185,10 @@ class DS4App(App):
     ``engine_factory(options, progress)`` returns a ``ChatEngine`` (tests pass a fake one with the
     same interface); ``telemetry``: a memory backend (default: chosen for the engine's backend,
     ``--telemetry``); ``flush_s`` / ``memory_s``: periods of the UI drain and of memory sampling
-    (None: no timer, the caller calls :meth:`flush` / :meth:`sample_memory`)."""
+    (None: not from the timer, the caller calls :meth:`flush` / :meth:`sample_memory`).
+
+    ``ui_cost``: the interface's cost over every turn so far (:class:`InterfaceCost`);
+    ``turn_costs``: that of each turn in ``turns``."""
 
     TITLE = "ds4tui"
     CSS = """
@@ -177,9 +234,16 @@ class DS4App(App):
         self._draining = False
         self._generating = False
         self._panes_t = 0.0
-        self.text_period = FLUSH_S  # seconds between text writes while streaming (adapts to UI_CPU_BUDGET)
-        self._next_text_t = 0.0
-        self._cpu_mark = (time.monotonic(), time.thread_time())
+        self._memory_t = 0.0
+        self.ui_cost = InterfaceCost()
+        self.turn_costs: list[InterfaceCost] = []
+        self._turn_cost: InterfaceCost | None = None
+        self._cost_mark: tuple[float, float] | None = None  # (wall, UI thread CPU) at the first text write
+        self._last_text_t = 0.0
+        self._saved_switch: float | None = None  # the interpreter's settings while a turn runs (_turn_started)
+        self._saved_gc: tuple[int, ...] = gc.get_threshold()
+        self._frozen = False  # this app moved objects out of the collector's sight (gc.freeze)
+        self._panes: dict[str, Any] = {}
         self.load_error: str | None = None
         self._signal_rc = 0
 
@@ -210,11 +274,12 @@ class DS4App(App):
         self.sub_title = "loading…"
         self.query_one("#transcript", ChatView).mount(Static(Content.styled(
             "Opening the model…", "$text-muted"), id="welcome"))
+        self._panes = {pid: self.query_one(f"#{pid}") for pid in (
+            "knobs", "accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "support", "memory",
+            "transcript", "progress", "status", "prompt")}
         self._set_status()
-        if self.flush_s:
-            self.set_interval(self.flush_s, self.flush)
-        if self.memory_s:
-            self.set_interval(self.memory_s, self.sample_memory)
+        if self.flush_s or self.memory_s:
+            self.set_interval(self.flush_s or self.memory_s, self._tick)
         self.run_worker(self._load, thread=True, group="load", exit_on_error=False)
         self._watch_signals()
 
@@ -300,40 +365,33 @@ class DS4App(App):
         self._apply_snapshot(engine.snapshot(generating=False))
         self.sample_memory()
         self._set_status()
+        # what exists now (the modules, the engine, the tokenizer, the interface) lives as long as the
+        # app: out of the collector's sight, a full collection no longer walks it (~0.1 s holding
+        # the interpreter, which the engine thread then waits for)
+        gc.collect()
+        gc.freeze()
+        self._frozen = True
 
-    # ---- the 10 Hz drain ----------------------------------------------------------------------------
+    # ---- the UI timer ---------------------------------------------------------------------------
 
     def _panes_mounted(self) -> bool:
         """False while the app shuts down (timers can still fire after the widgets left)."""
-        return self.is_running and bool(self.query("#memory"))
+        memory = self._panes.get("memory")
+        return self.is_running and memory is not None and memory.is_attached
 
-    def _pace(self) -> bool:
-        """While an answer streams: is a text write due?  Every ~2 s the interface's own CPU time
-        (this thread) is compared with UI_CPU_BUDGET and the text period adapted (×1.5 / ÷1.5,
-        between FLUSH_S and MAX_FLUSH_S), so that on a machine whose cores the engine needs the
-        interface takes a bounded share of them."""
-        now = time.monotonic()
-        t0, c0 = self._cpu_mark
-        if now - t0 >= 2.0:
-            share = (time.thread_time() - c0) / (now - t0)
-            if share > UI_CPU_BUDGET:
-                self.text_period = min(MAX_FLUSH_S, self.text_period * 1.5)
-            elif share < UI_CPU_BUDGET / 2:
-                self.text_period = max(self.flush_s or FLUSH_S, self.text_period / 1.5)
-            self._cpu_mark = (now, time.thread_time())
-        if now < self._next_text_t:
-            return False
-        self._next_text_t = now + self.text_period
-        return True
+    async def _tick(self) -> None:
+        """The one UI timer: the queued engine events, then the memory sample when one is due."""
+        if self.flush_s:
+            await self.flush()
+        if self.memory_s and time.monotonic() - self._memory_t >= self.memory_s:
+            self.sample_memory()
 
     async def flush(self) -> None:
-        """Handle every queued engine event (the 10 Hz timer calls this; while an answer streams,
-        at the pace ``_pace`` allows)."""
+        """Handle every queued engine event (the timer calls this every FLUSH_S)."""
         if self._draining or not self._panes_mounted():
             return
-        if self._generating and self.flush_s and not self._pace():
-            return
         self._draining = True
+        arrived = (time.monotonic(), time.thread_time())  # when a turn's end arrives: its streaming ended here
         try:
             pending: list = []
             snap = None
@@ -341,18 +399,20 @@ class DS4App(App):
                 if isinstance(ev, W.TokensEmitted):
                     pending.extend(ev.pieces)
                     continue
-                if pending:
+                if isinstance(ev, W.StatsSnapshot):
+                    snap = ev  # only the newest one is drawn
+                    continue
+                if pending:  # the text before what follows (one write per flush while a turn streams)
                     await self._write(pending)
                     pending = []
-                if isinstance(ev, W.StatsSnapshot):
-                    snap = ev
-                elif isinstance(ev, W.PrefillProgress):
+                if isinstance(ev, W.PrefillProgress):
                     self._progress(ev)
                 elif isinstance(ev, W.Finished):
+                    cost = self._turn_ended(arrived)
                     if snap is not None:
                         self._apply_snapshot(snap)
                         snap = None
-                    await self._finished(ev.result)
+                    await self._finished(ev.result, cost)
                 elif isinstance(ev, W.Failed):
                     self._error(ev.title, ev.message)
                 elif isinstance(ev, W.LoadProgress):
@@ -369,13 +429,67 @@ class DS4App(App):
             self._draining = False
 
     async def _write(self, pieces) -> None:
-        if self.current is not None:
+        if self.current is None:
+            return
+        now = time.monotonic()
+        if self._cost_mark is None:  # the first text of the turn: streaming starts
             self._progress(None)
-            await self.current.add(pieces)
+            self._cost_mark = (now, time.thread_time())
+            self._turn_cost = InterfaceCost()
+        else:
+            self._turn_cost.max_text_gap_s = max(self._turn_cost.max_text_gap_s, now - self._last_text_t)
+        self._last_text_t = now
+        self._turn_cost.text_writes += 1
+        await self.current.add(pieces)
+
+    # ---- the interface's own cost -----------------------------------------------------------------
+
+    def _turn_started(self) -> None:
+        """A turn starts: the engine thread gets the interpreter back quickly, and the garbage
+        collector runs less often and its full passes walk only what this turn creates.  The panes
+        and the memory sample are next redrawn PANES_S / MEMORY_S from now (they show the turn
+        before until then)."""
+        self._cost_mark, self._turn_cost = None, None
+        self._panes_t = self._memory_t = time.monotonic()
+        gc.freeze()
+        self._frozen = True
+        if self._saved_switch is None:
+            self._saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_S, self._saved_switch))
+            self._saved_gc = gc.get_threshold()
+            gc.set_threshold(*GC_THRESHOLDS)
+
+    def _turn_ended(self, end: tuple[float, float] | None = None) -> InterfaceCost:
+        """The turn's cost while it streamed (up to ``end``: the time and UI thread CPU time when
+        its end arrived; default now), added to the session's; the interpreter's settings as they
+        were."""
+        cost = self._turn_cost or InterfaceCost()
+        if self._cost_mark is not None:
+            (wall, cpu), (wall_end, cpu_end) = self._cost_mark, end or (time.monotonic(), time.thread_time())
+            cost.wall_s, cost.cpu_s = max(0.0, wall_end - wall), max(0.0, cpu_end - cpu)
+        self._cost_mark, self._turn_cost = None, None
+        self.ui_cost.add(cost)
+        if self._saved_switch is not None:
+            sys.setswitchinterval(self._saved_switch)
+            gc.set_threshold(*self._saved_gc)
+            self._saved_switch = None
+        return cost
+
+    def live_ui_cost(self) -> InterfaceCost:
+        """The session's cost including the part of the running turn that has streamed so far."""
+        cost = InterfaceCost(**{k: getattr(self.ui_cost, k) for k in ("cpu_s", "wall_s", "text_writes",
+                                                                         "max_text_gap_s")})
+        if self._cost_mark is not None and self._turn_cost is not None:
+            wall, cpu = self._cost_mark
+            now = InterfaceCost(time.thread_time() - cpu, time.monotonic() - wall, self._turn_cost.text_writes,
+                                self._turn_cost.max_text_gap_s)
+            cost.add(now)
+        return cost
 
     def _apply_snapshot(self, snap: W.StatsSnapshot) -> None:
         """Every snapshot feeds the timeline; the panes redraw at most every PANES_S while a turn
-        runs (a redraw costs the UI thread far more than reading a snapshot)."""
+        runs (a redraw costs the UI thread far more than reading a snapshot), and only the panes
+        whose text changed are repainted."""
         self.last_snapshot = snap
         self.timeline.add(snap)
         now = time.monotonic()
@@ -385,13 +499,15 @@ class DS4App(App):
         view = self.timeline.view()
         st = snap.dspark
         info = self.engine.info if self.engine is not None else None
-        self.query_one("#accept", AcceptPane).show(st, view, support_status=info.support_status if info else "none")
+        p = self._panes
+        p["accept"].show(st, view, support_status=info.support_status if info else "none")
         block = st.block_size if st is not None else 0
-        self.query_one("#draft-hist", Histogram).show(st.draft_len_hist if st is not None else [0] * (block + 1))
-        self.query_one("#accepted-hist", Histogram).show(st.accepted_len_hist if st is not None else [0] * (block + 1))
-        self.query_one("#stages", StagesPane).show(st)
-        self.query_one("#no-draft", NoDraftPane).show(st, support_status=info.support_status if info else "none")
-        self.query_one("#throughput", ThroughputPane).show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx)
+        p["draft-hist"].show(st.draft_len_hist if st is not None else [0] * (block + 1))
+        p["accepted-hist"].show(st.accepted_len_hist if st is not None else [0] * (block + 1))
+        p["stages"].show(st)
+        p["no-draft"].show(st, support_status=info.support_status if info else "none")
+        p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
+                             ui_share=self.live_ui_cost().cpu_share)
         if snap.knobs is not None:
             self._show_knobs(snap.knobs)
         self._set_status()
@@ -406,19 +522,20 @@ class DS4App(App):
                     else "no support model: start with --mtp SUPPORT.gguf")
         else:
             note = "changes apply at the next cycle"
-        self.query_one("#knobs", KnobsPane).show(knobs, note=note, block=e.info.block_size or 16)
+        self._panes["knobs"].show(knobs, note=note, block=e.info.block_size or 16)
 
     def sample_memory(self) -> None:
         if self.telemetry is None or self.engine is None or not self._panes_mounted():
             return
+        self._memory_t = time.monotonic()
         s = self.telemetry.sample()
         self.last_sample = s
         self.memory_history.append(s)
         main = "gtt_used_b" if s.gtt_total_b is not None else "vram_used_b" if s.vram_total_b is not None else "rss_b"
-        self.query_one("#memory", MemoryPane).show(s, self.memory_history.series(main), self.engine.memory())
+        self._panes["memory"].show(s, self.memory_history.series(main), self.engine.memory())
 
     def _progress(self, ev) -> None:
-        bar = self.query_one("#progress", ProgressBar)
+        bar = self._panes["progress"]
         if ev is None:
             bar.remove_class("active")
             return
@@ -428,7 +545,7 @@ class DS4App(App):
                                                                    if ev.reused else ""))
 
     def _load_progress(self, ev: W.LoadProgress) -> None:
-        bar = self.query_one("#progress", ProgressBar)
+        bar = self._panes["progress"]
         bar.add_class("active")
         bar.update(total=max(1, ev.total), progress=ev.done)
         amount = (f"{format_bytes(ev.done)} of {format_bytes(ev.total)}" if ev.unit == "byte"
@@ -446,7 +563,7 @@ class DS4App(App):
             if self.trace:
                 parts.append("draft highlight on")
             text = " · ".join(parts)
-        set_line(self.query_one("#status", Static), text)
+        set_line(self._panes["status"], text)
 
     def _error(self, title: str, message: str) -> None:
         self.errors.append((title, message))
@@ -476,6 +593,7 @@ class DS4App(App):
         self.messages.append({"role": "user", "content": text})
         self._generating = True
         self._set_status()
+        self._turn_started()
         self.run_worker(partial(self._turn, list(self.messages), self.think), thread=True, group="generation",
                         exclusive=True, exit_on_error=False)
 
@@ -487,7 +605,7 @@ class DS4App(App):
             self.queue.put(W.Failed("generation failed", f"{type(exc).__name__}: {exc}"))
             self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
 
-    async def _finished(self, r: W.TurnResult) -> None:
+    async def _finished(self, r: W.TurnResult, cost: InterfaceCost) -> None:
         self._generating = False
         self._progress(None)
         if self.current is not None:
@@ -507,6 +625,7 @@ class DS4App(App):
         else:
             self.messages.append({"role": "assistant", "content": r.answer, "reasoning": r.reasoning})
             self.turns.append(r)
+            self.turn_costs.append(cost)
         self.current = None
         self._set_status()
 
@@ -606,7 +725,13 @@ class DS4App(App):
             self._apply_snapshot(self.engine.snapshot(generating=False))
         self.messages.clear()
         self.turns.clear()
+        self.turn_costs.clear()
         await self.query_one("#transcript", ChatView).remove_children()
+        # the old conversation's objects were frozen at each turn's start (_turn_started): collect them
+        if self._frozen:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
         self.notify("new chat", timeout=2)
 
     def _stats_payload(self) -> tuple[dict, str | None]:
@@ -624,6 +749,8 @@ class DS4App(App):
             "dspark_stats": snap.dspark.to_dict() if snap.dspark is not None else None,
             "n_tokens": snap.n_tokens,
             "n_ctx": snap.n_ctx,
+            # the app's own cost while answers streamed: the UI thread's CPU seconds per second
+            "interface": self.live_ui_cost().to_dict(),
         }
         return d, format_line(snap.dspark) if snap.dspark is not None else None
 
@@ -667,12 +794,13 @@ class DS4App(App):
 
     def transcript_json(self) -> dict:
         payload, line = self._stats_payload()
-        turns = iter(self.turns)
+        turns = iter(zip(self.turns, self.turn_costs))
         msgs = []
         for m in self.messages:
             if m["role"] == "assistant":
-                r = next(turns, None)
-                msgs.append({**m, "stats": r.to_dict() if r is not None else None})
+                r, cost = next(turns, (None, None))
+                msgs.append({**m, "stats": r.to_dict() if r is not None else None,
+                             "interface": cost.to_dict() if cost is not None else None})
             else:
                 msgs.append(dict(m))
         return {"format": "ds4tui-chat/1", "saved": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -699,6 +827,11 @@ class DS4App(App):
     def on_unmount(self) -> None:
         if self.engine is not None:
             self.engine.stop()  # a thread worker cannot be killed: let it end at the next cycle
+        if self._saved_switch is not None:  # quit during a turn: the interpreter's settings as they were
+            self._turn_ended()
+        if self._frozen:  # the process outlives the app (tests, benchmarks): its objects collectable again
+            gc.unfreeze()
+            self._frozen = False
         loop = asyncio.get_running_loop()
         for sig in getattr(self, "_signals", ()):
             loop.remove_signal_handler(sig)

@@ -61,7 +61,7 @@ async def test_reasoning_trace_highlight_think_toggle_and_new_chat(tmp_path):
         assert msg.reasoning == REASONING and msg.answer == ANSWER and msg.has_class("has-reasoning")
         await pilot.press("f4")  # token trace with accepted drafts highlighted
         assert msg.has_class("trace") and app.trace
-        trace = msg._trace
+        trace = msg.trace
         assert trace.plain == REASONING + ANSWER  # the reasoning too, in THINK_STYLE
         drafted = [s for s in trace.spans if str(s.style).endswith(DRAFT_STYLE)]
         pieces = [REASONING[i:i + 4] for i in range(0, len(REASONING), 4)] + [

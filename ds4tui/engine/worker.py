@@ -414,6 +414,7 @@ class ChatEngine:
         # the decode loop rewinds the session when EOS arrives among accepted drafts
         loop = DecodeLoop(s, max_tokens, stop=(eos,), cancelled=self._stop.is_set)
         out, drafts = loop.ids, loop.from_draft
+        n_draft = 0  # accepted drafts so far (counted as they come: a sum per cycle would grow with the answer)
         try:
             for cycle in ([] if stopped else loop):
                 if t_first is None:
@@ -432,7 +433,8 @@ class ChatEngine:
                     text[channel].append(piece)
                     pieces.append(TokenPiece(t, piece, d, channel))
                 sink.put(TokensEmitted(turn, tuple(pieces)))
-                self._progress = (turn, len(out), sum(drafts), t_first)
+                n_draft += cycle.n_draft
+                self._progress = (turn, len(out), n_draft, t_first)
                 if cycle.stopped:
                     break
                 now = time.monotonic()

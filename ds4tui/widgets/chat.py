@@ -1,13 +1,18 @@
 """Chat pane: the transcript (user and assistant turns) and the prompt input with history.
 
-An assistant turn streams its answer into a Markdown widget through Textual's Markdown stream
-(``Markdown.get_stream``, Textual ≥ 5) and its reasoning into a collapsed Markdown; at the end
-both are written once more in full to repair blocks parsed half-way (ux.md §2.2).  A token trace
-(toggle) shows the answer token by token with accepted-draft tokens highlighted, since Markdown
-cannot style single tokens (ux.md §2.6).
+An assistant turn streams into light widgets and renders Markdown only for what is finished
+(ux.md §2.2): the text of each channel (the answer, and the reasoning in a collapsed section)
+grows in a :class:`~ds4tui.widgets.stream.StreamText`, which wraps and repaints only the rows
+that changed; every ``MARKDOWN_S`` the finished blocks (paragraphs, closed code fences) move from
+it into the channel's Markdown, and at the end the whole text is rendered as Markdown once.  A
+token trace (toggle) shows the answer token by token with accepted-draft tokens highlighted,
+since Markdown cannot style single tokens (ux.md §2.6).
 """
 
 from __future__ import annotations
+
+import re
+import time
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,14 +21,40 @@ from textual.content import Content
 from textual.widgets import Collapsible, Input, Markdown, Static
 
 from ds4tui.widgets.pane import set_line
+from ds4tui.widgets.stream import StreamText, clean, no_second_layout
 
 #: Accepted-draft tokens in the token trace; reasoning tokens are drawn in THINK_STYLE.
 DRAFT_STYLE = "on $success 40%"
 THINK_STYLE = "italic $text-muted"
+#: While a turn streams, its finished Markdown blocks are rendered at most this often (seconds).
+MARKDOWN_S = 2.0
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def finished_blocks(text: str, start: int = 0) -> int:
+    """Where the finished Markdown blocks of ``text[start:]`` end: the index just after the last
+    blank line outside a code fence, or after the last line that closes a fence (``start`` when
+    no block has finished).  ``text[start:]`` must begin outside a fence."""
+    fence = ""  # the open fence's marker ("" outside a fence)
+    end = pos = start
+    while (nl := text.find("\n", pos)) >= 0:
+        line = text[pos:nl]
+        m = _FENCE.match(line)
+        if not fence:
+            if m:
+                fence = m.group(1)
+            elif not line.strip():
+                end = nl + 1
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line[m.end():].strip():
+            fence = ""
+            end = nl + 1
+        pos = nl + 1
+    return end
 
 
 class UserMessage(Static):
@@ -36,6 +67,39 @@ class UserMessage(Static):
         self.text = text
 
 
+class _Channel:
+    """One channel of a turn (answer or reasoning): its Markdown (the finished blocks), its live
+    text (the rest) and how much of the text the Markdown holds."""
+
+    def __init__(self, markdown: Markdown, live: StreamText):
+        self.markdown, self.live = markdown, live
+        self.text = ""
+        self.rendered = 0  # text[:rendered] is in the Markdown
+        self.t_rendered = time.monotonic()
+
+    async def add(self, chunk: str) -> None:
+        self.text += chunk
+        now = time.monotonic()
+        if now - self.t_rendered < MARKDOWN_S:
+            self.live.append(chunk)
+            return
+        self.t_rendered = now
+        end = finished_blocks(self.text, self.rendered)
+        if end == self.rendered:
+            self.live.append(chunk)
+            return
+        block, self.rendered = self.text[self.rendered:end], end
+        self.live.set(self.text[end:])
+        await self.markdown.append(block)
+
+    async def finish(self) -> None:
+        """The whole text as Markdown (also repairs blocks a partial parse got wrong)."""
+        if self.text:
+            await self.markdown.update(self.text)
+        self.rendered = len(self.text)
+        self.live.clear()
+
+
 class AssistantMessage(Vertical):
     """One assistant turn: reasoning (collapsed), answer, token trace (hidden unless toggled) and
     a one-line summary."""
@@ -46,17 +110,16 @@ class AssistantMessage(Vertical):
     AssistantMessage.has-reasoning Collapsible { display: block; }
     AssistantMessage #trace { display: none; }
     AssistantMessage.trace #trace { display: block; }
-    AssistantMessage.trace #answer { display: none; }
+    AssistantMessage.trace #answer, AssistantMessage.trace #answer-live { display: none; }
     AssistantMessage.trace Collapsible { display: none; }
+    AssistantMessage #answer-live, AssistantMessage #think-live { padding: 0 2; }
     AssistantMessage #summary { color: $text-muted; }
     """
+    virtual_size = no_second_layout()
 
     def __init__(self, *, trace: bool = False):
         super().__init__(classes="trace" if trace else "")
-        self.reasoning = ""
-        self.answer = ""
-        self._streams: dict = {}
-        self._trace = Content("")
+        self._channels: dict[str, _Channel] = {}
         self.n_tokens = 0
         self.n_draft = 0
         self.n_think = 0
@@ -65,18 +128,46 @@ class AssistantMessage(Vertical):
     def compose(self) -> ComposeResult:
         with Collapsible(title="reasoning", collapsed=True):
             yield Markdown("", id="think")
+            yield StreamText(id="think-live")
         yield Markdown("", id="answer")
-        yield Static("", id="trace", markup=False)
+        yield StreamText(id="answer-live")
+        yield StreamText(id="trace")
         yield Static(Content.styled("…", "$text-muted"), id="summary")
 
-    def _stream(self, channel: str):
-        if channel not in self._streams:
-            md = self.query_one("#think" if channel == "think" else "#answer", Markdown)
-            self._streams[channel] = Markdown.get_stream(md)
-        return self._streams[channel]
+    def on_mount(self) -> None:
+        for name in ("think", "answer"):
+            self._channels[name] = _Channel(self.query_one(f"#{name}", Markdown),
+                                            self.query_one(f"#{name}-live", StreamText))
+        self._trace = self.query_one("#trace", StreamText)
+        self._summary = self.query_one("#summary", Static)
+        self._collapsible = self.query_one(Collapsible)
+
+    @property
+    def reasoning(self) -> str:
+        return self._channels["think"].text if self._channels else ""
+
+    @property
+    def answer(self) -> str:
+        return self._channels["answer"].text if self._channels else ""
+
+    @property
+    def trace(self) -> Content:
+        """The token trace: every token's text, accepted drafts in DRAFT_STYLE, reasoning in
+        THINK_STYLE."""
+        return self._trace.content
+
+    def _cap_live_text(self) -> None:
+        """The live texts show at most a view's height of rows (their last ones): in a transcript
+        pinned to its bottom that is all of them that can be seen, and a text growing beyond it
+        then costs a repaint but no layout of the screen."""
+        view = self.parent
+        height = view.scrollable_content_region.height if isinstance(view, VerticalScroll) else 0
+        for live in (self._trace, *(c.live for c in self._channels.values())):
+            live.max_rows = height or None
 
     async def add(self, pieces) -> None:
-        """Append ``TokenPiece`` s (one flush worth): one stream write per channel."""
+        """Append ``TokenPiece`` s (one flush worth): one write per channel."""
+        self._cap_live_text()
         text = {"think": [], "answer": []}
         trace = []
         for p in pieces:
@@ -88,33 +179,26 @@ class AssistantMessage(Vertical):
                 text[p.channel].append(p.text)
                 base = THINK_STYLE if p.channel == "think" else ""
                 style = f"{base} {DRAFT_STYLE}".strip() if p.from_draft else base
-                trace.append(Content.styled(p.text, style) if style else Content(p.text))
+                piece = clean(p.text)
+                trace.append(Content.styled(piece, style) if style else Content(piece))
         for channel in ("think", "answer"):
             chunk = "".join(text[channel])
             if not chunk:
                 continue
             if channel == "think":
-                self.reasoning += chunk
                 self.add_class("has-reasoning")
-                self.query_one(Collapsible).title = f"reasoning · {plural(self.n_think, 'token')}"
-            else:
-                self.answer += chunk
-            await self._stream(channel).write(chunk)
+                self._collapsible.title = f"reasoning · {plural(self.n_think, 'token')}"
+            await self._channels[channel].add(chunk)
         if trace:
-            self._trace = Content("").join([self._trace, *trace])
-            self.query_one("#trace", Static).update(self._trace)
-        set_line(self.query_one("#summary", Static), f"{plural(self.n_tokens, 'token')} · {self.n_draft} from "
-                 f"accepted drafts", "$text-muted")
+            self._trace.append(Content("").join(trace))
+        set_line(self._summary, f"{plural(self.n_tokens, 'token')} · {self.n_draft} from accepted drafts",
+                 "$text-muted")
 
     async def finish(self, summary: str) -> None:
-        """End the streams and write the full text once more (repairs half-parsed blocks)."""
-        for stream in self._streams.values():
-            await stream.stop()
-        self._streams.clear()
-        if self.reasoning:
-            await self.query_one("#think", Markdown).update(self.reasoning)
-        await self.query_one("#answer", Markdown).update(self.answer)
-        set_line(self.query_one("#summary", Static), summary, "$text-muted")
+        """Render each channel's whole text as Markdown once."""
+        for channel in self._channels.values():
+            await channel.finish()
+        set_line(self._summary, summary, "$text-muted")
         self.finished = True
 
     def set_trace(self, on: bool) -> None:
@@ -122,12 +206,15 @@ class AssistantMessage(Vertical):
 
 
 class ChatView(VerticalScroll):
-    """The transcript; stays pinned to the bottom while text streams unless the user scrolls up."""
+    """The transcript; stays pinned to the bottom while text streams unless the user scrolls up.
+    Its scroll bar's column is kept free from the start, so the first answer that fills the view
+    does not make every message wrap again."""
 
     DEFAULT_CSS = """
-    ChatView { padding: 0 1; }
+    ChatView { padding: 0 1; scrollbar-gutter: stable; }
     ChatView #welcome { color: $text-muted; }
     """
+    virtual_size = no_second_layout()  # (its scroll bars follow the layout itself)
 
     def on_mount(self) -> None:
         self.anchor()

@@ -8,8 +8,8 @@ from textual.widgets import Static
 
 class Pane(Static):
     """A bordered text pane that re-renders only when its content changes, and re-runs the
-    screen's layout only when its height can change (a full layout of the screen costs far more
-    than repainting one pane, and the panes update several times a second while text streams)."""
+    screen's layout only when its height changes (a full layout of the screen costs far more
+    than repainting one pane, and the panes update while text streams)."""
 
     DEFAULT_CSS = """
     Pane { height: auto; border: round $primary-darken-2; padding: 0 1; }
@@ -19,16 +19,19 @@ class Pane(Static):
         super().__init__(Content.styled("waiting for the engine", "$text-muted"), id=id)
         self.border_title = title
         self._shown: Content | None = None
+        self._rows: tuple[int, int] | None = None  # (width, rows the shown content wraps to at that width)
 
     def put(self, content: Content) -> None:
         old = self._shown
         if old is not None and content.plain == old.plain and content.spans == old.spans:
             return
-        lines = content.plain.split("\n")
-        same_height = (old is not None and len(lines) == old.plain.count("\n") + 1
-                       and max(len(line) for line in lines) <= self.content_size.width)
+        width = self.content_size.width
+        rows = (width, len(content.wrap(width))) if width > 0 else None
+        if rows is not None and old is not None and (self._rows is None or self._rows[0] != width):
+            self._rows = (width, len(old.wrap(width)))  # what the last layout made of the old content
         self._shown = content
-        self.update(content, layout=not same_height)
+        self.update(content, layout=rows is None or rows != self._rows)
+        self._rows = rows
 
     @property
     def text(self) -> str:

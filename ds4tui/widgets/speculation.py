@@ -170,9 +170,13 @@ class NoDraftPane(Pane):
 
 class ThroughputPane(Pane):
     """Decode tokens/s (engine time) and effective tokens/s (wall time of the turn, what the user
-    sees), their series, the context in use, and DSpark's net time saved."""
+    sees), their series, the context in use, DSpark's net time saved, and what the interface
+    itself costs: ``ui_share``, the UI thread's CPU seconds per second while answers stream (None:
+    not measured yet).  The engine shares the interpreter and the cores with the interface, so a
+    large share means the rates above are slower than the engine alone would be."""
 
-    def show(self, view: SpecView, st: DSparkStats | None, *, n_tokens: int, n_ctx: int) -> None:
+    def show(self, view: SpecView, st: DSparkStats | None, *, n_tokens: int, n_ctx: int,
+             ui_share: float | None = None) -> None:
         def tps(v: float | None) -> str:
             return "—" if v is None else f"{v:.1f}"
 
@@ -198,6 +202,10 @@ class ThroughputPane(Pane):
                                             f" (saved {st.saved / 1000:.2f} s, decode {st.t_decode_ms:.1f} ms)"))
             else:
                 out.append(Content.styled("net saved unknown: no plain decode timed yet", "$text-muted"))
+        if ui_share is None:
+            out.append(Content.styled("interface cost: measured while an answer streams", "$text-muted"))
+        else:
+            out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
         self.put(rows(out))
 
 

@@ -1,0 +1,189 @@
+"""StreamText: text that grows at its end, drawn row by row (Textual's line API).
+
+An answer streams in a few tokens at a time.  Parsing and laying out the whole message again at
+every write costs the interface time that grows with the answer (and the engine shares the
+interpreter and the cores with the interface).  Here an append wraps only the last line of the
+text again, repaints only the rows that changed, and asks for a screen layout only when the
+number of rows changes.  Styled text (``Content``) keeps its styles.
+"""
+
+from __future__ import annotations
+
+import re
+
+from textual.content import Content
+from textual.geometry import Region, Size
+from textual.reactive import Reactive
+from textual.strip import Strip
+from textual.widget import Widget
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def no_second_layout(virtual_size: Size = Size(0, 0)) -> Reactive:
+    """A ``virtual_size`` reactive for a widget whose size follows its content (``height: auto``).
+
+    Textual sets a widget's virtual size after each layout that changed it, and by default that
+    asks for one more layout of the whole screen and one more frame.  For a widget that does not
+    scroll its own content the layout that set it has already placed everything, so a text that
+    grows by a row costs one layout instead of two."""
+    return Reactive(virtual_size, layout=False, repaint=False)
+
+
+def clean(text: str) -> str:
+    """Carriage returns dropped, the other control characters but newline and tab as U+FFFD: a
+    terminal would act on them."""
+    return _CONTROL.sub("\ufffd", text.replace("\r", ""))
+
+
+class StreamText(Widget):
+    """``append(text)`` adds text (a ``str`` or a styled ``Content``) at the end; ``content`` is
+    everything appended so far, ``text`` its plain text.
+
+    Rows are the lines of the text word-wrapped at the widget's width (a word longer than a row is
+    folded).  Only the last line can still change, so an append wraps only that line again.
+    ``max_rows`` (None: no limit) caps the widget's height: beyond it the widget shows its last
+    ``max_rows`` rows, so a text that keeps growing costs a repaint of this widget and no new
+    layout of the screen (set it to the height of the view the text scrolls in, and a view pinned
+    to its bottom shows what it would show without the cap)."""
+
+    DEFAULT_CSS = """
+    StreamText { height: auto; }
+    """
+    virtual_size = no_second_layout()
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self._pieces: list[Content] = []  # what was appended, as it was appended
+        self._lines: list[Content] = [Content("")]  # the last one is still open
+        self._width = 0  # the width the rows were wrapped at; 0: wrap at the next layout
+        self._rows: list[Content] = []  # rows of every line but the last
+        self._tail: list[Content] = []  # rows of the last line
+        self._strips: dict[int, Strip] = {}  # by row
+        self._max_rows: int | None = None
+
+    @property
+    def content(self) -> Content:
+        return Content("").join(self._pieces)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line.plain for line in self._lines)
+
+    @property
+    def row_count(self) -> int:
+        """Rows at the width of the last layout."""
+        return len(self._rows) + len(self._tail)
+
+    @property
+    def max_rows(self) -> int | None:
+        return self._max_rows
+
+    @max_rows.setter
+    def max_rows(self, n: int | None) -> None:
+        n = None if n is None else max(1, int(n))
+        if n != self._max_rows:
+            before = self._height()
+            self._max_rows = n
+            if self._width and self._height() != before:
+                self.refresh(layout=True)
+
+    def _height(self) -> int:
+        rows = self.row_count
+        return rows if self._max_rows is None else min(rows, self._max_rows)
+
+    def _offset(self) -> int:
+        """The first row shown."""
+        return self.row_count - self._height()
+
+    def _wrap(self, line: Content) -> list[Content]:
+        return line.wrap(self._width) or [Content("")]
+
+    def _wrap_tail(self) -> None:
+        """The last line's rows (none while the whole text is empty)."""
+        last = self._lines[-1]
+        self._tail = self._wrap(last) if last.plain or len(self._lines) > 1 else []
+
+    def _wrap_all(self, width: int) -> None:
+        self._width = width
+        self._rows = [row for line in self._lines[:-1] for row in self._wrap(line)]
+        self._wrap_tail()
+        self._strips.clear()
+
+    def clear(self) -> None:
+        self.set(Content(""))
+
+    def set(self, text: str | Content) -> None:
+        """Replace the whole text."""
+        self._pieces, self._lines = [], [Content("")]
+        self._width = 0
+        self._strips.clear()
+        self._rows, self._tail = [], []
+        self.append(text, force_layout=True)
+
+    def append(self, text: str | Content, *, force_layout: bool = False) -> None:
+        """Add ``text`` at the end (``force_layout``: lay the screen out again even if the number of
+        rows stays the same)."""
+        content = Content(clean(text)) if isinstance(text, str) else text
+        if not content.plain and not force_layout:
+            return
+        parts = content.split("\n", allow_blank=True) if "\n" in content.plain else [content]
+        if content.plain:
+            self._pieces.append(content)
+            self._lines[-1] = self._lines[-1] + parts[0]
+            self._lines.extend(parts[1:])
+        shown = self._shown()
+        if not self._width or not shown:
+            # not laid out yet, or hidden: wrap at the next layout (a hidden widget needs no frame)
+            self._width = 0
+            if shown or force_layout:
+                self.refresh(layout=True)
+            return
+        rows_before, height_before = self.row_count, self._height()
+        first = len(self._rows)  # the old last line's first row: the rows above it cannot change
+        for line in self._lines[len(self._lines) - len(parts):-1]:  # the lines this text completed
+            self._rows.extend(self._wrap(line))
+        self._wrap_tail()
+        for y in range(first, rows_before):
+            self._strips.pop(y, None)
+        if self._height() != height_before or force_layout:
+            self.refresh(layout=True)
+        elif self.row_count != rows_before:
+            self.refresh()  # capped: every row shown moved up
+        else:
+            top = max(0, first - self._offset())
+            self.refresh(Region(0, top, self.size.width, self._height() - top))
+
+    def _shown(self) -> bool:
+        """Mounted, and neither this widget nor a container of it is hidden (display: none)."""
+        if not self.is_mounted:
+            return False
+        node = self
+        while node is not None:
+            if not node.display:
+                return False
+            node = node.parent
+        return True
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        if width > 0 and width != self._width:
+            self._wrap_all(width)
+        return self._height()
+
+    def render_line(self, y: int) -> Strip:
+        width, style = self.size.width, self.visual_style
+        k = y + self._offset()
+        strip = self._strips.get(k)
+        if strip is not None and strip.cell_length == width:
+            return strip
+        n = len(self._rows)
+        row = self._rows[k] if k < n else self._tail[k - n] if 0 <= k - n < len(self._tail) else None
+        if row is None:
+            return Strip.blank(width, style.rich_style)
+        strip = Strip(row.render_segments(style), row.cell_length).extend_cell_length(width, style.rich_style)
+        self._strips[k] = strip
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()

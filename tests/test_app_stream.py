@@ -1,0 +1,218 @@
+"""The app's own cost while an answer streams (ux.md §0 item 5): the light streaming widget, the
+Markdown of finished blocks, the interpreter settings during a turn, and the cost the app reports.
+Deterministic: a fake engine (tests/fake_chat.py), no timing assertions."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import threading
+
+import pytest
+from fake_chat import ANSWER, FakeChatEngine
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Markdown
+
+from ds4tui import app as A
+from ds4tui.engine.telemetry import FakeBackend, MemorySample
+from ds4tui.widgets import chat as C
+from ds4tui.widgets.stream import StreamText
+
+RSS = MemorySample(t_mono_s=0.0, backend="rss", device="host", rss_b=300 << 20, host_total_b=8 << 30)
+
+
+class _One(App):
+    """A StreamText 30 cells wide (its content: 26, after the padding) in a 10-row view."""
+
+    CSS = "VerticalScroll { width: 30; height: 10; } StreamText { padding: 0 2; }"
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield StreamText(id="s")
+
+
+def _rows(w: StreamText) -> list[str]:
+    return [w.render_line(y).text.rstrip() for y in range(w.size.height)]
+
+
+def test_finished_blocks_end_at_blank_lines_and_closed_fences():
+    fb = C.finished_blocks
+    assert fb("") == 0 and fb("a paragraph still growing") == 0
+    assert fb("one\n\ntwo") == len("one\n\n")
+    text = "intro\n\n```python\ndef f():\n\n    return 1\n"  # a blank line inside a fence ends nothing
+    assert fb(text) == len("intro\n\n")
+    closed = text + "```\nafter"
+    assert fb(closed) == len(text + "```\n")
+    # a closing fence must use the opening character and be at least as long; ~~~ fences too
+    assert fb("````\nx\n```\ny\n") == 0 and fb("````\nx\n`````\n") == len("````\nx\n`````\n")
+    assert fb("~~~\nx\n```\n") == 0 and fb("~~~\nx\n~~~\n") == len("~~~\nx\n~~~\n")
+    assert fb("```py\nx\n```  \n") == len("```py\nx\n```  \n")  # trailing spaces after a closing fence
+    # from a start index (the text before it was handed to the Markdown already)
+    assert fb("a\n\nb\n\nc", 3) == len("a\n\nb\n\n")
+
+
+async def test_stream_text_wraps_appends_and_keeps_styles():
+    app = _One()
+    async with app.run_test() as pilot:
+        w = app.query_one(StreamText)
+        w.append("hello world, a line that wraps at the width\nsecond")
+        await pilot.pause()
+        assert w.size.width == 26 and w.row_count == 3
+        assert _rows(w) == ["hello world, a line that", "wraps at the width", "second"]
+        w.append(" line grows\nthird\n")
+        await pilot.pause()
+        assert _rows(w) == ["hello world, a line that", "wraps at the width", "second line grows", "third", ""]
+        assert w.text == "hello world, a line that wraps at the width\nsecond line grows\nthird\n"
+        w.append(Content.styled("bold", "bold"))
+        await pilot.pause()
+        assert _rows(w)[-1] == "bold"
+        assert w.content.plain == w.text and [w.content.plain[s.start:s.end] for s in w.content.spans] == ["bold"]
+        # control characters other than newline and tab cannot reach the terminal
+        w.set("a\x1b[2Jb\tc\r\nd")
+        await pilot.pause()
+        assert w.text == "a\ufffd[2Jb\tc\nd"
+        w.clear()
+        await pilot.pause()
+        assert w.text == "" and w.row_count == 0 and w.size.height == 0
+
+
+async def test_stream_text_capped_shows_its_last_rows_without_a_new_layout():
+    app = _One()
+    async with app.run_test() as pilot:
+        w = app.query_one(StreamText)
+        w.max_rows = 4
+        w.append("\n".join(f"line {k}" for k in range(3)))
+        await pilot.pause()
+        assert w.size.height == 3 and _rows(w) == ["line 0", "line 1", "line 2"]
+        w.append("\nline 3\nline 4\nline 5")
+        await pilot.pause()
+        assert w.row_count == 6 and w.size.height == 4
+        assert _rows(w) == ["line 2", "line 3", "line 4", "line 5"]
+        layouts = []
+        original = w.refresh
+
+        def refresh(*regions, layout=False, **kw):
+            layouts.append(layout)
+            return original(*regions, layout=layout, **kw)
+
+        w.refresh = refresh
+        w.append(" and more\nline 6")  # the height stays 4: a repaint, no layout of the screen
+        await pilot.pause()
+        assert layouts and not any(layouts)
+        assert _rows(w) == ["line 3", "line 4", "line 5 and more", "line 6"]
+        w.max_rows = None
+        await pilot.pause()
+        assert w.size.height == 7 and _rows(w)[0] == "line 0"
+
+
+async def test_hidden_stream_text_asks_for_no_frame_and_wraps_when_shown():
+    app = _One()
+    async with app.run_test() as pilot:
+        w = app.query_one(StreamText)
+        w.append("first")
+        await pilot.pause()
+        w.display = False
+        await pilot.pause()
+        calls = []
+        original = w.refresh
+        w.refresh = lambda *a, **kw: calls.append(kw) or original(*a, **kw)
+        w.append(" more text\nand a second line")
+        assert calls == []  # hidden: nothing to draw
+        w.display = True
+        await pilot.pause()
+        assert _rows(w) == ["first more text", "and a second line"]
+
+
+def _app(tmp_path, gate=None, **kw) -> A.DS4App:
+    opts = A.ChatOptions(model="demo.gguf", support="demo-support.gguf", save_dir=tmp_path, think=False, **kw)
+    return A.DS4App(opts, engine_factory=lambda o, progress: FakeChatEngine(o, gate=gate, hold_after=30),
+                    telemetry=FakeBackend([RSS]), flush_s=None, memory_s=None)
+
+
+async def test_finished_blocks_move_to_markdown_while_the_rest_streams_as_plain_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "MARKDOWN_S", 0.0)  # hand finished blocks over at every write
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:  # the fake holds after 30 pieces of 4 characters
+            await pilot.pause(0.01)
+        await app.flush()
+        msg = app.current
+        streamed = ANSWER[:120]
+        assert msg.answer == streamed
+        done = C.finished_blocks(streamed)
+        assert 0 < done < len(streamed)  # "Here is a linked list:\n\n" ended; the code fence has not
+        channel = msg._channels["answer"]
+        assert channel.rendered == done and channel.markdown.source == streamed[:done]
+        assert channel.live.text == streamed[done:]
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert msg.finished and msg.answer == ANSWER
+        assert msg.query_one("#answer", Markdown).source == ANSWER and channel.live.text == ""
+
+
+async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_restores_them(tmp_path):
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    before = sys.getswitchinterval(), gc.get_threshold()
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:
+            await pilot.pause(0.01)
+        assert sys.getswitchinterval() == pytest.approx(A.SWITCH_S) and gc.get_threshold() == A.GC_THRESHOLDS
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert (sys.getswitchinterval(), gc.get_threshold()) == before
+
+
+async def test_the_app_reports_its_own_cost(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        for k in range(2):
+            app.query_one("#prompt").value = f"question {k}"
+            await pilot.press("enter")
+            await app.workers.wait_for_complete()
+            await app.flush()  # every event of the turn in one flush: one text write
+        assert len(app.turn_costs) == len(app.turns) == 2
+        assert [c.text_writes for c in app.turn_costs] == [1, 1] and app.ui_cost.text_writes == 2
+        assert app.ui_cost.wall_s == sum(c.wall_s for c in app.turn_costs) < A.MIN_COST_S
+        assert app.ui_cost.cpu_share is None  # too short to say
+        assert "interface cost: measured while an answer streams" in app.query_one("#throughput").text
+        # the stats export and the saved transcript carry it
+        await pilot.press("f6")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        stats = json.loads(next(tmp_path.glob("ds4tui-stats-*.json")).read_text())
+        assert stats["interface"] == app.ui_cost.to_dict() and stats["interface"]["text_writes"] == 2
+        saved = json.loads(next(tmp_path.glob("ds4tui-chat-*.json")).read_text())
+        assert [m["interface"] for m in saved["messages"] if m["role"] == "assistant"] == [
+            c.to_dict() for c in app.turn_costs]
+        # once answers have streamed long enough the pane shows the share: CPU seconds per second
+        app.ui_cost = A.InterfaceCost(cpu_s=0.25, wall_s=2.0, text_writes=10, max_text_gap_s=0.2)
+        assert app.ui_cost.cpu_share == 0.125 and app.ui_cost.text_writes_per_s == 5.0
+        app._apply_snapshot(app.engine.snapshot(generating=False))
+        assert "interface 12.5% of a core while streaming" in app.query_one("#throughput").text
+
+
+def test_interface_cost_adds_up():
+    a = A.InterfaceCost(cpu_s=0.1, wall_s=1.0, text_writes=5, max_text_gap_s=0.2)
+    a.add(A.InterfaceCost(cpu_s=0.3, wall_s=1.0, text_writes=6, max_text_gap_s=0.25))
+    assert (a.cpu_s, a.wall_s, a.text_writes, a.max_text_gap_s) == (0.4, 2.0, 11, 0.25)
+    assert a.cpu_share == 0.2 and a.text_writes_per_s == 5.5
+    d = a.to_dict()
+    assert d["cpu_share"] == 0.2 and d["text_writes"] == 11 and set(d) == {
+        "cpu_s", "wall_s", "cpu_share", "text_writes", "text_writes_per_s", "max_text_gap_s"}
