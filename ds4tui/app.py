@@ -69,9 +69,10 @@ MEMORY_S = 1.0
 #: than one decode step of a small model on a GPU): how long the engine thread, back from a C step,
 #: may wait for the interface to hand the interpreter over.
 SWITCH_S = 0.0001
-#: The garbage collector's thresholds while a turn runs (Python's are 700, 10, 10): the interface
-#: allocates briskly while it draws, and a young-generation pass holds the interpreter each time.
-GC_THRESHOLDS = (10_000, 10, 10)
+#: The garbage collector's thresholds while a turn runs (Python's are 700, 10, 10): young passes as
+#: usual (each holds the interpreter well under a millisecond), the full pass (tens of milliseconds,
+#: holding the interpreter the engine thread needs after each step) waits for the end of the turn.
+GC_THRESHOLDS = (700, 10, 1000)
 #: The interface's CPU share is reported once answers have streamed this long (seconds).
 MIN_COST_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
@@ -446,9 +447,9 @@ class DS4App(App):
 
     def _turn_started(self) -> None:
         """A turn starts: the engine thread gets the interpreter back quickly, and the garbage
-        collector runs less often and its full passes walk only what this turn creates.  The panes
-        and the memory sample are next redrawn PANES_S / MEMORY_S from now (they show the turn
-        before until then)."""
+        collector's full pass waits for the end of the turn and then walks only what the turn
+        created.  The panes and the memory sample are next redrawn PANES_S / MEMORY_S from now
+        (they show the turn before until then)."""
         self._cost_mark, self._turn_cost = None, None
         self._panes_t = self._memory_t = time.monotonic()
         gc.freeze()
@@ -586,6 +587,8 @@ class DS4App(App):
         prompt.remember(text)
         prompt.value = ""
         view = self.query_one("#transcript", ChatView)
+        for previous in view.query(AssistantMessage):
+            previous.release_space()
         await view.mount(UserMessage(text))
         self.current = AssistantMessage(trace=self.trace)
         await view.mount(self.current)

@@ -136,8 +136,8 @@ class FakeChatEngine:
                                   reasoning=out["think"], answer=out["answer"], reason=reason, prefill_s=0.05,
                                   first_token_s=0.06, decode_s=0.01 * n)
             sink.put(self.snapshot(generating=False))
-            sink.put(W.Finished(1, result))
-            return result
+        sink.put(W.Finished(1, result))  # as ChatEngine: once the turn has let go of the engine
+        return result
 
     def new_chat(self) -> None:
         pass

@@ -17,6 +17,7 @@ from textual.content import Content
 from textual.widgets import Markdown
 
 from ds4tui import app as A
+from ds4tui.engine import worker as W
 from ds4tui.engine.telemetry import FakeBackend, MemorySample
 from ds4tui.widgets import chat as C
 from ds4tui.widgets.stream import StreamText
@@ -132,31 +133,50 @@ def _app(tmp_path, gate=None, **kw) -> A.DS4App:
                     telemetry=FakeBackend([RSS]), flush_s=None, memory_s=None)
 
 
-async def test_finished_blocks_move_to_markdown_while_the_rest_streams_as_plain_text(tmp_path, monkeypatch):
+class _Turn(App):
+    """A transcript 60 cells wide and 8 rows tall holding a question and an answer."""
+
+    CSS = "ChatView { width: 60; height: 8; }"
+
+    def compose(self) -> ComposeResult:
+        with C.ChatView():
+            yield C.UserMessage("Write a linked list")
+            yield C.AssistantMessage()
+
+
+def _pieces(text: str, start: int = 0) -> list[W.TokenPiece]:
+    return [W.TokenPiece(start + k, text[i:i + 4], k % 3 == 1, "answer") for k, i in enumerate(range(0, len(text), 4))]
+
+
+async def test_the_answer_streams_below_the_question_and_finished_blocks_become_markdown(monkeypatch):
     monkeypatch.setattr(C, "MARKDOWN_S", 0.0)  # hand finished blocks over at every write
-    gate = threading.Event()
-    app = _app(tmp_path, gate)
-    async with app.run_test(size=(150, 48)) as pilot:
-        await app.workers.wait_for_complete()
-        await app.flush()
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:  # the fake holds after 30 pieces of 4 characters
-            await pilot.pause(0.01)
-        await app.flush()
-        msg = app.current
-        streamed = ANSWER[:120]
-        assert msg.answer == streamed
-        done = C.finished_blocks(streamed)
-        assert 0 < done < len(streamed)  # "Here is a linked list:\n\n" ended; the code fence has not
+    app = _Turn()
+    async with app.run_test(size=(80, 20)) as pilot:
+        view, msg = app.query_one(C.ChatView), app.query_one(C.AssistantMessage)
         channel = msg._channels["answer"]
-        assert channel.rendered == done and channel.markdown.source == streamed[:done]
-        assert channel.live.text == streamed[done:]
-        gate.set()
-        await app.workers.wait_for_complete()
-        await app.flush()
-        assert msg.finished and msg.answer == ANSWER
-        assert msg.query_one("#answer", Markdown).source == ANSWER and channel.live.text == ""
+        head = "Here is a list:\n\n"
+        await msg.add(_pieces(head))
+        await pilot.pause()
+        # the live text takes the rows below the question: 8 - question (1) - margin (1) - summary (1)
+        assert channel.live.max_rows == 8 and channel.live.reserve == 5 and channel.live.size.height == 5
+        assert channel.live.text == head and channel.rendered == 0  # the text fits the view: no Markdown yet
+        code = "```python\n" + "".join(f"x{k} = {k}\n" for k in range(8)) + "```\n\nEach"
+        await msg.add(_pieces(code, 100))
+        await pilot.pause()
+        text = head + code
+        assert msg.answer == text
+        done = C.finished_blocks(text)
+        assert done == len(text) - len("Each")  # the fence closed: all but the last word is finished
+        assert channel.rendered == done and channel.markdown.source == text[:done] and channel.live.text == "Each"
+        height = msg.outer_size.height
+        await msg.finish("done")
+        await pilot.pause()
+        assert channel.markdown.source == text and channel.live.text == "" and channel.live.reserve == 0
+        assert msg.outer_size.height == height  # the view does not jump when the answer ends
+        msg.release_space()
+        await pilot.pause()
+        assert msg.outer_size.height < height and msg.query_one("#summary").render().plain == "done"
+        assert view.is_vertical_scroll_end
 
 
 async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_restores_them(tmp_path):

@@ -119,3 +119,23 @@ def test_timeline_rates_average_over_two_seconds():
     assert v.decode_tps == pytest.approx(200.0) and v.effective_tps == pytest.approx(40.0)
     tl.add(snap(3.0, 90, 450.0))  # now the base is the point at t=1.0
     assert tl.view().decode_tps == pytest.approx(1000 * 59 / 300.0)
+
+
+def test_finished_is_posted_once_the_turn_has_let_go_of_the_engine(chat):
+    """Whoever sees ``Finished`` may start the next turn at once (the app does, when a prompt is
+    waiting): the engine is no longer busy by then."""
+
+    class Sink(W.EventQueue):
+        def put(self, event):
+            if isinstance(event, W.Finished):
+                self.busy_at_finish = chat.generating
+            super().put(event)
+
+    sink = Sink()
+    r = chat.run_turn([{"role": "user", "content": "Hi"}], sink, think=False, max_tokens=3)
+    assert sink.busy_at_finish is False and isinstance(sink.drain()[-1], W.Finished)
+    # a turn that cannot start posts its Finished the same way
+    long = [{"role": "user", "content": "word " * 2000}]
+    assert chat.run_turn(long, sink, think=False, max_tokens=3) is None and sink.busy_at_finish is False
+    events = sink.drain()
+    assert isinstance(events[-1], W.Finished) and events[-1].result.reason == "error" and r.ids

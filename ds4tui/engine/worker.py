@@ -358,18 +358,24 @@ class ChatEngine:
         """Generate the assistant's answer to ``messages`` (the last one a user message), posting
         events to ``sink``; the last event is always ``Finished``.  Returns the result, or None when
         the turn could not run (then ``Failed`` says why and ``Finished`` has reason "error" and no
-        tokens).  Call from one thread at a time (a second call raises ``StateError``)."""
+        tokens).  ``Finished`` is posted once the turn has let go of the engine, so that whoever
+        sees it may start the next turn at once.  Call from one thread at a time (a second call
+        raises ``StateError``)."""
         if not self._busy.acquire(blocking=False):
             raise S.StateError("a turn is already running")
+        finished = None
         try:
             self._stop.clear()
             self.session.clear_cancel()
             self._turn += 1
-            return self._run(self._turn, messages, sink, think, system, max_tokens, snapshot_s)
+            result, finished = self._run(self._turn, messages, sink, think, system, max_tokens, snapshot_s)
+            return result
         finally:
             self._stop.clear()
             self.session.clear_cancel()
             self._busy.release()
+            if finished is not None:
+                sink.put(finished)
 
     def _run(self, turn, messages, sink, think, system, max_tokens, snapshot_s):
         s, tok = self.session, self.tokenizer
@@ -460,15 +466,14 @@ class ChatEngine:
             decode_s=0.0 if t_first is None else t_end - t_first,
             dspark_delta=_diff(after, before) if after and before else {})
         sink.put(self.snapshot(generating=False))
-        sink.put(Finished(turn, result))
-        return result
+        return result, Finished(turn, result)
 
-    def _failed(self, sink: EventQueue, turn: int, title: str, exc: BaseException) -> None:
-        """A turn that produced nothing: ``Failed`` with the reason, then ``Finished`` (reason "error")."""
+    def _failed(self, sink: EventQueue, turn: int, title: str, exc: BaseException) -> tuple[None, Finished]:
+        """A turn that produced nothing: ``Failed`` with the reason (posted), then the ``Finished``
+        to post (reason "error")."""
         sink.put(Failed(title, str(exc), turn))
         sink.put(self.snapshot(generating=False))
-        sink.put(Finished(turn, TurnResult(turn, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
-        return None
+        return None, Finished(turn, TurnResult(turn, 0, 0, (), (), "", "", "error", 0.0, None, 0.0))
 
     @property
     def counts_dspark(self) -> bool:

@@ -79,17 +79,17 @@ class _Channel:
 
     async def add(self, chunk: str) -> None:
         self.text += chunk
+        live = self.live
+        live.append(chunk)
         now = time.monotonic()
-        if now - self.t_rendered < MARKDOWN_S:
-            self.live.append(chunk)
-            return
+        if now - self.t_rendered < MARKDOWN_S or live.max_rows is None or live.row_count <= live.max_rows:
+            return  # while the text fits the view it stays as it is (Markdown would change its height)
         self.t_rendered = now
         end = finished_blocks(self.text, self.rendered)
         if end == self.rendered:
-            self.live.append(chunk)
             return
         block, self.rendered = self.text[self.rendered:end], end
-        self.live.set(self.text[end:])
+        live.set(self.text[end:])
         await self.markdown.append(block)
 
     async def finish(self) -> None:
@@ -120,6 +120,7 @@ class AssistantMessage(Vertical):
     def __init__(self, *, trace: bool = False):
         super().__init__(classes="trace" if trace else "")
         self._channels: dict[str, _Channel] = {}
+        self._reserve: int | None = None  # rows the answer's live text takes while it streams
         self.n_tokens = 0
         self.n_draft = 0
         self.n_think = 0
@@ -156,18 +157,29 @@ class AssistantMessage(Vertical):
         THINK_STYLE."""
         return self._trace.content
 
-    def _cap_live_text(self) -> None:
-        """The live texts show at most a view's height of rows (their last ones): in a transcript
-        pinned to its bottom that is all of them that can be seen, and a text growing beyond it
-        then costs a repaint but no layout of the screen."""
+    def _size_live_text(self) -> None:
+        """The live texts show at most a view's height of rows (their last ones: in a transcript
+        pinned to its bottom, all that can be seen), and the answer's takes, from its first write,
+        the rows of the view below the question: a text growing within them costs a repaint of
+        its new rows, and beyond them a repaint of the view, but no layout of the screen."""
         view = self.parent
         height = view.scrollable_content_region.height if isinstance(view, VerticalScroll) else 0
+        if self._reserve is None and height:
+            i = view.children.index(self)
+            question = view.children[i - 1].outer_size.height if i > 0 else 0
+            # the question, this message's margin, the reasoning's title and the summary line
+            self._reserve = max(0, height - question - 2 - self.has_class("has-reasoning"))
         for live in (self._trace, *(c.live for c in self._channels.values())):
             live.max_rows = height or None
+            if live is not self._channels["think"].live:
+                live.reserve = self._reserve or 0
+
+    def release_space(self) -> None:
+        """The turn is over and the next one starts: this message is as tall as its text."""
+        self.styles.min_height = None
 
     async def add(self, pieces) -> None:
         """Append ``TokenPiece`` s (one flush worth): one write per channel."""
-        self._cap_live_text()
         text = {"think": [], "answer": []}
         trace = []
         for p in pieces:
@@ -191,13 +203,19 @@ class AssistantMessage(Vertical):
             await self._channels[channel].add(chunk)
         if trace:
             self._trace.append(Content("").join(trace))
+        self._size_live_text()
         set_line(self._summary, f"{plural(self.n_tokens, 'token')} · {self.n_draft} from accepted drafts",
                  "$text-muted")
 
     async def finish(self, summary: str) -> None:
-        """Render each channel's whole text as Markdown once."""
+        """Render each channel's whole text as Markdown once.  The message keeps the height it had
+        (the view does not jump) until :meth:`release_space`."""
+        if self._reserve is not None:
+            self.styles.min_height = self.outer_size.height
         for channel in self._channels.values():
             await channel.finish()
+        for live in (self._trace, *(c.live for c in self._channels.values())):
+            live.reserve = 0
         set_line(self._summary, summary, "$text-muted")
         self.finished = True
 

@@ -42,10 +42,11 @@ class StreamText(Widget):
 
     Rows are the lines of the text word-wrapped at the widget's width (a word longer than a row is
     folded).  Only the last line can still change, so an append wraps only that line again.
-    ``max_rows`` (None: no limit) caps the widget's height: beyond it the widget shows its last
-    ``max_rows`` rows, so a text that keeps growing costs a repaint of this widget and no new
-    layout of the screen (set it to the height of the view the text scrolls in, and a view pinned
-    to its bottom shows what it would show without the cap)."""
+    ``reserve`` rows are taken from the start (the text is drawn from the top, blank rows below it)
+    and ``max_rows`` (None: no limit) caps the height: beyond it the widget shows its last
+    ``max_rows`` rows.  A text growing within them costs a repaint of the rows that changed and
+    no layout of the screen (set ``max_rows`` to the height of the view the text scrolls in: a
+    view pinned to its bottom then shows what it would show without the cap)."""
 
     DEFAULT_CSS = """
     StreamText { height: auto; }
@@ -61,6 +62,7 @@ class StreamText(Widget):
         self._tail: list[Content] = []  # rows of the last line
         self._strips: dict[int, Strip] = {}  # by row
         self._max_rows: int | None = None
+        self._reserve = 0
 
     @property
     def content(self) -> Content:
@@ -88,13 +90,26 @@ class StreamText(Widget):
             if self._width and self._height() != before:
                 self.refresh(layout=True)
 
+    @property
+    def reserve(self) -> int:
+        return self._reserve
+
+    @reserve.setter
+    def reserve(self, n: int) -> None:
+        n = max(0, int(n))
+        if n != self._reserve:
+            before = self._height()
+            self._reserve = n
+            if self._height() != before:
+                self.refresh(layout=True)
+
     def _height(self) -> int:
-        rows = self.row_count
+        rows = max(self.row_count, self._reserve)
         return rows if self._max_rows is None else min(rows, self._max_rows)
 
     def _offset(self) -> int:
         """The first row shown."""
-        return self.row_count - self._height()
+        return max(0, self.row_count - self._height())
 
     def _wrap(self, line: Content) -> list[Content]:
         return line.wrap(self._width) or [Content("")]
@@ -139,7 +154,7 @@ class StreamText(Widget):
             if shown or force_layout:
                 self.refresh(layout=True)
             return
-        rows_before, height_before = self.row_count, self._height()
+        rows_before, height_before, offset_before = self.row_count, self._height(), self._offset()
         first = len(self._rows)  # the old last line's first row: the rows above it cannot change
         for line in self._lines[len(self._lines) - len(parts):-1]:  # the lines this text completed
             self._rows.extend(self._wrap(line))
@@ -148,10 +163,10 @@ class StreamText(Widget):
             self._strips.pop(y, None)
         if self._height() != height_before or force_layout:
             self.refresh(layout=True)
-        elif self.row_count != rows_before:
+        elif self._offset() != offset_before:
             self.refresh()  # capped: every row shown moved up
-        else:
-            top = max(0, first - self._offset())
+        else:  # the rows from the old last line's first on
+            top = max(0, first - offset_before)
             self.refresh(Region(0, top, self.size.width, self._height() - top))
 
     def _shown(self) -> bool:
