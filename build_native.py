@@ -51,7 +51,7 @@ HEADER = NATIVE / "ds4_engine.h"
 CPU_SOURCES = ["engine.c", "dspark.c", "forward.c", "capture.c", "gpu.c", "load.c", "cpu/backend.c", "sampling.c",
                "cpu/matmul.c", "types.c", "cpu/ops.c", "cpu/dot.c", "cpu/dequant.c", "cpu/pool.c", "util.c"]
 # Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
-HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/ops.hip"]
+HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/ops.hip"]
 GPU_RECORD = "gpu_build.json"
 GPU_LIBS = {"hip": "libds4tui_hip.so", "cuda": "libds4tui_cuda.so"}
 DEFAULT_HIP_ARCH = "gfx1151"
@@ -382,14 +382,14 @@ def gpu_command(plat: str, compiler: str, archs: list[str], out: str, *, rocm_fo
     common = ["-O3", "-std=c++17", define, f"-I{NATIVE}"]
     if plat == "hip":
         return ([compiler, "-x", "hip"] + [f"--offload-arch={a}" for a in archs] + common
-                + ["-ffp-contract=off", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread"])
+                + ["-ffp-contract=off", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread", "-ldl"])
     gencode = []
     for a in archs:
         num = a[3:]
         gencode += ["-gencode", f"arch=compute_{num},code=[sm_{num},compute_{num}]"]
     formulas = ["-DDS4_GPU_ROCM_FORMULAS=1"] if rocm_formulas else []
     return ([compiler, "-x", "cu"] + gencode + common + formulas
-            + ["-fmad=false", "-Xcompiler", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread"])
+            + ["-fmad=false", "-Xcompiler", "-fPIC", "-shared", "-o", out] + srcs + ["-lpthread", "-ldl"])
 
 
 def hip_clang_command(clang: str, archs: list[str], out: str, device_libs: str, rocm_path: str = "/usr") -> list[str]:

@@ -101,6 +101,7 @@ class ChatOptions:
     # weight layout and library, the DSpark knobs the session starts with, ds4's stats line at exit
     gpu_layout: str = "planar"
     gpu_library: str | None = None
+    prefill_gemm: str = "auto"
     scheduler: bool = True
     max_draft: int = 0
     print_stats: bool = False
@@ -344,6 +345,8 @@ class DS4App(App):
         self.engine = engine
         info = engine.info
         self.sub_title = f"{info.model_name} · {info.backend}"
+        if info.backend == "hip":  # a numerics option: always shown on the GPU (spec platform.md §7)
+            self.sub_title += f" · prefill-gemm {getattr(info, 'prefill_gemm', 'off')}"
         if self.telemetry is None:
             try:
                 self.telemetry = select_backend(self.options.telemetry, engine_backend=info.backend)
@@ -354,7 +357,9 @@ class DS4App(App):
         if welcome:
             welcome.first().update(Content.styled(
                 f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend"
-                + (f" ({info.backend_note})" if info.backend_note else "") + ". Type a prompt and press Enter.",
+                + (f" ({info.backend_note})" if info.backend_note else "")
+                + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
+                   else "") + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False
@@ -875,4 +880,5 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
     return W.ChatEngine(options.model, support=options.support, backend=options.backend, n_ctx=options.ctx,
                         n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
-                        max_draft=options.max_draft, print_stats=options.print_stats)
+                        max_draft=options.max_draft, print_stats=options.print_stats,
+                        prefill_gemm=options.prefill_gemm)

@@ -114,6 +114,17 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    """``N[,N...]``: positive token counts."""
+    try:
+        out = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"expected positive token counts separated by commas, got {text!r}")
+    return out
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
@@ -136,6 +147,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
                    help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
                    "(hip when it runs, else cpu) or reference. Default cpu")
+    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
+                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--activations", choices=["f32", "q8"], default="f32",
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0 matrices, spec ds4.md §2.9.5; cpu backend only). Default f32")
@@ -151,6 +164,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="measure N times and report the fastest run (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
+    syn = p.add_argument_group("prefill of the synthetic Flash layers (--synthetic flash only)")
+    syn.add_argument("--prefill-lengths", type=_lengths, metavar="N[,N...]",
+                     help="also time a prefill of each of these many tokens (random ids, no logits) on the 2- and "
+                     "4-layer models and extrapolate it to 43 layers")
+    syn.add_argument("--prefill-batch", type=positive_int, default=2048, metavar="N",
+                     help="prefill chunk: tokens per forward pass (default 2048)")
+    syn.add_argument("--prefill-ab", action="store_true",
+                     help="time the prefill under prefill-gemm off and under --prefill-gemm's mode, side by side on "
+                     "the same weights")
     ab = p.add_argument_group(
         "A/B run (DSpark)",
         "--ab runs three arms on one engine with the support model attached in each (same memory; only the knob "
@@ -191,6 +213,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
                    help="cpu (native C), hip (the GPU library; `ds4tui doctor` says whether it runs here), auto (hip "
                    "when it runs, else cpu, with a note on stderr) or reference (numpy oracle). Default cpu")
+    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
+                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
@@ -237,6 +261,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=positive_int, metavar="N", help="context size (default 4096, at most the model's)")
     p.add_argument("--backend", choices=["auto", "cpu", "hip"], default="auto",
                    help="auto (the GPU when this build has one and a device answers, else cpu), cpu or hip")
+    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
+                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed (default 0)")
@@ -300,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             args.settings = read_environment()
+            if getattr(args, "prefill_gemm", None):  # the flag wins over DS4TUI_PREFILL_GEMM
+                import dataclasses
+
+                args.settings = dataclasses.replace(args.settings, prefill_gemm=args.prefill_gemm)
         except BadVariable as exc:  # like a bad flag: one line, status 2, before anything loads
             print(f"ds4tui {args.command}: error: {exc}", file=sys.stderr)
             return 2

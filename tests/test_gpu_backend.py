@@ -134,7 +134,7 @@ def test_build_refuses_wave64_and_fast_math(monkeypatch):
 
 @pytest.mark.skipif(not shutil.which("clang++-19") or not Path("/usr/include/hip/hip_runtime.h").exists(),
                     reason="clang-19 and libamdhip64-dev are not installed (.ci/run installs them)")
-@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/ops.hip"])
+@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/ops.hip"])
 def test_device_code_compiles_for_gfx1151(src, tmp_path):
     """Spec platform.md §1.2: the device code of every HIP source compiles for gfx1151, wave32."""
     out = tmp_path / "k.s"
@@ -379,7 +379,8 @@ def prompt() -> list[int]:
 def test_hip_logits_and_greedy_match_cpu(tiny_q2, prompt, numerics):
     _device_or_skip()
     progress = []
-    hip = S.Engine(tiny_q2["model"], backend="hip", numerics=numerics, progress=lambda d, t: progress.append((d, t)))
+    hip = S.Engine(tiny_q2["model"], backend="hip", numerics=numerics, progress=lambda d, t: progress.append((d, t)),
+                   prefill_gemm="off")  # the float32 kernels; the prefill GEMM has its own bounds (below)
     cpu = S.Engine(tiny_q2["model"], backend="cpu", numerics=numerics)
     assert hip.backend == "hip" and hip.memory().device > 0
     assert progress and progress[-1][0] == progress[-1][1] > 0 and progress[0][0] == 0
@@ -401,6 +402,53 @@ def test_hip_logits_and_greedy_match_cpu(tiny_q2, prompt, numerics):
     n, diff = _decided_prefix(lc, lh)
     print(f"{numerics}: greedy 64 tokens: logits differ by at most {diff:.3g} at the generated positions; "
           f"{n} decided positions before the first near tie; identical: {g_hip == g_cpu}")
+    assert g_hip[:n] == g_cpu[:n]
+
+
+#: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
+#: significant bits, f16 11).  A product rounds both operands, so each term moves by at most
+#: 2u relative and a dot product by at most 2u * sum |w x| (the float32 sum adds far less).
+UNIT = {"bf16": 2.0 ** -9, "f16": 2.0 ** -12}
+#: The logits bound: GEMM_K * u * the largest |logit| of the prompt (the per-product 2u, grown through
+#: the layers and norms of the tiny model; measured on the H200: see tools/gpu_notes.md).
+GEMM_K = 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "f16"])
+def test_hip_prefill_gemm_stays_within_its_bound(tiny_q2, prompt, mode):
+    """Spec platform.md §7: prefill chunks through the vendor BLAS (16-bit operands, float32 sums)
+    against the CPU engine, transformers numerics (no FP8/FP4 rounding steps in the way): every
+    logit within GEMM_K * u(mode) * max|logit|; decode steps (one row) keep the float32 kernels,
+    so greedy continuations agree at every decided position."""
+    info = _device_or_skip()
+    if info.blas.startswith("none"):
+        pytest.skip(f"no vendor BLAS on this machine: {info.blas}")
+    hip = S.Engine(tiny_q2["model"], backend="hip", numerics="transformers", prefill_gemm=mode)
+    cpu = S.Engine(tiny_q2["model"], backend="cpu", numerics="transformers")
+    assert hip.prefill_gemm == mode and info.blas in hip.prefill_gemm_note, hip.prefill_gemm_note
+    auto = S.Engine(tiny_q2["model"], backend="hip", numerics="transformers")
+    assert auto.prefill_gemm == "bf16" and "(auto)" in auto.prefill_gemm_note
+    auto.close()
+    got = hip.session(1024, n_batch=64).prefill(prompt, logits="all")
+    want = cpu.session(1024, n_batch=64).prefill(prompt, logits="all")
+    err = np.abs(got - want).max(axis=1)
+    scale = float(np.abs(want).max())
+    bound = GEMM_K * UNIT[mode] * scale
+    print(f"\nprefill_gemm {mode}: hip vs cpu logits over {N_PROMPT} positions: max {err.max():.3g}, median "
+          f"{np.median(err):.3g}, max |logit| {scale:.3g}; max / (u max|logit|) = {err.max() / (UNIT[mode] * scale):.2f} "
+          f"(bound {GEMM_K})")
+    assert np.isfinite(got).all() and err.max() <= bound
+    # a pass below the threshold keeps the float32 kernels: the last rows one at a time match the CPU closely
+    s1 = hip.session(1024, n_batch=S.PREFILL_GEMM_MIN_ROWS - 1)
+    rows = s1.prefill(prompt[:S.PREFILL_GEMM_MIN_ROWS - 1], logits="all")
+    assert np.abs(rows - want[:S.PREFILL_GEMM_MIN_ROWS - 1]).max() < TOL["transformers"]
+    g_hip = list(hip.session(1024, n_batch=64).generate(prompt, max_tokens=32))
+    g_cpu = list(cpu.session(1024, n_batch=64).generate(prompt, max_tokens=32))
+    lc, lh = _teacher_forced(cpu, hip, prompt, g_cpu)
+    n, diff = _decided_prefix(lc, lh)
+    print(f"prefill_gemm {mode}: greedy 32 tokens: {n} decided positions before the first near tie (logits differ "
+          f"by at most {diff:.3g}); identical: {g_hip == g_cpu}")
     assert g_hip[:n] == g_cpu[:n]
 
 
@@ -498,7 +546,7 @@ def _compare_dspark(model, support, hip, cpu, prompt, n):
 @pytest.mark.gpu
 def test_hip_dspark_decisions_match_cpu(tiny_q2, fitted_support):
     _device_or_skip()
-    hip = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support)
+    hip = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off")
     cpu = S.Engine(tiny_q2["model"], backend="cpu", support=fitted_support)
     assert hip.support_status == "attached", hip.support_message
     rng = np.random.default_rng(2024)

@@ -301,6 +301,21 @@ def test_descriptor_errors_name_the_tensor(tiny_q2, monkeypatch, tmp_path):
         S.Engine(tiny_q2["model"], numerics="fast")
     with pytest.raises(ValueError, match="gpu_layout must be one of planar, ggml, got 'tiled'"):
         S.Engine(tiny_q2["model"], gpu_layout="tiled")
+    with pytest.raises(ValueError, match="prefill_gemm must be one of off, bf16, f16, auto, got 'int8'"):
+        S.Engine(tiny_q2["model"], prefill_gemm="int8")
+
+
+def test_prefill_gemm_is_a_gpu_option_named_on_every_backend(tiny_q2):
+    """Spec platform.md §7: the CPU backend keeps float32 products; auto says so, bf16/f16 are refused."""
+    for backend in ("cpu", "reference"):
+        with pytest.raises(S.BackendUnavailableError, match=f"prefill_gemm bf16 runs on the GPU backend only; the "
+                                                            f"{backend} backend keeps float32 products"):
+            S.Engine(tiny_q2["model"], backend=backend, prefill_gemm="bf16")
+    e = S.Engine(tiny_q2["model"], backend="cpu")
+    try:
+        assert e.prefill_gemm == "off" and e.prefill_gemm_note == "off: the cpu backend keeps float32 products"
+    finally:
+        e.close()
 
 
 def test_thread_count_is_bounded(tiny_q2):

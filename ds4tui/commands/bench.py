@@ -381,6 +381,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
             _status("")
         memory = session.memory().to_dict()
         n_threads_used = engine.n_threads
+        gemm, gemm_note = engine.prefill_gemm, engine.prefill_gemm_note
     finally:
         engine.close()
 
@@ -397,6 +398,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "backend": backend,
         "numerics": numerics,
         "activations": activations,
+        "prefill_gemm": gemm,
+        "prefill_gemm_note": gemm_note,
         "n_threads": n_threads_used,
         "prompt_tokens": n_prompt,
         "prompt": prompt_kind,
@@ -635,6 +638,7 @@ def render_text(r: dict) -> str:
         ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
                    f"{r['n_threads']} threads, context {r['ctx']}"),
+        ("prefill gemm", r.get("prefill_gemm_note") or r.get("prefill_gemm", "off")),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "
                    f"compressor {_gib(mem['compressor'])}, scratch {_gib(mem['scratch'])})"),
@@ -756,10 +760,14 @@ def run_synthetic(args: argparse.Namespace) -> int:
         print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
               f"built on the host): add --backend hip (--backend {args.backend} given)", file=sys.stderr)
         return 2
+    opts = settings_of(args).engine_options()
+    lengths = getattr(args, "prefill_lengths", None) or ()
+    modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
     try:
         result = synthetic.run_flash_bench(backend=backend, ctx=args.ctx or 2048,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
-                                           **settings_of(args).engine_options())
+                                           prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
+                                           prefill_modes=modes, **opts)
     except (EngineError, RuntimeError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0

@@ -47,7 +47,8 @@ def options_from_args(args: argparse.Namespace):
                        backend=args.backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
                        seed=args.seed, think=not args.nothink, system=args.system, max_tokens=args.n_predict,
                        save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
-                       gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, scheduler=env.dspark_scheduler,
+                       gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, prefill_gemm=env.prefill_gemm,
+                       scheduler=env.dspark_scheduler,
                        max_draft=env.dspark_max_draft, print_stats=env.dspark_stats)
 
 

@@ -48,6 +48,19 @@ def collect() -> dict:
     out["hip_available"] = not why2
     out["hip_unavailable_reason"] = why2
     out["auto_backend"] = "hip" if not why2 else "cpu"
+    # the prefill GEMM (spec platform.md §7): the BLAS the GPU library found, and what the option gives here
+    out["blas"] = info.blas if info else None
+    want = next((v["value"] for v in env if v["name"] == "DS4TUI_PREFILL_GEMM"), None) or "auto"
+    found = bool(info and info.blas and not info.blas.startswith("none"))
+    if want == "off":
+        got = "off (chosen): float32 products everywhere"
+    elif why2:
+        got = f"off on the cpu backend (float32 products); the hip backend is unavailable"
+    elif found:
+        got = f"{'bf16' if want == 'auto' else want} for passes of 32+ tokens through {info.blas}"
+    else:
+        got = ("off (auto): " if want == "auto" else f"{want} refused at open: ") + (info.blas if info else "no BLAS")
+    out["prefill_gemm"] = {"wanted": want, "in_force": got}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = []
@@ -86,6 +99,9 @@ def run(args) -> int:
         ]
     lines.append(("hip backend", "available" if r["hip_available"] else f"unavailable: {r['hip_unavailable_reason']}"))
     lines.append(("--backend auto", r["auto_backend"]))
+    if r.get("blas") is not None:
+        lines.append(("gpu blas", r["blas"]))
+    lines.append(("prefill gemm", f"{r['prefill_gemm']['wanted']}: {r['prefill_gemm']['in_force']}"))
     if r["gtt"]["card"]:
         lines.append(("gtt limit", f"{r['gtt']['card']}: {r['gtt']['note']}"))
     d = r["demo"]

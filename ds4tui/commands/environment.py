@@ -45,6 +45,8 @@ class Settings:
     gpu_layout: str = "planar"
     #: DS4TUI_GPU_LIB: the GPU backend library to load instead of the built one (None: the built one).
     gpu_library: str | None = None
+    #: DS4TUI_PREFILL_GEMM: prefill products on the GPU's matrix units ("auto", "off", "bf16", "f16").
+    prefill_gemm: str = "auto"
     #: DS4TUI_TELEMETRY: the memory telemetry source of the chat app (None: chosen by the backend).
     telemetry: str | None = None
 
@@ -54,8 +56,8 @@ class Settings:
                 "print_stats": self.dspark_stats}
 
     def engine_options(self) -> dict:
-        """Keyword arguments of ``Engine`` (the GPU weight layout and library)."""
-        return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library}
+        """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM)."""
+        return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm}
 
     def check_block(self, block: int) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of
@@ -105,6 +107,10 @@ VARIABLES: tuple[Variable, ...] = (
              "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_stats", _switch),
     Variable("DS4TUI_GPU_LAYOUT", "device layout of the weight matrices on the GPU backend", "planar",
              "planar (the default) or ggml", lambda v: v in ("planar", "ggml"), "gpu_layout"),
+    Variable("DS4TUI_PREFILL_GEMM", "prefill products on the GPU's matrix units through the vendor BLAS, a "
+             "numerics option (spec platform.md §7; --prefill-gemm wins)", "auto",
+             "auto (bf16 when the BLAS loads, else off), off, bf16 or f16",
+             lambda v: v in ("auto", "off", "bf16", "f16"), "prefill_gemm"),
     Variable("DS4TUI_GPU_LIB", "GPU backend library to load instead of the one the build made", "the built library",
              None, None, "gpu_library"),
     Variable("DS4TUI_TELEMETRY", "memory telemetry source of the chat app (--telemetry wins)",

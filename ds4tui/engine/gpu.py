@@ -59,6 +59,8 @@ class GPUInfo:
     mem_total: int  # bytes
     mem_free: int  # bytes
     integrated: bool = False  # the device shares the host's memory (an APU such as Strix Halo)
+    #: the prefill GEMM's BLAS (spec platform.md §7): "cuBLAS 13.0.2 (libcublas.so.13)" or "none: why"
+    blas: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -99,6 +101,38 @@ def locate(library: str | os.PathLike | None = None) -> tuple[Path | None, str]:
     return None, f"the GPU backend was not built ({rec.reason})"
 
 
+_PRELOADED: list = []
+
+
+def preload_vendor_blas() -> list[str]:
+    """Map the NVIDIA BLAS of a pip-installed ``nvidia-cublas`` package (``nvidia/cublas/lib``),
+    if there is one, so that the GPU library's ``dlopen("libcublas.so.N")`` finds it by its soname
+    (spec platform.md §7; a system-wide cuBLAS or ROCm's rocBLAS is found by the dynamic loader
+    itself).  Returns the files mapped; once per process."""
+    if _PRELOADED:
+        return [p for p in _PRELOADED if isinstance(p, str)]
+    _PRELOADED.append(None)
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia.cublas")
+    except (ImportError, ValueError):
+        spec = None
+    dirs = [Path(p) / "lib" for p in (spec.submodule_search_locations or [])] if spec else []
+    import ctypes
+
+    for d in dirs:
+        for stem in ("libcublasLt.so", "libcublas.so"):  # Lt first: libcublas needs it
+            for f in sorted(d.glob(stem + ".*"), reverse=True):
+                try:
+                    ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+                    _PRELOADED.append(str(f))
+                    break
+                except OSError:
+                    continue
+    return [p for p in _PRELOADED if isinstance(p, str)]
+
+
 def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
     """(info, "") when the library (``library``, else the built one: :func:`locate`) loads, a
     device is there and its kernels run on it; otherwise (info filled as far as the probe got, or
@@ -108,6 +142,7 @@ def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
         return None, why
     from ds4tui import _native
 
+    preload_vendor_blas()
     ffi, lib = _native.ffi, _native.lib
     info = ffi.new("ds4_gpu_info *")
     err = ffi.new("char[1024]")
@@ -117,7 +152,8 @@ def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
                   runtime_version=int(info.runtime_version), driver_version=int(info.driver_version),
                   n_devices=int(info.n_devices), device=int(info.device), device_name=s(info.device_name),
                   device_arch=s(info.device_arch), warp_size=int(info.warp_size), arch_ok=bool(info.arch_ok),
-                  mem_total=int(info.mem_total), mem_free=int(info.mem_free), integrated=bool(info.integrated))
+                  mem_total=int(info.mem_total), mem_free=int(info.mem_free), integrated=bool(info.integrated),
+                  blas=s(info.blas))
     if rc != 0:
         return (got if got.platform else None), s(err)
     return got, ""

@@ -67,6 +67,10 @@ NUMERICS = ("ds4", "transformers")
 GPU_LAYOUTS = ("planar", "ggml")
 #: Matmul activations (spec ds4.md §2.9.5): float32, or 8-bit for Q8_0 matrices (CPU backend).
 ACTIVATIONS = ("f32", "q8")
+#: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
+PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
+#: Passes of at least this many tokens take the prefill GEMM (ds4_engine.h's DS4_PREFILL_GEMM_MIN_ROWS).
+PREFILL_GEMM_MIN_ROWS = 32
 
 
 def _native():
@@ -100,7 +104,14 @@ class Engine:
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
     ``activations``: ``"f32"`` (float32 activations for every weight type) or ``"q8"`` (8-bit
     activations for Q8_0 matrices, spec ds4.md §2.9.5; the cpu backend only: hip and reference
-    refuse it by name).
+    refuse it by name).  ``prefill_gemm`` (spec platform.md §7): forward passes of at least
+    ``PREFILL_GEMM_MIN_ROWS`` tokens multiply the planar Q8_0 / Q2_K / IQ2_XXS matrices on the
+    GPU's matrix units through the vendor's BLAS (cuBLAS / rocBLAS, loaded at run time) with
+    activations and weights rounded to ``"bf16"`` or ``"f16"`` (float32 sums); ``"off"``: float32
+    kernels everywhere; ``"auto"`` (default): bf16 when the BLAS loads, else off.  After open,
+    ``prefill_gemm`` is the mode in force (``"off"``, ``"bf16"`` or ``"f16"``) and
+    ``prefill_gemm_note`` says why (the library, or what was missing); bf16/f16 on the cpu or
+    reference backend, or without the BLAS, raise :class:`BackendUnavailableError`.
     The GGUF stays memory-mapped while the engine lives.  Nothing here reads the environment: the
     command line passes what its variables set (``ds4tui.commands.environment``).
     """
@@ -108,7 +119,8 @@ class Engine:
     def __init__(self, model: str | os.PathLike | DS4Model, *, backend: str = "cpu", numerics: str = "ds4",
                  n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
-                 gpu_library: str | os.PathLike | None = None, activations: str = "f32"):
+                 gpu_library: str | os.PathLike | None = None, activations: str = "f32",
+                 prefill_gemm: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -122,6 +134,14 @@ class Engine:
             raise BackendUnavailableError(f"8-bit activations (q8) run on the cpu backend only; the {backend} backend "
                                           f"keeps float32 activations (use --activations f32, or --backend cpu)")
         self.activations = activations
+        if prefill_gemm not in PREFILL_GEMMS:
+            raise ValueError(f"prefill_gemm must be one of {', '.join(PREFILL_GEMMS)}, got {prefill_gemm!r}")
+        if prefill_gemm in ("bf16", "f16") and backend in ("cpu", "reference"):
+            raise BackendUnavailableError(f"prefill_gemm {prefill_gemm} runs on the GPU backend only; the {backend} "
+                                          f"backend keeps float32 products (use --prefill-gemm off or auto, or "
+                                          f"--backend hip)")
+        self._prefill_gemm_wanted = prefill_gemm
+        self.prefill_gemm = "off"
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         self.backend_note = ""
@@ -151,6 +171,7 @@ class Engine:
         self.model = _model(model)
         self.config: DS4Config = self.model.config
         self.backend = backend
+        self.prefill_gemm_note = f"off: the {backend} backend keeps float32 products"
         self.numerics = numerics
         self._handle = None
         self._closed = False
@@ -195,7 +216,9 @@ class Engine:
         opt = ffi.new("ds4_engine_options *", {"backend": 1 if self.backend == "hip" else 0, "n_threads": n_threads,
                                                "numerics": NUMERICS.index(self.numerics),
                                                "gpu_layout": GPU_LAYOUTS.index(self.gpu_layout),
-                                               "activations": ACTIVATIONS.index(self.activations)})
+                                               "activations": ACTIVATIONS.index(self.activations),
+                                               "prefill_gemm": PREFILL_GEMMS.index(self._prefill_gemm_wanted
+                                                                                   if self.backend == "hip" else "off")})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)
@@ -214,6 +237,10 @@ class Engine:
             raise (BackendUnavailableError if rc == -9 else EngineError)(msg)
         self._handle = out[0]
         self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
+        if self.backend == "hip":
+            note = ffi.new("char[512]")
+            self.prefill_gemm = PREFILL_GEMMS[int(lib.ds4_engine_prefill_gemm(self._handle, note, 512))]
+            self.prefill_gemm_note = ffi.string(note).decode("utf-8", "replace")
 
     def _table(self, tensors: dict):
         """A ds4_tensor_desc[] over ``tensors`` (name → TensorInfo; data stays in the mapping)."""

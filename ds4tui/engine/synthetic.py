@@ -133,6 +133,36 @@ def _time_model(model: SyntheticModel, *, backend: str, ctx: int, n_decode: int,
         eng.close()
 
 
+def _time_prefill(model: SyntheticModel, *, backend: str, lengths: tuple[int, ...], batch: int,
+                  modes: tuple[str, ...], log, engine_options: dict) -> dict:
+    """Prefill of each prompt length in ``lengths`` (random ids, chunks of ``batch`` tokens, no
+    logits), once per prefill_gemm mode in ``modes`` on its own engine, after one untimed chunk
+    (BLAS handle, scratch growth): ``{mode: {"in_force", "note", "ms": {length: ms}}}``."""
+    from ds4tui.engine.session import Engine
+
+    out: dict = {}
+    for mode in modes:
+        eng = Engine(model, backend=backend, **{**engine_options, "prefill_gemm": mode})
+        try:
+            got = {"in_force": eng.prefill_gemm, "note": eng.prefill_gemm_note, "ms": {}}
+            rng = np.random.default_rng(2)
+            warm = min(batch, max(lengths))
+            with eng.session(warm + 8, n_batch=warm) as s:
+                s.prefill(rng.integers(100, 128000, warm).tolist(), logits="none")
+            for n in lengths:
+                with eng.session(n + 8, n_batch=min(batch, n)) as s:
+                    prompt = rng.integers(100, 128000, n).tolist()
+                    t0 = time.perf_counter()
+                    s.prefill(prompt, logits="none")
+                    got["ms"][n] = (time.perf_counter() - t0) * 1e3
+                log(f"  {model.config.n_layer} layers: prefill {n} tokens, prefill_gemm {mode} "
+                    f"({eng.prefill_gemm}): {got['ms'][n]:.0f} ms")
+            out[mode] = got
+        finally:
+            eng.close()
+    return out
+
+
 def bytes_per_token(model: SyntheticModel, ctx: int) -> dict:
     """``DS4Model.bytes_per_token`` of the synthetic model (weights and KV read for one token)."""
     return DS4Model.bytes_per_token(model, ctx)
@@ -140,11 +170,16 @@ def bytes_per_token(model: SyntheticModel, ctx: int) -> dict:
 
 def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24, n_verify: int = 8,
                     verify_rows: int = 6, target_layers: int = 43, log=print, gpu_layout: str = "planar",
-                    gpu_library: str | None = None, **overrides) -> dict:
+                    gpu_library: str | None = None, prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (),
+                    prefill_batch: int = 2048, prefill_modes: tuple[str, ...] | None = None, **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
-    ``gpu_layout`` / ``gpu_library``: as :class:`~ds4tui.engine.session.Engine`'s.
-    ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU)."""
-    engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library}
+    ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm``: as :class:`~ds4tui.engine.session.Engine`'s.
+    ``prefill_lengths``: also time a prefill of each of these many tokens (chunks of
+    ``prefill_batch``) under each prefill_gemm mode of ``prefill_modes`` (default: ``prefill_gemm``
+    alone), side by side on the same weights; per layer (t4 - t2) / 2, extrapolated to
+    ``target_layers``.  ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU)."""
+    engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm}
+    modes = tuple(prefill_modes or (prefill_gemm,))
     from ds4tui.engine import gpu
 
     small_cfg = flash_config((4, 128), **overrides)
@@ -174,6 +209,22 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
                      log=log, engine_options=engine_options)
     r4 = _time_model(big, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
                      log=log, engine_options=engine_options)
+    prefill = None
+    if prefill_lengths:
+        lengths = tuple(int(n) for n in prefill_lengths)
+        kw = dict(backend=backend, lengths=lengths, batch=prefill_batch, modes=modes, log=log,
+                  engine_options=engine_options)
+        p2, p4 = _time_prefill(small, **kw), _time_prefill(big, **kw)
+        prefill = {"batch": prefill_batch, "modes": {}}
+        for mode in modes:
+            rows = {}
+            for n in lengths:
+                t2, t4 = p2[mode]["ms"][n], p4[mode]["ms"][n]
+                per = (t4 - t2) / 2
+                ext = (t2 - 2 * per) + target_layers * per
+                rows[str(n)] = {"ms_2_layers": t2, "ms_4_layers": t4, "per_layer_ms": per, "ms": ext,
+                                "tokens_per_s": n / ext * 1e3 if ext > 0 else None}
+            prefill["modes"][mode] = {"in_force": p4[mode]["in_force"], "note": p4[mode]["note"], "lengths": rows}
     b2, b4 = bytes_per_token(small, ctx + n_decode // 2)["total"], bytes_per_token(big, ctx + n_decode // 2)["total"]
     per_layer = {k: (r4[k] - r2[k]) / 2 for k in ("decode_ms", "verify_ms")}
     for k, v in per_layer.items():
@@ -198,6 +249,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
         "measured_bandwidth_gbs": bw / 1e9 if bw else None,
         "roofline_fraction": eff / bw if bw else None,
         "verify_over_decode": ext["verify_ms"] / ext["decode_ms"],
+        "prefill_gemm": engine_options["prefill_gemm"],
+        "prefill": prefill,
     }
     return out
 
@@ -217,4 +270,12 @@ def render(r: dict) -> str:
            if r["measured_bandwidth_gbs"] else ""),
         f"  verify(1+{r['verify_rows'] - 1} rows) / decode(1 row) = {r['verify_over_decode']:.2f}",
     ]
+    p = r.get("prefill")
+    for mode, m in (p or {}).get("modes", {}).items():
+        lines.append(f"  prefill, prefill_gemm {mode} (in force: {m['in_force']}; {m['note']}), chunks of {p['batch']}:")
+        for n, row in m["lengths"].items():
+            tps = f"{row['tokens_per_s']:.0f} tokens/s" if row["tokens_per_s"] else "-"
+            lines.append(f"    {n:>6} tokens: {row['per_layer_ms']:.1f} ms per layer, {row['ms'] / 1e3:.2f} s for "
+                         f"{r['target_layers']} layers, {tps} (2 layers {row['ms_2_layers']:.0f} ms, 4 layers "
+                         f"{row['ms_4_layers']:.0f} ms)")
     return "\n".join(lines)

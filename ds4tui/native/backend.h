@@ -30,8 +30,9 @@
 extern "C" {
 #endif
 
-/* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's). */
-#define DS4_GPU_API_VERSION 4
+/* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's).
+ * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas. */
+#define DS4_GPU_API_VERSION 5
 
 /* A device matrix's layout id is its GGML type, or DS4_GPU_PLANAR | type (ds4_engine.h) when
  * upload_matrix wrote its rows in the planar layout (hip/planar.hip: Q8_0, Q2_K and IQ2_XXS rows
@@ -169,6 +170,19 @@ typedef struct ds4_backend_s {
      * 1: "device" memory is host memory (the CPU backend): a vector may be used where it lies,
      * and a device buffer may be read by the host without a copy.  0 on a GPU backend. */
     int32_t host_memory;
+
+    /* ---- version 5 ---------------------------------------------------------------------------
+     * The prefill_gemm numerics option (spec platform.md §7): `mode` (DS4_PREFILL_GEMM_OFF, _BF16
+     * or _F16) for the products queued after this call.  Under BF16/F16, mm and mm_gather of
+     * planar Q8_0 / Q2_K / IQ2_XXS matrices round the activations and dequantised weight tiles to
+     * that 16-bit type and multiply on the matrix units through the vendor's BLAS (float32
+     * accumulation and results); other layouts keep the float32 kernels.  Results then depend on
+     * the number of rows, so the engine sets it only around passes of at least
+     * DS4_PREFILL_GEMM_MIN_ROWS tokens.  The first BF16/F16 call on a context loads the BLAS
+     * (dlopen, once per process): DS4_E_UNSUPPORTED naming the files tried when it cannot.  info
+     * (may be NULL): the library, e.g. "cuBLAS 13.0.2 (libcublas.so.13)".  NULL on the CPU
+     * backend. */
+    int (*gemm)(ds4_backend_ctx *c, int32_t mode, char *info, size_t info_len, char *err, size_t len);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

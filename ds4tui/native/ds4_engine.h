@@ -149,7 +149,22 @@ typedef struct {
     /* DS4_BACKEND_HIP only: the device layout of the weight matrices (DS4_GPU_LAYOUT_*). */
     int32_t gpu_layout;
     int32_t activations;  /* DS4_ACTIVATIONS_* (DS4_ACTIVATIONS_Q8: CPU backend only) */
+    int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
 } ds4_engine_options;
+
+/* The prefill_gemm numerics option (spec platform.md §7; ds4_engine_options.prefill_gemm): forward
+ * passes of at least DS4_PREFILL_GEMM_MIN_ROWS tokens (prefill chunks) multiply the planar Q8_0 /
+ * Q2_K / IQ2_XXS matrices on the GPU's matrix units through the vendor's BLAS (cuBLAS, rocBLAS;
+ * dlopen'ed), with activations and dequantised weights rounded to bf16 or f16 and float32
+ * accumulation.  Shorter passes (decode, DSpark verify: at most DS4_DSPARK_MAX_BLOCK + 1 rows) keep
+ * the float32 kernels.  OFF: float32 kernels everywhere.  AUTO: BF16 when the BLAS loads, else
+ * OFF (ds4_engine_prefill_gemm says which and why).  BF16/F16 on the CPU backend, or with no BLAS,
+ * are refused (DS4_E_UNSUPPORTED). */
+#define DS4_PREFILL_GEMM_OFF 0
+#define DS4_PREFILL_GEMM_BF16 1
+#define DS4_PREFILL_GEMM_F16 2
+#define DS4_PREFILL_GEMM_AUTO 3
+#define DS4_PREFILL_GEMM_MIN_ROWS 32
 
 /* Device layouts of the weight matrices (ds4_engine_options.gpu_layout).  PLANAR (the default):
  * Q8_0, Q2_K and IQ2_XXS rows of a 16-byte multiple are rewritten at upload with their codes
@@ -211,6 +226,9 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
 void ds4_engine_close(ds4_engine *e);
 int ds4_engine_memory(const ds4_engine *e, ds4_memory *out);
 int32_t ds4_engine_n_threads(const ds4_engine *e);
+/* The prefill_gemm mode in force (DS4_PREFILL_GEMM_OFF, _BF16 or _F16; AUTO resolved at open) and,
+ * in note, what it means here: the BLAS and the row threshold, or why it is off. */
+int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len);
 
 /* A session: KV cache and compressor state for up to n_ctx tokens,
  * evaluating at most n_batch tokens per forward pass (longer inputs are
@@ -287,6 +305,7 @@ typedef struct {
     int32_t arch_ok;        /* 1: a kernel of this library ran on the device */
     uint64_t mem_total, mem_free; /* bytes, hipMemGetInfo / cudaMemGetInfo */
     int32_t integrated;     /* 1: the device shares the host's memory (an APU: Strix Halo) */
+    char blas[192];         /* the prefill GEMM's BLAS: "cuBLAS 13.0.2 (libcublas.so.13)", or "none: why" */
 } ds4_gpu_info;
 
 /* Load `library` and describe it and device 0.  Returns DS4_OK when a device is there and the

@@ -170,6 +170,14 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (o.activations == DS4_ACTIVATIONS_Q8 && o.backend == DS4_BACKEND_HIP)
         return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "8-bit activations (q8) run on the CPU backend only; the GPU "
                         "backend keeps float32 activations (choose activations f32 with the hip backend)");
+    if (o.prefill_gemm < DS4_PREFILL_GEMM_OFF || o.prefill_gemm > DS4_PREFILL_GEMM_AUTO)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "prefill_gemm %d: expected %d (off), %d (bf16), %d (f16) or %d "
+                        "(auto)", o.prefill_gemm, DS4_PREFILL_GEMM_OFF, DS4_PREFILL_GEMM_BF16, DS4_PREFILL_GEMM_F16,
+                        DS4_PREFILL_GEMM_AUTO);
+    if (o.backend == DS4_BACKEND_CPU && (o.prefill_gemm == DS4_PREFILL_GEMM_BF16 || o.prefill_gemm == DS4_PREFILL_GEMM_F16))
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "prefill_gemm %s runs on the GPU backend only; the CPU backend "
+                        "keeps float32 products (choose prefill_gemm off or auto with the cpu backend)",
+                        o.prefill_gemm == DS4_PREFILL_GEMM_BF16 ? "bf16" : "f16");
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
@@ -183,6 +191,8 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->c.swiglu_clamp = e->c.swiglu_clamp_shexp = NULL;
     e->numerics = o.numerics;
     e->activations = o.activations;
+    e->prefill_gemm = DS4_PREFILL_GEMM_OFF; /* the GPU backend resolves the option at open (gpu.c) */
+    snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off: the CPU backend keeps float32 products");
     e->layers = calloc((size_t)cfg->n_layer, sizeof *e->layers);
     e->freq_main = ds4_rope_freqs(cfg->n_rot, cfg->rope_freq_base, 0, 1, 1, 1, 1);
     int yarn = cfg->rope_yarn && cfg->rope_scaling_factor != 1.0f;
@@ -290,6 +300,12 @@ int ds4_engine_memory(const ds4_engine *e, ds4_memory *out) {
 }
 
 int32_t ds4_engine_n_threads(const ds4_engine *e) { return e ? e->n_threads : 0; }
+
+int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len) {
+    if (!e) return DS4_PREFILL_GEMM_OFF;
+    if (note && note_len) snprintf(note, note_len, "%s", e->prefill_gemm_note);
+    return e->prefill_gemm;
+}
 
 /* ---- sessions ------------------------------------------------------------------------------- */
 

@@ -558,7 +558,17 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
 
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                  char *err, size_t err_len) {
+    ds4_engine *e = s->e;
+    /* prefill_gemm (spec platform.md §7): the BLAS products for this pass only, and only when it has
+     * enough rows; decode steps and verify passes stay on the batch-invariant float32 kernels */
+    const int gemm = e->prefill_gemm != DS4_PREFILL_GEMM_OFF && n >= DS4_PREFILL_GEMM_MIN_ROWS;
+    if (gemm) {
+        char m[384];
+        if (e->ops->gemm(e->ctx, e->prefill_gemm, NULL, 0, m, sizeof m) != DS4_OK)
+            return ds4_fail(err, err_len, DS4_E_DEVICE, "GPU backend: %s", m);
+    }
     int rc = forward(s, seq, n, mode, logits);
+    if (gemm) (void)e->ops->gemm(e->ctx, DS4_PREFILL_GEMM_OFF, NULL, 0, NULL, 0);
     int orc = ds4_op_check(s->e, err, err_len);
     if (orc != DS4_OK) return orc;
     if (rc == DS4_E_CANCELLED) {

@@ -239,6 +239,34 @@ static int upload_all(ds4_engine *e, ds4_w **ws, int n, void (*progress)(void *,
     return DS4_OK;
 }
 
+/* The prefill_gemm option (spec platform.md §7): BF16/F16 load the BLAS now or fail naming it; AUTO
+ * takes BF16 when it loads, else OFF with the reason in the note.  The mode is set on the context
+ * only around passes of DS4_PREFILL_GEMM_MIN_ROWS tokens or more (ds4_run_pass). */
+static int prefill_gemm_open(ds4_engine *e, int32_t want, char *err, size_t len) {
+    e->prefill_gemm = DS4_PREFILL_GEMM_OFF;
+    if (want == DS4_PREFILL_GEMM_OFF) {
+        snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off: float32 products everywhere (chosen)");
+        return DS4_OK;
+    }
+    const int32_t mode = want == DS4_PREFILL_GEMM_AUTO ? DS4_PREFILL_GEMM_BF16 : want;
+    const char *name = mode == DS4_PREFILL_GEMM_BF16 ? "bf16" : "f16";
+    char info[192] = "", why[384] = "";
+    int rc = e->ops->gemm ? e->ops->gemm(e->ctx, mode, info, sizeof info, why, sizeof why) : DS4_E_UNSUPPORTED;
+    if (rc == DS4_OK) rc = e->ops->gemm(e->ctx, DS4_PREFILL_GEMM_OFF, NULL, 0, why, sizeof why);
+    if (rc == DS4_OK) {
+        e->prefill_gemm = mode;
+        snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "%s: passes of %d+ tokens on the matrix units "
+                 "through %s%s", name, DS4_PREFILL_GEMM_MIN_ROWS, info, want == DS4_PREFILL_GEMM_AUTO ? " (auto)" : "");
+        return DS4_OK;
+    }
+    if (want == DS4_PREFILL_GEMM_AUTO) {
+        snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off (auto): %s", why);
+        return DS4_OK;
+    }
+    return ds4_fail(err, len, DS4_E_DEVICE, "prefill_gemm %s: %s (choose prefill_gemm off, or auto to fall back by "
+                    "itself)", name, why);
+}
+
 int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, size_t len) {
     if (o->gpu_layout != DS4_GPU_LAYOUT_PLANAR && o->gpu_layout != DS4_GPU_LAYOUT_GGML)
         return ds4_fail(err, len, DS4_E_INVALID, "gpu_layout %d: expected %d (planar) or %d (ggml)", o->gpu_layout,
@@ -253,6 +281,8 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     info.device = o->gpu_device;
     char why[256];
     e->gpu_integrated = e->ops->probe(&info, why, sizeof why) == DS4_OK && info.integrated;
+    rc = prefill_gemm_open(e, o->prefill_gemm, err, len);
+    if (rc != DS4_OK) return rc;
     int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");

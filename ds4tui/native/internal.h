@@ -107,6 +107,8 @@ struct ds4_engine {
      * op_rc and op_msg keep the first failure of a pass until ds4_op_check reports it. */
     int backend;
     int gpu_layout;          /* DS4_GPU_LAYOUT_* */
+    int prefill_gemm;        /* DS4_PREFILL_GEMM_OFF/BF16/F16 in force (AUTO resolved at open) */
+    char prefill_gemm_note[320]; /* the BLAS and threshold, or why it is off */
     int gpu_integrated;      /* the device shares the host's memory (an APU): its runtime free bytes are no plan */
     void *gpu_lib;
     const ds4_backend *ops;

@@ -139,6 +139,7 @@ static int check_kernel_runs(int device, const char *dev_arch, char *err, size_t
 static int probe(ds4_gpu_info *info, char *err, size_t len) {
     snprintf(info->platform, sizeof info->platform, "%s", GPU_PLATFORM);
     snprintf(info->built_arch, sizeof info->built_arch, "%s", DS4_GPU_ARCH);
+    (void)gpu_blas_describe(info->blas, sizeof info->blas); /* the prefill GEMM's library (gemm.hip) */
     int v = 0;
     if (hipRuntimeGetVersion(&v) == hipSuccess) info->runtime_version = v;
     v = 0;
@@ -202,6 +203,7 @@ static int open_ctx(int32_t device, ds4_gpu_ctx **out, char *err, size_t len) {
 static void close_ctx(ds4_gpu_ctx *c) {
     if (!c) return;
     (void)hipStreamSynchronize(c->stream);
+    gpu_gemm_close(c);
     for (int i = 0; i < 2; i++) {
         if (c->stage[i]) (void)hipHostFree(c->stage[i]);
         if (c->stage_free[i]) (void)hipEventDestroy(c->stage_free[i]);
@@ -298,6 +300,8 @@ static const ds4_backend k_api = {
     gpu_norm_rope, gpu_kv_store, gpu_compress, gpu_indexer, gpu_attend, gpu_moe_route, gpu_swiglu, gpu_moe_combine,
     gpu_scale, gpu_capture, gpu_attend_nc,
     gpu_upload_matrix, gpu_reserve, gpu_add_argmax,
+    0, /* host_memory */
+    gpu_gemm,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

@@ -33,6 +33,14 @@ struct ds4_backend_ctx {
     void *stage[2];
     hipEvent_t stage_free[2];
     int stage_next;
+    /* The prefill GEMM (gemm.hip): the mode for the products queued now (DS4_PREFILL_GEMM_*), the
+     * BLAS handle (made at the first bf16/f16 mode), and scratch grown to the largest pass: the
+     * dequantised weight tile, the 16-bit activations, the slot-grouped results and slot lists
+     * (device, bytes), and the pinned host copy of the slot lists. */
+    int32_t gemm_mode;
+    void *blas;
+    void *gm_w, *gm_x, *gm_y, *gm_idx, *gm_host;
+    size_t gm_w_cap, gm_x_cap, gm_y_cap, gm_idx_cap, gm_host_cap;
 };
 
 /* Format a failure into err and return `code`. */
@@ -91,6 +99,18 @@ int gpu_planar_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat
 int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
                       int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);
 int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);
+
+/* gemm.hip: the prefill GEMM through the vendor BLAS (dlopen'ed at the first bf16/f16 mode) */
+int gpu_gemm_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
+int gpu_blas_describe(char *out, size_t n); /* "cuBLAS 13.0.2 (libcublas.so.13)" or "none: why"; 1 if found */
+int gpu_gemm(ds4_gpu_ctx *c, int32_t mode, char *info, size_t info_len, char *err, size_t len);
+void gpu_gemm_close(ds4_gpu_ctx *c);
+int gpu_gemm_takes(const ds4_gpu_ctx *c, int32_t layout, int64_t cols); /* this product goes through the BLAS */
+int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+                   const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
+int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
+                    int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
+                    float *Y, int64_t ldy, char *err, size_t len);
 
 /* ops.hip (see the table in ../gpu_api.h for the contracts) */
 int gpu_ops_init(char *err, size_t len);
