@@ -1,5 +1,6 @@
-"""Per-kernel profile of one decode step and one verify pass (1 + 5 rows) on synthetic full-width
-DS4 Flash layers (ds4tui.engine.synthetic), for Nsight Compute:
+"""Per-kernel profile of one decode step and one verify pass (1 + 5 rows), or of one prefill pass
+(``--only prefill``: ``--prefill N`` tokens in one pass, under ``--prefill-gemm``), on synthetic
+full-width DS4 Flash layers (ds4tui.engine.synthetic), for Nsight Compute:
 
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \\
         --print-summary per-kernel python3 tools/gpu_profile.py [--ctx 2048] [--layers 2] [--only decode]
@@ -27,12 +28,33 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2, help="layers, alternating CSA and HCA (default 2)")
-    ap.add_argument("--only", choices=("decode", "verify", "both"), default="both",
-                    help="profile only the decode step or only the verify pass (default both)")
+    ap.add_argument("--only", choices=("decode", "verify", "both", "prefill"), default="both",
+                    help="profile only the decode step, only the verify pass, or one prefill pass (default: decode "
+                    "and verify)")
+    ap.add_argument("--prefill", type=int, default=2048, help="tokens of the profiled prefill pass (default 2048)")
+    ap.add_argument("--prefill-gemm", choices=("auto", "off", "bf16", "f16"), default="auto",
+                    help="the engine's prefill_gemm option (default auto)")
     args = ap.parse_args(argv)
     ratios = tuple(4 if i % 2 == 0 else 128 for i in range(args.layers))
     model = synthetic.SyntheticModel(synthetic.flash_config(ratios), seed=0)
-    eng = Engine(model, backend="hip")
+    eng = Engine(model, backend="hip", prefill_gemm=args.prefill_gemm)
+    if args.only == "prefill":
+        rng = np.random.default_rng(1)
+        n = args.prefill
+        with eng.session(n + 16, n_batch=n) as s:  # warm: BLAS handle and heuristics, scratch sizes
+            s.prefill(rng.integers(100, 128000, n).tolist(), logits="none")
+        with eng.session(n + 16, n_batch=n) as s:
+            prompt = rng.integers(100, 128000, n).tolist()
+            cuda = ctypes.CDLL("libcuda.so.1")
+            cuda.cuProfilerStart()
+            t = time.perf_counter()
+            s.prefill(prompt, logits="none")
+            t_pre = time.perf_counter() - t
+            cuda.cuProfilerStop()
+        print(f"prefill {n} tokens, prefill_gemm {eng.prefill_gemm}: {t_pre * 1e3:.1f} ms (wall, under the profiler)",
+              file=sys.stderr)
+        eng.close()
+        return 0
     s = eng.session(args.ctx + 16, n_batch=64)
     rng = np.random.default_rng(1)
     s.prefill(rng.integers(100, 128000, args.ctx).tolist(), logits="none")

@@ -13,8 +13,9 @@
  *      into a scratch buffer, gathered by slot for the expert products;
  *   2. a tile of weight rows (or of whole expert matrices) dequantised to the same 16-bit type,
  *      each weight formed in float32 exactly as the planar kernels form it, then rounded once;
- *   3. one GEMM per tile (per expert) with float32 accumulation and float32 results, written in
- *      place (dense) or into a slot-ordered buffer that a scatter puts back in slot order (experts).
+ *   3. one GEMM per tile with float32 accumulation and float32 results, written in place (dense),
+ *      or one strided-batched GEMM per tile of whole expert matrices into a slot-grouped buffer
+ *      that a scatter puts back in slot order (experts).
  * Expert products group the slots by expert on the host (the slot ids come back over one copy), so
  * every used expert's weights are dequantised once per pass and multiplied with all its rows.
  *
@@ -49,7 +50,11 @@ typedef int (*bl_destroy_fn)(blas_handle_t);
 typedef int (*bl_stream_fn)(blas_handle_t, hipStream_t);
 typedef int (*bl_gemm_fn)(blas_handle_t, int, int, int, int, int, const void *, const void *, int, int, const void *,
                           int, int, const void *, void *, int, int, int, int);
+typedef int (*bl_gemm_sb_fn)(blas_handle_t, int, int, int, int, int, const void *, const void *, int, int, long long,
+                             const void *, int, int, long long, const void *, void *, int, int, long long, int, int,
+                             int);
 typedef int (*bl_property_fn)(int, int *);
+#define BL_SYM_GEMM_SB "cublasGemmStridedBatchedEx"
 #define BL_SYM_CREATE "cublasCreate_v2"
 #define BL_SYM_DESTROY "cublasDestroy_v2"
 #define BL_SYM_STREAM "cublasSetStream_v2"
@@ -66,7 +71,13 @@ typedef int (*bl_stream_fn)(blas_handle_t, hipStream_t);
 typedef int (*bl_gemm_fn)(blas_handle_t, int, int, int, int, int, const void *, const void *, int, int, const void *,
                           int, int, const void *, const void *, int, int, void *, int, int, int, int, int32_t,
                           uint32_t);
+/* rocblas_gemm_strided_batched_ex: ..., lda, stride_a, ..., ldc, stride_c, D, d_type, ldd, stride_d, batch_count,
+ * compute_type, algo, solution_index, flags */
+typedef int (*bl_gemm_sb_fn)(blas_handle_t, int, int, int, int, int, const void *, const void *, int, int, int64_t,
+                             const void *, int, int, int64_t, const void *, const void *, int, int, int64_t, void *, int,
+                             int, int64_t, int, int, int, int32_t, uint32_t);
 typedef int (*bl_version_fn)(char *, size_t);
+#define BL_SYM_GEMM_SB "rocblas_gemm_strided_batched_ex"
 #define BL_SYM_CREATE "rocblas_create_handle"
 #define BL_SYM_DESTROY "rocblas_destroy_handle"
 #define BL_SYM_STREAM "rocblas_set_stream"
@@ -81,7 +92,8 @@ static struct {
     bl_destroy_fn destroy;
     bl_stream_fn set_stream;
     bl_gemm_fn gemm;
-} g_blas = {PTHREAD_MUTEX_INITIALIZER, 0, 0, "", "", "", NULL, NULL, NULL, NULL};
+    bl_gemm_sb_fn gemm_sb;
+} g_blas = {PTHREAD_MUTEX_INITIALIZER, 0, 0, "", "", "", NULL, NULL, NULL, NULL, NULL};
 
 /* Load the BLAS once per process (never unloaded, like this library). */
 static int blas_load(void) {
@@ -110,10 +122,11 @@ static int blas_load(void) {
             *(void **)&g_blas.destroy = dlsym(h, BL_SYM_DESTROY);
             *(void **)&g_blas.set_stream = dlsym(h, BL_SYM_STREAM);
             *(void **)&g_blas.gemm = dlsym(h, BL_SYM_GEMM);
-            if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.gemm) {
+            *(void **)&g_blas.gemm_sb = dlsym(h, BL_SYM_GEMM_SB);
+            if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.gemm || !g_blas.gemm_sb) {
                 snprintf(g_blas.why, sizeof g_blas.why, "%s (%s) lacks %s", BLAS_NAME, g_blas.file,
                          !g_blas.create ? BL_SYM_CREATE : !g_blas.destroy ? BL_SYM_DESTROY
-                         : !g_blas.set_stream ? BL_SYM_STREAM : BL_SYM_GEMM);
+                         : !g_blas.set_stream ? BL_SYM_STREAM : !g_blas.gemm ? BL_SYM_GEMM : BL_SYM_GEMM_SB);
             } else {
                 g_blas.ok = 1;
 #if defined(GPU_NVIDIA)
@@ -234,7 +247,8 @@ __global__ void __launch_bounds__(256) gm_dequant_kernel(const uint8_t *__restri
     }
 }
 
-/* out[i][:] (16-bit) = X row (xrow ? xrow[i] : i) rounded; one thread per 8 columns (cols % 8 == 0). */
+/* out[i][:] (16-bit) = X row (xrow ? xrow[i] : i) rounded (zeros where xrow[i] < 0); one thread per 8
+ * columns (cols % 8 == 0). */
 template <bool BF>
 __global__ void __launch_bounds__(256) gm_rows_kernel(const float *__restrict__ X, int64_t ldx,
                                                       const int32_t *__restrict__ xrow, int64_t m, int64_t cols,
@@ -242,19 +256,26 @@ __global__ void __launch_bounds__(256) gm_rows_kernel(const float *__restrict__ 
     const int64_t per = cols / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m * per) return;
     const int64_t r = i / per, c = 8 * (i % per);
-    const float4 *x = (const float4 *)(X + (xrow ? (int64_t)xrow[r] : r) * ldx + c);
+    const int64_t src = xrow ? (int64_t)xrow[r] : r;
+    if (src < 0) { /* a padding row */
+        *(uint4 *)(out + r * cols + c) = make_uint4(0u, 0u, 0u, 0u);
+        return;
+    }
+    const float4 *x = (const float4 *)(X + src * ldx + c);
     const float4 a = x[0], b = x[1];
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     *(uint4 *)(out + r * cols + c) = gm_pack8<BF>(v);
 }
 
-/* Y[yrow[i] * ldy + r] = P[i * rows + r]: slot-grouped results back in slot order. */
+/* Y[yrow[i] * ldy + r] = P[i * rows + r]: slot-grouped results back in slot order (yrow[i] < 0: a
+ * padding row, dropped). */
 __global__ void __launch_bounds__(256) gm_scatter_kernel(const float *__restrict__ P, const int32_t *__restrict__ yrow,
                                                          int64_t m, int64_t rows, float *__restrict__ Y, int64_t ldy) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m * rows) return;
     const int64_t k = i / rows, r = i % rows;
-    Y[(int64_t)yrow[k] * ldy + r] = P[i];
+    const int32_t y = yrow[k];
+    if (y >= 0) Y[(int64_t)y * ldy + r] = P[i];
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
@@ -372,6 +393,58 @@ static int gm_call(ds4_gpu_ctx *c, int64_t m, int64_t n, int64_t cols, const voi
     return DS4_OK;
 }
 
+/* Room for `bytes` in the pinned host lists, keeping their first `keep` ints. */
+static int gm_host_room(ds4_gpu_ctx *c, size_t bytes, int64_t keep, char *err, size_t len) {
+    if (bytes <= c->gm_host_cap) return DS4_OK;
+    const size_t want = std::max(bytes, std::max((size_t)(1 << 20), c->gm_host_cap * 2));
+    void *p = NULL;
+    hipError_t e = hipHostMalloc(&p, want, hipHostMallocDefault);
+    if (e != hipSuccess)
+        return gpu_fail(err, len, DS4_E_NOMEM, "prefill GEMM: pinned slot lists of %zu bytes: %s", want,
+                        hipGetErrorString(e));
+    GPU_TRY(hipStreamSynchronize(c->stream), "prefill GEMM: wait before growing the slot lists");
+    if (c->gm_host) {
+        if (keep > 0) memcpy(p, c->gm_host, (size_t)keep * sizeof(int32_t));
+        (void)hipHostFree(c->gm_host);
+    }
+    c->gm_host = p;
+    c->gm_host_cap = want;
+    return DS4_OK;
+}
+
+/* The slots' matrix ids into the pinned host lists (the stream has run up to here on return). */
+static int gm_host_ids(ds4_gpu_ctx *c, const int32_t *ids, int64_t n_slots, char *err, size_t len) {
+    int rc = gm_host_room(c, (size_t)n_slots * sizeof(int32_t), 0, err, len);
+    if (rc != DS4_OK) return rc;
+    GPU_TRY(hipMemcpyAsync(c->gm_host, ids, (size_t)n_slots * sizeof(int32_t), hipMemcpyDeviceToHost, c->stream),
+            "prefill GEMM: copy the slots' matrix ids");
+    GPU_TRY(hipStreamSynchronize(c->stream), "prefill GEMM: wait for the slots' matrix ids");
+    return DS4_OK;
+}
+
+/* batch GEMMs: for b < batch, C_b = A_b^T B_b (A_b = A + b*sa, B_b = B + b*sb elements, C_b = C + b*sc). */
+static int gm_call_batched(ds4_gpu_ctx *c, int64_t m, int64_t n, int64_t cols, const void *A, int64_t sa,
+                           const uint16_t *B, int64_t sb, float *C, int64_t ldc, int64_t sc, int64_t batch, char *err,
+                           size_t len) {
+    if (batch == 1) return gm_call(c, m, n, cols, A, B, C, ldc, err, len);
+    const float one = 1.0f, zero = 0.0f;
+    const int ty = c->gemm_mode == DS4_PREFILL_GEMM_BF16 ? BL_R_16BF : BL_R_16F;
+#if defined(GPU_NVIDIA)
+    const int st = g_blas.gemm_sb(c->blas, BL_OP_T, BL_OP_N, (int)m, (int)n, (int)cols, &one, A, ty, (int)cols,
+                                  (long long)sa, B, ty, (int)cols, (long long)sb, &zero, C, BL_R_32F, (int)ldc,
+                                  (long long)sc, (int)batch, BL_COMPUTE_32F, BL_ALGO);
+#else
+    const int st = g_blas.gemm_sb(c->blas, BL_OP_T, BL_OP_N, (int)m, (int)n, (int)cols, &one, A, ty, (int)cols,
+                                  (int64_t)sa, B, ty, (int)cols, (int64_t)sb, &zero, C, BL_R_32F, (int)ldc, (int64_t)sc,
+                                  C, BL_R_32F, (int)ldc, (int64_t)sc, (int)batch, BL_COMPUTE_32F, BL_ALGO, 0, 0u);
+#endif
+    if (st != 0)
+        return gpu_fail(err, len, DS4_E_DEVICE, "prefill GEMM: %s %s (%lld x %lld x %lld, batch %lld) failed with "
+                        "status %d", BLAS_NAME, BL_SYM_GEMM_SB, (long long)m, (long long)n, (long long)cols,
+                        (long long)batch, st);
+    return DS4_OK;
+}
+
 int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                    const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(rows, GM_TILE_ELEMS / cols));
@@ -386,75 +459,78 @@ int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, 
     return rc;
 }
 
+/* Expert products: the slots grouped by matrix on the host (one copy of their ids), the used
+ * matrices ordered by slot count (largest first) and taken in tiles of as many whole matrices as
+ * GM_TILE_ELEMS holds; a tile's matrices are dequantised by one launch and multiplied by one
+ * strided-batched GEMM, each matrix's rows padded to the tile's largest count (zero rows whose
+ * results are dropped; ordering by count keeps the padding small). */
 int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                     int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                     float *Y, int64_t ldy, char *err, size_t len) {
-    /* the slots' matrix ids to the host (pinned), grouped there by a counting sort */
-    const size_t host_need = (size_t)n_slots * 3 * sizeof(int32_t);
-    if (host_need > c->gm_host_cap) {
-        GPU_TRY(hipStreamSynchronize(c->stream), "prefill GEMM: wait before growing the slot lists");
-        if (c->gm_host) (void)hipHostFree(c->gm_host);
-        c->gm_host = NULL;
-        c->gm_host_cap = 0;
-        const size_t want = std::max(host_need, (size_t)(1 << 20));
-        hipError_t e = hipHostMalloc(&c->gm_host, want, hipHostMallocDefault);
-        if (e != hipSuccess) {
-            c->gm_host = NULL;
-            return gpu_fail(err, len, DS4_E_NOMEM, "prefill GEMM: pinned slot lists of %zu bytes: %s", want,
-                            hipGetErrorString(e));
-        }
-        c->gm_host_cap = want;
-    }
-    int32_t *hid = (int32_t *)c->gm_host, *hx = hid + n_slots, *hy = hx + n_slots;
-    GPU_TRY(hipMemcpyAsync(hid, ids, (size_t)n_slots * sizeof(int32_t), hipMemcpyDeviceToHost, c->stream),
-            "prefill GEMM: copy the slots' expert ids");
-    GPU_TRY(hipStreamSynchronize(c->stream), "prefill GEMM: wait for the slots' expert ids");
+    int rc = gm_host_ids(c, ids, n_slots, err, len);
+    if (rc != DS4_OK) return rc;
+    const int32_t *hid = (const int32_t *)c->gm_host;
     int32_t n_mat = 0;
     for (int64_t s = 0; s < n_slots; s++) {
-        if (hid[s] < 0) return gpu_fail(err, len, DS4_E_INVALID, "prefill GEMM: slot %lld has matrix id %d", (long long)s, hid[s]);
+        if (hid[s] < 0)
+            return gpu_fail(err, len, DS4_E_INVALID, "prefill GEMM: slot %lld has matrix id %d", (long long)s, hid[s]);
         n_mat = std::max(n_mat, hid[s] + 1);
     }
-    std::vector<int64_t> start((size_t)n_mat + 1, 0);
-    for (int64_t s = 0; s < n_slots; s++) start[(size_t)hid[s] + 1]++;
-    for (int32_t e = 0; e < n_mat; e++) start[(size_t)e + 1] += start[(size_t)e];
-    std::vector<int64_t> at(start.begin(), start.end() - 1);
+    std::vector<int64_t> count((size_t)n_mat, 0);
+    for (int64_t s = 0; s < n_slots; s++) count[(size_t)hid[s]]++;
+    std::vector<int32_t> used;
+    for (int32_t e = 0; e < n_mat; e++)
+        if (count[(size_t)e]) used.push_back(e);
+    std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return count[(size_t)a] > count[(size_t)b]; });
+    const int64_t per_mat = rows * cols, U = (int64_t)used.size();
+    const int64_t per = std::max<int64_t>(1, std::min<int64_t>(U, GM_TILE_ELEMS / per_mat));
+    /* padded row of each used matrix's first slot; tile t spans used[t*per ..], each padded to
+     * the count of its first (largest) matrix */
+    std::vector<int64_t> base((size_t)U + 1, 0), pad((size_t)U, 0);
+    for (int64_t k = 0; k < U; k++) {
+        pad[(size_t)k] = count[(size_t)used[(size_t)(k - k % per)]];
+        base[(size_t)k + 1] = base[(size_t)k] + pad[(size_t)k];
+    }
+    const int64_t P = base[(size_t)U];
+    /* lists (pinned, then to the device): used ids [U], xrow [P] and yrow [P] (-1: a padding row) */
+    rc = gm_host_room(c, (size_t)(n_slots + U + 2 * P) * sizeof(int32_t), n_slots, err, len);
+    if (rc != DS4_OK) return rc;
+    int32_t *hl = (int32_t *)c->gm_host + n_slots, *hx = hl + U, *hy = hx + P;
+    hid = (const int32_t *)c->gm_host;
+    std::vector<int64_t> rank((size_t)n_mat, -1), at((size_t)U, 0);
+    for (int64_t k = 0; k < U; k++) {
+        hl[k] = used[(size_t)k];
+        rank[(size_t)used[(size_t)k]] = k;
+        at[(size_t)k] = base[(size_t)k];
+    }
+    for (int64_t j = 0; j < P; j++) hx[j] = hy[j] = -1;
     for (int64_t s = 0; s < n_slots; s++) {
-        const int64_t j = at[(size_t)hid[s]]++;
+        const int64_t j = at[(size_t)rank[(size_t)hid[s]]]++;
         hx[j] = (int32_t)(s / x_div);
         hy[j] = (int32_t)s;
     }
-    std::vector<int32_t> used;
-    for (int32_t e = 0; e < n_mat; e++)
-        if (start[(size_t)e + 1] > start[(size_t)e]) used.push_back(e);
-    /* the used ids where the slots' ids were (read by now; at most one per slot) */
-    for (size_t k = 0; k < used.size(); k++) hid[k] = used[k];
-    const size_t list_bytes = (size_t)n_slots * 3 * sizeof(int32_t);
-    int rc = gm_grow(c, &c->gm_idx, &c->gm_idx_cap, list_bytes, err, len);
+    const size_t list_bytes = (size_t)(U + 2 * P) * sizeof(int32_t);
+    rc = gm_grow(c, &c->gm_idx, &c->gm_idx_cap, list_bytes, err, len);
     if (rc != DS4_OK) return rc;
-    int32_t *d_used = (int32_t *)c->gm_idx, *d_x = d_used + n_slots, *d_y = d_x + n_slots;
-    GPU_TRY(hipMemcpyAsync(c->gm_idx, c->gm_host, list_bytes, hipMemcpyHostToDevice, c->stream),
+    int32_t *d_used = (int32_t *)c->gm_idx, *d_x = d_used + U, *d_y = d_x + P;
+    GPU_TRY(hipMemcpyAsync(c->gm_idx, hl, list_bytes, hipMemcpyHostToDevice, c->stream),
             "prefill GEMM: copy the slot lists");
-    const int64_t per_mat = rows * cols;
-    const int64_t per = std::max<int64_t>(1, GM_TILE_ELEMS / per_mat);
-    const int64_t in_tile = std::min<int64_t>(per, (int64_t)used.size());
-    rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(n_slots * cols) * 2, err, len);
-    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_w, &c->gm_w_cap, (size_t)(in_tile * per_mat) * 2, err, len);
-    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_y, &c->gm_y_cap, (size_t)(n_slots * rows) * sizeof(float), err, len);
-    if (rc == DS4_OK) rc = gm_rows(c, X, ldx, d_x, n_slots, cols, err, len);
-    const uint16_t *xb = (const uint16_t *)c->gm_x, *wb = (const uint16_t *)c->gm_w;
-    for (int64_t k0 = 0; rc == DS4_OK && k0 < (int64_t)used.size(); k0 += in_tile) {
-        const int64_t nk = std::min<int64_t>(in_tile, (int64_t)used.size() - k0);
+    rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(P * cols) * 2, err, len);
+    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_w, &c->gm_w_cap, (size_t)(per * per_mat) * 2, err, len);
+    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_y, &c->gm_y_cap, (size_t)(P * rows) * sizeof(float), err, len);
+    if (rc == DS4_OK) rc = gm_rows(c, X, ldx, d_x, P, cols, err, len);
+    const uint16_t *xb = (const uint16_t *)c->gm_x;
+    for (int64_t k0 = 0; rc == DS4_OK && k0 < U; k0 += per) {
+        const int64_t nk = std::min<int64_t>(per, U - k0), m = pad[(size_t)k0], b0 = base[(size_t)k0];
         rc = gm_dequant(c, layout, W, mat_bytes, d_used + k0, nk, rows, cols, row_bytes, err, len);
-        for (int64_t k = 0; rc == DS4_OK && k < nk; k++) {
-            const int32_t e = used[(size_t)(k0 + k)];
-            const int64_t s0 = start[(size_t)e], m = start[(size_t)e + 1] - s0;
-            rc = gm_call(c, rows, m, cols, wb + k * per_mat, xb + s0 * cols, (float *)c->gm_y + s0 * rows, rows, err, len);
-        }
+        if (rc == DS4_OK)
+            rc = gm_call_batched(c, rows, m, cols, c->gm_w, per_mat, xb + b0 * cols, m * cols,
+                                 (float *)c->gm_y + b0 * rows, rows, m * rows, nk, err, len);
     }
     if (rc != DS4_OK) return rc;
-    const int64_t total = n_slots * rows;
-    hipLaunchKernelGGL(gm_scatter_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, c->stream, (const float *)c->gm_y, d_y,
-                       n_slots, rows, Y, ldy);
+    const int64_t total = P * rows;
+    hipLaunchKernelGGL(gm_scatter_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, c->stream,
+                       (const float *)c->gm_y, d_y, P, rows, Y, ldy);
     GPU_TRY(hipGetLastError(), "prefill GEMM: results back in slot order");
     return DS4_OK;
 }
