@@ -637,8 +637,8 @@ def render_text(r: dict) -> str:
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-                   f"{r['n_threads']} threads, context {r['ctx']}"),
-        ("prefill gemm", r.get("prefill_gemm_note") or r.get("prefill_gemm", "off")),
+                   f"{r['n_threads']} threads, context {r['ctx']}; prefill-gemm "
+                   f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "
                    f"compressor {_gib(mem['compressor'])}, scratch {_gib(mem['scratch'])})"),

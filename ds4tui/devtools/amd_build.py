@@ -254,6 +254,11 @@ def check_library(lib: Path, report: Report) -> None:
         if info.n_devices != 0:
             report.problems.append(f"probe {attempt}: {info.n_devices} devices on a machine without a GPU")
         report.notes.append(f"probe {attempt}: {why} (HIP runtime {info.runtime_version})")
+        # the prefill GEMM's BLAS is looked up by the probe (spec platform.md §7): found, or named as missing
+        if not info.blas.startswith(("rocBLAS ", "none: rocBLAS not found (tried librocblas.so.5")):
+            report.problems.append(f"probe {attempt}: the BLAS line names no rocBLAS: {info.blas!r}")
+        else:
+            report.notes.append(f"probe {attempt}: prefill GEMM BLAS: {info.blas}")
     maps = Path("/proc/self/maps").read_text()
     if str(lib.resolve()) not in maps and str(lib) not in maps:
         report.problems.append(f"{lib} is no longer mapped after the probes: it must stay loaded for the process")
