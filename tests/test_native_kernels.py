@@ -235,15 +235,19 @@ def test_row_split_over_threads_is_bitwise_identical(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_batch_rows_equal_single_token_rows_bitwise(qtype):
-    """Batch invariance: a batch of n tokens (Q8_0 shares each block's int8 conversion across
-    groups of 8/4/2 tokens) gives every token exactly the bits of a one-token call."""
+    """Batch invariance: a batch of n tokens (the Q8_0, F16 and 2-bit kernels form each block's
+    weights once for groups of up to 8 tokens, of any size) gives every token exactly the bits of a
+    one-token call, for every batch size 1..19 (every group size and remainder) and 1..3 threads."""
     cols = COLS[qtype][1]
     raw = weights("raw_extreme", qtype, cols)
     x = activations(np.random.default_rng(3), 19, cols)
-    single = np.stack([kernel_matmul(qtype, raw, ROWS, cols, x[k:k + 1], n_threads=2)[0] for k in range(19)])
-    for n in (2, 3, 4, 5, 7, 8, 9, 15, 19):
-        y = kernel_matmul(qtype, raw, ROWS, cols, x[:n], n_threads=2)
-        assert np.array_equal(y.view(np.uint32), single[:n].view(np.uint32)), f"{qtype.name} n_tok={n}"
+    single = np.stack([kernel_matmul(qtype, raw, ROWS, cols, x[k:k + 1], n_threads=1)[0] for k in range(19)])
+    for threads in (1, 2, 3):
+        for n in range(1, 20):
+            y = kernel_matmul(qtype, raw, ROWS, cols, x[:n], n_threads=threads)
+            assert np.array_equal(y.view(np.uint32), single[:n].view(np.uint32)), (
+                f"{qtype.name} n_tok={n} threads={threads}")
+        assert_matches_oracle(qtype, raw, ROWS, cols, x, y)
 
 
 def test_f32_exact_small_integers():

@@ -11,7 +11,10 @@
  * engine comparable with the numpy reference at 1e-4.
  *
  * cpu/matmul.c splits rows over the thread pool; each (row, token) pair uses the same
- * dot product whatever the batch size, so results are batch-invariant.
+ * dot product whatever the batch size, so results are batch-invariant.  Where several tokens
+ * share a call (a verify, a prefill chunk, the drafter's block), the Q8_0, F16 and 2-bit kernels
+ * form each block's weights once for a group of up to 8 tokens and run every token's lanes
+ * through its one-token operations: a further token then costs only its fused multiply-adds.
  * Dot products keep 8-32 independent partial sums so that the compiler can
  * vectorise them without -ffast-math (no reassociation is needed); x86 AVX2,
  * FMA and F16C paths sit behind the compiler's feature macros.
@@ -50,10 +53,18 @@ float ds4_dot_f32(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Q8_0 block: f16 scale + 32 int8 (spec ds4.md §5.1).  Per block the 32 products q*x are formed in
- * float, then scaled by d into 32 running sums.  The AVX2 path (compiled when the target has AVX2
- * and FMA) does the same arithmetic with explicit sign-extending loads, which the compiler's
- * auto-vectorised form spends most of its time shuffling for. */
+/* Q8_0 block: f16 scale d + 32 int8 q (spec ds4.md §5.1).  A block's weights are formed once as
+ * w = d * q in float32, which is exact (an 11-bit significand times an 8-bit integer needs at most
+ * 19 bits): they are the values gguf.quants' dequantisation gives.  Element j of every block is
+ * fused-multiply-added into lane j of 32 running sums (acc[j] = fma(w_j, x_j, acc[j]), blocks in
+ * order), so each product w * x is rounded once, inside its accumulation; then acc[j] += acc[j + 16]
+ * and hsum.  The AVX-512 path holds the 32 lanes in two vectors, the AVX2 path in four, the portable
+ * one in an array: the same operations on the same lanes.
+ *
+ * Several tokens share a row (verify, prefill, the drafter's block): the block's weights are formed
+ * once for up to Q8_MAXNT tokens and every token's lanes see exactly the fused multiply-adds and the
+ * final reduction of its one-token call, so the results are bit-identical to one-token calls (batch
+ * invariance), and each further token costs two fused multiply-adds per block (AVX-512). */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -76,122 +87,149 @@ static inline float hsum32_512(__m512 a0, __m512 a1) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-/* 16 lanes per instruction halves the sign-extension shuffles that bound the AVX2 form. */
-static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 34 * b;
-        __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
-        const float *xb = x + 32 * b;
-        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
-        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
-        acc0 = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), acc0);
-        acc1 = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), acc1);
-    }
-    return hsum32_512(acc0, acc1);
+/* The block's scale in every lane (F16C where the target has it: the same exact value). */
+static inline __m512 q8_0_scale(const uint8_t *blk) {
+#if defined(__F16C__)
+    return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+#else
+    return _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+#endif
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
-           acc3 = _mm256_setzero_ps();
+
+#define Q8_MAXNT 8
+static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row, const float *X, int64_t ldx,
+                                                               int64_t n, float *Y, int64_t ldy, const int NT) {
+    __m512 a0[Q8_MAXNT], a1[Q8_MAXNT];
+    for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 34 * b;
-        __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
-        const float *xb = x + 32 * b;
-        __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2))));
-        __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 10))));
-        __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 18))));
-        __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 26))));
-        acc0 = _mm256_fmadd_ps(d, _mm256_mul_ps(q0, _mm256_loadu_ps(xb)), acc0);
-        acc1 = _mm256_fmadd_ps(d, _mm256_mul_ps(q1, _mm256_loadu_ps(xb + 8)), acc1);
-        acc2 = _mm256_fmadd_ps(d, _mm256_mul_ps(q2, _mm256_loadu_ps(xb + 16)), acc2);
-        acc3 = _mm256_fmadd_ps(d, _mm256_mul_ps(q3, _mm256_loadu_ps(xb + 24)), acc3);
+        const __m512 d = q8_0_scale(blk);
+        const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+        const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+        for (int k = 0; k < NT; k++) {
+            const float *xb = X + k * ldx + 32 * b;
+            a0[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb), a0[k]);
+            a1[k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), a1[k]);
+        }
     }
-    float acc[32];
-    _mm256_storeu_ps(acc, acc0);
-    _mm256_storeu_ps(acc + 8, acc1);
-    _mm256_storeu_ps(acc + 16, acc2);
-    _mm256_storeu_ps(acc + 24, acc3);
-    for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
-    return hsum(acc);
+    for (int k = 0; k < NT; k++) Y[k * ldy] = hsum32_512(a0[k], a1[k]);
+}
+
+/* Two rows against NT <= 6 tokens: each token's activation vectors are loaded once for both rows
+ * (the loads, not the multiply-adds, bound the one-row form); every (row, token) pair sees the
+ * operations of its one-token call. */
+#define Q8_PAIR_MAXNT 6
+static inline __attribute__((always_inline)) void q8_0_tokens_2rows(const uint8_t *row, size_t row_bytes,
+                                                                     const float *X, int64_t ldx, int64_t n,
+                                                                     float *Y, int64_t ldy, const int NT) {
+    __m512 a0[Q8_PAIR_MAXNT], a1[Q8_PAIR_MAXNT], b0[Q8_PAIR_MAXNT], b1[Q8_PAIR_MAXNT];
+    for (int k = 0; k < NT; k++) a0[k] = a1[k] = b0[k] = b1[k] = _mm512_setzero_ps();
+    const uint8_t *row2 = row + row_bytes;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b, *blk2 = row2 + 34 * b;
+        const __m512 d = q8_0_scale(blk), e = q8_0_scale(blk2);
+        const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+        const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+        const __m512 v0 = _mm512_mul_ps(e, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk2 + 2)))));
+        const __m512 v1 = _mm512_mul_ps(e, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk2 + 18)))));
+        for (int k = 0; k < NT; k++) {
+            const float *xb = X + k * ldx + 32 * b;
+            const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+            a0[k] = _mm512_fmadd_ps(w0, x0, a0[k]);
+            a1[k] = _mm512_fmadd_ps(w1, x1, a1[k]);
+            b0[k] = _mm512_fmadd_ps(v0, x0, b0[k]);
+            b1[k] = _mm512_fmadd_ps(v1, x1, b1[k]);
+        }
+    }
+    for (int k = 0; k < NT; k++) {
+        Y[k * ldy] = hsum32_512(a0[k], a1[k]);
+        Y[k * ldy + 1] = hsum32_512(b0[k], b1[k]);
+    }
+}
+#define Q8_PAIR(NT)                                                                                        \
+    static void dot_q8_0_2r_x##NT(const uint8_t *row, size_t row_bytes, const float *X, int64_t ldx,       \
+                                  int64_t n, float *Y, int64_t ldy) {                                      \
+        q8_0_tokens_2rows(row, row_bytes, X, ldx, n, Y, ldy, NT);                                          \
+    }
+Q8_PAIR(2)
+Q8_PAIR(3)
+Q8_PAIR(4)
+Q8_PAIR(5)
+Q8_PAIR(6)
+static void (*const q8_0_pair[Q8_PAIR_MAXNT + 1])(const uint8_t *, size_t, const float *, int64_t, int64_t, float *,
+                                                  int64_t) = {NULL, NULL, dot_q8_0_2r_x2, dot_q8_0_2r_x3,
+                                                              dot_q8_0_2r_x4, dot_q8_0_2r_x5, dot_q8_0_2r_x6};
+#elif defined(__AVX2__) && defined(__FMA__)
+#define Q8_MAXNT 3 /* 4 accumulators a token and 4 weight vectors in 16 registers */
+static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row, const float *X, int64_t ldx,
+                                                               int64_t n, float *Y, int64_t ldy, const int NT) {
+    __m256 a[Q8_MAXNT][4];
+    for (int k = 0; k < NT; k++)
+        for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        const __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+        __m256 w[4];
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))));
+        for (int k = 0; k < NT; k++) {
+            const float *xb = X + k * ldx + 32 * b;
+            for (int j = 0; j < 4; j++) a[k][j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), a[k][j]);
+        }
+    }
+    for (int k = 0; k < NT; k++) {
+        float acc[32];
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + 8 * j, a[k][j]);
+        for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
+        Y[k * ldy] = hsum(acc);
+    }
 }
 #else
-static float dot_q8_0(const uint8_t *row, const float *x, int64_t n) {
+#define Q8_MAXNT 1
+static inline void q8_0_tokens(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy,
+                               const int NT) {
+    (void)ldx, (void)ldy, (void)NT;
     float acc[32] = {0};
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 34 * b;
-        float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
         const int8_t *q = (const int8_t *)(blk + 2);
-        const float *xb = x + 32 * b;
-        float sb[32];
-        for (int j = 0; j < 32; j++) sb[j] = (float)q[j] * xb[j];
-        for (int j = 0; j < 32; j++) acc[j] = MADD(d, sb[j], acc[j]);
+        const float *xb = X + 32 * b;
+        for (int j = 0; j < 32; j++) acc[j] = MADD(d * (float)q[j], xb[j], acc[j]);
     }
     for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
-    return hsum(acc);
+    Y[0] = hsum(acc);
 }
 #endif
 
-/* Q8_0 against NT activation rows at once: each block's 32 int8 are converted to float once and
- * shared by the NT tokens, and every token's accumulators see exactly the operations dot_q8_0
- * performs for it alone (same FMAs in the same order, same final reduction), so the results are
- * bit-identical to NT single-token calls — batch invariance is kept while a verify or prefill
- * batch stops paying the int8 conversion once per token. */
-#if defined(__AVX512F__)
-#define Q8_MULTI(NT)                                                                                            \
-    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
-                               int64_t ldy) {                                                                  \
-        __m512 a0[NT], a1[NT];                                                                                 \
-        for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm512_setzero_ps();                                      \
-        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
-            const uint8_t *blk = row + 34 * b;                                                                 \
-            __m512 d = _mm512_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
-            __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));  \
-            __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))); \
-            for (int k = 0; k < NT; k++) {                                                                     \
-                const float *xb = X + k * ldx + 32 * b;                                                        \
-                a0[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q0, _mm512_loadu_ps(xb)), a0[k]);                     \
-                a1[k] = _mm512_fmadd_ps(d, _mm512_mul_ps(q1, _mm512_loadu_ps(xb + 16)), a1[k]);                \
-            }                                                                                                  \
-        }                                                                                                      \
-        for (int k = 0; k < NT; k++) Y[k * ldy] = hsum32_512(a0[k], a1[k]);                                   \
+#define Q8_NT(NT)                                                                                          \
+    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,     \
+                               int64_t ldy) {                                                              \
+        q8_0_tokens(row, X, ldx, n, Y, ldy, NT);                                                           \
     }
-Q8_MULTI(8)
-Q8_MULTI(4)
-Q8_MULTI(2)
-#define Q8_GROUPS 1
-#elif defined(__AVX2__) && defined(__FMA__)
-#define Q8_MULTI(NT)                                                                                            \
-    static void dot_q8_0_x##NT(const uint8_t *row, const float *X, int64_t ldx, int64_t n, float *Y,         \
-                               int64_t ldy) {                                                                  \
-        __m256 a[NT][4];                                                                                       \
-        for (int k = 0; k < NT; k++)                                                                           \
-            for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();                                         \
-        for (int64_t b = 0; b < n / 32; b++) {                                                                 \
-            const uint8_t *blk = row + 34 * b;                                                                 \
-            __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));                           \
-            __m256 q[4];                                                                                       \
-            for (int j = 0; j < 4; j++)                                                                        \
-                q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))); \
-            for (int k = 0; k < NT; k++) {                                                                     \
-                const float *xb = X + k * ldx + 32 * b;                                                        \
-                for (int j = 0; j < 4; j++)                                                                    \
-                    a[k][j] = _mm256_fmadd_ps(d, _mm256_mul_ps(q[j], _mm256_loadu_ps(xb + 8 * j)), a[k][j]);   \
-            }                                                                                                  \
-        }                                                                                                      \
-        for (int k = 0; k < NT; k++) {                                                                         \
-            float acc[32];                                                                                     \
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + 8 * j, a[k][j]);                                \
-            for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];                                                \
-            Y[k * ldy] = hsum(acc);                                                                            \
-        }                                                                                                      \
-    }
-Q8_MULTI(8)
-Q8_MULTI(4)
-Q8_MULTI(2)
-#define Q8_GROUPS 1
+typedef void (*q8_0_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
+Q8_NT(1)
+#if Q8_MAXNT >= 3
+Q8_NT(2)
+Q8_NT(3)
 #endif
-
+#if Q8_MAXNT >= 8
+Q8_NT(4)
+Q8_NT(5)
+Q8_NT(6)
+Q8_NT(7)
+Q8_NT(8)
+#endif
+/* the kernel for a group of nt tokens, 1 <= nt <= Q8_MAXNT */
+static const q8_0_fn q8_0_group[Q8_MAXNT + 1] = {
+    NULL, dot_q8_0_x1,
+#if Q8_MAXNT >= 3
+    dot_q8_0_x2, dot_q8_0_x3,
+#endif
+#if Q8_MAXNT >= 8
+    dot_q8_0_x4, dot_q8_0_x5, dot_q8_0_x6, dot_q8_0_x7, dot_q8_0_x8,
+#endif
+};
 #if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
 /* F16C converts 8 halves per instruction, exactly (the same values as ds4_half). */
 static float dot_f16(const uint16_t *row, const float *x, int64_t n) {
@@ -384,7 +422,73 @@ static float dot_bf16_row(const uint8_t *row, const float *x, int64_t cols) {
 }
 
 ROWS_OF(ds4_cpu_dot_f32, dot_f32_row)
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+/* F16 rows against several tokens (the mHC mixers, the router): each 16 halves are converted once
+ * for up to F16_MAXNT tokens, and every token's lanes see exactly dot_f16's fused multiply-adds, its
+ * reduction and its scalar tail, so the bits are those of one-token calls. */
+#if defined(__AVX512F__)
+#define F16_MAXNT 8 /* 32 vector registers */
+#else
+#define F16_MAXNT 6
+#endif
+static inline __attribute__((always_inline)) void f16_tokens(const uint16_t *row, const float *X, int64_t ldx,
+                                                              int64_t n, float *Y, int64_t ldy, const int NT) {
+    __m256 a0[F16_MAXNT], a1[F16_MAXNT];
+    for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i)));
+        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i + 8)));
+        for (int k = 0; k < NT; k++) {
+            a0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X + k * ldx + i), a0[k]);
+            a1[k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(X + k * ldx + i + 8), a1[k]);
+        }
+    }
+    for (int k = 0; k < NT; k++) {
+        float acc[LANES];
+        _mm256_storeu_ps(acc, a0[k]);
+        _mm256_storeu_ps(acc + 8, a1[k]);
+        float s = hsum(acc);
+        for (int64_t j = i; j < n; j++) s += ds4_half(row[j]) * X[k * ldx + j];
+        Y[k * ldy] = s;
+    }
+}
+#define F16_NT(NT)                                                                                         \
+    static void dot_f16_x##NT(const uint16_t *row, const float *X, int64_t ldx, int64_t n, float *Y,     \
+                              int64_t ldy) {                                                               \
+        f16_tokens(row, X, ldx, n, Y, ldy, NT);                                                            \
+    }
+F16_NT(2)
+F16_NT(3)
+F16_NT(4)
+F16_NT(5)
+F16_NT(6)
+#if F16_MAXNT >= 8
+F16_NT(7)
+F16_NT(8)
+#endif
+static void (*const f16_group[F16_MAXNT + 1])(const uint16_t *, const float *, int64_t, int64_t, float *, int64_t) = {
+    NULL, NULL, dot_f16_x2, dot_f16_x3, dot_f16_x4, dot_f16_x5, dot_f16_x6,
+#if F16_MAXNT >= 8
+    dot_f16_x7, dot_f16_x8,
+#endif
+};
+
+void ds4_cpu_dot_f16(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
+                     int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)(W + (size_t)r * row_bytes);
+        for (int64_t k = 0; k < n_tok;) {
+            const int nt = (int)(n_tok - k < F16_MAXNT ? n_tok - k : F16_MAXNT);
+            if (nt == 1) Y[k * ldy + r] = dot_f16(row, X + k * ldx, cols);
+            else f16_group[nt](row, X + k * ldx, ldx, cols, Y + k * ldy + r, ldy);
+            k += nt;
+        }
+    }
+}
+#else
 ROWS_OF(ds4_cpu_dot_f16, dot_f16_row)
+#endif
 ROWS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
 /* ---- the 2-bit types against several tokens at once -------------------------------------------
  * Each block's weights are formed once (the same vector products dot_q2_k / dot_iq2_xxs form) and
@@ -427,7 +531,11 @@ ROWS_OF(ds4_cpu_dot_bf16, dot_bf16_row)
         for (int k = 0; k < NT; k++) Y[k * ldy] = hsum16_256(a0[k], a1[k]);                                   \
     }
 Q2K_MULTI(8)
+Q2K_MULTI(7)
+Q2K_MULTI(6)
+Q2K_MULTI(5)
 Q2K_MULTI(4)
+Q2K_MULTI(3)
 Q2K_MULTI(2)
 #define Q2K_GROUPS 1
 #endif
@@ -464,7 +572,11 @@ Q2K_MULTI(2)
             Y[k * ldy] = hsum16_256(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1));         \
     }
 IQ2_MULTI(8)
+IQ2_MULTI(7)
+IQ2_MULTI(6)
+IQ2_MULTI(5)
 IQ2_MULTI(4)
+IQ2_MULTI(3)
 IQ2_MULTI(2)
 #define IQ2_GROUPS 1
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -497,56 +609,72 @@ IQ2_MULTI(2)
         for (int k = 0; k < NT; k++) Y[k * ldy] = hsum16_256(a0[k], a1[k]);                                   \
     }
 IQ2_MULTI(8)
+IQ2_MULTI(7)
+IQ2_MULTI(6)
+IQ2_MULTI(5)
 IQ2_MULTI(4)
+IQ2_MULTI(3)
 IQ2_MULTI(2)
 #define IQ2_GROUPS 1
 #endif
 
-/* Rows r0..r1 of a 2-bit matrix: tokens in groups of 8, 4, 2 sharing each row's weights, then one by
- * one (the one-token kernel). */
-#define GROUPED_ROWS(FN, ONE, X8, X4, X2)                                                                   \
+/* Rows r0..r1 of a 2-bit matrix: tokens in groups of up to 8 sharing each row's weights (a group of
+ * one is the one-token kernel). */
+#define GROUPED_ROWS(FN, ONE, P)                                                                           \
     void FN(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,      \
             int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {                                           \
         for (int64_t r = r0; r < r1; r++) {                                                                \
             const uint8_t *row = W + (size_t)r * row_bytes;                                                \
             float *y = Y + r;                                                                              \
-            int64_t k = 0;                                                                                 \
-            for (; k + 8 <= n_tok; k += 8) X8(row, X + k * ldx, ldx, cols, y + k * ldy, ldy);              \
-            if (k + 4 <= n_tok) { X4(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 4; }             \
-            if (k + 2 <= n_tok) { X2(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 2; }             \
-            for (; k < n_tok; k++) y[k * ldy] = ONE(row, X + k * ldx, cols);                               \
+            for (int64_t k = 0; k < n_tok;) {                                                              \
+                const int64_t nt = n_tok - k < 8 ? n_tok - k : 8;                                          \
+                const float *x = X + k * ldx;                                                              \
+                float *yk = y + k * ldy;                                                                   \
+                switch (nt) {                                                                              \
+                case 8: P##8(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 7: P##7(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 6: P##6(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 5: P##5(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 4: P##4(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 3: P##3(row, x, ldx, cols, yk, ldy); break;                                           \
+                case 2: P##2(row, x, ldx, cols, yk, ldy); break;                                           \
+                default: yk[0] = ONE(row, x, cols);                                                        \
+                }                                                                                          \
+                k += nt;                                                                                   \
+            }                                                                                              \
         }                                                                                                  \
     }
 
 #ifdef Q2K_GROUPS
-GROUPED_ROWS(ds4_cpu_dot_q2_k, dot_q2_k, dot_q2_k_x8, dot_q2_k_x4, dot_q2_k_x2)
+GROUPED_ROWS(ds4_cpu_dot_q2_k, dot_q2_k, dot_q2_k_x)
 #else
 ROWS_OF(ds4_cpu_dot_q2_k, dot_q2_k)
 #endif
 #ifdef IQ2_GROUPS
-GROUPED_ROWS(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs, dot_iq2_xxs_x8, dot_iq2_xxs_x4, dot_iq2_xxs_x2)
+GROUPED_ROWS(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs, dot_iq2_xxs_x)
 #else
 ROWS_OF(ds4_cpu_dot_iq2_xxs, dot_iq2_xxs)
 #endif
 
 #if defined(__AVX512F__)
 /* One-block rows (32 columns, e.g. the DSpark Markov head W2 [V, rank 32]) against one token, 16 rows
- * per vector: a row of a lane goes through exactly dot_q8_0's operations for n = 32 (the products
- * q * x, their scaling by d, the 16 + 16 pairing and the fixed reduction), so the bits are the same;
- * the per-row call and reduction overhead that dominates so short a row is gone. */
+ * per vector: a row of a lane goes through exactly the one-token operations for n = 32 (w = d * q,
+ * the fused multiply-add of w * x into a zero lane, the 16 + 16 pairing and the fixed reduction),
+ * so the bits are the same; the per-row call and reduction overhead that dominates so short a row
+ * is gone. */
 static void q8_0_rows32(const uint8_t *W, size_t row_bytes, int64_t r, const float *x, float *y) {
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)row_bytes));
     const uint8_t *base = W + (size_t)r * row_bytes;
     const __m512i head = _mm512_i32gather_epi32(idx, (const void *)base, 1);
-    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), zero = _mm512_setzero_ps();
     __m512 t[16];
     for (int m = 0; m < 8; m++) {
         const __m512i v = _mm512_i32gather_epi32(idx, (const void *)(base + 2 + 4 * m), 1);
         for (int k = 0; k < 4; k++) {
             const int j = 4 * m + k;
             const __m512 q = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * k), 24));
-            const __m512 tj = _mm512_mul_ps(d, _mm512_mul_ps(q, _mm512_set1_ps(x[j])));
+            const __m512 tj = _mm512_fmadd_ps(_mm512_mul_ps(d, q), _mm512_set1_ps(x[j]), zero);
             t[j & 15] = j < 16 ? tj : _mm512_add_ps(t[j & 15], tj);
         }
     }
@@ -563,16 +691,17 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
     if (cols == 32 && n_tok == 1)
         for (; r0 + 16 <= r1; r0 += 16) q8_0_rows32(W, row_bytes, r0, X, Y + r0);
 #endif
+#ifdef Q8_PAIR_MAXNT
+    if (n_tok >= 2 && n_tok <= Q8_PAIR_MAXNT)
+        for (; r0 + 2 <= r1; r0 += 2) q8_0_pair[n_tok](W + (size_t)r0 * row_bytes, row_bytes, X, ldx, cols, Y + r0, ldy);
+#endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = W + (size_t)r * row_bytes;
-        float *y = Y + r;
-        int64_t k = 0;
-#ifdef Q8_GROUPS
-        for (; k + 8 <= n_tok; k += 8) dot_q8_0_x8(row, X + k * ldx, ldx, cols, y + k * ldy, ldy);
-        if (k + 4 <= n_tok) { dot_q8_0_x4(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 4; }
-        if (k + 2 <= n_tok) { dot_q8_0_x2(row, X + k * ldx, ldx, cols, y + k * ldy, ldy); k += 2; }
-#endif
-        for (; k < n_tok; k++) y[k * ldy] = dot_q8_0(row, X + k * ldx, cols);
+        for (int64_t k = 0; k < n_tok;) { /* tokens in groups of up to Q8_MAXNT sharing the row's weights */
+            const int nt = (int)(n_tok - k < Q8_MAXNT ? n_tok - k : Q8_MAXNT);
+            q8_0_group[nt](row, X + k * ldx, ldx, cols, Y + k * ldy + r, ldy);
+            k += nt;
+        }
     }
 }
 
