@@ -1,0 +1,89 @@
+"""Verify(1+k rows) against a one-token decode, measured in one run (the ratio DSpark's scheduler
+prices, spec dspark.md §7.3).
+
+``python tools/verify_ratio.py (--demo | --medium | MODEL) [--threads 2] [--rows 6] [--rounds 20]
+[--json]`` opens the model on the CPU backend, prefills a 200-token prompt, then alternates rounds
+of 10 one-token passes and 10 passes of ``--rows`` tokens with all logits (what a verify runs), each
+followed by a truncate back to the prompt, and prints the median and range of both and the ratio
+of the medians.  Rounds alternate so that a slow spell of a shared machine lands on both sides.
+With ``--threads 1`` the times are the process's CPU time (immune to other work taking the core);
+otherwise wall time.  ``--activations q8`` measures the 8-bit activation option.  Not a test: CI
+never runs it; ``tools/cpu_notes.md`` records what it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("model", nargs="?", type=Path, help="a DS4 GGUF")
+    g.add_argument("--demo", action="store_true", help="the bundled demo model")
+    g.add_argument("--medium", action="store_true", help="the cached medium benchmark model (ds4tui bench --medium)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=6, help="rows of the verify pass (anchor + drafts)")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    from ds4tui.engine.session import Engine
+
+    if a.demo:
+        from ds4tui.demo import demo_pair
+
+        pair = demo_pair()
+        if pair is None:
+            raise SystemExit("verify_ratio: this build ships no demo pair")
+        model, name = pair.model, "demo"
+    elif a.medium:
+        from ds4tui.commands.bench import medium_model
+
+        model, name = medium_model(), "medium"
+    else:
+        model, name = a.model, str(a.model)
+    clock = time.process_time if a.threads == 1 else time.perf_counter
+    eng = Engine(model, n_threads=a.threads, activations=a.activations)
+    s = eng.session(n_ctx=1024, n_batch=max(16, a.rows))
+    prompt = [(i * 7919 + 13) % 120000 + 100 for i in range(200)]
+    s.prefill(prompt, logits="none")
+    b, n0 = s.backend, len(s.tokens)
+
+    def passes(n: int, k: int) -> list[float]:
+        out = []
+        for _ in range(k):
+            t = clock()
+            b.eval(prompt[:n], "all", None)
+            out.append((clock() - t) * 1e3)
+            b.truncate(n0)
+        return out
+
+    passes(1, 3), passes(a.rows, 3)  # warm caches and the pool
+    dec: list[float] = []
+    ver: list[float] = []
+    for _ in range(a.rounds):
+        dec += passes(1, 10)
+        ver += passes(a.rows, 10)
+    md, mv = statistics.median(dec), statistics.median(ver)
+    res = {"model": name, "threads": a.threads, "activations": a.activations, "rows": a.rows,
+           "clock": "process" if a.threads == 1 else "wall",
+           "decode_ms": {"median": md, "min": min(dec), "max": max(dec)},
+           "verify_ms": {"median": mv, "min": min(ver), "max": max(ver)}, "ratio": mv / md}
+    eng.close()
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(f"{name} threads={a.threads} activations={a.activations} ({res['clock']} time): decode {md:.3f} ms "
+              f"[{min(dec):.3f}-{max(dec):.3f}], verify({a.rows}) {mv:.3f} ms [{min(ver):.3f}-{max(ver):.3f}], "
+              f"ratio {mv / md:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
