@@ -53,6 +53,14 @@ def unit_float(text: str) -> float:
     return v
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type: positive integers separated by commas ("2048,32768")."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return [positive_int(t) for t in parts]
+
+
 def thread_count(text: str) -> int:
     """argparse type: 0 (one per core) .. 256 threads (the engine's DS4_MAX_THREADS)."""
     return _int_at_least(text, 0, "a thread count >= 0 (0 = one per core)", 256)
@@ -143,7 +151,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      help="flash: full-width DS4 Flash layers (hidden 4096, 64 heads, 256 experts, q2 mix) with "
                      "random weights, 2 and 4 layers timed and extrapolated to 43 (decode tokens/s, bytes/token, "
                      "fraction of the memory roofline measured in the same run, verify(1+5 rows)/decode); "
-                     "use with --backend hip; --ctx sets the context (default 2048)")
+                     "use with --backend hip; --ctx sets the context (default 2048), --contexts several, --fill "
+                     "how they are reached, --verify-widths the verify passes timed")
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
                    help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
                    "(hip when it runs, else cpu) or reference. Default cpu")
@@ -162,6 +171,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="session context size (default: the least that fits)")
     p.add_argument("--repeat", type=positive_int, metavar="N",
                    help="measure N times and report the fastest run (default 1)")
+    syn = p.add_argument_group("--synthetic flash")
+    syn.add_argument("--contexts", type=int_list, metavar="N,N,...",
+                     help="time decode and verify at each of these contexts (ascending, one session per model; "
+                     "up to 131072 and beyond), instead of --ctx alone")
+    syn.add_argument("--fill", choices=["repeat", "prefill"], default="repeat",
+                     help="how a session reaches a context: repeat (default: a real prefill of the first 2048 "
+                     "tokens, then their compressed rows repeated up to the context: the passes read and select over "
+                     "as many rows as after a real prefill, the values are repeats) or prefill (every token run; "
+                     "minutes at 128K)")
+    syn.add_argument("--verify-widths", type=int_list, metavar="N,N,...",
+                     help="verify widths (rows per pass, 1 + drafts) to time, e.g. 2,3,4,5,6 (default 6)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
     syn = p.add_argument_group("prefill of the synthetic Flash layers (--synthetic flash only)")

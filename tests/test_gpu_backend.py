@@ -276,6 +276,71 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout):
     assert all(np.array_equal(Y2[s], Y[0]) for s in range(n_slots))
 
 
+def _indexer_inputs(scores: np.ndarray, signs: list[float]):
+    """Indexer inputs whose score for key c is exactly sign * scores[c] (spec ds4.md §2.5): two heads
+    of two lanes, q_0 = (1, 0), q_1 = (0, 1), head weights (sign, -sign), scale 1, and key c =
+    (v, 0) for v >= 0, (0, -v) for v < 0, so one head adds sign * v and the other adds a zero."""
+    keys = np.zeros((scores.size, 2), np.float32)
+    keys[:, 0] = np.where(scores >= 0, scores, 0)
+    keys[:, 1] = np.where(scores < 0, -scores, 0)
+    n = len(signs)
+    qi = np.ascontiguousarray(np.tile(np.eye(2, dtype=np.float32), (n, 1, 1)))
+    iw = np.array([[s, -s] for s in signs], np.float32)
+    return qi, iw, keys
+
+
+def _gpu_indexer(info, qi, iw, keys, p0, ratio, top_k):
+    from ds4tui._native import ffi, lib
+
+    n = iw.shape[0]
+    sel = np.full((n, top_k), -7, np.int32)
+    nsel = np.full(n, -7, np.int32)
+    keys = np.ascontiguousarray(keys[:(p0 + n) // ratio])
+    err = ffi.new("char[1024]")
+    rc = lib.ds4_gpu_kernel_indexer(info.library.encode(), ffi.cast("float *", qi.ctypes.data),
+                                    ffi.cast("float *", iw.ctypes.data), n, p0, 2, 2,
+                                    ffi.cast("float *", keys.ctypes.data), ratio, top_k, 1.0,
+                                    ffi.cast("int32_t *", sel.ctypes.data), ffi.cast("int32_t *", nsel.ctypes.data),
+                                    err, 1024)
+    assert rc == 0, ffi.string(err).decode()
+    return sel, nsel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ties", "all-equal", "distinct"])
+@pytest.mark.parametrize("top_k", [512, 2048])
+def test_gpu_indexer_top_k_matches_a_sort(kind, top_k):
+    """The device top-k (spec ds4.md §2.5: highest scores, lowest index on ties, written in ascending
+    index order) against a plain sort, at 40000 visible rows: each of three tokens sees its own
+    causal prefix ((p0 + t + 1) / 4 rows), one token ranks the negated scores, and every token's
+    selection is the same alone as inside the batch."""
+    info = _device_or_skip()
+    rng = np.random.default_rng(19 + top_k)
+    ratio, n_keys = 4, 40000
+    if kind == "ties":  # 60 levels, negatives and zeros included: the boundary falls inside a level
+        scores = (rng.integers(-20, 40, n_keys) / 8).astype(np.float32)
+    elif kind == "all-equal":
+        scores = np.zeros(n_keys, np.float32)
+    else:
+        scores = rng.standard_normal(n_keys).astype(np.float32)
+    signs = [1.0, 2.0, -1.0]
+    qi, iw, keys = _indexer_inputs(scores, signs)
+    n = len(signs)
+    p0 = ratio * n_keys - n
+    sel, nsel = _gpu_indexer(info, qi, iw, keys, p0, ratio, top_k)
+    assert list(nsel) == [top_k] * n
+    for t, sign in enumerate(signs):
+        n_vis = (p0 + t + 1) // ratio
+        s = (sign * scores[:n_vis]).astype(np.float32)
+        want = np.sort(np.lexsort((np.arange(n_vis), -s))[:top_k])
+        assert np.array_equal(sel[t], want), (kind, t, int(np.sum(sel[t] != want)))
+        alone, nalone = _gpu_indexer(info, qi[t:t + 1], iw[t:t + 1], keys, p0 + t, ratio, top_k)
+        assert nalone[0] == top_k and np.array_equal(alone[0], sel[t])
+    # a token with no more than top_k visible rows attends to all of them
+    _, few = _gpu_indexer(info, qi[:1], iw[:1], keys, ratio * top_k - 1, ratio, top_k)
+    assert few[0] == -1
+
+
 @pytest.mark.gpu
 def test_planar_layout_refuses_rows_it_cannot_take():
     info = _device_or_skip()
@@ -598,7 +663,8 @@ def test_reference_drafter_gap_names_the_engines_draft(tiny_q2, fitted_support):
 
 
 def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
-    """The benchmark's model building, timing and extrapolation, on layers shrunk to CPU size."""
+    """The benchmark's model building, timing and extrapolation, on layers shrunk to CPU size, at
+    two contexts (the second reached by repeating the compressed rows) and two verify widths."""
     from ds4tui.engine import synthetic
 
     shrunk = dict(n_embd=256, n_head=4, head_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2, n_expert=8,
@@ -608,25 +674,56 @@ def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
 
     def fixed_times(model, **kw):  # run the real timing, then report known times: the arithmetic is checked
         r = real_time(model, **kw)
-        timed.append(r["layers"])
-        return {**r, "decode_ms": 10.0 + 2.0 * r["layers"], "verify_ms": 20.0 + 5.0 * r["layers"]}
+        n = r["layers"]
+        timed.append((n, [c["ctx"] for c in r["contexts"]], [sorted(c["verify_ms"]) for c in r["contexts"]]))
+        return {**r, "contexts": [{"ctx": c["ctx"], "decode_ms": (10.0 + 2.0 * n) * (1 + i),
+                                   "verify_ms": {3: 15.0 + 3.0 * n, 6: 20.0 + 5.0 * n}}
+                                  for i, c in enumerate(r["contexts"])]}
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(synthetic, "_time_model", fixed_times)
-        r = synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, **shrunk)
-    assert timed == [2, 4] and r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
+        r = synthetic.run_flash_bench(backend="cpu", ctx=[300, 40], fill_prefix=32, n_decode=3, n_verify=2,
+                                      verify_widths=[3], log=lambda *_: None, **shrunk)
+    assert timed == [(2, [40, 300], [[3, 6], [3, 6]]), (4, [40, 300], [[3, 6], [3, 6]])]
+    assert r["ctx"] == 40 and [c["ctx"] for c in r["contexts"]] == [40, 300] and r["fill"] == "repeat"
+    assert r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
     assert r["per_layer_ms"] == {"decode_ms": 2.0, "verify_ms": 5.0} and r["fixed_ms"] == {"decode_ms": 10.0,
                                                                                           "verify_ms": 20.0}
     assert r["decode_ms"] == pytest.approx(10.0 + 43 * 2.0) and r["decode_tokens_per_s"] == pytest.approx(1e3 / 96.0)
     assert r["verify_over_decode"] == pytest.approx((20.0 + 43 * 5.0) / 96.0)
+    assert r["verify_over_decode_by_width"][3] == pytest.approx((15.0 + 43 * 3.0) / 96.0)
+    assert r["contexts"][1]["decode_vs_first_ctx"] == pytest.approx(0.5)
     assert r["bytes_per_token"] > 0 and r["roofline_fraction"] is None
-    assert "verify(1+5 rows) / decode(1 row)" in synthetic.render(r)
+    assert r["contexts"][1]["bytes_per_token"] > r["bytes_per_token"]
+    assert "verify(1+5 rows) / decode(1 row)" in synthetic.render(r) and "context 300" in synthetic.render(r)
 
     def noisy(model, **kw):  # the 4-layer model timed faster: refuse to extrapolate
         r = real_time(model, **kw)
-        return {**r, "decode_ms": 10.0 - r["layers"], "verify_ms": 20.0 + r["layers"]}
+        n = r["layers"]
+        return {**r, "contexts": [{**c, "decode_ms": 10.0 - n, "verify_ms": {6: 20.0 + n}} for c in r["contexts"]]}
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(synthetic, "_time_model", noisy)
         with pytest.raises(RuntimeError, match="timing noise exceeds two layers' cost"):
             synthetic.run_flash_bench(backend="cpu", ctx=40, n_decode=3, n_verify=2, log=lambda *_: None, **shrunk)
+
+
+def test_bench_fill_repeats_rows_and_refuses_what_it_cannot_do(tiny_q2):
+    """``Session.bench_fill`` on the CPU engine: a pass after it runs (finite logits at the new
+    position), it is refused below the tokens so far, past the context and on the reference backend."""
+    from ds4tui.engine.errors import StateError
+
+    eng = S.Engine(tiny_q2["model"], backend="cpu")
+    s = eng.session(1024)
+    s.prefill(list(range(100, 400)), logits="none")
+    s.bench_fill(900, filler=100)
+    assert s.n_tokens == 900 and s.pending is None
+    assert np.all(np.isfinite(s.prefill([5])))
+    with pytest.raises(ValueError):
+        s.bench_fill(10)
+    with pytest.raises(ValueError):
+        s.bench_fill(5000)
+    ref = S.Engine(tiny_q2["model"], backend="reference").session(512)
+    ref.prefill(list(range(100, 300)), logits="none")
+    with pytest.raises(StateError):
+        ref.bench_fill(400)

@@ -7,7 +7,8 @@ full-width DS4 Flash layers (ds4tui.engine.synthetic), for Nsight Compute:
 
 (tools/ncu_summary.py turns that log into a table sorted by total kernel time.)
 
-The model is built and the context prefilled with profiling off; cuProfilerStart/Stop (libcuda)
+The model is built and the context filled with profiling off (a real prefill of up to 2048 tokens,
+then the compressed rows repeated up to --ctx, as ``bench --synthetic flash --fill repeat`` does); cuProfilerStart/Stop (libcuda)
 bracket the decode step and the verify pass, so only their kernels are measured.
 """
 
@@ -57,7 +58,10 @@ def main(argv=None) -> int:
         return 0
     s = eng.session(args.ctx + 16, n_batch=64)
     rng = np.random.default_rng(1)
-    s.prefill(rng.integers(100, 128000, args.ctx).tolist(), logits="none")
+    real = min(args.ctx, synthetic.FILL_PREFIX)  # past it, the compressed rows repeat (Session.bench_fill)
+    s.prefill(rng.integers(100, 128000, real).tolist(), logits="none")
+    if args.ctx > real:
+        s.bench_fill(args.ctx, filler=100)
     s.prefill([5000])  # warm
     cuda = ctypes.CDLL("libcuda.so.1")
     if args.only != "verify":

@@ -722,6 +722,10 @@ PLAIN_DEFAULTS = {"prompt_tokens": 256, "decode_tokens": 64, "repeat": 1}
 
 def _usage_error(args) -> str | None:
     """Why the options cannot be used together (None when they can)."""
+    for flag, value in (("--contexts", args.contexts), ("--verify-widths", args.verify_widths),
+                        ("--fill", None if args.fill == "repeat" else args.fill)):
+        if value is not None:
+            return f"{flag} is an option of --synthetic flash"
     if args.ab:
         given = [f"--{k.replace('_', '-')}" for k in PLAIN_DEFAULTS if getattr(args, k) is not None]
         if given:
@@ -764,11 +768,12 @@ def run_synthetic(args: argparse.Namespace) -> int:
     lengths = getattr(args, "prefill_lengths", None) or ()
     modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
     try:
-        result = synthetic.run_flash_bench(backend=backend, ctx=args.ctx or 2048,
+        result = synthetic.run_flash_bench(backend=backend, ctx=args.contexts or args.ctx or 2048, fill=args.fill,
+                                           verify_widths=args.verify_widths,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
                                            prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
                                            prefill_modes=modes, **opts)
-    except (EngineError, RuntimeError) as exc:
+    except (EngineError, RuntimeError, ValueError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0
 

@@ -235,6 +235,9 @@ class NativeBackend:
     def set_pending(self, token: int) -> None:
         self._check(self._lib.ds4_session_set_pending(self.handle, token, self._err, 1024))
 
+    def bench_fill(self, n: int) -> None:
+        self._check(self._lib.ds4_session_bench_fill(self.handle, n, self._err, 1024))
+
     def cancel(self, on: bool) -> None:
         (self._lib.ds4_session_cancel if on else self._lib.ds4_session_clear_cancel)(self.handle)
 
@@ -357,6 +360,9 @@ class ReferenceBackend:
 
     def set_pending(self, token: int) -> None:
         pass  # the session passes its pending token to the next eval or step, which runs it first
+
+    def bench_fill(self, n: int) -> None:
+        raise StateError("bench fill: the reference backend runs every position (use the cpu or hip backend)")
 
     def cancel(self, on: bool) -> None:
         pass  # a numpy pass is not interruptible; the session checks its flag between chunks

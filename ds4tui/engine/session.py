@@ -656,6 +656,23 @@ class Session:
             self.pending = None
             self._cycles.clear()
 
+    def bench_fill(self, n: int, filler: int = 0) -> None:
+        """Benchmarks only: advance to ``n`` tokens without running them (``ds4_session_bench_fill``):
+        the compressed rows of the skipped windows repeat the rows already written, so the next pass
+        reads and selects over as many rows as after a real prefill of ``n`` tokens, with repeated
+        values.  ``filler`` stands for the skipped ids.  Needs at least the largest compression
+        ratio (128 on Flash) of prefilled tokens; ``ValueError`` for ``n`` outside the tokens so far
+        .. the context; :class:`StateError` with a support model or on the reference backend."""
+        n = int(n)
+        with self._lock:
+            self._alive()
+            if not len(self.tokens) <= n <= self.n_ctx:
+                raise ValueError(f"bench fill to {n} tokens: expected {len(self.tokens)} .. {self.n_ctx}")
+            self.backend.bench_fill(n)
+            self.tokens.extend([int(filler)] * (n - len(self.tokens)))
+            self.pending = None
+            self._cycles.clear()
+
     def reset(self) -> None:
         """Empty the session (keeps sampling settings and counters)."""
         self.truncate(0)

@@ -97,38 +97,60 @@ def _median(xs: list[float]) -> float:
     return float(np.median(np.asarray(xs)))
 
 
-def _time_model(model: SyntheticModel, *, backend: str, ctx: int, n_decode: int, n_verify: int, verify_rows: int,
-                log, engine_options: dict) -> dict:
+FILL_PREFIX = 2048  # tokens really prefilled before ``fill="repeat"`` repeats the compressed rows
+FILLS = ("repeat", "prefill")
+
+
+def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: str, fill_prefix: int, n_decode: int,
+                n_verify: int, widths: list[int], log, engine_options: dict) -> dict:
+    """Time one model at each context of ``ctxs`` (ascending) in one session: bring it to the
+    context (``fill``: a real prefill of every token, or of the first ``fill_prefix`` then
+    ``Session.bench_fill``), ``n_decode`` one-token passes, then ``n_verify`` passes of each width
+    in ``widths`` with every row's logits, each rolled back.  Milliseconds are medians (wall clock
+    around the pass, the first passes left out as warm-up)."""
     from ds4tui.engine.session import Engine
 
     t0 = time.perf_counter()
     eng = Engine(model, backend=backend, **engine_options)
     log(f"  {model.config.n_layer} layers: engine open {time.perf_counter() - t0:.1f} s "
         f"(device {eng.memory().device / 2**30:.1f} GiB)")
+    out = []
     try:
-        s = eng.session(ctx + verify_rows + n_decode + 8, n_batch=64)
+        s = eng.session(max(ctxs) + max(widths) + n_decode + 8, n_batch=64)
         rng = np.random.default_rng(1)
-        prompt = rng.integers(100, 128000, ctx).tolist()
-        t0 = time.perf_counter()
-        s.prefill(prompt, logits="none")
-        log(f"  prefill {ctx} tokens: {time.perf_counter() - t0:.1f} s")
-        toks = rng.integers(100, 128000, n_decode + n_verify * verify_rows).tolist()
-        dec = []
-        for i in range(n_decode):  # one token per pass: the decode step (pending token run, last row out)
-            t = time.perf_counter()
-            s.prefill([toks[i]])
-            dec.append((time.perf_counter() - t) * 1e3)
-        ver = []
-        base = s.n_tokens
-        for i in range(n_verify):  # 1 + 5 rows with every row's logits, then rolled back: a verify pass
-            rows = toks[n_decode + i * verify_rows: n_decode + (i + 1) * verify_rows]
-            t = time.perf_counter()
-            s.prefill(rows, logits="all")
-            ver.append((time.perf_counter() - t) * 1e3)
-            s.truncate(base)
+        for ctx in ctxs:
+            if s.n_tokens > ctx:
+                raise RuntimeError(f"contexts {ctxs}: {ctx} is below the {s.n_tokens} tokens already in the session "
+                                   f"(give contexts at least {n_decode + 1} apart, ascending)")
+            real = ctx if fill == "prefill" else max(min(ctx, fill_prefix), s.n_tokens)
+            t0 = time.perf_counter()
+            if real > s.n_tokens:
+                s.prefill(rng.integers(100, 128000, real - s.n_tokens).tolist(), logits="none")
+            t1 = time.perf_counter()
+            if ctx > s.n_tokens:
+                s.bench_fill(ctx, filler=100)
+            log(f"  context {ctx}: prefill to {real} tokens {t1 - t0:.1f} s"
+                + (f", rows repeated to {ctx} in {time.perf_counter() - t1:.1f} s" if real < ctx else ""))
+            toks = rng.integers(100, 128000, n_decode + n_verify * sum(widths)).tolist()
+            dec = []
+            for i in range(n_decode):  # one token per pass: the decode step (pending token run, last row out)
+                t = time.perf_counter()
+                s.prefill([toks[i]])
+                dec.append((time.perf_counter() - t) * 1e3)
+            ver = {}
+            base, k = s.n_tokens, n_decode
+            for w in widths:  # 1 + (w - 1) rows with every row's logits, then rolled back: a verify pass
+                times = []
+                for _ in range(n_verify):
+                    t = time.perf_counter()
+                    s.prefill(toks[k:k + w], logits="all")
+                    times.append((time.perf_counter() - t) * 1e3)
+                    s.truncate(base)
+                    k += w
+                ver[w] = _median(times[1:] or times)
+            out.append({"ctx": ctx, "decode_ms": _median(dec[2:] or dec), "verify_ms": ver})
         mem = eng.memory()
-        return {"layers": model.config.n_layer, "decode_ms": _median(dec[2:] or dec),
-                "verify_ms": _median(ver[1:] or ver), "device_bytes": mem.device}
+        return {"layers": model.config.n_layer, "contexts": out, "device_bytes": mem.device}
     finally:
         eng.close()
 
@@ -168,16 +190,75 @@ def bytes_per_token(model: SyntheticModel, ctx: int) -> dict:
     return DS4Model.bytes_per_token(model, ctx)
 
 
-def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24, n_verify: int = 8,
-                    verify_rows: int = 6, target_layers: int = 43, log=print, gpu_layout: str = "planar",
-                    gpu_library: str | None = None, prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (),
-                    prefill_batch: int = 2048, prefill_modes: tuple[str, ...] | None = None, **overrides) -> dict:
+def _extrapolate(small: SyntheticModel, big: SyntheticModel, m2: dict, m4: dict, *, ctx: int, n_decode: int,
+                 verify_rows: int, widths: list[int], target_layers: int, bw: float | None) -> dict:
+    """One context's numbers: per-layer = (t4 - t2) / 2, fixed = t2 - 2 per-layer, 43 layers."""
+    b2 = bytes_per_token(small, ctx + n_decode // 2)["total"]
+    b4 = bytes_per_token(big, ctx + n_decode // 2)["total"]
+    r2 = {"decode_ms": m2["decode_ms"], **{f"verify{w}_ms": m2["verify_ms"][w] for w in widths}}
+    r4 = {"decode_ms": m4["decode_ms"], **{f"verify{w}_ms": m4["verify_ms"][w] for w in widths}}
+    per_layer = {k: (r4[k] - r2[k]) / 2 for k in r2}
+    for k, v in per_layer.items():
+        if v <= 0:  # timing noise larger than two layers' cost: an extrapolation would be meaningless
+            raise RuntimeError(f"context {ctx}: the 4-layer model's {k[:-3]} ({r4[k]:.3f} ms) was not slower than "
+                               f"the 2-layer model's ({r2[k]:.3f} ms): timing noise exceeds two layers' cost, so no "
+                               f"per-layer time can be extrapolated (time more tokens, on a quieter machine)")
+    fixed = {k: r2[k] - 2 * per_layer[k] for k in per_layer}
+    ext = {k: fixed[k] + target_layers * per_layer[k] for k in per_layer}
+    bytes_layer = (b4 - b2) / 2
+    bytes_tok = (b2 - 2 * bytes_layer) + target_layers * bytes_layer
+    tps = 1e3 / ext["decode_ms"]
+    eff = bytes_tok * tps
+    vk = f"verify{verify_rows}_ms"
+    return {
+        "ctx": ctx,
+        "measured": [{"layers": 2, "decode_ms": r2["decode_ms"], "verify_ms": r2[vk],
+                      "verify_ms_by_width": {w: r2[f"verify{w}_ms"] for w in widths}},
+                     {"layers": 4, "decode_ms": r4["decode_ms"], "verify_ms": r4[vk],
+                      "verify_ms_by_width": {w: r4[f"verify{w}_ms"] for w in widths}}],
+        "per_layer_ms": {"decode_ms": per_layer["decode_ms"], "verify_ms": per_layer[vk]},
+        "fixed_ms": {"decode_ms": fixed["decode_ms"], "verify_ms": fixed[vk]},
+        "decode_ms": ext["decode_ms"], "verify_ms": ext[vk],
+        "decode_tokens_per_s": tps,
+        "bytes_per_token": bytes_tok, "bytes_per_layer": bytes_layer,
+        "effective_bandwidth_gbs": eff / 1e9,
+        "roofline_fraction": eff / bw if bw else None,
+        "verify_over_decode": ext[vk] / ext["decode_ms"],
+        "verify_over_decode_by_width": {w: ext[f"verify{w}_ms"] / ext["decode_ms"] for w in widths},
+    }
+
+
+def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: str = "repeat",
+                    fill_prefix: int = FILL_PREFIX, n_decode: int = 24,
+                    n_verify: int = 8, verify_rows: int = 6, verify_widths: list[int] | None = None,
+                    target_layers: int = 43, log=print, gpu_layout: str = "planar", gpu_library: str | None = None,
+                    prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (), prefill_batch: int = 2048,
+                    prefill_modes: tuple[str, ...] | None = None, **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
-    ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm``: as :class:`~ds4tui.engine.session.Engine`'s.
-    ``prefill_lengths``: also time a prefill of each of these many tokens (chunks of
-    ``prefill_batch``) under each prefill_gemm mode of ``prefill_modes`` (default: ``prefill_gemm``
-    alone), side by side on the same weights; per layer (t4 - t2) / 2, extrapolated to
-    ``target_layers``.  ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU)."""
+
+    ``ctx``: one context or several (timed in ascending order in one session per model).
+    ``fill``: how a session reaches each context: ``"prefill"`` runs every token; ``"repeat"``
+    (default) prefills the first ``fill_prefix`` tokens for real and then repeats their compressed
+    rows up to the context (``Session.bench_fill``: the decode and verify passes read and select
+    over as many rows as after a real prefill; the values are repeats).  ``verify_widths``: the
+    verify widths timed (default ``[verify_rows]``); ``verify_rows`` is the one the headline
+    ratio uses.  ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm``: as
+    :class:`~ds4tui.engine.session.Engine`'s.  ``prefill_lengths``: also time a prefill of each of
+    these many tokens (chunks of ``prefill_batch``) under each prefill_gemm mode of
+    ``prefill_modes`` (default: ``prefill_gemm`` alone), side by side on the same weights; per layer
+    (t4 - t2) / 2, extrapolated to ``target_layers``.
+    ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
+    top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
+    ``ValueError`` for a bad context, fill or width list, ``RuntimeError`` for timing noise or no
+    device."""
+    ctxs = sorted({int(c) for c in ([ctx] if isinstance(ctx, int) else ctx)})
+    widths = sorted({int(w) for w in (verify_widths or [verify_rows])} | {verify_rows})
+    if fill not in FILLS:
+        raise ValueError(f"fill {fill!r}: expected one of {', '.join(FILLS)}")
+    if not ctxs or ctxs[0] < 16:
+        raise ValueError(f"contexts {ctxs}: expected at least one, each at least 16 tokens")
+    if widths[0] < 1 or widths[-1] > 64:
+        raise ValueError(f"verify widths {widths}: expected 1 .. 64 rows")
     engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm}
     modes = tuple(prefill_modes or (prefill_gemm,))
     from ds4tui.engine import gpu
@@ -205,16 +286,16 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
             raise RuntimeError(ffi.string(err).decode())
         bw = gbs[0] * 1e9
         log(f"device {info.device_name}: read bandwidth {gbs[0]:.0f} GB/s")
-    r2 = _time_model(small, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
-                     log=log, engine_options=engine_options)
-    r4 = _time_model(big, backend=backend, ctx=ctx, n_decode=n_decode, n_verify=n_verify, verify_rows=verify_rows,
-                     log=log, engine_options=engine_options)
+    kw = dict(backend=backend, ctxs=ctxs, fill=fill, fill_prefix=fill_prefix, n_decode=n_decode, n_verify=n_verify, widths=widths, log=log,
+              engine_options=engine_options)
+    t2 = _time_model(small, **kw)
+    t4 = _time_model(big, **kw)
     prefill = None
     if prefill_lengths:
         lengths = tuple(int(n) for n in prefill_lengths)
-        kw = dict(backend=backend, lengths=lengths, batch=prefill_batch, modes=modes, log=log,
+        pkw = dict(backend=backend, lengths=lengths, batch=prefill_batch, modes=modes, log=log,
                   engine_options=engine_options)
-        p2, p4 = _time_prefill(small, **kw), _time_prefill(big, **kw)
+        p2, p4 = _time_prefill(small, **pkw), _time_prefill(big, **pkw)
         prefill = {"batch": prefill_batch, "modes": {}}
         for mode in modes:
             rows = {}
@@ -225,30 +306,18 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
                 rows[str(n)] = {"ms_2_layers": t2, "ms_4_layers": t4, "per_layer_ms": per, "ms": ext,
                                 "tokens_per_s": n / ext * 1e3 if ext > 0 else None}
             prefill["modes"][mode] = {"in_force": p4[mode]["in_force"], "note": p4[mode]["note"], "lengths": rows}
-    b2, b4 = bytes_per_token(small, ctx + n_decode // 2)["total"], bytes_per_token(big, ctx + n_decode // 2)["total"]
-    per_layer = {k: (r4[k] - r2[k]) / 2 for k in ("decode_ms", "verify_ms")}
-    for k, v in per_layer.items():
-        if v <= 0:  # timing noise larger than two layers' cost: an extrapolation would be meaningless
-            raise RuntimeError(f"the 4-layer model's {k.split('_')[0]} ({r4[k]:.3f} ms) was not slower than the "
-                               f"2-layer model's ({r2[k]:.3f} ms): timing noise exceeds two layers' cost, so no "
-                               f"per-layer time can be extrapolated (time more tokens, on a quieter machine)")
-    fixed = {k: r2[k] - 2 * per_layer[k] for k in per_layer}
-    ext = {k: fixed[k] + target_layers * per_layer[k] for k in per_layer}
-    bytes_layer = (b4 - b2) / 2
-    bytes_tok = (b2 - 2 * bytes_layer) + target_layers * bytes_layer
-    tps = 1e3 / ext["decode_ms"]
-    eff = bytes_tok * tps
+    per_ctx = [_extrapolate(small, big, m2, m4, ctx=c, n_decode=n_decode, verify_rows=verify_rows, widths=widths,
+                            target_layers=target_layers, bw=bw)
+               for c, m2, m4 in zip(ctxs, t2["contexts"], t4["contexts"])]
+    for r in per_ctx:
+        r["decode_vs_first_ctx"] = r["decode_tokens_per_s"] / per_ctx[0]["decode_tokens_per_s"]
     out = {
-        "backend": backend, "ctx": ctx, "target_layers": target_layers,
-        "measured": [r2, r4],
-        "per_layer_ms": per_layer, "fixed_ms": fixed,
-        "decode_ms": ext["decode_ms"], "verify_ms": ext["verify_ms"], "verify_rows": verify_rows,
-        "decode_tokens_per_s": tps,
-        "bytes_per_token": bytes_tok, "bytes_per_layer": bytes_layer,
-        "effective_bandwidth_gbs": eff / 1e9,
+        "backend": backend, "target_layers": target_layers, "fill": fill, "fill_prefix": fill_prefix,
+        "verify_rows": verify_rows, "verify_widths": widths,
         "measured_bandwidth_gbs": bw / 1e9 if bw else None,
-        "roofline_fraction": eff / bw if bw else None,
-        "verify_over_decode": ext["verify_ms"] / ext["decode_ms"],
+        "device_bytes": {"2": t2["device_bytes"], "4": t4["device_bytes"]},
+        **per_ctx[0],
+        "contexts": per_ctx,
         "prefill_gemm": engine_options["prefill_gemm"],
         "prefill": prefill,
     }
@@ -256,20 +325,29 @@ def run_flash_bench(*, backend: str = "hip", ctx: int = 2048, n_decode: int = 24
 
 
 def render(r: dict) -> str:
-    lines = [
-        f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, context {r['ctx']}, extrapolated to "
-        f"{r['target_layers']} layers",
-        "  measured: " + "; ".join(f"{m['layers']} layers decode {m['decode_ms']:.2f} ms, verify({r['verify_rows']} "
-                                   f"rows) {m['verify_ms']:.2f} ms" for m in r["measured"]),
-        f"  per layer: decode {r['per_layer_ms']['decode_ms']:.3f} ms, verify {r['per_layer_ms']['verify_ms']:.3f} ms;"
-        f" fixed (embedding, heads): decode {r['fixed_ms']['decode_ms']:.2f} ms",
-        f"  decode      {r['decode_tokens_per_s']:.1f} tokens/s ({r['decode_ms']:.2f} ms/token)",
-        f"  bytes/token {r['bytes_per_token'] / 2**30:.2f} GiB ({r['bytes_per_layer'] / 2**20:.0f} MiB per layer)",
-        f"  bandwidth   {r['effective_bandwidth_gbs']:.0f} GB/s effective"
-        + (f" of {r['measured_bandwidth_gbs']:.0f} GB/s measured: {r['roofline_fraction']:.2f} of roofline"
-           if r["measured_bandwidth_gbs"] else ""),
-        f"  verify(1+{r['verify_rows'] - 1} rows) / decode(1 row) = {r['verify_over_decode']:.2f}",
-    ]
+    """The result of :func:`run_flash_bench` as text, one block per context."""
+    fill = ("real prefill" if r["fill"] == "prefill" else
+            f"prefill of {r['fill_prefix']} tokens, compressed rows repeated to the context")
+    lines = [f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, extrapolated to {r['target_layers']} layers; "
+             f"context filled by {fill}"]
+    for c in r["contexts"]:
+        lines += [
+            f"context {c['ctx']}",
+            "  measured: " + "; ".join(f"{m['layers']} layers decode {m['decode_ms']:.2f} ms, verify({r['verify_rows']} "
+                                       f"rows) {m['verify_ms']:.2f} ms" for m in c["measured"]),
+            f"  per layer: decode {c['per_layer_ms']['decode_ms']:.3f} ms, verify {c['per_layer_ms']['verify_ms']:.3f}"
+            f" ms; fixed (embedding, heads): decode {c['fixed_ms']['decode_ms']:.2f} ms",
+            f"  decode      {c['decode_tokens_per_s']:.1f} tokens/s ({c['decode_ms']:.2f} ms/token), "
+            f"{c['decode_vs_first_ctx']:.2f}x the first context's",
+            f"  bytes/token {c['bytes_per_token'] / 2**30:.2f} GiB ({c['bytes_per_layer'] / 2**20:.0f} MiB per layer)",
+            f"  bandwidth   {c['effective_bandwidth_gbs']:.0f} GB/s effective"
+            + (f" of {r['measured_bandwidth_gbs']:.0f} GB/s measured: {c['roofline_fraction']:.2f} of roofline"
+               if r["measured_bandwidth_gbs"] else ""),
+            f"  verify(1+{r['verify_rows'] - 1} rows) / decode(1 row) = {c['verify_over_decode']:.2f}",
+        ]
+        if len(c["verify_over_decode_by_width"]) > 1:
+            lines.append("  verify / decode by width: " + ", ".join(
+                f"{w}: {v:.2f}" for w, v in c["verify_over_decode_by_width"].items()))
     p = r.get("prefill")
     for mode, m in (p or {}).get("modes", {}).items():
         lines.append(f"  prefill, prefill_gemm {mode} (in force: {m['in_force']}; {m['note']}), chunks of {p['batch']}:")

@@ -274,6 +274,15 @@ int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_o
  * last logits. */
 int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len);
 
+/* Benchmarks only: advance a session of at least 128 prefilled tokens to n
+ * tokens without running them.  The compressed rows (and indexer keys) of the
+ * skipped windows repeat the rows already written (row i = row i % rows
+ * written), so a pass at position n reads and selects over as many rows as one
+ * after a real prefill of n tokens would, but the values are repeats: use it to
+ * time, never to generate.  Clears the pending token and the last logits;
+ * DS4_E_STATE with a DSpark support model attached. */
+int ds4_session_bench_fill(ds4_session *s, int32_t n, char *err, size_t err_len);
+
 /* Make `token` the pending token (emitted, not yet run) of a session that has
  * none, e.g. after truncating drafts accepted past a stop token. */
 int ds4_session_set_pending(ds4_session *s, int32_t token, char *err, size_t err_len);
@@ -329,6 +338,14 @@ int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t 
 int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows,
                           int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y,
                           char *err, size_t err_len);
+
+/* The GPU lightning indexer on its own (tests; spec ds4.md §2.5): n tokens at positions p0..
+ * with queries qi [n, IH, ID] and head weights iw [n, IH] against the (p0 + n) / ratio keys
+ * [*, ID] (host memory, uploaded first); sel [n, top_k] and nsel [n] as the backend's indexer
+ * writes them (nsel[t] = -1: every visible row attended, sel row untouched). */
+int ds4_gpu_kernel_indexer(const char *library, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH,
+                           int32_t ID, const float *keys, int32_t ratio, int32_t top_k, float scale, int32_t *sel,
+                           int32_t *nsel, char *err, size_t err_len);
 
 /* Device memory read bandwidth in GB/s (1e9 bytes read per second; best of `reps` passes over a
  * buffer of `bytes` bytes), or a negative DS4_E* code. */

@@ -492,6 +492,21 @@ int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len) {
     return DS4_OK;
 }
 
+int ds4_session_bench_fill(ds4_session *s, int32_t n, char *err, size_t err_len) {
+    if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
+    if (s->e->sup || s->dsp)
+        return ds4_fail(err, err_len, DS4_E_STATE, "bench fill: not with a DSpark support model attached");
+    if (n < s->n_tokens || n > s->n_ctx)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "bench fill: %d tokens is outside %d .. %d (the session's tokens "
+                        ".. its context)", n, s->n_tokens, s->n_ctx);
+    int rc = ds4_state_repeat_rows(s, n, err, err_len);
+    if (rc != DS4_OK) return rc;
+    s->n_tokens = n;
+    s->pending = -1;
+    s->has_logits = 0;
+    return DS4_OK;
+}
+
 int ds4_session_set_pending(ds4_session *s, int32_t token, char *err, size_t err_len) {
     if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
     if (token < 0 || token >= s->e->c.n_vocab)

@@ -179,6 +179,44 @@ void ds4_state_free(ds4_session *s) {
     s->st = NULL;
 }
 
+/* Benchmarks only (ds4_session_bench_fill): compressed rows (and indexer keys) of windows
+ * [m0, n_to / ratio) of every compressed layer become copies of the rows already written, row i
+ * taking row i % m0 (m0 = n_tokens / ratio, at least 1), through the host.  The window KV ring and
+ * the compressor rings keep the rows of the last real positions. */
+int ds4_state_repeat_rows(ds4_session *s, int32_t n_to, char *err, size_t len) {
+    ds4_engine *e = s->e;
+    const ds4_cfg *c = &e->c;
+    ds4_state *d = s->st;
+    const int host = e->ops->host_memory;
+    for (int L = 0; L < c->n_layer; L++) {
+        const ds4_layer *l = &e->layers[L];
+        if (l->kind == DS4_SWA) continue;
+        const int64_t m0 = s->n_tokens / l->ratio, m1 = n_to / l->ratio;
+        if (m0 < 1)
+            return ds4_fail(err, len, DS4_E_STATE, "bench fill: layer %d (ratio %d) has no compressed row yet after "
+                            "%d tokens: prefill at least %d tokens first", L, l->ratio, s->n_tokens, l->ratio);
+        if (m1 <= m0) continue;
+        float *bufs[2] = {d->lc[L].comp, d->lc[L].idx_keys};
+        const int64_t widths[2] = {c->head_dim, c->indexer_head_dim};
+        for (int k = 0; k < 2; k++) {
+            if (!bufs[k]) continue;
+            const size_t row = (size_t)widths[k] * sizeof(float);
+            float *h = host ? bufs[k] : malloc((size_t)m1 * row);
+            if (!h) return ds4_fail(err, len, DS4_E_NOMEM, "bench fill: out of memory");
+            int rc = host ? DS4_OK : e->ops->copy(e->ctx, h, bufs[k], (size_t)m0 * row, 1, err, len);
+            for (int64_t i = m0; rc == DS4_OK && i < m1; i++)
+                memcpy((char *)h + (size_t)i * row, (const char *)h + (size_t)(i % m0) * row, row);
+            if (!host && rc == DS4_OK)
+                rc = e->ops->copy(e->ctx, (char *)bufs[k] + (size_t)m0 * row, (const char *)h + (size_t)m0 * row,
+                                  (size_t)(m1 - m0) * row, 0, err, len);
+            if (!host && rc == DS4_OK) rc = e->ops->sync(e->ctx, err, len);
+            if (!host) free(h);
+            if (rc != DS4_OK) return rc;
+        }
+    }
+    return DS4_OK;
+}
+
 int ds4_state_init(ds4_session *s, char *err, size_t len) {
     ds4_engine *e = s->e;
     const ds4_cfg *c = &e->c;

@@ -133,6 +133,46 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
     return rc;
 }
 
+int ds4_gpu_kernel_indexer(const char *library, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH,
+                           int32_t ID, const float *keys, int32_t ratio, int32_t top_k, float scale, int32_t *sel,
+                           int32_t *nsel, char *err, size_t err_len) {
+    const int64_t n_keys = (p0 + n) / (ratio > 0 ? ratio : 1);
+    if (!qi || !iw || !keys || !sel || !nsel || n <= 0 || p0 < 0 || IH <= 0 || ID <= 0 || ratio <= 0 || top_k <= 0 ||
+        n_keys > INT32_MAX)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_indexer: bad arguments (%d tokens at %lld, %d "
+                        "heads of %d, ratio %d, top_k %d)", n, (long long)p0, IH, ID, ratio, top_k);
+    void *h;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
+    int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
+    if (rc != DS4_OK) return rc;
+    const int32_t max_vis = (int32_t)(n_keys > 0 ? n_keys : 1);
+    const size_t qb = (size_t)n * IH * ID * sizeof(float), wb = (size_t)n * IH * sizeof(float),
+                 kb = (size_t)max_vis * ID * sizeof(float), sb = (size_t)n * max_vis * sizeof(float),
+                 selb = (size_t)n * top_k * sizeof(int32_t), nb = (size_t)n * sizeof(int32_t);
+    void *dq = NULL, *dw = NULL, *dk = NULL, *ds = NULL, *dsel = NULL, *dn = NULL;
+    rc = api->upload(ctx, qi, qb, &dq, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, iw, wb, &dw, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, n_keys > 0 ? keys : NULL, kb, &dk, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, NULL, sb, &ds, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, NULL, selb, &dsel, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, NULL, nb, &dn, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->indexer(ctx, (const float *)dq, (const float *)dw, n, p0, IH, ID, (const float *)dk, ratio, top_k,
+                          scale, (float *)ds, max_vis, (int32_t *)dsel, (int32_t *)dn, err, err_len);
+    if (rc == DS4_OK) rc = api->copy(ctx, sel, dsel, selb, 1, err, err_len);
+    if (rc == DS4_OK) rc = api->copy(ctx, nsel, dn, nb, 1, err, err_len);
+    if (rc == DS4_OK) rc = api->sync(ctx, err, err_len);
+    if (dq) api->free(ctx, dq, qb);
+    if (dw) api->free(ctx, dw, wb);
+    if (dk) api->free(ctx, dk, kb);
+    if (ds) api->free(ctx, ds, sb);
+    if (dsel) api->free(ctx, dsel, selb);
+    if (dn) api->free(ctx, dn, nb);
+    api->close(ctx);
+    return rc;
+}
+
 int ds4_gpu_bandwidth(const char *library, uint64_t bytes, int32_t reps, double *gbs, char *err, size_t err_len) {
     void *h;
     const ds4_backend *api;

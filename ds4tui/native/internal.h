@@ -163,6 +163,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
  * sizes are added to the session's kv/cmp/scratch byte counts. */
 int ds4_state_init(ds4_session *s, char *err, size_t len);
 void ds4_state_free(ds4_session *s);
+/* Benchmarks: repeat the written compressed rows up to n_to tokens' worth (ds4_session_bench_fill). */
+int ds4_state_repeat_rows(ds4_session *s, int32_t n_to, char *err, size_t len);
 /* The engine's (and the support model's) vectors where the backend reads them. */
 int ds4_engine_vectors(ds4_engine *e, char *err, size_t len);
 int ds4_support_vectors(ds4_engine *e, char *err, size_t len);

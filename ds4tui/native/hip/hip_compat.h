@@ -160,6 +160,30 @@ __device__ __forceinline__ int gpu_shfl_xor_int(int v, int mask) {
 #endif
 }
 
+/* Lane `src`'s v (all lanes participate), integers. */
+__device__ __forceinline__ int gpu_shfl_int(int v, int src) {
+#if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)
+    return gpu_shfl_int_(v, src);
+#elif defined(GPU_NVIDIA)
+    return __shfl_sync(0xffffffffu, v, src, GPU_WARP);
+#else
+    return __shfl(v, src, GPU_WARP);
+#endif
+}
+
+/* Bit l set when lane l's pred is non-zero (all lanes participate; 32 lanes, so the AMD ballot's
+ * upper word is zero). */
+__device__ __forceinline__ uint32_t gpu_ballot(int pred) {
+#if defined(GPU_NVIDIA)
+    return __ballot_sync(0xffffffffu, pred);
+#else
+    return (uint32_t)__ballot(pred);
+#endif
+}
+
+/* Set bits of a 32-bit word. */
+__device__ __forceinline__ int gpu_popc(uint32_t m) { return __popc(m); }
+
 /* Bytes of the pair (y:x) picked by the selector nibbles of s (CUDA's default mode; HIP's). */
 __device__ __forceinline__ uint32_t gpu_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #if defined(GPU_NVIDIA) && defined(DS4_GPU_ROCM_FORMULAS)

@@ -412,45 +412,135 @@ indexer_score_kernel(const float *qi, const float *iw, int64_t p0, int IH, int I
     if (lane == 0) score[(int64_t)t * max_vis + c] = sc;
 }
 
-/* One block per token: the top_k rows by (score desc, index asc), written in ascending index order;
- * nsel[t] = top_k, or -1 when every visible row is attended. */
-__global__ void indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int max_vis, int32_t *sel,
-                                      int32_t *nsel) {
+/* Top-k selection, one block per token (spec ds4.md §2.5): the top_k rows by (score desc, index
+ * asc), the CPU engine's rule (cpu/backend.c sorts by it), written in ascending index order;
+ * nsel[t] = top_k, or -1 when every visible row is attended.
+ *
+ * A radix select, O(n) in the visible rows: each score becomes a 32-bit key that orders as the
+ * floats do (-0 and +0 one key, as they compare equal), and four passes of 8 bits find the key T
+ * of the top_k-th row, how many rows lie above it and how many rows equal to it are still needed
+ * ("need", the smallest indices among the ties).  A last pass in index order writes every row
+ * with a key above T and the first `need` rows equal to T, a block scan of warp ballots giving
+ * each its output slot.  The result depends only on the token's own scores (batch-invariant). */
+#define SEL_THREADS 1024
+#define SEL_WARPS (SEL_THREADS / GPU_WARP)
+#define SEL_NONE 0xffffffffu
+
+__device__ __forceinline__ uint32_t score_key_(float v) {
+    uint32_t u = __float_as_uint(v);
+    if ((u << 1) == 0u) u = 0u; /* -0 -> +0 */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive rank of this lane's flag among the block's flags of this round, and the round's total
+ * (w: the round's SEL_WARPS counters in shared memory; one barrier). */
+__device__ __forceinline__ uint32_t sel_scan_(int flag, uint32_t *w, uint32_t *total) {
+    const int lane = threadIdx.x % GPU_WARP, warp = threadIdx.x / GPU_WARP;
+    const uint32_t m = gpu_ballot(flag);
+    if (lane == 0) w[warp] = (uint32_t)gpu_popc(m);
+    __syncthreads();
+    uint32_t before = 0, all = 0;
+    for (int i = 0; i < SEL_WARPS; i++) {
+        const uint32_t v = w[i];
+        before += i < warp ? v : 0u;
+        all += v;
+    }
+    *total = all;
+    return before + (uint32_t)gpu_popc(m & ((1u << lane) - 1u));
+}
+
+__global__ void __launch_bounds__(SEL_THREADS)
+indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int max_vis, int32_t *sel,
+                      int32_t *nsel) {
     const int t = blockIdx.x;
     const int64_t n_vis = (p0 + t + 1) / ratio;
     if (n_vis <= top_k) {
         if (threadIdx.x == 0) nsel[t] = -1;
         return;
     }
+    const int n = (int)n_vis, tid = threadIdx.x, lane = tid % GPU_WARP;
     const float *s = score + (int64_t)t * max_vis;
     int32_t *out = sel + (int64_t)t * top_k;
-    __shared__ int count;
-    __shared__ int flags[OPS_THREADS];
-    if (threadIdx.x == 0) count = 0;
-    __syncthreads();
-    for (int64_t c0 = 0; c0 < n_vis; c0 += blockDim.x) {
-        const int64_t c = c0 + threadIdx.x;
-        int keep = 0;
-        if (c < n_vis) {
-            const float v = s[c];
-            int64_t rank = 0;
-            for (int64_t o = 0; o < n_vis && rank < top_k; o++) {
-                const float u = s[o];
-                rank += (u > v) || (u == v && o < c);
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t wcnt[2][SEL_WARPS];
+    __shared__ uint32_t s_prefix, s_need, s_eq;
+    uint32_t prefix = 0u, mask = 0u, need = (uint32_t)top_k, n_eq = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += SEL_THREADS) hist[i] = 0u;
+        __syncthreads();
+        for (int c0 = 0; c0 < n; c0 += SEL_THREADS) { /* uniform trip count: the warp calls below */
+            const int c = c0 + tid;
+            uint32_t bin = SEL_NONE;
+            if (c < n) {
+                const uint32_t k = score_key_(s[c]);
+                if ((k & mask) == prefix) bin = (k >> shift) & 255u;
             }
-            keep = rank < top_k;
+            /* a warp whose counted rows all fall in one bin (the exponent byte, mostly) adds once */
+            const uint32_t valid = gpu_ballot(bin != SEL_NONE);
+            if (!valid) continue;
+            const int lead = __ffs((int)valid) - 1;
+            const uint32_t lb = (uint32_t)gpu_shfl_int((int)bin, lead);
+            if (gpu_ballot(bin == lb) == valid) {
+                if (lane == lead) atomicAdd(&hist[lb], (uint32_t)gpu_popc(valid));
+            } else if (bin != SEL_NONE) {
+                atomicAdd(&hist[bin], 1u);
+            }
         }
-        flags[threadIdx.x] = keep;
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int base = count;
-            for (int i = 0; i < (int)blockDim.x; i++)
-                if (flags[i]) out[base++] = (int32_t)(c0 + i);
-            count = base;
+        if (tid < GPU_WARP) { /* lane l holds bins 255-8l down to 248-8l: descending keys */
+            uint32_t cnt[8], tot = 0u;
+            for (int j = 0; j < 8; j++) {
+                cnt[j] = hist[255 - 8 * lane - j];
+                tot += cnt[j];
+            }
+            uint32_t inc = tot;
+            for (int d = 1; d < GPU_WARP; d <<= 1) {
+                const uint32_t up = (uint32_t)gpu_shfl_int((int)inc, lane >= d ? lane - d : lane);
+                if (lane >= d) inc += up;
+            }
+            uint32_t before = inc - tot;
+            if (before < need && need <= inc) { /* the one lane whose bins hold the need-th key */
+                for (int j = 0; j < 8; j++) {
+                    if (need <= before + cnt[j]) {
+                        s_prefix = prefix | ((uint32_t)(255 - 8 * lane - j) << shift);
+                        s_need = need - before;
+                        s_eq = cnt[j];
+                        break;
+                    }
+                    before += cnt[j];
+                }
+            }
         }
         __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        n_eq = s_eq;
+        mask |= 255u << shift;
     }
-    if (threadIdx.x == 0) nsel[t] = top_k;
+    /* prefix is now T; n_eq rows equal it, the first `need` of them (by index) are taken */
+    const uint32_t T = prefix;
+    const int all_ties = need == n_eq;
+    uint32_t taken = 0u, eq_seen = 0u;
+    int round = 0;
+    for (int c0 = 0; c0 < n && taken < (uint32_t)top_k; c0 += SEL_THREADS) {
+        const int c = c0 + tid;
+        const uint32_t k = c < n ? score_key_(s[c]) : 0u;
+        const int gt = c < n && k > T, eq = c < n && k == T;
+        int take = gt || (eq && all_ties);
+        if (!all_ties) {
+            uint32_t n_round;
+            const uint32_t r = eq_seen + sel_scan_(eq, wcnt[round & 1], &n_round);
+            round++;
+            eq_seen += n_round;
+            take = gt || (eq && r < need);
+        }
+        uint32_t n_take;
+        const uint32_t pos = taken + sel_scan_(take, wcnt[round & 1], &n_take);
+        round++;
+        if (take) out[pos] = (int32_t)c;
+        taken += n_take;
+    }
+    if (tid == 0) nsel[t] = top_k;
 }
 
 /* One block of ATT_WARPS warps per (token, head).  Keys (the ring's window rows, then the
@@ -805,7 +895,7 @@ int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int
         int rc = ops_check("indexer score kernel", err, len);
         if (rc != DS4_OK) return rc;
     }
-    hipLaunchKernelGGL(indexer_select_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, p0, ratio, top_k, score,
+    hipLaunchKernelGGL(indexer_select_kernel, dim3(n), dim3(SEL_THREADS), 0, c->stream, p0, ratio, top_k, score,
                        max_vis, sel, nsel);
     return ops_check("indexer kernel", err, len);
 }
