@@ -30,7 +30,6 @@
 #define PL_TINY_ROWS 320   /* below: PL_TINY_WARPS warps per row (HC control, routers) */
 #define PL_TINY_WARPS 32
 #define PL_REPACK_CHUNK ((size_t)64 << 20) /* staging bytes per upload step */
-#define PL_GATHER_ALONE 8  /* gathers of at most this many slots (one decode step's) run slot by slot */
 
 /* This translation unit's copy of the IQ2_XXS tables (quant.h). */
 int gpu_planar_init(char *err, size_t len) { return quant_tables_init(err, len); }
@@ -259,105 +258,14 @@ static void pl_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
                        row_bytes, X, ldx, x_div, n, Y, ldy);
 }
 
-/* Expert-grouped gather: the slots that use the same matrix share one read of it.  Grid row y is
- * slot y; a slot whose rank among the slots of its matrix (in slot order) is a multiple of NT
- * leads, and its block multiplies that matrix by the activation rows of the next (up to) NT
- * slots of the same matrix, itself first; the other slots' blocks return at once.  Lane l of warp
- * w takes units l + 32k of its rows and each (row, slot) sum is formed in the order pl_kernel's
- * (RPW rows of a warp share the activation loads, NT slots share the weight loads), so every
- * result is bit for bit the one-slot kernel's, whatever the grouping. */
-template <int TYPE, int NT, int RPW>
-__global__ void __launch_bounds__(GPU_WARP *PL_WARPS)
-pl_group_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t n_slots,
-                int64_t rows, int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div,
-                float *__restrict__ Y, int64_t ldy) {
-    typedef Planar<TYPE> P;
-    const int lane = threadIdx.x, wp = threadIdx.y;
-    const int64_t slot = blockIdx.y;
-    const int32_t e = ids[slot];
-    /* this slot's rank among the slots of matrix e, and the NT members it would lead */
-    int64_t rank = 0, mem[NT];
-    int nt = 0;
-#pragma unroll
-    for (int t = 0; t < NT; t++) mem[t] = slot;
-    for (int64_t j0 = 0; j0 < n_slots && nt < NT; j0 += GPU_WARP) {
-        const int64_t j = j0 + lane;
-        const int hit = j < n_slots && ids[j] == e;
-        uint32_t m = gpu_ballot(hit && j < slot);
-        rank += gpu_popc(m);
-        m = gpu_ballot(hit && j >= slot);
-        while (m && nt < NT) {
-            const int b = __ffs((int)m) - 1;
-            m &= m - 1u;
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t == nt) mem[t] = j0 + b;
-            nt++;
-        }
-    }
-    if (rank % NT) return; /* uniform over the block: another slot's block computes this one */
-    __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
-    __shared__ uint8_t s_sign[TYPE == DS4_TYPE_IQ2_XXS ? 128 : 1];
-    if (TYPE == DS4_TYPE_IQ2_XXS) {
-        const int nthr = blockDim.x * blockDim.y, i0 = threadIdx.y * blockDim.x + threadIdx.x;
-        for (int i = i0; i < 256; i += nthr) s_grid[i] = *(const uint2 *)c_iq2_grid[i];
-        for (int i = i0; i < 128; i += nthr) s_sign[i] = c_iq2_ksigns[i];
-        __syncthreads();
-    }
-    const int64_t r0 = ((int64_t)blockIdx.x * PL_WARPS + wp) * RPW;
-    if (r0 >= rows) return;
-    W += (int64_t)e * mat_bytes;
-    const int64_t nb = cols / P::BLOCK, nu = cols / P::UNIT;
-    const uint8_t *rp[RPW];
-#pragma unroll
-    for (int k = 0; k < RPW; k++) rp[k] = W + (r0 + k < rows ? r0 + k : rows - 1) * row_bytes;
-    const float *xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xr[t] = X + (mem[t] / x_div) * ldx;
-    float acc[RPW][NT];
-#pragma unroll
-    for (int k = 0; k < RPW; k++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
-#pragma unroll 2
-    for (int64_t u = lane; u < nu; u += GPU_WARP) {
-        typename P::U v[RPW];
-#pragma unroll
-        for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], nb, u);
-        const int64_t xo = P::xoff(u);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < nt) {
-#pragma unroll
-                for (int k = 0; k < RPW; k++) acc[k][t] = P::dot(v[k], xr[t] + xo, acc[k][t], s_grid, s_sign);
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < RPW; k++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float s = gpu_warp_sum(acc[k][t]);
-            if (lane == 0 && t < nt && r0 + k < rows) Y[mem[t] * ldy + r0 + k] = s;
-        }
-}
-
 /* The warps per row depend on the shape only (batch invariance); rows per warp and tokens per
  * warp may follow the token count. */
 template <int TYPE>
 static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t n_slots,
                         int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div,
                         int64_t n, float *Y, int64_t ldy) {
-    if (ids && n_slots <= PL_GATHER_ALONE) { /* one token's slots: distinct experts, nothing to share */
-        pl_go<TYPE, 1, 2, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1, Y, ldy);
-        return;
-    }
     if (ids) {
-        constexpr int RPW = TYPE == DS4_TYPE_Q2_K ? 1 : 2; /* as the multi-token kernels: no spills on gfx1151 */
-        const int64_t groups = (rows + RPW - 1) / RPW;
-        hipLaunchKernelGGL((pl_group_kernel<TYPE, PL_NT, RPW>), dim3((unsigned)((groups + PL_WARPS - 1) / PL_WARPS),
-                           (unsigned)n_slots), dim3(GPU_WARP, PL_WARPS), 0, st, W, mat_bytes, ids, n_slots, rows, cols,
-                           row_bytes, X, ldx, x_div, Y, ldy);
+        pl_go<TYPE, 1, 2, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1, Y, ldy);
         return;
     }
     if (n == 1) {
