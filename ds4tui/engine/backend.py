@@ -154,6 +154,11 @@ class SessionBackend(Protocol):
     def set_pending(self, token: int) -> None:
         """Make ``token`` the pending token of a backend that has none."""
 
+    def bench_fill(self, n: int) -> None:
+        """Benchmarks only: advance to ``n`` positions without running them, the compressed rows
+        of the skipped windows repeating those written (``ds4_session_bench_fill``);
+        :class:`StateError` where a backend cannot."""
+
     def cancel(self, on: bool) -> None:
         """Raise (True) or clear (False) the flag that stops a running eval or step."""
 
