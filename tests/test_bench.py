@@ -153,13 +153,13 @@ def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):
     from ds4tui.engine import session as S
 
     decoding = threading.Event()
-    real_step = S.Session.step
+    real_step = S.Session.step_many
 
-    def step(self, *args, **kwargs):
+    def step_many(self, *args, **kwargs):
         decoding.set()
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(S.Session, "step", step)
+    monkeypatch.setattr(S.Session, "step_many", step_many)
     # A shell starts background jobs with SIGINT ignored, and Python then keeps it ignored: install
     # Python's own handler for this test so that it behaves as at a terminal.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

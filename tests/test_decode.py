@@ -126,3 +126,93 @@ def test_chat_worker_stops_inside_accepted_drafts_once(tiny_q2, fitted_support, 
         assert snap.turn_draft_tokens == r.n_draft and snap.dspark.accepted_draft == r.n_draft
     finally:
         chat.close()
+
+
+def _cycles_one_by_one(engine: S.Engine, n_cycles: int, *, dspark: bool = True) -> tuple[list[list[int]], dict]:
+    s = engine.session(len(PROMPT) + 400)
+    s.set_dspark(enabled=dspark, scheduler=False)
+    s.prefill(PROMPT)
+    cycles = [s.step() for _ in range(n_cycles)]
+    st = _counts(s.dspark_stats()) if dspark else {}
+    s.close()
+    return cycles, st
+
+
+def _counts(st: DSparkStats) -> dict:
+    """The statistics that count (the stage timings are wall times, different in every run)."""
+    return {k: v for k, v in st.to_dict().items() if k != "stage_ms_per_cycle" and not isinstance(v, float)}
+
+
+@pytest.mark.parametrize("dspark", [True, False])
+def test_step_many_runs_exactly_the_cycles_of_single_steps(engine, dspark):
+    """One engine call for many cycles (spec ux.md §2.4) emits the same cycles, leaves the same
+    session and counts the same DSpark statistics as one step per call."""
+    want, want_st = _cycles_one_by_one(engine, 40, dspark=dspark)
+    s = engine.session(len(PROMPT) + 400)
+    s.set_dspark(enabled=dspark, scheduler=False)
+    s.prefill(PROMPT)
+    got = []
+    while len(got) < 40:
+        cycles, error = s.step_many(256, max_cycles=min(7, 40 - len(got)))
+        assert error is None and 1 <= len(cycles) <= 7
+        got += cycles
+    assert got == want
+    flat = [t for c in want for t in c]
+    assert s.tokens == PROMPT + flat[:-1] and s.pending == flat[-1] and s.last_accepted == len(want[-1]) - 1
+    assert s.stats().n_steps == 40 and s.stats().n_decode_tokens == len(flat)
+    if dspark:
+        assert any(len(c) > 1 for c in want), "no draft accepted: the comparison would not cover DSpark"
+        assert _counts(s.dspark_stats()) == want_st and len(want_st) > 10
+    s.close()
+
+
+def test_step_many_ends_a_batch_at_a_stop_id_the_budget_and_a_full_context(engine):
+    want, _ = _cycles_one_by_one(engine, 30)
+    k = 5 + next(i for i, c in enumerate(want[5:]) if c[-1] not in [t for d in want[:5 + i] for t in d])
+    s = engine.session(len(PROMPT) + 400)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    cycles, error = s.step_many(256, stop=[want[k][-1]])
+    assert error is None and cycles == want[:k + 1]  # the batch ends with the cycle that emitted the stop id
+    emitted = sum(len(c) for c in cycles)
+    # the id budget: the cycle that reaches it is clipped as step(max_out) clips it, and the batch ends
+    cycles, error = s.step_many(3)
+    assert error is None and sum(len(c) for c in cycles) <= 3 and cycles[0] == want[k + 1][:3]
+    # a time budget ends a batch after its first cycle at the latest once it has passed
+    cycles, error = s.step_many(256, budget_s=1e-9)
+    assert error is None and len(cycles) == 1
+    s.close()
+    # the context: the batch ends when the next token has no position left, with no error
+    s = engine.session(len(PROMPT) + 12)
+    s.set_dspark(enabled=False)
+    s.prefill(PROMPT)
+    cycles, error = s.step_many(256)
+    assert error is None and len(cycles) == 13 and s.n_tokens == len(PROMPT) + 12
+    with pytest.raises(S.ContextOverflowError):
+        s.step_many(256)
+    assert emitted > 0
+    s.close()
+
+
+def test_step_many_after_a_cancel_stops_at_once_and_changes_nothing(engine):
+    s = engine.session(len(PROMPT) + 64)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    first = s.step()  # sampled from the prompt's logits: the next cycle runs a pass
+    s.cancel()
+    with pytest.raises(S.CancelledError):
+        s.step_many(256)
+    assert s.tokens == PROMPT and s.pending == first[-1] and s.stats().n_cancelled == 1
+    cycles, error = s.step_many(256, max_cycles=2)  # the cancel was consumed
+    assert error is None and len(cycles) == 2
+    s.close()
+    # a cancel is also read before each later cycle of a batch: it ends the batch and stays for the next call
+    s = engine.session(len(PROMPT) + 64)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    s.cancel()
+    cycles, error = s.step_many(256)  # the first cycle samples from the prompt's logits (no pass to stop)
+    assert error is None and len(cycles) == 1 and s.pending == cycles[0][-1]
+    with pytest.raises(S.CancelledError):
+        s.step_many(256)
+    s.close()

@@ -5,7 +5,7 @@
 
 Two arms on one engine and one prompt, greedy, interleaved R times so machine drift hits both:
 
-- ``headless``: the loop of ``ds4tui generate`` (prefill, then ``Session.step`` until N tokens,
+- ``headless``: the loop of ``ds4tui generate`` (prefill, then ``DecodeLoop`` until N tokens,
   detokenizing each token), no UI;
 - ``app``: the Textual app (``DS4App`` under Textual's headless driver, which lays out and renders
   every frame but writes no terminal) sends the same prompt, streams into the transcript and
@@ -39,8 +39,9 @@ PROMPT = "Write a Python class for a doubly linked list with insert, delete and 
 
 
 def headless_run(chat, n_tokens: int) -> dict:
-    """The generate loop on ``chat``'s session, from an empty KV cache."""
-    from ds4tui.engine import session as S
+    """The generate loop (:class:`~ds4tui.engine.decode.DecodeLoop`, as ``ds4tui generate`` runs
+    it) on ``chat``'s session, from an empty KV cache, detokenizing each token."""
+    from ds4tui.engine.decode import DecodeLoop
     from ds4tui.engine.tokenizer import render_chat
 
     s, tok = chat.session, chat.tokenizer
@@ -48,17 +49,16 @@ def headless_run(chat, n_tokens: int) -> dict:
     ids = render_chat(tok, [{"role": "user", "content": PROMPT}], think=False)
     s.prefill(ids)
     dec = tok.stream_decoder()
-    out: list[int] = []
     t_first = None
     c0 = s.stats().decode_ms
-    while len(out) < n_tokens:
-        got = s.step(min(S.STEP_MAX, n_tokens - len(out)))
+    loop = DecodeLoop(s, n_tokens)
+    for cycle in loop:
         if t_first is None:
             t_first = time.perf_counter()
-        for t in got:
-            out.append(t)
+        for t in cycle.tokens:
             dec.push(t)
     t_end = time.perf_counter()
+    out = loop.ids
     return {"tokens": len(out), "decode_s": t_end - t_first, "tokens_per_s": (len(out) - 1) / (t_end - t_first),
             "engine_c_s": (s.stats().decode_ms - c0) / 1000, "ids": out}
 

@@ -31,6 +31,8 @@ from ds4tui.engine.stats import DSparkStats
 
 #: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
 STEP_MAX = 64
+#: Most ids (and cycles) one ``step_many`` call hands back.
+STEP_MANY_OUT = 256
 #: Logit outputs of an evaluation (ds4_engine.h's DS4_LOGITS_*).
 LOGITS_MODES = ("none", "last", "all")
 
@@ -148,6 +150,13 @@ class SessionBackend(Protocol):
         """One decode cycle (run ``pending``, maybe draft and verify, sample): the emitted ids, the
         last of them the new pending token; at most ``max_out``."""
 
+    def step_many(self, max_out: int, max_cycles: int, budget_s: float, stop: frozenset[int],
+                  pending: int | None) -> tuple[list[list[int]], Exception | None]:
+        """Up to ``max_cycles`` cycles of :meth:`step` back to back (optional: a backend without it
+        is stepped one cycle at a time by the session), stopping early as ``ds4_session_step_many``
+        does (spec ux.md §2.4).  Returns the cycles that completed, each its emitted ids, and the
+        error that stopped a later cycle (None if none); an error in the first cycle is raised."""
+
     def truncate(self, n: int) -> None:
         """Forget every position >= ``n``; no pending token and no logits afterwards."""
 
@@ -214,6 +223,9 @@ class NativeBackend:
         self.handle = ffi.gc(out[0], lib.ds4_session_free)
         self._out = ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
         self._n_out = ffi.new("int32_t *")
+        self._many = None  # the buffers of step_many, made at its first call
+        self._stop_ids: frozenset[int] | None = None
+        self._stop_arr = None
 
     def _check(self, rc: int) -> None:
         if rc != 0:
@@ -233,6 +245,28 @@ class NativeBackend:
         out, n = self._out, self._n_out
         self._check(self._lib.ds4_session_step(self.handle, out, max_out, n, self._err, 1024))
         return [int(out[i]) for i in range(n[0])]
+
+    def step_many(self, max_out: int, max_cycles: int, budget_s: float, stop: frozenset[int],
+                  pending: int | None) -> tuple[list[list[int]], Exception | None]:
+        ffi, lib = self._ffi, self._lib
+        if self._many is None:
+            self._many = (ffi.new("int32_t[%d]" % STEP_MANY_OUT), ffi.new("int32_t[%d]" % STEP_MANY_OUT),
+                          ffi.new("int32_t *"))
+        out, lens, n = self._many
+        if stop != self._stop_ids:
+            self._stop_ids, self._stop_arr = stop, ffi.new("int32_t[]", sorted(stop) or [0])
+        rc = lib.ds4_session_step_many(self.handle, out, min(max_out, STEP_MANY_OUT), min(max_cycles, STEP_MANY_OUT),
+                                       budget_s * 1e3, self._stop_arr, len(stop), lens, n, self._err, 1024)
+        cycles, at = [], 0
+        for k in range(n[0]):
+            cycles.append([int(out[i]) for i in range(at, at + lens[k])])
+            at += lens[k]
+        if rc == 0:
+            return cycles, None
+        exc = native_error(rc, ffi.string(self._err).decode("utf-8", "replace"))
+        if not cycles:
+            raise exc
+        return cycles, exc
 
     def truncate(self, n: int) -> None:
         self._check(self._lib.ds4_session_truncate(self.handle, n, self._err, 1024))

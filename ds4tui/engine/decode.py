@@ -6,7 +6,12 @@ The chat worker (:mod:`ds4tui.engine.worker`), ``ds4tui generate``, ``ds4tui ben
 
 * each cycle is one :meth:`Session.step` with the budget left (``min(STEP_MAX, max_tokens -
   emitted)``), so drafts never overshoot the budget and DSpark decides exactly as a hand-written
-  loop would;
+  loop would.  The cycles run back to back in batches of one engine call each
+  (:meth:`Session.step_many`, at most ``batch_s`` seconds a batch, :data:`BATCH_S` by default):
+  the interpreter is needed once per batch rather than once per cycle, so a thread that draws an
+  interface beside the loop does not slow it (spec ux.md §2.4).  The first cycle is a batch of
+  its own, so the first token is seen (and timed) as soon as it exists.  The batches change when
+  the caller sees the cycles, never which cycles run;
 * a stop token ends decoding after it is emitted.  When it arrives as an accepted draft with more
   tokens after it in the same cycle, the loop rewinds the session (:meth:`Session.rewind`) to the
   stop token before it hands the cycle out: the stop token is the pending token, nothing after it
@@ -16,10 +21,11 @@ The chat worker (:mod:`ds4tui.engine.worker`), ``ds4tui generate``, ``ds4tui ben
   :meth:`~ds4tui.engine.session.Session.dspark_stats` report the corrected figures
   (``n_decode_tokens``, ``accepted_draft``, ``accepted_len_hist``, ``pos_accepted``, ``saved``,
   ``net_saved``);
-* before each cycle: the budget (reason ``"max_tokens"``), the caller's ``cancelled()`` (reason
+* before each batch: the budget (reason ``"max_tokens"``), the caller's ``cancelled()`` (reason
   ``"cancelled"``) and the context (reason ``"ctx"``: the pending token has no position left to
-  run at) are checked, in that order; a step stopped by :meth:`Session.cancel` also ends the loop
-  with ``"cancelled"`` (the exception is kept in :attr:`DecodeLoop.error`).
+  run at) are checked, in that order (within a batch the engine checks the budget, the context
+  and :meth:`Session.cancel` before each cycle); a step stopped by :meth:`Session.cancel` also
+  ends the loop with ``"cancelled"`` (the exception is kept in :attr:`DecodeLoop.error`).
 
 Other engine errors propagate to the caller; what was emitted until then stays in
 :attr:`DecodeLoop.ids`.
@@ -30,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from ds4tui.engine.backend import STEP_MAX
+from ds4tui.engine.backend import STEP_MANY_OUT
 from ds4tui.engine.errors import CancelledError
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
@@ -38,6 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 
 #: Why a loop ended (:attr:`DecodeLoop.reason`).
 REASONS = ("stop", "max_tokens", "ctx", "cancelled")
+#: Longest batch of cycles in one engine call, seconds (a batch ends after the cycle that passes it).
+BATCH_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -66,13 +74,14 @@ class DecodeLoop:
     cancelled step."""
 
     def __init__(self, session: "Session", max_tokens: int, *, stop: Iterable[int] = (),
-                 cancelled: Callable[[], bool] | None = None):
+                 cancelled: Callable[[], bool] | None = None, batch_s: float = BATCH_S):
         if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.session = session
         self.max_tokens = int(max_tokens)
         self.stop = frozenset(int(t) for t in stop)
         self.cancelled = cancelled
+        self.batch_s = float(batch_s)
         self.ids: list[int] = []
         self.from_draft: list[bool] = []
         self.reason: str | None = None
@@ -96,21 +105,30 @@ class DecodeLoop:
                 self.reason = "ctx"
                 return
             try:
-                got = s.step(min(STEP_MAX, self.max_tokens - len(self.ids)))
+                # the first cycle is a batch of its own: its token is shown (and timed) as soon as it exists
+                cycles, error = s.step_many(min(STEP_MANY_OUT, self.max_tokens - len(self.ids)),
+                                            max_cycles=STEP_MANY_OUT if self.ids else 1,
+                                            budget_s=self.batch_s, stop=stop)
             except CancelledError as exc:
                 self.reason, self.error = "cancelled", exc
                 return
-            last = len(got) - 1
-            at = next((j for j, t in enumerate(got) if t in stop), None) if stop else None
-            if at is not None:
-                if at < last:  # a stop among the accepted drafts: the session goes back to it
-                    s.rewind(last - at)
-                got = got[:at + 1]
-            cycle = Cycle(tuple(got), tuple(j < last for j in range(len(got))), at is not None)
-            self.ids += cycle.tokens
-            self.from_draft += cycle.from_draft
-            if cycle.stopped:
-                self.reason = "stop"  # set before the caller sees the cycle, so it may break here
-            yield cycle
-            if cycle.stopped:
+            for got in cycles:
+                last = len(got) - 1
+                at = next((j for j, t in enumerate(got) if t in stop), None) if stop else None
+                if at is not None:
+                    if at < last:  # a stop among the accepted drafts: the session goes back to it
+                        s.rewind(last - at)  # (a batch ends with the cycle that emitted a stop)
+                    got = got[:at + 1]
+                cycle = Cycle(tuple(got), tuple(j < last for j in range(len(got))), at is not None)
+                self.ids += cycle.tokens
+                self.from_draft += cycle.from_draft
+                if cycle.stopped:
+                    self.reason = "stop"  # set before the caller sees the cycle, so it may break here
+                yield cycle
+                if cycle.stopped:
+                    return
+            if isinstance(error, CancelledError):
+                self.reason, self.error = "cancelled", error
                 return
+            if error is not None:
+                raise error

@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
@@ -33,6 +34,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ds4tui.engine.backend import (  # re-exported: the names this module always had
+    STEP_MANY_OUT,
     STEP_MAX,
     DSparkKnobs,
     KnobEvent,
@@ -564,15 +566,75 @@ class Session:
             except CancelledError:
                 self.clear_cancel()  # consumed
                 raise
-            if self.pending is not None:
-                self.tokens.append(self.pending)
-            self.tokens.extend(out[:-1])
-            self.pending = out[-1]
-            self.last_accepted = len(out) - 1
-            self._cycles.append([len(out) - 1, len(out)])
-            while len(self._cycles) > STEP_MAX:  # a rewind takes back at most STEP_MAX tokens
-                self._cycles.pop(0)
+            self._record(out)
             return out
+
+    def _record(self, out: list[int]) -> None:
+        """Book one cycle's emitted ids (the last one the new pending token)."""
+        if self.pending is not None:
+            self.tokens.append(self.pending)
+        self.tokens.extend(out[:-1])
+        self.pending = out[-1]
+        self.last_accepted = len(out) - 1
+        self._cycles.append([len(out) - 1, len(out)])
+        while len(self._cycles) > STEP_MAX:  # a rewind takes back at most STEP_MAX tokens
+            self._cycles.pop(0)
+
+    def step_many(self, max_out: int, *, max_cycles: int = STEP_MAX, budget_s: float = 0.0,
+                  stop: Iterable[int] = ()) -> tuple[list[list[int]], EngineError | None]:
+        """Decode cycles back to back, each exactly a :meth:`step` with the budget left, in as few
+        engine calls as the backend allows (one for the native engine: the interpreter is not
+        needed between cycles; spec ux.md §2.4).
+
+        Stops after a cycle when ``max_cycles`` cycles ran, ``max_out`` ids (at most 256) were
+        emitted, the cycle emitted an id of ``stop``, ``budget_s`` seconds have passed (0: no time
+        limit), :meth:`cancel` was called (the request stays for the next call) or the next cycle's
+        token would not fit the context.  Returns ``(cycles, error)``: each completed cycle's
+        emitted ids, and the :class:`EngineError` that stopped a later cycle (None if none; the
+        cycles before it stand).  An error in the first cycle is raised as :meth:`step` raises it
+        (the session is unchanged)."""
+        if isinstance(max_out, bool) or int(max_out) != max_out or not 1 <= max_out <= STEP_MANY_OUT:
+            raise ValueError(f"max_out must be an integer 1..{STEP_MANY_OUT}, got {max_out!r}")
+        if isinstance(max_cycles, bool) or int(max_cycles) != max_cycles or max_cycles < 1:
+            raise ValueError(f"max_cycles must be a positive integer, got {max_cycles!r}")
+        stop = frozenset(int(t) for t in stop)
+        many = getattr(self.backend, "step_many", None)
+        if many is None:  # a backend without it: one step at a time, the same stopping rules
+            return self._step_each(int(max_out), int(max_cycles), float(budget_s), stop)
+        with self._lock:
+            self._alive()
+            if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
+                raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
+                                           f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
+            try:
+                cycles, error = many(int(max_out), int(max_cycles), float(budget_s), stop, self.pending)
+            except CancelledError:
+                self.clear_cancel()  # consumed
+                raise
+            for out in cycles:
+                self._record(out)
+            if isinstance(error, CancelledError):
+                self.clear_cancel()
+            return cycles, error
+
+    def _step_each(self, max_out: int, max_cycles: int, budget_s: float,
+                   stop: frozenset[int]) -> tuple[list[list[int]], EngineError | None]:
+        t0, cycles, emitted = time.perf_counter(), [], 0
+        while len(cycles) < max_cycles and emitted < max_out:
+            if cycles and (self._cancel.is_set() or (budget_s > 0 and time.perf_counter() - t0 >= budget_s)
+                           or (self.pending is not None and len(self.tokens) + 1 > self.n_ctx)):
+                break
+            try:
+                out = self.step(min(STEP_MAX, max_out - emitted))
+            except EngineError as exc:
+                if not cycles:
+                    raise
+                return cycles, exc
+            cycles.append(out)
+            emitted += len(out)
+            if stop.intersection(out):
+                break
+        return cycles, None
 
     def generate(self, prompt: Sequence[int] | None = None, *, max_tokens: int = 256,
                  stop: Iterable[int] = (), progress: Callable[[int, int], None] | None = None) -> Iterator[int]:

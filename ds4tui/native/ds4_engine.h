@@ -269,6 +269,25 @@ int ds4_session_eval(ds4_session *s, const int32_t *tokens, int32_t n,
 int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out,
                      char *err, size_t err_len);
 
+/* Decode cycles back to back in one call, so that a caller in an interpreter
+ * pays its per-call costs once for many cycles (spec ux.md §2.4).  Runs
+ * ds4_session_step cycles, each with the budget left (max_out minus the ids
+ * emitted so far, at most 64), writing the emitted ids one cycle after the
+ * other to out[] and each cycle's count to cycle_len[0..*n_cycles).  Stops
+ * after a cycle when max_cycles cycles ran, max_out ids were emitted, the
+ * cycle emitted an id of stop[0..n_stop), budget_ms milliseconds of wall
+ * time have passed since the call began (budget_ms <= 0: no time limit),
+ * ds4_session_cancel was called (the flag stays set: the next call returns
+ * DS4_E_CANCELLED at once), or the next cycle's token would not fit the
+ * context.  The cycles are exactly those of as many ds4_session_step calls.
+ * Errors: those of ds4_session_step.  An error in the first cycle leaves the
+ * session as before the call (*n_cycles = 0); an error in a later cycle is
+ * returned with *n_cycles and out[] holding the cycles that completed before
+ * it, which stand. */
+int ds4_session_step_many(ds4_session *s, int32_t *out, int32_t max_out, int32_t max_cycles, double budget_ms,
+                          const int32_t *stop, int32_t n_stop, int32_t *cycle_len, int32_t *n_cycles,
+                          char *err, size_t err_len);
+
 /* Forget every token at position >= n (0 <= n <= n_tokens, and no further
  * back than n_batch tokens unless n == 0).  Clears the pending token and the
  * last logits. */

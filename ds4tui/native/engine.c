@@ -477,6 +477,35 @@ int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_o
     return DS4_OK;
 }
 
+int ds4_session_step_many(ds4_session *s, int32_t *out, int32_t max_out, int32_t max_cycles, double budget_ms,
+                          const int32_t *stop, int32_t n_stop, int32_t *cycle_len, int32_t *n_cycles,
+                          char *err, size_t err_len) {
+    if (!s || !out || !cycle_len || !n_cycles || max_out < 1 || max_cycles < 1 || n_stop < 0 || (n_stop && !stop))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "bad output buffers or limits");
+    *n_cycles = 0;
+    double t0 = ds4_now_ms();
+    int32_t emitted = 0;
+    for (int32_t k = 0; k < max_cycles && emitted < max_out; k++) {
+        if (k > 0) {
+            if (atomic_load(&s->cancel)) break;
+            if (budget_ms > 0 && ds4_now_ms() - t0 >= budget_ms) break;
+            if (s->pending >= 0 && s->n_tokens + 1 > s->n_ctx) break;
+        }
+        int32_t room = max_out - emitted, n = 0;
+        int rc = ds4_session_step(s, out + emitted, room < 64 ? room : 64, &n, err, err_len);
+        if (rc != DS4_OK) return rc;
+        cycle_len[k] = n;
+        *n_cycles = k + 1;
+        int hit = 0;
+        for (int32_t i = 0; i < n && !hit; i++)
+            for (int32_t j = 0; j < n_stop; j++)
+                if (out[emitted + i] == stop[j]) { hit = 1; break; }
+        emitted += n;
+        if (hit) break;
+    }
+    return DS4_OK;
+}
+
 int ds4_session_truncate(ds4_session *s, int32_t n, char *err, size_t err_len) {
     if (!s) return ds4_fail(err, err_len, DS4_E_INVALID, "no session");
     if (n < 0 || n > s->n_tokens)
