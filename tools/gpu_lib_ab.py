@@ -1,0 +1,77 @@
+"""A/B of two GPU backend libraries on the same synthetic full-width DS4 Flash weights, in one
+process: the weights are built once, each library times decode and verify (2 and 4 layers,
+per layer = (t4 - t2) / 2, extrapolated to 43 layers as ``bench --synthetic flash`` does) in
+alternating rounds (A B, B A, ...), then each runs the same verify pass and decode step on the
+2-layer model and the logits are compared bit for bit.  Not part of CI.
+
+    python3 tools/gpu_lib_ab.py base=ds4tui/libds4tui_cuda.so new=other/ds4tui/libds4tui_cuda.so \\
+        [--rounds 2] [--ctx 2048] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ds4tui.engine import synthetic as S
+from ds4tui.engine.session import Engine
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("libs", nargs=2, metavar="NAME=LIBRARY", help="two GPU libraries to compare")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of both libraries (default 2)")
+    ap.add_argument("--ctx", type=int, default=2048, help="context (default 2048; past 2048 the rows repeat)")
+    ap.add_argument("--json", help="also write the per-round numbers here")
+    args = ap.parse_args(argv)
+    libs = dict(a.split("=", 1) for a in args.libs)
+    names = list(libs)
+    big_cfg = replace(S.flash_config((4, 128)), n_layer=4, compress_ratios=(4, 128, 4, 128),
+                      swiglu_clamp=(10.0,) * 4)
+    t0 = time.perf_counter()
+    big = S.SyntheticModel(big_cfg, seed=0)
+    small = S.SyntheticModel(S.flash_config((4, 128)), seed=0, base=big)
+    print(f"weights built in {time.perf_counter() - t0:.1f} s", flush=True)
+    res: dict = {k: [] for k in names}
+    for rnd in range(args.rounds):
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            opts = {"gpu_layout": "planar", "gpu_library": libs[name]}
+            kw = dict(backend="hip", ctxs=[args.ctx], fill="repeat", fill_prefix=S.FILL_PREFIX, n_decode=24,
+                      n_verify=8, widths=[2, 6], log=lambda m: None, engine_options=opts)
+            r2 = S._time_model(small, **kw)["contexts"][0]
+            r4 = S._time_model(big, **kw)["contexts"][0]
+
+            def per(k, w=None):
+                a, b = (r2[k], r4[k]) if w is None else (r2[k][w], r4[k][w])
+                p = (b - a) / 2
+                return p, a - 2 * p + 43 * p
+
+            (pd, d43), (pv, v43), (_, v243) = per("decode_ms"), per("verify_ms", 6), per("verify_ms", 2)
+            row = {"round": rnd, "decode_ms_layer": pd, "verify6_ms_layer": pv, "tokens_per_s": 1e3 / d43,
+                   "verify6_over_decode": v43 / d43, "verify2_over_decode": v243 / d43}
+            res[name].append(row)
+            print(name, json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+    out = {}
+    for name in names:
+        eng = Engine(small, backend="hip", gpu_library=libs[name])
+        try:
+            s = eng.session(600, n_batch=64)
+            s.prefill(np.random.default_rng(5).integers(100, 128000, 520).tolist(), logits="none")
+            out[name] = (s.prefill([5, 6, 7, 8, 9, 10], logits="all"), s.prefill([11]))
+        finally:
+            eng.close()
+    a, b = names
+    same = {"verify": bool(np.array_equal(out[a][0], out[b][0])), "decode": bool(np.array_equal(out[a][1], out[b][1]))}
+    print(f"logits bit-identical: verify {same['verify']}, decode {same['decode']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": res, "bit_identical": same}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
