@@ -2,7 +2,8 @@
 process: the weights are built once, each library times decode and verify (2 and 4 layers,
 per layer = (t4 - t2) / 2, extrapolated to 43 layers as ``bench --synthetic flash`` does) in
 alternating rounds (A B, B A, ...), then each runs the same verify pass and decode step on the
-2-layer model and the logits are compared bit for bit.  Not part of CI.
+2-layer model after 2100 tokens (so the indexer scores and selects) and the logits are compared bit
+for bit.  Not part of CI.
 
     python3 tools/gpu_lib_ab.py base=ds4tui/libds4tui_cuda.so new=other/ds4tui/libds4tui_cuda.so \\
         [--rounds 2] [--ctx 2048] [--json out.json]
@@ -59,8 +60,8 @@ def main(argv=None) -> int:
     for name in names:
         eng = Engine(small, backend="hip", gpu_library=libs[name])
         try:
-            s = eng.session(600, n_batch=64)
-            s.prefill(np.random.default_rng(5).integers(100, 128000, 520).tolist(), logits="none")
+            s = eng.session(2200, n_batch=64)  # past 2048 + 4 tokens: the indexer scores and selects
+            s.prefill(np.random.default_rng(5).integers(100, 128000, 2100).tolist(), logits="none")
             out[name] = (s.prefill([5, 6, 7, 8, 9, 10], logits="all"), s.prefill([11]))
         finally:
             eng.close()
