@@ -19,6 +19,10 @@
  * Expert products group the slots by expert on the host (the slot ids come back over one copy), so
  * every used expert's weights are dequantised once per pass and multiplied with all its rows.
  *
+ * F16 matrices (the compressors, the router, the mHC control and the indexer's projection) take the
+ * same path in either mode with f16 operands: their rows are the GEMM's operand as they lie (exact),
+ * and only their activations (RMS-normed rows: far inside f16's range) are rounded to f16.
+ *
  * Numerics: both operands are rounded to 16 bits (bf16: 8 significant bits, unit roundoff 2^-9;
  * f16: 11 bits, 2^-12) and the BLAS sums in float32 in its own order, so results differ from the
  * float32 kernels by about u * sum |w x| per product, and a row's result depends on how many rows
@@ -334,17 +338,19 @@ void gpu_gemm_close(ds4_gpu_ctx *c) {
     c->gm_host_cap = 0;
 }
 
-int gpu_gemm_takes(const ds4_gpu_ctx *c, int32_t layout, int64_t cols) {
+int gpu_gemm_takes(const ds4_gpu_ctx *c, int32_t layout, int64_t cols, int dense) {
     const int32_t t = layout & ~DS4_GPU_PLANAR;
-    return c->gemm_mode != DS4_PREFILL_GEMM_OFF && c->blas && (layout & DS4_GPU_PLANAR) &&
-           (t == DS4_TYPE_Q8_0 || t == DS4_TYPE_Q2_K || t == DS4_TYPE_IQ2_XXS) && cols % 32 == 0;
+    if (c->gemm_mode == DS4_PREFILL_GEMM_OFF || !c->blas) return 0;
+    if (layout == DS4_TYPE_F16) return dense && cols % 8 == 0; /* F16 rows as they are: f16 operands */
+    return (layout & DS4_GPU_PLANAR) && (t == DS4_TYPE_Q8_0 || t == DS4_TYPE_Q2_K || t == DS4_TYPE_IQ2_XXS) &&
+           cols % 32 == 0;
 }
 
 /* Matrices ids (NULL: W itself; n_mat of them) of `rows` rows dequantised into c->gm_w. */
 static int gm_dequant(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int64_t n_mat, int64_t rows, int64_t cols, int64_t row_bytes, char *err, size_t len) {
     const int32_t t = layout & ~DS4_GPU_PLANAR;
-    const int bf = c->gemm_mode == DS4_PREFILL_GEMM_BF16;
+    const int bf = c->gm_bf;
     const int64_t units = rows * (cols / (t == DS4_TYPE_Q8_0 ? 16 : 64));
     const dim3 grid((unsigned)((units + 255) / 256), (unsigned)n_mat), block(256);
     const uint8_t *w = (const uint8_t *)W;
@@ -366,7 +372,7 @@ static int gm_rows(ds4_gpu_ctx *c, const float *X, int64_t ldx, const int32_t *x
                    char *err, size_t len) {
     const int64_t n = m * (cols / 8);
     const dim3 grid((unsigned)((n + 255) / 256)), block(256);
-    if (c->gemm_mode == DS4_PREFILL_GEMM_BF16)
+    if (c->gm_bf)
         hipLaunchKernelGGL((gm_rows_kernel<true>), grid, block, 0, c->stream, X, ldx, xrow, m, cols, (uint16_t *)c->gm_x);
     else
         hipLaunchKernelGGL((gm_rows_kernel<false>), grid, block, 0, c->stream, X, ldx, xrow, m, cols, (uint16_t *)c->gm_x);
@@ -378,7 +384,7 @@ static int gm_rows(ds4_gpu_ctx *c, const float *X, int64_t ldx, const int32_t *x
 static int gm_call(ds4_gpu_ctx *c, int64_t m, int64_t n, int64_t cols, const void *A, const void *B, float *C,
                    int64_t ldc, char *err, size_t len) {
     const float one = 1.0f, zero = 0.0f;
-    const int ty = c->gemm_mode == DS4_PREFILL_GEMM_BF16 ? BL_R_16BF : BL_R_16F;
+    const int ty = c->gm_bf ? BL_R_16BF : BL_R_16F;
 #if defined(GPU_NVIDIA)
     const int st = g_blas.gemm(c->blas, BL_OP_T, BL_OP_N, (int)m, (int)n, (int)cols, &one, A, ty, (int)cols, B, ty,
                                (int)cols, &zero, C, BL_R_32F, (int)ldc, BL_COMPUTE_32F, BL_ALGO);
@@ -428,7 +434,7 @@ static int gm_call_batched(ds4_gpu_ctx *c, int64_t m, int64_t n, int64_t cols, c
                            size_t len) {
     if (batch == 1) return gm_call(c, m, n, cols, A, B, C, ldc, err, len);
     const float one = 1.0f, zero = 0.0f;
-    const int ty = c->gemm_mode == DS4_PREFILL_GEMM_BF16 ? BL_R_16BF : BL_R_16F;
+    const int ty = c->gm_bf ? BL_R_16BF : BL_R_16F;
 #if defined(GPU_NVIDIA)
     const int st = g_blas.gemm_sb(c->blas, BL_OP_T, BL_OP_N, (int)m, (int)n, (int)cols, &one, A, ty, (int)cols,
                                   (long long)sa, B, ty, (int)cols, (long long)sb, &zero, C, BL_R_32F, (int)ldc,
@@ -447,6 +453,16 @@ static int gm_call_batched(ds4_gpu_ctx *c, int64_t m, int64_t n, int64_t cols, c
 
 int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                    const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    if (layout == DS4_TYPE_F16) { /* the F16 rows are the GEMM's operand as they lie: only the activations round */
+        c->gm_bf = 0;
+        int rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(n * cols) * 2, err, len);
+        if (rc == DS4_OK) rc = gm_rows(c, X, ldx, NULL, n, cols, err, len);
+        if (rc == DS4_OK && row_bytes != 2 * cols)
+            rc = gpu_fail(err, len, DS4_E_INVALID, "prefill GEMM: F16 rows of %lld bytes for %lld columns",
+                          (long long)row_bytes, (long long)cols);
+        return rc == DS4_OK ? gm_call(c, rows, n, cols, W, c->gm_x, Y, ldy, err, len) : rc;
+    }
+    c->gm_bf = c->gemm_mode == DS4_PREFILL_GEMM_BF16;
     const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(rows, GM_TILE_ELEMS / cols));
     int rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(n * cols) * 2, err, len);
     if (rc == DS4_OK) rc = gm_grow(c, &c->gm_w, &c->gm_w_cap, (size_t)(tile * cols) * 2, err, len);
@@ -467,6 +483,7 @@ int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, 
 int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                     int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                     float *Y, int64_t ldy, char *err, size_t len) {
+    c->gm_bf = c->gemm_mode == DS4_PREFILL_GEMM_BF16;
     int rc = gm_host_ids(c, ids, n_slots, err, len);
     if (rc != DS4_OK) return rc;
     const int32_t *hid = (const int32_t *)c->gm_host;

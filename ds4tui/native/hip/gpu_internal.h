@@ -38,6 +38,7 @@ struct ds4_backend_ctx {
      * dequantised weight tile, the 16-bit activations, the slot-grouped results and slot lists
      * (device, bytes), and the pinned host copy of the slot lists. */
     int32_t gemm_mode;
+    int32_t gm_bf; /* the product being queued rounds to bf16 (1) or f16 (0) */
     void *blas;
     void *gm_w, *gm_x, *gm_y, *gm_idx, *gm_host;
     size_t gm_w_cap, gm_x_cap, gm_y_cap, gm_idx_cap, gm_host_cap;
@@ -105,7 +106,7 @@ int gpu_gemm_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_m
 int gpu_blas_describe(char *out, size_t n); /* "cuBLAS 13.0.2 (libcublas.so.13)" or "none: why"; 1 if found */
 int gpu_gemm(ds4_gpu_ctx *c, int32_t mode, char *info, size_t info_len, char *err, size_t len);
 void gpu_gemm_close(ds4_gpu_ctx *c);
-int gpu_gemm_takes(const ds4_gpu_ctx *c, int32_t layout, int64_t cols); /* this product goes through the BLAS */
+int gpu_gemm_takes(const ds4_gpu_ctx *c, int32_t layout, int64_t cols, int dense); /* this product goes through the BLAS */
 int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                    const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,

@@ -172,7 +172,7 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
                   float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n_slots <= 0) return DS4_OK;
     if (x_div < 1) return gpu_fail(err, len, DS4_E_INVALID, "GPU expert matmul: x_div %d < 1", x_div);
-    if (gpu_gemm_takes(c, type, cols)) /* a prefill pass under the prefill_gemm option (gemm.hip) */
+    if (gpu_gemm_takes(c, type, cols, 0)) /* a prefill pass under the prefill_gemm option (gemm.hip) */
         return gpu_gemm_gather(c, type, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n_slots, Y, ldy, err,
                                len);
     /* slots go on grid y (at most 65535 per launch): launch in chunks of whole activation rows */
@@ -198,7 +198,7 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
 /* Device activations in and out, queued on the context's stream. */
 int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
-    if (rows > 0 && n > 0 && gpu_gemm_takes(c, type, cols)) /* a prefill pass under the prefill_gemm option */
+    if (rows > 0 && n > 0 && !((uintptr_t)X & 15) && !(ldx & 3) && gpu_gemm_takes(c, type, cols, 1)) /* prefill_gemm */
         return gpu_gemm_dense(c, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
     return gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
 }
