@@ -680,11 +680,28 @@ def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
                                    "verify_ms": {3: 15.0 + 3.0 * n, 6: 20.0 + 5.0 * n}}
                                   for i, c in enumerate(r["contexts"])]}
 
+    real_prefill = synthetic._time_prefill
+    prefilled = []
+
+    def fixed_prefill(model, **kw):  # the real prefill timing, then known times (per layer 3 ms per 10 tokens)
+        r = real_prefill(model, **kw)
+        n = model.config.n_layer
+        prefilled.append((n, {m: sorted(v["ms"]) for m, v in r.items()}))
+        return {m: {**v, "ms": {k: 7.0 + 0.3 * k * n for k in v["ms"]}} for m, v in r.items()}
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(synthetic, "_time_model", fixed_times)
+        mp.setattr(synthetic, "_time_prefill", fixed_prefill)
         r = synthetic.run_flash_bench(backend="cpu", ctx=[300, 40], fill_prefix=32, n_decode=3, n_verify=2,
-                                      verify_widths=[3], log=lambda *_: None, **shrunk)
+                                      verify_widths=[3], log=lambda *_: None, prefill_lengths=(40, 20),
+                                      prefill_batch=16, **shrunk)
     assert timed == [(2, [40, 300], [[3, 6], [3, 6]]), (4, [40, 300], [[3, 6], [3, 6]])]
+    assert prefilled == [(2, {"auto": [20, 40]}), (4, {"auto": [20, 40]})]
+    p40 = r["prefill"]["modes"]["auto"]["lengths"]["40"]
+    assert r["prefill"]["batch"] == 16 and set(r["device_bytes"]) == {"2", "4"}
+    assert p40["per_layer_ms"] == pytest.approx(12.0) and p40["ms"] == pytest.approx(7.0 + 43 * 12.0)
+    assert p40["tokens_per_s"] == pytest.approx(40 / (7.0 + 43 * 12.0) * 1e3)
+    assert "prefill_gemm auto" in synthetic.render(r)
     assert r["ctx"] == 40 and [c["ctx"] for c in r["contexts"]] == [40, 300] and r["fill"] == "repeat"
     assert r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4
     assert r["per_layer_ms"] == {"decode_ms": 2.0, "verify_ms": 5.0} and r["fixed_ms"] == {"decode_ms": 10.0,

@@ -300,10 +300,10 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         for mode in modes:
             rows = {}
             for n in lengths:
-                t2, t4 = p2[mode]["ms"][n], p4[mode]["ms"][n]
-                per = (t4 - t2) / 2
-                ext = (t2 - 2 * per) + target_layers * per
-                rows[str(n)] = {"ms_2_layers": t2, "ms_4_layers": t4, "per_layer_ms": per, "ms": ext,
+                a2, a4 = p2[mode]["ms"][n], p4[mode]["ms"][n]  # not t2/t4: those are the decode timings
+                per = (a4 - a2) / 2
+                ext = (a2 - 2 * per) + target_layers * per
+                rows[str(n)] = {"ms_2_layers": a2, "ms_4_layers": a4, "per_layer_ms": per, "ms": ext,
                                 "tokens_per_s": n / ext * 1e3 if ext > 0 else None}
             prefill["modes"][mode] = {"in_force": p4[mode]["in_force"], "note": p4[mode]["note"], "lengths": rows}
     per_ctx = [_extrapolate(small, big, m2, m4, ctx=c, n_decode=n_decode, verify_rows=verify_rows, widths=widths,
