@@ -115,50 +115,6 @@ static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row
     for (int k = 0; k < NT; k++) Y[k * ldy] = hsum32_512(a0[k], a1[k]);
 }
 
-/* Two rows against NT <= 6 tokens: each token's activation vectors are loaded once for both rows
- * (the loads, not the multiply-adds, bound the one-row form); every (row, token) pair sees the
- * operations of its one-token call. */
-#define Q8_PAIR_MAXNT 6
-static inline __attribute__((always_inline)) void q8_0_tokens_2rows(const uint8_t *row, size_t row_bytes,
-                                                                     const float *X, int64_t ldx, int64_t n,
-                                                                     float *Y, int64_t ldy, const int NT) {
-    __m512 a0[Q8_PAIR_MAXNT], a1[Q8_PAIR_MAXNT], b0[Q8_PAIR_MAXNT], b1[Q8_PAIR_MAXNT];
-    for (int k = 0; k < NT; k++) a0[k] = a1[k] = b0[k] = b1[k] = _mm512_setzero_ps();
-    const uint8_t *row2 = row + row_bytes;
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 34 * b, *blk2 = row2 + 34 * b;
-        const __m512 d = q8_0_scale(blk), e = q8_0_scale(blk2);
-        const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
-        const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
-        const __m512 v0 = _mm512_mul_ps(e, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk2 + 2)))));
-        const __m512 v1 = _mm512_mul_ps(e, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk2 + 18)))));
-        for (int k = 0; k < NT; k++) {
-            const float *xb = X + k * ldx + 32 * b;
-            const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-            a0[k] = _mm512_fmadd_ps(w0, x0, a0[k]);
-            a1[k] = _mm512_fmadd_ps(w1, x1, a1[k]);
-            b0[k] = _mm512_fmadd_ps(v0, x0, b0[k]);
-            b1[k] = _mm512_fmadd_ps(v1, x1, b1[k]);
-        }
-    }
-    for (int k = 0; k < NT; k++) {
-        Y[k * ldy] = hsum32_512(a0[k], a1[k]);
-        Y[k * ldy + 1] = hsum32_512(b0[k], b1[k]);
-    }
-}
-#define Q8_PAIR(NT)                                                                                        \
-    static void dot_q8_0_2r_x##NT(const uint8_t *row, size_t row_bytes, const float *X, int64_t ldx,       \
-                                  int64_t n, float *Y, int64_t ldy) {                                      \
-        q8_0_tokens_2rows(row, row_bytes, X, ldx, n, Y, ldy, NT);                                          \
-    }
-Q8_PAIR(2)
-Q8_PAIR(3)
-Q8_PAIR(4)
-Q8_PAIR(5)
-Q8_PAIR(6)
-static void (*const q8_0_pair[Q8_PAIR_MAXNT + 1])(const uint8_t *, size_t, const float *, int64_t, int64_t, float *,
-                                                  int64_t) = {NULL, NULL, dot_q8_0_2r_x2, dot_q8_0_2r_x3,
-                                                              dot_q8_0_2r_x4, dot_q8_0_2r_x5, dot_q8_0_2r_x6};
 #elif defined(__AVX2__) && defined(__FMA__)
 #define Q8_MAXNT 3 /* 4 accumulators a token and 4 weight vectors in 16 registers */
 static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row, const float *X, int64_t ldx,
@@ -696,10 +652,6 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
 #if defined(__AVX512F__)
     if (cols == 32 && n_tok == 1)
         for (; r0 + 16 <= r1; r0 += 16) q8_0_rows32(W, row_bytes, r0, X, Y + r0);
-#endif
-#ifdef Q8_PAIR_MAXNT
-    if (n_tok >= 2 && n_tok <= Q8_PAIR_MAXNT)
-        for (; r0 + 2 <= r1; r0 += 2) q8_0_pair[n_tok](W + (size_t)r0 * row_bytes, row_bytes, X, ldx, cols, Y + r0, ldy);
 #endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = W + (size_t)r * row_bytes;
