@@ -102,6 +102,8 @@ class ChatOptions:
     gpu_layout: str = "planar"
     gpu_library: str | None = None
     prefill_gemm: str = "auto"
+    #: the matmul activations numerics option (spec ds4.md §2.9.5): "f32" or "q8" (cpu backend)
+    activations: str = "f32"
     scheduler: bool = True
     max_draft: int = 0
     print_stats: bool = False
@@ -347,6 +349,8 @@ class DS4App(App):
         self.sub_title = f"{info.model_name} · {info.backend}"
         if info.backend == "hip":  # a numerics option: always shown on the GPU (spec platform.md §7)
             self.sub_title += f" · prefill-gemm {getattr(info, 'prefill_gemm', 'off')}"
+        if getattr(info, "activations", "f32") != "f32":  # a numerics option (spec ds4.md §2.9.5)
+            self.sub_title += f" · activations {info.activations}"
         if self.telemetry is None:
             try:
                 self.telemetry = select_backend(self.options.telemetry, engine_backend=info.backend)
@@ -881,4 +885,4 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
                         max_draft=options.max_draft, print_stats=options.print_stats,
-                        prefill_gemm=options.prefill_gemm)
+                        prefill_gemm=options.prefill_gemm, activations=options.activations)

@@ -283,6 +283,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    help="auto (the GPU when this build has one and a device answers, else cpu), cpu or hip")
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
+    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
+                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0 matrices, spec ds4.md §2.9.5; cpu backend only: --backend auto then picks cpu; the title shows q8). Default f32")
     p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed (default 0)")

@@ -1,16 +1,21 @@
 """The ``q8`` activations option end to end (spec ds4.md §2.9.5): the engine with 8-bit activations
 for Q8_0 matrices stays close to the float32 engine, decides the same greedy tokens where the
-float32 logits are decided, is batch-invariant, and is named in the JSON of generate."""
+float32 logits are decided, is batch-invariant, and is named in the JSON of generate, in `chat` (the
+flag, the engine it opens, the app's title) and in `doctor`."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from fake_chat import FakeChatEngine
 
+from ds4tui import cli
 from ds4tui.engine.errors import BackendUnavailableError
 from ds4tui.engine.session import Engine
 
@@ -57,3 +62,43 @@ def test_generate_json_names_the_option(tiny_q2):
     bad = subprocess.run([sys.executable, "-m", "ds4tui", "generate", str(tiny_q2["model"]), "-p", "x",
                           "--activations", "int4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--activations" in bad.stderr
+
+
+def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
+    from ds4tui.app import DS4App
+    from ds4tui.commands.chat import options_from_args
+    from ds4tui.engine import worker as W
+    from ds4tui.engine.telemetry import FakeBackend, MemorySample
+
+    args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8"])
+    opts = options_from_args(args)
+    assert opts.activations == "q8" and opts.backend == "cpu"  # auto picks the only backend that runs it
+    assert options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"])])).activations == "f32"
+    with pytest.raises(ValueError, match="--activations q8 runs on the cpu backend only"):
+        options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
+                                                         "--backend", "hip"]))
+    chat = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=64, activations="q8")
+    try:
+        assert chat.info.activations == "q8" and chat.engine.activations == "q8"
+    finally:
+        chat.close()
+
+    async def title(activations: str) -> str:
+        o = dataclasses.replace(opts, save_dir=tmp_path, activations=activations)
+        app = DS4App(o, engine_factory=lambda o, progress: FakeChatEngine(o), telemetry=FakeBackend([MemorySample(t_mono_s=0.0, backend="rss", device="cpu")]),
+                     flush_s=None, memory_s=None)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.app.workers.wait_for_complete()
+            await pilot.app.flush()
+            return app.sub_title
+
+    assert asyncio.run(title("q8")).endswith(" · activations q8")
+    assert "activations" not in asyncio.run(title("f32"))
+
+
+def test_doctor_names_the_option(capsys):
+    assert cli.main(["doctor", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["activations"]
+    assert a["default"] == "f32" and a["choices"] == ["f32", "q8"] and "Q8_0" in a["note"]
+    assert cli.main(["doctor"]) == 0
+    assert "activations" in capsys.readouterr().out

@@ -43,12 +43,19 @@ def options_from_args(args: argparse.Namespace):
     if not args.temp >= 0:
         raise ValueError(f"--temp must be >= 0, got {args.temp}")
     env = settings_of(args)
+    activations = getattr(args, "activations", "f32")
+    backend = args.backend
+    if activations == "q8":  # 8-bit activations run on the cpu backend only (spec ds4.md §2.9.5)
+        if backend == "hip":
+            raise ValueError("--activations q8 runs on the cpu backend only; the hip backend keeps float32 "
+                             "activations (use --backend cpu, or --activations f32)")
+        backend = "cpu"
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
-                       backend=args.backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
+                       backend=backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
                        seed=args.seed, think=not args.nothink, system=args.system, max_tokens=args.n_predict,
                        save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
                        gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, prefill_gemm=env.prefill_gemm,
-                       scheduler=env.dspark_scheduler,
+                       activations=activations, scheduler=env.dspark_scheduler,
                        max_draft=env.dspark_max_draft, print_stats=env.dspark_stats)
 
 

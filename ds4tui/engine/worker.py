@@ -201,6 +201,8 @@ class ChatInfo:
     #: the prefill_gemm numerics option in force ("off", "bf16", "f16") and what it means here
     prefill_gemm: str = "off"
     prefill_gemm_note: str = ""
+    #: the matmul activations numerics option ("f32", or "q8": spec ds4.md §2.9.5)
+    activations: str = "f32"
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -241,7 +243,7 @@ class ChatEngine:
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
     starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
-    ``gpu_layout``, ``gpu_library`` and ``prefill_gemm`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
+    ``gpu_layout``, ``gpu_library``, ``prefill_gemm`` and ``activations`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
 
     Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
@@ -255,7 +257,7 @@ class ChatEngine:
                  sampling: S.SamplingParams | None = None, dspark: bool = True,
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
-                 print_stats: bool = False, prefill_gemm: str = "auto"):
+                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -267,7 +269,8 @@ class ChatEngine:
                          1, 3))
         self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support,
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
-                               gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm)
+                               gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
+                               activations=activations)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -299,7 +302,8 @@ class ChatEngine:
             model_bytes=os.path.getsize(model), support_path=None if support is None else str(support),
             support_status=e.support_status, support_message=e.support_message, support_summary=summary,
             block_size=e.block_size if self.has_dspark else 0, sampling=self.session.sampling,
-            prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""))
+            prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""),
+            activations=getattr(e, "activations", "f32"))
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------
 
