@@ -271,6 +271,20 @@ def test_scheduler_backs_off_from_an_unprofitable_drafter(tiny_q2):
     assert st.proposed > 0  # back-offs end with a probe
     assert st.t_decode_measured and st.t_decode_ms > 0
     assert st.check_invariants() == []
+    # Stage times in the unit each is spent in: verify over the cycles that verified a draft, not
+    # over every cycle (which, with most cycles skipped, hid what one verify costs).
+    t = st.stage_timing()
+    drafted = st.full + st.partial + st.miss_first
+    assert t["drafted_cycles"] == drafted == sum(st.draft_len_hist[1:]) > 0
+    assert t["verify_ms_per_drafted_cycle"] == pytest.approx(st.verify / drafted)
+    assert t["verify_ms_per_drafted_cycle"] > 2 * st.verify / st.cycles  # fewer than half the cycles drafted
+    assert t["plain_decodes"] == st.no_draft == st.cycles - drafted
+    assert t["decode_ms_per_plain_decode"] == pytest.approx(st.target / st.no_draft) == pytest.approx(st.t_decode_ms)
+    assert t["verify_over_decode"] == pytest.approx(t["verify_ms_per_drafted_cycle"] / st.t_decode_ms)
+    # threshold 0 and no chain failure: the drafter ran exactly in the drafted cycles
+    assert t["drafter_passes"] == drafted
+    assert t["ms_per_drafter_pass"]["propose"] == pytest.approx(st.propose / drafted)
+    assert t["ms_per_drafter_pass"]["prop_chain"] == pytest.approx(st.prop_chain / drafted)
 
 
 def test_multi_turn_truncate_keeps_drafting_exact(tiny_q2):

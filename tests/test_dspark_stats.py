@@ -108,14 +108,20 @@ def test_user_report_formats_as_ds4_line():
     assert format_line(s) == USER_597_LINE
     assert s.accept_rate == 0.0 and s.avg_accept == 0.0 and s.tokens_per_cycle == 1.0
     assert s.dominant_no_draft_reason == "chain_fail"
-    per_cycle = s.stage_ms_per_cycle()
-    assert per_cycle["prop_setup"] == pytest.approx(0.30, abs=0.005)
-    assert per_cycle["prop_chain"] == pytest.approx(1.53, abs=0.005)
-    assert per_cycle["prop_hidden"] == 0.0 and per_cycle["verify"] == 0.0
-    assert set(per_cycle) == {
+    # every cycle ran the drafter (and failed in the chain): per pass = per cycle here
+    t = s.stage_timing()
+    assert t["drafter_passes"] == 1197 and t["drafted_cycles"] == 0 and t["plain_decodes"] == 1197
+    per_pass = t["ms_per_drafter_pass"]
+    assert per_pass["prop_setup"] == pytest.approx(0.30, abs=0.005)
+    assert per_pass["prop_chain"] == pytest.approx(1.53, abs=0.005)
+    assert per_pass["propose"] == pytest.approx(2207.187 / 1197)
+    assert per_pass["prop_hidden"] == 0.0
+    assert set(per_pass) == {
         "prop_stage0", "prop_setup", "prop_cache", "prop_chain", "prop_hidden", "prop_conf0",
-        "prop_logits", "prop_markov", "prop_confidence", "snapshot", "verify",
+        "prop_logits", "prop_markov", "prop_confidence", "propose",
     }
+    assert t["verify_ms_per_drafted_cycle"] is None and t["verify_over_decode"] is None
+    assert t["decode_ms_per_plain_decode"] == pytest.approx(73028.412 / 1197)  # ~61 ms, spec §6.3
     assert s.per_position_accept == (None,) * 5
 
 
@@ -275,7 +281,15 @@ def test_json_round_trip_has_derived_values():
     assert d["avg_accept"] == pytest.approx(31 / 88)
     assert d["per_position_accept"][4] is None
     assert d["dominant_no_draft_reason"] == "scheduler_skip"
-    assert d["stage_ms_per_cycle"]["verify"] == pytest.approx(964.4 / 88)
+    # 14 full + 2 partial + 7 miss_first cycles verified; 13 more ran the drafter and were gated
+    t = d["stage_timing"]
+    assert (t["drafted_cycles"], t["drafter_passes"], t["plain_decodes"]) == (23, 36, 65)
+    assert t["verify_ms_per_drafted_cycle"] == pytest.approx(964.4 / 23)
+    assert t["spec_total_ms_per_drafted_cycle"] == pytest.approx(2039.9 / 23)
+    assert t["ms_per_drafter_pass"]["propose"] == pytest.approx(332.0 / 36)
+    assert t["decode_ms_per_plain_decode"] == 0.0 and t["verify_over_decode"] is None  # #695 gives no target time
+    assert "stage_ms_per_cycle" not in d  # every stage over all cycles hid what a verify costs
+    assert DSparkStats.from_dict({**d, "stage_ms_per_cycle": {"verify": 1.0}}) == s  # older exports still read
     assert d["invariant_violations"] == []
     assert d["conf_hist"] == METAL_695["conf_hist"]
     assert DSparkStats.from_dict(d) == s
@@ -368,3 +382,26 @@ def test_from_native_with_the_built_extension():
         pytest.skip("the built extension predates ds4_dspark_stats")
     p = native.ffi.new("ds4_dspark_stats *")
     assert DSparkStats.from_native(native.ffi, p) == DSparkStats()
+
+
+def test_every_no_draft_reason_is_explained_in_the_app_and_the_readme():
+    from ds4tui.engine.stats import NO_DRAFT_HELP
+
+    assert tuple(NO_DRAFT_HELP) == NO_DRAFT_REASONS
+    readme = (Path(ds4tui.__file__).parent.parent / "README.md").read_text()
+    for name, (why, todo) in NO_DRAFT_HELP.items():
+        assert why.endswith(".") and todo
+        assert f"| `{name}` | {why} | {todo} |" in readme, name
+
+
+def test_the_stats_of_one_turn_are_the_difference_of_two_snapshots():
+    from ds4tui.engine.worker import _diff
+
+    before = DSparkStats.from_dict(USER_597)
+    after = DSparkStats.from_dict({**USER_597, "cycles": 1297, "first_tokens": 1297, "no_draft": 1297,
+                                   "chain_fail": 1297, "no_draft_reasons": {"chain_fail": 1297},
+                                   "draft_len_hist": [1297], "accepted_len_hist": [1297], "propose": 2407.187})
+    d = _diff(after.to_dict(), before.to_dict())
+    assert d["cycles"] == 100 and d["propose"] == pytest.approx(200.0)
+    assert d["stage_timing"]["drafter_passes"] == 100  # derived values come from the difference
+    assert d["stage_timing"]["ms_per_drafter_pass"]["propose"] == pytest.approx(2.0)

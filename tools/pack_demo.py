@@ -43,11 +43,15 @@ def bench_summary(path: Path) -> dict:
                 "accept_rate": round(r["accept_rate"], 2), "avg_accept": round(st.get("avg_accept", 0.0), 3),
                 "tokens_per_cycle": round(r["tokens_per_cycle"], 3), "cycles": st.get("cycles"),
                 "per_position_accept": [None if x is None else round(x, 3) for x in st.get("per_position_accept", [])],
-                "verify_ms_per_cycle": round(r["stage_ms_per_cycle"].get("verify", 0.0), 3),
+                "verify_ms_per_drafted_cycle": _round(r["stage_timing"]["verify_ms_per_drafted_cycle"]),
                 "t_decode_ms": round(st.get("t_decode_ms", 0.0), 3)}
         arms[arm["name"]] = {"knobs": arm["knobs"], "runs": runs}
     return {"backend": data["backend"], "threads": data["n_threads"], "tokens": data["tokens"],
             "outputs_identical": data["outputs_identical"], "arms": arms}
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def heldout_perplexity(model: Path, tokens: np.ndarray, windows: int = 8, length: int = 512) -> dict:

@@ -37,6 +37,36 @@ NO_DRAFT_REASONS = (
     "tail_skip",
     "no_room",
 )
+#: Why a cycle made no draft and what to do about it, one entry per name of
+#: :data:`NO_DRAFT_REASONS` (spec dspark.md §3.4): the app's no-draft pane and help screen show
+#: these, and the README's table of reasons is this table (a test holds them equal).
+NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
+    "disabled": ("DSpark is switched off, or no support model is attached.",
+                 "F2 turns DSpark on; start with --mtp SUPPORT.gguf to attach a support model."),
+    "support_invalid": ("The support model was refused when it loaded (it does not match the model, or a "
+                        "tensor is missing or damaged); the support pane says why.",
+                        "Use a support file made for this model: `ds4tui inspect MODEL --mtp SUPPORT` "
+                        "lists every problem."),
+    "capture_invalid": ("The target's hidden rows that the drafter reads do not cover the current position, "
+                        "so nothing can be drafted from them.",
+                        "Nothing to set: an engine fault. Export the stats (F6) and report it."),
+    "chain_fail": ("An operation of the drafter failed while proposing; `chain_fail_op` names it.",
+                   "Decoding goes on target-only. Report it with the stats export (F6); --backend cpu "
+                   "shows whether the GPU backend is at fault."),
+    "confidence_gate": ("The drafter's confidence in its first token was below the threshold, so no draft "
+                        "was worth verifying.",
+                        "Lower the confidence threshold (F7, or type it in the knobs pane); 0 always drafts."),
+    "scheduler_skip": ("The adaptive scheduler skipped drafting: verify + propose cost more than the tokens "
+                       "they are expected to save (it also times one plain decode first).",
+                       "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "
+                       "decodes). F3 turns the scheduler off to draft every cycle anyway."),
+    "tail_skip": ("Fewer than 10 tokens of the answer's budget were left, so the scheduler did not start "
+                  "a draft.",
+                  "Nothing to do: only the last tokens of a budget (-n) are affected."),
+    "no_room": ("The budget, the context or the batch left no room for even one draft token.",
+                "Raise the token budget (-n) or the context (--ctx)."),
+}
+
 #: DS4_DSPARK_MAX_BLOCK: the largest drafter block.
 MAX_BLOCK = 16
 #: DS4_DSPARK_CONF_BINS: bin i counts confidences in [i/20, (i+1)/20).
@@ -76,7 +106,8 @@ _TIMES = (
     "saved",
     "net_saved",
 )
-_STAGES = tuple(t for t in _TIMES if t.startswith("prop_")) + ("snapshot", "verify")
+#: The drafter's steps (spec dspark.md §5), timed per drafter pass.
+PROP_STAGES = tuple(t for t in _TIMES if t.startswith("prop_"))
 _LEN_HISTS = ("draft_len_hist", "accepted_len_hist")
 _POS = ("pos_proposed", "pos_accepted")
 _DERIVED = (
@@ -85,7 +116,8 @@ _DERIVED = (
     "tokens_per_cycle",
     "per_position_accept",
     "dominant_no_draft_reason",
-    "stage_ms_per_cycle",
+    "stage_timing",
+    "stage_ms_per_cycle",  # written by earlier versions (every stage over all cycles); read, not written
     "invariant_violations",
 )
 
@@ -228,7 +260,7 @@ class DSparkStats:
             tokens_per_cycle=self.tokens_per_cycle,
             per_position_accept=list(self.per_position_accept),
             dominant_no_draft_reason=self.dominant_no_draft_reason,
-            stage_ms_per_cycle=self.stage_ms_per_cycle(),
+            stage_timing=self.stage_timing(),
             invariant_violations=self.check_invariants(),
         )
         return d
@@ -263,10 +295,47 @@ class DSparkStats:
         name = max(NO_DRAFT_REASONS, key=lambda n: self.no_draft_reasons[n])
         return name if self.no_draft_reasons[name] else None
 
-    def stage_ms_per_cycle(self) -> dict[str, float]:
-        """Milliseconds per cycle of each proposal step (prop_*), snapshot and verify."""
-        n = self.cycles
-        return {s: getattr(self, s) / n if n else 0.0 for s in _STAGES}
+    @property
+    def drafted_cycles(self) -> int:
+        """Cycles that verified a draft (full + partial + miss_first): what ``verify`` is spent on."""
+        return self.full + self.partial + self.miss_first
+
+    @property
+    def drafter_passes(self) -> int:
+        """Cycles in which the drafter ran (what ``propose`` and the ``prop_*`` steps are spent on):
+        the drafted cycles plus those whose proposal came to nothing (``confidence_gate``,
+        ``chain_fail``) or held an invalid token.  Skipped and switched-off cycles run no drafter."""
+        r = self.no_draft_reasons
+        return self.drafted_cycles + r["confidence_gate"] + r["chain_fail"] + self.invalid
+
+    @property
+    def plain_decodes(self) -> int:
+        """Cycles that ran their anchor as a plain one-token decode (no_draft + invalid): what
+        ``target`` is spent on, so ``target / plain_decodes`` is the plain decode time."""
+        return self.no_draft + self.invalid
+
+    def stage_timing(self) -> dict[str, Any]:
+        """Stage times in the unit each is spent in (spec dspark.md §6.2), with the counts they are
+        divided by: every drafter step (``prop_*``) and ``propose`` per drafter pass, ``verify``
+        and ``spec_total`` per drafted cycle, ``target`` per plain decode (ms; None where the count
+        is 0), and ``verify_over_decode``, what one verify costs in plain decodes.  ds4's line keeps
+        ds4's totals; dividing a stage by all cycles, drafted or not, would hide its real cost when
+        the scheduler skips most cycles."""
+        def per(total: float, n: int) -> float | None:
+            return total / n if n else None
+
+        p, v, d = self.drafter_passes, self.drafted_cycles, self.plain_decodes
+        verify, decode = per(self.verify, v), per(self.target, d)
+        return {
+            "drafter_passes": p,
+            "ms_per_drafter_pass": {s: per(getattr(self, s), p) for s in PROP_STAGES + ("propose",)},
+            "drafted_cycles": v,
+            "verify_ms_per_drafted_cycle": verify,
+            "spec_total_ms_per_drafted_cycle": per(self.spec_total, v),
+            "plain_decodes": d,
+            "decode_ms_per_plain_decode": decode,
+            "verify_over_decode": verify / decode if verify is not None and decode else None,
+        }
 
     def check_invariants(self) -> list[str]:
         """The rules of ds4_engine.h that this snapshot breaks (empty when consistent)."""

@@ -211,6 +211,8 @@ def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]
     out: dict[str, Any] = {}
     for k, v in after.items():
         b = before.get(k)
+        if k not in DSparkStats.__dataclass_fields__:  # a derived value: recomputed below
+            continue
         if isinstance(v, bool) or k in ("block_size", "chain_fail_op", "t_decode_ms"):
             continue
         if isinstance(v, (int, float)) and isinstance(b, (int, float)):
@@ -257,7 +259,8 @@ class ChatEngine:
                  sampling: S.SamplingParams | None = None, dspark: bool = True,
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
-                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32"):
+                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
+                 numerics: str = "ds4"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -267,7 +270,7 @@ class ChatEngine:
         dm = DS4Model(model)
         say(LoadProgress(f"opening the engine ({backend})" + (f", checking {Path(support).name}" if support else ""),
                          1, 3))
-        self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support,
+        self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support, numerics=numerics,
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
                                activations=activations)
