@@ -51,12 +51,12 @@ from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
-from ds4tui.widgets.dialogs import ErrorDialog
+from ds4tui.widgets.dialogs import ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import set_line
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
-                                        ThroughputPane)
+                                        ThroughputPane, explain_reasons, knob_words)
 
 #: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
 #: answer written, 5 times a second (ux.md §0 item 2).
@@ -92,6 +92,9 @@ class ChatOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0
+    min_p: float = 0.0
+    numerics: str = "ds4"
     think: bool = True
     system: str | None = None
     max_tokens: int | None = None
@@ -130,6 +133,8 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("chat.new", "ctrl+n", "new_chat", "New", "New chat", "Clear the conversation and its KV cache", True),
     ("chat.save", "ctrl+s", "save_transcript", "Save", "Save transcript",
      "Write the chat as Markdown and as JSON with per-turn stats", True),
+    ("help.no_draft", "f1", "explain_no_draft", "Why", "Explain the no-draft reasons",
+     "Why a cycle makes no draft, and what to do about each reason", False),
     ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
      "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
 )
@@ -177,6 +182,45 @@ class EngineReady:
 class LoadFailed:
     title: str
     message: str
+    todo: str = "start again with a valid file."
+
+
+def load_failure(exc: BaseException, options: "ChatOptions") -> tuple[str, str]:
+    """The title and the "what to do" of a model that failed to load, from what really failed:
+    the GPU backend (not built, no device, a fault, not enough memory), a model or support file,
+    a setting that does not fit the model (``--ctx``, a max draft length), the memory or the disk
+    — never "cannot open the model" for a problem that is not the model file's."""
+    from ds4tui.engine import errors as E
+
+    text = str(exc)
+    if isinstance(exc, E.DeviceMemoryError):
+        return ("the model does not fit the GPU memory",
+                f"{exc.advice + '; or ' if exc.advice else ''}start again with --backend cpu or a smaller --ctx "
+                "(`ds4tui inspect MODEL --ctx N` prints the memory plan).")
+    if isinstance(exc, E.BackendUnavailableError):
+        return ("the GPU backend cannot run here",
+                "start again with --backend cpu (or --backend auto: the GPU when it runs, else the CPU); "
+                "`ds4tui doctor` says what is missing.")
+    if isinstance(exc, E.DeviceError):
+        return "the GPU failed while loading", "start again with --backend cpu; `ds4tui doctor` checks the GPU."
+    if isinstance(exc, E.ModelFileError):
+        path = str(getattr(exc, "path", "") or "")
+        which = ("the support model" if options.support and path and Path(path) == Path(options.support)
+                 else "the model")
+        return (f"cannot open {which}",
+                "start again with a valid file (`ds4tui inspect MODEL [--mtp SUPPORT]` lists every problem).")
+    if isinstance(exc, MemoryError):
+        return "not enough memory to load the model", "close other programs, or use a smaller --ctx."
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        return f"cannot read{where}", "check the path and its permissions."
+    if isinstance(exc, ValueError):
+        setting = ("--ctx" if "--ctx" in text or "context" in text else
+                   "the max draft length (DS4_DSPARK_MAX_DRAFT_TOKENS)" if "max draft" in text else "a setting")
+        return f"{setting} does not fit this model", "start again with a value in the range the message gives."
+    if isinstance(exc, E.EngineError):
+        return "the engine could not start", "the message names the failing call; `ds4tui doctor` checks the build."
+    return "the model could not be loaded", "the message says why."
 
 
 def _stamp() -> str:
@@ -199,17 +243,23 @@ class DS4App(App):
     #main { height: 1fr; }
     #chat-column { width: 1fr; }
     #side { width: 58; border-left: vkey $primary-darken-2; }
+    .side-column { height: auto; }
+    Screen.-wider #side { width: 95; layout: horizontal; }
+    Screen.-wider .side-column { width: 1fr; }
     Screen.-narrow #side { display: none; }
     Screen.-narrow.panes-shown #side { display: block; width: 100%; }
     Screen.-narrow.panes-shown #chat-column { display: none; }
-    Screen.-wide.panes-hidden #side { display: none; }
+    Screen.-wide.panes-hidden #side, Screen.-wider.panes-hidden #side { display: none; }
     #histograms { height: auto; }
     #status { height: 1; padding: 0 1; color: $text-muted; }
     #progress { display: none; height: 1; padding: 0 1; }
     #progress.active { display: block; }
     PromptInput { margin: 0 1; }
     """
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    #: Under 110 columns the panes start hidden (F12 shows them instead of the chat); from 150 on
+    #: they stand in two columns, so that the ones the product is about (acceptance, histograms,
+    #: stage timings, memory) are all in view without scrolling in a 150×45 window.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide"), (150, "-wider")]
     BINDINGS = [Binding(key, action, label, show=show, id=bid) for bid, key, action, label, _, _, show in ACTIONS] + [
         Binding("ctrl+q", "quit", "Quit", show=True, priority=True, id="app.quit"),
         Binding("minus", f"threshold({-THRESHOLD_STEP})", "Conf−", show=False, id="dspark.threshold_down_key"),
@@ -262,16 +312,19 @@ class DS4App(App):
                 yield Static("", id="status")
                 yield PromptInput(id="prompt", disabled=True)
             with VerticalScroll(id="side"):
-                yield KnobsPane(id="knobs")
-                yield AcceptPane("acceptance", id="accept")
-                with Horizontal(id="histograms"):
-                    yield Histogram("draft len", id="draft-hist")
-                    yield Histogram("accepted len", id="accepted-hist")
-                yield NoDraftPane("no-draft reasons", id="no-draft")
-                yield ThroughputPane("throughput", id="throughput")
-                yield StagesPane("proposal stages, ms/cycle", id="stages")
-                yield SupportPane("support model", id="support")
-                yield MemoryPane("memory", id="memory")
+                # two columns side by side in windows of at least 150 columns, one under the other below
+                with Vertical(id="side-a", classes="side-column"):
+                    yield KnobsPane(id="knobs")
+                    yield AcceptPane("acceptance", id="accept")
+                    with Horizontal(id="histograms"):
+                        yield Histogram("draft len", id="draft-hist")
+                        yield Histogram("accepted len", id="accepted-hist")
+                    yield NoDraftPane("no-draft reasons", id="no-draft")
+                    yield ThroughputPane("throughput", id="throughput")
+                with Vertical(id="side-b", classes="side-column"):
+                    yield StagesPane("stage timings", id="stages")
+                    yield MemoryPane("memory", id="memory")
+                    yield SupportPane("support model", id="support")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -322,10 +375,8 @@ class DS4App(App):
         try:
             engine = self.engine_factory(self.options, self.queue.put)
         except Exception as exc:  # every load error is shown; the app stays up to show it
-            path = str(getattr(exc, "path", "") or "")
-            which = ("the support model" if self.options.support and path and Path(path) == Path(self.options.support)
-                     else "the model")
-            self.queue.put(LoadFailed(f"cannot open {which}", str(exc) or type(exc).__name__))
+            title, todo = load_failure(exc, self.options)
+            self.queue.put(LoadFailed(title, str(exc) or type(exc).__name__, todo))
             return
         self.queue.put(EngineReady(engine))
 
@@ -335,13 +386,13 @@ class DS4App(App):
         self.sub_title = "no model loaded"
         welcome = self.query("#welcome")
         if welcome:
-            welcome.first().update(Content.assemble(("No model loaded. ", "bold $error"), ev.message, (
-                "\nQuit with Ctrl+Q and start again with a valid file.", "$text-muted")))
+            welcome.first().update(Content.assemble(("No model loaded: ", "bold $error"), (ev.title, "bold $error"),
+                                                    "\n", ev.message, (f"\nQuit with Ctrl+Q; {ev.todo}", "$text-muted")))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = True
         prompt.placeholder = "no model loaded — Ctrl+Q quits"
         self._set_status("no model loaded · Ctrl+Q quits")
-        self._error(ev.title, ev.message)
+        self._error(ev.title, f"{ev.message}\n\nWhat to do: {ev.todo}")
 
     def _engine_ready(self, engine) -> None:
         self.engine = engine
@@ -363,7 +414,9 @@ class DS4App(App):
                 f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend"
                 + (f" ({info.backend_note})" if info.backend_note else "")
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
-                   else "") + ". Type a prompt and press Enter.",
+                   else "")
+                + ("" if self.options.numerics == "ds4" else f", {self.options.numerics} numerics")
+                + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False
@@ -657,8 +710,7 @@ class DS4App(App):
             self.notify(str(exc), title="DSpark knobs", severity="error", timeout=8)
             return
         self._show_knobs(knobs)
-        changed = ", ".join(f"{k}={v}" for k, v in kw.items())
-        self.notify(f"{changed}: applies at the next cycle", timeout=2)
+        self.notify(knob_words(kw), timeout=2)
 
     def action_toggle_dspark(self) -> None:
         if self.engine is not None and self.engine.knobs is not None:
@@ -713,6 +765,11 @@ class DS4App(App):
     def _knob_input_left(self) -> None:
         self._show_knobs()
 
+    def action_explain_no_draft(self) -> None:
+        snap = self.last_snapshot
+        st = snap.dspark if snap is not None else None
+        self.push_screen(InfoDialog("Why cycles make no draft", explain_reasons(st)))
+
     def action_toggle_panes(self) -> None:
         screen = self.screen
         screen.toggle_class("panes-shown" if screen.has_class("-narrow") else "panes-hidden")
@@ -755,6 +812,9 @@ class DS4App(App):
             "support": self.engine.info.support_path if self.engine else self.options.support,
             "support_status": self.engine.info.support_status if self.engine else "none",
             "backend": self.engine.info.backend if self.engine else None,
+            "numerics": self.options.numerics,
+            "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
+                         "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
             "knob_events": [{"cycle": e.cycle, **e.knobs.to_dict()} for e in snap.events],
             "stats": snap.stats.to_dict(),
@@ -880,8 +940,10 @@ class DS4App(App):
 def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
     from ds4tui.engine.session import SamplingParams
 
-    sampling = SamplingParams(temperature=options.temperature, top_p=options.top_p, seed=options.seed)
+    sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                              min_p=options.min_p, seed=options.seed)
     return W.ChatEngine(options.model, support=options.support, backend=options.backend, n_ctx=options.ctx,
+                        numerics=options.numerics,
                         n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
                         max_draft=options.max_draft, print_stats=options.print_stats,

@@ -38,6 +38,7 @@ def _stats(cycles: int) -> DSparkStats:
         partial=partial, miss_first=miss, no_draft=no_draft, scheduler_skips=no_draft,
         propose=1.5 * drafted, prop_setup=0.1 * drafted, prop_cache=0.2 * drafted, prop_chain=0.6 * drafted,
         prop_logits=0.3 * drafted, prop_markov=0.3 * drafted, verify=4.0 * drafted, spec_total=5.5 * drafted,
+        target=3.0 * no_draft,
         saved=3.0 * accepted, net_saved=3.0 * accepted - 1.5 * drafted, t_decode_ms=3.0, t_decode_measured=True,
         block_size=5, draft_len_hist=[no_draft, 0, 0, 0, 0, drafted], accepted_len_hist=accepted_hist,
         pos_proposed=[drafted] * 5, pos_accepted=[full + partial, full + partial // 2 + (partial - partial // 2), full, full, full],

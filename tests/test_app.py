@@ -90,13 +90,16 @@ async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_su
         assert app.query_one("#accepted-hist", Histogram).counts == st.accepted_len_hist
         accept = app.query_one("#accept").text
         assert f"accept {st.accept_rate:.1f}% session" in accept
-        assert f"proposed {st.proposed} · accepted_draft {st.accepted_draft} · cycles {st.cycles}" in accept
+        assert f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}" in accept
         assert f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}" in accept
         stages = app.query_one("#stages").text
-        for name, ms in st.stage_ms_per_cycle().items():
-            if ms > 0:
+        t = st.stage_timing()
+        for name, ms in t["ms_per_drafter_pass"].items():
+            if ms and name != "propose":
                 assert f"{name:<16}{ms:8.3f}" in stages
-        assert "verify" in stages and "prop_markov" in stages
+        assert f"ms per drafter pass ({t['drafter_passes']} passes)" in stages
+        assert f"ms per drafted cycle ({t['drafted_cycles']}) · decode ({t['plain_decodes']})" in stages
+        assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in stages and "prop_markov" in stages
         no_draft = app.query_one("#no-draft").text
         assert st.no_draft == 0 and f"every one of {st.cycles} cycles drafted" in no_draft
         assert "RSS" in app.query_one("#memory").text and "engine holds" in app.query_one("#memory").text

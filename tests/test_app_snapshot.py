@@ -16,20 +16,33 @@ APU = MemorySample(t_mono_s=0.0, backend="sysfs", device="amdgpu card1 (0000:c3:
                    vram_used_b=310 << 20, gtt_total_b=133143986176, gtt_used_b=99 << 30, busy_pct=87)
 
 
+def _app(tmp_path) -> DS4App:
+    return DS4App(ChatOptions(model="demo.gguf", support="demo-support.gguf", save_dir=tmp_path),
+                  engine_factory=FakeChatEngine, telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+
+
+async def _after_one_answer(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.app.flush()
+    prompt = pilot.app.query_one("#prompt")
+    prompt.cursor_blink = False
+    prompt.value = "Write a linked list in Python"
+    await pilot.press("enter")
+    await pilot.app.workers.wait_for_complete()
+    await pilot.app.flush()
+    pilot.app.clear_notifications()
+    await pilot.pause()
+
+
 def test_full_layout_after_one_answer(snap_compare, tmp_path):
-    app = DS4App(ChatOptions(model="demo.gguf", support="demo-support.gguf", save_dir=tmp_path),
-                 engine_factory=FakeChatEngine, telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+    assert snap_compare(_app(tmp_path), run_before=_after_one_answer, terminal_size=(150, 48))
 
-    async def run_before(pilot) -> None:
-        await pilot.app.workers.wait_for_complete()
-        await pilot.app.flush()
-        prompt = pilot.app.query_one("#prompt")
-        prompt.cursor_blink = False
-        prompt.value = "Write a linked list in Python"
-        await pilot.press("enter")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.app.flush()
-        pilot.app.clear_notifications()
-        await pilot.pause()
 
-    assert snap_compare(app, run_before=run_before, terminal_size=(150, 48))
+def test_layout_160x45(snap_compare, tmp_path):
+    """Every pane in view without scrolling in a 160×45 terminal (the panes in two columns)."""
+    assert snap_compare(_app(tmp_path), run_before=_after_one_answer, terminal_size=(160, 45))
+
+
+def test_layout_200x50(snap_compare, tmp_path):
+    """Every pane in view without scrolling in a 200×50 terminal, GTT included."""
+    assert snap_compare(_app(tmp_path), run_before=_after_one_answer, terminal_size=(200, 50))

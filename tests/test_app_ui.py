@@ -138,3 +138,117 @@ async def test_narrow_window_hides_the_panes_until_f12(tmp_path):
         await pilot.press("f12")
         await pilot.pause()
         assert chat.region.width == 90
+
+
+async def test_no_draft_reasons_are_explained_and_toasts_are_words(tmp_path):
+    from ds4tui.engine.stats import NO_DRAFT_HELP
+    from ds4tui.widgets.dialogs import InfoDialog
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        st = app.last_snapshot.dspark
+        assert st.dominant_no_draft_reason == "scheduler_skip"
+        pane = app.query_one("#no-draft")
+        assert "→ " + NO_DRAFT_HELP["scheduler_skip"][1] in pane.text  # what to do about the dominant one
+        assert NO_DRAFT_HELP["scheduler_skip"][0] in str(pane.tooltip)
+        await pilot.press("f1")
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, InfoDialog)
+        n = st.no_draft_reasons["scheduler_skip"]
+        assert dialog.text.startswith(f"scheduler_skip ({n} cycles)\n  why: {NO_DRAFT_HELP['scheduler_skip'][0]}")
+        for why, todo in NO_DRAFT_HELP.values():  # every reason, explained
+            assert why in dialog.text and todo in dialog.text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, InfoDialog)
+        await pilot.press("f2")
+        await pilot.pause()
+        assert [m.message for m in app._notifications][-1] == "DSpark off — from the next cycle"
+        await pilot.press("f9")
+        await pilot.pause()
+        assert [m.message for m in app._notifications][-1] == "at most 4 drafts per cycle — from the next cycle"
+
+
+@pytest.mark.parametrize("size", [(150, 45), (160, 45), (200, 50)])
+async def test_every_pane_is_in_view_without_scrolling(tmp_path, size):
+    """Acceptance, both histograms, stage timings and memory (GTT) — the panes the product is
+    about — and all the others fit the window: nothing below the fold of the side panel."""
+    app = _app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.pause()
+        side = app.query_one("#side")
+        assert side.max_scroll_y == 0
+        for pid in ("knobs", "accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "memory",
+                    "support"):
+            pane = app.query_one(f"#{pid}")
+            assert side.region.contains_region(pane.region) and pane.region.height == pane.outer_size.height, pid
+        assert "GTT" in app.query_one("#memory").text
+
+
+def test_a_failed_load_names_its_real_cause(tmp_path):
+    """Only a bad file reads "cannot open the model"; a GPU, memory or settings problem says so."""
+    from ds4tui.app import load_failure
+    from ds4tui.engine import errors as E
+
+    opts = ChatOptions(model="m.gguf", support="s.gguf", save_dir=tmp_path)
+    cases = [
+        (E.BackendUnavailableError("HIP backend: no GPU device found"), "the GPU backend cannot run here", "--backend cpu"),
+        (E.DeviceMemoryError("needs 90 GiB, 64 GiB free", need=90, budget=64, source="sysfs",
+                             advice="raise ttm.pages_limit to 31457280"),
+         "the model does not fit the GPU memory", "ttm.pages_limit"),
+        (E.TruncatedFileError("m.gguf", "truncated at byte 16"), "cannot open the model", "ds4tui inspect"),
+        (E.MissingTensorError("s.gguf", "mtp.0.attn_q", "missing"), "cannot open the support model", "valid file"),
+        (ValueError("max draft length 9 exceeds the support model's block size 5 (use 0 or 1..5)"),
+         "the max draft length (DS4_DSPARK_MAX_DRAFT_TOKENS) does not fit this model", "range"),
+        (ValueError("--ctx 99999: the context size must be 2..4096 (the model's context length)"),
+         "--ctx does not fit this model", "range"),
+        (PermissionError(13, "Permission denied", "m.gguf"), "cannot read m.gguf", "permissions"),
+    ]
+    for exc, title, todo in cases:
+        got_title, got_todo = load_failure(exc, opts)
+        assert got_title == title and todo in got_todo, (exc, got_title, got_todo)
+
+
+async def test_no_gpu_is_not_blamed_on_the_model_file(tmp_path):
+    from ds4tui.engine import errors as E
+    from ds4tui.widgets.dialogs import ErrorDialog
+
+    def no_gpu(options, progress):
+        raise E.BackendUnavailableError("--backend hip: this build has no GPU library (no hipcc or nvcc was found)")
+
+    app = DS4App(ChatOptions(model="demo.gguf", support=None, save_dir=tmp_path, backend="hip"),
+                 engine_factory=no_gpu, telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorDialog)
+        title, message = app.errors[0]
+        assert title == "the GPU backend cannot run here" and "no GPU library" in message
+        assert "What to do: start again with --backend cpu" in app.screen.message
+        welcome = str(app.query_one("#welcome").render())
+        assert "the GPU backend cannot run here" in welcome and "model" not in welcome.split("\n")[0].replace(
+            "No model loaded", "")
+
+
+async def test_chat_takes_the_sampling_options_of_generate(tmp_path):
+    from ds4tui.commands.chat import options_from_args
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    args = cli.build_parser().parse_args(["chat", str(model), "--temp", "0.7", "--top-k", "40", "--top-p", "0.9",
+                                          "--min-p", "0.05", "--seed", "3", "--numerics", "transformers"])
+    o = options_from_args(args)
+    assert (o.temperature, o.top_k, o.top_p, o.min_p, o.seed, o.numerics) == (0.7, 40, 0.9, 0.05, 3, "transformers")
+    app = _app(tmp_path, temperature=0.7, top_k=40, min_p=0.05, numerics="transformers")
+    async with app.run_test(size=(150, 48)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        payload, _ = app._stats_payload()  # what F6 writes: the numerics and sampling are part of the run
+        assert payload["numerics"] == "transformers"
+        assert payload["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 1.0, "min_p": 0.05, "seed": 0}

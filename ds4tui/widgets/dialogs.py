@@ -1,10 +1,11 @@
-"""Modal dialogs: an error the user must read (bad file, refused support model, no GPU)."""
+"""Modal dialogs: an error the user must read (bad file, refused support model, no GPU), and
+longer explanations (the no-draft reasons)."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
@@ -32,6 +33,39 @@ class ErrorDialog(ModalScreen[None]):
             yield Label(self.title_text, id="error-title")
             yield Static(self.message, id="error-message", markup=False)
             yield Button("OK", variant="error", id="ok")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    async def action_dismiss(self, result=None) -> None:
+        self.dismiss(None)
+
+
+class InfoDialog(ModalScreen[None]):
+    """Shows ``title`` and a longer ``text`` (plain, scrollable) until dismissed with Enter, Esc,
+    F1 or the Close button."""
+
+    DEFAULT_CSS = """
+    InfoDialog { align: center middle; }
+    InfoDialog > Vertical { width: 80%; max-width: 110; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
+    InfoDialog #info-title { text-style: bold; }
+    InfoDialog VerticalScroll { height: auto; max-height: 30; margin: 1 0; }
+    InfoDialog Button { width: 100%; }
+    """
+    BINDINGS = [Binding("escape", "dismiss", "close", show=False), Binding("enter", "dismiss", "close", show=False),
+                Binding("f1", "dismiss", "close", show=False)]
+
+    def __init__(self, title: str, text: str):
+        super().__init__()
+        self.title_text = title
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="info-title")
+            with VerticalScroll():
+                yield Static(self.text, id="info-text", markup=False)
+            yield Button("Close", variant="primary", id="close")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)

@@ -9,7 +9,7 @@ from textual.content import Content
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows
 
-BAR_WIDTH = 8
+BAR_WIDTH = 6
 
 
 class Histogram(Pane):
@@ -35,6 +35,6 @@ class Histogram(Pane):
         total, top = sum(counts), max(counts)
         lines = [Content.assemble(f"{n:>2} ", (bar(c, top, BAR_WIDTH).ljust(BAR_WIDTH),
                                                 "bold $accent" if c == top else "$accent"),
-                                  f"{c:>6} {100.0 * c / total:3.0f}%")
+                                  f"{c:>5}{100.0 * c / total:4.0f}%")
                  for n, c in enumerate(counts)]
         self.put(rows(lines))

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Static, Switch
 
-from ds4tui.engine.stats import NO_DRAFT_REASONS, DSparkStats
+from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
 from ds4tui.engine.timeline import SpecView
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
@@ -35,8 +35,8 @@ class KnobsPane(Vertical):
     KnobsPane { height: auto; border: round $accent; padding: 0 1; }
     KnobsPane Horizontal { height: 1; }
     KnobsPane Label { width: 11; }
-    KnobsPane Switch, KnobsPane Switch:focus { width: 8; height: 1; border: none; padding: 0; margin-right: 3; }
-    KnobsPane Input, KnobsPane Input:focus { width: 8; height: 1; border: none; padding: 0 1; margin-right: 3; }
+    KnobsPane Switch, KnobsPane Switch:focus { width: 8; height: 1; border: none; padding: 0; margin-right: 2; }
+    KnobsPane Input, KnobsPane Input:focus { width: 8; height: 1; border: none; padding: 0 1; margin-right: 2; }
     KnobsPane Input:focus { background: $accent 30%; }
     KnobsPane Switch:focus { background: $accent 30%; }
     KnobsPane #knob-note { color: $text-muted; }
@@ -82,7 +82,7 @@ class KnobsPane(Vertical):
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
             state = (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
-                     f" · threshold {knobs.threshold:.2f} · drafts ≤ {knobs.max_draft}")
+                     f" · conf {knobs.threshold:.2f} · max {knobs.max_draft}")
             note = f"{state}\n{note}" if note else state
         if note != self._note:
             self._note = note
@@ -106,7 +106,7 @@ class AcceptPane(Pane):
             Content.assemble("accept ", (_pct(view.session_accept), "bold"), " session · ",
                              (_pct(view.recent_accept), "bold"), " recent"),
             Content(f"avg accepted {st.avg_accept:.2f}/cycle · {st.tokens_per_cycle:.2f} tok/cycle"),
-            Content(f"proposed {st.proposed} · accepted_draft {st.accepted_draft} · cycles {st.cycles}"),
+            Content(f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}"),
             Content(f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}"),
             Content.styled(line or " ", "$success"),
         ]
@@ -121,20 +121,41 @@ class AcceptPane(Pane):
 
 
 class StagesPane(Pane):
-    """Milliseconds per cycle of each proposal stage (prop_setup … prop_confidence), snapshot and
-    verify, with bars scaled to the largest."""
+    """Stage times in the unit each is spent in (``DSparkStats.stage_timing``, spec dspark.md
+    §6.2): the drafter's steps (prop_setup … prop_confidence) and their sum per drafter pass,
+    verify per drafted cycle, and the plain one-token decode it is weighed against, each with the
+    count it is based on; bars share one scale."""
 
     def show(self, st: DSparkStats | None) -> None:
         if st is None or st.cycles == 0:
             self.put(Content.styled("no cycles yet", "$text-muted"))
             return
-        per = st.stage_ms_per_cycle()
-        top = max(per.values()) or 1.0
-        shown = {name: ms for name, ms in per.items() if ms > 0}
-        out = [Content.assemble((f"{name:<16}", "$text-muted"), f"{ms:8.3f} ",
-                                (bar(ms, top, 14), "$secondary")) for name, ms in shown.items()]
-        out.append(Content(f"{'propose (sum)':<16}{st.propose / st.cycles:8.3f}"))
-        idle = [name for name in per if name not in shown]
+        t = st.stage_timing()
+        per_pass = t["ms_per_drafter_pass"]
+        shown = {name: ms for name, ms in per_pass.items() if name != "propose" and ms}
+        verify, decode = t["verify_ms_per_drafted_cycle"], t["decode_ms_per_plain_decode"]
+        top = max([v for v in (*shown.values(), per_pass["propose"], verify, decode) if v] or [1.0])
+
+        def row(name: str, ms: float | None) -> Content:
+            if ms is None:
+                return Content.assemble((f"{name:<16}", "$text-muted"), f"{'—':>8}")
+            return Content.assemble((f"{name:<16}", "$text-muted"), f"{ms:8.3f} ", (bar(ms, top, 14), "$secondary"))
+
+        n_pass, n_drafted, n_plain = t["drafter_passes"], t["drafted_cycles"], t["plain_decodes"]
+        out: list[Content] = []
+        if n_pass:
+            out.append(Content.styled(f"ms per drafter pass ({n_pass} pass{'es' if n_pass != 1 else ''})", "bold"))
+            out += [row(name, ms) for name, ms in shown.items()]
+            out.append(row("propose (sum)", per_pass["propose"]))
+        else:
+            out.append(Content.styled(f"the drafter has not run in {st.cycles} cycles (see no-draft reasons)",
+                                      "$text-muted"))
+        out.append(Content.styled(f"ms per drafted cycle ({n_drafted}) · decode ({n_plain})", "bold"))
+        out.append(row("verify", verify))
+        out.append(row("plain decode", decode))
+        if t["verify_over_decode"] is not None:
+            out.append(Content(f"one verify = {t['verify_over_decode']:.2f} plain decodes"))
+        idle = [name for name in PROP_STAGES if not per_pass[name]] if n_pass else []
         if idle:
             out.append(Content.styled(f"at 0 ms: {', '.join(idle)}", "$text-muted"))
         self.put(rows(out))
@@ -165,7 +186,42 @@ class NoDraftPane(Pane):
                 out.append(Content(f"{name:<16}{n:>7}"))
         if st.chain_fail_op:
             out.append(Content.styled(f"last chain_fail op: {st.chain_fail_op}", "$error"))
+        if dom is not None:
+            out.append(Content.assemble(("→ ", "$warning"), NO_DRAFT_HELP[dom][1]))
+            out.append(Content.styled("F1 explains every reason", "$text-muted"))
         self.put(rows(out))
+        self.tooltip = explain_reasons(st) if dom is not None else None
+
+
+def explain_reasons(st: DSparkStats | None = None) -> str:
+    """Every no-draft reason with why it happens and what to do (:data:`NO_DRAFT_HELP`), with the
+    count of each in ``st`` when given; the reasons that occurred first."""
+    counts = st.no_draft_reasons if st is not None else {}
+    order = sorted(NO_DRAFT_REASONS, key=lambda n: -counts.get(n, 0))
+    out = []
+    for name in order:
+        why, todo = NO_DRAFT_HELP[name]
+        n = counts.get(name, 0)
+        head = f"{name} ({n} cycle{'s' if n != 1 else ''})" if st is not None else name
+        out.append(f"{head}\n  why: {why}\n  what to do: {todo}")
+    return "\n\n".join(out)
+
+
+def knob_words(kw: dict) -> str:
+    """A knob change in words, for the toast that confirms it ("DSpark off — from the next cycle")."""
+    parts = []
+    for k, v in kw.items():
+        if k == "enabled":
+            parts.append(f"DSpark {'on' if v else 'off'}")
+        elif k == "scheduler":
+            parts.append(f"scheduler {'on' if v else 'off'}")
+        elif k == "threshold":
+            parts.append(f"confidence threshold {v:.2f}")
+        elif k == "max_draft":
+            parts.append(f"at most {v} draft{'s' if v != 1 else ''} per cycle")
+        else:
+            parts.append(f"{k} {v}")
+    return ", ".join(parts) + " — from the next cycle"
 
 
 class ThroughputPane(Pane):
@@ -186,7 +242,7 @@ class ThroughputPane(Pane):
         dec, marks = spark(view.decode_series, SPARK_WIDTH, hi=top, marks=view.marks)
         eff, _ = spark(view.effective_series, SPARK_WIDTH, hi=top)
         out = [
-            Content.assemble("decode ", (tps(view.decode_tps), "bold"), " t/s · effective ",
+            Content.assemble("decode ", (tps(view.decode_tps), "bold"), " · effective ",
                              (tps(view.effective_tps), "bold"), " t/s",
                              "" if ratio is None else f" ({ratio:.2f}×)"),
             Content.assemble(("dec ", "$text-muted"), (dec, "$success")),
@@ -199,7 +255,7 @@ class ThroughputPane(Pane):
             if st.t_decode_measured:
                 sign = "+" if st.net_saved >= 0 else "−"
                 out.append(Content.assemble("net saved ", (f"{sign}{abs(st.net_saved) / 1000:.2f} s", "bold"),
-                                            f" (saved {st.saved / 1000:.2f} s, decode {st.t_decode_ms:.1f} ms)"))
+                                            f" · saved {st.saved / 1000:.2f} s"))
             else:
                 out.append(Content.styled("net saved unknown: no plain decode timed yet", "$text-muted"))
         if ui_share is None:
