@@ -1,10 +1,14 @@
-"""``ds4tui inspect MODEL [--mtp SUPPORT] [--json]``: summary and validation of DS4 / DSpark GGUFs."""
+"""``ds4tui inspect MODEL [--mtp SUPPORT] [--ctx N] [--budget SIZE] [--json]``: summary and validation of
+DS4 / DSpark GGUFs, and the memory plan: does the model (with its support model) fit the GPU at
+``--ctx`` tokens, and what is the largest context that does (:func:`ds4tui.engine.memplan.fit_plan`)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from ds4tui.engine import layout as L
+from ds4tui.engine import memplan
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 
 
@@ -70,6 +74,52 @@ def render_text(model: dict, support: dict | None) -> str:
     return "\n".join(lines)
 
 
+def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget: int | None) -> dict:
+    """The GPU memory plan of ``model`` (+ a compatible ``support``) at ``ctx`` tokens against
+    ``budget`` bytes (None: the GPU's, :func:`memplan.gpu_budget`); a support model that is not
+    compatible is left out (the engine refuses it, so nothing of it is uploaded)."""
+    shape, sup_bytes, vec = None, 0, memplan.vector_bytes(L.model_tensor_specs(model.config))
+    attached = support is not None and support.summary()["compatible"]
+    if attached:
+        m = support.meta
+        shape = memplan.SupportShape(m.n_stages, int(m.block_size), int(m.markov_rank), len(m.target_layer_ids))
+        sup_bytes = memplan.tensor_bytes(support)
+        vec += memplan.vector_bytes(support.specs)
+    source = "--budget"
+    if budget is None:
+        budget, source = memplan.gpu_budget()
+    plan = memplan.fit_plan(model.config, ctx, weights=memplan.tensor_bytes(model), support_bytes=sup_bytes,
+                            support=shape, fixed_scratch=vec, budget=budget, budget_source=source)
+    d = plan.to_dict()
+    d["support_attached"] = attached
+    return d
+
+
+def render_plan(p: dict) -> str:
+    """The memory plan as text: one line per part, the total against the budget, the verdict."""
+    rows = [("weights", p["weights"]), ("support", p["support"]), ("KV", p["kv"]),
+            ("compressor", p["compressor"]), ("scratch", p["scratch"])]
+    lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
+    lines += [f"              {name:<11}{_gib(b):>12}" for name, b in rows]
+    lines.append(f"              {'total':<11}{_gib(p['need']):>12}")
+    if p["budget"] is None:
+        lines.append(f"budget        unknown: {p['budget_source']}")
+        return "\n".join(lines)
+    lines.append(f"budget        {_gib(p['budget'])} ({p['budget_source']})")
+    left = p["budget"] - p["need"]
+    if p["fits"]:
+        lines.append(f"verdict       fits, {_gib(left)} to spare")
+    else:
+        lines.append(f"verdict       does NOT fit: {_gib(-left)} short")
+    if p["max_ctx"] is None:
+        lines.append("largest ctx   none: the weights alone do not fit")
+    elif p["max_ctx"] >= p["context_length"]:
+        lines.append(f"largest ctx   {p['max_ctx']} tokens (the model's whole context length)")
+    else:
+        lines.append(f"largest ctx   {p['max_ctx']} tokens fit")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     try:
         model = DS4Model(args.model, check_finite=args.check_finite)
@@ -85,8 +135,11 @@ def run(args) -> int:
     ms = model.summary(ctx=args.ctx)
     ss = support.summary() if support is not None else None
     ok = ss is None or ss["compatible"]
+    plan = memory_plan(model, support, args.ctx, getattr(args, "budget", None))
     if args.json:
-        print(json.dumps({"ok": ok, "model": ms, "support": ss}, indent=2))
+        print(json.dumps({"ok": ok, "model": ms, "support": ss, "memory_plan": plan}, indent=2))
     else:
         print(render_text(ms, ss))
+        print()
+        print(render_plan(plan))
     return 0 if ok else 1

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ds4tui.engine.errors import DeviceMemoryError
+from ds4tui.engine.layout import CSA_RATIO
 
 GIB = 1 << 30
 #: TTM counts its limit in pages of this size (ttm.pages_limit x 4096 = the GTT bytes).
@@ -231,3 +232,182 @@ def check(model, support, info, *, sysfs_root: Path = SYSFS_DRM, proc_root: Path
     gtt = read_gtt(sysfs_root, proc_root, ttm_root) if info.platform == "hip" else None
     p = plan(tensor_bytes(model, support), info, gtt)
     return misfit(str(getattr(model, "path", model)), p, gtt)
+
+
+# ---- will it fit: the whole plan at a context size (``ds4tui inspect --ctx N [--budget SIZE]``) -----
+
+#: Tokens a session evaluates in one pass by default (``Engine.session(n_batch=)``).
+DEFAULT_BATCH = 256
+#: DS4_DSPARK_MAX_BLOCK: the key buffers hold at least this many rows.
+_MAX_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class SupportShape:
+    """What a DSpark support model adds to a session's buffers: its stages, block, Markov rank and
+    the number of captured target layers (spec dspark.md §4.1)."""
+
+    n_stages: int
+    block: int
+    rank: int
+    n_capture: int
+
+
+def session_bytes(c, n_ctx: int, *, n_batch: int = DEFAULT_BATCH, support: SupportShape | None = None,
+                  host: bool = False, n_threads: int = 1) -> dict[str, int]:
+    """Bytes a session of ``n_ctx`` tokens allocates for the model of config ``c``
+    (:class:`ds4tui.engine.layout.DS4Config`), as the engine's ``ds4_state_init`` does
+    (``ds4tui/native/forward.c``; spec ds4.md §2.4 for the compressor shapes): ``kv`` the raw KV rows
+    of every layer (the sliding window plus one pass: it does not grow with the context),
+    ``compressor`` the compressor and indexer state plus the compressed rows (n_ctx / ratio + 1 per
+    compressed layer: what grows with the context), ``scratch`` the activations and buffers of a
+    pass of min(``n_batch``, ``n_ctx``) + 1 tokens, the attention and indexer scores (per thread with
+    ``host``, per token and head on a GPU) and the drafter's buffers with ``support`` — all of these
+    in the backend's memory (the GPU's on hip) — and ``host``, the session's buffers in host memory
+    (the logits and the sampler's, the DSpark cycle's).  All float32 / int32.  The engine's
+    ``Session.memory().scratch`` is ``scratch + host`` plus the engine's float32 vector copies
+    (:func:`vector_bytes`)."""
+    F4 = 4
+
+    def buf(n: int) -> int:
+        return max(int(n) * F4, 4)  # the engine allocates 4 bytes for an empty buffer
+
+    L = c.n_layer
+    ratios = tuple(c.compress_ratios[:L])
+    B = min(n_batch, n_ctx) + 1
+    if support is not None and B < support.block:
+        B = support.block
+    max_ratio = max(ratios, default=0)
+    min_ratio = min((r for r in ratios if r), default=0)
+    H, HC, D, NH, ID = c.n_embd, c.hc_count, c.head_dim, c.n_head, c.indexer_head_dim
+    IH, K, E, V, W = c.indexer_n_head, c.n_expert_used, c.n_expert, c.n_vocab, c.sliding_window
+    FS = c.n_ff_shexp
+    kv_cap, cmp_cap = W + B, 2 * max_ratio + B
+    kv = L * buf(kv_cap * D)
+    comp = 0
+    for r in ratios:
+        if not r:
+            continue
+        csa = r == CSA_RATIO  # the compressed-sparse layers also keep the indexer's state
+        cw, n_rows = (2 if csa else 1) * D, n_ctx // r + 1
+        comp += 2 * buf(cmp_cap * cw) + buf(n_rows * D)
+        if csa:
+            comp += 2 * buf(cmp_cap * 2 * ID) + buf(n_rows * ID)
+    n_comp = n_ctx // min_ratio + 1 if min_ratio else 1
+    keys_cap = W + max(n_comp, _MAX_BLOCK)
+    keys_cap += keys_cap & 1
+    FF, cwmax = max(c.n_ff_exp, FS), 2 * max(D, ID)
+    att = (n_threads * 4 * keys_cap) if host else (B * NH * keys_cap)
+    isc = (n_threads * 2 * n_comp) if host else (B * n_comp)
+    counts = [B, *(B * HC * H,) * 3, B * c.hc_mix, B * HC, B * HC, B * HC * HC, B * H, B * H, B * c.q_lora_rank,
+              B * NH * D, B * D, B * NH * D, B * c.o_groups * c.o_lora_rank, B * H, B * cwmax, B * cwmax,
+              B * IH * ID, B * IH, B * c.indexer_top_k, B, isc, B * E, B * K, B * K, B * K * FF, B * K * FF,
+              B * K * H, B * max(FS, 1), B * max(FS, 1), B * H, B * H, B * HC, B * HC, B * V, att, B * c.o_groups]
+    if support is not None:
+        s = support
+        counts += [kv_cap * s.n_capture * H, s.n_stages * kv_cap * D, W * H, W * D, s.n_stages * s.block * D,
+                   s.block * H, s.block * V, V, max(s.rank, 1), 4]
+    scratch = sum(buf(n) for n in counts)
+    host_b = V * (F4 + 16)  # the logits row and the sampler's buffer
+    if support is not None:
+        s = support
+        host_b += F4 * (2 * s.block * H + H + s.rank + s.block * V + (s.block + 1) * V) + V * (4 + 8)
+        if not host:
+            host_b += s.block * V * F4  # the drafter's logits, copied back from the device
+    return {"kv": kv, "compressor": comp, "scratch": scratch, "host": host_b}
+
+
+def vector_bytes(specs) -> int:
+    """Bytes of the float32 copies the engine keeps of the vectors and small tables among
+    ``specs`` (``TensorSpec`` with ``c_bind == "vec"``: norms, biases, HC bases)."""
+    total = 0
+    for s in specs:
+        if s.c_bind == "vec":
+            n = 1
+            for d in s.shape:
+                n *= d
+            total += 4 * n
+    return total
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """The memory a model needs at ``n_ctx`` tokens (bytes), against ``budget`` (None: unknown)."""
+
+    n_ctx: int
+    weights: int
+    support: int
+    kv: int
+    compressor: int
+    scratch: int
+    budget: int | None
+    budget_source: str
+    max_ctx: int | None  # the largest context that fits the budget (None: unknown or none fits)
+    context_length: int
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.support + self.kv + self.compressor + self.scratch
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget is None else self.need <= self.budget
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(need=self.need, fits=self.fits)
+        return d
+
+
+def fit_plan(config, n_ctx: int, *, weights: int, support_bytes: int = 0, support: SupportShape | None = None,
+             fixed_scratch: int = 0, budget: int | None = None, budget_source: str = "",
+             n_batch: int = DEFAULT_BATCH) -> FitPlan:
+    """The plan of a model (``config``, ``weights`` tensor bytes) with a support model
+    (``support_bytes``, its ``support`` shape) on a GPU at ``n_ctx`` tokens: weights, support, the
+    session's KV, compressor state and scratch (:func:`session_bytes`; ``fixed_scratch`` adds what
+    does not depend on the context, the float32 vector copies), against ``budget`` bytes, with the
+    largest context (up to the model's context length) whose plan fits."""
+    def at(n: int) -> dict[str, int]:
+        b = session_bytes(config, n, n_batch=n_batch, support=support)
+        b["scratch"] += fixed_scratch
+        return b
+
+    def need(n: int) -> int:
+        b = at(n)
+        return weights + support_bytes + b["kv"] + b["compressor"] + b["scratch"]
+
+    limit = int(config.context_length)
+    max_ctx = None
+    if budget is not None and need(1) <= budget:
+        lo, hi = 1, limit  # the plan grows with the context: the largest n with need(n) <= budget
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        max_ctx = lo
+    b = at(n_ctx)
+    return FitPlan(n_ctx=n_ctx, weights=weights, support=support_bytes, kv=b["kv"], compressor=b["compressor"],
+                   scratch=b["scratch"], budget=budget, budget_source=budget_source, max_ctx=max_ctx,
+                   context_length=limit)
+
+
+def gpu_budget(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: Path = TTM_PARAMS,
+               probe=None) -> tuple[int | None, str]:
+    """The GPU memory a model can have on this machine (bytes) and where the number comes from:
+    amdgpu's larger pool (GTT or VRAM, never their sum; on Strix Halo the GTT that
+    ``ttm.pages_limit`` sets) from sysfs, else the GPU runtime's total (``probe()``, default
+    :func:`ds4tui.engine.gpu.probe`); (None, why) without a GPU."""
+    g = read_gtt(sysfs_root, proc_root, ttm_root)
+    if g is not None and (g.gtt_total or g.vram_total):
+        pools = {"GTT": g.gtt_total or 0, "VRAM": g.vram_total or 0}
+        pool = max(pools, key=pools.get)
+        return pools[pool], f"amdgpu {pool} total of {g.card} (sysfs)"
+    if probe is None:
+        from ds4tui.engine.gpu import probe
+    info, why = probe(None)
+    if not why and info is not None and info.mem_total:
+        name = "CUDA" if info.platform == "cuda" else "HIP"
+        return int(info.mem_total), f"the {name} runtime's total of device {info.device} ({info.device_name})"
+    return None, f"no GPU found ({why or 'no memory numbers'}): give --budget SIZE"

@@ -1,0 +1,115 @@
+"""The memory plan of ``ds4tui inspect --ctx N [--budget SIZE]`` ("will it fit", spec platform.md §2.2):
+the session's bytes against the engine's own accounting, and the Flash plan against one worked by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.engine import layout as L
+from ds4tui.engine import memplan
+from ds4tui.engine import session as S
+from ds4tui.engine.synthetic import flash_config
+
+GIB = 1 << 30
+FLASH_RATIOS = (0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(2, 43))
+FLASH_SUPPORT = memplan.SupportShape(n_stages=3, block=5, rank=256, n_capture=3)  # spec dspark.md §2.1
+
+
+@pytest.mark.parametrize("with_support", [False, True])
+def test_session_bytes_are_what_the_engine_allocates(tiny_q2, with_support):
+    """The oracle is the engine: ``Session.memory()`` after ``ds4_state_init`` on the CPU backend."""
+    e = S.Engine(tiny_q2["model"], backend="cpu", n_threads=2, support=tiny_q2["support"] if with_support else None)
+    try:
+        shape, vec = None, memplan.vector_bytes(L.model_tensor_specs(e.config))
+        if with_support:
+            m = e.support.meta
+            shape = memplan.SupportShape(m.n_stages, m.block_size, m.markov_rank, len(m.target_layer_ids))
+            vec += memplan.vector_bytes(e.support.specs)
+        for n_ctx in (40, 300, 4096):  # below the batch, above it, the default
+            s = e.session(n_ctx)
+            got = s.memory()
+            s.close()
+            want = memplan.session_bytes(e.config, n_ctx, support=shape, host=True, n_threads=e.n_threads)
+            assert (got.kv, got.compressor) == (want["kv"], want["compressor"]), n_ctx
+            assert got.scratch == want["scratch"] + want["host"] + vec, n_ctx
+            assert got.weights == memplan.tensor_bytes(e.model, e.support)
+    finally:
+        e.close()
+
+
+def test_flash_plan_against_a_hand_computed_one():
+    """DS4 Flash (43 layers: 2 SWA, 21 CSA ratio 4, 20 HCA ratio 128; D 512, window 128) with its
+    drafter on a GPU at 200K tokens, worked out buffer by buffer from spec ds4.md §1, §2.4."""
+    c = flash_config(FLASH_RATIOS)
+    n = 200_000
+    B = 257  # a pass of 256 tokens + 1
+    kv = 43 * (128 + B) * 512 * 4  # raw rows: window + one pass, every layer
+    cmp_cap = 2 * 128 + B  # two windows of the largest ratio + one pass
+    csa = 2 * cmp_cap * 1024 * 4 + (n // 4 + 1) * 512 * 4 + 2 * cmp_cap * 256 * 4 + (n // 4 + 1) * 128 * 4
+    hca = 2 * cmp_cap * 512 * 4 + (n // 128 + 1) * 512 * 4
+    compressor = 21 * csa + 20 * hca
+    keys = 128 + (n // 4 + 1)  # window + every compressed row of the finest ratio (even)
+    keys += keys & 1
+    per_row = (3 * 4 * 4096 + 24 + 4 + 4 + 16 + 2 * 4096 + 1024 + 64 * 512 + 512 + 64 * 512 + 8 * 1024 + 4096
+               + 2 * 1024 + 64 * 128 + 64 + 256 + 6 + 2 * 6 * 2048 + 6 * 4096 + 2 * 2048 + 4096 + 4096 + 4 + 4
+               + 129280)  # floats per token of a pass: HC streams, attention, indexer, MoE, LM head
+    ints_per_row = 1 + 512 + 1 + 6 + 8  # token, selected rows, their count, experts, output groups
+    scores = B * 64 * keys + B * (n // 4 + 1)  # attention scores per (token, head); indexer scores per token
+    drafter = 3 * 385 * 4096 + 3 * 385 * 512 + 128 * 4096 + 128 * 512 + 3 * 5 * 512 + 5 * 4096 + 5 * 129280 \
+        + 129280 + 256 + 4
+    scratch = 4 * (B * (per_row + ints_per_row) + scores + drafter)
+    got = memplan.session_bytes(c, n, support=FLASH_SUPPORT)
+    assert got["kv"] == kv == 33_904_640
+    assert got["compressor"] == compressor
+    assert got["scratch"] == scratch
+    assert 3.4 * GIB < scratch < 3.5 * GIB and 2.7 * GIB < compressor < 2.75 * GIB
+
+    # The real files on a 128 GB Strix Halo with ttm.pages_limit at 124 GiB of GTT.
+    weights, support = 81_000_000_000, 5_600_000_000
+    vec = memplan.vector_bytes(L.model_tensor_specs(c))
+    plan = memplan.fit_plan(c, n, weights=weights, support_bytes=support, support=FLASH_SUPPORT,
+                            fixed_scratch=vec, budget=124 * GIB, budget_source="--budget")
+    assert plan.need == weights + support + kv + compressor + scratch + vec
+    assert plan.fits and 86 * GIB < plan.need < 88 * GIB
+    assert plan.max_ctx == c.context_length  # even the whole million-token context fits
+    # the kernel's default GTT, half of the RAM: not even the weights fit
+    half = memplan.fit_plan(c, n, weights=weights, support_bytes=support, support=FLASH_SUPPORT,
+                            fixed_scratch=vec, budget=62 * GIB)
+    assert half.fits is False and half.max_ctx is None
+    # in between, the largest context is the last one whose plan fits
+    mid = memplan.fit_plan(c, n, weights=weights, support_bytes=support, support=FLASH_SUPPORT,
+                           fixed_scratch=vec, budget=96 * GIB)
+    assert 200_000 < mid.max_ctx < c.context_length
+
+    def need(k: int) -> int:
+        return memplan.fit_plan(c, k, weights=weights, support_bytes=support, support=FLASH_SUPPORT,
+                                fixed_scratch=vec).need
+
+    assert need(mid.max_ctx) <= 96 * GIB < need(mid.max_ctx + 1)
+
+
+def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
+    model, support = str(tiny_q2["model"]), str(tiny_q2["support"])
+    rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    p = json.loads(out)["memory_plan"]
+    assert p["budget"] == 300 << 20 and p["budget_source"] == "--budget" and p["support_attached"]
+    assert p["need"] == p["weights"] + p["support"] + p["kv"] + p["compressor"] + p["scratch"]
+    assert p["weights"] > 0 and p["support"] > 0 and p["fits"] == (p["need"] <= p["budget"])
+    rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "memory plan   on the GPU at context 8192 tokens:" in text
+    assert "budget        300.0 MiB (--budget)" in text
+    assert (f"largest ctx   {p['max_ctx']} tokens" in text) if p["max_ctx"] else "largest ctx   none" in text
+
+
+def test_a_bad_budget_is_one_line_naming_the_flag(tiny_q2, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["inspect", str(tiny_q2["model"]), "--budget", "lots"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "--budget" in err and "'lots'" in err and "124GiB" in err
