@@ -1,0 +1,202 @@
+"""``ds4tui compare A.json B.json``: two runs side by side.
+
+Reads two JSON files that ds4tui wrote — stats exports of the chat app (F6), ``generate --json``
+outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names (``knobs.scheduler``,
+``dspark_stats.stage_timing.verify_ms_per_drafted_cycle``, ``arms[1].tokens_per_s``) and prints:
+
+- the **knobs** that differ: every setting that decides what runs (model and support files,
+  backend, numerics, activations, threads, context, the DSpark knobs, sampling, the prompt sizes,
+  the optional caches), A's value and B's;
+- a **warning** when more than one knob differs: then no figure's change can be put down to one of
+  them (a memory cache switched on together with DSpark makes the DSpark speed-up unreadable);
+- every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A.
+
+Lists longer than :data:`MAX_LIST` (token ids, per-token flags) and free text (the generated text,
+ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, or not one of
+these kinds is an error naming the file (status 1); two files of different kinds are compared on
+the names they share, with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+_PREFIX = "ds4tui compare:"
+
+#: Lists up to this length are compared element by element; longer ones are left out.
+MAX_LIST = 32
+#: A name is a knob when one of its parts (list indices dropped) is one of these: a dict of knobs,
+#: or a setting itself.
+KNOB_GROUPS = {"knobs", "dspark", "sampling", "settings", "caches", "optional_caches"}
+KNOB_NAMES = {
+    "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
+    "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
+    "support_status", "medium", "name", "mode", "block_size", "kind",
+}
+#: Free text and bookkeeping: never compared.
+SKIP_NAMES = {"timestamp", "backend_note", "decode_timing", "text", "dspark_line", "message", "ok", "error",
+              "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
+              "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "knob_events", "dspark_events",
+              "events", "mismatches"}
+
+
+class CompareError(ValueError):
+    """A file cannot be compared: the message names it and says why."""
+
+
+def kind_of(d: dict) -> str:
+    """What wrote the object: ``bench-ab``, ``bench``, ``generate``, ``stats-export`` or
+    ``transcript``; CompareError for anything else."""
+    if d.get("mode") == "ab" and "arms" in d:
+        return "bench-ab"
+    if "decode_tokens_per_s" in d and "memcpy_gb_per_s" in d:
+        return "bench"
+    if "generated_ids" in d and "timings" in d:
+        return "generate"
+    if d.get("format", "").startswith("ds4tui-chat/"):
+        return "transcript"
+    if "stats" in d and "knobs" in d and "interface" in d:
+        return "stats-export"
+    raise CompareError("not a ds4tui stats export (F6), transcript (Ctrl+S), `generate --json` or `bench` JSON")
+
+
+def load(path: str) -> tuple[str, dict]:
+    """The kind and the object of a JSON file (CompareError naming the file otherwise)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise CompareError(f"{path}: not UTF-8 text") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(d, dict):
+        raise CompareError(f"{path}: expected a JSON object, found {type(d).__name__}")
+    if d.get("ok") is False:
+        raise CompareError(f"{path}: a failed run ({d.get('error', 'no error text')})")
+    if d.get("format", "").startswith("ds4tui-chat/"):  # a transcript: its session block is the export
+        d = dict(d.get("session") or {}, format=d["format"])
+    try:
+        return kind_of(d), d
+    except CompareError as exc:
+        raise CompareError(f"{path}: {exc}") from None
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted names → scalars (str, int, float, bool, None); lists of at most :data:`MAX_LIST`
+    items are indexed (``a[3]``), longer ones and the names of :data:`SKIP_NAMES` left out."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in SKIP_NAMES:
+                continue
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, list):
+        if len(obj) <= MAX_LIST:
+            for i, v in enumerate(obj):
+                out.update(flatten(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = obj
+    return out
+
+
+def _parts(name: str) -> list[str]:
+    return [p.split("[")[0] for p in name.split(".")]
+
+
+def is_knob(name: str) -> bool:
+    """Whether ``name`` is a setting (a variable of the run) rather than a figure it measured."""
+    parts = _parts(name)
+    return any(p in KNOB_GROUPS for p in parts) or parts[-1] in KNOB_NAMES or \
+        (len(parts) >= 2 and parts[-2] == "model" and parts[-1] in ("path", "name", "file_bytes"))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def compare(a: dict, b: dict) -> dict:
+    """``knobs``: [name, A, B] for every knob that differs; ``figures``: [name, A, B, B/A or None]
+    for every number both have (``zero_in_both`` counts the ones left out for being 0 in both);
+    ``only_a`` / ``only_b``: names one of them lacks; ``warning``: the text when more than one
+    knob differs (else None)."""
+    fa, fb = flatten(a), flatten(b)
+    knobs = [[k, fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb))
+             if is_knob(k) and fa.get(k) != fb.get(k)]
+    figures, zeros = [], 0
+    for k in fa:
+        if k in fb and not is_knob(k) and _is_number(fa[k]) and _is_number(fb[k]):
+            if fa[k] == 0 and fb[k] == 0:
+                zeros += 1
+                continue
+            ratio = fb[k] / fa[k] if fa[k] else None
+            figures.append([k, fa[k], fb[k], ratio])
+    only_a = sorted(k for k in fa if k not in fb and not is_knob(k) and _is_number(fa[k]))
+    only_b = sorted(k for k in fb if k not in fa and not is_knob(k) and _is_number(fb[k]))
+    # one variable may be recorded under several names (n_threads and memcpy.n_threads): counted once
+    variables: dict[tuple, str] = {}
+    for k, x, y in knobs:
+        variables.setdefault((_parts(k)[-1], json.dumps(x), json.dumps(y)), k)
+    warning = None
+    if len(variables) > 1:
+        names = ", ".join(variables.values())
+        warning = (f"{len(variables)} variables differ between the runs ({names}): no change in the figures can be "
+                   f"put down to any one of them; for an A/B, change one knob at a time")
+    return {"knobs": knobs, "figures": figures, "zero_in_both": zeros, "only_a": only_a, "only_b": only_b,
+            "warning": warning}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return json.dumps(v) if isinstance(v, str) or v is None else str(v)
+
+
+def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
+    lines = [f"A  {path_a}  ({kind_a})", f"B  {path_b}  ({kind_b})"]
+    if kind_a != kind_b:
+        lines.append("note: different kinds of file: only the names both have are compared")
+    lines.append("")
+    if r["knobs"]:
+        w = max(len(k) for k, _, _ in r["knobs"])
+        lines.append(f"knobs that differ ({len(r['knobs'])}):")
+        lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
+    else:
+        lines.append("knobs: the same in both runs (the figures differ by run-to-run noise only)")
+    if r["warning"]:
+        lines += ["", f"WARNING: {r['warning']}"]
+    lines.append("")
+    if r["figures"]:
+        w = max(len(k) for k, *_ in r["figures"])
+        lines.append(f"{'figure':<{w}}  {'A':>14} {'B':>14} {'B/A':>8}")
+        for k, x, y, q in r["figures"]:
+            lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {('-' if q is None else f'{q:.3f}'):>8}")
+    if r["zero_in_both"]:
+        lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
+    for side, names in (("A", r["only_a"]), ("B", r["only_b"])):
+        if names:
+            lines.append(f"only in {side}: {', '.join(names)}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    try:
+        kind_a, a = load(args.a)
+        kind_b, b = load(args.b)
+    except CompareError as exc:
+        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
+        return 1
+    r = compare(a, b)
+    if args.json:
+        print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
+    else:
+        print(render(args.a, args.b, kind_a, kind_b, r))
+    if r["warning"]:
+        print(f"{_PREFIX} warning: {r['warning']}", file=sys.stderr)
+    return 0

@@ -1,0 +1,89 @@
+"""``ds4tui compare A.json B.json`` on real runs: the knobs that differ, the figures, the warning when
+more than one variable moved."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.commands import compare as C
+
+PROMPT = "Write a Python function that reverses a linked list."
+
+
+def _generate(tiny_q2, tmp_path, capsys, name: str, *extra: str) -> str:
+    rc = cli_main(["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", PROMPT, "-n", "16",
+                   "--threads", "2", "--backend", "cpu", "--json", *extra])
+    out = capsys.readouterr().out
+    assert rc == 0
+    path = tmp_path / name
+    path.write_text(out)
+    return str(path)
+
+
+def test_one_knob_moved_no_warning_and_every_figure_side_by_side(tiny_q2, tmp_path, capsys):
+    a = _generate(tiny_q2, tmp_path, capsys, "a.json")
+    b = _generate(tiny_q2, tmp_path, capsys, "b.json", "--no-scheduler")
+    rc = cli_main(["compare", a, b, "--json"])
+    out = capsys.readouterr()
+    assert rc == 0 and "warning" not in out.err
+    r = json.loads(out.out)
+    assert r["kind_a"] == r["kind_b"] == "generate"
+    assert r["knobs"] == [["dspark.scheduler", True, False]] and r["warning"] is None
+    ja, jb = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b.json").read_text())
+    figures = {k: (x, y, q) for k, x, y, q in r["figures"]}
+    x, y, q = figures["dspark_stats.stage_timing.verify_ms_per_drafted_cycle"]
+    assert x == ja["dspark_stats"]["stage_timing"]["verify_ms_per_drafted_cycle"]
+    assert y == jb["dspark_stats"]["stage_timing"]["verify_ms_per_drafted_cycle"] and q == pytest.approx(y / x)
+    assert figures["timings.decode_tokens_per_s"][:2] == (ja["timings"]["decode_tokens_per_s"],
+                                                         jb["timings"]["decode_tokens_per_s"])
+    assert figures["dspark_stats.cycles"][:2] == (ja["dspark_stats"]["cycles"], jb["dspark_stats"]["cycles"])
+    assert not any(k.startswith(("generated_ids", "text", "from_draft")) for k in figures)  # ids and text left out
+    rc = cli_main(["compare", a, b])
+    text = capsys.readouterr().out
+    assert "knobs that differ (1):\n  dspark.scheduler  True -> False" in text and "WARNING" not in text
+
+
+def test_two_knobs_moved_is_a_warning(tiny_q2, tmp_path, capsys):
+    a = _generate(tiny_q2, tmp_path, capsys, "a.json")
+    b = _generate(tiny_q2, tmp_path, capsys, "b.json", "--no-scheduler", "--numerics", "transformers")
+    rc = cli_main(["compare", a, b])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert "WARNING: 2 variables differ between the runs (dspark.scheduler, numerics)" in out.out
+    assert out.err.startswith("ds4tui compare: warning: 2 variables differ")
+
+
+def test_bench_results_and_bad_files(tiny_q2, tmp_path, capsys):
+    outs = []
+    for i, threads in enumerate(("1", "2")):
+        p = tmp_path / f"bench{i}.json"
+        rc = cli_main(["bench", str(tiny_q2["model"]), "--backend", "cpu", "--threads", threads, "--prompt-tokens", "16",
+                       "--decode-tokens", "4", "--json", "--out", str(p)])
+        capsys.readouterr()
+        assert rc == 0
+        outs.append(str(p))
+    rc = cli_main(["compare", *outs, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["kind_a"] == "bench" and r["warning"] is None  # one variable, recorded twice
+    assert r["knobs"] == [["memcpy.n_threads", 1, 2], ["n_threads", 1, 2]]
+    assert "decode_tokens_per_s" in {k for k, *_ in r["figures"]}
+    bad = tmp_path / "bad.json"
+    for content, why in (("{", "not JSON"), ("[1]", "expected a JSON object"), ('{"x": 1}', "not a ds4tui")):
+        bad.write_text(content)
+        rc = cli_main(["compare", outs[0], str(bad)])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.startswith(f"ds4tui compare: error: {bad}: ") and why in err and err.count("\n") == 1
+    rc = cli_main(["compare", outs[0], str(tmp_path / "missing.json")])
+    assert rc == 1 and "missing.json: cannot read" in capsys.readouterr().err
+
+
+def test_knobs_and_figures_are_told_apart():
+    for name in ("backend", "numerics", "knobs.scheduler", "dspark.max_draft", "sampling.top_p", "model.path",
+                 "arms[1].knobs.enabled", "n_ctx", "support"):
+        assert C.is_knob(name), name
+    for name in ("dspark_stats.verify", "timings.decode_tokens_per_s", "memory.kv", "arms[1].tokens_per_s",
+                 "stats.n_steps", "interface.cpu_s"):
+        assert not C.is_knob(name), name
