@@ -61,6 +61,47 @@ def int_list(text: str) -> list[int]:
     return [positive_int(t) for t in parts]
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def size_bytes(text: str) -> int:
+    """argparse type: a memory size in bytes, with an optional unit (K/M/G/T or KiB/MiB/GiB/TiB =
+    powers of 1024, KB/MB/GB/TB = powers of 1000): ``124GiB``, ``128GB``, ``96g``."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size such as 124GiB, 128GB or 96G (units K/M/G/T = 1024^n, "
+                                         f"KB/MB/GB/TB = 1000^n), found {text!r}")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (a temperature)."""
+    v = _float(text, "a number >= 0")
+    if not 0.0 <= v < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, found {text}")
+    return v
+
+
+def top_p_float(text: str) -> float:
+    """argparse type: a number in (0, 1] (top-p; 1 = off)."""
+    v = _float(text, "a number in (0, 1]")
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1 = off), found {text}")
+    return v
+
+
 def thread_count(text: str) -> int:
     """argparse type: 0 (one per core) .. 256 threads (the engine's DS4_MAX_THREADS)."""
     return _int_at_least(text, 0, "a thread count >= 0 (0 = one per core)", 256)
@@ -72,11 +113,17 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
         help="summarise and validate a DS4 GGUF (and a DSpark support GGUF)",
         description="Print architecture, layer schedule, dimensions, quant mix, byte totals and the "
         "estimated bytes read per decoded token of a DS4 GGUF; with --mtp, validate a DSpark support "
-        "GGUF against it. Exits non-zero on any error.",
+        "GGUF against it. The memory plan says whether the model (and support model) fits the GPU at --ctx "
+        "tokens: weights, support, KV and compressor state, scratch, against the GPU memory (or --budget), "
+        "with the largest context that fits. Exits non-zero on any error.",
     )
     p.add_argument("model", help="DS4 target GGUF (general.architecture = deepseek4)")
     p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF to check against the model")
-    p.add_argument("--ctx", type=positive_int, default=4096, help="context length for the KV bytes estimate (default 4096)")
+    p.add_argument("--ctx", type=positive_int, default=4096,
+                   help="context length of the bytes-per-token estimate and the memory plan (default 4096)")
+    p.add_argument("--budget", type=size_bytes, metavar="SIZE",
+                   help="GPU memory to plan against, e.g. 124GiB (default: amdgpu's GTT/VRAM total from sysfs, or "
+                   "the GPU runtime's total)")
     p.add_argument("--check-finite", action="store_true", help="also scan the target's F16/F32 tensors for NaN/Inf")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -153,9 +200,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      "fraction of the memory roofline measured in the same run, verify(1+5 rows)/decode); "
                      "use with --backend hip; --ctx sets the context (default 2048), --contexts several, --fill "
                      "how they are reached, --verify-widths the verify passes timed")
-    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
-                   help="engine backend: cpu, hip (GPU library; `ds4tui doctor` says whether it runs here), auto "
-                   "(hip when it runs, else cpu) or reference. Default cpu")
+    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="auto",
+                   help="engine backend: auto (hip when it runs, else cpu; the choice and why on stderr), cpu, hip "
+                   "(GPU library; `ds4tui doctor` says whether it runs here) or reference. Default auto")
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
@@ -198,7 +245,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--ab runs three arms on one engine with the support model attached in each (same memory; only the knob "
         "under test changes): target-only, DSpark without the scheduler, DSpark with it. Each arm generates "
         "--tokens greedy tokens for a code prompt and for a prose prompt. Per arm and prompt: tokens/s and its "
-        "ratio to target-only, accept rate, tokens/cycle, ms per cycle of each stage, ds4's stats line, and a "
+        "ratio to target-only, accept rate, tokens/cycle, ms per drafter pass of each drafter step, verify per drafted cycle and the plain decode (with the counts), ds4's stats line, and a "
         "check that all arms generated the same ids (exit status 1 if not).")
     ab.add_argument("--ab", action="store_true", help="run the A/B comparison (needs --mtp, or --medium)")
     ab.add_argument("--mtp", metavar="SUPPORT",
@@ -222,17 +269,17 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin)")
     p.add_argument("-n", "--n-predict", type=positive_int, default=256, metavar="N",
                    help="tokens to generate at most (default 256)")
-    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
+    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
-    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="min-p (default 0 = off)")
+    p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
+    p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed, 0..2^64-1 (default 0)")
     p.add_argument("--nothink", action="store_true", help="non-thinking mode (</think> after the Assistant marker)")
     p.add_argument("--system", help="system text for the chat template")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template")
-    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="cpu",
-                   help="cpu (native C), hip (the GPU library; `ds4tui doctor` says whether it runs here), auto (hip "
-                   "when it runs, else cpu, with a note on stderr) or reference (numpy oracle). Default cpu")
+    p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="auto",
+                   help="auto (hip when it runs, else cpu; the choice and why on stderr), cpu (native C), hip (the GPU "
+                   "library; `ds4tui doctor` says whether it runs here) or reference (numpy oracle). Default auto")
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
@@ -280,14 +327,20 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    help="start with DSpark on (default with --mtp) or off (--no-dspark; F2 turns it on)")
     p.add_argument("--ctx", type=positive_int, metavar="N", help="context size (default 4096, at most the model's)")
     p.add_argument("--backend", choices=["auto", "cpu", "hip"], default="auto",
-                   help="auto (the GPU when this build has one and a device answers, else cpu), cpu or hip")
+                   help="auto (the GPU when this build has one and a device answers, else cpu; the choice is shown "
+                   "in the title and the chat), cpu or hip. Default auto")
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--activations", choices=["f32", "q8"], default="f32",
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0 matrices, spec ds4.md §2.9.5; cpu backend only: --backend auto then picks cpu; the title shows q8). Default f32")
-    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature (default 0 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1 = off)")
+    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
+    p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
+    p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
+                   help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
+                   "Default ds4")
     p.add_argument("--nothink", action="store_true", help="start in non-thinking mode (F5 toggles)")
     p.add_argument("--system", help="system text for the chat template")
     p.add_argument("-n", "--n-predict", type=positive_int, metavar="N",
@@ -310,6 +363,19 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs: the knobs that differ and every figure side by side",
+        description="Read two JSON files ds4tui wrote (stats exports of the app (F6), transcripts (Ctrl+S), "
+        "`generate --json` or `bench [--ab]` results) and print the knobs that differ, a warning when more "
+        "than one differs, and every figure both have: A, B and B/A.",
+    )
+    p.add_argument("a", metavar="A.json", help="the first run (the baseline of the ratios)")
+    p.add_argument("b", metavar="B.json", help="the second run")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
 COMMANDS = {
     "chat": _add_chat,
     "inspect": _add_inspect,
@@ -318,11 +384,20 @@ COMMANDS = {
     "bench": _add_bench,
     "generate": _add_generate,
     "doctor": _add_doctor,
+    "compare": _add_compare,
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with bad flags reported as every other usage error is: one line naming the flag,
+    the value found and what is accepted, then exit status 2 (not the whole usage text)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ds4tui",
         description="Run DeepSeek V4 Flash with DSpark speculative decoding, and see what the speculation does.",
     )

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ds4tui import cli
 from ds4tui.cli import main as cli_main
 from ds4tui.commands import environment as E
 
@@ -77,6 +78,63 @@ def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env,
         assert rc == 2, err
         assert err.strip().endswith("error: DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the block size) or 1..5 "
                                     "(the support model's block size)")
+        assert err.count("\n") == 1, err  # one line, and nothing loaded before it (no backend note)
+    # the flag is checked against the support file's block size before any model loads, too
+    clean_env.delenv("DS4_DSPARK_MAX_DRAFT_TOKENS")
+    rc = cli_main(["generate", tiny_q2["model"], "-p", "hi", "--mtp", tiny_q2["support"], "--max-draft", "99"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
+                               f"{tiny_q2['support']}), found 99\n")
+    from ds4tui.commands import chat
+
+    clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")
+    args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"])])
+    args.settings = E.read_environment()
+    assert chat.run(args) == 2
+    assert capsys.readouterr().err.endswith("DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the block size) or 1..5 "
+                                            "(the support model's block size)\n")
+
+
+BAD_FLAGS = [
+    (["generate", "-p", "x", "--temp", "-1"], "--temp"),
+    (["generate", "-p", "x", "--temp", "hot"], "--temp"),
+    (["generate", "-p", "x", "--top-p", "0"], "--top-p"),
+    (["generate", "-p", "x", "--top-p", "1.5"], "--top-p"),
+    (["generate", "-p", "x", "--min-p", "2"], "--min-p"),
+    (["generate", "-p", "x", "--top-k", "-3"], "--top-k"),
+    (["generate", "-p", "x", "--seed", "-1"], "--seed"),
+    (["generate", "-p", "x", "-n", "0"], "-n/--n-predict"),
+    (["generate", "-p", "x", "--ctx", "0"], "--ctx"),
+    (["generate", "-p", "x", "--threads", "999"], "--threads"),
+    (["generate", "-p", "x", "--confidence", "1.5"], "--confidence"),
+    (["generate", "-p", "x", "--max-draft", "0"], "--max-draft"),
+    (["generate", "-p", "x", "--backend", "gpu"], "--backend"),
+    (["generate", "-p", "x", "--numerics", "fast"], "--numerics"),
+    (["chat", "--temp", "-0.5"], "--temp"),
+    (["chat", "--top-p", "0"], "--top-p"),
+    (["chat", "--min-p", "-1"], "--min-p"),
+    (["chat", "--top-k", "x"], "--top-k"),
+    (["chat", "--ctx", "-5"], "--ctx"),
+    (["chat", "-n", "0"], "-n/--n-predict"),
+    (["chat", "--backend", "cuda"], "--backend"),
+    (["chat", "--telemetry", "gpu"], "--telemetry"),
+    (["chat", "--numerics", "fp8"], "--numerics"),
+    (["bench", "m.gguf", "--decode-tokens", "0"], "--decode-tokens"),
+    (["bench", "m.gguf", "--repeat", "x"], "--repeat"),
+    (["bench", "m.gguf", "--tokens", "-1"], "--tokens"),
+    (["inspect", "m.gguf", "--ctx", "0"], "--ctx"),
+    (["inspect", "m.gguf", "--budget", "lots"], "--budget"),
+    (["convert", "a", "b", "--types", "q4"], "--types"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_every_bad_flag_is_one_line_naming_it_with_status_2(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"ds4tui {argv[0]}: error: argument {flag}: ") and ("expected" in err or "choice" in err), err
 
 
 def test_the_values_reach_the_engine(tiny_q2, clean_env, capsys):

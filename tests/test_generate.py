@@ -6,6 +6,7 @@ tokens marked as drafted, and a refused support file is a warning, not a failure
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -60,6 +61,10 @@ def test_reference_backend_gives_the_same_json(tiny_q2, capsys):
 def test_streamed_text_is_the_decoded_tokens(tiny_q2, tok, capsys):
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "12", "--nothink")
     assert rc == 0, err
+    # the speeds go to stderr at the end, as --json's timings
+    rates = err.splitlines()[-1]
+    assert re.fullmatch(r"ds4tui generate: prefill \d+ tokens: \d+\.\d\d s, \d+\.\d tokens/s; generated 12 tokens, "
+                        r"decode \d+\.\d tokens/s \(cpu backend\)", rates), rates
     rc, js, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "12", "--nothink", "--json")
     r = json.loads(js)
     assert out == tok.decode(r["generated_ids"]) + "\n"
@@ -90,8 +95,10 @@ def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):
     assert rc == 1 and "HIP" in err and json.loads(out)["ok"] is False
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "", "--raw")
     assert rc == 1 and "empty" in err
-    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "x", "--top-p", "0")
-    assert rc == 1 and "top_p" in err
+    with pytest.raises(SystemExit) as e:  # a bad flag: one line naming it, status 2, before anything loads
+        _gen(capsys, tiny_q2["model"], "-p", "x", "--top-p", "0")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("ds4tui generate: error: argument --top-p: expected a number in (0, 1]")
 
 
 def test_a_full_context_stops_generation_cleanly(tiny_q2, tok, capsys):
@@ -221,3 +228,18 @@ def test_dspark_option_errors(tiny_q2, capsys):
     with pytest.raises(SystemExit) as exc:
         cli_main(["generate", tiny_q2["model"], "-p", "hi", "--confidence", "1.5"])
     assert exc.value.code == 2 and "expected a number in [0, 1], found 1.5" in capsys.readouterr().err
+
+
+def test_every_command_defaults_to_auto_and_says_what_it_chose(tiny_q2, capsys):
+    from ds4tui.cli import build_parser
+
+    for argv in (["generate", "-p", "x"], ["bench", "m.gguf"], ["chat"]):
+        assert build_parser().parse_args(argv).backend == "auto", argv
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "4", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    # the GPU when it answers, else the CPU; the choice and why on stderr
+    assert (r["backend"] == "cpu" and "ds4tui generate: auto: using cpu because the HIP backend is unavailable: " in err) \
+        or (r["backend"] == "hip" and "(chosen by auto)" in err), err
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "4", "--json", "--activations", "q8")
+    assert rc == 0 and json.loads(out)["backend"] == "cpu" and "q8" in err

@@ -27,8 +27,9 @@ generates ``--tokens`` greedy tokens (default 512; EOS does not stop it) for eac
 code request and a prose request, rendered with the chat template in non-thinking mode, each in a
 fresh session.  Timed as above: the first step (sampling the prefill's logits) is not timed, every
 later step is, and tokens/s counts the tokens those steps emitted.  Per arm and prompt kind it
-reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, per-stage
-ms per cycle and ds4's stats line, and it checks that the three arms generated the same ids (a
+reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, the stage
+times in their own units (``DSparkStats.stage_timing``: each drafter step per drafter pass, verify
+per drafted cycle, the plain decode, with the counts) and ds4's stats line, and it checks that the three arms generated the same ids (a
 sha256 of each arm's ids); different outputs are an error (exit status 1).
 """
 
@@ -50,11 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import BadVariable, Settings, settings_of
+from ds4tui.commands.environment import BadVariable, Settings, check_support_block, settings_of
 from ds4tui.commands.inspect import _gib
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
-from ds4tui.engine.session import EngineError
+from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 
 _PREFIX = "ds4tui bench:"
@@ -350,9 +351,11 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
 
 def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
               n_prompt: int, n_decode: int,
-              ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None) -> dict:
+              ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None,
+              say=None) -> dict:
     """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
-    ``settings``: what the environment variables set (default: their defaults)."""
+    ``settings``: what the environment variables set (default: their defaults); ``say(note)``: told
+    which backend ran and why (``backend=auto``), before measuring."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
 
@@ -367,6 +370,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     ids, prompt_kind = prompt_ids(model, n_prompt)
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
                     **settings.engine_options())
+    backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    if say is not None and backend_note:
+        say(backend_note)
     try:
         session = engine.session(ctx, **settings.session_options())
 
@@ -396,6 +402,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": _model_info(model, medium),
         "backend": backend,
+        "backend_note": backend_note,
         "numerics": numerics,
         "activations": activations,
         "prefill_gemm": gemm,
@@ -499,7 +506,7 @@ def _arm_summary(runs: list[dict], st: DSparkStats) -> dict:
     return {"decode_tokens": tokens, "decode_seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 and tokens else None,
             "accept_rate": st.accept_rate, "tokens_per_cycle": st.tokens_per_cycle,
-            "stage_ms_per_cycle": st.stage_ms_per_cycle(), "dspark_line": format_line(st),
+            "stage_timing": st.stage_timing(), "dspark_line": format_line(st),
             "dspark_stats": st.to_dict()}
 
 
@@ -517,9 +524,10 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
 
 def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
            n_tokens: int,
-           ctx: int | None, medium: bool, settings: Settings | None = None) -> dict:
+           ctx: int | None, medium: bool, settings: Settings | None = None, say=None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
+    ``say(note)``: told which backend ran and why (``backend=auto``), before measuring.
     ``settings``: what the environment variables set (default: their defaults)."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
@@ -539,6 +547,9 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                          f"{model.config.context_length}")
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options())
+    backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    if say is not None and backend_note:
+        say(backend_note)
     try:
         if engine.support_status != "attached":
             raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
@@ -602,6 +613,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "model": _model_info(model, medium),
         "support": support_info,
         "backend": backend,
+        "backend_note": backend_note,
         "numerics": numerics,
         "activations": activations,
         "n_threads": n_threads_used,
@@ -687,7 +699,7 @@ def render_ab_text(r: dict) -> str:
         lines += ["", f"{a['name']}: enabled={int(k['enabled'])} scheduler={int(k['scheduler'])} "
                       f"threshold={k['threshold']:g} max_draft={k['max_draft']}",
                   "  " + a["dspark_line"],
-                  "  ms/cycle " + " ".join(f"{s}={v:.3f}" for s, v in a["stage_ms_per_cycle"].items())]
+                  "  " + stage_timing_line(a["stage_timing"])]
     lines.append("")
     if r["outputs_identical"]:
         lines.append(f"greedy outputs: identical in all {len(r['arms'])} arms (" + ", ".join(
@@ -696,6 +708,22 @@ def render_ab_text(r: dict) -> str:
         lines.append("greedy outputs: DIFFERENT: " + "; ".join(
             f"{x['arm']} {x['kind']} from token {x['first_difference']}" for x in r["mismatches"]))
     return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def stage_timing_line(t: dict) -> str:
+    """``DSparkStats.stage_timing`` on one line: ms per drafter pass of each non-zero drafter step
+    and their sum, ms per drafted cycle of verify and ms per plain decode, with the counts."""
+    steps = " ".join(f"{s}={_ms(v)}" for s, v in t["ms_per_drafter_pass"].items() if v and s != "propose")
+    ratio = t["verify_over_decode"]
+    return (f"ms per drafter pass ({t['drafter_passes']}): {steps + ' ' if steps else ''}"
+            f"propose={_ms(t['ms_per_drafter_pass']['propose'])}; "
+            f"verify per drafted cycle ({t['drafted_cycles']}) {_ms(t['verify_ms_per_drafted_cycle'])}; "
+            f"plain decode ({t['plain_decodes']}) {_ms(t['decode_ms_per_plain_decode'])}"
+            + ("" if ratio is None else f"; verify = {ratio:.2f} decodes"))
 
 
 def _fail(message: str, args, exc: BaseException | None = None) -> int:
@@ -794,7 +822,14 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{args.out}: cannot write the --out file: "
                          f"{'is a directory' if Path(args.out).is_dir() else 'no such folder ' + str(parent)}", args)
     path = args.model
+
+    def say(note: str) -> None:  # which backend auto chose, and why
+        if args.backend == "auto":
+            print(f"{_PREFIX} {note}", file=sys.stderr, flush=True)
+
     try:
+        if args.ab and args.mtp is not None:  # before anything loads
+            check_support_block(args.mtp, None, settings_of(args))
         if args.medium:
             path = medium_model()
         model = DS4Model(path)
@@ -803,17 +838,19 @@ def run(args: argparse.Namespace) -> int:
             result = run_ab(model, support, backend=args.backend, numerics=args.numerics, activations=args.activations,
                             n_threads=args.threads,
                             n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium),
-                            settings=settings_of(args))
+                            settings=settings_of(args), say=say)
         else:
             result = run_bench(model, backend=args.backend, numerics=args.numerics, activations=args.activations,
                                n_threads=args.threads,
                                n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
-                               repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args))
+                               repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args), say=say)
     except BadVariable as exc:  # a usage error, as a bad flag
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 2
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
+    except BackendUnavailableError as exc:  # the backend's fault, not the model file's
+        return _fail(f"--backend {args.backend}: {exc}", args, exc)
     except EngineError as exc:
         msg = str(exc)
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)

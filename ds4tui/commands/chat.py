@@ -22,7 +22,7 @@ Make a small test model (random weights: the text is noise, the speculation pane
 def options_from_args(args: argparse.Namespace):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
     from ds4tui.app import ChatOptions
-    from ds4tui.commands.environment import settings_of
+    from ds4tui.commands.environment import check_support_block, settings_of
     from ds4tui.demo import demo_pair, stderr_progress
 
     model, support = args.model, args.mtp
@@ -38,11 +38,8 @@ def options_from_args(args: argparse.Namespace):
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{what} {path}: no such file")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not args.temp >= 0:
-        raise ValueError(f"--temp must be >= 0, got {args.temp}")
     env = settings_of(args)
+    check_support_block(support, getattr(args, "max_draft", None), env)
     activations = getattr(args, "activations", "f32")
     backend = args.backend
     if activations == "q8":  # 8-bit activations run on the cpu backend only (spec ds4.md §2.9.5)
@@ -52,7 +49,8 @@ def options_from_args(args: argparse.Namespace):
         backend = "cpu"
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
                        backend=backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
-                       seed=args.seed, think=not args.nothink, system=args.system, max_tokens=args.n_predict,
+                       seed=args.seed, top_k=args.top_k, min_p=args.min_p, numerics=args.numerics,
+                       think=not args.nothink, system=args.system, max_tokens=args.n_predict,
                        save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
                        gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, prefill_gemm=env.prefill_gemm,
                        activations=activations, scheduler=env.dspark_scheduler,

@@ -67,6 +67,21 @@ class Settings:
                               f"0 (the block size) or 1..{block} (the support model's block size)")
 
 
+def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
+    """Before any model loads: a ``--max-draft`` (ValueError) or ``DS4_DSPARK_MAX_DRAFT_TOKENS``
+    (:class:`BadVariable`) above the block size the support file ``support`` declares in its
+    metadata.  Nothing is checked when there is no support file or its block size cannot be read
+    (loading it then says why)."""
+    from ds4tui.engine.gguf_model import support_block_size
+
+    block = support_block_size(support) if support is not None else None
+    if block is None:
+        return
+    if max_draft is not None and max_draft > block:
+        raise ValueError(f"argument --max-draft: expected 1..{block} (the block size of {support}), found {max_draft}")
+    settings.check_block(block)
+
+
 def settings_of(args) -> Settings:
     """The settings ``ds4tui.cli.main`` read for a command (``args.settings``); the defaults when
     the command runs without them (called from Python)."""

@@ -34,7 +34,7 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import BadVariable, settings_of
+from ds4tui.commands.environment import BadVariable, check_support_block, settings_of
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import ModelFileError
@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     why = _dspark_usage(args)
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's
+    try:  # options bounded by the support model's block size: checked before anything loads
+        check_support_block(args.mtp, args.max_draft, settings)
+    except ValueError as exc:  # BadVariable too
+        return _fail(str(exc), as_json, status=2)
     t_start = time.perf_counter()
     engine = session = None
     try:
@@ -205,12 +209,20 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         tail = utf8.decode(b"", final=True)
         pieces.append(tail)
         dspark = _dspark_result(engine, session)
+        n_dec = len(out_ids)
+        prefill_s = (t_prefill_end or t_end) - t_loaded
+        # Decode rate over the steps that ran the model: the first step only samples the prefill's logits.
+        decode_s = (t_end - t_first) if t_first is not None else 0.0
+        prefill_tps = len(ids) / prefill_s if t_prefill_end and prefill_s > 0 else None
+        decode_tps = (n_dec - 1) / decode_s if decode_s > 0 and n_dec > 1 else None
         if not as_json:
             sys.stdout.write(tail + "\n")
             sys.stdout.flush()
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
+            rates = rates_line(len(ids), prefill_s if t_prefill_end else None, prefill_tps, n_dec, decode_tps)
+            print(f"ds4tui generate: {rates} ({engine.backend} backend)", file=sys.stderr)
             if dspark["ran"] and not settings.dspark_stats:
                 print(dspark["dspark_line"], file=sys.stderr)  # else closing the session prints it
             if dspark["ran"] and not dspark["dspark_stats"]["t_decode_measured"]:
@@ -227,10 +239,6 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
     st = session.stats()
-    n_dec = len(out_ids)
-    prefill_s = (t_prefill_end or t_end) - t_loaded
-    # Decode rate over the steps that ran the model: the first step only samples the prefill's logits.
-    decode_s = (t_end - t_first) if t_first is not None else 0.0
     del dspark["ran"]
     result = {
         "ok": True,
@@ -253,10 +261,10 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "timings": {
             "load_s": round(t_loaded - t_start, 4),
             "prefill_s": round(prefill_s, 4),
-            "prefill_tokens_per_s": round(len(ids) / prefill_s, 3) if t_prefill_end and prefill_s > 0 else None,
+            "prefill_tokens_per_s": None if prefill_tps is None else round(prefill_tps, 3),
             "first_token_s": round(t_first - t_loaded, 4) if t_first is not None else None,
             "decode_s": round(decode_s, 4),
-            "decode_tokens_per_s": round((n_dec - 1) / decode_s, 3) if decode_s > 0 and n_dec > 1 else None,
+            "decode_tokens_per_s": None if decode_tps is None else round(decode_tps, 3),
         },
         "stats": st.to_dict(),
         **dspark,
@@ -270,6 +278,17 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 130 if stop == "interrupted" else 0
+
+
+def rates_line(n_prompt: int, prefill_s: float | None, prefill_tps: float | None, n_gen: int,
+               decode_tps: float | None) -> str:
+    """The speeds line ``generate`` ends with on stderr: prefill and decode tokens/s (the decode
+    rate over the steps after the first, which only samples the prefill's logits), as ``--json``'s
+    ``timings``."""
+    pre = "not finished" if prefill_s is None or prefill_tps is None else \
+        f"{prefill_s:.2f} s, {prefill_tps:.1f} tokens/s"
+    dec = "— (fewer than 2 tokens)" if decode_tps is None else f"{decode_tps:.1f} tokens/s"
+    return f"prefill {n_prompt} tokens: {pre}; generated {n_gen} tokens, decode {dec}"
 
 
 def _dspark_result(engine, session) -> dict:

@@ -221,6 +221,18 @@ def _first_key(reader: GGUFReader, keys: Iterable[str]) -> tuple[str | None, Any
     return None, None
 
 
+def support_block_size(path: str | os.PathLike) -> int | None:
+    """The block size a DSpark support GGUF declares (spec dspark.md §4.1), read from its metadata
+    alone, so that options bounded by it are checked before any model loads; None when the file
+    or the key cannot be read (loading the file then reports why)."""
+    try:
+        _, f = _first_key(open_gguf(path), L.SUPPORT_BLOCK_KEYS)
+        v = field_value(f) if f is not None else None
+        return int(v) if isinstance(v, (int, np.integer)) and 0 < int(v) <= L.MAX_SUPPORT_BLOCK else None
+    except (ModelFileError, OSError, ValueError, TypeError):
+        return None
+
+
 # ---- tensor table ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

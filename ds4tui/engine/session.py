@@ -149,6 +149,9 @@ class Engine:
         self.backend_note = ""
         self.gpu_info = None
         self._gpu_library: str | None = None
+        if activations == "q8" and backend == "auto":
+            self.backend_note = "auto: using cpu because 8-bit activations (q8) run on the cpu backend only"
+            backend = "cpu"
         if backend in ("hip", "auto"):
             from ds4tui.engine import gpu
 
