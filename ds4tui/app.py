@@ -606,6 +606,11 @@ class DS4App(App):
         bar.update(total=max(1, ev.total), progress=ev.done)
         self._set_status(f"prefill {ev.done}/{ev.total} tokens" + (f" ({ev.reused} reused from the KV cache)"
                                                                    if ev.reused else ""))
+        if self.engine is not None:  # the context counts the prompt as it is prefilled
+            snap = self.last_snapshot
+            self._panes["throughput"].show(self.timeline.view(), snap.dspark if snap is not None else None,
+                                           n_tokens=ev.reused + ev.done, n_ctx=self.engine.info.n_ctx,
+                                           ui_share=self.live_ui_cost().cpu_share)
 
     def _load_progress(self, ev: W.LoadProgress) -> None:
         bar = self._panes["progress"]
@@ -678,13 +683,16 @@ class DS4App(App):
             n = len(r.ids)
             if r.reason == "error" and not n:
                 summary = "not answered (see the error); this prompt is not part of the conversation"
+            elif r.reason == "stopped" and not n:
+                summary = "stopped before the answer began; this prompt is not part of the conversation"
             else:
                 summary = (f"{plural(n, 'token')} · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
                            if n else "0 tokens")
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
             await self.current.finish(summary)
-        if r.reason == "error" and not r.ids:
-            # nothing was generated: the prompt leaves the conversation (the dialog said why)
+        if r.reason in ("error", "stopped") and not r.ids:
+            # nothing was generated (an error, or Esc during the prefill): the prompt leaves the
+            # conversation, so the next turn does not prefill it again
             if self.messages and self.messages[-1]["role"] == "user":
                 self.messages.pop()
         else:

@@ -431,22 +431,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ds4tui {args.command}: error: {exc}", file=sys.stderr)
             return 2
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
+    _signals_seen.clear()
     try:
         with interrupt_on_signals():
-            return int(module.run(args) or 0)
+            rc = int(module.run(args) or 0)
     except KeyboardInterrupt:
         print("ds4tui: interrupted", file=sys.stderr)
-        return 130
+        rc = 130
     except BrokenPipeError:
         return 0
+    # a command that stopped for a signal says so in its status, as a shell does: 128 + the signal
+    # (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
+    return 128 + _signals_seen[-1] if rc == 130 and _signals_seen else rc
+
+
+#: The signals interrupt_on_signals turned into KeyboardInterrupt during the running command.
+_signals_seen: list[int] = []
 
 
 @contextlib.contextmanager
 def interrupt_on_signals():
     """Make SIGTERM/SIGHUP (kill, timeout, a dropped terminal) raise KeyboardInterrupt like Ctrl-C,
-    so that commands clean up after themselves (e.g. a converter removes its partial output)."""
+    so that commands clean up after themselves (e.g. a converter removes its partial output); the
+    exit status then names the signal (128 + its number)."""
 
     def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        _signals_seen.append(int(signum))
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}

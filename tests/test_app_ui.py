@@ -119,10 +119,15 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     model.write_bytes(b"")
     assert cli.main(["chat", str(model), "--dspark"]) == 2
     assert "--dspark needs a support model" in capsys.readouterr().err
-    assert cli.main(["chat", str(model), "--mtp", str(tmp_path / "s.gguf")]) == 2
+    assert cli.main(["chat", str(model), "--mtp", str(tmp_path / "s.gguf")]) == 1  # a file problem, as everywhere
     assert "s.gguf: no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["chat", str(model), "--backend", "gpu"])
+    capsys.readouterr()
+    # --save-dir is checked at the start, not when Ctrl+S or F6 first writes there
+    assert cli.main(["chat", str(model), "--save-dir", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == (f"ds4tui chat: error: argument --save-dir: {tmp_path / 'nowhere'}: no such folder "
+                                       f"(Ctrl+S and F6 write there)\n")
 
 
 async def test_narrow_window_hides_the_panes_until_f12(tmp_path):
@@ -252,3 +257,24 @@ async def test_chat_takes_the_sampling_options_of_generate(tmp_path):
         payload, _ = app._stats_payload()  # what F6 writes: the numerics and sampling are part of the run
         assert payload["numerics"] == "transformers"
         assert payload["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 1.0, "min_p": 0.05, "seed": 0}
+
+
+async def test_a_stopped_prefill_leaves_the_conversation_as_it_was(tmp_path):
+    gate = threading.Event()
+    app = DS4App(ChatOptions(model="demo.gguf", support="demo-support.gguf", save_dir=tmp_path),
+                 engine_factory=lambda o, progress: FakeChatEngine(o, gate=gate, hold_after=0),
+                 telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await _ready(pilot)
+        app.query_one("#prompt").value = "a very long prompt"
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        await app.flush()
+        # the context counts the prompt while it is prefilled (the fake prefills 40 tokens)
+        assert "context 40/4096 tokens" in app.query_one("#throughput").text
+        await pilot.press("escape")  # stopped before the first token
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert app.messages == [] and app.turns == []
+        summary = app.query(AssistantMessage).last().query_one("#summary")
+        assert "stopped before the answer began; this prompt is not part of the conversation" in str(summary.render())

@@ -88,3 +88,28 @@ def test_closing_the_terminal_mid_answer_ends_the_process(tiny_q2, tmp_path):
     while _running(str(tmp_path)) and time.monotonic() - t0 < 30:
         time.sleep(0.3)
     assert not _running(str(tmp_path)), "ds4tui chat kept running after its terminal closed"
+
+
+def test_stderr_redirected_to_a_file_keeps_the_app_on_the_terminal(tiny_q2, fitted_support, tmp_path):
+    """``ds4tui chat 2>log``: the app is drawn on the terminal, and the log gets what is printed
+    after it — here ds4's stats line (DS4_DSPARK_STATS=1) — not the app's screen."""
+    tmux = Tmux(f"ds4tui-err-{os.getpid()}")
+    log = tmp_path / "err.log"
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color DS4_DSPARK_STATS=1 {sys.executable} -m "
+           f"ds4tui chat {tiny_q2['model']} --mtp {fitted_support} --backend cpu --ctx 1024 -n 12 --nothink "
+           f"2>{log}; sleep 60")
+    tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "45", cmd)
+    try:
+        tmux.wait_for(r"ready · nothink", 120)
+        tmux("send-keys", "-t", "e2e", "-l", "Hello")
+        tmux("send-keys", "-t", "e2e", "Enter")
+        tmux.wait_for(r"stop: (max_tokens|eos)", 120)
+        tmux("send-keys", "-t", "e2e", "C-q")
+        t0 = time.monotonic()
+        while "DSpark stats" not in (log.read_text() if log.exists() else "") and time.monotonic() - t0 < 30:
+            time.sleep(0.3)
+        text = log.read_text()
+        assert "\x1b[" not in text and "DSpark knobs" not in text, text[:300]  # no screen drawing in the log
+        assert text.strip().splitlines()[-1].startswith("DSpark stats cycles=")
+    finally:
+        subprocess.run(tmux.base + ["kill-server"], capture_output=True)

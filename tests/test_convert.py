@@ -209,8 +209,28 @@ def test_sigterm_leaves_no_partial_file(small_f32, tmp_path):
     assert list(tmp_path.glob("t.gguf.*.part")), "conversion never started writing"
     p.send_signal(signal.SIGTERM)
     err = p.communicate(timeout=60)[1]
-    assert p.returncode == 130 and "interrupted" in err
+    assert p.returncode == 143 and "interrupted" in err  # 128 + SIGTERM, as a shell reports it
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_converters_part_file_is_removed_by_the_next_run(small_f32, tmp_path):
+    """SIGKILL leaves no chance to clean up: the next conversion to the same output removes the
+    .part files of converters that no longer run (and leaves a running one's alone)."""
+    import os
+    import subprocess
+
+    from ds4tui.engine import convert as cv
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "t.gguf"
+    stale = tmp_path / f"t.gguf.{dead.pid}.x1y2.part"
+    alive = tmp_path / f"t.gguf.{os.getppid()}.a1b2.part"
+    other = tmp_path / "u.gguf.1.zz.part"
+    for p in (stale, alive, other):
+        p.write_bytes(b"partial")
+    assert cv.remove_stale_parts(out) == [stale]
+    assert not stale.exists() and alive.exists() and other.exists()
 
 
 def test_checkpoint_tokenizer_json_is_an_input_and_devices_are_never_replaced(small_f32, tmp_path, capsys):
@@ -249,7 +269,17 @@ def test_write_errors_name_the_output(small_f32, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(cv.GGUFWriter, "write_tensor_data", full)
     rc = cli_main(["convert", small_f32["hf"], str(tmp_path / "o.gguf"), "-q"])
-    assert rc == 1 and f"{tmp_path / 'o.gguf'}: cannot write: No space left on device" in capsys.readouterr().err
+    assert rc == 1 and f"{tmp_path / 'o.gguf'}: cannot write: the disk is full (" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+    def short(self, *a, **k):  # how numpy's tofile reports a full disk: no errno, two numbers
+        raise OSError("344064 requested and 2464 written")
+
+    monkeypatch.setattr(cv.GGUFWriter, "write_tensor_data", short)
+    monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 2464})())
+    rc = cli_main(["convert", small_f32["hf"], str(tmp_path / "o.gguf"), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"cannot write: the disk is full (2464 bytes free in {tmp_path})" in err, err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -243,3 +243,14 @@ def test_every_command_defaults_to_auto_and_says_what_it_chose(tiny_q2, capsys):
         or (r["backend"] == "hip" and "(chosen by auto)" in err), err
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "4", "--json", "--activations", "q8")
     assert rc == 0 and json.loads(out)["backend"] == "cpu" and "q8" in err
+
+
+def test_a_character_cut_by_n_is_not_printed_as_a_replacement():
+    import codecs
+
+    from ds4tui.commands.generate import utf8_tail
+
+    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    assert d.decode("ok é".encode()[:-1]) == "ok " and utf8_tail(d) == ""  # the first byte of é: dropped
+    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    assert d.decode("ok é".encode()) == "ok é" and utf8_tail(d) == ""

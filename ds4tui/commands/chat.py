@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -37,7 +38,12 @@ def options_from_args(args: argparse.Namespace):
         raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):
-            raise ValueError(f"{what} {path}: no such file")
+            raise FileNotFoundError(f"{what} {path}: no such file")
+    save_dir = Path(args.save_dir)
+    if not save_dir.is_dir():
+        raise ValueError(f"argument --save-dir: {save_dir}: no such folder (Ctrl+S and F6 write there)")
+    if not os.access(save_dir, os.W_OK | os.X_OK):
+        raise ValueError(f"argument --save-dir: {save_dir}: cannot write there (Ctrl+S and F6 write there)")
     env = settings_of(args)
     check_support_block(support, getattr(args, "max_draft", None), env)
     activations = getattr(args, "activations", "f32")
@@ -68,14 +74,36 @@ def run(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2
-    except ValueError as exc:
-        print(f"{_PREFIX} {exc}", file=sys.stderr)
+    except FileNotFoundError as exc:  # a file that cannot be read: status 1, as every command
+        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # a usage error, as a bad flag: one line, status 2, before anything loads
+        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 2
     from ds4tui.app import DS4App
 
     app = DS4App(options)
     try:
-        app.run()
+        with _app_on_the_terminal():
+            app.run()
     finally:
-        app.close_engine()
+        app.close_engine()  # after the app: what closing prints (DS4_DSPARK_STATS's line) goes to stderr
     return int(app.return_code or 0)
+
+
+@contextlib.contextmanager
+def _app_on_the_terminal():
+    """The app draws on the terminal even when stderr is redirected (``ds4tui chat 2>log``):
+    Textual writes to file descriptor 2, so while it runs that descriptor is the terminal of
+    stdout, and the redirected stderr gets back what is printed after the app (the stats line)."""
+    swap = not os.isatty(2) and os.isatty(1)
+    saved = os.dup(2) if swap else None
+    if swap:
+        os.dup2(1, 2)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -206,7 +206,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                 print(file=sys.stdout)
             return _fail(str(exc), as_json)
         t_end = time.perf_counter()
-        tail = utf8.decode(b"", final=True)
+        tail = utf8_tail(utf8)
         pieces.append(tail)
         dspark = _dspark_result(engine, session)
         n_dec = len(out_ids)
@@ -278,6 +278,17 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         print(f"{_PREFIX} cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 130 if stop == "interrupted" else 0
+
+
+def utf8_tail(decoder) -> str:
+    """What an incremental UTF-8 decoder still holds at the end of the output: a complete
+    character's text, or "" when -n (or EOS) cut a multi-byte character short (printing its bytes
+    would show U+FFFD, a character the model never produced)."""
+    held, _ = decoder.getstate()
+    try:
+        return held.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
 
 
 def rates_line(n_prompt: int, prefill_s: float | None, prefill_tps: float | None, n_gen: int,

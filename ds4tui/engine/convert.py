@@ -21,6 +21,7 @@ that is renamed into place only when complete.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import struct
@@ -493,6 +494,47 @@ def _encode_planned(p: PlannedTensor) -> np.ndarray:
     return data
 
 
+def write_error(exc: OSError, folder: Path) -> str:
+    """What a failed write means: "the disk is full (N bytes free in FOLDER)" for ENOSPC — also when
+    numpy reports it only as "N requested and M written" — else the OS's words."""
+    import errno
+    import shutil
+
+    short = exc.errno is None and "requested and" in str(exc)
+    if exc.errno == errno.ENOSPC or short:
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            free = None
+        if exc.errno == errno.ENOSPC or (free is not None and free < (64 << 20)):
+            return "the disk is full" + (f" ({free} bytes free in {folder})" if free is not None else "")
+    return exc.strerror or str(exc)
+
+
+def remove_stale_parts(out: Path) -> list[Path]:
+    """Delete the temporary files (``OUT.<pid>.*.part``) that a converter writing ``out`` left when
+    it was killed (SIGKILL leaves no chance to clean up): those whose process no longer runs.
+    Returns what was removed."""
+    gone = []
+    for p in out.parent.glob(f"{glob.escape(out.name)}.*.part"):
+        pid = p.name[len(out.name) + 1:].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running: another converter's file
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        try:
+            p.unlink()
+            gone.append(p)
+        except OSError:
+            pass
+    return gone
+
+
 def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter], None],
                plan: list[PlannedTensor], progress: Progress | None = None, *, overwrite: bool = True) -> Path:
     """Stream ``plan`` into a GGUF at ``out`` (via a temporary file renamed on success).
@@ -503,8 +545,9 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
     (disk full, permissions) become :class:`ConversionError` naming ``out``.
     """
     out = Path(out)
+    remove_stale_parts(out)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f"{out.name}.{os.getpid()}.", suffix=".part", dir=out.parent)
     except OSError as exc:
         raise ConversionError(f"{out}: cannot write in {out.parent}: {exc.strerror or exc}") from None
     os.close(fd)
@@ -543,7 +586,7 @@ def write_gguf(out: str | os.PathLike, arch: str, metadata: Callable[[GGUFWriter
     except OSError as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise ConversionError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise ConversionError(f"{out}: cannot write: {write_error(exc, out.parent)}") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
