@@ -151,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
                 _setup_dspark(engine, session, args)
         except BadVariable as exc:
             return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
+        except S.BackendUnavailableError as exc:  # the backend's fault, not the model file's
+            return _fail(f"--backend {args.backend}: {exc} (--backend auto runs on the cpu when the GPU cannot; "
+                         f"`ds4tui doctor` says what is missing)", as_json)
         except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
             return _fail(str(exc), as_json)
         return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings)
