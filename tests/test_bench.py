@@ -336,6 +336,7 @@ def test_ab_refuses_a_support_model_that_cannot_draft(tiny_q2, tmp_path, capsys)
     bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
     rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "4")
     assert rc == 1 and out == ""
+    err = err[err.index("ds4tui bench: error:"):]  # after auto's backend note
     assert err.startswith(f"ds4tui bench: error: an A/B run needs a support model that drafts: {bad}: support model "
                           f"refused") and "support has 8 experts" in err
 
@@ -366,8 +367,8 @@ def test_synthetic_flash_refuses_the_cpu_backend_before_building_anything():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "ds4tui", "bench", "--synthetic", "flash"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "ds4tui", "bench", "--synthetic", "flash", "--backend", "cpu"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--synthetic flash times the GPU backend" in out.stderr and "--backend hip" in out.stderr
 

@@ -200,7 +200,7 @@ def test_refused_support_warns_and_runs_target_only(tiny_q2, tmp_path, capsys):
     plain = json.loads(out)
     rc, out, err = _gen(capsys, *base, "--json", "--mtp", str(bad))
     assert rc == 0, err
-    warning = err.splitlines()[0]
+    warning = next(line for line in err.splitlines() if "warning:" in line)  # after auto's backend note
     assert warning.startswith("ds4tui generate: warning: DSpark support model refused, continuing target-only")
     assert str(bad) in warning and "support has 8 experts" in warning and "expert_count = 16" in warning
     r = json.loads(out)
@@ -221,8 +221,9 @@ def test_dspark_option_errors(tiny_q2, capsys):
                            "(DSpark is then on by default), or leave out --dspark")
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "--max-draft", "2", "--json")
     assert rc == 2 and "--max-draft needs a DSpark support model" in json.loads(out)["error"]
-    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--max-draft", "6"))
-    assert rc == 1 and "--max-draft 6 exceeds the support model's block size 5" in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--max-draft", "6"))  # checked before the model loads
+    assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
+                               f"{tiny_q2['support']}), found 6\n")
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--backend", "reference"))
     assert rc == 2 and "--mtp needs the cpu backend" in err
     with pytest.raises(SystemExit) as exc:
