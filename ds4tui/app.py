@@ -51,7 +51,7 @@ from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
-from ds4tui.widgets.dialogs import ErrorDialog, InfoDialog
+from ds4tui.widgets.dialogs import AskPath, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import set_line
@@ -135,6 +135,9 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
      "Write the chat as Markdown and as JSON with per-turn stats", True),
     ("help.no_draft", "f1", "explain_no_draft", "Why", "Explain the no-draft reasons",
      "Why a cycle makes no draft, and what to do about each reason", False),
+    ("stats.view", "ctrl+o", "view_export", "Open", "Show a stats export",
+     "Show a stats JSON that F6 wrote (or a transcript) in the panes, read-only; Esc returns to the live panes",
+     False),
     ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
      "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
 )
@@ -283,6 +286,8 @@ class DS4App(App):
         self.turns: list[W.TurnResult] = []
         self.current: AssistantMessage | None = None
         self.last_snapshot: W.StatsSnapshot | None = None
+        #: the stats export shown read-only in the panes (None: the panes are live)
+        self.viewing: str | None = None
         self.last_sample = None
         self.errors: list[tuple[str, str]] = []
         self._draining = False
@@ -555,24 +560,67 @@ class DS4App(App):
         whose text changed are repainted."""
         self.last_snapshot = snap
         self.timeline.add(snap)
+        if self.viewing is not None:  # an export is on show: the live panes wait until it is closed
+            return
         now = time.monotonic()
         if snap.generating and now - self._panes_t < PANES_S:
             return
         self._panes_t = now
-        view = self.timeline.view()
-        st = snap.dspark
         info = self.engine.info if self.engine is not None else None
+        self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
+        if snap.knobs is not None:
+            self._show_knobs(snap.knobs)
+        self._set_status()
+
+    def _draw_panes(self, snap: W.StatsSnapshot, view, support_status: str) -> None:
+        st = snap.dspark
         p = self._panes
-        p["accept"].show(st, view, support_status=info.support_status if info else "none")
+        p["accept"].show(st, view, support_status=support_status)
         block = st.block_size if st is not None else 0
         p["draft-hist"].show(st.draft_len_hist if st is not None else [0] * (block + 1))
         p["accepted-hist"].show(st.accepted_len_hist if st is not None else [0] * (block + 1))
         p["stages"].show(st)
-        p["no-draft"].show(st, support_status=info.support_status if info else "none")
+        p["no-draft"].show(st, support_status=support_status)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
-                             ui_share=self.live_ui_cost().cpu_share)
-        if snap.knobs is not None:
-            self._show_knobs(snap.knobs)
+                             ui_share=None if self.viewing is not None else self.live_ui_cost().cpu_share)
+
+    # ---- a stats export, shown read-only ----------------------------------------------------------
+
+    def action_view_export(self) -> None:
+        exports = sorted(Path(self.options.save_dir).glob("ds4tui-stats-*.json"), key=lambda f: f.stat().st_mtime)
+        default = str(exports[-1]) if exports else str(Path(self.options.save_dir) / "ds4tui-stats-.json")
+        self.push_screen(AskPath("Show a stats export (read-only)", default,
+                                 "a JSON that F6 wrote (or a Ctrl+S transcript); Enter shows it, Esc cancels"),
+                         self.view_export)
+
+    def view_export(self, path: str | None) -> None:
+        """Show the stats export at ``path`` in the panes, read-only, until Esc (or the next turn)."""
+        if not path:
+            return
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            if isinstance(d, dict) and str(d.get("format", "")).startswith("ds4tui-chat/"):
+                d = d.get("session") or {}
+            snap = W.StatsSnapshot.from_export(d)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            self._error("cannot show the export", f"{path}: {exc}")
+            return
+        self.viewing = str(path)
+        timeline = SpecTimeline()
+        timeline.add(snap)
+        self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"))
+        self._set_status()
+        self.notify(f"showing {Path(path).name} read-only — Esc returns to the live panes", timeout=4)
+
+    def close_export(self) -> None:
+        """Back to the live panes."""
+        if self.viewing is None:
+            return
+        self.viewing = None
+        snap = self.last_snapshot
+        if snap is not None:
+            info = self.engine.info if self.engine is not None else None
+            self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
         self._set_status()
 
     def _show_knobs(self, knobs=None) -> None:
@@ -630,6 +678,8 @@ class DS4App(App):
             parts.append("think" if self.think else "nothink")
             if self.trace:
                 parts.append("draft highlight on")
+            if self.viewing is not None:
+                parts.append(f"panes: {Path(self.viewing).name} (read-only; Esc: live)")
             text = " · ".join(parts)
         set_line(self._panes["status"], text)
 
@@ -663,6 +713,7 @@ class DS4App(App):
         self.messages.append({"role": "user", "content": text})
         self._generating = True
         self._set_status()
+        self.close_export()  # a new turn: the panes go live again
         self._turn_started()
         self.run_worker(partial(self._turn, list(self.messages), self.think), thread=True, group="generation",
                         exclusive=True, exit_on_error=False)
@@ -705,6 +756,9 @@ class DS4App(App):
     # ---- actions -----------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
+        if self.viewing is not None and not self._generating:
+            self.close_export()
+            return
         if self.engine is not None and self._generating:
             self.engine.stop()
             self._set_status("stopping…")

@@ -278,3 +278,44 @@ async def test_a_stopped_prefill_leaves_the_conversation_as_it_was(tmp_path):
         assert app.messages == [] and app.turns == []
         summary = app.query(AssistantMessage).last().query_one("#summary")
         assert "stopped before the answer began; this prompt is not part of the conversation" in str(summary.render())
+
+
+async def test_a_stats_export_is_shown_again_read_only(tmp_path):
+    import json as _json
+
+    from ds4tui.engine.stats import DSparkStats
+    from ds4tui.widgets.dialogs import AskPath
+    from ds4tui.widgets.histogram import Histogram
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:  # a run whose stats are written with F6
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+    export = next(tmp_path.glob("ds4tui-stats-*.json"))
+    st = DSparkStats.from_dict(_json.loads(export.read_text())["dspark_stats"])
+    app = _app(tmp_path)  # a fresh session: its panes have nothing yet
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await pilot.press("ctrl+o")  # the palette's "Show a stats export"; the newest export is offered
+        await pilot.pause()
+        assert isinstance(app.screen, AskPath) and app.screen.query_one("#ask-path").value == str(export)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.viewing == str(export)
+        assert app.query_one("#draft-hist", Histogram).counts == st.draft_len_hist
+        assert app.query_one("#accepted-hist", Histogram).counts == st.accepted_len_hist
+        t = st.stage_timing()
+        assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in app.query_one("#stages").text
+        assert f"cycles {st.cycles} · proposed {st.proposed}" in app.query_one("#accept").text
+        assert "(read-only; Esc: live)" in str(app.query_one("#status").render())
+        await pilot.press("escape")  # back to the live panes
+        await pilot.pause()
+        assert app.viewing is None and "read-only" not in str(app.query_one("#status").render())
+        # a file that is not an export: one dialog naming it
+        bad = tmp_path / "bad.json"
+        bad.write_text('{"x": 1}')
+        app.view_export(str(bad))
+        await pilot.pause()
+        assert app.errors[-1][0] == "cannot show the export" and str(bad) in app.errors[-1][1]

@@ -100,6 +100,23 @@ class StatsSnapshot:
     turn_draft_tokens: int
     turn_decode_s: float
 
+    @classmethod
+    def from_export(cls, d: Mapping[str, Any]) -> "StatsSnapshot":
+        """The snapshot a stats export holds (the JSON the app's F6 writes, or a transcript's
+        ``session`` block), to show it again; ValueError naming what is missing or wrong."""
+        if not isinstance(d, Mapping) or "stats" not in d or "n_ctx" not in d:
+            raise ValueError("not a ds4tui stats export (F6 writes one): no 'stats' or 'n_ctx'")
+        fields = S.Stats.__dataclass_fields__
+        stats = S.Stats(**{k: v for k, v in dict(d["stats"]).items() if k in fields})
+        dspark = DSparkStats.from_dict(d["dspark_stats"]) if d.get("dspark_stats") else None
+        knobs = S.DSparkKnobs(**d["knobs"]) if d.get("knobs") else None
+        events = tuple(S.KnobEvent(int(e["cycle"]), S.DSparkKnobs(**{k: v for k, v in e.items() if k != "cycle"}))
+                       for e in d.get("knob_events") or ())
+        return cls(t=0.0, stats=stats, dspark=dspark, knobs=knobs, events=events, n_tokens=int(d.get("n_tokens", 0)),
+                   n_ctx=int(d["n_ctx"]), generating=False, turn=0, turn_tokens=stats.n_decode_tokens,
+                   turn_draft_tokens=dspark.accepted_draft if dspark is not None else 0,
+                   turn_decode_s=stats.decode_ms / 1000.0)
+
 
 @dataclass(frozen=True)
 class TurnResult:

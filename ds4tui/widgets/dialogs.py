@@ -1,5 +1,5 @@
 """Modal dialogs: an error the user must read (bad file, refused support model, no GPU), and
-longer explanations (the no-draft reasons)."""
+longer explanations (the no-draft reasons), and a path to open (a stats export)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Input, Label, Static
 
 
 class ErrorDialog(ModalScreen[None]):
@@ -71,4 +71,36 @@ class InfoDialog(ModalScreen[None]):
         self.dismiss(None)
 
     async def action_dismiss(self, result=None) -> None:
+        self.dismiss(None)
+
+
+class AskPath(ModalScreen["str | None"]):
+    """Asks for a file path (prefilled with ``default``): Enter returns it, Esc returns None."""
+
+    DEFAULT_CSS = """
+    AskPath { align: center middle; }
+    AskPath > Vertical { width: 80%; max-width: 110; height: auto; border: thick $accent; background: $surface; padding: 1 2; }
+    AskPath #ask-title { text-style: bold; }
+    AskPath #ask-hint { color: $text-muted; margin-bottom: 1; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "cancel", show=False)]
+
+    def __init__(self, title: str, default: str = "", hint: str = ""):
+        super().__init__()
+        self.title_text, self.default, self.hint = title, default, hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="ask-title")
+            yield Static(self.hint, id="ask-hint", markup=False)
+            yield Input(self.default, id="ask-path")
+
+    def on_mount(self) -> None:
+        self.query_one("#ask-path", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
         self.dismiss(None)
