@@ -264,8 +264,10 @@ template <int TYPE>
 static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t n_slots,
                         int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div,
                         int64_t n, float *Y, int64_t ldy) {
-    if (ids) {
-        pl_go<TYPE, 1, 2, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1, Y, ldy);
+    if (ids) { /* rows of the slot's matrix per warp sharing each activation load: 4 (Q2_K 2: 4 spill on gfx1151) */
+        constexpr int PL_RPW_GATHER = TYPE == DS4_TYPE_Q2_K ? 2 : 4;
+        pl_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div,
+                                         1, Y, ldy);
         return;
     }
     if (n == 1) {
