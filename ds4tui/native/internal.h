@@ -235,6 +235,12 @@ int ds4_check_sampling(const ds4_sampling *p, char *err, size_t err_len);
 /* ---- cpu/ops.c -------------------------------------------------------------------------------- */
 void ds4_rms_norm(const float *x, int64_t n, float eps, const float *w, float *out);
 void ds4_rope(const double *freq, int n_rot, float *x, int64_t width, int64_t pos, int inverse);
+/* ds4_rope in two steps, so that the heads of one position share the angles: cs[n_rot] = (cos, sin)
+ * of each pair's angle at pos (sin negated when inverse), then the rotation of x's last n_rot lanes
+ * (the same float operations as ds4_rope).  DS4_ROPE_MAX: the widest cs a caller keeps on its stack. */
+#define DS4_ROPE_MAX 256
+void ds4_rope_cs(const double *freq, int n_rot, int64_t pos, int inverse, float *cs);
+void ds4_rope_apply(const float *cs, int n_rot, float *x, int64_t width);
 void ds4_fp8_kv_round_trip(float *row, int64_t width, int n_rot);
 void ds4_f16_round(float *x, int64_t n);
 void ds4_indexer_qat(float *x, int64_t n);

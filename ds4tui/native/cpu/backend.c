@@ -245,10 +245,17 @@ static int norm_rope(ds4_backend_ctx *c, float *x, int64_t rows, int32_t width, 
                      const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
                      char *err, size_t len) {
     (void)c, (void)err, (void)len;
+    float cs[DS4_ROPE_MAX]; /* the angles of position `at`, shared by its heads */
+    int64_t at = -1;
     for (int64_t r = 0; r < rows; r++) {
         float *row = x + r * width;
+        const int64_t pos = p0 + r / heads_per_tok;
         if (eps >= 0.0f) ds4_rms_norm(row, width, eps, w, row);
-        ds4_rope(freq, n_rot, row, width, p0 + r / heads_per_tok, inverse);
+        if (n_rot > DS4_ROPE_MAX) ds4_rope(freq, n_rot, row, width, pos, inverse);
+        else {
+            if (pos != at) ds4_rope_cs(freq, n_rot, pos, inverse, cs), at = pos;
+            ds4_rope_apply(cs, n_rot, row, width);
+        }
         if (qat) ds4_indexer_qat(row, width);
     }
     return DS4_OK;

@@ -51,16 +51,46 @@ double *ds4_rope_freqs(int n_rot, double base, int yarn, double factor, double o
 }
 
 /* Interleaved rotation of the last n_rot lanes of x[width] at position pos. */
-void ds4_rope(const double *freq, int n_rot, float *x, int64_t width, int64_t pos, int inverse) {
-    float *t = x + width - n_rot;
+void ds4_rope_cs(const double *freq, int n_rot, int64_t pos, int inverse, float *cs) {
     for (int k = 0; k < n_rot / 2; k++) {
         double ang = (double)pos * freq[k];
         float c = (float)cos(ang), s = (float)sin(ang);
-        if (inverse) s = -s;
+        cs[2 * k] = c;
+        cs[2 * k + 1] = inverse ? -s : s;
+    }
+}
+
+/* Kept scalar: GCC's vectoriser turns the pair of rotations into fused multiply-add-subtracts (one
+ * rounding fewer), which would change the bits of every rotated lane. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+void ds4_rope_apply(const float *cs, int n_rot, float *x, int64_t width) {
+    float *t = x + width - n_rot;
+    for (int k = 0; k < n_rot / 2; k++) {
+        const float c = cs[2 * k], s = cs[2 * k + 1];
         float a = t[2 * k], b = t[2 * k + 1];
         t[2 * k] = a * c - b * s;
         t[2 * k + 1] = a * s + b * c;
     }
+}
+
+void ds4_rope(const double *freq, int n_rot, float *x, int64_t width, int64_t pos, int inverse) {
+    float cs[DS4_ROPE_MAX];
+    if (n_rot > DS4_ROPE_MAX) { /* wider than any DS4 model: one pair at a time */
+        float *t = x + width - n_rot;
+        for (int k = 0; k < n_rot / 2; k++) {
+            double ang = (double)pos * freq[k];
+            float c = (float)cos(ang), s = (float)sin(ang);
+            if (inverse) s = -s;
+            float a = t[2 * k], b = t[2 * k + 1];
+            t[2 * k] = a * c - b * s;
+            t[2 * k + 1] = a * s + b * c;
+        }
+        return;
+    }
+    ds4_rope_cs(freq, n_rot, pos, inverse, cs);
+    ds4_rope_apply(cs, n_rot, x, width);
 }
 
 /* Smallest e with 2^e >= r (r > 0), exactly. */
