@@ -55,9 +55,8 @@ struct ds4_dspark {
     /* scheduler (spec dspark.md §7.3) */
     double t_ver[DS4_DSPARK_MAX_BLOCK + 2];
     int has_ver[DS4_DSPARK_MAX_BLOCK + 2];
-    double t_prop;              /* a proposal's fixed part: context rows, embedding, stages, HC head, c_0 */
-    double t_prop_row;          /* and its part per drafted row: LM head row, Markov product, confidence */
-    int has_prop, has_prop_row;
+    double t_prop;
+    int has_prop;
     int skip_left, backoff, probe;
     uint64_t n_plain;           /* plain (no-draft) cycles: target_ms / n_plain prices the savings */
     ds4_dspark_stats st;
@@ -391,12 +390,6 @@ static double t_verify(const ds4_dspark *d, int n) {
     return d->has_ver[lo] ? d->t_ver[lo] : d->t_ver[hi]; /* optimistic: flat beyond what was measured */
 }
 
-/* The cost of proposing l drafts: the drafter's fixed part plus l rows of its heads (the LM head and
- * the Markov head run once per drafted row, which on a CPU is most of a proposal). */
-static double t_propose(const ds4_dspark *d, int l) {
-    return d->t_prop + (d->has_prop_row ? (double)l * d->t_prop_row : 0.0);
-}
-
 /* Expected tokens per ms with l drafts verified, from the per-position acceptance so far. */
 static double rate(const ds4_dspark *d, int l) {
     double surv = 1.0, tokens = 1.0;
@@ -405,7 +398,7 @@ static double rate(const ds4_dspark *d, int l) {
         surv *= a;
         tokens += surv;
     }
-    return tokens / (t_propose(d, l) + t_verify(d, l + 1));
+    return tokens / (d->t_prop + t_verify(d, l + 1));
 }
 
 /* 1 when no verify length up to lmax beats plain decoding even if every draft were accepted: no
@@ -413,7 +406,7 @@ static double rate(const ds4_dspark *d, int l) {
 static int hopeless(const ds4_dspark *d, int lmax) {
     const double plain = 1.0 / t_verify(d, 1);
     for (int l = 1; l <= lmax; l++)
-        if ((double)(l + 1) / (t_propose(d, l) + t_verify(d, l + 1)) > plain) return 0;
+        if ((double)(l + 1) / (d->t_prop + t_verify(d, l + 1)) > plain) return 0;
     return 1;
 }
 
@@ -543,7 +536,6 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
     if (k.scheduler) {
-        int best = -1;
         if (max_out < TAIL_MIN_TOKENS)
             return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->skip_left > 0) {
@@ -557,7 +549,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
              * acceptance estimate (the one every longer draft depends on) */
             d->probe = 0;
             if (lmax > 1) lmax = 1;
-        } else if (d->has_prop && lmax >= 1 && (best = best_length(d, lmax)) == 0) {
+        } else if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
              * drafting stays unprofitable, at once when it could not pay even with every draft
              * accepted */
@@ -568,9 +560,6 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         } else {
             d->backoff = 2;
-            /* the verify length depends on measured times and acceptance only, never on this
-             * cycle's drafts: choose it first, so that the drafter forms only the rows it verifies */
-            if (best > 0 && best < lmax) lmax = best;
         }
     }
     if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -587,11 +576,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         snprintf(d->st.chain_fail_op, sizeof d->st.chain_fail_op, "%s", ch.op ? ch.op : "unknown");
         return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, &pt, propose_ms);
     }
-    { /* the fixed part and, when the heads ran, the part per drafted row (lmax rows of the LM head) */
-        const double heads = pt.logits + pt.markov + pt.confidence;
-        ema(&d->t_prop, &d->has_prop, propose_ms - heads);
-        if (pt.logits > 0.0) ema(&d->t_prop_row, &d->has_prop_row, heads / (double)lmax);
-    }
+    ema(&d->t_prop, &d->has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler) {
         int l = best_length(d, nd);
