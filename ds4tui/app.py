@@ -138,6 +138,9 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("stats.view", "ctrl+o", "view_export", "Open", "Show a stats export",
      "Show a stats JSON that F6 wrote (or a transcript) in the panes, read-only; Esc returns to the live panes",
      False),
+    ("chat.context", "ctrl+g", "context_size", "Ctx", "Change the context size",
+     "A new session of N tokens (the memory it needs is shown as you type); the conversation starts afresh",
+     False),
     ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
      "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
 )
@@ -583,6 +586,54 @@ class DS4App(App):
         p["no-draft"].show(st, support_status=support_status)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                              ui_share=None if self.viewing is not None else self.live_ui_cost().cpu_share)
+
+    # ---- the context size ------------------------------------------------------------------------
+
+    def describe_context(self, text: str) -> str:
+        """What a session of ``text`` tokens would hold (the memory plan), for the context dialog."""
+        e = self.engine
+        limit = e.engine.config.context_length if e is not None and hasattr(e, "engine") else None
+        try:
+            n = int(text)
+        except ValueError:
+            return f"a whole number of tokens, 2..{limit or 'the model’s context length'}"
+        if n < 2 or (limit is not None and n > limit):
+            return f"out of range: 2..{limit or 'the model’s context length'} tokens"
+        if e is None or not hasattr(e, "session_plan"):
+            return ""
+        b = e.session_plan(n)
+        device = b["kv"] + b["compressor"] + b["scratch"]
+        where = "the GPU" if e.info.backend == "hip" else "memory"
+        return (f"a session of {n} tokens holds {format_bytes(device)} in {where} beside the weights: KV "
+                f"{format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
+                f"{format_bytes(b['scratch'])} (+ {format_bytes(b['host'])} on the host); "
+                f"`ds4tui inspect MODEL --ctx {n}` checks it against the GPU's memory")
+
+    def action_context_size(self) -> None:
+        if self.engine is None or not hasattr(self.engine, "set_context"):
+            self.notify("the model is not loaded", severity="warning")
+            return
+        if self._generating:
+            self.notify("a turn is running: Esc stops it first", severity="warning")
+            return
+        self.push_screen(AskPath("Context size (tokens)", str(self.engine.info.n_ctx),
+                                 "Enter starts a new session of that size: the conversation starts afresh, "
+                                 "the knobs and sampling stay; Esc cancels", describe=self.describe_context),
+                         self.set_context)
+
+    async def set_context(self, text: str | None) -> None:
+        """A new session of ``text`` tokens; the chat is cleared as Ctrl+N does."""
+        if not text:
+            return
+        try:
+            info = self.engine.set_context(int(text))
+        except (ValueError, W.S.EngineError) as exc:
+            self._error("cannot change the context size", str(exc))
+            return
+        self.timeline = SpecTimeline()  # the new session's counters start at 0
+        await self.action_new_chat()
+        self.notify(f"context {info.n_ctx} tokens — a new session; {self.describe_context(str(info.n_ctx))}",
+                    timeout=8)
 
     # ---- a stats export, shown read-only ----------------------------------------------------------
 

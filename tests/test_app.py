@@ -14,6 +14,7 @@ import pytest
 from ds4tui.app import ChatOptions, DS4App
 from ds4tui.engine import session as S
 from ds4tui.engine.stats import parse_line
+from ds4tui.engine.telemetry import format_bytes
 from ds4tui.engine.tokenizer import Tokenizer, render_chat
 from ds4tui.widgets.chat import AssistantMessage, PromptInput
 from ds4tui.widgets.dialogs import ErrorDialog
@@ -292,3 +293,31 @@ async def test_quit_while_an_answer_streams(tiny_q2, tmp_path):
         await _until(pilot, lambda: not app.is_running, timeout=30, what="the app to exit")
     assert app.return_code == 0 and not engine.generating
     app.close_engine()
+
+
+async def test_the_context_size_changes_from_the_palette_with_the_memory_it_needs(tiny_q2, tmp_path):
+    from ds4tui.widgets.dialogs import AskPath
+
+    app = DS4App(_options(tiny_q2["model"], None, tmp_path, max_tokens=4))
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _loaded(pilot, app)
+        await _ask(pilot, app, "Hi")
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, AskPath) and dialog.query_one("#ask-path").value == "1024"
+        dialog.query_one("#ask-path").value = "3000"
+        await pilot.pause()
+        plan = app.engine.session_plan(3000)
+        about = str(dialog.query_one("#ask-about").render())
+        assert about.startswith("a session of 3000 tokens holds ")
+        assert f"compressor {format_bytes(plan['compressor'])}" in about
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.engine.session.n_ctx == 3000, what="the new session")
+        await pilot.pause()
+        assert app.messages == [] and app.engine.info.n_ctx == 3000
+        mem = app.engine.session.memory()
+        assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
+        assert "context 0/3000 tokens" in app.query_one("#throughput").text
+        await _ask(pilot, app, "Hi")  # and the chat goes on in the new session
+        assert app.turns[-1].ids

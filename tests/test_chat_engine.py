@@ -139,3 +139,29 @@ def test_finished_is_posted_once_the_turn_has_let_go_of_the_engine(chat):
     assert chat.run_turn(long, sink, think=False, max_tokens=3) is None and sink.busy_at_finish is False
     events = sink.drain()
     assert isinstance(events[-1], W.Finished) and events[-1].result.reason == "error" and r.ids
+
+
+def test_the_context_size_changes_between_turns_and_the_plan_is_what_the_session_holds(tiny_q2):
+    from ds4tui.engine import layout as L
+    from ds4tui.engine import memplan
+
+    eng = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=512, n_threads=2,
+                       sampling=S.SamplingParams(temperature=0.5, top_k=7, seed=3))
+    try:
+        eng.set_dspark(scheduler=False, max_draft=3)
+        info = eng.set_context(2048)
+        assert info.n_ctx == eng.session.n_ctx == 2048 == eng.info.n_ctx
+        assert eng.session.sampling == S.SamplingParams(temperature=0.5, top_k=7, seed=3)  # carried over
+        assert eng.knobs.scheduler is False and eng.knobs.max_draft == 3
+        plan, mem = eng.session_plan(2048), eng.session.memory()
+        vec = memplan.vector_bytes(L.model_tensor_specs(eng.engine.config)) + memplan.vector_bytes(eng.engine.support.specs)
+        assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
+        assert mem.scratch == plan["scratch"] + plan["host"] + vec
+        sink = W.EventQueue()
+        r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False, max_tokens=6)
+        assert r is not None and len(r.ids) == 6
+        with pytest.raises(ValueError, match="expected 2..1048576 tokens"):
+            eng.set_context(1)
+        assert eng.session.n_ctx == 2048  # a refused size changes nothing
+    finally:
+        eng.close()

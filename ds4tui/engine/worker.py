@@ -22,7 +22,7 @@ import collections
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -536,6 +536,49 @@ class ChatEngine:
         if self.generating:
             raise S.StateError("stop the running turn first")
         self.session.truncate(0)
+
+    def session_plan(self, n_ctx: int) -> dict[str, int]:
+        """Bytes a session of ``n_ctx`` tokens would hold on this engine's backend
+        (:func:`ds4tui.engine.memplan.session_bytes`: ``kv``, ``compressor``, ``scratch``, ``host``)
+        beside the weights, which do not change with the context."""
+        from ds4tui.engine import memplan
+
+        e, shape = self.engine, None
+        if self.has_dspark and e.support is not None:
+            m = e.support.meta
+            shape = memplan.SupportShape(m.n_stages, int(m.block_size), int(m.markov_rank), len(m.target_layer_ids))
+        return memplan.session_bytes(e.config, int(n_ctx), support=shape, host=e.backend == "cpu",
+                                     n_threads=e.n_threads)
+
+    def set_context(self, n_ctx: int) -> ChatInfo:
+        """A session of ``n_ctx`` tokens in place of the current one: the conversation's KV cache and
+        the DSpark counters start afresh, the sampling settings and the knobs carry over.  The new
+        session is made before the old one is freed, so a size that does not fit leaves the chat as
+        it was.  StateError while a turn runs; ValueError outside 2..the model's context length."""
+        if not self._busy.acquire(blocking=False):
+            raise S.StateError("stop the running turn first")
+        try:
+            limit = self.engine.config.context_length
+            if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 2 <= n_ctx <= limit:
+                raise ValueError(f"context size: expected 2..{limit} tokens (the model's context length), "
+                                 f"found {n_ctx!r}")
+            old = self.session
+            knobs = old.dspark if self.has_dspark else None
+            new = self.engine.session(n_ctx, scheduler=knobs.scheduler if knobs else True,
+                                      max_draft=knobs.max_draft if knobs else 0, print_stats=old.print_stats)
+            try:
+                new.set_sampling(old.sampling)
+                if knobs is not None:
+                    new.set_dspark(**knobs.to_dict())
+            except BaseException:
+                new.close()
+                raise
+            self.session = new
+            old.close()
+            self.info = replace(self.info, n_ctx=new.n_ctx)
+            return self.info
+        finally:
+            self._busy.release()
 
     def reset_stats(self) -> None:
         if self.generating:

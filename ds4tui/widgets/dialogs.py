@@ -75,7 +75,9 @@ class InfoDialog(ModalScreen[None]):
 
 
 class AskPath(ModalScreen["str | None"]):
-    """Asks for a file path (prefilled with ``default``): Enter returns it, Esc returns None."""
+    """Asks for a text — a file path, a number — prefilled with ``default``: Enter returns it, Esc
+    returns None.  ``describe(text)``, when given, is shown under the title as the text changes
+    (what the value would mean, e.g. the memory a context size needs)."""
 
     DEFAULT_CSS = """
     AskPath { align: center middle; }
@@ -85,18 +87,24 @@ class AskPath(ModalScreen["str | None"]):
     """
     BINDINGS = [Binding("escape", "cancel", "cancel", show=False)]
 
-    def __init__(self, title: str, default: str = "", hint: str = ""):
+    def __init__(self, title: str, default: str = "", hint: str = "", describe=None):
         super().__init__()
-        self.title_text, self.default, self.hint = title, default, hint
+        self.title_text, self.default, self.hint, self.describe = title, default, hint, describe
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(self.title_text, id="ask-title")
             yield Static(self.hint, id="ask-hint", markup=False)
             yield Input(self.default, id="ask-path")
+            if self.describe is not None:
+                yield Static(self.describe(self.default), id="ask-about", markup=False)
 
     def on_mount(self) -> None:
         self.query_one("#ask-path", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if self.describe is not None:
+            self.query_one("#ask-about", Static).update(self.describe(event.value))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
