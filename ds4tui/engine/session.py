@@ -560,10 +560,7 @@ class Session:
         if isinstance(max_out, bool) or int(max_out) != max_out or not 1 <= max_out <= STEP_MAX:
             raise ValueError(f"max_out must be an integer 1..{STEP_MAX}, got {max_out!r}")
         with self._lock:
-            self._alive()
-            if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
-                raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
-                                           f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
+            self._ready_to_step()
             try:
                 out = self.backend.step(int(max_out), self.pending)
             except CancelledError:
@@ -571,6 +568,13 @@ class Session:
                 raise
             self._record(out)
             return out
+
+    def _ready_to_step(self) -> None:
+        """Raise unless a cycle can run: the session is open and the pending token has a position."""
+        self._alive()
+        if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
+            raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
+                                       f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
 
     def _record(self, out: list[int]) -> None:
         """Book one cycle's emitted ids (the last one the new pending token)."""
@@ -605,10 +609,7 @@ class Session:
         if many is None:  # a backend without it: one step at a time, the same stopping rules
             return self._step_each(int(max_out), int(max_cycles), float(budget_s), stop)
         with self._lock:
-            self._alive()
-            if self.pending is not None and len(self.tokens) + 1 > self.n_ctx:
-                raise ContextOverflowError(f"context full: all positions of the context size {self.n_ctx} hold "
-                                           f"tokens, so the next token cannot be run (start a new chat or raise --ctx)")
+            self._ready_to_step()
             try:
                 cycles, error = many(int(max_out), int(max_cycles), float(budget_s), stop, self.pending)
             except CancelledError:
