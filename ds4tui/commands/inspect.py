@@ -100,7 +100,8 @@ def render_plan(p: dict) -> str:
     rows = [("weights", p["weights"]), ("support", p["support"]), ("KV", p["kv"]),
             ("compressor", p["compressor"]), ("scratch", p["scratch"])]
     lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
-    lines += [f"              {name:<11}{_gib(b):>12}" for name, b in rows]
+    lines += [f"              {name:<11}{_gib(b):>12}" if name != "support" or p["support_attached"] else
+              f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
     lines.append(f"              {'total':<11}{_gib(p['need']):>12}")
     if p["budget"] is None:
         lines.append(f"budget        unknown: {p['budget_source']}")
