@@ -185,3 +185,15 @@ def test_every_variable_ds4tui_reads_is_listed():
     for f in sorted(Path(ds4tui.__file__).parent.rglob("*.py")):
         found |= set(read.findall(f.read_text()))
     assert found and found <= listed, sorted(found - listed)
+
+
+def test_a_context_beyond_the_model_is_a_usage_error_before_it_loads(tiny_q2, clean_env, capsys):
+    model = str(tiny_q2["model"])
+    rc = cli_main(["generate", model, "-p", "hi", "--ctx", "2000000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"ds4tui generate: error: argument --ctx: expected 1..1048576 (the context length of "
+                               f"{model}), found 2000000\n")
+    rc = cli_main(["chat", model, "--ctx", "2000000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"ds4tui chat: error: argument --ctx: expected 2..1048576 (the context length of "
+                               f"{model}), found 2000000\n")

@@ -39,6 +39,13 @@ def options_from_args(args: argparse.Namespace):
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"{what} {path}: no such file")
+    if args.ctx is not None:  # against the model's metadata, before the app loads it
+        from ds4tui.engine.gguf_model import context_length_of
+
+        limit = context_length_of(model)
+        if args.ctx < 2 or (limit is not None and args.ctx > limit):
+            raise ValueError(f"argument --ctx: expected 2..{limit or 'the context length'} (the context length of "
+                             f"{model}), found {args.ctx}")
     save_dir = Path(args.save_dir)
     if not save_dir.is_dir():
         raise ValueError(f"argument --save-dir: {save_dir}: no such folder (Ctrl+S and F6 write there)")

@@ -37,7 +37,7 @@ import time
 from ds4tui.commands.environment import BadVariable, check_support_block, settings_of
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
-from ds4tui.engine.gguf_model import ModelFileError
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
@@ -125,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
             system = _check_arg_text(args.system, "--system") if args.system else None
             params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                       seed=args.seed).validate()
-            engine = S.Engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+            model = DS4Model(args.model)  # the metadata: --ctx is checked against it before the engine loads
+            limit = model.config.context_length
+            if args.ctx is not None and args.ctx > limit:
+                return _fail(f"argument --ctx: expected 1..{limit} (the context length of {args.model}), found "
+                             f"{args.ctx}", as_json, status=2)
+            engine = S.Engine(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                               support=args.mtp, activations=args.activations, **settings.engine_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
@@ -136,10 +141,7 @@ def run(args: argparse.Namespace) -> int:
             ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
             if not ids:
                 return _fail("the prompt is empty (nothing to prefill)", as_json)
-            limit = engine.config.context_length
             n_ctx = args.ctx or min(len(ids) + args.n_predict, limit)
-            if n_ctx > limit:
-                return _fail(f"--ctx {n_ctx} exceeds the model's context length {limit}", as_json)
             if len(ids) + 1 > n_ctx:
                 return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
                              f"(raise --ctx)", as_json)

@@ -221,6 +221,20 @@ def _first_key(reader: GGUFReader, keys: Iterable[str]) -> tuple[str | None, Any
     return None, None
 
 
+def context_length_of(path: str | os.PathLike) -> int | None:
+    """The context length a DS4 GGUF declares (``deepseek4.context_length``, default 1048576 when
+    the key is absent), from its metadata alone, so that ``--ctx`` is checked before any model
+    loads; None when the file or the key cannot be read (loading the file then reports why)."""
+    try:
+        f = open_gguf(path).fields.get(L.ARCH + ".context_length")
+        if f is None:
+            return DS4Config.__dataclass_fields__["context_length"].default
+        v = field_value(f)
+        return int(v) if isinstance(v, (int, np.integer)) and int(v) > 0 else None
+    except (ModelFileError, OSError, ValueError, TypeError):
+        return None
+
+
 def support_block_size(path: str | os.PathLike) -> int | None:
     """The block size a DSpark support GGUF declares (spec dspark.md §4.1), read from its metadata
     alone, so that options bounded by it are checked before any model loads; None when the file
