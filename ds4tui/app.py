@@ -410,6 +410,8 @@ class DS4App(App):
             self.sub_title += f" · prefill-gemm {getattr(info, 'prefill_gemm', 'off')}"
         if getattr(info, "activations", "f32") != "f32":  # a numerics option (spec ds4.md §2.9.5)
             self.sub_title += f" · activations {info.activations}"
+        if self.options.numerics != "ds4":  # the numerics option (spec ds4.md §2.9): shown when not ds4's
+            self.sub_title += f" · numerics {self.options.numerics}"
         if self.telemetry is None:
             try:
                 self.telemetry = select_backend(self.options.telemetry, engine_backend=info.backend)
@@ -423,7 +425,6 @@ class DS4App(App):
                 + (f" ({info.backend_note})" if info.backend_note else "")
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
                    else "")
-                + ("" if self.options.numerics == "ds4" else f", {self.options.numerics} numerics")
                 + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)

@@ -254,6 +254,7 @@ async def test_chat_takes_the_sampling_options_of_generate(tmp_path):
     async with app.run_test(size=(150, 48)) as pilot:
         await _ready(pilot)
         await _turn(pilot)
+        assert app.sub_title.endswith(" · numerics transformers")  # a numerics option is shown
         payload, _ = app._stats_payload()  # what F6 writes: the numerics and sampling are part of the run
         assert payload["numerics"] == "transformers"
         assert payload["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 1.0, "min_p": 0.05, "seed": 0}
