@@ -470,6 +470,22 @@ def test_hip_logits_and_greedy_match_cpu(tiny_q2, prompt, numerics):
     assert g_hip[:n] == g_cpu[:n]
 
 
+@pytest.mark.gpu
+def test_hip_passes_longer_than_a_tile_equal_short_chunks(tiny_q2):
+    """Attention, the indexer and the LM head in 256-row tiles on the device (spec ds4.md §2.8):
+    one 600-token pass of the float32 kernels equals 64-token chunks bit for bit (the logits come
+    back one tile at a time, the scratch holds one tile)."""
+    _device_or_skip()
+    long_prompt = np.random.default_rng(12).integers(0, 129280, 600).tolist()
+    hip = S.Engine(tiny_q2["model"], backend="hip", numerics="transformers", prefill_gemm="off")
+    try:
+        one = hip.session(1024, n_batch=600).prefill(long_prompt, logits="all")
+        chunked = hip.session(1024, n_batch=64).prefill(long_prompt, logits="all")
+        assert one.shape == (600, 129280) and np.array_equal(one, chunked)
+    finally:
+        hip.close()
+
+
 #: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
 #: significant bits, f16 11).  A product rounds both operands, so each term moves by at most
 #: 2u relative and a dot product by at most 2u * sum |w x| (the float32 sum adds far less).

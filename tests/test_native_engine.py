@@ -107,6 +107,30 @@ def test_odd_chunks_and_batch_sizes_agree(case, prompt):
     _check_rows(got, case["full"], case)
 
 
+@pytest.mark.parametrize("numerics", ["ds4", "transformers"])
+def test_passes_longer_than_a_tile_equal_short_chunks(tiny_q2, numerics):
+    """Attention, the indexer and the LM head run in tiles of 256 rows inside a pass (spec ds4.md
+    §2.8): a 600-token pass (three tiles, the indexer selecting past top_k) gives the same logits,
+    bit for bit, as 64-token chunks, whose rows the reference tests above check."""
+    long_prompt = np.random.default_rng(12).integers(0, 129280, 600).tolist()
+    e = S.Engine(tiny_q2["model"], numerics=numerics)
+    try:
+        one = e.session(1024, n_batch=600).prefill(long_prompt, logits="all")
+        chunked = e.session(1024, n_batch=64).prefill(long_prompt, logits="all")
+        assert one.shape == (600, 129280) and np.isfinite(one).all()
+        assert np.array_equal(one, chunked)
+    finally:
+        e.close()
+
+
+def test_default_batch_is_the_backend_s_prefill_chunk(eng):
+    """``Engine.session`` without n_batch: the backend's chunk (S.DEFAULT_BATCH: a GPU 2048, the CPU
+    256), at most the context; an explicit n_batch is kept as given."""
+    assert S.DEFAULT_BATCH["hip"] == 2048 and S.DEFAULT_BATCH.get("cpu", S.DEFAULT_BATCH_OTHER) == 256
+    assert eng.session(1024).n_batch == 256 and eng.session(100).n_batch == 100
+    assert eng.session(100, n_batch=300).n_batch == 300
+
+
 def test_ds4_numerics_are_really_on(tiny_q2, prompt):
     """The ds4 roundings move logits far more than the engine/reference gap (spec ds4.md §2.9)."""
     ds4 = S.Engine(tiny_q2["model"], numerics="ds4").session(512).prefill(prompt[:120], logits="all")

@@ -260,18 +260,30 @@ int ds4_state_init(ds4_session *s, char *err, size_t len) {
         }
     }
     const int64_t n_comp = min_ratio ? s->n_ctx / min_ratio + 1 : 1;
-    int64_t keys_cap = c->sliding_window + (n_comp > DS4_DSPARK_MAX_BLOCK ? n_comp : DS4_DSPARK_MAX_BLOCK);
+    /* keys per (token, head): the window, then a CSA layer's selected rows (at most top_k: the
+     * indexer runs whenever a token sees more) or every compressed row of an HCA layer; the
+     * drafter's block rows (at most DS4_DSPARK_MAX_BLOCK) follow its window of context rows */
+    int64_t n_keys_comp = DS4_DSPARK_MAX_BLOCK;
+    for (int L = 0; L < c->n_layer; L++) {
+        const ds4_layer *l = &e->layers[L];
+        if (l->kind == DS4_SWA) continue;
+        int64_t k = s->n_ctx / l->ratio + 1;
+        if (l->kind == DS4_CSA && k > c->indexer_top_k) k = c->indexer_top_k;
+        if (k > n_keys_comp) n_keys_comp = k;
+    }
+    int64_t keys_cap = c->sliding_window + n_keys_comp;
     keys_cap += keys_cap & 1;
     const int64_t FF = c->n_ff_exp > FS ? c->n_ff_exp : FS, cwmax = 2 * (D > ID ? D : ID);
     d->B = (int32_t)B;
     d->max_vis = (int32_t)n_comp;
     d->keys_cap = (int32_t)keys_cap;
     d->FF = (int32_t)FF;
-    /* attention and indexer scratch (backend.h, attend/indexer): a row per (token, head) on a GPU,
-     * a row per worker thread on the host */
+    /* attention and indexer scratch (backend.h, attend/indexer): a row per (token, head) of one
+     * tile of DS4_PASS_TILE_ROWS tokens on a GPU, a row per worker thread on the host */
     const int host = e->ops->host_memory;
-    const int64_t att_rows = host ? e->n_threads : B * NH, att_w = host ? 4 * keys_cap : keys_cap;
-    const int64_t isc_rows = host ? e->n_threads : B, isc_w = host ? 2 * n_comp : n_comp;
+    const int64_t T = B < DS4_PASS_TILE_ROWS ? B : DS4_PASS_TILE_ROWS;
+    const int64_t att_rows = host ? e->n_threads : T * NH, att_w = host ? 4 * keys_cap : keys_cap;
+    const int64_t isc_rows = host ? e->n_threads : T, isc_w = host ? 2 * n_comp : n_comp;
     uint64_t *sb = &s->scratch_bytes;
 #define DF(n) dalloc(s, (size_t)(n) * F4, sb, &rc, err, len)
 #define DI(n) dalloc(s, (size_t)(n) * sizeof(int32_t), sb, &rc, err, len)
@@ -285,7 +297,7 @@ int ds4_state_init(ds4_session *s, char *err, size_t len) {
     d->scores = DF(B * E); d->sel = DI(B * K); d->wsel = DF(B * K);
     d->ge = DF(B * K * FF); d->he = DF(B * K * FF); d->oe = DF(B * K * H);
     d->shg = DF(B * (FS ? FS : 1)); d->shh = DF(B * (FS ? FS : 1)); d->sho = DF(B * H);
-    d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(B * c->n_vocab);
+    d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(host ? 1 : T * c->n_vocab);
     d->att_sc = DF(att_rows * att_w);
     d->grp_ids = DI(B * c->o_groups);
     if (e->sup) {
@@ -537,16 +549,25 @@ static int attention(pass *P, int L, int n, int64_t p0) {
                                   M));
                 TRYP(mm(P, &l->idx_proj, d->xn, H, n, d->iw, IH));
                 G(P->g->scale(P->cx, d->iw, (int64_t)n * IH, (float)pow((double)IH, -0.5), M));
-                G(P->g->indexer(P->cx, d->qi, d->iw, n, p0, IH, ID, lc->idx_keys, l->ratio, c->indexer_top_k,
-                                (float)pow((double)ID, -0.5), d->iscore, d->max_vis, d->sel_comp, d->nsel_comp, M));
+                for (int r0 = 0; r0 < n; r0 += DS4_PASS_TILE_ROWS) { /* scratch for one tile (internal.h) */
+                    const int rt = n - r0 < DS4_PASS_TILE_ROWS ? n - r0 : DS4_PASS_TILE_ROWS;
+                    G(P->g->indexer(P->cx, d->qi + (size_t)r0 * IH * ID, d->iw + (size_t)r0 * IH, rt, p0 + r0, IH,
+                                    ID, lc->idx_keys, l->ratio, c->indexer_top_k, (float)pow((double)ID, -0.5),
+                                    d->iscore, d->max_vis, d->sel_comp + (size_t)r0 * c->indexer_top_k,
+                                    d->nsel_comp + r0, M));
+                }
                 sel = d->sel_comp;
                 nsel = d->nsel_comp;
             }
         }
     }
-    G(P->g->attend(P->cx, d->q, n, NH, D, p0, c->sliding_window, lc->kv, s->kv_cap, lc->comp,
-                   l->kind == DS4_SWA ? 0 : l->ratio, sel, nsel, c->indexer_top_k, DV(l, sinks), d->att_sc, d->keys_cap,
-                   d->att, M));
+    for (int r0 = 0; r0 < n; r0 += DS4_PASS_TILE_ROWS) { /* scratch for one tile of rows (internal.h) */
+        const int rt = n - r0 < DS4_PASS_TILE_ROWS ? n - r0 : DS4_PASS_TILE_ROWS;
+        G(P->g->attend(P->cx, d->q + (size_t)r0 * NH * D, rt, NH, D, p0 + r0, c->sliding_window, lc->kv, s->kv_cap,
+                       lc->comp, l->kind == DS4_SWA ? 0 : l->ratio, sel ? sel + (size_t)r0 * c->indexer_top_k : NULL,
+                       nsel ? nsel + r0 : NULL, c->indexer_top_k, DV(l, sinks), d->att_sc, d->keys_cap,
+                       d->att + (size_t)r0 * NH * D, M));
+    }
     return attn_output(P, l, n, p0, freq);
 }
 
@@ -581,9 +602,15 @@ static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_
     const float *Xs = logits_mode == DS4_LOGITS_ALL ? X : X + (size_t)(n - 1) * HC * H;
     TRYP(hc_head(P, Xs, rows, &e->output_hc_fn, e->output_hc_scale, GV(e, output_hc_base)));
     G(P->g->rms_norm(P->cx, d->lm, H, rows, H, c->rms_eps, GV(e, output_norm), d->lm, H, M));
-    if (P->g->host_memory) return mm(P, &e->output, d->lm, H, rows, logits, c->n_vocab);
-    TRYP(mm(P, &e->output, d->lm, H, rows, d->logits, c->n_vocab));
-    G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * c->n_vocab * sizeof(float), 1, M));
+    /* in tiles of rows: a GPU's d->logits holds one tile, copied out after each (internal.h); the
+     * host's rows go straight into `logits` */
+    const int host = P->g->host_memory;
+    for (int r0 = 0; r0 < rows; r0 += DS4_PASS_TILE_ROWS) {
+        const int rt = rows - r0 < DS4_PASS_TILE_ROWS ? rows - r0 : DS4_PASS_TILE_ROWS;
+        float *out = logits + (size_t)r0 * c->n_vocab;
+        TRYP(mm(P, &e->output, d->lm + (size_t)r0 * H, H, rt, host ? out : d->logits, c->n_vocab));
+        if (!host) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
+    }
     return DS4_OK;
 }
 

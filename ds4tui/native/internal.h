@@ -159,6 +159,12 @@ void ds4_dspark_reset_stats(ds4_session *s); /* counters only: knobs, timings mo
 int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len);
 
 /* ---- forward.c -------------------------------------------------------------------------------- */
+/* Rows per attention, indexer and LM-head launch inside a pass (spec ds4.md §2.8): the per-row
+ * scratch of those ops (scores over every key of every head, the indexer's scores over every
+ * compressed row, a vocabulary of logits) is sized for this many rows, not for n_batch, so a long
+ * prefill chunk costs no more scratch than a 256-row one.  Every row of those ops is computed on
+ * its own, so the tiles change no result. */
+#define DS4_PASS_TILE_ROWS 256
 /* The forward state of a session (caches, activations, the DSpark rings) in the backend's memory;
  * sizes are added to the session's kv/cmp/scratch byte counts. */
 int ds4_state_init(ds4_session *s, char *err, size_t len);
