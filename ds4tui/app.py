@@ -425,7 +425,8 @@ class DS4App(App):
                 + (f" ({info.backend_note})" if info.backend_note else "")
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
                    else "")
-                + ". Type a prompt and press Enter.",
+                + (f"; prefill chunks of {info.prefill_chunk} tokens" if info.backend == "hip" and getattr(info, "prefill_chunk", 0)
+                   else "") + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False

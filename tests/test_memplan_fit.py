@@ -42,30 +42,35 @@ def test_session_bytes_are_what_the_engine_allocates(tiny_q2, with_support):
 
 def test_flash_plan_against_a_hand_computed_one():
     """DS4 Flash (43 layers: 2 SWA, 21 CSA ratio 4, 20 HCA ratio 128; D 512, window 128) with its
-    drafter on a GPU at 200K tokens, worked out buffer by buffer from spec ds4.md §1, §2.4."""
+    drafter on a GPU at 200K tokens, worked out buffer by buffer from spec ds4.md §1, §2.4, §2.8."""
     c = flash_config(FLASH_RATIOS)
     n = 200_000
-    B = 257  # a pass of 256 tokens + 1
+    B = 2049  # a pass of 2048 tokens (a GPU session's default) + 1
+    T = 256  # rows of an attention / indexer / LM-head tile
     kv = 43 * (128 + B) * 512 * 4  # raw rows: window + one pass, every layer
     cmp_cap = 2 * 128 + B  # two windows of the largest ratio + one pass
     csa = 2 * cmp_cap * 1024 * 4 + (n // 4 + 1) * 512 * 4 + 2 * cmp_cap * 256 * 4 + (n // 4 + 1) * 128 * 4
     hca = 2 * cmp_cap * 512 * 4 + (n // 128 + 1) * 512 * 4
     compressor = 21 * csa + 20 * hca
-    keys = 128 + (n // 4 + 1)  # window + every compressed row of the finest ratio (even)
+    keys = 128 + (n // 128 + 1)  # window + every HCA row (more than CSA's top_k 512 selected rows; even)
     keys += keys & 1
     per_row = (3 * 4 * 4096 + 24 + 4 + 4 + 16 + 2 * 4096 + 1024 + 64 * 512 + 512 + 64 * 512 + 8 * 1024 + 4096
-               + 2 * 1024 + 64 * 128 + 64 + 256 + 6 + 2 * 6 * 2048 + 6 * 4096 + 2 * 2048 + 4096 + 4096 + 4 + 4
-               + 129280)  # floats per token of a pass: HC streams, attention, indexer, MoE, LM head
+               + 2 * 1024 + 64 * 128 + 64 + 256 + 6 + 2 * 6 * 2048 + 6 * 4096 + 2 * 2048 + 4096 + 4096 + 4
+               + 4)  # floats per token of a pass: HC streams, attention, indexer, MoE
     ints_per_row = 1 + 512 + 1 + 6 + 8  # token, selected rows, their count, experts, output groups
-    scores = B * 64 * keys + B * (n // 4 + 1)  # attention scores per (token, head); indexer scores per token
-    drafter = 3 * 385 * 4096 + 3 * 385 * 512 + 128 * 4096 + 128 * 512 + 3 * 5 * 512 + 5 * 4096 + 5 * 129280 \
-        + 129280 + 256 + 4
-    scratch = 4 * (B * (per_row + ints_per_row) + scores + drafter)
+    per_tile = 64 * keys + (n // 4 + 1) + 129280  # attention scores per head, indexer scores, logits
+    drafter = 3 * (128 + B) * 4096 + 3 * (128 + B) * 512 + 128 * 4096 + 128 * 512 + 3 * 5 * 512 + 5 * 4096 \
+        + 5 * 129280 + 129280 + 256 + 4
+    scratch = 4 * (B * (per_row + ints_per_row) + T * per_tile + drafter)
     got = memplan.session_bytes(c, n, support=FLASH_SUPPORT)
-    assert got["kv"] == kv == 33_904_640
+    assert got["kv"] == kv == 191_715_328
     assert got["compressor"] == compressor
     assert got["scratch"] == scratch
-    assert 3.4 * GIB < scratch < 3.5 * GIB and 2.7 * GIB < compressor < 2.75 * GIB
+    assert 1.95 * GIB < scratch < 2.05 * GIB and 3.15 * GIB < compressor < 3.25 * GIB
+    # a 256-token batch (the CPU's default) at the same context: what the longer GPU pass adds
+    short = memplan.session_bytes(c, n, n_batch=256, support=FLASH_SUPPORT)
+    assert 2.0 * GIB < (got["scratch"] + got["compressor"] + got["kv"]) - (short["scratch"] + short["compressor"]
+                                                                            + short["kv"]) < 2.6 * GIB
 
     # The real files on a 128 GB Strix Halo with ttm.pages_limit at 124 GiB of GTT.
     weights, support = 81_000_000_000, 5_600_000_000

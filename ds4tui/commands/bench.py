@@ -388,6 +388,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         memory = session.memory().to_dict()
         n_threads_used = engine.n_threads
         gemm, gemm_note = engine.prefill_gemm, engine.prefill_gemm_note
+        chunk = session.n_batch
     finally:
         engine.close()
 
@@ -407,6 +408,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "activations": activations,
         "prefill_gemm": gemm,
         "prefill_gemm_note": gemm_note,
+        "prefill_chunk": chunk,
         "n_threads": n_threads_used,
         "prompt_tokens": n_prompt,
         "prompt": prompt_kind,
@@ -649,7 +651,8 @@ def render_text(r: dict) -> str:
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-                   f"{r['n_threads']} threads, context {r['ctx']}; prefill-gemm "
+                   f"{r['n_threads']} threads, context {r['ctx']}"
+                   + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
                    f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "

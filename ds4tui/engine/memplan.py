@@ -35,8 +35,11 @@ GIB = 1 << 30
 #: TTM counts its limit in pages of this size (ttm.pages_limit x 4096 = the GTT bytes).
 PAGE = 4096
 #: Bytes a model needs beyond its tensors: the KV and compressor state of a session at a few
-#: thousand tokens, activations and the planar upload's staging chunk.
-WORKING_RESERVE = 1 * GIB
+#: thousand tokens, activations and the planar upload's staging chunk.  A GPU session's default
+#: 2048-token passes (session.DEFAULT_BATCH) take about 2.4 GiB of it on DS4 Flash (activations
+#: of ~0.8 MiB per row, the raw KV and compressor rings one pass long; spec ds4.md §2.8) and the
+#: prefill GEMM's buffers about 0.3 GiB more.
+WORKING_RESERVE = 4 * GIB
 #: RAM the suggested ttm.pages_limit leaves to the operating system and the host side.
 OS_RESERVE = 2 * GIB
 #: A GTT total within this fraction of half of MemTotal is taken for the kernel's default.
@@ -236,8 +239,12 @@ def check(model, support, info, *, sysfs_root: Path = SYSFS_DRM, proc_root: Path
 
 # ---- will it fit: the whole plan at a context size (``ds4tui inspect --ctx N [--budget SIZE]``) -----
 
-#: Tokens a session evaluates in one pass by default (``Engine.session(n_batch=)``).
+#: Tokens a session evaluates in one pass by default (``Engine.session(n_batch=)``; spec ds4.md
+#: §2.8): DEFAULT_BATCH on the CPU, GPU_DEFAULT_BATCH on a GPU.
 DEFAULT_BATCH = 256
+GPU_DEFAULT_BATCH = 2048
+#: DS4_PASS_TILE_ROWS (internal.h): attention, indexer and LM-head scratch is sized for this many rows.
+PASS_TILE_ROWS = 256
 #: DS4_DSPARK_MAX_BLOCK: the key buffers hold at least this many rows.
 _MAX_BLOCK = 16
 
@@ -253,7 +260,7 @@ class SupportShape:
     n_capture: int
 
 
-def session_bytes(c, n_ctx: int, *, n_batch: int = DEFAULT_BATCH, support: SupportShape | None = None,
+def session_bytes(c, n_ctx: int, *, n_batch: int | None = None, support: SupportShape | None = None,
                   host: bool = False, n_threads: int = 1) -> dict[str, int]:
     """Bytes a session of ``n_ctx`` tokens allocates for the model of config ``c``
     (:class:`ds4tui.engine.layout.DS4Config`), as the engine's ``ds4_state_init`` does
@@ -261,8 +268,10 @@ def session_bytes(c, n_ctx: int, *, n_batch: int = DEFAULT_BATCH, support: Suppo
     of every layer (the sliding window plus one pass: it does not grow with the context),
     ``compressor`` the compressor and indexer state plus the compressed rows (n_ctx / ratio + 1 per
     compressed layer: what grows with the context), ``scratch`` the activations and buffers of a
-    pass of min(``n_batch``, ``n_ctx``) + 1 tokens, the attention and indexer scores (per thread with
-    ``host``, per token and head on a GPU) and the drafter's buffers with ``support`` — all of these
+    pass of min(``n_batch``, ``n_ctx``) + 1 tokens (``n_batch`` None: the backend's default,
+    :data:`DEFAULT_BATCH` with ``host``, else :data:`GPU_DEFAULT_BATCH`), the attention and indexer
+    scores and the logits (per thread with ``host``; on a GPU per token and head of one tile of
+    :data:`PASS_TILE_ROWS` rows) and the drafter's buffers with ``support`` — all of these
     in the backend's memory (the GPU's on hip) — and ``host``, the session's buffers in host memory
     (the logits and the sampler's, the DSpark cycle's).  All float32 / int32.  The engine's
     ``Session.memory().scratch`` is ``scratch + host`` plus the engine's float32 vector copies
@@ -274,6 +283,8 @@ def session_bytes(c, n_ctx: int, *, n_batch: int = DEFAULT_BATCH, support: Suppo
 
     L = c.n_layer
     ratios = tuple(c.compress_ratios[:L])
+    if n_batch is None:
+        n_batch = DEFAULT_BATCH if host else GPU_DEFAULT_BATCH
     B = min(n_batch, n_ctx) + 1
     if support is not None and B < support.block:
         B = support.block
@@ -294,15 +305,20 @@ def session_bytes(c, n_ctx: int, *, n_batch: int = DEFAULT_BATCH, support: Suppo
         if csa:
             comp += 2 * buf(cmp_cap * 2 * ID) + buf(n_rows * ID)
     n_comp = n_ctx // min_ratio + 1 if min_ratio else 1
-    keys_cap = W + max(n_comp, _MAX_BLOCK)
+    # keys per (token, head): the window, then at most top_k selected rows of a CSA layer or every
+    # compressed row of an HCA layer, at least the drafter's block
+    keys_comp = max([_MAX_BLOCK] + [min(c.indexer_top_k, n_ctx // r + 1) if r == CSA_RATIO else n_ctx // r + 1
+                                    for r in ratios if r])
+    keys_cap = W + keys_comp
     keys_cap += keys_cap & 1
     FF, cwmax = max(c.n_ff_exp, FS), 2 * max(D, ID)
-    att = (n_threads * 4 * keys_cap) if host else (B * NH * keys_cap)
-    isc = (n_threads * 2 * n_comp) if host else (B * n_comp)
+    T = min(B, PASS_TILE_ROWS)
+    att = (n_threads * 4 * keys_cap) if host else (T * NH * keys_cap)
+    isc = (n_threads * 2 * n_comp) if host else (T * n_comp)
     counts = [B, *(B * HC * H,) * 3, B * c.hc_mix, B * HC, B * HC, B * HC * HC, B * H, B * H, B * c.q_lora_rank,
               B * NH * D, B * D, B * NH * D, B * c.o_groups * c.o_lora_rank, B * H, B * cwmax, B * cwmax,
               B * IH * ID, B * IH, B * c.indexer_top_k, B, isc, B * E, B * K, B * K, B * K * FF, B * K * FF,
-              B * K * H, B * max(FS, 1), B * max(FS, 1), B * H, B * H, B * HC, B * HC, B * V, att, B * c.o_groups]
+              B * K * H, B * max(FS, 1), B * max(FS, 1), B * H, B * H, B * HC, B * HC, 1 if host else T * V, att, B * c.o_groups]
     if support is not None:
         s = support
         counts += [kv_cap * s.n_capture * H, s.n_stages * kv_cap * D, W * H, W * D, s.n_stages * s.block * D,
@@ -361,7 +377,7 @@ class FitPlan:
 
 def fit_plan(config, n_ctx: int, *, weights: int, support_bytes: int = 0, support: SupportShape | None = None,
              fixed_scratch: int = 0, budget: int | None = None, budget_source: str = "",
-             n_batch: int = DEFAULT_BATCH) -> FitPlan:
+             n_batch: int | None = None) -> FitPlan:
     """The plan of a model (``config``, ``weights`` tensor bytes) with a support model
     (``support_bytes``, its ``support`` shape) on a GPU at ``n_ctx`` tokens: weights, support, the
     session's KV, compressor state and scratch (:func:`session_bytes`; ``fixed_scratch`` adds what

@@ -57,6 +57,7 @@ from ds4tui.engine.errors import (  # re-exported: the names this module always 
     TokenRangeError,
     native_error,
 )
+from ds4tui.engine import memplan
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -73,6 +74,11 @@ ACTIVATIONS = ("f32", "q8")
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
 #: Passes of at least this many tokens take the prefill GEMM (ds4_engine.h's DS4_PREFILL_GEMM_MIN_ROWS).
 PREFILL_GEMM_MIN_ROWS = 32
+#: A session's default batch size, the prefill chunk, by backend (spec ds4.md §2.8): a GPU prefills
+#: 2048 tokens per pass (each pass dequantises nearly every expert once, so longer chunks amortise
+#: it; attention, indexer and LM-head scratch stay at 256-row tiles); the CPU keeps 256.
+DEFAULT_BATCH = {"hip": memplan.GPU_DEFAULT_BATCH}
+DEFAULT_BATCH_OTHER = memplan.DEFAULT_BATCH
 
 
 def _native():
@@ -308,10 +314,12 @@ class Engine:
         return int(self.support.meta.block_size) if self.support_status == "attached" else 0
 
     # -- public --------------------------------------------------------------------------------
-    def session(self, n_ctx: int = 4096, *, n_batch: int = 256, scheduler: bool = True, max_draft: int = 0,
+    def session(self, n_ctx: int = 4096, *, n_batch: int | None = None, scheduler: bool = True, max_draft: int = 0,
                 print_stats: bool = False) -> "Session":
         """A new session with room for ``n_ctx`` tokens (capped at the model's context length)
-        and forward passes of at most ``n_batch`` tokens (prefill chunk size).
+        and forward passes of at most ``n_batch`` tokens (prefill chunk size; default
+        :data:`DEFAULT_BATCH` for the backend: 2048 on a GPU, 256 otherwise, at most ``n_ctx``;
+        spec ds4.md §2.8).
 
         With a support model attached, ``scheduler`` and ``max_draft`` (0: the block size) are the
         DSpark knobs the session starts with (in force from the first cycle, not logged as a
@@ -319,6 +327,9 @@ class Engine:
         for a ``max_draft`` above the block size.  ``print_stats``: when the session closes after
         any DSpark activity, print ds4's stats line to stderr (ds4's ``DS4_DSPARK_STATS``)."""
         self._check_open()
+        default_batch = n_batch is None
+        if default_batch:
+            n_batch = DEFAULT_BATCH.get(self.backend, DEFAULT_BATCH_OTHER)
         for name, v in (("context size", n_ctx), ("batch size", n_batch)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= 2**31 - 1:
                 raise ValueError(f"{name} must be an integer 1 .. 2^31-1, got {v!r}")
@@ -332,6 +343,8 @@ class Engine:
             raise ValueError(f"max draft length {max_draft} exceeds the support model's block size {self.block_size} "
                              f"(use 1..{self.block_size}, or 0 for the block size)")
         n_ctx, n_batch = int(n_ctx), int(n_batch)
+        if default_batch:
+            n_batch = min(n_batch, n_ctx)
         if self.backend == "reference":
             backend: SessionBackend = ReferenceBackend(self._ref, n_ctx, self.memory().weights)
         else:

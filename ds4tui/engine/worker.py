@@ -220,6 +220,7 @@ class ChatInfo:
     prefill_gemm_note: str = ""
     #: the matmul activations numerics option ("f32", or "q8": spec ds4.md §2.9.5)
     activations: str = "f32"
+    prefill_chunk: int = 0  # tokens per prefill pass (the session's n_batch; spec ds4.md §2.8)
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -323,7 +324,8 @@ class ChatEngine:
             support_status=e.support_status, support_message=e.support_message, support_summary=summary,
             block_size=e.block_size if self.has_dspark else 0, sampling=self.session.sampling,
             prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""),
-            activations=getattr(e, "activations", "f32"))
+            activations=getattr(e, "activations", "f32"),
+            prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------
 
