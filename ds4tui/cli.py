@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:  # plain `ds4tui`: the chat app on the bundled demo model
         args = parser.parse_args(["chat"])
     if args.command in ENGINE_COMMANDS:
-        from ds4tui.commands.environment import BadVariable, read_environment
+        from ds4tui.commands.environment import check_backend_options, read_environment
 
         try:
             args.settings = read_environment()
@@ -427,8 +427,15 @@ def main(argv: list[str] | None = None) -> int:
                 import dataclasses
 
                 args.settings = dataclasses.replace(args.settings, prefill_gemm=args.prefill_gemm)
-        except BadVariable as exc:  # like a bad flag: one line, status 2, before anything loads
+            if not getattr(args, "synthetic", None):  # bench --synthetic picks its own backend
+                check_backend_options(args.backend, getattr(args, "activations", "f32"),
+                                      getattr(args, "prefill_gemm", None), args.settings)
+        except ValueError as exc:  # BadVariable too; like a bad flag: one line, status 2, before anything loads
             print(f"ds4tui {args.command}: error: {exc}", file=sys.stderr)
+            if getattr(args, "json", False):
+                import json
+
+                print(json.dumps({"ok": False, "error": str(exc)}))
             return 2
     module = importlib.import_module(f"ds4tui.commands.{args.command}")
     _signals_seen.clear()

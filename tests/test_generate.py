@@ -89,7 +89,7 @@ def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):
     rc, out, err = _gen(capsys, str(tmp_path / "missing.gguf"), "-p", "hi")
     assert rc == 1 and "missing.gguf" in err and err.count("\n") == 1
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "--ctx", "5")
-    assert rc == 1 and "raise --ctx" in err
+    assert rc == 2 and "argument --ctx: expected at least" in err and "found 5" in err
     monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "no-gpu-library.so"))  # also on a machine with a GPU
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "--backend", "hip", "--json")
     assert rc == 1 and "HIP" in err and json.loads(out)["ok"] is False
@@ -255,3 +255,35 @@ def test_a_character_cut_by_n_is_not_printed_as_a_replacement():
     assert d.decode("ok é".encode()[:-1]) == "ok " and utf8_tail(d) == ""  # the first byte of é: dropped
     d = codecs.getincrementaldecoder("utf-8")(errors="replace")
     assert d.decode("ok é".encode()) == "ok é" and utf8_tail(d) == ""
+
+
+def test_n_beyond_the_context_is_capped_with_a_note(tiny_q2, tok, tmp_path, capsys):
+    from gguf import GGUFValueType
+
+    from gguf_edit import rewrite
+
+    n_prompt = len(render_chat(tok, [{"role": "user", "content": "hi"}], think=True))
+    limit = n_prompt + 6
+    small = rewrite(tiny_q2["model"], tmp_path / "ctx.gguf",
+                    set_keys={"deepseek4.context_length": (limit, GGUFValueType.UINT32, None)})
+    rc, out, err = _gen(capsys, str(small), "-p", "hi", "-n", "2000000", "--json", "--backend", "cpu")
+    assert rc == 0, err
+    assert (f"ds4tui generate: note: -n 2000000 capped to 6: the prompt's {n_prompt} tokens + 6 fill the model's "
+            f"context length {limit} (the context is sized prompt + -n)\n") in err
+    r = json.loads(out)
+    assert r["n_predict"] == 6 and r["n_ctx"] == limit
+    rc, out, err = _gen(capsys, str(small), "-p", "hi", "-n", "3", "--json", "--backend", "cpu")
+    assert rc == 0 and "capped" not in err and json.loads(out)["n_ctx"] == n_prompt + 3
+
+
+def test_prefill_gemm_the_cpu_does_not_apply_is_noted_and_in_the_json(tiny_q2, capsys, monkeypatch):
+    from ds4tui.engine import gpu
+
+    monkeypatch.setattr(gpu, "probe", lambda library=None: (None, "no device: a test without a GPU"))
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "2", "--json", "--prefill-gemm", "bf16")
+    assert rc == 0, err
+    assert ("ds4tui generate: note: --prefill-gemm bf16 does not apply, prefill_gemm is off: the cpu backend keeps "
+            "float32 products\n") in err
+    r = json.loads(out)
+    assert r["backend"] == "cpu" and r["prefill_gemm"] == "off"
+    assert r["prefill_gemm_note"] == "off: the cpu backend keeps float32 products"

@@ -18,7 +18,8 @@ What is measured, in one run:
 With ``--repeat N`` the whole measurement runs N times on one session (reset in between) and the
 fastest prefill and fastest decode are reported (``runs`` lists all).  ``--medium`` builds a synthetic
 medium model (``make_test_model`` config ``medium``) once into the user cache and reuses it.
-Errors print one line naming the file and return 1.
+Errors print one line naming the file and return 1; a usage error (an option out of range for
+the model's context length, named with the accepted range) returns 2 before the weights load.
 
 ``--ab`` (spec dspark.md §11 item 7) compares three arms on one engine with the support model
 attached in every arm, so the memory configuration is the same and only the knob under test
@@ -116,6 +117,11 @@ MEDIUM_MARKER = "bench-medium.json"
 
 class BenchError(Exception):
     """A user-facing problem (bad option combination, unwritable --out)."""
+
+
+class BenchUsageError(BenchError):
+    """An option out of range for the model (``--ctx``, ``--prompt-tokens``, ``--tokens`` against its
+    context length), found from the file's metadata before the weights load: exit status 2."""
 
 
 # ---- the --medium model ----------------------------------------------------------------------
@@ -360,13 +366,18 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     from ds4tui.engine.session import Engine
 
     need = n_prompt + n_decode + 1  # prompt, the timed tokens, and the last emitted (pending) token
+    limit = model.config.context_length
+    if ctx is not None and ctx > limit:
+        raise BenchUsageError(f"argument --ctx: expected at most {limit} (the context length of {model.path}), "
+                              f"found {ctx}")
+    if ctx is not None and ctx < need:
+        raise BenchUsageError(f"argument --ctx: expected at least {need} (--prompt-tokens {n_prompt} + "
+                              f"--decode-tokens {n_decode} + 1), found {ctx}")
+    if need > limit:
+        raise BenchUsageError(f"argument --prompt-tokens: expected at most {max(limit - n_decode - 1, 0)} (the context "
+                              f"length {limit} of {model.path} less --decode-tokens {n_decode} + 1), found {n_prompt}")
     if ctx is None:
         ctx = need
-    if ctx < need:
-        raise BenchError(f"--ctx {ctx} is too small: {n_prompt} prompt + {n_decode} decode tokens need {need}")
-    if ctx > model.config.context_length:
-        raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
-                         f"{model.config.context_length}")
     ids, prompt_kind = prompt_ids(model, n_prompt)
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
                     **settings.engine_options())
@@ -539,14 +550,19 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     prompts = [(kind, text, render_chat(tok, [{"role": "user", "content": text}], think=False))
                for kind, text in AB_PROMPTS]
     need = max(len(ids) for _, _, ids in prompts) + n_tokens  # the last emitted token is never run
+    limit = model.config.context_length
+    if ctx is not None and ctx > limit:
+        raise BenchUsageError(f"argument --ctx: expected at most {limit} (the context length of {model.path}), "
+                              f"found {ctx}")
+    if ctx is not None and ctx < need:
+        raise BenchUsageError(f"argument --ctx: expected at least {need} (the longest prompt's {need - n_tokens} "
+                              f"tokens + --tokens {n_tokens}; known once the prompts are tokenized), found {ctx}")
+    if need > limit:
+        raise BenchUsageError(f"argument --tokens: expected at most {limit - (need - n_tokens)} (the context length "
+                              f"{limit} of {model.path} less the longest prompt's {need - n_tokens} tokens), "
+                              f"found {n_tokens}")
     if ctx is None:
         ctx = need
-    if ctx < need:
-        raise BenchError(f"--ctx {ctx} is too small: the longest prompt ({need - n_tokens} tokens) + {n_tokens} "
-                         f"tokens need {need}")
-    if ctx > model.config.context_length:
-        raise BenchError(f"{model.path}: context {ctx} is beyond the model's context length "
-                         f"{model.config.context_length}")
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
@@ -729,11 +745,11 @@ def stage_timing_line(t: dict) -> str:
             + ("" if ratio is None else f"; verify = {ratio:.2f} decodes"))
 
 
-def _fail(message: str, args, exc: BaseException | None = None) -> int:
+def _fail(message: str, args, exc: BaseException | None = None, status: int = 1) -> int:
     if args.json:
         print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__ if exc else "BenchError"}))
     print(f"{_PREFIX} error: {message}", file=sys.stderr)
-    return 1
+    return status
 
 
 def _write_out(path: str, text: str) -> None:
@@ -857,6 +873,8 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         msg = str(exc)
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)
+    except BenchUsageError as exc:  # a usage error, as a bad flag: status 2, before the weights load
+        return _fail(str(exc), args, exc, status=2)
     except BenchError as exc:
         return _fail(str(exc), args, exc)
     failed = _emit(args, result, render_ab_text if args.ab else render_text)

@@ -23,7 +23,7 @@ Make a small test model (random weights: the text is noise, the speculation pane
 def options_from_args(args: argparse.Namespace):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
     from ds4tui.app import ChatOptions
-    from ds4tui.commands.environment import check_support_block, settings_of
+    from ds4tui.commands.environment import check_backend_options, check_support_block, settings_of
     from ds4tui.demo import demo_pair, stderr_progress
 
     model, support = args.model, args.mtp
@@ -55,10 +55,8 @@ def options_from_args(args: argparse.Namespace):
     check_support_block(support, getattr(args, "max_draft", None), env)
     activations = getattr(args, "activations", "f32")
     backend = args.backend
+    check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
     if activations == "q8":  # 8-bit activations run on the cpu backend only (spec ds4.md §2.9.5)
-        if backend == "hip":
-            raise ValueError("--activations q8 runs on the cpu backend only; the hip backend keeps float32 "
-                             "activations (use --backend cpu, or --activations f32)")
         backend = "cpu"
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
                        backend=backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,

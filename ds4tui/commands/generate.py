@@ -21,8 +21,13 @@ options above change them); ``DS4TUI_GPU_LAYOUT`` and ``DS4TUI_GPU_LIB`` apply t
 The command line reads and checks these (:mod:`ds4tui.commands.environment`); a
 ``DS4_DSPARK_MAX_DRAFT_TOKENS`` above the support model's block size is a usage error (status 2).
 
-Errors (bad model file, unknown backend, context overflow) print one line to stderr and return 1;
-an option that needs another one (``--dspark`` without ``--mtp``) returns 2; Ctrl-C stops decoding,
+Errors (bad model file, a backend that cannot run) print one line to stderr and return 1; a usage
+error (an option that needs another one, ``--dspark`` without ``--mtp``; a ``--ctx`` outside 2..the
+model's context length or too small for the prompt, checked once the prompt is tokenized from the
+file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the model's context
+holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
+context is sized prompt + ``-n``.  A ``--prefill-gemm`` the chosen backend does not apply (auto
+fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
 keeps what was printed and returns 130.
 """
 
@@ -127,24 +132,39 @@ def run(args: argparse.Namespace) -> int:
                                       seed=args.seed).validate()
             model = DS4Model(args.model)  # the metadata: --ctx is checked against it before the engine loads
             limit = model.config.context_length
-            if args.ctx is not None and args.ctx > limit:
-                return _fail(f"argument --ctx: expected 1..{limit} (the context length of {args.model}), found "
+            if args.ctx is not None and not 2 <= args.ctx <= limit:
+                return _fail(f"argument --ctx: expected 2..{limit} (the context length of {args.model}), found "
                              f"{args.ctx}", as_json, status=2)
+            # the tokenizer is in the metadata too: the prompt is measured before the weights load
+            tokenizer = Tokenizer.from_gguf(model.reader)
+            ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
+            if not ids:
+                return _fail("the prompt is empty (nothing to prefill)", as_json)
+            if args.ctx is not None and len(ids) + 1 > args.ctx:
+                return _fail(f"argument --ctx: expected at least {len(ids) + 1} (the prompt's {len(ids)} tokens "
+                             f"+ 1 to generate; known once the prompt is tokenized), found {args.ctx}",
+                             as_json, status=2)
+            if len(ids) + 1 > limit:
+                return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in the context length "
+                             f"{limit} of {args.model} (shorten the prompt)", as_json, status=2)
+            if args.ctx is None and len(ids) + args.n_predict > limit:  # -n capped to what fits, said
+                capped = limit - len(ids)
+                print(f"ds4tui generate: note: -n {args.n_predict} capped to {capped}: the prompt's {len(ids)} "
+                      f"tokens + {capped} fill the model's context length {limit} (the context is sized prompt + -n)", file=sys.stderr, flush=True)
+                args.n_predict = capped
+            n_ctx = args.ctx or len(ids) + args.n_predict
             engine = S.Engine(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                               support=args.mtp, activations=args.activations, **settings.engine_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
+            if settings.prefill_gemm in ("bf16", "f16") and engine.prefill_gemm != settings.prefill_gemm:
+                source = (f"--prefill-gemm {settings.prefill_gemm}" if args.prefill_gemm is not None
+                          else f"DS4TUI_PREFILL_GEMM={settings.prefill_gemm}")
+                print(f"ds4tui generate: note: {source} does not apply, prefill_gemm is {engine.prefill_gemm_note}",
+                      file=sys.stderr, flush=True)
             if engine.support_status == "refused":
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
-            tokenizer = Tokenizer.from_gguf(engine.model.reader)
-            ids = prompt_ids(tokenizer, text, raw=args.raw, think=not args.nothink, system=system)
-            if not ids:
-                return _fail("the prompt is empty (nothing to prefill)", as_json)
-            n_ctx = args.ctx or min(len(ids) + args.n_predict, limit)
-            if len(ids) + 1 > n_ctx:
-                return _fail(f"the prompt has {len(ids)} tokens, which leaves no room in a context of {n_ctx} "
-                             f"(raise --ctx)", as_json)
             if engine.support_status == "attached":
                 settings.check_block(engine.block_size)
             session = engine.session(n_ctx, **settings.session_options())
@@ -251,6 +271,9 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "backend": engine.backend,
         "numerics": engine.numerics,
         "activations": engine.activations,
+        "prefill_gemm": engine.prefill_gemm,
+        "prefill_gemm_note": engine.prefill_gemm_note,
+        "n_predict": args.n_predict,
         "n_threads": engine.n_threads,
         "raw": bool(args.raw),
         "think": None if args.raw else not args.nothink,

@@ -1,0 +1,107 @@
+"""Usage errors of the engine commands (generate, bench, chat): one line naming the flag or the
+variable, what is accepted and what was found, exit status 2, and nothing loaded (the engine's
+constructor is replaced by one that fails the test)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.engine import session as S
+from ds4tui.engine.gguf_model import DS4Model
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Opening an engine (loading the weights) fails the test: a usage error must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the engine was opened before the usage error")
+
+    monkeypatch.setattr(S, "Engine", refuse)
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    try:
+        rc = cli_main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _args(command: str, model: str) -> list[str]:
+    return {"generate": ["generate", model, "-p", "hi"], "bench": ["bench", model], "chat": ["chat", model]}[command]
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "chat"])
+def test_backend_option_conflicts_are_the_same_usage_error_everywhere(command, tiny_q2, capsys, monkeypatch,
+                                                                       no_engine):
+    base = _args(command, tiny_q2["model"])
+    rc, out, err = _run(capsys, [*base, "--activations", "q8", "--backend", "hip"])
+    assert rc == 2 and out == ""
+    assert err == (f"ds4tui {command}: error: argument --activations: q8 runs on the cpu backend only, found "
+                   f"--backend hip (use --backend cpu or auto, or --activations f32)\n")
+    rc, out, err = _run(capsys, [*base, "--prefill-gemm", "bf16", "--backend", "cpu"])
+    assert rc == 2 and out == ""
+    assert err == (f"ds4tui {command}: error: argument --prefill-gemm: bf16 runs on the GPU backend only, found "
+                   f"--backend cpu (use --prefill-gemm off or auto, or --backend hip or auto)\n")
+    monkeypatch.setenv("DS4TUI_PREFILL_GEMM", "f16")
+    rc, out, err = _run(capsys, [*base, "--backend", "cpu"])
+    assert rc == 2 and err == (f"ds4tui {command}: error: DS4TUI_PREFILL_GEMM='f16': f16 runs on the GPU backend "
+                               f"only, found --backend cpu (unset it or use --prefill-gemm off, or --backend hip or "
+                               f"auto)\n")
+    monkeypatch.delenv("DS4TUI_PREFILL_GEMM")
+    monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "99")
+    rc, out, err = _run(capsys, base)
+    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='99': expected 0 (the block "
+                               f"size) or an integer 1..16 (at most the support model's block size)\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_max_draft_variable_against_the_support_file_before_loading(command, tiny_q2, capsys, monkeypatch,
+                                                                     no_engine):
+    monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "8")  # the tiny support model's block is 5
+    rc, out, err = _run(capsys, [*_args(command, tiny_q2["model"]), "--mtp", str(tiny_q2["support"])])
+    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='8': expected 0 (the block "
+                               f"size) or 1..5 (the support model's block size)\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctx_out_of_range(command, tiny_q2, capsys, no_engine):
+    model = tiny_q2["model"]
+    limit = DS4Model(model).config.context_length
+    for ctx in (1, limit + 1):
+        rc, out, err = _run(capsys, [*_args(command, model), "--ctx", str(ctx)])
+        assert rc == 2 and err == (f"ds4tui {command}: error: argument --ctx: expected 2..{limit} (the context "
+                                   f"length of {model}), found {ctx}\n")
+
+
+def test_generate_ctx_too_small_for_the_prompt_names_the_minimum(tiny_q2, capsys, no_engine):
+    from ds4tui.engine.tokenizer import Tokenizer
+
+    text = "hi there, how are you today"
+    n = len(Tokenizer.from_gguf(DS4Model(tiny_q2["model"]).reader).encode(text))
+    assert n >= 3
+    rc, out, err = _run(capsys, ["generate", tiny_q2["model"], "-p", text, "--raw", "--ctx", "3", "--json"])
+    message = (f"argument --ctx: expected at least {n + 1} (the prompt's {n} tokens + 1 to generate; known once "
+               f"the prompt is tokenized), found 3")
+    assert rc == 2 and err == f"ds4tui generate: error: {message}\n"
+    assert json.loads(out) == {"ok": False, "error": message}
+
+
+def test_bench_sizes_blame_the_option(tiny_q2, capsys, no_engine):
+    model = tiny_q2["model"]
+    limit = DS4Model(model).config.context_length
+    rc, out, err = _run(capsys, ["bench", model, "--ctx", "10"])
+    assert rc == 2 and err == ("ds4tui bench: error: argument --ctx: expected at least 321 (--prompt-tokens 256 + "
+                               "--decode-tokens 64 + 1), found 10\n")
+    rc, out, err = _run(capsys, ["bench", model, "--prompt-tokens", "99999999"])
+    assert rc == 2 and err == (f"ds4tui bench: error: argument --prompt-tokens: expected at most {limit - 65} (the "
+                               f"context length {limit} of {model} less --decode-tokens 64 + 1), found 99999999\n")
+    rc, out, err = _run(capsys, ["bench", model, "--ctx", str(limit + 1), "--json"])
+    message = f"argument --ctx: expected at most {limit} (the context length of {model}), found {limit + 1}"
+    assert rc == 2 and err == f"ds4tui bench: error: {message}\n"
+    assert json.loads(out)["ok"] is False and json.loads(out)["error"] == message
