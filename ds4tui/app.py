@@ -757,8 +757,6 @@ class DS4App(App):
         prompt.remember(text)
         prompt.value = ""
         view = self.query_one("#transcript", ChatView)
-        for previous in view.query(AssistantMessage):
-            previous.release_space()
         await view.mount(UserMessage(text))
         self.current = AssistantMessage(trace=self.trace)
         await view.mount(self.current)

@@ -157,8 +157,10 @@ async def test_the_answer_streams_below_the_question_and_finished_blocks_become_
         head = "Here is a list:\n\n"
         await msg.add(_pieces(head))
         await pilot.pause()
-        # the live text takes the rows below the question: 8 - question (1) - margin (1) - summary (1)
-        assert channel.live.max_rows == 8 and channel.live.reserve == 5 and channel.live.size.height == 5
+        # the live text takes the rows below the question: 8 - the question and its margin (2) - the
+        # message's margin (1) - summary (1); the question stays at the top of the view
+        assert channel.live.max_rows == 8 and channel.live.reserve == 4 and channel.live.size.height == 4
+        assert app.query_one(C.UserMessage).region.y == view.region.y + 1 and msg.region.bottom == view.region.bottom
         assert channel.live.text == head and channel.rendered == 0  # the text fits the view: no Markdown yet
         code = "```python\n" + "".join(f"x{k} = {k}\n" for k in range(8)) + "```\n\nEach"
         await msg.add(_pieces(code, 100))
@@ -168,15 +170,12 @@ async def test_the_answer_streams_below_the_question_and_finished_blocks_become_
         done = C.finished_blocks(text)
         assert done == len(text) - len("Each")  # the fence closed: all but the last word is finished
         assert channel.rendered == done and channel.markdown.source == text[:done] and channel.live.text == "Each"
-        height = msg.outer_size.height
         await msg.finish("done")
         await pilot.pause()
         assert channel.markdown.source == text and channel.live.text == "" and channel.live.reserve == 0
-        assert msg.outer_size.height == height  # the view does not jump when the answer ends
-        msg.release_space()
-        await pilot.pause()
-        assert msg.outer_size.height < height and msg.query_one("#summary").render().plain == "done"
-        assert view.is_vertical_scroll_end
+        # the message is as tall as its text (no reserved rows left), its end at the view's bottom
+        assert msg.outer_size.height == channel.markdown.outer_size.height + 1
+        assert msg.query_one("#summary").render().plain == "done" and view.is_vertical_scroll_end
 
 
 async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_restores_them(tmp_path):

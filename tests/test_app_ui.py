@@ -320,3 +320,39 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         app.view_export(str(bad))
         await pilot.pause()
         assert app.errors[-1][0] == "cannot show the export" and str(bad) in app.errors[-1][1]
+
+
+@pytest.mark.parametrize("think", [True, False])
+async def test_the_question_stays_in_view_while_the_answer_streams_and_after(tmp_path, think):
+    """While an answer streams it takes the rows of the view below the question (no layout per
+    write), the reasoning section's title included; once it ends those rows go: the question stays
+    in view above the answer and no blank rows stay below it.  The second turn too."""
+    gate = threading.Event()
+    app = _app(tmp_path, gate=gate)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await _ready(pilot)
+        app.think = think
+        view = app.query_one("#transcript")
+        for k, question in enumerate(("Write a Python function add(a, b).", "And sub(a, b)?")):
+            gate.clear()
+            app.engine._tokens = 0
+            app.query_one("#prompt").value = question
+            await pilot.press("enter")
+            while app.engine._tokens < 5:  # the fake emits 5 tokens (reasoning, if on), then waits for the gate
+                await pilot.pause(0.01)
+            await app.flush()
+            await pilot.pause()
+            q, msg = app.query(UserMessage).last(), app.current
+            assert msg.has_class("has-reasoning") == think and msg.reasoning + msg.answer
+            assert view.region.contains_region(q.region) and q.region.y == view.region.y + 1  # the top (its margin above)
+            assert msg.region.bottom == view.region.bottom  # the reserve fills the view, not more
+            gate.set()
+            await app.workers.wait_for_complete()
+            await app.flush()
+            await pilot.pause()
+            assert msg.finished and msg.answer == ANSWER
+            assert view.region.contains_region(q.region)
+            summary = msg.query_one("#summary")
+            assert summary.region.bottom == view.region.bottom  # no blank rows below the answer
+            assert msg.outer_size.height == sum(w.outer_size.height + w.styles.margin.top
+                                                for w in msg.children if w.display) + msg.styles.gutter.height

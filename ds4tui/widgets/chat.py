@@ -157,26 +157,33 @@ class AssistantMessage(Vertical):
         THINK_STYLE."""
         return self._trace.content
 
+    def _rows_besides_answer(self) -> int:
+        """The rows this message takes in the view besides the answer's live text while it streams:
+        its top margin and gutter, the reasoning section's title when shown (its border and padding
+        too) and the summary line.  Read from the styles, not from a layout: the first write, which
+        shows the reasoning section, has not been laid out yet."""
+        rows = self.styles.margin.top + self.styles.gutter.height + 1  # + the summary line
+        if self.has_class("has-reasoning") and not self.has_class("trace"):
+            rows += self._collapsible.styles.gutter.height + 1  # its title (collapsed: all of it)
+        return rows
+
     def _size_live_text(self) -> None:
         """The live texts show at most a view's height of rows (their last ones: in a transcript
-        pinned to its bottom, all that can be seen), and the answer's takes, from its first write,
-        the rows of the view below the question: a text growing within them costs a repaint of
-        its new rows, and beyond them a repaint of the view, but no layout of the screen."""
+        pinned to its bottom, all that can be seen), and the answer's takes the rows of the view
+        below the question (and the rest of this message): a text growing within them costs a
+        repaint of its new rows, and beyond them a repaint of the view, but no layout of the
+        screen.  The question stays at the top of the view until the answer fills it."""
         view = self.parent
         height = view.scrollable_content_region.height if isinstance(view, VerticalScroll) else 0
-        if self._reserve is None and height:
+        if height:
             i = view.children.index(self)
-            question = view.children[i - 1].outer_size.height if i > 0 else 0
-            # the question, this message's margin, the reasoning's title and the summary line
-            self._reserve = max(0, height - question - 2 - self.has_class("has-reasoning"))
+            question = view.children[i - 1] if i > 0 else None
+            above = question.outer_size.height + question.styles.margin.top if question is not None else 0
+            self._reserve = max(0, height - above - self._rows_besides_answer())
         for live in (self._trace, *(c.live for c in self._channels.values())):
             live.max_rows = height or None
             if live is not self._channels["think"].live:
                 live.reserve = self._reserve or 0
-
-    def release_space(self) -> None:
-        """The turn is over and the next one starts: this message is as tall as its text."""
-        self.styles.min_height = None
 
     async def add(self, pieces) -> None:
         """Append ``TokenPiece`` s (one flush worth): one write per channel."""
@@ -208,14 +215,14 @@ class AssistantMessage(Vertical):
                  "$text-muted")
 
     async def finish(self, summary: str) -> None:
-        """Render each channel's whole text as Markdown once.  The message keeps the height it had
-        (the view does not jump) until :meth:`release_space`."""
-        if self._reserve is not None:
-            self.styles.min_height = self.outer_size.height
+        """Render each channel's whole text as Markdown once and give back the rows the answer
+        reserved: the message is as tall as its text (the transcript, pinned to its bottom, shows
+        the question above the answer, with no blank rows below it)."""
         for channel in self._channels.values():
             await channel.finish()
         for live in (self._trace, *(c.live for c in self._channels.values())):
             live.reserve = 0
+        self._reserve = None
         set_line(self._summary, summary, "$text-muted")
         self.finished = True
 
@@ -236,6 +243,14 @@ class ChatView(VerticalScroll):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    def on_resize(self) -> None:
+        """The view's size changed (the window, the panes shown or hidden, the prefill's bar gone
+        at the first token): the rows the streaming answer reserves follow it (a few sums; the
+        text's layout changes only if its height does)."""
+        last = self.children[-1] if self.children else None
+        if isinstance(last, AssistantMessage) and not last.finished and last._reserve is not None:
+            last._size_live_text()
 
 
 class PromptInput(Input):
