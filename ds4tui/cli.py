@@ -66,16 +66,21 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
 
 
 def size_bytes(text: str) -> int:
-    """argparse type: a memory size in bytes, with an optional unit (K/M/G/T or KiB/MiB/GiB/TiB =
-    powers of 1024, KB/MB/GB/TB = powers of 1000): ``124GiB``, ``128GB``, ``96g``."""
+    """argparse type: a memory size in bytes, with a unit (K/M/G/T or KiB/MiB/GiB/TiB = powers of
+    1024, KB/MB/GB/TB = powers of 1000, B = bytes): ``124GiB``, ``128GB``, ``96g``; a bare number is
+    refused (``--budget 12`` is more likely 12 GiB than 12 bytes)."""
     import re
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size such as 124GiB, 128GB or 96G (units K/M/G/T = 1024^n, "
-                                         f"KB/MB/GB/TB = 1000^n), found {text!r}")
-    return int(float(m.group(1)) * _UNITS[unit])
+    if m is None or not unit or unit not in _UNITS or float(m.group(1)) <= 0:
+        why = " (a bare number has no unit)" if m is not None and not unit else ""
+        raise argparse.ArgumentTypeError(f"expected a size with a unit such as 124GiB, 128GB or 96G (units K/M/G/T = "
+                                         f"1024^n, KB/MB/GB/TB = 1000^n, B = bytes), found {text!r}{why}")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, found {text!r}")
+    return size
 
 
 def _float(text: str, what: str) -> float:
@@ -115,14 +120,14 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
         "estimated bytes read per decoded token of a DS4 GGUF; with --mtp, validate a DSpark support "
         "GGUF against it. The memory plan says whether the model (and support model) fits the GPU at --ctx "
         "tokens: weights, support, KV and compressor state, scratch, against the GPU memory (or --budget), "
-        "with the largest context that fits. Exits non-zero on any error.",
+        "with the largest context that fits. Exits non-zero on any error, and 1 when the plan does not fit the budget.",
     )
     p.add_argument("model", help="DS4 target GGUF (general.architecture = deepseek4)")
     p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF to check against the model")
     p.add_argument("--ctx", type=positive_int, default=4096,
-                   help="context length of the bytes-per-token estimate and the memory plan (default 4096)")
+                   help="context length of the bytes-per-token estimate and the memory plan, at most the model's (default 4096)")
     p.add_argument("--budget", type=size_bytes, metavar="SIZE",
-                   help="GPU memory to plan against, e.g. 124GiB (default: amdgpu's GTT/VRAM total from sysfs, or "
+                   help="GPU memory to plan against, with a unit: 124GiB, 128GB, 96G (default: amdgpu's GTT/VRAM total from sysfs, or "
                    "the GPU runtime's total)")
     p.add_argument("--check-finite", action="store_true", help="also scan the target's F16/F32 tensors for NaN/Inf")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

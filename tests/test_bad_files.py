@@ -262,7 +262,7 @@ def test_inspect_ctx_must_be_positive(tiny_q2, capsys):
         cli_main(["inspect", tiny_q2["model"], "--ctx", "0"])
     assert ei.value.code == 2 and "expected a positive integer, found 0" in capsys.readouterr().err
     rc = cli_main(["inspect", tiny_q2["model"], "--ctx", "2000000", "--json"])
-    assert rc == 0 and "beyond the model's context length 1048576" in capsys.readouterr().err
+    assert rc == 2 and "argument --ctx: expected 1..1048576" in capsys.readouterr().err
 
 
 def test_check_finite_sees_nan_block_scales(model, tmp_path):

@@ -11,6 +11,7 @@ from ds4tui.cli import main as cli_main
 from ds4tui.engine import layout as L
 from ds4tui.engine import memplan
 from ds4tui.engine import session as S
+from ds4tui.engine.gguf_model import DS4Model
 from ds4tui.engine.synthetic import flash_config
 
 GIB = 1 << 30
@@ -100,14 +101,14 @@ def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
     model, support = str(tiny_q2["model"]), str(tiny_q2["support"])
     rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB", "--json"])
     out = capsys.readouterr().out
-    assert rc == 0
     p = json.loads(out)["memory_plan"]
+    assert rc == (0 if p["fits"] else 1)  # a plan that does not fit is a problem: status 1
     assert p["budget"] == 300 << 20 and p["budget_source"] == "--budget" and p["support_attached"]
     assert p["need"] == p["weights"] + p["support"] + p["kv"] + p["compressor"] + p["scratch"]
     assert p["weights"] > 0 and p["support"] > 0 and p["fits"] == (p["need"] <= p["budget"])
     rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB"])
     text = capsys.readouterr().out
-    assert rc == 0 and "memory plan   on the GPU at context 8192 tokens:" in text
+    assert rc == (0 if p["fits"] else 1) and "memory plan   on the GPU at context 8192 tokens:" in text
     assert "budget        300.0 MiB (--budget)" in text
     assert (f"largest ctx   {p['max_ctx']} tokens" in text) if p["max_ctx"] else "largest ctx   none" in text
 
@@ -118,3 +119,62 @@ def test_a_bad_budget_is_one_line_naming_the_flag(tiny_q2, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "--budget" in err and "'lots'" in err and "124GiB" in err
+
+
+def _inspect(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = cli_main(["inspect", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_a_budget_needs_a_unit(tiny_q2, capsys):
+    for text in ("12", "1.5", "0"):
+        rc, out, err = _inspect(capsys, str(tiny_q2["model"]), "--budget", text)
+        assert rc == 2 and err == ("ds4tui inspect: error: argument --budget: expected a size with a unit such as "
+                                   "124GiB, 128GB or 96G (units K/M/G/T = 1024^n, KB/MB/GB/TB = 1000^n, B = bytes), "
+                                   f"found '{text}' (a bare number has no unit) (`ds4tui inspect --help` lists the "
+                                   "options)\n")
+    from ds4tui.cli import size_bytes
+
+    assert size_bytes("12B") == 12 and size_bytes("1.5GiB") == 3 << 29 and size_bytes("2GB") == 2 * 10**9
+
+
+def test_a_plan_that_does_not_fit_exits_1_and_says_what_does_not(tiny_q2, capsys):
+    model, support = str(tiny_q2["model"]), str(tiny_q2["support"])
+    rc, out, err = _inspect(capsys, model, "--mtp", support, "--budget", "1GiB", "--json")
+    p = json.loads(out)["memory_plan"]
+    fixed = p["weights"] + p["support"]
+    # a budget between the weights + support and the smallest session: they fit, no session does
+    between = fixed + 1
+    rc, out, err = _inspect(capsys, model, "--mtp", support, "--ctx", "64", "--budget", f"{between}B")
+    assert rc == 1, err
+    from ds4tui.commands.inspect import _gib
+
+    r = json.loads(_inspect(capsys, model, "--mtp", support, "--ctx", "64", "--budget", f"{between}B", "--json")[1])
+    assert r["ok"] is False and r["memory_plan"]["max_ctx"] is None
+    need_at_1 = r["memory_plan"]["need_at_1"]
+    assert fixed < need_at_1
+    assert (f"largest ctx   none: the weights and support model fit ({_gib(fixed)}), but not with a session of even "
+            f"1 token ({_gib(need_at_1)} in all)") in out
+    assert f"verdict       does NOT fit: {_gib(r['memory_plan']['need'] - between)} short" in out
+    rc, out, err = _inspect(capsys, model, "--budget", f"{p['weights'] - 1}B")
+    assert rc == 1 and f"largest ctx   none: the weights alone ({_gib(p['weights'])}) do not fit" in out
+    rc, out, err = _inspect(capsys, model, "--mtp", support, "--budget", "1GiB")
+    assert rc == 0 and "verdict       fits" in out
+
+
+def test_inspect_refuses_a_ctx_beyond_the_model(tiny_q2, capsys):
+    model = str(tiny_q2["model"])
+    limit = DS4Model(model).config.context_length
+    rc, out, err = _inspect(capsys, model, "--ctx", str(limit + 1))
+    assert rc == 2 and out == "" and err == (f"ds4tui inspect: error: argument --ctx: expected 1..{limit} (the "
+                                             f"context length of {model}), found {limit + 1}\n")
+
+
+def test_the_no_gpu_budget_line_has_no_nested_parentheses(tmp_path):
+    budget, why = memplan.gpu_budget(sysfs_root=tmp_path, proc_root=tmp_path, ttm_root=tmp_path,
+                                     probe=lambda lib: (None, "no device: no driver (the runtime says: x)"))
+    assert budget is None and why == "no GPU found: no device: no driver (the runtime says: x); give --budget SIZE"

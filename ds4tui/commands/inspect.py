@@ -1,6 +1,10 @@
 """``ds4tui inspect MODEL [--mtp SUPPORT] [--ctx N] [--budget SIZE] [--json]``: summary and validation of
 DS4 / DSpark GGUFs, and the memory plan: does the model (with its support model) fit the GPU at
-``--ctx`` tokens, and what is the largest context that does (:func:`ds4tui.engine.memplan.fit_plan`)."""
+``--ctx`` tokens, and what is the largest context that does (:func:`ds4tui.engine.memplan.fit_plan`).
+
+Exit status: 0 when everything is valid and the plan fits (or no budget is known), 1 for a bad
+file, an incompatible support model or a plan that does not fit the budget, 2 for a usage error
+(``--ctx`` beyond the model's context length, a ``--budget`` without a unit)."""
 
 from __future__ import annotations
 
@@ -92,6 +96,9 @@ def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget:
                             support=shape, fixed_scratch=vec, budget=budget, budget_source=source)
     d = plan.to_dict()
     d["support_attached"] = attached
+    if budget is not None and plan.max_ctx is None:  # what the smallest session would need
+        d["need_at_1"] = memplan.fit_plan(model.config, 1, weights=memplan.tensor_bytes(model), support_bytes=sup_bytes,
+                                          support=shape, fixed_scratch=vec).to_dict()["need"]
     return d
 
 
@@ -113,7 +120,14 @@ def render_plan(p: dict) -> str:
     else:
         lines.append(f"verdict       does NOT fit: {_gib(-left)} short")
     if p["max_ctx"] is None:
-        lines.append("largest ctx   none: the weights alone do not fit")
+        fixed = p["weights"] + (p["support"] if p["support_attached"] else 0)
+        if fixed > p["budget"]:
+            what = "the weights and the support model" if p["support_attached"] else "the weights"
+            lines.append(f"largest ctx   none: {what} alone ({_gib(fixed)}) do not fit")
+        else:
+            what = "weights and support model" if p["support_attached"] else "weights"
+            lines.append(f"largest ctx   none: the {what} fit ({_gib(fixed)}), but not with a session of even "
+                         f"1 token ({_gib(p['need_at_1'])} in all)")
     elif p["max_ctx"] >= p["context_length"]:
         lines.append(f"largest ctx   {p['max_ctx']} tokens (the model's whole context length)")
     else:
@@ -130,17 +144,26 @@ def run(args) -> int:
             print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
         print(f"ds4tui inspect: error: {exc}", file=sys.stderr)
         return 1
-    if args.ctx > model.config.context_length:
-        print(f"ds4tui inspect: warning: --ctx {args.ctx} is beyond the model's context length "
-              f"{model.config.context_length}", file=sys.stderr)
+    limit = model.config.context_length
+    if args.ctx > limit:  # refused as generate and chat refuse it: a usage error, status 2
+        message = f"argument --ctx: expected 1..{limit} (the context length of {args.model}), found {args.ctx}"
+        if args.json:
+            print(json.dumps({"ok": False, "error": message}))
+        print(f"ds4tui inspect: error: {message}", file=sys.stderr)
+        return 2
     ms = model.summary(ctx=args.ctx)
     ss = support.summary() if support is not None else None
     ok = ss is None or ss["compatible"]
     plan = memory_plan(model, support, args.ctx, getattr(args, "budget", None))
+    # a plan that does not fit the budget is a problem: exit status 1, as the README says of any
+    fits = plan["budget"] is None or plan["fits"]
     if args.json:
-        print(json.dumps({"ok": ok, "model": ms, "support": ss, "memory_plan": plan}, indent=2))
+        out = {"ok": ok and fits, "model": ms, "support": ss, "memory_plan": plan}
+        if not fits:
+            out["error"] = f"the plan at context {args.ctx} does not fit the budget: {_gib(plan['need'] - plan['budget'])} short"
+        print(json.dumps(out, indent=2))
     else:
         print(render_text(ms, ss))
         print()
         print(render_plan(plan))
-    return 0 if ok else 1
+    return 0 if ok and fits else 1
