@@ -109,6 +109,8 @@ class ChatOptions:
     activations: str = "f32"
     scheduler: bool = True
     max_draft: int = 0
+    #: the DSpark confidence threshold the session starts with (chat --confidence; 0 = whole blocks)
+    threshold: float = 0.0
     print_stats: bool = False
 
 
@@ -1060,4 +1062,5 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
                         max_draft=options.max_draft, print_stats=options.print_stats,
-                        prefill_gemm=options.prefill_gemm, activations=options.activations)
+                        prefill_gemm=options.prefill_gemm, activations=options.activations,
+                        threshold=options.threshold)

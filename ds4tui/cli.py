@@ -353,6 +353,14 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=thread_count, default=0, metavar="N", help="CPU threads (default 0 = one per core)")
     p.add_argument("--save-dir", default=".", metavar="DIR",
                    help="where Ctrl+S (transcript) and F6 (stats) write their files (default: here)")
+    d = p.add_argument_group("DSpark start-up knobs (F3, F7/F8 and F9/F10 change them while the chat runs)")
+    d.add_argument("--no-scheduler", action="store_true",
+                   help="start with the adaptive scheduler off (as DS4_DSPARK_SCHEDULER=0; F3 toggles)")
+    d.add_argument("--confidence", type=unit_float, metavar="C",
+                   help="start with the confidence threshold C, 0..1 (default 0 = always propose the whole block)")
+    d.add_argument("--max-draft", type=positive_int, metavar="N",
+                   help="start with N draft tokens per cycle, 1..block size (default: the block size, or "
+                   "DS4_DSPARK_MAX_DRAFT_TOKENS)")
     p.add_argument("--telemetry", choices=["sysfs", "nvml", "rss", "fake", "none"],
                    help="memory telemetry source (default: amdgpu sysfs or NVML on the GPU, process RSS on the cpu)")
 
@@ -420,9 +428,15 @@ ENGINE_COMMANDS = ("chat", "generate", "bench")
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # plain `ds4tui`: the chat app on the bundled demo model
-        args = parser.parse_args(["chat"])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        # plain `ds4tui [chat options]` is `ds4tui chat [chat options]` (the README's promise)
+        argv = ["chat", *argv]
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command they were given to, with that command's help
+        prog = f"ds4tui {args.command}" if args.command else "ds4tui"
+        parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (`{prog} --help` lists the "
+                       f"options)\n")
     if args.command in ENGINE_COMMANDS:
         from ds4tui.commands.environment import check_backend_options, read_environment
 

@@ -105,3 +105,52 @@ def test_bench_sizes_blame_the_option(tiny_q2, capsys, no_engine):
     message = f"argument --ctx: expected at most {limit} (the context length of {model}), found {limit + 1}"
     assert rc == 2 and err == f"ds4tui bench: error: {message}\n"
     assert json.loads(out)["ok"] is False and json.loads(out)["error"] == message
+
+
+def test_options_without_a_command_open_the_chat(monkeypatch, capsys):
+    from ds4tui.commands import chat
+
+    seen = []
+    monkeypatch.setattr(chat, "run", lambda args: seen.append(args) or 0)
+    assert cli_main(["--nothink", "--ctx", "8192"]) == 0
+    assert cli_main([]) == 0
+    assert [a.command for a in seen] == ["chat", "chat"]
+    assert seen[0].nothink is True and seen[0].ctx == 8192 and seen[1].nothink is False
+
+
+def test_an_unknown_option_is_named_by_its_command(capsys):
+    for argv in (["chat", "--max-drafts", "3"], ["generate", "-p", "x", "--max-drafts"], ["bench", "m", "--nope"]):
+        rc, out, err = _run(capsys, argv)
+        flag = [a for a in argv if a.startswith("--")][0]
+        assert rc == 2 and err == (f"ds4tui {argv[0]}: error: unrecognized arguments: {flag} "
+                                   f"(`ds4tui {argv[0]} --help` lists the options)\n"), err
+
+
+def test_chat_takes_the_dspark_start_up_knobs(tiny_q2, capsys, no_engine):
+    from ds4tui.cli import build_parser
+    from ds4tui.commands.chat import options_from_args
+
+    model, support = tiny_q2["model"], str(tiny_q2["support"])
+    o = options_from_args(build_parser().parse_args(["chat", model, "--mtp", support, "--no-scheduler",
+                                                     "--confidence", "0.3", "--max-draft", "3"]))
+    assert (o.scheduler, o.threshold, o.max_draft) == (False, 0.3, 3)
+    o = options_from_args(build_parser().parse_args(["chat", model, "--mtp", support]))
+    assert (o.scheduler, o.threshold, o.max_draft) == (True, 0.0, 0)
+    rc, out, err = _run(capsys, ["chat", model, "--mtp", support, "--max-draft", "6"])
+    assert rc == 2 and err == (f"ds4tui chat: error: argument --max-draft: expected 1..5 (the block size of "
+                               f"{support}), found 6\n")
+    rc, out, err = _run(capsys, ["chat", model, "--confidence", "0.5"])
+    assert rc == 2 and err == ("ds4tui chat: error: --confidence needs a DSpark support model: add --mtp "
+                               "SUPPORT.gguf, or leave out --confidence\n")
+
+
+def test_the_chat_engine_starts_with_the_knobs(tiny_q2):
+    from ds4tui.engine import worker as W
+
+    chat = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=64, scheduler=False,
+                        max_draft=3, threshold=0.25)
+    try:
+        k = chat.session.dspark
+        assert (k.enabled, k.scheduler, k.max_draft, k.threshold) == (True, False, 3, 0.25)
+    finally:
+        chat.close()

@@ -191,7 +191,7 @@ def test_a_context_beyond_the_model_is_a_usage_error_before_it_loads(tiny_q2, cl
     model = str(tiny_q2["model"])
     rc = cli_main(["generate", model, "-p", "hi", "--ctx", "2000000"])
     err = capsys.readouterr().err
-    assert rc == 2 and err == (f"ds4tui generate: error: argument --ctx: expected 1..1048576 (the context length of "
+    assert rc == 2 and err == (f"ds4tui generate: error: argument --ctx: expected 2..1048576 (the context length of "
                                f"{model}), found 2000000\n")
     rc = cli_main(["chat", model, "--ctx", "2000000"])
     err = capsys.readouterr().err

@@ -36,6 +36,12 @@ def options_from_args(args: argparse.Namespace):
             support = str(pair.support)
     if args.dspark and support is None:
         raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
+    given = [flag for flag, on in (("--no-scheduler", getattr(args, "no_scheduler", False)),
+                                   ("--confidence", getattr(args, "confidence", None) is not None),
+                                   ("--max-draft", getattr(args, "max_draft", None) is not None)) if on]
+    if given and support is None:
+        raise ValueError(f"{given[0]} needs a DSpark support model: add --mtp SUPPORT.gguf, or leave out "
+                         f"{' '.join(given)}")
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"{what} {path}: no such file")
@@ -64,8 +70,10 @@ def options_from_args(args: argparse.Namespace):
                        think=not args.nothink, system=args.system, max_tokens=args.n_predict,
                        save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
                        gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, prefill_gemm=env.prefill_gemm,
-                       activations=activations, scheduler=env.dspark_scheduler,
-                       max_draft=env.dspark_max_draft, print_stats=env.dspark_stats)
+                       activations=activations,
+                       scheduler=env.dspark_scheduler and not getattr(args, "no_scheduler", False),
+                       max_draft=getattr(args, "max_draft", None) or env.dspark_max_draft,
+                       threshold=getattr(args, "confidence", None) or 0.0, print_stats=env.dspark_stats)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -278,7 +278,7 @@ class ChatEngine:
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
-                 numerics: str = "ds4"):
+                 numerics: str = "ds4", threshold: float = 0.0):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -303,7 +303,7 @@ class ChatEngine:
                                                print_stats=print_stats)
             self.session.set_sampling((sampling or S.SamplingParams()).validate())
             if self.has_dspark:
-                self.session.set_dspark(enabled=bool(dspark))
+                self.session.set_dspark(enabled=bool(dspark), **({"threshold": float(threshold)} if threshold else {}))
         except BaseException:
             self.engine.close()
             raise
