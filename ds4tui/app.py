@@ -936,6 +936,8 @@ class DS4App(App):
             "dspark_stats": snap.dspark.to_dict() if snap.dspark is not None else None,
             "n_tokens": snap.n_tokens,
             "n_ctx": snap.n_ctx,
+            # the counters' run: exports with one id count from the same start (compare warns)
+            "counters_id": getattr(self.engine, "counters_id", None),
             # the app's own cost while answers streamed: the UI thread's CPU seconds per second
             "interface": self.live_ui_cost().to_dict(),
         }

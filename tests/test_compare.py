@@ -52,8 +52,12 @@ def test_two_knobs_moved_is_a_warning(tiny_q2, tmp_path, capsys):
     rc = cli_main(["compare", a, b])
     out = capsys.readouterr()
     assert rc == 0
-    assert "WARNING: 2 variables differ between the runs (dspark.scheduler, numerics)" in out.out
-    assert out.err.startswith("ds4tui compare: warning: 2 variables differ")
+    assert out.out.count("WARNING: 2 variables differ between the runs (dspark.scheduler, numerics)") == 1
+    assert out.err == ""  # printed once: in the table
+    rc = cli_main(["compare", a, b, "--json"])
+    out = capsys.readouterr()
+    assert rc == 0 and json.loads(out.out)["warning"].startswith("2 variables differ")
+    assert out.err.count("warning") == 1 and out.err.startswith("ds4tui compare: warning: 2 variables differ")
 
 
 def test_bench_results_and_bad_files(tiny_q2, tmp_path, capsys):
@@ -87,3 +91,79 @@ def test_knobs_and_figures_are_told_apart():
     for name in ("dspark_stats.verify", "timings.decode_tokens_per_s", "memory.kv", "arms[1].tokens_per_s",
                  "stats.n_steps", "interface.cpu_s"):
         assert not C.is_knob(name), name
+
+
+def test_generate_against_bench_compares_the_headline_and_not_the_kinds(tiny_q2, tmp_path, capsys):
+    g = _generate(tiny_q2, tmp_path, capsys, "g.json", "--no-dspark")
+    b = tmp_path / "b.json"
+    rc = cli_main(["bench", str(tiny_q2["model"]), "--backend", "cpu", "--threads", "2", "--prompt-tokens", "16",
+                   "--decode-tokens", "4", "--json", "--out", str(b)])
+    capsys.readouterr()
+    assert rc == 0
+    jg, jb = json.loads(open(g).read()), json.loads(b.read_text())
+    rc = cli_main(["compare", g, str(b), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (r["kind_a"], r["kind_b"]) == ("generate", "bench")
+    # the same model, threads and backend: not a difference; the context and the prompt's length are
+    assert r["knobs"] == [["ctx", jg["n_ctx"], jb["ctx"]], ["prompt_tokens", len(jg["prompt_ids"]), 16]]
+    assert r["variables"] == 2
+    figures = {k: (x, y) for k, x, y, _ in r["figures"]}
+    assert figures["decode_tokens_per_s"] == (jg["timings"]["decode_tokens_per_s"], jb["decode_tokens_per_s"])
+    assert figures["prefill_tokens_per_s"] == (jg["timings"]["prefill_tokens_per_s"], jb["prefill_tokens_per_s"])
+    rc = cli_main(["compare", g, str(b)])
+    text = capsys.readouterr().out
+    assert "knobs that differ (2):\n" in text and "WARNING: 2 variables differ" in text
+
+
+def test_a_bad_file_with_json_is_a_json_failure(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    rc = cli_main(["compare", str(bad), str(bad), "--json"])
+    out = capsys.readouterr()
+    message = f"{bad}: not JSON (Expecting property name enclosed in double quotes at line 1)"
+    assert rc == 1 and json.loads(out.out) == {"ok": False, "error": message, "error_type": "CompareError"}
+    assert out.err == f"ds4tui compare: error: {message}\n"
+
+
+def _export(counters_id, scheduler: bool, cycles: int, skips: int) -> dict:
+    return {"model": "m.gguf", "backend": "cpu", "knobs": {"enabled": True, "scheduler": scheduler},
+            "stats": {"n_steps": cycles, "decode_ms": 2.5 * cycles},
+            "dspark_stats": {"cycles": cycles, "scheduler_skips": skips, "accept_rate": 0.5},
+            "n_ctx": 4096, "counters_id": counters_id, "interface": {"cpu_share": 0.1}}
+
+
+def test_an_export_that_contains_the_other_is_a_warning(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_export("20261201T180000-0123abcd", True, 100, 424)))
+    b.write_text(json.dumps(_export("20261201T180000-0123abcd", False, 160, 424)))  # F3, one more answer, F6
+    rc = cli_main(["compare", str(a), str(b)])
+    out = capsys.readouterr()
+    warning = ("B contains A: both are exports of one chat session (counters 20261201T180000-0123abcd) and B's "
+               "counters include A's, so B's figures cover A's turns too and a knob changed in between is not an "
+               "A/B; reset the counters (or start a new session) between the two runs")
+    assert rc == 0 and out.out.count(f"WARNING: {warning}") == 1 and out.err == ""
+    rc = cli_main(["compare", str(b), str(a), "--json"])
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    assert r["contains"] == "a" and r["contains_warning"].startswith("A contains B: ")
+    assert out.err == f"ds4tui compare: warning: {r['contains_warning']}\n"
+    b.write_text(json.dumps(_export("20261201T181500-89abcdef", False, 160, 424)))  # counters reset in between
+    rc = cli_main(["compare", str(a), str(b), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["contains"] is None and r["contains_warning"] is None
+
+
+def test_the_chat_engine_renews_its_counters_id_when_they_restart(tiny_q2):
+    from ds4tui.engine import worker as W
+
+    chat = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=64)
+    try:
+        first = chat.counters_id
+        assert first and chat.counters_id == first
+        chat.reset_stats()
+        second = chat.counters_id
+        assert second != first
+        chat.set_context(96)  # a new session: its counters start from zero
+        assert chat.counters_id not in (first, second)
+    finally:
+        chat.close()

@@ -9,11 +9,19 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
   the optional caches), A's value and B's;
 - a **warning** when more than one knob differs: then no figure's change can be put down to one of
   them (a memory cache switched on together with DSpark makes the DSpark speed-up unreadable);
-- every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A.
+- every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A;
+- a **warning** when both files are stats exports of one chat session whose counters ran on
+  between them (the same ``counters_id``, B's counts at least A's): B then contains A.
+
+A ``generate --json`` output and a ``bench`` result are compared under bench's names (the model
+path, the context, the prefill and decode tokens/s: :func:`canonical`), and a knob that only one
+kind of file records is not counted as a difference.  The warnings are printed once: in the table,
+or on stderr with ``--json`` (whose object carries them too).
 
 Lists longer than :data:`MAX_LIST` (token ids, per-token flags) and free text (the generated text,
 ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, or not one of
-these kinds is an error naming the file (status 1); two files of different kinds are compared on
+these kinds is an error naming the file (status 1; with ``--json`` also ``{"ok": false, ...}`` on
+stdout); two files of different kinds are compared on
 the names they share, with a note.
 """
 
@@ -35,13 +43,13 @@ KNOB_GROUPS = {"knobs", "dspark", "sampling", "settings", "caches", "optional_ca
 KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
-    "support_status", "medium", "name", "mode", "block_size", "kind",
+    "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
 }
 #: Free text and bookkeeping: never compared.
 SKIP_NAMES = {"timestamp", "backend_note", "decode_timing", "text", "dspark_line", "message", "ok", "error",
               "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "knob_events", "dspark_events",
-              "events", "mismatches"}
+              "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note"}
 
 
 class CompareError(ValueError):
@@ -121,14 +129,52 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def compare(a: dict, b: dict) -> dict:
-    """``knobs``: [name, A, B] for every knob that differs; ``figures``: [name, A, B, B/A or None]
-    for every number both have (``zero_in_both`` counts the ones left out for being 0 in both);
-    ``only_a`` / ``only_b``: names one of them lacks; ``warning``: the text when more than one
-    knob differs (else None)."""
+def canonical(kind: str, d: dict) -> dict:
+    """``generate --json`` under ``bench``'s names, so that the two compare: the model path as
+    ``model.path``, the context as ``ctx``, the prompt's length as ``prompt_tokens``, the prefill and decode tokens/s at the top (generate
+    keeps them under ``timings``).  Other kinds are returned as they are."""
+    if kind != "generate":
+        return d
+    d = dict(d)
+    if isinstance(d.get("model"), str):
+        d["model"] = {"path": d["model"]}
+    if "n_ctx" in d:
+        d["ctx"] = d.pop("n_ctx")
+    if isinstance(d.get("prompt_ids"), list):  # bench's "prompt" is the kind of prompt, not its text
+        d["prompt_tokens"] = len(d["prompt_ids"])
+        d["prompt_text"] = d.pop("prompt", None)
+    timings = dict(d.get("timings") or {})
+    for k in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        if k in timings:
+            d[k] = timings.pop(k)
+    d["timings"] = timings
+    return d
+
+
+def contains(a: dict, b: dict) -> bool:
+    """Whether B's counters include A's: both are exports of one run of the chat's counters (the
+    same ``counters_id``: one session, never reset in between) and every count of B's ``stats``
+    and ``dspark_stats`` is at least A's."""
+    ida, idb = a.get("counters_id"), b.get("counters_id")
+    if not ida or ida != idb:
+        return False
     fa, fb = flatten(a), flatten(b)
-    knobs = [[k, fa.get(k), fb.get(k)] for k in sorted(set(fa) | set(fb))
-             if is_knob(k) and fa.get(k) != fb.get(k)]
+    counts = [k for k in fa if _parts(k)[0] in ("stats", "dspark_stats") and isinstance(fa[k], int)
+              and not isinstance(fa[k], bool) and isinstance(fb.get(k), int)]
+    return all(fb[k] >= fa[k] for k in counts)
+
+
+def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
+    """``knobs``: [name, A, B] for every knob that differs (with ``same_kind`` False, two kinds
+    of file: only knobs both record; one recorded by one kind only is not a difference);
+    ``figures``: [name, A, B, B/A or None] for every number both have (``zero_in_both`` counts
+    the ones left out for being 0 in both); ``only_a`` / ``only_b``: names one of them lacks;
+    ``variables``: how many variables the knobs are (one may be recorded under several names);
+    ``warning``: the text when more than one variable differs (else None); ``contains``: "b" when
+    B's counters include A's (:func:`contains`), "a" the other way round, else None."""
+    fa, fb = flatten(a), flatten(b)
+    names = sorted(set(fa) | set(fb)) if same_kind else sorted(set(fa) & set(fb))
+    knobs = [[k, fa.get(k), fb.get(k)] for k in names if is_knob(k) and fa.get(k) != fb.get(k)]
     figures, zeros = [], 0
     for k in fa:
         if k in fb and not is_knob(k) and _is_number(fa[k]) and _is_number(fb[k]):
@@ -148,8 +194,19 @@ def compare(a: dict, b: dict) -> dict:
         names = ", ".join(variables.values())
         warning = (f"{len(variables)} variables differ between the runs ({names}): no change in the figures can be "
                    f"put down to any one of them; for an A/B, change one knob at a time")
-    return {"knobs": knobs, "figures": figures, "zero_in_both": zeros, "only_a": only_a, "only_b": only_b,
-            "warning": warning}
+    inside = "b" if contains(a, b) else "a" if contains(b, a) else None
+    return {"knobs": knobs, "variables": len(variables), "figures": figures, "zero_in_both": zeros,
+            "only_a": only_a, "only_b": only_b, "warning": warning, "contains": inside}
+
+
+def contains_warning(inside: str | None, counters_id: str | None) -> str | None:
+    """The warning text when one export's counters include the other's (None otherwise)."""
+    if inside is None:
+        return None
+    big, small = ("B", "A") if inside == "b" else ("A", "B")
+    return (f"{big} contains {small}: both are exports of one chat session (counters {counters_id}) and {big}'s "
+            f"counters include {small}'s, so {big}'s figures cover {small}'s turns too and a knob changed in "
+            f"between is not an A/B; reset the counters (or start a new session) between the two runs")
 
 
 def _fmt(v: Any) -> str:
@@ -165,12 +222,14 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
     lines.append("")
     if r["knobs"]:
         w = max(len(k) for k, _, _ in r["knobs"])
-        lines.append(f"knobs that differ ({len(r['knobs'])}):")
+        n, v = len(r["knobs"]), r["variables"]
+        lines.append(f"knobs that differ ({n}):" if n == v else f"knobs that differ ({v} variables under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
     else:
         lines.append("knobs: the same in both runs (the figures differ by run-to-run noise only)")
-    if r["warning"]:
-        lines += ["", f"WARNING: {r['warning']}"]
+    for w in (r["warning"], r.get("contains_warning")):
+        if w:
+            lines += ["", f"WARNING: {w}"]
     lines.append("")
     if r["figures"]:
         w = max(len(k) for k, *_ in r["figures"])
@@ -191,12 +250,18 @@ def run(args) -> int:
         kind_b, b = load(args.b)
     except CompareError as exc:
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
+        if args.json:  # as every other command: the failure on stdout too
+            print(json.dumps({"ok": False, "error": str(exc), "error_type": "CompareError"}))
         return 1
-    r = compare(a, b)
+    same = kind_a == kind_b
+    r = compare(canonical(kind_a, a) if not same else a, canonical(kind_b, b) if not same else b, same_kind=same)
+    r["contains_warning"] = contains_warning(r["contains"], a.get("counters_id"))
     if args.json:
         print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
+        # the table carries the warnings; with --json they also go to stderr, once each
+        for w in (r["warning"], r["contains_warning"]):
+            if w:
+                print(f"{_PREFIX} warning: {w}", file=sys.stderr)
     else:
         print(render(args.a, args.b, kind_a, kind_b, r))
-    if r["warning"]:
-        print(f"{_PREFIX} warning: {r['warning']}", file=sys.stderr)
     return 0

@@ -196,6 +196,16 @@ class EventQueue:
 
 # ---- the chat engine --------------------------------------------------------------------------------
 
+def new_counters_id() -> str:
+    """An id for one run of the chat's counters, from zero (a session opened, or its counters
+    reset): two stats exports with the same id count from the same start, so the later one's
+    counters include the earlier one's (``ds4tui compare`` warns).  The local start time
+    (``YYYYmmddTHHMMSS``) and 8 random hex digits."""
+    import uuid
+
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
 @dataclass(frozen=True)
 class ChatInfo:
     """What the panes show about the loaded model (sizes in bytes)."""
@@ -299,6 +309,7 @@ class ChatEngine:
             n_ctx = int(n_ctx or min(DEFAULT_CTX, limit))
             if not 2 <= n_ctx <= limit:
                 raise ValueError(f"--ctx {n_ctx}: the context size must be 2..{limit} (the model's context length)")
+            self.counters_id = new_counters_id()
             self.session = self.engine.session(n_ctx, scheduler=scheduler, max_draft=max_draft,
                                                print_stats=print_stats)
             self.session.set_sampling((sampling or S.SamplingParams()).validate())
@@ -576,6 +587,7 @@ class ChatEngine:
                 new.close()
                 raise
             self.session = new
+            self.counters_id = new_counters_id()  # a new session: its counters start from zero
             old.close()
             self.info = replace(self.info, n_ctx=new.n_ctx)
             return self.info
@@ -586,6 +598,7 @@ class ChatEngine:
         if self.generating:
             raise S.StateError("stop the running turn first")
         self.session.reset_stats()
+        self.counters_id = new_counters_id()
 
     def close(self) -> None:
         """Stop a running turn, then free the session and the engine (waits for the running cycle)."""
