@@ -22,7 +22,7 @@ def _int_at_least(text: str, minimum: int, what: str, maximum: int = 2**31 - 1) 
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
     if not minimum <= v <= maximum:
-        raise argparse.ArgumentTypeError(f"expected {what} (at most {maximum}), found {v}" if v > maximum
+        raise argparse.ArgumentTypeError(f"expected {what}, at most {maximum}, found {v}" if v > maximum
                                          else f"expected {what}, found {v}")
     return v
 
@@ -304,10 +304,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "runs target-only. A support file that does not match the model is refused with a warning (file and "
         "reason) and generation continues target-only. At the end ds4's 'DSpark stats' line goes to stderr "
         "(with --json: the knobs, the full counters, the line, and which tokens came from accepted drafts).")
-    d.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF (ds4's deepseek4-dspark file)")
+    d.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF (ds4's deepseek4-dspark file or llama.cpp's "
+                   "dflash one)")
     d.add_argument("--dspark", action=argparse.BooleanOptionalAction, default=None,
-                   help="draft and verify with the support model (default: on when --mtp is given; "
-                   "--dspark without --mtp is an error)")
+                   help="draft and verify with the support model (default: on when a support model is attached: "
+                   "--mtp, or the demo model's own; --dspark with a MODEL and no --mtp is an error)")
     d.add_argument("--no-scheduler", action="store_true",
                    help="turn off the adaptive scheduler that skips drafting when it does not pay (as ds4's "
                    "DS4_DSPARK_SCHEDULER=0)")

@@ -154,3 +154,9 @@ def test_the_chat_engine_starts_with_the_knobs(tiny_q2):
         assert (k.enabled, k.scheduler, k.max_draft, k.threshold) == (True, False, 3, 0.25)
     finally:
         chat.close()
+
+
+def test_a_number_above_its_maximum_says_so_without_nested_parentheses(capsys):
+    rc, out, err = _run(capsys, ["generate", "-p", "x", "--threads", "999"])
+    assert rc == 2 and err == ("ds4tui generate: error: argument --threads: expected a thread count >= 0 (0 = one per "
+                               "core), at most 256, found 999 (`ds4tui generate --help` lists the options)\n")

@@ -225,7 +225,8 @@ def test_dspark_option_errors(tiny_q2, capsys):
     assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
                                f"{tiny_q2['support']}), found 6\n")
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--backend", "reference"))
-    assert rc == 2 and "--mtp needs the cpu backend" in err
+    assert rc == 2 and err == ("ds4tui generate: error: --mtp needs a backend that drafts, found --backend reference "
+                               "(the numpy oracle does not draft): use --backend auto, cpu or hip\n")
     with pytest.raises(SystemExit) as exc:
         cli_main(["generate", tiny_q2["model"], "-p", "hi", "--confidence", "1.5"])
     assert exc.value.code == 2 and "expected a number in [0, 1], found 1.5" in capsys.readouterr().err

@@ -67,7 +67,8 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
     """Why the DSpark options cannot be used as given (None when they can)."""
     if args.mtp is not None:
         if args.backend == "reference":
-            return "--mtp needs the cpu backend (the reference backend does not draft): use --backend cpu"
+            return ("--mtp needs a backend that drafts, found --backend reference (the numpy oracle does not draft): "
+                    "use --backend auto, cpu or hip")
         return None
     given = [flag for flag, on in (("--dspark", args.dspark is True), ("--no-scheduler", args.no_scheduler),
                                    ("--confidence", args.confidence is not None),
