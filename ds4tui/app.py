@@ -809,6 +809,9 @@ class DS4App(App):
     # ---- actions -----------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
+        if self.focused is not None and self.focused.id in ("threshold", "max-draft", "dspark", "scheduler"):
+            self._focus_prompt()  # Esc in a knob's field leaves it (its typed value is dropped)
+            return
         if self.viewing is not None and not self._generating:
             self.close_export()
             return
@@ -816,16 +819,23 @@ class DS4App(App):
             self.engine.stop()
             self._set_status("stopping…")
 
-    def _knob(self, **kw) -> None:
+    def _knob(self, **kw) -> bool:
+        """Set DSpark knobs; a toast says what changed (or why not).  True if they were set."""
         if self.engine is None:
-            return
+            return False
         try:
             knobs = self.engine.set_dspark(**kw)
         except Exception as exc:
             self.notify(str(exc), title="DSpark knobs", severity="error", timeout=8)
-            return
+            return False
         self._show_knobs(knobs)
         self.notify(knob_words(kw), timeout=2)
+        return True
+
+    def _focus_prompt(self) -> None:
+        prompt = self.query_one("#prompt", PromptInput)
+        if not prompt.disabled:
+            prompt.focus()
 
     def action_toggle_dspark(self) -> None:
         if self.engine is not None and self.engine.knobs is not None:
@@ -863,18 +873,24 @@ class DS4App(App):
 
     @on(Input.Submitted, "#threshold")
     def _threshold_input(self, event: Input.Submitted) -> None:
+        """Enter in the confidence field: applied, back to the prompt; a bad value keeps the field."""
         if event.validation_result is not None and not event.validation_result.is_valid:
-            self.notify("confidence threshold: a number in [0, 1]", severity="error")
+            self.notify(f"confidence threshold: a number in [0, 1], found {event.value.strip() or 'nothing'}",
+                        severity="error")
             return
-        self._knob(threshold=float(event.value))
+        if self._knob(threshold=float(event.value)):
+            self._focus_prompt()
 
     @on(Input.Submitted, "#max-draft")
     def _max_draft_input(self, event: Input.Submitted) -> None:
+        """Enter in the max-draft field: applied, back to the prompt; a bad value keeps the field."""
         if event.validation_result is not None and not event.validation_result.is_valid:
             block = self.engine.info.block_size if self.engine is not None else 16
-            self.notify(f"max draft length: an integer 1..{block}", severity="error")
+            self.notify(f"max draft length: an integer 1..{block}, found {event.value.strip() or 'nothing'}",
+                        severity="error")
             return
-        self._knob(max_draft=int(event.value))
+        if self._knob(max_draft=int(event.value)):
+            self._focus_prompt()
 
     @on(Input.Blurred, "#threshold, #max-draft")
     def _knob_input_left(self) -> None:

@@ -356,3 +356,51 @@ async def test_the_question_stays_in_view_while_the_answer_streams_and_after(tmp
             assert summary.region.bottom == view.region.bottom  # no blank rows below the answer
             assert msg.outer_size.height == sum(w.outer_size.height + w.styles.margin.top
                                                 for w in msg.children if w.display) + msg.styles.gutter.height
+
+
+@pytest.mark.parametrize("size", [(200, 50), (160, 45), (150, 45)])
+async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path, size):
+    """The confidence and max-draft fields are one row with the typed text in view; Enter applies
+    and returns to the prompt, a bad value names what was found and keeps the field, Esc leaves it
+    (showing the engine's value again)."""
+    from textual.widgets import Input
+
+    app = _app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await _ready(pilot)
+        await pilot.pause()
+        prompt, threshold, max_draft = (app.query_one(f"#{i}", Input) for i in ("prompt", "threshold", "max-draft"))
+        assert app.focused is prompt
+
+        def shown(field: Input) -> str:
+            assert field.region.height == 1 and field.content_region.height == 1
+            assert app.query_one("#knobs").region.contains_region(field.region)
+            return field.render_line(0).text
+
+        toasts = lambda: [m.message for m in app._notifications]  # noqa: E731
+        while app.focused is not threshold:  # as a user gets there
+            await pilot.press("tab")
+        await pilot.press(*"0.3")
+        await pilot.pause()
+        assert threshold.value == "0.3" and "0.3" in shown(threshold)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.engine.calls[-1] == ("set_dspark", {"threshold": 0.3}) and app.focused is prompt
+        assert threshold.value == "0.30" and toasts()[-1] == "confidence threshold 0.30 — from the next cycle"
+        threshold.focus()
+        await pilot.press(*"1.7", "enter")
+        await pilot.pause()
+        assert toasts()[-1] == "confidence threshold: a number in [0, 1], found 1.7"
+        assert app.focused is threshold and "1.7" in shown(threshold)  # to be corrected
+        await pilot.press("escape")  # leaves the field without applying it
+        await pilot.pause()
+        assert app.focused is prompt and threshold.value == "0.30" and app.engine.knobs.threshold == 0.3
+        max_draft.focus()
+        await pilot.press("9", "enter")
+        await pilot.pause()
+        assert toasts()[-1] == "max draft length: an integer 1..5, found 9" and app.focused is max_draft
+        assert "9" in shown(max_draft)
+        await pilot.press("backspace", "3", "enter")
+        await pilot.pause()
+        assert app.engine.calls[-1] == ("set_dspark", {"max_draft": 3}) and app.focused is prompt
+        assert max_draft.value == "3" and "3" in shown(max_draft)
