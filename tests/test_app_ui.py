@@ -341,8 +341,11 @@ async def test_the_question_stays_in_view_while_the_answer_streams_and_after(tmp
             while app.engine._tokens < 5:  # the fake emits 5 tokens (reasoning, if on), then waits for the gate
                 await pilot.pause(0.01)
             await app.flush()
-            await pilot.pause()
             q, msg = app.query(UserMessage).last(), app.current
+            for _ in range(20):  # the prefill's bar went at the first write: the view grew, the reserve follows
+                await pilot.pause()
+                if q.region.y == view.region.y + 1 and msg.region.bottom == view.region.bottom:
+                    break
             assert msg.has_class("has-reasoning") == think and msg.reasoning + msg.answer
             assert view.region.contains_region(q.region) and q.region.y == view.region.y + 1  # the top (its margin above)
             assert msg.region.bottom == view.region.bottom  # the reserve fills the view, not more
