@@ -250,7 +250,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--ab runs three arms on one engine with the support model attached in each (same memory; only the knob "
         "under test changes): target-only, DSpark without the scheduler, DSpark with it. Each arm generates "
         "--tokens greedy tokens for a code prompt and for a prose prompt. Per arm and prompt: tokens/s and its "
-        "ratio to target-only, accept rate, tokens/cycle, ms per drafter pass of each drafter step, verify per drafted cycle and the plain decode (with the counts), ds4's stats line, and a "
+        "ratio to target-only, accept rate, tokens/cycle, ms per drafter pass of each drafter step, verify per drafted cycle and the plain decode (with the counts; one verify in plain decodes of the target-only arm, which times many), ds4's stats line, and a "
         "check that all arms generated the same ids (exit status 1 if not).")
     ab.add_argument("--ab", action="store_true", help="run the A/B comparison (needs --mtp, or --medium)")
     ab.add_argument("--mtp", metavar="SUPPORT",

@@ -290,6 +290,28 @@ def test_ab_runs_three_arms_with_identical_greedy_outputs(tiny_q2, tmp_path, cap
     target = DSparkStats.from_dict(r["arms"][0]["dspark_stats"])
     assert target.proposed == 0 and target.no_draft_reasons["disabled"] == target.cycles > 0
     assert DSparkStats.from_dict(r["arms"][1]["dspark_stats"]).proposed > 0  # no scheduler: it drafts
+    ref = r["arms"][0]["stage_timing"]  # one verify in the target-only arm's plain decodes (many of them)
+    assert ref["plain_decodes"] > 0
+    for arm in r["arms"][1:]:
+        t, got = arm["stage_timing"], arm["verify_over_target_decode"]
+        if t["verify_ms_per_drafted_cycle"] and ref["plain_decodes"] > t["plain_decodes"]:
+            assert got == {"ratio": pytest.approx(t["verify_ms_per_drafted_cycle"] / ref["decode_ms_per_plain_decode"]),
+                           "plain_decodes": ref["plain_decodes"]}
+        else:
+            assert got is None
+
+
+def test_the_verify_ratio_uses_the_target_only_arms_decodes():
+    t = {"ms_per_drafter_pass": {"propose": 1.0}, "drafter_passes": 7, "drafted_cycles": 7,
+         "verify_ms_per_drafted_cycle": 16.1, "plain_decodes": 1, "decode_ms_per_plain_decode": 2.505,
+         "verify_over_decode": 16.1 / 2.505}
+    ref = {"plain_decodes": 62, "decode_ms_per_plain_decode": 5.524}
+    r = bench.verify_over_reference(t, ref)
+    assert r == {"ratio": pytest.approx(16.1 / 5.524), "plain_decodes": 62}
+    assert bench.stage_timing_line(t, r).endswith("plain decode (1) 2.505; verify = 2.91 decodes of the target-only "
+                                                  "arm (62 decodes)")
+    assert bench.stage_timing_line(t).endswith("plain decode (1) 2.505; verify = 6.43 decodes")
+    assert bench.verify_over_reference(t, {"plain_decodes": 1, "decode_ms_per_plain_decode": 5.0}) is None
 
 
 def test_ab_text_report(tiny_q2, capsys):

@@ -614,6 +614,9 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         out_arms.append(arm)
     for arm in out_arms:
         arm["ratio_to_target"] = _ratio(arm["tokens_per_s"], out_arms[0]["tokens_per_s"])
+    ref = out_arms[0]["stage_timing"]  # the target-only arm: every cycle a plain decode
+    for arm in out_arms[1:]:
+        arm["verify_over_target_decode"] = verify_over_reference(arm["stage_timing"], ref)
     mismatches = []
     for kind, _, _ in prompts:
         want = base[kind]["generated_ids"]
@@ -718,7 +721,7 @@ def render_ab_text(r: dict) -> str:
         lines += ["", f"{a['name']}: enabled={int(k['enabled'])} scheduler={int(k['scheduler'])} "
                       f"threshold={k['threshold']:g} max_draft={k['max_draft']}",
                   "  " + a["dspark_line"],
-                  "  " + stage_timing_line(a["stage_timing"])]
+                  "  " + stage_timing_line(a["stage_timing"], a.get("verify_over_target_decode"))]
     lines.append("")
     if r["outputs_identical"]:
         lines.append(f"greedy outputs: identical in all {len(r['arms'])} arms (" + ", ".join(
@@ -733,16 +736,33 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def stage_timing_line(t: dict) -> str:
+def verify_over_reference(t: dict, ref: dict) -> dict | None:
+    """What one verify of an arm (``t``, a ``stage_timing``) costs in plain decodes of the
+    target-only arm (``ref``): ``{"ratio", "plain_decodes"}``, when that arm timed more plain
+    decodes than this one (a DSpark arm times few: with the scheduler off, one at most), else None."""
+    v, d = t.get("verify_ms_per_drafted_cycle"), ref.get("decode_ms_per_plain_decode")
+    if not v or not d or ref.get("plain_decodes", 0) <= t.get("plain_decodes", 0):
+        return None
+    return {"ratio": v / d, "plain_decodes": ref["plain_decodes"]}
+
+
+def stage_timing_line(t: dict, reference: dict | None = None) -> str:
     """``DSparkStats.stage_timing`` on one line: ms per drafter pass of each non-zero drafter step
-    and their sum, ms per drafted cycle of verify and ms per plain decode, with the counts."""
+    and their sum, ms per drafted cycle of verify and ms per plain decode, with the counts; one
+    verify in plain decodes, of the target-only arm when ``reference``
+    (:func:`verify_over_reference`) is given."""
     steps = " ".join(f"{s}={_ms(v)}" for s, v in t["ms_per_drafter_pass"].items() if v and s != "propose")
-    ratio = t["verify_over_decode"]
+    if reference is not None:
+        tail = (f"; verify = {reference['ratio']:.2f} decodes of the target-only arm "
+                f"({reference['plain_decodes']} decodes)")
+    elif t["verify_over_decode"] is not None:
+        tail = f"; verify = {t['verify_over_decode']:.2f} decodes"
+    else:
+        tail = ""
     return (f"ms per drafter pass ({t['drafter_passes']}): {steps + ' ' if steps else ''}"
             f"propose={_ms(t['ms_per_drafter_pass']['propose'])}; "
             f"verify per drafted cycle ({t['drafted_cycles']}) {_ms(t['verify_ms_per_drafted_cycle'])}; "
-            f"plain decode ({t['plain_decodes']}) {_ms(t['decode_ms_per_plain_decode'])}"
-            + ("" if ratio is None else f"; verify = {ratio:.2f} decodes"))
+            f"plain decode ({t['plain_decodes']}) {_ms(t['decode_ms_per_plain_decode'])}" + tail)
 
 
 def _fail(message: str, args, exc: BaseException | None = None, status: int = 1) -> int:
