@@ -160,3 +160,14 @@ def test_a_number_above_its_maximum_says_so_without_nested_parentheses(capsys):
     rc, out, err = _run(capsys, ["generate", "-p", "x", "--threads", "999"])
     assert rc == 2 and err == ("ds4tui generate: error: argument --threads: expected a thread count >= 0 (0 = one per "
                                "core), at most 256, found 999 (`ds4tui generate --help` lists the options)\n")
+
+
+def test_check_finite_says_the_scan_ran(tiny_q2, capsys):
+    model = str(tiny_q2["model"])
+    n = len(DS4Model(model).specs)
+    rc, out, err = _run(capsys, ["inspect", model, "--check-finite"])
+    assert rc == 0 and f"finite        all {n} tensors scanned (float values and block scales): no NaN/Inf\n" in out
+    rc, out, err = _run(capsys, ["inspect", model, "--check-finite", "--json"])
+    assert rc == 0 and json.loads(out)["check_finite"] == {"tensors": n, "nonfinite": 0}
+    rc, out, err = _run(capsys, ["inspect", model, "--json"])
+    assert json.loads(out)["check_finite"] is None

@@ -203,6 +203,8 @@ def test_refused_support_warns_and_runs_target_only(tiny_q2, tmp_path, capsys):
     warning = next(line for line in err.splitlines() if "warning:" in line)  # after auto's backend note
     assert warning.startswith("ds4tui generate: warning: DSpark support model refused, continuing target-only")
     assert str(bad) in warning and "support has 8 experts" in warning and "expert_count = 16" in warning
+    if "more problem" in warning:  # the command to list them names the real files, not a placeholder
+        assert f"`ds4tui inspect {tiny_q2['model']} --mtp {bad}` lists them)" in warning
     r = json.loads(out)
     assert r["support"]["status"] == "refused" and "support has 8 experts" in r["support"]["message"]
     assert r["generated_ids"] == plain["generated_ids"] and not any(r["from_draft"])

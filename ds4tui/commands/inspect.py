@@ -157,13 +157,17 @@ def run(args) -> int:
     plan = memory_plan(model, support, args.ctx, getattr(args, "budget", None))
     # a plan that does not fit the budget is a problem: exit status 1, as the README says of any
     fits = plan["budget"] is None or plan["fits"]
+    scanned = {"tensors": len(model.specs), "nonfinite": 0} if args.check_finite else None  # else it raised
     if args.json:
-        out = {"ok": ok and fits, "model": ms, "support": ss, "memory_plan": plan}
+        out = {"ok": ok and fits, "model": ms, "support": ss, "memory_plan": plan, "check_finite": scanned}
         if not fits:
             out["error"] = f"the plan at context {args.ctx} does not fit the budget: {_gib(plan['need'] - plan['budget'])} short"
         print(json.dumps(out, indent=2))
     else:
         print(render_text(ms, ss))
+        if scanned is not None:
+            print(f"finite        all {scanned['tensors']} tensors scanned (float values and block scales): "
+                  f"no NaN/Inf")
         print()
         print(render_plan(plan))
     return 0 if ok and fits else 1

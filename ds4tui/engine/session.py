@@ -285,8 +285,8 @@ class Engine:
             first = next((p for p in sm.problems if p.kind == "mismatch"), sm.problems[0]).message
             more = len(sm.problems) - 1
             why = (f"{sm.path}: support model refused for drafting ({sm.summary_line()}): {first}"
-                   + (f" (and {more} more problem{'s' if more > 1 else ''}: `ds4tui inspect MODEL --mtp "
-                      f"{sm.path}` lists them)" if more else ""))
+                   + (f" (and {more} more problem{'s' if more > 1 else ''}: `ds4tui inspect {self.model.path} "
+                      f"--mtp {sm.path}` lists them)" if more else ""))
             lib.ds4_engine_refuse_support(self._handle, why.encode()[:1000])
             self.support_status, self.support_message = "refused", why
             return
