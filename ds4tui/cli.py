@@ -139,7 +139,8 @@ def _add_tokenize(sub: argparse._SubParsersAction) -> None:
         help="print the token ids a model's tokenizer gives for a text",
         description="Tokenize text with the tokenizer stored in a DS4 GGUF (like llama-tokenize).",
     )
-    p.add_argument("model", help="DS4 GGUF whose tokenizer.ggml.* metadata to use")
+    p.add_argument("model", nargs="?", help="DS4 GGUF whose tokenizer.ggml.* metadata to use (default: the bundled "
+                   "demo model, which carries the real DeepSeek V4 tokenizer)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", "-t", help="text to tokenize")
     src.add_argument("--file", "-f", help="read the text from this file ('-' = stdin)")

@@ -171,3 +171,15 @@ def test_check_finite_says_the_scan_ran(tiny_q2, capsys):
     assert rc == 0 and json.loads(out)["check_finite"] == {"tensors": n, "nonfinite": 0}
     rc, out, err = _run(capsys, ["inspect", model, "--json"])
     assert json.loads(out)["check_finite"] is None
+
+
+def test_tokenize_defaults_to_the_demo_model_as_generate_does(capsys):
+    from ds4tui.demo import demo_pair
+
+    pair = demo_pair(None)
+    if pair is None:
+        pytest.skip("this build has no bundled demo model")
+    rc, out, err = _run(capsys, ["tokenize", "--text", "hello world", "--json"])
+    assert rc == 0, err
+    rc2, out2, _ = _run(capsys, ["tokenize", str(pair.model), "--text", "hello world", "--json"])
+    assert rc2 == 0 and json.loads(out) == json.loads(out2) and json.loads(out)["n_tokens"] > 0

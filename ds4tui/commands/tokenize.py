@@ -98,6 +98,16 @@ def run(args: argparse.Namespace) -> int:
         return _fail("choose one of --json and --ids-only")
     if not args.chat and (args.nothink or args.system):
         return _fail("--system and --nothink only apply with --chat")
+    if args.model is None:  # as generate and chat: the bundled demo model (its tokenizer is the real one)
+        from ds4tui.demo import DemoError, demo_pair
+
+        try:
+            pair = demo_pair(None)
+        except DemoError as exc:
+            return _fail(str(exc))
+        if pair is None:
+            return _fail("no MODEL given and this build has no bundled demo model")
+        args.model = str(pair.model)
     try:
         text = _read_text(args)
         tokenizer = Tokenizer.from_gguf(args.model)
