@@ -148,6 +148,11 @@ def test_the_values_reach_the_engine(tiny_q2, clean_env, capsys):
     assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 2}
     assert max(k for k, c in enumerate(r["dspark_stats"]["draft_len_hist"]) if c) <= 2
     assert out.err.count("DSpark stats") == 1  # printed when the session closed
+    for value, lines in (("0", 0), ("", 1)):  # 0: no line at all; unset: generate prints it at its end
+        clean_env.setenv("DS4_DSPARK_STATS", value)
+        rc = cli_main(["generate", tiny_q2["model"], "-p", "hi", "-n", "12", "--mtp", tiny_q2["support"]])
+        out = capsys.readouterr()
+        assert rc == 0 and out.err.count("DSpark stats") == lines, (value, out.err)
 
 
 def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):

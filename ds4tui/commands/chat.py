@@ -73,7 +73,7 @@ def options_from_args(args: argparse.Namespace):
                        activations=activations,
                        scheduler=env.dspark_scheduler and not getattr(args, "no_scheduler", False),
                        max_draft=getattr(args, "max_draft", None) or env.dspark_max_draft,
-                       threshold=getattr(args, "confidence", None) or 0.0, print_stats=env.dspark_stats)
+                       threshold=getattr(args, "confidence", None) or 0.0, print_stats=bool(env.dspark_stats))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,8 +39,9 @@ class Settings:
     dspark_scheduler: bool = True
     #: DS4_DSPARK_MAX_DRAFT_TOKENS: drafts per cycle at the start (0: the support model's block size).
     dspark_max_draft: int = 0
-    #: DS4_DSPARK_STATS: print ds4's stats line when a DSpark session closes.
-    dspark_stats: bool = False
+    #: DS4_DSPARK_STATS: print ds4's stats line when a DSpark session closes (None: unset, which
+    #: prints nothing at close; generate then prints the line at its end, and DS4_DSPARK_STATS=0 stops that too).
+    dspark_stats: bool | None = None
     #: DS4TUI_GPU_LAYOUT: the device layout of the weight matrices ("planar" or "ggml").
     gpu_layout: str = "planar"
     #: DS4TUI_GPU_LIB: the GPU backend library to load instead of the built one (None: the built one).
@@ -53,7 +54,7 @@ class Settings:
     def session_options(self) -> dict:
         """Keyword arguments of ``Engine.session`` (the starting DSpark knobs, the stats line)."""
         return {"scheduler": self.dspark_scheduler, "max_draft": self.dspark_max_draft,
-                "print_stats": self.dspark_stats}
+                "print_stats": bool(self.dspark_stats)}
 
     def engine_options(self) -> dict:
         """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM)."""
@@ -138,7 +139,8 @@ VARIABLES: tuple[Variable, ...] = (
              "F9/F10 change it)", "0 (the block size)",
              f"0 (the block size) or an integer 1..{MAX_BLOCK} (at most the support model's block size)",
              lambda v: v.isascii() and v.isdigit() and int(v) <= MAX_BLOCK, "dspark_max_draft", _max_draft),
-    Variable("DS4_DSPARK_STATS", "print ds4's DSpark stats line to stderr when a session closes", "0",
+    Variable("DS4_DSPARK_STATS", "print ds4's DSpark stats line to stderr when a session closes (unset: "
+             "generate still prints it at its end; 0: no line at all)", "unset",
              "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_stats", _switch),
     Variable("DS4TUI_GPU_LAYOUT", "device layout of the weight matrices on the GPU backend", "planar",
              "planar (the default) or ggml", lambda v: v in ("planar", "ggml"), "gpu_layout"),

@@ -15,7 +15,8 @@ refused with a warning naming the file and the reason, and generation continues 
 cycle then counts as no_draft reason ``support_invalid``).  Each step returns the accepted drafts
 followed by the next sampled token, so ``--json`` marks each generated id ``from_draft`` or not and
 carries the knobs, the full DSpark counters and ds4's stats line; without ``--json`` that line goes
-to stderr at the end.  ``DS4_DSPARK_STATS=1`` prints it when the session closes, as ds4 does, and
+to stderr at the end.  ``DS4_DSPARK_STATS=1`` prints it when the session closes, as ds4 does
+(``=0``: no line at all), and
 ``DS4_DSPARK_SCHEDULER`` / ``DS4_DSPARK_MAX_DRAFT_TOKENS`` set the knobs the session starts with (the
 options above change them); ``DS4TUI_GPU_LAYOUT`` and ``DS4TUI_GPU_LIB`` apply to ``--backend hip``.
 The command line reads and checks these (:mod:`ds4tui.commands.environment`); a
@@ -249,8 +250,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                       file=sys.stderr)
             rates = rates_line(len(ids), prefill_s if t_prefill_end else None, prefill_tps, n_dec, decode_tps)
             print(f"ds4tui generate: {rates} ({engine.backend} backend)", file=sys.stderr)
-            if dspark["ran"] and not settings.dspark_stats:
-                print(dspark["dspark_line"], file=sys.stderr)  # else closing the session prints it
+            if dspark["ran"] and settings.dspark_stats is None:  # DS4_DSPARK_STATS unset
+                print(dspark["dspark_line"], file=sys.stderr)  # =1: closing the session prints it; =0: no line
             if dspark["ran"] and not dspark["dspark_stats"]["t_decode_measured"]:
                 print("ds4tui generate: note: saved/net_saved are unknown (printed as 0): every cycle drafted, so "
                       "no target-only decode was timed to price them (the scheduler times one; `ds4tui bench --ab` "
