@@ -648,39 +648,75 @@ class DS4App(App):
                                  "a JSON that F6 wrote (or a Ctrl+S transcript); Enter shows it, Esc cancels"),
                          self.view_export)
 
+    #: while an export is shown: the panes drawn from it, and those that stay live
+    EXPORT_PANES = ("knobs", "accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages")
+    LIVE_PANES = ("memory", "support")
+
     def view_export(self, path: str | None) -> None:
-        """Show the stats export at ``path`` in the panes, read-only, until Esc (or the next turn)."""
+        """Show the stats export at ``path`` in the panes, read-only, until Esc (or the next turn):
+        its knobs, counters and figures; the memory and support panes stay live and say so."""
         if not path:
             return
+        expected = "expected a stats export that F6 wrote (ds4tui-stats-*.json) or a Ctrl+S transcript (ds4tui-chat-*.json)"
         try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            self._error("cannot show the export", f"{path}: not a text file; {expected}")
+            return
+        except OSError as exc:
+            self._error("cannot show the export", f"{path}: cannot read it ({exc.strerror or exc}); {expected}")
+            return
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            self._error("cannot show the export", f"{path}: not JSON ({exc.msg} at line {exc.lineno} column "
+                        f"{exc.colno}); {expected}")
+            return
+        try:
             if isinstance(d, dict) and str(d.get("format", "")).startswith("ds4tui-chat/"):
                 d = d.get("session") or {}
             snap = W.StatsSnapshot.from_export(d)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            self._error("cannot show the export", f"{path}: {exc}")
+            interface = d.get("interface") or {}
+            ui_share = interface.get("cpu_share") if isinstance(interface, dict) else None
+            ui_share = float(ui_share) if ui_share is not None else None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self._error("cannot show the export", f"{path}: {exc}; {expected}")
             return
         self.viewing = str(path)
+        name = Path(path).name
         timeline = SpecTimeline()
         timeline.add(snap)
         self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"))
+        self._panes["throughput"].show_export(snap.stats, snap.dspark, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
+                                              ui_share=ui_share)
+        note = (f"the knobs of {name} (read-only; Esc: live)" if snap.knobs is not None
+                else f"no DSpark knobs in {name} (no support model; Esc: live)")
+        block = snap.dspark.block_size if snap.dspark is not None else 16
+        self._panes["knobs"].show(snap.knobs, note=note, block=block or 16, read_only=True)
+        for pid in self.EXPORT_PANES:
+            self._panes[pid].border_subtitle = name
+        for pid in self.LIVE_PANES:
+            self._panes[pid].border_subtitle = "live"
         self._set_status()
-        self.notify(f"showing {Path(path).name} read-only — Esc returns to the live panes", timeout=4)
+        self.notify(f"showing {name} read-only — Esc returns to the live panes", timeout=4)
 
     def close_export(self) -> None:
         """Back to the live panes."""
         if self.viewing is None:
             return
         self.viewing = None
+        for pid in self.EXPORT_PANES + self.LIVE_PANES:
+            self._panes[pid].border_subtitle = None
         snap = self.last_snapshot
         if snap is not None:
             info = self.engine.info if self.engine is not None else None
             self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
+        self._show_knobs()
         self._set_status()
 
     def _show_knobs(self, knobs=None) -> None:
         e = self.engine
-        if e is None:
+        if e is None or self.viewing is not None:  # an export's knobs are on show until Esc
             return
         knobs = knobs if knobs is not None else e.knobs
         if knobs is None:

@@ -407,3 +407,57 @@ async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path,
         await pilot.pause()
         assert app.engine.calls[-1] == ("set_dspark", {"max_draft": 3}) and app.focused is prompt
         assert max_draft.value == "3" and "3" in shown(max_draft)
+
+
+async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is_named(tmp_path):
+    """Ctrl+O: the knobs pane shows the export's knobs (controls disabled), the throughput pane its
+    decode rate and recorded interface cost, the panes that stay live say so; Esc: live again.  A
+    file that is not JSON: one dialog naming it and what was expected."""
+    import json as _json
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:  # an export made with the scheduler on
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+    export = next(tmp_path.glob("ds4tui-stats-*.json"))
+    d = _json.loads(export.read_text())
+    assert d["knobs"]["scheduler"] is True
+    d["interface"]["cpu_share"] = 0.098  # as a long session records it
+    export.write_text(_json.dumps(d))
+    tokens, decode_ms = d["stats"]["n_decode_tokens"], d["stats"]["decode_ms"]
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await pilot.press("f3")  # the live scheduler goes off
+        await pilot.pause()
+        knobs = app.query_one("#knobs")
+        assert "sched off" in str(knobs.query_one("#knob-note").render())
+        app.view_export(str(export))
+        await pilot.pause()
+        note = str(knobs.query_one("#knob-note").render())
+        assert "DSpark on · sched on · conf 0.00 · max 5" in note and f"the knobs of {export.name} (read-only" in note
+        assert all(app.query_one(f"#{i}").disabled for i in ("dspark", "scheduler", "threshold", "max-draft"))
+        assert app.query_one("#scheduler").value is True
+        text = app.query_one("#throughput").text
+        assert f"decode {1000 * tokens / decode_ms:.1f} t/s: the session's average" in text
+        assert "interface 9.8% of a core while streaming" in text and "measured while an answer streams" not in text
+        assert app.query_one("#throughput").border_subtitle == export.name
+        assert app.query_one("#memory").border_subtitle == app.query_one("#support").border_subtitle == "live"
+        await pilot.press("f2")  # a live knob changes while the export is on show: the pane keeps the export's
+        await pilot.pause()
+        assert app.engine.knobs.enabled is False and "DSpark on · sched on" in str(knobs.query_one("#knob-note").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.viewing is None and app.query_one("#throughput").border_subtitle is None
+        assert "DSpark off · sched off" in str(knobs.query_one("#knob-note").render())
+        assert not app.query_one("#scheduler").disabled and app.query_one("#scheduler").value is False
+        garbage = tmp_path / "g.txt"
+        garbage.write_text("hello\n")
+        app.view_export(str(garbage))
+        await pilot.pause()
+        title, message = app.errors[-1]
+        assert title == "cannot show the export" and app.viewing is None
+        assert message == (f"{garbage}: not JSON (Expecting value at line 1 column 1); expected a stats export "
+                           "that F6 wrote (ds4tui-stats-*.json) or a Ctrl+S transcript (ds4tui-chat-*.json)")

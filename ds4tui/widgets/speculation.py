@@ -63,20 +63,21 @@ class KnobsPane(Vertical):
     def on_mount(self) -> None:
         self.border_title = "DSpark knobs"
 
-    def show(self, knobs, *, note: str = "", block: int = 16) -> None:
-        """``knobs``: ``DSparkKnobs`` or None (no support model: the controls are disabled)."""
+    def show(self, knobs, *, note: str = "", block: int = 16, read_only: bool = False) -> None:
+        """``knobs``: ``DSparkKnobs`` or None (no support model: the controls are disabled);
+        ``read_only``: the knobs of a stats export, shown with the controls disabled."""
         enabled = knobs is not None
         for sid, val in (("dspark", knobs.enabled if enabled else False),
                          ("scheduler", knobs.scheduler if enabled else False)):
             sw = self.query_one(f"#{sid}", Switch)
-            sw.disabled = not enabled
+            sw.disabled = not enabled or read_only
             if sw.value != val:
                 with sw.prevent(Switch.Changed):
                     sw.value = val
         for iid, text in (("threshold", f"{knobs.threshold:.2f}" if enabled else ""),
                           ("max-draft", str(knobs.max_draft) if enabled else "")):
             inp = self.query_one(f"#{iid}", Input)
-            inp.disabled = not enabled
+            inp.disabled = not enabled or read_only
             if not inp.has_focus and inp.value != text:
                 with inp.prevent(Input.Changed):
                     inp.value = text
@@ -251,7 +252,34 @@ class ThroughputPane(Pane):
         ]
         if marks.strip():
             out.append(Content.styled("    " + marks, "$warning"))
-        out.append(Content(f"context {n_tokens}/{n_ctx} tokens"))
+        out += self._tail(st, n_tokens, n_ctx)
+        if ui_share is None:
+            out.append(Content.styled("interface cost: measured while an answer streams", "$text-muted"))
+        else:
+            out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
+        self.put(rows(out))
+
+    def show_export(self, stats, st: DSparkStats | None, *, n_tokens: int, n_ctx: int,
+                    ui_share: float | None) -> None:
+        """A stats export's figures: the decode rate its counters give (tokens over the engine's
+        decode time: the session's average), no series and no effective rate (an export holds
+        neither), and the interface cost it recorded (``ui_share`` None: none recorded)."""
+        decode_tps = 1000.0 * stats.n_decode_tokens / stats.decode_ms if stats.decode_ms > 0 else None
+        out = [
+            Content.assemble("decode ", ("—" if decode_tps is None else f"{decode_tps:.1f}", "bold"),
+                             " t/s: the session's average"),
+            Content.styled("effective —, series: not in an export", "$text-muted"),
+        ]
+        out += self._tail(st, n_tokens, n_ctx)
+        if ui_share is None:
+            out.append(Content.styled("interface cost: not recorded in the export", "$text-muted"))
+        else:
+            out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
+        self.put(rows(out))
+
+    @staticmethod
+    def _tail(st: DSparkStats | None, n_tokens: int, n_ctx: int) -> list[Content]:
+        out = [Content(f"context {n_tokens}/{n_ctx} tokens")]
         if st is not None:
             if st.t_decode_measured:
                 sign = "+" if st.net_saved >= 0 else "−"
@@ -259,11 +287,7 @@ class ThroughputPane(Pane):
                                             f" · saved {st.saved / 1000:.2f} s"))
             else:
                 out.append(Content.styled("net saved unknown: no plain decode timed yet", "$text-muted"))
-        if ui_share is None:
-            out.append(Content.styled("interface cost: measured while an answer streams", "$text-muted"))
-        else:
-            out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
-        self.put(rows(out))
+        return out
 
 
 class SupportPane(Pane):
