@@ -634,8 +634,12 @@ class DS4App(App):
         except (ValueError, W.S.EngineError) as exc:
             self._error("cannot change the context size", str(exc))
             return
-        self.timeline = SpecTimeline()  # the new session's counters start at 0
+        # the new session's counters start at 0, and so do the figures drawn from the old one's:
+        # its rates, the interface's cost (the next export's too) and the memory it held
+        self.timeline = SpecTimeline()
+        self.ui_cost = InterfaceCost()
         await self.action_new_chat()
+        self.sample_memory()
         self.notify(f"context {info.n_ctx} tokens — a new session; {self.describe_context(str(info.n_ctx))}",
                     timeout=8)
 
@@ -890,14 +894,25 @@ class DS4App(App):
         if k is None:
             self._knob(threshold=0.0)
             return
-        self._knob(threshold=round(min(1.0, max(0.0, k.threshold + step)), 2))
+        value = round(min(1.0, max(0.0, k.threshold + step)), 2)
+        if value == round(k.threshold, 2):
+            self.notify(f"confidence threshold is at its {'maximum' if step > 0 else 'minimum'}, {value:.2f}",
+                        timeout=3)
+            return
+        self._knob(threshold=value)
 
     def action_max_draft(self, step: int) -> None:
         k = self.engine.knobs if self.engine is not None else None
         if k is None:
             self._knob(max_draft=1)
             return
-        self._knob(max_draft=min(max(1, k.max_draft + step), self.engine.info.block_size or 1))
+        block = self.engine.info.block_size or 1
+        value = min(max(1, k.max_draft + step), block)
+        if value == k.max_draft:
+            self.notify(f"max draft length is at its maximum, {value} (the support model's block size)" if step > 0
+                        else f"max draft length is at its minimum, {value}", timeout=3)
+            return
+        self._knob(max_draft=value)
 
     @on(Switch.Changed, "#dspark")
     def _dspark_switch(self, event: Switch.Changed) -> None:

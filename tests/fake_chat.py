@@ -6,6 +6,7 @@ a number uses the real engine instead (tests/test_app.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from ds4tui.engine import session as S
@@ -97,13 +98,20 @@ class FakeChatEngine:
         st = _stats(self._cycles) if self.has_dspark else None
         snap = W.StatsSnapshot(
             t=self._t, stats=S.Stats(n_decode_tokens=self._tokens, n_steps=self._cycles, decode_ms=8.0 * self._cycles),
-            dspark=st, knobs=self.knobs, events=tuple(self._events), n_tokens=40 + self._tokens, n_ctx=4096,
+            dspark=st, knobs=self.knobs, events=tuple(self._events), n_tokens=40 + self._tokens, n_ctx=self.info.n_ctx,
             generating=bool(generating), turn=1, turn_tokens=self._tokens, turn_draft_tokens=self._tokens // 3,
             turn_decode_s=0.01 * self._cycles)
         return snap
 
     def memory(self) -> S.Memory:
-        return S.Memory(weights=196 << 20, kv=800 << 10, compressor=3 << 20, scratch=24 << 20)
+        return S.Memory(weights=196 << 20, kv=200 * self.info.n_ctx, compressor=3 << 20, scratch=24 << 20)
+
+    def set_context(self, n_ctx: int) -> W.ChatInfo:
+        """A new session of ``n_ctx`` tokens: the counters start afresh, the knobs stay."""
+        self.info = dataclasses.replace(self.info, n_ctx=n_ctx)
+        self.reset_stats()
+        self._events.clear()
+        return self.info
 
     def run_turn(self, messages, sink, *, think=True, system=None, max_tokens=None, snapshot_s=0.1):
         with self._busy:

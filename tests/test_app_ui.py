@@ -461,3 +461,47 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert title == "cannot show the export" and app.viewing is None
         assert message == (f"{garbage}: not JSON (Expecting value at line 1 column 1); expected a stats export "
                            "that F6 wrote (ds4tui-stats-*.json) or a Ctrl+S transcript (ds4tui-chat-*.json)")
+
+
+async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_path):
+    """Ctrl+G (a new session): the interface cost, rates and memory of the old session do not
+    stay on screen (nor in the next export).  F10 at the maximum draft length and F9 at 1 say so."""
+    import json as _json
+
+    from ds4tui.app import InterfaceCost
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        app.ui_cost = InterfaceCost(cpu_s=0.25, wall_s=2.0, text_writes=10, max_text_gap_s=0.2)  # a long session's
+        app._apply_snapshot(app.engine.snapshot(generating=False))
+        assert "interface 12.5% of a core while streaming" in app.query_one("#throughput").text
+        await app.set_context("8192")
+        await pilot.pause()
+        text = app.query_one("#throughput").text
+        assert "12.5%" not in text and "interface cost: measured while an answer streams" in text
+        assert "decode — · effective — t/s" in text and "context 40/8192 tokens" in text
+        assert "KV 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
+        assert app.ui_cost.wall_s == 0 and app.turn_costs == []
+        await pilot.press("f6")
+        await pilot.pause()
+        stats = _json.loads(next(tmp_path.glob("ds4tui-stats-*.json")).read_text())
+        assert stats["interface"]["text_writes"] == 0 and stats["n_ctx"] == 8192
+        toasts = lambda: [m.message for m in app._notifications]  # noqa: E731
+        assert app.engine.knobs.max_draft == 5  # the block size
+        n = len(app.engine.calls)
+        await pilot.press("f10")
+        await pilot.pause()
+        assert toasts()[-1] == "max draft length is at its maximum, 5 (the support model's block size)"
+        assert len(app.engine.calls) == n  # nothing to set
+        for _ in range(4):
+            await pilot.press("f9")
+        await pilot.pause()
+        assert app.engine.knobs.max_draft == 1
+        await pilot.press("f9")
+        await pilot.pause()
+        assert toasts()[-1] == "max draft length is at its minimum, 1"
+        await pilot.press("f7")  # the threshold is 0
+        await pilot.pause()
+        assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
