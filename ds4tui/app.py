@@ -402,6 +402,9 @@ class DS4App(App):
         prompt.disabled = True
         prompt.placeholder = "no model loaded — Ctrl+Q quits"
         self._set_status("no model loaded · Ctrl+Q quits")
+        for pid in ("accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "support", "memory"):
+            self._panes[pid].put(Content.styled("no model loaded (see the chat)", "$text-muted"))
+        self._panes["knobs"].show(None, note="no model loaded (see the chat)")
         self._error(ev.title, f"{ev.message}\n\nWhat to do: {ev.todo}")
 
     def _engine_ready(self, engine) -> None:

@@ -239,6 +239,10 @@ async def test_no_gpu_is_not_blamed_on_the_model_file(tmp_path):
         welcome = str(app.query_one("#welcome").render())
         assert "the GPU backend cannot run here" in welcome and "model" not in welcome.split("\n")[0].replace(
             "No model loaded", "")
+        # no pane keeps waiting for an engine that will not come
+        for pid in ("accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "support", "memory"):
+            assert app.query_one(f"#{pid}").text == "no model loaded (see the chat)", pid
+        assert str(app.query_one("#knob-note").render()) == "no model loaded (see the chat)"
 
 
 async def test_chat_takes_the_sampling_options_of_generate(tmp_path):
