@@ -564,6 +564,12 @@ class DS4App(App):
             cost.add(now)
         return cost
 
+    def _ui_cost_args(self) -> dict:
+        """The throughput pane's interface-cost arguments: the share once answers have streamed
+        MIN_COST_S, else how long they have streamed so far."""
+        cost = self.live_ui_cost()
+        return {"ui_share": cost.cpu_share, "ui_streamed_s": cost.wall_s, "ui_min_s": MIN_COST_S}
+
     def _apply_snapshot(self, snap: W.StatsSnapshot) -> None:
         """Every snapshot feeds the timeline; the panes redraw at most every PANES_S while a turn
         runs (a redraw costs the UI thread far more than reading a snapshot), and only the panes
@@ -592,7 +598,7 @@ class DS4App(App):
         p["stages"].show(st)
         p["no-draft"].show(st, support_status=support_status)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
-                             ui_share=None if self.viewing is not None else self.live_ui_cost().cpu_share)
+                             **self._ui_cost_args())
 
     # ---- the context size ------------------------------------------------------------------------
 
@@ -756,7 +762,7 @@ class DS4App(App):
             snap = self.last_snapshot
             self._panes["throughput"].show(self.timeline.view(), snap.dspark if snap is not None else None,
                                            n_tokens=ev.reused + ev.done, n_ctx=self.engine.info.n_ctx,
-                                           ui_share=self.live_ui_cost().cpu_share)
+                                           **self._ui_cost_args())
 
     def _load_progress(self, ev: W.LoadProgress) -> None:
         bar = self._panes["progress"]

@@ -220,6 +220,10 @@ async def test_the_app_reports_its_own_cost(tmp_path):
         saved = json.loads(next(tmp_path.glob("ds4tui-chat-*.json")).read_text())
         assert [m["interface"] for m in saved["messages"] if m["role"] == "assistant"] == [
             c.to_dict() for c in app.turn_costs]
+        # answers that streamed less than MIN_COST_S: the pane says how long so far
+        app.ui_cost = A.InterfaceCost(cpu_s=0.05, wall_s=0.4, text_writes=3, max_text_gap_s=0.2)
+        app._apply_snapshot(app.engine.snapshot(generating=False))
+        assert "interface cost: after 1 s of streaming (0.4 s so far)" in app.query_one("#throughput").text
         # once answers have streamed long enough the pane shows the share: CPU seconds per second
         app.ui_cost = A.InterfaceCost(cpu_s=0.25, wall_s=2.0, text_writes=10, max_text_gap_s=0.2)
         assert app.ui_cost.cpu_share == 0.125 and app.ui_cost.text_writes_per_s == 5.0

@@ -234,7 +234,9 @@ class ThroughputPane(Pane):
     large share means the rates above are slower than the engine alone would be."""
 
     def show(self, view: SpecView, st: DSparkStats | None, *, n_tokens: int, n_ctx: int,
-             ui_share: float | None = None) -> None:
+             ui_share: float | None = None, ui_streamed_s: float = 0.0, ui_min_s: float = 1.0) -> None:
+        """``ui_streamed_s``: how long answers have streamed (while ``ui_share`` is None: shorter
+        than ``ui_min_s``, too short to say)."""
         def tps(v: float | None) -> str:
             return "—" if v is None else f"{v:.1f}"
 
@@ -253,7 +255,10 @@ class ThroughputPane(Pane):
         if marks.strip():
             out.append(Content.styled("    " + marks, "$warning"))
         out += self._tail(st, n_tokens, n_ctx)
-        if ui_share is None:
+        if ui_share is None and ui_streamed_s > 0:
+            out.append(Content.styled(f"interface cost: after {ui_min_s:g} s of streaming ({ui_streamed_s:.1f} s so far)",
+                                      "$text-muted"))
+        elif ui_share is None:
             out.append(Content.styled("interface cost: measured while an answer streams", "$text-muted"))
         else:
             out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
