@@ -30,6 +30,7 @@ import datetime as _dt
 import gc
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -616,11 +617,13 @@ class DS4App(App):
             return ""
         b = e.session_plan(n)
         device = b["kv"] + b["compressor"] + b["scratch"]
-        where = "the GPU" if e.info.backend == "hip" else "memory"
-        return (f"a session of {n} tokens holds {format_bytes(device)} in {where} beside the weights: KV "
-                f"{format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
-                f"{format_bytes(b['scratch'])} (+ {format_bytes(b['host'])} on the host); "
-                f"`ds4tui inspect MODEL --ctx {n}` checks it against the GPU's memory")
+        gpu = e.info.backend == "hip"
+        text = (f"a session of {n} tokens holds {format_bytes(device)} in {'the GPU' if gpu else 'memory'} beside "
+                f"the weights: KV {format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
+                f"{format_bytes(b['scratch'])} (+ {format_bytes(b['host'])} on the host)")
+        if gpu:  # inspect's budget is the GPU's memory: no check to offer on the CPU
+            text += f"; `ds4tui inspect {shlex.quote(e.info.model_path)} --ctx {n}` checks it against the GPU's memory"
+        return text
 
     def action_context_size(self) -> None:
         if self.engine is None or not hasattr(self.engine, "set_context"):

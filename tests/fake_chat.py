@@ -106,6 +106,10 @@ class FakeChatEngine:
     def memory(self) -> S.Memory:
         return S.Memory(weights=196 << 20, kv=200 * self.info.n_ctx, compressor=3 << 20, scratch=24 << 20)
 
+    def session_plan(self, n_ctx: int) -> dict:
+        """What a session of ``n_ctx`` tokens holds (bytes), as ``memory`` counts it."""
+        return {"kv": 200 * n_ctx, "compressor": 3 << 20, "scratch": 24 << 20, "host": 9 << 20}
+
     def set_context(self, n_ctx: int) -> W.ChatInfo:
         """A new session of ``n_ctx`` tokens: the counters start afresh, the knobs stay."""
         self.info = dataclasses.replace(self.info, n_ctx=n_ctx)

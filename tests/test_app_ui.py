@@ -470,6 +470,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
 async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_path):
     """Ctrl+G (a new session): the interface cost, rates and memory of the old session do not
     stay on screen (nor in the next export).  F10 at the maximum draft length and F9 at 1 say so."""
+    import dataclasses
     import json as _json
 
     from ds4tui.app import InterfaceCost
@@ -481,6 +482,16 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         app.ui_cost = InterfaceCost(cpu_s=0.25, wall_s=2.0, text_writes=10, max_text_gap_s=0.2)  # a long session's
         app._apply_snapshot(app.engine.snapshot(generating=False))
         assert "interface 12.5% of a core while streaming" in app.query_one("#throughput").text
+        # the dialog's plan: on the CPU no GPU check is offered; on the GPU inspect with the real model path
+        about = app.describe_context("8192")
+        assert about == ("a session of 8192 tokens holds 28.6 MiB in memory beside the weights: KV 1.6 MiB, "
+                         "compressor 3.0 MiB, scratch 24.0 MiB (+ 9.0 MiB on the host)")
+        app.engine.info = dataclasses.replace(app.engine.info, backend="hip")
+        assert app.describe_context("8192") == (
+            "a session of 8192 tokens holds 28.6 MiB in the GPU beside the weights: KV 1.6 MiB, compressor 3.0 MiB, "
+            "scratch 24.0 MiB (+ 9.0 MiB on the host); `ds4tui inspect demo.gguf --ctx 8192` checks it against "
+            "the GPU's memory")
+        app.engine.info = dataclasses.replace(app.engine.info, backend="cpu")
         await app.set_context("8192")
         await pilot.pause()
         text = app.query_one("#throughput").text
