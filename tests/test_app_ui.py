@@ -520,3 +520,30 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         await pilot.press("f7")  # the threshold is 0
         await pilot.pause()
         assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
+
+
+async def test_page_keys_scroll_the_transcript_from_the_prompt(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 30)) as pilot:
+        await _ready(pilot)
+        for k in range(3):
+            await _turn(pilot, f"question {k}")
+        await pilot.pause()
+        view, prompt = app.query_one("#transcript"), app.query_one("#prompt")
+        assert app.focused is prompt and view.max_scroll_y > 0 and view.is_vertical_scroll_end
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert view.scroll_y == view.max_scroll_y - view.scrollable_content_region.height and app.focused is prompt
+        first = app.query(UserMessage).first()
+        for _ in range(50):
+            if view.scroll_y == 0:
+                break
+            await pilot.press("pageup")
+            await pilot.pause()
+        assert view.region.contains_region(first.region)  # the first question is back in view
+        for _ in range(50):
+            if view.is_vertical_scroll_end:
+                break
+            await pilot.press("pagedown")
+            await pilot.pause()
+        assert view.scroll_y == view.max_scroll_y

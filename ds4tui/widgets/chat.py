@@ -254,12 +254,22 @@ class ChatView(VerticalScroll):
 
 
 class PromptInput(Input):
-    """The prompt line: Enter sends; ↑/↓ walk through the prompts sent before."""
+    """The prompt line: Enter sends; ↑/↓ walk through the prompts sent before; PageUp/PageDown
+    scroll the transcript (back at its bottom it follows the answer again)."""
 
     BINDINGS = [
         Binding("up", "history(-1)", "previous prompt", show=False),
         Binding("down", "history(1)", "next prompt", show=False),
+        Binding("pageup", "page(-1)", "scroll the transcript up", show=False),
+        Binding("pagedown", "page(1)", "scroll the transcript down", show=False),
     ]
+
+    def action_page(self, step: int) -> None:
+        view = self.screen.query_one(ChatView)
+        if step < 0:
+            view.scroll_page_up(animate=False)
+        else:
+            view.scroll_page_down(animate=False)
 
     def __init__(self, **kw):
         super().__init__(placeholder="Ask something (Enter to send, ↑/↓ history, Esc stops generation)", **kw)
