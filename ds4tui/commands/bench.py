@@ -124,6 +124,12 @@ class BenchUsageError(BenchError):
     context length), found from the file's metadata before the weights load: exit status 2."""
 
 
+def _ctx_within_model(ctx: int | None, limit: int, path) -> None:
+    """--ctx, when given, at most the model's context length (else :class:`BenchUsageError`)."""
+    if ctx is not None and ctx > limit:
+        raise BenchUsageError(f"argument --ctx: expected at most {limit} (the context length of {path}), found {ctx}")
+
+
 # ---- the --medium model ----------------------------------------------------------------------
 
 def cache_root() -> Path:
@@ -367,9 +373,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
 
     need = n_prompt + n_decode + 1  # prompt, the timed tokens, and the last emitted (pending) token
     limit = model.config.context_length
-    if ctx is not None and ctx > limit:
-        raise BenchUsageError(f"argument --ctx: expected at most {limit} (the context length of {model.path}), "
-                              f"found {ctx}")
+    _ctx_within_model(ctx, limit, model.path)
     if ctx is not None and ctx < need:
         raise BenchUsageError(f"argument --ctx: expected at least {need} (--prompt-tokens {n_prompt} + "
                               f"--decode-tokens {n_decode} + 1), found {ctx}")
@@ -551,9 +555,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                for kind, text in AB_PROMPTS]
     need = max(len(ids) for _, _, ids in prompts) + n_tokens  # the last emitted token is never run
     limit = model.config.context_length
-    if ctx is not None and ctx > limit:
-        raise BenchUsageError(f"argument --ctx: expected at most {limit} (the context length of {model.path}), "
-                              f"found {ctx}")
+    _ctx_within_model(ctx, limit, model.path)
     if ctx is not None and ctx < need:
         raise BenchUsageError(f"argument --ctx: expected at least {need} (the longest prompt's {need - n_tokens} "
                               f"tokens + --tokens {n_tokens}; known once the prompts are tokenized), found {ctx}")
