@@ -73,7 +73,9 @@ def size_bytes(text: str) -> int:
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else None
-    if m is None or not unit or unit not in _UNITS or float(m.group(1)) <= 0:
+    if m is not None and unit in _UNITS and unit and float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, found {text!r}")
+    if m is None or not unit or unit not in _UNITS:
         why = " (a bare number has no unit)" if m is not None and not unit else ""
         raise argparse.ArgumentTypeError(f"expected a size with a unit such as 124GiB, 128GB or 96G (units K/M/G/T = "
                                          f"1024^n, KB/MB/GB/TB = 1000^n, B = bytes), found {text!r}{why}")

@@ -3,6 +3,7 @@ more than one variable moved."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -140,7 +141,7 @@ def test_an_export_that_contains_the_other_is_a_warning(tmp_path, capsys):
     out = capsys.readouterr()
     warning = ("B contains A: both are exports of one chat session (counters 20261201T180000-0123abcd) and B's "
                "counters include A's, so B's figures cover A's turns too and a knob changed in between is not an "
-               "A/B; reset the counters (or start a new session) between the two runs")
+               "A/B; start a new session between the two runs (in the chat: Ctrl+G, or start it again)")
     assert rc == 0 and out.out.count(f"WARNING: {warning}") == 1 and out.err == ""
     rc = cli_main(["compare", str(b), str(a), "--json"])
     out = capsys.readouterr()
@@ -167,3 +168,36 @@ def test_the_chat_engine_renews_its_counters_id_when_they_restart(tiny_q2):
         assert chat.counters_id not in (first, second)
     finally:
         chat.close()
+
+
+def test_an_export_generate_and_bench_compare_their_dspark_knobs_and_context(tmp_path, capsys):
+    """Three kinds record the DSpark knobs and the context under different names: an export's
+    ``knobs`` and ``n_ctx``, generate's ``dspark`` and ``n_ctx``, and a plain bench (target-only)
+    none; compared across kinds they are one set of names, so a change is never hidden."""
+    knobs = {"enabled": True, "scheduler": True, "threshold": 0.3, "max_draft": 5}
+    export = {"model": "m.gguf", "backend": "cpu", "knobs": knobs, "stats": {"n_steps": 10},
+              "n_ctx": 4096, "interface": {"cpu_share": 0.1}}
+    gen = {"model": "m.gguf", "backend": "cpu", "dspark": {**knobs, "threshold": 0.0}, "n_ctx": 37,
+           "generated_ids": [1, 2], "prompt_ids": [5, 6, 7], "timings": {"decode_tokens_per_s": 339.3}}
+    bench = {"model": {"path": "m.gguf"}, "backend": "cpu", "ctx": 65, "prompt_tokens": 3,
+             "decode_tokens_per_s": 404.9, "memcpy_gb_per_s": 10.0}
+    files = {}
+    for name, d in (("export", export), ("gen", gen), ("bench", bench)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(d))
+
+    def knobs_of(a, b):
+        assert cli_main(["compare", str(files[a]), str(files[b]), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["knobs"]
+
+    assert knobs_of("export", "gen") == [["ctx", 4096, 37], ["dspark.threshold", 0.3, 0.0]]
+    assert knobs_of("gen", "bench") == [["ctx", 37, 65], ["dspark.enabled", True, False]]
+    assert knobs_of("export", "bench") == [["ctx", 4096, 65], ["dspark.enabled", True, False]]
+
+
+@pytest.mark.parametrize("text", ["0GiB", "0B", "0.0GiB"])
+def test_a_zero_budget_is_refused_for_its_size_not_its_unit(text):
+    from ds4tui.cli import size_bytes
+
+    with pytest.raises(argparse.ArgumentTypeError, match=f"expected a size of at least 1 byte, found '{text}'"):
+        size_bytes(text)

@@ -432,8 +432,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "repeat": repeat,
         "prefill_tokens_per_s": prefill_tps,
         "decode_tokens_per_s": decode_tps,
-        "decode_timing": "greedy step() calls 2..D+1 after the prefill, one forward pass each; "
-                         "step 1 (sampling the prefill's logits) is not timed",
+        "decode_timing": "greedy decode cycles 2..D+1 after the prefill (in batches of one C call), one forward "
+                         "pass each; cycle 1 (sampling the prefill's logits) is not timed",
         "bytes_per_token": bpt["total"],
         "bytes_per_token_detail": {"weights": bpt["weights"], "kv": bpt["kv"], "at_ctx": decode_ctx},
         "effective_gb_per_s": effective,

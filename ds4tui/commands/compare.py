@@ -130,9 +130,23 @@ def _is_number(v: Any) -> bool:
 
 
 def canonical(kind: str, d: dict) -> dict:
-    """``generate --json`` under ``bench``'s names, so that the two compare: the model path as
-    ``model.path``, the context as ``ctx``, the prompt's length as ``prompt_tokens``, the prefill and decode tokens/s at the top (generate
-    keeps them under ``timings``).  Other kinds are returned as they are."""
+    """Every kind under one set of names, so that two kinds compare: ``generate --json`` and
+    stats exports under ``bench``'s names (the model path as ``model.path``, the context as
+    ``ctx``, the prompt's length as ``prompt_tokens``, the prefill and decode tokens/s at the top:
+    generate keeps them under ``timings``); an export's DSpark knobs under generate's ``dspark``
+    (the same four names); a plain ``bench`` records that it ran target-only
+    (``dspark.enabled`` false).  Other kinds are returned as they are."""
+    if kind == "bench":
+        return {**d, "dspark": d.get("dspark") or {"enabled": False}}
+    if kind == "stats-export":
+        d = dict(d)
+        if isinstance(d.get("model"), str):
+            d["model"] = {"path": d["model"]}
+        if "n_ctx" in d:
+            d["ctx"] = d.pop("n_ctx")
+        if "knobs" in d:
+            d["dspark"] = d.pop("knobs")
+        return d
     if kind != "generate":
         return d
     d = dict(d)
@@ -206,7 +220,7 @@ def contains_warning(inside: str | None, counters_id: str | None) -> str | None:
     big, small = ("B", "A") if inside == "b" else ("A", "B")
     return (f"{big} contains {small}: both are exports of one chat session (counters {counters_id}) and {big}'s "
             f"counters include {small}'s, so {big}'s figures cover {small}'s turns too and a knob changed in "
-            f"between is not an A/B; reset the counters (or start a new session) between the two runs")
+            f"between is not an A/B; start a new session between the two runs (in the chat: Ctrl+G, or start it again)")
 
 
 def _fmt(v: Any) -> str:
