@@ -706,7 +706,7 @@ class DS4App(App):
         self._panes["throughput"].show_export(snap.stats, snap.dspark, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                                               ui_share=ui_share)
         note = (f"the knobs of {name} (read-only; Esc: live)" if snap.knobs is not None
-                else f"no DSpark knobs in {name} (no support model; Esc: live)")
+                else f"no DSpark knobs recorded in {name} (Esc: live)")
         block = snap.dspark.block_size if snap.dspark is not None else 16
         self._panes["knobs"].show(snap.knobs, note=note, block=block or 16, read_only=True)
         for pid in self.EXPORT_PANES:

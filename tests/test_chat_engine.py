@@ -165,3 +165,15 @@ def test_the_context_size_changes_between_turns_and_the_plan_is_what_the_session
         assert eng.session.n_ctx == 2048  # a refused size changes nothing
     finally:
         eng.close()
+
+
+def test_a_generate_json_shows_its_own_dspark_knobs_and_tokens():
+    """``generate --json`` keeps the knobs under ``dspark`` and no token count: shown again (Ctrl+O),
+    its knobs are those and its context holds its prompt's and generated ids."""
+    d = {"stats": {"n_decode_tokens": 3, "decode_ms": 6.0}, "n_ctx": 37, "prompt_ids": [5, 6, 7, 8],
+         "generated_ids": [1, 2, 3], "dspark": {"enabled": True, "scheduler": False, "threshold": 0.25, "max_draft": 3},
+         "dspark_stats": None}
+    snap = W.StatsSnapshot.from_export(d)
+    assert snap.knobs == S.DSparkKnobs(enabled=True, scheduler=False, threshold=0.25, max_draft=3)
+    assert (snap.n_tokens, snap.n_ctx, snap.stats.n_decode_tokens) == (7, 37, 3)
+    assert W.StatsSnapshot.from_export({**d, "dspark": None}).knobs is None

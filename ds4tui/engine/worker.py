@@ -103,13 +103,19 @@ class StatsSnapshot:
     @classmethod
     def from_export(cls, d: Mapping[str, Any]) -> "StatsSnapshot":
         """The snapshot a stats export holds (the JSON the app's F6 writes, or a transcript's
-        ``session`` block), to show it again; ValueError naming what is missing or wrong."""
+        ``session`` block, or the output of ``generate --json``, whose knobs are its ``dspark`` and
+        whose tokens are its prompt's and generated ids), to show it again; ValueError naming what
+        is missing or wrong."""
         if not isinstance(d, Mapping) or "stats" not in d or "n_ctx" not in d:
             raise ValueError("not a ds4tui stats export (F6 writes one): no 'stats' or 'n_ctx'")
         fields = S.Stats.__dataclass_fields__
         stats = S.Stats(**{k: v for k, v in dict(d["stats"]).items() if k in fields})
         dspark = DSparkStats.from_dict(d["dspark_stats"]) if d.get("dspark_stats") else None
-        knobs = S.DSparkKnobs(**d["knobs"]) if d.get("knobs") else None
+        recorded = d.get("knobs") or d.get("dspark")
+        knobs = S.DSparkKnobs(**{k: recorded[k] for k in S.DSparkKnobs.__dataclass_fields__ if k in recorded}) \
+            if recorded else None
+        if "n_tokens" not in d and isinstance(d.get("prompt_ids"), list) and isinstance(d.get("generated_ids"), list):
+            d = {**d, "n_tokens": len(d["prompt_ids"]) + len(d["generated_ids"])}
         events = tuple(S.KnobEvent(int(e["cycle"]), S.DSparkKnobs(**{k: v for k, v in e.items() if k != "cycle"}))
                        for e in d.get("knob_events") or ())
         return cls(t=0.0, stats=stats, dspark=dspark, knobs=knobs, events=events, n_tokens=int(d.get("n_tokens", 0)),
