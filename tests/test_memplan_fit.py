@@ -151,7 +151,7 @@ def test_a_plan_that_does_not_fit_exits_1_and_says_what_does_not(tiny_q2, capsys
     between = fixed + 1
     rc, out, err = _inspect(capsys, model, "--mtp", support, "--ctx", "64", "--budget", f"{between}B")
     assert rc == 1, err
-    from ds4tui.commands.inspect import _gib
+    from ds4tui.engine.telemetry import format_bytes as _gib
 
     r = json.loads(_inspect(capsys, model, "--mtp", support, "--ctx", "64", "--budget", f"{between}B", "--json")[1])
     assert r["ok"] is False and r["memory_plan"]["max_ctx"] is None

@@ -14,14 +14,7 @@ import sys
 from ds4tui.engine import layout as L
 from ds4tui.engine import memplan
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
-
-
-def _gib(n: int) -> str:
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    return f"{n / 1024:.1f} KiB"
+from ds4tui.engine.telemetry import format_bytes
 
 
 def _schedule_text(schedule: list[dict]) -> str:
@@ -43,7 +36,7 @@ def render_text(model: dict, support: dict | None) -> str:
     lines = [
         f"model         {model['path']}",
         f"name          {model['name']}",
-        f"architecture  {model['architecture']}  ({model['n_tensors']} tensors, {_gib(model['file_bytes'])} on disk)",
+        f"architecture  {model['architecture']}  ({model['n_tensors']} tensors, {format_bytes(model['file_bytes'])} on disk)",
         f"dims          layers {d['n_layer']}  hidden {d['n_embd']}  vocab {d['n_vocab']}  heads {d['n_head']}x"
         f"{d['head_dim']} (rope {d['n_rot']})  q_lora {d['q_lora_rank']}  out {d['o_groups']}x{d['o_lora_rank']}",
         f"moe           {d['n_expert']} experts, {d['n_expert_used']} used, {d['n_expert_shared']} shared, "
@@ -57,17 +50,17 @@ def render_text(model: dict, support: dict | None) -> str:
     lines.append(f"schedule      {_schedule_text(model['schedule'])}")
     lines.append("quant mix     type      tensors        bytes")
     for t, m in model["quant_mix"].items():
-        lines.append(f"              {t:<8} {m['tensors']:>8} {m['bytes']:>12}  ({_gib(m['bytes'])})")
-    lines.append(f"total         {model['tensor_bytes']} bytes of tensor data ({_gib(model['tensor_bytes'])})")
+        lines.append(f"              {t:<8} {m['tensors']:>8} {m['bytes']:>12}  ({format_bytes(m['bytes'])})")
+    lines.append(f"total         {model['tensor_bytes']} bytes of tensor data ({format_bytes(model['tensor_bytes'])})")
     b = model["bytes_per_token"]
-    lines.append(f"per token     ~{_gib(b['total'])} read per decoded token at context {model['ctx']} "
-                 f"(weights {_gib(b['weights'])}, KV {_gib(b['kv'])})")
+    lines.append(f"per token     ~{format_bytes(b['total'])} read per decoded token at context {model['ctx']} "
+                 f"(weights {format_bytes(b['weights'])}, KV {format_bytes(b['kv'])})")
     for w in model["warnings"]:
         lines.append(f"warning       {w}")
     if support is not None:
         counts = " ".join(f"{k}={v}" for k, v in support["counts"].items())
         lines.append("")
-        lines.append(f"support       {support['path']}  ({support['architecture']}, {_gib(support['tensor_bytes'])})")
+        lines.append(f"support       {support['path']}  ({support['architecture']}, {format_bytes(support['tensor_bytes'])})")
         lines.append(f"              {counts}")
         lines.append(f"              capture layers {support['target_layer_ids']}  noise token {support['noise_token_id']}")
         if support["compatible"]:
@@ -107,27 +100,27 @@ def render_plan(p: dict) -> str:
     rows = [("weights", p["weights"]), ("support", p["support"]), ("KV", p["kv"]),
             ("compressor", p["compressor"]), ("scratch", p["scratch"])]
     lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
-    lines += [f"              {name:<11}{_gib(b):>12}" if name != "support" or p["support_attached"] else
+    lines += [f"              {name:<11}{format_bytes(b):>12}" if name != "support" or p["support_attached"] else
               f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
-    lines.append(f"              {'total':<11}{_gib(p['need']):>12}")
+    lines.append(f"              {'total':<11}{format_bytes(p['need']):>12}")
     if p["budget"] is None:
         lines.append(f"budget        unknown: {p['budget_source']}")
         return "\n".join(lines)
-    lines.append(f"budget        {_gib(p['budget'])} ({p['budget_source']})")
+    lines.append(f"budget        {format_bytes(p['budget'])} ({p['budget_source']})")
     left = p["budget"] - p["need"]
     if p["fits"]:
-        lines.append(f"verdict       fits, {_gib(left)} to spare")
+        lines.append(f"verdict       fits, {format_bytes(left)} to spare")
     else:
-        lines.append(f"verdict       does NOT fit: {_gib(-left)} short")
+        lines.append(f"verdict       does NOT fit: {format_bytes(-left)} short")
     if p["max_ctx"] is None:
         fixed = p["weights"] + (p["support"] if p["support_attached"] else 0)
         if fixed > p["budget"]:
             what = "the weights and the support model" if p["support_attached"] else "the weights"
-            lines.append(f"largest ctx   none: {what} alone ({_gib(fixed)}) do not fit")
+            lines.append(f"largest ctx   none: {what} alone ({format_bytes(fixed)}) do not fit")
         else:
             what = "weights and support model" if p["support_attached"] else "weights"
-            lines.append(f"largest ctx   none: the {what} fit ({_gib(fixed)}), but not with a session of even "
-                         f"1 token ({_gib(p['need_at_1'])} in all)")
+            lines.append(f"largest ctx   none: the {what} fit ({format_bytes(fixed)}), but not with a session of even "
+                         f"1 token ({format_bytes(p['need_at_1'])} in all)")
     elif p["max_ctx"] >= p["context_length"]:
         lines.append(f"largest ctx   {p['max_ctx']} tokens (the model's whole context length)")
     else:
@@ -161,7 +154,7 @@ def run(args) -> int:
     if args.json:
         out = {"ok": ok and fits, "model": ms, "support": ss, "memory_plan": plan, "check_finite": scanned}
         if not fits:
-            out["error"] = f"the plan at context {args.ctx} does not fit the budget: {_gib(plan['need'] - plan['budget'])} short"
+            out["error"] = f"the plan at context {args.ctx} does not fit the budget: {format_bytes(plan['need'] - plan['budget'])} short"
         print(json.dumps(out, indent=2))
     else:
         print(render_text(ms, ss))
