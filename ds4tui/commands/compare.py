@@ -230,6 +230,8 @@ def _fmt(v: Any) -> str:
 
 
 def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
+    """The text report of :func:`compare`'s result ``r``: the two files and their kinds, the knobs
+    that differ, the warnings, then every figure as A, B and B/A."""
     lines = [f"A  {path_a}  ({kind_a})", f"B  {path_b}  ({kind_b})"]
     if kind_a != kind_b:
         lines.append("note: different kinds of file: only the names both have are compared")
@@ -259,6 +261,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
 
 
 def run(args) -> int:
+    """``ds4tui compare A.json B.json [--json]``: exit status 0, or 1 when a file cannot be
+    compared (:class:`CompareError`, named on stderr; with ``--json`` also ``{"ok": false}``)."""
     try:
         kind_a, a = load(args.a)
         kind_b, b = load(args.b)

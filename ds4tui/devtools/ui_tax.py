@@ -120,6 +120,9 @@ async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
 
 
 def app_run(chat, n_tokens: int, key_every: float = 1.0) -> dict:
+    """The app arm: the Textual app under the headless driver on ``chat``'s engine, one prompt of
+    ``n_tokens`` greedy tokens, a key typed every ``key_every`` seconds while it streams; the same
+    figures as :func:`headless_run` plus the interface's cost and the key latencies (seconds)."""
     return asyncio.run(_app_run(chat, n_tokens, key_every))
 
 

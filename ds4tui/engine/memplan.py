@@ -363,10 +363,12 @@ class FitPlan:
 
     @property
     def need(self) -> int:
+        """Bytes the plan needs in all: weights, support, KV, compressor state and scratch."""
         return self.weights + self.support + self.kv + self.compressor + self.scratch
 
     @property
     def fits(self) -> bool | None:
+        """Whether :attr:`need` is within the budget (bytes); None when the budget is unknown."""
         return None if self.budget is None else self.need <= self.budget
 
     def to_dict(self) -> dict:
