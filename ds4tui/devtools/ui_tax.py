@@ -122,7 +122,8 @@ async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
 def app_run(chat, n_tokens: int, key_every: float = 1.0) -> dict:
     """The app arm: the Textual app under the headless driver on ``chat``'s engine, one prompt of
     ``n_tokens`` greedy tokens, a key typed every ``key_every`` seconds while it streams; the same
-    figures as :func:`headless_run` plus the interface's cost and the key latencies (seconds)."""
+    figures as :func:`headless_run` plus the interface's CPU share, its text writes per second and
+    longest gap (seconds) and the key latencies (milliseconds)."""
     return asyncio.run(_app_run(chat, n_tokens, key_every))
 
 
