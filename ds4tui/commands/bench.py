@@ -53,11 +53,11 @@ from pathlib import Path
 import numpy as np
 
 from ds4tui.commands.environment import BadVariable, Settings, check_support_block, settings_of
-from ds4tui.commands.inspect import _gib
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
+from ds4tui.engine.telemetry import format_bytes
 
 _PREFIX = "ds4tui bench:"
 
@@ -665,23 +665,23 @@ def render_text(r: dict) -> str:
     best = " (fastest of %d runs)" % r["repeat"] if r["repeat"] > 1 else ""
     prefill_s = min(x["prefill_seconds"] for x in r["runs"])
     decode_s = min(x["decode_seconds"] for x in r["runs"])
-    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {_gib(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
+    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {format_bytes(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
               f"best of {mc['reps']}" if mc["gb_per_s"] else f"{'-':>10}        {mc.get('error', 'not measured')}")
     ratio = f"{r['bandwidth_ratio']:10.3f}        effective / memcpy" if r["bandwidth_ratio"] is not None else \
         f"{'-':>10}"
     rows = [
-        ("model", f"{m['path']}  ({m['name']}, {_gib(m['file_bytes'])})"),
+        ("model", f"{m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
                    f"{r['n_threads']} threads, context {r['ctx']}"
                    + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
                    f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
-        ("memory", f"{_gib(mem['total'])}  (weights {_gib(mem['weights'])}, KV {_gib(mem['kv'])}, "
-                   f"compressor {_gib(mem['compressor'])}, scratch {_gib(mem['scratch'])})"),
+        ("memory", f"{format_bytes(mem['total'])}  (weights {format_bytes(mem['weights'])}, KV {format_bytes(mem['kv'])}, "
+                   f"compressor {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])})"),
         ("prefill", f"{r['prefill_tokens_per_s']:10.2f} tok/s  {r['prompt_tokens']} tokens in {prefill_s:.3f} s{best}"),
         ("decode", f"{r['decode_tokens_per_s']:10.2f} tok/s  {r['decode_tokens']} tokens in {decode_s:.3f} s{best}"),
-        ("bytes/token", f"{_gib(r['bytes_per_token']):>10}        weights {_gib(b['weights'])} + KV "
-                        f"{_gib(b['kv'])} at context {b['at_ctx']}"),
+        ("bytes/token", f"{format_bytes(r['bytes_per_token']):>10}        weights {format_bytes(b['weights'])} + KV "
+                        f"{format_bytes(b['kv'])} at context {b['at_ctx']}"),
         ("effective", f"{r['effective_gb_per_s']:10.2f} GB/s   bytes/token x decode tok/s"),
         ("memcpy", memcpy),
         ("ratio", ratio),
@@ -699,11 +699,11 @@ def render_ab_text(r: dict) -> str:
     mem = r["arms"][0]["memory"]
     same = "the same in every arm" if r["memory_identical"] else "DIFFERS between arms"
     lines = [
-        f"model    {m['path']}  ({m['name']}, {_gib(m['file_bytes'])})",
+        f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {sup['message']}",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
         f"{r['n_threads']} threads, context {r['ctx']}, "
-        f"memory {_gib(mem['total'])} ({same})",
+        f"memory {format_bytes(mem['total'])} ({same})",
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
         + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
         "",
