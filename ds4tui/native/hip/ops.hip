@@ -412,6 +412,77 @@ indexer_score_kernel(const float *qi, const float *iw, int64_t p0, int IH, int I
     if (lane == 0) score[(int64_t)t * max_vis + c] = sc;
 }
 
+/* The same scores, 8 keys per warp (head dims up to IDX_JPL * 32): each lane keeps its lanes of
+ * the 8 keys in registers and loads the query's lanes once per head for all 8.  The 8 head dots are
+ * reduced together by recursive halving: at the xor-16, -8 and -4 steps a lane sends half of its
+ * partial sums and adds its partner's matching half, then the xor-2 and -1 steps reduce the one
+ * sum left; every sum is formed with the pairings (and the operands) of gpu_warp_sum, so a score
+ * is bit for bit the one-key kernel's.  Lane l ends with key 4(l>>4 & 1) + 2(l>>3 & 1) + (l>>2 & 1)
+ * of the warp's 8, and adds iw[h] * relu(dot) * scale in head order as that kernel does. */
+#define IDX_KPW 8
+#define IDX_JPL 4
+__global__ void __launch_bounds__(IDX_WARPS * GPU_WARP)
+indexer_score8_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys, int ratio,
+                      int top_k, float scale, float *score, int max_vis) {
+    const int t = blockIdx.y;
+    const int64_t n_vis = (p0 + t + 1) / ratio;
+    if (n_vis <= top_k) return;
+    const int lane = threadIdx.x % GPU_WARP;
+    const int64_t c0 = ((int64_t)blockIdx.x * IDX_WARPS + threadIdx.x / GPU_WARP) * IDX_KPW;
+    if (c0 >= n_vis) return; /* uniform over the warp */
+    const float *q = qi + (int64_t)t * IH * ID, *wt = iw + (int64_t)t * IH;
+    float kr[IDX_KPW][IDX_JPL];
+#pragma unroll
+    for (int k = 0; k < IDX_KPW; k++) {
+        const int64_t c = c0 + k < n_vis ? c0 + k : n_vis - 1; /* past the end: a copy, never written */
+#pragma unroll
+        for (int i = 0; i < IDX_JPL; i++) {
+            const int j = lane + GPU_WARP * i;
+            kr[k][i] = j < ID ? keys[c * ID + j] : 0.0f;
+        }
+    }
+    const int b16 = (lane >> 4) & 1, b8 = (lane >> 3) & 1, b4 = (lane >> 2) & 1;
+    float sc = 0.0f;
+    for (int h = 0; h < IH; h++) {
+        float qv[IDX_JPL];
+#pragma unroll
+        for (int i = 0; i < IDX_JPL; i++) {
+            const int j = lane + GPU_WARP * i;
+            qv[i] = j < ID ? q[h * ID + j] : 0.0f;
+        }
+        float v[IDX_KPW];
+#pragma unroll
+        for (int k = 0; k < IDX_KPW; k++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < IDX_JPL; i++)
+                if (lane + GPU_WARP * i < ID) dot = fmaf(qv[i], kr[k][i], dot);
+            v[k] = dot;
+        }
+        float w4[4], w2[2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* xor 16: keep keys 4 b16 + i */
+            const float keep = b16 ? v[i + 4] : v[i], send = b16 ? v[i] : v[i + 4];
+            w4[i] = keep + gpu_shfl_xor(send, 16);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* xor 8: keep 2 b8 + i of those */
+            const float keep = b8 ? w4[i + 2] : w4[i], send = b8 ? w4[i] : w4[i + 2];
+            w2[i] = keep + gpu_shfl_xor(send, 8);
+        }
+        float d; /* xor 4: keep b4 of those */
+        {
+            const float keep = b4 ? w2[1] : w2[0], send = b4 ? w2[0] : w2[1];
+            d = keep + gpu_shfl_xor(send, 4);
+        }
+        d += gpu_shfl_xor(d, 2);
+        d += gpu_shfl_xor(d, 1);
+        sc += wt[h] * ((d > 0.0f ? d : 0.0f) * scale);
+    }
+    const int64_t c = c0 + 4 * b16 + 2 * b8 + b4;
+    if ((lane & 3) == 0 && c < n_vis) score[(int64_t)t * max_vis + c] = sc;
+}
+
 /* Top-k selection, one block per token (spec ds4.md §2.5): the top_k rows by (score desc, index
  * asc), the CPU engine's rule (cpu/backend.c sorts by it), written in ascending index order;
  * nsel[t] = top_k, or -1 when every visible row is attended.
@@ -890,8 +961,14 @@ int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int
     if (n <= 0) return DS4_OK;
     const int64_t max_n_vis = (p0 + n) / ratio;
     if (max_n_vis > top_k) {
-        hipLaunchKernelGGL(indexer_score_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS), n), dim3(IDX_WARPS * GPU_WARP),
-                           0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale, score, max_vis);
+        if (ID <= IDX_JPL * GPU_WARP)
+            hipLaunchKernelGGL(indexer_score8_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS * IDX_KPW), n),
+                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale,
+                               score, max_vis);
+        else
+            hipLaunchKernelGGL(indexer_score_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS), n),
+                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale,
+                               score, max_vis);
         int rc = ops_check("indexer score kernel", err, len);
         if (rc != DS4_OK) return rc;
     }
