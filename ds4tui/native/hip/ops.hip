@@ -496,6 +496,8 @@ indexer_score8_kernel(const float *qi, const float *iw, int64_t p0, int IH, int 
 #define SEL_THREADS 1024
 #define SEL_WARPS (SEL_THREADS / GPU_WARP)
 #define SEL_NONE 0xffffffffu
+#define SEL_CACHE 16 /* rounds of keys held in registers: 16384 rows (a 64K context at ratio 4) */
+#define SEL_BURST 4  /* rounds past those loaded together */
 
 __device__ __forceinline__ uint32_t score_key_(float v) {
     uint32_t u = __float_as_uint(v);
@@ -535,26 +537,49 @@ indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int 
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wcnt[2][SEL_WARPS];
     __shared__ uint32_t s_prefix, s_need, s_eq;
+    /* the first SEL_CACHE rounds of keys stay in registers for all five passes (all their loads in
+     * flight at once); rows past SEL_CACHE * SEL_THREADS are read again in each pass */
+    uint32_t kc[SEL_CACHE];
+#pragma unroll
+    for (int i = 0; i < SEL_CACHE; i++) {
+        const int c = i * SEL_THREADS + tid;
+        kc[i] = c < n ? score_key_(s[c]) : 0u;
+    }
     uint32_t prefix = 0u, mask = 0u, need = (uint32_t)top_k, n_eq = 0u;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += SEL_THREADS) hist[i] = 0u;
         __syncthreads();
-        for (int c0 = 0; c0 < n; c0 += SEL_THREADS) { /* uniform trip count: the warp calls below */
-            const int c = c0 + tid;
+        /* one round of SEL_THREADS rows; uniform over the block (the warp calls inside) */
+        auto count = [&](uint32_t k, int c) {
             uint32_t bin = SEL_NONE;
-            if (c < n) {
-                const uint32_t k = score_key_(s[c]);
-                if ((k & mask) == prefix) bin = (k >> shift) & 255u;
-            }
+            if (c < n && (k & mask) == prefix) bin = (k >> shift) & 255u;
             /* a warp whose counted rows all fall in one bin (the exponent byte, mostly) adds once */
             const uint32_t valid = gpu_ballot(bin != SEL_NONE);
-            if (!valid) continue;
+            if (!valid) return;
             const int lead = __ffs((int)valid) - 1;
             const uint32_t lb = (uint32_t)gpu_shfl_int((int)bin, lead);
             if (gpu_ballot(bin == lb) == valid) {
                 if (lane == lead) atomicAdd(&hist[lb], (uint32_t)gpu_popc(valid));
             } else if (bin != SEL_NONE) {
                 atomicAdd(&hist[bin], 1u);
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < SEL_CACHE; i++) {
+            if (i * SEL_THREADS >= n) break;
+            count(kc[i], i * SEL_THREADS + tid);
+        }
+        for (int c0 = SEL_CACHE * SEL_THREADS; c0 < n; c0 += SEL_BURST * SEL_THREADS) {
+            uint32_t kk[SEL_BURST]; /* the burst's loads first, all in flight */
+#pragma unroll
+            for (int q = 0; q < SEL_BURST; q++) {
+                const int c = c0 + q * SEL_THREADS + tid;
+                kk[q] = c < n ? score_key_(s[c]) : 0u;
+            }
+#pragma unroll
+            for (int q = 0; q < SEL_BURST; q++) {
+                if (c0 + q * SEL_THREADS >= n) break;
+                count(kk[q], c0 + q * SEL_THREADS + tid);
             }
         }
         __syncthreads();
@@ -593,9 +618,7 @@ indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int 
     const int all_ties = need == n_eq;
     uint32_t taken = 0u, eq_seen = 0u;
     int round = 0;
-    for (int c0 = 0; c0 < n && taken < (uint32_t)top_k; c0 += SEL_THREADS) {
-        const int c = c0 + tid;
-        const uint32_t k = c < n ? score_key_(s[c]) : 0u;
+    auto emit = [&](uint32_t k, int c) { /* one round of SEL_THREADS rows in index order */
         const int gt = c < n && k > T, eq = c < n && k == T;
         int take = gt || (eq && all_ties);
         if (!all_ties) {
@@ -610,6 +633,24 @@ indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int 
         round++;
         if (take) out[pos] = (int32_t)c;
         taken += n_take;
+    };
+#pragma unroll
+    for (int i = 0; i < SEL_CACHE; i++) {
+        if (i * SEL_THREADS >= n || taken >= (uint32_t)top_k) break;
+        emit(kc[i], i * SEL_THREADS + tid);
+    }
+    for (int c0 = SEL_CACHE * SEL_THREADS; c0 < n && taken < (uint32_t)top_k; c0 += SEL_BURST * SEL_THREADS) {
+        uint32_t kk[SEL_BURST];
+#pragma unroll
+        for (int q = 0; q < SEL_BURST; q++) {
+            const int c = c0 + q * SEL_THREADS + tid;
+            kk[q] = c < n ? score_key_(s[c]) : 0u;
+        }
+#pragma unroll
+        for (int q = 0; q < SEL_BURST; q++) {
+            if (c0 + q * SEL_THREADS >= n || taken >= (uint32_t)top_k) break;
+            emit(kk[q], c0 + q * SEL_THREADS + tid);
+        }
     }
     if (tid == 0) nsel[t] = top_k;
 }
