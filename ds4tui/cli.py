@@ -237,6 +237,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      "minutes at 128K)")
     syn.add_argument("--verify-widths", type=int_list, metavar="N,N,...",
                      help="verify widths (rows per pass, 1 + drafts) to time, e.g. 2,3,4,5,6 (default 6)")
+    syn.add_argument("--write-gguf", metavar="DIR",
+                     help="write the 2- and 4-layer synthetic models as GGUF files in DIR (flash-2-layers.gguf, "
+                     "flash-4-layers.gguf; about 4 and 8 GiB) and exit without timing, so that another engine (e.g. "
+                     "llama.cpp's llama-bench, tools/peer_bench.py) times the same bytes; needs no GPU")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
     syn = p.add_argument_group("prefill of the synthetic Flash layers (--synthetic flash only)")

@@ -405,3 +405,36 @@ def test_a_missing_gpu_is_not_blamed_on_the_model(tiny_q2, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("ds4tui bench: error: --backend hip: the HIP backend is unavailable: "), err
     assert str(tiny_q2["model"]) not in err and err.count("\n") == 1
+
+
+def test_synthetic_flash_write_gguf_holds_the_benchmarks_bytes(tmp_path, monkeypatch, capsys):
+    """``bench --synthetic flash --write-gguf DIR`` writes the 2- and 4-layer models (widths shrunk
+    here): every tensor's type, shape and bytes are the in-memory model's (read back through the
+    ``gguf`` package's reader), and DS4Model validates the config (equal up to f32 storage)."""
+    import dataclasses
+
+    import gguf
+    import numpy as np
+
+    from ds4tui.engine import synthetic
+
+    shrunk = dict(n_embd=256, n_head=4, head_dim=128, value_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2,
+                  n_expert=8, n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
+    real = synthetic.flash_models
+    monkeypatch.setattr(synthetic, "flash_models", lambda **kw: real(**{**kw, **shrunk}))
+    out = tmp_path / "files"
+    assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["wrote"] == {"2": str(out / "flash-2-layers.gguf"), "4": str(out / "flash-4-layers.gguf")}
+    for model in real(log=lambda *_: None, **shrunk):
+        path = out / synthetic.GGUF_NAMES[model.config.n_layer]
+        f32 = {k: float(np.float32(getattr(model.config, k))) for k in ("rms_eps", "hc_eps")}
+        assert DS4Model(path).config == dataclasses.replace(model.config, **f32)
+        got = {t.name: t for t in gguf.GGUFReader(path).tensors}
+        assert set(got) == set(model.tensors)
+        for name, t in model.tensors.items():
+            assert got[name].tensor_type == t.type
+            assert np.array_equal(np.asarray(got[name].data).reshape(-1).view(np.uint8),
+                                  np.asarray(t.data).reshape(-1).view(np.uint8)), name
+    assert cli_main(["bench", str(tmp_path / "m.gguf"), "--write-gguf", str(out)]) == 2
+    assert "--write-gguf is an option of --synthetic flash" in capsys.readouterr().err

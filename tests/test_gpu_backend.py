@@ -717,6 +717,8 @@ def test_synthetic_flash_bench_runs_shrunk_on_the_cpu():
     assert r["prefill"]["batch"] == 16 and set(r["device_bytes"]) == {"2", "4"}
     assert p40["per_layer_ms"] == pytest.approx(12.0) and p40["ms"] == pytest.approx(7.0 + 43 * 12.0)
     assert p40["tokens_per_s"] == pytest.approx(40 / (7.0 + 43 * 12.0) * 1e3)
+    assert p40["first_token_s"] == pytest.approx((7.0 + 43 * 12.0 + 10.0 + 43 * 2.0) / 1e3)
+    assert f"first token after {p40['first_token_s']:.2f} s" in synthetic.render(r)
     assert "prefill_gemm auto" in synthetic.render(r)
     assert r["ctx"] == 40 and [c["ctx"] for c in r["contexts"]] == [40, 300] and r["fill"] == "repeat"
     assert r["measured"][0]["layers"] == 2 and r["measured"][1]["layers"] == 4

