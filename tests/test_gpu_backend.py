@@ -486,6 +486,39 @@ def test_hip_passes_longer_than_a_tile_equal_short_chunks(tiny_q2):
         hip.close()
 
 
+@pytest.mark.gpu
+def test_hip_long_context_greedy_matches_cpu(tiny_q2):
+    """A 16K-token prompt (the indexer selects from 4096 compressed rows, the HCA layers attend
+    1024): the device's logits after the prefill equal the CPU engine's within the float32 bound,
+    and over 32 greedy steps, teacher-forced with the CPU's tokens, the device picks the CPU's token
+    at every position that a near tie does not leave open (so its greedy continuation is the CPU's
+    as far as both are decided)."""
+    _device_or_skip()
+    n_prompt, n_gen = 16384, 32
+    long_prompt = np.random.default_rng(16).integers(0, 129280, n_prompt).tolist()
+    hip = S.Engine(tiny_q2["model"], backend="hip", numerics="transformers", prefill_gemm="off")
+    cpu = S.Engine(tiny_q2["model"], backend="cpu", numerics="transformers")
+    try:
+        sh, sc = hip.session(n_prompt + n_gen + 8), cpu.session(n_prompt + n_gen + 8)
+        lh, lc = [sh.prefill(long_prompt)], [sc.prefill(long_prompt)]
+        first = float(np.abs(lh[0] - lc[0]).max())
+        for _ in range(n_gen - 1):
+            t = int(np.argmax(lc[-1]))  # the CPU's greedy token, fed to both
+            lh.append(sh.prefill([t]))
+            lc.append(sc.prefill([t]))
+        lh, lc = np.stack(lh), np.stack(lc)
+        diffs = np.abs(lh - lc).max(axis=1)
+        decided = [_gap(r) > 2 * float(d) for r, d in zip(lc, diffs)]
+        agree = [int(np.argmax(h)) == int(np.argmax(c)) for h, c, ok in zip(lh, lc, decided) if ok]
+        print(f"\n16K prompt: logits after the prefill differ by {first:.3g}; over {n_gen} steps at most "
+              f"{diffs.max():.3g}; {sum(decided)} decided positions, argmax equal at {sum(agree)}")
+        assert first < 10 * TOL["transformers"]
+        assert sum(decided) >= n_gen // 2 and all(agree)
+    finally:
+        hip.close()
+        cpu.close()
+
+
 #: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
 #: significant bits, f16 11).  A product rounds both operands, so each term moves by at most
 #: 2u relative and a dot product by at most 2u * sum |w x| (the float32 sum adds far less).
