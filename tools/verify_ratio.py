@@ -2,13 +2,14 @@
 prices, spec dspark.md §7.3).
 
 ``python tools/verify_ratio.py (--demo | --medium | MODEL) [--threads 2] [--rows 6] [--rounds 20]
-[--json]`` opens the model on the CPU backend, prefills a 200-token prompt, then alternates rounds
-of 10 one-token passes and 10 passes of ``--rows`` tokens with all logits (what a verify runs), each
-followed by a truncate back to the prompt, and prints the median and range of both and the ratio
-of the medians.  Rounds alternate so that a slow spell of a shared machine lands on both sides.
-With ``--threads 1`` the times are the process's CPU time (immune to other work taking the core);
-otherwise wall time.  ``--activations q8`` measures the 8-bit activation option.  Not a test: CI
-never runs it; ``tools/cpu_notes.md`` records what it printed.
+[--json] [--backend cpu|hip]`` opens the model on the CPU backend (or ``--backend``), prefills a
+200-token prompt, then alternates rounds of 10 one-token passes and 10 passes of ``--rows`` tokens
+with all logits (what a verify runs), each followed by a truncate back to the prompt, and prints the
+median and range of both and the ratio of the medians.  Rounds alternate so that a slow spell of a
+shared machine lands on both sides.  With ``--threads 1`` on the CPU the times are the process's
+CPU time (immune to other work taking the core); otherwise wall time.  ``--activations q8``
+measures the 8-bit activation option.  Not a test: CI never runs it; ``tools/cpu_notes.md`` records
+what it printed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=6, help="rows of the verify pass (anchor + drafts)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
+    ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu",
+                    help="engine backend (default cpu); hip times wall time")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
@@ -48,8 +51,8 @@ def main(argv=None) -> int:
         model, name = medium_model(), "medium"
     else:
         model, name = a.model, str(a.model)
-    clock = time.process_time if a.threads == 1 else time.perf_counter
-    eng = Engine(model, n_threads=a.threads, activations=a.activations)
+    clock = time.process_time if a.threads == 1 and a.backend == "cpu" else time.perf_counter
+    eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations)
     s = eng.session(n_ctx=1024, n_batch=max(16, a.rows))
     prompt = [(i * 7919 + 13) % 120000 + 100 for i in range(200)]
     s.prefill(prompt, logits="none")
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
         ver += passes(a.rows, 10)
     md, mv = statistics.median(dec), statistics.median(ver)
     res = {"model": name, "threads": a.threads, "activations": a.activations, "rows": a.rows,
-           "clock": "process" if a.threads == 1 else "wall",
+           "backend": a.backend, "clock": "process" if clock is time.process_time else "wall",
            "decode_ms": {"median": md, "min": min(dec), "max": max(dec)},
            "verify_ms": {"median": mv, "min": min(ver), "max": max(ver)}, "ratio": mv / md}
     eng.close()
