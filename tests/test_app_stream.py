@@ -14,6 +14,7 @@ from fake_chat import ANSWER, FakeChatEngine
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.geometry import Region
 from textual.widgets import Markdown
 
 from ds4tui import app as A
@@ -239,3 +240,70 @@ def test_interface_cost_adds_up():
     d = a.to_dict()
     assert d["cpu_share"] == 0.2 and d["text_writes"] == 11 and set(d) == {
         "cpu_s", "wall_s", "cpu_share", "text_writes", "text_writes_per_s", "max_text_gap_s"}
+
+
+async def test_stream_text_outgrows_its_reserve_in_steps_and_repaints_only_rows_of_text():
+    app = _One()
+    async with app.run_test() as pilot:
+        w = app.query_one(StreamText)
+        w.reserve, w.grow_step = 3, 4
+        w.append("line 0")
+        await pilot.pause()
+        assert w.size.height == 3  # the reserve: text at the top, blank rows below
+        regions = []
+        original = w.refresh
+
+        def refresh(*rs, layout=False, **kw):
+            regions.append((rs, layout))
+            return original(*rs, layout=layout, **kw)
+
+        w.refresh = refresh
+        w.append(" grows")  # one row changed: that row is repainted, not the blank ones below it
+        assert regions == [((Region(0, 0, 26, 1),), False)]
+        w.append("\nline 1\nline 2\nline 3")  # 4 rows: past the reserve by one, the widget takes 4 more
+        await pilot.pause()
+        assert w.size.height == 7 and _rows(w)[:4] == ["line 0 grows", "line 1", "line 2", "line 3"]
+        regions.clear()
+        w.append("\nline 4\nline 5\nline 6")  # 7 rows: within the step, no layout
+        assert regions and not any(layout for _, layout in regions)
+        w.max_rows = 9
+        w.append("\nline 7\nline 8\nline 9")  # the next step is capped at max_rows
+        await pilot.pause()
+        assert w.size.height == 9 and _rows(w)[-1] == "line 9"
+
+
+async def test_typing_in_the_prompt_repaints_the_line_without_a_layout(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 30)) as pilot:  # the placeholder is wider than the prompt
+        await app.workers.wait_for_complete()
+        await app.flush()
+        await pilot.pause()
+        prompt = app.query_one("#prompt")
+        layouts = []
+        original = app.screen._refresh_layout
+        app.screen._refresh_layout = lambda *a, **kw: layouts.append(a) or original(*a, **kw)
+        await pilot.press(*"linked")
+        await pilot.pause()
+        assert prompt.value == "linked" and layouts == []
+        prompt.insert_text_at_cursor("x" * 100)  # longer than the line: it scrolls to keep the cursor in view
+        await pilot.press("y")
+        await pilot.pause()
+        region = prompt.content_region  # (the cursor after the last character may sit in the padding, as in Input)
+        assert prompt.scroll_x == prompt.max_scroll_x > 0 and region.x <= prompt.cursor_screen_offset.x <= region.right
+        await pilot.press("ctrl+u", "z")  # short again: back at the start
+        await pilot.pause()
+        assert prompt.value == "z" and prompt.scroll_x == 0
+
+
+async def test_the_summary_line_is_redrawn_at_most_every_summary_s(monkeypatch):
+    monkeypatch.setattr(C, "SUMMARY_S", 3600.0)
+    app = _Turn()
+    async with app.run_test(size=(80, 20)) as pilot:
+        msg = app.query_one(C.AssistantMessage)
+        summary = msg.query_one("#summary")
+        await msg.add(_pieces("Here is"))
+        await msg.add(_pieces(" a list", 10))
+        await pilot.pause()
+        assert msg.n_tokens == 4 and summary.render().plain == "2 tokens · 1 from accepted drafts"
+        await msg.finish("done")
+        assert summary.render().plain == "done"

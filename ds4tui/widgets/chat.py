@@ -28,6 +28,12 @@ DRAFT_STYLE = "on $success 40%"
 THINK_STYLE = "italic $text-muted"
 #: While a turn streams, its finished Markdown blocks are rendered at most this often (seconds).
 MARKDOWN_S = 2.0
+#: An answer that outgrows the rows below its question takes 1/GROW_PARTS of the view more at a
+#: time (the question moves up in a few steps, not row by row: each step is a layout of the screen).
+GROW_PARTS = 4
+#: While a turn streams, its summary line (tokens so far) is redrawn at most this often (seconds):
+#: a line far below the text being written would make each frame repaint every row between them.
+SUMMARY_S = 1.0
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 
@@ -125,6 +131,7 @@ class AssistantMessage(Vertical):
         self.n_draft = 0
         self.n_think = 0
         self.finished = False
+        self._summary_t = 0.0  # when the summary line was last redrawn while streaming
 
     def compose(self) -> ComposeResult:
         with Collapsible(title="reasoning", collapsed=True):
@@ -167,12 +174,15 @@ class AssistantMessage(Vertical):
             rows += self._collapsible.styles.gutter.height + 1  # its title (collapsed: all of it)
         return rows
 
-    def _size_live_text(self) -> None:
+    def size_live_text(self) -> None:
         """The live texts show at most a view's height of rows (their last ones: in a transcript
         pinned to its bottom, all that can be seen), and the answer's takes the rows of the view
         below the question (and the rest of this message): a text growing within them costs a
         repaint of its new rows, and beyond them a repaint of the view, but no layout of the
-        screen.  The question stays at the top of the view until the answer fills it."""
+        screen.  The question stays at the top of the view until the answer fills it.  Called at
+        each write, when the view's size changes, and by the app once the question is laid out."""
+        if self.finished:
+            return
         view = self.parent
         height = view.scrollable_content_region.height if isinstance(view, VerticalScroll) else 0
         if height:
@@ -184,6 +194,7 @@ class AssistantMessage(Vertical):
             live.max_rows = height or None
             if live is not self._channels["think"].live:
                 live.reserve = self._reserve or 0
+                live.grow_step = max(1, height // GROW_PARTS)
 
     async def add(self, pieces) -> None:
         """Append ``TokenPiece`` s (one flush worth): one write per channel."""
@@ -210,9 +221,12 @@ class AssistantMessage(Vertical):
             await self._channels[channel].add(chunk)
         if trace:
             self._trace.append(Content("").join(trace))
-        self._size_live_text()
-        set_line(self._summary, f"{plural(self.n_tokens, 'token')} · {self.n_draft} from accepted drafts",
-                 "$text-muted")
+        self.size_live_text()
+        now = time.monotonic()
+        if now - self._summary_t >= SUMMARY_S:
+            self._summary_t = now
+            set_line(self._summary, f"{plural(self.n_tokens, 'token')} · {self.n_draft} from accepted drafts",
+                     "$text-muted")
 
     async def finish(self, summary: str) -> None:
         """Render each channel's whole text as Markdown once and give back the rows the answer
@@ -250,7 +264,7 @@ class ChatView(VerticalScroll):
         text's layout changes only if its height does)."""
         last = self.children[-1] if self.children else None
         if isinstance(last, AssistantMessage) and not last.finished and last._reserve is not None:
-            last._size_live_text()
+            last.size_live_text()
 
 
 class PromptInput(Input):
@@ -263,6 +277,14 @@ class PromptInput(Input):
         Binding("pageup", "page(-1)", "scroll the transcript up", show=False),
         Binding("pagedown", "page(1)", "scroll the transcript down", show=False),
     ]
+    # Textual's Input sets its virtual size at every key, which by default lays the whole screen out
+    # again (a frame of ~10 ms while an answer streams), and a placeholder wider than the line shows a
+    # horizontal scroll bar of no size that the first key hides (one more layout).  The line scrolls
+    # itself to the cursor: a key needs a repaint of the line only.
+    DEFAULT_CSS = """
+    PromptInput { overflow-x: hidden; }
+    """
+    virtual_size = no_second_layout()
 
     def action_page(self, step: int) -> None:
         view = self.screen.query_one(ChatView)

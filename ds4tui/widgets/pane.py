@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Static
+
+from ds4tui.widgets.stream import no_second_layout
 
 
 class Pane(Static):
@@ -14,6 +17,7 @@ class Pane(Static):
     DEFAULT_CSS = """
     Pane { height: auto; border: round $primary-darken-2; padding: 0 1; }
     """
+    virtual_size = no_second_layout()  # (a pane grows with its text; it does not scroll)
 
     def __init__(self, title: str, *, id: str | None = None):
         super().__init__(Content.styled("waiting for the engine", "$text-muted"), id=id)
@@ -40,9 +44,24 @@ class Pane(Static):
 
 
 def set_line(widget: Static, text: str, style: str = "") -> None:
-    """Show one line of text in ``widget``; skips the screen layout when the line still fits."""
+    """Show one line of text in ``widget``; skips the screen layout when the line still fits (the
+    widget was laid out one row tall and the text is no wider than it)."""
     if getattr(widget, "_line", None) == (text, style):
         return
-    fits = getattr(widget, "_line", None) is not None and len(text) <= widget.content_size.width
+    size = widget.content_size
+    fits = size.height == 1 and len(text) <= size.width
     widget._line = (text, style)
     widget.update(Content.styled(text, style) if style else Content(text), layout=not fits)
+
+
+class PaneColumn(Vertical):
+    """A column of panes: a ``Vertical`` whose new height costs one layout of the screen, not two
+    (``no_second_layout``; it does not scroll)."""
+
+    virtual_size = no_second_layout()
+
+
+class PaneRow(Horizontal):
+    """A row of panes side by side, as :class:`PaneColumn`."""
+
+    virtual_size = no_second_layout()

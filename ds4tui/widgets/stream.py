@@ -44,7 +44,8 @@ class StreamText(Widget):
     folded).  Only the last line can still change, so an append wraps only that line again.
     ``reserve`` rows are taken from the start (the text is drawn from the top, blank rows below it)
     and ``max_rows`` (None: no limit) caps the height: beyond it the widget shows its last
-    ``max_rows`` rows.  A text growing within them costs a repaint of the rows that changed and
+    ``max_rows`` rows.  A text that outgrows a reserve takes ``grow_step`` rows more at a time (each
+    new height is a layout of the screen).  A text growing within them costs a repaint of the rows that changed and
     no layout of the screen (set ``max_rows`` to the height of the view the text scrolls in: a
     view pinned to its bottom then shows what it would show without the cap)."""
 
@@ -63,6 +64,7 @@ class StreamText(Widget):
         self._strips: dict[int, Strip] = {}  # by row
         self._max_rows: int | None = None
         self._reserve = 0
+        self._grow_step = 1
 
     @property
     def content(self) -> Content:
@@ -103,8 +105,24 @@ class StreamText(Widget):
             if self._height() != before:
                 self.refresh(layout=True)
 
+    @property
+    def grow_step(self) -> int:
+        return self._grow_step
+
+    @grow_step.setter
+    def grow_step(self, n: int) -> None:
+        n = max(1, int(n))
+        if n != self._grow_step:
+            before = self._height()
+            self._grow_step = n
+            if self._width and self._height() != before:
+                self.refresh(layout=True)
+
     def _height(self) -> int:
-        rows = max(self.row_count, self._reserve)
+        rows, reserve, step = self.row_count, self._reserve, self._grow_step
+        if reserve and rows > reserve and step > 1:  # past the reserve: whole steps of rows
+            rows = reserve + -(-(rows - reserve) // step) * step
+        rows = max(rows, reserve)
         return rows if self._max_rows is None else min(rows, self._max_rows)
 
     def _offset(self) -> int:
@@ -165,9 +183,11 @@ class StreamText(Widget):
             self.refresh(layout=True)
         elif self._offset() != offset_before:
             self.refresh()  # capped: every row shown moved up
-        else:  # the rows from the old last line's first on
+        else:  # the rows from the old last line's first to the last row of text (reserved blank rows stay)
             top = max(0, first - offset_before)
-            self.refresh(Region(0, top, self.size.width, self._height() - top))
+            bottom = min(self._height(), self.row_count - offset_before)
+            if bottom > top:
+                self.refresh(Region(0, top, self.size.width, bottom - top))
 
     def _shown(self) -> bool:
         """Mounted, and neither this widget nor a container of it is hidden (display: none)."""
