@@ -13,9 +13,13 @@ series.
 
 The app must not slow down what it measures (ux.md §0 item 5).  While a turn runs the engine
 thread and the interface share the interpreter and the cores: each C step of the engine ends by
-taking the interpreter back, and waits while the interface holds it.  So while a turn runs the
-interface works in short, rare bursts (above) and the interpreter's switch interval is lowered
-to SWITCH_S (the engine waits at most that long); the objects that exist once the model is loaded
+taking the interpreter back, and waits while the interface holds it, and on a CPU engine every
+millisecond the interface computes is taken from the engine's cores.  So the interface's work
+while an answer streams is bounded by the timer, not by the token rate (ux.md §2.4): no layout of
+the screen in the steady state (the engine starts a few frames after the prompt is sent, once the
+question and the rows its answer streams into are laid out; a prefill that is already over is not
+drawn); the interpreter's switch interval is lowered to SWITCH_S while a turn runs (the engine
+waits at most that long); the objects that exist once the model is loaded
 are moved out of the garbage collector's sight (``gc.freeze``: a full collection of the
 tokenizer's and Textual's objects would hold the interpreter for ~0.1 s), and so are, at the start
 of each turn, those of the turns before (a new chat collects them).  The interface measures its own
@@ -33,6 +37,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,7 +60,7 @@ from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMes
 from ds4tui.widgets.dialogs import AskPath, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
-from ds4tui.widgets.pane import set_line
+from ds4tui.widgets.pane import PaneColumn, PaneRow, set_line
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
                                         ThroughputPane, explain_reasons, knob_words)
 
@@ -74,6 +79,12 @@ SWITCH_S = 0.0001
 #: usual (each holds the interpreter well under a millisecond), the full pass (tens of milliseconds,
 #: holding the interpreter the engine thread needs after each step) waits for the end of the turn.
 GC_THRESHOLDS = (700, 10, 1000)
+#: Longest wait between sending a prompt and starting the engine (seconds): the question and the
+#: rows its answer will stream into are laid out first (a few frames, a few tens of milliseconds),
+#: so that those layouts of the screen do not run on the cores while the engine decodes.
+SETTLE_MAX_S = 2.0
+#: Frames the screen gets before the engine starts (a layout can ask for another: a scroll bar shown).
+SETTLE_FRAMES = 4
 #: The interface's CPU share is reported once answers have streamed this long (seconds).
 MIN_COST_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
@@ -298,6 +309,8 @@ class DS4App(App):
         self.errors: list[tuple[str, str]] = []
         self._draining = False
         self._generating = False
+        self._settled = threading.Event()  # the turn's question is laid out: the engine may start
+        self._stop_early = False  # Esc before the engine started: the turn does not start
         self._panes_t = 0.0
         self._memory_t = 0.0
         self.ui_cost = InterfaceCost()
@@ -324,15 +337,15 @@ class DS4App(App):
                 yield PromptInput(id="prompt", disabled=True)
             with VerticalScroll(id="side"):
                 # two columns side by side in windows of at least 150 columns, one under the other below
-                with Vertical(id="side-a", classes="side-column"):
+                with PaneColumn(id="side-a", classes="side-column"):
                     yield KnobsPane(id="knobs")
                     yield AcceptPane("acceptance", id="accept")
-                    with Horizontal(id="histograms"):
+                    with PaneRow(id="histograms"):
                         yield Histogram("draft len", id="draft-hist")
                         yield Histogram("accepted len", id="accepted-hist")
                     yield NoDraftPane("no-draft reasons", id="no-draft")
                     yield ThroughputPane("throughput", id="throughput")
-                with Vertical(id="side-b", classes="side-column"):
+                with PaneColumn(id="side-b", classes="side-column"):
                     yield StagesPane("stage timings", id="stages")
                     yield MemoryPane("memory", id="memory")
                     yield SupportPane("support model", id="support")
@@ -474,7 +487,19 @@ class DS4App(App):
         try:
             pending: list = []
             snap = None
-            for ev in self.queue.drain():
+            events = self.queue.drain()
+            # a prefill progress that newer progress, text or the turn's end follows in this drain is
+            # over: it is not drawn (showing the bar and hiding it again costs two layouts of the
+            # screen while the engine decodes)
+            later = False
+            for i in range(len(events) - 1, -1, -1):
+                ev = events[i]
+                if isinstance(ev, W.PrefillProgress) and later:
+                    events[i] = None
+                later = later or isinstance(ev, (W.PrefillProgress, W.TokensEmitted, W.Finished))
+            for ev in events:
+                if ev is None:
+                    continue
                 if isinstance(ev, W.TokensEmitted):
                     pending.extend(ev.pieces)
                     continue
@@ -815,15 +840,38 @@ class DS4App(App):
         self.current = AssistantMessage(trace=self.trace)
         await view.mount(self.current)
         view.scroll_end(animate=False)
+        # the engine starts once the question is laid out and the rows its answer streams into are
+        # reserved (SETTLE_FRAMES frames, each after the layouts the one before asked for; a frame
+        # with nothing to do passes at once): the first text then repaints those rows, and no layout
+        # of the screen runs beside the engine's first cycles
+        settled = threading.Event()
+        self._settled, self._stop_early = settled, False
+        steps = [self.current.size_live_text] + [None] * (SETTLE_FRAMES - 1)
+
+        def frame() -> None:
+            step = steps.pop(0)
+            if step is not None:
+                step()
+            if steps and not settled.is_set():  # (set early by Esc)
+                self.call_after_refresh(frame)
+            else:
+                settled.set()
+
+        self.call_after_refresh(frame)
         self.messages.append({"role": "user", "content": text})
         self._generating = True
         self._set_status()
         self.close_export()  # a new turn: the panes go live again
         self._turn_started()
-        self.run_worker(partial(self._turn, list(self.messages), self.think), thread=True, group="generation",
-                        exclusive=True, exit_on_error=False)
+        self.run_worker(partial(self._turn, list(self.messages), self.think, settled), thread=True,
+                        group="generation", exclusive=True, exit_on_error=False)
 
-    def _turn(self, messages, think) -> None:
+    def _turn(self, messages, think, settled: threading.Event | None = None) -> None:
+        if settled is not None:
+            settled.wait(SETTLE_MAX_S)
+        if self._stop_early:  # Esc before the engine started: nothing ran
+            self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "stopped", 0.0, None, 0.0)))
+            return
         try:
             self.engine.run_turn(messages, self.queue, think=think, system=self.options.system,
                                  max_tokens=self.options.max_tokens)
@@ -868,6 +916,8 @@ class DS4App(App):
             self.close_export()
             return
         if self.engine is not None and self._generating:
+            self._stop_early = True  # (the engine may not have started the turn yet)
+            self._settled.set()
             self.engine.stop()
             self._set_status("stopping…")
 

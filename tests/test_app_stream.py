@@ -295,6 +295,71 @@ async def test_typing_in_the_prompt_repaints_the_line_without_a_layout(tmp_path)
         assert prompt.value == "z" and prompt.scroll_x == 0
 
 
+async def test_the_engine_starts_once_the_question_is_laid_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)  # (a fallback; here the frames must set it)
+    app = _app(tmp_path)
+    seen = []
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        run_turn = app.engine.run_turn
+
+        def spy(*a, **kw):
+            live = app.current._channels["answer"].live
+            seen.append((live.reserve, live.max_rows))
+            return run_turn(*a, **kw)
+
+        app.engine.run_turn = spy
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert len(seen) == 1 and seen[0][0] > 0 and seen[0][1] > seen[0][0]  # its rows were reserved
+        assert app.turns and app.turns[-1].answer == ANSWER
+
+
+async def test_esc_before_the_engine_started_ends_the_turn_with_nothing_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        calls, frames = [], []
+        app.engine.run_turn = lambda *a, **kw: calls.append(a)
+        app.call_after_refresh = lambda callback, *a, **kw: frames.append(callback)  # no frame passes: only Esc ends the wait
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        await pilot.press("escape")
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert frames and calls == [] and app.turns == [] and app.messages == []
+        summary = app.query(C.AssistantMessage).last().query_one("#summary").render().plain
+        assert "stopped before the answer began" in summary
+
+
+async def test_a_prefill_that_text_follows_in_one_flush_is_not_drawn(tmp_path):
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        bar = app.query_one("#progress")
+        app.queue.put(W.PrefillProgress(1, 10, 40, 0))
+        await app.flush()
+        assert bar.has_class("active") and "prefill 10/40 tokens" in app.query_one("#status").render().plain
+        app._set_status()
+        app.current = C.AssistantMessage()
+        await app.query_one(C.ChatView).mount(app.current)
+        app.queue.put(W.PrefillProgress(1, 20, 40, 0))
+        app.queue.put(W.PrefillProgress(1, 40, 40, 0))
+        app.queue.put(W.TokensEmitted(1, (W.TokenPiece(0, "Here", False, "answer"),)))
+        classes = []
+        original = bar.add_class
+        bar.add_class = lambda *c, **kw: classes.append(c) or original(*c, **kw)
+        await app.flush()
+        assert classes == [] and not bar.has_class("active")  # the prefill was over: never shown again
+        assert app.current.answer == "Here"
+
+
 async def test_the_summary_line_is_redrawn_at_most_every_summary_s(monkeypatch):
     monkeypatch.setattr(C, "SUMMARY_S", 3600.0)
     app = _Turn()
