@@ -18,7 +18,11 @@ it.  Per run it also records the engine's own time inside its C steps (``engine_
 session's ``decode_ms``): a slower app run whose C time grew lost cores to the interface, one
 whose C time did not lost time outside the C steps (waiting for the interpreter).  For the app
 arm: the interface's CPU share while the answer streamed, the text writes per second and the
-longest gap between two (as the app measures them, ``DS4App.turn_costs``), and the key latencies.
+longest gap between two (as the app measures them, ``DS4App.turn_costs``: from its first text
+write to the turn's end arriving), the UI thread's CPU seconds per second of decoding as this
+benchmark measures them around the engine (``ui_cpu_decode_share``: from the engine's first token
+to the end of its turn, read from the UI thread's CPU clock by the engine thread; the same for any
+version of the app), and the key latencies.
 Prints the per-run numbers and the ratio app / headless (goals: ≥ 0.95 on a CPU engine, ≥ 0.98
 on a GPU) and writes JSON.
 """
@@ -30,6 +34,7 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -87,6 +92,51 @@ async def _probe_keys(app, every: float, latencies: list[float]) -> None:
             latencies.append(time.perf_counter() - t0)
 
 
+class _DecodeWindow:
+    """Wraps ``chat.run_turn`` so that the engine thread reads the UI thread's CPU clock (and the
+    time) when the turn's first token is handed over and when the turn ends.  ``cpu_share()``: the
+    UI thread's CPU seconds per second between the two."""
+
+    def __init__(self, chat, ui_thread_id: int):
+        self.chat, self.clock = chat, time.pthread_getcpuclockid(ui_thread_id)
+        self.first: tuple[float, float] | None = None
+        self.end: tuple[float, float] | None = None
+
+    def _mark(self) -> tuple[float, float]:
+        return time.perf_counter(), time.clock_gettime(self.clock)
+
+    def __enter__(self) -> "_DecodeWindow":
+        from ds4tui.engine.worker import TokensEmitted
+
+        run_turn, window = self.chat.run_turn, self
+
+        class Sink:
+            def __init__(self, sink):
+                self.sink = sink
+
+            def put(self, ev) -> None:
+                if window.first is None and isinstance(ev, TokensEmitted):
+                    window.first = window._mark()
+                self.sink.put(ev)
+
+        def timed(messages, sink, **kw):
+            try:
+                return run_turn(messages, Sink(sink), **kw)
+            finally:
+                window.end = window._mark()
+
+        self.chat.run_turn = timed  # (an instance attribute: removed on exit)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.chat.run_turn
+
+    def cpu_share(self) -> float | None:
+        if self.first is None or self.end is None or self.end[0] <= self.first[0]:
+            return None
+        return (self.end[1] - self.first[1]) / (self.end[0] - self.first[0])
+
+
 async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
     from ds4tui.app import ChatOptions, DS4App
 
@@ -95,26 +145,29 @@ async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
                        telemetry="rss")
     app = DS4App(opts, engine_factory=lambda options, progress: chat)
     keys: list[float] = []
-    async with app.run_test(size=(160, 50)) as pilot:
-        while app.engine is None:
-            await pilot.pause(0.05)
-        await pilot.pause(SETTLE_S)  # as a person would: the app has drawn its first screen
-        app.query_one("#prompt").value = PROMPT
-        c0 = chat.session.stats().decode_ms
-        probe = asyncio.create_task(_probe_keys(app, key_every, keys)) if key_every > 0 else None
-        await pilot.press("enter")  # (returns once the app is idle again: often at the end of the turn)
-        while not app.turns:
-            await asyncio.sleep(0.25)  # poll rarely: the harness should not add to what is measured
-        if probe is not None:
-            await probe
-        r = app.turns[-1]
-        cost = app.turn_costs[-1] if getattr(app, "turn_costs", None) else None  # (an app before they were kept)
-        c1 = chat.session.stats().decode_ms
-        app.engine = None  # the engine outlives the app: the next arm uses it
+    window = _DecodeWindow(chat, threading.get_ident())  # (the app's UI runs in this thread)
+    with window:
+        async with app.run_test(size=(160, 50)) as pilot:
+            while app.engine is None:
+                await pilot.pause(0.05)
+            await pilot.pause(SETTLE_S)  # as a person would: the app has drawn its first screen
+            app.query_one("#prompt").value = PROMPT
+            c0 = chat.session.stats().decode_ms
+            probe = asyncio.create_task(_probe_keys(app, key_every, keys)) if key_every > 0 else None
+            await pilot.press("enter")  # (returns once the app is idle again: often at the end of the turn)
+            while not app.turns:
+                await asyncio.sleep(0.25)  # poll rarely: the harness should not add to what is measured
+            if probe is not None:
+                await probe
+            r = app.turns[-1]
+            cost = app.turn_costs[-1] if getattr(app, "turn_costs", None) else None  # (an app before they were kept)
+            c1 = chat.session.stats().decode_ms
+            app.engine = None  # the engine outlives the app: the next arm uses it
     measured = cost is not None and cost.wall_s > 0
     return {"tokens": len(r.ids), "decode_s": r.decode_s, "tokens_per_s": r.decode_tokens_per_s,
             "engine_c_s": (c1 - c0) / 1000, "ui_cpu_share": cost.cpu_s / cost.wall_s if measured else None,
             "text_writes_per_s": cost.text_writes / cost.wall_s if measured else None,
+            "ui_cpu_decode_share": window.cpu_share(),
             "max_text_gap_s": cost.max_text_gap_s if measured else None,
             "key_latency_ms": [1000 * k for k in keys], "ids": list(r.ids)}
 
@@ -122,8 +175,10 @@ async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
 def app_run(chat, n_tokens: int, key_every: float = 1.0) -> dict:
     """The app arm: the Textual app under the headless driver on ``chat``'s engine, one prompt of
     ``n_tokens`` greedy tokens, a key typed every ``key_every`` seconds while it streams; the same
-    figures as :func:`headless_run` plus the interface's CPU share, its text writes per second and
-    longest gap (seconds) and the key latencies (milliseconds)."""
+    figures as :func:`headless_run` plus the interface's CPU share (as the app measures it, and
+    ``ui_cpu_decode_share``: UI thread CPU seconds per second from the engine's first token to the
+    end of its turn), its text writes per second and longest gap (seconds) and the key latencies
+    (milliseconds)."""
     return asyncio.run(_app_run(chat, n_tokens, key_every))
 
 
@@ -157,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                 extra = ""
                 if arm == "app":
                     keys = r["key_latency_ms"]
+                    if r["ui_cpu_decode_share"] is not None:
+                        extra = f"  UI thread {100 * r['ui_cpu_decode_share']:.1f}% of a core while decoding;"
                     if r["ui_cpu_share"] is not None:
-                        extra = (f"  interface {100 * r['ui_cpu_share']:.1f}% of a core, text "
+                        extra += (f"  interface {100 * r['ui_cpu_share']:.1f}% of a core, text "
                                  f"{r['text_writes_per_s']:.1f}/s (longest gap {r['max_text_gap_s']:.2f} s)")
                     extra += f", keys {statistics.median(keys):.0f} ms median, {max(keys):.0f} max" if keys else ""
                 print(f"run {k + 1}/{args.repeat} {arm:<8} {r['tokens']} tokens  {r['tokens_per_s']:8.2f} tok/s  "
@@ -176,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_app_over_headless": med["app"] / med["headless"], "ratio_per_pair": ratios,
         "outputs_identical": same,
         "ui_cpu_share": _median(r["ui_cpu_share"] for r in runs["app"]),
+        "ui_cpu_decode_share": _median(r["ui_cpu_decode_share"] for r in runs["app"]),
         "text_writes_per_s": _median(r["text_writes_per_s"] for r in runs["app"]),
         "max_text_gap_s": max((r["max_text_gap_s"] for r in runs["app"] if r["max_text_gap_s"] is not None),
                               default=None),
@@ -185,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"headless {med['headless']:.2f} tok/s · app {med['app']:.2f} tok/s · app/headless "
           f"{result['ratio_app_over_headless']:.3f} (median of {args.repeat}; pairs {min(ratios):.3f}..{max(ratios):.3f};"
           f" outputs identical: {same})")
+    if result["ui_cpu_decode_share"] is not None:
+        print(f"UI thread {100 * result['ui_cpu_decode_share']:.1f}% of a core from the first token to the end "
+              "(median)")
     if result["ui_cpu_share"] is not None:
         print(f"interface {100 * result['ui_cpu_share']:.1f}% of a core while streaming · text "
               f"{result['text_writes_per_s']:.1f}/s, longest gap {result['max_text_gap_s']:.2f} s")
