@@ -326,7 +326,8 @@ async def test_esc_before_the_engine_started_ends_the_turn_with_nothing_run(tmp_
         await app.flush()
         calls, frames = [], []
         app.engine.run_turn = lambda *a, **kw: calls.append(a)
-        app.call_after_refresh = lambda callback, *a, **kw: frames.append(callback)  # no frame passes: only Esc ends the wait
+        # no frame passes: only Esc ends the wait
+        app.call_after_refresh = lambda callback, *a, **kw: frames.append(callback)
         app.query_one("#prompt").value = "Write a linked list"
         await pilot.press("enter")
         await pilot.press("escape")

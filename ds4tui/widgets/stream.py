@@ -44,10 +44,10 @@ class StreamText(Widget):
     folded).  Only the last line can still change, so an append wraps only that line again.
     ``reserve`` rows are taken from the start (the text is drawn from the top, blank rows below it)
     and ``max_rows`` (None: no limit) caps the height: beyond it the widget shows its last
-    ``max_rows`` rows.  A text that outgrows a reserve takes ``grow_step`` rows more at a time (each
-    new height is a layout of the screen).  A text growing within them costs a repaint of the rows that changed and
+    ``max_rows`` rows.  A text growing within them costs a repaint of the rows that changed and
     no layout of the screen (set ``max_rows`` to the height of the view the text scrolls in: a
-    view pinned to its bottom then shows what it would show without the cap)."""
+    view pinned to its bottom then shows what it would show without the cap).  A text that
+    outgrows its reserve takes ``grow_step`` rows more at a time (each new height is a layout)."""
 
     DEFAULT_CSS = """
     StreamText { height: auto; }
