@@ -1,0 +1,87 @@
+"""The demo pair's corpus builder (tools/demo_corpus.py) and evaluation (tools/eval_demo.py): their pure parts."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+corpus = _load("demo_corpus")
+evaluation = _load("eval_demo")
+
+
+@pytest.mark.parametrize("sentence,want", [
+    ("Return the sum of the items", "returns the sum of the items"),
+    ("Apply f to every item", "applies f to every item"),
+    ("Fetch a page", "fetches a page"),
+    ("Pass the value on", "passes the value on"),
+    ("Converts bytes to text", "converts bytes to text"),
+    ("Go to the next line", "goes to the next line"),
+    ("Play it", "plays it"),
+])
+def test_third_person(sentence, want):
+    assert corpus.third_person(sentence) == want
+
+
+@pytest.mark.parametrize("licence,ok", [
+    ("MIT", True), ("BSD-3-Clause", True), ("Apache-2.0 OR BSD-2-Clause", True), ("BSD License", True),
+    ("Apache Software License", True), ("PSF-2.0", True),
+    ("MPL-2.0", False), ("GPL-3.0-or-later", False), ("", False),
+    ("Public Domain / BSD License / GNU General Public License (GPL)", False),
+])
+def test_only_permissive_licences_pass(licence, ok):
+    assert corpus.is_permissive(licence) is ok
+
+
+def test_function_samples_cycle_through_three_phrasings():
+    src = ('def add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n\n'
+           'def neg(x):\n    """Negate x."""\n    return -x\n\n'
+           'def fetch(url):\n    """Fetch a page."""\n    return url\n')
+    got = corpus.function_samples(src, "m")
+    assert [r for r, _, _ in got] == [
+        "Write a Python function `add(a, b)` for the `m` module: Return the sum of a and b.",
+        "Write a Python function that negates x.",
+        "Write a Python function `fetch(url)` that fetches a page."]
+    assert got[0][2] == '```python\ndef add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n```'
+
+
+def test_compact_split_reads_back_the_same_ids(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {"train": rng.integers(0, 129280, 5000).astype(np.uint32),
+              "heldout": rng.integers(0, 129280, 300).astype(np.uint32)}
+    corpus.save_compact(tmp_path, arrays)
+    for name, arr in arrays.items():
+        got = corpus.load_split(tmp_path, name)
+        assert got.dtype == np.uint32 and np.array_equal(got, arr)
+    with pytest.raises(FileNotFoundError, match="other.u16.xz"):
+        corpus.load_split(tmp_path, "other")
+
+
+@pytest.mark.parametrize("answer,want", [
+    ("Here:\n```python\ndef f(x):\n    return x\n```\n", {"fenced": True, "parses": True, "repeats": 1, "ok": True}),
+    ("```python\ndef f(x):\n    return (x\n```", {"fenced": True, "parses": False, "repeats": 1, "ok": False}),
+    ("```python\ndef f(x):\n" + "    x = 1\n" * 4 + "```", {"fenced": True, "parses": True, "repeats": 4, "ok": False}),
+    ("```python\ndef f(x):\n    return x\n", {"fenced": False, "parses": False, "repeats": 0, "ok": False}),
+    ("def f(x):\n    return x\n", {"fenced": False, "parses": False, "repeats": 0, "ok": False}),
+])
+def test_judge(answer, want):
+    assert evaluation.judge(answer) == want
+
+
+def test_twenty_function_prompts():
+    assert len(evaluation.FUNCTION_PROMPTS) == 20 == len(set(evaluation.FUNCTION_PROMPTS))
+    assert all(p.startswith("Write a Python function that ") for p in evaluation.FUNCTION_PROMPTS)
