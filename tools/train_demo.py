@@ -4,7 +4,11 @@
 
 Needs ``torch`` and ``transformers`` (>= 5.23, ``DeepseekV4ForCausalLM``), which are not ds4tui
 dependencies; runs on one CUDA GPU (``--device cpu`` for a smoke run).  ``CORPUS_DIR`` comes
-from ``tools/demo_corpus.py`` (token ids of the Python standard library, train / held-out split).
+from ``tools/demo_corpus.py`` (token ids of permissively licensed Python source, train / held-out
+split; its compact ``*.u16.xz`` form is read as well).  The defaults are the run that made the
+shipped pair: about 8 minutes on one H200 (target 250 s, heal 40 s, greedy continuations for the
+drafter, drafter 120 s, export and check), one command.  ``--save-target`` keeps the healed target
+(``target.pt``) so that ``--resume-target`` can train the drafter again without the target.
 
 **Target.**  transformers' own ``DeepseekV4ForCausalLM`` with :func:`demo_config`: the tiny layout
 of spec ds4.md §6 (hidden 256, 6 layers: 2 sliding, 2 compressed-sparse with the lightning
@@ -25,9 +29,14 @@ with the pre-norm ``h_k``, capture of the last three target layers (stream means
 ``ds4tui.engine.reference.ReferenceDrafter`` computes (no FP8 simulation).  Training: frozen target,
 random anchors ``a`` in random windows; block input ``[x_a, noise×4]`` at positions ``a … a+4``;
 row ``k`` is trained towards the target's distribution at ``a+k`` (the token after ``a+k``):
-``0.1·CE(argmax) + 0.9·‖p_d − p_t‖₁ + 1.0·BCE(c_k, 1 − ½‖p_d − p_t‖₁)``, rows weighted by
+``0.5·CE(argmax) + 0.5·‖p_d − p_t‖₁ + 1.0·BCE(c_k, hit_k)`` (:class:`LossWeights`; ``hit_k``: the
+drafter's argmax equals the target's, which is what greedy verification accepts), rows weighted by
 ``exp(−k/4)`` (DSpark paper §3.3; released config ``loss_decay_gamma = 4``); the Markov head is
-teacher-forced with the target's argmax tokens.
+teacher-forced with the target's argmax tokens.  **Self-distillation**: every second batch is
+windows of the healed target's own greedy continuations of training prompts (anchors in the
+generated part), the text the drafter drafts against when the target decodes greedily.  The
+confidence head is then calibrated (temperature scaling against the greedy hits on continuations
+of held-out prompts, folded into its weight).
 
 **Quantise and heal.**  The routed experts are then replaced by what their q2-mix bytes decode to
 (IQ2_XXS gate/up, Q2_K down: about a third of each weight is rounding error at 2 bits) and every
@@ -395,7 +404,8 @@ def capture(model, capture_layers):
     return store, hooks
 
 
-def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tensor, capture_layers, store):
+def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tensor, capture_layers, store,
+                 w: "LossWeights"):
     """Loss terms of one drafter batch (see the module docstring) and acceptance statistics."""
     S, A, B = ids.shape[0], anchors.numel(), BLOCK
     with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16):
@@ -413,23 +423,94 @@ def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tens
     logp = torch.log_softmax(logits, dim=-1)
     ce = -logp.gather(-1, y[..., None])[..., 0]
     tv = (logp.exp() - p_t).abs().sum(-1)
-    target_c = (1.0 - 0.5 * tv).clamp(0, 1).detach()
+    hit_row = (logits.argmax(-1) == y).float()
+    if w.confidence == "greedy":
+        target_c = hit_row.detach()  # greedy verification accepts row k exactly when the argmaxes agree
+    else:
+        target_c = (1.0 - 0.5 * tv).clamp(0, 1).detach()  # acceptance probability under sampling
     c_logit = drafter.confidence_logit(h.float(), m.float())
     bce = F.binary_cross_entropy_with_logits(c_logit, target_c, reduction="none")
     k = torch.arange(A * B, device=ids.device) % B
-    wk = torch.exp(-k.float() / 4.0)
+    wk = torch.exp(-k.float() / w.gamma)
     wk = wk / wk.sum()
-    loss = ((0.1 * ce + 0.9 * tv + bce) * wk).sum(-1).mean()
+    loss = ((w.ce * ce + w.tv * tv + w.bce * bce) * wk).sum(-1).mean()
     with torch.no_grad():
-        hit = (logits.argmax(-1) == y).view(S, A, B).float()
+        hit = hit_row.view(S, A, B)
+        conf = torch.sigmoid(c_logit).view(S, A, B)
         stats = {"ce": float((ce * wk).sum(-1).mean()), "tv": float((tv * wk).sum(-1).mean()),
                  "bce": float((bce * wk).sum(-1).mean()), "hit_per_pos": hit.mean(dim=(0, 1)).tolist(),
-                 "accept_len": float(hit.cumprod(-1).sum(-1).mean())}
-    return loss, stats
+                 "accept_len": float(hit.cumprod(-1).sum(-1).mean()),
+                 "confidence_per_pos": conf.mean(dim=(0, 1)).tolist()}
+    return loss, stats, (c_logit.detach().reshape(-1), hit_row.detach().reshape(-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossWeights:
+    """Drafter loss: ``ce``·CE(target argmax) + ``tv``·‖p_d − p_t‖₁ + ``bce``·BCE(confidence), rows
+    weighted by ``exp(−k/gamma)``; the confidence is trained towards the greedy hit (``"greedy"``) or
+    towards ``1 − ½‖p_d − p_t‖₁`` (``"tv"``, the acceptance probability under sampling)."""
+
+    ce: float = 0.5
+    tv: float = 0.5
+    bce: float = 1.0
+    gamma: float = 4.0
+    confidence: str = "greedy"
+
+
+@torch.no_grad()
+def generate_greedy(model, prompts: torch.Tensor, n_new: int, chunk: int = 256) -> torch.Tensor:
+    """Greedy continuations of ``prompts[S, P]`` by the target: ``[S, P + n_new]`` token ids.
+
+    No KV cache: every step runs the whole sequence (bf16 autocast), ``chunk`` sequences at a time;
+    the argmax is taken from the last position's logits (spec ds4.md §6's tiny model is small enough).
+    """
+    model.eval()
+    out = []
+    for i in range(0, prompts.shape[0], chunk):
+        ids = prompts[i:i + chunk]
+        for _ in range(n_new):
+            with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+                last = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
+                nxt = model.lm_head(last).float().argmax(-1)
+            ids = torch.cat((ids, nxt[:, None]), dim=1)
+        out.append(ids)
+    return torch.cat(out)
+
+
+def fit_confidence_scale(logits: torch.Tensor, hits: torch.Tensor) -> tuple[float, float, float]:
+    """The scale ``s`` of the confidence logit that minimises the BCE against the greedy hits
+    (temperature scaling, grid 0.25…4); returns ``(s, bce_before, bce_after)``."""
+    grid = torch.exp(torch.linspace(math.log(0.25), math.log(4.0), 49, device=logits.device))
+    losses = torch.stack([F.binary_cross_entropy_with_logits(s * logits, hits) for s in grid])
+    best = int(losses.argmin())
+    return float(grid[best]), float(F.binary_cross_entropy_with_logits(logits, hits)), float(losses[best])
+
+
+def calibration(logits: torch.Tensor, hits: torch.Tensor, bins: int = 10) -> float:
+    """Expected calibration error of ``sigmoid(logits)`` against the 0/1 ``hits`` (equal-width bins)."""
+    p = torch.sigmoid(logits)
+    idx = (p * bins).long().clamp(max=bins - 1)
+    err = 0.0
+    for b in range(bins):
+        sel = idx == b
+        if sel.any():
+            err += float(sel.float().mean()) * abs(float(p[sel].mean()) - float(hits[sel].mean()))
+    return err
 
 
 def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Config, seconds: float, batch: int,
-                  anchors_per_seq: int, peak_lr: float, seed: int) -> dict:
+                  anchors_per_seq: int, peak_lr: float, seed: int, w: LossWeights,
+                  generated: torch.Tensor | None = None, prompt_len: int = 0,
+                  held_generated: torch.Tensor | None = None) -> dict:
+    """Train the drafter against the frozen target for ``seconds``.
+
+    With ``generated`` (``[G, P + n]`` greedy continuations of the target, ``P = prompt_len``), every
+    second batch is windows of those sequences with anchors in the generated part: the drafter learns
+    the target on the target's own outputs (self-distillation), which is what it drafts against when
+    the target decodes greedily.  Held-out statistics on ``held`` (corpus windows) and, with
+    ``held_generated``, on greedy continuations of held-out prompts; the confidence head is then
+    calibrated on the latter (:func:`fit_confidence_scale`, folded into its weight).
+    """
     capture_layers = list(range(c.n_layer - 3, c.n_layer))
     store, hooks = capture(model, capture_layers)
     model.eval()
@@ -440,30 +521,57 @@ def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Conf
     g = torch.Generator().manual_seed(seed)
     N = train.length
 
-    def pick() -> torch.Tensor:
-        return torch.sort(torch.randperm(N - BLOCK - 8, generator=g)[:anchors_per_seq] + 8).values.to(train.device)
+    def pick(n: int, lo: int, gen: torch.Generator = g) -> torch.Tensor:
+        """``anchors_per_seq`` sorted distinct anchors in ``lo … n − BLOCK − 1``."""
+        span = n - BLOCK - lo
+        return torch.sort(torch.randperm(span, generator=gen)[:anchors_per_seq] + lo).values.to(train.device)
+
+    calls = [0]
+
+    def one():
+        calls[0] += 1
+        if generated is not None and calls[0] % 2 == 0:
+            rows = torch.randint(0, generated.shape[0], (batch,), generator=g)
+            ids = generated[rows].to(train.device)
+            return drafter_step(model, drafter, ids, pick(ids.shape[1], prompt_len - 1), capture_layers, store, w)[:2]
+        return drafter_step(model, drafter, train.batch(batch), pick(N, 8), capture_layers, store, w)[:2]
 
     history, step, t0 = [], 0, time.time()
     params = [p for p in drafter.parameters() if p.requires_grad]
-    one = lambda: drafter_step(model, drafter, train.batch(batch), pick(), capture_layers, store)  # noqa: E731
     for step, elapsed, loss, gn, st in timed_steps(opt, params, seconds, peak_lr, one):
         if step % 25 == 0 or step == 1:
             rec = {"step": step, "s": round(elapsed, 1), "loss": round(loss, 4), "grad_norm": round(gn, 3),
+                   "batch": "generated" if generated is not None and step % 2 == 0 else "corpus",
                    **{k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]) for k, v in st.items()}}
             history.append(rec)
             log(f"drafter {json.dumps(rec)}")
-    with torch.no_grad():
+
+    def held_stats(ids_all: torch.Tensor, lo: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
         ga = torch.Generator().manual_seed(seed + 7)
-        anchors = torch.sort(torch.randperm(N - BLOCK - 8, generator=ga)[:anchors_per_seq] + 8).values.to(train.device)
-        stats = [drafter_step(model, drafter, held[i:i + batch], anchors, capture_layers, store)[1]
-                 for i in range(0, held.shape[0], batch)]
+        anchors = pick(ids_all.shape[1], lo, ga)
+        res = [drafter_step(model, drafter, ids_all[i:i + batch], anchors, capture_layers, store, w)
+               for i in range(0, ids_all.shape[0], batch)]
+        st = [r[1] for r in res]
+        lg, ht = torch.cat([r[2][0] for r in res]), torch.cat([r[2][1] for r in res])
+        return ({"accept_len": float(np.mean([s["accept_len"] for s in st])),
+                 "hit_per_pos": np.mean([s["hit_per_pos"] for s in st], axis=0).round(4).tolist(),
+                 "confidence_per_pos": np.mean([s["confidence_per_pos"] for s in st], axis=0).round(4).tolist(),
+                 "confidence_ece": round(calibration(lg, ht), 4)}, lg, ht)
+
+    with torch.no_grad():
+        out = {"heldout": held_stats(held, 8)[0]}
+        if held_generated is not None:
+            gen_stats, lg, ht = held_stats(held_generated.to(train.device), prompt_len - 1)
+            scale, before, after = fit_confidence_scale(lg, ht)
+            drafter.p("mtp.2.confidence_head.proj.weight").mul_(scale)
+            gen_stats["calibration"] = {"scale": round(scale, 4), "bce_before": round(before, 4),
+                                        "bce_after": round(after, 4), "ece_after": round(calibration(scale * lg, ht), 4)}
+            out["heldout_generated"] = gen_stats
     for h_ in hooks:
         h_.remove()
-    held_stats = {"accept_len": float(np.mean([s["accept_len"] for s in stats])),
-                  "hit_per_pos": np.mean([s["hit_per_pos"] for s in stats], axis=0).round(4).tolist()}
-    log(f"drafter done steps={step} heldout {json.dumps(held_stats)}")
-    return {"history": history, "steps": step, "seconds": round(time.time() - t0, 1), "heldout": held_stats,
-            "capture_layers": capture_layers}
+    log(f"drafter done steps={step} {json.dumps(out)}")
+    return {"history": history, "steps": step, "seconds": round(time.time() - t0, 1), **out,
+            "capture_layers": capture_layers, "loss": dataclasses.asdict(w)}
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -579,24 +687,40 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", type=Path)
     ap.add_argument("out", type=Path)
-    # defaults: the run that made the shipped demo pair (about 8 minutes in all on one H200)
-    ap.add_argument("--target-seconds", type=float, default=210.0)
-    ap.add_argument("--heal-seconds", type=float, default=50.0,
+    # defaults: the run that made the shipped demo pair (483 s in all on one H200)
+    ap.add_argument("--target-seconds", type=float, default=250.0)
+    ap.add_argument("--heal-seconds", type=float, default=40.0,
                     help="training of everything but the routed experts after they are quantised")
     ap.add_argument("--heal-lr", type=float, default=1e-3)
-    ap.add_argument("--drafter-seconds", type=float, default=170.0)
+    ap.add_argument("--drafter-seconds", type=float, default=120.0)
     ap.add_argument("--batch", type=int, default=48, help="target: windows per step")
     ap.add_argument("--drafter-batch", type=int, default=16)
     ap.add_argument("--anchors", type=int, default=48, help="drafter: anchors per window")
     ap.add_argument("--seq", type=int, default=SEQ)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
+    ap.add_argument("--ce-weight", type=float, default=LossWeights.ce)
+    ap.add_argument("--tv-weight", type=float, default=LossWeights.tv)
+    ap.add_argument("--confidence-target", choices=("greedy", "tv"), default=LossWeights.confidence)
+    ap.add_argument("--distill-sequences", type=int, default=192,
+                    help="greedy continuations of training prompts the drafter also trains on (0: none)")
+    ap.add_argument("--distill-prompt", type=int, default=128, help="tokens of corpus text before each continuation")
+    ap.add_argument("--distill-new", type=int, default=128, help="greedy tokens per continuation")
+    ap.add_argument("--heldout-generated", type=int, default=32,
+                    help="greedy continuations of held-out prompts (drafter statistics, confidence calibration)")
     ap.add_argument("--heldout-windows", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokenizer-json", default=None)
+    ap.add_argument("--save-target", action="store_true",
+                    help="also write target.pt (healed target + full-precision experts) for --resume-target")
+    ap.add_argument("--resume-target", type=Path, default=None,
+                    help="target.pt of an earlier run: skip target training and healing, train the drafter")
     a = ap.parse_args(argv)
     import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from demo_corpus import load_split
 
     t_start = time.time()
     torch.manual_seed(a.seed)
@@ -605,31 +729,57 @@ def main(argv: list[str] | None = None) -> int:
     c = demo_config()
     seen = np.load(a.corpus / "seen.npy")
     seen[NOISE_TOKEN] = 0  # never in the text; its embedding row is kept random (see build_target)
-    train = Windows(np.load(a.corpus / "train.npy"), a.seq + 1, a.device, a.seed)
-    held = Windows(np.load(a.corpus / "heldout.npy"), a.seq + 1, a.device, a.seed).fixed(a.heldout_windows)
+    train_ids, held_ids = load_split(a.corpus, "train"), load_split(a.corpus, "heldout")
+    train = Windows(train_ids, a.seq + 1, a.device, a.seed)
+    held = Windows(held_ids, a.seq + 1, a.device, a.seed).fixed(a.heldout_windows)
     model = build_target(c, seen, a.out, a.seed, a.device)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"target: {n_params / 1e6:.1f} M parameters on {a.device}")
+    log(f"target: {n_params / 1e6:.1f} M parameters on {a.device}; corpus {train_ids.size} + {held_ids.size} tokens")
     report = {"config": dataclasses.asdict(c), "seed": a.seed, "args": {k: str(v) for k, v in vars(a).items()},
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                            "numpy": np.__version__},
               "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
               "corpus": json.loads((a.corpus / "manifest.json").read_text()), "target_parameters": n_params}
-    report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
-    originals, report["expert_quant_rel_error"] = quantize_experts(model)
-    report["heldout_loss_after_quantisation"] = round(evaluate(model, held), 4)
-    log(f"experts quantised: {report['expert_quant_rel_error']}, held-out loss {report['heldout_loss_after_quantisation']}")
-    for name, p in model.named_parameters():
-        p.requires_grad_(".experts." not in name)
-    report["heal"] = train_target(model, train, held, a.heal_seconds, a.batch, a.heal_lr, label="heal")
+    if a.resume_target:
+        saved = torch.load(a.resume_target, map_location=a.device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        originals = saved["originals"]
+        for k in ("target", "expert_quant_rel_error", "heldout_loss_after_quantisation", "heal"):
+            report[k] = saved["report"][k]
+        log(f"target resumed from {a.resume_target}")
+    else:
+        report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
+        originals, report["expert_quant_rel_error"] = quantize_experts(model)
+        report["heldout_loss_after_quantisation"] = round(evaluate(model, held), 4)
+        log(f"experts quantised: {report['expert_quant_rel_error']}, held-out loss {report['heldout_loss_after_quantisation']}")
+        for name, p in model.named_parameters():
+            p.requires_grad_(".experts." not in name)
+        report["heal"] = train_target(model, train, held, a.heal_seconds, a.batch, a.heal_lr, label="heal")
+        if a.save_target:
+            torch.save({"model": model.state_dict(), "originals": originals,
+                        "report": {k: report[k] for k in ("target", "expert_quant_rel_error",
+                                                          "heldout_loss_after_quantisation", "heal")}},
+                       a.out / "target.pt")
+    generated = held_generated = None
+    if a.distill_sequences or a.heldout_generated:
+        t0 = time.time()
+        P = a.distill_prompt
+        prompts = Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences) if a.distill_sequences else None
+        generated = generate_greedy(model, prompts, a.distill_new) if prompts is not None else None
+        hp = Windows(held_ids, P, a.device, a.seed + 4).fixed(a.heldout_generated) if a.heldout_generated else None
+        held_generated = generate_greedy(model, hp, a.distill_new) if hp is not None else None
+        report["distill"] = {"sequences": a.distill_sequences, "heldout_sequences": a.heldout_generated,
+                             "prompt_tokens": P, "new_tokens": a.distill_new, "seconds": round(time.time() - t0, 1)}
+        log(f"distill {json.dumps(report['distill'])}")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed).to(a.device)
-    dtrain = Windows(np.load(a.corpus / "train.npy"), a.seq, a.device, a.seed + 1)
+    dtrain = Windows(train_ids, a.seq, a.device, a.seed + 1)
     dheld = held[:, :a.seq]
+    w = LossWeights(ce=a.ce_weight, tv=a.tv_weight, confidence=a.confidence_target)
     report["drafter"] = train_drafter(model, drafter, dtrain, dheld, c, a.drafter_seconds, a.drafter_batch, a.anchors,
-                                      a.drafter_lr, a.seed)
+                                      a.drafter_lr, a.seed, w, generated, a.distill_prompt, held_generated)
     drafter.embed = drafter.head = None
     report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals)
-    report["check"] = check(model, a.out, np.load(a.corpus / "heldout.npy"), a.tokenizer_json, originals)
+    report["check"] = check(model, a.out, held_ids, a.tokenizer_json, originals)
     report["total_seconds"] = round(time.time() - t_start, 1)
     (a.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"done in {report['total_seconds']} s")
