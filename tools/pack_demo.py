@@ -1,15 +1,17 @@
 """Put a trained demo pair into the package: ``ds4tui/demo/{model,support}.gguf.xz`` and ``demo.json``.
 
-``python tools/pack_demo.py OUT_DIR [--bench AB.json ...] [--corpus CORPUS_DIR]``
+``python tools/pack_demo.py OUT_DIR [--bench AB.json ...] [--eval EVAL.json] [--corpus CORPUS_DIR]``
 
 ``OUT_DIR`` is what ``tools/train_demo.py`` wrote (``model.gguf``, ``support.gguf``,
 ``train_log.json``).  Both GGUFs are validated (target layout, support compatible with the target),
 compressed with xz (preset 6; the unseen-token rows that training kept identical make the
 files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
-summary, the ``ds4tui bench --ab`` results given with ``--bench`` and, with ``--corpus``, the
-held-out perplexity of the q2 GGUF measured with the native engine.  The full ``train_log.json``
-is copied next to them.
+summary, the ``ds4tui bench --ab`` results given with ``--bench``, the ``tools/eval_demo.py`` result
+given with ``--eval`` (without the answers' text) and, with ``--corpus``, the held-out perplexity of
+the q2 GGUF measured with the native engine.  The full ``train_log.json`` is copied next to them,
+and ``corpus_sources.json`` lists every source of the training text with its version, licence and
+origin (the corpus manifest's ``sources``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the folder tools/train_demo.py wrote")
     ap.add_argument("--bench", type=Path, nargs="*", default=[], help="ds4tui bench --ab --out JSON files to record")
+    ap.add_argument("--eval", type=Path, help="tools/eval_demo.py --out JSON to record")
     ap.add_argument("--corpus", type=Path, help="tools/demo_corpus.py folder: measure held-out perplexity of the GGUF")
     a = ap.parse_args(argv)
     model, support = a.out / "model.gguf", a.out / "support.gguf"
@@ -102,16 +105,31 @@ def main(argv: list[str] | None = None) -> int:
             "target": {k: log["target"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
             "expert_quant_rel_error": log["expert_quant_rel_error"],
             "heal": {k: log["heal"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
-            "drafter": {k: log["drafter"][k] for k in ("steps", "seconds", "heldout", "capture_layers")},
+            "distill": log.get("distill"),
+            "drafter": {k: log["drafter"][k] for k in ("steps", "seconds", "heldout", "heldout_generated",
+                                                       "capture_layers", "loss") if k in log["drafter"]},
             "check": log["check"],
         },
         "bench": {p.name: bench_summary(p) for p in a.bench},
     }
+    summary["corpus"] = {k: v for k, v in log["corpus"].items() if k != "sources"}
+    if a.eval:
+        ev = json.loads(a.eval.read_text())
+        fp = ev["function_prompts"]
+        summary["eval"] = {**{k: v for k, v in ev.items() if k not in ("function_prompts", "model", "support")},
+                           "function_prompts": {**{k: v for k, v in fp.items() if k != "answers"},
+                                                "per_prompt": [{k: x[k] for k in ("prompt", "tokens", "fenced", "parses",
+                                                                                   "repeats", "ok")}
+                                                               for x in fp["answers"]]}}
     if a.corpus:
         summary["heldout_perplexity_gguf"] = heldout_perplexity(model, np.load(a.corpus / "heldout.npy"))
         print(f"pack_demo: held-out perplexity {summary['heldout_perplexity_gguf']}", file=sys.stderr)
     (PACKAGE_DIR / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.copyfile(a.out / "train_log.json", PACKAGE_DIR / "train_log.json")
+    sources = {"note": "every source of the demo model's training text (tools/demo_corpus.py); all permissive",
+               "sources": log["corpus"].get("sources", [{"package": "python-stdlib", "version": log["corpus"].get("python"),
+                                                         "licence": log["corpus"].get("licence")}])}
+    (PACKAGE_DIR / "corpus_sources.json").write_text(json.dumps(sources, indent=1) + "\n")
     return 0
 
 
