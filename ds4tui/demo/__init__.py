@@ -1,8 +1,9 @@
-"""The bundled demo pair: a small DeepSeek V4 model trained on the Python standard library and its DSpark drafter.
+"""The bundled demo pair: a small DeepSeek V4 model trained on permissively licensed Python source and its DSpark drafter.
 
 The package ships the two GGUFs xz-compressed (``model.gguf.xz``, ``support.gguf.xz``) with
-``demo.json`` (sizes and sha256 of the uncompressed files, how they were made, what they measure)
-and ``train_log.json`` (the full log of the training run that made them).  On first use
+``demo.json`` (sizes and sha256 of the uncompressed files, how they were made, what they measure),
+``train_log.json`` (the full log of the training run that made them) and ``corpus_sources.json`` (every
+source of the training text with its licence).  On first use
 :func:`demo_pair` unpacks them into the user cache — ``$DS4TUI_DEMO_DIR`` if set, else
 ``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
 model's sha256, checking every byte against ``demo.json``.  A ``.verified`` note beside each file
