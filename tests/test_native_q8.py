@@ -1,9 +1,10 @@
 """8-bit matmul activations (the ``q8`` activations option, spec ds4.md §2.9.5).
 
-The native Q8_0 x 8-bit-activation kernel is held bit for bit to its numpy simulation
-(``ds4tui.engine.quants.matmul_q8_0_q8``) on every instruction-set path (the build's own, AVX2 only,
-portable C), at batch sizes 1..19 and 1..3 threads; the simulation itself is held to a float64
-product within the error that quantising the activations allows.
+The native kernels for Q8_0, Q2_K and IQ2_XXS weights against 8-bit activations are held bit for bit
+to their numpy simulation (``ds4tui.engine.quants.matmul_q8``) on every instruction-set path (the
+build's own, AVX2 only, portable C), at batch sizes 1..19 and 1..3 threads; the simulation itself is
+held to gguf.quants' dequantisation times the quantised activations in float64 (within float32
+rounding), and to the float64 product within the error that quantising the activations allows.
 """
 
 from __future__ import annotations
@@ -18,30 +19,43 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from ds4tui.engine.quants import matmul_q8_0_q8, quantize_q8_act
+from ds4tui.engine import quants as dq
+from ds4tui.engine.quants import matmul_q8, matmul_q8_0_q8, quantize_q8_act
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "ds4tui" / "native"
 
-SHAPES = [(37, 256), (64, 1024), (129, 96), (8, 32)]  # 96 and 32 columns: an odd number of blocks
+# 96 and 32 columns: a number of blocks that is not a multiple of the kernels' 8-block groups
+SHAPES = {
+    T.Q8_0: [(37, 256), (64, 1024), (129, 96), (8, 32), (9, 288)],
+    T.Q2_K: [(37, 256), (64, 1024), (5, 512)],
+    T.IQ2_XXS: [(37, 256), (64, 1024), (5, 512)],
+}
+CASES = [(t, r, c) for t, shapes in SHAPES.items() for r, c in shapes]
+_RAW: dict = {}
 
 
-def _case(rows: int, cols: int, n: int, seed: int):
+def _case(qtype, rows: int, cols: int, n: int, seed: int):
     rng = np.random.default_rng(seed)
-    W = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
-    raw = gq.quantize(W, T.Q8_0)
+    key = (qtype, rows, cols, seed)
+    if key not in _RAW:
+        W = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        _RAW[key] = gq.quantize(W, T.Q8_0) if qtype == T.Q8_0 else dq.quantize(W, qtype)
+    rng = np.random.default_rng(seed + 1000)
     X = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.01, 10, (n, 1)).astype(np.float32)
     X[0, :32] = 0.0  # a block of zeros: d = 0
     if n > 1 and cols >= 64:
         X[1, 32: 64] = np.float32(0.5) * (np.arange(32) % 3 - 1)  # values on the rounding ties
-    return raw, X
+    if n > 2 and cols >= 128:
+        X[2, 64: 96] = np.float32(1e3) * np.sign(np.arange(32) - 15.5)  # full-scale codes: +-127
+    return _RAW[key], X
 
 
-def _native(lib, ffi, raw, rows, cols, X, threads: int, activations: int) -> np.ndarray:
+def _native(lib, ffi, qtype, raw, rows, cols, X, threads: int, activations: int) -> np.ndarray:
     n = X.shape[0]
     Y = np.full((n, rows), np.nan, np.float32)
     err = ffi.new("char[256]")
-    rc = lib.ds4_kernel_matmul_act(int(T.Q8_0), ffi.from_buffer(raw), rows, cols,
+    rc = lib.ds4_kernel_matmul_act(int(qtype), ffi.from_buffer(raw), rows, cols,
                                    ffi.cast("const float *", ffi.from_buffer(X)), n,
                                    ffi.cast("float *", ffi.from_buffer(Y)), threads, activations, err, 256)
     assert rc == 0, ffi.string(err).decode()
@@ -56,24 +70,51 @@ def test_quantiser_rounds_ties_away_and_keeps_zero_blocks():
     assert q[0, :32].tolist() == [0] * 32 and q[0, 32:36].tolist() == [127, 64, -64, 0]
 
 
-@pytest.mark.parametrize("rows,cols", SHAPES)
-def test_kernel_is_its_simulation_bit_for_bit(rows, cols):
+@pytest.mark.parametrize("qtype,rows,cols", CASES)
+def test_kernel_is_its_simulation_bit_for_bit(qtype, rows, cols):
+    """Every batch size 1..19 and 1..3 threads: the simulation's bits (so also batch invariance)."""
     from ds4tui._native import ffi, lib
 
-    raw, X = _case(rows, cols, 19, rows)
-    want = matmul_q8_0_q8(raw, rows, cols, X)
+    raw, X = _case(qtype, rows, cols, 19, rows)
+    want = matmul_q8(raw, qtype, rows, cols, X)
     for threads in (1, 2, 3):
-        for n in (1, 2, 5, 6, 8, 13, 19):
-            got = _native(lib, ffi, raw, rows, cols, X[:n], threads, 1)
-            assert np.array_equal(got, want[:n]), f"{rows}x{cols}, {n} tokens, {threads} threads"
+        for n in range(1, 20):
+            got = _native(lib, ffi, qtype, raw, rows, cols, X[:n], threads, 1)
+            assert np.array_equal(got, want[:n]), f"{qtype.name} {rows}x{cols}, {n} tokens, {threads} threads"
 
 
-def test_simulation_is_within_the_quantisation_error():
+@pytest.mark.parametrize("qtype,rows,cols", CASES)
+def test_simulation_is_the_dequantised_product_of_the_quantised_activations(qtype, rows, cols):
+    """gguf.quants' weights times the simulated 8-bit activations (q * d), in float64: the q8 result
+    differs only by float32 roundings, at most (n_blocks / 8 + 8) * 2^-24 of the sum of the magnitudes
+    that are rounded (for Q2_K both terms, d * scale * code and dmin * min, before they cancel)."""
+    raw, X = _case(qtype, rows, cols, 6, 11)
+    got = matmul_q8(raw, qtype, rows, cols, X).astype(np.float64)
+    Wd = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    q, d = quantize_q8_act(X)
+    Xq = (q.astype(np.float64).reshape(len(X), -1, 32) * d[..., None].astype(np.float64)).reshape(len(X), cols)
+    want = Xq @ Wd.T
+    mag = np.abs(Wd)
+    if qtype == T.Q2_K:  # |d * scale * code| + |dmin * min| per element, from the bytes
+        b = np.frombuffer(raw.tobytes(), np.uint8).reshape(rows, cols // 256, 84)
+        sc = b[:, :, :16].astype(np.float64)
+        dd = b[:, :, 80:82].copy().view(np.float16).astype(np.float64)
+        dm = b[:, :, 82:84].copy().view(np.float16).astype(np.float64)
+        part_min = np.repeat(np.abs(dm) * np.floor(sc / 16), 16, axis=-1).reshape(rows, cols)
+        part_max = np.repeat(np.abs(dd) * (sc % 16) * 3, 16, axis=-1).reshape(rows, cols)
+        mag = part_min + part_max
+    tol = (cols // 32 / 8 + 8) * 2.0 ** -24 * (np.abs(Xq) @ mag.T) + 1e-30
+    err = np.abs(got - want)
+    assert (err <= tol).all(), float((err / tol).max())
+
+
+@pytest.mark.parametrize("qtype", list(SHAPES))
+def test_simulation_is_within_the_quantisation_error(qtype):
     """|q8 - float64| <= sum over blocks of (sum |w|) * d_x / 2, plus float32 rounding."""
     rows, cols = 64, 1024
-    raw, X = _case(rows, cols, 4, 7)
-    Wd = gq.dequantize(raw, T.Q8_0).reshape(rows, cols).astype(np.float64)
-    got = matmul_q8_0_q8(raw, rows, cols, X).astype(np.float64)
+    raw, X = _case(qtype, rows, cols, 4, 7)
+    Wd = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    got = matmul_q8(raw, qtype, rows, cols, X).astype(np.float64)
     exact = X.astype(np.float64) @ Wd.T
     _, dx = quantize_q8_act(X)
     wabs = np.abs(Wd).reshape(rows, cols // 32, 32).sum(-1)  # [rows, blocks]
@@ -84,14 +125,26 @@ def test_simulation_is_within_the_quantisation_error():
     assert err.max() > 0  # it does quantise: not the float path under another name
 
 
+def test_q8_0_helper_is_matmul_q8():
+    raw, X = _case(T.Q8_0, 8, 64, 3, 5)
+    assert np.array_equal(matmul_q8_0_q8(raw, 8, 64, X), matmul_q8(raw, T.Q8_0, 8, 64, X))
+    with pytest.raises(ValueError, match="Q8_0, Q2_K and IQ2_XXS.*not F16"):
+        matmul_q8(np.zeros(64, np.uint8), T.F16, 1, 32, X[:, :32])
+
+
 def test_float_path_is_unchanged_by_the_option():
     from ds4tui._native import ffi, lib
 
-    raw, X = _case(37, 256, 6, 3)
+    raw, X = _case(T.Q8_0, 37, 256, 6, 3)
     for n in (1, 6):
-        a = _native(lib, ffi, raw, 37, 256, X[:n], 2, 0)
+        a = _native(lib, ffi, T.F16, np.zeros(37 * 256 * 2, np.uint8) + 60, 37, 256, X[:n], 2, 1)
         y = np.zeros((n, 37), np.float32)
         err = ffi.new("char[256]")
+        assert lib.ds4_kernel_matmul(int(T.F16), ffi.from_buffer(np.zeros(37 * 256 * 2, np.uint8) + 60), 37, 256,
+                                     ffi.cast("const float *", ffi.from_buffer(X[:n])), n,
+                                     ffi.cast("float *", ffi.from_buffer(y)), 2, err, 256) == 0
+        assert np.array_equal(a, y)  # F16 keeps float32 activations under q8
+        a = _native(lib, ffi, T.Q8_0, raw, 37, 256, X[:n], 2, 0)
         assert lib.ds4_kernel_matmul(int(T.Q8_0), ffi.from_buffer(raw), 37, 256,
                                      ffi.cast("const float *", ffi.from_buffer(X[:n])), n,
                                      ffi.cast("float *", ffi.from_buffer(y)), 2, err, 256) == 0
@@ -108,8 +161,8 @@ def test_float_path_is_unchanged_by_the_option():
                     reason="needs a C compiler")
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
 def test_other_instruction_sets_give_the_same_bits(tmp_path, march):
-    """cpu/dot.c built for an AVX2-only target and for plain x86-64 (no AVX) gives the simulation's
-    bits too (the build's own path is checked above)."""
+    """cpu/dot.c built for an AVX2-only target (no VNNI, no AVX-512) and for plain x86-64 (no AVX)
+    gives the simulation's bits too (the build's own path is checked above)."""
     import platform
 
     import cffi
@@ -121,15 +174,15 @@ def test_other_instruction_sets_give_the_same_bits(tmp_path, march):
     cc = shutil.which("cc") or shutil.which("gcc")
     so = tmp_path / f"dot_{march}.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-std=c11", "-D_GNU_SOURCE", f"-march={march}", "-o", str(so),
-                    str(NATIVE / "cpu" / "dot.c"), str(NATIVE / "cpu" / "dequant.c"), "-lm"], check=True,
+                    str(NATIVE / "cpu" / "dot.c"), str(NATIVE / "cpu" / "dequant.c"), "-lm", "-lpthread"], check=True,
                    capture_output=True, text=True)
     ffi = cffi.FFI()
     ffi.cdef("void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);"
-             "void ds4_cpu_dot_q8_0_q8(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols,"
-             " const int8_t *qx, int64_t ldq, const float *dx, int64_t n_tok, float *Y, int64_t ldy);")
+             "int ds4_cpu_matmul_q8_1(int type, const uint8_t *W, int64_t rows, int64_t cols, const float *X,"
+             " int64_t n_tok, float *Y);")
     lib = ffi.dlopen(str(so))
-    for rows, cols in SHAPES:
-        raw, X = _case(rows, cols, 11, rows + 1)
+    for qtype, rows, cols in CASES:
+        raw, X = _case(qtype, rows, cols, 11, rows + 1)
         n = X.shape[0]
         qx = np.empty((n, cols), np.int8)
         dx = np.empty((n, cols // 32), np.float32)
@@ -139,9 +192,10 @@ def test_other_instruction_sets_give_the_same_bits(tmp_path, march):
                                         ffi.cast("float *", ffi.from_buffer(dx[t])))
         q_ref, d_ref = quantize_q8_act(X)
         assert np.array_equal(qx, q_ref) and np.array_equal(dx, d_ref)
-        Y = np.full((n, rows), np.nan, np.float32)
-        lib.ds4_cpu_dot_q8_0_q8(ffi.from_buffer(raw), cols // 32 * 34, 0, rows, cols,
-                                ffi.cast("const int8_t *", ffi.from_buffer(qx)), cols,
-                                ffi.cast("const float *", ffi.from_buffer(dx)), n,
-                                ffi.cast("float *", ffi.from_buffer(Y)), rows)
-        assert np.array_equal(Y, matmul_q8_0_q8(raw, rows, cols, X)), f"{march}: {rows}x{cols}"
+        want = matmul_q8(raw, qtype, rows, cols, X)
+        for k in (1, 6, n):
+            Y = np.full((k, rows), np.nan, np.float32)
+            assert lib.ds4_cpu_matmul_q8_1(int(qtype), ffi.from_buffer(raw), rows, cols,
+                                           ffi.cast("const float *", ffi.from_buffer(X[:k])), k,
+                                           ffi.cast("float *", ffi.from_buffer(Y))) == 0
+            assert np.array_equal(Y, want[:k]), f"{march}: {qtype.name} {rows}x{cols}, {k} tokens"

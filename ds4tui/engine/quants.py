@@ -519,28 +519,79 @@ def quantize_q8_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(q, -127, 127).astype(np.int8).reshape(x.shape), d
 
 
-def matmul_q8_0_q8(raw: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
-    """Y [n_tok, rows] = the Q8_0 matrix ``raw`` (GGUF bytes, ``rows`` x ``cols``) times activation rows
-    ``x`` [n_tok, cols] under the ``q8`` activations option, bit for bit as the native kernel
-    computes it (cpu/dot.c): 4-product int32 lanes, each times d_w * d_x into one of 16 float32
-    accumulators (lane l of block b into 8 * (b % 2) + l, blocks in order), then a fixed reduction."""
+def _q8_weight_blocks(raw: np.ndarray, qtype, rows: int, cols: int):
+    """A GGUF matrix as the ``q8`` arithmetic sees it (spec ds4.md §2.9.5): per 32-wide block the
+    integer weights w [rows, nb, 32] (int32), the block scale s [rows, nb] (float32) and, for Q2_K, the
+    super-block's dmin m [rows, nb] and the two 16-wide sub-blocks' min codes mn [rows, nb, 2]
+    (None for the other types)."""
+    qt = _as_type(qtype)
+    nb = cols // 32
+    data = np.frombuffer(np.ascontiguousarray(raw).tobytes(), np.uint8)
+    if qt == GGMLQuantizationType.Q8_0:
+        blocks = data.reshape(rows, nb, 34)
+        s = blocks[:, :, :2].copy().view(np.float16).reshape(rows, nb).astype(np.float32)
+        w = blocks[:, :, 2:].copy().view(np.int8).astype(np.int32)
+        return w, s, None, None
+    ns = cols // 256
+    if qt == GGMLQuantizationType.Q2_K:
+        blocks = data.reshape(rows, ns, 84)
+        sc = blocks[:, :, :16].astype(np.int32)  # [rows, ns, 16 sub-blocks]
+        qs = blocks[:, :, 16:80].astype(np.int32).reshape(rows, ns, 2, 32)  # [.., h, l]
+        d = blocks[:, :, 80:82].copy().view(np.float16).reshape(rows, ns).astype(np.float32)
+        dmin = blocks[:, :, 82:84].copy().view(np.float16).reshape(rows, ns).astype(np.float32)
+        shifts = (2 * np.arange(4)).reshape(1, 1, 1, 4, 1)
+        codes = (qs[:, :, :, None, :] >> shifts) & 3  # [rows, ns, h, j, l]: block 4h + j of the super-block
+        sub = sc.reshape(rows, ns, 2, 4, 2)  # sub-block 8h + 2j + half
+        lo = np.repeat(sub & 15, 16, axis=-1)  # [rows, ns, h, j, 32]
+        w = (lo * codes).reshape(rows, nb, 32)
+        mn = (sub >> 4).reshape(rows, nb, 2)
+        return w, np.repeat(d, 8, axis=1), np.repeat(dmin, 8, axis=1), mn
+    if qt == GGMLQuantizationType.IQ2_XXS:
+        grid = _iq2_tables()[0].astype(np.int32)  # [256, 8]
+        from gguf.quants import IQ2_XXS
+
+        IQ2_XXS.init_grid()
+        ksigns = np.frombuffer(bytes(IQ2_XXS.ksigns), np.uint8)
+        blocks = data.reshape(rows, ns, 66)
+        d = blocks[:, :, :2].copy().view(np.float16).reshape(rows, ns).astype(np.float32)
+        grp = blocks[:, :, 2:].reshape(rows, ns, 8, 8)
+        idx = grp[..., :4].astype(np.intp)
+        word = grp[..., 4:].copy().view("<u4").reshape(rows, ns, 8)
+        sg = ksigns[(word[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127]  # [.., 8, 4]
+        neg = (sg[..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [.., 8, 4, 8]
+        w = (grid[idx] * (1 - 2 * neg.astype(np.int32))).reshape(rows, nb, 32)
+        ls = (word >> 28).astype(np.float32)
+        s = ((d[..., None] * (np.float32(0.5) + ls)) * np.float32(0.25)).astype(np.float32).reshape(rows, nb)
+        return w, s, None, None
+    raise ValueError(f"the q8 activations option takes Q8_0, Q2_K and IQ2_XXS matrices, not {qt.name}")
+
+
+def matmul_q8(raw: np.ndarray, qtype, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    """Y [n_tok, rows] = the GGUF matrix ``raw`` (Q8_0, Q2_K or IQ2_XXS bytes, ``rows`` x ``cols``) times
+    activation rows ``x`` [n_tok, cols] under the ``q8`` activations option, bit for bit as the native
+    kernel computes it (cpu/dot.c; spec ds4.md §2.9.5): per 32-wide block an exact integer sum I of
+    weight codes times activation codes, ``p = (s_w * d_x) * I`` (Q2_K: minus ``(dmin * d_x) * J``), added
+    into 8 float32 accumulators (block b into b % 8, blocks in order), then a fixed reduction.  Raises
+    ValueError for another type."""
     x = np.atleast_2d(np.asarray(x, np.float32))
     nb = cols // 32
-    blocks = np.frombuffer(np.ascontiguousarray(raw).tobytes(), np.uint8).reshape(rows, nb, 34)
-    dw = blocks[:, :, :2].copy().view(np.float16).reshape(rows, nb).astype(np.float32)
-    qw = blocks[:, :, 2:].copy().view(np.int8).astype(np.int32).reshape(rows, nb, 8, 4)
+    w, s, m, mn = _q8_weight_blocks(raw, qtype, rows, cols)
     qx, dx = quantize_q8_act(x)
-    qx = qx.astype(np.int32).reshape(-1, nb, 8, 4)
-    out = np.empty((x.shape[0], rows), np.float32)
-    for t in range(x.shape[0]):
-        lanes = (qw * qx[t][None]).sum(axis=-1).astype(np.float32)  # [rows, nb, 8], exact integers
-        acc = np.zeros((rows, 16), np.float32)
-        for b in range(nb):
-            s = (dw[:, b] * dx[t, b]).astype(np.float32)
-            half = slice(8 * (b % 2), 8 * (b % 2) + 8)
-            acc[:, half] = (acc[:, half] + (s[:, None] * lanes[:, b]).astype(np.float32)).astype(np.float32)
-        s8 = acc[:, :8] + acc[:, 8:]
-        s4 = s8[:, :4] + s8[:, 4:]
-        s2 = s4[:, :2] + s4[:, 2:]
-        out[t] = s2[:, 0] + s2[:, 1]
-    return out
+    q = qx.astype(np.int32).reshape(-1, nb, 32)
+    isum = np.einsum("rbj,tbj->trb", w, q).astype(np.float32)  # exact: |I| < 2^24
+    p = (s[None] * dx[:, None, :]).astype(np.float32) * isum
+    if m is not None:
+        bs = q.reshape(-1, nb, 2, 16).sum(-1)  # [t, nb, 2]
+        jsum = np.einsum("rbh,tbh->trb", mn, bs).astype(np.float32)
+        p = p - (m[None] * dx[:, None, :]).astype(np.float32) * jsum
+    acc = np.zeros((x.shape[0], rows, 8), np.float32)
+    for b in range(nb):
+        acc[..., b % 8] += p[..., b]
+    s4 = acc[..., :4] + acc[..., 4:]
+    s2 = s4[..., :2] + s4[..., 2:]
+    return (s2[..., 0] + s2[..., 1]).astype(np.float32)
+
+
+def matmul_q8_0_q8(raw: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    """``matmul_q8`` of a Q8_0 matrix: Y [n_tok, rows]."""
+    return matmul_q8(raw, GGMLQuantizationType.Q8_0, rows, cols, x)

@@ -666,14 +666,30 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
 /* ---- 8-bit activations (the `activations = q8` numerics option; spec ds4.md §2.9.5) -------------
  *
  * An activation row is quantised in blocks of 32: d = max|x| / 127, q = round(x * (1 / d)) (ties away
- * from zero; q = 0 when d = 0).  A Q8_0 weight row times such a row:
- *   - every 4 consecutive products q_w * q_x are summed exactly in int32 (a "lane": 8 lanes a block);
- *   - each lane, converted to float, is multiplied by s = d_w * d_x and added to one of 16 float
- *     accumulators: lane l of block b goes to accumulator 8 * (b % 2) + l, blocks in order;
- *   - the 16 accumulators are reduced as ((a_j + a_j+8), then + 4, then + 2, then the two left).
- * Every step is a separate float32 rounding (no fused multiply-add), so the AVX-512 (VNNI or BW),
+ * from zero; q = 0 when d = 0).  A weight row is seen as 32-wide blocks of small integers w (Q8_0: its
+ * int8 codes; IQ2_XXS: grid value times sign; Q2_K: sub-block scale times 2-bit code) with float
+ * scales.  For block b of a weight row and an activation row:
+ *   I_b = sum of the 32 products w * q, exact in int32 (any summation order gives the same integer);
+ *   Q8_0, IQ2_XXS: p_b = (s_b * d_b) * (float)I_b, s_b the block's weight scale;
+ *   Q2_K:          p_b = (D * d_b) * (float)I_b - (M * d_b) * (float)J_b, D and M the super-block's d
+ *                  and dmin, J_b = sum over the block's two 16-wide sub-blocks of min code * sum of q;
+ *   8 float accumulators, a[b % 8] += p_b in block order, then ((a0 + a4) + (a2 + a6)) +
+ *   ((a1 + a5) + (a3 + a7)).
+ * Every step is a separate float32 rounding (no fused multiply-add), so the AVX-512 VNNI, AVX-VNNI,
  * AVX2 and portable paths give the same bits, a token's result never depends on the batch, and the
- * numpy reference simulates it exactly (ds4tui/engine/quants.py). */
+ * numpy reference simulates it exactly (ds4tui/engine/quants.py: matmul_q8).
+ *
+ * Kernel: a weight row is decoded once (Q8_0 is read in place), then 8 blocks at a time are
+ * transposed so that 32-bit lane i of vector j holds bytes 4j..4j+3 of block i; the activation rows
+ * are stored in the same layout once per call.  Eight chained 4-byte dot products (VNNI vpdpbusd, or
+ * AVX2 maddubs + madd) then leave I_b of 8 blocks in the 8 lanes, and one vector multiply scales them:
+ * each token of a verify or prefill group costs about one integer instruction per block. */
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#include <pthread.h>
+#include <stdlib.h>
 
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
     for (int64_t b = 0; b < n / 32; b++) {
@@ -692,101 +708,308 @@ void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
     }
 }
 
-static inline float q8_reduce16(const float *a) {
-    float s8[8], s4[4], s2[2];
-    for (int j = 0; j < 8; j++) s8[j] = a[j] + a[j + 8];
-    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
-    for (int j = 0; j < 2; j++) s2[j] = s4[j] + s4[j + 2];
-    return s2[0] + s2[1];
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define Q8_VNNI 1
+#define Q8_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define Q8_VNNI 1
+#define Q8_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#endif
+#if defined(__AVX2__)
+#define Q8_AVX2 1
+/* the 8 x 8 transpose of 32-bit lanes: r[i] = block i (8 lanes) -> c[j] lane i = lane j of block i */
+static inline void q8_transpose(const __m256i r[8], __m256i c[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        c[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        c[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
 }
 
-/* Row r of W (Q8_0) against nt <= 8 quantised activation rows (qx: rows ldq apart; dx: their block
- * scales, cols / 32 per row). */
-static void q8_row(const uint8_t *row, int64_t cols, const int8_t *qx, int64_t ldq, const float *dx, int nt,
-                   float *Y, int64_t ldy) {
+static inline float q8_hsum8(__m256 a) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+#endif
+
+/* I of one block (32 int8 weights against 32 int8 activations), exact. */
+static inline int32_t q8_isum(const int8_t *w, const int8_t *x) {
+#if defined(Q8_AVX2)
+    const __m256i vw = _mm256_loadu_si256((const __m256i *)w), vx = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(vw, vw), _mm256_sign_epi8(vx, vw)),
+                                        _mm256_set1_epi16(1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+#else
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += (int32_t)w[j] * (int32_t)x[j];
+    return s;
+#endif
+}
+
+size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok) {
     const int64_t nb = cols / 32;
-    float acc[8][16];
-    int64_t b = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    __m512 va[8];
-    for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *b0 = row + 34 * b, *b1 = b0 + 34;
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
-                                              _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
-        const __m512i aw = _mm512_abs_epi8(w);
-        const __mmask64 neg = _mm512_movepi8_mask(w);
-        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(ds4_half((uint16_t)(b0[0] | (b0[1] << 8)))),
-                                             _mm256_set1_ps(ds4_half((uint16_t)(b1[0] | (b1[1] << 8)))), 1);
-        for (int k = 0; k < nt; k++) {
-            const __m512i x = _mm512_loadu_si512((const void *)(qx + k * ldq + 32 * b));
-            const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-#if defined(__AVX512VNNI__)
-            const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
-#else
-            const __m512i lanes = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1));
+    return (size_t)n_tok * ((size_t)cols * 2 + (size_t)nb * (sizeof(float) + 2 * sizeof(int16_t))) + 3 * 64;
+}
+
+void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t cols, void *buf, ds4_q8_act *a) {
+    const int64_t nb = cols / 32;
+    uintptr_t p = ((uintptr_t)buf + 63) & ~(uintptr_t)63;
+    a->cols = cols, a->nb = nb;
+    a->xt = (const uint8_t *)p, p += (size_t)n_tok * (size_t)cols;
+    a->q = (const int8_t *)p, p += (size_t)n_tok * (size_t)cols;
+    p = (p + 63) & ~(uintptr_t)63;
+    a->d = (const float *)p, p += (size_t)n_tok * (size_t)nb * sizeof(float);
+    p = (p + 63) & ~(uintptr_t)63;
+    a->bs = (const int16_t *)p;
+    for (int64_t t = 0; t < n_tok; t++) {
+        int8_t *q = (int8_t *)a->q + t * cols;
+        float *d = (float *)a->d + t * nb;
+        int16_t *bs = (int16_t *)a->bs + t * 2 * nb;
+        ds4_cpu_quantize_q8_act(X + t * ldx, cols, q, d);
+        for (int64_t b = 0; b < nb; b++)
+            for (int h = 0; h < 2; h++) {
+                int s = 0;
+                for (int j = 0; j < 16; j++) s += q[32 * b + 16 * h + j];
+                bs[2 * b + h] = (int16_t)s;
+            }
+#if defined(Q8_AVX2)
+        uint8_t *xt = (uint8_t *)a->xt + t * cols;
+        for (int64_t g = 0; g + 8 <= nb; g += 8) {
+            __m256i r[8], c[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(q + 32 * (g + i)));
+            q8_transpose(r, c);
+            for (int j = 0; j < 8; j++) {
+#if defined(Q8_VNNI) /* unsigned q + 128 for vpdpbusd (the weights' sum, times 128, is taken off again) */
+                c[j] = _mm256_xor_si256(c[j], _mm256_set1_epi8((char)0x80));
 #endif
-            const float *d = dx + k * nb + b;
-            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1);
-            va[k] = _mm512_add_ps(va[k], _mm512_mul_ps(_mm512_mul_ps(dw, dxv), _mm512_cvtepi32_ps(lanes)));
+                _mm256_storeu_si256((__m256i *)(xt + 32 * (g + j)), c[j]);
+            }
         }
-    }
-    if (b == nb) { /* the fixed reduction, in vector form: 16 -> 8 -> 4 -> 2 -> 1 */
-        for (int k = 0; k < nt; k++) {
-            __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(va[k]), _mm512_extractf32x8_ps(va[k], 1));
-            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-            __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            Y[k * ldy] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-        }
-        return;
-    }
-    for (int k = 0; k < nt; k++) _mm512_storeu_ps(acc[k], va[k]);
-#elif defined(__AVX2__)
-    __m256 va[8][2];
-    for (int k = 0; k < nt; k++) va[k][0] = va[k][1] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (; b < nb; b++) {
-        const uint8_t *blk = row + 34 * b;
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        const __m256i aw = _mm256_sign_epi8(w, w);
-        const __m256 dw = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
-        for (int k = 0; k < nt; k++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(qx + k * ldq + 32 * b));
-            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-            const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(dx[k * nb + b]));
-            va[k][b & 1] = _mm256_add_ps(va[k][b & 1], _mm256_mul_ps(s, _mm256_cvtepi32_ps(lanes)));
-        }
-    }
-    for (int k = 0; k < nt; k++) {
-        _mm256_storeu_ps(acc[k], va[k][0]);
-        _mm256_storeu_ps(acc[k] + 8, va[k][1]);
-    }
-#else
-    for (int k = 0; k < nt; k++)
-        for (int j = 0; j < 16; j++) acc[k][j] = 0.0f;
 #endif
-    for (; b < nb; b++) { /* portable (and the last odd block of the AVX-512 path) */
-        const uint8_t *blk = row + 34 * b;
-        const int8_t *w = (const int8_t *)(blk + 2);
-        const float dw = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
-        for (int k = 0; k < nt; k++) {
-            const int8_t *x = qx + k * ldq + 32 * b;
-            const float s = dw * dx[k * nb + b];
-            for (int l = 0; l < 8; l++) {
-                int32_t sum = 0;
-                for (int j = 0; j < 4; j++) sum += (int32_t)w[4 * l + j] * (int32_t)x[4 * l + j];
-                const float t = s * (float)sum;
-                acc[k][8 * (b & 1) + l] += t;
+    }
+}
+
+/* A weight row as the q8 arithmetic sees it: 32-wide blocks of int8 (block b at w + b * stride), the
+ * block scales s (Q8_0: d; IQ2_XXS: d * (0.5 + scale) / 4; Q2_K: d) and, for Q2_K, dmin per block and
+ * the two sub-blocks' min codes. */
+typedef struct {
+    const int8_t *w;
+    int64_t stride;
+    float *s, *m;
+    int16_t *mn;
+    int8_t *buf;
+} q8_wrow;
+
+static pthread_key_t q8w_key;
+static pthread_once_t q8w_once = PTHREAD_ONCE_INIT;
+static void q8w_free(void *p) { free(p); }
+static void q8w_key_init(void) { pthread_key_create(&q8w_key, q8w_free); }
+
+/* The calling thread's row scratch for `cols` columns (grown as needed, freed with the thread). */
+static int q8_wrow_alloc(q8_wrow *r, int64_t cols) {
+    pthread_once(&q8w_once, q8w_key_init);
+    const int64_t nb = cols / 32;
+    const size_t need = (size_t)cols + (size_t)nb * (2 * sizeof(float) + 2 * sizeof(int16_t)) + 64 + sizeof(size_t) * 8;
+    size_t *h = pthread_getspecific(q8w_key);
+    if (!h || h[0] < need) {
+        size_t *n = realloc(h, need);
+        if (!n) return -1;
+        n[0] = need;
+        if (pthread_setspecific(q8w_key, n) != 0) { free(n); return -1; }
+        h = n;
+    }
+    uintptr_t p = ((uintptr_t)(h + 8) + 63) & ~(uintptr_t)63;
+    r->buf = (int8_t *)p, p += (size_t)cols;
+    r->s = (float *)p, p += (size_t)nb * sizeof(float);
+    r->m = (float *)p, p += (size_t)nb * sizeof(float);
+    r->mn = (int16_t *)p;
+    return 0;
+}
+
+static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r) {
+    r->w = (const int8_t *)(row + 2), r->stride = 34;
+    for (int64_t b = 0; b < nb; b++) r->s[b] = ds4_half((uint16_t)(row[34 * b] | (row[34 * b + 1] << 8)));
+}
+
+/* IQ2_XXS: w = grid * sign (|w| <= 43) per byte; a sign mask m (0xff per negative byte) flips a byte as
+ * (g ^ m) + (m & 1): grid bytes are 8..43, so no carry crosses a byte. */
+static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
+    r->w = r->buf, r->stride = 32;
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + 66 * sb;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *g = blk + 2 + 8 * ib;
+            const uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
+            r->s[8 * sb + ib] = d * (0.5f + (float)(w >> 28)) * 0.25f;
+            uint64_t *out = (uint64_t *)(r->buf + 32 * (8 * sb + ib));
+            for (int k = 0; k < 4; k++) {
+                uint64_t v, m = 0;
+                memcpy(&v, ds4_iq2xxs_grid[g[k]], 8);
+                const uint8_t sg = ds4_iq2xxs_ksigns[(w >> (7 * k)) & 127];
+                for (int j = 0; j < 8; j++) m |= (uint64_t)((0u - ((sg >> j) & 1u)) & 0xffu) << (8 * j);
+                out[k] = (v ^ m) + (m & 0x0101010101010101ull);
             }
         }
     }
-    for (int k = 0; k < nt; k++) Y[k * ldy] = q8_reduce16(acc[k]);
 }
 
-void ds4_cpu_dot_q8_0_q8(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const int8_t *qx,
-                         int64_t ldq, const float *dx, int64_t n_tok, float *Y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t k = 0; k < n_tok; k += 8)
-            q8_row(W + (size_t)r * row_bytes, cols, qx + k * ldq, ldq, dx + k * (cols / 32),
-                   (int)(n_tok - k < 8 ? n_tok - k : 8), Y + k * ldy + r, ldy);
+/* Q2_K: block 4h + j of a super-block has codes (qs[32h + l] >> 2j) & 3, l < 32, in sub-blocks
+ * 8h + 2j (l < 16) and 8h + 2j + 1; w = (scale & 15) * code (<= 45), the min codes (scale >> 4) go
+ * to mn. */
+static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
+    r->w = r->buf, r->stride = 32;
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + 84 * sb, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        for (int h = 0; h < 2; h++) {
+#if defined(Q8_AVX2)
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h)), three = _mm256_set1_epi8(3);
+#endif
+            for (int j = 0; j < 4; j++) {
+                const int64_t b = 8 * sb + 4 * h + j;
+                const int s0 = sc[8 * h + 2 * j], s1 = sc[8 * h + 2 * j + 1];
+                r->s[b] = d, r->m[b] = dmin;
+                r->mn[2 * b] = (int16_t)(s0 >> 4), r->mn[2 * b + 1] = (int16_t)(s1 >> 4);
+                int8_t *out = r->buf + 32 * b;
+#if defined(Q8_AVX2)
+                const __m256i code = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), three);
+                const __m256i tbl = _mm256_setr_epi32((s0 & 15) * 0x03020100, 0, 0, 0, (s1 & 15) * 0x03020100, 0, 0, 0);
+                _mm256_storeu_si256((__m256i *)out, _mm256_shuffle_epi8(tbl, code));
+#else
+                for (int l = 0; l < 32; l++)
+                    out[l] = (int8_t)(((l < 16 ? s0 : s1) & 15) * ((qs[32 * h + l] >> (2 * j)) & 3));
+#endif
+            }
+        }
+    }
+}
+
+#define Q8_TOK 16 /* tokens that share one pass over a decoded row */
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= Q8_TOK) against one decoded row; Y[k * ldy] for token t0 + k. */
+static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_t t0, int nt, float *Y, int64_t ldy) {
+    const int64_t nb = a->nb, cols = a->cols;
+    float acc[Q8_TOK][8];
+    int64_t b = 0;
+#if defined(Q8_AVX2)
+    __m256 va[Q8_TOK];
+    for (int k = 0; k < nt; k++) va[k] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i rw[8], c[8];
+        for (int i = 0; i < 8; i++) rw[i] = _mm256_loadu_si256((const __m256i *)(r->w + r->stride * (b + i)));
+        q8_transpose(rw, c);
+#if defined(Q8_VNNI)
+        __m256i corr = _mm256_setzero_si256(); /* 128 * the block's weight sum, taken off the offset q */
+        for (int j = 0; j < 8; j++) corr = Q8_DPBUSD(corr, _mm256_set1_epi8((char)0x80), c[j]);
+        corr = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+#else
+        __m256i aw[8];
+        for (int j = 0; j < 8; j++) aw[j] = _mm256_sign_epi8(c[j], c[j]);
+        const __m256i ones = _mm256_set1_epi16(1);
+#endif
+        const __m256 sv = _mm256_loadu_ps(r->s + b);
+        __m256 mv = _mm256_setzero_ps();
+        __m256i mnv = _mm256_setzero_si256();
+        if (q2k) mv = _mm256_loadu_ps(r->m + b), mnv = _mm256_loadu_si256((const __m256i *)(r->mn + 2 * b));
+        for (int k = 0; k < nt; k++) {
+            const uint8_t *xt = a->xt + (t0 + k) * cols + 32 * b;
+#if defined(Q8_VNNI)
+            __m256i i0 = corr, i1 = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j += 2) {
+                i0 = Q8_DPBUSD(i0, _mm256_loadu_si256((const __m256i *)(xt + 32 * j)), c[j]);
+                i1 = Q8_DPBUSD(i1, _mm256_loadu_si256((const __m256i *)(xt + 32 * j + 32)), c[j + 1]);
+            }
+            const __m256i is = _mm256_add_epi32(i0, i1);
+#else
+            __m256i is = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + 32 * j));
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, c[j])), ones));
+            }
+#endif
+            const __m256 dx = _mm256_loadu_ps(a->d + (t0 + k) * nb + b);
+            __m256 p = _mm256_mul_ps(_mm256_mul_ps(sv, dx), _mm256_cvtepi32_ps(is));
+            if (q2k) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)(a->bs + ((t0 + k) * nb + b) * 2));
+                p = _mm256_sub_ps(p, _mm256_mul_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(mnv, bs))));
+            }
+            va[k] = _mm256_add_ps(va[k], p);
+        }
+    }
+    if (b == nb) {
+        for (int k = 0; k < nt; k++) Y[k * ldy] = q8_hsum8(va[k]);
+        return;
+    }
+    for (int k = 0; k < nt; k++) _mm256_storeu_ps(acc[k], va[k]);
+#else
+    for (int k = 0; k < nt; k++)
+        for (int j = 0; j < 8; j++) acc[k][j] = 0.0f;
+#endif
+    for (; b < nb; b++) { /* portable, and the blocks after the last full 8 */
+        const int8_t *w = r->w + r->stride * b;
+        for (int k = 0; k < nt; k++) {
+            const int64_t t = t0 + k;
+            const float dx = a->d[t * nb + b];
+            float p = (r->s[b] * dx) * (float)q8_isum(w, a->q + t * cols + 32 * b);
+            if (q2k) {
+                const int16_t *bs = a->bs + (t * nb + b) * 2;
+                p = p - (r->m[b] * dx) * (float)((int32_t)r->mn[2 * b] * bs[0] + (int32_t)r->mn[2 * b + 1] * bs[1]);
+            }
+            acc[k][b & 7] += p;
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        const float *v = acc[k];
+        Y[k * ldy] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    }
+}
+
+int ds4_cpu_q8_type(int type) { return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS; }
+
+void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, const ds4_q8_act *a,
+                    int64_t n_tok, float *Y, int64_t ldy) {
+    q8_wrow wr;
+    if (q8_wrow_alloc(&wr, a->cols) != 0) { /* no memory for a decoded row: NaN, so nothing passes for a result */
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = r0; r < r1; r++) Y[t * ldy + r] = __builtin_nanf("");
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = W + (size_t)r * row_bytes;
+        if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, a->nb, &wr);
+        else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, a->nb, &wr);
+        else q8_decode_iq2_xxs(row, a->nb, &wr);
+        for (int64_t t = 0; t < n_tok; t += Q8_TOK)
+            q8_row_tokens(&wr, type == DS4_TYPE_Q2_K, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK),
+                          Y + t * ldy + r, ldy);
+    }
+}
+
+int ds4_cpu_matmul_q8_1(int type, const uint8_t *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y) {
+    const size_t rb = type == DS4_TYPE_Q8_0 ? 34 : type == DS4_TYPE_Q2_K ? 84 : 66;
+    const int64_t be = type == DS4_TYPE_Q8_0 ? 32 : 256;
+    if (!ds4_cpu_q8_type(type) || cols % be) return -1;
+    void *buf = malloc(ds4_cpu_q8_act_bytes(cols, n_tok));
+    if (!buf) return -1;
+    ds4_q8_act a;
+    ds4_cpu_q8_act_prepare(X, cols, n_tok, cols, buf, &a);
+    ds4_cpu_dot_q8(type, W, rb * (size_t)(cols / be), 0, rows, &a, n_tok, Y, rows);
+    free(buf);
+    return 0;
 }

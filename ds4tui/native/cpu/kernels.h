@@ -53,15 +53,31 @@ DS4_CPU_DOT(ds4_cpu_dot_q2_k);
 DS4_CPU_DOT(ds4_cpu_dot_iq2_xxs);
 #undef DS4_CPU_DOT
 
-/* 8-bit activations (spec ds4.md §2.9.5; cpu/dot.c): n floats (a multiple of 32) to int8 q[n] and
- * block scales d[n / 32]; the Q8_0 kernel against such rows (qx: n_tok rows ldq apart, dx: cols / 32
- * scales per row). */
+/* 8-bit activations (spec ds4.md §2.9.5; cpu/dot.c).  ds4_cpu_quantize_q8_act: n floats (a multiple
+ * of 32) to int8 q[n] and block scales d[n / 32].  A ds4_q8_act holds n_tok quantised rows as the
+ * kernels read them (made by ds4_cpu_q8_act_prepare in a buffer of ds4_cpu_q8_act_bytes bytes). */
+typedef struct {
+    int64_t cols, nb;       /* columns and 32-wide blocks of a row */
+    const uint8_t *xt;      /* [n_tok][cols]: q in the kernels' transposed 8-block layout */
+    const int8_t *q;        /* [n_tok][cols]: q in column order */
+    const float *d;         /* [n_tok][nb]: block scales */
+    const int16_t *bs;      /* [n_tok][nb][2]: sums of q over each block's two 16-wide halves */
+} ds4_q8_act;
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);
-void ds4_cpu_dot_q8_0_q8(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const int8_t *qx,
-                         int64_t ldq, const float *dx, int64_t n_tok, float *Y, int64_t ldy);
+size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok);
+void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t cols, void *buf, ds4_q8_act *a);
+/* 1 for the weight types with a q8 kernel: Q8_0, Q2_K, IQ2_XXS. */
+int ds4_cpu_q8_type(int type);
+/* Y[t*ldy + r] = W row r . activation row t under the q8 arithmetic, rows r0 <= r < r1, t < n_tok. */
+void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, const ds4_q8_act *a,
+                    int64_t n_tok, float *Y, int64_t ldy);
+/* The whole product Y [n_tok][rows] on the calling thread (for tests of other instruction sets);
+ * -1 for another type, a column count that is not whole blocks, or no memory. */
+int ds4_cpu_matmul_q8_1(int type, const uint8_t *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y);
 
 /* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool (cpu/matmul.c).  With
- * act_q8, a Q8_0 matrix multiplies 8-bit quantised activations (the other types keep float32). */
+ * act_q8, Q8_0, Q2_K and IQ2_XXS matrices multiply 8-bit quantised activations (the other types
+ * keep float32). */
 void ds4_cpu_matmul_act(ds4_pool *pool, int act_q8, int type, const void *W, int64_t rows, int64_t cols,
                         const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,

@@ -23,18 +23,18 @@ static void mm_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
 }
 
 typedef struct {
+    int type;
     const uint8_t *W;
     size_t row_bytes;
-    int64_t cols, n_tok, ldy;
-    const int8_t *qx;
-    const float *dx;
+    int64_t n_tok, ldy;
+    const ds4_q8_act *act;
     float *Y;
 } q8_task;
 
 static void q8_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const q8_task *t = ctx;
-    ds4_cpu_dot_q8_0_q8(t->W, t->row_bytes, r0, r1, t->cols, t->qx, t->cols, t->dx, t->n_tok, t->Y, t->ldy);
+    ds4_cpu_dot_q8(t->type, t->W, t->row_bytes, r0, r1, t->act, t->n_tok, t->Y, t->ldy);
 }
 
 /* The calling thread's buffer for quantised activations (grown as needed, freed with the thread). */
@@ -67,20 +67,19 @@ static void *q8_scratch(size_t bytes) {
 
 void ds4_cpu_matmul_act(ds4_pool *pool, int act_q8, int type, const void *W, int64_t rows, int64_t cols,
                         const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
-    if (!act_q8 || type != DS4_TYPE_Q8_0 || rows <= 0 || n_tok <= 0) {
+    if (!act_q8 || !ds4_cpu_q8_type(type) || rows <= 0 || n_tok <= 0) {
         ds4_cpu_matmul(pool, type, W, rows, cols, X, ldx, n_tok, Y, ldy);
         return;
     }
-    const size_t nq = (size_t)(n_tok * cols), nd = (size_t)(n_tok * (cols / 32));
-    int8_t *qx = q8_scratch(nq + nd * sizeof(float) + 64);
-    if (!qx) { /* no memory for the quantised rows: NaN, so nothing downstream passes for a result */
+    void *buf = q8_scratch(ds4_cpu_q8_act_bytes(cols, n_tok));
+    if (!buf) { /* no memory for the quantised rows: NaN, so nothing downstream passes for a result */
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = 0; r < rows; r++) Y[t * ldy + r] = __builtin_nanf("");
         return;
     }
-    float *dx = (float *)(((uintptr_t)(qx + nq) + 63) & ~(uintptr_t)63);
-    for (int64_t t = 0; t < n_tok; t++) ds4_cpu_quantize_q8_act(X + t * ldx, cols, qx + t * cols, dx + t * (cols / 32));
-    q8_task t = {W, ds4_row_bytes(type, cols), cols, n_tok, ldy, qx, dx, Y};
+    ds4_q8_act act;
+    ds4_cpu_q8_act_prepare(X, ldx, n_tok, cols, buf, &act);
+    q8_task t = {type, W, ds4_row_bytes(type, cols), n_tok, ldy, &act, Y};
     if (rows * cols * n_tok < 65536) q8_slice(&t, 0, rows, 0);
     else ds4_pool_run(pool, q8_slice, &t, rows);
 }
