@@ -87,6 +87,12 @@ def write_iq2xxs_tables(path: Path) -> None:
     for i in range(0, 128, 16):
         lines.append("    " + ", ".join(str(b) for b in signs[i : i + 16]) + ",")
     lines.append("};")
+    # ksigns as byte masks (0xff where the element is negative), for the 8-bit activation kernels
+    lines.append("static const uint64_t ds4_iq2xxs_sign_mask[128] = {")
+    for i in range(0, 128, 4):
+        masks = [sum(0xFF << (8 * j) for j in range(8) if (int(b) >> j) & 1) for b in signs[i : i + 4]]
+        lines.append("    " + ", ".join(f"0x{m:016x}ull" for m in masks) + ",")
+    lines.append("};")
     # The same data as float rows, so that dot products can load 8 magnitudes or 8 signs at once.
     lines.append("static const float ds4_iq2xxs_grid_f[256][8] = {")
     for row in grid:

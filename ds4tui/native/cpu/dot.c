@@ -715,6 +715,9 @@ void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
 #define Q8_VNNI 1
 #define Q8_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #endif
+#if defined(Q8_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define Q8_ZMM 1 /* two rows at once in 512-bit vectors */
+#endif
 #if defined(__AVX2__)
 #define Q8_AVX2 1
 /* the 8 x 8 transpose of 32-bit lanes: r[i] = block i (8 lanes) -> c[j] lane i = lane j of block i */
@@ -762,7 +765,7 @@ static inline int32_t q8_isum(const int8_t *w, const int8_t *x) {
 
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok) {
     const int64_t nb = cols / 32;
-    return (size_t)n_tok * ((size_t)cols * 2 + (size_t)nb * (sizeof(float) + 2 * sizeof(int16_t))) + 3 * 64;
+    return (size_t)n_tok * ((size_t)cols * 4 + (size_t)nb * 3 * (sizeof(float) + 2 * sizeof(int16_t))) + 6 * 64;
 }
 
 void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t cols, void *buf, ds4_q8_act *a) {
@@ -774,7 +777,16 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
     p = (p + 63) & ~(uintptr_t)63;
     a->d = (const float *)p, p += (size_t)n_tok * (size_t)nb * sizeof(float);
     p = (p + 63) & ~(uintptr_t)63;
-    a->bs = (const int16_t *)p;
+    a->bs = (const int16_t *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(int16_t);
+    p = (p + 63) & ~(uintptr_t)63;
+    a->xz = (const uint8_t *)p, p += (size_t)n_tok * (size_t)cols * 2;
+    p = (p + 63) & ~(uintptr_t)63;
+    a->dz = (const float *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(float);
+    p = (p + 63) & ~(uintptr_t)63;
+    a->bz = (const int32_t *)p;
+#if !defined(Q8_ZMM)
+    a->xz = NULL, a->dz = NULL, a->bz = NULL;
+#endif
     for (int64_t t = 0; t < n_tok; t++) {
         int8_t *q = (int8_t *)a->q + t * cols;
         float *d = (float *)a->d + t * nb;
@@ -797,7 +809,17 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
                 c[j] = _mm256_xor_si256(c[j], _mm256_set1_epi8((char)0x80));
 #endif
                 _mm256_storeu_si256((__m256i *)(xt + 32 * (g + j)), c[j]);
+#if defined(Q8_ZMM) /* [blocks 0-3 | blocks 0-3 | blocks 4-7 | blocks 4-7] for the two-row kernel */
+                const __m512i z = _mm512_castsi256_si512(c[j]);
+                _mm512_storeu_si512((void *)(a->xz + t * 2 * cols + 64 * (g + j)), _mm512_shuffle_i64x2(z, z, 0x50));
+#endif
             }
+#if defined(Q8_ZMM)
+            const __m512 dd = _mm512_castps256_ps512(_mm256_loadu_ps(d + g));
+            _mm512_storeu_ps((float *)a->dz + t * 2 * nb + 2 * g, _mm512_shuffle_f32x4(dd, dd, 0x50));
+            const __m512i bb = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bs + 2 * g)));
+            _mm512_storeu_si512((void *)(a->bz + t * 2 * nb + 2 * g), _mm512_shuffle_i64x2(bb, bb, 0x50));
+#endif
         }
 #endif
     }
@@ -819,11 +841,12 @@ static pthread_once_t q8w_once = PTHREAD_ONCE_INIT;
 static void q8w_free(void *p) { free(p); }
 static void q8w_key_init(void) { pthread_key_create(&q8w_key, q8w_free); }
 
-/* The calling thread's row scratch for `cols` columns (grown as needed, freed with the thread). */
-static int q8_wrow_alloc(q8_wrow *r, int64_t cols) {
+/* The calling thread's scratch for 8 rows of `cols` columns (grown as needed, freed with the thread). */
+static int q8_wrow_alloc(q8_wrow r[8], int64_t cols) {
     pthread_once(&q8w_once, q8w_key_init);
     const int64_t nb = cols / 32;
-    const size_t need = (size_t)cols + (size_t)nb * (2 * sizeof(float) + 2 * sizeof(int16_t)) + 64 + sizeof(size_t) * 8;
+    const size_t one = ((size_t)cols + (size_t)nb * (2 * sizeof(float) + 2 * sizeof(int16_t)) + 63) & ~(size_t)63;
+    const size_t need = 8 * one + 64 + sizeof(size_t) * 8;
     size_t *h = pthread_getspecific(q8w_key);
     if (!h || h[0] < need) {
         size_t *n = realloc(h, need);
@@ -832,17 +855,31 @@ static int q8_wrow_alloc(q8_wrow *r, int64_t cols) {
         if (pthread_setspecific(q8w_key, n) != 0) { free(n); return -1; }
         h = n;
     }
-    uintptr_t p = ((uintptr_t)(h + 8) + 63) & ~(uintptr_t)63;
-    r->buf = (int8_t *)p, p += (size_t)cols;
-    r->s = (float *)p, p += (size_t)nb * sizeof(float);
-    r->m = (float *)p, p += (size_t)nb * sizeof(float);
-    r->mn = (int16_t *)p;
+    const uintptr_t base = ((uintptr_t)(h + 8) + 63) & ~(uintptr_t)63;
+    for (int i = 0; i < 8; i++) {
+        uintptr_t p = base + i * one;
+        r[i].buf = (int8_t *)p, p += (size_t)cols;
+        r[i].s = (float *)p, p += (size_t)nb * sizeof(float);
+        r[i].m = (float *)p, p += (size_t)nb * sizeof(float);
+        r[i].mn = (int16_t *)p;
+    }
     return 0;
 }
 
 static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r) {
     r->w = (const int8_t *)(row + 2), r->stride = 34;
-    for (int64_t b = 0; b < nb; b++) r->s[b] = ds4_half((uint16_t)(row[34 * b] | (row[34 * b + 1] << 8)));
+    int64_t b = 0;
+#if defined(Q8_AVX2) && defined(__F16C__)
+    /* 8 scales at once (F16C converts exactly: the same values as ds4_half) */
+    for (; b + 8 <= nb; b += 8) {
+        const uint8_t *p = row + 34 * b;
+        uint16_t h[8];
+        for (int i = 0; i < 8; i++) memcpy(&h[i], p + 34 * i, 2);
+        _mm256_storeu_ps(r->s + b, _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+                                                                   (short)h[4], (short)h[5], (short)h[6], (short)h[7])));
+    }
+#endif
+    for (; b < nb; b++) r->s[b] = ds4_half((uint16_t)(row[34 * b] | (row[34 * b + 1] << 8)));
 }
 
 /* IQ2_XXS: w = grid * sign (|w| <= 43) per byte; a sign mask m (0xff per negative byte) flips a byte as
@@ -858,10 +895,9 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
             r->s[8 * sb + ib] = d * (0.5f + (float)(w >> 28)) * 0.25f;
             uint64_t *out = (uint64_t *)(r->buf + 32 * (8 * sb + ib));
             for (int k = 0; k < 4; k++) {
-                uint64_t v, m = 0;
+                uint64_t v;
                 memcpy(&v, ds4_iq2xxs_grid[g[k]], 8);
-                const uint8_t sg = ds4_iq2xxs_ksigns[(w >> (7 * k)) & 127];
-                for (int j = 0; j < 8; j++) m |= (uint64_t)((0u - ((sg >> j) & 1u)) & 0xffu) << (8 * j);
+                const uint64_t m = ds4_iq2xxs_sign_mask[(w >> (7 * k)) & 127];
                 out[k] = (v ^ m) + (m & 0x0101010101010101ull);
             }
         }
@@ -901,9 +937,14 @@ static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
 }
 
 #define Q8_TOK 16 /* tokens that share one pass over a decoded row */
+#define Q8_ROWS_NB 1000
 
-/* Tokens t0 .. t0 + nt - 1 (nt <= Q8_TOK) against one decoded row; Y[k * ldy] for token t0 + k. */
-static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_t t0, int nt, float *Y, int64_t ldy) {
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= Q8_TOK) against one decoded row; Y[k * ldy] for token t0 + k.  With
+ * `lanes` (AVX2 paths, nb a multiple of 8) the 8 accumulators of token k go to lanes + 64 * k instead,
+ * for q8_reduce_rows. */
+static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_t t0, int nt, float *Y, int64_t ldy,
+                          float *lanes) {
     const int64_t nb = a->nb, cols = a->cols;
     float acc[Q8_TOK][8];
     int64_t b = 0;
@@ -915,9 +956,13 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
         for (int i = 0; i < 8; i++) rw[i] = _mm256_loadu_si256((const __m256i *)(r->w + r->stride * (b + i)));
         q8_transpose(rw, c);
 #if defined(Q8_VNNI)
-        __m256i corr = _mm256_setzero_si256(); /* 128 * the block's weight sum, taken off the offset q */
-        for (int j = 0; j < 8; j++) corr = Q8_DPBUSD(corr, _mm256_set1_epi8((char)0x80), c[j]);
-        corr = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+        /* 128 * the block's weight sum, taken off the offset q (4 independent chains: short latency) */
+        const __m256i m128 = _mm256_set1_epi8((char)0x80);
+        __m256i k0 = Q8_DPBUSD(_mm256_setzero_si256(), m128, c[0]), k1 = Q8_DPBUSD(_mm256_setzero_si256(), m128, c[1]);
+        __m256i k2 = Q8_DPBUSD(_mm256_setzero_si256(), m128, c[2]), k3 = Q8_DPBUSD(_mm256_setzero_si256(), m128, c[3]);
+        k0 = Q8_DPBUSD(k0, m128, c[4]), k1 = Q8_DPBUSD(k1, m128, c[5]), k2 = Q8_DPBUSD(k2, m128, c[6]);
+        k3 = Q8_DPBUSD(k3, m128, c[7]);
+        const __m256i corr = _mm256_add_epi32(_mm256_add_epi32(k0, k1), _mm256_add_epi32(k2, k3));
 #else
         __m256i aw[8];
         for (int j = 0; j < 8; j++) aw[j] = _mm256_sign_epi8(c[j], c[j]);
@@ -930,12 +975,12 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
         for (int k = 0; k < nt; k++) {
             const uint8_t *xt = a->xt + (t0 + k) * cols + 32 * b;
 #if defined(Q8_VNNI)
-            __m256i i0 = corr, i1 = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j += 2) {
-                i0 = Q8_DPBUSD(i0, _mm256_loadu_si256((const __m256i *)(xt + 32 * j)), c[j]);
-                i1 = Q8_DPBUSD(i1, _mm256_loadu_si256((const __m256i *)(xt + 32 * j + 32)), c[j + 1]);
-            }
-            const __m256i is = _mm256_add_epi32(i0, i1);
+            __m256i i[4];
+            for (int j = 0; j < 4; j++)
+                i[j] = Q8_DPBUSD(_mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(xt + 32 * j)), c[j]);
+            for (int j = 0; j < 4; j++)
+                i[j] = Q8_DPBUSD(i[j], _mm256_loadu_si256((const __m256i *)(xt + 32 * j + 128)), c[j + 4]);
+            const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])), corr);
 #else
             __m256i is = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) {
@@ -951,6 +996,10 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
             }
             va[k] = _mm256_add_ps(va[k], p);
         }
+    }
+    if (b == nb && lanes) {
+        for (int k = 0; k < nt; k++) _mm256_storeu_ps(lanes + 64 * k, va[k]);
+        return;
     }
     if (b == nb) {
         for (int k = 0; k < nt; k++) Y[k * ldy] = q8_hsum8(va[k]);
@@ -974,30 +1023,161 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
             acc[k][b & 7] += p;
         }
     }
+    (void)lanes;
     for (int k = 0; k < nt; k++) {
         const float *v = acc[k];
         Y[k * ldy] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
     }
 }
 
+#if defined(Q8_AVX2)
+/* The final reduction of 8 rows at once: lanes[8 * i + j] is accumulator j of row i; y[i] =
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) of row i, the same additions as q8_hsum8. */
+static inline void q8_reduce_rows(const float *lanes, float *y) {
+    __m256i r[8], c[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_castps_si256(_mm256_loadu_ps(lanes + 8 * i));
+    q8_transpose(r, c);
+    __m256 v[8];
+    for (int j = 0; j < 8; j++) v[j] = _mm256_castsi256_ps(c[j]);
+    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                                      _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]))));
+}
+#endif
+
+#if defined(Q8_ZMM)
+/* Two decoded rows A and B (nb a multiple of 8) against tokens t0 .. t0 + nt - 1: the same integer sums
+ * and float operations as q8_row_tokens, with 8 blocks of both rows in one vector: lanes [A blocks 0-3,
+ * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
+static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra, const q8_wrow *rb, int q2k,
+                                                               const ds4_q8_act *a, int64_t t0, int nt, float *Y,
+                                                               int64_t ldy) {
+    const int64_t nb = a->nb, cols = a->cols;
+    __m512 va[Q8_TOK];
+    for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
+    const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b += 8) {
+        __m512i r[8], t[8], u[8], c[8];
+        for (int i = 0; i < 8; i++)
+            r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + ra->stride * (b + i)))),
+                                      _mm256_loadu_si256((const __m256i *)(rb->w + rb->stride * (b + i))), 1);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+            u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+            u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+            u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for (int j = 0; j < 4; j++) {
+            c[j] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0x88);
+            c[j + 4] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0xDD);
+        }
+        __m512i k0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[0]);
+        __m512i k1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[1]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[2]), k1 = _mm512_dpbusd_epi32(k1, m128, c[3]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[4]), k1 = _mm512_dpbusd_epi32(k1, m128, c[5]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[6]), k1 = _mm512_dpbusd_epi32(k1, m128, c[7]);
+        const __m512i corr = _mm512_add_epi32(k0, k1);
+        const __m512 s2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->s + b)), _mm256_loadu_ps(rb->s + b), 1);
+        const __m512 sv = _mm512_shuffle_f32x4(s2, s2, 0xD8);
+        __m512 mv = _mm512_setzero_ps();
+        __m512i mnv = _mm512_setzero_si512();
+        if (q2k) {
+            const __m512 m2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->m + b)), _mm256_loadu_ps(rb->m + b), 1);
+            mv = _mm512_shuffle_f32x4(m2, m2, 0xD8);
+            const __m512i n2 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->mn + 2 * b))),
+                                                  _mm256_loadu_si256((const __m256i *)(rb->mn + 2 * b)), 1);
+            mnv = _mm512_shuffle_i64x2(n2, n2, 0xD8);
+        }
+        for (int k = 0; k < nt; k++) {
+            const uint8_t *xz = a->xz + (t0 + k) * 2 * cols + 64 * b;
+            __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)xz), c[0]);
+            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 64)), c[1]);
+            __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 128)), c[2]);
+            __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 192)), c[3]);
+            i0 = _mm512_dpbusd_epi32(i0, _mm512_loadu_si512((const void *)(xz + 256)), c[4]);
+            i1 = _mm512_dpbusd_epi32(i1, _mm512_loadu_si512((const void *)(xz + 320)), c[5]);
+            i2 = _mm512_dpbusd_epi32(i2, _mm512_loadu_si512((const void *)(xz + 384)), c[6]);
+            i3 = _mm512_dpbusd_epi32(i3, _mm512_loadu_si512((const void *)(xz + 448)), c[7]);
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(i0, i1), _mm512_add_epi32(i2, i3)), corr);
+            const __m512 dx = _mm512_loadu_ps(a->dz + (t0 + k) * 2 * nb + 2 * b);
+            __m512 p = _mm512_mul_ps(_mm512_mul_ps(sv, dx), _mm512_cvtepi32_ps(is));
+            if (q2k) {
+                const __m512i bs = _mm512_loadu_si512((const void *)(a->bz + (t0 + k) * 2 * nb + 2 * b));
+                p = _mm512_sub_ps(p, _mm512_mul_ps(_mm512_mul_ps(mv, dx), _mm512_cvtepi32_ps(_mm512_madd_epi16(mnv, bs))));
+            }
+            va[k] = _mm512_add_ps(va[k], p);
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        /* s4 of A in lanes 0-3, of B in 4-7; then (s4_0 + s4_2) + (s4_1 + s4_3) per row */
+        const __m256 s4 = _mm256_add_ps(_mm512_castps512_ps256(va[k]), _mm512_extractf32x8_ps(va[k], 1));
+        const __m256 x = _mm256_permute_ps(s4, 0xD8);
+        const __m256 h = _mm256_hadd_ps(x, x);
+        const __m256 f = _mm256_hadd_ps(h, h);
+        Y[k * ldy] = _mm256_cvtss_f32(f);
+        Y[k * ldy + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(f, 1));
+    }
+}
+
+static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
+                           float *Y, int64_t ldy) {
+    q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy);
+}
+#endif
+
 int ds4_cpu_q8_type(int type) { return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS; }
+
+static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr) {
+    if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, nb, wr);
+    else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, nb, wr);
+    else q8_decode_iq2_xxs(row, nb, wr);
+}
 
 void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, const ds4_q8_act *a,
                     int64_t n_tok, float *Y, int64_t ldy) {
-    q8_wrow wr;
-    if (q8_wrow_alloc(&wr, a->cols) != 0) { /* no memory for a decoded row: NaN, so nothing passes for a result */
+    q8_wrow wr[8];
+    if (q8_wrow_alloc(wr, a->cols) != 0) { /* no memory for a decoded row: NaN, so nothing passes for a result */
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = r0; r < r1; r++) Y[t * ldy + r] = __builtin_nanf("");
         return;
     }
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = W + (size_t)r * row_bytes;
-        if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, a->nb, &wr);
-        else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, a->nb, &wr);
-        else q8_decode_iq2_xxs(row, a->nb, &wr);
+    const int q2k = type == DS4_TYPE_Q2_K;
+    int64_t r = r0;
+#if defined(Q8_ZMM)
+    if (a->nb % 8 == 0 && a->xz) {
+        for (; r + 2 <= r1; r += 2) {
+            q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0]);
+            q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1]);
+            for (int64_t t = 0; t < n_tok; t += Q8_TOK)
+                q8_pair_tokens(&wr[0], &wr[1], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy);
+        }
+    }
+#endif
+#if defined(Q8_AVX2)
+    /* 8 rows at a time: their final reductions run together (rows overlap instead of each one ending
+     * in a horizontal sum) */
+    if (a->nb % 8 == 0 && a->nb <= Q8_ROWS_NB) {
+        float lanes[Q8_TOK * 64], y8[8];
+        for (; r + 8 <= r1; r += 8) {
+            for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i]);
+            for (int64_t t = 0; t < n_tok; t += Q8_TOK) {
+                const int nt = (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK);
+                for (int i = 0; i < 8; i++) q8_row_tokens(&wr[i], q2k, a, t, nt, NULL, 0, lanes + 8 * i);
+                for (int k = 0; k < nt; k++) {
+                    q8_reduce_rows(lanes + 64 * k, y8);
+                    memcpy(Y + (t + k) * ldy + r, y8, sizeof y8);
+                }
+            }
+        }
+    }
+#endif
+    for (; r < r1; r++) {
+        q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0]);
         for (int64_t t = 0; t < n_tok; t += Q8_TOK)
-            q8_row_tokens(&wr, type == DS4_TYPE_Q2_K, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK),
-                          Y + t * ldy + r, ldy);
+            q8_row_tokens(&wr[0], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy, NULL);
     }
 }
 

@@ -62,6 +62,9 @@ typedef struct {
     const int8_t *q;        /* [n_tok][cols]: q in column order */
     const float *d;         /* [n_tok][nb]: block scales */
     const int16_t *bs;      /* [n_tok][nb][2]: sums of q over each block's two 16-wide halves */
+    const uint8_t *xz;      /* [n_tok][2 * cols]: the AVX-512 two-row layout of xt (NULL without it) */
+    const float *dz;        /* [n_tok][2 * nb]: d in that layout */
+    const int32_t *bz;      /* [n_tok][2 * nb]: bs in that layout (an int16 pair a lane) */
 } ds4_q8_act;
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok);
