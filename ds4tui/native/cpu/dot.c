@@ -1122,6 +1122,70 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
     }
 }
 
+/* Q8_0 matrices of fewer than 8 blocks a row (nb < 8: projections of 128 columns, the DSpark Markov
+ * head's 32): 16 rows at a time, rows in the lanes.  Each row sees the same operations as in
+ * q8_row_tokens: accumulator b < nb is +0 + p_b, the others stay +0, then the same reduction. */
+static void q8_rows16_small(const uint8_t *W, size_t row_bytes, int64_t r, const ds4_q8_act *a, int64_t t0, int nt,
+                            float *Y, int64_t ldy) {
+    const int64_t nb = a->nb, cols = a->cols;
+    const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[Q8_TOK][8];
+    for (int k = 0; k < nt; k++)
+        for (int j = 0; j < 8; j++) acc[k][j] = _mm512_setzero_ps();
+    const uint8_t *base = W + (size_t)r * row_bytes;
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i v[8], t[8], u[8], c[8];
+        for (int i = 0; i < 8; i++)
+            v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(base + (size_t)i * row_bytes + 34 * b + 2))),
+                                      _mm256_loadu_si256((const __m256i *)(base + (size_t)(i + 8) * row_bytes + 34 * b + 2)), 1);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+            u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+            u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+            u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for (int j = 0; j < 4; j++) { /* lanes: rows 0-3, 8-11, 4-7, 12-15 */
+            c[j] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0x88);
+            c[j + 4] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0xDD);
+        }
+        __m512i k0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[0]);
+        __m512i k1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[1]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[2]), k1 = _mm512_dpbusd_epi32(k1, m128, c[3]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[4]), k1 = _mm512_dpbusd_epi32(k1, m128, c[5]);
+        k0 = _mm512_dpbusd_epi32(k0, m128, c[6]), k1 = _mm512_dpbusd_epi32(k1, m128, c[7]);
+        const __m512i corr = _mm512_add_epi32(k0, k1);
+        uint16_t h[16];
+        for (int l = 0; l < 16; l++) { /* lane l holds row (l & 3) + 8 * ((l >> 2) & 1) + 4 * (l >> 3) */
+            const int row = (l & 3) + 8 * ((l >> 2) & 1) + 4 * (l >> 3);
+            memcpy(&h[l], base + (size_t)row * row_bytes + 34 * b, 2);
+        }
+        const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        for (int k = 0; k < nt; k++) {
+            const int8_t *xq = a->q + (t0 + k) * cols + 32 * b;
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, xq + 4 * j, 4), memcpy(&x1, xq + 4 * j + 4, 4);
+                i0 = _mm512_dpbusd_epi32(i0, _mm512_set1_epi32((int32_t)((uint32_t)x0 ^ 0x80808080u)), c[j]);
+                i1 = _mm512_dpbusd_epi32(i1, _mm512_set1_epi32((int32_t)((uint32_t)x1 ^ 0x80808080u)), c[j + 1]);
+            }
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), corr);
+            const __m512 p = _mm512_mul_ps(_mm512_mul_ps(sv, _mm512_set1_ps(a->d[(t0 + k) * nb + b])), _mm512_cvtepi32_ps(is));
+            acc[k][b] = _mm512_add_ps(acc[k][b], p);
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        const __m512 *v = acc[k];
+        const __m512 R = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        _mm512_storeu_ps(Y + k * ldy, _mm512_shuffle_f32x4(R, R, 0xD8)); /* back to row order */
+    }
+}
+
 static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
                            float *Y, int64_t ldy) {
     q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy);
@@ -1147,6 +1211,11 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
     const int q2k = type == DS4_TYPE_Q2_K;
     int64_t r = r0;
 #if defined(Q8_ZMM)
+    if (type == DS4_TYPE_Q8_0 && a->nb < 8) {
+        for (; r + 16 <= r1; r += 16)
+            for (int64_t t = 0; t < n_tok; t += Q8_TOK)
+                q8_rows16_small(W, row_bytes, r, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy);
+    }
     if (a->nb % 8 == 0 && a->xz) {
         for (; r + 2 <= r1; r += 2) {
             q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0]);
