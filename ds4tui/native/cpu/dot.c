@@ -692,7 +692,33 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
 #include <stdlib.h>
 
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
-    for (int64_t b = 0; b < n / 32; b++) {
+    int64_t b = 0;
+#if defined(__AVX512F__)
+    /* the same operations 16 lanes at a time: max |x| (exact in any order), d = amax / 127,
+     * v = x * (1 / d), rounded half away from zero as trunc(v) + sign(v) where |v - trunc(v)| >= 0.5
+     * (the subtraction is exact), clamped to +-127 */
+    const __m512 half = _mm512_set1_ps(0.5f), lim = _mm512_set1_ps(127.0f), one = _mm512_set1_ps(1.0f);
+    const __m512i sgn = _mm512_set1_epi32((int)0x80000000u);
+    for (; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        const __m512 vid = _mm512_set1_ps(id);
+        for (int h = 0; h < 2; h++) {
+            const __m512 v = _mm512_mul_ps(h ? x1 : x0, vid);
+            const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+            const __m512 sv = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), sgn),
+                                                                  _mm512_castps_si512(one)));
+            __m512 r = _mm512_mask_add_ps(t, up, t, sv);
+            r = _mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+            _mm_storeu_si128((__m128i *)(q + 32 * b + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+        }
+    }
+#endif
+    for (; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) {
