@@ -856,6 +856,7 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
  * the two sub-blocks' min codes. */
 typedef struct {
     const int8_t *w;
+    const uint8_t *q80; /* the Q8_0 row itself (its scales are read in place), else NULL */
     int64_t stride;
     float *s, *m;
     int16_t *mn;
@@ -892,8 +893,9 @@ static int q8_wrow_alloc(q8_wrow r[8], int64_t cols) {
     return 0;
 }
 
-static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r) {
-    r->w = (const int8_t *)(row + 2), r->stride = 34;
+static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r, int scales) {
+    r->w = (const int8_t *)(row + 2), r->stride = 34, r->q80 = row;
+    if (!scales) return;
     int64_t b = 0;
 #if defined(Q8_AVX2) && defined(__F16C__)
     /* 8 scales at once (F16C converts exactly: the same values as ds4_half) */
@@ -911,7 +913,7 @@ static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r) {
 /* IQ2_XXS: w = grid * sign (|w| <= 43) per byte; a sign mask m (0xff per negative byte) flips a byte as
  * (g ^ m) + (m & 1): grid bytes are 8..43, so no carry crosses a byte. */
 static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
-    r->w = r->buf, r->stride = 32;
+    r->w = r->buf, r->stride = 32, r->q80 = NULL;
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = row + 66 * sb;
         const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
@@ -934,7 +936,7 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
  * 8h + 2j (l < 16) and 8h + 2j + 1; w = (scale & 15) * code (<= 45), the min codes (scale >> 4) go
  * to mn. */
 static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
-    r->w = r->buf, r->stride = 32;
+    r->w = r->buf, r->stride = 32, r->q80 = NULL;
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = row + 84 * sb, *sc = blk, *qs = blk + 16;
         const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
@@ -963,6 +965,7 @@ static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
 }
 
 #define Q8_TOK 16 /* tokens that share one pass over a decoded row */
+#define Q8_AHEAD 8
 #define Q8_ROWS_NB 1000
 
 
@@ -1106,7 +1109,14 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
         k0 = _mm512_dpbusd_epi32(k0, m128, c[4]), k1 = _mm512_dpbusd_epi32(k1, m128, c[5]);
         k0 = _mm512_dpbusd_epi32(k0, m128, c[6]), k1 = _mm512_dpbusd_epi32(k1, m128, c[7]);
         const __m512i corr = _mm512_add_epi32(k0, k1);
-        const __m512 s2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->s + b)), _mm256_loadu_ps(rb->s + b), 1);
+        __m512 s2;
+        if (ra->q80) { /* the 16 scales of a Q8_0 pair, read in place; F16C converts exactly */
+            uint16_t h[16];
+            for (int i = 0; i < 8; i++) memcpy(&h[i], ra->q80 + 34 * (b + i), 2), memcpy(&h[i + 8], rb->q80 + 34 * (b + i), 2);
+            s2 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        } else {
+            s2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->s + b)), _mm256_loadu_ps(rb->s + b), 1);
+        }
         const __m512 sv = _mm512_shuffle_f32x4(s2, s2, 0xD8);
         __m512 mv = _mm512_setzero_ps();
         __m512i mnv = _mm512_setzero_si512();
@@ -1220,8 +1230,8 @@ static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const 
 
 int ds4_cpu_q8_type(int type) { return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS; }
 
-static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr) {
-    if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, nb, wr);
+static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr, int scales) {
+    if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, nb, wr, scales);
     else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, nb, wr);
     else q8_decode_iq2_xxs(row, nb, wr);
 }
@@ -1244,8 +1254,10 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
     }
     if (a->nb % 8 == 0 && a->xz) {
         for (; r + 2 <= r1; r += 2) {
-            q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0]);
-            q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1]);
+            if (r + Q8_AHEAD + 2 <= r1) /* the pair after next: the transposing loads stride across two rows */
+                for (size_t o = 0; o < 2 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(r + Q8_AHEAD) * row_bytes + o);
+            q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 0);
+            q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1], 0);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK)
                 q8_pair_tokens(&wr[0], &wr[1], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy);
         }
@@ -1257,7 +1269,7 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
     if (a->nb % 8 == 0 && a->nb <= Q8_ROWS_NB) {
         float lanes[Q8_TOK * 64], y8[8];
         for (; r + 8 <= r1; r += 8) {
-            for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i]);
+            for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i], 1);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK) {
                 const int nt = (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK);
                 for (int i = 0; i < 8; i++) q8_row_tokens(&wr[i], q2k, a, t, nt, NULL, 0, lanes + 8 * i);
@@ -1270,7 +1282,7 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
     }
 #endif
     for (; r < r1; r++) {
-        q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0]);
+        q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 1);
         for (int64_t t = 0; t < n_tok; t += Q8_TOK)
             q8_row_tokens(&wr[0], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy, NULL);
     }
