@@ -921,13 +921,25 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
             const uint8_t *g = blk + 2 + 8 * ib;
             const uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
             r->s[8 * sb + ib] = d * (0.5f + (float)(w >> 28)) * 0.25f;
-            uint64_t *out = (uint64_t *)(r->buf + 32 * (8 * sb + ib));
+            int8_t *out = r->buf + 32 * (8 * sb + ib);
+#if defined(Q8_AVX2)
+            uint64_t v[4];
+            for (int k = 0; k < 4; k++) memcpy(&v[k], ds4_iq2xxs_grid[g[k]], 8);
+            const __m256i gv = _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
+            const __m256i mv = _mm256_setr_epi64x((long long)ds4_iq2xxs_sign_mask[w & 127],
+                                                  (long long)ds4_iq2xxs_sign_mask[(w >> 7) & 127],
+                                                  (long long)ds4_iq2xxs_sign_mask[(w >> 14) & 127],
+                                                  (long long)ds4_iq2xxs_sign_mask[(w >> 21) & 127]);
+            _mm256_storeu_si256((__m256i *)out, _mm256_sub_epi8(_mm256_xor_si256(gv, mv), mv)); /* (g ^ m) - m */
+#else
             for (int k = 0; k < 4; k++) {
                 uint64_t v;
                 memcpy(&v, ds4_iq2xxs_grid[g[k]], 8);
                 const uint64_t m = ds4_iq2xxs_sign_mask[(w >> (7 * k)) & 127];
-                out[k] = (v ^ m) + (m & 0x0101010101010101ull);
+                v = (v ^ m) + (m & 0x0101010101010101ull);
+                memcpy(out + 8 * k, &v, 8);
             }
+#endif
         }
     }
 }
