@@ -857,6 +857,7 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
 typedef struct {
     const int8_t *w;
     const uint8_t *q80; /* the Q8_0 row itself (its scales are read in place), else NULL */
+    int tr;             /* 1: w holds 8-block groups already transposed (256 bytes a group: vector j at 32 j) */
     int64_t stride;
     float *s, *m;
     int16_t *mn;
@@ -894,7 +895,7 @@ static int q8_wrow_alloc(q8_wrow r[8], int64_t cols) {
 }
 
 static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r, int scales) {
-    r->w = (const int8_t *)(row + 2), r->stride = 34, r->q80 = row;
+    r->w = (const int8_t *)(row + 2), r->stride = 34, r->q80 = row, r->tr = 0;
     if (!scales) return;
     int64_t b = 0;
 #if defined(Q8_AVX2) && defined(__F16C__)
@@ -913,7 +914,42 @@ static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r, int scale
 /* IQ2_XXS: w = grid * sign (|w| <= 43) per byte; a sign mask m (0xff per negative byte) flips a byte as
  * (g ^ m) + (m & 1): grid bytes are 8..43, so no carry crosses a byte. */
 static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
-    r->w = r->buf, r->stride = 32, r->q80 = NULL;
+    r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
+#if defined(Q8_AVX2)
+    /* straight into the transposed layout: the 8 groups of a super-block are the 8 blocks of a kernel
+     * group; qword k of every block (grid row k with its signs) gives vectors 2k (low dwords) and
+     * 2k + 1 (high dwords) */
+    r->tr = 1;
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + 66 * sb;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        uint32_t w[8];
+        for (int ib = 0; ib < 8; ib++) {
+            memcpy(&w[ib], blk + 2 + 8 * ib + 4, 4);
+            r->s[8 * sb + ib] = d * (0.5f + (float)(w[ib] >> 28)) * 0.25f;
+        }
+        int8_t *out = r->buf + 256 * sb;
+        for (int k = 0; k < 4; k++) {
+            __m256i h[2];
+            for (int q = 0; q < 2; q++) {
+                uint64_t v[4];
+                for (int i = 0; i < 4; i++) memcpy(&v[i], ds4_iq2xxs_grid[blk[2 + 8 * (4 * q + i) + k]], 8);
+                const __m256i gv = _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
+                const __m256i mv = _mm256_setr_epi64x((long long)ds4_iq2xxs_sign_mask[(w[4 * q] >> (7 * k)) & 127],
+                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 1] >> (7 * k)) & 127],
+                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 2] >> (7 * k)) & 127],
+                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 3] >> (7 * k)) & 127]);
+                h[q] = _mm256_sub_epi8(_mm256_xor_si256(gv, mv), mv); /* (g ^ m) - m: blocks 4q .. 4q + 3 */
+            }
+            const __m256 a = _mm256_castsi256_ps(h[0]), b = _mm256_castsi256_ps(h[1]);
+            _mm256_storeu_si256((__m256i *)(out + 64 * k),
+                                _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+            _mm256_storeu_si256((__m256i *)(out + 64 * k + 32),
+                                _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+        }
+    }
+    return;
+#endif
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = row + 66 * sb;
         const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
@@ -922,7 +958,7 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
             const uint32_t w = (uint32_t)g[4] | ((uint32_t)g[5] << 8) | ((uint32_t)g[6] << 16) | ((uint32_t)g[7] << 24);
             r->s[8 * sb + ib] = d * (0.5f + (float)(w >> 28)) * 0.25f;
             int8_t *out = r->buf + 32 * (8 * sb + ib);
-#if defined(Q8_AVX2)
+#if 0
             uint64_t v[4];
             for (int k = 0; k < 4; k++) memcpy(&v[k], ds4_iq2xxs_grid[g[k]], 8);
             const __m256i gv = _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
@@ -948,7 +984,37 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
  * 8h + 2j (l < 16) and 8h + 2j + 1; w = (scale & 15) * code (<= 45), the min codes (scale >> 4) go
  * to mn. */
 static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
-    r->w = r->buf, r->stride = 32, r->q80 = NULL;
+    r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
+#if defined(Q8_AVX2)
+    /* straight into the transposed layout: lane i = 4h + j of vector jj holds bytes 4jj .. 4jj + 3 of
+     * block (h, j), i.e. (qs dword (8h + jj) >> 2j) & 3 per byte, times the scale of sub-block
+     * 8h + 2j + (jj >= 4) (a 16-bit multiply: code * scale <= 45 stays inside its byte) */
+    r->tr = 1;
+    const __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), three = _mm256_set1_epi8(3);
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + 84 * sb, *sc = blk, *qs = blk + 16;
+        const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+        const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+        int32_t slo[8], shi[8];
+        for (int i = 0; i < 8; i++) {
+            const int64_t b = 8 * sb + i;
+            const int s0 = sc[2 * i], s1 = sc[2 * i + 1]; /* block i = 4h + j: sub-blocks 2i, 2i + 1 */
+            r->s[b] = d, r->m[b] = dmin;
+            r->mn[2 * b] = (int16_t)(s0 >> 4), r->mn[2 * b + 1] = (int16_t)(s1 >> 4);
+            slo[i] = (s0 & 15) * 0x00010001, shi[i] = (s1 & 15) * 0x00010001;
+        }
+        const __m256i vlo = _mm256_loadu_si256((const __m256i *)slo), vhi = _mm256_loadu_si256((const __m256i *)shi);
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)qs), q1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
+        int8_t *out = r->buf + 256 * sb;
+        for (int jj = 0; jj < 8; jj++) {
+            const __m256i sel = _mm256_set1_epi32(jj);
+            const __m256i v = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(q0, sel), _mm256_permutevar8x32_epi32(q1, sel), 0xF0);
+            const __m256i code = _mm256_and_si256(_mm256_srlv_epi32(v, sh), three);
+            _mm256_storeu_si256((__m256i *)(out + 32 * jj), _mm256_mullo_epi16(code, jj < 4 ? vlo : vhi));
+        }
+    }
+    return;
+#endif
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = row + 84 * sb, *sc = blk, *qs = blk + 16;
         const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
@@ -994,8 +1060,12 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
     for (int k = 0; k < nt; k++) va[k] = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         __m256i rw[8], c[8];
-        for (int i = 0; i < 8; i++) rw[i] = _mm256_loadu_si256((const __m256i *)(r->w + r->stride * (b + i)));
-        q8_transpose(rw, c);
+        if (r->tr) {
+            for (int j = 0; j < 8; j++) c[j] = _mm256_loadu_si256((const __m256i *)(r->w + 32 * b + 32 * j));
+        } else {
+            for (int i = 0; i < 8; i++) rw[i] = _mm256_loadu_si256((const __m256i *)(r->w + r->stride * (b + i)));
+            q8_transpose(rw, c);
+        }
 #if defined(Q8_VNNI)
         /* 128 * the block's weight sum, taken off the offset q (4 independent chains: short latency) */
         const __m256i m128 = _mm256_set1_epi8((char)0x80);
@@ -1098,6 +1168,13 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b += 8) {
         __m512i r[8], t[8], u[8], c[8];
+        if (ra->tr) { /* both rows already transposed: [A 0-3, B 0-3, A 4-7, B 4-7] from the two vectors j */
+            const __m512i ix = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+            for (int j = 0; j < 8; j++)
+                c[j] = _mm512_permutex2var_epi64(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + 32 * b + 32 * j))), ix,
+                                                 _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rb->w + 32 * b + 32 * j))));
+            goto transposed;
+        }
         for (int i = 0; i < 8; i++)
             r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + ra->stride * (b + i)))),
                                       _mm256_loadu_si256((const __m256i *)(rb->w + rb->stride * (b + i))), 1);
@@ -1115,6 +1192,7 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
             c[j] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0x88);
             c[j + 4] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0xDD);
         }
+    transposed:;
         __m512i k0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[0]);
         __m512i k1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[1]);
         k0 = _mm512_dpbusd_epi32(k0, m128, c[2]), k1 = _mm512_dpbusd_epi32(k1, m128, c[3]);
