@@ -1,5 +1,5 @@
 """The ``q8`` activations option end to end (spec ds4.md §2.9.5): the engine with 8-bit activations
-for Q8_0 matrices stays close to the float32 engine, decides the same greedy tokens where the
+for Q8_0, Q2_K and IQ2_XXS matrices stays close to the float32 engine, decides the same greedy tokens where the
 float32 logits are decided, is batch-invariant, and is named in the JSON of generate, in `chat` (the
 flag, the engine it opens, the app's title) and in `doctor`."""
 

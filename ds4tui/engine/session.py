@@ -68,7 +68,7 @@ MAX_THREADS = 256
 NUMERICS = ("ds4", "transformers")
 #: Device layouts of the weight matrices (ds4_engine.h's DS4_GPU_LAYOUT_*, in value order).
 GPU_LAYOUTS = ("planar", "ggml")
-#: Matmul activations (spec ds4.md §2.9.5): float32, or 8-bit for Q8_0 matrices (CPU backend).
+#: Matmul activations (spec ds4.md §2.9.5): float32, or 8-bit for Q8_0, Q2_K and IQ2_XXS matrices (CPU backend).
 ACTIVATIONS = ("f32", "q8")
 #: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
@@ -111,7 +111,7 @@ class Engine:
     ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
     ``activations``: ``"f32"`` (float32 activations for every weight type) or ``"q8"`` (8-bit
-    activations for Q8_0 matrices, spec ds4.md §2.9.5; the cpu backend only: hip and reference
+    activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; the cpu backend only: hip and reference
     refuse it by name).  ``prefill_gemm`` (spec platform.md §7): forward passes of at least
     ``PREFILL_GEMM_MIN_ROWS`` tokens multiply the planar Q8_0 / Q2_K / IQ2_XXS matrices on the
     GPU's matrix units through the vendor's BLAS (cuBLAS / rocBLAS, loaded at run time) with

@@ -58,8 +58,8 @@ extern "C" {
 #define DS4_NUMERICS_DS4 0          /* FP8 KV, f16 cache rows, FP4 indexer, router floor */
 #define DS4_NUMERICS_TRANSFORMERS 1 /* plain float32, as Hugging Face transformers */
 /* Matmul activations (ds4_engine_options.activations; spec ds4.md §2.9.5): F32 keeps them float32
- * for every weight type; Q8 quantises them to 8 bits in blocks of 32 for Q8_0 matrices and sums the
- * products in int32 (CPU backend only). */
+ * for every weight type; Q8 quantises them to 8 bits in blocks of 32 for Q8_0, Q2_K and IQ2_XXS
+ * matrices and sums each block's products exactly in int32 (CPU backend only). */
 #define DS4_ACTIVATIONS_F32 0
 #define DS4_ACTIVATIONS_Q8 1
 
@@ -94,7 +94,7 @@ int ds4_kernel_matmul(int type, const void *W, int64_t rows, int64_t cols,
                       char *err, size_t err_len);
 
 /* ds4_kernel_matmul with the matmul activations of DS4_ACTIVATIONS_* (Q8: 8-bit activations for
- * a Q8_0 matrix, spec ds4.md §2.9.5; any other type keeps float32). */
+ * a Q8_0, Q2_K or IQ2_XXS matrix, spec ds4.md §2.9.5; any other type keeps float32). */
 int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols,
                           const float *X, int64_t n_tok, float *Y, int n_threads,
                           int activations, char *err, size_t err_len);

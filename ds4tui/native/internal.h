@@ -88,7 +88,7 @@ struct ds4_engine {
     pthread_mutex_t life;   /* guards n_sessions and closing */
     int n_sessions, closing; /* ds4_engine_close frees the engine when its last session goes */
     int numerics;
-    int activations;         /* DS4_ACTIVATIONS_*: float32, or 8-bit for Q8_0 matrices (CPU) */
+    int activations;         /* DS4_ACTIVATIONS_*: float32, or 8-bit for Q8_0/Q2_K/IQ2_XXS (CPU) */
     ds4_pool *pool;
     int n_threads;
     double *freq_main, *freq_comp; /* [n_rot/2] RoPE frequencies (YaRN-blended for compressed layers) */

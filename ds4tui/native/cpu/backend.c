@@ -18,7 +18,7 @@
 struct ds4_backend_ctx {
     ds4_pool *pool;
     int n_threads;
-    int act_q8;                /* DS4_ACTIVATIONS_Q8: Q8_0 matrices multiply 8-bit activations */
+    int act_q8;                /* DS4_ACTIVATIONS_Q8: Q8_0/Q2_K/IQ2_XXS matrices take 8-bit activations */
     pthread_mutex_t lock;      /* the gather buffers (sessions on several threads share the context) */
     float *gx, *gy;            /* mm_gather: gathered activations and results */
     size_t gx_cap, gy_cap;     /* floats */

@@ -1,8 +1,9 @@
 /* dot.c — dot products of GGML-typed weight rows with float activation rows (the CPU dot kernels
  * of types.h; cpu/matmul.c drives them over rows and threads).
  *
- * Y[t, r] = sum_c W[r, c] * X[t, c].  Activations stay float32 for every
- * weight type: each block's weights are formed in float registers (the
+ * Y[t, r] = sum_c W[r, c] * X[t, c].  By default (activations = f32) activations stay float32 for
+ * every weight type (the `q8` option's 8-bit kernels are at the end of this file, spec ds4.md
+ * §2.9.5): each block's weights are formed in float registers (the
  * values gguf.quants' dequantisation gives) and dotted with the activations,
  * so results differ from "dequantise, then numpy" only by float32 summation
  * order (~1e-7 of sum |w*x| measured; tests/test_native_kernels.py bounds it
