@@ -102,3 +102,36 @@ def test_doctor_names_the_option(capsys):
     assert a["default"] == "f32" and a["choices"] == ["f32", "q8"] and "Q8_0" in a["note"]
     assert cli.main(["doctor"]) == 0
     assert "activations" in capsys.readouterr().out
+
+
+def test_q8_greedy_dspark_on_equals_off(tiny_q2, fitted_support):
+    """Under q8 the verify rows are one-token decodes bit for bit (spec ds4.md §2.9.5), so greedy
+    DSpark output equals target-only output token for token, with real drafting."""
+    from ds4tui.engine import session as S
+
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(100, 128000, int(n)).tolist() for n in (25, 48)]
+    n = 120
+
+    def run(engine, prompt, **knobs):
+        s = engine.session(len(prompt) + n + 8)
+        if knobs:
+            s.set_dspark(**knobs)
+        s.prefill(prompt)
+        out = []
+        while len(out) < n:
+            out += s.step(min(S.STEP_MAX, n - len(out)))
+        st = s.dspark_stats() if knobs else None
+        s.close()
+        return out[:n], st
+
+    with Engine(tiny_q2["model"], activations="q8") as plain, \
+            Engine(tiny_q2["model"], activations="q8", support=fitted_support) as spec:
+        assert spec.support_status == "attached", spec.support_message
+        accepted = 0
+        for p in prompts:
+            want, _ = run(plain, p)
+            got, st = run(spec, p, scheduler=False)
+            assert got == want
+            accepted += st.accepted_draft
+    assert accepted > 0  # it did draft
