@@ -125,7 +125,7 @@ def test_simulation_is_within_the_quantisation_error(qtype):
     assert err.max() > 0  # it does quantise: not the float path under another name
 
 
-def test_q8_0_helper_is_matmul_q8():
+def test_q8_0_shorthand_is_matmul_q8():
     raw, X = _case(T.Q8_0, 8, 64, 3, 5)
     assert np.array_equal(matmul_q8_0_q8(raw, 8, 64, X), matmul_q8(raw, T.Q8_0, 8, 64, X))
     with pytest.raises(ValueError, match="Q8_0, Q2_K and IQ2_XXS.*not F16"):
