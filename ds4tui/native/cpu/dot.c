@@ -925,9 +925,13 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
         const uint8_t *blk = row + 66 * sb;
         const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
         uint32_t w[8];
-        for (int ib = 0; ib < 8; ib++) {
-            memcpy(&w[ib], blk + 2 + 8 * ib + 4, 4);
-            r->s[8 * sb + ib] = d * (0.5f + (float)(w[ib] >> 28)) * 0.25f;
+        for (int ib = 0; ib < 8; ib++) memcpy(&w[ib], blk + 2 + 8 * ib + 4, 4);
+        { /* the 8 group scales d * (0.5 + scale) * 0.25, the same float32 operations 8 lanes at a time */
+            const __m256 g0 = _mm256_loadu_ps((const float *)(blk + 2)), g1 = _mm256_loadu_ps((const float *)(blk + 34));
+            const __m256i wv = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(g0, g1, 0xDD)), 0xD8);
+            const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
+            _mm256_storeu_ps(r->s + 8 * sb, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)),
+                                                          _mm256_set1_ps(0.25f)));
         }
         int8_t *out = r->buf + 256 * sb;
         for (int k = 0; k < 4; k++) {
@@ -996,15 +1000,17 @@ static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
         const uint8_t *blk = row + 84 * sb, *sc = blk, *qs = blk + 16;
         const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
         const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
-        int32_t slo[8], shi[8];
-        for (int i = 0; i < 8; i++) {
-            const int64_t b = 8 * sb + i;
-            const int s0 = sc[2 * i], s1 = sc[2 * i + 1]; /* block i = 4h + j: sub-blocks 2i, 2i + 1 */
-            r->s[b] = d, r->m[b] = dmin;
-            r->mn[2 * b] = (int16_t)(s0 >> 4), r->mn[2 * b + 1] = (int16_t)(s1 >> 4);
-            slo[i] = (s0 & 15) * 0x00010001, shi[i] = (s1 & 15) * 0x00010001;
-        }
-        const __m256i vlo = _mm256_loadu_si256((const __m256i *)slo), vhi = _mm256_loadu_si256((const __m256i *)shi);
+        /* block i = 4h + j has sub-blocks 2i and 2i + 1: dword i of sc16 = sc[2i] | sc[2i + 1] << 8 */
+        const __m256i sc16 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)sc));
+        const __m256i nib = _mm256_set1_epi32(15);
+        const __m256i lo = _mm256_and_si256(sc16, nib), hi = _mm256_and_si256(_mm256_srli_epi32(sc16, 8), nib);
+        const __m256i vlo = _mm256_or_si256(lo, _mm256_slli_epi32(lo, 16)), vhi = _mm256_or_si256(hi, _mm256_slli_epi32(hi, 16));
+        /* the min codes as int16 pairs (sc[2i] >> 4, sc[2i + 1] >> 4) */
+        const __m256i mins = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(sc16, 4), nib),
+                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sc16, 12), nib), 16));
+        _mm256_storeu_si256((__m256i *)(r->mn + 16 * sb), mins);
+        _mm256_storeu_ps(r->s + 8 * sb, _mm256_set1_ps(d));
+        _mm256_storeu_ps(r->m + 8 * sb, _mm256_set1_ps(dmin));
         const __m256i q0 = _mm256_loadu_si256((const __m256i *)qs), q1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
         int8_t *out = r->buf + 256 * sb;
         for (int jj = 0; jj < 8; jj++) {
