@@ -87,6 +87,14 @@ def write_iq2xxs_tables(path: Path) -> None:
     for i in range(0, 128, 16):
         lines.append("    " + ", ".join(str(b) for b in signs[i : i + 16]) + ",")
     lines.append("};")
+    # each grid row as 8 two-bit codes (0, 1, 2 for 8, 25, 43; element j at bits 2j), for the
+    # 8-bit activation kernels' vector decoding
+    code = {8: 0, 25: 1, 43: 2}
+    lines.append("static const uint16_t ds4_iq2xxs_grid16[256] = {")
+    for i in range(0, 256, 8):
+        vals = [sum(code[int(v)] << (2 * j) for j, v in enumerate(row)) for row in grid[i : i + 8]]
+        lines.append("    " + ", ".join(f"0x{v:04x}" for v in vals) + ",")
+    lines.append("};")
     # ksigns as byte masks (0xff where the element is negative), for the 8-bit activation kernels
     lines.append("static const uint64_t ds4_iq2xxs_sign_mask[128] = {")
     for i in range(0, 128, 4):

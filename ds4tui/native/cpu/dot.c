@@ -914,9 +914,67 @@ static void q8_decode_q8_0(const uint8_t *row, int64_t nb, q8_wrow *r, int scale
 
 /* IQ2_XXS: w = grid * sign (|w| <= 43) per byte; a sign mask m (0xff per negative byte) flips a byte as
  * (g ^ m) + (m & 1): grid bytes are 8..43, so no carry crosses a byte. */
+#if defined(Q8_AVX2) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+/* Byte permutes of the IQ2_XXS vector decoding: the grid index of (group i, row k) to byte 8k + i;
+ * the four 7-bit sign fields of each group (bits 32 + 7k of its qword); each byte's sign bit; the sign
+ * byte (i, k) spread over qword i. */
+static const uint8_t q8_iq2_gidx[64] = {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57, 2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const uint8_t q8_iq2_sidx[64] = {32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0};
+static const uint8_t q8_iq2_bits[64] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+static const uint8_t q8_iq2_bk[4][64] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16, 24, 24, 24, 24, 24, 24, 24, 24, 32, 32, 32, 32, 32, 32, 32, 32, 40, 40, 40, 40, 40, 40, 40, 40, 48, 48, 48, 48, 48, 48, 48, 48, 56, 56, 56, 56, 56, 56, 56, 56},
+    {1, 1, 1, 1, 1, 1, 1, 1, 9, 9, 9, 9, 9, 9, 9, 9, 17, 17, 17, 17, 17, 17, 17, 17, 25, 25, 25, 25, 25, 25, 25, 25, 33, 33, 33, 33, 33, 33, 33, 33, 41, 41, 41, 41, 41, 41, 41, 41, 49, 49, 49, 49, 49, 49, 49, 49, 57, 57, 57, 57, 57, 57, 57, 57},
+    {2, 2, 2, 2, 2, 2, 2, 2, 10, 10, 10, 10, 10, 10, 10, 10, 18, 18, 18, 18, 18, 18, 18, 18, 26, 26, 26, 26, 26, 26, 26, 26, 34, 34, 34, 34, 34, 34, 34, 34, 42, 42, 42, 42, 42, 42, 42, 42, 50, 50, 50, 50, 50, 50, 50, 50, 58, 58, 58, 58, 58, 58, 58, 58},
+    {3, 3, 3, 3, 3, 3, 3, 3, 11, 11, 11, 11, 11, 11, 11, 11, 19, 19, 19, 19, 19, 19, 19, 19, 27, 27, 27, 27, 27, 27, 27, 27, 35, 35, 35, 35, 35, 35, 35, 35, 43, 43, 43, 43, 43, 43, 43, 43, 51, 51, 51, 51, 51, 51, 51, 51, 59, 59, 59, 59, 59, 59, 59, 59},
+};
+#endif
+
 static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
     r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
-#if defined(Q8_AVX2)
+#if defined(Q8_AVX2) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    /* all 32 grid rows of a super-block at once: the grid as 2-bit codes (ds4_iq2xxs_grid16) looked
+     * up by word permutes, expanded to bytes by multishift, mapped to 8/25/43 by a byte shuffle; the
+     * signs' ksigns looked up by a byte permute and spread to byte masks */
+    r->tr = 1;
+    __m512i T[8];
+    for (int i = 0; i < 8; i++) T[i] = _mm512_loadu_si512((const void *)(ds4_iq2xxs_grid16 + 32 * i));
+    const __m512i K0 = _mm512_loadu_si512((const void *)ds4_iq2xxs_ksigns), K1 = _mm512_loadu_si512((const void *)(ds4_iq2xxs_ksigns + 64));
+    const __m512i gidx = _mm512_loadu_si512((const void *)q8_iq2_gidx), sidx = _mm512_loadu_si512((const void *)q8_iq2_sidx);
+    const __m512i bits = _mm512_loadu_si512((const void *)q8_iq2_bits);
+    __m512i bk[4];
+    for (int k = 0; k < 4; k++) bk[k] = _mm512_loadu_si512((const void *)q8_iq2_bk[k]);
+    const __m512i shifts = _mm512_set1_epi64(0x0e0c0a0806040200ll), three = _mm512_set1_epi8(3);
+    const __m512i vals = _mm512_broadcast_i32x4(_mm_setr_epi8(8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = row + 66 * sb;
+        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+        const __m512i D = _mm512_loadu_si512((const void *)(blk + 2)); /* qword i = group i */
+        { /* the 8 group scales d * (0.5 + scale) * 0.25, the same float32 operations 8 lanes at a time */
+            const __m256i wv = _mm512_cvtepi64_epi32(_mm512_srli_epi64(D, 32));
+            const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
+            _mm256_storeu_ps(r->s + 8 * sb, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)),
+                                                          _mm256_set1_ps(0.25f)));
+        }
+        /* word 8k + i = grid code row of index byte k of group i */
+        const __m512i gi = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(gidx, D)));
+        const __m512i lo = _mm512_permutex2var_epi16(T[0], gi, T[1]), mid = _mm512_permutex2var_epi16(T[2], gi, T[3]);
+        const __m512i hi = _mm512_permutex2var_epi16(T[4], gi, T[5]), top = _mm512_permutex2var_epi16(T[6], gi, T[7]);
+        const __mmask32 b6 = _mm512_test_epi16_mask(gi, _mm512_set1_epi16(64)), b7 = _mm512_test_epi16_mask(gi, _mm512_set1_epi16(128));
+        const __m512i codes = _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, lo, mid), _mm512_mask_blend_epi16(b6, hi, top));
+        /* byte 8i + k = ksigns of sign field k of group i */
+        const __m512i sg = _mm512_permutex2var_epi8(K0, _mm512_and_si512(_mm512_multishift_epi64_epi8(sidx, D), _mm512_set1_epi8(127)), K1);
+        int8_t *out = r->buf + 256 * sb;
+        for (int k = 0; k < 4; k++) {
+            const __m512i c16 = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, k));
+            const __m512i g = _mm512_shuffle_epi8(vals, _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, c16), three));
+            const __m512i sk = _mm512_permutexvar_epi8(bk[k], sg); /* qword i: the sign byte (i, k) 8 times */
+            const __m512i q = _mm512_mask_sub_epi8(g, _mm512_test_epi8_mask(sk, bits), _mm512_setzero_si512(), g);
+            _mm256_storeu_si256((__m256i *)(out + 64 * k), _mm512_cvtepi64_epi32(q));
+            _mm256_storeu_si256((__m256i *)(out + 64 * k + 32), _mm512_cvtepi64_epi32(_mm512_srli_epi64(q, 32)));
+        }
+    }
+    return;
+#elif defined(Q8_AVX2)
     /* straight into the transposed layout: the 8 groups of a super-block are the 8 blocks of a kernel
      * group; qword k of every block (grid row k with its signs) gives vectors 2k (low dwords) and
      * 2k + 1 (high dwords) */
