@@ -5,10 +5,16 @@
 Needs ``torch`` and ``transformers`` (>= 5.23, ``DeepseekV4ForCausalLM``), which are not ds4tui
 dependencies; runs on one CUDA GPU (``--device cpu`` for a smoke run).  ``CORPUS_DIR`` comes
 from ``tools/demo_corpus.py`` (token ids of permissively licensed Python source, train / held-out
-split; its compact ``*.u16.xz`` form is read as well).  The defaults are the run that made the
-shipped pair: about 8 minutes on one H200 (target 250 s, heal 40 s, greedy continuations for the
-drafter, drafter 120 s, export and check), one command.  ``--save-target`` keeps the healed target
-(``target.pt``) so that ``--resume-target`` can train the drafter again without the target.
+split; its compact ``*.u16.xz`` form is read as well).  The defaults are the first of the two runs
+that made the shipped pair: 483 s on one H200 (target 250 s, heal 40 s, greedy continuations for
+the drafter, drafter 120 s, export and check).  The second trained the drafter on for 160 s
+against the exported target with more continuations (``--target-gguf OUT/model.gguf
+--drafter-init OUT/support.gguf --drafter-seconds 160 --drafter-lr 1e-3 --distill-sequences 512
+--distill-new 96``, 210 s); ``tools/pack_demo.py OUT --drafter-run OUT2`` ships that drafter.
+``--target-gguf`` rebuilds the target in transformers from the GGUF's dequantised weights (checked
+against the numpy reference on held-out tokens), so a drafter can be trained for the shipped
+target on a machine that never held its checkpoint; only ``support.gguf`` is written then.
+``--save-target`` keeps the healed target (``target.pt``) for ``--resume-target``.
 
 **Target.**  transformers' own ``DeepseekV4ForCausalLM`` with :func:`demo_config`: the tiny layout
 of spec ds4.md §6 (hidden 256, 6 layers: 2 sliding, 2 compressed-sparse with the lightning
@@ -250,6 +256,78 @@ def full_precision_experts(model, originals: dict | None):
 def evaluate(model, held: torch.Tensor) -> float:
     model.eval()
     return float(torch.stack([lm_loss(model, held[i:i + 8]) for i in range(0, held.shape[0], 8)]).mean())
+
+
+def target_from_gguf(c: DS4Config, gguf_path: Path, work: Path, seed: int, device: str,
+                     held: np.ndarray, n_check: int = 64):
+    """transformers' model holding exactly the weights ``gguf_path`` decodes to (Q8_0 and q2 rows
+    dequantised), so that a drafter can be trained on the shipped target without its checkpoint.
+
+    The checkpoint names come from a fresh model's ``save_pretrained`` and the converter's own
+    name table (``ds4tui.engine.convert``) read backwards.  Returns ``(model, check)``: ``check``
+    compares the model's logits (fp32, eager) with ``ReferenceModel(numerics="transformers")`` on
+    the GGUF over ``n_check`` held-out tokens (equal up to float32 rounding when the mapping is
+    right); raises ValueError naming the tensor when a checkpoint tensor has no GGUF source.
+    """
+    import transformers
+    from safetensors.torch import save_file
+
+    from ds4tui.engine import convert as C
+    from ds4tui.engine.reference import ReferenceModel
+
+    fresh = build_target(c, np.ones(c.n_vocab, np.uint8), work, seed, "cpu")
+    fresh.save_pretrained(str(work / "hf_fresh"))
+    del fresh
+    ckpt = C.HFCheckpoint(work / "hf_fresh")
+    src = C._Sources(ckpt, c.n_expert)
+    ref = ReferenceModel(gguf_path, numerics="transformers")
+    tensors: dict[str, torch.Tensor] = {}
+    dtypes = {"I64": torch.int64, "I32": torch.int32}
+    for spec in L.model_tensor_specs(ref.config):
+        info = ref.w.info(spec.name)
+        name = spec.name
+        arr = (np.asarray(info.data).reshape(info.shape) if info.type.name in ("I8", "I16", "I32", "I64")
+               else np.asarray(ref.w.get(name)))
+        if name in C.GLOBAL_SOURCES:
+            pairs = [(src._find(C.GLOBAL_SOURCES[name], name), arr)]
+        else:
+            layer, suffix = int(name.split(".")[1]), name.split(".", 2)[2]
+            if suffix in C.EXPERT_SOURCES:
+                w = C.EXPERT_SOURCES[suffix]
+                pairs = [(src._find(src._layer_cands(layer, f"ffn.experts.{e}.{w}.weight"), name), arr[e])
+                         for e in range(spec.shape[0])]
+            else:
+                pairs = [(src._find([x for leaf in C.LAYER_SOURCES[suffix] for x in src._layer_cands(layer, leaf)],
+                                    name), arr)]
+        for ck, a in pairs:
+            e = ckpt.entries[ck]
+            tensors[ck] = torch.from_numpy(np.ascontiguousarray(a).reshape(e.shape)).to(dtypes.get(e.dtype, torch.float32))
+    missing = sorted(set(ckpt.entries) - set(tensors))
+    if missing:
+        raise ValueError(f"{gguf_path}: no GGUF tensor for checkpoint tensors {missing[:5]} (of {len(missing)})")
+    (work / "hf_gguf").mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(work / "hf_gguf" / "model.safetensors"), metadata={"format": "pt"})
+    (work / "hf_gguf" / "config.json").write_text((work / "hf_fresh" / "config.json").read_text())
+    model = transformers.DeepseekV4ForCausalLM.from_pretrained(str(work / "hf_gguf"), attn_implementation="eager",
+                                                               dtype=torch.float32)
+    ids = [int(t) for t in held[:n_check]]
+    with torch.no_grad():
+        hf = model.eval()(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    r = ref.prefill(ref.new_state(n_check + 8), ids, logits="all")
+    check = {"tokens": n_check, "max_abs_logit_diff_vs_reference": float(np.abs(r.logits - hf).max()),
+             "logit_std": float(hf.std()), "argmax_agreement": float((r.logits.argmax(-1) == hf.argmax(-1)).mean())}
+    log(f"target from {gguf_path}: {json.dumps(check)}")
+    return model.to(device), check
+
+
+def init_drafter_from_gguf(drafter: "Drafter", ref_model: Path, support: Path) -> None:
+    """Start ``drafter`` from the tensors ``support`` decodes to (a warm start for more training)."""
+    from ds4tui.engine.reference import ReferenceDrafter, ReferenceModel
+
+    rd = ReferenceDrafter(ReferenceModel(ref_model, numerics="transformers"), support)
+    with torch.no_grad():
+        for s in drafter.specs:
+            drafter.p(s.name).copy_(torch.from_numpy(np.asarray(rd.w.get(s.name), np.float32).reshape(s.shape)))
 
 
 # ---- drafter ---------------------------------------------------------------------------------
@@ -610,6 +688,25 @@ def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_
     return info
 
 
+def export_support(drafter, c: DS4Config, seen: np.ndarray, out: Path) -> dict:
+    """Write only ``support.gguf`` (q2 mix) for an existing target."""
+    info = {"markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
+    tensors = drafter.tensors()
+    params = SupportParams(n_stages=3, block_size=BLOCK, markov_rank=RANK, noise_token_id=NOISE_TOKEN,
+                           target_layer_ids=tuple(range(c.n_layer - 3, c.n_layer)))
+    write_support_gguf(out / "support.gguf", c, params, lambda spec: tensors[spec.name], types="q2",
+                       name="ds4tui-demo-dspark")
+    info["support_bytes"] = (out / "support.gguf").stat().st_size
+    log(f"export {json.dumps(info)}")
+    return info
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, originals: dict | None = None,
           n_tokens: int = 96) -> dict:
     """Exported files against their sources, on ``n_tokens`` held-out tokens (numpy reference, fp32).
@@ -654,7 +751,18 @@ def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, origin
         for name, want in (("ffn_gate_exps", gu[:, :F_]), ("ffn_up_exps", gu[:, F_:]), ("ffn_down_exps", dn)):
             diff = max(diff, float(np.abs(ref.w.get(f"blk.{i}.{name}.weight") - want).max()))
     res["experts_gguf_vs_model_max_abs"] = diff
-    rd = ReferenceDrafter(ref, out / "support.gguf")
+    res.update(check_drafter(ref, out / "support.gguf", ids))
+    log(f"check {json.dumps(res)}")
+    return res
+
+
+def check_drafter(ref, support: Path, ids: list[int]) -> dict:
+    """The torch :class:`Drafter` loaded with ``support``'s dequantised tensors against
+    ``ReferenceDrafter`` on that file, at two anchors of ``ids`` (one past the window)."""
+    from ds4tui.engine.reference import ReferenceDrafter
+
+    n_tokens, res = len(ids), {}
+    rd = ReferenceDrafter(ref, support)
     r = ref.prefill(ref.new_state(n_tokens + 8), ids, logits="all", capture=rd.capture_layers)
     seen = np.ones(ref.config.n_vocab, np.uint8)
     td = Drafter(ref.config, torch.from_numpy(ref.w.get("token_embd.weight")), torch.from_numpy(ref.w.get("output.weight")),
@@ -679,7 +787,6 @@ def check(model, out: Path, held: np.ndarray, tokenizer_json: str | None, origin
             "max_abs_h_diff": float(np.abs(h[0].numpy() - prop.hidden).max()),
             "max_abs_confidence_diff": float(np.abs(conf - prop.confidence).max()),
             "greedy_equal": chain == prop.greedy}
-    log(f"check {json.dumps(res)}")
     return res
 
 
@@ -716,6 +823,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write target.pt (healed target + full-precision experts) for --resume-target")
     ap.add_argument("--resume-target", type=Path, default=None,
                     help="target.pt of an earlier run: skip target training and healing, train the drafter")
+    ap.add_argument("--target-gguf", type=Path, default=None,
+                    help="a model.gguf this script made: train only a drafter for it (the target is rebuilt from "
+                         "the file's dequantised weights; only support.gguf is written)")
+    ap.add_argument("--drafter-init", type=Path, default=None,
+                    help="with --target-gguf: a support.gguf to start the drafter from")
     a = ap.parse_args(argv)
     import transformers
 
@@ -740,7 +852,11 @@ def main(argv: list[str] | None = None) -> int:
                            "numpy": np.__version__},
               "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
               "corpus": json.loads((a.corpus / "manifest.json").read_text()), "target_parameters": n_params}
-    if a.resume_target:
+    originals = None
+    if a.target_gguf:
+        model, report["target_from_gguf"] = target_from_gguf(c, a.target_gguf, a.out, a.seed, a.device, held_ids)
+        report["target_from_gguf"].update(path=str(a.target_gguf), sha256=_sha256(a.target_gguf))
+    elif a.resume_target:
         saved = torch.load(a.resume_target, map_location=a.device, weights_only=False)
         model.load_state_dict(saved["model"])
         originals = saved["originals"]
@@ -771,15 +887,26 @@ def main(argv: list[str] | None = None) -> int:
         report["distill"] = {"sequences": a.distill_sequences, "heldout_sequences": a.heldout_generated,
                              "prompt_tokens": P, "new_tokens": a.distill_new, "seconds": round(time.time() - t0, 1)}
         log(f"distill {json.dumps(report['distill'])}")
-    drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed).to(a.device)
+    drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)
+    if a.drafter_init:
+        init_drafter_from_gguf(drafter, a.target_gguf, a.drafter_init)
+        report["drafter_init"] = {"path": str(a.drafter_init), "sha256": _sha256(a.drafter_init)}
+    drafter = drafter.to(a.device)
     dtrain = Windows(train_ids, a.seq, a.device, a.seed + 1)
     dheld = held[:, :a.seq]
     w = LossWeights(ce=a.ce_weight, tv=a.tv_weight, confidence=a.confidence_target)
     report["drafter"] = train_drafter(model, drafter, dtrain, dheld, c, a.drafter_seconds, a.drafter_batch, a.anchors,
                                       a.drafter_lr, a.seed, w, generated, a.distill_prompt, held_generated)
     drafter.embed = drafter.head = None
-    report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals)
-    report["check"] = check(model, a.out, held_ids, a.tokenizer_json, originals)
+    if a.target_gguf:
+        report["export"] = export_support(drafter.cpu(), c, seen, a.out)
+        from ds4tui.engine.reference import ReferenceModel
+        report["check"] = check_drafter(ReferenceModel(a.target_gguf, numerics="transformers"), a.out / "support.gguf",
+                                        [int(t) for t in held_ids[:96]])
+        log(f"check {json.dumps(report['check'])}")
+    else:
+        report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals)
+        report["check"] = check(model, a.out, held_ids, a.tokenizer_json, originals)
     report["total_seconds"] = round(time.time() - t_start, 1)
     (a.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"done in {report['total_seconds']} s")
