@@ -1,9 +1,12 @@
 """Put a trained demo pair into the package: ``ds4tui/demo/{model,support}.gguf.xz`` and ``demo.json``.
 
-``python tools/pack_demo.py OUT_DIR [--bench AB.json ...] [--eval EVAL.json] [--corpus CORPUS_DIR]``
+``python tools/pack_demo.py OUT_DIR [--drafter-run OUT2] [--bench AB.json ...] [--eval EVAL.json] [--corpus CORPUS_DIR]``
 
 ``OUT_DIR`` is what ``tools/train_demo.py`` wrote (``model.gguf``, ``support.gguf``,
-``train_log.json``).  Both GGUFs are validated (target layout, support compatible with the target),
+``train_log.json``).  ``--drafter-run OUT2``: a later ``train_demo.py --target-gguf OUT_DIR/model.gguf``
+run whose ``support.gguf`` is shipped instead; its log becomes the ``drafter`` part of the shipped
+``train_log.json`` (the first drafter's stays as ``drafter_first``, the run's settings and checks
+as ``drafter_run``).  Both GGUFs are validated (target layout, support compatible with the target),
 compressed with xz (preset 6; the unseen-token rows that training kept identical make the
 files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
@@ -20,7 +23,6 @@ import argparse
 import json
 import lzma
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -52,6 +54,24 @@ def bench_summary(path: Path) -> dict:
             "outputs_identical": data["outputs_identical"], "arms": arms}
 
 
+def merge_drafter_run(log: dict, run: dict, model_sha256: str) -> dict:
+    """The training log of a pair whose drafter came from a second, drafter-only run.
+
+    Raises ValueError when that run trained against another model file than ``model_sha256``."""
+    got = run.get("target_from_gguf", {}).get("sha256")
+    if got != model_sha256:
+        raise ValueError(f"the drafter run trained against a model with sha256 {got}, not this model.gguf "
+                         f"({model_sha256}); pass the run made with --target-gguf on this file")
+    out = dict(log)
+    out["drafter_first"], out["distill_first"] = log["drafter"], log.get("distill")
+    out["drafter"], out["distill"] = run["drafter"], run.get("distill")
+    out["check"] = {**{k: v for k, v in log["check"].items() if not k.startswith("drafter_")}, **run["check"]}
+    out["drafter_run"] = {k: run[k] for k in ("args", "device", "versions", "target_from_gguf", "drafter_init",
+                                              "export", "total_seconds") if k in run}
+    out["total_seconds"] = round(log["total_seconds"] + run["total_seconds"], 1)
+    return out
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
@@ -78,14 +98,19 @@ def heldout_perplexity(model: Path, tokens: np.ndarray, windows: int = 8, length
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the folder tools/train_demo.py wrote")
+    ap.add_argument("--drafter-run", type=Path, help="a train_demo.py --target-gguf output folder: ship its drafter")
     ap.add_argument("--bench", type=Path, nargs="*", default=[], help="ds4tui bench --ab --out JSON files to record")
     ap.add_argument("--eval", type=Path, help="tools/eval_demo.py --out JSON to record")
     ap.add_argument("--corpus", type=Path, help="tools/demo_corpus.py folder: measure held-out perplexity of the GGUF")
     a = ap.parse_args(argv)
     model, support = a.out / "model.gguf", a.out / "support.gguf"
     target = DS4Model(model)
-    SupportModel(support, target.config).require_compatible()
     log = json.loads((a.out / "train_log.json").read_text())
+    if a.drafter_run:
+        support = a.drafter_run / "support.gguf"
+        log = merge_drafter_run(log, json.loads((a.drafter_run / "train_log.json").read_text()),
+                                file_sha256(model))
+    SupportModel(support, target.config).require_compatible()
     files = {}
     for path in (model, support):
         files[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
@@ -108,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             "distill": log.get("distill"),
             "drafter": {k: log["drafter"][k] for k in ("steps", "seconds", "heldout", "heldout_generated",
                                                        "capture_layers", "loss") if k in log["drafter"]},
+            "drafter_first": {k: log["drafter_first"][k] for k in ("steps", "seconds", "heldout", "heldout_generated")
+                              if k in log["drafter_first"]} if "drafter_first" in log else None,
+            "drafter_run": {k: log["drafter_run"][k] for k in ("target_from_gguf", "drafter_init", "total_seconds")
+                            if k in log["drafter_run"]} if "drafter_run" in log else None,
             "check": log["check"],
         },
         "bench": {p.name: bench_summary(p) for p in a.bench},
@@ -125,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["heldout_perplexity_gguf"] = heldout_perplexity(model, np.load(a.corpus / "heldout.npy"))
         print(f"pack_demo: held-out perplexity {summary['heldout_perplexity_gguf']}", file=sys.stderr)
     (PACKAGE_DIR / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
-    shutil.copyfile(a.out / "train_log.json", PACKAGE_DIR / "train_log.json")
+    (PACKAGE_DIR / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     sources = {"note": "every source of the demo model's training text (tools/demo_corpus.py); all permissive",
                "sources": log["corpus"].get("sources", [{"package": "python-stdlib", "version": log["corpus"].get("python"),
                                                          "licence": log["corpus"].get("licence")}])}
