@@ -1,9 +1,9 @@
 """The bundled demo pair (ds4tui.demo): unpacking, validation, what it generates and how it drafts.
 
 Thresholds come from the measurements recorded in ``ds4tui/demo/demo.json`` (``bench``): greedy
-DSpark without the scheduler accepted 13.8 % of the drafts on the bench's code prompt and 20.1 %
-on its prose prompt (256 tokens each); on the two prompts below 18.6 % and 13.8 % (128 tokens at
-most; both answers end at EOS after 14-16 cycles).  The test asks for 10 %, under the lowest
+DSpark without the scheduler accepted 19.6 % of the drafts on the bench's code prompt and 23.6 %
+on its prose prompt (256 tokens each); on the two prompts below 16.0 % and 25.0 % (128 tokens at
+most; both answers end at EOS after 12-15 cycles).  The test asks for 10 %, under the lowest
 measurement, so that a drafter that no longer matches its target (a random one accepts well under
 1 %) fails while prompt-to-prompt spread does not.
 """
