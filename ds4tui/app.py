@@ -320,6 +320,7 @@ class DS4App(App):
         self._last_text_t = 0.0
         self._saved_switch: float | None = None  # the interpreter's settings while a turn runs (_turn_started)
         self._saved_gc: tuple[int, ...] = gc.get_threshold()
+        self._saved_blink: bool | None = None  # the prompt cursor's blinking while a turn runs
         self._frozen = False  # this app moved objects out of the collector's sight (gc.freeze)
         self._panes: dict[str, Any] = {}
         self.load_error: str | None = None
@@ -552,9 +553,14 @@ class DS4App(App):
         """A turn starts: the engine thread gets the interpreter back quickly, and the garbage
         collector's full pass waits for the end of the turn and then walks only what the turn
         created.  The panes and the memory sample are next redrawn PANES_S / MEMORY_S from now
-        (they show the turn before until then)."""
+        (they show the turn before until then).  The prompt's cursor stops blinking until the turn
+        ends (each blink is a frame of its own: two a second while the engine decodes)."""
         self._cost_mark, self._turn_cost = None, None
         self._panes_t = self._memory_t = time.monotonic()
+        prompt = self._panes["prompt"]
+        if self._saved_blink is None:
+            self._saved_blink = prompt.cursor_blink
+            prompt.cursor_blink = False
         gc.freeze()
         self._frozen = True
         if self._saved_switch is None:
@@ -577,6 +583,10 @@ class DS4App(App):
             sys.setswitchinterval(self._saved_switch)
             gc.set_threshold(*self._saved_gc)
             self._saved_switch = None
+        if self._saved_blink is not None:
+            if self._panes["prompt"].is_attached:
+                self._panes["prompt"].cursor_blink = self._saved_blink
+            self._saved_blink = None
         return cost
 
     def live_ui_cost(self) -> InterfaceCost:

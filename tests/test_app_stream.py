@@ -191,10 +191,12 @@ async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_resto
         while app.engine._tokens < 30:
             await pilot.pause(0.01)
         assert sys.getswitchinterval() == pytest.approx(A.SWITCH_S) and gc.get_threshold() == A.GC_THRESHOLDS
+        prompt = app.query_one("#prompt")
+        assert not prompt.cursor_blink  # a steady cursor while the engine decodes: no frame per blink
         gate.set()
         await app.workers.wait_for_complete()
         await app.flush()
-        assert (sys.getswitchinterval(), gc.get_threshold()) == before
+        assert (sys.getswitchinterval(), gc.get_threshold()) == before and prompt.cursor_blink
 
 
 async def test_the_app_reports_its_own_cost(tmp_path):
