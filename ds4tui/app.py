@@ -16,8 +16,8 @@ thread and the interface share the interpreter and the cores: each C step of the
 taking the interpreter back, and waits while the interface holds it, and on a CPU engine every
 millisecond the interface computes is taken from the engine's cores.  So the interface's work
 while an answer streams is bounded by the timer, not by the token rate (ux.md §2.4): no layout of
-the screen in the steady state (the engine starts a few frames after the prompt is sent, once the
-question and the rows its answer streams into are laid out; a prefill that is already over is not
+the screen in the steady state (the engine prefills at once but decodes only once the question and
+the rows its answer streams into are laid out, a few frames; a prefill that is already over is not
 drawn); the interpreter's switch interval is lowered to SWITCH_S while a turn runs (the engine
 waits at most that long); the objects that exist once the model is loaded
 are moved out of the garbage collector's sight (``gc.freeze``: a full collection of the
@@ -79,11 +79,12 @@ SWITCH_S = 0.0001
 #: usual (each holds the interpreter well under a millisecond), the full pass (tens of milliseconds,
 #: holding the interpreter the engine thread needs after each step) waits for the end of the turn.
 GC_THRESHOLDS = (700, 10, 1000)
-#: Longest wait between sending a prompt and starting the engine (seconds): the question and the
-#: rows its answer will stream into are laid out first (a few frames, a few tens of milliseconds),
-#: so that those layouts of the screen do not run on the cores while the engine decodes.
+#: Longest wait between the prefill's end and the first decode cycle (seconds): the question and
+#: the rows its answer will stream into are laid out first (a few frames, a few tens of
+#: milliseconds, most of them during the prefill), so that those layouts of the screen do not run
+#: on the cores while the engine decodes.
 SETTLE_MAX_S = 2.0
-#: Frames the screen gets before the engine starts (a layout can ask for another: a scroll bar shown).
+#: Frames the screen gets before the engine decodes (a layout can ask for another: a scroll bar shown).
 SETTLE_FRAMES = 4
 #: The interface's CPU share is reported once answers have streamed this long (seconds).
 MIN_COST_S = 1.0
@@ -309,8 +310,7 @@ class DS4App(App):
         self.errors: list[tuple[str, str]] = []
         self._draining = False
         self._generating = False
-        self._settled = threading.Event()  # the turn's question is laid out: the engine may start
-        self._stop_early = False  # Esc before the engine started: the turn does not start
+        self._settled = threading.Event()  # the turn's question is laid out: the engine may decode
         self._panes_t = 0.0
         self._memory_t = 0.0
         self.ui_cost = InterfaceCost()
@@ -850,12 +850,12 @@ class DS4App(App):
         self.current = AssistantMessage(trace=self.trace)
         await view.mount(self.current)
         view.scroll_end(animate=False)
-        # the engine starts once the question is laid out and the rows its answer streams into are
-        # reserved (SETTLE_FRAMES frames, each after the layouts the one before asked for; a frame
-        # with nothing to do passes at once): the first text then repaints those rows, and no layout
-        # of the screen runs beside the engine's first cycles
+        # the engine prefills at once and decodes once the question is laid out and the rows its
+        # answer streams into are reserved (SETTLE_FRAMES frames, each after the layouts the one
+        # before asked for; a frame with nothing to do passes at once): the first text then repaints
+        # those rows, and no layout of the screen runs beside the engine's decode cycles
         settled = threading.Event()
-        self._settled, self._stop_early = settled, False
+        self._settled = settled
         steps = [self.current.size_live_text] + [None] * (SETTLE_FRAMES - 1)
 
         def frame() -> None:
@@ -876,15 +876,11 @@ class DS4App(App):
         self.run_worker(partial(self._turn, list(self.messages), self.think, settled), thread=True,
                         group="generation", exclusive=True, exit_on_error=False)
 
-    def _turn(self, messages, think, settled: threading.Event | None = None) -> None:
-        if settled is not None:
-            settled.wait(SETTLE_MAX_S)
-        if self._stop_early:  # Esc before the engine started: nothing ran
-            self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "stopped", 0.0, None, 0.0)))
-            return
-        try:
+    def _turn(self, messages, think, settled: threading.Event) -> None:
+        try:  # the prefill runs while the interface lays the turn out; decoding waits for it
             self.engine.run_turn(messages, self.queue, think=think, system=self.options.system,
-                                 max_tokens=self.options.max_tokens)
+                                 max_tokens=self.options.max_tokens,
+                                 before_decode=partial(settled.wait, SETTLE_MAX_S))
         except Exception as exc:  # a bug, not an engine error: show it and keep the app usable
             self.queue.put(W.Failed("generation failed", f"{type(exc).__name__}: {exc}"))
             self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
@@ -926,8 +922,7 @@ class DS4App(App):
             self.close_export()
             return
         if self.engine is not None and self._generating:
-            self._stop_early = True  # (the engine may not have started the turn yet)
-            self._settled.set()
+            self._settled.set()  # (a turn waiting for its layout stops at once)
             self.engine.stop()
             self._set_status("stopping…")
 

@@ -117,11 +117,14 @@ class FakeChatEngine:
         self._events.clear()
         return self.info
 
-    def run_turn(self, messages, sink, *, think=True, system=None, max_tokens=None, snapshot_s=0.1):
+    def run_turn(self, messages, sink, *, think=True, system=None, max_tokens=None, snapshot_s=0.1,
+                 before_decode=None):
         with self._busy:
             self._stop.clear()
             text = ([(REASONING, "think")] if think else []) + [(ANSWER, "answer")]
             sink.put(W.PrefillProgress(1, 40, 40, 0))
+            if before_decode is not None:
+                before_decode()
             ids, drafts, out = [], [], {"think": "", "answer": ""}
             n = 0
             reason = "eos"

@@ -297,8 +297,8 @@ async def test_typing_in_the_prompt_repaints_the_line_without_a_layout(tmp_path)
         assert prompt.value == "z" and prompt.scroll_x == 0
 
 
-async def test_the_engine_starts_once_the_question_is_laid_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)  # (a fallback; here the frames must set it)
+async def test_the_engine_decodes_once_the_question_is_laid_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)  # (a fallback; here the frames must end the wait)
     app = _app(tmp_path)
     seen = []
     async with app.run_test(size=(150, 48)) as pilot:
@@ -306,10 +306,13 @@ async def test_the_engine_starts_once_the_question_is_laid_out(tmp_path, monkeyp
         await app.flush()
         run_turn = app.engine.run_turn
 
-        def spy(*a, **kw):
-            live = app.current._channels["answer"].live
-            seen.append((live.reserve, live.max_rows))
-            return run_turn(*a, **kw)
+        def spy(*a, before_decode, **kw):
+            def gate():  # (after the prefill)
+                before_decode()
+                live = app.current._channels["answer"].live
+                seen.append((live.reserve, live.max_rows))
+
+            return run_turn(*a, before_decode=gate, **kw)
 
         app.engine.run_turn = spy
         app.query_one("#prompt").value = "Write a linked list"
@@ -320,22 +323,32 @@ async def test_the_engine_starts_once_the_question_is_laid_out(tmp_path, monkeyp
         assert app.turns and app.turns[-1].answer == ANSWER
 
 
-async def test_esc_before_the_engine_started_ends_the_turn_with_nothing_run(tmp_path, monkeypatch):
+async def test_esc_while_the_question_is_laid_out_ends_the_turn_before_it_decodes(tmp_path, monkeypatch):
     monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)
     app = _app(tmp_path)
     async with app.run_test(size=(150, 48)) as pilot:
         await app.workers.wait_for_complete()
         await app.flush()
-        calls, frames = [], []
-        app.engine.run_turn = lambda *a, **kw: calls.append(a)
+        run_turn, waiting, frames = app.engine.run_turn, threading.Event(), []
+
+        def spy(*a, before_decode, **kw):
+            def gate():
+                waiting.set()
+                before_decode()
+
+            return run_turn(*a, before_decode=gate, **kw)
+
+        app.engine.run_turn = spy
         # no frame passes: only Esc ends the wait
         app.call_after_refresh = lambda callback, *a, **kw: frames.append(callback)
         app.query_one("#prompt").value = "Write a linked list"
         await pilot.press("enter")
+        while not waiting.is_set():  # the prefill is done, decoding waits for the layout
+            await pilot.pause(0.01)
         await pilot.press("escape")
         await app.workers.wait_for_complete()
         await app.flush()
-        assert frames and calls == [] and app.turns == [] and app.messages == []
+        assert frames and app.engine._tokens == 0 and app.turns == [] and app.messages == []
         summary = app.query(C.AssistantMessage).last().query_one("#summary").render().plain
         assert "stopped before the answer began" in summary
 

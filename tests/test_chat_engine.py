@@ -24,9 +24,12 @@ def chat(tiny_q2):
 def test_turn_events_and_kv_reuse_match_a_fresh_engine(chat, tiny_q2):
     sink = W.EventQueue()
     first = [{"role": "user", "content": "Write a linked list in Python."}]
-    r1 = chat.run_turn(first, sink, think=False, max_tokens=10)
+    queued = []  # before_decode: called once, after the prefill's events and before any token
+    r1 = chat.run_turn(first, sink, think=False, max_tokens=10, before_decode=lambda: queued.append(len(sink)))
     events = sink.drain()
     assert isinstance(events[-1], W.Finished) and events[-1].result is r1
+    assert len(queued) == 1 and any(isinstance(e, W.PrefillProgress) for e in events[:queued[0]])
+    assert not any(isinstance(e, W.TokensEmitted) for e in events[:queued[0]])
     prefill = [e for e in events if isinstance(e, W.PrefillProgress)]
     assert prefill[-1].done == prefill[-1].total == r1.prompt_tokens and r1.reused_tokens == 0
     pieces = [p for e in events if isinstance(e, W.TokensEmitted) for p in e.pieces]

@@ -401,13 +401,16 @@ class ChatEngine:
         return keep
 
     def run_turn(self, messages: Sequence[Mapping[str, Any]], sink: EventQueue, *, think: bool = True,
-                 system: str | None = None, max_tokens: int | None = None, snapshot_s: float = 0.1) -> TurnResult | None:
+                 system: str | None = None, max_tokens: int | None = None, snapshot_s: float = 0.1,
+                 before_decode: Callable[[], Any] | None = None) -> TurnResult | None:
         """Generate the assistant's answer to ``messages`` (the last one a user message), posting
         events to ``sink``; the last event is always ``Finished``.  Returns the result, or None when
         the turn could not run (then ``Failed`` says why and ``Finished`` has reason "error" and no
         tokens).  ``Finished`` is posted once the turn has let go of the engine, so that whoever
-        sees it may start the next turn at once.  Call from one thread at a time (a second call
-        raises ``StateError``)."""
+        sees it may start the next turn at once.  ``before_decode``: called in this thread after
+        the prefill, before the first decode cycle (the chat app waits there until its interface
+        has laid the new turn out, ux.md §2.4; ``stop`` still ends the turn).  Call from one thread
+        at a time (a second call raises ``StateError``)."""
         if not self._busy.acquire(blocking=False):
             raise S.StateError("a turn is already running")
         finished = None
@@ -415,7 +418,8 @@ class ChatEngine:
             self._stop.clear()
             self.session.clear_cancel()
             self._turn += 1
-            result, finished = self._run(self._turn, messages, sink, think, system, max_tokens, snapshot_s)
+            result, finished = self._run(self._turn, messages, sink, think, system, max_tokens, snapshot_s,
+                                         before_decode)
             return result
         finally:
             self._stop.clear()
@@ -424,7 +428,7 @@ class ChatEngine:
             if finished is not None:
                 sink.put(finished)
 
-    def _run(self, turn, messages, sink, think, system, max_tokens, snapshot_s):
+    def _run(self, turn, messages, sink, think, system, max_tokens, snapshot_s, before_decode=None):
         s, tok = self.session, self.tokenizer
         try:
             ids = self.prompt_ids(messages, think=think, system=system)
@@ -456,6 +460,8 @@ class ChatEngine:
         except S.EngineError as exc:
             return self._failed(sink, turn, "prefill failed", exc)
         t_prefill = time.perf_counter()
+        if before_decode is not None and not stopped:
+            before_decode()
         eos, think_end = tok.eos_id, tok.think_end_id
         channel = "think" if think else "answer"
         decoder = tok.stream_decoder()
