@@ -1389,18 +1389,9 @@ static void q8_rows16_small(const uint8_t *W, size_t row_bytes, int64_t r, const
     }
 }
 
-/* The default verify (1 + 5 rows) with its token count known to the compiler: its accumulators stay
- * in registers (6 % faster on the demo LM head; a switch over every count made the one-token path
- * slower, measured). */
-static __attribute__((noinline)) void q8_pair_tokens6(const q8_wrow *ra, const q8_wrow *rb, int q2k,
-                                                      const ds4_q8_act *a, int64_t t0, float *Y, int64_t ldy) {
-    q8_pair_body(ra, rb, q2k, a, t0, 6, Y, ldy);
-}
-
-static __attribute__((noinline)) void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a,
-                                                     int64_t t0, int nt, float *Y, int64_t ldy) {
-    if (nt == 6) q8_pair_tokens6(ra, rb, q2k, a, t0, Y, ldy);
-    else q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy);
+static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
+                           float *Y, int64_t ldy) {
+    q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy);
 }
 #endif
 
