@@ -117,13 +117,15 @@ def ours(model: Path, a) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     py = sys.executable
     b = subprocess.run([py, "-m", "ds4tui", "bench", str(model), "--backend", a.backend, "--threads", str(a.threads),
-                        "--prompt-tokens", str(a.prompt_tokens), "--decode-tokens", str(a.decode_tokens), "--json"],
+                        "--prompt-tokens", str(a.prompt_tokens), "--decode-tokens", str(a.decode_tokens),
+                        "--activations", a.activations, "--json"],
                        stdout=subprocess.PIPE, text=True, env=env)
     if b.returncode != 0:
         raise SystemExit(f"peer_bench: ds4tui bench {model} exited {b.returncode}")
     r = json.loads(b.stdout)
     v = subprocess.run([py, str(ROOT / "tools" / "verify_ratio.py"), str(model), "--backend", a.backend,
-                        "--threads", str(a.threads), "--rounds", str(a.verify_rounds), "--json"],
+                        "--threads", str(a.threads), "--rounds", str(a.verify_rounds), "--activations", a.activations,
+                        "--json"],
                        stdout=subprocess.PIPE, text=True, env=env)
     if v.returncode != 0:
         raise SystemExit(f"peer_bench: verify_ratio {model} exited {v.returncode}")
@@ -179,6 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu")
     ap.add_argument("--amd-target", default="", help="build llama.cpp for this AMD target (e.g. gfx1151) with HIP")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32",
+                    help="ds4tui's matmul activations (a numerics option, spec ds4.md §2.9.5; default f32)")
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=3, help="alternating pairs of runs (default 3)")
@@ -234,7 +238,7 @@ def main(argv=None) -> int:
             o, p = [x[k] for x in per_pair["ours"]], [x[k] for x in per_pair["peer"]]
             summary[label][k] = {"ours": spread(o), "llama.cpp": spread(p),
                                  "ours_over_llama.cpp": spread([x / y for x, y in zip(o, p)])}
-    out = {"backend": a.backend, "threads": a.threads, "prompt_tokens": a.prompt_tokens,
+    out = {"backend": a.backend, "threads": a.threads, "activations": a.activations, "prompt_tokens": a.prompt_tokens,
            "decode_tokens": a.decode_tokens, "pairs": a.pairs,
            "peer": {"llama_bench": str(exe), "source": f"llama-cpp-python {a.sdist_version} sdist (vendor/llama.cpp)",
                     "build": build},
@@ -243,7 +247,8 @@ def main(argv=None) -> int:
            "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
            "summary": summary, "runs": pairs}
     for label, s in summary.items():
-        print(f"{label} ({a.backend}, {a.threads} threads, {a.pairs} alternating pairs; median [range])")
+        print(f"{label} ({a.backend}, {a.threads} threads, ds4tui activations {a.activations}, {a.pairs} alternating "
+              f"pairs; median [range])")
         for k, v in s.items():
             o, p, r = v["ours"], v["llama.cpp"], v["ours_over_llama.cpp"]
             print(f"  {k:22s} ds4tui {o['median']:9.2f} [{o['min']:.2f}-{o['max']:.2f}]   llama.cpp "
