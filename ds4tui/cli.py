@@ -239,7 +239,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      help="verify widths (rows per pass, 1 + drafts) to time, e.g. 2,3,4,5,6 (default 6)")
     syn.add_argument("--write-gguf", metavar="DIR",
                      help="write the 2- and 4-layer synthetic models as GGUF files in DIR (flash-2-layers.gguf, "
-                     "flash-4-layers.gguf; about 4 and 8 GiB) and exit without timing, so that another engine (e.g. "
+                     "flash-4-layers.gguf; about 5 and 9 GiB) and exit without timing, so that another engine (e.g. "
                      "llama.cpp's llama-bench, tools/peer_bench.py) times the same bytes; needs no GPU")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")

@@ -420,8 +420,9 @@ def test_synthetic_flash_write_gguf_holds_the_benchmarks_bytes(tmp_path, monkeyp
 
     shrunk = dict(n_embd=256, n_head=4, head_dim=128, value_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2,
                   n_expert=8, n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
-    real = synthetic.flash_models
+    real, real_configs = synthetic.flash_models, synthetic.flash_configs
     monkeypatch.setattr(synthetic, "flash_models", lambda **kw: real(**{**kw, **shrunk}))
+    monkeypatch.setattr(synthetic, "flash_configs", lambda **kw: real_configs(**{**kw, **shrunk}))  # the space check
     out = tmp_path / "files"
     assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", str(out), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -436,5 +437,38 @@ def test_synthetic_flash_write_gguf_holds_the_benchmarks_bytes(tmp_path, monkeyp
             assert got[name].tensor_type == t.type
             assert np.array_equal(np.asarray(got[name].data).reshape(-1).view(np.uint8),
                                   np.asarray(t.data).reshape(-1).view(np.uint8)), name
+        assert tensor_bytes_ok(path.stat().st_size, synthetic.tensor_bytes(model.config))
     assert cli_main(["bench", str(tmp_path / "m.gguf"), "--write-gguf", str(out)]) == 2
     assert "--write-gguf is an option of --synthetic flash" in capsys.readouterr().err
+
+
+def tensor_bytes_ok(file_bytes: int, tensors: int) -> bool:
+    """A GGUF holds its tensors plus metadata (the tokenizer: a few MiB)."""
+    return tensors < file_bytes < tensors + (64 << 20)
+
+
+def test_synthetic_flash_write_gguf_checks_the_folder_before_building(tmp_path, monkeypatch, capsys):
+    """A file given as the folder, a folder that cannot be created and too little free space are
+    each one line, exit 1, before any weights are built (building takes minutes at full width)."""
+    import shutil
+    from collections import namedtuple
+
+    from ds4tui.engine import synthetic
+
+    def never(**_):
+        raise AssertionError("weights built before the folder was checked")
+
+    monkeypatch.setattr(synthetic, "flash_models", never)
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", str(a_file)]) == 1
+    assert f"{a_file}: not a folder" in capsys.readouterr().err
+    assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", str(a_file / "sub")]) == 1
+    assert f"{a_file / 'sub'}: cannot create or use this folder" in capsys.readouterr().err
+    need = sum(synthetic.tensor_bytes(c) for c in synthetic.flash_configs()) + (64 << 20)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(need, 0, need - 1))
+    assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", str(tmp_path / "d")]) == 1
+    err = capsys.readouterr().err
+    assert f"{need / 2**30:.1f} GiB needed for the two files" in err and "free" in err
+    assert 13.5 < need / 2**30 < 14.5  # the full-width pair: about 5.2 + 8.9 GiB of tensors

