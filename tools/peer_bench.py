@@ -194,21 +194,42 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write every pair's numbers here")
     a = ap.parse_args(argv)
 
+    # every input is checked here, before minutes of fetching and building llama.cpp
+    if a.activations == "q8" and a.backend != "cpu":
+        ap.error("--activations q8 runs on the cpu backend only (use --backend cpu, or --activations f32)")
+    for flag in ("threads", "prompt_tokens", "decode_tokens", "pairs", "verify_rounds", "peer_repeats"):
+        if getattr(a, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(a, flag)}")
+    if a.llama_bench is not None and not (a.llama_bench.is_file() and os.access(a.llama_bench, os.X_OK)):
+        ap.error(f"--llama-bench {a.llama_bench}: not an executable file")
+    sys.path.insert(0, str(ROOT))
+    from ds4tui.engine.errors import ConversionError
+    from ds4tui.engine.gguf_model import DS4Model, ModelFileError
+
     files = list(a.models)
     n_plain = len(files)
     if a.synthetic_flash:
-        sys.path.insert(0, str(ROOT))
         from ds4tui.engine import synthetic
 
         paths = [a.synthetic_flash / synthetic.GGUF_NAMES[n] for n in (2, 4)]
         if not all(p.exists() for p in paths):
-            synthetic.write_flash_ggufs(a.synthetic_flash, log=log)
+            try:
+                synthetic.write_flash_ggufs(a.synthetic_flash, log=log)
+            except ConversionError as exc:
+                ap.error(f"--synthetic-flash {a.synthetic_flash}: {exc}")
         files += paths
     if not files:
         ap.error("give GGUF files or --synthetic-flash DIR")
     for f in files:
         if not f.is_file():
             ap.error(f"{f}: no such file")
+        try:
+            ratios = DS4Model(f).config.compress_ratios
+        except (ModelFileError, OSError) as exc:
+            ap.error(f"{f}: not a DS4 GGUF ds4tui can read: {exc}")
+        if not set(ratios) <= {0, 4, 128}:
+            ap.error(f"{f}: compression ratios {sorted(set(ratios))}, but llama.cpp's DeepSeek V4 loader takes only "
+                     "0, 4 and 128 (make a comparable model with make_test_model --config tiny128)")
     build = peer_build(a.backend, a.amd_target)
     exe = a.llama_bench or build_llama_bench(a.sdist_version, build,
                                             a.build_dir or cache_root() / f"llama.cpp-{a.sdist_version}-{build}")
