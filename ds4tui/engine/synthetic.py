@@ -20,6 +20,7 @@ Random bytes are made valid per format: every f16 scale (and every F16 weight) g
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -138,8 +139,6 @@ def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Pat
     folder, a folder that cannot be created or written, or too little free space (all checked
     before the weights are built), and for a failed write (no partial file is left)."""
     from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
-
-    import shutil
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
