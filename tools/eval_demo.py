@@ -147,6 +147,18 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
     return res
 
 
+def corpus_problem(corpus: Path) -> str | None:
+    """Why ``corpus`` is not a ``tools/demo_corpus.py`` folder with a held-out split (None when it is)."""
+    if not corpus.is_dir():
+        return (f"{corpus}: no such corpus folder (tools/demo_corpus.py makes it: "
+                f"python tools/demo_corpus.py {corpus} --wheels WHEELS)")
+    if not ((corpus / "heldout.npy").is_file() or ((corpus / "heldout.u16.xz").is_file()
+                                                    and (corpus / "ids.npy").is_file())):
+        return (f"{corpus}: no held-out split (expected heldout.npy, or heldout.u16.xz with ids.npy; "
+                f"tools/demo_corpus.py writes them)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -159,8 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None, help="write the full result (answers included) here")
     a = ap.parse_args(argv)
-    res = evaluate(a.model, a.support, a.corpus, a.threads, a.code_prompts, a.prompt_tokens, a.tokens,
-                   a.answer_tokens)
+    why = corpus_problem(a.corpus)
+    if why:
+        print(f"eval_demo: error: {why}", file=sys.stderr)
+        return 1
+    from ds4tui.engine.errors import EngineError, ModelFileError
+
+    try:
+        res = evaluate(a.model, a.support, a.corpus, a.threads, a.code_prompts, a.prompt_tokens, a.tokens,
+                       a.answer_tokens)
+    except (EngineError, ModelFileError) as exc:  # a missing or unreadable MODEL / SUPPORT: one line
+        print(f"eval_demo: error: {exc}", file=sys.stderr)
+        return 1
     if a.out:
         a.out.write_text(json.dumps(res, indent=1) + "\n")
     short = {k: v for k, v in res.items() if k != "function_prompts"}

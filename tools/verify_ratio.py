@@ -17,25 +17,47 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from ds4tui.cli import positive_int, thread_count
+from ds4tui.commands.bench import BenchError
+from ds4tui.demo import DemoError
+from ds4tui.engine.errors import BackendUnavailableError, EngineError, ModelFileError
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description="Time verify passes of --rows tokens against one-token decodes in alternating rounds of one "
+        "run, and print the median and range of both and the ratio of the medians (the ratio DSpark's scheduler "
+        "prices, spec dspark.md §7.3).")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("model", nargs="?", type=Path, help="a DS4 GGUF")
     g.add_argument("--demo", action="store_true", help="the bundled demo model")
     g.add_argument("--medium", action="store_true", help="the cached medium benchmark model (ds4tui bench --medium)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rows", type=int, default=6, help="rows of the verify pass (anchor + drafts)")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--threads", type=thread_count, default=2, help="engine threads (0 = one per core; default 2)")
+    ap.add_argument("--rows", type=positive_int, default=6, help="rows of the verify pass, >= 1 (anchor + drafts; "
+                    "default 6)")
+    ap.add_argument("--rounds", type=positive_int, default=20,
+                    help="rounds of 10 decodes and 10 verifies, >= 1 (default 20)")
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
     ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu",
                     help="engine backend (default cpu); hip times wall time")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
+    try:
+        return _measure(a)
+    except BackendUnavailableError as exc:  # the backend's fault (no GPU, no library), not the model's
+        print(f"verify_ratio: error: --backend {a.backend}: {exc}", file=sys.stderr)
+        return 1
+    except (EngineError, ModelFileError, DemoError, BenchError) as exc:
+        print(f"verify_ratio: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _measure(a: argparse.Namespace) -> int:
     from ds4tui.engine.session import Engine
 
     if a.demo:
