@@ -195,10 +195,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         description="Prefill a fixed prompt, decode greedily, and report prefill and decode tokens/s, the "
         "bytes read per decoded token (the inspect estimate at the mean decode position), the effective "
         "bandwidth that implies, the machine's memcpy bandwidth measured in the same run with the same "
-        "threads, and their ratio. Give a DS4 GGUF, or --medium for a synthetic model built once and cached.",
+        "threads, and their ratio. Give a DS4 GGUF, or --medium for a synthetic model built once and cached; "
+        "without either, the bundled demo model (named on stderr).",
     )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("model", nargs="?", metavar="MODEL", help="DS4 GGUF to benchmark")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("model", nargs="?", metavar="MODEL",
+                     help="DS4 GGUF to benchmark (default: the bundled demo model, and for --ab its DSpark support "
+                     "model unless --mtp names another; the paths go to stderr)")
     src.add_argument("--medium", action="store_true",
                      help="benchmark a synthetic medium model (hidden 1024, 8 layers, 64 experts, q2) built on "
                      "first use and cached under $XDG_CACHE_HOME/ds4tui/bench-medium (default ~/.cache)")
@@ -259,9 +262,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--tokens greedy tokens for a code prompt and for a prose prompt. Per arm and prompt: tokens/s and its "
         "ratio to target-only, accept rate, tokens/cycle, ms per drafter pass of each drafter step, verify per drafted cycle and the plain decode (with the counts; one verify in plain decodes of the target-only arm, which times many), ds4's stats line, and a "
         "check that all arms generated the same ids (exit status 1 if not).")
-    ab.add_argument("--ab", action="store_true", help="run the A/B comparison (needs --mtp, or --medium)")
+    ab.add_argument("--ab", action="store_true",
+                    help="run the A/B comparison (needs --mtp with a MODEL; --medium and the demo model bring their own)")
     ab.add_argument("--mtp", metavar="SUPPORT",
-                    help="DSpark support GGUF for --ab (with --medium: default the medium model's, built once)")
+                    help="DSpark support GGUF for --ab (default with --medium: the medium model's, built once; "
+                    "without MODEL: the demo model's)")
     ab.add_argument("--tokens", type=positive_int, metavar="N",
                     help="greedy tokens per prompt and arm (default 512; short runs mislead)")
 

@@ -126,7 +126,7 @@ def test_not_a_gguf_is_one_line_and_status_1(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "one of the arguments MODEL --medium --synthetic is required"),
+    (["--medium", "--synthetic", "flash"], "argument --synthetic: not allowed with argument --medium"),
     (["model.gguf", "--medium"], "argument --medium: not allowed with argument MODEL"),
     (["model.gguf", "--decode-tokens", "0"], "argument --decode-tokens: expected a positive integer, found 0"),
     (["model.gguf", "--threads", "-1"], "argument --threads: expected a thread count >= 0 (0 = one per core), found -1"),

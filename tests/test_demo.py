@@ -166,6 +166,22 @@ def test_generate_without_a_model_runs_the_demo_and_drafts(pair, capsys, prompt)
     assert off["generated_ids"] == on["generated_ids"]  # greedy: DSpark changes the speed, not the text
 
 
+def test_bench_without_a_model_measures_the_demo_and_says_so(pair, capsys):
+    assert cli.main(["bench", "--ab", "--tokens", "6", "--threads", "1", "--backend", "cpu", "--json"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert r["model"]["path"] == str(pair.model) and r["support"]["path"] == str(pair.support)
+    assert r["support"]["status"] == "attached" and r["outputs_identical"] and r["tokens"] == 6
+    assert (f"ds4tui bench: no MODEL given: benchmarking the bundled demo model {pair.model} with its DSpark "
+            f"support model {pair.support}") in captured.err.splitlines()
+    assert cli.main(["bench", "--prompt-tokens", "8", "--decode-tokens", "2", "--threads", "1", "--backend", "cpu",
+                     "--json"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)
+    assert r["model"]["path"] == str(pair.model) and r["decode_tokens"] == 2
+    assert captured.err.splitlines()[0] == f"ds4tui bench: no MODEL given: benchmarking the bundled demo model {pair.model}"
+
+
 def test_chat_without_a_model_opens_the_demo(pair):
     from ds4tui.commands.chat import options_from_args
 

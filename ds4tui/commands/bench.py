@@ -1,4 +1,4 @@
-"""``ds4tui bench (MODEL | --medium)``: prefill and decode speed, bytes per token, bandwidth.
+"""``ds4tui bench [MODEL | --medium]``: prefill and decode speed, bytes per token, bandwidth.
 
 What is measured, in one run:
 
@@ -17,7 +17,9 @@ What is measured, in one run:
 
 With ``--repeat N`` the whole measurement runs N times on one session (reset in between) and the
 fastest prefill and fastest decode are reported (``runs`` lists all).  ``--medium`` builds a synthetic
-medium model (``make_test_model`` config ``medium``) once into the user cache and reuses it.
+medium model (``make_test_model`` config ``medium``) once into the user cache and reuses it; with
+neither MODEL nor ``--medium`` the bundled demo model (:func:`ds4tui.demo.demo_pair`) is measured and
+its path goes to stderr.
 Errors print one line naming the file and return 1; a usage error (an option out of range for
 the model's context length, named with the accepted range) returns 2 before the weights load.
 
@@ -801,7 +803,7 @@ def _usage_error(args) -> str | None:
         given = [f"--{k.replace('_', '-')}" for k in PLAIN_DEFAULTS if getattr(args, k) is not None]
         if given:
             return f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (use --tokens N)"
-        if args.mtp is None and not args.medium:
+        if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
         return None
     for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens)):
@@ -856,6 +858,27 @@ def run_synthetic(args: argparse.Namespace) -> int:
     return _emit(args, result, synthetic.render) or 0
 
 
+def _use_demo(args: argparse.Namespace) -> int | None:
+    """No MODEL and no --medium: benchmark the bundled demo model (for --ab with its support model unless
+    --mtp names another), unpacked on first use, and say so on stderr; an exit status when it cannot."""
+    from ds4tui.demo import DemoError, demo_pair, stderr_progress
+
+    try:
+        pair = demo_pair(None if args.json else stderr_progress)
+    except DemoError as exc:
+        return _fail(str(exc), args, exc)
+    if pair is None:
+        return _fail("no MODEL given and this build has no bundled demo model: give a DS4 GGUF, or --medium",
+                     args, status=2)
+    args.model = str(pair.model)
+    note = f"no MODEL given: benchmarking the bundled demo model {pair.model}"
+    if args.ab and args.mtp is None:
+        args.mtp = str(pair.support)
+        note += f" with its DSpark support model {pair.support}"
+    print(f"{_PREFIX} {note}", file=sys.stderr, flush=True)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "synthetic", None):
         return run_synthetic(args)
@@ -872,6 +895,11 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{args.out}: cannot write the --out file: "
                          f"{'is a directory' if Path(args.out).is_dir() else 'no such folder ' + str(parent)}", args)
     path = args.model
+    if path is None and not args.medium:
+        failed = _use_demo(args)
+        if failed is not None:
+            return failed
+        path = args.model
 
     def say(note: str) -> None:  # which backend auto chose, and why
         if args.backend == "auto":
