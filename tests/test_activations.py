@@ -72,7 +72,8 @@ def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
 
     args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8"])
     opts = options_from_args(args)
-    assert opts.activations == "q8" and opts.backend == "cpu"  # auto picks the only backend that runs it
+    # auto stays auto: the engine picks the only backend that runs it and says why
+    assert opts.activations == "q8" and opts.backend == "auto"
     assert options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"])])).activations == "f32"
     with pytest.raises(ValueError, match="argument --activations: q8 runs on the cpu backend only, found --backend hip"):
         options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
@@ -135,3 +136,26 @@ def test_q8_greedy_dspark_on_equals_off(tiny_q2, fitted_support):
             assert got == want
             accepted += st.accepted_draft
     assert accepted > 0  # it did draft
+
+
+async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
+    """``ds4tui chat --activations q8``: the welcome line gives the engine's reason for the cpu
+    backend, the same sentence ``generate`` prints."""
+    from ds4tui.app import DS4App
+    from ds4tui.commands.chat import options_from_args
+    from ds4tui.engine.telemetry import FakeBackend, MemorySample
+
+    opts = options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
+                                                            "--ctx", "64", "--save-dir", str(tmp_path)]))
+    app = DS4App(opts, telemetry=FakeBackend([MemorySample(t_mono_s=0.0, backend="rss", device="cpu")]))
+    async with app.run_test(size=(160, 40)) as pilot:
+        for _ in range(1200):  # the model loads in a worker thread
+            if app.engine is not None or app.errors:
+                break
+            await pilot.pause(0.05)
+        assert app.engine is not None and not app.errors, app.errors
+        note = app.engine.engine.backend_note
+        assert note == "auto: using cpu because 8-bit activations (q8) run on the cpu backend only"
+        welcome = str(app.query_one("#welcome").render())
+        assert f"cpu backend ({note})." in welcome
+    app.close_engine()
