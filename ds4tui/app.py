@@ -1062,6 +1062,10 @@ class DS4App(App):
             "support_status": self.engine.info.support_status if self.engine else "none",
             "backend": self.engine.info.backend if self.engine else None,
             "numerics": self.options.numerics,
+            # the numerics options in force, under generate --json's names (compare lists a change)
+            "activations": self.engine.info.activations if self.engine else self.options.activations,
+            "prefill_gemm": self.engine.info.prefill_gemm if self.engine else None,
+            "prefill_gemm_note": self.engine.info.prefill_gemm_note if self.engine else None,
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,42 @@ def test_a_zero_budget_is_refused_for_its_size_not_its_unit(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match=f"expected a size of at least 1 byte, found '{text}'"):
         size_bytes(text)
+
+
+async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(tiny_q2, tmp_path, capsys):
+    """Two chat stats exports (F6), one with ``--activations q8``: each records the options in
+    force under generate --json's names, and compare lists the activations between the two
+    exports and between an export and a ``generate --json``."""
+    from ds4tui.app import ChatOptions, DS4App
+
+    async def export(activations: str) -> dict:
+        folder = tmp_path / activations
+        folder.mkdir()
+        app = DS4App(ChatOptions(model=str(tiny_q2["model"]), support=None, backend="auto", ctx=64,
+                                 save_dir=folder, telemetry="rss", activations=activations))
+        async with app.run_test(size=(160, 40)) as pilot:
+            for _ in range(1200):  # the model loads in a worker thread
+                if app.engine is not None or app.errors:
+                    break
+                await pilot.pause(0.05)
+            assert app.engine is not None and not app.errors, app.errors
+            engine = app.engine.engine
+            await pilot.press("f6")
+            await pilot.pause()
+        app.close_engine()
+        path = next(folder.glob("ds4tui-stats-*.json"))
+        d = json.loads(path.read_text())
+        assert (d["activations"], d["prefill_gemm"], d["prefill_gemm_note"]) == \
+            (engine.activations, engine.prefill_gemm, engine.prefill_gemm_note)
+        return {"path": str(path), **d}
+
+    a, b = await export("f32"), await export("q8")
+    assert (a["activations"], b["activations"]) == ("f32", "q8")
+    assert a["prefill_gemm"] == b["prefill_gemm"] == "off"  # the cpu backend keeps float32 products
+    assert cli_main(["compare", a["path"], b["path"], "--json"]) == 0
+    assert ["activations", "f32", "q8"] in json.loads(capsys.readouterr().out)["knobs"]
+    gen = _generate(tiny_q2, tmp_path, capsys, "gen.json")
+    assert json.loads(Path(gen).read_text())["activations"] == "f32"
+    assert cli_main(["compare", gen, b["path"], "--json"]) == 0
+    knobs = json.loads(capsys.readouterr().out)["knobs"]
+    assert ["activations", "f32", "q8"] in knobs and not any(k[0] == "prefill_gemm" for k in knobs)
