@@ -161,6 +161,20 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
 )
 
 
+def key_of(action_id: str) -> str:
+    """The key bound to an action of :data:`ACTIONS` (``"chat.new"``) as the footer writes it
+    (``"Ctrl+N"``, ``"F6"``); KeyError for an unknown id."""
+    key = next(k for bid, k, *_ in ACTIONS if bid == action_id)
+    return "+".join(part.capitalize() if len(part) > 1 else part.upper() for part in key.split("+"))
+
+
+def context_full_hint() -> str:
+    """What a turn that stopped because the context filled up says (its summary and a toast): the
+    next question would stop after a few tokens, and what to do."""
+    return (f"the context is full: {key_of('chat.new')} starts a new chat, {key_of('chat.context')} "
+            f"a larger context")
+
+
 @dataclass
 class InterfaceCost:
     """What the interface itself cost while answers streamed (from the first text written to the
@@ -899,7 +913,11 @@ class DS4App(App):
                 summary = (f"{plural(n, 'token')} · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
                            if n else "0 tokens")
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
+                if r.reason == "ctx":
+                    summary += f" · {context_full_hint()}"
             await self.current.finish(summary)
+            if r.reason == "ctx":  # once for this turn: the next question would stop after a few tokens
+                self.notify(context_full_hint(), title="context full", severity="warning", timeout=10)
         if r.reason in ("error", "stopped") and not r.ids:
             # nothing was generated (an error, or Esc during the prefill): the prompt leaves the
             # conversation, so the next turn does not prefill it again

@@ -321,3 +321,31 @@ async def test_the_context_size_changes_from_the_palette_with_the_memory_it_need
         assert "context 0/3000 tokens" in app.query_one("#throughput").text
         await _ask(pilot, app, "Hi")  # and the chat goes on in the new session
         assert app.turns[-1].ids
+
+
+async def test_an_answer_that_fills_the_context_says_what_to_do_once(tiny_q2, tmp_path):
+    """Unlimited answers in a small context: the turn stops with ``ctx`` (the engine's reason) and
+    its summary and one toast say the context is full, with the keys that help; a turn that stops
+    for another reason says nothing of it."""
+    from ds4tui.app import context_full_hint
+
+    hint = "the context is full: Ctrl+N starts a new chat, Ctrl+G a larger context"
+    assert context_full_hint() == hint
+    app = DS4App(_options(tiny_q2["model"], None, tmp_path, ctx=48, max_tokens=None))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await _loaded(pilot, app)
+        await _ask(pilot, app, "Hi")
+        await pilot.pause()
+        r = app.turns[-1]
+        assert r.reason == "ctx" and len(r.ids) > 8  # the engine stopped: every position of 48 holds a token
+        summary = app.query(AssistantMessage).last()._summary._line[0]
+        assert summary.endswith(f"stop: ctx · {hint}")
+        toasts = [m.message for m in app._notifications]
+        assert toasts.count(hint) == 1
+        await pilot.press("ctrl+n")
+        app.options.max_tokens = 4
+        await _ask(pilot, app, "Hi")
+        await pilot.pause()
+        assert app.turns[-1].reason == "max_tokens"
+        assert hint not in app.query(AssistantMessage).last()._summary._line[0]
+        assert [m.message for m in app._notifications].count(hint) <= 1  # toasts time out; never a second one
