@@ -98,6 +98,9 @@ async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_su
         for name, ms in t["ms_per_drafter_pass"].items():
             if ms and name != "propose":
                 assert f"{name:<16}{ms:8.3f}" in stages
+            elif not ms:  # a step this drafter never ran is not listed
+                assert name not in stages
+        assert "at 0 ms" not in stages
         assert f"ms per drafter pass ({t['drafter_passes']} passes)" in stages
         assert f"ms per drafted cycle ({t['drafted_cycles']}) · decode ({t['plain_decodes']})" in stages
         assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in stages and "prop_markov" in stages

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Static, Switch
 
-from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
+from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, DSparkStats
 from ds4tui.engine.timeline import SpecView
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
@@ -126,7 +126,8 @@ class StagesPane(Pane):
     """Stage times in the unit each is spent in (``DSparkStats.stage_timing``, spec dspark.md
     §6.2): the drafter's steps (prop_setup … prop_confidence) and their sum per drafter pass,
     verify per drafted cycle, and the plain one-token decode it is weighed against, each with the
-    count it is based on; bars share one scale."""
+    count it is based on; bars share one scale.  A step at 0 ms in every pass so far (one this
+    drafter never runs) is left out; the stats line and the JSON keep every name."""
 
     def show(self, st: DSparkStats | None) -> None:
         if st is None or st.cycles == 0:
@@ -157,9 +158,6 @@ class StagesPane(Pane):
         out.append(row("plain decode", decode))
         if t["verify_over_decode"] is not None:
             out.append(Content(f"one verify = {t['verify_over_decode']:.2f} plain decodes"))
-        idle = [name for name in PROP_STAGES if not per_pass[name]] if n_pass else []
-        if idle:
-            out.append(Content.styled(f"at 0 ms: {', '.join(idle)}", "$text-muted"))
         self.put(rows(out))
 
 
