@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from fake_chat import FakeChatEngine
+from pilot_helpers import loaded
 
 from ds4tui import cli
 from ds4tui.engine.errors import BackendUnavailableError
@@ -149,11 +150,7 @@ async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
                                                             "--ctx", "64", "--save-dir", str(tmp_path)]))
     app = DS4App(opts, telemetry=FakeBackend([MemorySample(t_mono_s=0.0, backend="rss", device="cpu")]))
     async with app.run_test(size=(160, 40)) as pilot:
-        for _ in range(1200):  # the model loads in a worker thread
-            if app.engine is not None or app.errors:
-                break
-            await pilot.pause(0.05)
-        assert app.engine is not None and not app.errors, app.errors
+        await loaded(pilot, app)
         note = app.engine.engine.backend_note
         assert note == "auto: using cpu because 8-bit activations (q8) run on the cpu backend only"
         welcome = str(app.query_one("#welcome").render())

@@ -6,10 +6,11 @@ a target-only greedy run of the same prompt), never with a constant."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
+from pilot_helpers import loaded as _loaded
+from pilot_helpers import until as _until
 
 from ds4tui.app import ChatOptions, DS4App
 from ds4tui.engine import session as S
@@ -27,19 +28,6 @@ def _options(model, support, tmp_path, **kw) -> ChatOptions:
     kw = {"backend": "cpu", "ctx": 1024, "think": False, "max_tokens": 40, "save_dir": tmp_path, "telemetry": "rss",
           **kw}
     return ChatOptions(model=str(model), support=None if support is None else str(support), **kw)
-
-
-async def _until(pilot, cond, timeout: float = 90.0, what: str = "condition") -> None:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await pilot.pause(0.05)
-
-
-async def _loaded(pilot, app) -> None:
-    await _until(pilot, lambda: app.engine is not None or app.errors, what="the model to load")
-    assert not app.errors, app.errors
 
 
 async def _ask(pilot, app, text: str = PROMPT) -> None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pilot_helpers import loaded
 
 from ds4tui.cli import main as cli_main
 from ds4tui.commands import compare as C
@@ -216,11 +217,7 @@ async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(t
         app = DS4App(ChatOptions(model=str(tiny_q2["model"]), support=None, backend="auto", ctx=64,
                                  save_dir=folder, telemetry="rss", activations=activations))
         async with app.run_test(size=(160, 40)) as pilot:
-            for _ in range(1200):  # the model loads in a worker thread
-                if app.engine is not None or app.errors:
-                    break
-                await pilot.pause(0.05)
-            assert app.engine is not None and not app.errors, app.errors
+            await loaded(pilot, app)
             engine = app.engine.engine
             await pilot.press("f6")
             await pilot.pause()
