@@ -348,7 +348,8 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     (["--tokens", "5"], "--tokens is an option of the A/B run: add --ab"),
     (["--mtp", "s.gguf"], "--mtp is an option of the A/B run: add --ab"),
     (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
-     "--decode-tokens, --repeat do not apply to --ab (use --tokens N)"),
+     "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
+     "sets how many tokens each answer generates)"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)
@@ -472,3 +473,6 @@ def test_synthetic_flash_write_gguf_checks_the_folder_before_building(tmp_path, 
     err = capsys.readouterr().err
     assert f"{need / 2**30:.1f} GiB needed for the two files" in err and "free" in err
     assert 13.5 < need / 2**30 < 14.5  # the full-width pair: about 5.2 + 8.9 GiB of tensors
+    assert not (tmp_path / "d").exists()  # the folder it made for nothing is gone again
+    assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", " "]) == 2
+    assert "--write-gguf needs a folder name (got an empty one)" in capsys.readouterr().err

@@ -149,6 +149,8 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
 
 def corpus_problem(corpus: Path) -> str | None:
     """Why ``corpus`` is not a ``tools/demo_corpus.py`` folder with a held-out split (None when it is)."""
+    if corpus.exists() and not corpus.is_dir():
+        return f"{corpus}: not a folder (give the corpus folder tools/demo_corpus.py wrote)"
     if not corpus.is_dir():
         return (f"{corpus}: no such corpus folder (tools/demo_corpus.py makes it: "
                 f"python tools/demo_corpus.py {corpus} --wheels WHEELS)")

@@ -802,7 +802,8 @@ def _usage_error(args) -> str | None:
     if args.ab:
         given = [f"--{k.replace('_', '-')}" for k in PLAIN_DEFAULTS if getattr(args, k) is not None]
         if given:
-            return f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (use --tokens N)"
+            return (f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (it runs its own code "
+                    f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
         return None
@@ -832,7 +833,10 @@ def run_synthetic(args: argparse.Namespace) -> int:
     if args.ab or args.mtp is not None:
         print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
         return 2
-    if getattr(args, "write_gguf", None):
+    if getattr(args, "write_gguf", None) is not None:
+        if not args.write_gguf.strip():
+            print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
+            return 2
         try:
             paths = synthetic.write_flash_ggufs(args.write_gguf, log=lambda m: print(m, file=sys.stderr, flush=True))
         except (ConversionError, EngineError, OSError, ValueError) as exc:

@@ -143,21 +143,27 @@ def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Pat
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ConversionError(f"{folder}: not a folder (give a folder to write the two GGUF files in)")
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(folder).free
     except OSError as exc:
         raise ConversionError(f"{folder}: cannot create or use this folder: {exc.strerror or exc}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConversionError(f"{folder}: not writable (give a folder you can write in)")
     need = sum(tensor_bytes(c) for c in flash_configs(**overrides)) + (64 << 20)  # + metadata, tokenizer
-    if free < need:  # before minutes of building ~9 GiB of weights
-        raise ConversionError(f"{folder}: {need / 2**30:.1f} GiB needed for the two files, {free / 2**30:.1f} GiB "
-                              f"free (free some space or give another folder)")
+    why = (f"{folder}: not writable (give a folder you can write in)" if not os.access(folder, os.W_OK | os.X_OK)
+           else f"{folder}: {need / 2**30:.1f} GiB needed for the two files, {free / 2**30:.1f} GiB free (free some "
+                f"space or give another folder)" if free < need else None)
+    if why:  # refused before minutes of building ~9 GiB of weights, leaving no folder made for nothing
+        if created:
+            folder.rmdir()
+        raise ConversionError(why)
     vocab = vocab_from_tokenizer_json(default_tokenizer_json())
     out = []
+    log(f"building the synthetic weights ({need / 2**30:.0f} GiB of tensors for the two files; a minute or more)")
     for model in flash_models(log=log, **overrides):
         n = model.config.n_layer
+        if (folder / GGUF_NAMES[n]).exists():
+            log(f"replacing {folder / GGUF_NAMES[n]}")
         plan = [PlannedTensor(spec, model.tensors[spec.name].type, (lambda d=model.tensors[spec.name].data: d),
                               encoded=True) for spec in model.specs]
         name = f"synthetic DS4 Flash, {n} layers (random weights)"
