@@ -111,4 +111,8 @@ def _measure(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("verify_ratio: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -64,7 +64,7 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                   "a draft.",
                   "Nothing to do: only the last tokens of a budget (-n) are affected."),
     "no_room": ("The budget, the context or the batch left no room for even one draft token.",
-                "Raise the token budget (-n) or the context (--ctx)."),
+                "Raise the token budget (-n) or the context (--ctx; Ctrl+G in the app)."),
 }
 
 #: DS4_DSPARK_MAX_BLOCK: the largest drafter block.
