@@ -1233,6 +1233,26 @@ static inline void q8_reduce_rows(const float *lanes, float *y) {
 #endif
 
 #if defined(Q8_ZMM)
+/* The 8 x 8 transpose of 32-bit lanes within each 256-bit half: r[i] = block i of rows A (low half) and
+ * B (high half) -> c[j] = lane j of blocks 0-3 of A, of B, then of blocks 4-7 of A, of B. */
+static inline void q8_transpose_zmm(const __m512i r[8], __m512i c[8]) {
+    __m512i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        c[j] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0x88);
+        c[j + 4] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0xDD);
+    }
+}
+
 /* Two decoded rows A and B (nb a multiple of 8) against tokens t0 .. t0 + nt - 1: the same integer sums
  * and float operations as q8_row_tokens, with 8 blocks of both rows in one vector: lanes [A blocks 0-3,
  * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
@@ -1244,32 +1264,19 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
     for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b += 8) {
-        __m512i r[8], t[8], u[8], c[8];
+        __m512i c[8];
         if (ra->tr) { /* both rows already transposed: [A 0-3, B 0-3, A 4-7, B 4-7] from the two vectors j */
             const __m512i ix = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
             for (int j = 0; j < 8; j++)
                 c[j] = _mm512_permutex2var_epi64(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + 32 * b + 32 * j))), ix,
                                                  _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rb->w + 32 * b + 32 * j))));
-            goto transposed;
+        } else {
+            __m512i r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + ra->stride * (b + i)))),
+                                          _mm256_loadu_si256((const __m256i *)(rb->w + rb->stride * (b + i))), 1);
+            q8_transpose_zmm(r, c);
         }
-        for (int i = 0; i < 8; i++)
-            r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + ra->stride * (b + i)))),
-                                      _mm256_loadu_si256((const __m256i *)(rb->w + rb->stride * (b + i))), 1);
-        for (int i = 0; i < 8; i += 2) {
-            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-        }
-        for (int i = 0; i < 8; i += 4) {
-            u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-            u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-            u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-            u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-        }
-        for (int j = 0; j < 4; j++) {
-            c[j] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0x88);
-            c[j + 4] = _mm512_shuffle_i64x2(u[j], u[j + 4], 0xDD);
-        }
-    transposed:;
         __m512i k0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[0]);
         __m512i k1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[1]);
         k0 = _mm512_dpbusd_epi32(k0, m128, c[2]), k1 = _mm512_dpbusd_epi32(k1, m128, c[3]);
