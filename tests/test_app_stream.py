@@ -271,7 +271,47 @@ async def test_stream_text_outgrows_its_reserve_in_steps_and_repaints_only_rows_
         w.max_rows = 9
         w.append("\nline 7\nline 8\nline 9")  # the next step is capped at max_rows
         await pilot.pause()
-        assert w.size.height == 9 and _rows(w)[-1] == "line 9"
+        # 10 rows in 9: the text scrolls a step (4 rows) at once, its last row 3 rows above the bottom
+        assert w.size.height == 9 and _rows(w) == [f"line {k}" for k in range(4, 10)] + ["", "", ""]
+
+
+async def test_capped_stream_text_scrolls_in_steps_and_repaints_only_new_rows_between_them():
+    app = _One()
+    async with app.run_test() as pilot:
+        w = app.query_one(StreamText)
+        w.max_rows, w.grow_step = 4, 3
+        w.append("\n".join(f"line {k}" for k in range(4)))
+        await pilot.pause()
+        assert w.size.height == 4 and _rows(w) == ["line 0", "line 1", "line 2", "line 3"]
+        regions = []
+        original = w.refresh
+
+        def refresh(*rs, layout=False, **kw):
+            regions.append((rs, layout))
+            return original(*rs, layout=layout, **kw)
+
+        w.refresh = refresh
+        w.append("\nline 4")  # past the cap: one scroll of 3 rows, every row shown repainted
+        await pilot.pause()
+        assert regions == [((), False)] and _rows(w) == ["line 3", "line 4", "", ""]
+        regions.clear()
+        w.append(" grows\nline 5")  # within the step: its rows only
+        await pilot.pause()
+        assert regions == [((Region(0, 1, 26, 2),), False)] and _rows(w) == ["line 3", "line 4 grows", "line 5", ""]
+        regions.clear()
+        w.append("\nline 6\nline 7")  # one row over: the next scroll
+        await pilot.pause()
+        assert regions == [((), False)] and _rows(w) == ["line 6", "line 7", "", ""]
+        # a step never hides text it could show: a larger cap shows the rows above again
+        w.max_rows = 6
+        await pilot.pause()
+        assert _rows(w) == ["line 4 grows", "line 5", "line 6", "line 7", "", ""]
+        w.max_rows = None
+        await pilot.pause()
+        assert w.size.height == 8 and _rows(w)[0] == "line 0" and _rows(w)[-1] == "line 7"
+        w.set("short")  # a new text starts at the top
+        await pilot.pause()
+        assert _rows(w) == ["short"]
 
 
 async def test_typing_in_the_prompt_repaints_the_line_without_a_layout(tmp_path):

@@ -43,11 +43,15 @@ class StreamText(Widget):
     Rows are the lines of the text word-wrapped at the widget's width (a word longer than a row is
     folded).  Only the last line can still change, so an append wraps only that line again.
     ``reserve`` rows are taken from the start (the text is drawn from the top, blank rows below it)
-    and ``max_rows`` (None: no limit) caps the height: beyond it the widget shows its last
-    ``max_rows`` rows.  A text growing within them costs a repaint of the rows that changed and
-    no layout of the screen (set ``max_rows`` to the height of the view the text scrolls in: a
-    view pinned to its bottom then shows what it would show without the cap).  A text that
-    outgrows its reserve takes ``grow_step`` rows more at a time (each new height is a layout)."""
+    and ``max_rows`` (None: no limit) caps the height: beyond it the widget shows the end of the
+    text.  A text growing within them costs a repaint of the rows that changed and no layout of
+    the screen (set ``max_rows`` to the height of the view the text scrolls in: a view pinned to
+    its bottom then shows what it would show without the cap).  A text that outgrows its reserve
+    takes ``grow_step`` rows more at a time (each new height is a layout), and a capped text that
+    outgrows its rows scrolls ``grow_step`` rows at a time: its last row is shown with
+    ``grow_step - 1`` blank rows below it, which the next rows of text fill with repaints of
+    those rows alone (each scroll repaints every row shown, so a text streaming past the cap
+    costs one full repaint per ``grow_step`` rows, not one per write)."""
 
     DEFAULT_CSS = """
     StreamText { height: auto; }
@@ -65,6 +69,7 @@ class StreamText(Widget):
         self._max_rows: int | None = None
         self._reserve = 0
         self._grow_step = 1
+        self._top = 0  # the first row shown (see _settle)
 
     @property
     def content(self) -> Content:
@@ -89,7 +94,8 @@ class StreamText(Widget):
         if n != self._max_rows:
             before = self._height()
             self._max_rows = n
-            if self._width and self._height() != before:
+            top = self._top
+            if self._width and (self._settle() != top or self._height() != before):
                 self.refresh(layout=True)
 
     @property
@@ -102,7 +108,8 @@ class StreamText(Widget):
         if n != self._reserve:
             before = self._height()
             self._reserve = n
-            if self._height() != before:
+            top = self._top
+            if self._settle() != top or self._height() != before:
                 self.refresh(layout=True)
 
     @property
@@ -116,6 +123,7 @@ class StreamText(Widget):
             before = self._height()
             self._grow_step = n
             if self._width and self._height() != before:
+                self._settle()
                 self.refresh(layout=True)
 
     def _height(self) -> int:
@@ -126,8 +134,21 @@ class StreamText(Widget):
         return rows if self._max_rows is None else min(rows, self._max_rows)
 
     def _offset(self) -> int:
-        """The first row shown."""
-        return max(0, self.row_count - self._height())
+        """The first row shown: 0 while the text fits its height; past it, where the last scroll
+        put it as long as the last row is still shown, else (a scroll) ``grow_step - 1`` rows past
+        the first row that shows the last row.  Never so far that fewer rows of text than the
+        height minus ``grow_step - 1`` are shown (a larger cap shows more text at once)."""
+        rows, height = self.row_count, self._height()
+        if rows <= height:
+            return 0
+        pinned = rows - height  # the last row at the bottom
+        ahead = min(pinned + max(0, min(self._grow_step, height) - 1), rows - 1)
+        return ahead if self._top < pinned else min(self._top, ahead)
+
+    def _settle(self) -> int:
+        """Keep :meth:`_offset` as the first row shown; returns it."""
+        self._top = self._offset()
+        return self._top
 
     def _wrap(self, line: Content) -> list[Content]:
         return line.wrap(self._width) or [Content("")]
@@ -142,6 +163,8 @@ class StreamText(Widget):
         self._rows = [row for line in self._lines[:-1] for row in self._wrap(line)]
         self._wrap_tail()
         self._strips.clear()
+        self._top = 0
+        self._settle()
 
     def clear(self) -> None:
         self.set(Content(""))
@@ -152,6 +175,7 @@ class StreamText(Widget):
         self._width = 0
         self._strips.clear()
         self._rows, self._tail = [], []
+        self._top = 0
         self.append(text, force_layout=True)
 
     def append(self, text: str | Content, *, force_layout: bool = False) -> None:
@@ -172,7 +196,7 @@ class StreamText(Widget):
             if shown or force_layout:
                 self.refresh(layout=True)
             return
-        rows_before, height_before, offset_before = self.row_count, self._height(), self._offset()
+        rows_before, height_before, offset_before = self.row_count, self._height(), self._top
         first = len(self._rows)  # the old last line's first row: the rows above it cannot change
         for line in self._lines[len(self._lines) - len(parts):-1]:  # the lines this text completed
             self._rows.extend(self._wrap(line))
@@ -180,9 +204,10 @@ class StreamText(Widget):
         for y in range(first, rows_before):
             self._strips.pop(y, None)
         if self._height() != height_before or force_layout:
+            self._settle()
             self.refresh(layout=True)
-        elif self._offset() != offset_before:
-            self.refresh()  # capped: every row shown moved up
+        elif self._settle() != offset_before:
+            self.refresh()  # capped and scrolled: every row shown moved up
         else:  # the rows from the old last line's first to the last row of text (reserved blank rows stay)
             top = max(0, first - offset_before)
             bottom = min(self._height(), self.row_count - offset_before)
@@ -207,7 +232,7 @@ class StreamText(Widget):
 
     def render_line(self, y: int) -> Strip:
         width, style = self.size.width, self.visual_style
-        k = y + self._offset()
+        k = y + self._top
         strip = self._strips.get(k)
         if strip is not None and strip.cell_length == width:
             return strip
