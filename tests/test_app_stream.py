@@ -428,3 +428,32 @@ async def test_the_summary_line_is_redrawn_at_most_every_summary_s(monkeypatch):
         assert msg.n_tokens == 4 and summary.render().plain == "2 tokens · 1 from accepted drafts"
         await msg.finish("done")
         assert summary.render().plain == "done"
+
+
+async def test_ui_tax_times_the_frames_that_show_the_answer_and_a_typed_key(tmp_path):
+    from ds4tui.devtools import ui_tax
+
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        frames = ui_tax._Frames(app)
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:
+            await pilot.pause(0.01)
+        await app.flush()  # the text so far: one write
+        await pilot.pause()
+        await frames.type_key()  # acted on (the prompt holds it), then drawn
+        assert app.query_one("#prompt").value == "x"
+        assert len(frames.key_ms) == len(frames.key_frame_ms) == 1 and 0 < frames.key_ms[0] <= frames.key_frame_ms[0]
+        shown = [n for _, n in frames.frames]
+        assert app.current.n_tokens > 0 and app.current.n_tokens in shown  # a frame showed the text written
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()
+    # the rate counts frames that show more of the answer than the frame before, from the first to the last
+    frames.frames = [(0.0, -1), (0.1, 0), (0.2, 5), (0.3, 5), (0.4, 9), (0.6, 9), (1.2, 20), (1.3, -1)]
+    rate, gap, n = frames.text_rate()
+    assert n == 3 and rate == pytest.approx(2 / 1.0) and gap == pytest.approx(0.8)

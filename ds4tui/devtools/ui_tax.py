@@ -1,7 +1,7 @@
 """Benchmark: what the chat app costs the engine ("UI tax", ux.md §0 item 5).
 
 ``python -m ds4tui.devtools.ui_tax MODEL [--mtp SUPPORT] [--backend cpu|hip|auto] [--tokens N]
-[--repeat R] [--threads T] [--key-every S] [--out F.json]``
+[--repeat R] [--threads T] [--key-every S] [--terminal-output] [--out F.json]``
 
 Two arms on one engine and one prompt, greedy, interleaved R times so machine drift hits both:
 
@@ -11,7 +11,11 @@ Two arms on one engine and one prompt, greedy, interleaved R times so machine dr
   every frame but writes no terminal) sends the same prompt, streams into the transcript and
   updates every pane while the engine decodes in its worker thread.  Every ``--key-every``
   seconds while the answer streams, a key is typed into the prompt (as a person typing the next
-  question would) and the time until the prompt shows it is recorded.
+  question would: the event the terminal driver would post) and the time until the app has
+  acted on it (the prompt holds it) and until the frame that shows it is recorded.  Every frame
+  the app draws is timed, and the frames that show more of the answer than the frame before
+  give the text's update rate on screen.  ``--terminal-output``: each frame is also turned into
+  the terminal's escape sequences, as on a real terminal (the headless driver skips that work).
 
 Decode tokens/s = (tokens − 1) / (time from the first token to the last), as ``generate`` reports
 it.  Per run it also records the engine's own time inside its C steps (``engine_c_s``, from the
@@ -22,9 +26,12 @@ longest gap between two (as the app measures them, ``DS4App.turn_costs``: from i
 write to the turn's end arriving), the UI thread's CPU seconds per second of decoding as this
 benchmark measures them around the engine (``ui_cpu_decode_share``: from the engine's first token
 to the end of its turn, read from the UI thread's CPU clock by the engine thread; the same for any
-version of the app), and the key latencies.
+version of the app), the key latencies (``key_latency_ms``: until the prompt holds the key;
+``key_to_frame_ms``: until the frame that shows it), and the answer's frames
+(``text_frames_per_s``: frames that show more of the answer, per second from the first to the
+last; ``max_text_frame_gap_s``: the longest time between two).
 Prints the per-run numbers and the ratio app / headless (goals: ≥ 0.95 on a CPU engine, ≥ 0.98
-on a GPU) and writes JSON.
+on a GPU; keys acted on within 100 ms, text shown at least 5 times a second) and writes JSON.
 """
 
 from __future__ import annotations
@@ -68,12 +75,76 @@ def headless_run(chat, n_tokens: int) -> dict:
             "engine_c_s": (s.stats().decode_ms - c0) / 1000, "ids": out}
 
 
-async def _probe_keys(app, every: float, latencies: list[float]) -> None:
-    """While the answer streams: every ``every`` seconds a key typed into the prompt, and the
-    seconds until the prompt holds it."""
-    from textual import events
+class _Frames:
+    """Wraps the app's ``_display`` (called with each frame the screen's compositor made): the time
+    of every frame and the answer's tokens it shows (``app.current.n_tokens``: the streaming
+    message's); and a key typed into the prompt is timed until the app acts on it and until the
+    frame after that."""
 
-    prompt = app.query_one("#prompt")
+    def __init__(self, app, terminal_output: bool = False):
+        self.app, self.terminal_output = app, terminal_output
+        self.frames: list[tuple[float, int]] = []  # (perf_counter, tokens shown)
+        self.key: tuple[float, int] | None = None  # (when posted, the prompt's length before)
+        self.acted: float | None = None  # when the prompt was seen holding the key
+        self.shown = asyncio.Event()
+        self.key_ms: list[float] = []  # until the prompt holds the key
+        self.key_frame_ms: list[float] = []  # until the frame after that
+        display = app._display
+
+        def timed(screen, renderable) -> None:
+            display(screen, renderable)
+            if renderable is None:
+                return
+            if self.terminal_output and hasattr(renderable, "render_segments"):
+                renderable.render_segments(app.console)  # what a terminal driver would write
+            t = time.perf_counter()
+            msg = app.current
+            self.frames.append((t, msg.n_tokens if msg is not None else -1))
+            if self.key is not None and self.acted is not None:
+                self.key_frame_ms.append(1000 * (t - self.key[0]))
+                self.key, self.acted = None, None
+                self.shown.set()
+
+        app._display = timed  # (an instance attribute)
+        self.prompt = app.query_one("#prompt")
+        app.watch(self.prompt, "value", self._typed, init=False)
+
+    def _typed(self, value: str) -> None:
+        if self.key is not None and self.acted is None and len(value) != self.key[1]:
+            self.acted = time.perf_counter()
+            self.key_ms.append(1000 * (self.acted - self.key[0]))
+
+    async def type_key(self, timeout: float = 2.0) -> None:
+        """Post a key for the prompt and wait (at most ``timeout`` s) until a frame shows it."""
+        from textual import events
+
+        self.shown.clear()
+        self.key, self.acted = (time.perf_counter(), len(self.prompt.value)), None
+        self.app.post_message(events.Key("x", "x"))
+        try:
+            await asyncio.wait_for(self.shown.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.key = None  # (not acted on, or not drawn, in ``timeout``: left out)
+
+    def text_rate(self) -> tuple[float | None, float | None, int]:
+        """(frames that show more of the answer per second, from the first to the last; the longest
+        time between two, seconds; their number)."""
+        times, last = [], 0
+        for t, n in self.frames:
+            if n > last:
+                times.append(t)
+                last = n
+            elif n < 0:
+                last = 0
+        if len(times) < 2:
+            return None, None, len(times)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return (len(times) - 1) / (times[-1] - times[0]), max(gaps), len(times)
+
+
+async def _probe_keys(app, every: float, frames: _Frames) -> None:
+    """While the answer streams: every ``every`` seconds a key typed into the prompt (the first
+    0.2 s after the first text), timed by ``frames``."""
     wait = 0.05  # until the answer streams, then every ``every`` seconds
     while not app.turns:
         await asyncio.sleep(wait)
@@ -83,13 +154,9 @@ async def _probe_keys(app, every: float, latencies: list[float]) -> None:
         if wait < every:
             wait = every
             await asyncio.sleep(0.2)
-        n = len(prompt.value)
-        t0 = time.perf_counter()
-        app.post_message(events.Key("x", "x"))
-        while len(prompt.value) == n and not app.turns:
-            await asyncio.sleep(0.002)
-        if len(prompt.value) != n:
-            latencies.append(time.perf_counter() - t0)
+            if app.turns:
+                break
+        await frames.type_key()
 
 
 class _DecodeWindow:
@@ -137,23 +204,23 @@ class _DecodeWindow:
         return (self.end[1] - self.first[1]) / (self.end[0] - self.first[0])
 
 
-async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
+async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool) -> dict:
     from ds4tui.app import ChatOptions, DS4App
 
     chat.new_chat()
     opts = ChatOptions(model=chat.info.model_path, support=chat.info.support_path, think=False, max_tokens=n_tokens,
                        telemetry="rss")
     app = DS4App(opts, engine_factory=lambda options, progress: chat)
-    keys: list[float] = []
     window = _DecodeWindow(chat, threading.get_ident())  # (the app's UI runs in this thread)
     with window:
         async with app.run_test(size=(160, 50)) as pilot:
+            frames = _Frames(app, terminal_output)
             while app.engine is None:
                 await pilot.pause(0.05)
             await pilot.pause(SETTLE_S)  # as a person would: the app has drawn its first screen
             app.query_one("#prompt").value = PROMPT
             c0 = chat.session.stats().decode_ms
-            probe = asyncio.create_task(_probe_keys(app, key_every, keys)) if key_every > 0 else None
+            probe = asyncio.create_task(_probe_keys(app, key_every, frames)) if key_every > 0 else None
             await pilot.press("enter")  # (returns once the app is idle again: often at the end of the turn)
             while not app.turns:
                 await asyncio.sleep(0.25)  # poll rarely: the harness should not add to what is measured
@@ -164,22 +231,27 @@ async def _app_run(chat, n_tokens: int, key_every: float) -> dict:
             c1 = chat.session.stats().decode_ms
             app.engine = None  # the engine outlives the app: the next arm uses it
     measured = cost is not None and cost.wall_s > 0
+    rate, gap, n_frames = frames.text_rate()
     return {"tokens": len(r.ids), "decode_s": r.decode_s, "tokens_per_s": r.decode_tokens_per_s,
             "engine_c_s": (c1 - c0) / 1000, "ui_cpu_share": cost.cpu_s / cost.wall_s if measured else None,
             "text_writes_per_s": cost.text_writes / cost.wall_s if measured else None,
             "ui_cpu_decode_share": window.cpu_share(),
             "max_text_gap_s": cost.max_text_gap_s if measured else None,
-            "key_latency_ms": [1000 * k for k in keys], "ids": list(r.ids)}
+            "text_frames": n_frames, "text_frames_per_s": rate, "max_text_frame_gap_s": gap,
+            "frames": len(frames.frames),
+            "key_latency_ms": frames.key_ms, "key_to_frame_ms": frames.key_frame_ms, "ids": list(r.ids)}
 
 
-def app_run(chat, n_tokens: int, key_every: float = 1.0) -> dict:
+def app_run(chat, n_tokens: int, key_every: float = 1.0, terminal_output: bool = False) -> dict:
     """The app arm: the Textual app under the headless driver on ``chat``'s engine, one prompt of
     ``n_tokens`` greedy tokens, a key typed every ``key_every`` seconds while it streams; the same
     figures as :func:`headless_run` plus the interface's CPU share (as the app measures it, and
     ``ui_cpu_decode_share``: UI thread CPU seconds per second from the engine's first token to the
-    end of its turn), its text writes per second and longest gap (seconds) and the key latencies
-    (milliseconds)."""
-    return asyncio.run(_app_run(chat, n_tokens, key_every))
+    end of its turn), its text writes per second and longest gap (seconds), the frames that show
+    more of the answer (per second, longest gap in seconds), and the key latencies (milliseconds:
+    until the app acted, until the frame that shows it).  ``terminal_output``: each frame is also
+    turned into the terminal's escape sequences, as a terminal driver would."""
+    return asyncio.run(_app_run(chat, n_tokens, key_every, terminal_output))
 
 
 def _median(values) -> float | None:
@@ -197,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="engine threads (default 0 = one per core)")
     p.add_argument("--key-every", type=float, default=1.0, metavar="S",
                    help="seconds between two keys typed while the app streams (default 1; 0: none)")
+    p.add_argument("--terminal-output", action="store_true",
+                   help="turn each frame into the terminal's escape sequences too, as on a real terminal "
+                        "(the headless driver skips that work)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON result here")
     args = p.parse_args(argv)
     from ds4tui.engine.worker import ChatEngine
@@ -207,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(args.repeat):
             for arm in ("headless", "app"):
-                r = headless_run(chat, args.tokens) if arm == "headless" else app_run(chat, args.tokens, args.key_every)
+                r = (headless_run(chat, args.tokens) if arm == "headless"
+                     else app_run(chat, args.tokens, args.key_every, args.terminal_output))
                 runs[arm].append(r)
                 extra = ""
                 if arm == "app":
@@ -217,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                     if r["ui_cpu_share"] is not None:
                         extra += (f"  interface {100 * r['ui_cpu_share']:.1f}% of a core, text "
                                  f"{r['text_writes_per_s']:.1f}/s (longest gap {r['max_text_gap_s']:.2f} s)")
-                    extra += f", keys {statistics.median(keys):.0f} ms median, {max(keys):.0f} max" if keys else ""
+                    if r["text_frames_per_s"] is not None:
+                        extra += (f", text frames {r['text_frames_per_s']:.1f}/s (longest gap "
+                                  f"{r['max_text_frame_gap_s']:.2f} s)")
+                    shown = r["key_to_frame_ms"]
+                    extra += f", keys {statistics.median(keys):.1f} ms median, {max(keys):.1f} max" if keys else ""
+                    extra += f" (on screen {statistics.median(shown):.1f}, {max(shown):.1f} max)" if shown else ""
                 print(f"run {k + 1}/{args.repeat} {arm:<8} {r['tokens']} tokens  {r['tokens_per_s']:8.2f} tok/s  "
                       f"C {r['engine_c_s']:.3f} s of {r['decode_s']:.3f} s{extra}", file=sys.stderr, flush=True)
     finally:
@@ -226,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [a["tokens_per_s"] / h["tokens_per_s"] for h, a in zip(runs["headless"], runs["app"])]
     same = all(r["ids"] == runs["headless"][0]["ids"] for rs in runs.values() for r in rs)
     keys = [k for r in runs["app"] for k in r["key_latency_ms"]]
+    shown = [k for r in runs["app"] for k in r["key_to_frame_ms"]]
     result = {
         "model": args.model, "support": args.mtp, "backend": chat.info.backend, "n_threads": chat.info.n_threads,
-        "tokens": args.tokens, "repeat": args.repeat,
+        "tokens": args.tokens, "repeat": args.repeat, "terminal_output": args.terminal_output,
         "headless_tokens_per_s": med["headless"], "app_tokens_per_s": med["app"],
         "ratio_app_over_headless": med["app"] / med["headless"], "ratio_per_pair": ratios,
         "outputs_identical": same,
@@ -237,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         "text_writes_per_s": _median(r["text_writes_per_s"] for r in runs["app"]),
         "max_text_gap_s": max((r["max_text_gap_s"] for r in runs["app"] if r["max_text_gap_s"] is not None),
                               default=None),
+        "text_frames_per_s": _median(r["text_frames_per_s"] for r in runs["app"]),
+        "min_text_frames_per_s": min((r["text_frames_per_s"] for r in runs["app"] if r["text_frames_per_s"] is not None),
+                                     default=None),
+        "max_text_frame_gap_s": max((r["max_text_frame_gap_s"] for r in runs["app"]
+                                     if r["max_text_frame_gap_s"] is not None), default=None),
         "key_latency_ms": {"n": len(keys), "median": _median(keys), "max": max(keys) if keys else None},
+        "key_to_frame_ms": {"n": len(shown), "median": _median(shown), "max": max(shown) if shown else None},
         "runs": {arm: [{k: v for k, v in r.items() if k != "ids"} for r in rs] for arm, rs in runs.items()},
     }
     print(f"headless {med['headless']:.2f} tok/s · app {med['app']:.2f} tok/s · app/headless "
@@ -249,9 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     if result["ui_cpu_share"] is not None:
         print(f"interface {100 * result['ui_cpu_share']:.1f}% of a core while streaming · text "
               f"{result['text_writes_per_s']:.1f}/s, longest gap {result['max_text_gap_s']:.2f} s")
+    if result["text_frames_per_s"] is not None:
+        print(f"answer on screen: {result['text_frames_per_s']:.1f} frames/s with more text (median of runs, lowest "
+              f"{result['min_text_frames_per_s']:.1f}), longest gap {result['max_text_frame_gap_s']:.2f} s")
     if keys:
-        print(f"keys typed while streaming: {len(keys)}, shown after {result['key_latency_ms']['median']:.0f} ms "
-              f"median, {result['key_latency_ms']['max']:.0f} ms max")
+        print(f"keys typed while streaming: {len(keys)}, acted on after {result['key_latency_ms']['median']:.1f} ms "
+              f"median, {result['key_latency_ms']['max']:.1f} ms max")
+    if shown:
+        print(f"keys on screen after {result['key_to_frame_ms']['median']:.1f} ms median, "
+              f"{result['key_to_frame_ms']['max']:.1f} ms max ({len(shown)} keys)")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if same else 1
