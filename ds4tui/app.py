@@ -3,7 +3,7 @@
 Data flow (ARCHITECTURE.md "data flow of one chat turn"): a thread worker opens the model
 (``LoadProgress`` events), then each prompt runs ``ChatEngine.run_turn`` in a thread worker; the
 engine thread only appends small event dataclasses to an ``EventQueue``.  One UI timer drains the
-queue 5 times a second: token text goes to the current turn in one write per tick (a light
+queue 6 times a second: token text goes to the current turn in one write per tick (a light
 widget for the text still growing, Markdown for finished blocks, widgets/chat.py), the newest
 ``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
 finished turns and errors are handled in order; memory is sampled from the same timer once a
@@ -65,8 +65,9 @@ from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, Stag
                                         ThroughputPane, explain_reasons, knob_words)
 
 #: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
-#: answer written, 5 times a second (ux.md §0 item 2).
-FLUSH_S = 0.2
+#: answer written, 6 times a second (ux.md §0 item 2), so that a tick the timer skips (it drops a
+#: tick that comes late) still leaves the text on screen at least 5 times a second.
+FLUSH_S = 1 / 6
 #: Period of the speculation panes while a turn runs (seconds).
 PANES_S = 1.0
 #: Memory sampling period (seconds).
