@@ -655,33 +655,49 @@ indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int 
     if (tid == 0) nsel[t] = top_k;
 }
 
-/* One block of ATT_WARPS warps per (token, head).  Keys (the ring's window rows, then the
+/* One block of ATT_WARPS warps per (token, HPB heads of it).  Keys (the ring's window rows, then the
  * compressed rows) are dealt to the warps round-robin: a warp dots its keys with the query (lanes
  * split the head's D lanes), the block takes the max over the scores and the sink, the softmax
  * denominator, then each warp accumulates p_k * key_k over its keys for all D lanes (ATT_DPL per
  * lane, in key order) and the warps' partial sums are added in warp order.  The split depends only
- * on the key count, so a (token, head) result does not depend on how many tokens the pass has. */
+ * on the key count, so a (token, head) result does not depend on how many tokens the pass has.
+ *
+ * All heads of a token read the same keys (one KV head, spec ds4.md §2.2; the CSA selection is
+ * per token), so a block of HPB > 1 heads loads each key once into registers and uses it for its
+ * HPB heads: HPB times fewer key reads, the same arithmetic per (token, head) in the same order
+ * (each head keeps its own per-warp max, per-thread denominator sum and per-warp accumulators,
+ * reduced exactly as with one head), so every head's result is bit for bit the HPB = 1 kernel's.
+ * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens, and
+ * one head per block below (decode and DSpark verify passes keep their block count). */
 #define ATT_WARPS 8
 #define ATT_DPL 16 /* D <= 32 * ATT_DPL */
-#define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them */
+#define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them (one head per block) */
+#define ATT_GROUP_HEADS 4
+#define ATT_GROUP_UNROLL 1 /* the same with ATT_GROUP_HEADS heads: one key in flight, 4 heads of work on it */
+#define ATT_GROUP_MIN_ROWS 16
+#if defined(GPU_NVIDIA) /* two blocks of the grouped kernel per multiprocessor (128 registers, no spills on sm_90) */
+#define ATT_BOUNDS(hpb) __launch_bounds__(ATT_WARPS * GPU_WARP, (hpb) > 1 ? 2 : 0)
+#else
+#define ATT_BOUNDS(hpb) __launch_bounds__(ATT_WARPS * GPU_WARP)
+#endif
 
 __device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first, const float *kv, int kv_cap,
                                                 const float *comp, const int32_t *cs, int D) {
     return k < n_win ? kv + ((first + k) % kv_cap) * D : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
 }
 
-__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
+template <int HPB, int UNR>
+__global__ void ATT_BOUNDS(HPB)
 attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv, int kv_cap,
               const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k, const float *sinks,
               float *scr, int keys_cap, float *att, int64_t nc_lo, int nc_n) {
-    __shared__ float red[ATT_WARPS];
+    __shared__ float red[ATT_WARPS * HPB];
     __shared__ float part[ATT_WARPS][GPU_WARP * ATT_DPL];
     const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
-    const int64_t item = blockIdx.x;
-    const int t = (int)(item / NH), h = (int)(item % NH);
+    const int groups = NH / HPB; /* gpu_attend takes HPB > 1 only when it divides NH */
+    const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
+    const int64_t item0 = (int64_t)t * NH + h0;   /* (token, head) item of the block's first head */
     const int64_t p = p0 + t;
-    const float *qh = q + item * D;
-    float *sc = scr + item * keys_cap;
     const float scale = (float)(1.0 / sqrt((double)D));
     int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
     int n_win = (int)(p - first + 1);
@@ -700,17 +716,22 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
         }
     }
     const int nk = n_win + n_comp;
-    const float sink = sinks[h];
-    float qv[ATT_DPL];
-    for (int i = 0; i < ATT_DPL; i++) qv[i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
-    float mx = -INFINITY;
-    /* A warp takes keys wp, wp + ATT_WARPS, ... in ascending order, ATT_UNROLL at a time: their
-     * rows are loaded before any is reduced, so the loads of several keys are in flight at once
-     * (the arithmetic per key, and so the result, is that of one key at a time). */
-    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * ATT_UNROLL) {
-        float kr[ATT_UNROLL][ATT_DPL];
+    float qv[HPB][ATT_DPL], mx[HPB];
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; u++) {
+    for (int j = 0; j < HPB; j++) {
+        const float *qh = q + (item0 + j) * D;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++)
+            qv[j][i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
+        mx[j] = -INFINITY;
+    }
+    /* A warp takes keys wp, wp + ATT_WARPS, ... in ascending order, UNR at a time: their rows are
+     * loaded before any is reduced, so the loads of several keys are in flight at once (the
+     * arithmetic per key, and so the result, is that of one key at a time). */
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
+        float kr[UNR][ATT_DPL];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
             const int k = k0 + u * ATT_WARPS;
             const float *key = k < nk ? att_key(k, n_win, first, kv, kv_cap, comp, cs, D) : NULL;
 #pragma unroll
@@ -720,37 +741,57 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
             }
         }
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; u++) {
+        for (int u = 0; u < UNR; u++) {
             const int k = k0 + u * ATT_WARPS;
-            float dot = 0.0f;
 #pragma unroll
-            for (int i = 0; i < ATT_DPL; i++)
-                if (lane + GPU_WARP * i < D) dot = fmaf(qv[i], kr[u][i], dot);
-            dot = gpu_warp_sum(dot) * scale;
-            if (k < nk) {
-                if (lane == 0) sc[k] = dot;
-                mx = dot > mx ? dot : mx;
+            for (int j = 0; j < HPB; j++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < ATT_DPL; i++)
+                    if (lane + GPU_WARP * i < D) dot = fmaf(qv[j][i], kr[u][i], dot);
+                dot = gpu_warp_sum(dot) * scale;
+                if (k < nk) {
+                    if (lane == 0) scr[(item0 + j) * keys_cap + k] = dot;
+                    mx[j] = dot > mx[j] ? dot : mx[j];
+                }
             }
         }
     }
-    if (lane == 0) red[wp] = mx;
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < HPB; j++) red[j * ATT_WARPS + wp] = mx[j];
     __syncthreads();
-    mx = sink;
-    for (int w = 0; w < ATT_WARPS; w++) mx = red[w] > mx ? red[w] : mx;
+    float sink[HPB];
+#pragma unroll
+    for (int j = 0; j < HPB; j++) {
+        sink[j] = sinks[h0 + j];
+        mx[j] = sink[j];
+        for (int w = 0; w < ATT_WARPS; w++) mx[j] = red[j * ATT_WARPS + w] > mx[j] ? red[j * ATT_WARPS + w] : mx[j];
+    }
     __syncthreads();
-    float den = 0.0f;
+    float den[HPB];
+#pragma unroll
+    for (int j = 0; j < HPB; j++) den[j] = 0.0f;
     for (int k = threadIdx.x; k < nk; k += blockDim.x) {
-        const float e = expf(sc[k] - mx);
-        sc[k] = e;
-        den += e;
-    }
-    den = block_sum(den, red) + expf(sink - mx);
-    float acc[ATT_DPL];
-    for (int i = 0; i < ATT_DPL; i++) acc[i] = 0.0f;
-    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * ATT_UNROLL) {
-        float kr[ATT_UNROLL][ATT_DPL];
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; u++) {
+        for (int j = 0; j < HPB; j++) {
+            float *sc = scr + (item0 + j) * keys_cap;
+            const float e = expf(sc[k] - mx[j]);
+            sc[k] = e;
+            den[j] += e;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < HPB; j++) den[j] = block_sum(den[j], red) + expf(sink[j] - mx[j]);
+    float acc[HPB][ATT_DPL];
+#pragma unroll
+    for (int j = 0; j < HPB; j++)
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) acc[j][i] = 0.0f;
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
+        float kr[UNR][ATT_DPL];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
             const int k = k0 + u * ATT_WARPS;
             const float *key = k < nk ? att_key(k, n_win, first, kv, kv_cap, comp, cs, D) : NULL;
 #pragma unroll
@@ -760,22 +801,29 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, cons
             }
         }
 #pragma unroll
-        for (int u = 0; u < ATT_UNROLL; u++) {
+        for (int u = 0; u < UNR; u++) {
             const int k = k0 + u * ATT_WARPS;
             if (k >= nk) break;
-            const float pk = sc[k] / den;
 #pragma unroll
-            for (int i = 0; i < ATT_DPL; i++)
-                if (lane + GPU_WARP * i < D) acc[i] += pk * kr[u][i];
+            for (int j = 0; j < HPB; j++) {
+                const float pk = scr[(item0 + j) * keys_cap + k] / den[j];
+#pragma unroll
+                for (int i = 0; i < ATT_DPL; i++)
+                    if (lane + GPU_WARP * i < D) acc[j][i] += pk * kr[u][i];
+            }
         }
     }
-    for (int i = 0; i < ATT_DPL; i++) part[wp][lane + GPU_WARP * i] = acc[i];
-    __syncthreads();
-    float *o = att + item * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float v = part[0][d];
-        for (int w = 1; w < ATT_WARPS; w++) v += part[w][d];
-        o[d] = v;
+#pragma unroll
+    for (int j = 0; j < HPB; j++) {
+        for (int i = 0; i < ATT_DPL; i++) part[wp][lane + GPU_WARP * i] = acc[j][i];
+        __syncthreads();
+        float *o = att + (item0 + j) * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float v = part[0][d];
+            for (int w = 1; w < ATT_WARPS; w++) v += part[w][d];
+            o[d] = v;
+        }
+        __syncthreads();
     }
 }
 
@@ -1025,9 +1073,15 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
     if (n <= 0) return DS4_OK;
     if (D > GPU_WARP * ATT_DPL)
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
-    hipLaunchKernelGGL(attend_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
-                       n, NH, D, p0, window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att,
-                       (int64_t)0, -1);
+    if (n >= ATT_GROUP_MIN_ROWS && NH % ATT_GROUP_HEADS == 0) /* the same results, fewer key reads (attend_kernel) */
+        hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL>),
+                           dim3((unsigned)((int64_t)n * (NH / ATT_GROUP_HEADS))),
+                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, p0, window, kv, kv_cap, comp, ratio,
+                           sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+    else
+        hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)),
+                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, p0, window, kv, kv_cap, comp, ratio,
+                           sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
     return ops_check("attention kernel", err, len);
 }
 
@@ -1039,8 +1093,8 @@ int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
     if (n_ctx + n_rows > keys_cap)
         return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
-    hipLaunchKernelGGL(attend_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
-                       n, NH, D, (int64_t)0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
+    hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
+                       c->stream, q, n, NH, D, (int64_t)0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
                        sinks, sc, keys_cap, att, lo, n_ctx);
     return ops_check("drafter attention kernel", err, len);
 }
