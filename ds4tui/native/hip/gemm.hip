@@ -251,6 +251,46 @@ __global__ void __launch_bounds__(256) gm_dequant_kernel(const uint8_t *__restri
     }
 }
 
+/* IQ2_XXS into the same out[y][r][c] as gm_dequant_kernel, each weight formed by the same
+ * expressions (so bit for bit the same tile), but one thread per 8 weights (one grid entry of one
+ * 16-byte unit), so that a warp stores 512 contiguous bytes instead of 16 bytes to each of 32 rows
+ * of 128, and the grid and sign tables in shared memory (lanes index them divergently), loaded once
+ * per block for GM_IQ2_ROUNDS rounds of 256 threads.  rows * cols / 8 < 2^31 (gm_dequant checks). */
+#define GM_IQ2_ROUNDS 8
+template <bool BF>
+__global__ void __launch_bounds__(256) gm_dequant_iq2_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes,
+                                                             const int32_t *__restrict__ ids, int64_t rows,
+                                                             int64_t cols, int64_t row_bytes,
+                                                             uint16_t *__restrict__ out) {
+    __shared__ uint2 s_grid[256];
+    __shared__ uint8_t s_sign[128];
+    s_grid[threadIdx.x] = *(const uint2 *)c_iq2_grid[threadIdx.x];
+    if (threadIdx.x < 128) s_sign[threadIdx.x] = c_iq2_ksigns[threadIdx.x];
+    __syncthreads();
+    if (ids) W += (int64_t)ids[blockIdx.y] * mat_bytes;
+    out += (int64_t)blockIdx.y * rows * cols;
+    const uint32_t n8 = (uint32_t)(cols / 8), total = (uint32_t)(rows * n8);
+    const int64_t nb = cols / 256;
+    for (int c = 0; c < GM_IQ2_ROUNDS; c++) {
+        const uint32_t i = (blockIdx.x * GM_IQ2_ROUNDS + c) * 256u + threadIdx.x;
+        if (i >= total) return;
+        const uint32_t r = i / n8, e8 = i % n8, u = e8 >> 3, g = (e8 >> 2) & 1u, k = e8 & 3u;
+        const uint8_t *row = W + (int64_t)r * row_bytes;
+        const uint2 q = *(const uint2 *)(row + 16 * u + 8 * g); /* the group's grid indices, its sign word */
+        const float d = h2f(((const uint16_t *)(row + 64 * nb))[u >> 2]);
+        const float db = d * (0.5f + (float)(q.y >> 28)) * 0.25f;
+        const uint2 gr = s_grid[(q.x >> (8 * k)) & 0xffu];
+        const uint32_t sg = s_sign[(q.y >> (7 * k)) & 127u];
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float m = db * (float)(((e < 4 ? gr.x : gr.y) >> (8 * (e & 3))) & 0xffu);
+            v[e] = (sg >> e) & 1u ? -m : m;
+        }
+        *(uint4 *)(out + (int64_t)r * cols + 8 * e8) = gm_pack8<BF>(v);
+    }
+}
+
 /* out[i][:] (16-bit) = X row (xrow ? xrow[i] : i) rounded (zeros where xrow[i] < 0); one thread per 8
  * columns (cols % 8 == 0). */
 template <bool BF>
@@ -362,6 +402,14 @@ static int gm_dequant(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat
                             row_bytes, o);
     if (t == DS4_TYPE_Q8_0) { GM_DQ(DS4_TYPE_Q8_0) }
     else if (t == DS4_TYPE_Q2_K) { GM_DQ(DS4_TYPE_Q2_K) }
+    else if (rows * (cols / 8) < ((int64_t)1 << 31)) { /* the same tile, faster (gm_dequant_iq2_kernel) */
+        const int64_t n8 = rows * (cols / 8);
+        const dim3 g8((unsigned)((n8 + 256 * GM_IQ2_ROUNDS - 1) / (256 * GM_IQ2_ROUNDS)), (unsigned)n_mat);
+        if (bf) hipLaunchKernelGGL((gm_dequant_iq2_kernel<true>), g8, block, 0, c->stream, w, mat_bytes, ids, rows,
+                                   cols, row_bytes, o);
+        else hipLaunchKernelGGL((gm_dequant_iq2_kernel<false>), g8, block, 0, c->stream, w, mat_bytes, ids, rows,
+                                cols, row_bytes, o);
+    }
     else { GM_DQ(DS4_TYPE_IQ2_XXS) }
 #undef GM_DQ
     GPU_TRY(hipGetLastError(), "prefill GEMM: dequantise a weight tile");
