@@ -5,8 +5,15 @@ alternating rounds (A B, B A, ...), then each runs the same verify pass and deco
 2-layer model after 2100 tokens (so the indexer scores and selects) and the logits are compared bit
 for bit.  Not part of CI.
 
+With ``--prefill 2048,8192`` the rounds time prefills instead (each length in chunks of
+``--prefill-batch`` tokens under ``--prefill-gemm``, per layer and extrapolated as ``bench
+--synthetic flash --prefill-lengths`` does), and the bit-for-bit check is a 64-row pass with every
+row's logits after a 2100-token prefill (multi-token passes, where the two libraries may take
+other kernels), under prefill_gemm off and the mode timed.
+
     python3 tools/gpu_lib_ab.py base=ds4tui/libds4tui_cuda.so new=other/ds4tui/libds4tui_cuda.so \\
-        [--rounds 2] [--ctx 2048] [--json out.json]
+        [--rounds 2] [--ctx 2048] [--prefill 2048,8192 [--prefill-gemm bf16] [--prefill-batch 2048]] \\
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,11 +31,19 @@ from ds4tui.engine.session import Engine
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("libs", nargs=2, metavar="NAME=LIBRARY", help="two GPU libraries to compare")
+    ap.add_argument("libs", nargs="+", metavar="NAME=LIBRARY",
+                    help="two GPU libraries to compare (--prefill: two or more, each checked against the first)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of both libraries (default 2)")
     ap.add_argument("--ctx", type=int, default=2048, help="context (default 2048; past 2048 the rows repeat)")
+    ap.add_argument("--prefill", help="time prefills of these lengths (comma-separated) instead of decode/verify")
+    ap.add_argument("--prefill-gemm", default="bf16", help="the prefill_gemm mode of --prefill (default bf16)")
+    ap.add_argument("--prefill-batch", type=int, default=2048, help="the chunk of --prefill (default 2048)")
     ap.add_argument("--json", help="also write the per-round numbers here")
     args = ap.parse_args(argv)
+    if args.prefill:
+        return prefill_ab(args)
+    if len(args.libs) != 2:
+        ap.error(f"decode and verify compare two libraries, got {len(args.libs)}")
     libs = dict(a.split("=", 1) for a in args.libs)
     names = list(libs)
     big_cfg = replace(S.flash_config((4, 128)), n_layer=4, compress_ratios=(4, 128, 4, 128),
@@ -71,6 +86,49 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": res, "bit_identical": same}, f, indent=1)
+    return 0
+
+
+def prefill_ab(args) -> int:
+    """The --prefill rounds and the multi-row bit-for-bit check (module docstring)."""
+    libs = dict(a.split("=", 1) for a in args.libs)
+    names = list(libs)
+    lengths = tuple(int(x) for x in args.prefill.split(","))
+    t0 = time.perf_counter()
+    small, big = S.flash_models(log=lambda m: None)
+    print(f"weights built in {time.perf_counter() - t0:.1f} s", flush=True)
+    res: dict = {k: [] for k in names}
+    mode = args.prefill_gemm
+    for rnd in range(args.rounds):
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            kw = dict(backend="hip", lengths=lengths, batch=args.prefill_batch, modes=(mode,), log=lambda m: None,
+                      engine_options={"gpu_layout": "planar", "gpu_library": libs[name]})
+            p2, p4 = S._time_prefill(small, **kw)[mode]["ms"], S._time_prefill(big, **kw)[mode]["ms"]
+            row = {"round": rnd}
+            for n in lengths:
+                per = (p4[n] - p2[n]) / 2
+                ext = (p2[n] - 2 * per) + 43 * per
+                row[f"ms_2_layers_{n}"], row[f"ms_4_layers_{n}"] = p2[n], p4[n]
+                row[f"per_layer_ms_{n}"], row[f"tokens_per_s_{n}"] = per, n / ext * 1e3
+            res[name].append(row)
+            print(name, mode, json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
+    same = {}
+    for m in dict.fromkeys(("off", mode)):
+        out = {}
+        for name in names:
+            eng = Engine(small, backend="hip", gpu_library=libs[name], prefill_gemm=m)
+            try:
+                s = eng.session(2200, n_batch=2048)  # past 2048 + 4 tokens: the indexer scores and selects
+                s.prefill(np.random.default_rng(5).integers(100, 128000, 2100).tolist(), logits="none")
+                out[name] = s.prefill(np.random.default_rng(6).integers(100, 128000, 64).tolist(), logits="all")
+            finally:
+                eng.close()
+        same[m] = {name: bool(np.array_equal(out[names[0]], out[name])) for name in names[1:]}
+        print(f"prefill_gemm {m}: logits of a 64-row pass after 2100 tokens bit-identical to {names[0]}'s: {same[m]}",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"mode": mode, "lengths": lengths, "rounds": res, "bit_identical": same}, f, indent=1)
     return 0
 
 
