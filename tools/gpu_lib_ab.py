@@ -97,21 +97,7 @@ def prefill_ab(args) -> int:
     t0 = time.perf_counter()
     small, big = S.flash_models(log=lambda m: None)
     print(f"weights built in {time.perf_counter() - t0:.1f} s", flush=True)
-    res: dict = {k: [] for k in names}
     mode = args.prefill_gemm
-    for rnd in range(args.rounds):
-        for name in (names if rnd % 2 == 0 else names[::-1]):
-            kw = dict(backend="hip", lengths=lengths, batch=args.prefill_batch, modes=(mode,), log=lambda m: None,
-                      engine_options={"gpu_layout": "planar", "gpu_library": libs[name]})
-            p2, p4 = S._time_prefill(small, **kw)[mode]["ms"], S._time_prefill(big, **kw)[mode]["ms"]
-            row = {"round": rnd}
-            for n in lengths:
-                per = (p4[n] - p2[n]) / 2
-                ext = (p2[n] - 2 * per) + 43 * per
-                row[f"ms_2_layers_{n}"], row[f"ms_4_layers_{n}"] = p2[n], p4[n]
-                row[f"per_layer_ms_{n}"], row[f"tokens_per_s_{n}"] = per, n / ext * 1e3
-            res[name].append(row)
-            print(name, mode, json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
     same = {}
     for m in dict.fromkeys(("off", mode)):
         out = {}
@@ -126,6 +112,26 @@ def prefill_ab(args) -> int:
         same[m] = {name: bool(np.array_equal(out[names[0]], out[name])) for name in names[1:]}
         print(f"prefill_gemm {m}: logits of a 64-row pass after 2100 tokens bit-identical to {names[0]}'s: {same[m]}",
               flush=True)
+    res: dict = {k: [] for k in names}
+    for rnd in range(args.rounds):
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            kw = dict(backend="hip", lengths=lengths, batch=args.prefill_batch, modes=(mode,), log=lambda m: None,
+                      engine_options={"gpu_layout": "planar", "gpu_library": libs[name]})
+            p2, p4 = S._time_prefill(small, **kw)[mode]["ms"], S._time_prefill(big, **kw)[mode]["ms"]
+            row = {"round": rnd}
+            for n in lengths:
+                per = (p4[n] - p2[n]) / 2
+                ext = (p2[n] - 2 * per) + 43 * per
+                row[f"ms_2_layers_{n}"], row[f"ms_4_layers_{n}"] = p2[n], p4[n]
+                row[f"per_layer_ms_{n}"], row[f"tokens_per_s_{n}"] = per, n / ext * 1e3
+            res[name].append(row)
+            print(name, mode, json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
+    for n in lengths:
+        for name in names:
+            per = sorted(r[f"per_layer_ms_{n}"] for r in res[name])
+            tps = sorted(r[f"tokens_per_s_{n}"] for r in res[name])
+            print(f"{n} tokens, {name}: per layer {np.median(per):.1f} ms [{per[0]:.1f}-{per[-1]:.1f}], "
+                  f"{np.median(tps):.0f} tok/s [{tps[0]:.0f}-{tps[-1]:.0f}] (43 layers, {len(per)} rounds)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": mode, "lengths": lengths, "rounds": res, "bit_identical": same}, f, indent=1)
