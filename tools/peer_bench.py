@@ -15,10 +15,16 @@ default 0.3.36, whose llama.cpp reads the ``deepseek4`` architecture): its ``lla
 once into ``--build-dir`` (default ``$XDG_CACHE_HOME/ds4tui/peer/llama.cpp-VERSION-BUILD``) for the
 CPU (``-DGGML_NATIVE=ON``), CUDA (``--backend hip`` on an NVIDIA machine) or HIP (``--backend hip``
 with ``--amd-target gfx1151``), or taken from ``--llama-bench PATH``.  Building needs cmake and a
-C++ compiler (nvcc for CUDA, hipcc/clang with ROCm for HIP); the sdist is fetched with pip.
+C++ compiler (nvcc for CUDA, hipcc/clang with ROCm for HIP); the sdist is fetched with pip, or
+``--llama-src DIR`` names a llama.cpp source tree to build instead (a machine that cannot reach
+PyPI: the sdist is 76 MB, but its ``vendor/llama.cpp`` without ``models``, ``docs``, ``media``,
+``benches``, ``gguf-py``, ``conversion``, ``tools/ui`` and the ggml backends other than
+``ggml-cpu`` and ``ggml-cuda`` / ``ggml-hip`` is a 5 MB ``tar.xz`` that a device call can carry).
+The CUDA build compiles about 150 CUDA units (several minutes on 16 cores).
 
 What is timed, per file, the two engines alternating in each pair (ours first in odd pairs, the
-peer first in even ones) so that a slow spell of a shared machine lands on both:
+peer first in even ones) so that a slow spell of a shared machine lands on both (``--prefill-only``:
+the prefill alone, for the prefill goals at long prompts):
 
 * **prefill** of ``--prompt-tokens`` tokens: ours ``ds4tui bench`` (prefill tok/s), llama-bench
   ``-p P -n 0``;
@@ -68,23 +74,25 @@ def peer_build(backend: str, amd_target: str) -> str:
     return f"hip-{amd_target}" if amd_target else "cuda"
 
 
-def build_llama_bench(version: str, build: str, folder: Path) -> Path:
-    """llama-bench of the llama.cpp in llama-cpp-python ``version``'s sdist, built in ``folder``."""
+def build_llama_bench(version: str, build: str, folder: Path, src: Path | None = None) -> Path:
+    """llama-bench of the llama.cpp in llama-cpp-python ``version``'s sdist (or of the llama.cpp
+    source tree ``src``), built in ``folder``."""
     exe = folder / "build" / "bin" / "llama-bench"
     if exe.exists():
         return exe
     folder.mkdir(parents=True, exist_ok=True)
-    sdists = list(folder.glob(f"llama_cpp_python-{version}.tar.gz"))
-    if not sdists:
-        log(f"fetching the llama-cpp-python {version} sdist")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
-                        str(folder), f"llama-cpp-python=={version}"], check=True)
+    if src is None:
         sdists = list(folder.glob(f"llama_cpp_python-{version}.tar.gz"))
-    src = folder / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
-    if not src.exists():
-        log(f"unpacking {sdists[0].name}")
-        with tarfile.open(sdists[0]) as tf:
-            tf.extractall(folder, filter="data")
+        if not sdists:
+            log(f"fetching the llama-cpp-python {version} sdist")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
+                            str(folder), f"llama-cpp-python=={version}"], check=True)
+            sdists = list(folder.glob(f"llama_cpp_python-{version}.tar.gz"))
+        src = folder / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+        if not src.exists():
+            log(f"unpacking {sdists[0].name}")
+            with tarfile.open(sdists[0]) as tf:
+                tf.extractall(folder, filter="data")
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"]
     if build == "cpu":
@@ -113,7 +121,8 @@ def run_json(cmd: list[str]) -> object:
 
 
 def ours(model: Path, a) -> dict:
-    """ds4tui's prefill and decode tok/s (``ds4tui bench``), then its verify(6) / decode ratio."""
+    """ds4tui's prefill and decode tok/s (``ds4tui bench``), then its verify(6) / decode ratio
+    (``--prefill-only``: the prefill alone)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     py = sys.executable
     b = subprocess.run([py, "-m", "ds4tui", "bench", str(model), "--backend", a.backend, "--threads", str(a.threads),
@@ -123,6 +132,8 @@ def ours(model: Path, a) -> dict:
     if b.returncode != 0:
         raise SystemExit(f"peer_bench: ds4tui bench {model} exited {b.returncode}")
     r = json.loads(b.stdout)
+    if a.prefill_only:
+        return {"prefill_ms": a.prompt_tokens / r["prefill_tokens_per_s"] * 1e3}
     v = subprocess.run([py, str(ROOT / "tools" / "verify_ratio.py"), str(model), "--backend", a.backend,
                         "--threads", str(a.threads), "--rounds", str(a.verify_rounds), "--activations", a.activations,
                         "--json"],
@@ -136,10 +147,13 @@ def ours(model: Path, a) -> dict:
 
 
 def peer(exe: Path, model: Path, a) -> dict:
-    """llama.cpp's prefill (pp P), decode (tg T at depth P) and pp1 / pp6 at depth P, in ms."""
+    """llama.cpp's prefill (pp P), decode (tg T at depth P) and pp1 / pp6 at depth P, in ms
+    (``--prefill-only``: pp P alone)."""
     base = [str(exe), "-m", str(model), "-t", str(a.threads), "-ngl", "0" if a.backend == "cpu" else "99",
             "-fa", "0", "-r", str(a.peer_repeats), "-o", "json"]
     rows = run_json(base + ["-p", str(a.prompt_tokens), "-n", "0"])
+    if a.prefill_only:
+        return {"prefill_ms": int(rows[0]["n_prompt"]) / float(rows[0]["avg_ts"]) * 1e3}
     rows += run_json(base + ["-p", "1,6", "-n", str(a.decode_tokens), "-d", str(a.prompt_tokens)])
     ms = {}
     for row in rows:
@@ -156,14 +170,16 @@ METRICS = ("prefill_ms", "decode_ms", "pass1_ms", "pass6_ms")
 def extrapolate(t2: dict, t4: dict, layers: int = 43) -> dict:
     """Each time of a 2- and a 4-layer model carried to ``layers`` layers: fixed + layers x per layer."""
     out = {}
-    for k in METRICS:
+    for k in (m for m in METRICS if m in t2):
         per = (t4[k] - t2[k]) / 2
         out[k] = (t2[k] - 2 * per) + layers * per
     return out
 
 
 def figures(t: dict, a) -> dict:
-    """The reported figures of one set of times."""
+    """The reported figures of one set of times (``--prefill-only``: the prefill's alone)."""
+    if a.prefill_only:
+        return {"prefill_tokens_per_s": a.prompt_tokens / t["prefill_ms"] * 1e3}
     return {"prefill_tokens_per_s": a.prompt_tokens / t["prefill_ms"] * 1e3,
             "decode_tokens_per_s": 1e3 / t["decode_ms"],
             "verify_over_decode": t["pass6_ms"] / t["pass1_ms"]}
@@ -191,6 +207,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sdist-version", default=DEFAULT_SDIST)
     ap.add_argument("--build-dir", type=Path)
     ap.add_argument("--llama-bench", type=Path, help="use this llama-bench instead of building one")
+    ap.add_argument("--llama-src", type=Path, metavar="DIR",
+                    help="build llama-bench from this llama.cpp source tree instead of the sdist")
+    ap.add_argument("--prefill-only", action="store_true", help="time the prefill alone (no decode, no verify)")
     ap.add_argument("--json", type=Path, help="write every pair's numbers here")
     a = ap.parse_args(argv)
 
@@ -202,6 +221,8 @@ def main(argv=None) -> int:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(a, flag)}")
     if a.llama_bench is not None and not (a.llama_bench.is_file() and os.access(a.llama_bench, os.X_OK)):
         ap.error(f"--llama-bench {a.llama_bench}: not an executable file")
+    if a.llama_src is not None and not (a.llama_src / "CMakeLists.txt").is_file():
+        ap.error(f"--llama-src {a.llama_src}: no CMakeLists.txt there (expected a llama.cpp source tree)")
     sys.path.insert(0, str(ROOT))
     from ds4tui.engine.errors import ConversionError
     from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -231,8 +252,9 @@ def main(argv=None) -> int:
             ap.error(f"{f}: compression ratios {sorted(set(ratios))}, but llama.cpp's DeepSeek V4 loader takes only "
                      "0, 4 and 128 (make a comparable model with make_test_model --config tiny128)")
     build = peer_build(a.backend, a.amd_target)
+    tag = "src" if a.llama_src else a.sdist_version
     exe = a.llama_bench or build_llama_bench(a.sdist_version, build,
-                                            a.build_dir or cache_root() / f"llama.cpp-{a.sdist_version}-{build}")
+                                            a.build_dir or cache_root() / f"llama.cpp-{tag}-{build}", a.llama_src)
     pairs = []
     for i in range(a.pairs):
         order = ("ours", "peer") if i % 2 == 0 else ("peer", "ours")
@@ -255,13 +277,15 @@ def main(argv=None) -> int:
                      else pair[names[0]][who])
                 per_pair[who].append(figures(t, a))
         summary[label] = {}
-        for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "verify_over_decode"):
+        for k in figures({"prefill_ms": 1.0, "decode_ms": 1.0, "pass1_ms": 1.0, "pass6_ms": 1.0}, a):
             o, p = [x[k] for x in per_pair["ours"]], [x[k] for x in per_pair["peer"]]
             summary[label][k] = {"ours": spread(o), "llama.cpp": spread(p),
                                  "ours_over_llama.cpp": spread([x / y for x, y in zip(o, p)])}
     out = {"backend": a.backend, "threads": a.threads, "activations": a.activations, "prompt_tokens": a.prompt_tokens,
            "decode_tokens": a.decode_tokens, "pairs": a.pairs,
-           "peer": {"llama_bench": str(exe), "source": f"llama-cpp-python {a.sdist_version} sdist (vendor/llama.cpp)",
+           "peer": {"llama_bench": str(exe),
+                    "source": (f"llama.cpp source tree {a.llama_src}" if a.llama_src
+                               else f"llama-cpp-python {a.sdist_version} sdist (vendor/llama.cpp)"),
                     "build": build},
            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                        "load_average": os.getloadavg()},
