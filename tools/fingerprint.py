@@ -10,7 +10,9 @@ its fitted DSpark support file, then prints one sha256 per check:
 - ``q2/ds4/dspark``: greedy DSpark decoding of 64 tokens with the scheduler off: the ids, the
   draft-length and accepted-length histograms and every counter of the stats struct that is not a
   time;
-- ``demo/dspark`` (when the bundled demo pair is present): the same on the demo pair.
+- ``demo/dspark`` (when the bundled demo pair is present): the same on the demo pair;
+- on the CPU, ``q2/ds4/q8/...`` and ``demo/q8/dspark``: the same with 8-bit activations
+  (spec ds4.md §2.9.5).
 
 Two runs print the same lines if and only if the engine computes the same floats (hashes are over
 the raw float32 bytes).  The JSON written with ``--out`` holds the same map.  Not a test: CI never
@@ -64,7 +66,7 @@ def _dspark(eng, prompt, n=64) -> str:
     ids = list(s.generate(prompt, max_tokens=n))
     st = s.dspark_stats()
     counters = {k: v for k, v in st.to_dict().items() if not k.endswith("_ms") and "ms" not in k
-                and not isinstance(v, float)}
+                and not isinstance(v, (float, dict))}
     s.close()
     return _h(np.array(ids, np.int64), np.frombuffer(json.dumps(counters, sort_keys=True).encode(), np.uint8))
 
@@ -74,20 +76,24 @@ def run(root: Path, backend: str) -> dict:
 
     m = _models(root)
     res = {}
-    for mix in ("q2", "f32"):
-        for numerics in ("ds4", "transformers"):
-            with Engine(m[mix]["model"], backend=backend, numerics=numerics) as eng:
-                s = eng.session(512, n_batch=64)
-                whole = s.prefill(PROMPT, logits="all")
-                s.reset()
-                parts = [s.prefill(PROMPT[i:i + 7], logits="all") for i in range(0, len(PROMPT), 7)]
-                res[f"{mix}/{numerics}/prefill"] = _h(whole, np.concatenate(parts))
-                s.reset()
-                s.set_sampling(SamplingParams(temperature=0.0))
-                ids = list(s.generate(PROMPT, max_tokens=48))
-                last = s.prefill([ids[-1]], logits="last")
-                res[f"{mix}/{numerics}/decode"] = _h(np.array(ids, np.int64), last)
-                s.close()
+    runs = [(mix, numerics, "f32") for mix in ("q2", "f32") for numerics in ("ds4", "transformers")]
+    if backend == "cpu":
+        runs.append(("q2", "ds4", "q8"))  # 8-bit activations (spec ds4.md §2.9.5): a CPU option
+    for mix, numerics, act in runs:
+        tag = f"{mix}/{numerics}" + ("" if act == "f32" else f"/{act}")
+        with Engine(m[mix]["model"], backend=backend, numerics=numerics,
+                    **({} if act == "f32" else {"activations": act})) as eng:
+            s = eng.session(512, n_batch=64)
+            whole = s.prefill(PROMPT, logits="all")
+            s.reset()
+            parts = [s.prefill(PROMPT[i:i + 7], logits="all") for i in range(0, len(PROMPT), 7)]
+            res[f"{tag}/prefill"] = _h(whole, np.concatenate(parts))
+            s.reset()
+            s.set_sampling(SamplingParams(temperature=0.0))
+            ids = list(s.generate(PROMPT, max_tokens=48))
+            last = s.prefill([ids[-1]], logits="last")
+            res[f"{tag}/decode"] = _h(np.array(ids, np.int64), last)
+            s.close()
     with Engine(m["q2"]["model"], support=m["q2"]["fitted"], backend=backend) as eng:
         res["q2/ds4/dspark"] = _dspark(eng, PROMPT)
     try:
@@ -100,6 +106,9 @@ def run(root: Path, backend: str) -> dict:
     if pair:
         with Engine(pair.model, support=pair.support, backend=backend) as eng:
             res["demo/dspark"] = _dspark(eng, PROMPT[:24])
+        if backend == "cpu":
+            with Engine(pair.model, support=pair.support, backend=backend, activations="q8") as eng:
+                res["demo/q8/dspark"] = _dspark(eng, PROMPT[:24])
     return res
 
 

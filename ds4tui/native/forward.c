@@ -614,10 +614,22 @@ static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_
     return DS4_OK;
 }
 
-/* First non-finite logit of rows[0..n), or -1. */
+/* First non-finite logit of rows[0..n), or -1.  Chunks of 4096 are tested with an integer test
+ * of the exponent bits that the compiler vectorises (all-ones exponent: inf or NaN, the floats
+ * isfinite rejects); only a chunk that has one is searched element by element. */
 static int64_t first_nonfinite(const float *rows, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(rows[i])) return i;
+    for (int64_t c0 = 0; c0 < n; c0 += 4096) {
+        const int64_t c1 = n - c0 < 4096 ? n : c0 + 4096;
+        uint32_t bad = 0;
+        for (int64_t i = c0; i < c1; i++) {
+            uint32_t b;
+            memcpy(&b, rows + i, sizeof b);
+            bad |= (b & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        for (int64_t i = c0; i < c1; i++)
+            if (!isfinite(rows[i])) return i;
+    }
     return -1;
 }
 

@@ -151,6 +151,23 @@ static int embed(ds4_backend_ctx *c, int32_t type, const void *W, int64_t row_by
 
 /* ---- norms and hyper-connections (spec ds4.md §2.1) --------------------------------------------- */
 
+/* out[d] = w[0] * rows[0][d] + w[1] * rows[1][d] + ... (n rows of width H), summed from
+ * 0.0f in row order for every d: the per-lane operations of a loop over d with an inner loop over
+ * the rows, in an order (a tile of lanes, rows outer) that the compiler vectorises over d. */
+static void weighted_rows(const float *w, const float *const *rows, int n, int64_t H, float *restrict out) {
+    enum { TILE = 64 };
+    for (int64_t d0 = 0; d0 < H; d0 += TILE) {
+        const int64_t m = H - d0 < TILE ? H - d0 : TILE;
+        float acc[TILE];
+        for (int64_t j = 0; j < m; j++) acc[j] = 0.0f;
+        for (int a = 0; a < n; a++) {
+            const float wa = w[a], *restrict r = rows[a] + d0;
+            for (int64_t j = 0; j < m; j++) acc[j] += wa * r[j];
+        }
+        for (int64_t j = 0; j < m; j++) out[d0 + j] = acc[j];
+    }
+}
+
 static int rms_norm(ds4_backend_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps,
                     const float *w, float *out, int64_t ldo, char *err, size_t len) {
     (void)c, (void)err, (void)len;
@@ -194,13 +211,9 @@ static int hc_pre(ds4_backend_ctx *c, const float *hcm, int32_t n, int32_t HC, i
                 for (int a = 0; a < HC; a++) cb[a * HC + b] /= sum + eps;
             }
         }
-        const float *Xt = X + (size_t)t * HC * H;
-        float *xt = x + (size_t)t * H;
-        for (int d = 0; d < H; d++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += pre[a] * Xt[(size_t)a * H + d];
-            xt[d] = acc;
-        }
+        const float *Xt = X + (size_t)t * HC * H, *rows[MAXHC];
+        for (int a = 0; a < HC; a++) rows[a] = Xt + (size_t)a * H;
+        weighted_rows(pre, rows, HC, H, x + (size_t)t * H);
     }
     return DS4_OK;
 }
@@ -212,12 +225,14 @@ static int hc_post(ds4_backend_ctx *c, const float *X, const float *out, const f
         const float *Xt = X + (size_t)t * HC * H, *o = out + (size_t)t * H;
         const float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
         float *Yt = Y + (size_t)t * HC * H;
-        for (int b = 0; b < HC; b++)
-            for (int d = 0; d < H; d++) {
-                float acc = 0.0f;
-                for (int a = 0; a < HC; a++) acc += cb[a * HC + b] * Xt[(size_t)a * H + d];
-                Yt[(size_t)b * H + d] = po[b] * o[d] + acc;
-            }
+        const float *rows[MAXHC];
+        for (int a = 0; a < HC; a++) rows[a] = Xt + (size_t)a * H;
+        for (int b = 0; b < HC; b++) {
+            float w[MAXHC], *restrict yb = Yt + (size_t)b * H;
+            for (int a = 0; a < HC; a++) w[a] = cb[a * HC + b];
+            weighted_rows(w, rows, HC, H, yb); /* acc, then po[b] * o[d] + acc per lane */
+            for (int d = 0; d < H; d++) yb[d] = po[b] * o[d] + yb[d];
+        }
     }
     return DS4_OK;
 }
@@ -229,12 +244,9 @@ static int hc_head(ds4_backend_ctx *c, const float *X, const float *m, int32_t n
         const float *Xt = X + (size_t)t * HC * H;
         float *w = w_out + (size_t)t * HC;
         for (int a = 0; a < HC; a++) w[a] = ds4_sigmoid(s0 * m[(size_t)t * HC + a] + base[a]) + eps;
-        float *yt = out + (size_t)t * H;
-        for (int d = 0; d < H; d++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += w[a] * Xt[(size_t)a * H + d];
-            yt[d] = acc;
-        }
+        const float *rows[MAXHC];
+        for (int a = 0; a < HC; a++) rows[a] = Xt + (size_t)a * H;
+        weighted_rows(w, rows, HC, H, out + (size_t)t * H);
     }
     return DS4_OK;
 }
@@ -545,16 +557,14 @@ static int moe_combine(ds4_backend_ctx *c, const float *oe, const int32_t *sel, 
             while (j > 0 && sel[(size_t)t * K + order[j - 1]] > sel[(size_t)t * K + k]) { order[j] = order[j - 1]; j--; }
             order[j] = k;
         }
-        float *yt = y + (size_t)t * H;
-        const float *sh = shared + (size_t)t * H;
-        for (int d = 0; d < H; d++) {
-            float acc = 0.0f;
-            for (int i = 0; i < nk; i++) {
-                int k = order[i];
-                acc += wsel[(size_t)t * K + k] * oe[((size_t)t * K + k) * H + d];
-            }
-            yt[d] = acc + sh[d];
+        float *restrict yt = y + (size_t)t * H, w[64];
+        const float *sh = shared + (size_t)t * H, *rows[64];
+        for (int i = 0; i < nk; i++) {
+            w[i] = wsel[(size_t)t * K + order[i]];
+            rows[i] = oe + ((size_t)t * K + order[i]) * H;
         }
+        weighted_rows(w, rows, nk, H, yt); /* acc, then acc + sh[d] per lane */
+        for (int d = 0; d < H; d++) yt[d] = yt[d] + sh[d];
     }
     return DS4_OK;
 }
@@ -573,12 +583,11 @@ static int capture(ds4_backend_ctx *c, const float *X, int32_t n, int32_t HC, in
     const float inv = 1.0f / (float)HC;
     for (int t = 0; t < n; t++) {
         const float *Xt = X + (size_t)t * HC * H;
-        float *dst = ring + ((size_t)((p0 + t) % cap) * n_slot + slot) * H;
-        for (int i = 0; i < H; i++) {
-            float acc = 0.0f;
-            for (int a = 0; a < HC; a++) acc += Xt[(size_t)a * H + i];
-            dst[i] = acc * inv;
-        }
+        float *dst = ring + ((size_t)((p0 + t) % cap) * n_slot + slot) * H, ones[MAXHC];
+        const float *rows[MAXHC];
+        for (int a = 0; a < HC; a++) rows[a] = Xt + (size_t)a * H, ones[a] = 1.0f;
+        weighted_rows(ones, rows, HC, H, dst); /* the plain sum (1 * x is x), then times 1/HC */
+        for (int i = 0; i < H; i++) dst[i] = dst[i] * inv;
     }
     return DS4_OK;
 }

@@ -100,19 +100,14 @@ static int ceil_log2(float r) {
     return m == 0.5f ? e - 1 : e;
 }
 
-/* Round a >= 0 to a minifloat grid with `mbits` mantissa bits whose smallest normal exponent is
- * emin; ties go to the even code (rint under round-to-nearest-even). */
-static float round_minifloat(float a, int mbits, int emin) {
-    if (a == 0.0f) return 0.0f;
-    int e;
-    frexpf(a, &e);            /* 2^(e-1) <= a < 2^e */
-    int ex = e - 1;
-    if (ex < emin) ex = emin; /* subnormals share the smallest normal's spacing */
-    float spacing = ldexpf(1.0f, ex - mbits);
-    return rintf(a / spacing) * spacing;
-}
-
-/* Block round trip with power-of-two scales (spec ds4.md §2.9): scale = 2^ceil(log2(amax/qmax)). */
+/* Block round trip with power-of-two scales (spec ds4.md §2.9): scale = 2^ceil(log2(amax/qmax)),
+ * then each element's |v| = |x / scale| (clamped to qmax) rounded to a minifloat grid with `mbits`
+ * mantissa bits whose smallest normal exponent is emin (subnormals share the smallest normal's
+ * spacing), ties to the even code: q = rint(|v| / s) * s with s = 2^(max(floor(log2 |v|), emin) -
+ * mbits).  floor(log2 |v|) is read from the exponent bits (a subnormal or zero |v| reads below any
+ * emin, so it takes emin's spacing, as it must), and s is built from bits: a power of two, so the
+ * division and the product are exact and the loop has no library call (the compiler vectorises it;
+ * the same floats as with frexpf/ldexpf). */
 static void block_round_trip(float *x, int64_t n, int block, float qmax, int mbits, int emin, float amax_floor) {
     for (int64_t b = 0; b < n; b += block) {
         float amax = 0.0f;
@@ -121,14 +116,23 @@ static void block_round_trip(float *x, int64_t n, int block, float qmax, int mbi
             if (a > amax) amax = a;
         }
         if (amax < amax_floor) amax = amax_floor;
-        float scale = ldexpf(1.0f, ceil_log2(amax / qmax));
+        const float scale = ldexpf(1.0f, ceil_log2(amax / qmax));
+        float *xb = x + b;
         for (int i = 0; i < block; i++) {
-            float v = x[b + i] / scale;
-            if (v > qmax) v = qmax;
-            if (v < -qmax) v = -qmax;
-            float q = round_minifloat(fabsf(v), mbits, emin);
-            if (q > qmax) q = qmax;
-            x[b + i] = (v < 0 ? -q : q) * scale;
+            float v = xb[i] / scale;
+            v = v > qmax ? qmax : v;
+            v = v < -qmax ? -qmax : v;
+            const float a = fabsf(v);
+            uint32_t bits;
+            memcpy(&bits, &a, sizeof bits);
+            int32_t ex = (int32_t)(bits >> 23) - 127;
+            ex = ex < emin ? emin : ex;
+            const uint32_t sbits = (uint32_t)(ex - mbits + 127) << 23;
+            float spacing;
+            memcpy(&spacing, &sbits, sizeof spacing);
+            float q = rintf(a / spacing) * spacing;
+            q = q > qmax ? qmax : q;
+            xb[i] = (v < 0 ? -q : q) * scale;
         }
     }
 }
