@@ -137,6 +137,15 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
     return rc;
 }
 
+/* Items [0, n) of a row-wise op: on the pool when the op has several rows and at least `work`
+ * elements in all (below that a hand-off costs more than a core gives), else on the caller.  Every
+ * item is computed the same way wherever it runs, so the result never depends on the split. */
+enum { ROWS_PARALLEL_MIN = 4096 };
+static void rows_run(ds4_backend_ctx *c, ds4_task_fn fn, void *ctx, int64_t n, int64_t work) {
+    if (c->n_threads > 1 && n > 1 && work >= ROWS_PARALLEL_MIN) ds4_pool_run(c->pool, fn, ctx, n);
+    else fn(ctx, 0, n, 0);
+}
+
 static int embed(ds4_backend_ctx *c, int32_t type, const void *W, int64_t row_bytes, int32_t H, const int32_t *tokens,
                  int32_t n, int32_t HC, float *X, char *err, size_t len) {
     (void)c, (void)err, (void)len;
@@ -175,12 +184,20 @@ static int rms_norm(ds4_backend_ctx *c, const float *x, int64_t ldx, int64_t row
     return DS4_OK;
 }
 
-static int hc_pre(ds4_backend_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
-                  const float *base, float eps, int32_t iters, const float *X, float *x, float *pre_out, float *post,
-                  float *comb, char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    const int mix = 2 * HC + HC * HC;
-    for (int t = 0; t < n; t++) {
+typedef struct {
+    const float *hcm, *base, *X;
+    int32_t HC, H, iters;
+    float s0, s1, s2, eps;
+    float *x, *pre_out, *post, *comb;
+} hc_pre_task;
+
+static void hc_pre_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
+    (void)thread;
+    const hc_pre_task *k = ctx;
+    const int HC = k->HC, H = k->H, iters = k->iters, mix = 2 * HC + HC * HC;
+    const float s0 = k->s0, s1 = k->s1, s2 = k->s2, eps = k->eps, *hcm = k->hcm, *base = k->base, *X = k->X;
+    float *x = k->x, *pre_out = k->pre_out, *post = k->post, *comb = k->comb;
+    for (int64_t t = t0; t < t1; t++) {
         const float *m = hcm + (size_t)t * mix;
         float *pre = pre_out + (size_t)t * HC;
         float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
@@ -215,13 +232,30 @@ static int hc_pre(ds4_backend_ctx *c, const float *hcm, int32_t n, int32_t HC, i
         for (int a = 0; a < HC; a++) rows[a] = Xt + (size_t)a * H;
         weighted_rows(pre, rows, HC, H, x + (size_t)t * H);
     }
+}
+
+static int hc_pre(ds4_backend_ctx *c, const float *hcm, int32_t n, int32_t HC, int32_t H, float s0, float s1, float s2,
+                  const float *base, float eps, int32_t iters, const float *X, float *x, float *pre_out, float *post,
+                  float *comb, char *err, size_t len) {
+    (void)err, (void)len;
+    hc_pre_task k = {hcm, base, X, HC, H, iters, s0, s1, s2, eps, x, pre_out, post, comb};
+    rows_run(c, hc_pre_rows, &k, n, (int64_t)n * HC * H);
     return DS4_OK;
 }
 
-static int hc_post(ds4_backend_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
-                   int32_t HC, int32_t H, float *Y, char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    for (int t = 0; t < n; t++) {
+typedef struct {
+    const float *X, *out, *post, *comb;
+    int32_t HC, H;
+    float *Y;
+} hc_post_task;
+
+static void hc_post_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
+    (void)thread;
+    const hc_post_task *k = ctx;
+    const int HC = k->HC, H = k->H;
+    const float *X = k->X, *out = k->out, *post = k->post, *comb = k->comb;
+    float *Y = k->Y;
+    for (int64_t t = t0; t < t1; t++) {
         const float *Xt = X + (size_t)t * HC * H, *o = out + (size_t)t * H;
         const float *po = post + (size_t)t * HC, *cb = comb + (size_t)t * HC * HC;
         float *Yt = Y + (size_t)t * HC * H;
@@ -234,6 +268,13 @@ static int hc_post(ds4_backend_ctx *c, const float *X, const float *out, const f
             for (int d = 0; d < H; d++) yb[d] = po[b] * o[d] + yb[d];
         }
     }
+}
+
+static int hc_post(ds4_backend_ctx *c, const float *X, const float *out, const float *post, const float *comb, int32_t n,
+                   int32_t HC, int32_t H, float *Y, char *err, size_t len) {
+    (void)err, (void)len;
+    hc_post_task k = {X, out, post, comb, HC, H, Y};
+    rows_run(c, hc_post_rows, &k, n, (int64_t)n * HC * HC * H);
     return DS4_OK;
 }
 
@@ -253,23 +294,41 @@ static int hc_head(ds4_backend_ctx *c, const float *X, const float *m, int32_t n
 
 /* ---- attention pieces (spec ds4.md §2.2-§2.6) ---------------------------------------------------- */
 
+typedef struct {
+    float *x;
+    int32_t width, heads_per_tok, n_rot, inverse, qat;
+    float eps;
+    const float *w;
+    const double *freq;
+    int64_t p0;
+} rope_task;
+
+static void norm_rope_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const rope_task *k = ctx;
+    const int32_t width = k->width, n_rot = k->n_rot;
+    float cs[DS4_ROPE_MAX]; /* the angles of position `at`, shared by its heads */
+    int64_t at = -1;
+    for (int64_t r = r0; r < r1; r++) {
+        float *row = k->x + r * width;
+        const int64_t pos = k->p0 + r / k->heads_per_tok;
+        if (k->eps >= 0.0f) ds4_rms_norm(row, width, k->eps, k->w, row);
+        if (n_rot > DS4_ROPE_MAX) ds4_rope(k->freq, n_rot, row, width, pos, k->inverse);
+        else {
+            if (pos != at) ds4_rope_cs(k->freq, n_rot, pos, k->inverse, cs), at = pos;
+            ds4_rope_apply(cs, n_rot, row, width);
+        }
+        if (k->qat) ds4_indexer_qat(row, width);
+    }
+}
+
 static int norm_rope(ds4_backend_ctx *c, float *x, int64_t rows, int32_t width, int32_t heads_per_tok, float eps,
                      const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
                      char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    float cs[DS4_ROPE_MAX]; /* the angles of position `at`, shared by its heads */
-    int64_t at = -1;
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = x + r * width;
-        const int64_t pos = p0 + r / heads_per_tok;
-        if (eps >= 0.0f) ds4_rms_norm(row, width, eps, w, row);
-        if (n_rot > DS4_ROPE_MAX) ds4_rope(freq, n_rot, row, width, pos, inverse);
-        else {
-            if (pos != at) ds4_rope_cs(freq, n_rot, pos, inverse, cs), at = pos;
-            ds4_rope_apply(cs, n_rot, row, width);
-        }
-        if (qat) ds4_indexer_qat(row, width);
-    }
+    (void)err, (void)len;
+    rope_task k = {x, width, heads_per_tok, n_rot, inverse, qat, eps, w, freq, p0};
+    /* rows of one position share its angles: split by positions when there are several */
+    rows_run(c, norm_rope_rows, &k, rows, rows * width * (qat ? 4 : 1));
     return DS4_OK;
 }
 
@@ -531,9 +590,17 @@ static int moe_route(ds4_backend_ctx *c, float *scores, int32_t n, int32_t E, in
     return DS4_OK;
 }
 
-static int swiglu(ds4_backend_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    for (int64_t i = 0; i < n; i++) {
+typedef struct { float *a; const float *b; float clamp; } swiglu_task;
+
+enum { SWIGLU_ITEM = 1024 }; /* elements per item of the pool */
+
+static void swiglu_items(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const swiglu_task *k = ctx;
+    const float clamp = k->clamp;
+    float *a = k->a;
+    const float *b = k->b;
+    for (int64_t i = i0; i < i1; i++) {
         float g = a[i], u = b[i];
         if (clamp > 0.0f) {
             if (g > clamp) g = clamp;
@@ -542,6 +609,18 @@ static int swiglu(ds4_backend_ctx *c, float *a, const float *b, int64_t n, float
         }
         a[i] = g * ds4_sigmoid(g) * u;
     }
+}
+
+static void swiglu_blocks(void *ctx, int64_t j0, int64_t j1, int thread) {
+    swiglu_items(ctx, j0 * SWIGLU_ITEM, j1 * SWIGLU_ITEM, thread);
+}
+
+static int swiglu(ds4_backend_ctx *c, float *a, const float *b, int64_t n, float clamp, char *err, size_t len) {
+    (void)err, (void)len;
+    swiglu_task k = {a, b, clamp};
+    const int64_t whole = n / SWIGLU_ITEM;
+    rows_run(c, swiglu_blocks, &k, whole, n);
+    swiglu_items(&k, whole * SWIGLU_ITEM, n, 0);
     return DS4_OK;
 }
 
