@@ -4,7 +4,7 @@ Data flow (ARCHITECTURE.md "data flow of one chat turn"): a thread worker opens 
 (``LoadProgress`` events), then each prompt runs ``ChatEngine.run_turn`` in a thread worker; the
 engine thread only appends small event dataclasses to an ``EventQueue``.  One UI timer drains the
 queue 6 times a second: token text goes to the current turn in one write per tick (a light
-widget for the text still growing, Markdown for finished blocks, widgets/chat.py), the newest
+widget for the text still growing, Markdown once it is finished, widgets/chat.py), the newest
 ``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
 finished turns and errors are handled in order; memory is sampled from the same timer once a
 second.  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the

@@ -149,7 +149,7 @@ def _pieces(text: str, start: int = 0) -> list[W.TokenPiece]:
     return [W.TokenPiece(start + k, text[i:i + 4], k % 3 == 1, "answer") for k, i in enumerate(range(0, len(text), 4))]
 
 
-async def test_the_answer_streams_below_the_question_and_finished_blocks_become_markdown(monkeypatch):
+async def test_the_answer_streams_below_the_question_and_finished_blocks_become_markdown_when_read_back(monkeypatch):
     monkeypatch.setattr(C, "MARKDOWN_S", 0.0)  # hand finished blocks over at every write
     app = _Turn()
     async with app.run_test(size=(80, 20)) as pilot:
@@ -168,9 +168,25 @@ async def test_the_answer_streams_below_the_question_and_finished_blocks_become_
         await pilot.pause()
         text = head + code
         assert msg.answer == text
+        # the view follows the end: no Markdown while the answer streams, the live text shows its last rows
+        assert not view.reading_back and view.is_vertical_scroll_end
+        assert channel.rendered == 0 and channel.markdown.source == "" and channel.live.text == text
+        view.scroll_home(animate=False)  # the user scrolls back to read: the finished blocks become Markdown
+        await pilot.pause()
+        assert view.reading_back
+        await msg.add(_pieces(" node", 200))
+        await pilot.pause()
+        text += " node"
         done = C.finished_blocks(text)
-        assert done == len(text) - len("Each")  # the fence closed: all but the last word is finished
-        assert channel.rendered == done and channel.markdown.source == text[:done] and channel.live.text == "Each"
+        assert done == len(text) - len("Each node")  # the fence closed: all but the last words is finished
+        assert channel.rendered == done and channel.markdown.source == text[:done] and channel.live.text == "Each node"
+        view.scroll_end(animate=False)  # back at the end: the transcript follows the answer again
+        await pilot.pause()
+        assert not view.reading_back
+        await msg.add(_pieces("\n\nMore", 300))
+        await pilot.pause()
+        text += "\n\nMore"
+        assert channel.rendered == done and channel.live.text == "Each node\n\nMore"
         await msg.finish("done")
         await pilot.pause()
         assert channel.markdown.source == text and channel.live.text == "" and channel.live.reserve == 0
@@ -457,3 +473,23 @@ async def test_ui_tax_times_the_frames_that_show_the_answer_and_a_typed_key(tmp_
     frames.frames = [(0.0, -1), (0.1, 0), (0.2, 5), (0.3, 5), (0.4, 9), (0.6, 9), (1.2, 20), (1.3, -1)]
     rate, gap, n = frames.text_rate()
     assert n == 3 and rate == pytest.approx(2 / 1.0) and gap == pytest.approx(0.8)
+
+
+async def test_an_answers_code_block_without_a_language_is_drawn_plain_not_guessed(monkeypatch):
+    import textual.highlight
+
+    def guess(*a, **kw):
+        raise AssertionError("the language of a code block was guessed")
+
+    monkeypatch.setattr(textual.highlight, "guess_language", guess)
+    app = _Turn()
+    async with app.run_test(size=(80, 20)) as pilot:
+        md = app.query_one("#answer", C.AnswerMarkdown)
+        await md.update("Plain:\n\n```\nx = 1\n```\n\n    indented = 2\n\nNamed:\n\n```python\ndef f():\n    return 1\n```\n")
+        await pilot.pause()
+        fences = list(md.query(C.Fence))
+        assert [f.code for f in fences] == ["x = 1", "indented = 2", "def f():\n    return 1"]
+        plain, indented, named = (f._highlighted_code for f in fences)
+        assert plain.plain == "x = 1" and indented.plain == "indented = 2" and named.plain.startswith("def f():")
+        styles = [{str(s.style) for s in c.spans} - {"$text"} for c in (plain, indented, named)]
+        assert styles[0] == styles[1] == set() and styles[2]  # python highlighted, the rest plain

@@ -3,8 +3,13 @@
 An assistant turn streams into light widgets and renders Markdown only for what is finished
 (ux.md §2.2): the text of each channel (the answer, and the reasoning in a collapsed section)
 grows in a :class:`~ds4tui.widgets.stream.StreamText`, which wraps and repaints only the rows
-that changed; every ``MARKDOWN_S`` the finished blocks (paragraphs, closed code fences) move from
-it into the channel's Markdown, and at the end the whole text is rendered as Markdown once.  A
+that changed and shows at most a view's height of its last rows; at the end the whole text is
+rendered as Markdown once.  While the transcript follows the end of the answer nothing else is
+rendered, so a write costs the same however long the answer is.  While the user has scrolled the
+transcript back (to read what streamed earlier), every ``MARKDOWN_S`` the finished blocks
+(paragraphs, closed code fences) move from the live text into the channel's Markdown, which
+holds the text above the live rows (each such move lays out the screen, at a cost that grows with
+the blocks: the user asked to read them).  A
 token trace (toggle) shows the answer token by token with accepted-draft tokens highlighted,
 since Markdown cannot style single tokens (ux.md §2.6).
 """
@@ -19,6 +24,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Collapsible, Input, Markdown, Static
+from textual.widgets.markdown import MarkdownFence
 
 from ds4tui.widgets.pane import set_line
 from ds4tui.widgets.stream import StreamText, clean, no_second_layout
@@ -26,10 +32,13 @@ from ds4tui.widgets.stream import StreamText, clean, no_second_layout
 #: Accepted-draft tokens in the token trace; reasoning tokens are drawn in THINK_STYLE.
 DRAFT_STYLE = "on $success 40%"
 THINK_STYLE = "italic $text-muted"
-#: While a turn streams, its finished Markdown blocks are rendered at most this often (seconds).
+#: While a turn streams and the user has scrolled the transcript back, its finished Markdown blocks
+#: are rendered at most this often (seconds).
 MARKDOWN_S = 2.0
 #: An answer that outgrows the rows below its question takes 1/GROW_PARTS of the view more at a
-#: time (the question moves up in a few steps, not row by row: each step is a layout of the screen).
+#: time (the question moves up in a few steps, not row by row: each step is a layout of the screen),
+#: and once it fills the view it scrolls by as much at a time (each scroll repaints the whole view;
+#: the writes between two repaint only their new rows).
 GROW_PARTS = 4
 #: While a turn streams, its summary line (tokens so far) is redrawn at most this often (seconds):
 #: a line far below the text being written would make each frame repaint every row between them.
@@ -63,6 +72,24 @@ def finished_blocks(text: str, start: int = 0) -> int:
     return end
 
 
+class Fence(MarkdownFence):
+    """A code block of an answer: highlighted in the language its fence names; one that names
+    none (or an indented block) is drawn as plain text.  Textual would guess the language by
+    running every Pygments lexer's analyser over the code: ~30 ms a block here, on the UI thread
+    while the engine decodes (finished blocks are rendered as the answer streams), and again at
+    every style update of the block."""
+
+    @classmethod
+    def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
+        return super().highlight(code, language or "text", ansi=ansi, dark=dark)
+
+
+class AnswerMarkdown(Markdown):
+    """The Markdown of an answer or its reasoning: :class:`Fence` for code blocks."""
+
+    BLOCKS = {**Markdown.BLOCKS, "fence": Fence, "code_block": Fence}
+
+
 class UserMessage(Static):
     DEFAULT_CSS = """
     UserMessage { margin: 1 0 0 0; padding: 0 1; background: $boost; border-left: thick $primary; }
@@ -83,10 +110,14 @@ class _Channel:
         self.rendered = 0  # text[:rendered] is in the Markdown
         self.t_rendered = time.monotonic()
 
-    async def add(self, chunk: str) -> None:
+    async def add(self, chunk: str, reading_back: bool = False) -> None:
+        """Append ``chunk``; ``reading_back``: the user scrolled the transcript back (the finished
+        blocks move into the Markdown, at most every MARKDOWN_S)."""
         self.text += chunk
         live = self.live
         live.append(chunk)
+        if not reading_back:
+            return  # the view follows the end: nobody sees the rows above the live text's
         now = time.monotonic()
         if now - self.t_rendered < MARKDOWN_S or live.max_rows is None or live.row_count <= live.max_rows:
             return  # while the text fits the view it stays as it is (Markdown would change its height)
@@ -135,9 +166,9 @@ class AssistantMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         with Collapsible(title="reasoning", collapsed=True):
-            yield Markdown("", id="think")
+            yield AnswerMarkdown("", id="think")
             yield StreamText(id="think-live")
-        yield Markdown("", id="answer")
+        yield AnswerMarkdown("", id="answer")
         yield StreamText(id="answer-live")
         yield StreamText(id="trace")
         yield Static(Content.styled("…", "$text-muted"), id="summary")
@@ -179,7 +210,8 @@ class AssistantMessage(Vertical):
         pinned to its bottom, all that can be seen), and the answer's takes the rows of the view
         below the question (and the rest of this message): a text growing within them costs a
         repaint of its new rows, and beyond them a repaint of the view, but no layout of the
-        screen.  The question stays at the top of the view until the answer fills it.  Called at
+        screen; past the view's height the text scrolls a quarter of the view at a time
+        (``GROW_PARTS``).  The question stays at the top of the view until the answer fills it.  Called at
         each write, when the view's size changes, and by the app once the question is laid out."""
         if self.finished:
             return
@@ -200,6 +232,8 @@ class AssistantMessage(Vertical):
         """Append ``TokenPiece`` s (one flush worth): one write per channel."""
         text = {"think": [], "answer": []}
         trace = []
+        view = self.parent
+        reading_back = isinstance(view, ChatView) and view.reading_back
         for p in pieces:
             if p.id >= 0:
                 self.n_tokens += 1
@@ -218,7 +252,7 @@ class AssistantMessage(Vertical):
             if channel == "think":
                 self.add_class("has-reasoning")
                 self._collapsible.title = f"reasoning · {plural(self.n_think, 'token')}"
-            await self._channels[channel].add(chunk)
+            await self._channels[channel].add(chunk, reading_back)
         if trace:
             self._trace.append(Content("").join(trace))
         self.size_live_text()
@@ -255,8 +289,33 @@ class ChatView(VerticalScroll):
     """
     virtual_size = no_second_layout()  # (its scroll bars follow the layout itself)
 
+    def __init__(self, *children, **kw):
+        super().__init__(*children, **kw)
+        self._released = False  # the user scrolled (Textual released the anchor)
+
     def on_mount(self) -> None:
         self.anchor()
+
+    def release_anchor(self) -> None:
+        """(Textual calls this when the user scrolls.)"""
+        super().release_anchor()
+        self._released = True
+
+    def scroll_end(self, *args, **kw) -> None:
+        """(Scrolled to the end, the transcript follows the answer again.)"""
+        super().scroll_end(*args, **kw)
+        self._released = False
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._released and round(new_value) >= self.max_scroll_y:
+            self._released = False  # back at the end (Textual anchors the view again)
+
+    @property
+    def reading_back(self) -> bool:
+        """The user scrolled the transcript away from its end (PageUp, the wheel, the scroll bar):
+        it no longer follows the streaming answer until it is back at the end."""
+        return self._released and round(self.scroll_y) < self.max_scroll_y
 
     def on_resize(self) -> None:
         """The view's size changed (the window, the panes shown or hidden, the prefill's bar gone

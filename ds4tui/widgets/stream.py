@@ -207,6 +207,8 @@ class StreamText(Widget):
             self._settle()
             self.refresh(layout=True)
         elif self._settle() != offset_before:
+            for y in range(offset_before, self._top):  # rows scrolled out of sight: their strips go
+                self._strips.pop(y, None)
             self.refresh()  # capped and scrolled: every row shown moved up
         else:  # the rows from the old last line's first to the last row of text (reserved blank rows stay)
             top = max(0, first - offset_before)
