@@ -22,6 +22,9 @@ struct ds4_backend_ctx {
     pthread_mutex_t lock;      /* the gather buffers (sessions on several threads share the context) */
     float *gx, *gy;            /* mm_gather: gathered activations and results */
     size_t gx_cap, gy_cap;     /* floats */
+    ds4_mm_group *groups;      /* mm_gather: one product per matrix id */
+    int32_t *group_m;          /* mm_gather: the id of a gathered group, -1 for one in place */
+    size_t groups_cap;
     _Atomic uint64_t allocated;
 };
 
@@ -40,6 +43,8 @@ static void close_ctx(ds4_backend_ctx *c) {
     if (!c) return;
     free(c->gx);
     free(c->gy);
+    free(c->groups);
+    free(c->group_m);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -89,9 +94,10 @@ static int grow(float **buf, size_t *cap, size_t n) {
     return 1;
 }
 
-/* Slots grouped by matrix id, ascending; each group is one matmul (a result never depends on the
- * group's size).  A group whose activation rows and result rows are equally spaced is multiplied
- * in place; any other is gathered into the context's buffers and scattered back. */
+/* Slots grouped by matrix id, ascending; each group is one product (a result never depends on the
+ * group's size), and all the groups run in one pass of the thread pool (ds4_cpu_matmul_groups).  A
+ * group whose activation rows and result rows are equally spaced is multiplied in place; any other
+ * is gathered into the context's buffers and scattered back. */
 static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
                      int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div,
                      int64_t n_slots, float *Y, int64_t ldy, char *err, size_t len) {
@@ -103,7 +109,41 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
     }
     int rc = DS4_OK;
     pthread_mutex_lock(&c->lock);
-    for (int32_t m = lo; m <= hi && rc == DS4_OK; m++) {
+    /* pass 1: the groups, and the rows of the gathered ones */
+    int n_groups = 0;
+    int64_t gathered = 0;
+    for (int32_t m = lo; m <= hi; m++) {
+        int64_t cnt = 0, step = 0, regular = 1, prev = -1;
+        for (int64_t i = 0; i < n_slots; i++) {
+            if (ids[i] != m) continue;
+            if (cnt == 1) step = i - prev;
+            else if (cnt > 1 && i - prev != step) regular = 0;
+            prev = i;
+            cnt++;
+        }
+        if (!cnt) continue;
+        n_groups++;
+        if (!(regular && (cnt == 1 || step % x_div == 0))) gathered += cnt;
+    }
+    if ((size_t)n_groups > c->groups_cap) {
+        ds4_mm_group *p = realloc(c->groups, (size_t)n_groups * sizeof *p);
+        if (p) c->groups = p;
+        int32_t *q = p ? realloc(c->group_m, (size_t)n_groups * sizeof *q) : NULL;
+        if (q) c->group_m = q;
+        if (!q) rc = ds4_fail(err, len, DS4_E_NOMEM, "mm_gather: out of memory for %d groups", n_groups);
+        else c->groups_cap = (size_t)n_groups;
+    }
+    if (rc == DS4_OK && gathered &&
+        (!grow(&c->gx, &c->gx_cap, (size_t)(gathered * cols)) || !grow(&c->gy, &c->gy_cap, (size_t)(gathered * rows))))
+        rc = ds4_fail(err, len, DS4_E_NOMEM, "mm_gather: out of memory for %lld rows", (long long)gathered);
+    if (rc != DS4_OK) {
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    /* pass 2: each group's operands, in place or gathered */
+    int gi = 0;
+    int64_t j = 0; /* gathered rows so far */
+    for (int32_t m = lo; m <= hi; m++) {
         int64_t cnt = 0, first = -1, step = 0, regular = 1, prev = -1;
         for (int64_t i = 0; i < n_slots; i++) {
             if (ids[i] != m) continue;
@@ -114,22 +154,28 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
             cnt++;
         }
         if (!cnt) continue;
-        const uint8_t *Wm = (const uint8_t *)W + (size_t)m * (size_t)mat_bytes;
-        /* slots first + j*step read X row (first + j*step) / x_div: equally spaced when step divides */
+        c->group_m[gi] = -1;
+        ds4_mm_group *g = &c->groups[gi++];
+        g->W = (const uint8_t *)W + (size_t)m * (size_t)mat_bytes;
+        g->n_tok = cnt;
+        /* slots first + k*step read X row (first + k*step) / x_div: equally spaced when step divides */
         if (regular && (cnt == 1 || step % x_div == 0)) {
-            ds4_cpu_matmul_act(c->pool, c->act_q8, type, Wm, rows, cols, X + (first / x_div) * ldx, (step / x_div) * ldx, cnt,
-                           Y + first * ldy, step * ldy);
+            g->X = X + (first / x_div) * ldx, g->ldx = (step / x_div) * ldx;
+            g->Y = Y + first * ldy, g->ldy = step * ldy;
             continue;
         }
-        if (!grow(&c->gx, &c->gx_cap, (size_t)(cnt * cols)) || !grow(&c->gy, &c->gy_cap, (size_t)(cnt * rows))) {
-            rc = ds4_fail(err, len, DS4_E_NOMEM, "mm_gather: out of memory for %lld rows", (long long)cnt);
-            break;
-        }
-        int64_t j = 0;
+        c->group_m[gi - 1] = m;
+        g->X = c->gx + (size_t)(j * cols), g->ldx = cols;
+        g->Y = c->gy + (size_t)(j * rows), g->ldy = rows;
         for (int64_t i = 0; i < n_slots; i++)
             if (ids[i] == m) memcpy(c->gx + (size_t)(j++ * cols), X + (i / x_div) * ldx, (size_t)cols * sizeof(float));
-        ds4_cpu_matmul_act(c->pool, c->act_q8, type, Wm, rows, cols, c->gx, cols, cnt, c->gy, rows);
-        j = 0;
+    }
+    ds4_cpu_matmul_groups(c->pool, c->act_q8, type, rows, cols, c->groups, n_groups);
+    /* pass 3: the gathered groups' results back to their slots */
+    j = 0;
+    for (gi = 0; gi < n_groups; gi++) {
+        const int32_t m = c->group_m[gi];
+        if (m < 0) continue; /* multiplied in place */
         for (int64_t i = 0; i < n_slots; i++)
             if (ids[i] == m) memcpy(Y + i * ldy, c->gy + (size_t)(j++ * rows), (size_t)rows * sizeof(float));
     }

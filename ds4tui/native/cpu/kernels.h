@@ -86,4 +86,19 @@ void ds4_cpu_matmul_act(ds4_pool *pool, int act_q8, int type, const void *W, int
 void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64_t cols, const float *X,
                     int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);
 
+/* One product of a group of ds4_cpu_matmul_groups: Y[t*ldy + r] = W row r . X row t (t < n_tok). */
+typedef struct {
+    const void *W;
+    const float *X;
+    int64_t ldx, n_tok;
+    float *Y;
+    int64_t ldy;
+} ds4_mm_group;
+/* n_groups products of rows x cols matrices of one type (the experts of an MoE layer) in one run
+ * of the pool: every (group, row) is an item, so the workers are woken once for all of them.  Each
+ * group's rows see exactly ds4_cpu_matmul_act's operations for that group's tokens (the same
+ * floats). */
+void ds4_cpu_matmul_groups(ds4_pool *pool, int act_q8, int type, int64_t rows, int64_t cols, const ds4_mm_group *g,
+                           int n_groups);
+
 #endif

@@ -93,3 +93,58 @@ void ds4_cpu_matmul(ds4_pool *pool, int type, const void *W, int64_t rows, int64
     if (rows * cols * n_tok < 65536) mm_slice(&t, 0, rows, 0);
     else ds4_pool_run(pool, mm_slice, &t, rows);
 }
+
+typedef struct {
+    int type, q8;
+    const ds4_type_traits *tt;
+    size_t row_bytes;
+    int64_t rows, cols;
+    const ds4_mm_group *g;
+    const ds4_q8_act *act; /* [n_groups] under q8 */
+} groups_task;
+
+/* Items are group * rows + row: a chunk runs each group's rows it covers as one row range. */
+static void groups_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const groups_task *t = ctx;
+    for (int64_t i = i0; i < i1;) {
+        const int64_t gi = i / t->rows, r0 = i % t->rows;
+        const int64_t r1 = t->rows - r0 < i1 - i ? t->rows : r0 + (i1 - i);
+        const ds4_mm_group *g = &t->g[gi];
+        if (t->q8) ds4_cpu_dot_q8(t->type, g->W, t->row_bytes, r0, r1, &t->act[gi], g->n_tok, g->Y, g->ldy);
+        else t->tt->cpu_dot(g->W, t->row_bytes, r0, r1, t->cols, g->X, g->ldx, g->n_tok, g->Y, g->ldy);
+        i += r1 - r0;
+    }
+}
+
+void ds4_cpu_matmul_groups(ds4_pool *pool, int act_q8, int type, int64_t rows, int64_t cols, const ds4_mm_group *g,
+                           int n_groups) {
+    if (rows <= 0 || n_groups <= 0) return;
+    groups_task t = {type, act_q8 && ds4_cpu_q8_type(type), ds4_type(type), ds4_row_bytes(type, cols), rows, cols, g,
+                     NULL};
+    int64_t work = 0;
+    for (int i = 0; i < n_groups; i++) work += rows * cols * g[i].n_tok;
+    ds4_q8_act *act = NULL;
+    if (t.q8) {
+        size_t bytes = 0;
+        for (int i = 0; i < n_groups; i++) bytes += ds4_cpu_q8_act_bytes(cols, g[i].n_tok);
+        void *buf = q8_scratch(bytes);
+        act = malloc((size_t)n_groups * sizeof *act);
+        if (!buf || !act) { /* no memory: NaN, so nothing downstream passes for a result */
+            free(act);
+            for (int i = 0; i < n_groups; i++)
+                for (int64_t k = 0; k < g[i].n_tok; k++)
+                    for (int64_t r = 0; r < rows; r++) g[i].Y[k * g[i].ldy + r] = __builtin_nanf("");
+            return;
+        }
+        for (int i = 0; i < n_groups; i++) {
+            ds4_cpu_q8_act_prepare(g[i].X, g[i].ldx, g[i].n_tok, cols, buf, &act[i]);
+            buf = (uint8_t *)buf + ds4_cpu_q8_act_bytes(cols, g[i].n_tok);
+        }
+        t.act = act;
+    }
+    /* below ~64K multiply-adds in all, waking the workers costs more than the work */
+    if (work < 65536) groups_slice(&t, 0, (int64_t)n_groups * rows, 0);
+    else ds4_pool_run(pool, groups_slice, &t, (int64_t)n_groups * rows);
+    free(act);
+}
