@@ -51,7 +51,7 @@ HEADER = NATIVE / "ds4_engine.h"
 CPU_SOURCES = ["engine.c", "dspark.c", "forward.c", "capture.c", "gpu.c", "load.c", "cpu/backend.c", "sampling.c",
                "cpu/matmul.c", "types.c", "cpu/ops.c", "cpu/dot.c", "cpu/dequant.c", "cpu/pool.c", "util.c"]
 # Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
-HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/ops.hip"]
+HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/q8.hip", "hip/ops.hip"]
 GPU_RECORD = "gpu_build.json"
 GPU_LIBS = {"hip": "libds4tui_hip.so", "cuda": "libds4tui_cuda.so"}
 DEFAULT_HIP_ARCH = "gfx1151"

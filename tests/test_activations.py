@@ -47,10 +47,12 @@ def test_q8_is_batch_invariant(tiny_q2):
     assert np.array_equal(whole, parts)
 
 
-def test_q8_is_a_cpu_option(tiny_q2):
-    for backend in ("reference", "hip"):
-        with pytest.raises(BackendUnavailableError, match="q8.*cpu backend only"):
-            Engine(tiny_q2["model"], backend=backend, activations="q8")
+def test_q8_runs_on_the_cpu_and_gpu_backends_only(tiny_q2):
+    with pytest.raises(BackendUnavailableError, match=r"q8\) run on the cpu and hip backends; the reference backend"):
+        Engine(tiny_q2["model"], backend="reference", activations="q8")
+    # the device's q8 kernels read the planar layout (spec ds4.md §2.9.5): the GGML layout says so
+    with pytest.raises(BackendUnavailableError, match="q8.*planar weight layout; gpu_layout ggml keeps float32"):
+        Engine(tiny_q2["model"], backend="hip", activations="q8", gpu_layout="ggml")
     with pytest.raises(ValueError, match="activations must be one of f32, q8"):
         Engine(tiny_q2["model"], activations="int8")
 
@@ -73,12 +75,12 @@ def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
 
     args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8"])
     opts = options_from_args(args)
-    # auto stays auto: the engine picks the only backend that runs it and says why
+    # auto stays auto: both backends run it
     assert opts.activations == "q8" and opts.backend == "auto"
     assert options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"])])).activations == "f32"
-    with pytest.raises(ValueError, match="argument --activations: q8 runs on the cpu backend only, found --backend hip"):
-        options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
-                                                         "--backend", "hip"]))
+    on_gpu = options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
+                                                              "--backend", "hip"]))
+    assert (on_gpu.activations, on_gpu.backend) == ("q8", "hip")
     chat = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=64, activations="q8")
     try:
         assert chat.info.activations == "q8" and chat.engine.activations == "q8"
@@ -140,8 +142,8 @@ def test_q8_greedy_dspark_on_equals_off(tiny_q2, fitted_support):
 
 
 async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
-    """``ds4tui chat --activations q8``: the welcome line gives the engine's reason for the cpu
-    backend, the same sentence ``generate`` prints."""
+    """``ds4tui chat --activations q8`` without a GPU: the welcome line gives the engine's reason for
+    the cpu backend, the same sentence ``generate`` prints (q8 itself runs on either backend)."""
     from ds4tui.app import DS4App
     from ds4tui.commands.chat import options_from_args
     from ds4tui.engine.telemetry import FakeBackend, MemorySample
@@ -152,7 +154,7 @@ async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
     async with app.run_test(size=(160, 40)) as pilot:
         await loaded(pilot, app)
         note = app.engine.engine.backend_note
-        assert note == "auto: using cpu because 8-bit activations (q8) run on the cpu backend only"
+        assert note.startswith("auto: using cpu because the HIP backend is unavailable") and "q8" not in note
         welcome = str(app.query_one("#welcome").render())
         assert f"cpu backend ({note})." in welcome
     app.close_engine()

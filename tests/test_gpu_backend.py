@@ -134,7 +134,7 @@ def test_build_refuses_wave64_and_fast_math(monkeypatch):
 
 @pytest.mark.skipif(not shutil.which("clang++-19") or not Path("/usr/include/hip/hip_runtime.h").exists(),
                     reason="clang-19 and libamdhip64-dev are not installed (.ci/run installs them)")
-@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/ops.hip"])
+@pytest.mark.parametrize("src", ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/q8.hip", "hip/ops.hip"])
 def test_device_code_compiles_for_gfx1151(src, tmp_path):
     """Spec platform.md §1.2: the device code of every HIP source compiles for gfx1151, wave32."""
     out = tmp_path / "k.s"
@@ -227,7 +227,7 @@ def test_gpu_matmul_matches_cpu_kernel(t, layout, rows, cols):
             X[:] = np.resize(X0, (13, cols))  # the same tokens again, in a bigger batch
         ycpu = _cpu_matmul(t, W, rows, cols, X)
         ygpu = np.full((n, rows), np.nan, np.float32)
-        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, ffi.from_buffer(W), rows, cols,
+        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, 0, ffi.from_buffer(W), rows, cols,
                                        ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", ygpu.ctypes.data), 1,
                                        ffi.NULL, err, 1024)
         assert rc == 0, ffi.string(err).decode()
@@ -257,7 +257,7 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout):
     X = rng.standard_normal((n_slots, cols)).astype(np.float32)
     Y = np.full((n_slots, rows), np.nan, np.float32)
     err = ffi.new("char[1024]")
-    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, ffi.from_buffer(W), n_mat, rows, cols,
+    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, 0, ffi.from_buffer(W), n_mat, rows, cols,
                                    ffi.cast("int32_t *", ids.ctypes.data), n_slots, ffi.cast("float *", X.ctypes.data),
                                    ffi.cast("float *", Y.ctypes.data), err, 1024)
     assert rc == 0, ffi.string(err).decode()
@@ -269,11 +269,97 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout):
     X2 = np.ascontiguousarray(np.repeat(X[:1], n_slots, axis=0))
     Y2 = np.empty_like(Y)
     same = np.full(n_slots, ids[0], np.int32)
-    assert lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, ffi.from_buffer(W), n_mat, rows, cols,
+    assert lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, 0, ffi.from_buffer(W), n_mat, rows, cols,
                                      ffi.cast("int32_t *", same.ctypes.data), n_slots,
                                      ffi.cast("float *", X2.ctypes.data), ffi.cast("float *", Y2.ctypes.data),
                                      err, 1024) == 0
     assert all(np.array_equal(Y2[s], Y[0]) for s in range(n_slots))
+
+
+def _q8_want_and_bound(t, W, rows, cols, X):
+    """The CPU engine's q8 product (numpy's bit-exact simulation, spec ds4.md §2.9.5) and the bound a
+    GPU q8 result keeps from it: both sum the same exactly-rounded block products (Q2_K: the GPU
+    rounds each 16-wide half on its own) in different float32 orders, so each is within
+    (n_blocks + 2) * 2^-24 of the sum of the products' magnitudes from the exact sum."""
+    from gguf import GGMLQuantizationType as Q
+
+    from ds4tui.engine import quants as QN
+
+    qt = Q(t)
+    want = QN.matmul_q8(W, qt, rows, cols, X)
+    w, s, m, mn = QN._q8_weight_blocks(W, qt, rows, cols)
+    qx, dx = QN.quantize_q8_act(X)
+    q = qx.astype(np.int64).reshape(X.shape[0], -1, 32)
+    wabs = np.abs(w).astype(np.float64)
+    mag = np.einsum("rbj,tbj->trb", wabs, np.abs(q).astype(np.float64)) * np.abs(s[None] * dx[:, None, :])
+    if m is not None:
+        bs = np.abs(q.reshape(X.shape[0], -1, 2, 16)).sum(-1).astype(np.float64)
+        mag = mag + np.einsum("rbh,tbh->trb", mn.astype(np.float64), bs) * np.abs(m[None] * dx[:, None, :])
+    nb = cols // 32
+    return want, 2 * (nb + 2) * 2.0 ** -24 * mag.sum(-1) + 1e-30
+
+
+# q8 kernels (hip/q8.hip) at each shape class: one warp per row group (tall, and rows too short for
+# more warps), 2 and 4 warps per row; 8192 columns stage 4 tokens per grid row instead of 8
+Q8_CASES = [(8, 67, 1024), (8, 400, 4096), (8, 8195, 1024), (8, 300, 8192), (10, 67, 2048), (10, 400, 4096),
+            (10, 8195, 2048), (16, 67, 2048), (16, 400, 8192), (16, 8195, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,rows,cols", Q8_CASES,
+                         ids=[f"{next(n for n, v in TYPES.items() if v == t)}-{r}x{c}" for (t, r, c) in Q8_CASES])
+def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, rows, cols):
+    """Spec ds4.md §2.9.5: the device's q8 product equals the CPU engine's (numpy's exact simulation)
+    up to the float32 order of the block products, and a token's row does not depend on the batch."""
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    rng = np.random.default_rng(31 + t + rows + cols)
+    W = _weights(t, rows, cols, rng)
+    err = ffi.new("char[1024]")
+    one = {}
+    for n in (1, 2, 6, 8, 13):
+        X = rng.standard_normal((n, cols)).astype(np.float32)
+        X[:, :32] = 0.0  # a block of zeros: d = 0, codes 0
+        if n == 13:
+            X[:] = np.resize(X0, (13, cols))
+        ygpu = np.full((n, rows), np.nan, np.float32)
+        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | PLANAR, 1, ffi.from_buffer(W), rows, cols,
+                                       ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", ygpu.ctypes.data), 1,
+                                       ffi.NULL, err, 1024)
+        assert rc == 0, ffi.string(err).decode()
+        want, bound = _q8_want_and_bound(t, W, rows, cols, X)
+        assert np.all(np.abs(ygpu.astype(np.float64) - want) <= bound), \
+            (t, n, float(np.nanmax(np.abs(ygpu - want) / bound)))
+        if n == 1:
+            X0 = X
+            yf32 = _cpu_matmul(t, W, rows, cols, X)
+            assert not np.array_equal(ygpu, yf32)  # the option changes the arithmetic
+        one[n] = ygpu
+    assert all(np.array_equal(one[13][i], one[1][0]) for i in range(13))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,cols", [(8, 1024), (10, 2048), (16, 4096)], ids=["Q8_0", "Q2_K", "IQ2_XXS"])
+def test_gpu_q8_expert_gather_matches_the_cpu_arithmetic(t, cols):
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    rng = np.random.default_rng(200 + t)
+    n_mat, rows, n_slots = 5, 515, 12
+    Ws = [_weights(t, rows, cols, rng) for _ in range(n_mat)]
+    W = np.ascontiguousarray(np.concatenate(Ws))
+    ids = np.array([3, 0, 3, 4, 1, 1, 2, 0, 4, 3, 2, 2], np.int32)
+    X = rng.standard_normal((n_slots, cols)).astype(np.float32)
+    Y = np.full((n_slots, rows), np.nan, np.float32)
+    err = ffi.new("char[1024]")
+    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | PLANAR, 1, ffi.from_buffer(W), n_mat, rows, cols,
+                                   ffi.cast("int32_t *", ids.ctypes.data), n_slots, ffi.cast("float *", X.ctypes.data),
+                                   ffi.cast("float *", Y.ctypes.data), err, 1024)
+    assert rc == 0, ffi.string(err).decode()
+    for s in range(n_slots):
+        want, bound = _q8_want_and_bound(t, Ws[ids[s]], rows, cols, X[s:s + 1])
+        assert np.all(np.abs(Y[s].astype(np.float64) - want[0]) <= bound[0]), (t, s)
 
 
 def _indexer_inputs(scores: np.ndarray, signs: list[float]):
@@ -350,7 +436,7 @@ def test_planar_layout_refuses_rows_it_cannot_take():
     X = np.ones((1, 1056), np.float32)
     Y = np.empty((1, 4), np.float32)
     err = ffi.new("char[1024]")
-    rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), 8 | PLANAR, ffi.from_buffer(W), 4, 1056,
+    rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), 8 | PLANAR, 0, ffi.from_buffer(W), 4, 1056,
                                    ffi.cast("float *", X.ctypes.data), 1, ffi.cast("float *", Y.ctypes.data), 1,
                                    ffi.NULL, err, 1024)
     assert rc != 0 and "cannot take the planar layout (rows of 1122 bytes)" in ffi.string(err).decode()
@@ -468,6 +554,35 @@ def test_hip_logits_and_greedy_match_cpu(tiny_q2, prompt, numerics):
     n, diff = _decided_prefix(lc, lh)
     print(f"{numerics}: greedy 64 tokens: logits differ by at most {diff:.3g} at the generated positions; "
           f"{n} decided positions before the first near tie; identical: {g_hip == g_cpu}")
+    assert g_hip[:n] == g_cpu[:n]
+
+
+@pytest.mark.gpu
+def test_hip_q8_activations_match_the_cpu_q8_engine(tiny_q2, prompt):
+    """Spec ds4.md §2.9.5: the q8 option on the device computes the CPU's q8 arithmetic up to float32
+    order, so logits and greedy tokens follow the CPU q8 engine as the float32 device follows the
+    float32 CPU; one token per pass equals the chunked prefill bit for bit (verify = decode)."""
+    _device_or_skip()
+    hip = S.Engine(tiny_q2["model"], backend="hip", activations="q8", prefill_gemm="off")
+    cpu = S.Engine(tiny_q2["model"], backend="cpu", activations="q8")
+    f32 = S.Engine(tiny_q2["model"], backend="hip", prefill_gemm="off")
+    got = hip.session(1024, n_batch=64).prefill(prompt, logits="all")
+    want = cpu.session(1024, n_batch=64).prefill(prompt, logits="all")
+    base = f32.session(1024, n_batch=64).prefill(prompt, logits="all")
+    err = np.abs(got - want).max(axis=1)
+    print(f"\nq8: hip vs cpu logits over {N_PROMPT} positions: max {err.max():.3g}, median {np.median(err):.3g}; "
+          f"hip q8 vs hip f32: median {np.median(np.abs(got - base).max(axis=1)):.3g}")
+    assert int((err > TOL["ds4"]).sum()) <= MAX_FLIPS["ds4"]
+    assert np.median(err) < TOL["ds4"] / 10
+    assert np.median(np.abs(got - base).max(axis=1)) > np.median(err)  # q8 is not the float32 path
+    s1 = hip.session(1024, n_batch=64)
+    rows = np.stack([s1.prefill([t]) for t in prompt[:40]])
+    assert np.array_equal(rows, got[:40])
+    g_hip = list(hip.session(1024, n_batch=64).generate(prompt, max_tokens=64))
+    g_cpu = list(cpu.session(1024, n_batch=64).generate(prompt, max_tokens=64))
+    lc, lh = _teacher_forced(cpu, hip, prompt, g_cpu)
+    n, diff = _decided_prefix(lc, lh)
+    print(f"q8: greedy 64 tokens: {n} decided positions before the first near tie; identical: {g_hip == g_cpu}")
     assert g_hip[:n] == g_cpu[:n]
 
 

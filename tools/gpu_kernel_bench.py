@@ -80,14 +80,16 @@ def main(argv=None) -> int:
                 blocks[:, :, 1] &= 0x3B
             W = np.ascontiguousarray(W).ravel()
         # the GGML layout and, where the rows allow it, the planar one, side by side
-        layouts = [("ggml", 0)] + ([("planar", PLANAR)] if t in (8, 10, 16) and rb % 16 == 0 else [])
+        # (and the planar one under q8 activations, spec ds4.md §2.9.5)
+        layouts = [("ggml", 0, 0)] + ([("planar", PLANAR, 0), ("q8", PLANAR, 1)] if t in (8, 10, 16) and rb % 16 == 0
+                                      else [])
         for n in (1, 6):
             X = rng.standard_normal((n, cols)).astype(np.float32)
             base_ms = None
-            for lname, flag in layouts:
+            for lname, flag, act in layouts:
                 Y = np.empty((n, rows), np.float32)
                 ms = ffi.new("double *")
-                rc = lib.ds4_gpu_kernel_matmul(lib_path, t | flag, ffi.from_buffer(W), rows, cols,
+                rc = lib.ds4_gpu_kernel_matmul(lib_path, t | flag, act, ffi.from_buffer(W), rows, cols,
                                                ffi.cast("float *", X.ctypes.data), n,
                                                ffi.cast("float *", Y.ctypes.data), args.reps, ms, err, 1024)
                 if rc:

@@ -856,7 +856,8 @@ def run_synthetic(args: argparse.Namespace) -> int:
                                            verify_widths=args.verify_widths,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
                                            prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
-                                           prefill_modes=modes, **opts)
+                                           prefill_modes=modes, activations=getattr(args, "activations", "f32"),
+                                           **opts)
     except (EngineError, RuntimeError, ValueError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0

@@ -61,10 +61,10 @@ def collect() -> dict:
     else:
         got = ("off (auto): " if want == "auto" else f"{want} refused at open: ") + (info.blas if info else "no BLAS")
     out["prefill_gemm"] = {"wanted": want, "in_force": got}
-    # the CPU matmul activations (spec ds4.md §2.9.5): a flag of chat, generate and bench, no variable
+    # the matmul activations (spec ds4.md §2.9.5): a flag of chat, generate and bench, no variable
     out["activations"] = {"default": "f32", "choices": ["f32", "q8"],
                           "note": "f32: float32 activations for every weight type; q8 (--activations q8 on chat, "
-                                  "generate and bench): 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu backend only"}
+                                  "generate and bench): 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu and hip backends"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = []

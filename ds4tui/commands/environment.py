@@ -86,14 +86,14 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
 def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str | None,
                           settings: Settings) -> None:
     """Before any model loads: ValueError (a usage error, exit status 2) naming the flag or variable
-    when the backend cannot run what the options ask for: ``--activations q8`` on the hip or
-    reference backend (8-bit activations are a cpu path, spec ds4.md §2.9.5), and a prefill GEMM of
+    when the backend cannot run what the options ask for: ``--activations q8`` on the reference
+    backend (8-bit activations are a cpu and hip path, spec ds4.md §2.9.5), and a prefill GEMM of
     bf16/f16 (``--prefill-gemm``, else DS4TUI_PREFILL_GEMM in ``settings``) on the cpu or reference
     backend (the GPU's matrix units, spec platform.md §7).  ``backend`` auto is never refused here:
-    it picks cpu for q8, and the command notes a prefill GEMM the cpu does not apply."""
-    if activations == "q8" and backend in ("hip", "reference"):
-        raise ValueError(f"argument --activations: q8 runs on the cpu backend only, found --backend {backend} "
-                         f"(use --backend cpu or auto, or --activations f32)")
+    q8 runs on either backend it picks, and the command notes a prefill GEMM the cpu does not apply."""
+    if activations == "q8" and backend == "reference":
+        raise ValueError(f"argument --activations: q8 runs on the cpu and hip backends, found --backend {backend} "
+                         f"(use --backend cpu, hip or auto, or --activations f32)")
     gemm = settings.prefill_gemm
     if gemm in ("bf16", "f16") and backend in ("cpu", "reference"):
         if prefill_gemm_flag is not None:

@@ -314,7 +314,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                     n_verify: int = 8, verify_rows: int = 6, verify_widths: list[int] | None = None,
                     target_layers: int = 43, log=print, gpu_layout: str = "planar", gpu_library: str | None = None,
                     prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (), prefill_batch: int = 2048,
-                    prefill_modes: tuple[str, ...] | None = None, **overrides) -> dict:
+                    prefill_modes: tuple[str, ...] | None = None, activations: str = "f32", **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
 
     ``ctx``: one context or several (timed in ascending order in one session per model).
@@ -323,7 +323,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     rows up to the context (``Session.bench_fill``: the decode and verify passes read and select
     over as many rows as after a real prefill; the values are repeats).  ``verify_widths``: the
     verify widths timed (default ``[verify_rows]``); ``verify_rows`` is the one the headline
-    ratio uses.  ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm``: as
+    ratio uses.  ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm`` / ``activations``: as
     :class:`~ds4tui.engine.session.Engine`'s.  ``prefill_lengths``: also time a prefill of each of
     these many tokens (chunks of ``prefill_batch``) under each prefill_gemm mode of
     ``prefill_modes`` (default: ``prefill_gemm`` alone), side by side on the same weights; per layer
@@ -342,7 +342,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         raise ValueError(f"contexts {ctxs}: expected at least one, each at least 16 tokens")
     if widths[0] < 1 or widths[-1] > 64:
         raise ValueError(f"verify widths {widths}: expected 1 .. 64 rows")
-    engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm}
+    engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm,
+                      "activations": activations}
     modes = tuple(prefill_modes or (prefill_gemm,))
     from ds4tui.engine import gpu
 
@@ -398,6 +399,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         **per_ctx[0],
         "contexts": per_ctx,
         "prefill_gemm": engine_options["prefill_gemm"],
+        "activations": activations,
         "prefill": prefill,
     }
     return out
@@ -407,8 +409,8 @@ def render(r: dict) -> str:
     """The result of :func:`run_flash_bench` as text, one block per context."""
     fill = ("real prefill" if r["fill"] == "prefill" else
             f"prefill of {r['fill_prefix']} tokens, compressed rows repeated to the context")
-    lines = [f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, extrapolated to {r['target_layers']} layers; "
-             f"context filled by {fill}"]
+    lines = [f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, {r.get('activations', 'f32')} activations, "
+             f"extrapolated to {r['target_layers']} layers; context filled by {fill}"]
     for c in r["contexts"]:
         lines += [
             f"context {c['ctx']}",

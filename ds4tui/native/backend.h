@@ -31,8 +31,9 @@ extern "C" {
 #endif
 
 /* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's).
- * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas. */
-#define DS4_GPU_API_VERSION 5
+ * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas.
+ * 6: the activations entry (`activations`: the q8 option on the GPU). */
+#define DS4_GPU_API_VERSION 6
 
 /* A device matrix's layout id is its GGML type, or DS4_GPU_PLANAR | type (ds4_engine.h) when
  * upload_matrix wrote its rows in the planar layout (hip/planar.hip: Q8_0, Q2_K and IQ2_XXS rows
@@ -183,6 +184,15 @@ typedef struct ds4_backend_s {
      * (may be NULL): the library, e.g. "cuBLAS 13.0.2 (libcublas.so.13)".  NULL on the CPU
      * backend. */
     int (*gemm)(ds4_backend_ctx *c, int32_t mode, char *info, size_t info_len, char *err, size_t len);
+
+    /* ---- version 6 ---------------------------------------------------------------------------
+     * The activations numerics option (spec ds4.md §2.9.5): `mode` DS4_ACTIVATIONS_F32 or _Q8 for
+     * the products queued after this call.  Under Q8, mm, mm_gather and matmul of planar Q8_0 / Q2_K
+     * / IQ2_XXS matrices quantise the activations to 8 bits in blocks of 32 and sum exact integer
+     * block products (hip/q8.hip), unless the prefill_gemm mode takes the product; other layouts
+     * keep float32.  DS4_E_INVALID for another mode.  NULL on the CPU backend (it takes the option
+     * at open). */
+    int (*activations)(ds4_backend_ctx *c, int32_t mode, char *err, size_t len);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

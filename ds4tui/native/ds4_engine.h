@@ -148,7 +148,7 @@ typedef struct {
     void *progress_ctx;
     /* DS4_BACKEND_HIP only: the device layout of the weight matrices (DS4_GPU_LAYOUT_*). */
     int32_t gpu_layout;
-    int32_t activations;  /* DS4_ACTIVATIONS_* (DS4_ACTIVATIONS_Q8: CPU backend only) */
+    int32_t activations;  /* DS4_ACTIVATIONS_* (Q8 on the hip backend: planar matrices, gpu_layout planar) */
     int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
 } ds4_engine_options;
 
@@ -345,16 +345,17 @@ int ds4_gpu_probe(const char *library, ds4_gpu_info *out, char *err, size_t err_
 /* The GPU matmul kernel on its own (tests, benchmarks): the same contract as ds4_kernel_matmul
  * (W host memory, uploaded first; X float [n_tok, cols]; Y float [n_tok, rows]); the kernel runs
  * `reps` >= 1 times on device buffers and *ms (may be NULL) gets the median time of one run in
- * milliseconds (device events). */
-int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols,
+ * milliseconds (device events).  `activations`: DS4_ACTIVATIONS_F32, or _Q8 for the q8 kernels of a
+ * planar matrix (spec ds4.md §2.9.5). */
+int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, const void *W, int64_t rows, int64_t cols,
                           const float *X, int64_t n_tok, float *Y, int32_t reps, double *ms,
                           char *err, size_t err_len);
 
 /* The GPU expert-gathered product on its own (tests): W host memory holding n_mat matrices of
  * rows x cols elements of GGML `type` (with DS4_GPU_PLANAR: uploaded in the planar layout, or
  * DS4_E_INVALID when the rows cannot take it); slot s < n_slots multiplies matrix ids[s] by row s
- * of X (float [n_slots, cols]) into row s of Y (float [n_slots, rows]). */
-int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows,
+ * of X (float [n_slots, cols]) into row s of Y (float [n_slots, rows]); `activations` as above. */
+int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows,
                           int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y,
                           char *err, size_t err_len);
 

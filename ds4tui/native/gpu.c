@@ -73,7 +73,7 @@ static int scratch_ctx(const char *library, void **h, const ds4_backend **api, d
     return (*api)->open(0, ctx, err, len);
 }
 
-int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t rows, int64_t cols, const float *X,
+int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, const void *W, int64_t rows, int64_t cols, const float *X,
                           int64_t n_tok, float *Y, int32_t reps, double *ms, char *err, size_t err_len) {
     size_t rb = ds4_row_bytes(type & ~DS4_GPU_PLANAR, cols);
     if (rb == 0 || rows <= 0 || n_tok <= 0 || !W || !X || !Y)
@@ -85,13 +85,14 @@ int ds4_gpu_kernel_matmul(const char *library, int type, const void *W, int64_t 
     int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
     if (rc != DS4_OK) return rc;
     double t = 0.0;
-    rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
+    rc = api->activations(ctx, activations, err, err_len);
+    if (rc == DS4_OK) rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
     if (rc == DS4_OK && ms) *ms = t;
     api->close(ctx);
     return rc;
 }
 
-int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t n_mat, int64_t rows, int64_t cols,
+int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows, int64_t cols,
                           const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err, size_t err_len) {
     const int32_t base = type & ~DS4_GPU_PLANAR;
     size_t rb = ds4_row_bytes(base, cols);
@@ -112,8 +113,10 @@ int ds4_gpu_kernel_gather(const char *library, int type, const void *W, int64_t 
     int32_t layout = base;
     const size_t wb = (size_t)(n_mat * rows) * rb, ib = (size_t)n_slots * sizeof(int32_t),
                  xb = (size_t)(n_slots * cols) * sizeof(float), yb = (size_t)(n_slots * rows) * sizeof(float);
-    rc = api->upload_matrix(ctx, W, base, n_mat * rows, cols, (int64_t)rb, (type & DS4_GPU_PLANAR) != 0, &dw, &layout,
-                            err, err_len);
+    rc = api->activations(ctx, activations, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->upload_matrix(ctx, W, base, n_mat * rows, cols, (int64_t)rb, (type & DS4_GPU_PLANAR) != 0, &dw,
+                                &layout, err, err_len);
     if (rc == DS4_OK && layout != type)
         rc = ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_gather: GGML type %d with %lld columns cannot take "
                       "the planar layout", base, (long long)cols);
@@ -322,6 +325,7 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     char why[256];
     e->gpu_integrated = e->ops->probe(&info, why, sizeof why) == DS4_OK && info.integrated;
     rc = prefill_gemm_open(e, o->prefill_gemm, err, len);
+    if (rc == DS4_OK) rc = e->ops->activations(e->ctx, o->activations, err, len);
     if (rc != DS4_OK) return rc;
     int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);

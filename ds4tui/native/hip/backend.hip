@@ -293,6 +293,16 @@ static int bandwidth(ds4_gpu_ctx *c, size_t bytes, int32_t reps, double *gbs, ch
     return rc;
 }
 
+static int gpu_activations(ds4_gpu_ctx *c, int32_t mode, char *err, size_t len) {
+    if (mode != DS4_ACTIVATIONS_F32 && mode != DS4_ACTIVATIONS_Q8)
+        return gpu_fail(err, len, DS4_E_INVALID, "activations %d: expected %d (f32) or %d (q8)", mode,
+                        DS4_ACTIVATIONS_F32, DS4_ACTIVATIONS_Q8);
+    pthread_mutex_lock(&c->lock);
+    c->act_q8 = mode == DS4_ACTIVATIONS_Q8;
+    pthread_mutex_unlock(&c->lock);
+    return DS4_OK;
+}
+
 static const ds4_backend k_api = {
     DS4_GPU_API_VERSION, probe, open_ctx, close_ctx, upload, gpu_free, allocated, mem_info,
     gpu_matmul, gpu_bench_matmul, bandwidth,
@@ -302,6 +312,7 @@ static const ds4_backend k_api = {
     gpu_upload_matrix, gpu_reserve, gpu_add_argmax,
     0, /* host_memory */
     gpu_gemm,
+    gpu_activations,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

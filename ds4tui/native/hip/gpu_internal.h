@@ -38,6 +38,9 @@ struct ds4_backend_ctx {
      * dequantised weight tile, the 16-bit activations, the slot-grouped results and slot lists
      * (device, bytes), and the pinned host copy of the slot lists. */
     int32_t gemm_mode;
+    /* The activations option (DS4_ACTIVATIONS_*, spec ds4.md §2.9.5): under Q8 the products of planar
+     * Q8_0 / Q2_K / IQ2_XXS matrices that the BLAS does not take run with 8-bit activations (q8.hip). */
+    int32_t act_q8;
     int32_t gm_bf; /* the product being queued rounds to bf16 (1) or f16 (0) */
     void *blas;
     void *gm_w, *gm_x, *gm_y, *gm_idx, *gm_host;
@@ -79,7 +82,7 @@ int gpu_put(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, char *err,
 
 /* matmul.hip */
 int gpu_matmul_init(char *err, size_t len); /* format tables into constant memory (per process) */
-int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
@@ -94,9 +97,14 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
 /* planar.hip: the planar device layout of Q8_0 / Q2_K / IQ2_XXS rows (layout id DS4_GPU_PLANAR | type) */
 int gpu_planar_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
 int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes);
-int gpu_planar_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
+/* q8.hip: the planar products under q8 activations (spec ds4.md §2.9.5); gpu_planar_launch calls it */
+int gpu_q8_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
+int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+                  int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
+                  int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
                       int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);
 int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);

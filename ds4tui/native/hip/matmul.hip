@@ -28,6 +28,7 @@
 int gpu_matmul_init(char *err, size_t len) {
     int rc = quant_tables_init(err, len);
     if (rc == DS4_OK) rc = gpu_planar_init(err, len);
+    if (rc == DS4_OK) rc = gpu_q8_init(err, len);
     return rc == DS4_OK ? gpu_gemm_init(err, len) : rc;
 }
 
@@ -115,11 +116,11 @@ static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t 
     else mm_launch_nt<TYPE, MM_NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
-int gpu_matmul_launch(hipStream_t st, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n <= 0) return DS4_OK;
     if (type & DS4_GPU_PLANAR)
-        return gpu_planar_launch(st, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
+        return gpu_planar_launch(st, q8, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
     case DS4_TYPE_F32: mm_launch_t<DS4_TYPE_F32>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
@@ -182,7 +183,7 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
         const float *Xs = X + (s0 / x_div) * ldx;
         float *Ys = Y + s0 * ldy;
         if (type & DS4_GPU_PLANAR) {
-            int rc = gpu_planar_launch(c->stream, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx,
+            int rc = gpu_planar_launch(c->stream, c->act_q8, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx,
                                        x_div, 1, Ys, ldy, err, len);
             if (rc != DS4_OK) return rc;
             continue;
@@ -200,7 +201,7 @@ int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows > 0 && n > 0 && !((uintptr_t)X & 15) && !(ldx & 3) && gpu_gemm_takes(c, type, cols, 1)) /* prefill_gemm */
         return gpu_gemm_dense(c, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
-    return gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
+    return gpu_matmul_launch(c->stream, c->act_q8, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
 }
 
 /* Host activations in, host results out (the drafter's host-row products: the confidence head and
@@ -231,7 +232,7 @@ int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
             rc = gpu_fail(err, len, DS4_E_DEVICE, "copy activations to the device: %s", hipGetErrorString(e));
             break;
         }
-        rc = gpu_matmul_launch(c->stream, type, W, rows, cols, row_bytes, c->dx, cols, nt, c->dy, rows, err, len);
+        rc = gpu_matmul_launch(c->stream, c->act_q8, type, W, rows, cols, row_bytes, c->dx, cols, nt, c->dy, rows, err, len);
         if (rc != DS4_OK) break;
         e = hipMemcpyAsync(hy, c->dy, (size_t)(nt * rows) * sizeof(float), hipMemcpyDeviceToHost, c->stream);
         if (e == hipSuccess) e = hipStreamSynchronize(c->stream);
@@ -278,7 +279,7 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
     for (int i = 0; rc == DS4_OK && i <= reps; i++) {
         hipError_t e = hipEventRecord(e0, c->stream);
         if (e != hipSuccess) { rc = gpu_fail(err, len, DS4_E_DEVICE, "event: %s", hipGetErrorString(e)); break; }
-        rc = gpu_matmul_launch(c->stream, layout, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
+        rc = gpu_matmul_launch(c->stream, c->act_q8, layout, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
                                rows, err, len);
         if (rc != DS4_OK) break;
         e = hipEventRecord(e1, c->stream);

@@ -1,0 +1,376 @@
+/*
+ * q8.hip — products of planar Q8_0 / Q2_K / IQ2_XXS matrices with 8-bit activations: the GPU side of
+ * the `q8` activations option (spec ds4.md §2.9.5, its GPU paragraph).
+ *
+ * Every block of a launch quantises the activation rows it needs into shared memory itself (the
+ * same rows in every block, by the same arithmetic: no extra launch, no scratch buffer), exactly as
+ * the CPU engine does (§2.9.5 step 1): per block of 32, d = max|x| / 127, q = round(x * (1 / d)) with
+ * ties away from zero, so the integer codes equal the CPU's.  The weights are read from the planar
+ * layout (hip/planar.hip), turned into signed 8-bit integers (Q8_0: the codes; IQ2_XXS: grid value
+ * times sign; Q2_K: sub-block scale times 2-bit code) and multiplied four at a time by dp4a / v_dot4,
+ * so each block sum I is an exact integer.  A 32-wide block then gives one float32 product, each
+ * step rounded on its own: Q8_0 and IQ2_XXS p = (s * d) * I; Q2_K per 16-wide sub-block (half a
+ * block) p = (D * d) * I - (M * d) * J with J = min code * sum of the 16 activation codes.  A lane
+ * adds its products in the order of its steps, then the warps' lanes are summed in a fixed
+ * butterfly, so the result differs from the CPU's q8 result by the float32 order of the block
+ * products only (and for Q2_K by splitting a block's two halves into two products).  The order
+ * depends on the matrix shape alone (warps per row from rows and columns), never on the token or
+ * slot count: verify rows equal one-token decodes bit for bit.
+ */
+#include "quant.h"
+
+#define Q8_WARPS 8             /* warps per block */
+#define Q8_SHORT_ROWS 8192     /* below: several warps share a row's steps */
+#define Q8_STAGE 32768         /* bytes of activation codes staged per block (tokens x columns) */
+
+/* This translation unit's copy of the IQ2_XXS tables (quant.h). */
+int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
+
+/* Four bytes of a uint4 by index (unrolled loops only: constant i). */
+__device__ __forceinline__ int q8_word(const uint4 &v, int i) {
+    return (int)(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+
+/* The weight side of one step of a lane: STEP weights of a row, as signed 8-bit words. */
+template <int TYPE> struct Q8W;
+
+/* Q8_0: a step is one block of 32 codes. */
+template <> struct Q8W<DS4_TYPE_Q8_0> {
+    static constexpr int STEP = 32;
+    struct D {
+        uint4 a, b;
+        float s;
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *, const uint2 *) {
+        D v;
+        v.a = ((const uint4 *)row)[2 * u];
+        v.b = ((const uint4 *)row)[2 * u + 1];
+        v.s = h2f(((const uint16_t *)(row + 32 * nb))[u]);
+        return v;
+    }
+    /* acc + this step's products against token codes q (the step's 32 bytes), scales d, sums s16 */
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t u,
+                                                float acc) {
+        const uint4 x0 = ((const uint4 *)q)[2 * u], x1 = ((const uint4 *)q)[2 * u + 1];
+        int I = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) I = gpu_dp4a(q8_word(v.a, i), q8_word(x0, i), I);
+#pragma unroll
+        for (int i = 0; i < 4; i++) I = gpu_dp4a(q8_word(v.b, i), q8_word(x1, i), I);
+        const float p = (v.s * d[u]) * (float)I;
+        return acc + p;
+    }
+};
+
+/* IQ2_XXS: a step is one 16-byte unit, two 32-wide groups (each one block of the q8 arithmetic):
+ * per group 4 grid-index bytes and a word of 4 x 7 sign-table bits and the 4-bit scale.  A grid
+ * value g (8, 25 or 43, never 0) with its sign mask m (0xff where negative) is (g ^ m) + (m & 1) per
+ * byte: 256 - g where negative, and no carry leaves a byte. */
+template <> struct Q8W<DS4_TYPE_IQ2_XXS> {
+    static constexpr int STEP = 64;
+    struct D {
+        uint32_t w[16];
+        float s0, s1;
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *grid,
+                                             const uint2 *smask) {
+        D v;
+        const uint4 q = ((const uint4 *)row)[u];
+        const float d = h2f(((const uint16_t *)(row + 64 * nb))[u >> 2]);
+        const uint32_t idx[2] = {q.x, q.z}, sw[2] = {q.y, q.w};
+#pragma unroll
+        for (int g = 0; g < 2; g++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint2 gv = grid[(idx[g] >> (8 * k)) & 0xffu];
+                const uint2 m = smask[(sw[g] >> (7 * k)) & 127u];
+                v.w[8 * g + 2 * k] = (gv.x ^ m.x) + (m.x & 0x01010101u);
+                v.w[8 * g + 2 * k + 1] = (gv.y ^ m.y) + (m.y & 0x01010101u);
+            }
+        v.s0 = (d * (0.5f + (float)(sw[0] >> 28))) * 0.25f;
+        v.s1 = (d * (0.5f + (float)(sw[1] >> 28))) * 0.25f;
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t u,
+                                                float acc) {
+        const uint4 *x = (const uint4 *)q + 4 * u;
+        int I0 = 0, I1 = 0;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint4 a = x[i], b = x[2 + i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                I0 = gpu_dp4a((int)v.w[4 * i + j], q8_word(a, j), I0);
+                I1 = gpu_dp4a((int)v.w[8 + 4 * i + j], q8_word(b, j), I1);
+            }
+        }
+        const float p0 = (v.s0 * d[2 * u]) * (float)I0;
+        acc = acc + p0;
+        const float p1 = (v.s1 * d[2 * u + 1]) * (float)I1;
+        return acc + p1;
+    }
+};
+
+/* Q2_K: a step is one 16-byte unit u of super-block b = u / 4 (j = u % 4, h = j / 2, half = j % 2):
+ * byte i holds element 128h + 16 half + i + 32s at bits 2s, s = 0..3, i.e. half `half` of 32-wide
+ * block 4h + s of the super-block, whose 16-wide sub-block 8h + 2s + half has its own scale and
+ * min nibbles (hip/planar.hip). */
+template <> struct Q8W<DS4_TYPE_Q2_K> {
+    static constexpr int STEP = 64;
+    struct D {
+        uint32_t c[16]; /* codes of s = 0..3, 4 words each, one code per byte */
+        uint32_t sc;    /* scale/min bytes of the 4 sub-blocks */
+        float dd, dm;   /* the super-block's d and dmin */
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *, const uint2 *) {
+        D v;
+        const int64_t b = u >> 2;
+        const int j = (int)(u & 3);
+        const uint4 q = ((const uint4 *)row)[u];
+        const uint2 s8 = *(const uint2 *)(row + 64 * nb + 16 * b + 8 * (j >> 1));
+        v.sc = (j & 1) ? gpu_byte_perm(s8.x, s8.y, 0x7531u) : gpu_byte_perm(s8.x, s8.y, 0x6420u);
+        const uint32_t dm = ((const uint32_t *)(row + 80 * nb))[b];
+        v.dd = h2f((uint16_t)(dm & 0xffffu));
+        v.dm = h2f((uint16_t)(dm >> 16));
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) v.c[4 * s + i] = ((uint32_t)q8_word(q, i) >> (2 * s)) & 0x03030303u;
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t u,
+                                                float acc) {
+        const int64_t b = u >> 2;
+        const int j = (int)(u & 3);
+        const int64_t e0 = 256 * b + 128 * (j >> 1) + 16 * (j & 1); /* first element of s = 0 */
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint4 x = *(const uint4 *)(q + e0 + 32 * s);
+            int S = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) S = gpu_dp4a((int)v.c[4 * s + i], q8_word(x, i), S);
+            const int scm = (int)((v.sc >> (8 * s)) & 0xffu);
+            const int I = (scm & 15) * S, J = (scm >> 4) * s16[(e0 + 32 * s) >> 4];
+            const float dx = d[(e0 + 32 * s) >> 5];
+            const float pi = (v.dd * dx) * (float)I, pj = (v.dm * dx) * (float)J;
+            const float p = pi - pj;
+            acc = acc + p;
+        }
+        return acc;
+    }
+};
+
+/* Quantise nt activation rows of `cols` floats into shared memory (spec ds4.md §2.9.5 step 1):
+ * codes q[t * cols + e], scales d[t * cols / 32 + blk] and, when s16, the sums of each 16 codes
+ * s16[t * cols / 16 + k].  Every thread of the block takes part. */
+__device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, int64_t cols, int8_t *q, float *d,
+                                         int *s16) {
+    const int nthr = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int64_t nb = cols / 32;
+    for (int64_t i = tid; i < nt * nb; i += nthr) {
+        const int64_t t = i / nb, blk = i % nb;
+        const float4 *x4 = (const float4 *)(X + t * ldx + 32 * blk);
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float4 a = x4[k];
+            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+        }
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
+        const float dd = amax / 127.0f;
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        uint32_t w[8];
+        int sa = 0, sb = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = 0u;
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            const float y = v[k] * id;
+            int c = (int)roundf(y); /* ties away from zero */
+            c = c > 127 ? 127 : c < -127 ? -127 : c;
+            w[k >> 2] |= ((uint32_t)c & 0xffu) << (8 * (k & 3));
+            if (k < 16) sa += c;
+            else sb += c;
+        }
+        uint4 *dst = (uint4 *)(q + t * cols + 32 * blk);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        d[t * nb + blk] = dd;
+        if (s16) {
+            s16[t * 2 * nb + 2 * blk] = sa;
+            s16[t * 2 * nb + 2 * blk + 1] = sb;
+        }
+    }
+}
+
+/* Y[t, r] = W[r, :] . X[t, :] under q8 activations.  The block's Q8_WARPS warps form Q8_WARPS / WPR
+ * groups; a group of WPR warps takes RPW rows and splits their steps (lane l of warp w of the group
+ * takes steps (32 w + l) + 32 WPR k).  NT tokens per grid row (blockIdx.y); with ids (expert
+ * gather) grid row y is slot y, which uses matrix ids[y] (mat_bytes apart), activation row
+ * y / x_div and output row y (NT = 1).  RPW and NT only share loads: a (row, token) sum is the same
+ * for any of them. */
+template <int TYPE, int NT, int RPW, int WPR>
+__global__ void __launch_bounds__(GPU_WARP *Q8_WARPS)
+q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
+          int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
+          float *__restrict__ Y, int64_t ldy) {
+    typedef Q8W<TYPE> P;
+    constexpr int G = Q8_WARPS / WPR;
+    extern __shared__ __align__(16) uint8_t q8_smem[];
+    __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
+    __shared__ uint2 s_smask[TYPE == DS4_TYPE_IQ2_XXS ? 128 : 1];
+    __shared__ float part[WPR > 1 ? G * RPW * NT * WPR : 1];
+    const int nthr = blockDim.x * blockDim.y, tix = threadIdx.y * blockDim.x + threadIdx.x;
+    if (TYPE == DS4_TYPE_IQ2_XXS) {
+        for (int i = tix; i < 256; i += nthr) s_grid[i] = *(const uint2 *)c_iq2_grid[i];
+        for (int i = tix; i < 128; i += nthr) {
+            const uint32_t sg = c_iq2_ksigns[i];
+            uint2 m;
+            m.x = ((sg & 15u) * 0x00204081u & 0x01010101u) * 0xffu;
+            m.y = ((sg >> 4) * 0x00204081u & 0x01010101u) * 0xffu;
+            s_smask[i] = m;
+        }
+    }
+    int64_t t0 = 0;
+    int nt = 1;
+    if (ids) {
+        const int64_t slot = blockIdx.y;
+        W += (int64_t)ids[slot] * mat_bytes;
+        X += (slot / x_div) * ldx;
+        Y += slot * ldy;
+    } else {
+        t0 = (int64_t)blockIdx.y * NT;
+        nt = (int)(n - t0 < NT ? n - t0 : NT);
+        X += t0 * ldx;
+        Y += t0 * ldy;
+    }
+    const int64_t nb = cols / 32;
+    int8_t *sq = (int8_t *)q8_smem;
+    float *sd = (float *)(q8_smem + NT * cols);
+    int *ss = TYPE == DS4_TYPE_Q2_K ? (int *)(sd + NT * nb) : NULL;
+    q8_stage(X, ldx, nt, cols, sq, sd, ss);
+    __syncthreads();
+
+    const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
+    const int64_t r0 = ((int64_t)blockIdx.x * G + grp) * RPW;
+    const bool active = r0 < rows;
+    const int64_t wnb = cols / (TYPE == DS4_TYPE_Q8_0 ? 32 : 256), nu = cols / P::STEP;
+    float acc[RPW][NT];
+#pragma unroll
+    for (int k = 0; k < RPW; k++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
+    if (active) {
+        const uint8_t *rp[RPW];
+#pragma unroll
+        for (int k = 0; k < RPW; k++) rp[k] = W + (r0 + k < rows ? r0 + k : rows - 1) * row_bytes;
+        for (int64_t u = wg * GPU_WARP + lane; u < nu; u += GPU_WARP * WPR) {
+            typename P::D v[RPW];
+#pragma unroll
+            for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], wnb, u, s_grid, s_smask);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+#pragma unroll
+                    for (int k = 0; k < RPW; k++)
+                        acc[k][t] = P::dot(v[k], sq + t * cols, sd + t * nb, ss ? ss + t * 2 * nb : NULL, u, acc[k][t]);
+                }
+            }
+        }
+    }
+    if (WPR == 1) {
+        if (!active) return;
+#pragma unroll
+        for (int k = 0; k < RPW; k++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float s = gpu_warp_sum(acc[k][t]);
+                if (lane == 0 && t < nt && r0 + k < rows) Y[t * ldy + r0 + k] = s;
+            }
+    } else {
+#pragma unroll
+        for (int k = 0; k < RPW; k++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float s = gpu_warp_sum(acc[k][t]);
+                if (lane == 0) part[((grp * RPW + k) * NT + t) * WPR + wg] = s;
+            }
+        __syncthreads();
+        const int i = wg * GPU_WARP + lane, k = i / NT, t = i % NT;
+        if (active && i < RPW * NT && t < nt && r0 + k < rows) {
+            const float *pp = part + ((grp * RPW + k) * NT + t) * WPR;
+            float s = pp[0];
+            for (int w = 1; w < WPR; w++) s += pp[w];
+            Y[t * ldy + r0 + k] = s;
+        }
+    }
+}
+
+template <int TYPE, int NT, int RPW, int WPR>
+static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
+                  int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n, float *Y,
+                  int64_t ldy) {
+    constexpr int G = Q8_WARPS / WPR;
+    const int64_t groups = (rows + RPW - 1) / RPW;
+    const size_t smem = (size_t)NT * (size_t)cols + (size_t)NT * (size_t)(cols / 32) * sizeof(float) +
+                        (TYPE == DS4_TYPE_Q2_K ? (size_t)NT * (size_t)(cols / 16) * sizeof(int) : 0);
+    hipLaunchKernelGGL((q8_kernel<TYPE, NT, RPW, WPR>), dim3((unsigned)((groups + G - 1) / G), gy),
+                       dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
+                       Y, ldy);
+}
+
+/* Warps per row from the shape alone: one warp per row group for wide matrices (many rows), else
+ * enough warps that each lane has about one step. */
+template <int TYPE, int NT>
+static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
+                     const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    constexpr int RPW = TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
+    const int64_t per_lane = cols / Q8W<TYPE>::STEP / GPU_WARP;
+    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (per_lane < 4) q8_go<TYPE, NT, 1, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else q8_go<TYPE, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+}
+
+template <int TYPE>
+static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
+                        int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
+                        int x_div, int64_t n, float *Y, int64_t ldy) {
+    if (ids) {
+        constexpr int RPW = TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
+        q8_go<TYPE, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1, Y, ldy);
+        return;
+    }
+    const unsigned gy = (unsigned)((n + ntp - 1) / ntp);
+    if (ntp == 1) q8_dense<TYPE, 1>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (ntp == 4) q8_dense<TYPE, 4>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else q8_dense<TYPE, 8>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+}
+
+/* Called by gpu_planar_launch (hip/planar.hip), which has checked the layout, shape and alignment. */
+int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+                  int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
+                  int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
+    const int32_t type = layout & ~DS4_GPU_PLANAR;
+    if (cols > Q8_STAGE)
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU matmul with q8 activations: rows of %lld columns (GGML type "
+                        "%d); the kernels stage at most %d columns per token (choose activations f32)",
+                        (long long)cols, type, Q8_STAGE);
+    /* tokens per grid row: as many as Q8_STAGE bytes of codes hold, up to 8 */
+    const int ntp = n == 1 ? 1 : Q8_STAGE / cols >= 8 ? 8 : Q8_STAGE / cols >= 4 ? 4 : 1;
+    if (!ids && (n + ntp - 1) / ntp > 65535)
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: %lld tokens in one pass exceed the "
+                        "launch grid (at most %lld)", (long long)n, 65535LL * ntp);
+    const uint8_t *w = (const uint8_t *)W;
+    switch (type) {
+    case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    default: q8_launch_t<DS4_TYPE_IQ2_XXS>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    }
+    char what[128];
+    snprintf(what, sizeof what, "GPU q8 matmul launch (type %d, %lld x %lld, %lld %s)", type, (long long)rows,
+             (long long)cols, (long long)(ids ? n_slots : n), ids ? "slots" : "tokens");
+    GPU_TRY(hipGetLastError(), what);
+    return DS4_OK;
+}
