@@ -133,10 +133,13 @@ int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, i
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU matmul: GGML type %d has no kernel (expected F32, F16, BF16, "
                         "Q8_0, Q2_K or IQ2_XXS)", type);
     }
-    char what[96];
-    snprintf(what, sizeof what, "GPU matmul launch (type %d, %lld x %lld, %lld tokens)", type, (long long)rows,
-             (long long)cols, (long long)n);
-    GPU_TRY(hipGetLastError(), what);
+    /* the message is formatted only on failure: a launch costs no host formatting */
+    const hipError_t e_launch = hipGetLastError();
+    if (e_launch != hipSuccess)
+        return gpu_fail(err, len, DS4_E_DEVICE,
+                        "GPU matmul launch (type %d, %lld x %lld, %lld tokens): %s (%s)",
+                        type, (long long)rows, (long long)cols, (long long)n, hipGetErrorString(e_launch),
+                        hipGetErrorName(e_launch));
     return DS4_OK;
 }
 

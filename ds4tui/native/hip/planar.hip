@@ -318,10 +318,13 @@ int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W,
     case DS4_TYPE_Q2_K: pl_launch_t<DS4_TYPE_Q2_K>(st, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
     default: pl_launch_t<DS4_TYPE_IQ2_XXS>(st, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
     }
-    char what[112];
-    snprintf(what, sizeof what, "GPU planar matmul launch (type %d, %lld x %lld, %lld %s)", type, (long long)rows,
-             (long long)cols, (long long)(ids ? n_slots : n), ids ? "slots" : "tokens");
-    GPU_TRY(hipGetLastError(), what);
+    /* the message is formatted only on failure: a launch costs no host formatting */
+    const hipError_t e_launch = hipGetLastError();
+    if (e_launch != hipSuccess)
+        return gpu_fail(err, len, DS4_E_DEVICE,
+                        "GPU planar matmul launch (type %d, %lld x %lld, %lld %s): %s (%s)",
+                        type, (long long)rows, (long long)cols, (long long)(ids ? n_slots : n),
+                        ids ? "slots" : "tokens", hipGetErrorString(e_launch), hipGetErrorName(e_launch));
     return DS4_OK;
 }
 
