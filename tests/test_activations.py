@@ -50,9 +50,6 @@ def test_q8_is_batch_invariant(tiny_q2):
 def test_q8_runs_on_the_cpu_and_gpu_backends_only(tiny_q2):
     with pytest.raises(BackendUnavailableError, match=r"q8\) run on the cpu and hip backends; the reference backend"):
         Engine(tiny_q2["model"], backend="reference", activations="q8")
-    # the device's q8 kernels read the planar layout (spec ds4.md §2.9.5): the GGML layout says so
-    with pytest.raises(BackendUnavailableError, match="q8.*planar weight layout; gpu_layout ggml keeps float32"):
-        Engine(tiny_q2["model"], backend="hip", activations="q8", gpu_layout="ggml")
     with pytest.raises(ValueError, match="activations must be one of f32, q8"):
         Engine(tiny_q2["model"], activations="int8")
 

@@ -299,16 +299,20 @@ def _q8_want_and_bound(t, W, rows, cols, X):
     return want, 2 * (nb + 2) * 2.0 ** -24 * mag.sum(-1) + 1e-30
 
 
-# q8 kernels (hip/q8.hip) at each shape class: one warp per row group (tall, and rows too short for
-# more warps), 2 and 4 warps per row; 8192 columns stage 4 tokens per grid row instead of 8
-Q8_CASES = [(8, 67, 1024), (8, 400, 4096), (8, 8195, 1024), (8, 300, 8192), (10, 67, 2048), (10, 400, 4096),
-            (10, 8195, 2048), (16, 67, 2048), (16, 400, 8192), (16, 8195, 4096)]
+# q8 kernels (hip/q8.hip) at each shape class of the planar layout: one warp per row group (tall,
+# and rows too short for more warps), 2 and 4 warps per row; 8192 columns stage 4 tokens per grid
+# row instead of 8; and the GGML layout (one row per warp, Q8_0 rows of 33 blocks)
+Q8_CASES = [(8, PLANAR, 67, 1024), (8, PLANAR, 400, 4096), (8, PLANAR, 8195, 1024), (8, PLANAR, 300, 8192),
+            (10, PLANAR, 67, 2048), (10, PLANAR, 400, 4096), (10, PLANAR, 8195, 2048), (16, PLANAR, 67, 2048),
+            (16, PLANAR, 400, 8192), (16, PLANAR, 8195, 4096), (8, 0, 67, 1056), (10, 0, 400, 2048),
+            (16, 0, 300, 2048)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t,rows,cols", Q8_CASES,
-                         ids=[f"{next(n for n, v in TYPES.items() if v == t)}-{r}x{c}" for (t, r, c) in Q8_CASES])
-def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, rows, cols):
+@pytest.mark.parametrize("t,layout,rows,cols", Q8_CASES,
+                         ids=[f"{next(n for n, v in TYPES.items() if v == t)}-{'planar' if lay else 'ggml'}-{r}x{c}"
+                              for (t, lay, r, c) in Q8_CASES])
+def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, layout, rows, cols):
     """Spec ds4.md §2.9.5: the device's q8 product equals the CPU engine's (numpy's exact simulation)
     up to the float32 order of the block products, and a token's row does not depend on the batch."""
     info = _device_or_skip()
@@ -324,7 +328,7 @@ def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, rows, cols):
         if n == 13:
             X[:] = np.resize(X0, (13, cols))
         ygpu = np.full((n, rows), np.nan, np.float32)
-        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | PLANAR, 1, ffi.from_buffer(W), rows, cols,
+        rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, 1, ffi.from_buffer(W), rows, cols,
                                        ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", ygpu.ctypes.data), 1,
                                        ffi.NULL, err, 1024)
         assert rc == 0, ffi.string(err).decode()
@@ -341,7 +345,8 @@ def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, rows, cols):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t,cols", [(8, 1024), (10, 2048), (16, 4096)], ids=["Q8_0", "Q2_K", "IQ2_XXS"])
-def test_gpu_q8_expert_gather_matches_the_cpu_arithmetic(t, cols):
+@pytest.mark.parametrize("layout", [0, PLANAR], ids=["ggml", "planar"])
+def test_gpu_q8_expert_gather_matches_the_cpu_arithmetic(t, cols, layout):
     info = _device_or_skip()
     from ds4tui._native import ffi, lib
 
@@ -353,7 +358,7 @@ def test_gpu_q8_expert_gather_matches_the_cpu_arithmetic(t, cols):
     X = rng.standard_normal((n_slots, cols)).astype(np.float32)
     Y = np.full((n_slots, rows), np.nan, np.float32)
     err = ffi.new("char[1024]")
-    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | PLANAR, 1, ffi.from_buffer(W), n_mat, rows, cols,
+    rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, 1, ffi.from_buffer(W), n_mat, rows, cols,
                                    ffi.cast("int32_t *", ids.ctypes.data), n_slots, ffi.cast("float *", X.ctypes.data),
                                    ffi.cast("float *", Y.ctypes.data), err, 1024)
     assert rc == 0, ffi.string(err).decode()

@@ -35,10 +35,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=2048, help="tokens of the profiled prefill pass (default 2048)")
     ap.add_argument("--prefill-gemm", choices=("auto", "off", "bf16", "f16"), default="auto",
                     help="the engine's prefill_gemm option (default auto)")
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32",
+                    help="the engine's activations option (spec ds4.md §2.9.5; default f32)")
     args = ap.parse_args(argv)
     ratios = tuple(4 if i % 2 == 0 else 128 for i in range(args.layers))
     model = synthetic.SyntheticModel(synthetic.flash_config(ratios), seed=0)
-    eng = Engine(model, backend="hip", prefill_gemm=args.prefill_gemm)
+    eng = Engine(model, backend="hip", prefill_gemm=args.prefill_gemm, activations=args.activations)
     if args.only == "prefill":
         rng = np.random.default_rng(1)
         n = args.prefill

@@ -111,8 +111,8 @@ class Engine:
     ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
     ``activations``: ``"f32"`` (float32 activations for every weight type) or ``"q8"`` (8-bit
-    activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5: cpu and hip; on hip the planar
-    matrices only, so ``gpu_layout="ggml"`` refuses it, and the reference backend refuses it by name).  ``prefill_gemm`` (spec platform.md §7): forward passes of at least
+    activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5: cpu and hip; the reference
+    backend refuses it by name).  ``prefill_gemm`` (spec platform.md §7): forward passes of at least
     ``PREFILL_GEMM_MIN_ROWS`` tokens multiply the planar Q8_0 / Q2_K / IQ2_XXS matrices on the
     GPU's matrix units through the vendor's BLAS (cuBLAS / rocBLAS, loaded at run time) with
     activations and weights rounded to ``"bf16"`` or ``"f16"`` (float32 sums); ``"off"``: float32
@@ -141,10 +141,6 @@ class Engine:
         if activations == "q8" and backend == "reference":
             raise BackendUnavailableError("8-bit activations (q8) run on the cpu and hip backends; the reference "
                                           "backend keeps float32 activations (use --activations f32, or --backend cpu)")
-        if activations == "q8" and backend == "hip" and gpu_layout == "ggml":
-            raise BackendUnavailableError("8-bit activations (q8) on the GPU read the planar weight layout; gpu_layout "
-                                          "ggml keeps float32 kernels only (use gpu_layout planar, or --activations "
-                                          "f32)")
         self.activations = activations
         if prefill_gemm not in PREFILL_GEMMS:
             raise ValueError(f"prefill_gemm must be one of {', '.join(PREFILL_GEMMS)}, got {prefill_gemm!r}")

@@ -187,10 +187,10 @@ typedef struct ds4_backend_s {
 
     /* ---- version 6 ---------------------------------------------------------------------------
      * The activations numerics option (spec ds4.md §2.9.5): `mode` DS4_ACTIVATIONS_F32 or _Q8 for
-     * the products queued after this call.  Under Q8, mm, mm_gather and matmul of planar Q8_0 / Q2_K
-     * / IQ2_XXS matrices quantise the activations to 8 bits in blocks of 32 and sum exact integer
-     * block products (hip/q8.hip), unless the prefill_gemm mode takes the product; other layouts
-     * keep float32.  DS4_E_INVALID for another mode.  NULL on the CPU backend (it takes the option
+     * the products queued after this call.  Under Q8, mm, mm_gather and matmul of Q8_0 / Q2_K /
+     * IQ2_XXS matrices (planar or GGML layout) quantise the activations to 8 bits in blocks of 32 and
+     * sum exact integer block products (hip/q8.hip), unless the prefill_gemm mode takes the product;
+     * other types keep float32.  DS4_E_INVALID for another mode.  NULL on the CPU backend (it takes the option
      * at open). */
     int (*activations)(ds4_backend_ctx *c, int32_t mode, char *err, size_t len);
 } ds4_backend;

@@ -148,7 +148,7 @@ typedef struct {
     void *progress_ctx;
     /* DS4_BACKEND_HIP only: the device layout of the weight matrices (DS4_GPU_LAYOUT_*). */
     int32_t gpu_layout;
-    int32_t activations;  /* DS4_ACTIVATIONS_* (Q8 on the hip backend: planar matrices, gpu_layout planar) */
+    int32_t activations;  /* DS4_ACTIVATIONS_* (both backends) */
     int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
 } ds4_engine_options;
 

@@ -167,10 +167,6 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (o.activations != DS4_ACTIVATIONS_F32 && o.activations != DS4_ACTIVATIONS_Q8)
         return ds4_fail(err, err_len, DS4_E_INVALID, "activations %d: expected %d (f32) or %d (q8)", o.activations,
                         DS4_ACTIVATIONS_F32, DS4_ACTIVATIONS_Q8);
-    if (o.activations == DS4_ACTIVATIONS_Q8 && o.backend == DS4_BACKEND_HIP && o.gpu_layout == DS4_GPU_LAYOUT_GGML)
-        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "8-bit activations (q8) on the GPU read the planar weight "
-                        "layout; gpu_layout ggml keeps float32 kernels only (choose gpu_layout planar or activations "
-                        "f32)");
     if (o.prefill_gemm < DS4_PREFILL_GEMM_OFF || o.prefill_gemm > DS4_PREFILL_GEMM_AUTO)
         return ds4_fail(err, err_len, DS4_E_INVALID, "prefill_gemm %d: expected %d (off), %d (bf16), %d (f16) or %d "
                         "(auto)", o.prefill_gemm, DS4_PREFILL_GEMM_OFF, DS4_PREFILL_GEMM_BF16, DS4_PREFILL_GEMM_F16,

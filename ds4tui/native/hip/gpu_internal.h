@@ -38,8 +38,8 @@ struct ds4_backend_ctx {
      * dequantised weight tile, the 16-bit activations, the slot-grouped results and slot lists
      * (device, bytes), and the pinned host copy of the slot lists. */
     int32_t gemm_mode;
-    /* The activations option (DS4_ACTIVATIONS_*, spec ds4.md §2.9.5): under Q8 the products of planar
-     * Q8_0 / Q2_K / IQ2_XXS matrices that the BLAS does not take run with 8-bit activations (q8.hip). */
+    /* The activations option (DS4_ACTIVATIONS_*, spec ds4.md §2.9.5): under Q8 the products of Q8_0 /
+     * Q2_K / IQ2_XXS matrices that the BLAS does not take run with 8-bit activations (q8.hip). */
     int32_t act_q8;
     int32_t gm_bf; /* the product being queued rounds to bf16 (1) or f16 (0) */
     void *blas;
@@ -100,7 +100,7 @@ int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes);
 int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
-/* q8.hip: the planar products under q8 activations (spec ds4.md §2.9.5); gpu_planar_launch calls it */
+/* q8.hip: the Q8_0 / Q2_K / IQ2_XXS products under q8 activations (spec ds4.md §2.9.5), either layout */
 int gpu_q8_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
 int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,

@@ -1,12 +1,12 @@
 /*
- * q8.hip — products of planar Q8_0 / Q2_K / IQ2_XXS matrices with 8-bit activations: the GPU side of
- * the `q8` activations option (spec ds4.md §2.9.5, its GPU paragraph).
+ * q8.hip — products of Q8_0 / Q2_K / IQ2_XXS matrices (planar or GGML layout) with 8-bit activations:
+ * the GPU side of the `q8` activations option (spec ds4.md §2.9.5, its GPU paragraph).
  *
  * Every block of a launch quantises the activation rows it needs into shared memory itself (the
  * same rows in every block, by the same arithmetic: no extra launch, no scratch buffer), exactly as
  * the CPU engine does (§2.9.5 step 1): per block of 32, d = max|x| / 127, q = round(x * (1 / d)) with
  * ties away from zero, so the integer codes equal the CPU's.  The weights are read from the planar
- * layout (hip/planar.hip), turned into signed 8-bit integers (Q8_0: the codes; IQ2_XXS: grid value
+ * layout (hip/planar.hip) or the file's blocks, turned into signed 8-bit integers (Q8_0: the codes; IQ2_XXS: grid value
  * times sign; Q2_K: sub-block scale times 2-bit code) and multiplied four at a time by dp4a / v_dot4,
  * so each block sum I is an exact integer.  A 32-wide block then gives one float32 product, each
  * step rounded on its own: Q8_0 and IQ2_XXS p = (s * d) * I; Q2_K per 16-wide sub-block (half a
@@ -18,6 +18,8 @@
  * slot count: verify rows equal one-token decodes bit for bit.
  */
 #include "quant.h"
+
+#include <type_traits>
 
 #define Q8_WARPS 8             /* warps per block */
 #define Q8_SHORT_ROWS 8192     /* below: several warps share a row's steps */
@@ -160,6 +162,116 @@ template <> struct Q8W<DS4_TYPE_Q2_K> {
     }
 };
 
+/* The GGML layout (rows whose byte length is not a multiple of 16, e.g. 128-column Q8_0 and the
+ * 256-column experts of small models): a step is one 32-wide block of the q8 arithmetic, read from
+ * the file's block bytes (Q8_0 and IQ2_XXS blocks are 2-byte aligned, Q2_K's 4-byte). */
+template <int TYPE> struct Q8G;
+
+/* acc + (s * d[b]) * I for block b of a token's codes q and 8 weight words w (Q8_0, IQ2_XXS). */
+__device__ __forceinline__ float q8_block(const uint32_t w[8], float s, const int8_t *q, const float *d, int64_t b,
+                                          float acc) {
+    const uint4 x0 = ((const uint4 *)q)[2 * b], x1 = ((const uint4 *)q)[2 * b + 1];
+    int I = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[i], q8_word(x0, i), I);
+#pragma unroll
+    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[4 + i], q8_word(x1, i), I);
+    const float p = (s * d[b]) * (float)I;
+    return acc + p;
+}
+
+template <> struct Q8G<DS4_TYPE_Q8_0> {
+    static constexpr int STEP = 32;
+    struct D {
+        uint32_t w[8];
+        float s;
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *, const uint2 *) {
+        D v;
+        const uint16_t *p = (const uint16_t *)(row + 34 * b);
+        v.s = h2f(p[0]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v.w[k] = (uint32_t)p[1 + 2 * k] | ((uint32_t)p[2 + 2 * k] << 16);
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t b,
+                                                float acc) {
+        return q8_block(v.w, v.s, q, d, b, acc);
+    }
+};
+
+/* IQ2_XXS: block b is group b % 8 of super-block b / 8 (f16 d, then 8 groups of 8 bytes). */
+template <> struct Q8G<DS4_TYPE_IQ2_XXS> {
+    static constexpr int STEP = 32;
+    struct D {
+        uint32_t w[8];
+        float s;
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *grid,
+                                             const uint2 *smask) {
+        D v;
+        const uint16_t *p = (const uint16_t *)(row + 66 * (b >> 3));
+        const float d = h2f(p[0]);
+        const uint16_t *g = p + 1 + 4 * (b & 7);
+        const uint32_t idx = (uint32_t)g[0] | ((uint32_t)g[1] << 16), sw = (uint32_t)g[2] | ((uint32_t)g[3] << 16);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint2 gv = grid[(idx >> (8 * k)) & 0xffu];
+            const uint2 m = smask[(sw >> (7 * k)) & 127u];
+            v.w[2 * k] = (gv.x ^ m.x) + (m.x & 0x01010101u);
+            v.w[2 * k + 1] = (gv.y ^ m.y) + (m.y & 0x01010101u);
+        }
+        v.s = (d * (0.5f + (float)(sw >> 28))) * 0.25f;
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t b,
+                                                float acc) {
+        return q8_block(v.w, v.s, q, d, b, acc);
+    }
+};
+
+/* Q2_K: block b = 4h + s of super-block b / 8 (scales[16], qs[64], f16 d, f16 dmin): element
+ * 128h + 32s + l has code (qs[32h + l] >> 2s) & 3; its halves are sub-blocks 8h + 2s and 8h + 2s + 1,
+ * one product each as in the planar kernel. */
+template <> struct Q8G<DS4_TYPE_Q2_K> {
+    static constexpr int STEP = 32;
+    struct D {
+        uint32_t c[8];
+        uint32_t sc; /* scale/min bytes of the two halves */
+        float dd, dm;
+    };
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *, const uint2 *) {
+        D v;
+        const uint8_t *blk = row + 84 * (b >> 3);
+        const int j = (int)(b & 7), h = j >> 2, s = j & 3;
+        const uint32_t *qs = (const uint32_t *)(blk + 16 + 32 * h);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v.c[k] = (qs[k] >> (2 * s)) & 0x03030303u;
+        v.sc = (uint32_t)blk[8 * h + 2 * s] | ((uint32_t)blk[8 * h + 2 * s + 1] << 8);
+        const uint32_t dm = *(const uint32_t *)(blk + 80);
+        v.dd = h2f((uint16_t)(dm & 0xffffu));
+        v.dm = h2f((uint16_t)(dm >> 16));
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t b,
+                                                float acc) {
+        const uint4 x[2] = {((const uint4 *)q)[2 * b], ((const uint4 *)q)[2 * b + 1]};
+        const float dx = d[b];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int S = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) S = gpu_dp4a((int)v.c[4 * hf + i], q8_word(x[hf], i), S);
+            const int scm = (int)((v.sc >> (8 * hf)) & 0xffu);
+            const int I = (scm & 15) * S, J = (scm >> 4) * s16[2 * b + hf];
+            const float pi = (v.dd * dx) * (float)I, pj = (v.dm * dx) * (float)J;
+            const float p = pi - pj;
+            acc = acc + p;
+        }
+        return acc;
+    }
+};
+
 /* Quantise nt activation rows of `cols` floats into shared memory (spec ds4.md §2.9.5 step 1):
  * codes q[t * cols + e], scales d[t * cols / 32 + blk] and, when s16, the sums of each 16 codes
  * s16[t * cols / 16 + k].  Every thread of the block takes part. */
@@ -169,12 +281,17 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
     const int64_t nb = cols / 32;
     for (int64_t i = tid; i < nt * nb; i += nthr) {
         const int64_t t = i / nb, blk = i % nb;
-        const float4 *x4 = (const float4 *)(X + t * ldx + 32 * blk);
+        const float *xb = X + t * ldx + 32 * blk;
         float v[32];
+        if (!((uintptr_t)xb & 15)) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float4 a = x4[k];
-            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+            for (int k = 0; k < 8; k++) {
+                const float4 a = ((const float4 *)xb)[k];
+                v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < 32; k++) v[k] = xb[k];
         }
         float amax = 0.0f;
 #pragma unroll
@@ -205,18 +322,19 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
     }
 }
 
-/* Y[t, r] = W[r, :] . X[t, :] under q8 activations.  The block's Q8_WARPS warps form Q8_WARPS / WPR
- * groups; a group of WPR warps takes RPW rows and splits their steps (lane l of warp w of the group
- * takes steps (32 w + l) + 32 WPR k).  NT tokens per grid row (blockIdx.y); with ids (expert
- * gather) grid row y is slot y, which uses matrix ids[y] (mat_bytes apart), activation row
- * y / x_div and output row y (NT = 1).  RPW and NT only share loads: a (row, token) sum is the same
- * for any of them. */
-template <int TYPE, int NT, int RPW, int WPR>
+/* Y[t, r] = W[r, :] . X[t, :] under q8 activations, W in the planar layout (PL) or the GGML one.
+ * The block's Q8_WARPS warps form Q8_WARPS / WPR groups; a group of WPR warps takes RPW rows at a
+ * time and splits their steps (lane l of warp w of the group takes steps (32 w + l) + 32 WPR k),
+ * LOOP times over the block's row groups, so that the activations staged once serve LOOP times as
+ * many rows.  NT tokens per grid row (blockIdx.y); with ids (expert gather) grid row y is slot y,
+ * which uses matrix ids[y] (mat_bytes apart), activation row y / x_div and output row y (NT = 1).
+ * RPW, NT and LOOP only share loads: a (row, token) sum is the same for any of them. */
+template <int TYPE, bool PL, int NT, int RPW, int WPR, int LOOP>
 __global__ void __launch_bounds__(GPU_WARP *Q8_WARPS)
 q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
           int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
           float *__restrict__ Y, int64_t ldy) {
-    typedef Q8W<TYPE> P;
+    typedef typename std::conditional<PL, Q8W<TYPE>, Q8G<TYPE>>::type P;
     constexpr int G = Q8_WARPS / WPR;
     extern __shared__ __align__(16) uint8_t q8_smem[];
     __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
@@ -233,7 +351,6 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
             s_smask[i] = m;
         }
     }
-    int64_t t0 = 0;
     int nt = 1;
     if (ids) {
         const int64_t slot = blockIdx.y;
@@ -241,7 +358,7 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
         X += (slot / x_div) * ldx;
         Y += slot * ldy;
     } else {
-        t0 = (int64_t)blockIdx.y * NT;
+        const int64_t t0 = (int64_t)blockIdx.y * NT;
         nt = (int)(n - t0 < NT ? n - t0 : NT);
         X += t0 * ldx;
         Y += t0 * ldy;
@@ -254,101 +371,110 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
     __syncthreads();
 
     const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
-    const int64_t r0 = ((int64_t)blockIdx.x * G + grp) * RPW;
-    const bool active = r0 < rows;
     const int64_t wnb = cols / (TYPE == DS4_TYPE_Q8_0 ? 32 : 256), nu = cols / P::STEP;
-    float acc[RPW][NT];
+    for (int it = 0; it < LOOP; it++) {
+        const int64_t r0 = (((int64_t)blockIdx.x * LOOP + it) * G + grp) * RPW;
+        const bool active = r0 < rows;
+        float acc[RPW][NT];
 #pragma unroll
-    for (int k = 0; k < RPW; k++)
+        for (int k = 0; k < RPW; k++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
-    if (active) {
-        const uint8_t *rp[RPW];
+            for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
+        if (active) {
+            const uint8_t *rp[RPW];
 #pragma unroll
-        for (int k = 0; k < RPW; k++) rp[k] = W + (r0 + k < rows ? r0 + k : rows - 1) * row_bytes;
-        for (int64_t u = wg * GPU_WARP + lane; u < nu; u += GPU_WARP * WPR) {
-            typename P::D v[RPW];
+            for (int k = 0; k < RPW; k++) rp[k] = W + (r0 + k < rows ? r0 + k : rows - 1) * row_bytes;
+            for (int64_t u = wg * GPU_WARP + lane; u < nu; u += GPU_WARP * WPR) {
+                typename P::D v[RPW];
 #pragma unroll
-            for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], wnb, u, s_grid, s_smask);
+                for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], wnb, u, s_grid, s_smask);
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < nt) {
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
 #pragma unroll
-                    for (int k = 0; k < RPW; k++)
-                        acc[k][t] = P::dot(v[k], sq + t * cols, sd + t * nb, ss ? ss + t * 2 * nb : NULL, u, acc[k][t]);
+                        for (int k = 0; k < RPW; k++)
+                            acc[k][t] = P::dot(v[k], sq + t * cols, sd + t * nb, ss ? ss + t * 2 * nb : NULL, u,
+                                               acc[k][t]);
+                    }
                 }
             }
         }
-    }
-    if (WPR == 1) {
-        if (!active) return;
+        if (WPR == 1) {
+            if (active) {
 #pragma unroll
-        for (int k = 0; k < RPW; k++)
+                for (int k = 0; k < RPW; k++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float s = gpu_warp_sum(acc[k][t]);
-                if (lane == 0 && t < nt && r0 + k < rows) Y[t * ldy + r0 + k] = s;
+                    for (int t = 0; t < NT; t++) {
+                        const float s = gpu_warp_sum(acc[k][t]);
+                        if (lane == 0 && t < nt && r0 + k < rows) Y[t * ldy + r0 + k] = s;
+                    }
             }
-    } else {
+        } else { /* the warps of a group meet in shared memory; every warp of the block runs LOOP rounds */
 #pragma unroll
-        for (int k = 0; k < RPW; k++)
+            for (int k = 0; k < RPW; k++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float s = gpu_warp_sum(acc[k][t]);
-                if (lane == 0) part[((grp * RPW + k) * NT + t) * WPR + wg] = s;
+                for (int t = 0; t < NT; t++) {
+                    const float s = gpu_warp_sum(acc[k][t]);
+                    if (lane == 0) part[((grp * RPW + k) * NT + t) * WPR + wg] = s;
+                }
+            __syncthreads();
+            const int i = wg * GPU_WARP + lane, k = i / NT, t = i % NT;
+            if (active && i < RPW * NT && t < nt && r0 + k < rows) {
+                const float *pp = part + ((grp * RPW + k) * NT + t) * WPR;
+                float s = pp[0];
+                for (int w = 1; w < WPR; w++) s += pp[w];
+                Y[t * ldy + r0 + k] = s;
             }
-        __syncthreads();
-        const int i = wg * GPU_WARP + lane, k = i / NT, t = i % NT;
-        if (active && i < RPW * NT && t < nt && r0 + k < rows) {
-            const float *pp = part + ((grp * RPW + k) * NT + t) * WPR;
-            float s = pp[0];
-            for (int w = 1; w < WPR; w++) s += pp[w];
-            Y[t * ldy + r0 + k] = s;
+            __syncthreads(); /* part is written again in the next round */
         }
     }
 }
 
-template <int TYPE, int NT, int RPW, int WPR>
+template <int TYPE, bool PL, int NT, int RPW, int WPR, int LOOP>
 static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n, float *Y,
                   int64_t ldy) {
     constexpr int G = Q8_WARPS / WPR;
-    const int64_t groups = (rows + RPW - 1) / RPW;
+    const int64_t groups = (rows + RPW - 1) / RPW, per_block = (int64_t)G * LOOP;
     const size_t smem = (size_t)NT * (size_t)cols + (size_t)NT * (size_t)(cols / 32) * sizeof(float) +
                         (TYPE == DS4_TYPE_Q2_K ? (size_t)NT * (size_t)(cols / 16) * sizeof(int) : 0);
-    hipLaunchKernelGGL((q8_kernel<TYPE, NT, RPW, WPR>), dim3((unsigned)((groups + G - 1) / G), gy),
+    hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR, LOOP>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
                        dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
                        Y, ldy);
 }
 
-/* Warps per row from the shape alone: one warp per row group for wide matrices (many rows), else
- * enough warps that each lane has about one step. */
-template <int TYPE, int NT>
+/* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
+ * rows too short to share, else enough warps that each lane has about one step.  Several tokens
+ * per grid row (NT > 1) loop over 4 row groups per block so that the staged codes serve more rows;
+ * the GGML layout takes one row per warp. */
+template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    constexpr int RPW = TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
-    const int64_t per_lane = cols / Q8W<TYPE>::STEP / GPU_WARP;
-    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else if (per_lane < 4) q8_go<TYPE, NT, 1, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else q8_go<TYPE, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2, LOOP = NT > 1 ? 4 : 1;
+    const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
+    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (per_lane < 4) q8_go<TYPE, PL, NT, 1, 2, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else q8_go<TYPE, PL, NT, 1, 4, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
 
-template <int TYPE>
+template <int TYPE, bool PL>
 static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
                         int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                         int x_div, int64_t n, float *Y, int64_t ldy) {
-    if (ids) {
-        constexpr int RPW = TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
-        q8_go<TYPE, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1, Y, ldy);
+    if (ids) { /* two row groups per warp group: the staged row serves 2 x 8 x RPW rows */
+        constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
+        q8_go<TYPE, PL, 1, RPW, 1, 2>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
+                                      Y, ldy);
         return;
     }
     const unsigned gy = (unsigned)((n + ntp - 1) / ntp);
-    if (ntp == 1) q8_dense<TYPE, 1>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
-    else if (ntp == 4) q8_dense<TYPE, 4>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
-    else q8_dense<TYPE, 8>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    if (ntp == 1) q8_dense<TYPE, PL, 1>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (ntp == 4) q8_dense<TYPE, PL, 4>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else q8_dense<TYPE, PL, 8>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
-/* Called by gpu_planar_launch (hip/planar.hip), which has checked the layout, shape and alignment. */
+/* Called by gpu_planar_launch (hip/planar.hip) and gpu_matmul_launch / gpu_mm_gather (the GGML
+ * layout of Q8_0, Q2_K and IQ2_XXS), which have checked the layout and shape. */
 int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                   int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
@@ -363,10 +489,19 @@ int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_byt
         return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: %lld tokens in one pass exceed the "
                         "launch grid (at most %lld)", (long long)n, 65535LL * ntp);
     const uint8_t *w = (const uint8_t *)W;
-    switch (type) {
-    case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-    case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-    default: q8_launch_t<DS4_TYPE_IQ2_XXS>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    if (!(layout & DS4_GPU_PLANAR)) {
+        switch (type) {
+        case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+        case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+        case DS4_TYPE_IQ2_XXS: q8_launch_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+        default:
+            return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: GGML type %d (expected Q8_0, Q2_K "
+                            "or IQ2_XXS)", type);
+        }
+    } else switch (type) {
+    case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    default: q8_launch_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
     }
     /* the message is formatted only on failure: a launch costs no host formatting */
     const hipError_t e_launch = hipGetLastError();
