@@ -24,6 +24,7 @@
 #define Q8_WARPS 8             /* warps per block */
 #define Q8_SHORT_ROWS 8192     /* below: several warps share a row's steps */
 #define Q8_STAGE 32768         /* bytes of activation codes staged per block (tokens x columns) */
+#define Q8_BLOCKS 512          /* blocks a launch aims at: more rows per block beyond that (up to 8 rounds) */
 
 /* This translation unit's copy of the IQ2_XXS tables (quant.h). */
 int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
@@ -325,15 +326,15 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
 /* Y[t, r] = W[r, :] . X[t, :] under q8 activations, W in the planar layout (PL) or the GGML one.
  * The block's Q8_WARPS warps form Q8_WARPS / WPR groups; a group of WPR warps takes RPW rows at a
  * time and splits their steps (lane l of warp w of the group takes steps (32 w + l) + 32 WPR k),
- * LOOP times over the block's row groups, so that the activations staged once serve LOOP times as
- * many rows.  NT tokens per grid row (blockIdx.y); with ids (expert gather) grid row y is slot y,
+ * `loops` times over the block's row groups, so that the activations staged once serve `loops`
+ * times as many rows.  NT tokens per grid row (blockIdx.y); with ids (expert gather) grid row y is slot y,
  * which uses matrix ids[y] (mat_bytes apart), activation row y / x_div and output row y (NT = 1).
- * RPW, NT and LOOP only share loads: a (row, token) sum is the same for any of them. */
-template <int TYPE, bool PL, int NT, int RPW, int WPR, int LOOP>
+ * RPW, NT and loops only share loads: a (row, token) sum is the same for any of them. */
+template <int TYPE, bool PL, int NT, int RPW, int WPR>
 __global__ void __launch_bounds__(GPU_WARP *Q8_WARPS)
 q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
           int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
-          float *__restrict__ Y, int64_t ldy) {
+          float *__restrict__ Y, int64_t ldy, int loops) {
     typedef typename std::conditional<PL, Q8W<TYPE>, Q8G<TYPE>>::type P;
     constexpr int G = Q8_WARPS / WPR;
     extern __shared__ __align__(16) uint8_t q8_smem[];
@@ -372,8 +373,8 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
 
     const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
     const int64_t wnb = cols / (TYPE == DS4_TYPE_Q8_0 ? 32 : 256), nu = cols / P::STEP;
-    for (int it = 0; it < LOOP; it++) {
-        const int64_t r0 = (((int64_t)blockIdx.x * LOOP + it) * G + grp) * RPW;
+    for (int it = 0; it < loops; it++) {
+        const int64_t r0 = (((int64_t)blockIdx.x * loops + it) * G + grp) * RPW;
         const bool active = r0 < rows;
         float acc[RPW][NT];
 #pragma unroll
@@ -409,7 +410,7 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
                         if (lane == 0 && t < nt && r0 + k < rows) Y[t * ldy + r0 + k] = s;
                     }
             }
-        } else { /* the warps of a group meet in shared memory; every warp of the block runs LOOP rounds */
+        } else { /* the warps of a group meet in shared memory; every warp of the block runs `loops` rounds */
 #pragma unroll
             for (int k = 0; k < RPW; k++)
 #pragma unroll
@@ -430,40 +431,44 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
     }
 }
 
-template <int TYPE, bool PL, int NT, int RPW, int WPR, int LOOP>
+/* Rounds per block: about Q8_BLOCKS blocks in the launch (row groups times grid rows), 1 to 8 rounds
+ * (they change which block computes a row, never its arithmetic). */
+template <int TYPE, bool PL, int NT, int RPW, int WPR>
 static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n, float *Y,
                   int64_t ldy) {
     constexpr int G = Q8_WARPS / WPR;
-    const int64_t groups = (rows + RPW - 1) / RPW, per_block = (int64_t)G * LOOP;
+    const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
+    const int64_t want = blocks1 * (int64_t)gy / Q8_BLOCKS;
+    const int loops = (int)(want < 1 ? 1 : want > 8 ? 8 : want);
+    const int64_t per_block = (int64_t)G * loops;
     const size_t smem = (size_t)NT * (size_t)cols + (size_t)NT * (size_t)(cols / 32) * sizeof(float) +
                         (TYPE == DS4_TYPE_Q2_K ? (size_t)NT * (size_t)(cols / 16) * sizeof(int) : 0);
-    hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR, LOOP>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
+    hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
                        dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
-                       Y, ldy);
+                       Y, ldy, loops);
 }
 
 /* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
- * rows too short to share, else enough warps that each lane has about one step.  Several tokens
- * per grid row (NT > 1) loop over 4 row groups per block so that the staged codes serve more rows;
- * the GGML layout takes one row per warp. */
+ * rows too short to share, else enough warps that each lane has about one step; the GGML layout
+ * takes one row per warp. */
 template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2, LOOP = NT > 1 ? 4 : 1;
+    constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
     const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
-    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else if (per_lane < 4) q8_go<TYPE, PL, NT, 1, 2, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else q8_go<TYPE, PL, NT, 1, 4, LOOP>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (per_lane < 4) q8_go<TYPE, PL, NT, 1, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else q8_go<TYPE, PL, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
 
 template <int TYPE, bool PL>
 static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
                         int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                         int x_div, int64_t n, float *Y, int64_t ldy) {
-    if (ids) { /* two row groups per warp group: the staged row serves 2 x 8 x RPW rows */
+    if (ids) {
         constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
-        q8_go<TYPE, PL, 1, RPW, 1, 2>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
+        q8_go<TYPE, PL, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
                                       Y, ldy);
         return;
     }
