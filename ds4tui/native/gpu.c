@@ -73,8 +73,8 @@ static int scratch_ctx(const char *library, void **h, const ds4_backend **api, d
     return (*api)->open(0, ctx, err, len);
 }
 
-int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, const void *W, int64_t rows, int64_t cols, const float *X,
-                          int64_t n_tok, float *Y, int32_t reps, double *ms, char *err, size_t err_len) {
+int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, const void *W, int64_t rows, int64_t cols,
+                          const float *X, int64_t n_tok, float *Y, int32_t reps, double *ms, char *err, size_t err_len) {
     size_t rb = ds4_row_bytes(type & ~DS4_GPU_PLANAR, cols);
     if (rb == 0 || rows <= 0 || n_tok <= 0 || !W || !X || !Y)
         return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_matmul: bad arguments (type %d, %lld x %lld, %lld tokens)",
@@ -86,14 +86,16 @@ int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, co
     if (rc != DS4_OK) return rc;
     double t = 0.0;
     rc = api->activations(ctx, activations, err, err_len);
-    if (rc == DS4_OK) rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->bench_matmul(ctx, type, W, rows, cols, (int64_t)rb, X, n_tok, Y, reps < 1 ? 1 : reps, &t, err, err_len);
     if (rc == DS4_OK && ms) *ms = t;
     api->close(ctx);
     return rc;
 }
 
-int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows, int64_t cols,
-                          const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err, size_t err_len) {
+int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows,
+                          int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err,
+                          size_t err_len) {
     const int32_t base = type & ~DS4_GPU_PLANAR;
     size_t rb = ds4_row_bytes(base, cols);
     if (rb == 0 || n_mat <= 0 || rows <= 0 || n_slots <= 0 || !W || !ids || !X || !Y)
