@@ -502,7 +502,7 @@ static int indexer(ds4_backend_ctx *c, const float *qi, const float *iw, int32_t
  * head's sink logit, which takes probability mass but adds no value (V = K; spec ds4.md §2.2).
  * sc[nk] is scratch. */
 static void attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
-                        float *o) {
+                        float *restrict o) {
     float mx = sink;
     for (int k = 0; k < nk; k++) {
         sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
@@ -512,7 +512,23 @@ static void attend_keys(const float *q, const float *const *keys, int nk, float 
     for (int k = 0; k < nk; k++) { sc[k] = expf(sc[k] - mx); denom += sc[k]; }
     denom += expf(sink - mx);
     memset(o, 0, (size_t)D * sizeof(float));
-    for (int k = 0; k < nk; k++) {
+    /* four keys per pass over o: each lane still adds p_k * key_k[d] in key order (the same floats
+     * as one key at a time), with one load and store of o per four keys */
+    int k = 0;
+    for (; k + 4 <= nk; k += 4) {
+        const float p0 = sc[k] / denom, p1 = sc[k + 1] / denom, p2 = sc[k + 2] / denom, p3 = sc[k + 3] / denom;
+        const float *restrict k0 = keys[k], *restrict k1 = keys[k + 1], *restrict k2 = keys[k + 2],
+                    *restrict k3 = keys[k + 3];
+        for (int d = 0; d < D; d++) {
+            float v = o[d];
+            v += p0 * k0[d];
+            v += p1 * k1[d];
+            v += p2 * k2[d];
+            v += p3 * k3[d];
+            o[d] = v;
+        }
+    }
+    for (; k < nk; k++) {
         float pk = sc[k] / denom;
         const float *kk = keys[k];
         for (int d = 0; d < D; d++) o[d] += pk * kk[d];
