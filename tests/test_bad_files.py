@@ -33,6 +33,16 @@ def _expect(path, exc_type, *fragments):
     return ei.value
 
 
+def test_a_short_file_is_named_for_what_it_is(tmp_path):
+    """A few bytes of text are not a GGUF; a few bytes that begin as one are a truncated GGUF."""
+    text = tmp_path / "notes.gguf"
+    text.write_bytes(b"hello\n")
+    _expect(text, gm.GGUFFormatError, "not a GGUF file: 6 bytes beginning b'hell'")
+    head = tmp_path / "head.gguf"
+    head.write_bytes(b"GGUF\x03")
+    _expect(head, gm.TruncatedFileError, "file is truncated: 5 bytes, a GGUF header needs at least 24")
+
+
 def test_truncated_in_tensor_data(model, tmp_path):
     data = open(model, "rb").read()
     cut = tmp_path / "cut.gguf"

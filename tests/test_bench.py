@@ -406,6 +406,8 @@ def test_a_missing_gpu_is_not_blamed_on_the_model(tiny_q2, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("ds4tui bench: error: --backend hip: the HIP backend is unavailable: "), err
     assert str(tiny_q2["model"]) not in err and err.count("\n") == 1
+    # the same advice as generate's
+    assert err.endswith("(--backend auto runs on the cpu when the GPU cannot; `ds4tui doctor` says what is missing)\n")
 
 
 def test_synthetic_flash_write_gguf_holds_the_benchmarks_bytes(tmp_path, monkeypatch, capsys):

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import BadVariable, Settings, check_support_block, settings_of
+from ds4tui.commands.environment import BadVariable, Settings, backend_unavailable, check_support_block, settings_of
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -933,7 +933,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
     except BackendUnavailableError as exc:  # the backend's fault, not the model file's
-        return _fail(f"--backend {args.backend}: {exc}", args, exc)
+        return _fail(backend_unavailable(args.backend, exc), args, exc)
     except EngineError as exc:
         msg = str(exc)
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)

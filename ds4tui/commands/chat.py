@@ -61,8 +61,8 @@ def options_from_args(args: argparse.Namespace):
     check_support_block(support, getattr(args, "max_draft", None), env)
     activations = getattr(args, "activations", "f32")
     backend = args.backend
-    # q8 with --backend auto: the engine picks cpu (spec ds4.md §2.9.5) and says why in its
-    # backend_note, which the welcome line shows as generate prints it
+    # auto picks hip or cpu (both run q8, spec ds4.md §2.9.5) and says why in its backend_note,
+    # which the welcome line shows as generate prints it
     check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
                        backend=backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,

@@ -83,6 +83,13 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
     settings.check_block(block)
 
 
+def backend_unavailable(backend: str, exc: Exception) -> str:
+    """The one line ``generate`` and ``bench`` print when ``--backend BACKEND`` cannot run (exit
+    status 1): the engine's reason, then what to do."""
+    return (f"--backend {backend}: {exc} (--backend auto runs on the cpu when the GPU cannot; "
+            f"`ds4tui doctor` says what is missing)")
+
+
 def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str | None,
                           settings: Settings) -> None:
     """Before any model loads: ValueError (a usage error, exit status 2) naming the flag or variable

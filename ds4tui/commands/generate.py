@@ -40,7 +40,7 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import BadVariable, check_support_block, settings_of
+from ds4tui.commands.environment import BadVariable, backend_unavailable, check_support_block, settings_of
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -176,8 +176,7 @@ def run(args: argparse.Namespace) -> int:
         except BadVariable as exc:
             return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
         except S.BackendUnavailableError as exc:  # the backend's fault, not the model file's
-            return _fail(f"--backend {args.backend}: {exc} (--backend auto runs on the cpu when the GPU cannot; "
-                         f"`ds4tui doctor` says what is missing)", as_json)
+            return _fail(backend_unavailable(args.backend, exc), as_json)
         except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
             return _fail(str(exc), as_json)
         return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings)

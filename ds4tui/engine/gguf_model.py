@@ -143,6 +143,8 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
             head = fh.read(8)
     except OSError as exc:
         raise ModelFileError(p, f"cannot read: {exc.strerror or exc}") from None
+    if len(head) < 8 and GGUF_MAGIC[:len(head)] != head[:4]:  # a short file that does not begin as a GGUF
+        raise GGUFFormatError(p, f"not a GGUF file: {size} bytes beginning {head[:4]!r} (a GGUF begins with b'GGUF')")
     if len(head) < 8:
         raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24")
     if head[:4] != GGUF_MAGIC:

@@ -400,7 +400,7 @@ def format_line(stats: DSparkStats) -> str:
     parts += [f"accept_rate={s.accept_rate:.2f}%", f"avg_accept={s.avg_accept:.3f}"]
     parts += [f"{k}={getattr(s, k)}" for k in _LINE_COUNTS_B]
     parts.append("time_ms")
-    parts += [f"{k}={getattr(s, k):.3f}" for k in _TIMES]
+    parts += [f"{k}={round(getattr(s, k), 3) + 0.0:.3f}" for k in _TIMES]  # + 0.0: no "-0.000"
     parts.append("draft_len_hist=" + _hist(list(enumerate(s.draft_len_hist))[1:]))
     parts.append("accepted_len_hist=" + _hist(list(enumerate(s.accepted_len_hist))))
     parts.append(f"chain_fail={s.chain_fail}")
