@@ -426,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="ds4tui",
         description="Run DeepSeek V4 Flash with DSpark speculative decoding, and see what the speculation does.",
+        epilog="Plain `ds4tui [MODEL.gguf] [chat options]` is `ds4tui chat`: without MODEL it opens the bundled "
+        "demo model and its drafter.",
     )
     parser.add_argument("--version", action="version", version=f"ds4tui {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -442,8 +444,9 @@ ENGINE_COMMANDS = ("chat", "generate", "bench")
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
-        # plain `ds4tui [chat options]` is `ds4tui chat [chat options]` (the README's promise)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")) or (
+            argv[0] not in COMMANDS and argv[0].lower().endswith(".gguf")):
+        # plain `ds4tui [MODEL.gguf] [chat options]` is `ds4tui chat ...` (the README's promise)
         argv = ["chat", *argv]
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command they were given to, with that command's help

@@ -115,8 +115,12 @@ def test_options_without_a_command_open_the_chat(monkeypatch, capsys):
     monkeypatch.setattr(chat, "run", lambda args: seen.append(args) or 0)
     assert cli_main(["--nothink", "--ctx", "8192"]) == 0
     assert cli_main([]) == 0
-    assert [a.command for a in seen] == ["chat", "chat"]
+    assert cli_main(["my.GGUF", "--mtp", "s.gguf"]) == 0  # a model first is the chat's model
+    assert [a.command for a in seen] == ["chat", "chat", "chat"]
     assert seen[0].nothink is True and seen[0].ctx == 8192 and seen[1].nothink is False
+    assert (seen[2].model, seen[2].mtp) == ("my.GGUF", "s.gguf")
+    rc, out, err = _run(capsys, ["notacommand"])  # anything else is still an unknown command
+    assert rc == 2 and "invalid choice: 'notacommand'" in err
 
 
 def test_an_unknown_option_is_named_by_its_command(capsys):
