@@ -69,6 +69,15 @@ def test_streamed_text_is_the_decoded_tokens(tiny_q2, tok, capsys):
     r = json.loads(js)
     assert out == tok.decode(r["generated_ids"]) + "\n"
     assert r["prompt_ids"][-1] == tok.encode("</think>")[0] and r["think"] is False
+    assert r["reasoning"] is None and r["answer"] == r["text"]  # --nothink: no reasoning to split off
+
+
+def test_a_thinking_answer_is_split_at_the_end_of_its_reasoning():
+    from ds4tui.commands.generate import _split_reasoning
+
+    assert _split_reasoning("why</think>```py\nx\n```", True) == {"reasoning": "why", "answer": "```py\nx\n```"}
+    assert _split_reasoning("still thinking", True) == {"reasoning": None, "answer": "still thinking"}
+    assert _split_reasoning("a</think>b", False) == {"reasoning": None, "answer": "a</think>b"}  # --raw / --nothink
 
 
 def test_raw_skips_the_template_and_sampling_is_seeded(tiny_q2, tok, capsys):

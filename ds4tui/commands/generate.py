@@ -188,6 +188,18 @@ def run(args: argparse.Namespace) -> int:
             engine.close()
 
 
+THINK_END = "</think>"
+
+
+def _split_reasoning(text: str, thinking: bool) -> dict:
+    """``reasoning`` (the text before the first ``</think>`` of a thinking-mode answer, else None) and
+    ``answer`` (the text after it; all of ``text`` otherwise, or when the reasoning never ended)."""
+    if thinking and THINK_END in text:
+        reasoning, answer = text.split(THINK_END, 1)
+        return {"reasoning": reasoning, "answer": answer}
+    return {"reasoning": None, "answer": text}
+
+
 def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings) -> int:
     t_loaded = time.perf_counter()
     show_progress = not as_json and sys.stderr.isatty()
@@ -205,6 +217,9 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stop = "max_tokens"
     t_prefill_end = t_first = None
+    # thinking mode: the reasoning ends at THINK_END; the printed answer starts on a line of its own
+    thinking = not args.raw and not args.nothink
+    reasoning_open = thinking
     try:
         try:
             session.prefill(ids, progress=progress)
@@ -220,6 +235,10 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                     piece = utf8.decode(tokenizer.token_bytes(tok))
                     pieces.append(piece)
                     if not as_json and piece:
+                        if reasoning_open and THINK_END in piece:  # the tag, then the answer on its own line
+                            head, rest = piece.split(THINK_END, 1)
+                            piece = head + THINK_END + ("" if rest.startswith("\n") else "\n") + rest
+                            reasoning_open = False
                         sys.stdout.write(piece)
                 if not as_json:
                     sys.stdout.flush()
@@ -285,6 +304,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "generated_ids": out_ids,
         "from_draft": from_draft,
         "text": "".join(pieces),
+        **_split_reasoning("".join(pieces), thinking),
         "stop": stop,
         "n_ctx": session.n_ctx,
         "timings": {
