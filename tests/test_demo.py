@@ -191,9 +191,20 @@ def test_chat_without_a_model_opens_the_demo(pair):
 
 
 def test_doctor_reports_the_demo(pair, capsys):
-    assert cli.main(["doctor", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)["demo"]
-    assert d == {"bundled": True, "folder": str(pair.model.parent), "unpacked": True,
-                 "bytes": pair.model.stat().st_size + pair.support.stat().st_size}
-    assert cli.main(["doctor"]) == 0
-    assert f"demo model      bundled (99 MiB unpacked), unpacked in {pair.model.parent}" in capsys.readouterr().out
+    old = pair.model.parent.parent / "0123456789abcdef"  # an earlier version's pair in the same cache
+    old.mkdir()
+    (old / "model.gguf").write_bytes(b"x" * 3 * 2**20)
+    (pair.model.parent.parent / "notes").mkdir(exist_ok=True)  # not a pair folder: not named
+    try:
+        assert cli.main(["doctor", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)["demo"]
+        assert d == {"bundled": True, "folder": str(pair.model.parent), "unpacked": True,
+                     "bytes": pair.model.stat().st_size + pair.support.stat().st_size,
+                     "other_versions": [{"folder": str(old), "bytes": 3 * 2**20}]}
+        assert cli.main(["doctor"]) == 0
+        out = capsys.readouterr().out
+        assert f"demo model      bundled (99 MiB unpacked), unpacked in {pair.model.parent}" in out
+        assert f"another version's pair (3 MiB), unused by this ds4tui: {old} (delete it to free the space)" in out
+    finally:
+        shutil.rmtree(old)
+        (pair.model.parent.parent / "notes").rmdir()

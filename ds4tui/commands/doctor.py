@@ -115,6 +115,9 @@ def run(args) -> int:
     else:
         where = "unpacked in" if d["unpacked"] else "unpacked on first use into"
         lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), {where} {d['folder']}"))
+        for o in d.get("other_versions", []):
+            lines.append(("", f"another version's pair ({o['bytes'] / 2**20:.0f} MiB), unused by this ds4tui: "
+                              f"{o['folder']} (delete it to free the space)"))
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k:<{w}}  {v}")

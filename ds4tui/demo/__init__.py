@@ -82,14 +82,34 @@ def pair_folder(m: dict) -> Path:
     return cache_dir() / m["files"]["model.gguf"]["sha256"][:16]
 
 
+def other_versions(current: Path) -> list[dict]:
+    """Folders beside ``current`` that hold another demo pair (an earlier or later ds4tui's: a
+    16-hex-digit name with a ``model.gguf``), with their bytes: nothing removes them, so ``doctor``
+    names them for the user to delete."""
+    out = []
+    try:
+        siblings = sorted(current.parent.iterdir())
+    except OSError:
+        return out
+    for d in siblings:
+        if d == current or len(d.name) != 16 or any(c not in "0123456789abcdef" for c in d.name):
+            continue
+        if (d / "model.gguf").is_file():
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            out.append({"folder": str(d), "bytes": size})
+    return out
+
+
 def status() -> dict:
-    """What ``ds4tui doctor`` reports: bundled or not, the unpack folder, whether both files are there."""
+    """What ``ds4tui doctor`` reports: bundled or not, the unpack folder, whether both files are there,
+    and the folders of other demo versions in the same cache (``other_versions``)."""
     m = manifest()
     if m is None:
         return {"bundled": False}
     folder = pair_folder(m)
     return {"bundled": True, "folder": str(folder), "bytes": sum(f["bytes"] for f in m["files"].values()),
-            "unpacked": all((folder / name).is_file() for name in m["files"])}
+            "unpacked": all((folder / name).is_file() for name in m["files"]),
+            "other_versions": other_versions(folder)}
 
 
 def _stamp(path: Path) -> str:
