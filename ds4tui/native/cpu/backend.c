@@ -223,10 +223,24 @@ static void weighted_rows(const float *w, const float *const *rows, int n, int64
     }
 }
 
+typedef struct {
+    const float *x, *w;
+    int64_t ldx, width, ldo;
+    float eps;
+    float *out;
+} rms_task;
+
+static void rms_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const rms_task *k = ctx;
+    for (int64_t r = r0; r < r1; r++) ds4_rms_norm(k->x + r * k->ldx, k->width, k->eps, k->w, k->out + r * k->ldo);
+}
+
 static int rms_norm(ds4_backend_ctx *c, const float *x, int64_t ldx, int64_t rows, int64_t width, float eps,
                     const float *w, float *out, int64_t ldo, char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    for (int64_t r = 0; r < rows; r++) ds4_rms_norm(x + r * ldx, width, eps, w, out + r * ldo);
+    (void)err, (void)len;
+    rms_task k = {x, w, ldx, width, ldo, eps, out};
+    rows_run(c, rms_rows, &k, rows, rows * width);
     return DS4_OK;
 }
 
@@ -687,10 +701,21 @@ static int swiglu(ds4_backend_ctx *c, float *a, const float *b, int64_t n, float
 }
 
 /* y[t] = (sum of t's expert rows in ascending expert id, then slot order) + shared[t]. */
-static int moe_combine(ds4_backend_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
-                       int32_t H, const float *shared, float *y, char *err, size_t len) {
-    (void)c, (void)err, (void)len;
-    for (int t = 0; t < n; t++) {
+typedef struct {
+    const float *oe, *wsel, *shared;
+    const int32_t *sel;
+    int32_t K, H;
+    float *y;
+} combine_task;
+
+static void combine_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
+    (void)thread;
+    const combine_task *c = ctx;
+    const float *oe = c->oe, *wsel = c->wsel, *shared = c->shared;
+    const int32_t *sel = c->sel;
+    const int32_t K = c->K, H = c->H;
+    float *y = c->y;
+    for (int64_t t = t0; t < t1; t++) {
         int order[64];
         int nk = K < 64 ? K : 64;
         for (int k = 0; k < nk; k++) { /* insertion sort of the slots by (expert id, slot) */
@@ -707,6 +732,13 @@ static int moe_combine(ds4_backend_ctx *c, const float *oe, const int32_t *sel, 
         weighted_rows(w, rows, nk, H, yt); /* acc, then acc + sh[d] per lane */
         for (int d = 0; d < H; d++) yt[d] = yt[d] + sh[d];
     }
+}
+
+static int moe_combine(ds4_backend_ctx *c, const float *oe, const int32_t *sel, const float *wsel, int32_t n, int32_t K,
+                       int32_t H, const float *shared, float *y, char *err, size_t len) {
+    (void)err, (void)len;
+    combine_task k = {oe, wsel, shared, sel, K, H, y};
+    rows_run(c, combine_rows, &k, n, (int64_t)n * K * H);
     return DS4_OK;
 }
 
