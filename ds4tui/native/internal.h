@@ -11,7 +11,7 @@
  *   load.c         binding the tensor table: config checks, target and support tensors
  *   cpu/backend.c  the CPU backend of the op table (backend.h)
  *   sampling.c     the sampler: temperature, top-k, top-p, min-p, argmax
- *   cpu/matmul.c   the CPU matmul driver (rows over the thread pool)
+ *   cpu/matmul.c   the CPU matmul driver (rows, or an MoE layer's expert groups, over the thread pool)
  *   types.c        the GGML type traits table (types.h)
  *   cpu/ops.c      row operations: RMS norm, RoPE, the ds4 roundings
  *   cpu/dot.c, cpu/dequant.c, cpu/pool.c   the dot kernels, dequantisation, the thread pool

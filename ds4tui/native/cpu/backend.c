@@ -3,8 +3,11 @@
  * "Device" memory is host memory (host_memory = 1): uploads are calloc + memcpy, copies are memcpy,
  * sync is a no-op.  Every op computes in float32 in the operation order of the numpy reference
  * (ds4tui/engine/reference.py, spec ds4.md §2); the per-token loops of attention and the indexer
- * run on the engine's thread pool, the matmuls through cpu/matmul.c.  These are the reference
- * compositions of the table: the GPU backend's kernels are tested against them.
+ * run on the engine's thread pool, the matmuls through cpu/matmul.c (an MoE layer's experts in one
+ * pool run), and the row-wise ops of a pass with several rows (norms, mHC, RoPE, SwiGLU, the MoE
+ * combine) on the pool when they are large enough (rows_run).  Which thread computes a row never
+ * changes it.  These are the reference compositions of the table: the GPU backend's kernels are
+ * tested against them.
  */
 #include "kernels.h"
 #include "../internal.h"
