@@ -2,21 +2,20 @@
  * q8.hip — products of Q8_0 / Q2_K / IQ2_XXS matrices (planar or GGML layout) with 8-bit activations:
  * the GPU side of the `q8` activations option (spec ds4.md §2.9.5, its GPU paragraph).
  *
- * Every block of a launch quantises the activation rows it needs into shared memory itself (the
- * same rows in every block, by the same arithmetic: no extra launch, no scratch buffer), exactly as
- * the CPU engine does (§2.9.5 step 1): per block of 32, d = max|x| / 127, q = round(x * (1 / d)) with
- * ties away from zero, so the integer codes equal the CPU's.  The weights are read from the planar
- * layout (hip/planar.hip) or the file's blocks, turned into signed 8-bit integers (Q8_0: the codes;
- * IQ2_XXS: grid value times sign; Q2_K: sub-block scale times 2-bit code) and multiplied four at a
- * time by dp4a / v_dot4,
- * so each block sum I is an exact integer.  A 32-wide block then gives one float32 product, each
- * step rounded on its own: Q8_0 and IQ2_XXS p = (s * d) * I; Q2_K per 16-wide sub-block (half a
+ * Every block of a launch quantises the activation rows it needs into shared memory itself (the same
+ * rows in every block, by the same arithmetic: no extra launch, no scratch buffer), exactly as the CPU
+ * engine does (§2.9.5 step 1): per block of 32, d = max|x| / 127, q = round(x * (1 / d)) with ties
+ * away from zero, so the integer codes equal the CPU's.  The weights are read from the planar layout
+ * (hip/planar.hip) or the file's blocks, turned into signed 8-bit integers (Q8_0: the codes; IQ2_XXS:
+ * grid value times sign; Q2_K: sub-block scale times 2-bit code) and multiplied four at a time by dp4a
+ * / v_dot4, so each block sum I is an exact integer.  A 32-wide block then gives one float32 product,
+ * each step rounded on its own: Q8_0 and IQ2_XXS p = (s * d) * I; Q2_K per 16-wide sub-block (half a
  * block) p = (D * d) * I - (M * d) * J with J = min code * sum of the 16 activation codes.  A lane
- * adds its products in the order of its steps, then a warp's lanes are summed in a fixed butterfly
- * and the warps sharing a row in a fixed order, so the result differs from the CPU's q8 result by the float32 order of the block
- * products only (and for Q2_K by splitting a block's two halves into two products).  The order
- * depends on the matrix shape alone (warps per row from rows and columns), never on the token or
- * slot count: verify rows equal one-token decodes bit for bit.
+ * adds its products in the order of its steps, then a warp's lanes are summed in a fixed butterfly and
+ * the warps sharing a row in a fixed order, so the result differs from the CPU's q8 result by the
+ * float32 order of the block products only (and for Q2_K by splitting a block's two halves into two
+ * products).  The order depends on the matrix shape alone (warps per row from rows and columns), never
+ * on the token or slot count: verify rows equal one-token decodes bit for bit.
  */
 #include "quant.h"
 
