@@ -529,17 +529,25 @@ def test_hip_logits_and_greedy_match_cpu(tiny_q2, prompt, numerics):
     assert np.median(err) < TOL[numerics] / 10
     # one token per pass on the device is bit-identical to the chunked prefill (batch invariance;
     # attention runs one head per block there and 4 heads per block in the 64-row chunks)
+    lc, g_cpu = _one_token_passes_and_greedy(hip, cpu, prompt, got, numerics)
+    assert np.argmax(lc, axis=1).tolist() == g_cpu  # the CPU's greedy tokens are its own argmax
+
+
+def _one_token_passes_and_greedy(hip, cpu, prompt, got, label):
+    """The checks both engine tests share: one token per pass on the device equals its chunked
+    prefill ``got`` bit for bit (verify = decode), and 64 greedy tokens agree with the CPU engine's
+    up to the first near tie.  Returns the CPU's teacher-forced logits and its greedy tokens."""
     s1 = hip.session(1024, n_batch=64)
     rows = np.stack([s1.prefill([t]) for t in prompt[:40]])
     assert np.array_equal(rows, got[:40])
     g_hip = list(hip.session(1024, n_batch=64).generate(prompt, max_tokens=64))
     g_cpu = list(cpu.session(1024, n_batch=64).generate(prompt, max_tokens=64))
     lc, lh = _teacher_forced(cpu, hip, prompt, g_cpu)
-    assert np.argmax(lc, axis=1).tolist() == g_cpu  # the CPU's greedy tokens are its own argmax
     n, diff = _decided_prefix(lc, lh)
-    print(f"{numerics}: greedy 64 tokens: logits differ by at most {diff:.3g} at the generated positions; "
+    print(f"{label}: greedy 64 tokens: logits differ by at most {diff:.3g} at the generated positions; "
           f"{n} decided positions before the first near tie; identical: {g_hip == g_cpu}")
     assert g_hip[:n] == g_cpu[:n]
+    return lc, g_cpu
 
 
 @pytest.mark.gpu
@@ -561,15 +569,7 @@ def test_hip_q8_activations_follow_the_cpu_q8_engine(tiny_q2, prompt):
     print(f"\nq8: hip vs cpu logits over {N_PROMPT} positions: max {err.max():.3g}, median {np.median(err):.3g}; "
           f"cpu q8 vs cpu f32: max {noise.max():.3g}, median {np.median(noise):.3g}")
     assert np.median(err) <= np.median(noise) and err.max() < 1.0
-    s1 = hip.session(1024, n_batch=64)
-    rows = np.stack([s1.prefill([t]) for t in prompt[:40]])
-    assert np.array_equal(rows, got[:40])
-    g_hip = list(hip.session(1024, n_batch=64).generate(prompt, max_tokens=64))
-    g_cpu = list(cpu.session(1024, n_batch=64).generate(prompt, max_tokens=64))
-    lc, lh = _teacher_forced(cpu, hip, prompt, g_cpu)
-    n, diff = _decided_prefix(lc, lh)
-    print(f"q8: greedy 64 tokens: {n} decided positions before the first near tie; identical: {g_hip == g_cpu}")
-    assert g_hip[:n] == g_cpu[:n]
+    _one_token_passes_and_greedy(hip, cpu, prompt, got, "q8")
 
 
 @pytest.mark.gpu
