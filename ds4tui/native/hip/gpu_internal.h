@@ -102,6 +102,10 @@ int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 /* q8.hip: the Q8_0 / Q2_K / IQ2_XXS products under q8 activations (spec ds4.md §2.9.5), either layout */
 int gpu_q8_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
+/* The GGML types the q8 kernels take (in either layout): Q8_0, Q2_K, IQ2_XXS. */
+static inline int gpu_q8_type(int32_t type) {
+    return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS;
+}
 int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                   int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);

@@ -119,7 +119,7 @@ static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t 
 int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n <= 0) return DS4_OK;
-    if (q8 && (type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS)) /* GGML layout */
+    if (q8 && gpu_q8_type(type)) /* GGML layout */
         return gpu_q8_launch(st, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
     if (type & DS4_GPU_PLANAR)
         return gpu_planar_launch(st, q8, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
@@ -193,7 +193,7 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
             if (rc != DS4_OK) return rc;
             continue;
         }
-        if (c->act_q8 && (type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS)) {
+        if (c->act_q8 && gpu_q8_type(type)) {
             int rc = gpu_q8_launch(c->stream, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx, x_div, 1,
                                    Ys, ldy, err, len);
             if (rc != DS4_OK) return rc;

@@ -38,30 +38,37 @@ __device__ __forceinline__ int q8_word(const uint4 &v, int i) {
 template <int TYPE> struct Q8W;
 
 /* Q8_0: a step is one block of 32 codes. */
+/* acc + (s * d[b]) * I for block b of a token's codes q and 8 weight words w (Q8_0, IQ2_XXS). */
+__device__ __forceinline__ float q8_block(const uint32_t w[8], float s, const int8_t *q, const float *d, int64_t b,
+                                          float acc) {
+    const uint4 x0 = ((const uint4 *)q)[2 * b], x1 = ((const uint4 *)q)[2 * b + 1];
+    int I = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[i], q8_word(x0, i), I);
+#pragma unroll
+    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[4 + i], q8_word(x1, i), I);
+    const float p = (s * d[b]) * (float)I;
+    return acc + p;
+}
+
 template <> struct Q8W<DS4_TYPE_Q8_0> {
     static constexpr int STEP = 32;
     struct D {
-        uint4 a, b;
+        uint32_t w[8];
         float s;
     };
     static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *, const uint2 *) {
         D v;
-        v.a = ((const uint4 *)row)[2 * u];
-        v.b = ((const uint4 *)row)[2 * u + 1];
+        const uint4 a = ((const uint4 *)row)[2 * u], b = ((const uint4 *)row)[2 * u + 1];
+#pragma unroll
+        for (int i = 0; i < 4; i++) v.w[i] = (uint32_t)q8_word(a, i), v.w[4 + i] = (uint32_t)q8_word(b, i);
         v.s = h2f(((const uint16_t *)(row + 32 * nb))[u]);
         return v;
     }
     /* acc + this step's products against token codes q (the step's 32 bytes), scales d, sums s16 */
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t u,
                                                 float acc) {
-        const uint4 x0 = ((const uint4 *)q)[2 * u], x1 = ((const uint4 *)q)[2 * u + 1];
-        int I = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) I = gpu_dp4a(q8_word(v.a, i), q8_word(x0, i), I);
-#pragma unroll
-        for (int i = 0; i < 4; i++) I = gpu_dp4a(q8_word(v.b, i), q8_word(x1, i), I);
-        const float p = (v.s * d[u]) * (float)I;
-        return acc + p;
+        return q8_block(v.w, v.s, q, d, u, acc);
     }
 };
 
@@ -168,18 +175,6 @@ template <> struct Q8W<DS4_TYPE_Q2_K> {
  * the file's block bytes (Q8_0 and IQ2_XXS blocks are 2-byte aligned, Q2_K's 4-byte). */
 template <int TYPE> struct Q8G;
 
-/* acc + (s * d[b]) * I for block b of a token's codes q and 8 weight words w (Q8_0, IQ2_XXS). */
-__device__ __forceinline__ float q8_block(const uint32_t w[8], float s, const int8_t *q, const float *d, int64_t b,
-                                          float acc) {
-    const uint4 x0 = ((const uint4 *)q)[2 * b], x1 = ((const uint4 *)q)[2 * b + 1];
-    int I = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[i], q8_word(x0, i), I);
-#pragma unroll
-    for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[4 + i], q8_word(x1, i), I);
-    const float p = (s * d[b]) * (float)I;
-    return acc + p;
-}
 
 template <> struct Q8G<DS4_TYPE_Q8_0> {
     static constexpr int STEP = 32;
