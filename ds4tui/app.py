@@ -49,6 +49,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
 from textual.worker import WorkerCancelled, WorkerFailed
 
@@ -209,6 +210,29 @@ class InterfaceCost:
                 "max_text_gap_s": self.max_text_gap_s}
 
 
+class DecodeGate:
+    """When a turn's engine may start decoding (ux.md §2.4): once the question and the rows its
+    answer streams into are laid out (``laid_out``), and once the prefill's end is on screen
+    (``prefilled``: its progress bar gone, which lays the screen out if it was shown).  Each wait
+    is at most SETTLE_MAX_S; Esc opens both (:meth:`open`)."""
+
+    def __init__(self) -> None:
+        self.laid_out = threading.Event()
+        self.prefilled = threading.Event()
+
+    def open(self) -> None:
+        self.laid_out.set()
+        self.prefilled.set()
+
+
+class PrefillOver(Message):
+    """Posted by the engine thread when its prefill is over and it waits to decode (``gate``)."""
+
+    def __init__(self, gate: DecodeGate) -> None:
+        super().__init__()
+        self.gate = gate
+
+
 @dataclass(frozen=True)
 class EngineReady:
     engine: Any
@@ -325,7 +349,8 @@ class DS4App(App):
         self.errors: list[tuple[str, str]] = []
         self._draining = False
         self._generating = False
-        self._settled = threading.Event()  # the turn's question is laid out: the engine may decode
+        self._gate = DecodeGate()  # when the running turn's engine may decode
+        self._prefill_over = False  # the running turn's prefill has ended (its progress is not drawn again)
         self._panes_t = 0.0
         self._memory_t = 0.0
         self.ui_cost = InterfaceCost()
@@ -803,8 +828,10 @@ class DS4App(App):
         self._panes["memory"].show(s, self.memory_history.series(main), self.engine.memory())
 
     def _progress(self, ev) -> None:
+        """Show the prefill's progress ``ev`` (None: hide the bar).  A prefill that has ended (all
+        its tokens done, or the engine said so: ``PrefillOver``) is not drawn: the bar leaves."""
         bar = self._panes["progress"]
-        if ev is None:
+        if ev is None or self._prefill_over or ev.done >= ev.total:
             bar.remove_class("active")
             return
         bar.add_class("active")
@@ -867,35 +894,58 @@ class DS4App(App):
         view.scroll_end(animate=False)
         # the engine prefills at once and decodes once the question is laid out and the rows its
         # answer streams into are reserved (SETTLE_FRAMES frames, each after the layouts the one
-        # before asked for; a frame with nothing to do passes at once): the first text then repaints
-        # those rows, and no layout of the screen runs beside the engine's decode cycles
-        settled = threading.Event()
-        self._settled = settled
-        steps = [self.current.size_live_text] + [None] * (SETTLE_FRAMES - 1)
-
-        def frame() -> None:
-            step = steps.pop(0)
-            if step is not None:
-                step()
-            if steps and not settled.is_set():  # (set early by Esc)
-                self.call_after_refresh(frame)
-            else:
-                settled.set()
-
-        self.call_after_refresh(frame)
+        # before asked for; a frame with nothing to do passes at once), and once the prefill's
+        # progress bar has left the screen (_on_prefill_over): the first text then repaints those
+        # rows, and no layout of the screen runs beside the engine's decode cycles
+        gate = DecodeGate()
+        self._gate, self._prefill_over = gate, False
+        self._after_frames([self.current.size_live_text], gate.laid_out)
         self.messages.append({"role": "user", "content": text})
         self._generating = True
         self._set_status()
         self.close_export()  # a new turn: the panes go live again
         self._turn_started()
-        self.run_worker(partial(self._turn, list(self.messages), self.think, settled), thread=True,
+        self.run_worker(partial(self._turn, list(self.messages), self.think, gate), thread=True,
                         group="generation", exclusive=True, exit_on_error=False)
 
-    def _turn(self, messages, think, settled: threading.Event) -> None:
+    def _after_frames(self, first_steps: list, done: threading.Event) -> None:
+        """Run ``first_steps`` one per frame, then let frames pass until SETTLE_FRAMES have, then
+        set ``done`` (at once if ``done`` is set meanwhile: Esc)."""
+        steps = list(first_steps) + [None] * (SETTLE_FRAMES - len(first_steps))
+
+        def frame() -> None:
+            step = steps.pop(0)
+            if step is not None:
+                step()
+            if steps and not done.is_set():
+                self.call_after_refresh(frame)
+            else:
+                done.set()
+
+        self.call_after_refresh(frame)
+
+    def _before_decode(self, gate: DecodeGate) -> None:
+        """(The engine thread, after the prefill.)  Wait until the question is laid out, then tell
+        the interface the prefill is over and wait until its progress bar has left the screen."""
+        gate.laid_out.wait(SETTLE_MAX_S)
+        if not gate.prefilled.is_set() and self.post_message(PrefillOver(gate)):  # (thread-safe)
+            gate.prefilled.wait(SETTLE_MAX_S)
+
+    @on(PrefillOver)
+    def _on_prefill_over(self, message: PrefillOver) -> None:
+        """The prefill is over: its progress bar leaves the screen now (a layout, if it was shown),
+        and the engine decodes after the frames that follow."""
+        if message.gate is self._gate:
+            self._prefill_over = True
+            self._progress(None)
+            self._set_status()  # (what the prefill's progress said before: one row)
+        self._after_frames([], message.gate.prefilled)
+
+    def _turn(self, messages, think, gate: DecodeGate) -> None:
         try:  # the prefill runs while the interface lays the turn out; decoding waits for it
             self.engine.run_turn(messages, self.queue, think=think, system=self.options.system,
                                  max_tokens=self.options.max_tokens,
-                                 before_decode=partial(settled.wait, SETTLE_MAX_S))
+                                 before_decode=partial(self._before_decode, gate))
         except Exception as exc:  # a bug, not an engine error: show it and keep the app usable
             self.queue.put(W.Failed("generation failed", f"{type(exc).__name__}: {exc}"))
             self.queue.put(W.Finished(0, W.TurnResult(0, 0, 0, (), (), "", "", "error", 0.0, None, 0.0)))
@@ -941,7 +991,7 @@ class DS4App(App):
             self.close_export()
             return
         if self.engine is not None and self._generating:
-            self._settled.set()  # (a turn waiting for its layout stops at once)
+            self._gate.open()  # (a turn waiting for its layout stops at once)
             self.engine.stop()
             self._set_status("stopping…")
 

@@ -409,6 +409,42 @@ async def test_esc_while_the_question_is_laid_out_ends_the_turn_before_it_decode
         assert "stopped before the answer began" in summary
 
 
+async def test_the_prefill_bar_leaves_the_screen_before_the_engine_decodes(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "SETTLE_MAX_S", 3600.0)  # (a fallback; here the frames must end the wait)
+    app = _app(tmp_path)
+    seen = []
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        bar, view = app.query_one("#progress"), app.query_one("#transcript")
+        rows = view.region.height  # the transcript's rows without the bar
+        run_turn = app.engine.run_turn
+
+        def spy(*a, before_decode, **kw):
+            def gate():  # (after the prefill)
+                # a flush during a long prefill drew its progress: the bar takes a row of the transcript
+                app.call_from_thread(app._progress, W.PrefillProgress(1, 10, 40, 0))
+                seen.append((bar.has_class("active"), "prefill 10/40" in app.query_one("#status").render().plain))
+                before_decode()
+                seen.append((bar.has_class("active"), view.region.height, app.query_one("#status").render().plain))
+
+            return run_turn(*a, before_decode=gate, **kw)
+
+        app.engine.run_turn = spy
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        added = []
+        original = bar.add_class
+        bar.add_class = lambda *c, **kw: added.append(c) or original(*c, **kw)
+        await app.flush()  # the queued progress (40/40, then the text) is not drawn again
+        assert seen[0] == (True, True)
+        # before the first decode cycle the bar had gone and the screen was laid out without it
+        assert seen[1][:2] == (False, rows) and seen[1][2].startswith("generating")
+        assert added == [] and not bar.has_class("active")
+        assert app.turns and app.turns[-1].answer == ANSWER
+
+
 async def test_a_prefill_that_text_follows_in_one_flush_is_not_drawn(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(150, 48)) as pilot:
