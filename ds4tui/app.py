@@ -61,7 +61,7 @@ from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMes
 from ds4tui.widgets.dialogs import AskPath, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
-from ds4tui.widgets.pane import PaneColumn, PaneRow, set_line
+from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
                                         ThroughputPane, explain_reasons, knob_words)
 
@@ -593,14 +593,18 @@ class DS4App(App):
         """A turn starts: the engine thread gets the interpreter back quickly, and the garbage
         collector's full pass waits for the end of the turn and then walks only what the turn
         created.  The panes and the memory sample are next redrawn PANES_S / MEMORY_S from now
-        (they show the turn before until then).  The prompt's cursor stops blinking until the turn
-        ends (each blink is a frame of its own: two a second while the engine decodes)."""
+        (they show the turn before until then), and none of them gets shorter until the turn ends
+        (:meth:`Pane.hold`: a pane's lost row would lay the screen out).  The prompt's cursor stops
+        blinking until the turn ends (each blink is a frame of its own: two a second while the
+        engine decodes)."""
         self._cost_mark, self._turn_cost = None, None
         self._panes_t = self._memory_t = time.monotonic()
         prompt = self._panes["prompt"]
         if self._saved_blink is None:
             self._saved_blink = prompt.cursor_blink
             prompt.cursor_blink = False
+        for pane in self._held_panes():
+            pane.hold(True)
         gc.freeze()
         self._frozen = True
         if self._saved_switch is None:
@@ -623,11 +627,18 @@ class DS4App(App):
             sys.setswitchinterval(self._saved_switch)
             gc.set_threshold(*self._saved_gc)
             self._saved_switch = None
+        if self._panes_mounted():
+            for pane in self._held_panes():
+                pane.hold(False)
         if self._saved_blink is not None:
             if self._panes["prompt"].is_attached:
                 self._panes["prompt"].cursor_blink = self._saved_blink
             self._saved_blink = None
         return cost
+
+    def _held_panes(self) -> list[Pane]:
+        """The panes that keep their height while a turn runs (:meth:`Pane.hold`)."""
+        return [w for w in self._panes.values() if isinstance(w, Pane)]
 
     def live_ui_cost(self) -> InterfaceCost:
         """The session's cost including the part of the running turn that has streamed so far."""
@@ -668,9 +679,8 @@ class DS4App(App):
         st = snap.dspark
         p = self._panes
         p["accept"].show(st, view, support_status=support_status)
-        block = st.block_size if st is not None else 0
-        p["draft-hist"].show(st.draft_len_hist if st is not None else [0] * (block + 1))
-        p["accepted-hist"].show(st.accepted_len_hist if st is not None else [0] * (block + 1))
+        p["draft-hist"].show(st.draft_len_hist if st is not None else ())
+        p["accepted-hist"].show(st.accepted_len_hist if st is not None else ())
         p["stages"].show(st)
         p["no-draft"].show(st, support_status=support_status)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,

@@ -21,6 +21,7 @@ from ds4tui import app as A
 from ds4tui.engine import worker as W
 from ds4tui.engine.telemetry import FakeBackend, MemorySample
 from ds4tui.widgets import chat as C
+from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.stream import StreamText
 
 RSS = MemorySample(t_mono_s=0.0, backend="rss", device="host", rss_b=300 << 20, host_total_b=8 << 30)
@@ -209,10 +210,13 @@ async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_resto
         assert sys.getswitchinterval() == pytest.approx(A.SWITCH_S) and gc.get_threshold() == A.GC_THRESHOLDS
         prompt = app.query_one("#prompt")
         assert not prompt.cursor_blink  # a steady cursor while the engine decodes: no frame per blink
+        panes = list(app.query(Pane))
+        assert len(panes) == 8 and all(p._held is not None for p in panes)  # no pane gets shorter
         gate.set()
         await app.workers.wait_for_complete()
         await app.flush()
         assert (sys.getswitchinterval(), gc.get_threshold()) == before and prompt.cursor_blink
+        assert all(p._held is None for p in panes)
 
 
 async def test_the_app_reports_its_own_cost(tmp_path):
@@ -466,6 +470,80 @@ async def test_a_prefill_that_text_follows_in_one_flush_is_not_drawn(tmp_path):
         await app.flush()
         assert classes == [] and not bar.has_class("active")  # the prefill was over: never shown again
         assert app.current.answer == "Here"
+
+
+class _Panes(App):
+    """One pane 30 cells wide (26 inside its border and padding) above a prompt."""
+
+    CSS = "Pane { width: 30; }"
+
+    def compose(self) -> ComposeResult:
+        yield Pane("test", id="p")
+
+
+def _pane_rows(w: Pane) -> list[str]:
+    return [line.rstrip() for line in w.render().plain.split("\n")]
+
+
+async def test_a_held_pane_keeps_its_height_and_a_shorter_text_costs_no_layout():
+    app = _Panes()
+    async with app.run_test(size=(40, 20)) as pilot:
+        w = app.query_one(Pane)
+        w.put(Content("a\nb\nc"))
+        await pilot.pause()
+        assert w.content_size.height == 3
+        layouts = []
+        original = w.refresh
+
+        def refresh(*regions, layout=False, **kw):
+            layouts.append(layout)
+            return original(*regions, layout=layout, **kw)
+
+        w.refresh = refresh
+        w.hold(True)
+        w.put(Content("one"))  # a row shorter, held: blank rows below it, a repaint only
+        await pilot.pause()
+        assert layouts == [False] and w.content_size.height == 3 and w.text == "one"
+        assert _pane_rows(w) == ["one", "", ""]
+        w.put(Content("a line that wraps: longer than its twenty-six cells"))  # 2 rows: still within 3
+        w.put(Content("1\n2\n3\n4"))  # taller: a layout, and the new height is held
+        await pilot.pause()
+        assert layouts == [False, False, True] and w.content_size.height == 4
+        w.put(Content("x"))
+        await pilot.pause()
+        assert layouts[-1] is False and w.content_size.height == 4
+        w.hold(False)  # released: as tall as its text (a layout)
+        await pilot.pause()
+        assert layouts[-1] is True and w.content_size.height == 1 and _pane_rows(w) == ["x"]
+
+
+async def test_the_panes_before_the_first_cycle_are_as_tall_as_with_cycles():
+    from ds4tui.engine.stats import NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
+    from ds4tui.widgets.histogram import Histogram
+    from ds4tui.widgets.speculation import NoDraftPane, StagesPane
+
+    zero = DSparkStats(block_size=5, draft_len_hist=(0,) * 6, accepted_len_hist=(0,) * 6)
+
+    class Three(App):
+        def compose(self) -> ComposeResult:
+            yield Histogram("h", id="h")
+            yield StagesPane("s", id="s")
+            yield NoDraftPane("n", id="n")
+
+    app = Three()
+    async with app.run_test(size=(60, 50)):
+        h, st, nd = app.query_one(Histogram), app.query_one(StagesPane), app.query_one(NoDraftPane)
+        h.show(zero.draft_len_hist)
+        assert h.text.split("\n") == [f"{n:>2} {'':6}{0:>5}{0:4.0f}%" for n in range(6)]  # every bin, at 0
+        h.show(())
+        assert h.text == "no cycles yet"
+        st.show(zero)
+        lines = st.text.split("\n")
+        assert len(lines) == len(PROP_STAGES) + 5 and lines[0] == "ms per drafter pass (no cycles yet)"
+        assert [line.split()[0] for line in lines[1:1 + len(PROP_STAGES)]] == list(PROP_STAGES)
+        assert all(line.endswith("—") for line in lines[1:] if not line.startswith("ms per"))
+        nd.show(zero)
+        assert nd.text.split("\n") == ["no cycles yet"] + [f"{name:<16}{0:>7}" for name in NO_DRAFT_REASONS]
 
 
 async def test_the_summary_line_is_redrawn_at_most_every_summary_s(monkeypatch):

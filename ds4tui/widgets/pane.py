@@ -12,7 +12,12 @@ from ds4tui.widgets.stream import no_second_layout
 class Pane(Static):
     """A bordered text pane that re-renders only when its content changes, and re-runs the
     screen's layout only when its height changes (a full layout of the screen costs far more
-    than repainting one pane, and the panes update while text streams)."""
+    than repainting one pane, and the panes update while text streams).
+
+    :meth:`hold` keeps the pane at least as tall as it has been since (blank rows below a
+    shorter text) until it is released: while an answer streams, a pane whose text loses a row
+    (a line that no longer wraps, a reason that left) then costs a repaint, not a layout of the
+    screen beside the decoding engine (and the row it would get back later costs none either)."""
 
     DEFAULT_CSS = """
     Pane { height: auto; border: round $primary-darken-2; padding: 0 1; }
@@ -23,19 +28,43 @@ class Pane(Static):
         super().__init__(Content.styled("waiting for the engine", "$text-muted"), id=id)
         self.border_title = title
         self._shown: Content | None = None
-        self._rows: tuple[int, int] | None = None  # (width, rows the shown content wraps to at that width)
+        self._rows: tuple[int, int] | None = None  # (width, rows drawn at that width, blank rows included)
+        self._drawn: Content | None = None  # what was drawn: the text and the blank rows that keep the height
+        self._held: int | None = None  # while held: the fewest rows to draw
 
     def put(self, content: Content) -> None:
         old = self._shown
         if old is not None and content.plain == old.plain and content.spans == old.spans:
             return
-        width = self.content_size.width
-        rows = (width, len(content.wrap(width))) if width > 0 else None
-        if rows is not None and old is not None and (self._rows is None or self._rows[0] != width):
-            self._rows = (width, len(old.wrap(width)))  # what the last layout made of the old content
         self._shown = content
-        self.update(content, layout=rows is None or rows != self._rows)
-        self._rows = rows
+        self._draw()
+
+    def _draw(self) -> None:
+        content = self._shown
+        width = self.content_size.width
+        natural = len(content.wrap(width)) if width > 0 else None
+        rows = natural
+        if natural is not None and self._held is not None:
+            rows = self._held = max(natural, self._held)
+            if rows > natural:
+                content = content + Content("\n" * (rows - natural))
+        old = self._drawn
+        if natural is not None and old is not None and (self._rows is None or self._rows[0] != width):
+            self._rows = (width, len(old.wrap(width)))  # what the last layout made of the old content
+        key = (width, rows) if natural is not None else None
+        self._drawn = content
+        self.update(content, layout=key is None or key != self._rows)
+        self._rows = key
+
+    def hold(self, on: bool) -> None:
+        """``on``: from now until released, never fewer rows than now; off: as tall as the text
+        (a layout if that is fewer rows)."""
+        if on:
+            self._held = self._rows[1] if self._rows is not None else 0
+        elif self._held is not None:
+            self._held = None
+            if self._shown is not None:
+                self._draw()
 
     @property
     def text(self) -> str:

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Static, Switch
 
-from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, DSparkStats
+from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
 from ds4tui.engine.timeline import SpecView
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
@@ -127,11 +127,21 @@ class StagesPane(Pane):
     §6.2): the drafter's steps (prop_setup … prop_confidence) and their sum per drafter pass,
     verify per drafted cycle, and the plain one-token decode it is weighed against, each with the
     count it is based on; bars share one scale.  A step at 0 ms in every pass so far (one this
-    drafter never runs) is left out; the stats line and the JSON keep every name."""
+    drafter never runs) is left out; the stats line and the JSON keep every name.  Before the
+    first cycle every row is drawn with "—" (the pane is about as tall from the start as it will
+    be: its first figures, while an answer streams, then cost no layout of the screen)."""
 
     def show(self, st: DSparkStats | None) -> None:
-        if st is None or st.cycles == 0:
+        if st is None:
             self.put(Content.styled("no cycles yet", "$text-muted"))
+            return
+        if st.cycles == 0:
+            none = [Content.assemble((f"{name:<16}", "$text-muted"), f"{'—':>8}")
+                    for name in (*PROP_STAGES, "propose (sum)")]
+            self.put(rows([Content.styled("ms per drafter pass (no cycles yet)", "bold"), *none,
+                           Content.styled("ms per drafted cycle · decode", "bold"),
+                           *(Content.assemble((f"{name:<16}", "$text-muted"), f"{'—':>8}")
+                             for name in ("verify", "plain decode"))]))
             return
         t = st.stage_timing()
         per_pass = t["ms_per_drafter_pass"]
@@ -163,7 +173,8 @@ class StagesPane(Pane):
 
 class NoDraftPane(Pane):
     """Why cycles made no draft, with counts; the dominant reason is highlighted — the pane that
-    explains a run with zero drafts."""
+    explains a run with zero drafts.  Before the first cycle every reason is listed at 0 (the
+    pane is about as tall from the start as it will be)."""
 
     def show(self, st: DSparkStats | None, *, support_status: str = "none") -> None:
         if st is None:
@@ -171,8 +182,12 @@ class NoDraftPane(Pane):
                 "no support model (--mtp SUPPORT.gguf)"
             self.put(Content.styled(why, "$warning"))
             return
+        if st.cycles == 0:
+            self.put(rows([Content.styled("no cycles yet", "$text-muted"),
+                           *(Content(f"{name:<16}{0:>7}") for name in NO_DRAFT_REASONS)]))
+            return
         if st.no_draft == 0:
-            self.put(Content(f"none — every one of {st.cycles} cycles drafted" if st.cycles else "no cycles yet"))
+            self.put(Content(f"none — every one of {st.cycles} cycles drafted"))
             return
         dom = st.dominant_no_draft_reason
         out = [Content(f"no_draft {st.no_draft} of {st.cycles} cycles")]
