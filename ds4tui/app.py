@@ -122,6 +122,8 @@ class ChatOptions:
     prefill_gemm: str = "auto"
     #: the matmul activations numerics option (spec ds4.md §2.9.5): "f32" or "q8" (cpu backend)
     activations: str = "f32"
+    #: the gpu_graphs option (spec platform.md §8): "off" or "on" (hip backend)
+    gpu_graphs: str = "off"
     scheduler: bool = True
     max_draft: int = 0
     #: the DSpark confidence threshold the session starts with (chat --confidence; 0 = whole blocks)
@@ -468,6 +470,7 @@ class DS4App(App):
         self.sub_title = f"{info.model_name} · {info.backend}"
         if info.backend == "hip":  # a numerics option: always shown on the GPU (spec platform.md §7)
             self.sub_title += f" · prefill-gemm {getattr(info, 'prefill_gemm', 'off')}"
+            self.sub_title += f" · graphs {getattr(info, 'gpu_graphs', 'off')}"  # spec platform.md §8
         if getattr(info, "activations", "f32") != "f32":  # a numerics option (spec ds4.md §2.9.5)
             self.sub_title += f" · activations {info.activations}"
         if self.options.numerics != "ds4":  # the numerics option (spec ds4.md §2.9): shown when not ds4's
@@ -486,6 +489,8 @@ class DS4App(App):
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
                    else "")
                 + (f"; prefill chunks of {info.prefill_chunk} tokens" if info.backend == "hip" and getattr(info, "prefill_chunk", 0)
+                   else "")
+                + (f"; graphs {info.gpu_graphs_note}" if info.backend == "hip" and getattr(info, "gpu_graphs_note", "")
                    else "") + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
@@ -1282,4 +1287,4 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
                         max_draft=options.max_draft, print_stats=options.print_stats,
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
-                        threshold=options.threshold)
+                        gpu_graphs=options.gpu_graphs, threshold=options.threshold)

@@ -219,6 +219,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--activations", choices=["f32", "q8"], default="f32",
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
+    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
+                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -304,6 +306,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    "Default ds4")
     p.add_argument("--activations", choices=["f32", "q8"], default="f32",
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
+    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
+                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -351,6 +355,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--activations", choices=["f32", "q8"], default="f32",
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default f32")
+    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
+                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
@@ -462,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
                 import dataclasses
 
                 args.settings = dataclasses.replace(args.settings, prefill_gemm=args.prefill_gemm)
+            if getattr(args, "gpu_graphs", None):
+                import dataclasses
+
+                args.settings = dataclasses.replace(args.settings, gpu_graphs=args.gpu_graphs)
             if not getattr(args, "synthetic", None):  # bench --synthetic picks its own backend
                 check_backend_options(args.backend, getattr(args, "activations", "f32"),
                                       getattr(args, "prefill_gemm", None), args.settings)

@@ -621,6 +621,83 @@ def test_hip_long_context_greedy_matches_cpu(tiny_q2):
         cpu.close()
 
 
+def _graph_passes(engine, prompt):
+    """Logits of one fixed sequence of short passes: a 24-row prefill (plain: above the graphs' 17
+    rows), one-token decode steps across compressor windows (ratio 4 and 16) and past the indexer's
+    start (position 36 on the tiny model: 8 x 4 rows), verify passes of 2..6 rows (every row's
+    logits, rolled back) before and after it, and a pass without logits."""
+    s = engine.session(256, n_batch=64)
+    out = [s.prefill(prompt[:24], logits="all")]
+    k = 24
+    for _ in range(6):
+        out.append(s.prefill([prompt[k]]))
+        k += 1
+    for w in range(2, 7):
+        base = s.n_tokens
+        out.append(s.prefill(prompt[k:k + w], logits="all"))
+        s.truncate(base)
+    for _ in range(20):
+        out.append(s.prefill([prompt[k]]))
+        k += 1
+    for w in (2, 6, 17):
+        base = s.n_tokens
+        out.append(s.prefill(prompt[k:k + w], logits="all"))
+        s.truncate(base)
+    s.prefill(prompt[k:k + 3], logits="none")
+    k += 3
+    for _ in range(3):
+        out.append(s.prefill([prompt[k]]))
+        k += 1
+    s.close()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_hip_graphs_replay_the_plain_passes_bit_for_bit(tiny_q2, activations):
+    """The gpu_graphs option (spec platform.md §8): decode steps and verify passes replayed from
+    graphs give the plain launches' logits bit for bit, in both activations, at every position
+    (windows closing or not, the indexer off then on), and the option stays on (no capture
+    refused)."""
+    _device_or_skip()
+    prompt = np.random.default_rng(19).integers(100, 128000, 120).tolist()
+    got = {}
+    for mode in ("off", "on"):
+        e = S.Engine(tiny_q2["model"], backend="hip", activations=activations, prefill_gemm="off", gpu_graphs=mode)
+        try:
+            got[mode] = _graph_passes(e, prompt)
+            assert e.gpu_graphs == mode, e.gpu_graphs_note
+        finally:
+            e.close()
+    assert len(got["on"]) == len(got["off"])
+    for i, (a, b) in enumerate(zip(got["off"], got["on"])):
+        assert a.shape == b.shape and np.array_equal(a, b), f"pass {i}: max diff {np.abs(a - b).max():.3g}"
+
+
+@pytest.mark.gpu
+def test_hip_graphs_keep_dspark_decisions(tiny_q2, fitted_support):
+    """DSpark with the capture rows written inside the graphs (spec platform.md §8, dspark.md §2.2):
+    greedy tokens, each step's emitted tokens and drafts, and the counters equal the plain
+    launches' (scheduler off)."""
+    _device_or_skip()
+    prompt = np.random.default_rng(20).integers(100, 128000, 41).tolist()
+    runs = {}
+    for mode in ("off", "on"):
+        e = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off", gpu_graphs=mode)
+        try:
+            assert e.support_status == "attached", e.support_message
+            runs[mode] = _dspark_run(e, prompt, 80)
+            assert e.gpu_graphs == mode, e.gpu_graphs_note
+        finally:
+            e.close()
+    (t0, s0, st0), (t1, s1, st1) = runs["off"], runs["on"]
+    assert t0 == t1 and s0 == s1
+    for k in ("cycles", "proposed", "accepted_draft", "full", "partial", "miss_first", "no_draft", "draft_len_hist",
+              "accepted_len_hist", "pos_proposed", "pos_accepted"):
+        assert getattr(st0, k) == getattr(st1, k), k
+    assert st1.proposed > 0
+
+
 #: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
 #: significant bits, f16 11).  A product rounds both operands, so each term moves by at most
 #: 2u relative and a dot product by at most 2u * sum |w x| (the float32 sum adds far less).

@@ -337,6 +337,19 @@ def test_descriptor_errors_name_the_tensor(tiny_q2, monkeypatch, tmp_path):
         S.Engine(tiny_q2["model"], prefill_gemm="int8")
 
 
+def test_gpu_graphs_is_a_named_option_off_where_nothing_is_launched(tiny_q2):
+    """Spec platform.md §8: the cpu and reference backends launch no kernels, so graphs are off there
+    and the note says why; a bad value is refused by name."""
+    with pytest.raises(ValueError, match="gpu_graphs must be one of off, on, got 'yes'"):
+        S.Engine(tiny_q2["model"], gpu_graphs="yes")
+    for backend in ("cpu", "reference"):
+        e = S.Engine(tiny_q2["model"], backend=backend, gpu_graphs="on")
+        try:
+            assert (e.gpu_graphs, e.gpu_graphs_note) == ("off", f"off: the {backend} backend launches no kernels")
+        finally:
+            e.close()
+
+
 def test_prefill_gemm_is_a_gpu_option_named_on_every_backend(tiny_q2):
     """Spec platform.md §7: the CPU backend keeps float32 products; auto says so, bf16/f16 are refused."""
     for backend in ("cpu", "reference"):

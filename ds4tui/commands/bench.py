@@ -406,6 +406,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         memory = session.memory().to_dict()
         n_threads_used = engine.n_threads
         gemm, gemm_note = engine.prefill_gemm, engine.prefill_gemm_note
+        graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
         chunk = session.n_batch
     finally:
         engine.close()
@@ -426,6 +427,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "activations": activations,
         "prefill_gemm": gemm,
         "prefill_gemm_note": gemm_note,
+        "gpu_graphs": graphs,
+        "gpu_graphs_note": graphs_note,
         "prefill_chunk": chunk,
         "n_threads": n_threads_used,
         "prompt_tokens": n_prompt,
@@ -603,6 +606,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         finally:
             _status("")
         n_threads_used = engine.n_threads
+        graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
     finally:
         engine.close()
 
@@ -642,6 +646,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "backend_note": backend_note,
         "numerics": numerics,
         "activations": activations,
+        "gpu_graphs": graphs,
+        "gpu_graphs_note": graphs_note,
         "n_threads": n_threads_used,
         "ctx": ctx,
         "tokens": n_tokens,
@@ -677,7 +683,9 @@ def render_text(r: dict) -> str:
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
                    f"{r['n_threads']} threads, context {r['ctx']}"
                    + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
-                   f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"),
+                   f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"
+                   + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note")
+                      else "")),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{format_bytes(mem['total'])}  (weights {format_bytes(mem['weights'])}, KV {format_bytes(mem['kv'])}, "
                    f"compressor {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])})"),
@@ -706,7 +714,8 @@ def render_ab_text(r: dict) -> str:
         f"support  {sup['message']}",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
         f"{r['n_threads']} threads, context {r['ctx']}, "
-        f"memory {format_bytes(mem['total'])} ({same})",
+        f"memory {format_bytes(mem['total'])} ({same})"
+        + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note") else ""),
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
         + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
         "",

@@ -65,6 +65,11 @@ def collect() -> dict:
     out["activations"] = {"default": "f32", "choices": ["f32", "q8"],
                           "note": "f32: float32 activations for every weight type; q8 (--activations q8 on chat, "
                                   "generate and bench): 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu and hip backends"}
+    # graphs of the decode and verify passes (spec platform.md §8): a flag of chat, generate and bench, no variable
+    out["gpu_graphs"] = {"default": "off", "choices": ["off", "on"],
+                         "note": "on (--gpu-graphs on on chat, generate and bench): each pass of at most 17 rows "
+                                 "(decode, DSpark verify) replayed from a graph of its shape on the hip backend, the "
+                                 "same kernels and logits bit for bit; off: kernels launched one by one"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = []
@@ -107,6 +112,7 @@ def run(args) -> int:
         lines.append(("gpu blas", r["blas"]))
     lines.append(("prefill gemm", f"{r['prefill_gemm']['wanted']}: {r['prefill_gemm']['in_force']}"))
     lines.append(("activations", f"{r['activations']['default']} by default; {r['activations']['note']}"))
+    lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
     if r["gtt"]["card"]:
         lines.append(("gtt limit", f"{r['gtt']['card']}: {r['gtt']['note']}"))
     d = r["demo"]

@@ -50,6 +50,9 @@ class Settings:
     prefill_gemm: str = "auto"
     #: DS4TUI_TELEMETRY: the memory telemetry source of the chat app (None: chosen by the backend).
     telemetry: str | None = None
+    #: --gpu-graphs (a flag of chat, generate and bench, no variable): decode and verify passes
+    #: replayed from graphs on the GPU backend ("off" or "on"; spec platform.md §8).
+    gpu_graphs: str = "off"
 
     def session_options(self) -> dict:
         """Keyword arguments of ``Engine.session`` (the starting DSpark knobs, the stats line)."""
@@ -57,8 +60,9 @@ class Settings:
                 "print_stats": bool(self.dspark_stats)}
 
     def engine_options(self) -> dict:
-        """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM)."""
-        return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm}
+        """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM, graphs)."""
+        return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm,
+                "gpu_graphs": self.gpu_graphs}
 
     def check_block(self, block: int) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of

@@ -293,6 +293,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "activations": engine.activations,
         "prefill_gemm": engine.prefill_gemm,
         "prefill_gemm_note": engine.prefill_gemm_note,
+        "gpu_graphs": engine.gpu_graphs,
+        "gpu_graphs_note": engine.gpu_graphs_note,
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,
         "raw": bool(args.raw),

@@ -72,8 +72,12 @@ GPU_LAYOUTS = ("planar", "ggml")
 ACTIVATIONS = ("f32", "q8")
 #: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
+#: The gpu_graphs option (ds4_engine.h's DS4_GPU_GRAPHS_*, in value order; spec platform.md §8).
+GPU_GRAPHS = ("off", "on")
 #: Passes of at least this many tokens take the prefill GEMM (ds4_engine.h's DS4_PREFILL_GEMM_MIN_ROWS).
 PREFILL_GEMM_MIN_ROWS = 32
+#: Passes of at most this many rows replay from graphs under gpu_graphs on (ds4_engine.h's DS4_GRAPH_MAX_ROWS).
+GRAPH_MAX_ROWS = 17
 #: A session's default batch size, the prefill chunk, by backend (spec ds4.md §2.8): a GPU prefills
 #: 2048 tokens per pass (each pass dequantises nearly every expert once, so longer chunks amortise
 #: it; attention, indexer and LM-head scratch stay at 256-row tiles); the CPU keeps 256.
@@ -120,6 +124,13 @@ class Engine:
     ``prefill_gemm`` is the mode in force (``"off"``, ``"bf16"`` or ``"f16"``) and
     ``prefill_gemm_note`` says why (the library, or what was missing); bf16/f16 on the cpu or
     reference backend, or without the BLAS, raise :class:`BackendUnavailableError`.
+    ``gpu_graphs`` (spec platform.md §8): ``"on"`` replays every pass of at most
+    ``GRAPH_MAX_ROWS`` rows (decode steps, DSpark verify passes) on the hip backend from one graph
+    per pass shape instead of launching its kernels one by one (the same kernels, so the same
+    logits bit for bit); ``"off"`` (default): plain launches.  The properties ``gpu_graphs`` (the
+    mode in force, ``"on"`` or ``"off"``) and ``gpu_graphs_note`` (why) are read live: a capture
+    the runtime refuses turns it off for the engine with the reason; the cpu and reference
+    backends launch no kernels, so it is off there.
     The GGUF stays memory-mapped while the engine lives.  Nothing here reads the environment: the
     command line passes what its variables set (``ds4tui.commands.environment``).
     """
@@ -128,7 +139,7 @@ class Engine:
                  n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, activations: str = "f32",
-                 prefill_gemm: str = "auto"):
+                 prefill_gemm: str = "auto", gpu_graphs: str = "off"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -149,6 +160,9 @@ class Engine:
                                           f"backend keeps float32 products (use --prefill-gemm off or auto, or "
                                           f"--backend hip)")
         self._prefill_gemm_wanted = prefill_gemm
+        if gpu_graphs not in GPU_GRAPHS:
+            raise ValueError(f"gpu_graphs must be one of {', '.join(GPU_GRAPHS)}, got {gpu_graphs!r}")
+        self._gpu_graphs_wanted = gpu_graphs
         self.prefill_gemm = "off"
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
@@ -226,7 +240,8 @@ class Engine:
                                                "gpu_layout": GPU_LAYOUTS.index(self.gpu_layout),
                                                "activations": ACTIVATIONS.index(self.activations),
                                                "prefill_gemm": PREFILL_GEMMS.index(self._prefill_gemm_wanted
-                                                                                   if self.backend == "hip" else "off")})
+                                                                                   if self.backend == "hip" else "off"),
+                                               "gpu_graphs": GPU_GRAPHS.index(self._gpu_graphs_wanted)})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)
@@ -249,6 +264,25 @@ class Engine:
             note = ffi.new("char[512]")
             self.prefill_gemm = PREFILL_GEMMS[int(lib.ds4_engine_prefill_gemm(self._handle, note, 512))]
             self.prefill_gemm_note = ffi.string(note).decode("utf-8", "replace")
+
+    @property
+    def gpu_graphs(self) -> str:
+        """The gpu_graphs mode in force, ``"on"`` or ``"off"`` (spec platform.md §8; live: a
+        refused capture turns it off)."""
+        return self._gpu_graphs()[0]
+
+    @property
+    def gpu_graphs_note(self) -> str:
+        """What the gpu_graphs mode does here, or why it is off."""
+        return self._gpu_graphs()[1]
+
+    def _gpu_graphs(self) -> tuple[str, str]:
+        if self.backend != "hip" or self._handle is None or self._closed:
+            return "off", f"off: the {self.backend} backend launches no kernels"
+        ffi, lib = self._ffi, self._lib
+        note = ffi.new("char[640]")
+        mode = GPU_GRAPHS[int(lib.ds4_engine_gpu_graphs(self._handle, note, 640))]
+        return mode, ffi.string(note).decode("utf-8", "replace")
 
     def _table(self, tensors: dict):
         """A ds4_tensor_desc[] over ``tensors`` (name → TensorInfo; data stays in the mapping)."""

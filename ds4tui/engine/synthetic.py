@@ -231,7 +231,8 @@ def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: s
                 ver[w] = _median(times[1:] or times)
             out.append({"ctx": ctx, "decode_ms": _median(dec[2:] or dec), "verify_ms": ver})
         mem = eng.memory()
-        return {"layers": model.config.n_layer, "contexts": out, "device_bytes": mem.device}
+        return {"layers": model.config.n_layer, "contexts": out, "device_bytes": mem.device,
+                "gpu_graphs": eng.gpu_graphs, "gpu_graphs_note": eng.gpu_graphs_note}
     finally:
         eng.close()
 
@@ -314,7 +315,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                     n_verify: int = 8, verify_rows: int = 6, verify_widths: list[int] | None = None,
                     target_layers: int = 43, log=print, gpu_layout: str = "planar", gpu_library: str | None = None,
                     prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (), prefill_batch: int = 2048,
-                    prefill_modes: tuple[str, ...] | None = None, activations: str = "f32", **overrides) -> dict:
+                    prefill_modes: tuple[str, ...] | None = None, activations: str = "f32", gpu_graphs: str = "off",
+                    **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
 
     ``ctx``: one context or several (timed in ascending order in one session per model).
@@ -323,8 +325,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     rows up to the context (``Session.bench_fill``: the decode and verify passes read and select
     over as many rows as after a real prefill; the values are repeats).  ``verify_widths``: the
     verify widths timed (default ``[verify_rows]``); ``verify_rows`` is the one the headline
-    ratio uses.  ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm`` / ``activations``: as
-    :class:`~ds4tui.engine.session.Engine`'s.  ``prefill_lengths``: also time a prefill of each of
+    ratio uses.  ``gpu_layout`` / ``gpu_library`` / ``prefill_gemm`` / ``activations`` /
+    ``gpu_graphs``: as :class:`~ds4tui.engine.session.Engine`'s (the result's ``gpu_graphs`` and
+    ``gpu_graphs_note`` are the 4-layer engine's after its timings: a refused capture shows there).  ``prefill_lengths``: also time a prefill of each of
     these many tokens (chunks of ``prefill_batch``) under each prefill_gemm mode of
     ``prefill_modes`` (default: ``prefill_gemm`` alone), side by side on the same weights; per layer
     (t4 - t2) / 2, extrapolated to ``target_layers``; ``first_token_s`` (seconds) adds one decode
@@ -343,7 +346,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     if widths[0] < 1 or widths[-1] > 64:
         raise ValueError(f"verify widths {widths}: expected 1 .. 64 rows")
     engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm,
-                      "activations": activations}
+                      "activations": activations, "gpu_graphs": gpu_graphs}
     modes = tuple(prefill_modes or (prefill_gemm,))
     from ds4tui.engine import gpu
 
@@ -400,6 +403,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         "contexts": per_ctx,
         "prefill_gemm": engine_options["prefill_gemm"],
         "activations": activations,
+        "gpu_graphs": t4["gpu_graphs"], "gpu_graphs_note": t4["gpu_graphs_note"],
         "prefill": prefill,
     }
     return out
@@ -410,6 +414,7 @@ def render(r: dict) -> str:
     fill = ("real prefill" if r["fill"] == "prefill" else
             f"prefill of {r['fill_prefix']} tokens, compressed rows repeated to the context")
     lines = [f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, {r.get('activations', 'f32')} activations, "
+             f"graphs {r.get('gpu_graphs_note') or r.get('gpu_graphs', 'off')}, "
              f"extrapolated to {r['target_layers']} layers; context filled by {fill}"]
     for c in r["contexts"]:
         lines += [

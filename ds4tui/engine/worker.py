@@ -236,6 +236,9 @@ class ChatInfo:
     prefill_gemm_note: str = ""
     #: the matmul activations numerics option ("f32", or "q8": spec ds4.md §2.9.5)
     activations: str = "f32"
+    #: the gpu_graphs option in force ("off", "on"; spec platform.md §8) and what it means here
+    gpu_graphs: str = "off"
+    gpu_graphs_note: str = ""
     prefill_chunk: int = 0  # tokens per prefill pass (the session's n_batch; spec ds4.md §2.8)
 
 
@@ -279,7 +282,7 @@ class ChatEngine:
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
     starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
-    ``gpu_layout``, ``gpu_library``, ``prefill_gemm`` and ``activations`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
+    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations`` and ``gpu_graphs`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
 
     Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
@@ -294,7 +297,7 @@ class ChatEngine:
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
-                 numerics: str = "ds4", threshold: float = 0.0):
+                 numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -307,7 +310,7 @@ class ChatEngine:
         self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support, numerics=numerics,
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
-                               activations=activations)
+                               activations=activations, gpu_graphs=gpu_graphs)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -342,6 +345,7 @@ class ChatEngine:
             block_size=e.block_size if self.has_dspark else 0, sampling=self.session.sampling,
             prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""),
             activations=getattr(e, "activations", "f32"),
+            gpu_graphs=getattr(e, "gpu_graphs", "off"), gpu_graphs_note=getattr(e, "gpu_graphs_note", ""),
             prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------

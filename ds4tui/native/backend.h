@@ -32,8 +32,16 @@ extern "C" {
 
 /* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's).
  * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas.
- * 6: the activations entry (`activations`: the q8 option on the GPU). */
-#define DS4_GPU_API_VERSION 6
+ * 6: the activations entry (`activations`: the q8 option on the GPU).
+ * 7: graphs of a pass (`graph_begin`, `graph_end`, `graph_launch`, `graph_free`). */
+#define DS4_GPU_API_VERSION 7
+
+/* Graphs of a pass (the gpu_graphs option, spec platform.md §8): a graph replays the kernels of one
+ * captured pass at any position p whose key is the captured pass's; the key holds
+ * ds4_graph_span(p + n), and the ops size their position-dependent grids (the indexer's scores)
+ * for that span: the first DS4_GRAPH_SPAN-multiple of positions at or past p + n. */
+#define DS4_GRAPH_SPAN 16384
+static inline int64_t ds4_graph_span(int64_t end) { return (end + DS4_GRAPH_SPAN - 1) / DS4_GRAPH_SPAN * DS4_GRAPH_SPAN; }
 
 /* A device matrix's layout id is its GGML type, or DS4_GPU_PLANAR | type (ds4_engine.h) when
  * upload_matrix wrote its rows in the planar layout (hip/planar.hip: Q8_0, Q2_K and IQ2_XXS rows
@@ -193,6 +201,24 @@ typedef struct ds4_backend_s {
      * other types keep float32.  DS4_E_INVALID for another mode.  NULL on the CPU backend (it takes the option
      * at open). */
     int (*activations)(ds4_backend_ctx *c, int32_t mode, char *err, size_t len);
+
+    /* ---- version 7 ---------------------------------------------------------------------------
+     * Graphs (the gpu_graphs option, spec platform.md §8).  graph_begin starts capturing the
+     * context's stream: the ops queued until graph_end are recorded, not run.  While capturing,
+     * an op given position p (norm_rope, kv_store, compress, indexer, attend, capture) records its
+     * kernels to read the pass's first position from the device word *dp0 (int64, written by the
+     * caller before each launch) plus p - p0, where p0 is the position of the pass being captured;
+     * compress ignores w0/nw and finds the windows that close in the kernel; indexer sizes its grid
+     * for positions up to ds4_graph_span(p0 + n).  Nothing may copy to or from the host or
+     * synchronise while capturing.  graph_end(ok): ends the capture and, when ok, instantiates the
+     * graph into *graph (an opaque handle); ok = 0 discards it.  A capture or instantiation the
+     * runtime refuses is DS4_E_UNSUPPORTED with the runtime's reason.  graph_launch queues one
+     * replay of the whole pass on the stream; graph_free releases a handle.  NULL on the CPU
+     * backend. */
+    int (*graph_begin)(ds4_backend_ctx *c, const int64_t *dp0, int64_t p0, char *err, size_t len);
+    int (*graph_end)(ds4_backend_ctx *c, int32_t ok, void **graph, char *err, size_t len);
+    int (*graph_launch)(ds4_backend_ctx *c, void *graph, char *err, size_t len);
+    void (*graph_free)(ds4_backend_ctx *c, void *graph);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

@@ -150,7 +150,19 @@ typedef struct {
     int32_t gpu_layout;
     int32_t activations;  /* DS4_ACTIVATIONS_* (both backends) */
     int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
+    int32_t gpu_graphs;   /* DS4_GPU_GRAPHS_* (0: off) */
 } ds4_engine_options;
+
+/* The gpu_graphs option (spec platform.md §8; ds4_engine_options.gpu_graphs): ON replays every
+ * forward pass of at most DS4_GRAPH_MAX_ROWS rows (decode steps, DSpark verify passes) on the GPU
+ * backend from a graph of its shape, captured at the shape's first pass, instead of launching its
+ * kernels one by one.  The kernels and their results are the same bit for bit; what changes is the
+ * host's launch work, the gaps between kernels and a little device memory per shape.  A capture
+ * the runtime refuses turns the option off for the engine, with the reason in the note
+ * (ds4_engine_gpu_graphs).  The CPU backend launches nothing: the option is off there. */
+#define DS4_GPU_GRAPHS_OFF 0
+#define DS4_GPU_GRAPHS_ON 1
+#define DS4_GRAPH_MAX_ROWS 17 /* DS4_DSPARK_MAX_BLOCK + 1: a verify pass of the largest block */
 
 /* The prefill_gemm numerics option (spec platform.md §7; ds4_engine_options.prefill_gemm): forward
  * passes of at least DS4_PREFILL_GEMM_MIN_ROWS tokens (prefill chunks) multiply the planar Q8_0 /
@@ -229,6 +241,9 @@ int32_t ds4_engine_n_threads(const ds4_engine *e);
 /* The prefill_gemm mode in force (DS4_PREFILL_GEMM_OFF, _BF16 or _F16; AUTO resolved at open) and,
  * in note, what it means here: the BLAS and the row threshold, or why it is off. */
 int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len);
+/* The gpu_graphs option in force (DS4_GPU_GRAPHS_OFF or _ON) and, in note, what it means here or
+ * why it is off (chosen, the CPU backend, or a capture the runtime refused and its reason). */
+int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len);
 
 /* A session: KV cache and compressor state for up to n_ctx tokens,
  * evaluating at most n_batch tokens per forward pass (longer inputs are

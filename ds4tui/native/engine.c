@@ -175,6 +175,9 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
         return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "prefill_gemm %s runs on the GPU backend only; the CPU backend "
                         "keeps float32 products (choose prefill_gemm off or auto with the cpu backend)",
                         o.prefill_gemm == DS4_PREFILL_GEMM_BF16 ? "bf16" : "f16");
+    if (o.gpu_graphs != DS4_GPU_GRAPHS_OFF && o.gpu_graphs != DS4_GPU_GRAPHS_ON)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "gpu_graphs %d: expected %d (off) or %d (on)", o.gpu_graphs,
+                        DS4_GPU_GRAPHS_OFF, DS4_GPU_GRAPHS_ON);
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
@@ -190,6 +193,8 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->activations = o.activations;
     e->prefill_gemm = DS4_PREFILL_GEMM_OFF; /* the GPU backend resolves the option at open (gpu.c) */
     snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off: the CPU backend keeps float32 products");
+    e->gpu_graphs = DS4_GPU_GRAPHS_OFF; /* the GPU backend resolves the option at open (gpu.c) */
+    snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: the CPU backend launches no kernels");
     e->layers = calloc((size_t)cfg->n_layer, sizeof *e->layers);
     e->freq_main = ds4_rope_freqs(cfg->n_rot, cfg->rope_freq_base, 0, 1, 1, 1, 1);
     int yarn = cfg->rope_yarn && cfg->rope_scaling_factor != 1.0f;
@@ -302,6 +307,12 @@ int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len
     if (!e) return DS4_PREFILL_GEMM_OFF;
     if (note && note_len) snprintf(note, note_len, "%s", e->prefill_gemm_note);
     return e->prefill_gemm;
+}
+
+int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len) {
+    if (!e) return DS4_GPU_GRAPHS_OFF;
+    if (note && note_len) snprintf(note, note_len, "%s", e->gpu_graphs_note);
+    return e->gpu_graphs;
 }
 
 /* ---- sessions ------------------------------------------------------------------------------- */

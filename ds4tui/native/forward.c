@@ -32,6 +32,19 @@ typedef struct {
     float *kv, *cmp_c, *cmp_z, *comp, *idx_c, *idx_z, *idx_keys;
 } layer_cache;
 
+/* A graph of one pass shape (the gpu_graphs option, spec platform.md §8): the key is everything the
+ * host decides from the pass's rows and position (rows, logits rows, how many CSA layers run the
+ * indexer and the position span its grid covers, whether the DSpark capture runs); `h` is the
+ * backend's handle, `used` the pass counter at its last replay (the least recently used goes first). */
+typedef struct {
+    int32_t n, logits_mode, n_idx, capture;
+    int64_t span;
+    void *h;
+    uint64_t used;
+} pass_graph;
+#define GRAPH_CACHE 32
+_Static_assert(DS4_GRAPH_MAX_ROWS == DS4_DSPARK_MAX_BLOCK + 1, "a graph per verify width up to the largest block");
+
 struct ds4_state {
     int n_alloc, cap_alloc;
     void **ptr;
@@ -49,6 +62,12 @@ struct ds4_state {
     float *dcap, *dctx, *dmx, *dkvtmp, *ddkv, *dhn, *dU, *drow, *dfeat;
     int32_t *dbest;
     float *hU; /* host copy of the base logits for sampled drafting (GPU backends; malloc'ed) */
+    /* graphs (gpu_graphs): step[0..1] the pass's first position (int64) that replays read, tokens
+     * = step + 2; the graphs of the shapes seen, and a pass counter */
+    int32_t *step;
+    pass_graph graphs[GRAPH_CACHE];
+    int n_graphs;
+    uint64_t n_passes;
 };
 
 /* ---- vectors where the backend reads them ------------------------------------------------------ */
@@ -170,6 +189,7 @@ static void *dalloc(ds4_session *s, size_t bytes, uint64_t *count, int *rc, char
 void ds4_state_free(ds4_session *s) {
     ds4_state *d = s->st;
     if (!d) return;
+    for (int i = 0; i < d->n_graphs; i++) s->e->ops->graph_free(s->e->ctx, d->graphs[i].h);
     for (int i = 0; i < d->n_alloc; i++) s->e->ops->free(s->e->ctx, d->ptr[i], d->bytes[i]);
     free(d->ptr);
     free(d->bytes);
@@ -287,7 +307,8 @@ int ds4_state_init(ds4_session *s, char *err, size_t len) {
     uint64_t *sb = &s->scratch_bytes;
 #define DF(n) dalloc(s, (size_t)(n) * F4, sb, &rc, err, len)
 #define DI(n) dalloc(s, (size_t)(n) * sizeof(int32_t), sb, &rc, err, len)
-    d->tokens = DI(B);
+    d->step = DI(B + 2); /* the position word, then the tokens (one copy per replayed pass) */
+    d->tokens = d->step ? d->step + 2 : NULL;
     d->X = DF(B * HC * H); d->X3 = DF(B * HC * H); d->X2 = DF(B * HC * H);
     d->hcm = DF(B * mix); d->pre = DF(B * HC); d->post = DF(B * HC); d->comb = DF(B * HC * HC);
     d->x = DF(B * H); d->xn = DF(B * H); d->qr = DF(B * c->q_lora_rank); d->q = DF(B * NH * D);
@@ -571,19 +592,20 @@ static int attention(pass *P, int L, int n, int64_t p0) {
     return attn_output(P, l, n, p0, freq);
 }
 
-static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
-    ds4_engine *e = s->e;
-    PASS(s);
-    ds4_state *d = s->st;
+/* The pass's queued work after the tokens are in d->tokens: embedding, layers, HC head, norm and
+ * the LM head.  graph: the work is being captured (spec platform.md §8): no cancellation point, and
+ * the logits stay in d->logits for the caller to copy (rows <= DS4_PASS_TILE_ROWS there). */
+static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *logits, int graph) {
+    ds4_session *s = P->s;
+    ds4_engine *e = P->e;
+    ds4_state *d = P->d;
     const ds4_cfg *c = &e->c;
     const int HC = c->hc_count, H = c->n_embd;
-    const int64_t p0 = s->n_tokens;
-    G(P->g->copy(P->cx, d->tokens, tokens, (size_t)n * sizeof(int32_t), 0, M));
     G(P->g->embed(P->cx, e->token_embd.dev_layout, e->token_embd.dev, (int64_t)e->token_embd.row_bytes, H, d->tokens, n,
                   HC, d->X, M));
     float *X = d->X, *Y = d->X3;
     for (int L = 0; L < c->n_layer; L++) {
-        if (atomic_load(&s->cancel)) return DS4_E_CANCELLED;
+        if (!graph && atomic_load(&s->cancel)) return DS4_E_CANCELLED;
         const ds4_layer *l = &e->layers[L];
         TRYP(sub_in(P, &l->hc_attn_fn, DV(l, hc_attn_base), l->hc_attn_scale, DV(l, attn_norm), X, n));
         TRYP(attention(P, L, n, p0));
@@ -594,10 +616,7 @@ static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_
             ds4_span_writing(&s->cap, p0, n);
         }
     }
-    if (logits_mode == DS4_LOGITS_NONE) {
-        G(P->g->sync(P->cx, M));
-        return DS4_OK;
-    }
+    if (logits_mode == DS4_LOGITS_NONE) return DS4_OK;
     const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
     const float *Xs = logits_mode == DS4_LOGITS_ALL ? X : X + (size_t)(n - 1) * HC * H;
     TRYP(hc_head(P, Xs, rows, &e->output_hc_fn, e->output_hc_scale, GV(e, output_hc_base)));
@@ -609,8 +628,101 @@ static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_
         const int rt = rows - r0 < DS4_PASS_TILE_ROWS ? rows - r0 : DS4_PASS_TILE_ROWS;
         float *out = logits + (size_t)r0 * c->n_vocab;
         TRYP(mm(P, &e->output, d->lm + (size_t)r0 * H, H, rt, host ? out : d->logits, c->n_vocab));
-        if (!host) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
+        if (!host && !graph) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
     }
+    return DS4_OK;
+}
+
+/* Graphs stop for this engine (spec platform.md §8): plain launches from now on, and the note says
+ * why (ds4_engine_gpu_graphs). */
+static void graphs_off(ds4_engine *e, int32_t n, const char *why) {
+    e->gpu_graphs = 0;
+    snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: the capture of a %d-row pass failed (%s); plain "
+             "launches from then on", n, why);
+}
+
+/* The pass from a graph of its shape (captured now when there is none).  Returns DS4_OK when the
+ * graph was launched (the caller copies the logits), 1 when the capture failed and graphs went off
+ * (the caller runs the pass with plain launches), or an error. */
+static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int logits_mode) {
+    ds4_session *s = P->s;
+    ds4_engine *e = P->e;
+    ds4_state *d = P->d;
+    const ds4_cfg *c = &e->c;
+    if (atomic_load(&s->cancel)) return DS4_E_CANCELLED;
+    pass_graph key = {n, logits_mode, 0, s->dsp && e->sup, 0, NULL, 0};
+    for (int L = 0; L < c->n_layer; L++) /* each CSA layer turns its indexer on once, as positions grow */
+        key.n_idx += e->layers[L].kind == DS4_CSA && (p0 + n) / e->layers[L].ratio > c->indexer_top_k;
+    if (key.n_idx) key.span = ds4_graph_span(p0 + n); /* the indexer's grid covers the span (backend.h) */
+    int32_t head[2 + DS4_GRAPH_MAX_ROWS];
+    memcpy(head, &p0, sizeof p0);
+    memcpy(head + 2, tokens, (size_t)n * sizeof(int32_t));
+    G(P->g->copy(P->cx, d->step, head, (size_t)(2 + n) * sizeof(int32_t), 0, M));
+    pass_graph *g = NULL;
+    for (int i = 0; i < d->n_graphs && !g; i++) {
+        pass_graph *q = &d->graphs[i];
+        if (q->n == key.n && q->logits_mode == key.logits_mode && q->n_idx == key.n_idx && q->capture == key.capture &&
+            q->span == key.span)
+            g = q;
+    }
+    if (!g) {
+        const int op_rc = e->op_rc; /* a refused capture is no failure of the pass */
+        char why[512];
+        int rc = P->g->graph_begin(P->cx, (const int64_t *)(void *)d->step, p0, why, sizeof why);
+        if (rc == DS4_OK) {
+            rc = pass_body(P, n, p0, logits_mode, NULL, 1);
+            if (rc != DS4_OK) snprintf(why, sizeof why, "%s", P->msg[0] ? P->msg : "an op failed");
+            void *h = NULL;
+            char why2[512];
+            int erc = P->g->graph_end(P->cx, rc == DS4_OK, &h, why2, sizeof why2);
+            if (rc == DS4_OK && erc != DS4_OK) snprintf(why, sizeof why, "%s", why2);
+            if (rc == DS4_OK) rc = erc;
+            if (rc == DS4_OK) {
+                if (d->n_graphs == GRAPH_CACHE) { /* the least recently used shape makes room */
+                    int lru = 0;
+                    for (int i = 1; i < d->n_graphs; i++)
+                        if (d->graphs[i].used < d->graphs[lru].used) lru = i;
+                    P->g->graph_free(P->cx, d->graphs[lru].h);
+                    d->graphs[lru] = d->graphs[--d->n_graphs];
+                }
+                g = &d->graphs[d->n_graphs++];
+                *g = key;
+                g->h = h;
+            }
+        }
+        if (!g) {
+            e->op_rc = op_rc;
+            graphs_off(e, n, why);
+            return 1;
+        }
+    }
+    g->used = ++d->n_passes;
+    G(P->g->graph_launch(P->cx, g->h, M));
+    if (s->dsp && e->sup) /* the capture rows the replay writes (pass_body's bookkeeping) */
+        for (int L = 0; L < c->n_layer; L++)
+            if (e->sup->capture_slot[L] >= 0) ds4_span_writing(&s->cap, p0, n);
+    return DS4_OK;
+}
+
+static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    ds4_state *d = s->st;
+    const int64_t p0 = s->n_tokens;
+    int rc = 1;
+    if (e->gpu_graphs && !P->g->host_memory && n <= DS4_GRAPH_MAX_ROWS) {
+        rc = graph_pass(P, tokens, n, p0, logits_mode);
+        if (rc != DS4_OK && rc != 1) return rc;
+        if (rc == DS4_OK && logits_mode != DS4_LOGITS_NONE) { /* one tile of rows: the body left it in d->logits */
+            const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
+            G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * e->c.n_vocab * sizeof(float), 1, M));
+        }
+    }
+    if (rc != DS4_OK) {
+        G(P->g->copy(P->cx, d->tokens, tokens, (size_t)n * sizeof(int32_t), 0, M));
+        TRYP(pass_body(P, n, p0, logits_mode, logits, 0));
+    }
+    if (logits_mode == DS4_LOGITS_NONE) G(P->g->sync(P->cx, M));
     return DS4_OK;
 }
 

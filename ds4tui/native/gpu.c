@@ -329,6 +329,13 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     rc = prefill_gemm_open(e, o->prefill_gemm, err, len);
     if (rc == DS4_OK) rc = e->ops->activations(e->ctx, o->activations, err, len);
     if (rc != DS4_OK) return rc;
+    /* gpu_graphs (spec platform.md §8): forward.c captures and replays; a refused capture turns it off */
+    e->gpu_graphs = o->gpu_graphs == DS4_GPU_GRAPHS_ON;
+    if (e->gpu_graphs)
+        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "on: passes of up to %d rows replayed from one graph "
+                 "per shape", DS4_GRAPH_MAX_ROWS);
+    else
+        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: kernels launched one by one (chosen)");
     int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");

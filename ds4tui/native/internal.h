@@ -109,6 +109,8 @@ struct ds4_engine {
     int gpu_layout;          /* DS4_GPU_LAYOUT_* */
     int prefill_gemm;        /* DS4_PREFILL_GEMM_OFF/BF16/F16 in force (AUTO resolved at open) */
     char prefill_gemm_note[320]; /* the BLAS and threshold, or why it is off */
+    int gpu_graphs;          /* DS4_GPU_GRAPHS_ON in force (forward.c turns it off when a capture fails) */
+    char gpu_graphs_note[640]; /* what it does, or why it is off */
     int gpu_integrated;      /* the device shares the host's memory (an APU): its runtime free bytes are no plan */
     void *gpu_lib;
     const ds4_backend *ops;

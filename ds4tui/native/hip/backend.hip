@@ -303,6 +303,60 @@ static int gpu_activations(ds4_gpu_ctx *c, int32_t mode, char *err, size_t len) 
     return DS4_OK;
 }
 
+/* ---- graphs of a pass (backend.h version 7; spec platform.md §8) ------------------------------ */
+
+static int gpu_graph_begin(ds4_gpu_ctx *c, const int64_t *dp0, int64_t p0, char *err, size_t len) {
+    if (!dp0) return gpu_fail(err, len, DS4_E_INVALID, "graph capture: no device position word");
+    if (c->cap_dp0) return gpu_fail(err, len, DS4_E_STATE, "graph capture: already capturing");
+    /* thread-local: another thread's runtime calls (memory telemetry) neither break nor join it */
+    GPU_TRY(hipStreamBeginCapture(c->stream, hipStreamCaptureModeThreadLocal), "begin a graph capture of the pass");
+    c->cap_dp0 = dp0;
+    c->cap_p0 = p0;
+    return DS4_OK;
+}
+
+static int gpu_graph_end(ds4_gpu_ctx *c, int32_t ok, void **graph, char *err, size_t len) {
+    *graph = NULL;
+    if (!c->cap_dp0) return gpu_fail(err, len, DS4_E_STATE, "graph capture: not capturing");
+    c->cap_dp0 = NULL;
+    hipGraph_t g = NULL;
+    hipError_t e = hipStreamEndCapture(c->stream, &g);
+    (void)hipGetLastError(); /* a refused capture leaves its error behind: the plain launches start clean */
+    if (e != hipSuccess || !g) {
+        if (g) (void)hipGraphDestroy(g);
+        if (!ok) return DS4_OK;
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "graph capture of the pass: %s (%s)",
+                        e != hipSuccess ? hipGetErrorString(e) : "the runtime returned no graph",
+                        e != hipSuccess ? hipGetErrorName(e) : "no graph");
+    }
+    if (!ok) {
+        (void)hipGraphDestroy(g);
+        return DS4_OK;
+    }
+    hipGraphExec_t x = NULL;
+    e = hipGraphInstantiateWithFlags(&x, g, 0);
+    (void)hipGraphDestroy(g); /* the executable graph keeps what it needs */
+    if (e != hipSuccess || !x) {
+        (void)hipGetLastError();
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "graph instantiation of the pass: %s (%s)",
+                        e != hipSuccess ? hipGetErrorString(e) : "the runtime returned no graph",
+                        e != hipSuccess ? hipGetErrorName(e) : "no graph");
+    }
+    *graph = (void *)x;
+    return DS4_OK;
+}
+
+static int gpu_graph_launch(ds4_gpu_ctx *c, void *graph, char *err, size_t len) {
+    GPU_TRY(hipGraphLaunch((hipGraphExec_t)graph, c->stream), "launch the graph of the pass");
+    return DS4_OK;
+}
+
+static void gpu_graph_free(ds4_gpu_ctx *c, void *graph) {
+    if (!graph) return;
+    (void)hipStreamSynchronize(c->stream); /* no replay of it still queued */
+    (void)hipGraphExecDestroy((hipGraphExec_t)graph);
+}
+
 static const ds4_backend k_api = {
     DS4_GPU_API_VERSION, probe, open_ctx, close_ctx, upload, gpu_free, allocated, mem_info,
     gpu_matmul, gpu_bench_matmul, bandwidth,
@@ -313,6 +367,7 @@ static const ds4_backend k_api = {
     0, /* host_memory */
     gpu_gemm,
     gpu_activations,
+    gpu_graph_begin, gpu_graph_end, gpu_graph_launch, gpu_graph_free,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

@@ -45,7 +45,18 @@ struct ds4_backend_ctx {
     void *blas;
     void *gm_w, *gm_x, *gm_y, *gm_idx, *gm_host;
     size_t gm_w_cap, gm_x_cap, gm_y_cap, gm_idx_cap, gm_host_cap;
+    /* While the stream is captured into a graph (graph_begin .. graph_end, backend.h version 7):
+     * the device word holding the first position of the pass being replayed, and the position
+     * of the captured pass.  An op given position p then passes its kernel p - cap_p0 and cap_dp0,
+     * and the kernel adds *cap_dp0 (gpu_pos below); host decisions that depend on the position
+     * (the compressor windows that close, the indexer's grid) move into the kernels or are sized
+     * for every position the graph's key allows (ds4_graph_span).  NULL: plain launches. */
+    const int64_t *cap_dp0;
+    int64_t cap_p0;
 };
+
+/* The (position, device position) pair an op passes to a kernel that reads positions. */
+#define GPU_POS(c, p0) ((c)->cap_dp0 ? (int64_t)(p0) - (c)->cap_p0 : (int64_t)(p0)), (c)->cap_dp0
 
 /* Format a failure into err and return `code`. */
 static inline int gpu_fail(char *err, size_t len, int code, const char *fmt, ...) {

@@ -66,6 +66,13 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define hipEventRecord cudaEventRecord
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphDestroy cudaGraphDestroy
+#define hipGraphExecDestroy cudaGraphExecDestroy
 #define hipLaunchKernelGGL(k, g, b, shm, st, ...) k<<<(g), (b), (shm), (st)>>>(__VA_ARGS__)
 #else
 #error "compile the GPU backend with hipcc / clang -x hip (AMD) or nvcc -x cu (NVIDIA)"

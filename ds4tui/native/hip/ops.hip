@@ -297,20 +297,25 @@ __global__ void hc_head_w_kernel(const float *m, int n, int HC, float s0, const 
     w[i] = sigmoidf_(s0 * m[i] + base[i % HC]) + eps;
 }
 
+/* The first position of the pass: p0, plus the device word *dp0 when a graph replays the pass
+ * (gpu_internal.h's GPU_POS: p0 is then the op's offset from the pass's first position). */
+__device__ __forceinline__ int64_t gpu_pos(int64_t p0, const int64_t *dp0) { return dp0 ? p0 + *dp0 : p0; }
+
 __global__ void norm_rope_kernel(float *x, int width, int hpt, float eps, const float *w, const double *freq,
-                                 int n_rot, int64_t p0, int inverse, int qat) {
+                                 int n_rot, int64_t p0, const int64_t *dp0, int inverse, int qat) {
     __shared__ float red[OPS_THREADS / GPU_WARP];
     float *row = x + (int64_t)blockIdx.x * width;
-    const int64_t pos = p0 + blockIdx.x / hpt;
+    const int64_t pos = gpu_pos(p0, dp0) + blockIdx.x / hpt;
     if (eps >= 0.0f) rms_row_(row, width, eps, w, row, red);
     rope_row_(row, width, freq, n_rot, pos, inverse);
     if (qat) indexer_qat_(row, width);
 }
 
 /* round: 0 none, 1 FP8 + f16 (target KV rows), 2 FP8 only (the drafter's rows, dspark.c). */
-__global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, int n_rot, int round) {
+__global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, const int64_t *dp0,
+                                int n_rot, int round) {
     const int t = blockIdx.x;
-    float *dst = ring + ((p0 + t) % cap) * D;
+    float *dst = ring + ((gpu_pos(p0, dp0) + t) % cap) * D;
     const float *src = kvr + (int64_t)t * D;
     if (dst != src)
         for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
@@ -325,8 +330,10 @@ __global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, i
 
 /* Stream means of X [n, HC, H] into a capture ring (row (p0+t) % cap, slot `slot` of n_slot rows of
  * H): dst[i] = (sum_a X[t, a, i]) * (1/HC), ascending a (dspark.c's ds4_dspark_capture). */
-__global__ void capture_kernel(const float *X, int HC, int H, int64_t p0, float *ring, int cap, int n_slot, int slot) {
+__global__ void capture_kernel(const float *X, int HC, int H, int64_t p0, const int64_t *dp0, float *ring, int cap,
+                               int n_slot, int slot) {
     const int t = blockIdx.y;
+    p0 = gpu_pos(p0, dp0);
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= H) return;
     const float inv = 1.0f / (float)HC;
@@ -336,10 +343,10 @@ __global__ void capture_kernel(const float *X, int HC, int H, int64_t p0, float 
     ring[(((p0 + t) % cap) * n_slot + slot) * (int64_t)H + i] = acc * inv;
 }
 
-__global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int cw, int64_t p0, int R,
-                                       const float *ape, float *ring_c, float *ring_z, int cap) {
+__global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int cw, int64_t p0, const int64_t *dp0,
+                                       int R, const float *ape, float *ring_c, float *ring_z, int cap) {
     const int t = blockIdx.x;
-    const int64_t p = p0 + t;
+    const int64_t p = gpu_pos(p0, dp0) + t;
     float *rc = ring_c + (p % cap) * cw, *rz = ring_z + (p % cap) * cw;
     const float *ap = ape + (p % R) * cw;
     for (int j = threadIdx.x; j < cw; j += blockDim.x) {
@@ -348,10 +355,19 @@ __global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int
     }
 }
 
+/* Window w0 + block of the pass; with dp0 (a graph's replay) the windows are found here: those
+ * closing among positions p .. p+n-1 (p = p0 + *dp0) are p / R .. (p + n) / R - 1 (forward.c's
+ * closing_windows), and the blocks past them return. */
 __global__ void compress_emit_kernel(int W, int R, int overlap, const float *ring_c, const float *ring_z, int cap,
-                                     int64_t w0, float *rows, const float *norm, float eps, const double *freq,
-                                     int n_rot, int indexer, int ds4n) {
+                                     int64_t w0, int64_t p0, const int64_t *dp0, int n, float *rows,
+                                     const float *norm, float eps, const double *freq, int n_rot, int indexer,
+                                     int ds4n) {
     __shared__ float red[OPS_THREADS / GPU_WARP];
+    if (dp0) {
+        const int64_t p = gpu_pos(p0, dp0);
+        w0 = p / R;
+        if ((int64_t)blockIdx.x >= (p + n) / R - w0) return; /* uniform over the block */
+    }
     const int64_t w = w0 + blockIdx.x, a = (int64_t)R * w;
     const int cw = (overlap ? 2 : 1) * W;
     float *row = rows + w * W;
@@ -393,9 +409,10 @@ __global__ void compress_emit_kernel(int W, int R, int overlap, const float *rin
  * head order.  Tokens with at most top_k visible rows are skipped (they attend to every row). */
 #define IDX_WARPS 8
 __global__ void __launch_bounds__(IDX_WARPS * GPU_WARP)
-indexer_score_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys, int ratio,
-                     int top_k, float scale, float *score, int max_vis) {
+indexer_score_kernel(const float *qi, const float *iw, int64_t p0, const int64_t *dp0, int IH, int ID,
+                     const float *keys, int ratio, int top_k, float scale, float *score, int max_vis) {
     const int t = blockIdx.y;
+    p0 = gpu_pos(p0, dp0);
     const int64_t n_vis = (p0 + t + 1) / ratio;
     if (n_vis <= top_k) return;
     const int lane = threadIdx.x % GPU_WARP;
@@ -422,9 +439,10 @@ indexer_score_kernel(const float *qi, const float *iw, int64_t p0, int IH, int I
 #define IDX_KPW 8
 #define IDX_JPL 4
 __global__ void __launch_bounds__(IDX_WARPS * GPU_WARP)
-indexer_score8_kernel(const float *qi, const float *iw, int64_t p0, int IH, int ID, const float *keys, int ratio,
-                      int top_k, float scale, float *score, int max_vis) {
+indexer_score8_kernel(const float *qi, const float *iw, int64_t p0, const int64_t *dp0, int IH, int ID,
+                      const float *keys, int ratio, int top_k, float scale, float *score, int max_vis) {
     const int t = blockIdx.y;
+    p0 = gpu_pos(p0, dp0);
     const int64_t n_vis = (p0 + t + 1) / ratio;
     if (n_vis <= top_k) return;
     const int lane = threadIdx.x % GPU_WARP;
@@ -523,10 +541,10 @@ __device__ __forceinline__ uint32_t sel_scan_(int flag, uint32_t *w, uint32_t *t
 }
 
 __global__ void __launch_bounds__(SEL_THREADS)
-indexer_select_kernel(int64_t p0, int ratio, int top_k, const float *score, int max_vis, int32_t *sel,
-                      int32_t *nsel) {
+indexer_select_kernel(int64_t p0, const int64_t *dp0, int ratio, int top_k, const float *score, int max_vis,
+                      int32_t *sel, int32_t *nsel) {
     const int t = blockIdx.x;
-    const int64_t n_vis = (p0 + t + 1) / ratio;
+    const int64_t n_vis = ((dp0 ? *dp0 : 0) + p0 + t + 1) / ratio; /* gpu_pos */
     if (n_vis <= top_k) {
         if (threadIdx.x == 0) nsel[t] = -1;
         return;
@@ -688,16 +706,16 @@ __device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first,
 
 template <int HPB, int UNR>
 __global__ void ATT_BOUNDS(HPB)
-attend_kernel(const float *q, int n, int NH, int D, int64_t p0, int window, const float *kv, int kv_cap,
-              const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k, const float *sinks,
-              float *scr, int keys_cap, float *att, int64_t nc_lo, int nc_n) {
+attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
+              int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
+              const float *sinks, float *scr, int keys_cap, float *att, int64_t nc_lo, int nc_n) {
     __shared__ float red[ATT_WARPS * HPB];
     __shared__ float part[ATT_WARPS][GPU_WARP * ATT_DPL];
     const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
     const int groups = NH / HPB; /* gpu_attend takes HPB > 1 only when it divides NH */
     const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
     const int64_t item0 = (int64_t)t * NH + h0;   /* (token, head) item of the block's first head */
-    const int64_t p = p0 + t;
+    const int64_t p = gpu_pos(p0, dp0) + t;
     const float scale = (float)(1.0 / sqrt((double)D));
     int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
     int n_win = (int)(p - first + 1);
@@ -1010,14 +1028,15 @@ int gpu_norm_rope(ds4_gpu_ctx *c, float *x, int64_t rows, int32_t width, int32_t
                   const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat, char *err, size_t len) {
     if (rows <= 0) return DS4_OK;
     hipLaunchKernelGGL(norm_rope_kernel, dim3((unsigned)rows), dim3(OPS_THREADS), 0, c->stream, x, width, hpt, eps, w,
-                       freq, n_rot, p0, inverse, qat);
+                       freq, n_rot, GPU_POS(c, p0), inverse, qat);
     return ops_check("norm_rope kernel", err, len);
 }
 
 int gpu_kv_store(ds4_gpu_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
                  int32_t n_rot, int32_t round, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
-    hipLaunchKernelGGL(kv_store_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, kvr, D, ring, cap, p0, n_rot, round);
+    hipLaunchKernelGGL(kv_store_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, kvr, D, ring, cap, GPU_POS(c, p0), n_rot,
+                       round);
     return ops_check("kv_store kernel", err, len);
 }
 
@@ -1025,7 +1044,7 @@ int gpu_capture(ds4_gpu_ctx *c, const float *X, int32_t n, int32_t HC, int32_t H
                 int32_t n_slot, int32_t slot, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
     hipLaunchKernelGGL(capture_kernel, dim3(blocks_for(H, OPS_THREADS), n), dim3(OPS_THREADS), 0, c->stream, X, HC, H,
-                       p0, ring, cap, n_slot, slot);
+                       GPU_POS(c, p0), ring, cap, n_slot, slot);
     return ops_check("capture kernel", err, len);
 }
 
@@ -1035,12 +1054,13 @@ int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n
                  int32_t ds4n, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
     const int cw = (overlap ? 2 : 1) * W;
-    hipLaunchKernelGGL(compress_append_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, cbuf, zbuf, cw, p0, R, ape,
-                       ring_c, ring_z, cap);
+    hipLaunchKernelGGL(compress_append_kernel, dim3(n), dim3(OPS_THREADS), 0, c->stream, cbuf, zbuf, cw,
+                       GPU_POS(c, p0), R, ape, ring_c, ring_z, cap);
     int rc = ops_check("compressor append kernel", err, len);
+    if (c->cap_dp0) nw = (n + R - 1) / R; /* a graph: the kernel finds the windows (at most this many) */
     if (rc != DS4_OK || nw <= 0) return rc;
     hipLaunchKernelGGL(compress_emit_kernel, dim3(nw), dim3(OPS_THREADS), 0, c->stream, W, R, overlap, ring_c, ring_z,
-                       cap, w0, rows, norm, eps, freq, n_rot, indexer, ds4n);
+                       cap, w0, GPU_POS(c, p0), n, rows, norm, eps, freq, n_rot, indexer, ds4n);
     return ops_check("compressor emit kernel", err, len);
 }
 
@@ -1048,21 +1068,25 @@ int gpu_indexer(ds4_gpu_ctx *c, const float *qi, const float *iw, int32_t n, int
                 const float *keys, int32_t ratio, int32_t top_k, float scale, float *score, int32_t max_vis,
                 int32_t *sel, int32_t *nsel, char *err, size_t len) {
     if (n <= 0) return DS4_OK;
-    const int64_t max_n_vis = (p0 + n) / ratio;
+    int64_t max_n_vis = (p0 + n) / ratio;
+    if (c->cap_dp0 && max_n_vis > top_k) { /* a graph: every position of its span (backend.h) */
+        max_n_vis = ds4_graph_span(p0 + n) / ratio;
+        if (max_n_vis > max_vis) max_n_vis = max_vis;
+    }
     if (max_n_vis > top_k) {
         if (ID <= IDX_JPL * GPU_WARP)
             hipLaunchKernelGGL(indexer_score8_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS * IDX_KPW), n),
-                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale,
-                               score, max_vis);
+                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, GPU_POS(c, p0), IH, ID, keys, ratio,
+                               top_k, scale, score, max_vis);
         else
             hipLaunchKernelGGL(indexer_score_kernel, dim3(blocks_for(max_n_vis, IDX_WARPS), n),
-                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, p0, IH, ID, keys, ratio, top_k, scale,
-                               score, max_vis);
+                               dim3(IDX_WARPS * GPU_WARP), 0, c->stream, qi, iw, GPU_POS(c, p0), IH, ID, keys, ratio,
+                               top_k, scale, score, max_vis);
         int rc = ops_check("indexer score kernel", err, len);
         if (rc != DS4_OK) return rc;
     }
-    hipLaunchKernelGGL(indexer_select_kernel, dim3(n), dim3(SEL_THREADS), 0, c->stream, p0, ratio, top_k, score,
-                       max_vis, sel, nsel);
+    hipLaunchKernelGGL(indexer_select_kernel, dim3(n), dim3(SEL_THREADS), 0, c->stream, GPU_POS(c, p0), ratio, top_k,
+                       score, max_vis, sel, nsel);
     return ops_check("indexer kernel", err, len);
 }
 
@@ -1076,11 +1100,13 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
     if (n >= ATT_GROUP_MIN_ROWS && NH % ATT_GROUP_HEADS == 0) /* the same results, fewer key reads (attend_kernel) */
         hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL>),
                            dim3((unsigned)((int64_t)n * (NH / ATT_GROUP_HEADS))),
-                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, p0, window, kv, kv_cap, comp, ratio,
+                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
+                           comp, ratio,
                            sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
     else
         hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)),
-                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, p0, window, kv, kv_cap, comp, ratio,
+                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
+                           comp, ratio,
                            sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
     return ops_check("attention kernel", err, len);
 }
@@ -1094,7 +1120,7 @@ int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t
     if (n_ctx + n_rows > keys_cap)
         return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
     hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
-                       c->stream, q, n, NH, D, (int64_t)0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
+                       c->stream, q, n, NH, D, (int64_t)0, (const int64_t *)NULL, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
                        sinks, sc, keys_cap, att, lo, n_ctx);
     return ops_check("drafter attention kernel", err, len);
 }
