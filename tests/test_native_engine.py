@@ -346,6 +346,11 @@ def test_gpu_graphs_is_a_named_option_off_where_nothing_is_launched(tiny_q2):
         e = S.Engine(tiny_q2["model"], backend=backend, gpu_graphs="on")
         try:
             assert (e.gpu_graphs, e.gpu_graphs_note) == ("off", f"off: the {backend} backend launches no kernels")
+            e.set_gpu_graphs("off")
+            with pytest.raises(S.BackendUnavailableError, match=f"gpu_graphs on: the {backend} backend launches no"):
+                e.set_gpu_graphs("on")
+            with pytest.raises(ValueError, match="gpu_graphs must be one of off, on, got 'auto'"):
+                e.set_gpu_graphs("auto")
         finally:
             e.close()
 

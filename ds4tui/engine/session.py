@@ -276,6 +276,22 @@ class Engine:
         """What the gpu_graphs mode does here, or why it is off."""
         return self._gpu_graphs()[1]
 
+    def set_gpu_graphs(self, mode: str) -> None:
+        """Switch the gpu_graphs option between passes (``"off"`` or ``"on"``; spec platform.md §8),
+        e.g. for a side-by-side timing on one engine; graphs already captured are kept.
+        ``ValueError`` for another mode, :class:`BackendUnavailableError` for ``"on"`` on the cpu
+        or reference backend."""
+        if mode not in GPU_GRAPHS:
+            raise ValueError(f"gpu_graphs must be one of {', '.join(GPU_GRAPHS)}, got {mode!r}")
+        if self.backend != "hip":
+            if mode == "on":
+                raise BackendUnavailableError(f"gpu_graphs on: the {self.backend} backend launches no kernels")
+            return
+        self._check_open()
+        err = self._ffi.new("char[512]")
+        if self._lib.ds4_engine_set_gpu_graphs(self._handle, GPU_GRAPHS.index(mode), err, 512) != 0:
+            raise EngineError(self._ffi.string(err).decode("utf-8", "replace"))
+
     def _gpu_graphs(self) -> tuple[str, str]:
         if self.backend != "hip" or self._handle is None or self._closed:
             return "off", f"off: the {self.backend} backend launches no kernels"

@@ -244,6 +244,10 @@ int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len
 /* The gpu_graphs option in force (DS4_GPU_GRAPHS_OFF or _ON) and, in note, what it means here or
  * why it is off (chosen, the CPU backend, or a capture the runtime refused and its reason). */
 int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len);
+/* Switch the gpu_graphs option between passes (DS4_GPU_GRAPHS_OFF or _ON; a side-by-side timing on
+ * one engine): the graphs already captured are kept for when it is on again.  DS4_E_INVALID for
+ * another mode, DS4_E_UNSUPPORTED for ON on the CPU backend. */
+int ds4_engine_set_gpu_graphs(ds4_engine *e, int32_t mode, char *err, size_t err_len);
 
 /* A session: KV cache and compressor state for up to n_ctx tokens,
  * evaluating at most n_batch tokens per forward pass (longer inputs are

@@ -315,6 +315,19 @@ int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len) 
     return e->gpu_graphs;
 }
 
+int ds4_engine_set_gpu_graphs(ds4_engine *e, int32_t mode, char *err, size_t err_len) {
+    if (!e) return ds4_fail(err, err_len, DS4_E_INVALID, "no engine");
+    if (mode != DS4_GPU_GRAPHS_OFF && mode != DS4_GPU_GRAPHS_ON)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "gpu_graphs %d: expected %d (off) or %d (on)", mode,
+                        DS4_GPU_GRAPHS_OFF, DS4_GPU_GRAPHS_ON);
+    if (e->backend != DS4_BACKEND_HIP || !e->ctx) {
+        if (mode == DS4_GPU_GRAPHS_OFF) return DS4_OK;
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "gpu_graphs on: the CPU backend launches no kernels");
+    }
+    ds4_gpu_graphs_mode(e, mode);
+    return DS4_OK;
+}
+
 /* ---- sessions ------------------------------------------------------------------------------- */
 
 void ds4_session_free(ds4_session *s) {

@@ -312,6 +312,15 @@ static int prefill_gemm_open(ds4_engine *e, int32_t want, char *err, size_t len)
                     "itself)", name, why);
 }
 
+void ds4_gpu_graphs_mode(ds4_engine *e, int32_t mode) {
+    e->gpu_graphs = mode == DS4_GPU_GRAPHS_ON && e->ops->graph_begin;
+    if (e->gpu_graphs)
+        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "on: passes of up to %d rows replayed from one graph "
+                 "per shape", DS4_GRAPH_MAX_ROWS);
+    else
+        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: kernels launched one by one (chosen)");
+}
+
 int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, size_t len) {
     if (o->gpu_layout != DS4_GPU_LAYOUT_PLANAR && o->gpu_layout != DS4_GPU_LAYOUT_GGML)
         return ds4_fail(err, len, DS4_E_INVALID, "gpu_layout %d: expected %d (planar) or %d (ggml)", o->gpu_layout,
@@ -330,12 +339,7 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
     if (rc == DS4_OK) rc = e->ops->activations(e->ctx, o->activations, err, len);
     if (rc != DS4_OK) return rc;
     /* gpu_graphs (spec platform.md §8): forward.c captures and replays; a refused capture turns it off */
-    e->gpu_graphs = o->gpu_graphs == DS4_GPU_GRAPHS_ON;
-    if (e->gpu_graphs)
-        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "on: passes of up to %d rows replayed from one graph "
-                 "per shape", DS4_GRAPH_MAX_ROWS);
-    else
-        snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: kernels launched one by one (chosen)");
+    ds4_gpu_graphs_mode(e, o->gpu_graphs);
     int cap = DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");

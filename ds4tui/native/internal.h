@@ -230,6 +230,8 @@ size_t ds4_block_tensor_bytes(const ds4_engine *e, const ds4_layer *l, int i);
 /* ---- cpu/backend.c ---------------------------------------------------------------------------- */
 const ds4_backend *ds4_cpu_backend(void);
 int ds4_cpu_backend_open(ds4_pool *pool, int activations, ds4_backend_ctx **out, char *err, size_t len);
+/* gpu.c: the gpu_graphs mode (DS4_GPU_GRAPHS_*) in force on a GPU engine and its note. */
+void ds4_gpu_graphs_mode(ds4_engine *e, int32_t mode);
 
 /* ---- sampling.c ------------------------------------------------------------------------------- */
 int32_t ds4_sample(ds4_session *s, const float *logits);
