@@ -301,3 +301,16 @@ def test_prefill_gemm_the_cpu_does_not_apply_is_noted_and_in_the_json(tiny_q2, c
     r = json.loads(out)
     assert r["backend"] == "cpu" and r["prefill_gemm"] == "off"
     assert r["prefill_gemm_note"] == "off: the cpu backend keeps float32 products"
+
+
+def test_gpu_graphs_flag_reaches_the_engine_and_the_json(tiny_q2, capsys, monkeypatch):
+    """Spec platform.md §8: --gpu-graphs on reaches the engine; on the cpu backend (auto without a
+    device) it is off, and the JSON says why."""
+    from ds4tui.engine import gpu
+
+    monkeypatch.setattr(gpu, "probe", lambda library=None: (None, "no device: a test without a GPU"))
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "2", "--json", "--gpu-graphs", "on")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["backend"] == "cpu" and r["gpu_graphs"] == "off"
+    assert r["gpu_graphs_note"] == "off: the cpu backend launches no kernels"

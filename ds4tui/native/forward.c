@@ -65,6 +65,7 @@ struct ds4_state {
     /* graphs (gpu_graphs): step[0..1] the pass's first position (int64) that replays read, tokens
      * = step + 2; the graphs of the shapes seen, and a pass counter */
     int32_t *step;
+    int32_t head[2 + DS4_GRAPH_MAX_ROWS]; /* its host side (a copy may read it after the call returns) */
     pass_graph graphs[GRAPH_CACHE];
     int n_graphs;
     uint64_t n_passes;
@@ -626,7 +627,7 @@ static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *log
     const int host = P->g->host_memory;
     for (int r0 = 0; r0 < rows; r0 += DS4_PASS_TILE_ROWS) {
         const int rt = rows - r0 < DS4_PASS_TILE_ROWS ? rows - r0 : DS4_PASS_TILE_ROWS;
-        float *out = logits + (size_t)r0 * c->n_vocab;
+        float *out = graph ? NULL : logits + (size_t)r0 * c->n_vocab;
         TRYP(mm(P, &e->output, d->lm + (size_t)r0 * H, H, rt, host ? out : d->logits, c->n_vocab));
         if (!host && !graph) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
     }
@@ -654,10 +655,9 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
     for (int L = 0; L < c->n_layer; L++) /* each CSA layer turns its indexer on once, as positions grow */
         key.n_idx += e->layers[L].kind == DS4_CSA && (p0 + n) / e->layers[L].ratio > c->indexer_top_k;
     if (key.n_idx) key.span = ds4_graph_span(p0 + n); /* the indexer's grid covers the span (backend.h) */
-    int32_t head[2 + DS4_GRAPH_MAX_ROWS];
-    memcpy(head, &p0, sizeof p0);
-    memcpy(head + 2, tokens, (size_t)n * sizeof(int32_t));
-    G(P->g->copy(P->cx, d->step, head, (size_t)(2 + n) * sizeof(int32_t), 0, M));
+    memcpy(d->head, &p0, sizeof p0);
+    memcpy(d->head + 2, tokens, (size_t)n * sizeof(int32_t));
+    G(P->g->copy(P->cx, d->step, d->head, (size_t)(2 + n) * sizeof(int32_t), 0, M));
     pass_graph *g = NULL;
     for (int i = 0; i < d->n_graphs && !g; i++) {
         pass_graph *q = &d->graphs[i];
