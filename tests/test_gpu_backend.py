@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -668,6 +669,8 @@ def test_hip_graphs_replay_the_plain_passes_bit_for_bit(tiny_q2, activations):
         got["on"] = _graph_passes(e, prompt)
         assert e.gpu_graphs == "on", e.gpu_graphs_note
         print(f"\ngraphs ({activations}): {e.gpu_graphs_note}")
+        m = re.search(r"; (\d+) graphs captured, (\d+) passes replayed$", e.gpu_graphs_note)
+        assert m and int(m[2]) > 2 * int(m[1]) > 0  # the shapes repeat: most passes are replays
     finally:
         e.close()
     assert len(got["on"]) == len(got["off"])

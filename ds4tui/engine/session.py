@@ -296,8 +296,8 @@ class Engine:
         if self.backend != "hip" or self._handle is None or self._closed:
             return "off", f"off: the {self.backend} backend launches no kernels"
         ffi, lib = self._ffi, self._lib
-        note = ffi.new("char[640]")
-        mode = GPU_GRAPHS[int(lib.ds4_engine_gpu_graphs(self._handle, note, 640))]
+        note = ffi.new("char[768]")
+        mode = GPU_GRAPHS[int(lib.ds4_engine_gpu_graphs(self._handle, note, 768))]
         return mode, ffi.string(note).decode("utf-8", "replace")
 
     def _table(self, tensors: dict):

@@ -242,7 +242,8 @@ int32_t ds4_engine_n_threads(const ds4_engine *e);
  * in note, what it means here: the BLAS and the row threshold, or why it is off. */
 int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len);
 /* The gpu_graphs option in force (DS4_GPU_GRAPHS_OFF or _ON) and, in note, what it means here or
- * why it is off (chosen, the CPU backend, or a capture the runtime refused and its reason). */
+ * why it is off (chosen, the CPU backend, or a capture the runtime refused and its reason), then
+ * how many graphs were captured and passes replayed so far when any were. */
 int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len);
 /* Switch the gpu_graphs option between passes (DS4_GPU_GRAPHS_OFF or _ON; a side-by-side timing on
  * one engine): the graphs already captured are kept for when it is on again.  DS4_E_INVALID for

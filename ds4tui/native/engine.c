@@ -311,7 +311,13 @@ int32_t ds4_engine_prefill_gemm(const ds4_engine *e, char *note, size_t note_len
 
 int32_t ds4_engine_gpu_graphs(const ds4_engine *e, char *note, size_t note_len) {
     if (!e) return DS4_GPU_GRAPHS_OFF;
-    if (note && note_len) snprintf(note, note_len, "%s", e->gpu_graphs_note);
+    if (note && note_len) {
+        if (e->graph_captures || e->graph_replays)
+            snprintf(note, note_len, "%s; %llu graphs captured, %llu passes replayed", e->gpu_graphs_note,
+                     (unsigned long long)e->graph_captures, (unsigned long long)e->graph_replays);
+        else
+            snprintf(note, note_len, "%s", e->gpu_graphs_note);
+    }
     return e->gpu_graphs;
 }
 

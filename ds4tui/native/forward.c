@@ -688,6 +688,7 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
                 g = &d->graphs[d->n_graphs++];
                 *g = key;
                 g->h = h;
+                e->graph_captures++;
             }
         }
         if (!g) {
@@ -698,6 +699,7 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
     }
     g->used = ++d->n_passes;
     G(P->g->graph_launch(P->cx, g->h, M));
+    e->graph_replays++;
     if (s->dsp && e->sup) /* the capture rows the replay writes (pass_body's bookkeeping) */
         for (int L = 0; L < c->n_layer; L++)
             if (e->sup->capture_slot[L] >= 0) ds4_span_writing(&s->cap, p0, n);

@@ -111,6 +111,7 @@ struct ds4_engine {
     char prefill_gemm_note[320]; /* the BLAS and threshold, or why it is off */
     int gpu_graphs;          /* DS4_GPU_GRAPHS_ON in force (forward.c turns it off when a capture fails) */
     char gpu_graphs_note[640]; /* what it does, or why it is off */
+    uint64_t graph_captures, graph_replays; /* graphs captured and passes replayed (all sessions) */
     int gpu_integrated;      /* the device shares the host's memory (an APU): its runtime free bytes are no plan */
     void *gpu_lib;
     const ds4_backend *ops;
