@@ -521,7 +521,10 @@ class DS4App(App):
         """The one UI timer: the queued engine events, then the memory sample when one is due."""
         if self.flush_s:
             await self.flush()
-        if self.memory_s and time.monotonic() - self._memory_t >= self.memory_s:
+        # while a turn runs, memory is sampled when the panes are redrawn (_apply_snapshot: one frame
+        # for both); this is the fallback while no snapshot comes (a long prefill)
+        due = self.memory_s * (2 if self._generating else 1) if self.memory_s else None
+        if due and time.monotonic() - self._memory_t >= due:
             self.sample_memory()
 
     async def flush(self) -> None:
@@ -665,7 +668,7 @@ class DS4App(App):
     def _apply_snapshot(self, snap: W.StatsSnapshot) -> None:
         """Every snapshot feeds the timeline; the panes redraw at most every PANES_S while a turn
         runs (a redraw costs the UI thread far more than reading a snapshot), and only the panes
-        whose text changed are repainted."""
+        whose text changed are repainted; while a turn runs the memory pane is sampled with them."""
         self.last_snapshot = snap
         self.timeline.add(snap)
         if self.viewing is not None:  # an export is on show: the live panes wait until it is closed
@@ -676,6 +679,10 @@ class DS4App(App):
         self._panes_t = now
         info = self.engine.info if self.engine is not None else None
         self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
+        if snap.generating and self.memory_s:
+            # the memory pane in the same frame: a frame that repaints a pane far from the streaming
+            # text also renders every widget between the two (Textual repaints the bounding box)
+            self.sample_memory()
         if snap.knobs is not None:
             self._show_knobs(snap.knobs)
         self._set_status()

@@ -8,6 +8,7 @@ import gc
 import json
 import sys
 import threading
+import time
 
 import pytest
 from fake_chat import ANSWER, FakeChatEngine
@@ -217,6 +218,37 @@ async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_resto
         await app.flush()
         assert (sys.getswitchinterval(), gc.get_threshold()) == before and prompt.cursor_blink
         assert all(p._held is None for p in panes)
+
+
+async def test_while_a_turn_runs_memory_is_sampled_with_the_panes(tmp_path):
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app.memory_s = A.MEMORY_S  # (no timer here: _tick is called by hand)
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:
+            await pilot.pause(0.01)
+        sampled = []
+        original = app.sample_memory
+        app.sample_memory = lambda: sampled.append(app._generating) or original()
+        app._memory_t = time.monotonic() - 1.5 * A.MEMORY_S  # due when idle; while a turn runs the panes bring it
+        await app._tick()
+        assert sampled == []
+        app._panes_t = time.monotonic() - A.PANES_S  # the panes are due: memory is drawn with them
+        app._apply_snapshot(app.engine.snapshot(generating=True))
+        assert sampled == [True]
+        app._memory_t = time.monotonic() - 2.5 * A.MEMORY_S  # no pane redraw for twice the period: sampled anyway
+        await app._tick()
+        assert sampled == [True, True]
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app._memory_t = time.monotonic() - 1.5 * A.MEMORY_S
+        await app._tick()  # the turn is over: every MEMORY_S again
+        assert sampled == [True, True, False]
 
 
 async def test_the_app_reports_its_own_cost(tmp_path):
