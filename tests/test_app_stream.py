@@ -549,6 +549,29 @@ async def test_a_held_pane_keeps_its_height_and_a_shorter_text_costs_no_layout()
         assert layouts[-1] is True and w.content_size.height == 1 and _pane_rows(w) == ["x"]
 
 
+async def test_a_pane_repaints_only_the_rows_whose_text_changed():
+    app = _Panes()
+    async with app.run_test(size=(40, 20)) as pilot:
+        w = app.query_one(Pane)
+        w.put(Content("rate 1.0\nsame row\ncount 5"))
+        await pilot.pause()
+        calls = []
+        original = w.refresh
+
+        def refresh(*regions, layout=False, **kw):
+            calls.append((regions, layout))
+            return original(*regions, layout=layout, **kw)
+
+        w.refresh = refresh
+        w.put(Content.assemble("rate ", ("2.0", "bold"), "\nsame row\ncount 5"))  # row 0 (text and style)
+        w.put(Content.assemble("rate ", ("2.0", "bold"), "\nsame row\ncount 6"))  # row 2
+        assert calls == [((Region(0, 0, 26, 1),), False), ((Region(0, 2, 26, 1),), False)]
+        await pilot.pause()
+        strips = w.render_lines(Region(0, 0, 30, 5))  # the border, three rows, the border
+        assert [strip.text[2:-2].rstrip() for strip in strips[1:4]] == ["rate 2.0", "same row", "count 6"]
+        assert w.text == "rate 2.0\nsame row\ncount 6"
+
+
 async def test_the_panes_before_the_first_cycle_are_as_tall_as_with_cycles():
     from ds4tui.engine.stats import NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
     from ds4tui.widgets.histogram import Histogram

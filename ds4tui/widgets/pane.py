@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.geometry import Region
 from textual.widgets import Static
 
 from ds4tui.widgets.stream import no_second_layout
 
 
 class Pane(Static):
-    """A bordered text pane that re-renders only when its content changes, and re-runs the
-    screen's layout only when its height changes (a full layout of the screen costs far more
-    than repainting one pane, and the panes update while text streams).
+    """A bordered text pane that re-renders only when its content changes, repaints only the
+    rows whose text changed, and re-runs the screen's layout only when its height changes (a
+    full layout of the screen costs far more than repainting one pane, and the panes update
+    while text streams).
 
     :meth:`hold` keeps the pane at least as tall as it has been since (blank rows below a
     shorter text) until it is released: while an answer streams, a pane whose text loses a row
@@ -53,8 +55,20 @@ class Pane(Static):
             self._rows = (width, len(old.wrap(width)))  # what the last layout made of the old content
         key = (width, rows) if natural is not None else None
         self._drawn = content
+        if key is not None and key == self._rows and old is not None:
+            # as tall as before: repaint the rows whose text changed, not the whole pane
+            before, after = old.wrap(width), content.wrap(width)
+            changed = [y for y, row in enumerate(after)
+                       if y >= len(before) or row.plain != before[y].plain or row.spans != before[y].spans]
+            if changed:
+                self.refresh(*(Region(0, y, width, 1) for y in changed))
+            return
         self.update(content, layout=key is None or key != self._rows)
         self._rows = key
+
+    def render(self) -> Content:
+        """What was drawn last (:meth:`put` repaints only the rows of it that changed)."""
+        return self._drawn if self._drawn is not None else super().render()
 
     def hold(self, on: bool) -> None:
         """``on``: from now until released, never fewer rows than now; off: as tall as the text
