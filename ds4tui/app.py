@@ -7,7 +7,7 @@ queue 6 times a second: token text goes to the current turn in one write per tic
 widget for the text still growing, Markdown once it is finished, widgets/chat.py), the newest
 ``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
 finished turns and errors are handled in order; memory is sampled from the same timer once a
-second.  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the
+second (while an answer streams, with the panes' redraw).  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the
 engine applies them at the next cycle and logs them, and the panes mark that point on their
 series.
 
@@ -77,10 +77,13 @@ MEMORY_S = 1.0
 #: than one decode step of a small model on a GPU): how long the engine thread, back from a C step,
 #: may wait for the interface to hand the interpreter over.
 SWITCH_S = 0.0001
-#: The garbage collector's thresholds while a turn runs (Python's are 700, 10, 10): young passes as
-#: usual (each holds the interpreter well under a millisecond), the full pass (tens of milliseconds,
-#: holding the interpreter the engine thread needs after each step) waits for the end of the turn.
-GC_THRESHOLDS = (700, 10, 1000)
+#: The garbage collector's thresholds while a turn runs (Python's are 700, 10, 10): a young pass
+#: every 10 000 allocations, not 700 (drawing a frame allocates thousands of short-lived objects: at
+#: 700 the young passes took ~40 passes and 12-22 ms of the UI thread in a 2.5-s answer of the demo
+#: pair on a 2-core machine, at 10 000 one pass of 3-5 ms), and the full pass (tens of
+#: milliseconds, holding the interpreter the engine thread needs after each step) waits for the
+#: end of the turn.
+GC_THRESHOLDS = (10_000, 10, 1000)
 #: Longest wait between the prefill's end and the first decode cycle (seconds): the question and
 #: the rows its answer will stream into are laid out first (a few frames, a few tens of
 #: milliseconds, most of them during the prefill), so that those layouts of the screen do not run
