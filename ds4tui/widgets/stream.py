@@ -151,6 +151,8 @@ class StreamText(Widget):
         return self._top
 
     def _wrap(self, line: Content) -> list[Content]:
+        if line.cell_length <= self._width and "\t" not in line.plain:
+            return [line]  # (what wrapping gives a line that fits, without its cost: most lines of code)
         return line.wrap(self._width) or [Content("")]
 
     def _wrap_tail(self) -> None:
