@@ -12,6 +12,7 @@ from ds4tui import cli
 from ds4tui.app import ACTIONS, ChatOptions, DS4App
 from ds4tui.engine.telemetry import FakeBackend, MemorySample
 from ds4tui.widgets.chat import DRAFT_STYLE, THINK_STYLE, AssistantMessage, UserMessage
+from ds4tui.widgets.stream import StreamText
 
 APU = MemorySample(t_mono_s=0.0, backend="sysfs", device="amdgpu card1 (0000:c3:00.0)", vram_total_b=512 << 20,
                    vram_used_b=310 << 20, gtt_total_b=133143986176, gtt_used_b=99 << 30, busy_pct=87)
@@ -61,6 +62,9 @@ async def test_reasoning_trace_highlight_think_toggle_and_new_chat(tmp_path):
         assert msg.reasoning == REASONING and msg.answer == ANSWER and msg.has_class("has-reasoning")
         await pilot.press("f4")  # token trace with accepted drafts highlighted
         assert msg.has_class("trace") and app.trace
+        await pilot.pause()  # (built while hidden: drawn when shown)
+        live = msg.query_one("#trace", StreamText)
+        assert live.text == REASONING + ANSWER and live.size.height == live.row_count > 1
         trace = msg.trace
         assert trace.plain == REASONING + ANSWER  # the reasoning too, in THINK_STYLE
         drafted = [s for s in trace.spans if str(s.style).endswith(DRAFT_STYLE)]

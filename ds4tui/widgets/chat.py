@@ -163,6 +163,7 @@ class AssistantMessage(Vertical):
         self.n_think = 0
         self.finished = False
         self._summary_t = 0.0  # when the summary line was last redrawn while streaming
+        self._trace_pieces: list = []  # the token trace's pieces not yet drawn: text or (text, style)
 
     def compose(self) -> ComposeResult:
         with Collapsible(title="reasoning", collapsed=True):
@@ -193,6 +194,7 @@ class AssistantMessage(Vertical):
     def trace(self) -> Content:
         """The token trace: every token's text, accepted drafts in DRAFT_STYLE, reasoning in
         THINK_STYLE."""
+        self._draw_trace()
         return self._trace.content
 
     def _rows_besides_answer(self) -> int:
@@ -244,7 +246,7 @@ class AssistantMessage(Vertical):
                 base = THINK_STYLE if p.channel == "think" else ""
                 style = f"{base} {DRAFT_STYLE}".strip() if p.from_draft else base
                 piece = clean(p.text)
-                trace.append(Content.styled(piece, style) if style else Content(piece))
+                trace.append((piece, style) if style else piece)
         for channel in ("think", "answer"):
             chunk = "".join(text[channel])
             if not chunk:
@@ -254,7 +256,9 @@ class AssistantMessage(Vertical):
                 self._collapsible.title = f"reasoning · {plural(self.n_think, 'token')}"
             await self._channels[channel].add(chunk, reading_back)
         if trace:
-            self._trace.append(Content("").join(trace))
+            self._trace_pieces.extend(trace)
+            if self.has_class("trace"):
+                self._draw_trace()
         self.size_live_text()
         now = time.monotonic()
         if now - self._summary_t >= SUMMARY_S:
@@ -275,7 +279,16 @@ class AssistantMessage(Vertical):
         self.finished = True
 
     def set_trace(self, on: bool) -> None:
+        if on:
+            self._draw_trace()
         self.set_class(on, "trace")
+
+    def _draw_trace(self) -> None:
+        """The token trace's pieces not yet in its widget, into it (while the trace is hidden they
+        wait: styled text built for every token would cost every write, for a view seldom shown)."""
+        if self._trace_pieces:
+            self._trace.append(Content.assemble(*self._trace_pieces))
+            self._trace_pieces = []
 
 
 class ChatView(VerticalScroll):
