@@ -32,6 +32,7 @@ class Pane(Static):
         self._shown: Content | None = None
         self._rows: tuple[int, int] | None = None  # (width, rows drawn at that width, blank rows included)
         self._drawn: Content | None = None  # what was drawn: the text and the blank rows that keep the height
+        self._drawn_rows: tuple[int, list[Content]] | None = None  # (width, the rows of _drawn at that width)
         self._held: int | None = None  # while held: the fewest rows to draw
 
     def put(self, content: Content) -> None:
@@ -44,20 +45,25 @@ class Pane(Static):
     def _draw(self) -> None:
         content = self._shown
         width = self.content_size.width
-        natural = len(content.wrap(width)) if width > 0 else None
+        after = content.wrap(width) if width > 0 else None  # its rows at this width
+        natural = len(after) if after is not None else None
         rows = natural
         if natural is not None and self._held is not None:
             rows = self._held = max(natural, self._held)
             if rows > natural:
                 content = content + Content("\n" * (rows - natural))
-        old = self._drawn
-        if natural is not None and old is not None and (self._rows is None or self._rows[0] != width):
-            self._rows = (width, len(old.wrap(width)))  # what the last layout made of the old content
+                after = after + [Content("")] * (rows - natural)
+        old, old_rows = self._drawn, self._drawn_rows
+        if old_rows is None or old_rows[0] != width:
+            old_rows = None if old is None or natural is None else (width, old.wrap(width))
+        if natural is not None and old_rows is not None and (self._rows is None or self._rows[0] != width):
+            self._rows = (width, len(old_rows[1]))  # what the last layout made of the old content
         key = (width, rows) if natural is not None else None
         self._drawn = content
-        if key is not None and key == self._rows and old is not None:
+        self._drawn_rows = (width, after) if after is not None else None
+        if key is not None and key == self._rows and old_rows is not None:
             # as tall as before: repaint the rows whose text changed, not the whole pane
-            before, after = old.wrap(width), content.wrap(width)
+            before = old_rows[1]
             changed = [y for y, row in enumerate(after)
                        if y >= len(before) or row.plain != before[y].plain or row.spans != before[y].spans]
             if changed:
