@@ -133,14 +133,49 @@ def test_nonfinite_source_weight_is_refused(small_f32, tmp_path):
         convert(d, tmp_path / "o.gguf", types="f16", tokenizer_json=hf / "tokenizer.json")
 
 
-def test_config_errors():
-    base = {"num_hidden_layers": 2, "hidden_size": 256}
+def test_config_errors(small_f32):
+    with pytest.raises(ConversionError, match="config.json: missing field 'vocab_size' \\(expected an integer >= 1\\)"):
+        config_from_hf({"num_hidden_layers": 2, "hidden_size": 256})
+    base = {k: v for k, v in json.loads((Path(small_f32["hf"]) / "config.json").read_text()).items()
+            if k not in ("layer_types", "compress_rates")}
     with pytest.raises(ConversionError, match="neither 'compress_ratios' nor 'layer_types'"):
         config_from_hf(base)
-    with pytest.raises(ConversionError, match="config.json: missing field 'head_dim'"):
-        config_from_hf(base | {"compress_ratios": [0, 0]})
     with pytest.raises(ConversionError, match="scoring_func must be 'sqrtsoftplus', found 'softmax'"):
-        config_from_hf(base | {"compress_ratios": [0, 0], "head_dim": 128, "scoring_func": "softmax"})
+        config_from_hf(base | {"compress_ratios": [0, 0, 0], "scoring_func": "softmax"})
+
+
+_BAD_CONFIG = [
+    ({"num_hidden_layers": None}, "field 'num_hidden_layers': expected an integer >= 1, found null"),
+    ({"n_routed_experts": None}, "field 'n_routed_experts': expected an integer >= 1, found null"),
+    ({"mlp_layer_types": None}, "field 'mlp_layer_types': expected a list of at least 3 strings (num_hidden_layers), "
+                                "found null"),
+    ({"hidden_size": -4}, "field 'hidden_size': expected an integer >= 1, found -4"),
+    ({"hidden_size": "abc"}, 'field \'hidden_size\': expected an integer >= 1, found "abc"'),
+    ({"vocab_size": "big"}, 'field \'vocab_size\': expected an integer >= 1, found "big"'),
+    ({"head_dim": 1.5}, "field 'head_dim': expected an integer >= 1, found 1.5"),
+    ({"hc_mult": 0}, "field 'hc_mult': expected an integer >= 1, found 0"),
+    ({"num_experts_per_tok": 7}, "field 'num_experts_per_tok': expected at most n_routed_experts = 6, found 7"),
+    ({"layer_types": ["sliding_attention"]}, "field 'layer_types': expected a list of at least 3 strings "
+                                             '(num_hidden_layers), found ["sliding_attention"]'),
+    ({"rms_norm_eps": "tiny"}, 'field \'rms_norm_eps\': expected a number > 0, found "tiny"'),
+    ({"qk_rope_head_dim": 130}, "field 'qk_rope_head_dim': expected a rotary width that is even and at most "
+                                "head_dim = 128 (found width 130), found 130"),
+]
+
+
+@pytest.mark.parametrize("types", ["q8_0", "q2"])
+@pytest.mark.parametrize("change,message", _BAD_CONFIG)
+def test_bad_config_field_is_one_line_naming_it(small_f32, tmp_path, capsys, change, message, types):
+    hf = Path(small_f32["hf"])
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for f in ("model.safetensors", "tokenizer.json"):
+        (d / f).symlink_to(hf / f)
+    (d / "config.json").write_text(json.dumps(json.loads((hf / "config.json").read_text()) | change))
+    rc = cli_main(["convert", str(d), str(tmp_path / "o.gguf"), "--types", types, "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == f"ds4tui convert: error: {d / 'config.json'}: {message}; correct it in config.json\n"
+    assert not (tmp_path / "o.gguf").exists()
 
 
 def test_checkpoint_folder_errors(tmp_path):

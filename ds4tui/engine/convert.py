@@ -179,6 +179,107 @@ _LAYER_TYPE_RATIO_KEYS = {"sliding_attention": None, "compressed_sparse_attentio
                           "heavily_compressed_attention": "heavily_compressed_attention"}
 
 
+#: Fields the converter reads that must be integers >= 1 (required) ...
+_REQUIRED_POSITIVE = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads", "head_dim",
+                      "q_lora_rank", "o_lora_rank", "o_groups", "n_routed_experts", "num_experts_per_tok",
+                      "moe_intermediate_size", "sliding_window", "index_n_heads", "index_head_dim", "index_topk")
+#: ... or may be absent (then the default applies) ...
+_OPTIONAL_POSITIVE = ("num_key_value_heads", "n_shared_experts", "hc_mult", "hc_sinkhorn_iters", "qk_rope_head_dim",
+                      "max_position_embeddings")
+#: ... or integers >= 0 that may be absent ...
+_OPTIONAL_COUNT = ("num_hash_layers", "num_nextn_predict_layers")
+#: ... and numbers > 0 that may be absent.
+_OPTIONAL_POSITIVE_NUMBER = ("partial_rotary_factor", "swiglu_limit", "routed_scaling_factor", "rms_norm_eps", "hc_eps",
+                             "rope_theta", "compress_rope_theta")
+
+
+def _shown(v) -> str:
+    return json.dumps(v) if isinstance(v, (str, bool, type(None), list, dict)) else repr(v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+
+
+def check_hf_config(cfg, source: str = "config.json") -> None:
+    """Check the type and range of every ``config.json`` field :func:`config_from_hf` reads.
+
+    Required fields must be present; optional ones may be absent but not ``null`` or of another type
+    (integers >= 1 or >= 0, numbers > 0, lists as long as ``num_hidden_layers`` of the right
+    items).  Raises :class:`ConversionError` with one line naming ``source``, the field, the
+    expected and the found value.
+    """
+
+    def bad(key: str, expected: str, found) -> ConversionError:
+        return ConversionError(f"{source}: field '{key}': expected {expected}, found {_shown(found)}; "
+                               f"correct it in config.json")
+
+    if not isinstance(cfg, dict):
+        raise ConversionError(f"{source}: expected a JSON object of fields, found {type(cfg).__name__}")
+    for key in _REQUIRED_POSITIVE:
+        if key not in cfg:
+            raise ConversionError(f"{source}: missing field '{key}' (expected an integer >= 1)")
+    for key in _REQUIRED_POSITIVE + _OPTIONAL_POSITIVE + _OPTIONAL_COUNT:
+        if key in cfg:
+            v, low = cfg[key], 0 if key in _OPTIONAL_COUNT else 1
+            if not _is_int(v) or v < low:
+                raise bad(key, "an integer >= 1" if low else "an integer >= 0", v)
+    for key in _OPTIONAL_POSITIVE_NUMBER:
+        v = cfg.get(key, 1.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise bad(key, "a number > 0", v)
+    n_layer = int(cfg["num_hidden_layers"])
+    if "compress_ratios" in cfg:
+        v = cfg["compress_ratios"]
+        if not isinstance(v, list) or len(v) < n_layer or not all(_is_int(r) and r >= 0 for r in v):
+            raise bad("compress_ratios", f"a list of at least {n_layer} integers >= 0 (num_hidden_layers)", v)
+    elif "layer_types" in cfg:
+        v = cfg["layer_types"]
+        if not isinstance(v, list) or len(v) < n_layer or not all(isinstance(t, str) for t in v):
+            raise bad("layer_types", f"a list of at least {n_layer} strings (num_hidden_layers)", v)
+        rates = cfg.get("compress_rates") or {}
+        if not isinstance(rates, dict) or not all(_is_int(r) and r >= 1 for r in rates.values()):
+            raise bad("compress_rates", "an object of layer type -> integer >= 1", rates)
+    if "num_hash_layers" not in cfg and "mlp_layer_types" in cfg:
+        v = cfg["mlp_layer_types"]
+        if not isinstance(v, list) or len(v) < n_layer or not all(isinstance(t, str) for t in v):
+            raise bad("mlp_layer_types", f"a list of at least {n_layer} strings (num_hidden_layers)", v)
+    if cfg.get("num_hash_layers", 0) > n_layer:
+        raise bad("num_hash_layers", f"at most num_hidden_layers = {n_layer}", cfg["num_hash_layers"])
+    if cfg["num_experts_per_tok"] > cfg["n_routed_experts"]:
+        raise bad("num_experts_per_tok", f"at most n_routed_experts = {cfg['n_routed_experts']}",
+                  cfg["num_experts_per_tok"])
+    if cfg["num_attention_heads"] % cfg["o_groups"]:
+        raise bad("o_groups", f"a divisor of num_attention_heads = {cfg['num_attention_heads']}", cfg["o_groups"])
+    head_dim = cfg["head_dim"]
+    n_rot = cfg.get("qk_rope_head_dim", round(head_dim * cfg.get("partial_rotary_factor", 1.0)))
+    if n_rot > head_dim or n_rot % 2:
+        key = "qk_rope_head_dim" if "qk_rope_head_dim" in cfg else "partial_rotary_factor"
+        raise bad(key, f"a rotary width that is even and at most head_dim = {head_dim} (found width {n_rot})",
+                  cfg[key] if key in cfg else 1.0)
+    if "norm_topk_prob" in cfg and not isinstance(cfg["norm_topk_prob"], bool):
+        raise bad("norm_topk_prob", "true or false", cfg["norm_topk_prob"])
+    for key in ("rope_scaling", "rope_parameters"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise bad(key, "an object (or null)", cfg[key])
+    rp = cfg.get("rope_parameters") or {}
+    for where, d in ((("rope_scaling",), cfg.get("rope_scaling") or {}), (("rope_parameters",), rp),
+                     (("rope_parameters", "main"), rp.get("main")), (("rope_parameters", "compress"), rp.get("compress"))):
+        if d is None:
+            continue
+        name = ".".join(where)
+        if not isinstance(d, dict):
+            raise bad(name, "an object", d)
+        if "original_max_position_embeddings" in d:
+            v = d["original_max_position_embeddings"]
+            if not _is_int(v) or v < 1:
+                raise bad(f"{name}.original_max_position_embeddings", "an integer >= 1", v)
+        for k in ("factor", "rope_theta", "beta_fast", "beta_slow"):
+            v = d.get(k, 1.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise bad(f"{name}.{k}", "a number > 0", v)
+
+
 def config_from_hf(cfg: dict, source: str = "config.json") -> tuple[DS4Config, int]:
     """DS4Config from a DeepSeek V4 ``config.json`` (release or transformers form).
 
@@ -186,9 +287,9 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> tuple[DS4Config, i
     compress-ratio entries written for MTP slots).  Raises :class:`ConversionError` naming the field.
     """
 
+    check_hf_config(cfg, source)
+
     def need(key: str):
-        if key not in cfg:
-            raise ConversionError(f"{source}: missing field '{key}'")
         return cfg[key]
 
     n_layer = int(need("num_hidden_layers"))
