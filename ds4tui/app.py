@@ -467,6 +467,18 @@ class DS4App(App):
         self._panes["knobs"].show(None, note="no model loaded (see the chat)")
         self._error(ev.title, f"{ev.message}\n\nWhat to do: {ev.todo}")
 
+    def _gpu_options_not_applied(self, backend: str) -> str:
+        """The welcome line's phrase for the GPU options asked for (``--prefill-gemm bf16/f16``,
+        ``--gpu-graphs on``) that a ``backend`` other than hip does not apply (auto fell back to
+        the cpu): never dropped without a word (spec platform.md §7, §8)."""
+        if backend == "hip":
+            return ""
+        asked = ([f"--prefill-gemm {self.options.prefill_gemm}"] if self.options.prefill_gemm in ("bf16", "f16")
+                 else []) + (["--gpu-graphs on"] if self.options.gpu_graphs == "on" else [])
+        if not asked:
+            return ""
+        return f"; {' and '.join(asked)} {'do' if len(asked) > 1 else 'does'} not apply on the {backend} backend"
+
     def _engine_ready(self, engine) -> None:
         self.engine = engine
         info = engine.info
@@ -494,7 +506,7 @@ class DS4App(App):
                 + (f"; prefill chunks of {info.prefill_chunk} tokens" if info.backend == "hip" and getattr(info, "prefill_chunk", 0)
                    else "")
                 + (f"; graphs {info.gpu_graphs_note}" if info.backend == "hip" and getattr(info, "gpu_graphs_note", "")
-                   else "") + ". Type a prompt and press Enter.",
+                   else "") + self._gpu_options_not_applied(info.backend) + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False

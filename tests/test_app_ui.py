@@ -551,3 +551,21 @@ async def test_page_keys_scroll_the_transcript_from_the_prompt(tmp_path):
             await pilot.press("pagedown")
             await pilot.pause()
         assert view.scroll_y == view.max_scroll_y
+
+
+async def test_gpu_options_the_cpu_does_not_apply_are_named_in_the_welcome_line(tmp_path):
+    # --backend auto fell back to the cpu (the fake engine's backend): the GPU options asked for are named
+    app = _app(tmp_path, backend="auto", prefill_gemm="bf16", gpu_graphs="on")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render())
+        assert "--prefill-gemm bf16 and --gpu-graphs on do not apply on the cpu backend." in welcome.replace("\n", " ")
+    app = _app(tmp_path, backend="auto", gpu_graphs="on")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert "; --gpu-graphs on does not apply on the cpu backend." in welcome and "prefill-gemm" not in welcome
+    app = _app(tmp_path, backend="auto")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        assert "does not apply" not in str(app.query_one("#welcome").render()).replace("\n", " ")

@@ -49,6 +49,10 @@ def test_backend_option_conflicts_are_the_same_usage_error_everywhere(command, t
     assert rc == 2 and out == ""
     assert err == (f"ds4tui {command}: error: argument --prefill-gemm: bf16 runs on the GPU backend only, found "
                    f"--backend cpu (use --prefill-gemm off or auto, or --backend hip or auto)\n")
+    rc, out, err = _run(capsys, [*base, "--gpu-graphs", "on", "--backend", "cpu"])
+    assert rc == 2 and out == ""
+    assert err == (f"ds4tui {command}: error: argument --gpu-graphs: on runs on the GPU backend only (graphs replay "
+                   f"device kernels), found --backend cpu (use --gpu-graphs off, or --backend hip or auto)\n")
     monkeypatch.setenv("DS4TUI_PREFILL_GEMM", "f16")
     rc, out, err = _run(capsys, [*base, "--backend", "cpu"])
     assert rc == 2 and err == (f"ds4tui {command}: error: DS4TUI_PREFILL_GEMM='f16': f16 runs on the GPU backend "

@@ -290,7 +290,7 @@ def test_n_beyond_the_context_is_capped_with_a_note(tiny_q2, tok, tmp_path, caps
     assert rc == 0 and "capped" not in err and json.loads(out)["n_ctx"] == n_prompt + 3
 
 
-def test_prefill_gemm_the_cpu_does_not_apply_is_noted_and_in_the_json(tiny_q2, capsys, monkeypatch):
+def test_gpu_options_the_cpu_does_not_apply_are_noted_and_in_the_json(tiny_q2, capsys, monkeypatch):
     from ds4tui.engine import gpu
 
     monkeypatch.setattr(gpu, "probe", lambda library=None: (None, "no device: a test without a GPU"))
@@ -301,6 +301,13 @@ def test_prefill_gemm_the_cpu_does_not_apply_is_noted_and_in_the_json(tiny_q2, c
     r = json.loads(out)
     assert r["backend"] == "cpu" and r["prefill_gemm"] == "off"
     assert r["prefill_gemm_note"] == "off: the cpu backend keeps float32 products"
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "2", "--json", "--gpu-graphs", "on",
+                        "--prefill-gemm", "bf16")
+    assert rc == 0, err
+    assert ("ds4tui generate: note: --gpu-graphs on does not apply, graphs are off: the cpu backend launches no "
+            "kernels\n") in err and "--prefill-gemm bf16 does not apply" in err
+    r = json.loads(out)
+    assert r["gpu_graphs"] == "off" and r["gpu_graphs_note"] == "off: the cpu backend launches no kernels"
 
 
 def test_gpu_graphs_flag_reaches_the_engine_and_the_json(tiny_q2, capsys, monkeypatch):

@@ -54,7 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import BadVariable, Settings, backend_unavailable, check_support_block, settings_of
+from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, check_support_block,
+                                         gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -370,7 +371,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
               say=None) -> dict:
     """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
     ``settings``: what the environment variables set (default: their defaults); ``say(note)``: told
-    which backend ran and why (``backend=auto``), before measuring."""
+    which backend ran and why (``backend=auto``) and what GPU option it does not apply, before measuring."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
 
@@ -389,8 +390,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
-    if say is not None and backend_note:
-        say(backend_note)
+    if say is not None:
+        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+            say(note)
     try:
         session = engine.session(ctx, **settings.session_options())
 
@@ -550,8 +552,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
            ctx: int | None, medium: bool, settings: Settings | None = None, say=None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
-    ``say(note)``: told which backend ran and why (``backend=auto``), before measuring.
-    ``settings``: what the environment variables set (default: their defaults)."""
+    ``say(note)``: told which backend ran and why (``backend=auto``) and what GPU option it does not
+    apply, before measuring.  ``settings``: what the environment variables set (default: their defaults)."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
     from ds4tui.engine.tokenizer import Tokenizer, render_chat
@@ -574,8 +576,9 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
-    if say is not None and backend_note:
-        say(backend_note)
+    if say is not None:
+        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+            say(note)
     try:
         if engine.support_status != "attached":
             raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
@@ -915,7 +918,7 @@ def run(args: argparse.Namespace) -> int:
             return failed
         path = args.model
 
-    def say(note: str) -> None:  # which backend auto chose, and why
+    def say(note: str) -> None:  # which backend auto chose and why, and the GPU options it does not apply
         if args.backend == "auto":
             print(f"{_PREFIX} {note}", file=sys.stderr, flush=True)
 

@@ -100,8 +100,10 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
     when the backend cannot run what the options ask for: ``--activations q8`` on the reference
     backend (8-bit activations are a cpu and hip path, spec ds4.md §2.9.5), and a prefill GEMM of
     bf16/f16 (``--prefill-gemm``, else DS4TUI_PREFILL_GEMM in ``settings``) on the cpu or reference
-    backend (the GPU's matrix units, spec platform.md §7).  ``backend`` auto is never refused here:
-    q8 runs on either backend it picks, and the command notes a prefill GEMM the cpu does not apply."""
+    backend (the GPU's matrix units, spec platform.md §7), and ``--gpu-graphs on`` (``settings``) on
+    the cpu or reference backend (graphs replay device kernels, spec platform.md §8).  ``backend``
+    auto is never refused here: q8 runs on either backend it picks, and the command notes a prefill
+    GEMM or graphs that the cpu does not apply (:func:`gpu_options_not_applied`)."""
     if activations == "q8" and backend == "reference":
         raise ValueError(f"argument --activations: q8 runs on the cpu and hip backends, found --backend {backend} "
                          f"(use --backend cpu, hip or auto, or --activations f32)")
@@ -112,6 +114,23 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
                              f"{backend} (use --prefill-gemm off or auto, or --backend hip or auto)")
         raise ValueError(f"DS4TUI_PREFILL_GEMM={gemm!r}: {gemm} runs on the GPU backend only, found --backend "
                          f"{backend} (unset it or use --prefill-gemm off, or --backend hip or auto)")
+    if settings.gpu_graphs == "on" and backend in ("cpu", "reference"):
+        raise ValueError(f"argument --gpu-graphs: on runs on the GPU backend only (graphs replay device kernels), "
+                         f"found --backend {backend} (use --gpu-graphs off, or --backend hip or auto)")
+
+
+def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str | None = None) -> list[str]:
+    """What the GPU options asked for that the opened ``engine`` does not apply (``--backend auto``
+    on a machine that ran the cpu, or a GPU that refused them), one phrase each, for a note on stderr
+    or the app's welcome line: ``--prefill-gemm bf16 does not apply, prefill_gemm is off: ...``."""
+    out = []
+    if settings.prefill_gemm in ("bf16", "f16") and engine.prefill_gemm != settings.prefill_gemm:
+        source = (f"--prefill-gemm {settings.prefill_gemm}" if prefill_gemm_flag is not None
+                  else f"DS4TUI_PREFILL_GEMM={settings.prefill_gemm}")
+        out.append(f"{source} does not apply, prefill_gemm is {engine.prefill_gemm_note}")
+    if settings.gpu_graphs == "on" and engine.gpu_graphs != "on":
+        out.append(f"--gpu-graphs on does not apply, graphs are {engine.gpu_graphs_note}")
+    return out
 
 
 def settings_of(args) -> Settings:

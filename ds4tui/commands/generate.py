@@ -27,8 +27,8 @@ error (an option that needs another one, ``--dspark`` without ``--mtp``; a ``--c
 model's context length or too small for the prompt, checked once the prompt is tokenized from the
 file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the model's context
 holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
-context is sized prompt + ``-n``.  A ``--prefill-gemm`` the chosen backend does not apply (auto
-fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
+context is sized prompt + ``-n``.  A ``--prefill-gemm`` or ``--gpu-graphs on`` the chosen backend does not
+apply (auto fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
 keeps what was printed and returns 130.
 """
 
@@ -40,7 +40,8 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import BadVariable, backend_unavailable, check_support_block, settings_of
+from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, gpu_options_not_applied,
+                                         settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -159,11 +160,8 @@ def run(args: argparse.Namespace) -> int:
                               support=args.mtp, activations=args.activations, **settings.engine_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
-            if settings.prefill_gemm in ("bf16", "f16") and engine.prefill_gemm != settings.prefill_gemm:
-                source = (f"--prefill-gemm {settings.prefill_gemm}" if args.prefill_gemm is not None
-                          else f"DS4TUI_PREFILL_GEMM={settings.prefill_gemm}")
-                print(f"ds4tui generate: note: {source} does not apply, prefill_gemm is {engine.prefill_gemm_note}",
-                      file=sys.stderr, flush=True)
+            for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
+                print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
