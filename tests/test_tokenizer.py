@@ -444,8 +444,26 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc, _, err = run_cli(capsys, model, "--file", tmp_path / "absent.txt")
     assert rc == 1 and "absent.txt" in err
 
-    rc, _, err = run_cli(capsys, model, "--text", "x", "--nothink")
-    assert rc == 1 and "--chat" in err
+    # flags that do not go together are usage errors (status 2), as the README documents
+    for flags, message in ((["--nothink"], "--system and --nothink only apply with --chat: add --chat, or leave them out"),
+                           (["--system", "s"], "--system and --nothink only apply with --chat: add --chat, or leave them out"),
+                           (["--json", "--ids-only"], "--json and --ids-only: choose one of them, not both")):
+        rc, out, err = run_cli(capsys, model, "--text", "x", *flags)
+        assert (rc, out, err) == (2, "", f"ds4tui tokenize: error: {message}\n")
+
+
+def test_cli_support_file_is_named_as_inspect_names_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    support = tmp_path / "support.gguf"
+    w = gguf.GGUFWriter(str(support), "deepseek4-dspark")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc, out, err = run_cli(capsys, support, "--text", "a")
+    assert (rc, out) == (1, "")
+    assert err == (f"ds4tui tokenize: error: {support}: general.architecture: expected 'deepseek4', found "
+                   f"'deepseek4-dspark' (this is a DSpark support file, without a tokenizer: give the target model, "
+                   f"and pass the support file with --mtp)\n")
 
 
 def test_cli_reads_text_exactly_and_refuses_non_utf8(capsys: pytest.CaptureFixture[str], ds4_gguf: Path,

@@ -7,7 +7,7 @@ single ids); with ``--chat`` the text becomes the user message of a single-turn 
 
 Output: a table (id, piece) with a token count, ``--ids-only`` a Python-style list, or
 ``--json`` one object ``{"n_tokens", "ids", "pieces", "bytes"}`` (bytes: each token's UTF-8 bytes in hex). User errors print one line to stderr
-and return 1.
+and return 1 (2 for a usage error: flags that do not go together).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 _PREFIX = "ds4tui tokenize: error:"
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = 1) -> int:
     print(f"{_PREFIX} {message}", file=sys.stderr)
-    return 1
+    return status
 
 
 def _decode_utf8(raw: bytes, where: str) -> str:
@@ -95,9 +95,9 @@ def _visible(tokenizer: Tokenizer, token_id: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Tokenize ``--text`` / ``--file`` with the tokenizer of ``args.model``; return the exit status."""
     if args.json and args.ids_only:
-        return _fail("choose one of --json and --ids-only")
+        return _fail("--json and --ids-only: choose one of them, not both", 2)
     if not args.chat and (args.nothink or args.system):
-        return _fail("--system and --nothink only apply with --chat")
+        return _fail("--system and --nothink only apply with --chat: add --chat, or leave them out", 2)
     if args.model is None:  # as generate and chat: the bundled demo model (its tokenizer is the real one)
         from ds4tui.demo import DemoError, demo_pair
 

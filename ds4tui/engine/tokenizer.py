@@ -410,6 +410,14 @@ def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVoc
     hint = "a DS4 GGUF stores its tokenizer in the tokenizer.ggml.* keys (spec §3.2)"
     for key in _REQUIRED_KEYS:
         if key not in fields:
+            from ds4tui.engine import layout as L
+
+            arch = fields.get("general.architecture")
+            arch = field_value(arch) if arch is not None and arch.types == [_VT.STRING] else None
+            if arch in (L.SUPPORT_ARCH, "dflash"):  # as DS4Model says for the same file
+                raise TokenizerError(f"{where}: general.architecture: expected '{L.ARCH}', found '{arch}' (this is a "
+                                     f"DSpark support file, without a tokenizer: give the target model, and pass the "
+                                     f"support file with --mtp)")
             raise TokenizerError(f"{where}: missing GGUF key {key!r} ({hint})")
 
     def expect_string(key: str) -> str:
