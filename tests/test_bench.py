@@ -315,7 +315,7 @@ def test_the_verify_ratio_uses_the_target_only_arms_decodes():
 
 
 def test_ab_text_report(tiny_q2, capsys):
-    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "6")
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "12")
     assert rc == 0, err
     rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in ARMS]
     assert [(row[0], row[1]) for row in rows] == [(a, k) for a in ARMS for k in ("code", "prose", "all")]
@@ -334,7 +334,7 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
         return r
 
     monkeypatch.setattr(bench, "_ab_one", altered)
-    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "5", "--json")
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "12", "--json")
     assert rc == 1
     r = json.loads(out)
     assert r["outputs_identical"] is False
@@ -350,6 +350,9 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),
+    (["--ab", "--mtp", "s.gguf", "--tokens", "11"],
+     "argument --tokens: expected at least 12 (with fewer the DSpark arms cannot draft once: the scheduler drafts "
+     "only while 10 tokens are left), found 11; the default 512 measures well"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)
@@ -358,7 +361,7 @@ def test_ab_option_errors(argv, message, tiny_q2, capsys):
 
 def test_ab_refuses_a_support_model_that_cannot_draft(tiny_q2, tmp_path, capsys):
     bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
-    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "4")
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "12")
     assert rc == 1 and out == ""
     err = err[err.index("ds4tui bench: error:"):]  # after auto's backend note
     assert err.startswith(f"ds4tui bench: error: an A/B run needs a support model that drafts: {bad}: support model "
@@ -376,7 +379,7 @@ def test_medium_ab_writes_the_support_model_once(fake_medium_build, tiny_q2, tmp
         return Path(path)
 
     monkeypatch.setattr(mtm, "write_support", fake_write_support)
-    argv = ("--medium", "--ab", "--tokens", "3", "--threads", "2", "--json")
+    argv = ("--medium", "--ab", "--tokens", "12", "--threads", "2", "--json")
     rc, out, err = _bench(capsys, *argv)
     assert rc == 0, err
     r = json.loads(out)
@@ -478,3 +481,39 @@ def test_synthetic_flash_write_gguf_checks_the_folder_before_building(tmp_path, 
     assert not (tmp_path / "d").exists()  # the folder it made for nothing is gone again
     assert cli_main(["bench", "--synthetic", "flash", "--write-gguf", " "]) == 2
     assert "--write-gguf needs a folder name (got an empty one)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--contexts", "5,3"], "argument --contexts: 5 is too small: each context must be at least 16 tokens (found 5,3)"),
+    (["--contexts", "32,3"], "argument --contexts: 3 is too small: each context must be at least 16 tokens (found 32,3)"),
+    (["--contexts", "4096,2048"], "argument --contexts: 2048 comes after 4096: give the contexts in ascending order, "
+                                  "each once (found 4096,2048)"),
+    (["--contexts", "2048,2048"], "argument --contexts: 2048 comes after 2048: give the contexts in ascending order, "
+                                  "each once (found 2048,2048)"),
+    (["--ctx", "8"], "argument --ctx: 8 is too small: each context must be at least 16 tokens (found 8)"),
+])
+def test_synthetic_flash_context_errors_are_usage_errors(argv, message, monkeypatch, capsys):
+    from ds4tui.engine import gpu, synthetic
+
+    def never(*a, **k):
+        raise AssertionError("the device was probed or the weights built before the usage error")
+
+    monkeypatch.setattr(synthetic, "flash_models", never)
+    monkeypatch.setattr(gpu, "probe", never)
+    rc = cli_main(["bench", "--synthetic", "flash", "--backend", "hip", *argv])
+    assert (rc, capsys.readouterr().err) == (2, f"ds4tui bench: error: {message}\n")
+
+
+def test_synthetic_flash_without_a_device_says_what_to_do(monkeypatch, capsys):
+    from ds4tui.engine import gpu, synthetic
+
+    def never(**_):
+        raise AssertionError("weights built without a device")
+
+    monkeypatch.setattr(synthetic, "flash_models", never)
+    monkeypatch.setattr(gpu, "probe", lambda library=None: (None, "no device: a test without a GPU"))
+    rc = cli_main(["bench", "--synthetic", "flash", "--backend", "hip", "--contexts", "2048,4096"])
+    assert (rc, capsys.readouterr().err) == (1, "ds4tui bench: error: --synthetic flash: no device: a test without a "
+                                                "GPU (it times the GPU backend: `ds4tui doctor` says what is missing; "
+                                                "--write-gguf DIR writes the same models without a GPU, for another "
+                                                "engine to time)\n")

@@ -110,6 +110,10 @@ AB_ARMS = (
     ("dspark-scheduler", {"enabled": True, "scheduler": True}),
 )
 AB_TOKENS = 512
+#: The fewest --tokens an A/B run accepts: the first token comes from the prefill, the scheduler's
+#: first cycle is a plain decode, and it drafts only while 10 tokens of the budget are left (spec
+#: dspark.md §7.4): with fewer, the DSpark arms cannot draft at all and nothing is measured.
+AB_MIN_TOKENS = 12
 
 MEMCPY_MIN_BYTES = 256 << 20
 MEMCPY_REPS = 5
@@ -816,6 +820,10 @@ def _usage_error(args) -> str | None:
         if given:
             return (f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (it runs its own code "
                     f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
+        if args.tokens is not None and args.tokens < AB_MIN_TOKENS:
+            return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the DSpark arms cannot draft "
+                    f"once: the scheduler drafts only while 10 tokens are left), found {args.tokens}; the default "
+                    f"{AB_TOKENS} measures well")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
         return None
@@ -860,16 +868,28 @@ def run_synthetic(args: argparse.Namespace) -> int:
         print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
               f"built on the host): add --backend hip (--backend {args.backend} given)", file=sys.stderr)
         return 2
+    contexts = args.contexts or [args.ctx or 2048]
+    flag = "--contexts" if args.contexts else "--ctx"
+    for i, c in enumerate(contexts):
+        why = (f"{c} is too small: each context must be at least {synthetic.MIN_CONTEXT} tokens" if c < synthetic.MIN_CONTEXT
+               else f"{c} comes after {contexts[i - 1]}: give the contexts in ascending order, each once"
+               if i and c <= contexts[i - 1] else None)
+        if why:
+            print(f"{_PREFIX} error: argument {flag}: {why} (found {','.join(map(str, contexts))})", file=sys.stderr)
+            return 2
     opts = settings_of(args).engine_options()
     lengths = getattr(args, "prefill_lengths", None) or ()
     modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
     try:
-        result = synthetic.run_flash_bench(backend=backend, ctx=args.contexts or args.ctx or 2048, fill=args.fill,
+        result = synthetic.run_flash_bench(backend=backend, ctx=contexts, fill=args.fill,
                                            verify_widths=args.verify_widths,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
                                            prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
                                            prefill_modes=modes, activations=getattr(args, "activations", "f32"),
                                            **opts)
+    except BackendUnavailableError as exc:
+        return _fail(f"--synthetic flash: {exc} (it times the GPU backend: `ds4tui doctor` says what is missing; "
+                     f"--write-gguf DIR writes the same models without a GPU, for another engine to time)", args, exc)
     except (EngineError, RuntimeError, ValueError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0

@@ -310,6 +310,10 @@ def _extrapolate(small: SyntheticModel, big: SyntheticModel, m2: dict, m4: dict,
     }
 
 
+#: The smallest context the synthetic benchmark times (tokens).
+MIN_CONTEXT = 16
+
+
 def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: str = "repeat",
                     fill_prefix: int = FILL_PREFIX, n_decode: int = 24,
                     n_verify: int = 8, verify_rows: int = 6, verify_widths: list[int] | None = None,
@@ -335,14 +339,16 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     user waits for the first token of the answer.
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
     top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
-    ``ValueError`` for a bad context, fill or width list, ``RuntimeError`` for timing noise or no
-    device."""
+    ``ValueError`` for a bad context, fill or width list, ``RuntimeError`` for timing noise and
+    :class:`~ds4tui.engine.errors.BackendUnavailableError` for no device."""
     ctxs = sorted({int(c) for c in ([ctx] if isinstance(ctx, int) else ctx)})
     widths = sorted({int(w) for w in (verify_widths or [verify_rows])} | {verify_rows})
     if fill not in FILLS:
         raise ValueError(f"fill {fill!r}: expected one of {', '.join(FILLS)}")
-    if not ctxs or ctxs[0] < 16:
-        raise ValueError(f"contexts {ctxs}: expected at least one, each at least 16 tokens")
+    if not ctxs:
+        raise ValueError("contexts: expected at least one context, found none")
+    if ctxs[0] < MIN_CONTEXT:
+        raise ValueError(f"context {ctxs[0]}: expected each context at least {MIN_CONTEXT} tokens")
     if widths[0] < 1 or widths[-1] > 64:
         raise ValueError(f"verify widths {widths}: expected 1 .. 64 rows")
     engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm,
@@ -354,7 +360,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     if backend == "hip":  # before the weights: no device means no 9 GiB of host memory spent first
         info, why = gpu.probe(gpu_library)
         if why:
-            raise RuntimeError(why)
+            from ds4tui.engine.errors import BackendUnavailableError
+
+            raise BackendUnavailableError(why)
     small, big = flash_models(log=log, **overrides)
     bw = None
     if info is not None:
