@@ -29,7 +29,9 @@
 _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
                "no_draft_reasons[] must have DS4_ND_COUNT entries");
 #define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
-#define MAX_BACKOFF 128 /* probes then cost ~1-3% when drafting never pays */
+#define MAX_BACKOFF 128      /* the longest back-off while drafting could still pay (spec dspark.md §7.4) */
+#define HOPELESS_BACKOFF 256 /* the back-off when it could not even optimistically: a probe then
+                              * costs ~0.5% of a CPU decode's time on the demo pair */
 #define EMA 0.2
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
@@ -58,6 +60,9 @@ struct ds4_dspark {
     double t_prop;
     int has_prop;
     int skip_left, backoff, probe;
+    /* conditional acceptance by draft position: verifies that reached position k (every earlier
+     * draft accepted) and those that accepted it (spec dspark.md §7.4) */
+    uint64_t reached[DS4_DSPARK_MAX_BLOCK], hit[DS4_DSPARK_MAX_BLOCK];
     uint64_t n_plain;           /* plain (no-draft) cycles: target_ms / n_plain prices the savings */
     ds4_dspark_stats st;
 };
@@ -390,23 +395,35 @@ static double t_verify(const ds4_dspark *d, int n) {
     return d->has_ver[lo] ? d->t_ver[lo] : d->t_ver[hi]; /* optimistic: flat beyond what was measured */
 }
 
-/* Expected tokens per ms with l drafts verified, from the per-position acceptance so far. */
-static double rate(const ds4_dspark *d, int l) {
+/* Acceptance of draft position k given that every earlier draft was accepted: the mean of the
+ * Beta(hit + 1, miss + 1) posterior (the Laplace prior), or with upper = 1 its mean plus two
+ * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified). */
+static double accept_at(const ds4_dspark *d, int k, int upper) {
+    const double al = (double)d->hit[k] + 1.0, be = (double)(d->reached[k] - d->hit[k]) + 1.0, n = al + be;
+    const double mean = al / n;
+    if (!upper) return mean;
+    const double ub = mean + 2.0 * sqrt(al * be / (n * n * (n + 1.0)));
+    return ub < 1.0 ? ub : 1.0;
+}
+
+/* Expected tokens per ms with l drafts verified: the survival to position k is the product of the
+ * conditional acceptances up to k (their optimistic bounds with upper = 1). */
+static double rate(const ds4_dspark *d, int l, int upper) {
     double surv = 1.0, tokens = 1.0;
     for (int k = 0; k < l; k++) {
-        double a = ((double)d->st.pos_accepted[k] + 1.0) / ((double)d->st.pos_proposed[k] + 2.0);
-        surv *= a;
+        surv *= accept_at(d, k, upper);
         tokens += surv;
     }
     return tokens / (d->t_prop + t_verify(d, l + 1));
 }
 
-/* 1 when no verify length up to lmax beats plain decoding even if every draft were accepted: no
- * acceptance estimate can change the decision, so probing for one is wasted work. */
+/* 1 when no verify length up to lmax beats plain decoding even with every position's acceptance
+ * at its optimistic bound (every draft accepted where a position was never verified): a probe
+ * is then unlikely to change the decision, so the back-off goes to its longest at once. */
 static int hopeless(const ds4_dspark *d, int lmax) {
     const double plain = 1.0 / t_verify(d, 1);
     for (int l = 1; l <= lmax; l++)
-        if ((double)(l + 1) / (d->t_prop + t_verify(d, l + 1)) > plain) return 0;
+        if (rate(d, l, 1) > plain) return 0;
     return 1;
 }
 
@@ -414,9 +431,9 @@ static int hopeless(const ds4_dspark *d, int lmax) {
  * the first length that does not improve; 0 when target-only decoding is expected to be faster. */
 static int best_length(const ds4_dspark *d, int lmax) {
     int best = 1;
-    double r = rate(d, 1);
+    double r = rate(d, 1, 0);
     for (int l = 2; l <= lmax; l++) {
-        double rl = rate(d, l);
+        double rl = rate(d, l, 0);
         if (rl <= r) break;
         r = rl;
         best = l;
@@ -535,6 +552,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (lmax > max_out - 1) lmax = max_out - 1;
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
+    int probing = 0;
     if (k.scheduler) {
         if (max_out < TAIL_MIN_TOKENS)
             return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -548,12 +566,13 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             /* a back-off just ended: one cheap single-draft cycle refreshes the first position's
              * acceptance estimate (the one every longer draft depends on) */
             d->probe = 0;
+            probing = lmax > 1;
             if (lmax > 1) lmax = 1;
         } else if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
-             * drafting stays unprofitable, at once when it could not pay even with every draft
-             * accepted */
-            if (hopeless(d, lmax)) d->backoff = MAX_BACKOFF;
+             * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
+             * every position's acceptance at its optimistic bound */
+            if (hopeless(d, lmax)) d->backoff = HOPELESS_BACKOFF;
             d->skip_left = d->backoff - 1;
             d->probe = 1;
             d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
@@ -576,7 +595,9 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         snprintf(d->st.chain_fail_op, sizeof d->st.chain_fail_op, "%s", ch.op ? ch.op : "unknown");
         return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, &pt, propose_ms);
     }
-    ema(&d->t_prop, &d->has_prop, propose_ms);
+    /* t_prop prices the longest proposal: a probe's shorter one (fewer LM head rows and Markov
+     * steps) would make every longer draft look cheaper than it is */
+    if (!probing) ema(&d->t_prop, &d->has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler) {
         int l = best_length(d, nd);
@@ -643,6 +664,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->accepted_len_hist[a]++;
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
+    for (int i = 0; i <= a && i < nd; i++) d->reached[i]++;
+    for (int i = 0; i < a; i++) d->hit[i]++;
     st->propose_ms += propose_ms;
     add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0;
