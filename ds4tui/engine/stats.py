@@ -57,7 +57,8 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                         "was worth verifying.",
                         "Lower the confidence threshold (F7, or type it in the knobs pane); 0 always drafts."),
     "scheduler_skip": ("The adaptive scheduler skipped drafting: verify + propose cost more than the tokens "
-                       "they are expected to save (it also times one plain decode first). It re-checks with "
+                       "they are expected to save (it times one plain decode first, and one after every 64 "
+                       "drafted cycles). It re-checks with "
                        "a one-draft probe after 2, 4, ... 128 skipped cycles, and after 256 when drafting "
                        "could not pay even at an optimistic acceptance.",
                        "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "

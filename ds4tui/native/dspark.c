@@ -33,6 +33,7 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
 #define HOPELESS_BACKOFF 256 /* the back-off when it could not even optimistically: a probe then
                               * costs ~0.5% of a CPU decode's time on the demo pair */
 #define EMA 0.2
+#define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
 struct ds4_dspark {
@@ -64,6 +65,7 @@ struct ds4_dspark {
      * draft accepted) and those that accepted it (spec dspark.md §7.4) */
     uint64_t reached[DS4_DSPARK_MAX_BLOCK], hit[DS4_DSPARK_MAX_BLOCK];
     uint64_t n_plain;           /* plain (no-draft) cycles: target_ms / n_plain prices the savings */
+    int since_plain;            /* drafted cycles since the last plain one */
     ds4_dspark_stats st;
 };
 
@@ -441,7 +443,13 @@ static int best_length(const ds4_dspark *d, int lmax) {
     return r > 1.0 / t_verify(d, 1) ? best : 0;
 }
 
+/* The moving average of a measured time; a sample is first clamped to [v / 2, 2 v], so that one
+ * pass stalled by other work on the cores moves a price by at most EMA (20 %). */
 static void ema(double *v, int *has, double x) {
+    if (*has) {
+        if (x > 2.0 * *v) x = 2.0 * *v;
+        if (x < 0.5 * *v) x = 0.5 * *v;
+    }
     *v = *has ? (1.0 - EMA) * *v + EMA * x : x;
     *has = 1;
 }
@@ -510,6 +518,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     add_prop_times(&d->st, pt);
     ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
     d->n_plain++;
+    d->since_plain = 0;
     if (reason >= 0) {
         no_draft(d, reason);
     } else { /* INVALID_DRAFT */
@@ -561,6 +570,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         }
         if (!d->has_ver[1]) /* measure a plain decode first: the cost model is priced in it */
+            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
+        if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->probe) {
             /* a back-off just ended: one cheap single-draft cycle refreshes the first position's
@@ -671,6 +682,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->verify_ms += tv1 - tv0;
     st->spec_total_ms += t_end - tv0;
     ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
+    d->since_plain++;
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
     s->stats.decode_ms += t_end - t_start;
