@@ -33,6 +33,8 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
 #define HOPELESS_BACKOFF 256 /* the back-off when it could not even optimistically: a probe then
                               * costs ~0.5% of a CPU decode's time on the demo pair */
 #define EMA 0.2
+#define PROBE_ONE 1          /* ds4_dspark.probe: a single-draft probe is due */
+#define PROBE_LONG 2         /* ds4_dspark.probe: a probe of the optimistic length is due */
 #define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
@@ -429,6 +431,18 @@ static int hopeless(const ds4_dspark *d, int lmax) {
     return 1;
 }
 
+/* The verify length (<= lmax) with the best expected rate at the optimistic bounds (spec
+ * dspark.md §7.4): the draft a probe makes while drafting might still pay. */
+static int optimistic_length(const ds4_dspark *d, int lmax) {
+    int best = 1;
+    double r = rate(d, 1, 1);
+    for (int l = 2; l <= lmax; l++) {
+        const double rl = rate(d, l, 1);
+        if (rl > r) r = rl, best = l;
+    }
+    return best;
+}
+
 /* The verify length (<= lmax) that maximises expected tokens per ms, scanning up and stopping at
  * the first length that does not improve; 0 when target-only decoding is expected to be faster. */
 static int best_length(const ds4_dspark *d, int lmax) {
@@ -561,7 +575,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (lmax > max_out - 1) lmax = max_out - 1;
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
-    int probing = 0;
+    int probing = 0, probe = 0; /* probing: a probe shorter than the full proposal */
     if (k.scheduler) {
         if (max_out < TAIL_MIN_TOKENS)
             return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -574,18 +588,23 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->probe) {
-            /* a back-off just ended: one cheap single-draft cycle refreshes the first position's
-             * acceptance estimate (the one every longer draft depends on) */
+            /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft
+             * cycle refreshes the first position's acceptance (the one every longer draft depends
+             * on); otherwise the probe drafts the length that could pay with the optimistic
+             * bounds, so that it measures the positions that keep drafting in question */
+            const int l = d->probe == PROBE_ONE ? 1 : optimistic_length(d, lmax);
             d->probe = 0;
-            probing = lmax > 1;
-            if (lmax > 1) lmax = 1;
+            probe = 1;
+            probing = l < lmax;
+            if (lmax > l) lmax = l;
         } else if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
              * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
              * every position's acceptance at its optimistic bound */
-            if (hopeless(d, lmax)) d->backoff = HOPELESS_BACKOFF;
+            const int none = hopeless(d, lmax);
+            if (none) d->backoff = HOPELESS_BACKOFF;
             d->skip_left = d->backoff - 1;
-            d->probe = 1;
+            d->probe = none ? PROBE_ONE : PROBE_LONG;
             d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         } else {
@@ -610,7 +629,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
      * steps) would make every longer draft look cheaper than it is */
     if (!probing) ema(&d->t_prop, &d->has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
-    if (k.scheduler) {
+    if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
         int l = best_length(d, nd);
         if (l >= 1 && l < nd) nd = l;
     }
