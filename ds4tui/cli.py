@@ -284,8 +284,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="DS4 target GGUF (default: the bundled demo model, with its DSpark "
                    "support model unless --mtp names another)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("-p", "--prompt", help="the prompt text")
-    src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin)")
+    src.add_argument("-p", "--prompt", help="the prompt text (an empty or blank prompt is a usage error, with or "
+                     "without --raw)")
+    src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin); it must hold some text")
     p.add_argument("-n", "--n-predict", type=positive_int, default=256, metavar="N",
                    help="tokens to generate at most (default 256)")
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")

@@ -131,7 +131,12 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     # --save-dir is checked at the start, not when Ctrl+S or F6 first writes there
     assert cli.main(["chat", str(model), "--save-dir", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == (f"ds4tui chat: error: argument --save-dir: {tmp_path / 'nowhere'}: no such folder "
-                                       f"(Ctrl+S and F6 write there)\n")
+                                       f"(Ctrl+S and F6 write there: give a folder)\n")
+    a_file = tmp_path / "somefile"
+    a_file.write_text("x")
+    assert cli.main([str(model), "--save-dir", str(a_file)]) == 2  # plain `ds4tui MODEL` is `ds4tui chat MODEL`
+    assert capsys.readouterr().err == (f"ds4tui chat: error: argument --save-dir: {a_file}: is a file, not a folder "
+                                       f"(Ctrl+S and F6 write there: give a folder)\n")
 
 
 async def test_narrow_window_hides_the_panes_until_f12(tmp_path):

@@ -5,6 +5,7 @@ tokens marked as drafted, and a refused support file is a warning, not a failure
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -102,8 +103,17 @@ def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DS4TUI_GPU_LIB", str(tmp_path / "no-gpu-library.so"))  # also on a machine with a GPU
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "--backend", "hip", "--json")
     assert rc == 1 and "HIP" in err and json.loads(out)["ok"] is False
-    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "", "--raw")
-    assert rc == 1 and "empty" in err
+    # an empty prompt is a usage error with and without the chat template, before the model is opened
+    for argv, where in ((["-p", "", "--raw"], "argument --prompt"), (["-p", ""], "argument --prompt"),
+                        (["-f", str(tmp_path / "empty.txt")], f"argument --file: {tmp_path / 'empty.txt'}")):
+        (tmp_path / "empty.txt").write_text("")
+        rc, out, err = _gen(capsys, str(tmp_path / "missing.gguf"), *argv)
+        assert (rc, out, err) == (2, "", f"ds4tui generate: error: {where}: the prompt is empty: give the text to "
+                                         f"answer (-p TEXT, or -f FILE)\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b" \n")))
+    rc, out, err = _gen(capsys, str(tmp_path / "missing.gguf"), "-f", "-", "--json")
+    message = "argument --file: <stdin>: the prompt is empty (only whitespace): give the text to answer (-p TEXT, or -f FILE)"
+    assert (rc, err) == (2, f"ds4tui generate: error: {message}\n") and json.loads(out) == {"ok": False, "error": message}
     with pytest.raises(SystemExit) as e:  # a bad flag: one line naming it, status 2, before anything loads
         _gen(capsys, tiny_q2["model"], "-p", "x", "--top-p", "0")
     err = capsys.readouterr().err

@@ -54,7 +54,8 @@ def options_from_args(args: argparse.Namespace):
                              f"{model}), found {args.ctx}")
     save_dir = Path(args.save_dir)
     if not save_dir.is_dir():
-        raise ValueError(f"argument --save-dir: {save_dir}: no such folder (Ctrl+S and F6 write there)")
+        what = "is a file, not a folder" if save_dir.exists() else "no such folder"
+        raise ValueError(f"argument --save-dir: {save_dir}: {what} (Ctrl+S and F6 write there: give a folder)")
     if not os.access(save_dir, os.W_OK | os.X_OK):
         raise ValueError(f"argument --save-dir: {save_dir}: cannot write there (Ctrl+S and F6 write there)")
     env = settings_of(args)

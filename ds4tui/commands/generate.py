@@ -23,7 +23,8 @@ The command line reads and checks these (:mod:`ds4tui.commands.environment`); a
 ``DS4_DSPARK_MAX_DRAFT_TOKENS`` above the support model's block size is a usage error (status 2).
 
 Errors (bad model file, a backend that cannot run) print one line to stderr and return 1; a usage
-error (an option that needs another one, ``--dspark`` without ``--mtp``; a ``--ctx`` outside 2..the
+error (an empty or blank prompt, in chat mode as with ``--raw``: the template alone asks nothing; an
+option that needs another one, ``--dspark`` without ``--mtp``; a ``--ctx`` outside 2..the
 model's context length or too small for the prompt, checked once the prompt is tokenized from the
 file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the model's context
 holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
@@ -130,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
+            if not text.strip():  # in chat mode too: the template alone is not a question
+                where = "argument --prompt" if args.file is None else (
+                    f"argument --file: {'<stdin>' if args.file == '-' else args.file}")
+                return _fail(f"{where}: the prompt is empty{' (only whitespace)' if text else ''}: give the text to "
+                             f"answer (-p TEXT, or -f FILE)", as_json, status=2)
             system = _check_arg_text(args.system, "--system") if args.system else None
             params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                       seed=args.seed).validate()
