@@ -71,6 +71,9 @@ def size_bytes(text: str) -> int:
     refused (``--budget 12`` is more likely 12 GiB than 12 bytes)."""
     import re
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, found {text!r} (a size cannot be "
+                                         f"negative: give the memory to plan against, such as 124GiB)")
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else None
     if m is not None and unit in _UNITS and unit and float(m.group(1)) <= 0:
@@ -448,6 +451,26 @@ def build_parser() -> argparse.ArgumentParser:
 ENGINE_COMMANDS = ("chat", "generate", "bench")
 
 
+#: Flags whose value may start with "-" and a digit without being a number ("--budget -5GiB"):
+#: joined to their value so that the value is checked (and refused) by its type, not taken for a flag.
+_SIGNED_VALUE_FLAGS = ("--budget",)
+
+
+
+def _join_signed_values(argv: list[str]) -> list[str]:
+    """``--budget -5GiB`` → ``--budget=-5GiB``, so that size_bytes refuses the value by name."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _SIGNED_VALUE_FLAGS and i + 1 < len(argv) and argv[i + 1][:1] == "-" and argv[i + 1][1:2].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -455,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             argv[0] not in COMMANDS and argv[0].lower().endswith(".gguf")):
         # plain `ds4tui [MODEL.gguf] [chat options]` is `ds4tui chat ...` (the README's promise)
         argv = ["chat", *argv]
+    argv = _join_signed_values(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command they were given to, with that command's help
         prog = f"ds4tui {args.command}" if args.command else "ds4tui"

@@ -142,6 +142,16 @@ def test_a_budget_needs_a_unit(tiny_q2, capsys):
     assert size_bytes("12B") == 12 and size_bytes("1.5GiB") == 3 << 29 and size_bytes("2GB") == 2 * 10**9
 
 
+def test_a_negative_budget_is_refused_by_name(tiny_q2, capsys):
+    for argv in (["--budget", "-5GiB"], ["--budget=-5GiB"], ["--budget", "-5"]):
+        text = "-5" if argv[-1] == "-5" else "-5GiB"
+        rc, out, err = _inspect(capsys, str(tiny_q2["model"]), *argv)
+        assert (rc, out) == (2, "") and err == (f"ds4tui inspect: error: argument --budget: expected a size of at least "
+                                                f"1 byte, found '{text}' (a size cannot be negative: give the memory to "
+                                                f"plan against, such as 124GiB) (`ds4tui inspect --help` lists the "
+                                                f"options)\n")
+
+
 def test_a_plan_that_does_not_fit_exits_1_and_says_what_does_not(tiny_q2, capsys):
     model, support = str(tiny_q2["model"]), str(tiny_q2["support"])
     rc, out, err = _inspect(capsys, model, "--mtp", support, "--budget", "1GiB", "--json")
