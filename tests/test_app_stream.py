@@ -662,3 +662,17 @@ async def test_an_answers_code_block_without_a_language_is_drawn_plain_not_guess
         assert plain.plain == "x = 1" and indented.plain == "indented = 2" and named.plain.startswith("def f():")
         styles = [{str(s.style) for s in c.spans} - {"$text"} for c in (plain, indented, named)]
         assert styles[0] == styles[1] == set() and styles[2]  # python highlighted, the rest plain
+
+
+def test_ui_tax_refuses_a_file_that_is_not_a_model_in_one_line(tmp_path, capsys):
+    from ds4tui.devtools import ui_tax
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello\n")
+    assert ui_tax.main([str(fake)]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"python -m ds4tui.devtools.ui_tax: error: {fake}: not a GGUF file: 6 bytes "
+                                         f"beginning b'hell' (a GGUF begins with b'GGUF')\n")
+    with pytest.raises(SystemExit) as e:  # a bad flag: argparse's usage error
+        ui_tax.main([str(fake), "--tokens", "0"])
+    assert e.value.code == 2 and "argument --tokens: expected a positive integer, found 0" in capsys.readouterr().err

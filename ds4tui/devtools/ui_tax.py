@@ -260,13 +260,15 @@ def _median(values) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ds4tui.cli import positive_int, thread_count
+
     p = argparse.ArgumentParser(prog="python -m ds4tui.devtools.ui_tax", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="DS4 GGUF")
     p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF (DSpark on, scheduler on)")
     p.add_argument("--backend", choices=("cpu", "hip", "auto"), default="cpu", help="engine backend (default cpu)")
-    p.add_argument("--tokens", type=int, default=256, help="greedy tokens per run (default 256)")
-    p.add_argument("--repeat", type=int, default=3, help="runs per arm, interleaved (default 3)")
-    p.add_argument("--threads", type=int, default=0, help="engine threads (default 0 = one per core)")
+    p.add_argument("--tokens", type=positive_int, default=256, help="greedy tokens per run (default 256)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs per arm, interleaved (default 3)")
+    p.add_argument("--threads", type=thread_count, default=0, help="engine threads (default 0 = one per core)")
     p.add_argument("--key-every", type=float, default=1.0, metavar="S",
                    help="seconds between two keys typed while the app streams (default 1; 0: none)")
     p.add_argument("--terminal-output", action="store_true",
@@ -274,10 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                         "(the headless driver skips that work)")
     p.add_argument("--out", metavar="FILE.json", help="write the JSON result here")
     args = p.parse_args(argv)
+    from ds4tui.engine.errors import EngineError, ModelFileError, TokenizerError
     from ds4tui.engine.worker import ChatEngine
 
-    chat = ChatEngine(args.model, support=args.mtp, backend=args.backend, n_ctx=1024 + args.tokens,
-                      n_threads=args.threads)
+    try:
+        chat = ChatEngine(args.model, support=args.mtp, backend=args.backend, n_ctx=1024 + args.tokens,
+                          n_threads=args.threads)
+    except (ModelFileError, EngineError, TokenizerError, OSError) as exc:  # one line, as the ds4tui commands
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 1
     runs: dict[str, list[dict]] = {"headless": [], "app": []}
     try:
         for k in range(args.repeat):
