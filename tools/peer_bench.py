@@ -79,25 +79,48 @@ def peer_build(backend: str, amd_target: str) -> str:
     return f"hip-{amd_target}" if amd_target else "cuda"
 
 
+def _step(step: str, cmd: list[str], advice: str, **kw) -> None:
+    """Run one build step; a failure ends the program with one line (status 1): the step, the
+    command and what to do (the command's own output is above it)."""
+    try:
+        subprocess.run(cmd, check=True, **kw)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        why = f"exited {exc.returncode}" if isinstance(exc, subprocess.CalledProcessError) else (exc.strerror or exc)
+        raise SystemExit(f"peer_bench: the {step} step failed: `{' '.join(cmd)}` {why}; {advice}") from None
+
+
 def build_llama_bench(version: str, build: str, folder: Path, src: Path | None = None) -> Path:
     """llama-bench of the llama.cpp in llama-cpp-python ``version``'s sdist (or of the llama.cpp
     source tree ``src``), built in ``folder``."""
     exe = folder / "build" / "bin" / "llama-bench"
     if exe.exists():
         return exe
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"peer_bench: {folder}: cannot create the build folder ({exc.strerror or exc}); give "
+                         f"--build-dir DIR in a place you can write") from None
     if src is None:
         sdists = list(folder.glob(f"llama_cpp_python-{version}.tar.gz"))
         if not sdists:
             log(f"fetching the llama-cpp-python {version} sdist")
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
-                            str(folder), f"llama-cpp-python=={version}"], check=True)
+            _step("fetch", [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d",
+                            str(folder), f"llama-cpp-python=={version}"],
+                  f"check that llama-cpp-python {version} exists on PyPI (--sdist-version) and that pip can reach "
+                  f"it, or give --llama-src DIR or --llama-bench EXE")
             sdists = list(folder.glob(f"llama_cpp_python-{version}.tar.gz"))
+            if not sdists:
+                raise SystemExit(f"peer_bench: the fetch step failed: pip wrote no llama_cpp_python-{version}.tar.gz "
+                                 f"in {folder}; give --llama-src DIR or --llama-bench EXE")
         src = folder / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
         if not src.exists():
             log(f"unpacking {sdists[0].name}")
-            with tarfile.open(sdists[0]) as tf:
-                tf.extractall(folder, filter="data")
+            try:
+                with tarfile.open(sdists[0]) as tf:
+                    tf.extractall(folder, filter="data")
+            except (tarfile.TarError, OSError) as exc:
+                raise SystemExit(f"peer_bench: the fetch step failed: cannot unpack {sdists[0]} ({exc}); delete it "
+                                 f"and run again to fetch it anew") from None
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"]
     if build == "cpu":
@@ -113,10 +136,13 @@ def build_llama_bench(version: str, build: str, folder: Path, src: Path | None =
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     log(f"building llama-bench ({build}) in {folder / 'build'}: several minutes")
     t0 = time.perf_counter()
-    subprocess.run(["cmake", "-S", str(src), "-B", str(folder / "build"), *gen, *flags], check=True,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(folder / "build"), "--target", "llama-bench", "-j",
-                    str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
+    _step("configure", ["cmake", "-S", str(src), "-B", str(folder / "build"), *gen, *flags],
+          f"cmake's errors are above: check the llama.cpp source tree {src} and the {build} toolchain "
+          f"(or give --llama-bench EXE)", stdout=subprocess.DEVNULL)
+    _step("build", ["cmake", "--build", str(folder / "build"), "--target", "llama-bench", "-j",
+                    str(os.cpu_count() or 2)],
+          f"the compiler's errors are above: fix the {build} toolchain or the source tree (or give --llama-bench EXE)",
+          stdout=subprocess.DEVNULL)
     log(f"built in {time.perf_counter() - t0:.0f} s")
     return exe
 
@@ -236,6 +262,8 @@ def main(argv=None) -> int:
         ap.error(f"--llama-bench {a.llama_bench}: not an executable file")
     if a.llama_src is not None and not (a.llama_src / "CMakeLists.txt").is_file():
         ap.error(f"--llama-src {a.llama_src}: no CMakeLists.txt there (expected a llama.cpp source tree)")
+    if a.build_dir is not None and a.build_dir.exists() and not a.build_dir.is_dir():
+        ap.error(f"--build-dir {a.build_dir}: is a file, not a folder (give a folder to build llama-bench in)")
     build = peer_build(a.backend, a.amd_target)
     tag = "src" if a.llama_src else a.sdist_version
     folder = a.build_dir or cache_root() / f"llama.cpp-{tag}-{build}"
