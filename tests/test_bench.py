@@ -351,8 +351,8 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),
     (["--ab", "--mtp", "s.gguf", "--tokens", "11"],
-     "argument --tokens: expected at least 12 (with fewer the DSpark arms cannot draft once: the scheduler drafts "
-     "only while 10 tokens are left), found 11; the default 512 measures well"),
+     "argument --tokens: expected at least 12 (with fewer the scheduler arm cannot draft once: after a first plain "
+     "decode it drafts only while 10 tokens are left), found 11; the default 512 measures well"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)

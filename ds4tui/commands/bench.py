@@ -112,7 +112,7 @@ AB_ARMS = (
 AB_TOKENS = 512
 #: The fewest --tokens an A/B run accepts: the first token comes from the prefill, the scheduler's
 #: first cycle is a plain decode, and it drafts only while 10 tokens of the budget are left (spec
-#: dspark.md §7.4): with fewer, the DSpark arms cannot draft at all and nothing is measured.
+#: dspark.md §7.4): with fewer, the scheduler arm cannot draft at all and measures nothing.
 AB_MIN_TOKENS = 12
 
 MEMCPY_MIN_BYTES = 256 << 20
@@ -821,8 +821,8 @@ def _usage_error(args) -> str | None:
             return (f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (it runs its own code "
                     f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
         if args.tokens is not None and args.tokens < AB_MIN_TOKENS:
-            return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the DSpark arms cannot draft "
-                    f"once: the scheduler drafts only while 10 tokens are left), found {args.tokens}; the default "
+            return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the scheduler arm cannot draft "
+                    f"once: after a first plain decode it drafts only while 10 tokens are left), found {args.tokens}; the default "
                     f"{AB_TOKENS} measures well")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
