@@ -62,7 +62,7 @@ def test_flash_plan_against_a_hand_computed_one():
     per_tile = 64 * keys + (n // 4 + 1) + 129280  # attention scores per head, indexer scores, logits
     drafter = 3 * (128 + B) * 4096 + 3 * (128 + B) * 512 + 128 * 4096 + 128 * 512 + 3 * 5 * 512 + 5 * 4096 \
         + 5 * 129280 + 129280 + 256 + 4
-    scratch = 4 * (B * (per_row + ints_per_row) + T * per_tile + drafter)
+    scratch = 4 * (B * (per_row + ints_per_row) + 2 + T * per_tile + drafter)  # + 2: the pass's position word
     got = memplan.session_bytes(c, n, support=FLASH_SUPPORT)
     assert got["kv"] == kv == 191_715_328
     assert got["compressor"] == compressor

@@ -315,7 +315,8 @@ def session_bytes(c, n_ctx: int, *, n_batch: int | None = None, support: Support
     T = min(B, PASS_TILE_ROWS)
     att = (n_threads * 4 * keys_cap) if host else (T * NH * keys_cap)
     isc = (n_threads * 2 * n_comp) if host else (T * n_comp)
-    counts = [B, *(B * HC * H,) * 3, B * c.hc_mix, B * HC, B * HC, B * HC * HC, B * H, B * H, B * c.q_lora_rank,
+    # the first buffer: the pass's position word (two int32, read by replayed graphs) and its tokens
+    counts = [B + 2, *(B * HC * H,) * 3, B * c.hc_mix, B * HC, B * HC, B * HC * HC, B * H, B * H, B * c.q_lora_rank,
               B * NH * D, B * D, B * NH * D, B * c.o_groups * c.o_lora_rank, B * H, B * cwmax, B * cwmax,
               B * IH * ID, B * IH, B * c.indexer_top_k, B, isc, B * E, B * K, B * K, B * K * FF, B * K * FF,
               B * K * H, B * max(FS, 1), B * max(FS, 1), B * H, B * H, B * HC, B * HC, 1 if host else T * V, att, B * c.o_groups]
