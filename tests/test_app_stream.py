@@ -38,6 +38,19 @@ class _One(App):
             yield StreamText(id="s")
 
 
+def _record_refreshes(w) -> list[tuple[tuple, bool]]:
+    """Every ``w.refresh(*regions, layout=...)`` call from now on, as (regions, layout)."""
+    calls: list[tuple[tuple, bool]] = []
+    original = w.refresh
+
+    def refresh(*regions, layout=False, **kw):
+        calls.append((regions, layout))
+        return original(*regions, layout=layout, **kw)
+
+    w.refresh = refresh
+    return calls
+
+
 def _rows(w: StreamText) -> list[str]:
     return [w.render_line(y).text.rstrip() for y in range(w.size.height)]
 
@@ -95,17 +108,10 @@ async def test_stream_text_capped_shows_its_last_rows_without_a_new_layout():
         await pilot.pause()
         assert w.row_count == 6 and w.size.height == 4
         assert _rows(w) == ["line 2", "line 3", "line 4", "line 5"]
-        layouts = []
-        original = w.refresh
-
-        def refresh(*regions, layout=False, **kw):
-            layouts.append(layout)
-            return original(*regions, layout=layout, **kw)
-
-        w.refresh = refresh
+        calls = _record_refreshes(w)
         w.append(" and more\nline 6")  # the height stays 4: a repaint, no layout of the screen
         await pilot.pause()
-        assert layouts and not any(layouts)
+        assert calls and not any(lay for _, lay in calls)
         assert _rows(w) == ["line 3", "line 4", "line 5 and more", "line 6"]
         w.max_rows = None
         await pilot.pause()
@@ -304,14 +310,7 @@ async def test_stream_text_outgrows_its_reserve_in_steps_and_repaints_only_rows_
         w.append("line 0")
         await pilot.pause()
         assert w.size.height == 3  # the reserve: text at the top, blank rows below
-        regions = []
-        original = w.refresh
-
-        def refresh(*rs, layout=False, **kw):
-            regions.append((rs, layout))
-            return original(*rs, layout=layout, **kw)
-
-        w.refresh = refresh
+        regions = _record_refreshes(w)
         w.append(" grows")  # one row changed: that row is repainted, not the blank ones below it
         assert regions == [((Region(0, 0, 26, 1),), False)]
         w.append("\nline 1\nline 2\nline 3")  # 4 rows: past the reserve by one, the widget takes 4 more
@@ -335,14 +334,7 @@ async def test_capped_stream_text_scrolls_in_steps_and_repaints_only_new_rows_be
         w.append("\n".join(f"line {k}" for k in range(4)))
         await pilot.pause()
         assert w.size.height == 4 and _rows(w) == ["line 0", "line 1", "line 2", "line 3"]
-        regions = []
-        original = w.refresh
-
-        def refresh(*rs, layout=False, **kw):
-            regions.append((rs, layout))
-            return original(*rs, layout=layout, **kw)
-
-        w.refresh = refresh
+        regions = _record_refreshes(w)
         w.append("\nline 4")  # past the cap: one scroll of 3 rows, every row shown repainted
         await pilot.pause()
         assert regions == [((), False)] and _rows(w) == ["line 3", "line 4", "", ""]
@@ -524,29 +516,22 @@ async def test_a_held_pane_keeps_its_height_and_a_shorter_text_costs_no_layout()
         w.put(Content("a\nb\nc"))
         await pilot.pause()
         assert w.content_size.height == 3
-        layouts = []
-        original = w.refresh
-
-        def refresh(*regions, layout=False, **kw):
-            layouts.append(layout)
-            return original(*regions, layout=layout, **kw)
-
-        w.refresh = refresh
+        calls = _record_refreshes(w)
         w.hold(True)
         w.put(Content("one"))  # a row shorter, held: blank rows below it, a repaint only
         await pilot.pause()
-        assert layouts == [False] and w.content_size.height == 3 and w.text == "one"
+        assert [lay for _, lay in calls] == [False] and w.content_size.height == 3 and w.text == "one"
         assert _pane_rows(w) == ["one", "", ""]
         w.put(Content("a line that wraps: longer than its twenty-six cells"))  # 2 rows: still within 3
         w.put(Content("1\n2\n3\n4"))  # taller: a layout, and the new height is held
         await pilot.pause()
-        assert layouts == [False, False, True] and w.content_size.height == 4
+        assert [lay for _, lay in calls] == [False, False, True] and w.content_size.height == 4
         w.put(Content("x"))
         await pilot.pause()
-        assert layouts[-1] is False and w.content_size.height == 4
+        assert calls[-1][1] is False and w.content_size.height == 4
         w.hold(False)  # released: as tall as its text (a layout)
         await pilot.pause()
-        assert layouts[-1] is True and w.content_size.height == 1 and _pane_rows(w) == ["x"]
+        assert calls[-1][1] is True and w.content_size.height == 1 and _pane_rows(w) == ["x"]
 
 
 async def test_a_pane_repaints_only_the_rows_whose_text_changed():
@@ -555,14 +540,7 @@ async def test_a_pane_repaints_only_the_rows_whose_text_changed():
         w = app.query_one(Pane)
         w.put(Content("rate 1.0\nsame row\ncount 5"))
         await pilot.pause()
-        calls = []
-        original = w.refresh
-
-        def refresh(*regions, layout=False, **kw):
-            calls.append((regions, layout))
-            return original(*regions, layout=layout, **kw)
-
-        w.refresh = refresh
+        calls = _record_refreshes(w)
         w.put(Content.assemble("rate ", ("2.0", "bold"), "\nsame row\ncount 5"))  # row 0 (text and style)
         w.put(Content.assemble("rate ", ("2.0", "bold"), "\nsame row\ncount 6"))  # row 2
         assert calls == [((Region(0, 0, 26, 1),), False), ((Region(0, 2, 26, 1),), False)]
