@@ -107,15 +107,18 @@ def test_generate_against_bench_compares_the_headline_and_not_the_kinds(tiny_q2,
     rc = cli_main(["compare", g, str(b), "--json"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and (r["kind_a"], r["kind_b"]) == ("generate", "bench")
-    # the same model, threads and backend: not a difference; the context and the prompt's length are
-    assert r["knobs"] == [["ctx", jg["n_ctx"], jb["ctx"]], ["prompt_tokens", len(jg["prompt_ids"]), 16]]
-    assert r["variables"] == 2
+    # the same model, threads and backend: not a difference; the context, the prompt's length and the
+    # support model generate attached (its weights are in the memory figures) are
+    assert sorted(r["knobs"]) == sorted([["ctx", jg["n_ctx"], jb["ctx"]], ["prompt_tokens", len(jg["prompt_ids"]), 16],
+                                         ["support.path", str(tiny_q2["support"]), None],
+                                         ["support.status", "attached", "none"]])
+    assert r["variables"] == 4
     figures = {k: (x, y) for k, x, y, _ in r["figures"]}
     assert figures["decode_tokens_per_s"] == (jg["timings"]["decode_tokens_per_s"], jb["decode_tokens_per_s"])
     assert figures["prefill_tokens_per_s"] == (jg["timings"]["prefill_tokens_per_s"], jb["prefill_tokens_per_s"])
     rc = cli_main(["compare", g, str(b)])
     text = capsys.readouterr().out
-    assert "knobs that differ (2):\n" in text and "WARNING: 2 variables differ" in text
+    assert "knobs that differ (4):\n" in text and "WARNING: 4 variables differ" in text
 
 
 def test_a_bad_file_with_json_is_a_json_failure(tmp_path, capsys):

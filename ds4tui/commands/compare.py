@@ -124,7 +124,8 @@ def is_knob(name: str) -> bool:
     """Whether ``name`` is a setting (a variable of the run) rather than a figure it measured."""
     parts = _parts(name)
     return any(p in KNOB_GROUPS for p in parts) or parts[-1] in KNOB_NAMES or \
-        (len(parts) >= 2 and parts[-2] == "model" and parts[-1] in ("path", "name", "file_bytes"))
+        (len(parts) >= 2 and parts[-2] == "model" and parts[-1] in ("path", "name", "file_bytes")) or \
+        (len(parts) >= 2 and parts[-2] == "support" and parts[-1] == "status")
 
 
 def _is_number(v: Any) -> bool:
@@ -137,9 +138,11 @@ def canonical(kind: str, d: dict) -> dict:
     ``ctx``, the prompt's length as ``prompt_tokens``, the prefill and decode tokens/s at the top:
     generate keeps them under ``timings``); an export's DSpark knobs under generate's ``dspark``
     (the same four names); a plain ``bench`` records that it ran target-only
-    (``dspark.enabled`` false).  Other kinds are returned as they are."""
-    if kind == "bench":
-        return {**d, "dspark": d.get("dspark") or {"enabled": False}}
+    (``dspark.enabled`` false) with no support model (``support.path`` None, ``support.status``
+    none: its weights in memory differ from a run that attached one).  Other kinds are returned as they are."""
+    if kind == "bench":  # a plain bench attaches no support model: a difference from a run that did
+        return {**d, "dspark": d.get("dspark") or {"enabled": False},
+                "support": d.get("support") or {"path": None, "status": "none"}}
     if kind == "stats-export":
         d = dict(d)
         if isinstance(d.get("model"), str):
