@@ -456,7 +456,6 @@ ENGINE_COMMANDS = ("chat", "generate", "bench")
 _SIGNED_VALUE_FLAGS = ("--budget",)
 
 
-
 def _join_signed_values(argv: list[str]) -> list[str]:
     """``--budget -5GiB`` → ``--budget=-5GiB``, so that size_bytes refuses the value by name."""
     out: list[str] = []
@@ -489,14 +488,12 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             args.settings = read_environment()
-            if getattr(args, "prefill_gemm", None):  # the flag wins over DS4TUI_PREFILL_GEMM
+            # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs has no variable
+            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs")}
+            if any(flags.values()):
                 import dataclasses
 
-                args.settings = dataclasses.replace(args.settings, prefill_gemm=args.prefill_gemm)
-            if getattr(args, "gpu_graphs", None):
-                import dataclasses
-
-                args.settings = dataclasses.replace(args.settings, gpu_graphs=args.gpu_graphs)
+                args.settings = dataclasses.replace(args.settings, **{k: v for k, v in flags.items() if v})
             if not getattr(args, "synthetic", None):  # bench --synthetic picks its own backend
                 check_backend_options(args.backend, getattr(args, "activations", "f32"),
                                       getattr(args, "prefill_gemm", None), args.settings)
