@@ -702,6 +702,32 @@ def test_hip_graphs_keep_dspark_decisions(tiny_q2, fitted_support):
     assert st1.proposed > 0
 
 
+@pytest.mark.gpu
+def test_hip_graphs_captures_are_not_priced(tiny_q2, fitted_support):
+    """Spec dspark.md §7.4: a pass that captured a graph of its shape is no sample of the
+    scheduler's prices.  The scheduler decodes plainly until it has priced one plain decode, then
+    drafts once to price a proposal: with graphs off that draft comes at the second cycle; with
+    graphs on the first plain decode captured the one-row graph, so it takes a second plain decode
+    (a replay) and the draft comes at the third."""
+    _device_or_skip()
+    prompt = np.random.default_rng(21).integers(100, 128000, 41).tolist()
+    for mode, plain in (("off", 1), ("on", 2)):
+        e = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off", gpu_graphs=mode)
+        try:
+            s = e.session(len(prompt) + 32)
+            s.set_dspark(scheduler=True)
+            s.prefill(prompt)
+            proposed = []
+            for _ in range(plain + 1):
+                s.step(S.STEP_MAX)
+                proposed.append(s.dspark_stats().proposed)
+            s.close()
+            assert e.gpu_graphs == mode, e.gpu_graphs_note
+        finally:
+            e.close()
+        assert proposed[:plain] == [0] * plain and proposed[plain] > 0, (mode, proposed)
+
+
 #: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
 #: significant bits, f16 11).  A product rounds both operands, so each term moves by at most
 #: 2u relative and a dot product by at most 2u * sum |w x| (the float32 sum adds far less).

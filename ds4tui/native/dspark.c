@@ -67,7 +67,9 @@ struct ds4_dspark {
     /* conditional acceptance by draft position: verifies that reached position k (every earlier
      * draft accepted) and those that accepted it (spec dspark.md §7.4) */
     uint64_t reached[DS4_DSPARK_MAX_BLOCK], hit[DS4_DSPARK_MAX_BLOCK];
-    uint64_t n_plain;           /* plain (no-draft) cycles: target_ms / n_plain prices the savings */
+    uint64_t n_plain;           /* plain (no-draft) cycles */
+    uint64_t n_priced;          /* ... of them not capturing a graph: priced_ms / n_priced prices the savings */
+    double priced_ms;
     int since_plain;            /* drafted cycles since the last plain one */
     ds4_dspark_stats st;
 };
@@ -531,7 +533,11 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.target_ms += t1 - t0;
     d->st.propose_ms += propose_ms;
     add_prop_times(&d->st, pt);
-    ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
+    if (!s->last_pass_captured) {
+        ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
+        d->n_priced++;
+        d->priced_ms += t1 - t0;
+    }
     d->n_plain++;
     d->since_plain = 0;
     if (reason >= 0) {
@@ -701,7 +707,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0;
     st->spec_total_ms += t_end - tv0;
-    ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
+    if (!s->last_pass_captured) ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
     d->since_plain++;
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
@@ -754,11 +760,12 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
     if (!s->dsp) return DS4_OK;
     ds4_dspark *d = s->dsp;
     *out = d->st;
-    /* savings are priced at the mean plain (single-token) decode of this session; before one was
-     * measured they are unknown and reported as 0 with t_decode_measured = 0 (the scheduler
-     * measures one first; without it any no-draft cycle does) */
+    /* savings are priced at the mean plain (single-token) decode of this session, leaving out the
+     * decodes that captured a graph of their shape (a one-time cost, spec platform.md §8) unless
+     * every one did; before one was measured they are unknown and reported as 0 with
+     * t_decode_measured = 0 (the scheduler measures one first; without it any no-draft cycle does) */
     if (d->n_plain) {
-        double td = d->st.target_ms / (double)d->n_plain;
+        double td = d->n_priced ? d->priced_ms / (double)d->n_priced : d->st.target_ms / (double)d->n_plain;
         out->t_decode_measured = 1;
         out->t_decode_ms = td;
         out->saved_ms = (double)d->st.accepted_draft * td;
@@ -789,7 +796,8 @@ void ds4_dspark_reset_stats(ds4_session *s) {
     memset(&d->st, 0, sizeof d->st);
     d->st.block_size = block;
     d->st.n_events = n_events;
-    d->n_plain = 0;
+    d->n_plain = d->n_priced = 0;
+    d->priced_ms = 0.0;
 }
 
 int ds4_session_dspark_fail_op(ds4_session *s, const char *op) {

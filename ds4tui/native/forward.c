@@ -689,6 +689,7 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
                 *g = key;
                 g->h = h;
                 e->graph_captures++;
+                s->last_pass_captured = 1;
             }
         }
         if (!g) {
@@ -758,6 +759,7 @@ int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float 
         if (e->ops->gemm(e->ctx, e->prefill_gemm, NULL, 0, m, sizeof m) != DS4_OK)
             return ds4_fail(err, err_len, DS4_E_DEVICE, "GPU backend: %s", m);
     }
+    s->last_pass_captured = 0;
     int rc = forward(s, seq, n, mode, logits);
     if (gemm) (void)e->ops->gemm(e->ctx, DS4_PREFILL_GEMM_OFF, NULL, 0, NULL, 0);
     int orc = ds4_op_check(s->e, err, err_len);

@@ -150,6 +150,8 @@ struct ds4_session {
     ds4_state *st;         /* caches and activations of the forward pass, in the backend's memory */
     ds4_span cap;          /* positions the DSpark capture ring holds */
     ds4_dspark *dsp;       /* DSpark state when the engine has (or refused) a support model */
+    int last_pass_captured; /* the last ds4_run_pass captured a graph of its shape (spec platform.md §8):
+                             * its time includes the one-time capture, so the scheduler does not price it */
 };
 
 /* ---- dspark.c --------------------------------------------------------------------------------- */
