@@ -155,6 +155,11 @@ def run_json(cmd: list[str]) -> object:
     return json.loads(p.stdout)
 
 
+def graphs_flag(a) -> list[str]:
+    """ds4tui's ``--gpu-graphs`` flag for ``a`` (the GPU backend only: the cpu launches nothing)."""
+    return ["--gpu-graphs", a.gpu_graphs] if a.backend == "hip" else []
+
+
 def ours(model: Path, a) -> dict:
     """ds4tui's prefill and decode tok/s (``ds4tui bench``), then its verify(6) / decode ratio
     (``--prefill-only``: the prefill alone)."""
@@ -162,7 +167,7 @@ def ours(model: Path, a) -> dict:
     py = sys.executable
     b = subprocess.run([py, "-m", "ds4tui", "bench", str(model), "--backend", a.backend, "--threads", str(a.threads),
                         "--prompt-tokens", str(a.prompt_tokens), "--decode-tokens", str(a.decode_tokens),
-                        "--activations", a.activations, "--repeat", str(a.peer_repeats + 1), "--json"],
+                        "--activations", a.activations, *graphs_flag(a), "--repeat", str(a.peer_repeats + 1), "--json"],
                        stdout=subprocess.PIPE, text=True, env=env)
     if b.returncode != 0:
         raise SystemExit(f"peer_bench: ds4tui bench {model} exited {b.returncode}")
@@ -174,7 +179,7 @@ def ours(model: Path, a) -> dict:
         return {"prefill_ms": a.prompt_tokens / rates["prefill_tokens_per_s"] * 1e3}
     v = subprocess.run([py, str(ROOT / "tools" / "verify_ratio.py"), str(model), "--backend", a.backend,
                         "--threads", str(a.threads), "--rounds", str(a.verify_rounds), "--activations", a.activations,
-                        "--json"],
+                        *graphs_flag(a), "--json"],
                        stdout=subprocess.PIPE, text=True, env=env)
     if v.returncode != 0:
         raise SystemExit(f"peer_bench: verify_ratio {model} exited {v.returncode}")
@@ -235,6 +240,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu")
     ap.add_argument("--amd-target", default="", help="build llama.cpp for this AMD target (e.g. gfx1151) with HIP")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-graphs", choices=("off", "on"), default="off",
+                    help="ds4tui replays its decode and verify passes from graphs (spec platform.md §8; "
+                         "--backend hip only; default off)")
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32",
                     help="ds4tui's matmul activations (a numerics option, spec ds4.md §2.9.5; default f32)")
     ap.add_argument("--prompt-tokens", type=int, default=256)
@@ -325,8 +333,8 @@ def main(argv=None) -> int:
             o, p = [x[k] for x in per_pair["ours"]], [x[k] for x in per_pair["peer"]]
             summary[label][k] = {"ours": spread(o), "llama.cpp": spread(p),
                                  "ours_over_llama.cpp": spread([x / y for x, y in zip(o, p)])}
-    out = {"backend": a.backend, "threads": a.threads, "activations": a.activations, "prompt_tokens": a.prompt_tokens,
-           "decode_tokens": a.decode_tokens, "pairs": a.pairs,
+    out = {"backend": a.backend, "threads": a.threads, "activations": a.activations, "gpu_graphs": a.gpu_graphs,
+           "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens, "pairs": a.pairs,
            "peer": {"llama_bench": str(exe),
                     "source": (f"llama.cpp source tree {a.llama_src}" if a.llama_src
                                else f"llama-cpp-python {a.sdist_version} sdist (vendor/llama.cpp)"),
@@ -336,7 +344,7 @@ def main(argv=None) -> int:
            "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
            "summary": summary, "runs": pairs}
     for label, s in summary.items():
-        print(f"{label} ({a.backend}, {a.threads} threads, ds4tui activations {a.activations}, {a.pairs} alternating "
+        print(f"{label} ({a.backend}, {a.threads} threads, ds4tui activations {a.activations}, graphs {a.gpu_graphs}, {a.pairs} alternating "
               f"pairs; median [range])")
         for k, v in s.items():
             o, p, r = v["ours"], v["llama.cpp"], v["ours_over_llama.cpp"]

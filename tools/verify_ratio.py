@@ -8,7 +8,8 @@ with all logits (what a verify runs), each followed by a truncate back to the pr
 median and range of both and the ratio of the medians.  Rounds alternate so that a slow spell of a
 shared machine lands on both sides.  With ``--threads 1`` on the CPU the times are the process's
 CPU time (immune to other work taking the core); otherwise wall time.  ``--activations q8``
-measures the 8-bit activation option.  Not a test: CI never runs it; ``tools/cpu_notes.md`` records
+measures the 8-bit activation option, ``--gpu-graphs on`` the graph replay of the passes (spec
+platform.md §8; the warm-up passes capture the graphs, so the timed ones replay them).  Not a test: CI never runs it; ``tools/cpu_notes.md`` records
 what it printed.
 """
 
@@ -42,10 +43,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=positive_int, default=20,
                     help="rounds of 10 decodes and 10 verifies, >= 1 (default 20)")
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
+    ap.add_argument("--gpu-graphs", choices=("off", "on"), default="off",
+                    help="replay the passes from graphs (spec platform.md §8; GPU backend only; default off)")
     ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu",
                     help="engine backend (default cpu); hip times wall time")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.gpu_graphs == "on" and a.backend == "cpu":
+        ap.error("--gpu-graphs on needs --backend hip (the cpu backend launches nothing)")
 
     try:
         return _measure(a)
@@ -74,7 +79,7 @@ def _measure(a: argparse.Namespace) -> int:
     else:
         model, name = a.model, str(a.model)
     clock = time.process_time if a.threads == 1 and a.backend == "cpu" else time.perf_counter
-    eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations)
+    eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations, gpu_graphs=a.gpu_graphs)
     s = eng.session(n_ctx=1024, n_batch=max(16, a.rows))
     prompt = [(i * 7919 + 13) % 120000 + 100 for i in range(200)]
     s.prefill(prompt, logits="none")
@@ -96,7 +101,8 @@ def _measure(a: argparse.Namespace) -> int:
         dec += passes(1, 10)
         ver += passes(a.rows, 10)
     md, mv = statistics.median(dec), statistics.median(ver)
-    res = {"model": name, "threads": a.threads, "activations": a.activations, "rows": a.rows,
+    res = {"model": name, "threads": a.threads, "activations": a.activations, "gpu_graphs": eng.gpu_graphs,
+           "gpu_graphs_note": eng.gpu_graphs_note, "rows": a.rows,
            "backend": a.backend, "clock": "process" if clock is time.process_time else "wall",
            "decode_ms": {"median": md, "min": min(dec), "max": max(dec)},
            "verify_ms": {"median": mv, "min": min(ver), "max": max(ver)}, "ratio": mv / md}
