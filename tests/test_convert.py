@@ -336,3 +336,63 @@ def test_no_overwrite_is_atomic(small_f32, tmp_path):
     finally:
         cv.write_model_metadata = real
     assert out.read_bytes() == b"theirs" and list(tmp_path.iterdir()) == [out]
+
+
+def _valid_blocks(rng: np.random.Generator, shape: tuple[int, ...], qt) -> np.ndarray:
+    """Random GGML bytes of ``qt`` (IQ2_XXS or Q2_K) for ``shape`` whose block scales are finite (0.01)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+    block, size = GGML_QUANT_SIZES[qt]
+    b = rng.integers(0, 256, (int(np.prod(shape)) // block, size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    for at in ((0,) if qt == QT.IQ2_XXS else (size - 4, size - 2)):  # IQ2_XXS: d first; Q2_K: d, dmin last
+        b[:, at:at + 2] = d
+    return b.reshape(-1)
+
+
+def test_support_writer_copies_encoded_experts_byte_for_byte(tmp_path):
+    """A drafter whose routed experts stay at an earlier file's q2 bytes while the rest was trained on:
+    the experts come out as the very bytes read from that file (no re-quantisation), everything
+    else as the q2 mix writes its float weights."""
+    from gguf import GGMLQuantizationType as QT
+
+    from ds4tui.devtools.make_test_model import random_weight, support_params, tiny_config
+    from ds4tui.engine import layout as L
+    from ds4tui.engine.convert import choose_type, encode_tensor, write_support_gguf
+    from ds4tui.engine.gguf_model import SupportModel
+
+    c, params = tiny_config(), support_params(tiny_config())
+    specs = L.support_tensor_specs(c, 3, 3, 32)
+    routed = [s for s in specs if s.types == L.ROUTED_TYPES]
+    assert len(routed) == 9
+    rng = np.random.default_rng(0)
+    first = {s.name: (choose_type(s, "q2"), _valid_blocks(rng, s.shape, choose_type(s, "q2"))) for s in routed}
+    weights = {s.name: random_weight(s, rng, c) for s in specs}
+    write_support_gguf(tmp_path / "a.gguf", c, params, lambda s: weights[s.name], types="q2", encoded=first)
+    a = SupportModel(tmp_path / "a.gguf", c).require_compatible()
+    kept = {s.name: (a.tensors[s.name].type, a.tensors[s.name].raw_bytes()) for s in routed}
+    healed = {s.name: w * 1.5 for s, w in ((s, weights[s.name]) for s in specs)}
+    asked = []
+    write_support_gguf(tmp_path / "b.gguf", c, params, lambda s: asked.append(s.name) or healed[s.name], types="q2",
+                       encoded=kept)
+    b = SupportModel(tmp_path / "b.gguf", c).require_compatible()
+    assert not set(asked) & set(kept) and len(asked) == len(specs) - 9
+    for s in routed:
+        assert b.tensors[s.name].type == first[s.name][0] == (QT.Q2_K if "down" in s.name else QT.IQ2_XXS)
+        assert np.array_equal(b.tensors[s.name].raw_bytes(), first[s.name][1])
+    for name in ("mtp.0.attn_q_a.weight", "mtp.2.markov_head.markov_w1.weight", "mtp.1.hc_ffn_fn.weight"):
+        info = b.tensors[name]
+        want = encode_tensor(healed[name], info.type, name).reshape(-1).view(np.uint8)
+        assert np.array_equal(info.raw_bytes(), want), name
+
+    gate = "mtp.0.ffn_gate_exps.weight"
+    with pytest.raises(ConversionError, match=f"encoded tensor '{gate}': type Q2_K, but --types q2 writes it as IQ2_XXS"):
+        write_support_gguf(tmp_path / "c.gguf", c, params, lambda s: weights[s.name], types="q2",
+                           encoded={gate: (QT.Q2_K, first[gate][1])})
+    with pytest.raises(ConversionError, match=f"encoded tensor '{gate}': 100 bytes, expected"):
+        write_support_gguf(tmp_path / "c.gguf", c, params, lambda s: weights[s.name], types="q2",
+                           encoded={gate: (QT.IQ2_XXS, first[gate][1][:100])})
+    with pytest.raises(ConversionError, match="encoded tensor 'blk.0.ffn_gate_exps.weight' is not a tensor"):
+        write_support_gguf(tmp_path / "c.gguf", c, params, lambda s: weights[s.name], types="q2",
+                           encoded={"blk.0.ffn_gate_exps.weight": first[gate]})
+    assert not (tmp_path / "c.gguf").exists()

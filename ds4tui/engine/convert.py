@@ -801,15 +801,27 @@ class SupportParams:
 
 def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: SupportParams,
                        weights: Callable[[TensorSpec], np.ndarray], *, types: str = "q2", name: str = "dspark-support",
-                       progress: Progress | None = None) -> Path:
+                       progress: Progress | None = None,
+                       encoded: dict[str, tuple[T, np.ndarray]] | None = None) -> Path:
     """Write a DS4-layout DSpark support GGUF (``general.architecture = deepseek4-dspark``).
 
     ``out`` is overwritten if it exists.  ``weights(spec)`` returns the float32 array for each tensor of
     :func:`ds4tui.engine.layout.support_tensor_specs` (81 tensors for 3 stages).  Types follow the
     quantizer defaults of spec dspark.md §4.2 in ``q2`` mode (routed IQ2_XXS/Q2_K, dense Q8_0,
     ``hc_*_fn`` F16, vectors F32).
+
+    ``encoded`` maps tensor names to ``(type, bytes)``: those tensors are written byte for byte as
+    given (no re-quantisation; ``weights`` is not asked for them), e.g. the routed experts of an
+    earlier support file whose other tensors were trained on.  Raises :class:`ConversionError` naming
+    the tensor when a name is not a support tensor, its type is not the one ``types`` gives it, or
+    its byte count does not fit its shape.
     """
     specs = L.support_tensor_specs(target, params.n_stages, len(params.target_layer_ids), params.markov_rank)
+    encoded = dict(encoded or {})
+    unknown = sorted(set(encoded) - {s.name for s in specs})
+    if unknown:
+        raise ConversionError(f"encoded tensor '{unknown[0]}' is not a tensor of this support layout "
+                              f"({params.n_stages} stages, rank {params.markov_rank})")
 
     def meta(w: GGUFWriter) -> None:
         w.add_key_value("general.name", name, GGUFValueType.STRING)
@@ -825,5 +837,19 @@ def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: Suppor
         _u32(w, "dspark.expert_used_count", target.n_expert_used)
         _u32(w, "dspark.embedding_length", target.n_embd)
 
-    plan = [PlannedTensor(s, choose_type(s, types), (lambda s=s: weights(s))) for s in specs]
+    plan = []
+    for s in specs:
+        qt = choose_type(s, types)
+        if s.name not in encoded:
+            plan.append(PlannedTensor(s, qt, (lambda s=s: weights(s))))
+            continue
+        got, data = encoded[s.name]
+        if got != qt:
+            raise ConversionError(f"encoded tensor '{s.name}': type {T(got).name}, but --types {types} writes it "
+                                  f"as {qt.name}; give bytes of that type or let it be quantised")
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if data.nbytes != _nbytes(s.shape, qt):
+            raise ConversionError(f"encoded tensor '{s.name}': {data.nbytes} bytes, expected "
+                                  f"{_nbytes(s.shape, qt)} for {qt.name} {list(s.shape)}")
+        plan.append(PlannedTensor(s, qt, (lambda data=data: data), encoded=True))
     return write_gguf(check_output_path(out, overwrite=True), L.SUPPORT_ARCH, meta, plan, progress)
