@@ -47,7 +47,16 @@ of held-out prompts, folded into its weight).
 **Quantise and heal.**  The routed experts are then replaced by what their q2-mix bytes decode to
 (IQ2_XXS gate/up, Q2_K down: about a third of each weight is rounding error at 2 bits) and every
 other parameter trains on for ``--heal-seconds`` with the experts frozen, so the target the drafter
-learns from — and the one ``model.gguf`` holds — is the quantised one.
+learns from — and the one ``model.gguf`` holds — is the quantised one.  The drafter gets the same
+treatment with ``--drafter-heal-seconds``: after its training its routed experts are frozen at q2
+values — the bytes of the ``--drafter-init`` file when the drafter did not train before
+(``--drafter-seconds 0``), else its trained experts quantised — and every other drafter parameter
+trains on (same losses, self-distillation, then calibration); ``support.gguf`` then holds those
+experts' bytes exactly as frozen (no re-quantisation) and the healed rest in the usual q2-mix types.
+The log measures the drafter at each step on the same held-out anchors (:func:`drafter_heldout`):
+``drafter_init`` (the file it started from, as decoded), ``drafter`` (after training, float),
+``drafter_heal`` (``after_freezing`` and after healing) and ``drafter_exported`` (every tensor
+decoded from the written ``support.gguf``: what the engine runs).
 
 **Export**: the target through ``save_pretrained`` and ds4tui's converter (q2 mix, Q8_0 token
 embedding), the drafter through ``write_support_gguf`` (q2 mix).  ``OUT_DIR`` gets
@@ -107,6 +116,8 @@ def timed_steps(opt, params, seconds: float, peak_lr: float, step_fn):
     ``step_fn()`` returns ``(loss, extra)``; yields ``(step, elapsed_s, loss, grad_norm, extra)`` after each
     step (gradients clipped to norm 1 over ``params``).
     """
+    if seconds <= 0:
+        return
     t0, step = time.time(), 0
     while (frac := (time.time() - t0) / seconds) < 1.0:
         for group in opt.param_groups:
@@ -536,15 +547,20 @@ class LossWeights:
 
 
 @torch.no_grad()
-def generate_greedy(model, prompts: torch.Tensor, n_new: int, chunk: int = 256) -> torch.Tensor:
-    """Greedy continuations of ``prompts[S, P]`` by the target: ``[S, P + n_new]`` token ids.
+def generate_greedy(model, prompts: torch.Tensor, n_new: int, chunk: int = 256,
+                    seconds: float | None = None) -> torch.Tensor:
+    """Greedy continuations of ``prompts[S, P]`` by the target: ``[S', P + n_new]`` token ids.
 
     No KV cache: every step runs the whole sequence (bf16 autocast), ``chunk`` sequences at a time;
     the argmax is taken from the last position's logits (spec ds4.md §6's tiny model is small enough).
+    With ``seconds``, no new chunk is started once that much wall clock has passed, so ``S'`` can be
+    less than ``S`` (a whole number of chunks, at least one).
     """
     model.eval()
-    out = []
+    out, t0 = [], time.time()
     for i in range(0, prompts.shape[0], chunk):
+        if out and seconds is not None and time.time() - t0 >= seconds:
+            break
         ids = prompts[i:i + chunk]
         for _ in range(n_new):
             with torch.autocast(ids.device.type, dtype=torch.bfloat16):
@@ -576,57 +592,96 @@ def calibration(logits: torch.Tensor, hits: torch.Tensor, bins: int = 10) -> flo
     return err
 
 
+def pick_anchors(n: int, lo: int, count: int, gen: torch.Generator, device) -> torch.Tensor:
+    """``count`` sorted distinct anchors in ``lo … n − BLOCK − 1`` (on ``device``)."""
+    span = n - BLOCK - lo
+    return torch.sort(torch.randperm(span, generator=gen)[:count] + lo).values.to(device)
+
+
 def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Config, seconds: float, batch: int,
                   anchors_per_seq: int, peak_lr: float, seed: int, w: LossWeights,
                   generated: torch.Tensor | None = None, prompt_len: int = 0,
-                  held_generated: torch.Tensor | None = None) -> dict:
-    """Train the drafter against the frozen target for ``seconds``.
+                  held_generated: torch.Tensor | None = None, corpus_every: int = 2,
+                  label: str = "drafter") -> dict:
+    """Train the drafter's parameters that require grad against the frozen target for ``seconds``.
 
     With ``generated`` (``[G, P + n]`` greedy continuations of the target, ``P = prompt_len``), every
-    second batch is windows of those sequences with anchors in the generated part: the drafter learns
-    the target on the target's own outputs (self-distillation), which is what it drafts against when
-    the target decodes greedily.  Held-out statistics on ``held`` (corpus windows) and, with
-    ``held_generated``, on greedy continuations of held-out prompts; the confidence head is then
-    calibrated on the latter (:func:`fit_confidence_scale`, folded into its weight).
+    batch but each ``corpus_every``-th is windows of those sequences with anchors in the generated
+    part (``corpus_every = 2``: every second batch): the drafter learns the target on the target's
+    own outputs (self-distillation), which is what it drafts against when the target decodes
+    greedily.  Then :func:`drafter_heldout` with calibration: held-out statistics on ``held``
+    (corpus windows) and, with ``held_generated``, on greedy continuations of held-out prompts, on
+    which the confidence head is calibrated (:func:`fit_confidence_scale`, folded into its weight).
     """
     capture_layers = list(range(c.n_layer - 3, c.n_layer))
     store, hooks = capture(model, capture_layers)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=peak_lr, betas=(0.9, 0.95),
-                            weight_decay=0.0)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     N = train.length
 
-    def pick(n: int, lo: int, gen: torch.Generator = g) -> torch.Tensor:
-        """``anchors_per_seq`` sorted distinct anchors in ``lo … n − BLOCK − 1``."""
-        span = n - BLOCK - lo
-        return torch.sort(torch.randperm(span, generator=gen)[:anchors_per_seq] + lo).values.to(train.device)
+    def is_generated(step: int) -> bool:
+        return generated is not None and step % corpus_every != 1 % corpus_every
 
     calls = [0]
 
     def one():
         calls[0] += 1
-        if generated is not None and calls[0] % 2 == 0:
+        if is_generated(calls[0]):
             rows = torch.randint(0, generated.shape[0], (batch,), generator=g)
             ids = generated[rows].to(train.device)
-            return drafter_step(model, drafter, ids, pick(ids.shape[1], prompt_len - 1), capture_layers, store, w)[:2]
-        return drafter_step(model, drafter, train.batch(batch), pick(N, 8), capture_layers, store, w)[:2]
+            anchors = pick_anchors(ids.shape[1], prompt_len - 1, anchors_per_seq, g, train.device)
+            return drafter_step(model, drafter, ids, anchors, capture_layers, store, w)[:2]
+        anchors = pick_anchors(N, 8, anchors_per_seq, g, train.device)
+        return drafter_step(model, drafter, train.batch(batch), anchors, capture_layers, store, w)[:2]
 
     history, step, t0 = [], 0, time.time()
-    params = [p for p in drafter.parameters() if p.requires_grad]
     for step, elapsed, loss, gn, st in timed_steps(opt, params, seconds, peak_lr, one):
         if step % 25 == 0 or step == 1:
             rec = {"step": step, "s": round(elapsed, 1), "loss": round(loss, 4), "grad_norm": round(gn, 3),
-                   "batch": "generated" if generated is not None and step % 2 == 0 else "corpus",
+                   "batch": "generated" if is_generated(step) else "corpus",
                    **{k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]) for k, v in st.items()}}
             history.append(rec)
-            log(f"drafter {json.dumps(rec)}")
+            log(f"{label} {json.dumps(rec)}")
+    for h_ in hooks:
+        h_.remove()
+    seconds_used = round(time.time() - t0, 1)
+    out = drafter_heldout(model, drafter, held, c, batch, anchors_per_seq, seed, w, held_generated, prompt_len,
+                          calibrate=True)
+    log(f"{label} done steps={step} {json.dumps(out)}")
+    return {"history": history, "steps": step, "seconds": seconds_used, **out,
+            "capture_layers": capture_layers, "loss": dataclasses.asdict(w)}
+
+
+@torch.no_grad()
+def drafter_heldout(model, drafter, held: torch.Tensor, c: DS4Config, batch: int, anchors_per_seq: int, seed: int,
+                    w: LossWeights, held_generated: torch.Tensor | None = None, prompt_len: int = 0,
+                    calibrate: bool = False) -> dict:
+    """Acceptance statistics of ``drafter`` against the frozen target, nothing trained.
+
+    ``heldout``: ``held`` corpus windows (anchors from position 8); ``heldout_generated`` (with
+    ``held_generated``): the target's greedy continuations of held-out prompts, anchors in the
+    generated part — what greedy decoding drafts against.  Each gives ``accept_len`` (mean accepted
+    drafts of a block from a random anchor: the leading run of rows whose argmax equals the
+    target's), ``hit_per_pos`` (row ``k``'s argmax equals the target's), the mean confidence per row
+    and its calibration error.  ``heldout_generated.cycles_walk`` counts what the engine's greedy
+    DSpark (block 5, every cycle drafting) would on those continuations: each cycle drafts from the
+    token after the previous cycle's last accepted one, so cycles start where a draft just failed
+    (harder text than a random anchor); ``tokens_per_cycle`` and ``per_position_accept`` mean what
+    ``tools/eval_demo.py`` reports.  The anchors come from a generator seeded with
+    ``seed + 7``, the same for every drafter measured with the same arguments.  ``calibrate``: fit
+    the confidence scale on ``held_generated`` and fold it into the confidence head's weight.
+    """
+    capture_layers = list(range(c.n_layer - 3, c.n_layer))
+    store, hooks = capture(model, capture_layers)
+    model.eval()
 
     def held_stats(ids_all: torch.Tensor, lo: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
         ga = torch.Generator().manual_seed(seed + 7)
-        anchors = pick(ids_all.shape[1], lo, ga)
+        anchors = pick_anchors(ids_all.shape[1], lo, anchors_per_seq, ga, ids_all.device)
         res = [drafter_step(model, drafter, ids_all[i:i + batch], anchors, capture_layers, store, w)
                for i in range(0, ids_all.shape[0], batch)]
         st = [r[1] for r in res]
@@ -636,20 +691,83 @@ def train_drafter(model, drafter, train: Windows, held: torch.Tensor, c: DS4Conf
                  "confidence_per_pos": np.mean([s["confidence_per_pos"] for s in st], axis=0).round(4).tolist(),
                  "confidence_ece": round(calibration(lg, ht), 4)}, lg, ht)
 
-    with torch.no_grad():
-        out = {"heldout": held_stats(held, 8)[0]}
-        if held_generated is not None:
-            gen_stats, lg, ht = held_stats(held_generated.to(train.device), prompt_len - 1)
+    def walk(ids_all: torch.Tensor) -> dict:
+        """Greedy DSpark cycles as the engine runs them: the first cycle drafts from the first generated
+        token, each next one from the token after the last accepted draft (the target's own)."""
+        lo = prompt_len  # anchor: the first generated token (the prompt's last logits give it, undrafted)
+        anchors = torch.arange(lo, ids_all.shape[1] - BLOCK, device=ids_all.device)
+        cycles, accepted, through = 0, 0, np.zeros(BLOCK, np.int64)
+        for i in range(0, ids_all.shape[0], max(1, batch // 4)):
+            hit = drafter_step(model, drafter, ids_all[i:i + max(1, batch // 4)], anchors, capture_layers, store,
+                               w)[2][1].view(-1, anchors.numel(), BLOCK)
+            run = hit.cumprod(-1).cpu().numpy().astype(bool)  # [S, A, B]: rows accepted from each anchor
+            for r in run:
+                a = 0
+                while a < anchors.numel():
+                    k = int(r[a].sum())
+                    cycles, accepted, through = cycles + 1, accepted + k, through + r[a]
+                    a += k + 1
+        return {"cycles": cycles, "accepted_drafts": accepted,
+                "tokens_per_cycle": round((cycles + accepted) / max(cycles, 1), 4),
+                "per_position_accept": (through / max(cycles, 1)).round(4).tolist()}
+
+    out = {"heldout": held_stats(held, 8)[0]}
+    if held_generated is not None:
+        gen_stats, lg, ht = held_stats(held_generated.to(held.device), prompt_len - 1)
+        gen_stats["cycles_walk"] = walk(held_generated.to(held.device))
+        if calibrate:
             scale, before, after = fit_confidence_scale(lg, ht)
             drafter.p("mtp.2.confidence_head.proj.weight").mul_(scale)
             gen_stats["calibration"] = {"scale": round(scale, 4), "bce_before": round(before, 4),
-                                        "bce_after": round(after, 4), "ece_after": round(calibration(scale * lg, ht), 4)}
-            out["heldout_generated"] = gen_stats
+                                        "bce_after": round(after, 4),
+                                        "ece_after": round(calibration(scale * lg, ht), 4)}
+        out["heldout_generated"] = gen_stats
     for h_ in hooks:
         h_.remove()
-    log(f"drafter done steps={step} {json.dumps(out)}")
-    return {"history": history, "steps": step, "seconds": round(time.time() - t0, 1), **out,
-            "capture_layers": capture_layers, "loss": dataclasses.asdict(w)}
+    return out
+
+
+def routed_expert_names(drafter: "Drafter") -> list[str]:
+    """The drafter's routed-expert tensors (gate, up, down of every stage)."""
+    return [s.name for s in drafter.specs if s.types == L.ROUTED_TYPES]
+
+
+def expert_bytes_from_gguf(drafter: "Drafter", support: Path) -> dict:
+    """``{name: (type, bytes)}`` of the routed experts as ``support`` stores them (checked against
+    the drafter's layout by ``SupportModel``; raises ``SupportInvalidError`` naming the problem)."""
+    from ds4tui.engine.gguf_model import SupportModel
+
+    sm = SupportModel(support, drafter.c).require_compatible()
+    return {n: (sm.tensors[n].type, sm.tensors[n].raw_bytes().copy()) for n in routed_expert_names(drafter)}
+
+
+def quantize_drafter_experts(drafter: "Drafter") -> tuple[dict, dict]:
+    """The routed experts' q2-mix bytes (IQ2_XXS gate/up, Q2_K down: the converter's quantiser) from
+    the drafter's current values: ``({name: (type, bytes)}, relative error per type)``."""
+    from ds4tui.engine.convert import choose_type
+    from ds4tui.engine.quants import quantize_with_reconstruction
+
+    enc, err = {}, {}
+    specs = {s.name: s for s in drafter.specs}
+    for name in routed_expert_names(drafter):
+        qt = choose_type(specs[name], "q2")
+        x = drafter.p(name).detach().float().cpu().numpy()
+        q = quantize_with_reconstruction(x, qt)
+        enc[name] = (qt, np.ascontiguousarray(q.data).reshape(-1).view(np.uint8))
+        err.setdefault(qt.name, []).append(float(np.abs(q.values - x).mean() / np.abs(x).mean()))
+    return enc, {k: round(float(np.mean(v)), 4) for k, v in err.items()}
+
+
+def freeze_experts(drafter: "Drafter", encoded: dict) -> None:
+    """Set every routed expert to the values its ``encoded`` bytes decode to and stop training it."""
+    import gguf.quants as gq
+
+    with torch.no_grad():
+        for name, (qt, data) in encoded.items():
+            p = drafter.p(name)
+            v = gq.dequantize(np.asarray(data, np.uint8), qt).reshape(tuple(p.shape))
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v, np.float32)).to(p.device, p.dtype))
+            p.requires_grad_(False)
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -666,37 +784,39 @@ def tie_unseen(t: torch.Tensor, seen: np.ndarray) -> float:
 
 
 def export(model, drafter, c: DS4Config, seen: np.ndarray, out: Path, tokenizer_json: str | None,
-           originals: dict | None = None) -> dict:
+           originals: dict | None = None, encoded: dict | None = None) -> dict:
     """Write ``model.gguf`` and ``support.gguf``; with ``originals`` the checkpoint gets the full-precision
-    experts (whose quantisation is what the model was healed with) and the model keeps the quantised ones."""
-    info = {"lm_head_unseen_max_change": tie_unseen(model.lm_head.weight, seen),
-            "markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
+    experts (whose quantisation is what the model was healed with) and the model keeps the quantised ones.
+    ``encoded``: drafter tensors written as these bytes (:func:`write_support`)."""
+    info = {"lm_head_unseen_max_change": tie_unseen(model.lm_head.weight, seen)}
     model.to("cpu").float()
     with full_precision_experts(model, originals):
         model.save_pretrained(str(out / "hf"))
     t0 = time.time()
     convert(out / "hf", out / "model.gguf", types="q2", tokenizer_json=tokenizer_json, name="ds4tui-demo",
             overwrite=True, token_embd_q8=True)
-    tensors = drafter.tensors()
-    params = SupportParams(n_stages=3, block_size=BLOCK, markov_rank=RANK, noise_token_id=NOISE_TOKEN,
-                           target_layer_ids=tuple(range(c.n_layer - 3, c.n_layer)))
-    write_support_gguf(out / "support.gguf", c, params, lambda spec: tensors[spec.name], types="q2",
-                       name="ds4tui-demo-dspark")
-    info.update(export_seconds=round(time.time() - t0, 1), model_bytes=(out / "model.gguf").stat().st_size,
-                support_bytes=(out / "support.gguf").stat().st_size)
+    info.update(write_support(drafter, c, seen, out, encoded))
+    info.update(export_seconds=round(time.time() - t0, 1), model_bytes=(out / "model.gguf").stat().st_size)
     log(f"export {json.dumps(info)}")
     return info
 
 
-def export_support(drafter, c: DS4Config, seen: np.ndarray, out: Path) -> dict:
-    """Write only ``support.gguf`` (q2 mix) for an existing target."""
+def write_support(drafter, c: DS4Config, seen: np.ndarray, out: Path, encoded: dict | None = None) -> dict:
+    """Write ``out/support.gguf`` in the q2 mix; the tensors in ``encoded`` (``{name: (type, bytes)}``,
+    the frozen routed experts of a drafter heal) are copied as those bytes, not re-quantised."""
     info = {"markov_w2_unseen_max_change": tie_unseen(drafter.p("mtp.2.markov_head.markov_w2.weight"), seen)}
     tensors = drafter.tensors()
     params = SupportParams(n_stages=3, block_size=BLOCK, markov_rank=RANK, noise_token_id=NOISE_TOKEN,
                            target_layer_ids=tuple(range(c.n_layer - 3, c.n_layer)))
     write_support_gguf(out / "support.gguf", c, params, lambda spec: tensors[spec.name], types="q2",
-                       name="ds4tui-demo-dspark")
-    info["support_bytes"] = (out / "support.gguf").stat().st_size
+                       name="ds4tui-demo-dspark", encoded=encoded)
+    info.update(support_bytes=(out / "support.gguf").stat().st_size, tensors_copied_as_bytes=len(encoded or {}))
+    return info
+
+
+def export_support(drafter, c: DS4Config, seen: np.ndarray, out: Path, encoded: dict | None = None) -> dict:
+    """Write only ``support.gguf`` (q2 mix) for an existing target."""
+    info = write_support(drafter, c, seen, out, encoded)
     log(f"export {json.dumps(info)}")
     return info
 
@@ -828,6 +948,17 @@ def main(argv: list[str] | None = None) -> int:
                          "the file's dequantised weights; only support.gguf is written)")
     ap.add_argument("--drafter-init", type=Path, default=None,
                     help="with --target-gguf: a support.gguf to start the drafter from")
+    ap.add_argument("--drafter-heal-seconds", type=float, default=0.0,
+                    help="after the drafter's training: its routed experts are frozen at their q2 values (the "
+                         "--drafter-init file's bytes when --drafter-seconds is 0, else the trained ones quantised) "
+                         "and everything else trains on for this long; the export copies the experts' bytes")
+    ap.add_argument("--drafter-heal-lr", type=float, default=1e-3)
+    ap.add_argument("--corpus-every", type=int, default=2,
+                    help="drafter: every N-th batch is corpus windows, the others greedy continuations (with "
+                         "--distill-sequences)")
+    ap.add_argument("--distill-chunk", type=int, default=256, help="continuations generated at a time")
+    ap.add_argument("--distill-budget", type=float, default=None,
+                    help="seconds: start no new chunk of training-prompt continuations after this (fewer sequences)")
     a = ap.parse_args(argv)
     import transformers
 
@@ -880,32 +1011,67 @@ def main(argv: list[str] | None = None) -> int:
     if a.distill_sequences or a.heldout_generated:
         t0 = time.time()
         P = a.distill_prompt
-        prompts = Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences) if a.distill_sequences else None
-        generated = generate_greedy(model, prompts, a.distill_new) if prompts is not None else None
         hp = Windows(held_ids, P, a.device, a.seed + 4).fixed(a.heldout_generated) if a.heldout_generated else None
-        held_generated = generate_greedy(model, hp, a.distill_new) if hp is not None else None
-        report["distill"] = {"sequences": a.distill_sequences, "heldout_sequences": a.heldout_generated,
+        held_generated = generate_greedy(model, hp, a.distill_new, a.distill_chunk) if hp is not None else None
+        prompts = Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences) if a.distill_sequences else None
+        generated = (generate_greedy(model, prompts, a.distill_new, a.distill_chunk, a.distill_budget)
+                     if prompts is not None else None)
+        report["distill"] = {"sequences": 0 if generated is None else int(generated.shape[0]),
+                             "sequences_asked": a.distill_sequences, "heldout_sequences": a.heldout_generated,
                              "prompt_tokens": P, "new_tokens": a.distill_new, "seconds": round(time.time() - t0, 1)}
         log(f"distill {json.dumps(report['distill'])}")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)
-    if a.drafter_init:
-        init_drafter_from_gguf(drafter, a.target_gguf, a.drafter_init)
-        report["drafter_init"] = {"path": str(a.drafter_init), "sha256": _sha256(a.drafter_init)}
     drafter = drafter.to(a.device)
     dtrain = Windows(train_ids, a.seq, a.device, a.seed + 1)
     dheld = held[:, :a.seq]
     w = LossWeights(ce=a.ce_weight, tv=a.tv_weight, confidence=a.confidence_target)
+    stats_args = (c, a.drafter_batch, a.anchors, a.seed, w, held_generated, a.distill_prompt)
+    if a.drafter_init:
+        init_drafter_from_gguf(drafter, a.target_gguf, a.drafter_init)
+        report["drafter_init"] = {"path": str(a.drafter_init), "sha256": _sha256(a.drafter_init),
+                                  **drafter_heldout(model, drafter, dheld, *stats_args)}
+        log(f"drafter init {json.dumps(report['drafter_init'])}")
     report["drafter"] = train_drafter(model, drafter, dtrain, dheld, c, a.drafter_seconds, a.drafter_batch, a.anchors,
-                                      a.drafter_lr, a.seed, w, generated, a.distill_prompt, held_generated)
+                                      a.drafter_lr, a.seed, w, generated, a.distill_prompt, held_generated,
+                                      a.corpus_every)
+    encoded = None
+    if a.drafter_heal_seconds > 0:
+        if a.drafter_init and a.drafter_seconds <= 0:
+            encoded, source, rel = expert_bytes_from_gguf(drafter, a.drafter_init), "drafter_init", None
+        else:
+            (encoded, rel), source = quantize_drafter_experts(drafter), "quantised"
+        freeze_experts(drafter, encoded)
+        heal = {"experts_from": source, "experts": sorted(encoded), "expert_quant_rel_error": rel,
+                "after_freezing": drafter_heldout(model, drafter, dheld, *stats_args)}
+        log(f"drafter heal {json.dumps(heal)}")
+        heal.update(train_drafter(model, drafter, dtrain, dheld, c, a.drafter_heal_seconds, a.drafter_batch,
+                                  a.anchors, a.drafter_heal_lr, a.seed + 11, w, generated, a.distill_prompt,
+                                  held_generated, a.corpus_every, label="drafter-heal"))
+        report["drafter_heal"] = heal
     drafter.embed = drafter.head = None
     if a.target_gguf:
-        report["export"] = export_support(drafter.cpu(), c, seen, a.out)
+        report["export"] = export_support(drafter.cpu(), c, seen, a.out, encoded)
+        target_file = a.target_gguf
+    else:
+        report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals, encoded)
+        target_file = a.out / "model.gguf"
+        model.to(a.device)
+    # the drafter as the engine reads it: every tensor decoded from the written support.gguf
+    exported = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)
+    init_drafter_from_gguf(exported, target_file, a.out / "support.gguf")
+    report["drafter_exported"] = drafter_heldout(model, exported.to(a.device), dheld, *stats_args)
+    log(f"drafter exported {json.dumps(report['drafter_exported'])}")
+    if encoded:
+        written = expert_bytes_from_gguf(exported, a.out / "support.gguf")
+        report["drafter_heal"]["experts_bytes_equal"] = all(
+            written[n][0] == t and np.array_equal(written[n][1], b) for n, (t, b) in encoded.items())
+    del exported
+    if a.target_gguf:
         from ds4tui.engine.reference import ReferenceModel
         report["check"] = check_drafter(ReferenceModel(a.target_gguf, numerics="transformers"), a.out / "support.gguf",
                                         [int(t) for t in held_ids[:96]])
         log(f"check {json.dumps(report['check'])}")
     else:
-        report["export"] = export(model, drafter.cpu(), c, seen, a.out, a.tokenizer_json, originals)
         report["check"] = check(model, a.out, held_ids, a.tokenizer_json, originals)
     report["total_seconds"] = round(time.time() - t_start, 1)
     (a.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
