@@ -1,4 +1,5 @@
-"""The demo pair's corpus builder (tools/demo_corpus.py) and evaluation (tools/eval_demo.py): their pure parts."""
+"""The demo pair's corpus builder (tools/demo_corpus.py), evaluation (tools/eval_demo.py) and packer
+(tools/pack_demo.py): their pure parts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _load(name: str):
 
 corpus = _load("demo_corpus")
 evaluation = _load("eval_demo")
+packer = _load("pack_demo")
 
 
 @pytest.mark.parametrize("sentence,want", [
@@ -85,3 +87,33 @@ def test_judge(answer, want):
 def test_twenty_function_prompts():
     assert len(evaluation.FUNCTION_PROMPTS) == 20 == len(set(evaluation.FUNCTION_PROMPTS))
     assert all(p.startswith("Write a Python function that ") for p in evaluation.FUNCTION_PROMPTS)
+
+
+def _run(sha: str, tag: str, **extra) -> dict:
+    """A drafter-only train_demo.py log: drafter ``tag`` trained against the model with ``sha``."""
+    return {"target_from_gguf": {"sha256": sha}, "drafter": {"steps": tag}, "distill": {"sequences": tag},
+            "check": {"drafter_anchor_40": tag}, "args": {"tag": tag}, "total_seconds": 10.0, **extra}
+
+
+def test_drafter_runs_chain_in_the_shipped_log():
+    first = {"drafter": {"steps": "first"}, "distill": {"sequences": "first"}, "total_seconds": 100.0,
+             "check": {"model.gguf": "m", "drafter_anchor_40": "first"}, "target": "t"}
+    two = packer.merge_drafter_run(first, _run("abc", "second"), "abc")
+    assert two["drafter_first"] == {"steps": "first"} and two["distill_first"] == {"sequences": "first"}
+    assert two["drafter"] == {"steps": "second"} and "drafter_earlier" not in two
+    assert two["check"] == {"model.gguf": "m", "drafter_anchor_40": "second"} and two["total_seconds"] == 110.0
+    three = packer.merge_drafter_run(two, _run("abc", "third", drafter_heal={"steps": 5}, drafter_exported={"x": 1}),
+                                     "abc")
+    assert three["drafter_first"] == {"steps": "first"} and three["target"] == "t"
+    assert three["drafter"] == {"steps": "third"} and three["distill"] == {"sequences": "third"}
+    assert three["drafter_heal"] == {"steps": 5} and three["drafter_exported"] == {"x": 1}
+    assert three["drafter_earlier"] == [{"drafter": {"steps": "second"}, "distill": {"sequences": "second"},
+                                         "drafter_run": {"args": {"tag": "second"},
+                                                         "target_from_gguf": {"sha256": "abc"},
+                                                         "total_seconds": 10.0}}]
+    assert three["drafter_run"]["args"] == {"tag": "third"} and three["total_seconds"] == 120.0
+    four = packer.merge_drafter_run(three, _run("abc", "fourth"), "abc")
+    assert [e["drafter"]["steps"] for e in four["drafter_earlier"]] == ["second", "third"]
+    assert four["drafter_earlier"][1]["drafter_heal"] == {"steps": 5} and "drafter_heal" not in four
+    with pytest.raises(ValueError, match="sha256 abc, not this model.gguf \\(def\\)"):
+        packer.merge_drafter_run(three, _run("abc", "x"), "def")

@@ -55,21 +55,41 @@ def bench_summary(path: Path) -> dict:
 
 
 def merge_drafter_run(log: dict, run: dict, model_sha256: str) -> dict:
-    """The training log of a pair whose drafter came from a second, drafter-only run.
+    """The training log of a pair whose drafter came from a later, drafter-only run.
 
-    Raises ValueError when that run trained against another model file than ``model_sha256``."""
+    The first drafter (trained with the target) stays as ``drafter_first`` / ``distill_first``; when
+    ``log`` already ships a drafter-only run's drafter, that one moves to the end of
+    ``drafter_earlier`` (its ``drafter``, ``distill``, ``drafter_run`` and heal entries), so a chain of
+    runs keeps every step.  The run's ``drafter_heal`` (routed experts frozen at their q2 bytes) and
+    ``drafter_exported`` (statistics of the written file) come along when it has them.  Raises
+    ValueError when that run trained against another model file than ``model_sha256``."""
     got = run.get("target_from_gguf", {}).get("sha256")
     if got != model_sha256:
         raise ValueError(f"the drafter run trained against a model with sha256 {got}, not this model.gguf "
                          f"({model_sha256}); pass the run made with --target-gguf on this file")
     out = dict(log)
-    out["drafter_first"], out["distill_first"] = log["drafter"], log.get("distill")
-    out["drafter"], out["distill"] = run["drafter"], run.get("distill")
+    if "drafter_run" in log:
+        earlier = {k: log[k] for k in DRAFTER_RUN_KEYS if k in log}
+        out["drafter_earlier"] = [*log.get("drafter_earlier", []), earlier]
+    else:
+        out["drafter_first"], out["distill_first"] = log["drafter"], log.get("distill")
+    for k in DRAFTER_RUN_KEYS[:-1]:
+        out.pop(k, None)
+        if k in run:
+            out[k] = run[k]
     out["check"] = {**{k: v for k, v in log["check"].items() if not k.startswith("drafter_")}, **run["check"]}
     out["drafter_run"] = {k: run[k] for k in ("args", "device", "versions", "target_from_gguf", "drafter_init",
                                               "export", "total_seconds") if k in run}
     out["total_seconds"] = round(log["total_seconds"] + run["total_seconds"], 1)
     return out
+
+
+DRAFTER_RUN_KEYS = ("drafter", "distill", "drafter_heal", "drafter_exported", "drafter_run")
+"""What a drafter-only run contributes to the shipped log (``drafter_run`` last: its settings)."""
+
+
+def _stats(d: dict | None, keys=("steps", "seconds", "heldout", "heldout_generated")) -> dict | None:
+    return None if d is None else {k: d[k] for k in keys if k in d}
 
 
 def _round(v: float | None) -> float | None:
@@ -133,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             "distill": log.get("distill"),
             "drafter": {k: log["drafter"][k] for k in ("steps", "seconds", "heldout", "heldout_generated",
                                                        "capture_layers", "loss") if k in log["drafter"]},
-            "drafter_first": {k: log["drafter_first"][k] for k in ("steps", "seconds", "heldout", "heldout_generated")
-                              if k in log["drafter_first"]} if "drafter_first" in log else None,
+            "drafter_heal": _stats(log.get("drafter_heal"), ("experts_from", "experts_bytes_equal", "steps", "seconds",
+                                                             "after_freezing", "heldout", "heldout_generated")),
+            "drafter_exported": log.get("drafter_exported"),
+            "drafter_first": _stats(log.get("drafter_first")),
+            "drafter_earlier": [_stats(e["drafter"]) for e in log.get("drafter_earlier", [])] or None,
             "drafter_run": {k: log["drafter_run"][k] for k in ("target_from_gguf", "drafter_init", "total_seconds")
                             if k in log["drafter_run"]} if "drafter_run" in log else None,
             "check": log["check"],
