@@ -708,7 +708,8 @@ def test_hip_graphs_captures_are_not_priced(tiny_q2, fitted_support):
     scheduler's prices.  The scheduler decodes plainly until it has priced one plain decode, then
     drafts once to price a proposal: with graphs off that draft comes at the second cycle; with
     graphs on the first plain decode captured the one-row graph, so it takes a second plain decode
-    (a replay) and the draft comes at the third."""
+    (a replay) and the draft comes at the third.  (The first step after the prefill samples the
+    prefill's logits: no cycle.)"""
     _device_or_skip()
     prompt = np.random.default_rng(21).integers(100, 128000, 41).tolist()
     for mode, plain in (("off", 1), ("on", 2)):
@@ -718,14 +719,14 @@ def test_hip_graphs_captures_are_not_priced(tiny_q2, fitted_support):
             s.set_dspark(scheduler=True)
             s.prefill(prompt)
             proposed = []
-            for _ in range(plain + 1):
+            for _ in range(plain + 2):
                 s.step(S.STEP_MAX)
                 proposed.append(s.dspark_stats().proposed)
             s.close()
             assert e.gpu_graphs == mode, e.gpu_graphs_note
         finally:
             e.close()
-        assert proposed[:plain] == [0] * plain and proposed[plain] > 0, (mode, proposed)
+        assert proposed[:plain + 1] == [0] * (plain + 1) and proposed[plain + 1] > 0, (mode, proposed)
 
 
 #: Unit roundoff of the prefill_gemm options' 16-bit operands (round to nearest: bf16 keeps 8
