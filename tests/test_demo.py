@@ -1,11 +1,11 @@
 """The bundled demo pair (ds4tui.demo): unpacking, validation, what it generates and how it drafts.
 
 Thresholds come from the measurements recorded in ``ds4tui/demo/demo.json`` (``bench``): greedy
-DSpark without the scheduler accepted 19.6 % of the drafts on the bench's code prompt and 23.6 %
-on its prose prompt (256 tokens each); on the two prompts below 16.0 % and 25.0 % (128 tokens at
-most; both answers end at EOS after 12-15 cycles).  The test asks for 10 %, under the lowest
-measurement, so that a drafter that no longer matches its target (a random one accepts well under
-1 %) fails while prompt-to-prompt spread does not.
+DSpark without the scheduler accepted 17.0 % of the drafts on the bench's code prompt and 23.6 %
+on its prose prompt (256 tokens each); on the two prompts below 16.0 % and 40.0 % (both answers
+end at EOS after 27 tokens: 15 and 9 cycles, 75 and 45 drafts).  The test asks for 10 %, under
+the lowest measurement, and for 40 drafts, so that a drafter that no longer matches its target (a
+random one accepts well under 1 %) fails while prompt-to-prompt spread does not.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_generate_without_a_model_runs_the_demo_and_drafts(pair, capsys, prompt)
     assert on["model"] == str(pair.model) and on["support"]["status"] == "attached"
     assert sum(w in on["text"] for w in PYTHON_WORDS) >= 3, on["text"]
     st = on["dspark_stats"]
-    assert st["proposed"] > 50 and st["accepted_draft"] > 0 and st["invariant_violations"] == []
+    assert st["proposed"] >= 40 and st["accepted_draft"] > 0 and st["invariant_violations"] == []
     assert st["accept_rate"] >= MIN_ACCEPT_RATE, st
     off = _generate(capsys, "-p", prompt, "--no-dspark")
     assert off["dspark_stats"]["proposed"] == 0
