@@ -12,7 +12,10 @@ Two arms on one engine and one prompt, greedy, interleaved R times so machine dr
   updates every pane while the engine decodes in its worker thread.  Every ``--key-every``
   seconds while the answer streams, a key is typed into the prompt (as a person typing the next
   question would: the event the terminal driver would post) and the time until the app has
-  acted on it (the prompt holds it) and until the frame that shows it is recorded.  Every frame
+  acted on it (the prompt holds it) and until the frame that shows it is recorded.  The prompt is
+  sent with an Enter key as a terminal's driver sends it, and the benchmark sleeps until the turn
+  ends (a pilot's key press would poll the process until idle, waking the UI thread every few
+  milliseconds for the whole turn).  Every frame
   the app draws is timed, and the frames that show more of the answer than the frame before
   give the text's update rate on screen.  ``--terminal-output``: each frame is also turned into
   the terminal's escape sequences, as on a real terminal (the headless driver skips that work).
@@ -26,7 +29,11 @@ longest gap between two (as the app measures them, ``DS4App.turn_costs``: from i
 write to the turn's end arriving), the UI thread's CPU seconds per second of decoding as this
 benchmark measures them around the engine (``ui_cpu_decode_share``: from the engine's first token
 to the end of its turn, read from the UI thread's CPU clock by the engine thread; the same for any
-version of the app), the key latencies (``key_latency_ms``: until the prompt holds the key;
+version of the app), in the same window the UI thread's wake-ups per second (``ui_wakeups_per_s``:
+its voluntary context switches; on a CPU engine each wake-up takes a core from an engine thread,
+whose partner then waits for it at the end of the pool's run) and, for both arms, how often the
+other threads — the engine's — were preempted (``engine_preempted_per_s``: involuntary context
+switches; Linux's ``/proc/self/task``, None elsewhere), the key latencies (``key_latency_ms``: until the prompt holds the key;
 ``key_to_frame_ms``: until the frame that shows it), and the answer's frames
 (``text_frames_per_s``: frames that show more of the answer, per second from the first to the
 last; ``max_text_frame_gap_s``: the longest time between two).
@@ -42,12 +49,45 @@ import json
 import statistics
 import sys
 import threading
+import os
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 #: Seconds between the model being ready and the prompt being sent (the app's start-up animations end).
 SETTLE_S = 0.5
 PROMPT = "Write a Python class for a doubly linked list with insert, delete and reverse methods."
+
+
+def thread_switches(exclude: int | None = None) -> tuple[int, int] | None:
+    """(voluntary, involuntary) context switches of this process's threads so far, summed over
+    all but the thread whose native id is ``exclude``; of that thread alone when ``exclude`` is
+    negative (``-tid``).  A voluntary switch is a thread going to sleep (each sleep ends in a
+    wake-up), an involuntary one a thread preempted while it could run.  None where
+    ``/proc/self/task`` is missing (not Linux)."""
+    try:
+        tids = [-exclude] if exclude is not None and exclude < 0 else os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    vol = invol = 0
+    for tid in tids:
+        if exclude is not None and exclude > 0 and int(tid) == exclude:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        invol += int(line.split()[1])
+        except OSError:  # (a thread that ended since the listing)
+            if exclude is not None and exclude < 0:
+                return None
+    return vol, invol
+
+
+def _per_s(a: tuple[int, int] | None, b: tuple[int, int] | None, seconds: float, i: int) -> float | None:
+    return (b[i] - a[i]) / seconds if a is not None and b is not None and seconds > 0 else None
 
 
 def headless_run(chat, n_tokens: int) -> dict:
@@ -66,13 +106,14 @@ def headless_run(chat, n_tokens: int) -> dict:
     loop = DecodeLoop(s, n_tokens)
     for cycle in loop:
         if t_first is None:
-            t_first = time.perf_counter()
+            t_first, sw0 = time.perf_counter(), thread_switches()
         for t in cycle.tokens:
             dec.push(t)
-    t_end = time.perf_counter()
+    t_end, sw1 = time.perf_counter(), thread_switches()
     out = loop.ids
     return {"tokens": len(out), "decode_s": t_end - t_first, "tokens_per_s": (len(out) - 1) / (t_end - t_first),
-            "engine_c_s": (s.stats().decode_ms - c0) / 1000, "ids": out}
+            "engine_c_s": (s.stats().decode_ms - c0) / 1000,
+            "engine_preempted_per_s": _per_s(sw0, sw1, t_end - t_first, 1), "ids": out}
 
 
 class _Frames:
@@ -164,13 +205,17 @@ class _DecodeWindow:
     time) when the turn's first token is handed over and when the turn ends.  ``cpu_share()``: the
     UI thread's CPU seconds per second between the two."""
 
-    def __init__(self, chat, ui_thread_id: int):
+    def __init__(self, chat, ui_thread_id: int, ui_native_id: int | None = None):
         self.chat, self.clock = chat, time.pthread_getcpuclockid(ui_thread_id)
-        self.first: tuple[float, float] | None = None
-        self.end: tuple[float, float] | None = None
+        self.ui_native_id = ui_native_id
+        self.first: tuple | None = None
+        self.end: tuple | None = None
 
-    def _mark(self) -> tuple[float, float]:
-        return time.perf_counter(), time.clock_gettime(self.clock)
+    def _mark(self) -> tuple:
+        """(time, the UI thread's CPU time, its context switches, the other threads')."""
+        tid = self.ui_native_id
+        return (time.perf_counter(), time.clock_gettime(self.clock),
+                thread_switches(-tid) if tid else None, thread_switches(tid) if tid else None)
 
     def __enter__(self) -> "_DecodeWindow":
         from ds4tui.engine.worker import TokensEmitted
@@ -203,15 +248,50 @@ class _DecodeWindow:
             return None
         return (self.end[1] - self.first[1]) / (self.end[0] - self.first[0])
 
+    def switches_per_s(self) -> tuple[float | None, float | None]:
+        """(the UI thread's wake-ups per second, the other threads' — the engine's — preemptions
+        per second) between the two marks (None where not measured)."""
+        if self.first is None or self.end is None:
+            return None, None
+        dt = self.end[0] - self.first[0]
+        return _per_s(self.first[2], self.end[2], dt, 0), _per_s(self.first[3], self.end[3], dt, 1)
+
+
+def _turn_end(app) -> Callable[[], Awaitable[None]]:
+    """A coroutine function that returns once ``app`` has finished a turn: it waits on the app's
+    ``_finished`` (wrapped: no polling while the turn runs); for an app without one, it polls
+    ``app.turns`` every 0.25 s."""
+    done = asyncio.Event()
+    finished = getattr(app, "_finished", None)
+    if finished is None:
+        async def polled() -> None:
+            while not app.turns:
+                await asyncio.sleep(0.25)
+        return polled
+
+    async def wrapped(*args, **kw):
+        try:
+            return await finished(*args, **kw)
+        finally:
+            done.set()
+
+    app._finished = wrapped  # (an instance attribute)
+
+    async def wait() -> None:
+        await done.wait()
+    return wait
+
 
 async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool) -> dict:
+    from textual import events
+
     from ds4tui.app import ChatOptions, DS4App
 
     chat.new_chat()
     opts = ChatOptions(model=chat.info.model_path, support=chat.info.support_path, think=False, max_tokens=n_tokens,
                        telemetry="rss")
     app = DS4App(opts, engine_factory=lambda options, progress: chat)
-    window = _DecodeWindow(chat, threading.get_ident())  # (the app's UI runs in this thread)
+    window = _DecodeWindow(chat, threading.get_ident(), threading.get_native_id())  # (the app's UI runs here)
     with window:
         async with app.run_test(size=(160, 50)) as pilot:
             frames = _Frames(app, terminal_output)
@@ -220,10 +300,15 @@ async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool)
             await pilot.pause(SETTLE_S)  # as a person would: the app has drawn its first screen
             app.query_one("#prompt").value = PROMPT
             c0 = chat.session.stats().decode_ms
+            ended = _turn_end(app)
             probe = asyncio.create_task(_probe_keys(app, key_every, frames)) if key_every > 0 else None
-            await pilot.press("enter")  # (returns once the app is idle again: often at the end of the turn)
-            while not app.turns:
-                await asyncio.sleep(0.25)  # poll rarely: the harness should not add to what is measured
+            # Enter as the terminal's driver sends it; the harness then sleeps until the turn ends (a
+            # pilot's key press polls the process until it is idle: a wake-up of the UI thread every
+            # few milliseconds, which no terminal adds)
+            enter = events.Key("enter", "\r")
+            enter.set_sender(app)
+            app._driver.send_message(enter)
+            await ended()
             if probe is not None:
                 await probe
             r = app.turns[-1]
@@ -232,10 +317,12 @@ async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool)
             app.engine = None  # the engine outlives the app: the next arm uses it
     measured = cost is not None and cost.wall_s > 0
     rate, gap, n_frames = frames.text_rate()
+    wakeups, preempted = window.switches_per_s()
     return {"tokens": len(r.ids), "decode_s": r.decode_s, "tokens_per_s": r.decode_tokens_per_s,
             "engine_c_s": (c1 - c0) / 1000, "ui_cpu_share": cost.cpu_s / cost.wall_s if measured else None,
             "text_writes_per_s": cost.text_writes / cost.wall_s if measured else None,
-            "ui_cpu_decode_share": window.cpu_share(),
+            "ui_cpu_decode_share": window.cpu_share(), "ui_wakeups_per_s": wakeups,
+            "engine_preempted_per_s": preempted,
             "max_text_gap_s": cost.max_text_gap_s if measured else None,
             "text_frames": n_frames, "text_frames_per_s": rate, "max_text_frame_gap_s": gap,
             "frames": len(frames.frames),
@@ -293,10 +380,14 @@ def main(argv: list[str] | None = None) -> int:
                      else app_run(chat, args.tokens, args.key_every, args.terminal_output))
                 runs[arm].append(r)
                 extra = ""
+                if r["engine_preempted_per_s"] is not None:
+                    extra = f"  engine preempted {r['engine_preempted_per_s']:.0f}/s;"
                 if arm == "app":
                     keys = r["key_latency_ms"]
                     if r["ui_cpu_decode_share"] is not None:
-                        extra = f"  UI thread {100 * r['ui_cpu_decode_share']:.1f}% of a core while decoding;"
+                        extra += f"  UI thread {100 * r['ui_cpu_decode_share']:.1f}% of a core while decoding"
+                        extra += (f", {r['ui_wakeups_per_s']:.0f} wake-ups/s;" if r["ui_wakeups_per_s"] is not None
+                                  else ";")
                     if r["ui_cpu_share"] is not None:
                         extra += (f"  interface {100 * r['ui_cpu_share']:.1f}% of a core, text "
                                  f"{r['text_writes_per_s']:.1f}/s (longest gap {r['max_text_gap_s']:.2f} s)")
@@ -323,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         "outputs_identical": same,
         "ui_cpu_share": _median(r["ui_cpu_share"] for r in runs["app"]),
         "ui_cpu_decode_share": _median(r["ui_cpu_decode_share"] for r in runs["app"]),
+        "ui_wakeups_per_s": _median(r["ui_wakeups_per_s"] for r in runs["app"]),
+        "engine_preempted_per_s": {arm: _median(r["engine_preempted_per_s"] for r in rs) for arm, rs in runs.items()},
         "text_writes_per_s": _median(r["text_writes_per_s"] for r in runs["app"]),
         "max_text_gap_s": max((r["max_text_gap_s"] for r in runs["app"] if r["max_text_gap_s"] is not None),
                               default=None),
@@ -340,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
           f" outputs identical: {same})")
     if result["ui_cpu_decode_share"] is not None:
         print(f"UI thread {100 * result['ui_cpu_decode_share']:.1f}% of a core from the first token to the end "
-              "(median)")
+              "(median)" + (f", woken {result['ui_wakeups_per_s']:.0f} times a second"
+                            if result["ui_wakeups_per_s"] is not None else ""))
+    pre = result["engine_preempted_per_s"]
+    if pre["headless"] is not None and pre["app"] is not None:
+        print(f"engine threads preempted {pre['headless']:.0f}/s headless, {pre['app']:.0f}/s in the app (medians)")
     if result["ui_cpu_share"] is not None:
         print(f"interface {100 * result['ui_cpu_share']:.1f}% of a core while streaming · text "
               f"{result['text_writes_per_s']:.1f}/s, longest gap {result['max_text_gap_s']:.2f} s")
