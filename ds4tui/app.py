@@ -3,8 +3,9 @@
 Data flow (ARCHITECTURE.md "data flow of one chat turn"): a thread worker opens the model
 (``LoadProgress`` events), then each prompt runs ``ChatEngine.run_turn`` in a thread worker; the
 engine thread only appends small event dataclasses to an ``EventQueue``.  One UI timer drains the
-queue 6 times a second: token text goes to the current turn in one write per tick (a light
-widget for the text still growing, Markdown once it is finished, widgets/chat.py), the newest
+queue ~5.3 times a second (a late tick is not dropped): token text goes to the current turn in one
+write per tick (a light widget for the text still growing, Markdown once it is finished,
+widgets/chat.py), the newest
 ``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
 finished turns and errors are handled in order; memory is sampled from the same timer once a
 second (while an answer streams, with the panes' redraw).  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the
@@ -66,9 +67,10 @@ from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, Stag
                                         ThroughputPane, explain_reasons, knob_words)
 
 #: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
-#: answer written, 6 times a second (ux.md §0 item 2), so that a tick the timer skips (it drops a
-#: tick that comes late) still leaves the text on screen at least 5 times a second.
-FLUSH_S = 1 / 6
+#: answer written, ~5.3 times a second (ux.md §0 item 2).  A tick that comes late is not
+#: dropped (the next ones keep their times: at most one write more right after it), so the text
+#: reaches the screen at least 5 times a second with a margin for the first and last ticks' delays.
+FLUSH_S = 0.19
 #: Period of the speculation panes while a turn runs (seconds).
 PANES_S = 1.0
 #: Memory sampling period (seconds).
@@ -95,6 +97,32 @@ SETTLE_FRAMES = 4
 MIN_COST_S = 1.0
 #: Confidence threshold step of F7/F8 and -/+.
 THRESHOLD_STEP = 0.05
+
+
+class PrefillBar(ProgressBar):
+    """The load's and the prefill's progress bar (no ETA).  ``show(on)``: shown or hidden (CSS
+    class ``active``).  Textual's timers of the bar (the percentage and ETA redrawn every second,
+    and the bar's animation 15 times a second while it has no total) run only while it is shown:
+    hidden, each of their ticks would still wake the UI thread, which on a CPU engine takes a
+    core from the engine for a moment (ux.md §2.4).  Its total is 1 until the first progress, so
+    it never runs the animation."""
+
+    def __init__(self, **kw):
+        self._own_timers: list = []
+        super().__init__(total=1, show_eta=False, **kw)
+
+    def set_interval(self, *args, **kw):
+        """(Textual's ``ProgressBar`` starts its timer here: it is paused while the bar is hidden.)"""
+        timer = super().set_interval(*args, **kw)
+        self._own_timers.append(timer)
+        if not self.has_class("active"):
+            timer.pause()
+        return timer
+
+    def show(self, on: bool) -> None:
+        self.add_class("active") if on else self.remove_class("active")
+        for timer in self._own_timers:
+            timer.resume() if on else timer.pause()
 
 
 @dataclass
@@ -293,7 +321,7 @@ def _stamp() -> str:
 
 
 class DS4App(App):
-    """``DS4App(options, engine_factory=None, telemetry=None, flush_s=0.1, memory_s=1.0)``.
+    """``DS4App(options, engine_factory=None, telemetry=None, flush_s=FLUSH_S, memory_s=MEMORY_S)``.
 
     ``engine_factory(options, progress)`` returns a ``ChatEngine`` (tests pass a fake one with the
     same interface); ``telemetry``: a memory backend (default: chosen for the engine's backend,
@@ -378,7 +406,7 @@ class DS4App(App):
         with Horizontal(id="main"):
             with Vertical(id="chat-column"):
                 yield ChatView(id="transcript")
-                yield ProgressBar(id="progress", show_eta=False)
+                yield PrefillBar(id="progress")
                 yield Static("", id="status")
                 yield PromptInput(id="prompt", disabled=True)
             with VerticalScroll(id="side"):
@@ -406,7 +434,7 @@ class DS4App(App):
             "transcript", "progress", "status", "prompt")}
         self._set_status()
         if self.flush_s or self.memory_s:
-            self.set_interval(self.flush_s or self.memory_s, self._tick)
+            self.run_worker(self._ticks(self.flush_s or self.memory_s), name="UI timer", group="ui-timer")
         self.run_worker(self._load, thread=True, group="load", exit_on_error=False)
         self._watch_signals()
 
@@ -531,6 +559,20 @@ class DS4App(App):
         """False while the app shuts down (timers can still fire after the widgets left)."""
         memory = self._panes.get("memory")
         return self.is_running and memory is not None and memory.is_attached
+
+    async def _ticks(self, period: float) -> None:
+        """The one UI timer: :meth:`_tick` every ``period`` seconds.  A tick that comes late runs at
+        once and the next keeps its time (Textual's timer would drop it: at 5 a second, the text
+        then reached the screen less than 5 times a second); a backlog of more than one is not
+        run."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + period
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            await self._tick()
+            due += period
+            if due < loop.time() - period:  # more than a period behind: one tick now, on from there
+                due = loop.time()
 
     async def _tick(self) -> None:
         """The one UI timer: the queued engine events, then the memory sample when one is due."""
@@ -869,9 +911,9 @@ class DS4App(App):
         its tokens done, or the engine said so: ``PrefillOver``) is not drawn: the bar leaves."""
         bar = self._panes["progress"]
         if ev is None or self._prefill_over or ev.done >= ev.total:
-            bar.remove_class("active")
+            bar.show(False)
             return
-        bar.add_class("active")
+        bar.show(True)
         bar.update(total=max(1, ev.total), progress=ev.done)
         self._set_status(f"prefill {ev.done}/{ev.total} tokens" + (f" ({ev.reused} reused from the KV cache)"
                                                                    if ev.reused else ""))
@@ -883,7 +925,7 @@ class DS4App(App):
 
     def _load_progress(self, ev: W.LoadProgress) -> None:
         bar = self._panes["progress"]
-        bar.add_class("active")
+        bar.show(True)
         bar.update(total=max(1, ev.total), progress=ev.done)
         amount = (f"{format_bytes(ev.done)} of {format_bytes(ev.total)}" if ev.unit == "byte"
                   else f"step {ev.done + 1} of {ev.total}")

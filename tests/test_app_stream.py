@@ -473,6 +473,24 @@ async def test_the_prefill_bar_leaves_the_screen_before_the_engine_decodes(tmp_p
         assert app.turns and app.turns[-1].answer == ANSWER
 
 
+async def test_the_hidden_progress_bar_runs_no_timer(tmp_path):
+    from textual.widgets._progress_bar import Bar
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)):
+        await app.workers.wait_for_complete()
+        await app.flush()
+        bar = app.query_one("#progress", A.PrefillBar)
+        assert bar.query_one(Bar).auto_refresh is None  # a total from the start: never the animation
+        timers = bar._own_timers  # (ProgressBar's own: the percentage redrawn every second)
+        assert len(timers) == 1 and not bar.has_class("active") and not timers[0]._active.is_set()
+        app.queue.put(W.PrefillProgress(1, 10, 40, 0))
+        await app.flush()
+        assert bar.has_class("active") and timers[0]._active.is_set() and bar.percentage == 0.25
+        app._progress(None)
+        assert not bar.has_class("active") and not timers[0]._active.is_set()
+
+
 async def test_a_prefill_that_text_follows_in_one_flush_is_not_drawn(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(150, 48)) as pilot:
@@ -640,6 +658,19 @@ async def test_an_answers_code_block_without_a_language_is_drawn_plain_not_guess
         assert plain.plain == "x = 1" and indented.plain == "indented = 2" and named.plain.startswith("def f():")
         styles = [{str(s.style) for s in c.spans} - {"$text"} for c in (plain, indented, named)]
         assert styles[0] == styles[1] == set() and styles[2]  # python highlighted, the rest plain
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/task is Linux's")
+def test_ui_tax_counts_a_threads_sleeps_as_its_wake_ups():
+    from ds4tui.devtools import ui_tax
+
+    me = threading.get_native_id()
+    before, others = ui_tax.thread_switches(-me), ui_tax.thread_switches(me)
+    time.sleep(0.01)  # one sleep: one voluntary switch of this thread at least
+    after = ui_tax.thread_switches(-me)
+    assert after[0] >= before[0] + 1 and after[1] >= before[1]
+    assert others is not None and all(n >= 0 for n in others)
+    assert ui_tax.thread_switches(-(2 ** 31 - 1)) is None  # (no such thread)
 
 
 def test_ui_tax_refuses_a_file_that_is_not_a_model_in_one_line(tmp_path, capsys):
