@@ -502,6 +502,30 @@ int ds4_session_get_dspark(ds4_session *s, ds4_dspark_knobs *out);
 /* The latest min(max, n_events) applied changes, oldest first; *n = written. */
 int ds4_session_dspark_events(ds4_session *s, ds4_dspark_event *out, int32_t max, int32_t *n);
 int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out);
+/* The scheduler's measured prices and acceptance (spec dspark.md §7.4):
+ * what a session learnt, or what a new one starts with.  t_ver[n] is the
+ * moving average of a pass over n rows in ms (n = 1: a plain decode; index
+ * 0 unused), valid where has_ver[n]; t_prop the full proposal's; reached[k]
+ * counts verifies that reached draft position k (every earlier draft
+ * accepted) and hit[k] those that accepted it. */
+typedef struct {
+    double t_ver[18];                 /* [DS4_DSPARK_MAX_BLOCK + 2] */
+    int32_t has_ver[18];
+    double t_prop;
+    int32_t has_prop;
+    uint64_t reached[16];             /* [DS4_DSPARK_MAX_BLOCK] */
+    uint64_t hit[16];
+} ds4_dspark_prices;
+
+/* The scheduler state of a session, as it stands after its last cycle. */
+int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out);
+/* Start a session's scheduler from `p` (e.g. another session's prices):
+ * the prices and counts replace the session's, the back-off restarts, and
+ * the next cycle is still a plain decode that re-times t_ver[1] before the
+ * scheduler decides anything.  DS4_E_INVALID names the field when a time is
+ * not finite and positive where it is marked valid, or hit[k] > reached[k];
+ * DS4_E_STATE without an attached support model. */
+int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, char *err, size_t err_len);
 /* The last drafter pass: its draft tokens (after the confidence cut, before
  * any budget or scheduler cut) and the raw confidences c_1..c_n it computed
  * (uncalibrated; c_k is computed up to the first one below the threshold). */

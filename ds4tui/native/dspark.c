@@ -26,6 +26,9 @@
 
 #define N_EVENTS 256
 /* ds4_dspark_stats.no_draft_reasons has DS4_ND_COUNT entries (the cdef spells the number out). */
+_Static_assert(sizeof(((ds4_dspark_prices *)0)->t_ver) / sizeof(double) == DS4_DSPARK_MAX_BLOCK + 2 &&
+                   sizeof(((ds4_dspark_prices *)0)->hit) / sizeof(uint64_t) == DS4_DSPARK_MAX_BLOCK,
+               "ds4_dspark_prices arrays must match DS4_DSPARK_MAX_BLOCK");
 _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
                "no_draft_reasons[] must have DS4_ND_COUNT entries");
 #define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
@@ -58,15 +61,11 @@ struct ds4_dspark {
     ds4_dspark_event events[N_EVENTS];
     uint64_t n_events;
     char fail_op[32];
-    /* scheduler (spec dspark.md §7.3) */
-    double t_ver[DS4_DSPARK_MAX_BLOCK + 2];
-    int has_ver[DS4_DSPARK_MAX_BLOCK + 2];
-    double t_prop;
-    int has_prop;
+    /* scheduler (spec dspark.md §7.3, §7.4): the measured times and the conditional acceptance by
+     * draft position (ds4_engine.h documents the fields) */
+    ds4_dspark_prices pr;
     int skip_left, backoff, probe;
-    /* conditional acceptance by draft position: verifies that reached position k (every earlier
-     * draft accepted) and those that accepted it (spec dspark.md §7.4) */
-    uint64_t reached[DS4_DSPARK_MAX_BLOCK], hit[DS4_DSPARK_MAX_BLOCK];
+    int plain_here;             /* a priced plain decode ran since the session began or its prices were set */
     uint64_t n_plain;           /* plain (no-draft) cycles */
     uint64_t n_priced;          /* ... of them not capturing a graph: priced_ms / n_priced prices the savings */
     double priced_ms;
@@ -393,20 +392,20 @@ static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, 
 /* ---- scheduler (spec dspark.md §7.3) -------------------------------------------------------- */
 
 static double t_verify(const ds4_dspark *d, int n) {
-    if (d->has_ver[n]) return d->t_ver[n];
+    if (d->pr.has_ver[n]) return d->pr.t_ver[n];
     int lo = n, hi = n;
-    while (lo > 1 && !d->has_ver[lo]) lo--;
-    while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !d->has_ver[hi]) hi++;
-    if (d->has_ver[lo] && d->has_ver[hi] && hi != lo)
-        return d->t_ver[lo] + (d->t_ver[hi] - d->t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
-    return d->has_ver[lo] ? d->t_ver[lo] : d->t_ver[hi]; /* optimistic: flat beyond what was measured */
+    while (lo > 1 && !d->pr.has_ver[lo]) lo--;
+    while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !d->pr.has_ver[hi]) hi++;
+    if (d->pr.has_ver[lo] && d->pr.has_ver[hi] && hi != lo)
+        return d->pr.t_ver[lo] + (d->pr.t_ver[hi] - d->pr.t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
+    return d->pr.has_ver[lo] ? d->pr.t_ver[lo] : d->pr.t_ver[hi]; /* optimistic: flat beyond what was measured */
 }
 
 /* Acceptance of draft position k given that every earlier draft was accepted: the mean of the
  * Beta(hit + 1, miss + 1) posterior (the Laplace prior), or with upper = 1 its mean plus two
  * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified). */
 static double accept_at(const ds4_dspark *d, int k, int upper) {
-    const double al = (double)d->hit[k] + 1.0, be = (double)(d->reached[k] - d->hit[k]) + 1.0, n = al + be;
+    const double al = (double)d->pr.hit[k] + 1.0, be = (double)(d->pr.reached[k] - d->pr.hit[k]) + 1.0, n = al + be;
     const double mean = al / n;
     if (!upper) return mean;
     const double ub = mean + 2.0 * sqrt(al * be / (n * n * (n + 1.0)));
@@ -421,7 +420,7 @@ static double rate(const ds4_dspark *d, int l, int upper) {
         surv *= accept_at(d, k, upper);
         tokens += surv;
     }
-    return tokens / (d->t_prop + t_verify(d, l + 1));
+    return tokens / (d->pr.t_prop + t_verify(d, l + 1));
 }
 
 /* 1 when no verify length up to lmax beats plain decoding even with every position's acceptance
@@ -462,7 +461,7 @@ static int best_length(const ds4_dspark *d, int lmax) {
 
 /* The moving average of a measured time; a sample is first clamped to [v / 2, 2 v], so that one
  * pass stalled by other work on the cores moves a price by at most EMA (20 %). */
-static void ema(double *v, int *has, double x) {
+static void ema(double *v, int32_t *has, double x) {
     if (*has) {
         if (x > 2.0 * *v) x = 2.0 * *v;
         if (x < 0.5 * *v) x = 0.5 * *v;
@@ -534,9 +533,10 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.propose_ms += propose_ms;
     add_prop_times(&d->st, pt);
     if (!s->last_pass_captured) {
-        ema(&d->t_ver[1], &d->has_ver[1], t1 - t0);
+        ema(&d->pr.t_ver[1], &d->pr.has_ver[1], t1 - t0);
         d->n_priced++;
         d->priced_ms += t1 - t0;
+        d->plain_here = 1;
     }
     d->n_plain++;
     d->since_plain = 0;
@@ -590,7 +590,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             d->skip_left--;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         }
-        if (!d->has_ver[1]) /* measure a plain decode first: the cost model is priced in it */
+        if (!d->plain_here) /* a plain decode first: the cost model is priced in it (a session that starts
+                             * from another's prices re-times it before deciding anything) */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -604,7 +605,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             probe = 1;
             probing = l < lmax;
             if (lmax > l) lmax = l;
-        } else if (d->has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
+        } else if (d->pr.has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
              * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
              * every position's acceptance at its optimistic bound */
@@ -634,7 +635,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     }
     /* t_prop prices the longest proposal: a probe's shorter one (fewer LM head rows and Markov
      * steps) would make every longer draft look cheaper than it is */
-    if (!probing) ema(&d->t_prop, &d->has_prop, propose_ms);
+    if (!probing) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
         int l = best_length(d, nd);
@@ -701,13 +702,13 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->accepted_len_hist[a]++;
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
-    for (int i = 0; i <= a && i < nd; i++) d->reached[i]++;
-    for (int i = 0; i < a; i++) d->hit[i]++;
+    for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++;
+    for (int i = 0; i < a; i++) d->pr.hit[i]++;
     st->propose_ms += propose_ms;
     add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0;
     st->spec_total_ms += t_end - tv0;
-    if (!s->last_pass_captured) ema(&d->t_ver[nd + 1], &d->has_ver[nd + 1], tv1 - tv0);
+    if (!s->last_pass_captured) ema(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], tv1 - tv0);
     d->since_plain++;
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
@@ -786,6 +787,40 @@ int ds4_session_dspark_last_proposal(ds4_session *s, int32_t *tokens, float *con
     memcpy(conf, d->conf, (size_t)nc * sizeof(float));
     *n_tokens = nt;
     *n_conf = nc;
+    return DS4_OK;
+}
+
+int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out) {
+    if (!s || !out) return DS4_E_INVALID;
+    memset(out, 0, sizeof *out);
+    if (!s->dsp) return DS4_OK;
+    *out = s->dsp->pr;
+    return DS4_OK;
+}
+
+int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, char *err, size_t err_len) {
+    if (!s || !p) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or prices");
+    if (!s->dsp || !s->e->sup)
+        return ds4_fail(err, err_len, DS4_E_STATE, "scheduler prices need an attached DSpark support model");
+    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++)
+        if (p->has_ver[n] && (n == 0 || !(isfinite(p->t_ver[n]) && p->t_ver[n] > 0.0)))
+            return ds4_fail(err, err_len, DS4_E_INVALID, "t_ver[%d] must be a finite time > 0 ms (widths 1..%d), got %g",
+                            n, DS4_DSPARK_MAX_BLOCK + 1, p->t_ver[n]);
+    if (p->has_prop && !(isfinite(p->t_prop) && p->t_prop > 0.0))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "t_prop must be a finite time > 0 ms, got %g", p->t_prop);
+    for (int k = 0; k < DS4_DSPARK_MAX_BLOCK; k++)
+        if (p->hit[k] > p->reached[k])
+            return ds4_fail(err, err_len, DS4_E_INVALID, "hit[%d] = %llu is more than reached[%d] = %llu", k,
+                            (unsigned long long)p->hit[k], k, (unsigned long long)p->reached[k]);
+    ds4_dspark *d = s->dsp;
+    d->pr = *p;
+    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = p->has_ver[n] ? 1 : 0;
+    d->pr.has_prop = p->has_prop ? 1 : 0;
+    d->skip_left = 0;
+    d->probe = 0;
+    d->backoff = 2;
+    d->plain_here = 0;
+    d->since_plain = 0;
     return DS4_OK;
 }
 
