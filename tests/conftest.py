@@ -51,3 +51,13 @@ def fitted_support(tiny_q2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fitted_support") / "support.gguf"
     fit_support(tiny_q2["model"], tiny_q2["support"], out, prompts=6, tokens=24, scan=4096, seed=0)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _scheduler_prices_in_tmp(tmp_path_factory, monkeypatch):
+    """The commands save DSpark scheduler prices by default (spec dspark.md §7.4): in a folder of
+    the test's own, never the user's cache."""
+    from ds4tui.commands import environment
+
+    folder = tmp_path_factory.mktemp("scheduler_prices")
+    monkeypatch.setattr(environment, "scheduler_prices_dir", lambda: folder)

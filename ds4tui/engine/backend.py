@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from ds4tui.engine.errors import StateError, native_error
+from ds4tui.engine.prices import SchedulerPrices
 from ds4tui.engine.stats import DSparkStats
 
 #: Most tokens one step() returns (accepted drafts + the next token; the DSpark block is at most 16).
@@ -197,6 +198,14 @@ class SessionBackend(Protocol):
         """Test hook: make the named drafter op fail (None: none); :class:`StateError` without a
         support model."""
 
+    def prices(self) -> "SchedulerPrices | None":
+        """The DSpark scheduler's prices and acceptance counts (spec dspark.md §7.4); None without
+        a scheduler."""
+
+    def set_prices(self, prices: "SchedulerPrices") -> None:
+        """Start the scheduler from ``prices``; :class:`StateError` without a support model,
+        ValueError for a value out of range."""
+
     def close(self) -> None:
         """Free what the backend holds; no call follows."""
 
@@ -338,6 +347,19 @@ class NativeBackend:
         if self._lib.ds4_session_dspark_fail_op(self.handle, (op or "").encode()) != 0:
             raise StateError("no DSpark support model is attached to this engine")
 
+    def prices(self) -> SchedulerPrices | None:
+        p = self._ffi.new("ds4_dspark_prices *")
+        self._lib.ds4_session_dspark_prices(self.handle, p)
+        return SchedulerPrices.from_native(p)
+
+    def set_prices(self, prices: SchedulerPrices) -> None:
+        err = self._ffi.new("char[512]")
+        rc = self._lib.ds4_session_set_dspark_prices(self.handle, prices.to_native(self._ffi), err, 512)
+        if rc == -1:  # DS4_E_INVALID: a value out of range
+            raise ValueError(self._ffi.string(err).decode())
+        if rc != 0:
+            raise native_error(rc, self._ffi.string(err).decode("utf-8", "replace"))
+
     def close(self) -> None:
         self._ffi.release(self.handle)
 
@@ -439,6 +461,12 @@ class ReferenceBackend:
         return [], []
 
     def fail_op(self, op: str | None) -> None:
+        raise StateError(self._NO_DSPARK)
+
+    def prices(self) -> SchedulerPrices | None:
+        return None
+
+    def set_prices(self, prices: SchedulerPrices) -> None:
         raise StateError(self._NO_DSPARK)
 
     def close(self) -> None:

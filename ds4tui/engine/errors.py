@@ -9,8 +9,8 @@ Two families, and three errors of their own:
   engine where it came from (:func:`native_error` maps its return codes).
 * :class:`NonFiniteError` belongs to both: NaN/Inf in a model file's tensor, or in the logits a
   forward pass produced.
-* :class:`TokenizerError` (a ``ValueError``), :class:`ConversionError` and
-  :class:`TelemetryUnavailable` (a ``RuntimeError``).
+* :class:`TokenizerError` and :class:`SchedulerPricesError` (``ValueError`` s),
+  :class:`ConversionError` and :class:`TelemetryUnavailable` (a ``RuntimeError``).
 
 The modules that raise them re-export the names they always had (``session.EngineError``,
 ``gguf_model.ModelFileError``, ``reference.TokenRangeError``, ...): the same class objects.
@@ -43,6 +43,7 @@ __all__ = [
     "MissingTensorError",
     "ModelFileError",
     "NonFiniteError",
+    "SchedulerPricesError",
     "StateError",
     "SupportInvalidError",
     "TelemetryUnavailable",
@@ -215,6 +216,12 @@ class ConversionError(Exception):
 
 class TelemetryUnavailable(RuntimeError):
     """An explicitly requested telemetry backend cannot run here; ``str(e)`` is the one-line reason."""
+
+
+class SchedulerPricesError(ValueError):
+    """A saved scheduler prices file (spec dspark.md §7.4) that cannot be used: unreadable, not the
+    format, a field out of range, or measured for another model, support file or options (stale).
+    The message names the file and what is wrong; the engine ignores the file and starts fresh."""
 
 
 # ---- the C engine's return codes -----------------------------------------------------------------

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -48,6 +49,7 @@ from ds4tui.engine.backend import (  # re-exported: the names this module always
 )
 from ds4tui.engine.errors import (  # re-exported: the names this module always had
     BackendUnavailableError,
+    SchedulerPricesError,
     CancelledError,
     ContextOverflowError,
     DeviceError,
@@ -57,7 +59,7 @@ from ds4tui.engine.errors import (  # re-exported: the names this module always 
     TokenRangeError,
     native_error,
 )
-from ds4tui.engine import memplan
+from ds4tui.engine import memplan, prices
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -131,6 +133,13 @@ class Engine:
     mode in force, ``"on"`` or ``"off"``) and ``gpu_graphs_note`` (why) are read live: a capture
     the runtime refuses turns it off for the engine with the reason; the cpu and reference
     backends launch no kernels, so it is off there.
+    ``scheduler_prices`` (spec dspark.md §7.4, :mod:`ds4tui.engine.prices`): where a new session's
+    DSpark scheduler starts: ``"fresh"`` (default: it measures what a verify costs and how often
+    drafts are accepted by drafting once), ``"engine"`` (from what this engine's earlier sessions
+    measured, merged when each closes) or ``"saved"`` (as engine, and kept between runs in a JSON
+    file under ``prices_dir`` keyed by the model and support files and the options; a file that
+    cannot be used is ignored and ``scheduler_prices_note`` says why).  ``scheduler_prices_file``
+    is that file (None unless saved).
     The GGUF stays memory-mapped while the engine lives.  Nothing here reads the environment: the
     command line passes what its variables set (``ds4tui.commands.environment``).
     """
@@ -139,7 +148,8 @@ class Engine:
                  n_threads: int = 0, support: str | os.PathLike | SupportModel | None = None,
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, activations: str = "f32",
-                 prefill_gemm: str = "auto", gpu_graphs: str = "off"):
+                 prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
+                 prices_dir: str | os.PathLike | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -163,6 +173,19 @@ class Engine:
         if gpu_graphs not in GPU_GRAPHS:
             raise ValueError(f"gpu_graphs must be one of {', '.join(GPU_GRAPHS)}, got {gpu_graphs!r}")
         self._gpu_graphs_wanted = gpu_graphs
+        if scheduler_prices not in prices.MODES:
+            raise ValueError(f"scheduler_prices must be one of {', '.join(prices.MODES)}, got {scheduler_prices!r}")
+        if scheduler_prices == "saved" and prices_dir is None:
+            raise ValueError("scheduler_prices 'saved' needs prices_dir, the folder of the saved prices")
+        self.scheduler_prices = scheduler_prices
+        self.scheduler_prices_note = "fresh: every session measures its own prices"
+        self.scheduler_prices_file: Path | None = None
+        #: the saved prices file could not be used or written ("": no problem); the note says the rest
+        self.scheduler_prices_problem = ""
+        self._prices_dir = prices_dir
+        self._prices: prices.SchedulerPrices | None = None
+        self._prices_from = "fresh"
+        self._prices_lock = threading.Lock()
         self.prefill_gemm = "off"
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
@@ -216,6 +239,7 @@ class Engine:
         self._open_native(int(n_threads), progress)
         if support is not None:
             self._attach_support(support)
+        self._open_prices()
 
     # -- native descriptor ---------------------------------------------------------------------
     def _open_native(self, n_threads: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -355,6 +379,60 @@ class Engine:
         self.support_status = "attached"
         self.support_message = f"{sm.path}: {sm.summary_line()}"
 
+    def _open_prices(self) -> None:
+        """Where new sessions' schedulers start (``scheduler_prices``, spec dspark.md §7.4): with
+        ``saved``, read the file of this engine's :func:`~ds4tui.engine.prices.identity`; a file that
+        cannot be used is ignored (fresh) and ``scheduler_prices_note`` says why."""
+        mode = self.scheduler_prices
+        if mode == "fresh":
+            return
+        if self.support_status != "attached":
+            self.scheduler_prices_note = f"{mode}: no support model drafts, nothing to price"
+            return
+        if mode == "engine":
+            self.scheduler_prices_note = "engine: a new session starts from the prices of this engine's earlier ones"
+            return
+        ident = prices.identity(self)
+        path = prices.file_for(self._prices_dir, ident)
+        self.scheduler_prices_file, self._prices_ident = path, ident
+        try:
+            kept = prices.load(path, ident)
+        except SchedulerPricesError as exc:
+            self.scheduler_prices_problem = f"{exc}; ignored, the scheduler starts fresh"
+            self.scheduler_prices_note = (f"saved: {exc}; ignored: the first session prices itself, and the file is "
+                                          f"rewritten when a session closes")
+            return
+        if kept is None or not kept.learnt:
+            self.scheduler_prices_note = f"saved: no prices yet in {path} (written when a session closes)"
+            return
+        self._prices, self._prices_from = kept, "saved"
+        self.scheduler_prices_note = f"saved: from {path} ({kept.summary()})"
+
+    def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None") -> None:
+        """A session that began from ``start`` ended with ``end``: merge into the engine's prices
+        and, with ``saved``, write the file (an OSError goes into ``scheduler_prices_note``)."""
+        if end is None or not end.learnt:
+            return
+        with self._prices_lock:
+            self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end)
+            self._prices_from = "engine"
+            if self.scheduler_prices != "saved":
+                return
+            try:
+                prices.save(self.scheduler_prices_file, self._prices_ident, self._prices)
+            except OSError as exc:
+                self.scheduler_prices_problem = f"cannot write the scheduler prices to {self.scheduler_prices_file}: {exc}"
+                self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
+            else:
+                self.scheduler_prices_note = f"saved: in {self.scheduler_prices_file} ({self._prices.summary()})"
+
+    @property
+    def kept_prices(self) -> "prices.SchedulerPrices | None":
+        """The prices a new session starts from (None: fresh), with their counts as carried over."""
+        with self._prices_lock:
+            kept = self._prices
+        return kept.capped() if kept is not None and self.scheduler_prices != "fresh" else None
+
     @property
     def block_size(self) -> int:
         """The drafter's block size (0 without an attached support model)."""
@@ -399,7 +477,17 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats))
+        start, source = None, "fresh"
+        if self.scheduler_prices != "fresh" and self.support_status == "attached":
+            with self._prices_lock:
+                kept, source = self._prices, self._prices_from
+            if kept is not None and kept.learnt:
+                start = kept.capped()
+                backend.set_prices(start)
+            else:
+                source = "fresh"
+        s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
+                    prices_source=source)
         self._sessions.add(s)
         return s
 
@@ -482,8 +570,13 @@ class Session:
     """
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
-                 print_stats: bool = False):
+                 print_stats: bool = False, prices_start: "prices.SchedulerPrices | None" = None,
+                 prices_source: str = "fresh"):
         self.engine = engine
+        #: where the scheduler's prices came from at the start (spec dspark.md §7.4): "fresh",
+        #: "saved" (the engine's file) or "engine" (an earlier session of the engine)
+        self.scheduler_prices_at_start = prices_source
+        self._prices_start = prices_start
         self.print_stats = print_stats
         self.config = engine.config
         self.n_ctx = n_ctx
@@ -920,6 +1013,34 @@ class Session:
         self._alive()
         return self.backend.last_proposal()
 
+    def _prices_to_keep(self) -> "prices.SchedulerPrices | None":
+        """The scheduler's prices as the engine keeps them: a plain decode's is the session's mean
+        over at least :data:`~ds4tui.engine.prices.KEEP_MIN_DECODES` plain decodes rather than the
+        moving average's last value, which one decode stalled near the end moves by up to 20 %
+        (spec dspark.md §7.4)."""
+        end = self.backend.prices()
+        st = self.backend.dspark_stats()
+        if end is not None and st.t_decode_measured and st.no_draft + st.invalid >= prices.KEEP_MIN_DECODES:
+            end = replace(end, t_ver={**end.t_ver, 1: st.t_decode_ms})
+        return end
+
+    def set_scheduler_prices(self, kept: "prices.SchedulerPrices") -> None:
+        """Start the DSpark scheduler from ``kept`` (spec dspark.md §7.4): its next cycle is a plain
+        decode that re-times t_ver(1), then it decides with these prices and counts.
+        :class:`StateError` without an attached support model; ValueError naming a field out of
+        range (a time not finite and > 0, hit[k] > reached[k])."""
+        with self._lock:
+            self._alive()
+            self.backend.set_prices(kept)
+            self._prices_start = None  # not the engine's: all of it is news to the engine when kept
+
+    def scheduler_prices(self) -> "prices.SchedulerPrices | None":
+        """The DSpark scheduler's prices and acceptance counts as they stand (spec dspark.md §7.4);
+        None without a support model."""
+        with self._lock:
+            self._alive()
+            return self.backend.prices() if self.has_dspark else None
+
     def dspark_fail_op(self, op: str | None) -> None:
         """Test hook: make the named drafter op fail on every pass (None: none).  The cycle is
         then counted as ``chain_fail`` with the op's name and decoding continues target-only."""
@@ -937,6 +1058,8 @@ class Session:
                 st = self.dspark_stats()
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)
+            if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
+                self.engine._keep_prices(self._prices_start, self._prices_to_keep())
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()

@@ -240,6 +240,9 @@ class ChatInfo:
     gpu_graphs: str = "off"
     gpu_graphs_note: str = ""
     prefill_chunk: int = 0  # tokens per prefill pass (the session's n_batch; spec ds4.md §2.8)
+    #: where the DSpark scheduler's prices start (spec dspark.md §7.4): the mode and what it did
+    scheduler_prices: str = "fresh"
+    scheduler_prices_note: str = ""
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,7 +285,8 @@ class ChatEngine:
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
     starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
-    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations`` and ``gpu_graphs`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
+    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``scheduler_prices``
+    and ``prices_dir`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
 
     Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
@@ -297,7 +301,8 @@ class ChatEngine:
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
-                 numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off"):
+                 numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
+                 scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -310,7 +315,8 @@ class ChatEngine:
         self.engine = S.Engine(dm, backend=backend, n_threads=n_threads, support=support, numerics=numerics,
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
-                               activations=activations, gpu_graphs=gpu_graphs)
+                               activations=activations, gpu_graphs=gpu_graphs, scheduler_prices=scheduler_prices,
+                               prices_dir=prices_dir)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -346,6 +352,8 @@ class ChatEngine:
             prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""),
             activations=getattr(e, "activations", "f32"),
             gpu_graphs=getattr(e, "gpu_graphs", "off"), gpu_graphs_note=getattr(e, "gpu_graphs_note", ""),
+            scheduler_prices=getattr(e, "scheduler_prices", "fresh"),
+            scheduler_prices_note=getattr(e, "scheduler_prices_note", ""),
             prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------

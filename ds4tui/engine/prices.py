@@ -1,0 +1,255 @@
+"""The DSpark scheduler's measured prices, kept across sessions (spec dspark.md §7.4).
+
+A fresh session's scheduler knows neither what a verify of n rows costs nor how often the drafter's
+tokens are accepted, so it pays for one full proposal and verify to find out (the pricing cycle)
+and for probes while the bounds on acceptance are loose.  The ``scheduler_prices`` option of
+:class:`~ds4tui.engine.session.Engine` says where a new session's scheduler starts:
+
+* ``"fresh"``: from nothing (every session prices itself; the engine's default for a Python caller);
+* ``"engine"``: from what the earlier sessions of the same engine measured;
+* ``"saved"``: as ``engine``, and the prices are also kept in a small JSON file between runs, keyed
+  by what changes what is measured (:func:`identity`); the commands' default.
+
+What is kept (:class:`SchedulerPrices`, the C engine's ``ds4_dspark_prices``): t_ver(n) in ms for
+every verify width seen (n = 1: a plain decode), t_prop (the full proposal) and, per draft position
+k, the verifies that reached k and those that accepted it.  The counts a session starts with are
+scaled down to :data:`PRIOR_VERIFIES` verifies at position 0 (the ratios kept), so that a
+session's own acceptance outweighs the carried one within a few dozen drafted cycles.  A session
+that starts from kept prices still times a plain decode before it decides anything, and every
+measured time still enters through the clamped moving average and the re-pricing decode (spec
+dspark.md §7.4), so a stale price moves towards the measured one instead of latching a loss.
+
+Nothing here reads the environment: the command line passes the folder of the saved files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds4tui.engine.errors import SchedulerPricesError
+from ds4tui.engine.stats import MAX_BLOCK
+
+#: The ``scheduler_prices`` modes.
+MODES = ("fresh", "engine", "saved")
+#: The version of the saved file's layout.
+FORMAT = 1
+#: A session starts with at most this many carried verifies at draft position 0 (spec dspark.md §7.4).
+PRIOR_VERIFIES = 32
+#: A session's mean plain decode replaces the moving average's t_ver(1) in the kept prices after this many.
+KEEP_MIN_DECODES = 8
+#: The widest verify: the anchor and a full block (ds4_engine.h's DS4_DSPARK_MAX_BLOCK + 1).
+MAX_WIDTH = MAX_BLOCK + 1
+
+
+@dataclass(frozen=True)
+class SchedulerPrices:
+    """The scheduler's prices and acceptance counts (spec dspark.md §7.4).
+
+    ``t_ver``: verify width n (1..17, 1 = a plain decode) → ms; ``t_prop``: the full proposal in ms
+    (None: not measured); ``reached[k]`` / ``hit[k]`` (k = 0..15): verifies that reached draft
+    position k, and those that accepted it."""
+
+    t_ver: dict[int, float] = field(default_factory=dict)
+    t_prop: float | None = None
+    reached: tuple[int, ...] = (0,) * MAX_BLOCK
+    hit: tuple[int, ...] = (0,) * MAX_BLOCK
+
+    @property
+    def learnt(self) -> bool:
+        """True when anything was measured."""
+        return bool(self.t_ver) or self.t_prop is not None or any(self.reached)
+
+    # -- the C struct --------------------------------------------------------------------------
+    @classmethod
+    def from_native(cls, p) -> "SchedulerPrices":
+        """From a ``ds4_dspark_prices *``."""
+        return cls(t_ver={n: float(p.t_ver[n]) for n in range(1, MAX_WIDTH + 1) if p.has_ver[n]},
+                   t_prop=float(p.t_prop) if p.has_prop else None,
+                   reached=tuple(int(p.reached[k]) for k in range(MAX_BLOCK)),
+                   hit=tuple(int(p.hit[k]) for k in range(MAX_BLOCK)))
+
+    def to_native(self, ffi):
+        """A new ``ds4_dspark_prices *`` holding these prices."""
+        p = ffi.new("ds4_dspark_prices *")
+        for n, ms in self.t_ver.items():
+            p.t_ver[n] = ms
+            p.has_ver[n] = 1
+        if self.t_prop is not None:
+            p.t_prop, p.has_prop = self.t_prop, 1
+        for k in range(MAX_BLOCK):
+            p.reached[k], p.hit[k] = self.reached[k], self.hit[k]
+        return p
+
+    # -- JSON ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """``{"t_ver_ms": {"1": ms, ...}, "t_prop_ms": ms | None, "reached": [...], "hit": [...]}``."""
+        return {"t_ver_ms": {str(n): ms for n, ms in sorted(self.t_ver.items())}, "t_prop_ms": self.t_prop,
+                "reached": list(self.reached), "hit": list(self.hit)}
+
+    @classmethod
+    def from_dict(cls, d, where: str = "prices") -> "SchedulerPrices":
+        """The inverse of :meth:`to_dict`; :class:`SchedulerPricesError` naming the field that is
+        missing or out of range (``where`` prefixes it)."""
+        def bad(name: str, expected: str, found) -> SchedulerPricesError:
+            return SchedulerPricesError(f"{where}.{name}: expected {expected}, found {found!r}")
+
+        def time(name: str, v) -> float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise bad(name, "a finite time > 0 ms", v)
+            return float(v)
+
+        if not isinstance(d, dict):
+            raise SchedulerPricesError(f"{where}: expected an object, found {type(d).__name__}")
+        tv = d.get("t_ver_ms")
+        if not isinstance(tv, dict):
+            raise bad("t_ver_ms", "an object of width → ms", tv)
+        t_ver = {}
+        for key, v in tv.items():
+            if not (isinstance(key, str) and key.isdigit() and 1 <= int(key) <= MAX_WIDTH):
+                raise bad("t_ver_ms", f"widths 1..{MAX_WIDTH}", key)
+            t_ver[int(key)] = time(f"t_ver_ms.{key}", v)
+        tp = d.get("t_prop_ms")
+        t_prop = None if tp is None else time("t_prop_ms", tp)
+        counts = []
+        for name in ("reached", "hit"):
+            v = d.get(name)
+            if (not isinstance(v, list) or len(v) != MAX_BLOCK
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
+                raise bad(name, f"a list of {MAX_BLOCK} counts >= 0", v)
+            counts.append(tuple(v))
+        reached, hit = counts
+        for k in range(MAX_BLOCK):
+            if hit[k] > reached[k]:
+                raise bad(f"hit[{k}]", f"at most reached[{k}] = {reached[k]}", hit[k])
+        return cls(t_ver, t_prop, reached, hit)
+
+    # -- carrying them over ------------------------------------------------------------------------
+    def capped(self, verifies: int = PRIOR_VERIFIES) -> "SchedulerPrices":
+        """These prices with the counts scaled so that at most ``verifies`` reached position 0
+        (every count times the same factor, rounded: the acceptance ratios stay)."""
+        top = max(self.reached)
+        if top <= verifies:
+            return self
+        f = verifies / top
+        reached = tuple(int(round(r * f)) for r in self.reached)
+        hit = tuple(min(int(round(h * f)), r) for h, r in zip(self.hit, reached))
+        return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit)
+
+    def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices") -> "SchedulerPrices":
+        """These (the engine's) prices after a session that started from ``start`` (None: fresh)
+        ended with ``end``: every time the session holds replaces the kept one (its moving average
+        already started from it), the others stay; the counts add what the session added; then
+        :meth:`capped`."""
+        t_ver = {**self.t_ver, **end.t_ver}
+        t_prop = end.t_prop if end.t_prop is not None else self.t_prop
+        s = start or SchedulerPrices()
+        reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
+        hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
+        hit = tuple(min(h, r) for h, r in zip(hit, reached))
+        return SchedulerPrices(t_ver, t_prop, reached, hit).capped()
+
+    def summary(self) -> str:
+        """One line: the decode, the widest verify and the proposal in ms, acceptance at position 0."""
+        parts = []
+        if 1 in self.t_ver:
+            parts.append(f"decode {self.t_ver[1]:.2f} ms")
+        wide = max((n for n in self.t_ver if n > 1), default=None)
+        if wide is not None:
+            parts.append(f"verify({wide}) {self.t_ver[wide]:.2f} ms")
+        if self.t_prop is not None:
+            parts.append(f"proposal {self.t_prop:.2f} ms")
+        if self.reached[0]:
+            parts.append(f"first draft accepted {self.hit[0]}/{self.reached[0]}")
+        return ", ".join(parts) or "nothing measured"
+
+
+# ---- the saved file ----------------------------------------------------------------------------
+
+def _file_identity(path) -> dict:
+    p = Path(path).resolve()
+    st = p.stat()
+    return {"path": str(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def identity(engine) -> dict:
+    """What the saved prices of ``engine`` are keyed by: everything that changes what the scheduler
+    measures (the model and support files by path, size and modification time, the backend and its
+    device, threads, numerics, activations, the GPU options, the block size) and the ds4tui version."""
+    from ds4tui import __version__
+
+    gpu = getattr(engine, "gpu_info", None)
+    return {"ds4tui": __version__,
+            "model": _file_identity(engine.model.path),
+            "support": _file_identity(engine.support.path),
+            "backend": engine.backend,
+            "device": f"{gpu.device_name} ({gpu.device_arch})" if gpu is not None and engine.backend == "hip" else None,
+            "n_threads": engine.n_threads, "numerics": engine.numerics, "activations": engine.activations,
+            "gpu_layout": engine.gpu_layout if engine.backend == "hip" else None,
+            "prefill_gemm": engine.prefill_gemm, "gpu_graphs": engine.gpu_graphs, "block_size": engine.block_size}
+
+
+#: Identity fields that name the file (the others are checked inside it: a change makes it stale).
+_NAMED_BY = ("backend", "device", "n_threads", "numerics", "activations", "gpu_layout", "prefill_gemm",
+             "gpu_graphs", "block_size")
+
+
+def file_for(folder: str | os.PathLike, ident: dict) -> Path:
+    """The saved file of ``ident`` in ``folder``: named by a hash of the model and support paths and
+    the options, so that a changed file (size, time) or version finds its stale prices and says so."""
+    named = {"model": ident["model"]["path"], "support": ident["support"]["path"],
+             **{k: ident[k] for k in _NAMED_BY}}
+    digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}.json"
+
+
+def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
+    """The prices saved in ``path`` for ``ident``; None when there is no file.
+    :class:`SchedulerPricesError` (naming the file and what is wrong) when it cannot be read, is not
+    this format, or was measured for something else (the differing keys named)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchedulerPricesError(f"{path}: cannot read the saved scheduler prices: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchedulerPricesError(f"{path}: not a scheduler prices file (invalid JSON: {exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise SchedulerPricesError(f"{path}: expected a scheduler prices file of format {FORMAT}, found format {found!r}")
+    saved = doc.get("identity")
+    if saved != ident:
+        keys = sorted(k for k in set(ident) | set(saved or {}) if (saved or {}).get(k) != ident.get(k))
+        raise SchedulerPricesError(f"{path}: stale scheduler prices: measured for a different "
+                                   f"{', '.join(keys)} than this engine's")
+    return SchedulerPrices.from_dict(doc.get("prices"), where=f"{path}: prices")
+
+
+def save(path: str | os.PathLike, ident: dict, prices: SchedulerPrices) -> None:
+    """Write ``prices`` for ``ident`` to ``path`` (the folder made if needed) in one rename, so a
+    reader never sees half a file.  OSError when it cannot be written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, "what": "ds4tui DSpark scheduler prices (spec dspark.md §7.4)", "identity": ident,
+           "prices": prices.to_dict()}
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,209 @@
+"""The DSpark scheduler's prices kept across sessions and runs (spec dspark.md §7.4).
+
+Oracles: the scheduler's own state as the C engine reports it (``Session.scheduler_prices``), the
+DSpark counters (a pricing draft is a proposal in a fresh session's second cycle), and the saved
+file's JSON.  No timing is asserted: the kept prices given here are made so far from any real pass
+(a verify of a second) that the decisions they lead to do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4tui.cli import main as cli_main
+from ds4tui.engine import prices as P
+from ds4tui.engine import session as S
+from ds4tui.engine.errors import SchedulerPricesError
+
+PROMPT = [101, 2024, 777, 31337, 4242, 9000, 123, 456, 789, 1011, 1213, 1415]
+
+#: Drafting cannot pay with these, whatever the machine: a proposal and a verify of a second each
+#: against a plain decode of a millisecond, and no first draft accepted in 32 verifies.
+HOPELESS = P.SchedulerPrices(t_ver={1: 1.0, 6: 1000.0}, t_prop=1000.0,
+                             reached=(32, 0, 0, 0, 0) + (0,) * 11, hit=(0,) * 16)
+
+
+def _decode(session: S.Session, n: int) -> None:
+    session.prefill(PROMPT)
+    got = 0
+    while got < n:  # the whole budget each step: never a tail skip
+        got += len(session.step())
+
+
+def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2):
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
+    assert e.scheduler_prices == "engine" and e.kept_prices is None
+    first = e.session(128)
+    assert first.scheduler_prices_at_start == "fresh" and not first.scheduler_prices().learnt
+    first.set_scheduler_prices(HOPELESS)
+    _decode(first, 30)
+    st = first.dspark_stats()
+    assert st.proposed == 0 and st.scheduler_skips == st.cycles > 8  # priced: it never drafts
+    end = first.scheduler_prices()
+    assert end.t_prop == 1000.0 and end.t_ver[6] == 1000.0 and end.reached == HOPELESS.reached
+    first.close()
+
+    kept = e.kept_prices  # the plain decode's price is the first session's mean plain decode
+    assert kept.t_ver[1] == pytest.approx(st.t_decode_ms) and kept.t_ver[6] == 1000.0 and kept.t_prop == 1000.0
+    assert kept.reached == HOPELESS.reached and kept.hit == HOPELESS.hit
+    second = e.session(128)
+    assert second.scheduler_prices_at_start == "engine" and second.scheduler_prices() == kept
+    _decode(second, 30)
+    st2 = second.dspark_stats()
+    assert st2.proposed == 0 and st2.propose == 0.0 and st2.no_draft_reasons["scheduler_skip"] == st2.cycles
+    second.close()
+
+    fresh = S.Engine(tiny_q2["model"], support=tiny_q2["support"])  # the engine's default: fresh
+    s = fresh.session(128)
+    _decode(s, 30)
+    assert s.scheduler_prices_at_start == "fresh" and s.dspark_stats().proposed > 0  # its pricing draft
+    s.close()
+    assert fresh.kept_prices is None
+
+
+def test_a_priced_session_still_times_a_plain_decode_first(tiny_q2):
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(128)
+    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 1000.0, 6: 0.001}, t_prop=0.001,
+                                             reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    s.step()  # the first cycle: a plain decode, however cheap drafting looks
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"]) == (1, 0, 1)
+    assert s.scheduler_prices().t_ver[1] < 1000.0  # re-timed (clamped: at most halved)
+    s.close()
+
+
+def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(64)
+    with pytest.raises(ValueError, match=r"hit\[1\] = 3 is more than reached\[1\] = 2"):
+        s.set_scheduler_prices(P.SchedulerPrices(reached=(4, 2) + (0,) * 14, hit=(2, 3) + (0,) * 14))
+    with pytest.raises(ValueError, match=r"t_ver\[6\] must be a finite time > 0 ms"):
+        s.set_scheduler_prices(P.SchedulerPrices(t_ver={6: float("nan")}))
+    s.close()
+    plain = S.Engine(tiny_q2["model"]).session(64)
+    with pytest.raises(S.StateError, match="scheduler prices need an attached DSpark support model"):
+        plain.set_scheduler_prices(HOPELESS)
+    with pytest.raises(ValueError, match="scheduler_prices must be one of fresh, engine, saved"):
+        S.Engine(tiny_q2["model"], scheduler_prices="always")
+    with pytest.raises(ValueError, match="needs prices_dir"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved")
+
+
+def test_carried_counts_are_scaled_and_merged():
+    many = P.SchedulerPrices(t_ver={1: 2.0}, reached=(320, 100, 10) + (0,) * 13, hit=(100, 10, 1) + (0,) * 13)
+    c = many.capped()
+    assert c.reached[:3] == (32, 10, 1) and c.hit[:3] == (10, 1, 0) and c.t_ver == {1: 2.0}
+    assert HOPELESS.capped() is HOPELESS
+    start = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15, hit=(4,) + (0,) * 15)
+    end = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0, 3: 4.0}, t_prop=5.0, reached=(13, 2) + (0,) * 14,
+                            hit=(6, 1) + (0,) * 14)
+    kept = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0, 2: 3.0}, t_prop=5.0, reached=(20,) + (0,) * 15,
+                             hit=(8,) + (0,) * 15)
+    m = kept.merged(start, end)  # the session added 3 verifies at position 0 (2 accepted), 2 at position 1
+    assert m.t_ver == {1: 2.5, 2: 3.0, 3: 4.0, 6: 7.0} and m.t_prop == 5.0
+    assert m.reached[:2] == (23, 2) and m.hit[:2] == (10, 1)
+    assert P.SchedulerPrices().merged(None, end) == end
+
+
+def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    path = e.scheduler_prices_file
+    assert path.parent == tmp_path and not path.exists() and "no prices yet" in e.scheduler_prices_note
+    s = e.session(128)
+    assert s.scheduler_prices_at_start == "fresh"
+    s.set_scheduler_prices(HOPELESS)
+    _decode(s, 20)
+    s.close()
+    doc = json.loads(path.read_text())
+    assert doc["format"] == P.FORMAT and doc["identity"] == P.identity(e)
+    assert doc["identity"]["n_threads"] == e.n_threads and doc["identity"]["backend"] == "cpu"
+    assert doc["prices"]["t_ver_ms"]["6"] == 1000.0 and doc["prices"]["reached"] == list(HOPELESS.reached)
+    saved = P.SchedulerPrices.from_dict(doc["prices"])
+    e.close()
+
+    again = S.Engine(tiny_q2["model"], **kw)
+    assert again.scheduler_prices_file == path and again.scheduler_prices_problem == ""
+    assert again.scheduler_prices_note.startswith(f"saved: from {path}")
+    s = again.session(128)
+    assert s.scheduler_prices_at_start == "saved" and s.scheduler_prices() == saved
+    _decode(s, 20)
+    assert s.dspark_stats().proposed == 0
+    s.close()
+    other = S.Engine(tiny_q2["model"], n_threads=3, **kw)  # other threads: another file
+    assert other.scheduler_prices_file != path and other.kept_prices is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not a scheduler prices file (invalid JSON"),
+    (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),
+    ("STALE", "stale scheduler prices: measured for a different n_threads than this engine's"),
+    ("BAD_TIME", "prices.t_ver_ms.6: expected a finite time > 0 ms, found -1"),
+])
+def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, message):
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    path, ident = e.scheduler_prices_file, P.identity(e)
+    e.close()
+    if text == "STALE":
+        P.save(path, {**ident, "n_threads": ident["n_threads"] + 1}, HOPELESS)
+    elif text == "BAD_TIME":
+        P.save(path, ident, HOPELESS)
+        doc = json.loads(path.read_text())
+        doc["prices"]["t_ver_ms"]["6"] = -1
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(text)
+    with pytest.raises(SchedulerPricesError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        P.load(path, ident)
+    e = S.Engine(tiny_q2["model"], **kw)  # opens: the file is ignored, and said why
+    assert str(path) in e.scheduler_prices_problem and message in e.scheduler_prices_problem
+    assert e.scheduler_prices_problem.endswith("ignored, the scheduler starts fresh")
+    assert e.kept_prices is None
+    s = e.session(128)
+    assert s.scheduler_prices_at_start == "fresh"
+    _decode(s, 20)
+    s.close()  # nothing lost: the file now holds this session's prices
+    assert P.load(path, ident).learnt
+
+
+def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
+    from ds4tui.commands import environment
+
+    rc = cli_main(["generate", tiny_q2["model"], "--mtp", tiny_q2["support"], "-p", "hi", "-n", "16", "--json",
+                   "--backend", "cpu"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["scheduler_prices"] == "saved" and r["scheduler_prices_at_start"] == "fresh"
+    path = r["scheduler_prices_file"]
+    assert path.startswith(str(environment.scheduler_prices_dir())) and r["scheduler_prices_problem"] is None
+    rc = cli_main(["generate", tiny_q2["model"], "--mtp", tiny_q2["support"], "-p", "hi", "-n", "16", "--json",
+                   "--backend", "cpu"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["scheduler_prices_at_start"] == "saved" and r["scheduler_prices_file"] == path
+    assert r["scheduler_prices_note"].startswith(f"saved: from {path}")
+    rc = cli_main(["generate", tiny_q2["model"], "--mtp", tiny_q2["support"], "-p", "hi", "-n", "16", "--json",
+                   "--backend", "cpu", "--scheduler-prices", "fresh"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["scheduler_prices"] == "fresh" and r["scheduler_prices_file"] is None
+
+    rc = cli_main(["bench", tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", "--tokens",
+                   "12", "--json", "--backend", "cpu", "--scheduler-prices", "engine"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["scheduler_prices"] == "engine" and r["scheduler_prices_file"] is None
+    names = ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
+    assert r["arm_order"] == [{"kind": "code", "order": names}, {"kind": "prose", "order": names[::-1]}]
+    pos = {(a["name"], run["kind"]): (run["position"], run["scheduler_prices_at_start"])
+           for a in r["arms"] for run in a["runs"]}
+    # code: the scheduler arm runs last, after two sessions of the engine; prose: first, after three
+    assert pos[("dspark-scheduler", "code")] == (2, "engine") and pos[("dspark-scheduler", "prose")] == (0, "engine")
+    assert pos[("target-only", "code")] == (0, "fresh") and pos[("target-only", "prose")] == (2, "engine")
+
+    rc = cli_main(["doctor", "--json"])
+    d = json.loads(capsys.readouterr().out)["scheduler_prices"]
+    assert d["default"] == "saved" and d["choices"] == ["fresh", "engine", "saved"]
+    assert d["folder"] == str(environment.scheduler_prices_dir()) and d["saved_files"] == 1
