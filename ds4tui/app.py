@@ -155,6 +155,10 @@ class ChatOptions:
     activations: str = "f32"
     #: the gpu_graphs option (spec platform.md §8): "off" or "on" (hip backend)
     gpu_graphs: str = "off"
+    #: where the DSpark scheduler's prices start (spec dspark.md §7.4): "fresh", "engine" or "saved",
+    #: and the folder of the saved ones
+    scheduler_prices: str = "fresh"
+    prices_dir: Path | None = None
     scheduler: bool = True
     max_draft: int = 0
     #: the DSpark confidence threshold the session starts with (chat --confidence; 0 = whole blocks)
@@ -534,7 +538,10 @@ class DS4App(App):
                 + (f"; prefill chunks of {info.prefill_chunk} tokens" if info.backend == "hip" and getattr(info, "prefill_chunk", 0)
                    else "")
                 + (f"; graphs {info.gpu_graphs_note}" if info.backend == "hip" and getattr(info, "gpu_graphs_note", "")
-                   else "") + self._gpu_options_not_applied(info.backend) + ". Type a prompt and press Enter.",
+                   else "") + self._gpu_options_not_applied(info.backend)
+                + (f"; scheduler prices {info.scheduler_prices_note}"
+                   if info.support_status == "attached" and getattr(info, "scheduler_prices_note", "") else "")
+                + ". Type a prompt and press Enter.",
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False
@@ -1351,4 +1358,5 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
                         max_draft=options.max_draft, print_stats=options.print_stats,
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
-                        gpu_graphs=options.gpu_graphs, threshold=options.threshold)
+                        gpu_graphs=options.gpu_graphs, threshold=options.threshold,
+                        scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir)

@@ -224,6 +224,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
+    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -312,6 +314,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
+    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -361,6 +365,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default f32")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
+    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
@@ -488,8 +494,9 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             args.settings = read_environment()
-            # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs has no variable
-            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs")}
+            # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs and
+            # --scheduler-prices have no variable
+            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices")}
             if any(flags.values()):
                 import dataclasses
 

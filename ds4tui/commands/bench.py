@@ -28,7 +28,11 @@ attached in every arm, so the memory configuration is the same and only the knob
 changes: target-only (DSpark disabled), DSpark without the scheduler, DSpark with it.  Each arm
 generates ``--tokens`` greedy tokens (default 512; EOS does not stop it) for each of two prompts, a
 code request and a prose request, rendered with the chat template in non-thinking mode, each in a
-fresh session.  Timed as above: the first step (sampling the prefill's logits) is not timed, every
+fresh session, the arms in :data:`AB_ARMS`' order for the first prompt and reversed for the second
+(``arm_order``; each run's ``position``).  The scheduler arm's sessions start from the prices that
+``--scheduler-prices`` gives them (spec dspark.md §7.4; each run's ``scheduler_prices_at_start``):
+with ``engine`` or ``saved`` (the default) those of the sessions before it, whatever their arm.
+Timed as above: the first step (sampling the prefill's logits) is not timed, every
 later step is, and tokens/s counts the tokens those steps emitted.  Per arm and prompt kind it
 reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, the stage
 times in their own units (``DSparkStats.stage_timing``: each drafter step per drafter pass, verify
@@ -54,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, check_support_block,
+from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_support_block,
                                          gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.errors import ConversionError
@@ -139,12 +143,6 @@ def _ctx_within_model(ctx: int | None, limit: int, path) -> None:
 
 
 # ---- the --medium model ----------------------------------------------------------------------
-
-def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/ds4tui`` (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ``~/.cache/ds4tui``."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(base) if base and os.path.isabs(base) else Path.home() / ".cache") / "ds4tui"
-
 
 def medium_dir() -> Path:
     return cache_root() / "bench-medium"
@@ -516,6 +514,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         t3 = time.perf_counter()
         out, drafted = loop.ids, loop.n_draft
         st = session.dspark_stats()
+        priced = session.scheduler_prices_at_start
         memory = session.memory().to_dict()
     finally:
         current[0] = None
@@ -524,8 +523,17 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
     return {"knobs": applied.to_dict(), "prompt_tokens": len(ids), "generated_tokens": len(out),
             "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
             "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
-            "from_draft": drafted,
+            "from_draft": drafted, "scheduler_prices_at_start": priced,
             "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory}
+
+
+def ab_arm_order(n_prompts: int) -> list[tuple[str, ...]]:
+    """The order the arms run in for each prompt: :data:`AB_ARMS`' order for the first, reversed for
+    the second, and so on, so that no arm always runs first (when the target-only arm always ran
+    first, its plain decodes were 0.82-0.87x as fast as the scheduler arm's in 640-token runs on a
+    2-core machine, tools/cpu_notes.md)."""
+    names = tuple(name for name, _ in AB_ARMS)
+    return [names if i % 2 == 0 else names[::-1] for i in range(n_prompts)]
 
 
 def _arm_summary(runs: list[dict], st: DSparkStats) -> dict:
@@ -578,10 +586,11 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     if ctx is None:
         ctx = need
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
-                    **settings.engine_options())
+                    **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     if say is not None:
-        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) + (
+                [f"note: {engine.scheduler_prices_problem}"] if engine.scheduler_prices_problem else []):
             say(note)
     try:
         if engine.support_status != "attached":
@@ -592,16 +601,20 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         support_info = {"path": str(support), "status": engine.support_status, "message": engine.support_message,
                         "block_size": block}
         current: list = [None]
+        arm_order = ab_arm_order(len(prompts))
 
         def work():
             # prompts outer, arms inner: a machine that slowly speeds up or slows down (thermal,
-            # neighbours) then biases every arm alike instead of the arm that runs last
+            # neighbours) then biases every arm alike instead of the arm that runs last; and the
+            # arms' order alternates from one prompt to the next (arm_order): the arm that runs
+            # first after a prefill is not always the same one
             runs: dict = {name: [] for name, _ in AB_ARMS}
-            for kind, _, ids in prompts:
-                for name, knobs in AB_ARMS:
+            for kind, ids, order in zip([k for k, _, _ in prompts], [i for _, _, i in prompts], arm_order):
+                for position, name in enumerate(order):
+                    knobs = dict(AB_ARMS)[name]
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
-                    runs[name].append({"kind": kind, **_ab_one(engine, ctx, ids, n_tokens, knobs, current,
-                                                               session_options)})
+                    runs[name].append({"kind": kind, "position": position,
+                                       **_ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options)})
             return [(name, runs[name]) for name, _ in AB_ARMS]
 
         def stop():
@@ -616,6 +629,10 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
     finally:
         engine.close()
+    prices_info = {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note": engine.scheduler_prices_note,
+                   "scheduler_prices_file": None if engine.scheduler_prices_file is None
+                   else str(engine.scheduler_prices_file),
+                   "scheduler_prices_problem": engine.scheduler_prices_problem or None}
 
     base = {r["kind"]: r for r in arms[0][1]}
     out_arms = []
@@ -655,9 +672,11 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "activations": activations,
         "gpu_graphs": graphs,
         "gpu_graphs_note": graphs_note,
+        **prices_info,
         "n_threads": n_threads_used,
         "ctx": ctx,
         "tokens": n_tokens,
+        "arm_order": [{"kind": kind, "order": list(order)} for (kind, _, _), order in zip(prompts, arm_order)],
         "sampling": "greedy",
         "timing": "per prompt: a fresh session, prefill, one untimed step (it samples the prefill's logits), then "
                   "timed steps until the tokens are generated; tokens/s = tokens emitted by the timed steps / "
@@ -725,6 +744,8 @@ def render_ab_text(r: dict) -> str:
         + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note") else ""),
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
         + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
+        "order    " + "; ".join(f"{o['kind']}: {', '.join(o['order'])}" for o in r.get("arm_order", [])),
+        f"prices   {r.get('scheduler_prices_note', 'fresh')}",
         "",
     ]
     name_w = max(len(a["name"]) for a in r["arms"])

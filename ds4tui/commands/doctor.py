@@ -70,6 +70,16 @@ def collect() -> dict:
                          "note": "on (--gpu-graphs on on chat, generate and bench): each pass of at most 17 rows "
                                  "(decode, DSpark verify) replayed from a graph of its shape on the hip backend, the "
                                  "same kernels and logits bit for bit; off: kernels launched one by one"}
+    # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
+    folder = environment.scheduler_prices_dir()
+    saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    out["scheduler_prices"] = {
+        "default": environment.Settings().scheduler_prices, "choices": ["fresh", "engine", "saved"],
+        "folder": str(folder), "saved_files": len(saved),
+        "note": "where a new session's DSpark scheduler starts (--scheduler-prices on chat, generate and bench): "
+                "fresh (it drafts once to price a verify and the drafter's acceptance), engine (from the run's "
+                "earlier sessions) or saved (as engine, and kept between runs in the folder, one file per model, "
+                "support file, backend, threads, numerics and activations)"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = []
@@ -113,6 +123,9 @@ def run(args) -> int:
     lines.append(("prefill gemm", f"{r['prefill_gemm']['wanted']}: {r['prefill_gemm']['in_force']}"))
     lines.append(("activations", f"{r['activations']['default']} by default; {r['activations']['note']}"))
     lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
+    sp = r["scheduler_prices"]
+    lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
+                                      f"file(s) in {sp['folder']}"))
     if r["gtt"]["card"]:
         lines.append(("gtt limit", f"{r['gtt']['card']}: {r['gtt']['note']}"))
     d = r["demo"]

@@ -8,7 +8,7 @@ through; a bad value is a :class:`BadVariable` that names the variable, the valu
 values (the command line prints it and exits with status 2, like a bad flag, before any model
 loads).  :func:`report` describes every variable for ``ds4tui doctor``, the ones that only say
 where files are too (those are read where they are used: ``DS4TUI_DEMO_DIR`` and
-``XDG_CACHE_HOME`` by the demo and bench caches, ``HSA_OVERRIDE_GFX_VERSION`` by the ROCm runtime).
+``XDG_CACHE_HOME`` by the demo, bench and scheduler prices caches, ``HSA_OVERRIDE_GFX_VERSION`` by the ROCm runtime).
 
 Not a command: ``ds4tui/commands/<name>.py`` modules are commands, this one serves them.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping
 
 from ds4tui.engine.stats import MAX_BLOCK  # the largest block; the support model's own is checked on attach
@@ -53,6 +54,14 @@ class Settings:
     #: --gpu-graphs (a flag of chat, generate and bench, no variable): decode and verify passes
     #: replayed from graphs on the GPU backend ("off" or "on"; spec platform.md §8).
     gpu_graphs: str = "off"
+    #: --scheduler-prices (a flag of chat, generate and bench, no variable): where a new session's
+    #: DSpark scheduler starts (spec dspark.md §7.4): "fresh", "engine" or "saved" (the default:
+    #: the prices of earlier runs, in a file under :func:`scheduler_prices_dir`).
+    scheduler_prices: str = "saved"
+
+    def price_options(self) -> dict:
+        """Keyword arguments of ``Engine`` for the scheduler's prices (the mode, the saved files' folder)."""
+        return {"scheduler_prices": self.scheduler_prices, "prices_dir": scheduler_prices_dir()}
 
     def session_options(self) -> dict:
         """Keyword arguments of ``Engine.session`` (the starting DSpark knobs, the stats line)."""
@@ -133,6 +142,17 @@ def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str |
     return out
 
 
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/ds4tui`` (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ``~/.cache/ds4tui``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if base and os.path.isabs(base) else Path.home() / ".cache") / "ds4tui"
+
+
+def scheduler_prices_dir() -> Path:
+    """The folder of the saved DSpark scheduler prices (``--scheduler-prices saved``, spec dspark.md §7.4)."""
+    return cache_root() / "scheduler-prices"
+
+
 def settings_of(args) -> Settings:
     """The settings ``ds4tui.cli.main`` read for a command (``args.settings``); the defaults when
     the command runs without them (called from Python)."""
@@ -184,7 +204,8 @@ VARIABLES: tuple[Variable, ...] = (
              "chosen by the backend", ", ".join(TELEMETRY) + " (any case)",
              lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower()),
     Variable("DS4TUI_DEMO_DIR", "where the bundled demo model is unpacked", "$XDG_CACHE_HOME/ds4tui/demo"),
-    Variable("XDG_CACHE_HOME", "cache folder of the demo model and bench --medium (an absolute path)", "~/.cache"),
+    Variable("XDG_CACHE_HOME", "cache folder of the demo model, bench --medium and the saved DSpark scheduler prices "
+             "(an absolute path)", "~/.cache"),
     Variable("HSA_OVERRIDE_GFX_VERSION", "ROCm runtime: load code objects of this gfx version instead of the "
              "device's (a mismatch with the build fails)", "the device's own"),
 )

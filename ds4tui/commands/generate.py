@@ -30,7 +30,9 @@ file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the m
 holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
 context is sized prompt + ``-n``.  A ``--prefill-gemm`` or ``--gpu-graphs on`` the chosen backend does not
 apply (auto fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
-keeps what was printed and returns 130.
+keeps what was printed and returns 130.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
+where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
+ignored, and ``--json`` carries the mode, its note, the file and ``scheduler_prices_at_start``.
 """
 
 from __future__ import annotations
@@ -163,11 +165,14 @@ def run(args: argparse.Namespace) -> int:
                 args.n_predict = capped
             n_ctx = args.ctx or len(ids) + args.n_predict
             engine = S.Engine(model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
-                              support=args.mtp, activations=args.activations, **settings.engine_options())
+                              support=args.mtp, activations=args.activations, **settings.engine_options(),
+                              **settings.price_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
+            if engine.scheduler_prices_problem and not as_json:
+                print(f"ds4tui generate: note: {engine.scheduler_prices_problem}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
@@ -299,6 +304,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "prefill_gemm_note": engine.prefill_gemm_note,
         "gpu_graphs": engine.gpu_graphs,
         "gpu_graphs_note": engine.gpu_graphs_note,
+        **_prices_result(engine, session),
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,
         "raw": bool(args.raw),
@@ -372,6 +378,15 @@ def _dspark_result(engine, session) -> dict:
     ran = bool(st.cycles or st.propose) and (knobs.enabled or engine.support_status == "refused")
     return {"support": support, "dspark": knobs.to_dict(), "dspark_stats": st.to_dict(),
             "dspark_line": format_line(st), "dspark_events": events, "ran": ran}
+
+
+def _prices_result(engine, session) -> dict:
+    """The scheduler prices option (spec dspark.md §7.4): the mode, what it did (the note, the
+    file, a problem with it) and where this session's scheduler started."""
+    return {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note": engine.scheduler_prices_note,
+            "scheduler_prices_file": None if engine.scheduler_prices_file is None else str(engine.scheduler_prices_file),
+            "scheduler_prices_problem": engine.scheduler_prices_problem or None,
+            "scheduler_prices_at_start": session.scheduler_prices_at_start}
 
 
 def _read(path: str) -> str:
