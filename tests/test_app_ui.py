@@ -574,3 +574,16 @@ async def test_gpu_options_the_cpu_does_not_apply_are_named_in_the_welcome_line(
     async with app.run_test(size=(160, 40)) as pilot:
         await _ready(pilot)
         assert "does not apply" not in str(app.query_one("#welcome").render()).replace("\n", " ")
+
+
+async def test_the_scheduler_prices_option_is_in_the_welcome_line(tmp_path):
+    # spec dspark.md §7.4: where the scheduler's prices start changes what is measured: shown
+    app = _app(tmp_path, scheduler_prices="saved")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert "; scheduler prices saved: from /cache/scheduler-prices/0123.json (decode 2.20 ms)." in welcome
+    app = _app(tmp_path, scheduler_prices="fresh")  # the engine's note is empty: nothing said
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        assert "scheduler prices" not in str(app.query_one("#welcome").render()).replace("\n", " ")
