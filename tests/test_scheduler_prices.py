@@ -105,9 +105,16 @@ def test_carried_counts_are_scaled_and_merged():
     kept = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0, 2: 3.0}, t_prop=5.0, reached=(20,) + (0,) * 15,
                              hit=(8,) + (0,) * 15)
     m = kept.merged(start, end)  # the session added 3 verifies at position 0 (2 accepted), 2 at position 1
-    assert m.t_ver == {1: 2.5, 2: 3.0, 3: 4.0, 6: 7.0} and m.t_prop == 5.0
+    # it never re-timed the 6-row verify nor the proposal: they follow its plain decode, 2.0 -> 2.5 ms
+    assert m.t_ver == {1: 2.5, 2: 3.0, 3: 4.0, 6: pytest.approx(8.75)} and m.t_prop == pytest.approx(6.25)
     assert m.reached[:2] == (23, 2) and m.hit[:2] == (10, 1)
     assert P.SchedulerPrices().merged(None, end) == end
+    retimed = P.SchedulerPrices(t_ver={1: 8.0, 6: 7.5}, t_prop=5.5, reached=start.reached, hit=start.hit)
+    m = kept.merged(start, retimed)  # re-timed: kept as measured; the decode's change is capped at 2x
+    assert m.t_ver[6] == 7.5 and m.t_prop == 5.5 and m.t_ver[1] == 8.0
+    stalled = P.SchedulerPrices(t_ver={1: 8.0, 6: 7.0}, t_prop=5.0, reached=start.reached, hit=start.hit)
+    m = kept.merged(start, stalled)
+    assert m.t_ver[6] == pytest.approx(14.0) and m.t_prop == pytest.approx(10.0)
 
 
 def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):

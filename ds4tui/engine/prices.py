@@ -144,11 +144,20 @@ class SchedulerPrices:
     def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices") -> "SchedulerPrices":
         """These (the engine's) prices after a session that started from ``start`` (None: fresh)
         ended with ``end``: every time the session holds replaces the kept one (its moving average
-        already started from it), the others stay; the counts add what the session added; then
-        :meth:`capped`."""
-        t_ver = {**self.t_ver, **end.t_ver}
-        t_prop = end.t_prop if end.t_prop is not None else self.t_prop
+        already started from it), the others stay; a time the session started with and never
+        re-timed (a session that did not draft times only plain decodes) is scaled by how its plain
+        decode changed (``end`` over ``start``, within [½, 2]), so that the kept verify and proposal
+        stay in the ratio to a decode they were measured in; the counts add what the session added;
+        then :meth:`capped`."""
         s = start or SchedulerPrices()
+        t1, t1_start = end.t_ver.get(1), s.t_ver.get(1)
+        scale = min(2.0, max(0.5, t1 / t1_start)) if t1 and t1_start else 1.0
+        t_ver = dict(self.t_ver)
+        for n, ms in end.t_ver.items():
+            t_ver[n] = ms * scale if n > 1 and s.t_ver.get(n) == ms else ms
+        t_prop = self.t_prop
+        if end.t_prop is not None:
+            t_prop = end.t_prop * scale if s.t_prop == end.t_prop else end.t_prop
         reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))
