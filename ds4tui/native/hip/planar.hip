@@ -30,9 +30,24 @@
 #define PL_TINY_ROWS 320   /* below: PL_TINY_WARPS warps per row (HC control, routers) */
 #define PL_TINY_WARPS 32
 #define PL_REPACK_CHUNK ((size_t)64 << 20) /* staging bytes per upload step */
+#define PS_WARPS 8         /* warps per block of the staged kernels (ps_kernel) */
+#define PS_BLOCKS 512      /* blocks a staged launch aims at: more rounds of row groups per block beyond */
+#define PS_SMALL ((int64_t)48 << 10) /* shared bytes any target gives a block without asking */
+/* Bytes of staged activations a block may take: NVIDIA gives a block up to 227 KB when asked (two
+ * blocks of 96 KB per multiprocessor); gfx1151 has 64 KB of LDS per workgroup in all. */
+#if defined(GPU_NVIDIA)
+#define PS_STAGE ((int64_t)96 << 10)
+#else
+#define PS_STAGE PS_SMALL
+#endif
 
-/* This translation unit's copy of the IQ2_XXS tables (quant.h). */
-int gpu_planar_init(char *err, size_t len) { return quant_tables_init(err, len); }
+/* This translation unit's copy of the IQ2_XXS tables (quant.h), and the shared memory of the staged
+ * multi-token kernels (ps_allow, below). */
+static int ps_allow_all(char *err, size_t len);
+int gpu_planar_init(char *err, size_t len) {
+    const int rc = quant_tables_init(err, len);
+    return rc == DS4_OK ? ps_allow_all(err, len) : rc;
+}
 
 /* Exact float of byte k of w (0..255), and of w's byte k read as int8 after w ^= 0x80808080. */
 __device__ __forceinline__ float pl_u8(uint32_t w, int k) {
@@ -42,8 +57,18 @@ __device__ __forceinline__ float pl_s8(uint32_t wx, int k) {
     return __uint_as_float(gpu_byte_perm(wx, 0x4B000000u, 0x7440u | (uint32_t)k)) - 8388736.0f;
 }
 
+/* The staged kernels keep activation rows in shared memory as float4s, float4 c of a row at
+ * ps_swz<SH, MASK>(c): its low bits XORed with the bits from SH up, a permutation within each
+ * aligned group of 8 (so a row stays where it was, and the staging's coalesced stores stay
+ * conflict-free).  A lane reads float4 i of unit u = l + 32k at 4u + i (Q8_0), 16u + i (IQ2_XXS) or
+ * xoff(u) / 4 + 8s + i (Q2_K), 64 or 256 bytes from its neighbour's, which the plain order would put
+ * in one 16-byte bank group; with the per-format shift the 8 lanes of each 128-bit access hit 8
+ * different groups. */
+template <int SH, int MASK> __device__ __forceinline__ int64_t ps_swz(int64_t c) { return c ^ ((c >> SH) & MASK); }
+
 /* Traits of one planar format: BLOCK weights per block, UNIT weights per 16-byte code unit,
- * load() one unit of a row, xoff() the unit's first activation, dot() acc += unit . x. */
+ * load() one unit of a row, xoff() the unit's first activation, dot() acc += unit . x; dots() the
+ * same sums for several rows and tokens with x read from staged rows (ps_swz). */
 template <int TYPE> struct Planar;
 
 template <> struct Planar<DS4_TYPE_Q8_0> {
@@ -72,6 +97,45 @@ template <> struct Planar<DS4_TYPE_Q8_0> {
             s = fmaf(pl_s8(w[i], 3), a.w, s);
         }
         return fmaf(v.d, s, acc);
+    }
+    /* dot() for RPW rows and nt <= NT staged tokens (xs + t * c4), each weight converted once for all
+     * tokens; per (row, token) the same operations in the same order as dot(). */
+    template <int RPW, int NT>
+    static __device__ __forceinline__ void dots(const U (&v)[RPW], const float4 *xs, int64_t c4, int nt, int64_t u,
+                                                float (&acc)[RPW][NT], const uint2 *) {
+        float s[RPW][NT];
+#pragma unroll
+        for (int k = 0; k < RPW; k++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) s[k][t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float w[RPW][4];
+#pragma unroll
+            for (int k = 0; k < RPW; k++) {
+                const uint32_t q = (i == 0 ? v[k].q.x : i == 1 ? v[k].q.y : i == 2 ? v[k].q.z : v[k].q.w) ^ 0x80808080u;
+#pragma unroll
+                for (int j = 0; j < 4; j++) w[k][j] = pl_s8(q, j);
+            }
+            const int64_t c = ps_swz<3, 7>(4 * u + i);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float4 a = xs[t * c4 + c];
+#pragma unroll
+                    for (int k = 0; k < RPW; k++) {
+                        s[k][t] = fmaf(w[k][0], a.x, s[k][t]);
+                        s[k][t] = fmaf(w[k][1], a.y, s[k][t]);
+                        s[k][t] = fmaf(w[k][2], a.z, s[k][t]);
+                        s[k][t] = fmaf(w[k][3], a.w, s[k][t]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < RPW; k++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[k][t] = fmaf(v[k].d, s[k][t], acc[k][t]);
     }
 };
 
@@ -119,6 +183,47 @@ template <> struct Planar<DS4_TYPE_Q2_K> {
         }
         return acc;
     }
+    /* dot() for RPW rows and nt <= NT staged tokens, each weight formed once for all tokens. */
+    template <int RPW, int NT>
+    static __device__ __forceinline__ void dots(const U (&v)[RPW], const float4 *xs, int64_t c4, int nt, int64_t u,
+                                                float (&acc)[RPW][NT], const uint2 *) {
+        const int64_t c0 = xoff(u) >> 2;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            float dl[RPW], ml[RPW];
+#pragma unroll
+            for (int k = 0; k < RPW; k++) {
+                const float d = h2f((uint16_t)(v[k].dm & 0xffffu)), dmin = h2f((uint16_t)(v[k].dm >> 16));
+                const uint32_t scm = (v[k].sc >> (8 * s)) & 0xffu;
+                dl[k] = d * (float)(scm & 15u), ml[k] = dmin * (float)(scm >> 4);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float w[RPW][4];
+#pragma unroll
+                for (int k = 0; k < RPW; k++) {
+                    const uint32_t q = i == 0 ? v[k].q.x : i == 1 ? v[k].q.y : i == 2 ? v[k].q.z : v[k].q.w;
+                    const uint32_t m = (q >> (2 * s)) & 0x03030303u;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) w[k][j] = fmaf(dl[k], pl_u8(m, j), -ml[k]);
+                }
+                const int64_t c = ps_swz<5, 3>(c0 + 8 * s + i);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        const float4 a = xs[t * c4 + c];
+#pragma unroll
+                        for (int k = 0; k < RPW; k++) {
+                            acc[k][t] = fmaf(w[k][0], a.x, acc[k][t]);
+                            acc[k][t] = fmaf(w[k][1], a.y, acc[k][t]);
+                            acc[k][t] = fmaf(w[k][2], a.z, acc[k][t]);
+                            acc[k][t] = fmaf(w[k][3], a.w, acc[k][t]);
+                        }
+                    }
+                }
+            }
+        }
+    }
 };
 
 /* Unit u of an IQ2_XXS row: groups 2(u%4) and 2(u%4)+1 of block u/4, each 4 grid-index bytes and
@@ -158,6 +263,64 @@ template <> struct Planar<DS4_TYPE_IQ2_XXS> {
                                                 const uint8_t *signs) {
         acc = group(v.q.x, v.q.y, v.d, x, acc, grid, signs);
         return group(v.q.z, v.q.w, v.d, x + 32, acc, grid, signs);
+    }
+    /* dot() for RPW rows and nt <= NT staged tokens, each weight formed once for all tokens, and the
+     * signs without a table: the sign byte of 7-bit index i is i with bit 7 the parity of i's set
+     * bits (IQ2_XXS keeps an even number of negative weights per 8).  A weight becomes a signed
+     * byte, g or 256 - g (mask m = 0xff per negative byte, t = m & 1: (g ^ m) + t, no carry leaves a
+     * byte since g is 8, 25 or 43), read as +-g through pl_s8: the float that group() selects. */
+    template <int RPW, int NT>
+    static __device__ __forceinline__ void dots(const U (&v)[RPW], const float4 *xs, int64_t c4, int nt, int64_t u,
+                                                float (&acc)[RPW][NT], const uint2 *grid) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float s[RPW][NT];
+#pragma unroll
+            for (int k = 0; k < RPW; k++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) s[k][t] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                float w[RPW][8];
+#pragma unroll
+                for (int k = 0; k < RPW; k++) {
+                    const uint32_t idx = h ? v[k].q.z : v[k].q.x, sw = h ? v[k].q.w : v[k].q.y;
+                    const uint2 g = grid[(idx >> (8 * kk)) & 0xffu];
+                    const uint32_t s7 = (sw >> (7 * kk)) & 127u;
+                    const uint32_t sg = s7 | ((uint32_t)gpu_popc(s7) & 1u) << 7;
+                    const uint32_t t0 = ((sg & 15u) * 0x00204081u) & 0x01010101u, t1 = ((sg >> 4) * 0x00204081u) & 0x01010101u;
+                    const uint32_t w0 = (g.x ^ (t0 * 0xffu) ^ 0x80808080u) + t0;
+                    const uint32_t w1 = (g.y ^ (t1 * 0xffu) ^ 0x80808080u) + t1;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) w[k][j] = pl_s8(w0, j), w[k][4 + j] = pl_s8(w1, j);
+                }
+                const int64_t ca = ps_swz<4, 7>(16 * u + 8 * h + 2 * kk), cb = ps_swz<4, 7>(16 * u + 8 * h + 2 * kk + 1);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        const float4 a = xs[t * c4 + ca], b = xs[t * c4 + cb];
+#pragma unroll
+                        for (int k = 0; k < RPW; k++) {
+                            s[k][t] = fmaf(w[k][0], a.x, s[k][t]);
+                            s[k][t] = fmaf(w[k][1], a.y, s[k][t]);
+                            s[k][t] = fmaf(w[k][2], a.z, s[k][t]);
+                            s[k][t] = fmaf(w[k][3], a.w, s[k][t]);
+                            s[k][t] = fmaf(w[k][4], b.x, s[k][t]);
+                            s[k][t] = fmaf(w[k][5], b.y, s[k][t]);
+                            s[k][t] = fmaf(w[k][6], b.z, s[k][t]);
+                            s[k][t] = fmaf(w[k][7], b.w, s[k][t]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < RPW; k++) {
+                const uint32_t sw = h ? v[k].q.w : v[k].q.y;
+                const float db = v[k].d * (0.5f + (float)(sw >> 28)) * 0.25f;
+#pragma unroll
+                for (int t = 0; t < NT; t++) acc[k][t] = fmaf(db, s[k][t], acc[k][t]);
+            }
+        }
     }
 };
 
@@ -258,6 +421,166 @@ static void pl_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
                        row_bytes, X, ldx, x_div, n, Y, ldy);
 }
 
+/* ps_swz's shift and mask for a format's staged rows. */
+template <int TYPE> struct PsSwz;
+template <> struct PsSwz<DS4_TYPE_Q8_0> { static constexpr int SH = 3, MASK = 7; };
+template <> struct PsSwz<DS4_TYPE_Q2_K> { static constexpr int SH = 5, MASK = 3; };
+template <> struct PsSwz<DS4_TYPE_IQ2_XXS> { static constexpr int SH = 4, MASK = 7; };
+
+/* pl_kernel's products with the activations staged: a block first copies the nt activation rows it
+ * multiplies (the slot's row of a gather, or NT tokens) into shared memory, then runs `loops` rounds
+ * of row groups, PS_WARPS / WPR groups of WPR warps per round, each taking RPW rows of the matrix.
+ * A lane's units, their order and every operation on them are pl_kernel's (lane l of warp w of a
+ * group takes units (32 w + l) + 32 WPR k, k ascending; the warp sum; the group's warps summed in
+ * order), so a (row, token) result is the same bits as pl_kernel's for any RPW, NT, loops or slot
+ * count.  What changes is where the operands come from: x from conflict-free shared loads instead
+ * of strided global ones (a lane's x is 64 or 256 bytes from its neighbour's), the IQ2_XXS grid
+ * loaded once per block for all its rounds, and the weights of the lane's next unit (in this round
+ * or the next) loaded before the current unit's arithmetic, the first ones before the staging. */
+template <int TYPE, int NT, int RPW, int WPR>
+__global__ void __launch_bounds__(GPU_WARP *PS_WARPS)
+ps_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
+          int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
+          float *__restrict__ Y, int64_t ldy, int loops) {
+    typedef Planar<TYPE> P;
+    constexpr int G = PS_WARPS / WPR, SH = PsSwz<TYPE>::SH, MASK = PsSwz<TYPE>::MASK;
+    extern __shared__ float4 ps_x[];
+    __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
+    __shared__ float part[WPR > 1 ? G * RPW * NT * WPR : 1];
+    const int nthr = GPU_WARP * PS_WARPS, tix = threadIdx.y * GPU_WARP + threadIdx.x;
+    int nt = 1;
+    if (ids) {
+        const int64_t slot = blockIdx.y;
+        W += (int64_t)ids[slot] * mat_bytes;
+        X += (slot / x_div) * ldx;
+        Y += slot * ldy;
+    } else {
+        const int64_t t0 = (int64_t)blockIdx.y * NT;
+        nt = (int)(n - t0 < NT ? n - t0 : NT);
+        X += t0 * ldx;
+        Y += t0 * ldy;
+    }
+    const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
+    const int tid = wg * GPU_WARP + lane;
+    const int64_t nb = cols / P::BLOCK, nu = cols / P::UNIT, c4 = cols / 4;
+    const int steps = (int)((nu + GPU_WARP * WPR - 1) / (GPU_WARP * WPR)); /* a round's units per lane, at most */
+    const int64_t rbase = (int64_t)blockIdx.x * loops * G + grp;           /* row group of round 0 */
+
+    /* the lane's first units, in flight during the staging */
+    typename P::U v[RPW];
+    int it = 0, st = 0;
+    int64_t r0 = rbase * RPW, u = tid;
+    if (r0 < rows && u < nu) {
+#pragma unroll
+        for (int k = 0; k < RPW; k++) v[k] = P::load(W + (r0 + k < rows ? r0 + k : rows - 1) * row_bytes, nb, u);
+    }
+    if (TYPE == DS4_TYPE_IQ2_XXS)
+        for (int i = tix; i < 256; i += nthr) s_grid[i] = *(const uint2 *)c_iq2_grid[i];
+    for (int64_t i = tix; i < nt * c4; i += nthr) {
+        const int64_t t = i / c4, c = i - t * c4;
+        ps_x[t * c4 + ps_swz<SH, MASK>(c)] = ((const float4 *)(X + t * ldx))[c];
+    }
+    __syncthreads();
+
+    float acc[RPW][NT];
+#pragma unroll
+    for (int k = 0; k < RPW; k++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
+    for (int idx = 0, total = loops * steps; idx < total; idx++) {
+        /* the next unit of the lane: the next step of this round, or the first of the next round */
+        const int nst = st + 1 < steps ? st + 1 : 0, nit = st + 1 < steps ? it : it + 1;
+        const int64_t nr0 = (rbase + (int64_t)nit * G) * RPW, nu_ = (int64_t)nst * GPU_WARP * WPR + tid;
+        typename P::U nv[RPW];
+        if (nit < loops && nr0 < rows && nu_ < nu) {
+#pragma unroll
+            for (int k = 0; k < RPW; k++) nv[k] = P::load(W + (nr0 + k < rows ? nr0 + k : rows - 1) * row_bytes, nb, nu_);
+        }
+        const bool active = r0 < rows; /* uniform over the warp */
+        if (active && u < nu) P::template dots<RPW, NT>(v, ps_x, c4, nt, u, acc, s_grid);
+        if (st == steps - 1) { /* the round's rows are done */
+            if (WPR == 1) {
+                if (active) {
+#pragma unroll
+                    for (int k = 0; k < RPW; k++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            if (t < nt) {
+                                const float s = gpu_warp_sum(acc[k][t]);
+                                if (lane == 0 && r0 + k < rows) Y[t * ldy + r0 + k] = s;
+                            }
+                        }
+                }
+            } else { /* every warp of the block gets here in every round */
+#pragma unroll
+                for (int k = 0; k < RPW; k++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const float s = gpu_warp_sum(acc[k][t]);
+                        if (lane == 0) part[((grp * RPW + k) * NT + t) * WPR + wg] = s;
+                    }
+                __syncthreads();
+                const int i = wg * GPU_WARP + lane, k = i / NT, t = i % NT;
+                if (active && i < RPW * NT && t < nt && r0 + k < rows) {
+                    const float *pp = part + ((grp * RPW + k) * NT + t) * WPR;
+                    float s = pp[0];
+                    for (int w = 1; w < WPR; w++) s += pp[w];
+                    Y[t * ldy + r0 + k] = s;
+                }
+                __syncthreads(); /* part is written again in the next round */
+            }
+#pragma unroll
+            for (int k = 0; k < RPW; k++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) acc[k][t] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < RPW; k++) v[k] = nv[k];
+        it = nit, st = nst, r0 = nr0, u = nu_;
+    }
+}
+
+/* Shared bytes of a staged launch: nt rows of cols floats. */
+static inline int64_t ps_bytes(int64_t nt, int64_t cols) { return nt * cols * (int64_t)sizeof(float); }
+
+/* Rounds per block: about PS_BLOCKS blocks in the launch (row groups times grid rows), 1 to 8 rounds
+ * (they change which block computes a row, never its arithmetic). */
+template <int TYPE, int NT, int RPW, int WPR>
+static void ps_go(hipStream_t st, unsigned gy, int nt_stage, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
+                  int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n,
+                  float *Y, int64_t ldy) {
+    constexpr int G = PS_WARPS / WPR;
+    const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
+    const int64_t want = blocks1 * (int64_t)gy / PS_BLOCKS;
+    const int loops = (int)(want < 1 ? 1 : want > 8 ? 8 : want);
+    const int64_t per_block = (int64_t)G * loops;
+    hipLaunchKernelGGL((ps_kernel<TYPE, NT, RPW, WPR>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
+                       dim3(GPU_WARP, PS_WARPS), (size_t)ps_bytes(nt_stage, cols), st, W, mat_bytes, ids, rows, cols,
+                       row_bytes, X, ldx, x_div, n, Y, ldy, loops);
+}
+
+/* Let a staged kernel take PS_STAGE bytes of dynamic shared memory (NVIDIA asks for anything past 48 KB). */
+template <int TYPE, int NT, int RPW, int WPR>
+static int ps_allow(char *err, size_t len) {
+#if defined(GPU_NVIDIA)
+    const void *k = (const void *)ps_kernel<TYPE, NT, RPW, WPR>;
+    if (PS_STAGE > PS_SMALL)
+        GPU_TRY(hipFuncSetAttribute(k, hipFuncAttributeMaxDynamicSharedMemorySize, (int)PS_STAGE),
+                "allow the staged matmul kernel its shared memory");
+#else
+    (void)err, (void)len;
+#endif
+    return DS4_OK;
+}
+
+/* Rows per warp of a multi-token pass: more rows, so that each activation load serves more weights
+ * (Q8_0 4, IQ2_XXS 2, Q2_K 1: more would spill registers on gfx1151); half as many (at least 1)
+ * where several warps share a row. */
+template <int TYPE> struct PlRpw {
+    static constexpr int MULTI = TYPE == DS4_TYPE_Q8_0 ? 4 : TYPE == DS4_TYPE_IQ2_XXS ? 2 : 1;
+    static constexpr int SHORT = MULTI > 1 ? MULTI / 2 : 1;
+};
+
 /* The warps per row depend on the shape only (batch invariance); rows per warp and tokens per
  * warp may follow the token count. */
 template <int TYPE>
@@ -266,25 +589,51 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
                         int64_t n, float *Y, int64_t ldy) {
     if (ids) { /* rows of the slot's matrix per warp sharing each activation load: 4 (Q2_K 2: 4 spill on gfx1151) */
         constexpr int PL_RPW_GATHER = TYPE == DS4_TYPE_Q2_K ? 2 : 4;
-        pl_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div,
-                                         1, Y, ldy);
+        if (ps_bytes(1, cols) <= PS_SMALL)
+            ps_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, 1, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx,
+                                             x_div, 1, Y, ldy);
+        else
+            pl_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx,
+                                             x_div, 1, Y, ldy);
         return;
     }
     if (n == 1) {
+        if constexpr (TYPE == DS4_TYPE_Q8_0) { /* staged (ps_kernel), the same rows and warps per row as below */
+            if (rows >= PL_TINY_ROWS && ps_bytes(1, cols) <= PS_SMALL) {
+                if (rows < PL_SHORT_ROWS) ps_go<TYPE, 1, 1, PL_WARPS>(st, 1, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+                else ps_go<TYPE, 1, 2, 1>(st, 1, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+                return;
+            }
+        }
         if (rows < PL_TINY_ROWS) pl_go<TYPE, 1, 1, PL_TINY_WARPS>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         else if (rows < PL_SHORT_ROWS) pl_go<TYPE, 1, 1, PL_WARPS>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         else pl_go<TYPE, 1, 2, 1>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         return;
     }
-    /* several tokens: more rows per warp, so that each activation load serves more weights (Q8_0 4,
-     * IQ2_XXS 2, Q2_K 1: more would spill registers on gfx1151) */
-    constexpr int PL_RPW_MULTI = TYPE == DS4_TYPE_Q8_0 ? 4 : TYPE == DS4_TYPE_IQ2_XXS ? 2 : 1;
-    constexpr int PL_RPW_SHORT = PL_RPW_MULTI > 1 ? PL_RPW_MULTI / 2 : 1;
+    constexpr int PL_RPW_MULTI = PlRpw<TYPE>::MULTI, PL_RPW_SHORT = PlRpw<TYPE>::SHORT;
     const unsigned gy = (unsigned)((n + PL_NT - 1) / PL_NT);
+    const int nts = (int)(n < PL_NT ? n : PL_NT);
+    /* Q8_0 (the dense matrices): the activations staged (ps_kernel); IQ2_XXS and Q2_K take several tokens
+     * only as routed experts, whose passes of a few rows are gathers */
+    if constexpr (TYPE == DS4_TYPE_Q8_0) {
+        if (rows >= PL_TINY_ROWS && ps_bytes(nts, cols) <= PS_STAGE) {
+            if (rows < PL_SHORT_ROWS) ps_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, nts, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+            else ps_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, nts, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+            return;
+        }
+    }
     if (rows < PL_TINY_ROWS) pl_go<TYPE, PL_NT, 1, PL_TINY_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else if (rows < PL_SHORT_ROWS) pl_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else pl_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
+
+/* ps_allow for every staged kernel that pl_launch_t may give more than PS_SMALL bytes (the multi-token Q8_0 ones). */
+template <int TYPE>
+static int ps_allow_t(char *err, size_t len) {
+    const int rc = ps_allow<TYPE, PL_NT, PlRpw<TYPE>::SHORT, PL_WARPS>(err, len);
+    return rc == DS4_OK ? ps_allow<TYPE, PL_NT, PlRpw<TYPE>::MULTI, 1>(err, len) : rc;
+}
+static int ps_allow_all(char *err, size_t len) { return ps_allow_t<DS4_TYPE_Q8_0>(err, len); }
 
 int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes) {
     int64_t block = 0, bytes = 0;
