@@ -29,6 +29,14 @@
 /* This translation unit's copy of the IQ2_XXS tables (quant.h). */
 int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
 
+/* The staged codes of a token row lie as uint4s, uint4 c at q8_swz(c, sm) (or q8_swz2 for the planar
+ * Q2_K steps): its low bits XORed with higher bits, a permutation within each aligned group of 8
+ * (128 codes), so that the 8 lanes of a 128-bit shared load, whose steps are 32 or 64 codes apart,
+ * hit 8 different 16-byte bank groups instead of 2 to 4.  sm is 7, or 0 (no swizzle) when the row's
+ * codes do not fill whole groups of 128. */
+__device__ __forceinline__ int64_t q8_swz(int64_t c, int sm) { return c ^ ((c >> 3) & sm); }
+__device__ __forceinline__ int64_t q8_swz2(int64_t c, int sm) { return c ^ ((c >> 2) & sm & 6); }
+
 /* Four bytes of a uint4 by index (unrolled loops only: constant i). */
 __device__ __forceinline__ int q8_word(const uint4 &v, int i) {
     return (int)(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
@@ -40,8 +48,8 @@ template <int TYPE> struct Q8W;
 /* Q8_0: a step is one block of 32 codes. */
 /* acc + (s * d[b]) * I for block b of a token's codes q and 8 weight words w (Q8_0, IQ2_XXS). */
 __device__ __forceinline__ float q8_block(const uint32_t w[8], float s, const int8_t *q, const float *d, int64_t b,
-                                          float acc) {
-    const uint4 x0 = ((const uint4 *)q)[2 * b], x1 = ((const uint4 *)q)[2 * b + 1];
+                                          float acc, int sm) {
+    const uint4 x0 = ((const uint4 *)q)[q8_swz(2 * b, sm)], x1 = ((const uint4 *)q)[q8_swz(2 * b + 1, sm)];
     int I = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) I = gpu_dp4a((int)w[i], q8_word(x0, i), I);
@@ -67,8 +75,8 @@ template <> struct Q8W<DS4_TYPE_Q8_0> {
     }
     /* acc + this step's products against token codes q (the step's 32 bytes), scales d, sums s16 */
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t u,
-                                                float acc) {
-        return q8_block(v.w, v.s, q, d, u, acc);
+                                                float acc, int sm) {
+        return q8_block(v.w, v.s, q, d, u, acc, sm);
     }
 };
 
@@ -102,12 +110,13 @@ template <> struct Q8W<DS4_TYPE_IQ2_XXS> {
         return v;
     }
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t u,
-                                                float acc) {
-        const uint4 *x = (const uint4 *)q + 4 * u;
+                                                float acc, int sm) {
+        const uint4 *x = (const uint4 *)q;
+        const int64_t f = (u >> 1) & sm; /* q8_swz(4u + i, sm) = (4u + i) ^ f for i < 4 */
         int I0 = 0, I1 = 0;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const uint4 a = x[i], b = x[2 + i];
+            const uint4 a = x[(4 * u + i) ^ f], b = x[(4 * u + 2 + i) ^ f];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 I0 = gpu_dp4a((int)v.w[4 * i + j], q8_word(a, j), I0);
@@ -149,13 +158,13 @@ template <> struct Q8W<DS4_TYPE_Q2_K> {
         return v;
     }
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t u,
-                                                float acc) {
+                                                float acc, int sm) {
         const int64_t b = u >> 2;
         const int j = (int)(u & 3);
         const int64_t e0 = 256 * b + 128 * (j >> 1) + 16 * (j & 1); /* first element of s = 0 */
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            const uint4 x = *(const uint4 *)(q + e0 + 32 * s);
+            const uint4 x = ((const uint4 *)q)[q8_swz2((e0 >> 4) + 2 * s, sm)];
             int S = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) S = gpu_dp4a((int)v.c[4 * s + i], q8_word(x, i), S);
@@ -191,8 +200,8 @@ template <> struct Q8G<DS4_TYPE_Q8_0> {
         return v;
     }
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *, int64_t b,
-                                                float acc) {
-        return q8_block(v.w, v.s, q, d, b, acc);
+                                                float acc, int sm) {
+        return q8_block(v.w, v.s, q, d, b, acc, sm);
     }
 };
 
@@ -221,8 +230,8 @@ template <> struct Q8G<DS4_TYPE_IQ2_XXS> {
         return v;
     }
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t b,
-                                                float acc) {
-        return q8_block(v.w, v.s, q, d, b, acc);
+                                                float acc, int sm) {
+        return q8_block(v.w, v.s, q, d, b, acc, sm);
     }
 };
 
@@ -250,8 +259,8 @@ template <> struct Q8G<DS4_TYPE_Q2_K> {
         return v;
     }
     static __device__ __forceinline__ float dot(const D &v, const int8_t *q, const float *d, const int *s16, int64_t b,
-                                                float acc) {
-        const uint4 x[2] = {((const uint4 *)q)[2 * b], ((const uint4 *)q)[2 * b + 1]};
+                                                float acc, int sm) {
+        const uint4 x[2] = {((const uint4 *)q)[q8_swz(2 * b, sm)], ((const uint4 *)q)[q8_swz(2 * b + 1, sm)]};
         const float dx = d[b];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -269,10 +278,11 @@ template <> struct Q8G<DS4_TYPE_Q2_K> {
 };
 
 /* Quantise nt activation rows of `cols` floats into shared memory (spec ds4.md §2.9.5 step 1):
- * codes q[t * cols + e], scales d[t * cols / 32 + blk] and, when s16, the sums of each 16 codes
- * s16[t * cols / 16 + k].  Every thread of the block takes part. */
+ * codes q[t * cols + e] (their uint4s placed by q8_swz, or q8_swz2 when alt), scales
+ * d[t * cols / 32 + blk] and, when s16, the sums of each 16 codes s16[t * cols / 16 + k].  Every
+ * thread of the block takes part. */
 __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, int64_t cols, int8_t *q, float *d,
-                                         int *s16) {
+                                         int *s16, int sm, bool alt) {
     const int nthr = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int64_t nb = cols / 32;
     for (int64_t i = tid; i < nt * nb; i += nthr) {
@@ -307,9 +317,10 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
             if (k < 16) sa += c;
             else sb += c;
         }
-        uint4 *dst = (uint4 *)(q + t * cols + 32 * blk);
-        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        uint4 *dst = (uint4 *)(q + t * cols);
+        const int64_t c = 2 * blk;
+        dst[alt ? q8_swz2(c, sm) : q8_swz(c, sm)] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[alt ? q8_swz2(c + 1, sm) : q8_swz(c + 1, sm)] = make_uint4(w[4], w[5], w[6], w[7]);
         d[t * nb + blk] = dd;
         if (s16) {
             s16[t * 2 * nb + 2 * blk] = sa;
@@ -363,7 +374,10 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
     int8_t *sq = (int8_t *)q8_smem;
     float *sd = (float *)(q8_smem + NT * cols);
     int *ss = TYPE == DS4_TYPE_Q2_K ? (int *)(sd + NT * nb) : NULL;
-    q8_stage(X, ldx, nt, cols, sq, sd, ss);
+    /* the swizzle needs whole groups of 128 codes; the planar Q2_K steps take q8_swz2 */
+    const int sm = cols % 128 == 0 ? 7 : 0;
+    constexpr bool alt = PL && TYPE == DS4_TYPE_Q2_K;
+    q8_stage(X, ldx, nt, cols, sq, sd, ss, sm, alt);
     __syncthreads();
 
     const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
@@ -390,7 +404,7 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
 #pragma unroll
                         for (int k = 0; k < RPW; k++)
                             acc[k][t] = P::dot(v[k], sq + t * cols, sd + t * nb, ss ? ss + t * 2 * nb : NULL, u,
-                                               acc[k][t]);
+                                               acc[k][t], sm);
                     }
                 }
             }
