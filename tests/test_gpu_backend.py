@@ -262,7 +262,7 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout, act):
     err = ffi.new("char[1024]")
     rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, act, ffi.from_buffer(W), n_mat, rows, cols,
                                    ffi.cast("int32_t *", ids.ctypes.data), n_slots, ffi.cast("float *", X.ctypes.data),
-                                   ffi.cast("float *", Y.ctypes.data), err, 1024)
+                                   ffi.cast("float *", Y.ctypes.data), 1, ffi.NULL, err, 1024)
     assert rc == 0, ffi.string(err).decode()
     for s in range(n_slots):
         if act:
@@ -277,7 +277,7 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout, act):
     assert lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, act, ffi.from_buffer(W), n_mat, rows, cols,
                                      ffi.cast("int32_t *", same.ctypes.data), n_slots,
                                      ffi.cast("float *", X2.ctypes.data), ffi.cast("float *", Y2.ctypes.data),
-                                     err, 1024) == 0
+                                     1, ffi.NULL, err, 1024) == 0
     assert all(np.array_equal(Y2[s], Y[0]) for s in range(n_slots))
 
 

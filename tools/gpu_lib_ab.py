@@ -12,8 +12,11 @@ row's logits after a 2100-token prefill (multi-token passes, where the two libra
 other kernels), under prefill_gemm off and the mode timed.
 
     python3 tools/gpu_lib_ab.py base=ds4tui/libds4tui_cuda.so new=other/ds4tui/libds4tui_cuda.so \\
-        [--rounds 2] [--ctx 2048] [--prefill 2048,8192 [--prefill-gemm bf16] [--prefill-batch 2048]] \\
-        [--json out.json]
+        [--rounds 2] [--ctx 2048] [--activations f32,q8] [--prefill 2048,8192 [--prefill-gemm bf16] \\
+        [--prefill-batch 2048]] [--json out.json]
+
+``--activations`` (decode and verify): the engines' activations option (spec ds4.md §2.9.5), each
+mode timed and checked in turn (default f32).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", help="time prefills of these lengths (comma-separated) instead of decode/verify")
     ap.add_argument("--prefill-gemm", default="bf16", help="the prefill_gemm mode of --prefill (default bf16)")
     ap.add_argument("--prefill-batch", type=int, default=2048, help="the chunk of --prefill (default 2048)")
+    ap.add_argument("--activations", default="f32", help="decode/verify: activations modes, comma-separated "
+                    "(default f32)")
     ap.add_argument("--json", help="also write the per-round numbers here")
     args = ap.parse_args(argv)
     if args.prefill:
@@ -52,10 +57,22 @@ def main(argv=None) -> int:
     big = S.SyntheticModel(big_cfg, seed=0)
     small = S.SyntheticModel(S.flash_config((4, 128)), seed=0, base=big)
     print(f"weights built in {time.perf_counter() - t0:.1f} s", flush=True)
+    report = {}
+    for act in [a for a in args.activations.split(",") if a]:
+        report[act] = _decode_ab(args, libs, small, big, act)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report if len(report) > 1 else next(iter(report.values())), f, indent=1)
+    return 0
+
+
+def _decode_ab(args, libs: dict, small, big, act: str) -> dict:
+    """The decode/verify rounds and the bit-for-bit check of one activations mode."""
+    names = list(libs)
     res: dict = {k: [] for k in names}
     for rnd in range(args.rounds):
         for name in (names if rnd % 2 == 0 else names[::-1]):
-            opts = {"gpu_layout": "planar", "gpu_library": libs[name]}
+            opts = {"gpu_layout": "planar", "gpu_library": libs[name], "activations": act}
             kw = dict(backend="hip", ctxs=[args.ctx], fill="repeat", fill_prefix=S.FILL_PREFIX, n_decode=24,
                       n_verify=8, widths=[2, 6], log=lambda m: None, engine_options=opts)
             r2 = S._time_model(small, **kw)["contexts"][0]
@@ -70,10 +87,16 @@ def main(argv=None) -> int:
             row = {"round": rnd, "decode_ms_layer": pd, "verify6_ms_layer": pv, "tokens_per_s": 1e3 / d43,
                    "verify6_over_decode": v43 / d43, "verify2_over_decode": v243 / d43}
             res[name].append(row)
-            print(name, json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+            print(name, act, json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+    for name in names:
+        def med(k):
+            return float(np.median([r[k] for r in res[name]]))
+        print(f"{act} {name}: decode {med('decode_ms_layer'):.3f} ms/layer, {med('tokens_per_s'):.1f} tok/s (43 layers), "
+              f"verify(6) {med('verify6_ms_layer'):.3f} ms/layer, verify(6)/decode {med('verify6_over_decode'):.2f}, "
+              f"verify(2)/decode {med('verify2_over_decode'):.2f} (medians of {len(res[name])} rounds)", flush=True)
     out = {}
     for name in names:
-        eng = Engine(small, backend="hip", gpu_library=libs[name])
+        eng = Engine(small, backend="hip", gpu_library=libs[name], activations=act)
         try:
             s = eng.session(2200, n_batch=64)  # past 2048 + 4 tokens: the indexer scores and selects
             s.prefill(np.random.default_rng(5).integers(100, 128000, 2100).tolist(), logits="none")
@@ -82,11 +105,8 @@ def main(argv=None) -> int:
             eng.close()
     a, b = names
     same = {"verify": bool(np.array_equal(out[a][0], out[b][0])), "decode": bool(np.array_equal(out[a][1], out[b][1]))}
-    print(f"logits bit-identical: verify {same['verify']}, decode {same['decode']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": res, "bit_identical": same}, f, indent=1)
-    return 0
+    print(f"{act}: logits bit-identical: verify {same['verify']}, decode {same['decode']}", flush=True)
+    return {"activations": act, "rounds": res, "bit_identical": same}
 
 
 def prefill_ab(args) -> int:

@@ -374,10 +374,12 @@ int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, co
 /* The GPU expert-gathered product on its own (tests): W host memory holding n_mat matrices of
  * rows x cols elements of GGML `type` (with DS4_GPU_PLANAR: uploaded in the planar layout, or
  * DS4_E_INVALID when the rows cannot take it); slot s < n_slots multiplies matrix ids[s] by row s
- * of X (float [n_slots, cols]) into row s of Y (float [n_slots, rows]); `activations` as above. */
+ * of X (float [n_slots, cols]) into row s of Y (float [n_slots, rows]); `activations` as above.
+ * With ms (may be NULL), the product then runs `reps` >= 1 more times back to back and *ms gets
+ * the mean host time of one in milliseconds (launches queued, one wait at the end). */
 int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows,
                           int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y,
-                          char *err, size_t err_len);
+                          int32_t reps, double *ms, char *err, size_t err_len);
 
 /* The GPU lightning indexer on its own (tests; spec ds4.md §2.5): n tokens at positions p0..
  * with queries qi [n, IH, ID] and head weights iw [n, IH] against the (p0 + n) / ratio keys

@@ -94,8 +94,8 @@ int ds4_gpu_kernel_matmul(const char *library, int type, int32_t activations, co
 }
 
 int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, const void *W, int64_t n_mat, int64_t rows,
-                          int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y, char *err,
-                          size_t err_len) {
+                          int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y, int32_t reps,
+                          double *ms, char *err, size_t err_len) {
     const int32_t base = type & ~DS4_GPU_PLANAR;
     size_t rb = ds4_row_bytes(base, cols);
     if (rb == 0 || n_mat <= 0 || rows <= 0 || n_slots <= 0 || !W || !ids || !X || !Y)
@@ -130,6 +130,15 @@ int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, co
                             (const float *)dx, cols, 1, n_slots, (float *)dy, rows, err, err_len);
     if (rc == DS4_OK) rc = api->copy(ctx, Y, dy, yb, 1, err, err_len);
     if (rc == DS4_OK) rc = api->sync(ctx, err, err_len);
+    if (rc == DS4_OK && ms) {
+        const int32_t n_rep = reps < 1 ? 1 : reps;
+        const double t0 = ds4_now_ms();
+        for (int32_t r = 0; rc == DS4_OK && r < n_rep; r++)
+            rc = api->mm_gather(ctx, layout, dw, rows * (int64_t)rb, (const int32_t *)di, rows, cols, (int64_t)rb,
+                                (const float *)dx, cols, 1, n_slots, (float *)dy, rows, err, err_len);
+        if (rc == DS4_OK) rc = api->sync(ctx, err, err_len);
+        *ms = (ds4_now_ms() - t0) / n_rep;
+    }
     api->free(ctx, dw, wb);
     api->free(ctx, di, ib);
     api->free(ctx, dx, xb);
