@@ -73,8 +73,6 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphDestroy cudaGraphDestroy
 #define hipGraphExecDestroy cudaGraphExecDestroy
-#define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute((f), (a), (v))
-#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define hipLaunchKernelGGL(k, g, b, shm, st, ...) k<<<(g), (b), (shm), (st)>>>(__VA_ARGS__)
 #else
 #error "compile the GPU backend with hipcc / clang -x hip (AMD) or nvcc -x cu (NVIDIA)"

@@ -32,22 +32,13 @@
 #define PL_REPACK_CHUNK ((size_t)64 << 20) /* staging bytes per upload step */
 #define PS_WARPS 8         /* warps per block of the staged kernels (ps_kernel) */
 #define PS_BLOCKS 512      /* blocks a staged launch aims at: more rounds of row groups per block beyond */
-#define PS_SMALL ((int64_t)48 << 10) /* shared bytes any target gives a block without asking */
-/* Bytes of staged activations a block may take: NVIDIA gives a block up to 227 KB when asked (two
- * blocks of 96 KB per multiprocessor); gfx1151 has 64 KB of LDS per workgroup in all. */
-#if defined(GPU_NVIDIA)
-#define PS_STAGE ((int64_t)96 << 10)
-#else
-#define PS_STAGE PS_SMALL
-#endif
+#define PS_STAGE ((int64_t)48 << 10) /* bytes of staged activations a block may take (any target, unasked) */
+#define PS_DENSE_ROWS 2048  /* one-token Q8_0 products from here ... */
+#define PS_DENSE_MAX 65536  /* ... to here take the staged kernel (H200: 0.82-0.95x from 2048 to 32768 rows,
+                             * 1.05-1.10x below, 1.02x at the 129280-row LM head) */
 
-/* This translation unit's copy of the IQ2_XXS tables (quant.h), and the shared memory of the staged
- * multi-token kernels (ps_allow, below). */
-static int ps_allow_all(char *err, size_t len);
-int gpu_planar_init(char *err, size_t len) {
-    const int rc = quant_tables_init(err, len);
-    return rc == DS4_OK ? ps_allow_all(err, len) : rc;
-}
+/* This translation unit's copy of the IQ2_XXS tables (quant.h). */
+int gpu_planar_init(char *err, size_t len) { return quant_tables_init(err, len); }
 
 /* Exact float of byte k of w (0..255), and of w's byte k read as int8 after w ^= 0x80808080. */
 __device__ __forceinline__ float pl_u8(uint32_t w, int k) {
@@ -559,20 +550,6 @@ static void ps_go(hipStream_t st, unsigned gy, int nt_stage, const uint8_t *W, i
                        row_bytes, X, ldx, x_div, n, Y, ldy, loops);
 }
 
-/* Let a staged kernel take PS_STAGE bytes of dynamic shared memory (NVIDIA asks for anything past 48 KB). */
-template <int TYPE, int NT, int RPW, int WPR>
-static int ps_allow(char *err, size_t len) {
-#if defined(GPU_NVIDIA)
-    const void *k = (const void *)ps_kernel<TYPE, NT, RPW, WPR>;
-    if (PS_STAGE > PS_SMALL)
-        GPU_TRY(hipFuncSetAttribute(k, hipFuncAttributeMaxDynamicSharedMemorySize, (int)PS_STAGE),
-                "allow the staged matmul kernel its shared memory");
-#else
-    (void)err, (void)len;
-#endif
-    return DS4_OK;
-}
-
 /* Rows per warp of a multi-token pass: more rows, so that each activation load serves more weights
  * (Q8_0 4, IQ2_XXS 2, Q2_K 1: more would spill registers on gfx1151); half as many (at least 1)
  * where several warps share a row. */
@@ -589,17 +566,21 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
                         int64_t n, float *Y, int64_t ldy) {
     if (ids) { /* rows of the slot's matrix per warp sharing each activation load: 4 (Q2_K 2: 4 spill on gfx1151) */
         constexpr int PL_RPW_GATHER = TYPE == DS4_TYPE_Q2_K ? 2 : 4;
-        if (ps_bytes(1, cols) <= PS_SMALL)
-            ps_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, 1, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx,
-                                             x_div, 1, Y, ldy);
-        else
-            pl_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx,
-                                             x_div, 1, Y, ldy);
+        /* the 2-bit experts staged (H200: IQ2_XXS 0.68x, Q2_K 0.88-0.93x); Q8_0 gathers were 1.07-1.25x */
+        if constexpr (TYPE != DS4_TYPE_Q8_0) {
+            if (ps_bytes(1, cols) <= PS_STAGE) {
+                ps_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, 1, W, mat_bytes, ids, rows, cols, row_bytes, X,
+                                                 ldx, x_div, 1, Y, ldy);
+                return;
+            }
+        }
+        pl_go<TYPE, 1, PL_RPW_GATHER, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div,
+                                         1, Y, ldy);
         return;
     }
     if (n == 1) {
         if constexpr (TYPE == DS4_TYPE_Q8_0) { /* staged (ps_kernel), the same rows and warps per row as below */
-            if (rows >= PL_TINY_ROWS && ps_bytes(1, cols) <= PS_SMALL) {
+            if (rows >= PS_DENSE_ROWS && rows < PS_DENSE_MAX && ps_bytes(1, cols) <= PS_STAGE) {
                 if (rows < PL_SHORT_ROWS) ps_go<TYPE, 1, 1, PL_WARPS>(st, 1, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
                 else ps_go<TYPE, 1, 2, 1>(st, 1, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
                 return;
@@ -612,28 +593,12 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
     }
     constexpr int PL_RPW_MULTI = PlRpw<TYPE>::MULTI, PL_RPW_SHORT = PlRpw<TYPE>::SHORT;
     const unsigned gy = (unsigned)((n + PL_NT - 1) / PL_NT);
-    const int nts = (int)(n < PL_NT ? n : PL_NT);
-    /* Q8_0 (the dense matrices): the activations staged (ps_kernel); IQ2_XXS and Q2_K take several tokens
-     * only as routed experts, whose passes of a few rows are gathers */
-    if constexpr (TYPE == DS4_TYPE_Q8_0) {
-        if (rows >= PL_TINY_ROWS && ps_bytes(nts, cols) <= PS_STAGE) {
-            if (rows < PL_SHORT_ROWS) ps_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, nts, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-            else ps_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, nts, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-            return;
-        }
-    }
+    /* (several tokens staged through ps_kernel, 8 rows a warp's tokens: 1.24-1.51x slower on the H200,
+     * 202 registers and 96 KB of activations leave one block of 8 warps per multiprocessor) */
     if (rows < PL_TINY_ROWS) pl_go<TYPE, PL_NT, 1, PL_TINY_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else if (rows < PL_SHORT_ROWS) pl_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else pl_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
-
-/* ps_allow for every staged kernel that pl_launch_t may give more than PS_SMALL bytes (the multi-token Q8_0 ones). */
-template <int TYPE>
-static int ps_allow_t(char *err, size_t len) {
-    const int rc = ps_allow<TYPE, PL_NT, PlRpw<TYPE>::SHORT, PL_WARPS>(err, len);
-    return rc == DS4_OK ? ps_allow<TYPE, PL_NT, PlRpw<TYPE>::MULTI, 1>(err, len) : rc;
-}
-static int ps_allow_all(char *err, size_t len) { return ps_allow_t<DS4_TYPE_Q8_0>(err, len); }
 
 int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes) {
     int64_t block = 0, bytes = 0;
