@@ -761,17 +761,20 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
     if (!s->dsp) return DS4_OK;
     ds4_dspark *d = s->dsp;
     *out = d->st;
-    /* savings are priced at the mean plain (single-token) decode of this session, leaving out the
-     * decodes that captured a graph of their shape (a one-time cost, spec platform.md §8) unless
-     * every one did; before one was measured they are unknown and reported as 0 with
-     * t_decode_measured = 0 (the scheduler measures one first; without it any no-draft cycle does) */
-    if (d->n_plain) {
-        double td = d->n_priced ? d->priced_ms / (double)d->n_priced : d->st.target_ms / (double)d->n_plain;
+    /* savings are priced at the mean plain (single-token) decode of this session; a decode that
+     * captured a graph of its shape (a one-time cost, spec platform.md §8) is no timing of one.
+     * Before one was timed they are unknown and reported as 0 with t_decode_measured = 0 (the
+     * scheduler times one first; without it any no-draft cycle does).  net_saved is
+     * (cycles + accepted) t_decode - (target + propose + spec_total) with the captured decodes left
+     * out of both sides; as the timed plain decodes cost n_priced t_decode, that is the drafted
+     * cycles' (1 + accepted) decodes minus every proposal and speculative step (spec dspark.md §6). */
+    if (d->n_priced) {
+        double td = d->priced_ms / (double)d->n_priced;
         out->t_decode_measured = 1;
         out->t_decode_ms = td;
         out->saved_ms = (double)d->st.accepted_draft * td;
-        out->net_saved_ms = (double)(d->st.cycles + d->st.accepted_draft) * td -
-                            (d->st.target_ms + d->st.propose_ms + d->st.spec_total_ms);
+        out->net_saved_ms = (double)(d->st.cycles - d->n_plain + d->st.accepted_draft) * td -
+                            (d->st.propose_ms + d->st.spec_total_ms);
     }
     return DS4_OK;
 }
