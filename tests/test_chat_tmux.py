@@ -38,7 +38,7 @@ class Tmux:
 
 def test_chat_streams_and_shows_live_panes_in_a_terminal(tiny_q2, fitted_support, tmp_path):
     tmux = Tmux(f"ds4tui-e2e-{os.getpid()}")
-    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color {sys.executable} -m ds4tui chat {tiny_q2['model']} "
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color XDG_CACHE_HOME={tmp_path}/cache {sys.executable} -m ds4tui chat {tiny_q2['model']} "
            f"--mtp {fitted_support} --backend cpu --ctx 1024 -n 48 --nothink; sleep 60")
     tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "50", cmd)
     try:

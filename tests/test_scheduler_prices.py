@@ -9,6 +9,7 @@ file's JSON.  No timing is asserted: the kept prices given here are made so far 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -150,7 +151,10 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
     ("{not json", "not a scheduler prices file (invalid JSON"),
     (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),
     ("STALE", "stale scheduler prices: measured for a different n_threads than this engine's"),
-    ("BAD_TIME", "prices.t_ver_ms.6: expected a finite time > 0 ms, found -1"),
+    ("BAD_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found -1"),
+    ("HUGE_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found 1e+308"),
+    ("CHANGED", "stale scheduler prices: the model file changed since they were measured (size or modification time)"),
+    ("[]", "expected a scheduler prices file (a JSON object of format 1), found a JSON list"),
 ])
 def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, message):
     kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
@@ -159,14 +163,16 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
     e.close()
     if text == "STALE":
         P.save(path, {**ident, "n_threads": ident["n_threads"] + 1}, HOPELESS)
-    elif text == "BAD_TIME":
+    elif text in ("BAD_TIME", "HUGE_TIME"):
         P.save(path, ident, HOPELESS)
         doc = json.loads(path.read_text())
-        doc["prices"]["t_ver_ms"]["6"] = -1
+        doc["prices"]["t_ver_ms"]["6"] = -1 if text == "BAD_TIME" else 1e308
         path.write_text(json.dumps(doc))
+    elif text == "CHANGED":  # the same model file, touched: its modification time moved
+        P.save(path, {**ident, "model": {**ident["model"], "mtime_ns": ident["model"]["mtime_ns"] - 1}}, HOPELESS)
     else:
         path.write_text(text)
-    with pytest.raises(SchedulerPricesError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(SchedulerPricesError, match=re.escape(message)):
         P.load(path, ident)
     e = S.Engine(tiny_q2["model"], **kw)  # opens: the file is ignored, and said why
     assert str(path) in e.scheduler_prices_problem and message in e.scheduler_prices_problem
@@ -214,3 +220,19 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
     d = json.loads(capsys.readouterr().out)["scheduler_prices"]
     assert d["default"] == "saved" and d["choices"] == ["fresh", "engine", "saved"]
     assert d["folder"] == str(environment.scheduler_prices_dir()) and d["saved_files"] == 1
+
+
+def test_generate_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypatch, capsys):
+    """The prices are written when the session closes, after the answer (and its JSON) went out:
+    a file that cannot be written is a note on stderr then, and the exit status stays 0."""
+    from ds4tui.commands import environment
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setattr(environment, "scheduler_prices_dir", lambda: blocker / "scheduler-prices")
+    rc = cli_main(["generate", tiny_q2["model"], "--mtp", tiny_q2["support"], "-p", "hi", "-n", "16", "--json",
+                   "--backend", "cpu", "--no-scheduler"])
+    out = capsys.readouterr()
+    assert rc == 0 and json.loads(out.out)["scheduler_prices"] == "saved"
+    notes = [line for line in out.err.splitlines() if "cannot write the scheduler prices" in line]
+    assert len(notes) == 1 and notes[0].startswith("ds4tui generate: note: ") and str(blocker) in notes[0]

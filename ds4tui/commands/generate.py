@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), as_json, status=2)
     t_start = time.perf_counter()
     engine = session = None
+    prices_problem = ""
     try:
         try:
             text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
@@ -171,8 +172,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
-            if engine.scheduler_prices_problem and not as_json:
-                print(f"ds4tui generate: note: {engine.scheduler_prices_problem}", file=sys.stderr, flush=True)
+            prices_problem = engine.scheduler_prices_problem
+            if prices_problem:  # on stderr with --json too, as every other note
+                print(f"ds4tui generate: note: {prices_problem}", file=sys.stderr, flush=True)
             if engine.support_status == "refused":
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
@@ -192,8 +194,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # Closing the session prints ds4's stats line when DS4_DSPARK_STATS is set.
         if session is not None:
-            session.close()
+            session.close()  # with --scheduler-prices saved this writes the prices file
         if engine is not None:
+            if engine.scheduler_prices_problem and engine.scheduler_prices_problem != prices_problem:
+                print(f"ds4tui generate: note: {engine.scheduler_prices_problem}", file=sys.stderr, flush=True)
             engine.close()
 
 

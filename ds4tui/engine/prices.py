@@ -43,6 +43,8 @@ FORMAT = 1
 PRIOR_VERIFIES = 32
 #: A session's mean plain decode replaces the moving average's t_ver(1) in the kept prices after this many.
 KEEP_MIN_DECODES = 8
+#: The longest time a saved price may hold (ms): a pass of a minute is no price of a cycle.
+MAX_MS = 60_000.0
 #: The widest verify: the anchor and a full block (ds4_engine.h's DS4_DSPARK_MAX_BLOCK + 1).
 MAX_WIDTH = MAX_BLOCK + 1
 
@@ -100,12 +102,13 @@ class SchedulerPrices:
             return SchedulerPricesError(f"{where}.{name}: expected {expected}, found {found!r}")
 
         def time(name: str, v) -> float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise bad(name, "a finite time > 0 ms", v)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_MS:
+                raise bad(name, f"a time > 0 and <= {MAX_MS:g} ms", v)
             return float(v)
 
         if not isinstance(d, dict):
-            raise SchedulerPricesError(f"{where}: expected an object, found {type(d).__name__}")
+            raise SchedulerPricesError(f"{where}: expected an object, found "
+                                       f"{'nothing' if d is None else 'a JSON ' + _json_kind(d)}")
         tv = d.get("t_ver_ms")
         if not isinstance(tv, dict):
             raise bad("t_ver_ms", "an object of width → ms", tv)
@@ -232,15 +235,31 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SchedulerPricesError(f"{path}: not a scheduler prices file (invalid JSON: {exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise SchedulerPricesError(f"{path}: expected a scheduler prices file of format {FORMAT}, found format {found!r}")
+    if not isinstance(doc, dict):
+        raise SchedulerPricesError(f"{path}: expected a scheduler prices file (a JSON object of format {FORMAT}), "
+                                   f"found a JSON {_json_kind(doc)}")
+    if doc.get("format") != FORMAT:
+        raise SchedulerPricesError(f"{path}: expected a scheduler prices file of format {FORMAT}, found format "
+                                   f"{doc.get('format')!r}")
     saved = doc.get("identity")
     if saved != ident:
-        keys = sorted(k for k in set(ident) | set(saved or {}) if (saved or {}).get(k) != ident.get(k))
-        raise SchedulerPricesError(f"{path}: stale scheduler prices: measured for a different "
-                                   f"{', '.join(keys)} than this engine's")
+        saved = saved if isinstance(saved, dict) else {}
+        keys = sorted(k for k in set(ident) | set(saved) if saved.get(k) != ident.get(k))
+        # a model or support file at the same path that changed (size, modification time) is said so
+        changed = [k for k in keys if isinstance(ident.get(k), dict) and isinstance(saved.get(k), dict)
+                   and saved[k].get("path") == ident[k].get("path")]
+        other = [k for k in keys if k not in changed]
+        why = ([f"the {' and '.join(changed)} file changed since they were measured (size or modification time)"]
+               if changed else []) + ([f"measured for a different {', '.join(other)} than this engine's"]
+                                      if other else [])
+        raise SchedulerPricesError(f"{path}: stale scheduler prices: {'; '.join(why)}")
     return SchedulerPrices.from_dict(doc.get("prices"), where=f"{path}: prices")
+
+
+def _json_kind(v) -> str:
+    """The JSON name of a parsed value's kind (list, string, number, ...)."""
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            dict: "object"}.get(type(v), type(v).__name__)
 
 
 def save(path: str | os.PathLike, ident: dict, prices: SchedulerPrices) -> None:
