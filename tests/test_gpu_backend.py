@@ -703,6 +703,44 @@ def test_hip_graphs_keep_dspark_decisions(tiny_q2, fitted_support):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_hip_greedy_picks_on_the_device_are_the_host_argmax(tiny_q2, fitted_support, graphs):
+    """Spec platform.md §9: greedy decode steps and DSpark verify passes take their argmax on the
+    device and bring back only the ids.  Oracles: the same engine's host path (temperature 1 with
+    top-k 1 copies the logits row and draws its first maximum on the host), and the first maximum of
+    each teacher-forced logits row (one prefill of the emitted tokens: the passes are batch
+    invariant); greedy DSpark emits exactly the target-only tokens."""
+    from ds4tui.engine.backend import SamplingParams
+
+    _device_or_skip()
+    prompt = np.random.default_rng(23).integers(100, 128000, 37).tolist()
+    e = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off", gpu_graphs=graphs)
+    try:
+        n = 64
+        plain = e.session(len(prompt) + n + 8)
+        plain.set_dspark(enabled=False)
+        greedy = list(plain.generate(prompt, max_tokens=n))
+        host = e.session(len(prompt) + n + 8)
+        host.set_dspark(enabled=False)
+        host.set_sampling(SamplingParams(temperature=1.0, top_k=1, seed=5))
+        assert list(host.generate(prompt, max_tokens=n)) == greedy
+        spec, steps, st = _dspark_run(e, prompt, n)
+        assert spec == greedy and st.accepted_draft > 0 and st.proposed > st.accepted_draft
+        seq = list(prompt) + greedy[:-1]
+        rows = e.session(len(seq) + 8, n_batch=64).prefill(seq, logits="all")[len(prompt) - 1:]
+        assert np.isfinite(rows).all()
+        assert np.argmax(rows, axis=1).tolist() == greedy  # numpy's argmax is the first maximum too
+        assert e.gpu_graphs == graphs, e.gpu_graphs_note
+    finally:
+        e.close()
+    target = S.Engine(tiny_q2["model"], backend="hip", prefill_gemm="off", gpu_graphs=graphs)  # no drafter
+    try:
+        assert list(target.session(len(prompt) + n + 8).generate(prompt, max_tokens=n)) == greedy
+    finally:
+        target.close()
+
+
+@pytest.mark.gpu
 def test_hip_graphs_captures_are_not_priced(tiny_q2, fitted_support):
     """Spec dspark.md §7.4: a pass that captured a graph of its shape is no sample of the
     scheduler's prices.  The scheduler decodes plainly until it has priced one plain decode, then

@@ -61,8 +61,9 @@ def test_flash_plan_against_a_hand_computed_one():
     ints_per_row = 1 + 512 + 1 + 6 + 8  # token, selected rows, their count, experts, output groups
     per_tile = 64 * keys + (n // 4 + 1) + 129280  # attention scores per head, indexer scores, logits
     drafter = 3 * (128 + B) * 4096 + 3 * (128 + B) * 512 + 128 * 4096 + 128 * 512 + 3 * 5 * 512 + 5 * 4096 \
-        + 5 * 129280 + 129280 + 256 + 4
-    scratch = 4 * (B * (per_row + ints_per_row) + 2 + T * per_tile + drafter)  # + 2: the pass's position word
+        + 5 * 129280 + 129280 + 256 + 16  # ... the Markov row and feature, a greedy chain's 16 drafts
+    picks = 2 * 17  # the greedy picks of a pass of up to 17 rows on the device: ids and non-finite flags
+    scratch = 4 * (B * (per_row + ints_per_row) + 2 + T * per_tile + drafter + picks)  # + 2: the position word
     got = memplan.session_bytes(c, n, support=FLASH_SUPPORT)
     assert got["kv"] == kv == 191_715_328
     assert got["compressor"] == compressor

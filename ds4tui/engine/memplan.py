@@ -247,6 +247,8 @@ GPU_DEFAULT_BATCH = 2048
 PASS_TILE_ROWS = 256
 #: DS4_DSPARK_MAX_BLOCK: the key buffers hold at least this many rows.
 _MAX_BLOCK = 16
+#: DS4_GRAPH_MAX_ROWS: the largest pass whose greedy picks run on the device.
+GRAPH_MAX_ROWS = _MAX_BLOCK + 1
 
 
 @dataclass(frozen=True)
@@ -320,10 +322,12 @@ def session_bytes(c, n_ctx: int, *, n_batch: int | None = None, support: Support
               B * NH * D, B * D, B * NH * D, B * c.o_groups * c.o_lora_rank, B * H, B * cwmax, B * cwmax,
               B * IH * ID, B * IH, B * c.indexer_top_k, B, isc, B * E, B * K, B * K, B * K * FF, B * K * FF,
               B * K * H, B * max(FS, 1), B * max(FS, 1), B * H, B * H, B * HC, B * HC, 1 if host else T * V, att, B * c.o_groups]
+    if not host:
+        counts.append(2 * GRAPH_MAX_ROWS)  # the greedy picks on the device: ids, then the non-finite flags
     if support is not None:
         s = support
         counts += [kv_cap * s.n_capture * H, s.n_stages * kv_cap * D, W * H, W * D, s.n_stages * s.block * D,
-                   s.block * H, s.block * V, V, max(s.rank, 1), 4]
+                   s.block * H, s.block * V, V, max(s.rank, 1), _MAX_BLOCK]
     scratch = sum(buf(n) for n in counts)
     host_b = V * (F4 + 16)  # the logits row and the sampler's buffer
     if support is not None:

@@ -33,8 +33,9 @@ extern "C" {
 /* 4: the probe fills ds4_gpu_info.integrated (the struct grew; the table is version 3's).
  * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas.
  * 6: the activations entry (`activations`: the q8 option on the GPU).
- * 7: graphs of a pass (`graph_begin`, `graph_end`, `graph_launch`, `graph_free`). */
-#define DS4_GPU_API_VERSION 7
+ * 7: graphs of a pass (`graph_begin`, `graph_end`, `graph_launch`, `graph_free`).
+ * 8: greedy picks on the device (`argmax_rows`). */
+#define DS4_GPU_API_VERSION 8
 
 /* Graphs of a pass (the gpu_graphs option, spec platform.md §8): a graph replays the kernels of one
  * captured pass at any position p whose key is the captured pass's; the key holds
@@ -219,6 +220,15 @@ typedef struct ds4_backend_s {
     int (*graph_end)(ds4_backend_ctx *c, int32_t ok, void **graph, char *err, size_t len);
     int (*graph_launch)(ds4_backend_ctx *c, void *graph, char *err, size_t len);
     void (*graph_free)(ds4_backend_ctx *c, void *graph);
+
+    /* ---- version 8 ---------------------------------------------------------------------------
+     * Greedy picks where the logits are (spec platform.md §9): for each of `rows` rows of x
+     * [rows, ld] (n entries each), ids[r] = the first index of the row's largest entry (ds4_argmax's
+     * rule: NaN entries are passed over, a NaN at 0 gives 0) and bad[r] = the index of the row's
+     * first non-finite entry (inf or NaN), or -1.  ids, bad: device int32 [rows], queued like the
+     * other ops.  NULL on the CPU backend (its logits are in host memory already). */
+    int (*argmax_rows)(ds4_backend_ctx *c, const float *x, int64_t ld, int32_t rows, int32_t n, int32_t *ids,
+                       int32_t *bad, char *err, size_t len);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

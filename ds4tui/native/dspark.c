@@ -320,6 +320,12 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
     t1 = ds4_now_ms(); pt->logits += t1 - t; t = t1;
     int32_t prev = anchor;
     int n = 0;
+    int32_t chain_x[DS4_DSPARK_MAX_BLOCK];
+    const int on_device = !(T > 0.0f) && ds4_device_picks(s); /* spec platform.md §9 */
+    if (on_device) { /* every draft's argmax queued at once; the confidences below cut the proposal */
+        if (op_failed(d, ch, "markov", 0)) return -1;
+        if (op_failed(d, ch, "markov", ds4_draft_markov_chain(s, want, chain_x) != DS4_OK)) return -1;
+    }
     for (int k = 0; k < want; k++) {
         if (k > 0) { /* c_k needs m_k = W1[x_{k-1}] */
             double tc = ds4_now_ms();
@@ -331,10 +337,17 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
             t += tc1 - tc; /* keep it out of prop_markov */
             if (ck < threshold) break;
         }
+        int32_t x;
+        if (on_device) {
+            x = chain_x[k];
+            drafts[n++] = x;
+            d->drafts[d->n_drafts++] = x;
+            prev = x;
+            continue;
+        }
         if (op_failed(d, ch, "markov", 0)) return -1;
         const ds4_w *w1 = &sup->markov_w1;
         ds4_type(w1->type)->dequant(w1->data + (size_t)prev * w1->row_bytes, d->feat, sup->rank);
-        int32_t x;
         if (!(T > 0.0f)) {
             if (op_failed(d, ch, "markov", ds4_draft_markov(s, k, d->feat, &x) != DS4_OK)) return -1;
         } else {
@@ -518,15 +531,17 @@ static void add_prop_times(ds4_dspark_stats *st, const prop_times *pt) {
 static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out, char *err, size_t err_len,
                        double t_start, const prop_times *pt, double propose_ms) {
     ds4_dspark *d = s->dsp;
-    int32_t tok = s->pending;
+    int32_t tok = s->pending, next = -1;
+    const int picks = !(s->sampling.temperature > 0.0f) && ds4_device_picks(s); /* platform.md §9 */
     double t0 = ds4_now_ms();
-    int rc = ds4_run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
+    int rc = picks ? ds4_run_pass_argmax(s, &tok, 1, DS4_LOGITS_LAST, &next, err, err_len)
+                   : ds4_run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
     double t1 = ds4_now_ms();
     if (rc != DS4_OK) {
         s->stats.decode_ms += t1 - t_start;
         return rc;
     }
-    s->has_logits = 1;
+    s->has_logits = !picks;
     d->st.cycles++;
     d->st.first_tokens++;
     d->st.target_ms += t1 - t0;
@@ -548,7 +563,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
         d->st.accepted_len_hist[0]++;
     }
     double ts = ds4_now_ms();
-    int32_t next = ds4_sample(s, s->logits);
+    if (!picks) next = ds4_sample(s, s->logits);
     double te = ds4_now_ms();
     s->stats.sample_ms += te - ts;
     s->pending = next;
@@ -653,14 +668,17 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     memcpy(seq + 1, drafts, (size_t)nd * sizeof(int32_t));
     const int64_t p0 = s->n_tokens;
     double tv0 = ds4_now_ms();
-    int rc = ds4_run_pass(s, seq, nd + 1, DS4_LOGITS_ALL, d->vlogits, nd + 1, err, err_len);
+    const float T = s->sampling.temperature;
+    const int picks = !(T > 0.0f) && ds4_device_picks(s); /* greedy: the argmaxes on the device (platform.md §9) */
+    int32_t vids[DS4_DSPARK_MAX_BLOCK + 1];
+    int rc = picks ? ds4_run_pass_argmax(s, seq, nd + 1, DS4_LOGITS_ALL, vids, err, err_len)
+                   : ds4_run_pass(s, seq, nd + 1, DS4_LOGITS_ALL, d->vlogits, nd + 1, err, err_len);
     double tv1 = ds4_now_ms();
     if (rc != DS4_OK) {
         s->stats.decode_ms += tv1 - t_start;
         return rc; /* the session is unchanged (cancel, non-finite logits) */
     }
     /* accept */
-    const float T = s->sampling.temperature;
     int a = 0;
     int32_t bonus = -1;
     double ts0 = ds4_now_ms();
@@ -673,6 +691,9 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             }
         }
         if (bonus < 0) bonus = ds4_sample(s, d->vlogits + (size_t)nd * V);
+    } else if (picks) {
+        while (a < nd && vids[a] == drafts[a]) a++;
+        bonus = vids[a];
     } else {
         while (a < nd && ds4_argmax(d->vlogits + (size_t)a * V, V) == drafts[a]) a++;
         bonus = ds4_argmax(d->vlogits + (size_t)a * V, V);
@@ -682,8 +703,12 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     /* commit: keep anchor + a accepted rows */
     s->n_tokens = (int32_t)(p0 + 1 + a);
     ds4_dspark_truncate(s, s->n_tokens);
-    memcpy(s->logits, d->vlogits + (size_t)a * V, (size_t)V * sizeof(float));
-    s->has_logits = 1;
+    if (picks) { /* the logits stayed on the device: the next token is taken, nothing samples them */
+        s->has_logits = 0;
+    } else {
+        memcpy(s->logits, d->vlogits + (size_t)a * V, (size_t)V * sizeof(float));
+        s->has_logits = 1;
+    }
     s->pending = bonus;
     for (int i = 0; i < a; i++) out[i] = drafts[i];
     out[a] = bonus;

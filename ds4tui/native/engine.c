@@ -482,6 +482,20 @@ int ds4_session_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_o
             return ds4_fail(err, err_len, DS4_E_CONTEXT, "context overflow: %d tokens in the cache + 1 new > context size %d",
                         s->n_tokens, s->n_ctx);
         int32_t tok = s->pending;
+        if (!(s->sampling.temperature > 0.0f) && ds4_device_picks(s)) { /* greedy on a GPU: spec platform.md §9 */
+            int32_t next = -1;
+            int rc = ds4_run_pass_argmax(s, &tok, 1, DS4_LOGITS_LAST, &next, err, err_len);
+            double te = ds4_now_ms();
+            s->stats.decode_ms += te - t0;
+            if (rc != DS4_OK) return rc;
+            s->has_logits = 0; /* they stayed on the device; the next token is taken */
+            s->pending = next;
+            out[0] = next;
+            *n_out = 1;
+            s->stats.n_decode_tokens++;
+            s->stats.n_steps++;
+            return DS4_OK;
+        }
         int rc = ds4_run_pass(s, &tok, 1, DS4_LOGITS_LAST, s->logits, 1, err, err_len);
         if (rc != DS4_OK) {
             s->stats.decode_ms += ds4_now_ms() - t0;

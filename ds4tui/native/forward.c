@@ -61,6 +61,7 @@ struct ds4_state {
      * logits [block, V], Markov row and draft id */
     float *dcap, *dctx, *dmx, *dkvtmp, *ddkv, *dhn, *dU, *drow, *dfeat;
     int32_t *dbest;
+    int32_t *picks; /* greedy picks on a GPU (ds4_run_pass_argmax): ids [DS4_GRAPH_MAX_ROWS], then bad */
     float *hU; /* host copy of the base logits for sampled drafting (GPU backends; malloc'ed) */
     /* graphs (gpu_graphs): step[0..1] the pass's first position (int64) that replays read, tokens
      * = step + 2; the graphs of the shapes seen, and a pass counter */
@@ -322,6 +323,7 @@ int ds4_state_init(ds4_session *s, char *err, size_t len) {
     d->lm = DF(B * H); d->hm = DF(B * HC); d->hw = DF(B * HC); d->logits = DF(host ? 1 : T * c->n_vocab);
     d->att_sc = DF(att_rows * att_w);
     d->grp_ids = DI(B * c->o_groups);
+    if (!host) d->picks = DI(2 * DS4_GRAPH_MAX_ROWS);
     if (e->sup) {
         const ds4_support *sup = e->sup;
         d->dcap = DF((int64_t)s->kv_cap * sup->n_capture * H);
@@ -333,7 +335,7 @@ int ds4_state_init(ds4_session *s, char *err, size_t len) {
         d->dU = DF((int64_t)sup->block * c->n_vocab);
         d->drow = DF(c->n_vocab);
         d->dfeat = DF(sup->rank > 0 ? sup->rank : 1);
-        d->dbest = DI(4);
+        d->dbest = DI(DS4_DSPARK_MAX_BLOCK); /* a greedy chain's drafts (ds4_draft_markov_chain) */
         if (!host) {
             d->hU = malloc((size_t)sup->block * c->n_vocab * F4);
             if (!d->hU) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
@@ -595,7 +597,8 @@ static int attention(pass *P, int L, int n, int64_t p0) {
 
 /* The pass's queued work after the tokens are in d->tokens: embedding, layers, HC head, norm and
  * the LM head.  graph: the work is being captured (spec platform.md §8): no cancellation point, and
- * the logits stay in d->logits for the caller to copy (rows <= DS4_PASS_TILE_ROWS there). */
+ * the logits stay in d->logits for the caller to copy (rows <= DS4_PASS_TILE_ROWS there); so do
+ * they on a GPU when `logits` is NULL (ds4_run_pass_argmax). */
 static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *logits, int graph) {
     ds4_session *s = P->s;
     ds4_engine *e = P->e;
@@ -627,9 +630,9 @@ static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *log
     const int host = P->g->host_memory;
     for (int r0 = 0; r0 < rows; r0 += DS4_PASS_TILE_ROWS) {
         const int rt = rows - r0 < DS4_PASS_TILE_ROWS ? rows - r0 : DS4_PASS_TILE_ROWS;
-        float *out = graph ? NULL : logits + (size_t)r0 * c->n_vocab;
+        float *out = graph || !logits ? NULL : logits + (size_t)r0 * c->n_vocab;
         TRYP(mm(P, &e->output, d->lm + (size_t)r0 * H, H, rt, host ? out : d->logits, c->n_vocab));
-        if (!host && !graph) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
+        if (out && !host) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
     }
     return DS4_OK;
 }
@@ -716,7 +719,7 @@ static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_
     if (e->gpu_graphs && !P->g->host_memory && n <= DS4_GRAPH_MAX_ROWS) {
         rc = graph_pass(P, tokens, n, p0, logits_mode);
         if (rc != DS4_OK && rc != 1) return rc;
-        if (rc == DS4_OK && logits_mode != DS4_LOGITS_NONE) { /* one tile of rows: the body left it in d->logits */
+        if (rc == DS4_OK && logits_mode != DS4_LOGITS_NONE && logits) { /* one tile of rows: in d->logits */
             const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
             G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * e->c.n_vocab * sizeof(float), 1, M));
         }
@@ -748,8 +751,16 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
     return -1;
 }
 
-int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
-                 char *err, size_t err_len) {
+static int nonfinite_error(ds4_session *s, int64_t row, int64_t col, int mode, int32_t n, char *err, size_t err_len) {
+    int64_t pos = s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1);
+    return ds4_fail(err, err_len, DS4_E_NONFINITE,
+                    "non-finite logit (token id %lld) at position %lld: the model has NaN/Inf weights or "
+                    "overflows (check the file with `ds4tui inspect --check-finite`)", (long long)col, (long long)pos);
+}
+
+/* ds4_run_pass, or with ids != NULL ds4_run_pass_argmax (logits == NULL: they stay on the device). */
+static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
+                    int32_t *ids, char *err, size_t err_len) {
     ds4_engine *e = s->e;
     /* prefill_gemm (spec platform.md §7): the BLAS products for this pass only, and only when it has
      * enough rows; decode steps and verify passes stay on the batch-invariant float32 kernels */
@@ -762,6 +773,21 @@ int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float 
     s->last_pass_captured = 0;
     int rc = forward(s, seq, n, mode, logits);
     if (gemm) (void)e->ops->gemm(e->ctx, DS4_PREFILL_GEMM_OFF, NULL, 0, NULL, 0);
+    const int32_t rows = mode == DS4_LOGITS_ALL ? n : 1;
+    if (rc == DS4_OK && ids) { /* the picks where the logits are, and only they come back */
+        ds4_state *d = s->st;
+        char m[384];
+        int32_t back[2 * DS4_GRAPH_MAX_ROWS];
+        if (e->ops->argmax_rows(e->ctx, d->logits, e->c.n_vocab, rows, e->c.n_vocab, d->picks, d->picks + rows, m,
+                                sizeof m) != DS4_OK ||
+            e->ops->copy(e->ctx, back, d->picks, (size_t)(2 * rows) * sizeof(int32_t), 1, m, sizeof m) != DS4_OK) {
+            ds4_op_fail(e, DS4_E_DEVICE, m);
+        } else {
+            for (int32_t r = 0; r < rows; r++)
+                if (back[rows + r] >= 0) return nonfinite_error(s, r, back[rows + r], mode, n, err, err_len);
+            memcpy(ids, back, (size_t)rows * sizeof(int32_t));
+        }
+    }
     int orc = ds4_op_check(s->e, err, err_len);
     if (orc != DS4_OK) return orc;
     if (rc == DS4_E_CANCELLED) {
@@ -770,21 +796,28 @@ int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float 
         return ds4_fail(err, err_len, rc, "cancelled");
     }
     if (rc != DS4_OK) return ds4_fail(err, err_len, rc, "forward pass failed (%d)", rc);
-    if (mode != DS4_LOGITS_NONE) {
+    if (mode != DS4_LOGITS_NONE && !ids) {
         int64_t bad = first_nonfinite(logits, n_logit_rows * s->e->c.n_vocab);
-        if (bad >= 0) {
-            int64_t row = bad / s->e->c.n_vocab;
-            int64_t pos = s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1);
-            return ds4_fail(err, err_len, DS4_E_NONFINITE,
-                        "non-finite logit (token id %lld) at position %lld: the model has NaN/Inf weights or "
-                        "overflows (check the file with `ds4tui inspect --check-finite`)",
-                        (long long)(bad % s->e->c.n_vocab), (long long)pos);
-        }
+        if (bad >= 0) return nonfinite_error(s, bad / e->c.n_vocab, bad % e->c.n_vocab, mode, n, err, err_len);
     }
     if (s->dsp && s->e->sup) ds4_span_written(&s->cap, s->n_tokens, n);
     s->n_tokens += n;
     s->stats.n_target_evals++;
     return DS4_OK;
+}
+
+int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
+                 char *err, size_t err_len) {
+    return run_pass(s, seq, n, mode, logits, n_logit_rows, NULL, err, err_len);
+}
+
+int ds4_device_picks(const ds4_session *s) { return !s->e->ops->host_memory && s->e->ops->argmax_rows != NULL; }
+
+int ds4_run_pass_argmax(ds4_session *s, const int32_t *seq, int32_t n, int mode, int32_t *ids, char *err,
+                        size_t err_len) {
+    if (!ds4_device_picks(s) || mode == DS4_LOGITS_NONE || (mode == DS4_LOGITS_ALL && n > DS4_GRAPH_MAX_ROWS))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "device picks: %d rows (mode %d) on this backend", n, mode);
+    return run_pass(s, seq, n, mode, NULL, 0, ids, err, err_len);
 }
 
 /* ---- the DSpark drafter (spec dspark.md §2.4) ------------------------------------------------ */
@@ -926,5 +959,27 @@ int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
     TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
     G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest, M));
     G(P->g->copy(P->cx, x, d->dbest, sizeof(int32_t), 1, M));
+    return DS4_OK;
+}
+
+/* Greedy drafts 0..want-1 as one queued sequence (spec platform.md §9): draft k is the argmax of
+ * W2 W1[x_{k-1}] + U[k] with x_{-1} the block's first input (the anchor, d->tokens[0] since
+ * ds4_draft_embed) and x_{k-1} read where the device wrote it; the W1 row is copied by the
+ * embedding kernel from its GGML row (the host's dequantisation: the same floats).  The same ops
+ * and operands as `want` calls of ds4_draft_markov, so the same drafts; one copy brings x back. */
+int ds4_draft_markov_chain(ds4_session *s, int want, int32_t *x) {
+    ds4_engine *e = s->e;
+    PASS(s);
+    ds4_state *d = s->st;
+    const ds4_support *sup = e->sup;
+    const ds4_w *w1 = &sup->markov_w1;
+    const int32_t V = e->c.n_vocab;
+    for (int k = 0; k < want; k++) {
+        const int32_t *prev = k == 0 ? d->tokens : d->dbest + (k - 1);
+        G(P->g->embed(P->cx, w1->dev_layout, w1->dev, (int64_t)w1->row_bytes, sup->rank, prev, 1, 1, d->dfeat, M));
+        TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
+        G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest + k, M));
+    }
+    G(P->g->copy(P->cx, x, d->dbest, (size_t)want * sizeof(int32_t), 1, M));
     return DS4_OK;
 }

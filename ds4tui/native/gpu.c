@@ -234,11 +234,11 @@ typedef struct {
     void *ctx;
 } uploader;
 
-/* The planar layout (hip/planar.hip) for every matrix the matmul kernels read; the embedding
- * keeps GGML rows (gpu_embed reads them).  DS4_GPU_LAYOUT_GGML keeps GGML rows everywhere (for
+/* The planar layout (hip/planar.hip) for every matrix the matmul kernels read; the embedding and
+ * the drafter's Markov W1 keep GGML rows (gpu_embed reads them: spec platform.md §9).  DS4_GPU_LAYOUT_GGML keeps GGML rows everywhere (for
  * side-by-side kernel comparisons; results differ only by float32 rounding order). */
 static int want_planar(const ds4_engine *e, const ds4_w *w) {
-    return w != &e->token_embd && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR && ds4_type(w->type)->gpu_planar;
+    return w != &e->token_embd && !(e->sup && w == &e->sup->markov_w1) && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR && ds4_type(w->type)->gpu_planar;
 }
 
 static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {

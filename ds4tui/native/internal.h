@@ -186,6 +186,14 @@ void ds4_engine_vectors_free(ds4_engine *e);
  * and err says why. */
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                  char *err, size_t err_len);
+/* 1 when the session's greedy picks can run where its logits are (spec platform.md §9): a GPU
+ * backend; then ds4_run_pass_argmax is ds4_run_pass followed by ds4_argmax of each logits row. */
+int ds4_device_picks(const ds4_session *s);
+/* ds4_run_pass with the logits left in the backend's memory and ids[r] = ds4_argmax of row r (n
+ * rows for DS4_LOGITS_ALL, 1 for DS4_LOGITS_LAST; n <= DS4_GRAPH_MAX_ROWS): only the ids come back.
+ * The same errors as ds4_run_pass (a non-finite logit is found on the device). */
+int ds4_run_pass_argmax(ds4_session *s, const int32_t *seq, int32_t n, int mode, int32_t *ids, char *err,
+                        size_t err_len);
 /* The drafter (spec dspark.md §2.4), on the session's backend.  Each returns DS4_OK, DS4_E_DEVICE
  * (the message kept for ds4_op_check: the next pass reports it) or DS4_E_NONFINITE (a non-finite
  * drafter row, seen on host backends); *op names the stage op that failed. */
@@ -195,6 +203,7 @@ int ds4_draft_stages(ds4_session *s, int64_t p0, int64_t lo, int64_t hi, const c
 int ds4_draft_head(ds4_session *s, float *h_host);
 int ds4_draft_logits(ds4_session *s, const float *hn, int want, const float **U_host);
 int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x);
+int ds4_draft_markov_chain(ds4_session *s, int want, int32_t *x);
 /* A matmul with host activations (the drafter's heads): Y = rows [r0, r0+nr) of w times X. */
 int ds4_host_mm(ds4_engine *e, const ds4_w *w, int64_t r0, int64_t nr, const float *X, int64_t ldx, int64_t n,
                 float *Y, int64_t ldy);

@@ -179,5 +179,7 @@ int gpu_moe_combine(ds4_gpu_ctx *c, const float *oe, const int32_t *sel, const f
                     int32_t H, const float *shared, float *y, char *err, size_t len);
 int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t len);
 int gpu_add_argmax(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err, size_t len);
+int gpu_argmax_rows(ds4_gpu_ctx *c, const float *x, int64_t ld, int32_t rows, int32_t n, int32_t *ids, int32_t *bad,
+                    char *err, size_t len);
 
 #endif

@@ -1159,17 +1159,10 @@ int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t le
 
 #define ARGMAX_THREADS 1024
 
-/* One block: each thread keeps the first maximum of its strided elements, then a tree keeps the
- * larger value, or the lower index on equal values, so the winner is the first maximum overall. */
-__global__ void __launch_bounds__(ARGMAX_THREADS) add_argmax_kernel(const float *a, const float *b, int n, int32_t *out) {
-    __shared__ float sv[ARGMAX_THREADS];
-    __shared__ int si[ARGMAX_THREADS];
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = a[i] + b[i];
-        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
-    }
+/* The first maximum over a block: each thread brings the first maximum (bv, bi) of its strided
+ * elements (bi < 0: it saw none), and a tree keeps the larger value, or the lower index on equal
+ * values; the winner's index is returned to thread 0 (-1 when no thread saw one). */
+__device__ int argmax_block(float bv, int bi, float *sv, int *si) {
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
@@ -1184,9 +1177,51 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) add_argmax_kernel(const float 
         }
         __syncthreads();
     }
+    return si[0];
+}
+
+/* One block: the first maximum of a + b (NaN sums passed over, ds4_argmax's rule). */
+__global__ void __launch_bounds__(ARGMAX_THREADS) add_argmax_kernel(const float *a, const float *b, int n, int32_t *out) {
+    __shared__ float sv[ARGMAX_THREADS];
+    __shared__ int si[ARGMAX_THREADS];
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = a[i] + b[i];
+        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
+    }
+    const int best = argmax_block(bv, bi, sv, si);
     if (threadIdx.x == 0) {
         const float v0 = a[0] + b[0];
-        *out = (v0 != v0 || si[0] < 0) ? 0 : si[0]; /* the host loop never leaves a NaN at 0 */
+        *out = (v0 != v0 || best < 0) ? 0 : best; /* the host loop never leaves a NaN at 0 */
+    }
+}
+
+/* One block per row of x [rows, ld]: ids[row] = the row's first maximum (ds4_argmax's rule), and
+ * bad[row] = the index of its first non-finite entry (all-ones exponent: inf or NaN), or -1. */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_rows_kernel(const float *x, int64_t ld, int n, int32_t *ids, int32_t *bad) {
+    __shared__ float sv[ARGMAX_THREADS];
+    __shared__ int si[ARGMAX_THREADS];
+    __shared__ int sb[ARGMAX_THREADS];
+    const float *row = x + (int64_t)blockIdx.x * ld;
+    float bv = -INFINITY;
+    int bi = -1, fb = n; /* a thread's indices grow: its first non-finite one is its lowest */
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (fb == n && (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) fb = i;
+        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
+    }
+    sb[threadIdx.x] = fb;
+    const int best = argmax_block(bv, bi, sv, si); /* its barriers also publish sb */
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w && sb[threadIdx.x + w] < sb[threadIdx.x]) sb[threadIdx.x] = sb[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float v0 = row[0];
+        ids[blockIdx.x] = (v0 != v0 || best < 0) ? 0 : best;
+        bad[blockIdx.x] = sb[0] < n ? sb[0] : -1;
     }
 }
 
@@ -1194,4 +1229,11 @@ int gpu_add_argmax(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, in
     if (n <= 0) return gpu_fail(err, len, DS4_E_INVALID, "argmax over %d entries", n);
     hipLaunchKernelGGL(add_argmax_kernel, dim3(1), dim3(ARGMAX_THREADS), 0, c->stream, a, b, n, out);
     return ops_check("add_argmax kernel", err, len);
+}
+
+int gpu_argmax_rows(ds4_gpu_ctx *c, const float *x, int64_t ld, int32_t rows, int32_t n, int32_t *ids, int32_t *bad,
+                    char *err, size_t len) {
+    if (n <= 0 || rows <= 0) return gpu_fail(err, len, DS4_E_INVALID, "argmax over %d rows of %d entries", rows, n);
+    hipLaunchKernelGGL(argmax_rows_kernel, dim3((unsigned)rows), dim3(ARGMAX_THREADS), 0, c->stream, x, ld, n, ids, bad);
+    return ops_check("argmax_rows kernel", err, len);
 }
