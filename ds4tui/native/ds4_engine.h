@@ -99,6 +99,12 @@ int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols,
                           const float *X, int64_t n_tok, float *Y, int n_threads,
                           int activations, char *err, size_t err_len);
 
+/* Greedy's argmax on its own (for tests and benchmarks): the first i < n holding the largest x[i]
+ * (-0.0 equals +0.0), where a NaN is never the largest and a NaN at x[0] gives 0; n <= 1 gives 0.
+ * With b non-NULL, the same rule on the float32 sums x[i] + b[i] (the CPU drafter's greedy draft).
+ * The engine's decode, verify and draft argmax (ds4_argmax, ds4_argmax_sum). */
+int32_t ds4_kernel_argmax(const float *x, const float *b, int32_t n);
+
 /* memcpy bandwidth: copy `bytes` bytes `reps` times between two buffers,
  * split over n_threads threads (0 = one per core), and return the best
  * rate in GB/s (1e9 bytes copied per second), or a negative DS4_E* code. */

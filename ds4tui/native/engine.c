@@ -56,6 +56,10 @@ int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols, c
     return DS4_OK;
 }
 
+int32_t ds4_kernel_argmax(const float *x, const float *b, int32_t n) {
+    return b ? ds4_argmax_sum(x, b, n) : ds4_argmax(x, n);
+}
+
 typedef struct { char *dst; const char *src; size_t bytes; } copy_task;
 
 static void copy_slice(void *ctx, int64_t b, int64_t e, int thread) {

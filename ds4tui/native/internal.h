@@ -247,7 +247,10 @@ void ds4_gpu_graphs_mode(ds4_engine *e, int32_t mode);
 
 /* ---- sampling.c ------------------------------------------------------------------------------- */
 int32_t ds4_sample(ds4_session *s, const float *logits);
+/* The first index of the largest x[i] (a NaN never wins; NaN at 0 gives 0; n <= 1 gives 0). */
 int32_t ds4_argmax(const float *x, int32_t n);
+/* ds4_argmax's rule on the float32 sums a[i] + b[i]. */
+int32_t ds4_argmax_sum(const float *a, const float *b, int32_t n);
 /* The target sampler's distribution over the candidates it keeps: ids[0..*n) and probabilities
  * p[0..*n) (sum 1); greedy gives one candidate with p = 1. */
 void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *p, int32_t *n);

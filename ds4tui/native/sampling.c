@@ -21,11 +21,60 @@ static int by_value_then_id(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
+/* Greedy's argmax, for every decode, each verify row and the CPU drafter's drafts (up to ~11 rows of
+ * V floats a DSpark cycle).  The rule is the scalar loop `best = 0; for i: if (x[i] > x[best]) best
+ * = i`: the first maximum (-0.0 and +0.0 are equal), a NaN never becomes best, and a NaN at index 0
+ * gives 0 (nothing compares greater than it).  With x[0] not NaN that is the first index holding the
+ * largest non-NaN value (-inf when every other element is -inf or NaN: then x[0] itself), so it is
+ * found in two passes the compiler vectorises without -ffast-math: the largest non-NaN value, kept
+ * lane-wise as `v > m ? v : m` (a NaN v leaves m; the lanes are combined in any order, as a maximum
+ * is exact), then the first index equal to it, searched block by block.  Same index as the loop for
+ * every input (tests/test_native_argmax.py); ~10x faster on 129280 floats. */
+#define ARGMAX_LANES 64
+
+/* The largest non-NaN element (-inf if none), and the first index equal to m (n if none); ELEM(k)
+ * is element k. */
+#define ARGMAX_PASSES(MAX, FIND, ELEM, ...)                                                            \
+    static float MAX(__VA_ARGS__, int32_t n) {                                                         \
+        float lane[ARGMAX_LANES];                                                                      \
+        for (int j = 0; j < ARGMAX_LANES; j++) lane[j] = -INFINITY;                                     \
+        int32_t blocks = n / ARGMAX_LANES;                                                             \
+        for (int32_t blk = 0; blk < blocks; blk++)                                                     \
+            for (int j = 0; j < ARGMAX_LANES; j++) {                                                   \
+                float v = ELEM(blk * ARGMAX_LANES + j);                                                \
+                lane[j] = v > lane[j] ? v : lane[j];                                                   \
+            }                                                                                          \
+        float m = -INFINITY;                                                                           \
+        for (int j = 0; j < ARGMAX_LANES; j++) m = lane[j] > m ? lane[j] : m;                          \
+        for (int32_t k = blocks * ARGMAX_LANES; k < n; k++) m = ELEM(k) > m ? ELEM(k) : m;             \
+        return m;                                                                                      \
+    }                                                                                                  \
+    static int32_t FIND(__VA_ARGS__, int32_t n, float m) {                                             \
+        int32_t blocks = n / ARGMAX_LANES, blk = 0;                                                    \
+        for (; blk < blocks; blk++) {                                                                  \
+            int hit = 0;                                                                               \
+            for (int j = 0; j < ARGMAX_LANES; j++) hit |= ELEM(blk * ARGMAX_LANES + j) == m;           \
+            if (hit) break;                                                                            \
+        }                                                                                              \
+        for (int32_t k = blk * ARGMAX_LANES; k < n; k++)                                               \
+            if (ELEM(k) == m) return k;                                                                \
+        return n;                                                                                      \
+    }
+
+#define ARGMAX_ONE(k) x[k]
+#define ARGMAX_SUM(k) (a[k] + b[k])
+ARGMAX_PASSES(max_one, find_one, ARGMAX_ONE, const float *x)
+ARGMAX_PASSES(max_sum, find_sum, ARGMAX_SUM, const float *a, const float *b)
+
+/* m is one of the elements (x[0] is not NaN, so m >= x[0] > NaN), so FIND finds it. */
 int32_t ds4_argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    if (n <= 1 || isnan(x[0])) return 0;
+    return find_one(x, n, max_one(x, n));
+}
+
+int32_t ds4_argmax_sum(const float *a, const float *b, int32_t n) {
+    if (n <= 1 || isnan(a[0] + b[0])) return 0;
+    return find_sum(a, b, n, max_sum(a, b, n));
 }
 
 double ds4_uniform(ds4_session *s) {

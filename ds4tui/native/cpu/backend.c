@@ -772,13 +772,7 @@ static int capture(ds4_backend_ctx *c, const float *X, int32_t n, int32_t HC, in
 static int add_argmax(ds4_backend_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err,
                       size_t len) {
     (void)c, (void)err, (void)len;
-    int32_t best = 0;
-    float bv = a[0] + b[0];
-    for (int32_t i = 1; i < n; i++) {
-        float v = a[i] + b[i];
-        if (v > bv) { best = i; bv = v; }
-    }
-    *out = best;
+    *out = ds4_argmax_sum(a, b, n);
     return DS4_OK;
 }
 
