@@ -63,6 +63,7 @@ from ds4tui.widgets.dialogs import AskPath, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
+from ds4tui.widgets.screen import ChatScreen
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
                                         ThroughputPane, explain_reasons, knob_words)
 
@@ -404,6 +405,10 @@ class DS4App(App):
         self._signal_rc = 0
 
     # ---- layout ------------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> ChatScreen:
+        """(Textual's default screen, with frames drawn on demand: no wake-up between two frames.)"""
+        return ChatScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)

@@ -491,6 +491,43 @@ async def test_the_hidden_progress_bar_runs_no_timer(tmp_path):
         assert not bar.has_class("active") and not timers[0]._active.is_set()
 
 
+async def test_the_screen_draws_a_frame_when_asked_and_runs_no_timer_between_frames(tmp_path):
+    import asyncio
+
+    from ds4tui.widgets.pane import set_line
+    from ds4tui.widgets.screen import ChatScreen, FrameTrigger
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        await pilot.pause()  # (the loaded model's screen drawn)
+        screen = app.screen
+        trigger = screen._update_timer
+        assert isinstance(screen, ChatScreen) and isinstance(trigger, FrameTrigger)
+        assert not any(t.name == "screen_update" for t in screen._timers)  # Textual's would wake after each frame
+        frames = []
+        display = app._display
+
+        def counted(s, renderable):
+            frames.append(renderable)
+            display(s, renderable)
+
+        app._display = counted
+        set_line(app.query_one("#status"), "a new status line")  # a change: one frame asked for
+        for _ in range(100):  # (no pilot: its pause draws the frame itself)
+            await asyncio.sleep(0.01)
+            if frames and not trigger.scheduled:
+                break
+        assert len(frames) == 1 and not trigger.scheduled
+        assert "a new status line" in app.query_one("#status").render().plain
+        trigger.resume()
+        trigger.resume()  # one frame at a time is scheduled
+        assert trigger.scheduled
+        trigger.pause()  # (the screen drew, or laid out: the frame is not needed)
+        assert not trigger.scheduled
+
+
 async def test_a_prefill_that_text_follows_in_one_flush_is_not_drawn(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(150, 48)) as pilot:
