@@ -40,6 +40,11 @@ MARKDOWN_S = 2.0
 #: and once it fills the view it scrolls by as much at a time (each scroll repaints the whole view;
 #: the writes between two repaint only their new rows).
 GROW_PARTS = 4
+#: While a turn streams and the rows below its question are at least 1/KEEP_QUESTION_PARTS of the
+#: view, the answer scrolls within those rows (the question stays in view above it, and the message
+#: never changes height: no layout of the screen while the engine decodes); a longer question
+#: leaves the answer to grow past them as above.
+KEEP_QUESTION_PARTS = 2
 #: While a turn streams, its summary line (tokens so far) is redrawn at most this often (seconds):
 #: a line far below the text being written would make each frame repaint every row between them.
 SUMMARY_S = 1.0
@@ -158,6 +163,7 @@ class AssistantMessage(Vertical):
         super().__init__(classes="trace" if trace else "")
         self._channels: dict[str, _Channel] = {}
         self._reserve: int | None = None  # rows the answer's live text takes while it streams
+        self._spare = 0  # rows of the question's top margin (see size_live_text)
         self.n_tokens = 0
         self.n_draft = 0
         self.n_think = 0
@@ -211,10 +217,13 @@ class AssistantMessage(Vertical):
         """The live texts show at most a view's height of rows (their last ones: in a transcript
         pinned to its bottom, all that can be seen), and the answer's takes the rows of the view
         below the question (and the rest of this message): a text growing within them costs a
-        repaint of its new rows, and beyond them a repaint of the view, but no layout of the
-        screen; past the view's height the text scrolls a quarter of the view at a time
-        (``GROW_PARTS``).  The question stays at the top of the view until the answer fills it.  Called at
-        each write, when the view's size changes, and by the app once the question is laid out."""
+        repaint of its new rows.  When those rows are at least 1/``KEEP_QUESTION_PARTS`` of the
+        view, the answer never takes more: past them it scrolls a quarter of the view at a time
+        (``GROW_PARTS``; a repaint of its rows, no layout of the screen) and the question stays
+        in view above it until the turn ends.  Below a longer question the answer grows past its
+        rows a quarter of the view at a time (each step a layout) up to the view's height, and
+        scrolls from there.  Called at each write, when the view's size changes, and by the app
+        once the question is laid out."""
         if self.finished:
             return
         view = self.parent
@@ -224,11 +233,23 @@ class AssistantMessage(Vertical):
             question = view.children[i - 1] if i > 0 else None
             above = question.outer_size.height + question.styles.margin.top if question is not None else 0
             self._reserve = max(0, height - above - self._rows_besides_answer())
+            self._spare = question.styles.margin.top if question is not None else 0
+        # a question that leaves the answer at least 1/KEEP_QUESTION_PARTS of the view stays in view:
+        # the answer scrolls within the rows below it instead of growing past them (each new height
+        # of the message is a layout of the screen beside the decoding engine).  It takes the rows
+        # of the question's top margin too (the view starts scrolled past that blank row, so that
+        # even the first question of a chat leaves the view something to scroll back by: reading
+        # back moves the finished blocks into the Markdown above the live text)
+        below = self._reserve or 0
+        keep = bool(height) and below * KEEP_QUESTION_PARTS >= height
+        rows = below + self._spare if keep else below
         for live in (self._trace, *(c.live for c in self._channels.values())):
-            live.max_rows = height or None
             if live is not self._channels["think"].live:
-                live.reserve = self._reserve or 0
+                live.max_rows = (rows if keep else height) or None
+                live.reserve = rows
                 live.grow_step = max(1, height // GROW_PARTS)
+            else:
+                live.max_rows = height or None
 
     async def add(self, pieces) -> None:
         """Append ``TokenPiece`` s (one flush worth): one write per channel."""
