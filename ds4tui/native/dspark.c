@@ -192,6 +192,28 @@ static float confidence(ds4_session *s, const float *h, int32_t prev) {
     return ds4_sigmoid(z);
 }
 
+/* c_k for k = 1..want-1 of a greedy chain's drafts x (c_0 is the caller's) in one product of the
+ * confidence head over want - 1 feature rows [h_k ; W1[x_{k-1}]] (in d->corr, free in greedy
+ * drafting): the head's product is batch-invariant, so each c_k is what confidence() gives alone.
+ * Returns 0 when the rows do not fit there (the caller then asks one at a time). */
+static int chain_confidences(ds4_session *s, const int32_t *x, int want, float *out) {
+    ds4_engine *e = s->e;
+    const ds4_support *sup = e->sup;
+    ds4_dspark *d = s->dsp;
+    const int H = e->c.n_embd, r = sup->rank;
+    if (want < 2 || (int64_t)(want - 1) * (H + r) > (int64_t)sup->block * e->c.n_vocab) return 0;
+    const ds4_w *w1 = &sup->markov_w1;
+    for (int k = 1; k < want; k++) {
+        float *f = d->corr + (size_t)(k - 1) * (H + r);
+        memcpy(f, d->h + (size_t)k * H, (size_t)H * sizeof(float));
+        ds4_type(w1->type)->dequant(w1->data + (size_t)x[k - 1] * w1->row_bytes, f + H, r);
+    }
+    float z[DS4_DSPARK_MAX_BLOCK];
+    ds4_host_mm(e, &sup->conf, 0, 1, d->corr, H + r, want - 1, z, 1);
+    for (int k = 1; k < want; k++) out[k] = ds4_sigmoid(z[k - 1]);
+    return 1;
+}
+
 static void note_conf(ds4_dspark *d, float c) {
     int bin = (int)(c * DS4_DSPARK_CONF_BINS);
     if (bin < 0) bin = 0;
@@ -321,15 +343,22 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
     int32_t prev = anchor;
     int n = 0;
     int32_t chain_x[DS4_DSPARK_MAX_BLOCK];
+    float chain_c[DS4_DSPARK_MAX_BLOCK];
     const int on_device = !(T > 0.0f) && ds4_device_picks(s); /* spec platform.md §9 */
+    int have_c = 0;
     if (on_device) { /* every draft's argmax queued at once; the confidences below cut the proposal */
         if (op_failed(d, ch, "markov", 0)) return -1;
         if (op_failed(d, ch, "markov", ds4_draft_markov_chain(s, want, chain_x) != DS4_OK)) return -1;
+        double tc = ds4_now_ms();
+        have_c = chain_confidences(s, chain_x, want, chain_c);
+        double tc1 = ds4_now_ms();
+        pt->confidence += tc1 - tc;
+        t += tc1 - tc; /* keep it out of prop_markov */
     }
     for (int k = 0; k < want; k++) {
         if (k > 0) { /* c_k needs m_k = W1[x_{k-1}] */
             double tc = ds4_now_ms();
-            float ck = confidence(s, d->h + (size_t)k * H, prev);
+            float ck = have_c ? chain_c[k] : confidence(s, d->h + (size_t)k * H, prev);
             if (op_failed(d, ch, "confidence", !isfinite(ck))) return -1;
             note_conf(d, ck);
             double tc1 = ds4_now_ms();

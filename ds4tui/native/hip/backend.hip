@@ -196,6 +196,13 @@ static int open_ctx(int32_t device, ds4_gpu_ctx **out, char *err, size_t len) {
         free(c);
         return gpu_fail(err, len, DS4_E_DEVICE, "hipStreamCreate: %s", hipGetErrorString(e));
     }
+    rc = gpu_alloc(c, ARGMAX_SCRATCH_BYTES, &c->amax, err, len);
+    if (rc != DS4_OK) {
+        (void)hipStreamDestroy(c->stream);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return rc;
+    }
     *out = c;
     return DS4_OK;
 }
@@ -204,6 +211,7 @@ static void close_ctx(ds4_gpu_ctx *c) {
     if (!c) return;
     (void)hipStreamSynchronize(c->stream);
     gpu_gemm_close(c);
+    gpu_free(c, c->amax, ARGMAX_SCRATCH_BYTES);
     for (int i = 0; i < 2; i++) {
         if (c->stage[i]) (void)hipHostFree(c->stage[i]);
         if (c->stage_free[i]) (void)hipEventDestroy(c->stage_free[i]);

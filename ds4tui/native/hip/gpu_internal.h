@@ -53,7 +53,16 @@ struct ds4_backend_ctx {
      * for every position the graph's key allows (ds4_graph_span).  NULL: plain launches. */
     const int64_t *cap_dp0;
     int64_t cap_p0;
+    /* The greedy picks' parts (ops.hip, argmax_launch): ARGMAX_MAX_ROWS x ARGMAX_PARTS values,
+     * indices and first non-finite indices, allocated with the context. */
+    void *amax;
 };
+
+/* The greedy picks (ops.hip): parts per row, threads per part, the most rows one call takes. */
+#define ARGMAX_PARTS 64
+#define ARGMAX_PART_THREADS 256
+#define ARGMAX_MAX_ROWS DS4_GRAPH_MAX_ROWS
+#define ARGMAX_SCRATCH_BYTES ((size_t)ARGMAX_MAX_ROWS * ARGMAX_PARTS * 3 * 4)
 
 /* The (position, device position) pair an op passes to a kernel that reads positions. */
 #define GPU_POS(c, p0) ((c)->cap_dp0 ? (int64_t)(p0) - (c)->cap_p0 : (int64_t)(p0)), (c)->cap_dp0

@@ -1157,7 +1157,6 @@ int gpu_scale(ds4_gpu_ctx *c, float *x, int64_t n, float s, char *err, size_t le
 
 /* ---- the drafter's greedy Markov head (dspark.c) ---------------------------------------------- */
 
-#define ARGMAX_THREADS 1024
 
 /* The first maximum over a block: each thread brings the first maximum (bv, bi) of its strided
  * elements (bi < 0: it saw none), and a tree keeps the larger value, or the lower index on equal
@@ -1180,35 +1179,25 @@ __device__ int argmax_block(float bv, int bi, float *sv, int *si) {
     return si[0];
 }
 
-/* One block: the first maximum of a + b (NaN sums passed over, ds4_argmax's rule). */
-__global__ void __launch_bounds__(ARGMAX_THREADS) add_argmax_kernel(const float *a, const float *b, int n, int32_t *out) {
-    __shared__ float sv[ARGMAX_THREADS];
-    __shared__ int si[ARGMAX_THREADS];
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = a[i] + b[i];
-        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
-    }
-    const int best = argmax_block(bv, bi, sv, si);
-    if (threadIdx.x == 0) {
-        const float v0 = a[0] + b[0];
-        *out = (v0 != v0 || best < 0) ? 0 : best; /* the host loop never leaves a NaN at 0 */
-    }
-}
-
-/* One block per row of x [rows, ld]: ids[row] = the row's first maximum (ds4_argmax's rule), and
- * bad[row] = the index of its first non-finite entry (all-ones exponent: inf or NaN), or -1. */
-__global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_rows_kernel(const float *x, int64_t ld, int n, int32_t *ids, int32_t *bad) {
-    __shared__ float sv[ARGMAX_THREADS];
-    __shared__ int si[ARGMAX_THREADS];
-    __shared__ int sb[ARGMAX_THREADS];
-    const float *row = x + (int64_t)blockIdx.x * ld;
+/* Greedy picks in two launches (ds4_argmax's rule on the float values: the first maximum, NaN
+ * entries passed over, a NaN at 0 gives 0): ARGMAX_PARTS blocks per row each reduce a contiguous
+ * part of the row to its first maximum and its first non-finite entry, then one block per row
+ * reduces the parts in order.  One block per row would walk 129280 entries with few loads in
+ * flight (latency-bound on one multiprocessor); the parts spread a row over the device. */
+template <int ADD>
+__global__ void __launch_bounds__(ARGMAX_PART_THREADS)
+argmax_part_kernel(const float *a, const float *b, int64_t ld, int n, float *pv, int *pi, int *pb) {
+    __shared__ float sv[ARGMAX_PART_THREADS];
+    __shared__ int si[ARGMAX_PART_THREADS];
+    __shared__ int sb[ARGMAX_PART_THREADS];
+    const int row = blockIdx.y, part = blockIdx.x;
+    const float *ra = a + (int64_t)row * ld;
+    const float *rb = ADD ? b + (int64_t)row * ld : NULL;
+    const int per = (n + ARGMAX_PARTS - 1) / ARGMAX_PARTS, lo = part * per, hi = min(n, lo + per);
     float bv = -INFINITY;
     int bi = -1, fb = n; /* a thread's indices grow: its first non-finite one is its lowest */
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = row[i];
+    for (int i = lo + (int)threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = ADD ? ra[i] + rb[i] : ra[i];
         if (fb == n && (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) fb = i;
         if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
     }
@@ -1219,21 +1208,57 @@ argmax_rows_kernel(const float *x, int64_t ld, int n, int32_t *ids, int32_t *bad
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        const float v0 = row[0];
-        ids[blockIdx.x] = (v0 != v0 || best < 0) ? 0 : best;
-        bad[blockIdx.x] = sb[0] < n ? sb[0] : -1;
+        const int k = row * ARGMAX_PARTS + part;
+        pv[k] = best >= 0 ? sv[0] : -INFINITY;
+        pi[k] = best;
+        pb[k] = sb[0];
     }
 }
 
+/* One block of ARGMAX_PARTS threads per row: the parts in order (the lower index wins on equal
+ * values, so the first maximum overall), and the row's first non-finite entry (-1: none). */
+template <int ADD>
+__global__ void __launch_bounds__(ARGMAX_PARTS)
+argmax_final_kernel(const float *a, const float *b, int64_t ld, int n, const float *pv, const int *pi, const int *pb,
+                    int32_t *ids, int32_t *bad) {
+    __shared__ float sv[ARGMAX_PARTS];
+    __shared__ int si[ARGMAX_PARTS];
+    __shared__ int sb[ARGMAX_PARTS];
+    const int row = blockIdx.x, k = row * ARGMAX_PARTS + (int)threadIdx.x;
+    sb[threadIdx.x] = pb[k];
+    const int best = argmax_block(pv[k], pi[k], sv, si);
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w && sb[threadIdx.x + w] < sb[threadIdx.x]) sb[threadIdx.x] = sb[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float v0 = ADD ? a[(int64_t)row * ld] + b[(int64_t)row * ld] : a[(int64_t)row * ld];
+        ids[row] = (v0 != v0 || best < 0) ? 0 : best; /* the host loop never leaves a NaN at 0 */
+        if (bad) bad[row] = sb[0] < n ? sb[0] : -1;
+    }
+}
+
+template <int ADD>
+static int argmax_launch(ds4_gpu_ctx *c, const float *a, const float *b, int64_t ld, int32_t rows, int32_t n,
+                         int32_t *ids, int32_t *bad, const char *what, char *err, size_t len) {
+    if (n <= 0 || rows <= 0 || rows > ARGMAX_MAX_ROWS)
+        return gpu_fail(err, len, DS4_E_INVALID, "%s: %d rows of %d entries (at most %d rows)", what, rows, n,
+                        ARGMAX_MAX_ROWS);
+    if (!c->amax) return gpu_fail(err, len, DS4_E_STATE, "%s: no scratch for the parts", what);
+    float *pv = (float *)c->amax;
+    int *pi = (int *)(pv + ARGMAX_MAX_ROWS * ARGMAX_PARTS), *pb = pi + ARGMAX_MAX_ROWS * ARGMAX_PARTS;
+    hipLaunchKernelGGL(argmax_part_kernel<ADD>, dim3(ARGMAX_PARTS, (unsigned)rows), dim3(ARGMAX_PART_THREADS), 0,
+                       c->stream, a, b, ld, n, pv, pi, pb);
+    hipLaunchKernelGGL(argmax_final_kernel<ADD>, dim3((unsigned)rows), dim3(ARGMAX_PARTS), 0, c->stream, a, b, ld, n,
+                       pv, pi, pb, ids, bad);
+    return ops_check(what, err, len);
+}
+
 int gpu_add_argmax(ds4_gpu_ctx *c, const float *a, const float *b, int32_t n, int32_t *out, char *err, size_t len) {
-    if (n <= 0) return gpu_fail(err, len, DS4_E_INVALID, "argmax over %d entries", n);
-    hipLaunchKernelGGL(add_argmax_kernel, dim3(1), dim3(ARGMAX_THREADS), 0, c->stream, a, b, n, out);
-    return ops_check("add_argmax kernel", err, len);
+    return argmax_launch<1>(c, a, b, n, 1, n, out, NULL, "add_argmax kernels", err, len);
 }
 
 int gpu_argmax_rows(ds4_gpu_ctx *c, const float *x, int64_t ld, int32_t rows, int32_t n, int32_t *ids, int32_t *bad,
                     char *err, size_t len) {
-    if (n <= 0 || rows <= 0) return gpu_fail(err, len, DS4_E_INVALID, "argmax over %d rows of %d entries", rows, n);
-    hipLaunchKernelGGL(argmax_rows_kernel, dim3((unsigned)rows), dim3(ARGMAX_THREADS), 0, c->stream, x, ld, n, ids, bad);
-    return ops_check("argmax_rows kernel", err, len);
+    return argmax_launch<0>(c, x, NULL, ld, rows, n, ids, bad, "argmax_rows kernels", err, len);
 }
