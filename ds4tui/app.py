@@ -6,7 +6,7 @@ engine thread only appends small event dataclasses to an ``EventQueue``.  One UI
 queue ~5.3 times a second (a late tick is not dropped): token text goes to the current turn in one
 write per tick (a light widget for the text still growing, Markdown once it is finished,
 widgets/chat.py), the newest
-``StatsSnapshot`` goes to the panes (once a second while an answer streams), and prefill progress,
+``StatsSnapshot`` goes to the panes (every PANES_S, 2 s, while an answer streams), and prefill progress,
 finished turns and errors are handled in order; memory is sampled from the same timer once a
 second (while an answer streams, with the panes' redraw).  Knobs call the engine's thread-safe setters, which never wait for a running cycle; the
 engine applies them at the next cycle and logs them, and the panes mark that point on their
@@ -72,8 +72,11 @@ from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, Stag
 #: dropped (the next ones keep their times: at most one write more right after it), so the text
 #: reaches the screen at least 5 times a second with a margin for the first and last ticks' delays.
 FLUSH_S = 0.19
-#: Period of the speculation panes while a turn runs (seconds).
-PANES_S = 1.0
+#: Period of the speculation panes (and the memory pane) while a turn runs (seconds; when it ends
+#: they are drawn at once).  Their frame is the costliest the interface draws while an answer
+#: streams (it spans the screen: ~9-11 ms on a 2-core machine, against 2-4 ms for the text's), so
+#: every 2 s rather than every second (ux.md §2.4).
+PANES_S = 2.0
 #: Memory sampling period (seconds).
 MEMORY_S = 1.0
 #: The interpreter's switch interval while a turn runs (seconds; Python's default is 5 ms, longer
@@ -592,7 +595,7 @@ class DS4App(App):
             await self.flush()
         # while a turn runs, memory is sampled when the panes are redrawn (_apply_snapshot: one frame
         # for both); this is the fallback while no snapshot comes (a long prefill)
-        due = self.memory_s * (2 if self._generating else 1) if self.memory_s else None
+        due = (2 * max(self.memory_s, PANES_S) if self._generating else self.memory_s) if self.memory_s else None
         if due and time.monotonic() - self._memory_t >= due:
             self.sample_memory()
 

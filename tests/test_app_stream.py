@@ -279,7 +279,8 @@ async def test_while_a_turn_runs_memory_is_sampled_with_the_panes(tmp_path):
         app._panes_t = time.monotonic() - A.PANES_S  # the panes are due: memory is drawn with them
         app._apply_snapshot(app.engine.snapshot(generating=True))
         assert sampled == [True]
-        app._memory_t = time.monotonic() - 2.5 * A.MEMORY_S  # no pane redraw for twice the period: sampled anyway
+        # no pane redraw for twice the panes' period: sampled anyway
+        app._memory_t = time.monotonic() - 2.5 * max(A.MEMORY_S, A.PANES_S)
         await app._tick()
         assert sampled == [True, True]
         gate.set()
