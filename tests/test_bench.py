@@ -315,7 +315,7 @@ def test_the_verify_ratio_uses_the_target_only_arms_decodes():
 
 
 def test_ab_text_report(tiny_q2, capsys):
-    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "12")
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16")
     assert rc == 0, err
     rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in ARMS]
     assert [(row[0], row[1]) for row in rows] == [(a, k) for a in ARMS for k in ("code", "prose", "all")]
@@ -334,7 +334,7 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
         return r
 
     monkeypatch.setattr(bench, "_ab_one", altered)
-    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "12", "--json")
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16", "--json")
     assert rc == 1
     r = json.loads(out)
     assert r["outputs_identical"] is False
@@ -350,9 +350,10 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),
-    (["--ab", "--mtp", "s.gguf", "--tokens", "11"],
-     "argument --tokens: expected at least 12 (with fewer the scheduler arm cannot draft once: after a first plain "
-     "decode it drafts only while 10 tokens are left), found 11; the default 512 measures well"),
+    (["--ab", "--mtp", "s.gguf", "--tokens", "15"],
+     "argument --tokens: expected at least 16 (with fewer the scheduler arm cannot draft once: after its first plain "
+     "decodes, five with no kept prices, it drafts only while 10 tokens are left), found 15; the default 512 "
+     "measures well"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)
@@ -361,7 +362,7 @@ def test_ab_option_errors(argv, message, tiny_q2, capsys):
 
 def test_ab_refuses_a_support_model_that_cannot_draft(tiny_q2, tmp_path, capsys):
     bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
-    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "12")
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--tokens", "16")
     assert rc == 1 and out == ""
     err = err[err.index("ds4tui bench: error:"):]  # after auto's backend note
     assert err.startswith(f"ds4tui bench: error: an A/B run needs a support model that drafts: {bad}: support model "
@@ -379,7 +380,7 @@ def test_medium_ab_writes_the_support_model_once(fake_medium_build, tiny_q2, tmp
         return Path(path)
 
     monkeypatch.setattr(mtm, "write_support", fake_write_support)
-    argv = ("--medium", "--ab", "--tokens", "12", "--threads", "2", "--json")
+    argv = ("--medium", "--ab", "--tokens", "16", "--threads", "2", "--json")
     rc, out, err = _bench(capsys, *argv)
     assert rc == 0, err
     r = json.loads(out)

@@ -167,11 +167,11 @@ def test_generate_without_a_model_runs_the_demo_and_drafts(pair, capsys, prompt)
 
 
 def test_bench_without_a_model_measures_the_demo_and_says_so(pair, capsys):
-    assert cli.main(["bench", "--ab", "--tokens", "12", "--threads", "1", "--backend", "cpu", "--json"]) == 0
+    assert cli.main(["bench", "--ab", "--tokens", "16", "--threads", "1", "--backend", "cpu", "--json"]) == 0
     captured = capsys.readouterr()
     r = json.loads(captured.out)
     assert r["model"]["path"] == str(pair.model) and r["support"]["path"] == str(pair.support)
-    assert r["support"]["status"] == "attached" and r["outputs_identical"] and r["tokens"] == 12
+    assert r["support"]["status"] == "attached" and r["outputs_identical"] and r["tokens"] == 16
     assert (f"ds4tui bench: no MODEL given: benchmarking the bundled demo model {pair.model} with its DSpark "
             f"support model {pair.support}") in captured.err.splitlines()
     assert cli.main(["bench", "--prompt-tokens", "8", "--decode-tokens", "2", "--threads", "1", "--backend", "cpu",

@@ -73,7 +73,7 @@ def test_settings_from_the_environment(clean_env):
 def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env, capsys):
     clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")  # a block of 5
     for argv in (["generate", tiny_q2["model"], "-p", "hi", "--mtp", tiny_q2["support"]],
-                 ["bench", tiny_q2["model"], "--ab", "--mtp", tiny_q2["support"], "--tokens", "12"]):
+                 ["bench", tiny_q2["model"], "--ab", "--mtp", tiny_q2["support"], "--tokens", "16"]):
         rc = cli_main(argv)
         err = capsys.readouterr().err
         assert rc == 2, err

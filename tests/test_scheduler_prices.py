@@ -1,9 +1,10 @@
 """The DSpark scheduler's prices kept across sessions and runs (spec dspark.md §7.4).
 
 Oracles: the scheduler's own state as the C engine reports it (``Session.scheduler_prices``), the
-DSpark counters (a pricing draft is a proposal in a fresh session's second cycle), and the saved
-file's JSON.  No timing is asserted: the kept prices given here are made so far from any real pass
-(a verify of a second) that the decisions they lead to do not depend on the machine.
+DSpark counters (a pricing draft is a proposal in a fresh session's sixth cycle, after five plain
+decodes), and the saved file's JSON.  No timing is asserted: the kept prices given here are made so
+far from any real pass (a verify of a second) that the decisions they lead to do not depend on the
+machine.
 """
 
 from __future__ import annotations
@@ -75,6 +76,47 @@ def test_a_priced_session_still_times_a_plain_decode_first(tiny_q2):
     st = s.dspark_stats()
     assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"]) == (1, 0, 1)
     assert s.scheduler_prices().t_ver[1] < 1000.0  # re-timed (clamped: at most halved)
+    s.close()
+
+
+def test_a_fresh_session_decodes_five_times_before_its_pricing_draft(tiny_q2):
+    """With no kept t_ver(1) the first five cycles are plain decodes (the first one after a prefill
+    runs slow); the sixth, with no proposal priced yet, drafts."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(128)
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    for i in range(1, 6):
+        s.step()
+        st = s.dspark_stats()
+        assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"]) == (i, 0, i)
+    assert 1 in s.scheduler_prices().t_ver and s.scheduler_prices().t_prop is None
+    s.step()
+    st = s.dspark_stats()
+    assert st.cycles == 6 and st.proposed > 0 and st.no_draft_reasons["scheduler_skip"] == 5
+    assert s.scheduler_prices().t_prop is not None
+    s.close()
+
+
+def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q2):
+    """Drafting that does not pay at the mean acceptance and would beat plain decoding by only ~8 %
+    with every draft accepted is not probed again within a 30-token answer (spec dspark.md §7.4).
+    The kept prices are so far from a real pass that the machine cannot change the decision: the
+    plain decode's re-timing brings t_ver(1) from 400 ms to 360 ms (the real decode, clamped to
+    half the price, enters the moving average at weight 0.2); then 5 drafts all accepted give 6
+    tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (2 of 3 at each position) 2.7."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(128)
+    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
+                                             reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    s.step()  # the re-timing plain decode
+    assert s.scheduler_prices().t_ver[1] == pytest.approx(360.0, rel=1e-3)
+    for _ in range(28):  # without the margin: a back-off of 2 and a 5-draft probe in the 4th cycle
+        s.step()
+    st = s.dspark_stats()
+    assert st.proposed == 0 and st.no_draft_reasons["scheduler_skip"] == st.cycles == 29
     s.close()
 
 
@@ -205,7 +247,7 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
     assert rc == 0 and r["scheduler_prices"] == "fresh" and r["scheduler_prices_file"] is None
 
     rc = cli_main(["bench", tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", "--tokens",
-                   "12", "--json", "--backend", "cpu", "--scheduler-prices", "engine"])
+                   "16", "--json", "--backend", "cpu", "--scheduler-prices", "engine"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["scheduler_prices"] == "engine" and r["scheduler_prices_file"] is None
     names = ["target-only", "dspark-no-scheduler", "dspark-scheduler"]

@@ -115,9 +115,10 @@ AB_ARMS = (
 )
 AB_TOKENS = 512
 #: The fewest --tokens an A/B run accepts: the first token comes from the prefill, the scheduler's
-#: first cycle is a plain decode, and it drafts only while 10 tokens of the budget are left (spec
-#: dspark.md §7.4): with fewer, the scheduler arm cannot draft at all and measures nothing.
-AB_MIN_TOKENS = 12
+#: first five cycles are plain decodes in a session with no kept prices, and it drafts only while 10
+#: tokens of the budget are left (spec dspark.md §7.4): with fewer, the scheduler arm cannot draft
+#: at all and measures nothing.
+AB_MIN_TOKENS = 16
 
 MEMCPY_MIN_BYTES = 256 << 20
 MEMCPY_REPS = 5
@@ -843,7 +844,8 @@ def _usage_error(args) -> str | None:
                     f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
         if args.tokens is not None and args.tokens < AB_MIN_TOKENS:
             return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the scheduler arm cannot draft "
-                    f"once: after a first plain decode it drafts only while 10 tokens are left), found {args.tokens}; the default "
+                    f"once: after its first plain decodes, five with no kept prices, it drafts only while 10 tokens are "
+                    f"left), found {args.tokens}; the default "
                     f"{AB_TOKENS} measures well")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"

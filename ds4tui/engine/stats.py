@@ -57,10 +57,11 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                         "was worth verifying.",
                         "Lower the confidence threshold (F7, or type it in the knobs pane); 0 always drafts."),
     "scheduler_skip": ("The adaptive scheduler skipped drafting: verify + propose cost more than the tokens "
-                       "they are expected to save (it times one plain decode first, and one after every 64 "
-                       "drafted cycles). It re-checks with a probe after 2, 4, ... 128 skipped cycles (a "
-                       "draft of the length that could still pay), and with a one-draft probe after 256 "
-                       "when drafting could not pay even at an optimistic acceptance.",
+                       "they are expected to save (it times plain decodes first — five in a session with no kept "
+                       "prices, one with them — and one after every 64 drafted cycles). It re-checks with a "
+                       "probe after 2, 4, ... 128 skipped cycles (a draft of the length that could still "
+                       "pay), and with a one-draft probe after 256 when drafting could not beat plain "
+                       "decoding by 25 % even at an optimistic acceptance.",
                        "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "
                        "decodes). F3 turns the scheduler off to draft every cycle anyway."),
     "tail_skip": ("Fewer than 10 tokens of the answer's budget were left, so the scheduler did not start "

@@ -33,13 +33,17 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
                "no_draft_reasons[] must have DS4_ND_COUNT entries");
 #define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
 #define MAX_BACKOFF 128      /* the longest back-off while drafting could still pay (spec dspark.md §7.4) */
-#define HOPELESS_BACKOFF 256 /* the back-off when it could not even optimistically: one single-draft
+#define HOPELESS_BACKOFF 256 /* the back-off when it could not pay enough even optimistically: one single-draft
                               * probe (~2.5 ms) per 256 decodes (~2.2 ms each) on the demo pair's CPU
                               * run, an estimated 0.5 % */
+#define HOPE_MARGIN 1.25     /* drafting "could pay" only if its optimistic rate beats plain decoding by
+                              * 25 %: a smaller best case is not worth the probes that would test it */
 #define EMA 0.2
 #define PROBE_ONE 1          /* ds4_dspark.probe: a single-draft probe is due */
 #define PROBE_LONG 2         /* ds4_dspark.probe: a probe of the optimistic length is due */
 #define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
+#define FIRST_DECODES 5      /* a session with no kept t_ver(1) decodes plainly this many cycles first and
+                              * prices t_ver(1) at their median (spec dspark.md §7.4) */
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
 struct ds4_dspark {
@@ -70,6 +74,9 @@ struct ds4_dspark {
     uint64_t n_priced;          /* ... of them not capturing a graph: priced_ms / n_priced prices the savings */
     double priced_ms;
     int since_plain;            /* drafted cycles since the last plain one */
+    int first_n;                /* of the FIRST_DECODES plain decodes that price a session without a kept
+                                 * t_ver(1), those timed so far (FIRST_DECODES: none are due) */
+    double first_ms[FIRST_DECODES];
     ds4_dspark_stats st;
 };
 
@@ -465,13 +472,14 @@ static double rate(const ds4_dspark *d, int l, int upper) {
     return tokens / (d->pr.t_prop + t_verify(d, l + 1));
 }
 
-/* 1 when no verify length up to lmax beats plain decoding even with every position's acceptance
- * at its optimistic bound (every draft accepted where a position was never verified): a probe
- * is then unlikely to change the decision, so the back-off goes to its longest at once. */
+/* 1 when no verify length up to lmax beats plain decoding by HOPE_MARGIN even with every
+ * position's acceptance at its optimistic bound (every draft accepted where a position was never
+ * verified): a probe is then unlikely to change the decision, or to gain much if it did, so the
+ * back-off goes to its longest at once. */
 static int hopeless(const ds4_dspark *d, int lmax) {
     const double plain = 1.0 / t_verify(d, 1);
     for (int l = 1; l <= lmax; l++)
-        if (rate(d, l, 1) > plain) return 0;
+        if (rate(d, l, 1) > HOPE_MARGIN * plain) return 0;
     return 1;
 }
 
@@ -499,6 +507,19 @@ static int best_length(const ds4_dspark *d, int lmax) {
         best = l;
     }
     return r > 1.0 / t_verify(d, 1) ? best : 0;
+}
+
+/* The median of n (<= FIRST_DECODES) times. */
+static double median_ms(const double *x, int n) {
+    double v[FIRST_DECODES];
+    memcpy(v, x, (size_t)n * sizeof(double));
+    for (int i = 1; i < n; i++) /* insertion sort: n is tiny */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* The moving average of a measured time; a sample is first clamped to [v / 2, 2 v], so that one
@@ -578,6 +599,10 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     add_prop_times(&d->st, pt);
     if (!s->last_pass_captured) {
         ema(&d->pr.t_ver[1], &d->pr.has_ver[1], t1 - t0);
+        if (d->first_n < FIRST_DECODES) {
+            d->first_ms[d->first_n++] = t1 - t0;
+            if (d->first_n == FIRST_DECODES) d->pr.t_ver[1] = median_ms(d->first_ms, FIRST_DECODES);
+        }
         d->n_priced++;
         d->priced_ms += t1 - t0;
         d->plain_here = 1;
@@ -634,8 +659,11 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             d->skip_left--;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         }
-        if (!d->plain_here) /* a plain decode first: the cost model is priced in it (a session that starts
-                             * from another's prices re-times it before deciding anything) */
+        if (!d->plain_here || d->first_n < FIRST_DECODES)
+            /* plain decodes first: the cost model is priced in them (a session that starts from
+             * another's prices re-times t_ver(1) once before deciding anything; one without a kept
+             * t_ver(1) times FIRST_DECODES and takes their median, as the first decode after a
+             * prefill runs slow and priced alone made drafting look cheaper than it is) */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -878,6 +906,7 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, ch
     d->backoff = 2;
     d->plain_here = 0;
     d->since_plain = 0;
+    d->first_n = d->pr.has_ver[1] ? FIRST_DECODES : 0;
     return DS4_OK;
 }
 
