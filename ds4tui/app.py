@@ -1347,12 +1347,15 @@ class DS4App(App):
         else:
             self.exit()
 
-    def close_engine(self) -> None:
+    def close_engine(self) -> str:
         """Free the engine (after the app has exited: with ``print_stats`` (DS4_DSPARK_STATS=1) this
-        prints ds4's stats line to stderr)."""
+        prints ds4's stats line to stderr).  Returns what closing could not do ('' when nothing):
+        the scheduler prices file it could not write (``--scheduler-prices saved``)."""
+        note = ""
         if self.engine is not None:
-            self.engine.close()
+            note = self.engine.close() or ""
             self.engine = None
+        return note
 
 
 def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:

@@ -250,6 +250,7 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
                    "16", "--json", "--backend", "cpu", "--scheduler-prices", "engine"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["scheduler_prices"] == "engine" and r["scheduler_prices_file"] is None
+    assert r["scheduler_prices_note_at_start"] == r["scheduler_prices_note"]  # engine: nothing read or written
     names = ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
     assert r["arm_order"] == [{"kind": "code", "order": names}, {"kind": "prose", "order": names[::-1]}]
     pos = {(a["name"], run["kind"]): (run["position"], run["scheduler_prices_at_start"])
@@ -257,6 +258,14 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
     # code: the scheduler arm runs last, after two sessions of the engine; prose: first, after three
     assert pos[("dspark-scheduler", "code")] == (2, "engine") and pos[("dspark-scheduler", "prose")] == (0, "engine")
     assert pos[("target-only", "code")] == (0, "fresh") and pos[("target-only", "prose")] == (2, "engine")
+    # saved: the text's prices line says where the prices started (the file generate wrote) and where
+    # the run left them (the file rewritten as each session closed)
+    rc = cli_main(["bench", tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", "--tokens",
+                   "16", "--backend", "cpu"])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("prices   "))
+    assert rc == 0 and line.startswith(f"prices   at the start saved: from {path} (") and (
+        f"; after the run saved: in {path} (") in line
 
     rc = cli_main(["doctor", "--json"])
     d = json.loads(capsys.readouterr().out)["scheduler_prices"]
@@ -278,3 +287,34 @@ def test_generate_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monk
     assert rc == 0 and json.loads(out.out)["scheduler_prices"] == "saved"
     notes = [line for line in out.err.splitlines() if "cannot write the scheduler prices" in line]
     assert len(notes) == 1 and notes[0].startswith("ds4tui generate: note: ") and str(blocker) in notes[0]
+
+
+def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypatch, capsys):
+    """The chat's session writes the prices as it closes, after the app has left the terminal: the
+    engine's close returns the file it could not write and the chat command says so on stderr."""
+    import ds4tui.app as app_module
+    from ds4tui.engine import worker as W
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    eng = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=128,
+                       scheduler_prices="saved", prices_dir=blocker / "scheduler-prices")
+    r = eng.run_turn([{"role": "user", "content": "Hi"}], W.EventQueue(), think=False, max_tokens=8)
+    assert r is not None and len(r.ids) == 8
+    note = eng.close()
+    assert note.startswith(f"cannot write the scheduler prices to {blocker / 'scheduler-prices'}")
+
+    class App:  # the app, as the chat command drives it: run, then close the engine
+        def __init__(self, options):
+            self.return_code = 0
+
+        def run(self):
+            pass
+
+        def close_engine(self):
+            return note
+
+    monkeypatch.setattr(app_module, "DS4App", App)
+    rc = cli_main(["chat", tiny_q2["model"], "--mtp", tiny_q2["support"], "--backend", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.splitlines()[-1] == f"ds4tui chat: note: {note}"

@@ -32,6 +32,9 @@ fresh session, the arms in :data:`AB_ARMS`' order for the first prompt and rever
 (``arm_order``; each run's ``position``).  The scheduler arm's sessions start from the prices that
 ``--scheduler-prices`` gives them (spec dspark.md §7.4; each run's ``scheduler_prices_at_start``):
 with ``engine`` or ``saved`` (the default) those of the sessions before it, whatever their arm.
+The JSON's ``scheduler_prices_note_at_start`` says where they stood when the engine opened (a saved
+file, or none yet) and ``scheduler_prices_note`` where they stand after the run (the file the
+sessions' closes wrote); the text report's ``prices`` line shows both when they differ.
 Timed as above: the first step (sampling the prefill's logits) is not timed, every
 later step is, and tokens/s counts the tokens those steps emitted.  Per arm and prompt kind it
 reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, the stage
@@ -589,6 +592,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     if say is not None:
         for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) + (
                 [f"note: {engine.scheduler_prices_problem}"] if engine.scheduler_prices_problem else []):
@@ -630,7 +634,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
     finally:
         engine.close()
-    prices_info = {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note": engine.scheduler_prices_note,
+    prices_info = {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note_at_start": prices_note_at_start,
+                   "scheduler_prices_note": engine.scheduler_prices_note,
                    "scheduler_prices_file": None if engine.scheduler_prices_file is None
                    else str(engine.scheduler_prices_file),
                    "scheduler_prices_problem": engine.scheduler_prices_problem or None}
@@ -732,6 +737,12 @@ def _num(v: float | None, fmt: str, width: int) -> str:
     return f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
 
 
+def _prices_line(r: dict) -> str:
+    """Where the scheduler's prices started and, when the run changed that, where they ended."""
+    start, end = r.get("scheduler_prices_note_at_start"), r.get("scheduler_prices_note", "fresh")
+    return end if not start or start == end else f"at the start {start}; after the run {end}"
+
+
 def render_ab_text(r: dict) -> str:
     m, sup = r["model"], r["support"]
     mem = r["arms"][0]["memory"]
@@ -746,7 +757,7 @@ def render_ab_text(r: dict) -> str:
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
         + f" (chat template, non-thinking); {r['tokens']} greedy tokens per prompt and arm",
         "order    " + "; ".join(f"{o['kind']}: {', '.join(o['order'])}" for o in r.get("arm_order", [])),
-        f"prices   {r.get('scheduler_prices_note', 'fresh')}",
+        f"prices   {_prices_line(r)}",
         "",
     ]
     name_w = max(len(a["name"]) for a in r["arms"])

@@ -102,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
         with _app_on_the_terminal():
             app.run()
     finally:
-        app.close_engine()  # after the app: what closing prints (DS4_DSPARK_STATS's line) goes to stderr
+        # after the app: what closing prints (DS4_DSPARK_STATS's line) goes to stderr, and so does
+        # a scheduler prices file it could not write (written as the session closes)
+        note = app.close_engine()
+        if note:
+            print(f"{_PREFIX} note: {note}", file=sys.stderr, flush=True)
     return int(app.return_code or 0)
 
 

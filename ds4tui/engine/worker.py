@@ -624,8 +624,14 @@ class ChatEngine:
         self.session.reset_stats()
         self.counters_id = new_counters_id()
 
-    def close(self) -> None:
-        """Stop a running turn, then free the session and the engine (waits for the running cycle)."""
+    def close(self) -> str:
+        """Stop a running turn, then free the session and the engine (waits for the running cycle).
+        Returns what closing could not do, for the caller to say ('' when nothing): with
+        ``--scheduler-prices saved`` the session's close writes the prices file (spec dspark.md
+        §7.4), and a file it cannot write is named here."""
         self.stop()
+        before = self.engine.scheduler_prices_problem
         self.session.close()
+        after = self.engine.scheduler_prices_problem
         self.engine.close()
+        return after if after and after != before else ""
