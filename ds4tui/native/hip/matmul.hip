@@ -87,6 +87,52 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
     }
 }
 
+/* Tall matrices of short rows (at most 16 chunks of 8 columns: the drafter's Markov W2, 129280 rows
+ * of 32 columns): G lanes per row (G a power of two >= the chunks), 32 / G rows per warp, instead
+ * of a warp per row with most lanes idle.  Lane c of a row's group holds chunk c's fmaf sequence
+ * from 0, as in mm_kernel; the group's butterfly (masks G/2 .. 1) is mm_kernel's warp butterfly
+ * without its first steps, which there only add the idle lanes' zeros: the same sums. */
+template <int TYPE, int G, int NT>
+__global__ void __launch_bounds__(GPU_WARP * MM_WARPS)
+mm_short_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row_bytes,
+                const float *__restrict__ X, int64_t ldx, int64_t n, float *__restrict__ Y, int64_t ldy) {
+    const int lane = threadIdx.x, wp = threadIdx.y, c = lane % G;
+    const int64_t r = ((int64_t)blockIdx.x * MM_WARPS + wp) * (GPU_WARP / G) + lane / G;
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)(n - t0 < NT ? n - t0 : NT);
+    float acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    const int64_t nchunk = (cols + 7) / 8;
+    if (r < rows && c < nchunk) { /* no early return: every lane takes part in the butterfly */
+        const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
+        float w[8];
+        Chunk<TYPE>::load(W + r * row_bytes, c, m, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float *x = X + (t0 + t) * ldx + 8 * c;
+                for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        for (int msk = G / 2; msk > 0; msk >>= 1) acc[t] += gpu_shfl_xor(acc[t], msk);
+    if (r < rows && c == 0)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) Y[(t0 + t) * ldy + r] = acc[t];
+}
+
+template <int TYPE, int G, int NT>
+static void mm_short_launch(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
+                            const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+    const int64_t per_block = (int64_t)MM_WARPS * (GPU_WARP / G);
+    hipLaunchKernelGGL((mm_short_kernel<TYPE, G, NT>), dim3((unsigned)((rows + per_block - 1) / per_block),
+                       (unsigned)((n + NT - 1) / NT)), dim3(GPU_WARP, MM_WARPS), 0, st, w, rows, cols, row_bytes, X, ldx,
+                       n, Y, ldy);
+}
+
 /* Rows below which a row gets MM_WARPS warps, and below which it gets MM_TINY_WARPS (the HC
  * control and router matrices: a few dozen to a few hundred rows of up to 16384 columns). */
 #define MM_SHORT_ROWS 8192
@@ -104,6 +150,12 @@ static void mm_launch_nt(hipStream_t st, const uint8_t *w, int64_t rows, int64_t
     else if (rows < MM_SHORT_ROWS)
         hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS, NT>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
                            row_bytes, X, ldx, n, Y, ldy);
+    else if ((cols + 7) / 8 <= 4) /* a tall matrix of short rows: 4 lanes a row (8 for <= 64 columns, 16 ...) */
+        mm_short_launch<TYPE, 4, NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if ((cols + 7) / 8 <= 8)
+        mm_short_launch<TYPE, 8, NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if ((cols + 7) / 8 <= 16)
+        mm_short_launch<TYPE, 16, NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
     else
         hipLaunchKernelGGL((mm_kernel<TYPE, 1, NT>), dim3((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), gy), block, 0,
                            st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);

@@ -59,23 +59,44 @@ __device__ float round_minifloat_(float a, int mbits, int emin) {
     return rintf(a / spacing) * spacing;
 }
 
-/* One block of a power-of-two-scaled minifloat round trip (spec ds4.md §2.9), serial in the caller. */
-__device__ void block_round_trip_(float *x, int block, float qmax, int mbits, int emin, float amax_floor) {
-    float amax = 0.0f;
-    for (int i = 0; i < block; i++) {
-        float a = fabsf(x[i]);
+/* One block of a power-of-two-scaled minifloat round trip (spec ds4.md §2.9) by one warp: lane i
+ * holds x[i], x[i + 32], ...  The block's amax is the largest |x| (NaN passed over, as the serial
+ * loop of cpu/ops.c does; a maximum is the same in any order), so the scale and every element's
+ * rounding are the serial loop's, bit for bit.  Every lane of the warp must call it. */
+template <int BLOCK>
+__device__ void block_round_trip_warp_(float *x, float qmax, int mbits, int emin, float amax_floor) {
+    constexpr int PER = BLOCK / GPU_WARP;
+    static_assert(PER * GPU_WARP == BLOCK, "a block of whole warps");
+    const int lane = threadIdx.x % GPU_WARP;
+    float v[PER], amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        v[j] = x[lane + j * GPU_WARP];
+        const float a = fabsf(v[j]);
         if (a > amax) amax = a;
     }
-    if (amax < amax_floor) amax = amax_floor;
-    float scale = ldexpf(1.0f, ceil_log2_(amax / qmax));
-    for (int i = 0; i < block; i++) {
-        float v = x[i] / scale;
-        if (v > qmax) v = qmax;
-        if (v < -qmax) v = -qmax;
-        float q = round_minifloat_(fabsf(v), mbits, emin);
-        if (q > qmax) q = qmax;
-        x[i] = (v < 0 ? -q : q) * scale;
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1) {
+        const float o = gpu_shfl_xor(amax, m);
+        if (o > amax) amax = o;
     }
+    if (amax < amax_floor) amax = amax_floor;
+    const float scale = ldexpf(1.0f, ceil_log2_(amax / qmax));
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        float t = v[j] / scale;
+        if (t > qmax) t = qmax;
+        if (t < -qmax) t = -qmax;
+        float q = round_minifloat_(fabsf(t), mbits, emin);
+        if (q > qmax) q = qmax;
+        x[lane + j * GPU_WARP] = (t < 0 ? -q : q) * scale;
+    }
+}
+
+/* The FP8 E4M3 round trip of the blocks of 64 lanes of row[0, nb * 64), a warp per block (the
+ * caller's whole block takes part; its size is a multiple of the warp). */
+__device__ void fp8_blocks_(float *row, int nb) {
+    const int warp = threadIdx.x / GPU_WARP, warps = blockDim.x / GPU_WARP;
+    for (int b = warp; b < nb; b += warps) block_round_trip_warp_<64>(row + 64 * b, 448.0f, 3, -6, 1e-4f);
 }
 
 __device__ __forceinline__ float f16_round_(float v) { return __half2float(__float2half_rn(v)); }
@@ -85,7 +106,7 @@ __device__ __forceinline__ float f16_round_(float v) { return __half2float(__flo
 __device__ void kv_round_(float *row, int width, int n_rot) {
     const int nb = (width - n_rot) / 64;
     __syncthreads();
-    for (int b = threadIdx.x; b < nb; b += blockDim.x) block_round_trip_(row + 64 * b, 64, 448.0f, 3, -6, 1e-4f);
+    fp8_blocks_(row, nb);
     __syncthreads();
     for (int i = threadIdx.x; i < width; i += blockDim.x) row[i] = f16_round_(row[i]);
     __syncthreads();
@@ -106,8 +127,8 @@ __device__ void indexer_qat_(float *x, int n) {
     const float sc = (float)(1.0 / sqrt((double)n));
     for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= sc;
     __syncthreads();
-    for (int b = threadIdx.x; b < n / 32; b += blockDim.x)
-        block_round_trip_(x + 32 * b, 32, 6.0f, 1, 0, 7.052966104933725e-38f);
+    for (int b = threadIdx.x / GPU_WARP; b < n / 32; b += blockDim.x / GPU_WARP) /* a warp per block of 32 */
+        block_round_trip_warp_<32>(x + 32 * b, 6.0f, 1, 0, 7.052966104933725e-38f);
     __syncthreads();
 }
 
@@ -322,8 +343,7 @@ __global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, i
     if (round == 1) kv_round_(dst, D, n_rot);
     if (round == 2) {
         __syncthreads();
-        for (int b = threadIdx.x; b < (D - n_rot) / 64; b += blockDim.x)
-            block_round_trip_(dst + 64 * b, 64, 448.0f, 3, -6, 1e-4f);
+        fp8_blocks_(dst, (D - n_rot) / 64);
         __syncthreads();
     }
 }
