@@ -744,14 +744,14 @@ def test_hip_greedy_picks_on_the_device_are_the_host_argmax(tiny_q2, fitted_supp
 @pytest.mark.gpu
 def test_hip_graphs_captures_are_not_priced(tiny_q2, fitted_support):
     """Spec dspark.md §7.4: a pass that captured a graph of its shape is no sample of the
-    scheduler's prices.  The scheduler decodes plainly until it has priced one plain decode, then
-    drafts once to price a proposal: with graphs off that draft comes at the second cycle; with
-    graphs on the first plain decode captured the one-row graph, so it takes a second plain decode
-    (a replay) and the draft comes at the third.  (The first step after the prefill samples the
-    prefill's logits: no cycle.)"""
+    scheduler's prices.  A session without kept prices decodes plainly until it has priced five plain
+    decodes (their median prices a decode), then drafts once to price a proposal: with graphs off
+    that draft comes at the sixth cycle; with graphs on the first plain decode captured the one-row
+    graph, so it takes a sixth plain decode (a replay) and the draft comes at the seventh.  (The
+    first step after the prefill samples the prefill's logits: no cycle.)"""
     _device_or_skip()
     prompt = np.random.default_rng(21).integers(100, 128000, 41).tolist()
-    for mode, plain in (("off", 1), ("on", 2)):
+    for mode, plain in (("off", 5), ("on", 6)):
         e = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off", gpu_graphs=mode)
         try:
             s = e.session(len(prompt) + 32)

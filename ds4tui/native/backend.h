@@ -116,7 +116,8 @@ typedef struct ds4_backend_s {
     int (*norm_rope)(ds4_backend_ctx *c, float *x, int64_t rows, int32_t width, int32_t heads_per_tok, float eps,
                      const float *w, const double *freq, int32_t n_rot, int64_t p0, int32_t inverse, int32_t qat,
                      char *err, size_t len);
-    /* KV rows [n, D] into the ring (position p at row p % cap; kvr may be the ring itself), rounded
+    /* KV rows [n, D] into the ring (position p at row p % cap; kvr may be the ring itself, with p0 = 0 and
+     * cap >= n: each row is then rounded where it is, also in a replayed graph), rounded
      * by `round`: 0 none, 1 FP8 + f16 (target rows, ds4 numerics), 2 FP8 only (drafter rows). */
     int (*kv_store)(ds4_backend_ctx *c, const float *kvr, int32_t n, int32_t D, float *ring, int32_t cap, int64_t p0,
                     int32_t n_rot, int32_t round, char *err, size_t len);

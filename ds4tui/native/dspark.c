@@ -707,7 +707,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     }
     /* t_prop prices the longest proposal: a probe's shorter one (fewer LM head rows and Markov
      * steps) would make every longer draft look cheaper than it is */
-    if (!probing) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
+    if (!probing && !s->last_proposal_captured) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
         int l = best_length(d, nd);

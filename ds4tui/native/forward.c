@@ -70,6 +70,7 @@ struct ds4_state {
     pass_graph graphs[GRAPH_CACHE];
     int n_graphs;
     uint64_t n_passes;
+    void *draft_graph; /* the drafter's stages over a full context window (ds4_draft_stages), once captured */
 };
 
 /* ---- vectors where the backend reads them ------------------------------------------------------ */
@@ -192,6 +193,7 @@ void ds4_state_free(ds4_session *s) {
     ds4_state *d = s->st;
     if (!d) return;
     for (int i = 0; i < d->n_graphs; i++) s->e->ops->graph_free(s->e->ctx, d->graphs[i].h);
+    if (d->draft_graph) s->e->ops->graph_free(s->e->ctx, d->draft_graph);
     for (int i = 0; i < d->n_alloc; i++) s->e->ops->free(s->e->ctx, d->ptr[i], d->bytes[i]);
     free(d->ptr);
     free(d->bytes);
@@ -639,10 +641,10 @@ static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *log
 
 /* Graphs stop for this engine (spec platform.md §8): plain launches from now on, and the note says
  * why (ds4_engine_gpu_graphs). */
-static void graphs_off(ds4_engine *e, int32_t n, const char *why) {
+static void graphs_off(ds4_engine *e, const char *what, int32_t n, const char *why) {
     e->gpu_graphs = 0;
-    snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: the capture of a %d-row pass failed (%s); plain "
-             "launches from then on", n, why);
+    snprintf(e->gpu_graphs_note, sizeof e->gpu_graphs_note, "off: the capture of %s of %d rows failed (%s); plain "
+             "launches from then on", what, n, why);
 }
 
 /* The pass from a graph of its shape (captured now when there is none).  Returns DS4_OK when the
@@ -697,7 +699,7 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
         }
         if (!g) {
             e->op_rc = op_rc;
-            graphs_off(e, n, why);
+            graphs_off(e, "a pass", n, why);
             return 1;
         }
     }
@@ -908,10 +910,56 @@ static int draft_stage(pass *P, int st, float *X, float *Y, int B, int64_t p0, i
     return DS4_OK;
 }
 
+/* The stages from a graph (spec platform.md §8.5): captured at the first proposal whose context
+ * rows fill the window, replayed at the position word d->step (the kernels read the block's
+ * positions and the context rows' first position relative to it).  Returns DS4_OK when the graph
+ * was launched, 1 when the capture failed and graphs went off (the caller launches the stages),
+ * or an error. */
+static int draft_graph(pass *P, int64_t p0, int64_t lo, int64_t hi, const char **op) {
+    ds4_session *s = P->s;
+    ds4_engine *e = P->e;
+    ds4_state *d = P->d;
+    const int B = e->sup->block;
+    memcpy(d->head, &p0, sizeof p0);
+    G(P->g->copy(P->cx, d->step, d->head, sizeof p0, 0, M));
+    if (!d->draft_graph) {
+        const int op_rc = e->op_rc; /* a refused capture is no failure of the proposal */
+        char why[512], why2[512];
+        void *h = NULL;
+        int rc = P->g->graph_begin(P->cx, (const int64_t *)(void *)d->step, p0, why, sizeof why);
+        if (rc == DS4_OK) {
+            for (int st = 0; st < e->sup->n_stages && rc == DS4_OK; st++)
+                rc = draft_stage(P, st, d->X, d->X3, B, p0, lo, hi, op);
+            if (rc != DS4_OK) snprintf(why, sizeof why, "%s", P->msg[0] ? P->msg : "an op failed");
+            int erc = P->g->graph_end(P->cx, rc == DS4_OK, &h, why2, sizeof why2);
+            if (rc == DS4_OK && erc != DS4_OK) snprintf(why, sizeof why, "%s", why2);
+            if (rc == DS4_OK) rc = erc;
+        }
+        if (rc != DS4_OK) {
+            e->op_rc = op_rc;
+            graphs_off(e, "the drafter's stages", B, why);
+            return 1;
+        }
+        d->draft_graph = h;
+        e->graph_captures++;
+        s->last_proposal_captured = 1;
+    }
+    G(P->g->graph_launch(P->cx, d->draft_graph, M));
+    e->graph_replays++;
+    return DS4_OK;
+}
+
 /* The stages over the embedded block at positions p0.., context rows lo..hi (*op: the stage op that
- * failed; on a host backend a non-finite MoE output returns DS4_E_NONFINITE as "moe"). */
+ * failed; on a host backend a non-finite MoE output returns DS4_E_NONFINITE as "moe").  Under
+ * gpu_graphs a full window of context rows replays the stages' graph (the key: the window, the
+ * block and the engine's options, all fixed for a session). */
 int ds4_draft_stages(ds4_session *s, int64_t p0, int64_t lo, int64_t hi, const char **op) {
     PASS(s);
+    s->last_proposal_captured = 0;
+    if (s->e->gpu_graphs && !P->g->host_memory && hi - lo + 1 == s->e->c.sliding_window) {
+        int rc = draft_graph(P, p0, lo, hi, op);
+        if (rc != 1) return rc;
+    }
     for (int st = 0; st < s->e->sup->n_stages; st++)
         TRYP(draft_stage(P, st, P->d->X, P->d->X3, s->e->sup->block, p0, lo, hi, op));
     return DS4_OK;

@@ -152,6 +152,7 @@ struct ds4_session {
     ds4_dspark *dsp;       /* DSpark state when the engine has (or refused) a support model */
     int last_pass_captured; /* the last ds4_run_pass captured a graph of its shape (spec platform.md §8):
                              * its time includes the one-time capture, so the scheduler does not price it */
+    int last_proposal_captured; /* the last drafter pass captured its stages' graph (the same rule) */
 };
 
 /* ---- dspark.c --------------------------------------------------------------------------------- */

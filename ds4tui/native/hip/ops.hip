@@ -336,8 +336,8 @@ __global__ void norm_rope_kernel(float *x, int width, int hpt, float eps, const 
 __global__ void kv_store_kernel(const float *kvr, int D, float *ring, int cap, int64_t p0, const int64_t *dp0,
                                 int n_rot, int round) {
     const int t = blockIdx.x;
-    float *dst = ring + ((gpu_pos(p0, dp0) + t) % cap) * D;
     const float *src = kvr + (int64_t)t * D;
+    float *dst = kvr == ring ? (float *)src : ring + ((gpu_pos(p0, dp0) + t) % cap) * D; /* in place: where it is */
     if (dst != src)
         for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
     if (round == 1) kv_round_(dst, D, n_rot);
@@ -742,7 +742,7 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
     int n_comp = 0;
     const int32_t *cs = NULL;
     if (nc_n >= 0) { /* non-causal drafter block: context ring rows nc_lo.. (nc_n), then `ratio` block rows */
-        first = nc_lo;
+        first = gpu_pos(nc_lo, dp0); /* a replayed drafter graph: nc_lo is relative to the pass's position */
         n_win = nc_n;
         n_comp = ratio;
     } else if (ratio > 0) {
@@ -1140,8 +1140,8 @@ int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t
     if (n_ctx + n_rows > keys_cap)
         return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
     hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
-                       c->stream, q, n, NH, D, (int64_t)0, (const int64_t *)NULL, 0, ring, cap, rows, n_rows, (const int32_t *)NULL, (const int32_t *)NULL, 0,
-                       sinks, sc, keys_cap, att, lo, n_ctx);
+                       c->stream, q, n, NH, D, (int64_t)0, c->cap_dp0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL,
+                       (const int32_t *)NULL, 0, sinks, sc, keys_cap, att, c->cap_dp0 ? lo - c->cap_p0 : lo, n_ctx);
     return ops_check("drafter attention kernel", err, len);
 }
 
