@@ -275,7 +275,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                     help="DSpark support GGUF for --ab (default with --medium: the medium model's, built once; "
                     "without MODEL: the demo model's)")
     ab.add_argument("--tokens", type=positive_int, metavar="N",
-                    help="greedy tokens per prompt and arm, at least 12 (default 512; short runs mislead)")
+                    help="greedy tokens per prompt and arm, at least 16 (default 512; short runs mislead)")
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:

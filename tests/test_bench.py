@@ -352,7 +352,7 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
      "sets how many tokens each answer generates)"),
     (["--ab", "--mtp", "s.gguf", "--tokens", "15"],
      "argument --tokens: expected at least 16 (with fewer the scheduler arm cannot draft once: after its first plain "
-     "decodes, five with no kept prices, it drafts only while 10 tokens are left), found 15; the default 512 "
+     "decodes, five with no kept prices, it drafts only while at least 10 tokens are left), found 15; the default 512 "
      "measures well"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):

@@ -301,6 +301,11 @@ def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypa
                        scheduler_prices="saved", prices_dir=blocker / "scheduler-prices")
     r = eng.run_turn([{"role": "user", "content": "Hi"}], W.EventQueue(), think=False, max_tokens=8)
     assert r is not None and len(r.ids) == 8
+    # a new context size (Ctrl+G) closes the first session, which fails to write the same file the
+    # same way: the last close still says so
+    eng.set_context(96)
+    assert eng.engine.scheduler_prices_problem.startswith("cannot write the scheduler prices")
+    r = eng.run_turn([{"role": "user", "content": "Hi"}], W.EventQueue(), think=False, max_tokens=8)
     note = eng.close()
     assert note.startswith(f"cannot write the scheduler prices to {blocker / 'scheduler-prices'}")
 

@@ -855,8 +855,8 @@ def _usage_error(args) -> str | None:
                     f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
         if args.tokens is not None and args.tokens < AB_MIN_TOKENS:
             return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the scheduler arm cannot draft "
-                    f"once: after its first plain decodes, five with no kept prices, it drafts only while 10 tokens are "
-                    f"left), found {args.tokens}; the default "
+                    f"once: after its first plain decodes, five with no kept prices, it drafts only while at least 10 tokens "
+                    f"are left), found {args.tokens}; the default "
                     f"{AB_TOKENS} measures well")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"

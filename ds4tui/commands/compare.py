@@ -44,7 +44,7 @@ KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
     "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
-    "gpu_graphs",
+    "gpu_graphs", "scheduler_prices",
 }
 #: Free text and bookkeeping: never compared.
 SKIP_NAMES = {"timestamp", "backend_note", "decode_timing", "text", "dspark_line", "message", "ok", "error",
