@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import sys
 
@@ -480,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")) or (
-            argv[0] not in COMMANDS and argv[0].lower().endswith(".gguf")):
-        # plain `ds4tui [MODEL.gguf] [chat options]` is `ds4tui chat ...` (the README's promise)
+            argv[0] not in COMMANDS and (argv[0].lower().endswith(".gguf") or os.path.isfile(argv[0]))):
+        # plain `ds4tui [MODEL] [chat options]` is `ds4tui chat ...` (the README's promise): a name ending
+        # in .gguf, or any file that is there (the chat then says whether it is a GGUF)
         argv = ["chat", *argv]
     argv = _join_signed_values(argv)
     args, extra = parser.parse_known_args(argv)

@@ -112,7 +112,7 @@ def test_bench_sizes_blame_the_option(tiny_q2, capsys, no_engine):
     assert json.loads(out)["ok"] is False and json.loads(out)["error"] == message
 
 
-def test_options_without_a_command_open_the_chat(monkeypatch, capsys):
+def test_options_without_a_command_open_the_chat(monkeypatch, capsys, tmp_path):
     from ds4tui.commands import chat
 
     seen = []
@@ -120,9 +120,13 @@ def test_options_without_a_command_open_the_chat(monkeypatch, capsys):
     assert cli_main(["--nothink", "--ctx", "8192"]) == 0
     assert cli_main([]) == 0
     assert cli_main(["my.GGUF", "--mtp", "s.gguf"]) == 0  # a model first is the chat's model
-    assert [a.command for a in seen] == ["chat", "chat", "chat"]
+    renamed = tmp_path / "mymodel"  # a file without the extension is the chat's model too
+    renamed.write_bytes(b"GGUF")
+    assert cli_main([str(renamed)]) == 0
+    assert [a.command for a in seen] == ["chat", "chat", "chat", "chat"]
     assert seen[0].nothink is True and seen[0].ctx == 8192 and seen[1].nothink is False
     assert (seen[2].model, seen[2].mtp) == ("my.GGUF", "s.gguf")
+    assert seen[3].model == str(renamed)
     rc, out, err = _run(capsys, ["notacommand"])  # anything else is still an unknown command
     assert rc == 2 and "invalid choice: 'notacommand'" in err
 
