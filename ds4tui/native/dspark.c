@@ -186,16 +186,22 @@ static int op_failed(ds4_dspark *d, chain *ch, const char *op, int bad) {
     return 0;
 }
 
+/* The confidence head's input row [h ; W1[prev]] (H + rank floats) into f. */
+static void conf_features(const ds4_session *s, const float *h, int32_t prev, float *f) {
+    const ds4_support *sup = s->e->sup;
+    const int H = s->e->c.n_embd;
+    const ds4_w *w1 = &sup->markov_w1;
+    memcpy(f, h, (size_t)H * sizeof(float));
+    ds4_type(w1->type)->dequant(w1->data + (size_t)prev * w1->row_bytes, f + H, sup->rank);
+}
+
 static float confidence(ds4_session *s, const float *h, int32_t prev) {
     ds4_engine *e = s->e;
-    const ds4_support *sup = e->sup;
     ds4_dspark *d = s->dsp;
-    const int H = e->c.n_embd, r = sup->rank;
-    memcpy(d->feat, h, (size_t)H * sizeof(float));
-    const ds4_w *w1 = &sup->markov_w1;
-    ds4_type(w1->type)->dequant(w1->data + (size_t)prev * w1->row_bytes, d->feat + H, r);
+    const int H = e->c.n_embd, r = e->sup->rank;
+    conf_features(s, h, prev, d->feat);
     float z;
-    ds4_host_mm(e, &sup->conf, 0, 1, d->feat, H + r, 1, &z, 1);
+    ds4_host_mm(e, &e->sup->conf, 0, 1, d->feat, H + r, 1, &z, 1);
     return ds4_sigmoid(z);
 }
 
@@ -209,12 +215,8 @@ static int chain_confidences(ds4_session *s, const int32_t *x, int want, float *
     ds4_dspark *d = s->dsp;
     const int H = e->c.n_embd, r = sup->rank;
     if (want < 2 || (int64_t)(want - 1) * (H + r) > (int64_t)sup->block * e->c.n_vocab) return 0;
-    const ds4_w *w1 = &sup->markov_w1;
-    for (int k = 1; k < want; k++) {
-        float *f = d->corr + (size_t)(k - 1) * (H + r);
-        memcpy(f, d->h + (size_t)k * H, (size_t)H * sizeof(float));
-        ds4_type(w1->type)->dequant(w1->data + (size_t)x[k - 1] * w1->row_bytes, f + H, r);
-    }
+    for (int k = 1; k < want; k++)
+        conf_features(s, d->h + (size_t)k * H, x[k - 1], d->corr + (size_t)(k - 1) * (H + r));
     float z[DS4_DSPARK_MAX_BLOCK];
     ds4_host_mm(e, &sup->conf, 0, 1, d->corr, H + r, want - 1, z, 1);
     for (int k = 1; k < want; k++) out[k] = ds4_sigmoid(z[k - 1]);
