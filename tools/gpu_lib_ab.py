@@ -1,4 +1,4 @@
-"""A/B of two GPU backend libraries on the same synthetic full-width DS4 Flash weights, in one
+"""A/B of two (or more) GPU backend libraries on the same synthetic full-width DS4 Flash weights, in one
 process: the weights are built once, each library times decode and verify (2 and 4 layers,
 per layer = (t4 - t2) / 2, extrapolated to 43 layers as ``bench --synthetic flash`` does) in
 alternating rounds (A B, B A, ...), then each runs the same verify pass and decode step on the
@@ -35,7 +35,7 @@ from ds4tui.engine.session import Engine
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("libs", nargs="+", metavar="NAME=LIBRARY",
-                    help="two GPU libraries to compare (--prefill: two or more, each checked against the first)")
+                    help="two or more GPU libraries to compare, each checked against the first")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of both libraries (default 2)")
     ap.add_argument("--ctx", type=int, default=2048, help="context (default 2048; past 2048 the rows repeat)")
     ap.add_argument("--prefill", help="time prefills of these lengths (comma-separated) instead of decode/verify")
@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.prefill:
         return prefill_ab(args)
-    if len(args.libs) != 2:
-        ap.error(f"decode and verify compare two libraries, got {len(args.libs)}")
+    if len(args.libs) < 2:
+        ap.error(f"compare two or more libraries, got {len(args.libs)}")
     libs = dict(a.split("=", 1) for a in args.libs)
     names = list(libs)
     big_cfg = replace(S.flash_config((4, 128)), n_layer=4, compress_ratios=(4, 128, 4, 128),
@@ -103,9 +103,12 @@ def _decode_ab(args, libs: dict, small, big, act: str) -> dict:
             out[name] = (s.prefill([5, 6, 7, 8, 9, 10], logits="all"), s.prefill([11]))
         finally:
             eng.close()
-    a, b = names
-    same = {"verify": bool(np.array_equal(out[a][0], out[b][0])), "decode": bool(np.array_equal(out[a][1], out[b][1]))}
-    print(f"{act}: logits bit-identical: verify {same['verify']}, decode {same['decode']}", flush=True)
+    a = names[0]
+    same = {b: {"verify": bool(np.array_equal(out[a][0], out[b][0])), "decode": bool(np.array_equal(out[a][1], out[b][1]))}
+            for b in names[1:]}
+    for b in names[1:]:
+        print(f"{act}: logits of {b} bit-identical to {a}'s: verify {same[b]['verify']}, decode {same[b]['decode']}",
+              flush=True)
     return {"activations": act, "rounds": res, "bit_identical": same}
 
 

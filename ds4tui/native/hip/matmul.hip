@@ -61,7 +61,14 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
         for (int t = 0; t < NT; t++) {
             if (t < nt) {
                 const float *x = X + (t0 + t) * ldx + 8 * c;
-                for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+                if (m == 8 && !((uintptr_t)x & 15)) { /* 16-byte loads; the same fmaf sequence */
+                    const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[t] = fmaf(w[j], xv[j], acc[t]);
+                } else {
+                    for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+                }
             }
         }
     }

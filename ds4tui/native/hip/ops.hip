@@ -705,14 +705,15 @@ indexer_select_kernel(int64_t p0, const int64_t *dp0, int ratio, int top_k, cons
  * HPB heads: HPB times fewer key reads, the same arithmetic per (token, head) in the same order
  * (each head keeps its own per-warp max, per-thread denominator sum and per-warp accumulators,
  * reduced exactly as with one head), so every head's result is bit for bit the HPB = 1 kernel's.
- * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens, and
- * one head per block below (decode and DSpark verify passes keep their block count). */
+ * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens (a DSpark
+ * verify of 4-6 rows included: H200, 6 rows x 64 heads, 127 us a layer in 384 one-head blocks), and
+ * one head per block below (a decode's and a short verify's heads keep a block each). */
 #define ATT_WARPS 8
 #define ATT_DPL 16 /* D <= 32 * ATT_DPL */
 #define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them (one head per block) */
 #define ATT_GROUP_HEADS 4
 #define ATT_GROUP_UNROLL 1 /* the same with ATT_GROUP_HEADS heads: one key in flight, 4 heads of work on it */
-#define ATT_GROUP_MIN_ROWS 16
+#define ATT_GROUP_MIN_ROWS 4
 #if defined(GPU_NVIDIA) /* two blocks of the grouped kernel per multiprocessor (128 registers, no spills on sm_90) */
 #define ATT_BOUNDS(hpb) __launch_bounds__(ATT_WARPS * GPU_WARP, (hpb) > 1 ? 2 : 0)
 #else

@@ -27,21 +27,41 @@ __device__ __forceinline__ uint16_t rd16(const uint8_t *p) { return (uint16_t)(p
  * end of an F32/F16/BF16 row whose length is not a multiple of 8). */
 template <int TYPE> struct Chunk;
 
+/* F32, F16, BF16: a whole chunk at a 16-byte boundary is read in 16-byte loads (the same values). */
 template <> struct Chunk<DS4_TYPE_F32> {
     static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
         const float *p = (const float *)row + 8 * c;
+        if (m == 8 && !((uintptr_t)p & 15)) {
+            const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+            w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+            return;
+        }
         for (int j = 0; j < 8; j++) w[j] = j < m ? p[j] : 0.0f;
     }
 };
 template <> struct Chunk<DS4_TYPE_F16> {
     static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
         const uint16_t *p = (const uint16_t *)row + 8 * c;
+        if (m == 8 && !((uintptr_t)p & 15)) {
+            const uint4 u = *(const uint4 *)p;
+            const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[2 * j] = h2f((uint16_t)(v[j] & 0xffffu)), w[2 * j + 1] = h2f((uint16_t)(v[j] >> 16));
+            return;
+        }
         for (int j = 0; j < 8; j++) w[j] = j < m ? h2f(p[j]) : 0.0f;
     }
 };
 template <> struct Chunk<DS4_TYPE_BF16> {
     static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int m, float w[8]) {
         const uint16_t *p = (const uint16_t *)row + 8 * c;
+        if (m == 8 && !((uintptr_t)p & 15)) {
+            const uint4 u = *(const uint4 *)p;
+            const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(v[j] << 16), w[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
+            return;
+        }
         for (int j = 0; j < 8; j++) w[j] = j < m ? __uint_as_float((uint32_t)p[j] << 16) : 0.0f;
     }
 };
