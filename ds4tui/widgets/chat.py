@@ -16,6 +16,7 @@ since Markdown cannot style single tokens (ux.md §2.6).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -168,7 +169,7 @@ class AssistantMessage(Vertical):
         self.n_draft = 0
         self.n_think = 0
         self.finished = False
-        self._summary_t = 0.0  # when the summary line was last redrawn while streaming
+        self._summary_t = -math.inf  # when the summary line was last redrawn while streaming (never: the first piece draws it)
         self._trace_pieces: list = []  # the token trace's pieces not yet drawn: text or (text, style)
 
     def compose(self) -> ComposeResult:
