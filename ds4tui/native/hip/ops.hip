@@ -725,7 +725,82 @@ __device__ __forceinline__ const float *att_key(int k, int n_win, int64_t first,
     return k < n_win ? kv + ((first + k) % kv_cap) * D : comp + (int64_t)(cs ? cs[k - n_win] : k - n_win) * D;
 }
 
-template <int HPB, int UNR>
+/* The keys of token t (position p) of a causal pass: the window's rows from `first` (n_win), then
+ * n_comp compressed rows, the selected ones (cs) where the indexer chose, else all of them. */
+__device__ __forceinline__ void att_span(int64_t p, int window, int ratio, const int32_t *sel, const int32_t *nsel,
+                                         int top_k, int t, int64_t *first, int *n_win, int *n_comp,
+                                         const int32_t **cs) {
+    *first = p - window + 1 < 0 ? 0 : p - window + 1;
+    *n_win = (int)(p - *first + 1);
+    *n_comp = 0;
+    *cs = NULL;
+    if (ratio > 0) {
+        if (sel && nsel[t] >= 0) {
+            *n_comp = nsel[t];
+            *cs = sel + (int64_t)t * top_k;
+        } else {
+            *n_comp = (int)((p + 1) / ratio);
+        }
+    }
+}
+
+/* The scores of a causal pass (attend_kernel's first pass) on a grid of (token, HPB heads) x key
+ * chunks: warp w of chunk c takes keys ATT_SCORE_KEYS c + w + ATT_WARPS u (u < ATT_SCORE_UNROLL) and
+ * writes each key's score exactly as attend_kernel's first pass does (the same fmaf sequence over the
+ * head's lanes, the same warp butterfly and scale), so that attend_kernel<.., true> only reads them.
+ * A decode's 64 heads in 64 blocks left half of an H200 idle and read every key twice. */
+#define ATT_SCORE_UNROLL 4
+#define ATT_SCORE_KEYS (ATT_WARPS * ATT_SCORE_UNROLL) /* keys per block */
+#define ATT_SCORE_MAX_ROWS 8                          /* passes of at most this many tokens score apart */
+template <int HPB>
+__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
+attend_score_kernel(const float *q, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
+                    int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
+                    float *scr, int keys_cap) {
+    const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
+    const int groups = NH / HPB;
+    const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
+    const int64_t item0 = (int64_t)t * NH + h0;
+    int64_t first;
+    int n_win, n_comp;
+    const int32_t *cs;
+    att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
+    const int nk = n_win + n_comp, kb = (int)blockIdx.y * ATT_SCORE_KEYS + wp;
+    if (kb >= nk) return;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    float kr[ATT_SCORE_UNROLL][ATT_DPL];
+#pragma unroll
+    for (int u = 0; u < ATT_SCORE_UNROLL; u++) {
+        const int k = kb + u * ATT_WARPS;
+        const float *key = k < nk ? att_key(k, n_win, first, kv, kv_cap, comp, cs, D) : NULL;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            const int d = lane + GPU_WARP * i;
+            kr[u][i] = key && d < D ? key[d] : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < HPB; j++) {
+        const float *qh = q + (item0 + j) * D;
+        float qv[ATT_DPL];
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) qv[i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < ATT_SCORE_UNROLL; u++) {
+            const int k = kb + u * ATT_WARPS;
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++)
+                if (lane + GPU_WARP * i < D) dot = fmaf(qv[i], kr[u][i], dot);
+            dot = gpu_warp_sum(dot) * scale;
+            if (k < nk && lane == 0) scr[(item0 + j) * keys_cap + k] = dot;
+        }
+    }
+}
+
+/* SCORED: the scores are in scr already (attend_score_kernel); each warp takes the maximum of its
+ * keys' scores (the same keys and values as the first pass: the same maximum). */
+template <int HPB, int UNR, bool SCORED>
 __global__ void ATT_BOUNDS(HPB)
 attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
               int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
@@ -736,23 +811,16 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
     const int groups = NH / HPB; /* gpu_attend takes HPB > 1 only when it divides NH */
     const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
     const int64_t item0 = (int64_t)t * NH + h0;   /* (token, head) item of the block's first head */
-    const int64_t p = gpu_pos(p0, dp0) + t;
     const float scale = (float)(1.0 / sqrt((double)D));
-    int64_t first = p - window + 1 < 0 ? 0 : p - window + 1;
-    int n_win = (int)(p - first + 1);
-    int n_comp = 0;
+    int64_t first;
+    int n_win, n_comp;
     const int32_t *cs = NULL;
     if (nc_n >= 0) { /* non-causal drafter block: context ring rows nc_lo.. (nc_n), then `ratio` block rows */
         first = gpu_pos(nc_lo, dp0); /* a replayed drafter graph: nc_lo is relative to the pass's position */
         n_win = nc_n;
         n_comp = ratio;
-    } else if (ratio > 0) {
-        if (sel && nsel[t] >= 0) {
-            n_comp = nsel[t];
-            cs = sel + (int64_t)t * top_k;
-        } else {
-            n_comp = (int)((p + 1) / ratio);
-        }
+    } else {
+        att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
     }
     const int nk = n_win + n_comp;
     float qv[HPB][ATT_DPL], mx[HPB];
@@ -764,10 +832,18 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
             qv[j][i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
         mx[j] = -INFINITY;
     }
+    if (SCORED) {
+        for (int k = wp; k < nk; k += ATT_WARPS)
+#pragma unroll
+            for (int j = 0; j < HPB; j++) {
+                const float dot = scr[(item0 + j) * keys_cap + k];
+                mx[j] = dot > mx[j] ? dot : mx[j];
+            }
+    }
     /* A warp takes keys wp, wp + ATT_WARPS, ... in ascending order, UNR at a time: their rows are
      * loaded before any is reduced, so the loads of several keys are in flight at once (the
      * arithmetic per key, and so the result, is that of one key at a time). */
-    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
+    for (int k0 = wp; !SCORED && k0 < nk; k0 += ATT_WARPS * UNR) {
         float kr[UNR][ATT_DPL];
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
@@ -1118,17 +1194,35 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
     if (n <= 0) return DS4_OK;
     if (D > GPU_WARP * ATT_DPL)
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
-    if (n >= ATT_GROUP_MIN_ROWS && NH % ATT_GROUP_HEADS == 0) /* the same results, fewer key reads (attend_kernel) */
-        hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL>),
-                           dim3((unsigned)((int64_t)n * (NH / ATT_GROUP_HEADS))),
+    /* the same results in every branch: grouped heads read each key once per group, and a short
+     * pass scores its keys over the whole device first (attend_score_kernel) */
+    const bool grouped = n >= ATT_GROUP_MIN_ROWS && NH % ATT_GROUP_HEADS == 0;
+    const int hpb = grouped ? ATT_GROUP_HEADS : 1;
+    const unsigned items = (unsigned)((int64_t)n * (NH / hpb));
+    if (n <= ATT_SCORE_MAX_ROWS) {
+        const dim3 sgrid(items, (unsigned)((keys_cap + ATT_SCORE_KEYS - 1) / ATT_SCORE_KEYS));
+        if (grouped)
+            hipLaunchKernelGGL((attend_score_kernel<ATT_GROUP_HEADS>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
+                               NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap);
+        else
+            hipLaunchKernelGGL((attend_score_kernel<1>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, NH, D,
+                               GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap);
+        if (grouped)
+            hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL, true>), dim3(items),
+                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv,
+                               kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+        else
+            hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, true>), dim3(items), dim3(ATT_WARPS * GPU_WARP), 0,
+                               c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel,
+                               top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+    } else if (grouped)
+        hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL, false>), dim3(items),
                            dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
-                           comp, ratio,
-                           sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+                           comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
     else
-        hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)),
-                           dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
-                           comp, ratio,
-                           sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+        hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, false>), dim3(items), dim3(ATT_WARPS * GPU_WARP), 0, c->stream,
+                           q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc,
+                           keys_cap, att, (int64_t)0, -1);
     return ops_check("attention kernel", err, len);
 }
 
@@ -1140,7 +1234,7 @@ int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
     if (n_ctx + n_rows > keys_cap)
         return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
-    hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
+    hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, false>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
                        c->stream, q, n, NH, D, (int64_t)0, c->cap_dp0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL,
                        (const int32_t *)NULL, 0, sinks, sc, keys_cap, att, c->cap_dp0 ? lo - c->cap_p0 : lo, n_ctx);
     return ops_check("drafter attention kernel", err, len);
