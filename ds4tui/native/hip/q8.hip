@@ -65,7 +65,7 @@ template <> struct Q8W<DS4_TYPE_Q8_0> {
         uint32_t w[8];
         float s;
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *, const uint2 *) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *) {
         D v;
         const uint4 a = ((const uint4 *)row)[2 * u], b = ((const uint4 *)row)[2 * u + 1];
 #pragma unroll
@@ -80,6 +80,17 @@ template <> struct Q8W<DS4_TYPE_Q8_0> {
     }
 };
 
+/* The sign bits of IQ2_XXS's 7-bit sign index i, one per byte (bit 0 of byte j: weight j negative):
+ * the sign byte is i with bit 7 the parity of i's set bits (IQ2_XXS keeps an even number of negative
+ * weights per 8, the rule of its sign table), spread over the bytes of two words by a multiply
+ * (b + b << 7 + b << 14 + b << 21 of a 4-bit b: no two terms share a bit).  The table lookup it
+ * replaces put a second random 8-byte shared-memory read beside each grid read. */
+__device__ __forceinline__ void iq2_sign_bits(uint32_t s7, uint32_t &tx, uint32_t &ty) {
+    const uint32_t sg = s7 | ((uint32_t)gpu_popc(s7) & 1u) << 7;
+    tx = ((sg & 15u) * 0x00204081u) & 0x01010101u;
+    ty = ((sg >> 4) * 0x00204081u) & 0x01010101u;
+}
+
 /* IQ2_XXS: a step is one 16-byte unit, two 32-wide groups (each one block of the q8 arithmetic):
  * per group 4 grid-index bytes and a word of 4 x 7 sign-table bits and the 4-bit scale.  A grid
  * value g (8, 25 or 43, never 0) with its sign mask m (0xff where negative) is (g ^ m) + (m & 1) per
@@ -90,8 +101,7 @@ template <> struct Q8W<DS4_TYPE_IQ2_XXS> {
         uint32_t w[16];
         float s0, s1;
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *grid,
-                                             const uint2 *smask) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *grid) {
         D v;
         const uint4 q = ((const uint4 *)row)[u];
         const float d = h2f(((const uint16_t *)(row + 64 * nb))[u >> 2]);
@@ -101,9 +111,10 @@ template <> struct Q8W<DS4_TYPE_IQ2_XXS> {
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const uint2 gv = grid[(idx[g] >> (8 * k)) & 0xffu];
-                const uint2 m = smask[(sw[g] >> (7 * k)) & 127u];
-                v.w[8 * g + 2 * k] = (gv.x ^ m.x) + (m.x & 0x01010101u);
-                v.w[8 * g + 2 * k + 1] = (gv.y ^ m.y) + (m.y & 0x01010101u);
+                uint32_t tx, ty;
+                iq2_sign_bits((sw[g] >> (7 * k)) & 127u, tx, ty);
+                v.w[8 * g + 2 * k] = (gv.x ^ (tx * 0xffu)) + tx;
+                v.w[8 * g + 2 * k + 1] = (gv.y ^ (ty * 0xffu)) + ty;
             }
         v.s0 = (d * (0.5f + (float)(sw[0] >> 28))) * 0.25f;
         v.s1 = (d * (0.5f + (float)(sw[1] >> 28))) * 0.25f;
@@ -141,7 +152,7 @@ template <> struct Q8W<DS4_TYPE_Q2_K> {
         uint32_t sc;    /* scale/min bytes of the 4 sub-blocks */
         float dd, dm;   /* the super-block's d and dmin */
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *, const uint2 *) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t nb, int64_t u, const uint2 *) {
         D v;
         const int64_t b = u >> 2;
         const int j = (int)(u & 3);
@@ -191,7 +202,7 @@ template <> struct Q8G<DS4_TYPE_Q8_0> {
         uint32_t w[8];
         float s;
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *, const uint2 *) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *) {
         D v;
         const uint16_t *p = (const uint16_t *)(row + 34 * b);
         v.s = h2f(p[0]);
@@ -212,8 +223,7 @@ template <> struct Q8G<DS4_TYPE_IQ2_XXS> {
         uint32_t w[8];
         float s;
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *grid,
-                                             const uint2 *smask) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *grid) {
         D v;
         const uint16_t *p = (const uint16_t *)(row + 66 * (b >> 3));
         const float d = h2f(p[0]);
@@ -222,9 +232,10 @@ template <> struct Q8G<DS4_TYPE_IQ2_XXS> {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const uint2 gv = grid[(idx >> (8 * k)) & 0xffu];
-            const uint2 m = smask[(sw >> (7 * k)) & 127u];
-            v.w[2 * k] = (gv.x ^ m.x) + (m.x & 0x01010101u);
-            v.w[2 * k + 1] = (gv.y ^ m.y) + (m.y & 0x01010101u);
+            uint32_t tx, ty;
+            iq2_sign_bits((sw >> (7 * k)) & 127u, tx, ty);
+            v.w[2 * k] = (gv.x ^ (tx * 0xffu)) + tx;
+            v.w[2 * k + 1] = (gv.y ^ (ty * 0xffu)) + ty;
         }
         v.s = (d * (0.5f + (float)(sw >> 28))) * 0.25f;
         return v;
@@ -245,7 +256,7 @@ template <> struct Q8G<DS4_TYPE_Q2_K> {
         uint32_t sc; /* scale/min bytes of the two halves */
         float dd, dm;
     };
-    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *, const uint2 *) {
+    static __device__ __forceinline__ D load(const uint8_t *row, int64_t, int64_t b, const uint2 *) {
         D v;
         const uint8_t *blk = row + 84 * (b >> 3);
         const int j = (int)(b & 7), h = j >> 2, s = j & 3;
@@ -345,18 +356,10 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
     constexpr int G = Q8_WARPS / WPR;
     extern __shared__ __align__(16) uint8_t q8_smem[];
     __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
-    __shared__ uint2 s_smask[TYPE == DS4_TYPE_IQ2_XXS ? 128 : 1];
     __shared__ float part[WPR > 1 ? G * RPW * NT * WPR : 1];
     const int nthr = blockDim.x * blockDim.y, tix = threadIdx.y * blockDim.x + threadIdx.x;
     if (TYPE == DS4_TYPE_IQ2_XXS) {
         for (int i = tix; i < 256; i += nthr) s_grid[i] = *(const uint2 *)c_iq2_grid[i];
-        for (int i = tix; i < 128; i += nthr) {
-            const uint32_t sg = c_iq2_ksigns[i];
-            uint2 m;
-            m.x = ((sg & 15u) * 0x00204081u & 0x01010101u) * 0xffu;
-            m.y = ((sg >> 4) * 0x00204081u & 0x01010101u) * 0xffu;
-            s_smask[i] = m;
-        }
     }
     int nt = 1;
     if (ids) {
@@ -398,7 +401,7 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
             for (int64_t u = wg * GPU_WARP + lane; u < nu; u += GPU_WARP * WPR) {
                 typename P::D v[RPW];
 #pragma unroll
-                for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], wnb, u, s_grid, s_smask);
+                for (int k = 0; k < RPW; k++) v[k] = P::load(rp[k], wnb, u, s_grid);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t < nt) {
