@@ -25,6 +25,7 @@
 #define Q8_SHORT_ROWS 8192     /* below: several warps share a row's steps */
 #define Q8_STAGE 32768         /* bytes of activation codes staged per block (tokens x columns) */
 #define Q8_BLOCKS 512          /* blocks a launch aims at: more rows per block beyond that (up to 8 rounds) */
+#define Q8_BLOCKS_STAGED 128   /* the same for 2-8 tokens of long rows (q8_go) */
 
 /* This translation unit's copy of the IQ2_XXS tables (quant.h). */
 int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
@@ -452,7 +453,12 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
                   int64_t ldy) {
     constexpr int G = Q8_WARPS / WPR;
     const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
-    const int64_t want = blocks1 * (int64_t)gy / Q8_BLOCKS;
+    /* Every block stages (quantises) all its tokens' rows: a pass of 2-8 tokens (a verify) over rows
+     * of 2048 columns or more gives a block 4x the rows (H200, 6 tokens: 0.69-0.85x for 1024-4096
+     * rows of 4096 and the LM head; 1.14x for 32768 rows of 1024 and 1.06-1.14x for one token, which
+     * keep Q8_BLOCKS). */
+    const int64_t target = !ids && n > 1 && n <= 8 && cols >= 2048 ? Q8_BLOCKS_STAGED : Q8_BLOCKS;
+    const int64_t want = blocks1 * (int64_t)gy / target;
     const int loops = (int)(want < 1 ? 1 : want > 8 ? 8 : want);
     const int64_t per_block = (int64_t)G * loops;
     const size_t smem = (size_t)NT * (size_t)cols + (size_t)NT * (size_t)(cols / 32) * sizeof(float) +
