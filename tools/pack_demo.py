@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "training": {
             "device": log["device"], "versions": log["versions"], "seed": log["seed"],
             "target_parameters": log["target_parameters"],
+            "target_init": ({k: log["target_init"][k] for k in ("path", "sha256", "heldout_loss",
+                                                                 "max_abs_logit_diff_vs_reference")}
+                            if "target_init" in log else None),
             "target": {k: log["target"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
             "expert_quant_rel_error": log["expert_quant_rel_error"],
             "heal": {k: log["heal"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
@@ -174,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                                    "repeats", "ok")}
                                                                for x in fp["answers"]]}}
     if a.corpus:
-        summary["heldout_perplexity_gguf"] = heldout_perplexity(model, np.load(a.corpus / "heldout.npy"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from demo_corpus import load_split
+
+        summary["heldout_perplexity_gguf"] = heldout_perplexity(model, load_split(a.corpus, "heldout"))
         print(f"pack_demo: held-out perplexity {summary['heldout_perplexity_gguf']}", file=sys.stderr)
     (PACKAGE_DIR / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
     (PACKAGE_DIR / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")

@@ -18,7 +18,12 @@ third healed that drafter (``--target-gguf OUT/model.gguf --drafter-init OUT2/su
 ``--target-gguf`` rebuilds the target in transformers from the GGUF's dequantised weights (checked
 against the numpy reference on held-out tokens), so a drafter can be trained for the shipped
 target on a machine that never held its checkpoint; only ``support.gguf`` is written then.
-``--save-target`` keeps the healed target (``target.pt``) for ``--resume-target``.
+``--save-target`` keeps the healed target (``target.pt``) for ``--resume-target``.  ``--target-init
+MODEL.gguf`` continues the training of a target this script made (the shipped one included): the
+target starts from the file's dequantised weights (the same rebuild and check as ``--target-gguf``),
+trains for ``--target-seconds`` (a fresh optimiser; the learning rate warms up again), and is then
+quantised, healed and exported like a new one, so every ``model.gguf`` is also a checkpoint to go on
+from; with ``--drafter-init`` the drafter starts from that target's support file.
 
 **Target.**  transformers' own ``DeepseekV4ForCausalLM`` with :func:`demo_config`: the tiny layout
 of spec ds4.md §6 (hidden 256, 6 layers: 2 sliding, 2 compressed-sparse with the lightning
@@ -950,8 +955,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-gguf", type=Path, default=None,
                     help="a model.gguf this script made: train only a drafter for it (the target is rebuilt from "
                          "the file's dequantised weights; only support.gguf is written)")
+    ap.add_argument("--target-init", type=Path, default=None,
+                    help="a model.gguf this script made (the shipped demo model unpacked, say): the target starts "
+                         "from the file's dequantised weights and trains on for --target-seconds, then is quantised "
+                         "and healed as usual; use the corpus it was trained on, so its held-out split stays unseen")
     ap.add_argument("--drafter-init", type=Path, default=None,
-                    help="with --target-gguf: a support.gguf to start the drafter from")
+                    help="with --target-gguf or --target-init: a support.gguf to start the drafter from")
     ap.add_argument("--drafter-heal-seconds", type=float, default=0.0,
                     help="after the drafter's training: its routed experts are frozen at their q2 values (the "
                          "--drafter-init file's bytes when --drafter-seconds is 0, else the trained ones quantised) "
@@ -964,6 +973,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distill-budget", type=float, default=None,
                     help="seconds: start no new chunk of training-prompt continuations after this (fewer sequences)")
     a = ap.parse_args(argv)
+    given = [f for f, v in (("--target-gguf", a.target_gguf), ("--target-init", a.target_init),
+                            ("--resume-target", a.resume_target)) if v]
+    if len(given) > 1:
+        ap.error(f"{' and '.join(given)} both name the target; give one of them")
+    if a.drafter_init and not (a.target_gguf or a.target_init):
+        ap.error("--drafter-init needs the target it was trained for: add --target-gguf or --target-init")
+    for flag, path in (("--target-gguf", a.target_gguf), ("--target-init", a.target_init),
+                       ("--drafter-init", a.drafter_init)):
+        if path and not path.is_file():
+            ap.error(f"{flag} {path}: no such file (expected a GGUF this script wrote; unpack a shipped *.xz first)")
     import transformers
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -999,6 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
             report[k] = saved["report"][k]
         log(f"target resumed from {a.resume_target}")
     else:
+        if a.target_init:
+            model, report["target_init"] = target_from_gguf(c, a.target_init, a.out, a.seed, a.device, held_ids)
+            report["target_init"].update(path=str(a.target_init), sha256=_sha256(a.target_init),
+                                         heldout_loss=round(evaluate(model, held), 4))
+            log(f"target starts from {a.target_init}: held-out loss {report['target_init']['heldout_loss']}")
         report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
         originals, report["expert_quant_rel_error"] = quantize_experts(model)
         report["heldout_loss_after_quantisation"] = round(evaluate(model, held), 4)
@@ -1031,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
     w = LossWeights(ce=a.ce_weight, tv=a.tv_weight, confidence=a.confidence_target)
     stats_args = (c, a.drafter_batch, a.anchors, a.seed, w, held_generated, a.distill_prompt)
     if a.drafter_init:
-        init_drafter_from_gguf(drafter, a.target_gguf, a.drafter_init)
+        init_drafter_from_gguf(drafter, a.target_gguf or a.target_init, a.drafter_init)
         report["drafter_init"] = {"path": str(a.drafter_init), "sha256": _sha256(a.drafter_init),
                                   **drafter_heldout(model, drafter, dheld, *stats_args)}
         log(f"drafter init {json.dumps(report['drafter_init'])}")
