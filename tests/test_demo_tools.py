@@ -117,3 +117,20 @@ def test_drafter_runs_chain_in_the_shipped_log():
     assert four["drafter_earlier"][1]["drafter_heal"] == {"steps": 5} and "drafter_heal" not in four
     with pytest.raises(ValueError, match="sha256 abc, not this model.gguf \\(def\\)"):
         packer.merge_drafter_run(three, _run("abc", "x"), "def")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target-gguf", "m.gguf", "--target-init", "m.gguf"], "--target-gguf and --target-init both name the target"),
+    (["--target-init", "m.gguf", "--resume-target", "t.pt"], "--target-init and --resume-target both name the target"),
+    (["--drafter-init", "s.gguf"], "--drafter-init needs the target it was trained for"),
+    (["--target-init", "absent.gguf"], "--target-init absent.gguf: no such file"),
+])
+def test_train_demo_refuses_target_flags_that_do_not_fit(args, message, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    trainer = _load("train_demo")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(SystemExit) as e:
+        trainer.main(["corpus", "out", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
