@@ -10,14 +10,25 @@ machine.
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 
 import pytest
 
 from ds4tui.cli import main as cli_main
+from ds4tui.commands.environment import scheduler_prices_dir as real_prices_dir
 from ds4tui.engine import prices as P
 from ds4tui.engine import session as S
 from ds4tui.engine.errors import SchedulerPricesError
+
+#: What a load problem's note says after the file's problem: no promise about the write.
+IGNORED = ("; ignored: the scheduler starts fresh. Nothing to do: a session that closes writes its prices over the "
+           "file if it can, and says so if it cannot")
+#: The end of every note about a prices folder that cannot be written.
+ADVICE = ("point XDG_CACHE_HOME at a writable folder (the command line keeps them in "
+          "$XDG_CACHE_HOME/ds4tui/scheduler-prices); or run with --scheduler-prices engine (prices kept within the "
+          "run) or fresh, which write no file")
 
 PROMPT = [101, 2024, 777, 31337, 4242, 9000, 123, 456, 789, 1011, 1213, 1415]
 
@@ -192,10 +203,16 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not a scheduler prices file (invalid JSON"),
     (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),
-    ("STALE", "stale scheduler prices: measured for a different n_threads than this engine's"),
+    ("STALE", "stale scheduler prices, measured for another setup (expected: this engine's, found: the file's): "
+              "threads: expected {threads}, found {threads_plus_1}"),
+    ("OLD_VERSION", "stale scheduler prices, measured for another setup (expected: this engine's, found: the "
+                    "file's): ds4tui version: expected {version}, found 0.0.1"),
     ("BAD_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found -1"),
     ("HUGE_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found 1e+308"),
-    ("CHANGED", "stale scheduler prices: the model file changed since they were measured (size or modification time)"),
+    ("CHANGED", "stale scheduler prices, measured for another setup (expected: this engine's, found: the file's): "
+                "the model file {model} changed since they were measured: expected modified {mtime} (as it is "
+                "now), found modified {mtime_minus_1}"),
+    ("NOT_UTF8", "not a scheduler prices file: expected JSON text, found a byte that is not UTF-8 at offset 1"),
     ("[]", "expected a scheduler prices file (a JSON object of format 1), found a JSON list"),
 ])
 def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, message):
@@ -203,8 +220,20 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
     e = S.Engine(tiny_q2["model"], **kw)
     path, ident = e.scheduler_prices_file, P.identity(e)
     e.close()
+    ns = ident["model"]["mtime_ns"]
+
+    def when(t):
+        return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t // 10**9))}.{t % 10**9:09d} UTC"
+
+    message = message.format(threads=ident["n_threads"], threads_plus_1=ident["n_threads"] + 1,
+                             version=ident["ds4tui"], model=ident["model"]["path"], mtime=when(ns),
+                             mtime_minus_1=when(ns - 1))
     if text == "STALE":
         P.save(path, {**ident, "n_threads": ident["n_threads"] + 1}, HOPELESS)
+    elif text == "OLD_VERSION":
+        P.save(path, {**ident, "ds4tui": "0.0.1"}, HOPELESS)
+    elif text == "NOT_UTF8":
+        path.write_bytes(b"{\xff}")
     elif text in ("BAD_TIME", "HUGE_TIME"):
         P.save(path, ident, HOPELESS)
         doc = json.loads(path.read_text())
@@ -217,8 +246,10 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
     with pytest.raises(SchedulerPricesError, match=re.escape(message)):
         P.load(path, ident)
     e = S.Engine(tiny_q2["model"], **kw)  # opens: the file is ignored, and said why
-    assert str(path) in e.scheduler_prices_problem and message in e.scheduler_prices_problem
-    assert e.scheduler_prices_problem.endswith("ignored, the scheduler starts fresh")
+    problem = e.scheduler_prices_problem
+    assert problem.startswith(f"{path}: {message}") and problem.endswith(IGNORED)
+    # the note at open promises nothing about the write, whose outcome is not known yet
+    assert e.scheduler_prices_note == f"saved: {e.scheduler_prices_problem}"
     assert e.kept_prices is None
     s = e.session(128)
     assert s.scheduler_prices_at_start == "fresh"
@@ -287,6 +318,11 @@ def test_generate_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monk
     assert rc == 0 and json.loads(out.out)["scheduler_prices"] == "saved"
     notes = [line for line in out.err.splitlines() if "cannot write the scheduler prices" in line]
     assert len(notes) == 1 and notes[0].startswith("ds4tui generate: note: ") and str(blocker) in notes[0]
+    folder = blocker / "scheduler-prices"
+    assert notes[0].startswith(f"ds4tui generate: note: cannot write the scheduler prices to {folder}/")
+    assert notes[0].endswith(f".json: expected a writable folder {folder}, found a file at {blocker}, where a folder "
+                             f"above it should be; this run keeps them in memory only. To keep them between runs, "
+                             f"move {blocker} away, or " + ADVICE)
 
 
 def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypatch, capsys):
@@ -323,3 +359,77 @@ def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypa
     rc = cli_main(["chat", tiny_q2["model"], "--mtp", tiny_q2["support"], "--backend", "cpu"])
     err = capsys.readouterr().err
     assert rc == 0 and err.splitlines()[-1] == f"ds4tui chat: note: {note}"
+
+
+def test_xdg_cache_home_at_a_file_is_named_with_what_to_do(tiny_q2, tmp_path, monkeypatch, capsys):
+    """XDG_CACHE_HOME pointing at a file: generate's note at the close names the prices file, the
+    folder expected and the file found in its way, and what to do, without the OS error's text."""
+    from ds4tui.commands import environment
+
+    blocker = tmp_path / "cache-is-a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(environment, "scheduler_prices_dir", real_prices_dir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    rc = cli_main(["generate", tiny_q2["model"], "--mtp", tiny_q2["support"], "-p", "hi", "-n", "16", "--json",
+                   "--backend", "cpu", "--no-scheduler"])
+    out = capsys.readouterr()
+    folder = blocker / "ds4tui" / "scheduler-prices"
+    file = json.loads(out.out)["scheduler_prices_file"]
+    assert rc == 0 and file.startswith(f"{folder}/") and file.endswith(".json")
+    note = (f"ds4tui generate: note: cannot write the scheduler prices to {file}: expected a writable folder "
+            f"{folder}, found a file at {blocker}, where a folder above it should be; this run keeps them in memory "
+            f"only. To keep them between runs, move {blocker} away, or " + ADVICE)
+    assert note in out.err.splitlines() and "Errno" not in out.err
+
+
+def _refuse_writes(folder, monkeypatch):
+    """``folder`` read-only: by its mode, and where the mode does not stop this user (root) by the
+    file system's refusal as a read-only folder gives it (a PermissionError naming the temporary file)."""
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", os.path.join(kwargs["dir"], kwargs["prefix"] + "x1y2.tmp"))
+
+        monkeypatch.setattr(P.tempfile, "mkstemp", refuse)
+
+
+def test_a_read_only_prices_folder_is_said_in_words(tiny_q2, tmp_path, monkeypatch):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=folder)
+    path = e.scheduler_prices_file
+    assert e.scheduler_prices_note == f"saved: no prices yet in {path} (a session that closes writes them, if it can)"
+    _refuse_writes(folder, monkeypatch)
+    try:
+        s = e.session(128)
+        _decode(s, 20)
+        s.close()
+    finally:
+        folder.chmod(0o755)
+    problem = e.scheduler_prices_problem
+    assert problem == (f"cannot write the scheduler prices to {path}: expected a writable folder {folder}, found no "
+                       f"permission to write in it; this run keeps them in memory only. To keep them between runs, "
+                       f"make {folder} writable for this user, or " + ADVICE)
+    assert e.scheduler_prices_note == f"saved: {problem}" and "Errno" not in problem and ".tmp" not in problem
+    assert e.kept_prices is not None and not path.exists()  # kept for the engine's later sessions only
+    e.close()
+
+
+def test_a_folder_where_the_prices_file_should_be(tiny_q2, tmp_path):
+    """The load note says the file is ignored and promises no rewrite; the close then says that the
+    write failed, what it found and what to do."""
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    path = e.scheduler_prices_file
+    e.close()
+    path.mkdir()
+    e = S.Engine(tiny_q2["model"], **kw)
+    loaded = f"{path}: cannot read the saved scheduler prices: expected a readable file, found a folder" + IGNORED
+    assert e.scheduler_prices_problem == loaded and e.scheduler_prices_note == f"saved: {loaded}"
+    s = e.session(128)
+    _decode(s, 20)
+    s.close()
+    written = (f"cannot write the scheduler prices to {path}: expected a file there or none, found a folder; this "
+               f"run keeps them in memory only. To keep them between runs, remove the folder {path}, or " + ADVICE)
+    assert e.scheduler_prices_problem == written and e.scheduler_prices_note == f"saved: {written}"
+    e.close()

@@ -24,11 +24,13 @@ Nothing here reads the environment: the command line passes the folder of the sa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,8 +231,12 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchedulerPricesError(f"{path}: cannot read the saved scheduler prices: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SchedulerPricesError(f"{path}: not a scheduler prices file: expected JSON text, found a byte that is "
+                                   f"not UTF-8 at offset {exc.start}") from exc
+    except OSError as exc:
+        raise SchedulerPricesError(f"{path}: cannot read the saved scheduler prices: expected a readable file, "
+                                   f"found {_os_problem(exc, 'read')}") from exc
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -244,16 +250,63 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
     saved = doc.get("identity")
     if saved != ident:
         saved = saved if isinstance(saved, dict) else {}
-        keys = sorted(k for k in set(ident) | set(saved) if saved.get(k) != ident.get(k))
-        # a model or support file at the same path that changed (size, modification time) is said so
-        changed = [k for k in keys if isinstance(ident.get(k), dict) and isinstance(saved.get(k), dict)
-                   and saved[k].get("path") == ident[k].get("path")]
-        other = [k for k in keys if k not in changed]
-        why = ([f"the {' and '.join(changed)} file changed since they were measured (size or modification time)"]
-               if changed else []) + ([f"measured for a different {', '.join(other)} than this engine's"]
-                                      if other else [])
-        raise SchedulerPricesError(f"{path}: stale scheduler prices: {'; '.join(why)}")
+        keys = sorted((k for k in set(ident) | set(saved) if saved.get(k) != ident.get(k)), key=_identity_order)
+        raise SchedulerPricesError(f"{path}: stale scheduler prices, measured for another setup (expected: this "
+                                   f"engine's, found: the file's): "
+                                   + "; ".join(_difference(k, ident.get(k), saved.get(k), k in saved) for k in keys))
     return SchedulerPrices.from_dict(doc.get("prices"), where=f"{path}: prices")
+
+
+#: The identity's fields in words, in the order a stale file's differences are said.
+_IDENTITY_WORDS = {"ds4tui": "ds4tui version", "model": "model file", "support": "support file", "backend": "backend",
+                   "device": "GPU device", "n_threads": "threads", "numerics": "numerics",
+                   "activations": "activations", "gpu_layout": "GPU layout", "prefill_gemm": "prefill GEMM",
+                   "gpu_graphs": "GPU graphs", "block_size": "block size"}
+
+
+def _identity_order(key: str) -> tuple:
+    order = list(_IDENTITY_WORDS)
+    return (order.index(key) if key in order else len(order), key)
+
+
+def _file_words(f: dict, keys) -> str:
+    """A saved file identity's ``keys`` (path, bytes, mtime_ns) in words."""
+    words = []
+    for k in keys:
+        v = f.get(k)
+        if k == "bytes" and isinstance(v, int):
+            words.append(f"{v} bytes")
+        elif k == "mtime_ns" and isinstance(v, int):
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(v // 10**9))
+            words.append(f"modified {when}.{v % 10**9:09d} UTC")
+        elif k == "path":
+            words.append(f"at {v}")
+        else:
+            words.append(f"{k} {v!r}")
+    return ", ".join(words)
+
+
+def _difference(key: str, mine, theirs, recorded: bool) -> str:
+    """One field of a stale file in words: what this engine expects and what the file holds."""
+    name = _IDENTITY_WORDS.get(key, key)
+    if not recorded:
+        return f"{name}: expected {_value_words(mine)}, found none recorded in the file"
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        differ = [k for k in ("path", "bytes", "mtime_ns") if mine.get(k) != theirs.get(k)] or sorted(
+            k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if mine.get("path") == theirs.get("path"):
+            return (f"the {name} {mine.get('path')} changed since they were measured: expected "
+                    f"{_file_words(mine, differ)} (as it is now), found {_file_words(theirs, differ)}")
+        return f"{name}: expected {_file_words(mine, differ)}, found {_file_words(theirs, differ)}"
+    return f"{name}: expected {_value_words(mine)}, found {_value_words(theirs)}"
+
+
+def _value_words(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, dict):
+        return _file_words(v, sorted(v))
+    return str(v)
 
 
 def _json_kind(v) -> str:
@@ -281,3 +334,74 @@ def save(path: str | os.PathLike, ident: dict, prices: SchedulerPrices) -> None:
         except OSError:
             pass
         raise
+
+
+# ---- in plain words: a folder or file that cannot be used ----------------------------------------
+
+def _nearest_existing(p: Path) -> Path:
+    """``p`` or the nearest folder above it that exists (a file or a link counts)."""
+    for q in (p, *p.parents):
+        if os.path.lexists(q):
+            return q
+    return Path(p.anchor or ".")
+
+
+def folder_problem(folder: str | os.PathLike) -> tuple[str, str] | None:
+    """Why ``folder`` cannot hold saved prices, as (what was found, what to do about it), or None
+    when it can as far as the file system's permissions say: a file where the folder, or a folder
+    above it, should be; a folder this user may not write into (or, not yet made, may not make)."""
+    folder = Path(folder)
+    q = _nearest_existing(folder)
+    if not q.is_dir():
+        what = "a link to nothing" if q.is_symlink() and not q.exists() else "a file"
+        return (f"{what} in its place" if q == folder else f"{what} at {q}, where a folder above it should be",
+                f"move {q} away")
+    if not os.access(q, os.W_OK | os.X_OK):
+        if q == folder:
+            return "no permission to write in it", f"make {folder} writable for this user"
+        return f"no such folder, and no permission to make it in {q}", f"make {q} writable for this user"
+    return None
+
+
+def keep_advice(fix: str | None = None) -> str:
+    """What to do when the saved prices cannot be written: ``fix`` (the folder's own remedy) or
+    another cache folder, or a mode that writes no file."""
+    return ((f"{fix}, or " if fix else "") + "point XDG_CACHE_HOME at a writable folder (the command line keeps "
+            "them in $XDG_CACHE_HOME/ds4tui/scheduler-prices); or run with --scheduler-prices engine (prices kept "
+            "within the run) or fresh, which write no file")
+
+
+def _os_problem(exc: OSError, doing: str) -> str:
+    """What an OSError met while ``doing`` ("read" a file, "write" in a folder) found, in words,
+    without its errno number or a temporary file's name."""
+    code = exc.errno
+    if isinstance(exc, IsADirectoryError) or code == errno.EISDIR:
+        return "a folder"
+    if isinstance(exc, PermissionError) or code in (errno.EACCES, errno.EPERM):
+        return "no permission to read it" if doing == "read" else "no permission to write in it"
+    if code == errno.EROFS:
+        return "it on a read-only file system"
+    if code == errno.ENOSPC:
+        return "no space left on its disk"
+    if code == getattr(errno, "EDQUOT", None):
+        return "its disk quota used up"
+    return f"the error '{(exc.strerror or type(exc).__name__).lower()}'"
+
+
+def write_problem(path: str | os.PathLike, exc: OSError) -> str:
+    """Why :func:`save` could not write ``path`` (``exc``) in plain words: the file, what was
+    expected and what was found in its place, and what to do."""
+    path = Path(path)
+    folder = path.parent
+    expected, found = f"a writable folder {folder}", folder_problem(folder)
+    if found is None and path.is_dir():
+        expected, found = "a file there or none", ("a folder", f"remove the folder {path}")
+    elif found is None:
+        fix = {errno.EACCES: f"make {folder} writable for this user",
+               errno.EPERM: f"make {folder} writable for this user",
+               errno.ENOSPC: f"free some space on the disk of {folder}",
+               getattr(errno, "EDQUOT", -1): f"free some space on the disk of {folder}"}.get(exc.errno)
+        found = (_os_problem(exc, "write"), fix)
+    what, fix = found
+    return (f"cannot write the scheduler prices to {path}: expected {expected}, found {what}; "
+            f"this run keeps them in memory only. To keep them between runs, {keep_advice(fix)}")

@@ -398,19 +398,24 @@ class Engine:
         try:
             kept = prices.load(path, ident)
         except SchedulerPricesError as exc:
-            self.scheduler_prices_problem = f"{exc}; ignored, the scheduler starts fresh"
-            self.scheduler_prices_note = (f"saved: {exc}; ignored: the first session prices itself, and the file is "
-                                          f"rewritten when a session closes")
+            # whether the file can be rewritten is known only when a session closes and tries
+            self.scheduler_prices_problem = (f"{exc}; ignored: the scheduler starts fresh. Nothing to do: a session "
+                                             f"that closes writes its prices over the file if it can, and says so "
+                                             f"if it cannot")
+            self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
             return
         if kept is None or not kept.learnt:
-            self.scheduler_prices_note = f"saved: no prices yet in {path} (written when a session closes)"
+            self.scheduler_prices_note = (f"saved: no prices yet in {path} (a session that closes writes them, "
+                                          f"if it can)")
             return
         self._prices, self._prices_from = kept, "saved"
         self.scheduler_prices_note = f"saved: from {path} ({kept.summary()})"
 
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None") -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
-        and, with ``saved``, write the file (an OSError goes into ``scheduler_prices_note``)."""
+        and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
+        file written), and a write that fails is said in
+        words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`)."""
         if end is None or not end.learnt:
             return
         with self._prices_lock:
@@ -421,7 +426,7 @@ class Engine:
             try:
                 prices.save(self.scheduler_prices_file, self._prices_ident, self._prices)
             except OSError as exc:
-                self.scheduler_prices_problem = f"cannot write the scheduler prices to {self.scheduler_prices_file}: {exc}"
+                self.scheduler_prices_problem = prices.write_problem(self.scheduler_prices_file, exc)
                 self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
             else:
                 self.scheduler_prices_note = f"saved: in {self.scheduler_prices_file} ({self._prices.summary()})"
