@@ -277,11 +277,19 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["scheduler_prices"] == "fresh" and r["scheduler_prices_file"] is None
 
+    from ds4tui.commands.bench import render_ab_text
+
     rc = cli_main(["bench", tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", "--tokens",
                    "16", "--json", "--backend", "cpu", "--scheduler-prices", "engine"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["scheduler_prices"] == "engine" and r["scheduler_prices_file"] is None
-    assert r["scheduler_prices_note_at_start"] == r["scheduler_prices_note"]  # engine: nothing read or written
+    # engine: nothing read or written; the note after the run says where the sessions left the prices
+    start, end = r["scheduler_prices_note_at_start"], r["scheduler_prices_note"]
+    assert start == "engine: a new session starts from the prices of this engine's earlier ones"
+    assert re.fullmatch(r"engine: the sessions so far left decode \d+\.\d\d ms, .* for the later ones "
+                        r"\(kept in memory, no file written\)", end), end
+    line = next(x for x in render_ab_text(r).splitlines() if x.startswith("prices   "))
+    assert line == f"prices   at the start {start}; after the run {end}"
     names = ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
     assert r["arm_order"] == [{"kind": "code", "order": names}, {"kind": "prose", "order": names[::-1]}]
     pos = {(a["name"], run["kind"]): (run["position"], run["scheduler_prices_at_start"])

@@ -34,7 +34,8 @@ fresh session, the arms in :data:`AB_ARMS`' order for the first prompt and rever
 with ``engine`` or ``saved`` (the default) those of the sessions before it, whatever their arm.
 The JSON's ``scheduler_prices_note_at_start`` says where they stood when the engine opened (a saved
 file, or none yet) and ``scheduler_prices_note`` where they stand after the run (the file the
-sessions' closes wrote); the text report's ``prices`` line shows both when they differ.
+sessions' closes wrote, or could not write; with ``engine`` the prices the sessions left in memory);
+the text report's ``prices`` line shows both when they differ.
 Timed as above: the first step (sampling the prefill's logits) is not timed, every
 later step is, and tokens/s counts the tokens those steps emitted.  Per arm and prompt kind it
 reports tokens/s and its ratio to the target-only arm, accept rate, tokens per cycle, the stage

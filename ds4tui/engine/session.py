@@ -414,14 +414,16 @@ class Engine:
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None") -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
-        file written), and a write that fails is said in
+        file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
         words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`)."""
         if end is None or not end.learnt:
             return
         with self._prices_lock:
             self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end)
             self._prices_from = "engine"
-            if self.scheduler_prices != "saved":
+            if self.scheduler_prices != "saved":  # engine: where the sessions left them, in memory only
+                self.scheduler_prices_note = (f"engine: the sessions so far left {self._prices.summary()} for the "
+                                              f"later ones (kept in memory, no file written)")
                 return
             try:
                 prices.save(self.scheduler_prices_file, self._prices_ident, self._prices)
