@@ -441,3 +441,51 @@ def test_a_folder_where_the_prices_file_should_be(tiny_q2, tmp_path):
                f"run keeps them in memory only. To keep them between runs, remove the folder {path}, or " + ADVICE)
     assert e.scheduler_prices_problem == written and e.scheduler_prices_note == f"saved: {written}"
     e.close()
+
+
+def _doctor(capsys) -> tuple[dict, list[str]]:
+    assert cli_main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert cli_main(["doctor"]) == 0
+    return d, capsys.readouterr().out.splitlines()
+
+
+def test_doctor_flags_an_unusable_prices_folder(tmp_path, monkeypatch, capsys):
+    from ds4tui.commands import environment
+
+    monkeypatch.setattr(environment, "scheduler_prices_dir", real_prices_dir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a writable cache: no warning
+    d, lines = _doctor(capsys)
+    assert d["scheduler_prices"]["problem"] is None and not any("prices folder" in w for w in d["warnings"])
+    assert not any(x.startswith("warning: the scheduler prices folder") for x in lines)
+
+    blocker = tmp_path / "cache-is-a-file"  # a file where the cache folder should be
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    folder = blocker / "ds4tui" / "scheduler-prices"
+    d, lines = _doctor(capsys)
+    warning = (f"the scheduler prices folder {folder} cannot be used: expected a writable folder, found a file at "
+               f"{blocker}, where a folder above it should be, so --scheduler-prices saved (the default) keeps no "
+               f"prices between runs. To fix it, move {blocker} away, or " + ADVICE)
+    assert d["scheduler_prices"]["problem"] == warning and warning in d["warnings"]
+    assert f"warning: {warning}" in lines
+    line = next(x for x in lines if x.startswith("scheduler prices"))
+    assert line.endswith(f"0 saved file(s) in {folder} (the folder cannot be used: see the warning below)")
+
+    read_only = tmp_path / "read-only-cache"  # a cache folder this user may not write into
+    read_only.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(read_only))
+    read_only.chmod(0o555)
+    try:
+        if os.access(read_only, os.W_OK):  # root: the mode does not stop it; as a user it would
+            real_access = os.access
+            monkeypatch.setattr(P.os, "access", lambda p, mode: False if str(p) == str(read_only)
+                                else real_access(p, mode))
+        d, lines = _doctor(capsys)
+    finally:
+        read_only.chmod(0o755)
+    folder = read_only / "ds4tui" / "scheduler-prices"
+    warning = (f"the scheduler prices folder {folder} cannot be used: expected a writable folder, found no such "
+               f"folder, and no permission to make it in {read_only}, so --scheduler-prices saved (the default) "
+               f"keeps no prices between runs. To fix it, make {read_only} writable for this user, or " + ADVICE)
+    assert d["scheduler_prices"]["problem"] == warning and f"warning: {warning}" in lines

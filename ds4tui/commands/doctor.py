@@ -9,8 +9,9 @@ variable ds4tui honours (:mod:`ds4tui.commands.environment`) with the value in f
 when unset), and the check of those that change what runs (a bad value is reported here, and the
 commands that open an engine refuse it with status 2).  On an amdgpu machine it also reports the
 GTT limit, whether it is the kernel's default half of RAM, and the ``ttm.pages_limit`` that raises
-it (:func:`ds4tui.engine.memplan.gtt_report`).  Exit status 0 when the report could be made
-(even without a GPU); 1 when the native engine itself is not built.
+it (:func:`ds4tui.engine.memplan.gtt_report`).  A scheduler prices folder that cannot be used (a
+file in its place, no permission to write) is a warning that says what to do.  Exit status 0 when
+the report could be made (even without a GPU); 1 when the native engine itself is not built.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def collect() -> dict:
     """The report as one JSON-able dict."""
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
-    from ds4tui.engine import gpu, memplan
+    from ds4tui.engine import gpu, memplan, prices
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -73,16 +74,21 @@ def collect() -> dict:
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    unusable = prices.folder_problem(folder)
+    prices_problem = None if unusable is None else (
+        f"the scheduler prices folder {folder} cannot be used: expected a writable folder, found {unusable[0]}, so "
+        f"--scheduler-prices saved (the default) keeps no prices between runs. To fix it, "
+        f"{prices.keep_advice(unusable[1])}")
     out["scheduler_prices"] = {
         "default": environment.Settings().scheduler_prices, "choices": ["fresh", "engine", "saved"],
-        "folder": str(folder), "saved_files": len(saved),
+        "folder": str(folder), "saved_files": len(saved), "problem": prices_problem,
         "note": "where a new session's DSpark scheduler starts (--scheduler-prices on chat, generate and bench): "
                 "fresh (it drafts once to price a verify and the drafter's acceptance), engine (from the run's "
                 "earlier sessions) or saved (as engine, and kept between runs in the folder, one file per model, "
                 "support file, backend, threads, numerics and activations)"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
-    out["warnings"] = []
+    out["warnings"] = [prices_problem] if prices_problem else []
     if hsa:
         out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
                                f"that version, not the ones this library was built for (spec platform.md §1.1)")
@@ -125,7 +131,8 @@ def run(args) -> int:
     lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
     sp = r["scheduler_prices"]
     lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
-                                      f"file(s) in {sp['folder']}"))
+                                      f"file(s) in {sp['folder']}"
+                  + (" (the folder cannot be used: see the warning below)" if sp["problem"] else "")))
     if r["gtt"]["card"]:
         lines.append(("gtt limit", f"{r['gtt']['card']}: {r['gtt']['note']}"))
     d = r["demo"]
