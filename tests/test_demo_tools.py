@@ -119,6 +119,37 @@ def test_drafter_runs_chain_in_the_shipped_log():
         packer.merge_drafter_run(three, _run("abc", "x"), "def")
 
 
+def _pair(model: str, support: str) -> dict:
+    """A packed pair's demo.json with the measurements that keep_earlier_runs copies."""
+    return {"files": {"model.gguf": {"sha256": model, "bytes": 1}, "support.gguf": {"sha256": support, "bytes": 2}},
+            "heldout_perplexity_gguf": {"perplexity": 29.18},
+            "eval": {"acceptance_heldout_code": {"tokens_per_cycle": 2.434},
+                     "function_prompts": {"ok": 8, "per_prompt": [{"prompt": "p"}]}}}
+
+
+def test_target_init_runs_chain_in_the_shipped_log():
+    shipped = {"target": {"steps": 825}, "total_seconds": 946.0, "drafter_earlier": [{"drafter": "second"}]}
+    run = {"target_init": {"sha256": "m1"}, "drafter_init": {"sha256": "s1"}, "target": {"steps": 492},
+           "total_seconds": 437.7}
+    two = packer.keep_earlier_runs(run, shipped, _pair("m1", "s1"))
+    assert two["target"] == {"steps": 492} and two["total_seconds"] == 437.7 and "drafter_earlier" not in two
+    assert two["earlier_runs"] == [{
+        "files": _pair("m1", "s1")["files"], "target": {"steps": 825}, "total_seconds": 946.0,
+        "drafter_earlier": [{"drafter": "second"}],
+        "measured": {"heldout_perplexity_gguf": {"perplexity": 29.18},
+                     "eval": {"acceptance_heldout_code": {"tokens_per_cycle": 2.434}, "function_prompts": {"ok": 8}}}}]
+    three = packer.keep_earlier_runs({**run, "target_init": {"sha256": "m2"}, "drafter_init": {"sha256": "s2"}},
+                                     two, _pair("m2", "s2"))
+    assert [e["target"]["steps"] for e in three["earlier_runs"]] == [825, 492]
+    assert "earlier_runs" not in three["earlier_runs"][1] and three["earlier_runs"][1]["files"]["model.gguf"]["sha256"] == "m2"
+    with pytest.raises(ValueError, match="target_init has sha256 m1, not the earlier pair's model.gguf \\(m2\\)"):
+        packer.keep_earlier_runs(run, two, _pair("m2", "s1"))
+    with pytest.raises(ValueError, match="drafter_init has sha256 s1, not the earlier pair's support.gguf \\(s2\\)"):
+        packer.keep_earlier_runs(run, two, _pair("m1", "s2"))
+    with pytest.raises(ValueError, match="has no target_init"):
+        packer.keep_earlier_runs({"target": {}}, shipped, _pair("m1", "s1"))
+
+
 @pytest.mark.parametrize("args,message", [
     (["--target-gguf", "m.gguf", "--target-init", "m.gguf"], "--target-gguf and --target-init both name the target"),
     (["--target-init", "m.gguf", "--resume-target", "t.pt"], "--target-init and --resume-target both name the target"),

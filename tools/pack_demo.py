@@ -1,12 +1,15 @@
 """Put a trained demo pair into the package: ``ds4tui/demo/{model,support}.gguf.xz`` and ``demo.json``.
 
-``python tools/pack_demo.py OUT_DIR [--drafter-run OUT2] [--bench AB.json ...] [--eval EVAL.json] [--corpus CORPUS_DIR]``
+``python tools/pack_demo.py OUT_DIR [--drafter-run OUT2 | --earlier PREV] [--bench AB.json ...] [--eval EVAL.json] [--corpus CORPUS_DIR]``
 
 ``OUT_DIR`` is what ``tools/train_demo.py`` wrote (``model.gguf``, ``support.gguf``,
 ``train_log.json``).  ``--drafter-run OUT2``: a later ``train_demo.py --target-gguf OUT_DIR/model.gguf``
 run whose ``support.gguf`` is shipped instead; its log becomes the ``drafter`` part of the shipped
 ``train_log.json`` (the first drafter's stays as ``drafter_first``, the run's settings and checks
-as ``drafter_run``).  Both GGUFs are validated (target layout, support compatible with the target),
+as ``drafter_run``).  ``--earlier PREV``: ``OUT_DIR`` is a ``train_demo.py --target-init`` run that
+continued a packed pair, and ``PREV`` holds a copy of that pair's ``demo.json`` and ``train_log.json``
+(copied out of ``ds4tui/demo/`` before packing over them); the run must have started from exactly
+those files (sha256), and the earlier log is kept whole at the end of ``earlier_runs``.  Both GGUFs are validated (target layout, support compatible with the target),
 compressed with xz (preset 6; the unseen-token rows that training kept identical make the
 files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
@@ -84,6 +87,33 @@ def merge_drafter_run(log: dict, run: dict, model_sha256: str) -> dict:
     return out
 
 
+def keep_earlier_runs(log: dict, earlier_log: dict, earlier_demo: dict) -> dict:
+    """The training log of a pair whose target continued an earlier packed pair (``--target-init``).
+
+    ``earlier_log`` / ``earlier_demo`` are that pair's ``train_log.json`` and ``demo.json``.  Its whole
+    log (less its own ``earlier_runs``), with the sizes and sha256 of its files and its measurements
+    (``eval`` without the per-prompt rows, held-out perplexity), goes to the end of the new log's
+    ``earlier_runs``, after the runs it kept, so a chain of runs keeps every step.  Raises ValueError
+    when the run did not start from that pair's model (``target_init``) and drafter (``drafter_init``,
+    when it had one)."""
+    files = earlier_demo["files"]
+    init = log.get("target_init")
+    if init is None:
+        raise ValueError("this train_log.json has no target_init: --earlier is for a run made with "
+                         "train_demo.py --target-init (a drafter-only run takes --drafter-run)")
+    for key, name in (("target_init", "model.gguf"), ("drafter_init", "support.gguf")):
+        if key in log and log[key].get("sha256") != files[name]["sha256"]:
+            raise ValueError(f"the run's {key} has sha256 {log[key].get('sha256')}, not the earlier pair's "
+                             f"{name} ({files[name]['sha256']}); pass the demo.json and train_log.json of "
+                             "the pair the run started from")
+    measured = {"heldout_perplexity_gguf": earlier_demo.get("heldout_perplexity_gguf")}
+    if "eval" in earlier_demo:
+        measured["eval"] = {**earlier_demo["eval"], "function_prompts": {
+            k: v for k, v in earlier_demo["eval"]["function_prompts"].items() if k != "per_prompt"}}
+    entry = {"files": files, "measured": measured, **{k: v for k, v in earlier_log.items() if k != "earlier_runs"}}
+    return {**log, "earlier_runs": [*earlier_log.get("earlier_runs", []), entry]}
+
+
 DRAFTER_RUN_KEYS = ("drafter", "distill", "drafter_heal", "drafter_exported", "drafter_run")
 """What a drafter-only run contributes to the shipped log (``drafter_run`` last: its settings)."""
 
@@ -119,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the folder tools/train_demo.py wrote")
     ap.add_argument("--drafter-run", type=Path, help="a train_demo.py --target-gguf output folder: ship its drafter")
+    ap.add_argument("--earlier", type=Path, help="a folder with the demo.json and train_log.json of the pair a "
+                    "train_demo.py --target-init run continued: keep its log under earlier_runs")
     ap.add_argument("--bench", type=Path, nargs="*", default=[], help="ds4tui bench --ab --out JSON files to record")
     ap.add_argument("--eval", type=Path, help="tools/eval_demo.py --out JSON to record")
     ap.add_argument("--corpus", type=Path, help="tools/demo_corpus.py folder: measure held-out perplexity of the GGUF")
@@ -130,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         support = a.drafter_run / "support.gguf"
         log = merge_drafter_run(log, json.loads((a.drafter_run / "train_log.json").read_text()),
                                 file_sha256(model))
+    if a.earlier:
+        if a.drafter_run:
+            ap.error("--drafter-run and --earlier: pack one kind of run at a time")
+        log = keep_earlier_runs(log, json.loads((a.earlier / "train_log.json").read_text()),
+                                json.loads((a.earlier / "demo.json").read_text()))
     SupportModel(support, target.config).require_compatible()
     files = {}
     for path in (model, support):
@@ -164,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             "drafter_run": {k: log["drafter_run"][k] for k in ("target_from_gguf", "drafter_init", "total_seconds")
                             if k in log["drafter_run"]} if "drafter_run" in log else None,
             "check": log["check"],
+            "earlier_runs": [{"model_sha256": e["files"]["model.gguf"]["sha256"],
+                              "support_sha256": e["files"]["support.gguf"]["sha256"],
+                              "target": {k: e["target"][k] for k in ("steps", "tokens", "seconds", "heldout_loss")},
+                              "total_seconds": e["total_seconds"]}
+                             for e in log.get("earlier_runs", [])] or None,
         },
         "bench": {p.name: bench_summary(p) for p in a.bench},
     }
