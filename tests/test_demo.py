@@ -1,10 +1,10 @@
 """The bundled demo pair (ds4tui.demo): unpacking, validation, what it generates and how it drafts.
 
 Thresholds come from the measurements recorded in ``ds4tui/demo/demo.json`` (``bench``): greedy
-DSpark without the scheduler accepted 17.0 % of the drafts on the bench's code prompt and 23.6 %
-on its prose prompt (256 tokens each); on the two prompts below 16.0 % and 40.0 % (both answers
-end at EOS after 27 tokens: 15 and 9 cycles, 75 and 45 drafts).  The test asks for 10 %, under
-the lowest measurement, and for 40 drafts, so that a drafter that no longer matches its target (a
+DSpark without the scheduler accepted 67.9 % of the drafts on the bench's code prompt and 29.3 %
+on its prose prompt (256 tokens each); on the two prompts below 17.1 % and 25.6 % (the answers
+end at EOS after 26 and 41 tokens: 14 and 18 cycles, 70 and 90 drafts).  The test asks for 10 %,
+under the lowest measurement, and for 40 drafts, so that a drafter that no longer matches its target (a
 random one accepts well under 1 %) fails while prompt-to-prompt spread does not.
 """
 

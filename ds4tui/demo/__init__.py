@@ -2,7 +2,7 @@
 
 The package ships the two GGUFs xz-compressed (``model.gguf.xz``, ``support.gguf.xz``) with
 ``demo.json`` (sizes and sha256 of the uncompressed files, how they were made, what they measure),
-``train_log.json`` (the full log of the training run that made them) and ``corpus_sources.json`` (every
+``train_log.json`` (the full log of the training runs that made them) and ``corpus_sources.json`` (every
 source of the training text with its licence).  On first use
 :func:`demo_pair` unpacks them into the user cache — ``$DS4TUI_DEMO_DIR`` if set, else
 ``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
