@@ -757,3 +757,12 @@ def test_ui_tax_refuses_a_file_that_is_not_a_model_in_one_line(tmp_path, capsys)
     with pytest.raises(SystemExit) as e:  # a bad flag: argparse's usage error
         ui_tax.main([str(fake), "--tokens", "0"])
     assert e.value.code == 2 and "argument --tokens: expected a positive integer, found 0" in capsys.readouterr().err
+
+
+def test_ui_tax_refuses_a_blank_prompt(tmp_path, capsys):
+    from ds4tui.devtools import ui_tax
+
+    with pytest.raises(SystemExit) as e:
+        ui_tax.main([str(tmp_path / "m.gguf"), "--prompt", "  "])
+    assert e.value.code == 2
+    assert "argument --prompt: expected a question, found an empty or blank text" in capsys.readouterr().err

@@ -1,12 +1,12 @@
 """Benchmark: what the chat app costs the engine ("UI tax", ux.md §0 item 5).
 
 ``python -m ds4tui.devtools.ui_tax MODEL [--mtp SUPPORT] [--backend cpu|hip|auto] [--tokens N]
-[--repeat R] [--threads T] [--key-every S] [--terminal-output] [--out F.json]``
+[--repeat R] [--threads T] [--prompt TEXT] [--key-every S] [--terminal-output] [--out F.json]``
 
 Two arms on one engine and one prompt, greedy, interleaved R times so machine drift hits both:
 
-- ``headless``: the loop of ``ds4tui generate`` (prefill, then ``DecodeLoop`` until N tokens,
-  detokenizing each token), no UI;
+- ``headless``: the loop of ``ds4tui generate`` (prefill, then ``DecodeLoop`` until N tokens or
+  the end of the answer, detokenizing each token), no UI;
 - ``app``: the Textual app (``DS4App`` under Textual's headless driver, which lays out and renders
   every frame but writes no terminal) sends the same prompt, streams into the transcript and
   updates every pane while the engine decodes in its worker thread.  Every ``--key-every``
@@ -19,6 +19,10 @@ Two arms on one engine and one prompt, greedy, interleaved R times so machine dr
   the app draws is timed, and the frames that show more of the answer than the frame before
   give the text's update rate on screen.  ``--terminal-output``: each frame is also turned into
   the terminal's escape sequences, as on a real terminal (the headless driver skips that work).
+
+Both arms stop at the model's end of answer, as the chat does, so they always decode the same
+tokens; an answer that ends before N tokens is reported (a short answer measures mostly the turn's
+start: ``--prompt`` picks one that runs longer).
 
 Decode tokens/s = (tokens − 1) / (time from the first token to the last), as ``generate`` reports
 it.  Per run it also records the engine's own time inside its C steps (``engine_c_s``, from the
@@ -56,7 +60,8 @@ from typing import Awaitable, Callable
 
 #: Seconds between the model being ready and the prompt being sent (the app's start-up animations end).
 SETTLE_S = 0.5
-PROMPT = "Write a Python class for a doubly linked list with insert, delete and reverse methods."
+#: The default prompt: the bundled demo pair answers it with 1024 tokens and more (greedy, no thinking).
+PROMPT = "Write a Python class for a binary search tree with insert, delete, search, and in-order traversal methods."
 
 
 def thread_switches(exclude: int | None = None) -> tuple[int, int] | None:
@@ -90,20 +95,21 @@ def _per_s(a: tuple[int, int] | None, b: tuple[int, int] | None, seconds: float,
     return (b[i] - a[i]) / seconds if a is not None and b is not None and seconds > 0 else None
 
 
-def headless_run(chat, n_tokens: int) -> dict:
+def headless_run(chat, n_tokens: int, prompt: str = PROMPT) -> dict:
     """The generate loop (:class:`~ds4tui.engine.decode.DecodeLoop`, as ``ds4tui generate`` runs
-    it) on ``chat``'s session, from an empty KV cache, detokenizing each token."""
+    it) on ``chat``'s session, from an empty KV cache, detokenizing each token, until ``n_tokens``
+    or the end of the answer (as the chat stops)."""
     from ds4tui.engine.decode import DecodeLoop
     from ds4tui.engine.tokenizer import render_chat
 
     s, tok = chat.session, chat.tokenizer
     chat.new_chat()
-    ids = render_chat(tok, [{"role": "user", "content": PROMPT}], think=False)
+    ids = render_chat(tok, [{"role": "user", "content": prompt}], think=False)
     s.prefill(ids)
     dec = tok.stream_decoder()
     t_first = None
     c0 = s.stats().decode_ms
-    loop = DecodeLoop(s, n_tokens)
+    loop = DecodeLoop(s, n_tokens, stop=(tok.eos_id,))
     for cycle in loop:
         if t_first is None:
             t_first, sw0 = time.perf_counter(), thread_switches()
@@ -282,7 +288,7 @@ def _turn_end(app) -> Callable[[], Awaitable[None]]:
     return wait
 
 
-async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool) -> dict:
+async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool, prompt: str) -> dict:
     from textual import events
 
     from ds4tui.app import ChatOptions, DS4App
@@ -298,7 +304,7 @@ async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool)
             while app.engine is None:
                 await pilot.pause(0.05)
             await pilot.pause(SETTLE_S)  # as a person would: the app has drawn its first screen
-            app.query_one("#prompt").value = PROMPT
+            app.query_one("#prompt").value = prompt
             c0 = chat.session.stats().decode_ms
             ended = _turn_end(app)
             probe = asyncio.create_task(_probe_keys(app, key_every, frames)) if key_every > 0 else None
@@ -329,7 +335,7 @@ async def _app_run(chat, n_tokens: int, key_every: float, terminal_output: bool)
             "key_latency_ms": frames.key_ms, "key_to_frame_ms": frames.key_frame_ms, "ids": list(r.ids)}
 
 
-def app_run(chat, n_tokens: int, key_every: float = 1.0, terminal_output: bool = False) -> dict:
+def app_run(chat, n_tokens: int, key_every: float = 1.0, terminal_output: bool = False, prompt: str = PROMPT) -> dict:
     """The app arm: the Textual app under the headless driver on ``chat``'s engine, one prompt of
     ``n_tokens`` greedy tokens, a key typed every ``key_every`` seconds while it streams; the same
     figures as :func:`headless_run` plus the interface's CPU share (as the app measures it, and
@@ -338,7 +344,7 @@ def app_run(chat, n_tokens: int, key_every: float = 1.0, terminal_output: bool =
     more of the answer (per second, longest gap in seconds), and the key latencies (milliseconds:
     until the app acted, until the frame that shows it).  ``terminal_output``: each frame is also
     turned into the terminal's escape sequences, as a terminal driver would."""
-    return asyncio.run(_app_run(chat, n_tokens, key_every, terminal_output))
+    return asyncio.run(_app_run(chat, n_tokens, key_every, terminal_output, prompt))
 
 
 def _median(values) -> float | None:
@@ -356,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=positive_int, default=256, help="greedy tokens per run (default 256)")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs per arm, interleaved (default 3)")
     p.add_argument("--threads", type=thread_count, default=0, help="engine threads (default 0 = one per core)")
+    def question(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("expected a question, found an empty or blank text")
+        return text
+
+    p.add_argument("--prompt", type=question, default=PROMPT, metavar="TEXT",
+                   help="the question both arms answer (default: one the demo pair answers at length)")
     p.add_argument("--key-every", type=float, default=1.0, metavar="S",
                    help="seconds between two keys typed while the app streams (default 1; 0: none)")
     p.add_argument("--terminal-output", action="store_true",
@@ -376,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(args.repeat):
             for arm in ("headless", "app"):
-                r = (headless_run(chat, args.tokens) if arm == "headless"
-                     else app_run(chat, args.tokens, args.key_every, args.terminal_output))
+                r = (headless_run(chat, args.tokens, args.prompt) if arm == "headless"
+                     else app_run(chat, args.tokens, args.key_every, args.terminal_output, args.prompt))
                 runs[arm].append(r)
                 extra = ""
                 if r["engine_preempted_per_s"] is not None:
@@ -408,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     shown = [k for r in runs["app"] for k in r["key_to_frame_ms"]]
     result = {
         "model": args.model, "support": args.mtp, "backend": chat.info.backend, "n_threads": chat.info.n_threads,
-        "tokens": args.tokens, "repeat": args.repeat, "terminal_output": args.terminal_output,
+        "tokens": args.tokens, "prompt": args.prompt, "answer_tokens": len(runs["headless"][0]["ids"]),
+        "repeat": args.repeat, "terminal_output": args.terminal_output,
         "headless_tokens_per_s": med["headless"], "app_tokens_per_s": med["app"],
         "ratio_app_over_headless": med["app"] / med["headless"], "ratio_per_pair": ratios,
         "outputs_identical": same,
@@ -431,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"headless {med['headless']:.2f} tok/s · app {med['app']:.2f} tok/s · app/headless "
           f"{result['ratio_app_over_headless']:.3f} (median of {args.repeat}; pairs {min(ratios):.3f}..{max(ratios):.3f};"
           f" outputs identical: {same})")
+    if result["answer_tokens"] < args.tokens:
+        print(f"note: the answer ended after {result['answer_tokens']} of {args.tokens} tokens: a short answer measures "
+              "mostly the turn's start (--prompt picks one that runs longer)")
     if result["ui_cpu_decode_share"] is not None:
         print(f"UI thread {100 * result['ui_cpu_decode_share']:.1f}% of a core from the first token to the end "
               "(median)" + (f", woken {result['ui_wakeups_per_s']:.0f} times a second"
