@@ -766,3 +766,51 @@ def test_ui_tax_refuses_a_blank_prompt(tmp_path, capsys):
         ui_tax.main([str(tmp_path / "m.gguf"), "--prompt", "  "])
     assert e.value.code == 2
     assert "argument --prompt: expected a question, found an empty or blank text" in capsys.readouterr().err
+
+
+async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_compositor_sends(tmp_path):
+    from textual._compositor import Compositor
+
+    from ds4tui.widgets.screen import ChatScreen, RowCropCompositor
+
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:
+            await pilot.pause(0.01)
+        await app.flush()  # the answer so far, the panes with their figures
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ChatScreen) and isinstance(screen._compositor, RowCropCompositor)
+        ours = screen._compositor
+        theirs = Compositor.__new__(Compositor)  # Textual's compositor on the same map
+        theirs.__dict__.update(ours.__dict__)
+        width, height = ours.size
+        crops = [Region(0, 0, width, height), Region(3, 5, 50, 4), Region(0, height - 3, width, 3),
+                 Region(100, 2, 50, 40), Region(10, 0, 1, 1), Region(0, 20, width, 1), Region(60, 10, 80, 30)]
+        for crop in crops:
+            rows = set(range(crop.y, crop.bottom))
+            mine = ours._render_chops(crop, rows.__contains__)
+            stock = Compositor._render_chops(theirs, crop, rows.__contains__)
+            for y in rows:  # the rows an update of this crop sends: the same strips, cut at the same columns
+                assert ({c: (s.text, list(s)) for c, s in mine[y].items() if s is not None}
+                        == {c: (s.text, list(s)) for c, s in stock[y].items() if s is not None}), (crop, y)
+        # a text frame's crop: no widget renders a row outside it
+        seen: list[int] = []
+        original = ours._row_renders
+
+        def count(crop):
+            for region, clip, strips in original(crop):
+                seen.append(len(strips))
+                yield region, clip, strips
+
+        ours._row_renders = count
+        ours._render_chops(Region(3, 5, 50, 4), {5, 6, 7, 8}.__contains__)
+        assert seen and max(seen) <= 4
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()

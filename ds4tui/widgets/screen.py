@@ -12,14 +12,51 @@ then waits for it at the end of the pool's run.
 :class:`ChatScreen` keeps Textual's rule — a frame at once when something changed, at most one
 per period — but schedules each frame on the event loop only when a change asks for one, so
 nothing wakes the UI thread between frames.
+
+Its frames also render only the rows they change (:class:`RowCropCompositor`): Textual's
+compositor draws a partial update by rendering every widget that overlaps the bounding box of the
+changed regions over the widget's whole visible height and then keeping the changed rows, so a
+text frame of a few rows rendered the transcript's containers, the screen and the side column's
+widgets beside the text at full height (~16 widgets a frame, most of the UI thread's time while
+an answer streams, ux.md §2.4).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from typing import Iterable
+
 from textual import screen as _screen
+from textual._compositor import Compositor
+from textual.geometry import Region
 from textual.screen import Screen
+from textual.strip import Strip
+
+
+class RowCropCompositor(Compositor):
+    """Textual's compositor, whose partial updates render each widget only in the rows of the
+    update's bounding box (``crop``) instead of over the widget's whole visible height.  The
+    rows an update sends come from the same widgets, cut at the same columns, so they are the
+    same strips; only rows that the update then dropped are no longer rendered.  A full update
+    (no crop) is Textual's."""
+
+    def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        if crop is None:
+            return super()._get_renders(crop)
+        return self._row_renders(crop)
+
+    def _row_renders(self, crop: Region) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        top, bottom = crop.y, crop.bottom
+        for widget, (region, clip) in list(self.visible_widgets.items()):
+            if not crop.overlaps(clip):
+                continue
+            # the clip's columns (where the screen's cuts are) and the crop's rows
+            y0, y1 = max(clip.y, top), min(clip.bottom, bottom)
+            clip = Region(clip.x, y0, clip.width, y1 - y0)
+            x, y, width, height = region.intersection(clip)
+            if width and height:
+                yield region, clip, widget.render_lines(Region(x - region.x, y - region.y, width, height))
 
 
 class FrameTrigger:
@@ -65,7 +102,12 @@ class FrameTrigger:
 
 class ChatScreen(Screen):
     """The app's default screen: Textual's, with its frames scheduled by a :class:`FrameTrigger`
-    instead of a timer that wakes the UI thread after every frame."""
+    instead of a timer that wakes the UI thread after every frame, and drawn by a
+    :class:`RowCropCompositor`."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._compositor = RowCropCompositor()
 
     @property
     def _update_timer(self) -> FrameTrigger:  # (Textual's name: the screen pauses and resumes it)
