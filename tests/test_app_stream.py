@@ -769,7 +769,7 @@ def test_ui_tax_refuses_a_blank_prompt(tmp_path, capsys):
 
 
 async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_compositor_sends(tmp_path):
-    from textual._compositor import Compositor
+    from textual._compositor import ChopsUpdate, Compositor
 
     from ds4tui.widgets.screen import ChatScreen, RowCropCompositor
 
@@ -790,27 +790,36 @@ async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_com
         theirs = Compositor.__new__(Compositor)  # Textual's compositor on the same map
         theirs.__dict__.update(ours.__dict__)
         width, height = ours.size
-        crops = [Region(0, 0, width, height), Region(3, 5, 50, 4), Region(0, height - 3, width, 3),
-                 Region(100, 2, 50, 40), Region(10, 0, 1, 1), Region(0, 20, width, 1), Region(60, 10, 80, 30)]
-        for crop in crops:
-            rows = set(range(crop.y, crop.bottom))
-            mine = ours._render_chops(crop, rows.__contains__)
-            stock = Compositor._render_chops(theirs, crop, rows.__contains__)
-            for y in rows:  # the rows an update of this crop sends: the same strips, cut at the same columns
-                assert ({c: (s.text, list(s)) for c, s in mine[y].items() if s is not None}
-                        == {c: (s.text, list(s)) for c, s in stock[y].items() if s is not None}), (crop, y)
-        # a text frame's crop: no widget renders a row outside it
-        seen: list[int] = []
-        original = ours._row_renders
+        answer, pane = app.query_one("#answer-live").region, app.query_one("#stages").region
+        seen: list[tuple[str, int, int]] = []  # (widget id, first row, rows) of each render
+        original = ours._span_renders
 
-        def count(crop):
-            for region, clip, strips in original(crop):
-                seen.append(len(strips))
+        def count(crop, spans):
+            widgets = {id(r): w for w, (r, _) in ours.visible_widgets.items()}
+            for region, clip, strips in original(crop, spans):
+                seen.append((widgets[id(region)].id, clip.y, len(strips)))
                 yield region, clip, strips
 
-        ours._row_renders = count
-        ours._render_chops(Region(3, 5, 50, 4), {5, 6, 7, 8}.__contains__)
-        assert seen and max(seen) <= 4
+        ours._span_renders = count
+        text_rows = Region(answer.x, answer.y + 2, answer.width, 3)
+        pane_row = Region(pane.x, pane.y + 1, pane.width, 1)
+        updates = [[text_rows], [text_rows, pane_row], [Region(0, 0, width, height)], [Region(10, 0, 1, 1)],
+                   [Region(0, height - 3, width, 3)], [Region(60, 10, 80, 30), Region(3, 5, 50, 4)]]
+        for regions in updates:
+            seen.clear()
+            # what each compositor's partial update of these regions writes to the terminal
+            ours._dirty_regions.update(regions)
+            mine = ours.render_partial_update()
+            spans = list(Compositor._regions_to_spans(regions))
+            rows = {y for y, _, _ in spans}
+            stock = ChopsUpdate(Compositor._render_chops(theirs, Region.from_union(regions), rows.__contains__),
+                                spans, [cut_set[1:] for cut_set in theirs.cuts])
+            assert mine.spans == spans and mine.render_segments(app.console) == stock.render_segments(app.console)
+            assert all(first in rows and n <= len(rows) for _, first, n in seen), (regions, seen)
+            if regions == [text_rows, pane_row]:  # each widget only in the changed rows within its columns
+                assert ("answer-live", answer.y + 2, 3) in seen and ("stages", pane.y + 1, 1) in seen
+                assert not [w for w, first, _ in seen if w == "answer-live" and first == pane.y + 1]
+                assert not [w for w, first, _ in seen if w == "stages" and first != pane.y + 1]
         gate.set()
         await app.workers.wait_for_complete()
         await app.flush()

@@ -18,7 +18,7 @@ compositor draws a partial update by rendering every widget that overlaps the bo
 changed regions over the widget's whole visible height and then keeping the changed rows, so a
 text frame of a few rows rendered the transcript's containers, the screen and the side column's
 widgets beside the text at full height (~16 widgets a frame, most of the UI thread's time while
-an answer streams, ux.md §2.4).
+an answer streams, ux.md §2.4), and the panes' frame every widget of the screen.
 """
 
 from __future__ import annotations
@@ -35,28 +35,55 @@ from textual.strip import Strip
 
 
 class RowCropCompositor(Compositor):
-    """Textual's compositor, whose partial updates render each widget only in the rows of the
-    update's bounding box (``crop``) instead of over the widget's whole visible height.  The
-    rows an update sends come from the same widgets, cut at the same columns, so they are the
-    same strips; only rows that the update then dropped are no longer rendered.  A full update
-    (no crop) is Textual's."""
+    """Textual's compositor, whose partial updates render each widget only in the rows that the
+    update sends within the widget's columns, instead of over the widget's whole visible height.
+    Textual's renders every widget that overlaps the bounding box of the changed regions over its
+    whole visible height and then keeps the changed rows.  The rows sent come from the same
+    widgets, front to back, cut at the same columns, so they are the same strips; only rows that
+    the update then dropped are no longer rendered (a widget's lines changed and not rendered stay
+    marked as changed in its cache, so they are rendered when shown).  A full update is
+    Textual's."""
+
+    _update_spans: list[tuple[int, int, int]] | None = None
+
+    def _regions_to_spans(self, regions: Iterable[Region]) -> list[tuple[int, int, int]]:
+        """(Textual's, once per partial update, before its render: the spans are kept for it.)"""
+        spans = list(super()._regions_to_spans(regions))
+        self._update_spans = spans
+        return spans
 
     def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        spans, self._update_spans = self._update_spans, None
         if crop is None:
             return super()._get_renders(crop)
-        return self._row_renders(crop)
+        if spans is None:  # (a crop without the update's spans: all of its rows)
+            spans = [(y, crop.x, crop.right) for y in range(crop.y, crop.bottom)]
+        return self._span_renders(crop, spans)
 
-    def _row_renders(self, crop: Region) -> Iterable[tuple[Region, Region, list[Strip]]]:
-        top, bottom = crop.y, crop.bottom
+    def _span_renders(self, crop: Region, spans: list[tuple[int, int, int]]
+                      ) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        by_row: dict[int, list[tuple[int, int]]] = {}
+        for y, x1, x2 in spans:
+            by_row.setdefault(y, []).append((x1, x2))
         for widget, (region, clip) in list(self.visible_widgets.items()):
             if not crop.overlaps(clip):
                 continue
-            # the clip's columns (where the screen's cuts are) and the crop's rows
-            y0, y1 = max(clip.y, top), min(clip.bottom, bottom)
-            clip = Region(clip.x, y0, clip.width, y1 - y0)
-            x, y, width, height = region.intersection(clip)
-            if width and height:
-                yield region, clip, widget.render_lines(Region(x - region.x, y - region.y, width, height))
+            shown = region.intersection(clip)
+            left, right = shown.x, shown.right
+            rows = [y for y in range(shown.y, shown.bottom)
+                    if any(x1 < right and x2 >= left for x1, x2 in by_row.get(y, ()))]  # (a span's end
+            # column too: Textual's update moves the cursor to the chop that starts there)
+            # each run of consecutive rows: the clip's columns (where the screen's cuts are), the run's rows
+            start = 0
+            for i in range(1, len(rows) + 1):
+                if i < len(rows) and rows[i] == rows[i - 1] + 1:
+                    continue
+                y0, y1 = rows[start], rows[i - 1] + 1
+                start = i
+                run = Region(clip.x, y0, clip.width, y1 - y0)
+                x, y, width, height = region.intersection(run)
+                if width and height:
+                    yield region, run, widget.render_lines(Region(x - region.x, y - region.y, width, height))
 
 
 class FrameTrigger:
