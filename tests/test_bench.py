@@ -177,6 +177,73 @@ def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):
     assert time.perf_counter() - t0 < 60
 
 
+def _sigint_main() -> None:
+    """A SIGINT to the main thread, as a Ctrl-C at a terminal lands there."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_an_interrupted_wait_still_waits_for_the_worker(monkeypatch):
+    # On Python 3.11 a Thread.join interrupted by a signal marks the thread stopped while it runs:
+    # _in_worker must not return before fn has (the caller then frees the engine under it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    gate, seen = threading.Event(), []
+
+    def fn():
+        _sigint_main()
+        gate.wait(60)  # the native call that the interrupt's cancel stops
+        time.sleep(0.3)  # the call winding down after the cancel (widens the window a bad wait falls into)
+        seen.append("fn returned")
+
+    def on_interrupt():
+        seen.append("cancel")
+        gate.set()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench._in_worker(fn, on_interrupt)
+        seen.append("main went on")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == ["cancel", "fn returned", "main went on"]
+
+
+def test_ab_interrupted_while_a_session_is_made_closes_the_engine_after_it(tiny_q2, capsys, monkeypatch):
+    # The Ctrl-C lands while the worker is inside Engine.session (ds4_session_create), with no
+    # session to cancel: the engine must be closed only once that call has returned, and no arm
+    # must run after it (the new session is cancelled at once).
+    from ds4tui.engine import session as S
+
+    events: list[str] = []
+    engines: list = []  # the A/B's engine (engines of earlier tests may be collected and closed meanwhile)
+    real_session, real_close = S.Engine.session, S.Engine.close
+
+    def session(self, *args, **kwargs):
+        n = sum(e == "session made" for e in events)
+        if n == 1:  # the second arm's session
+            _sigint_main()
+            time.sleep(0.3)  # still creating it when the interrupt is handled
+        s = real_session(self, *args, **kwargs)
+        engines.append(self)
+        events.append("session made")
+        return s
+
+    def close(self):
+        if engines and self is engines[0]:
+            events.append("engine closed")
+        real_close(self)
+
+    monkeypatch.setattr(S.Engine, "session", session)
+    monkeypatch.setattr(S.Engine, "close", close)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert rc == 130 and out == ""
+    assert err.strip().endswith("ds4tui: interrupted")
+    assert events[:3] == ["session made", "session made", "engine closed"]
+
+
 # ---- --medium ----------------------------------------------------------------------------------
 
 def test_medium_config_is_the_specified_size():

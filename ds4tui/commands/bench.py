@@ -54,6 +54,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -318,25 +319,48 @@ def memcpy_bandwidth(n_threads: int) -> dict:
     return out
 
 
+#: The signals that interrupt a command (ds4tui.cli.interrupt_on_signals turns the last two into Ctrl-C).
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
 def _in_worker(fn, on_interrupt):
     """Run ``fn()`` in a thread so that Ctrl-C / SIGTERM reach the main thread at once even while a
-    native call runs; on an interrupt call ``on_interrupt()`` (cancel), wait, and re-raise."""
+    native call runs; on an interrupt call ``on_interrupt()`` (cancel), wait until ``fn`` has
+    returned, and re-raise.  The wait is on an event that ``fn``'s thread sets as its last step, not
+    on ``Thread.join``: on Python 3.11 and 3.12 a join interrupted by a signal marks the thread as
+    stopped while it still runs, and a later join then returns at once, so the caller would free the
+    engine under a native call (``ds4_session_create``) that is still running."""
     box: dict = {}
+    done = threading.Event()
 
     def work():
         try:
             box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             box["error"] = exc
+        finally:
+            done.set()
 
+    # the interrupting signals wait while the thread starts (an interrupt inside Thread.start would
+    # leave it running unwatched); the thread keeps them blocked, so they always reach this one
+    held = hasattr(signal, "pthread_sigmask")
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS) if held else None
     t = threading.Thread(target=work, name="ds4tui-bench", daemon=True)
     t.start()
     try:
-        while t.is_alive():
-            t.join(0.1)
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile is raised here
+        while not done.wait(0.1):  # a timeout: a signal that another thread took still gets seen
+            pass
     except KeyboardInterrupt:
-        on_interrupt()
-        t.join()
+        while True:  # a second Ctrl-C cancels again and still waits: the native objects outlive the call
+            try:
+                on_interrupt()
+                while not done.wait(0.1):
+                    pass
+                break
+            except KeyboardInterrupt:
+                continue
         raise
     if "error" in box:
         raise box["error"]
@@ -496,14 +520,17 @@ def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
 
 
 def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, current: list,
-            session_options: dict | None = None) -> dict:
+            session_options: dict | None = None, stopping: threading.Event | None = None) -> dict:
     """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session (made with
-    ``session_options``) with ``knobs``."""
+    ``session_options``) with ``knobs``; the session is ``current[0]`` while it lives, and when
+    ``stopping`` is set (an interrupt that came while no session was current) it is cancelled at once."""
     from ds4tui.engine.session import SamplingParams
 
     session = engine.session(ctx, **(session_options or {}))
     current[0] = session
     try:
+        if stopping is not None and stopping.is_set():
+            session.cancel()  # its prefill stops at once: the run ends here
         session.set_sampling(SamplingParams())  # greedy
         session.set_dspark(**knobs)
         applied = session.dspark
@@ -607,6 +634,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         support_info = {"path": str(support), "status": engine.support_status, "message": engine.support_message,
                         "block_size": block}
         current: list = [None]
+        stopping = threading.Event()
         arm_order = ab_arm_order(len(prompts))
 
         def work():
@@ -620,10 +648,12 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                     knobs = dict(AB_ARMS)[name]
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
                     runs[name].append({"kind": kind, "position": position,
-                                       **_ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options)})
+                                       **_ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options,
+                                                  stopping)})
             return [(name, runs[name]) for name, _ in AB_ARMS]
 
-        def stop():
+        def stop():  # the flag first: a session made after this read of current[0] sees it
+            stopping.set()
             if current[0] is not None:
                 current[0].cancel()
 

@@ -907,16 +907,20 @@ class Session:
         """Stop the running prefill/step as soon as possible (thread-safe).  The request is sticky
         until a call stops because of it: if nothing is running, or the running call is past its
         last check, the next prefill or step stops instead, so a cancel is never lost;
-        :meth:`clear_cancel` withdraws it, e.g. at the start of a new turn."""
-        if not self._closed:
-            self._cancel.set()
-            self.backend.cancel(True)
+        :meth:`clear_cancel` withdraws it, e.g. at the start of a new turn.  A closed session
+        ignores it (under the lock that :meth:`close` frees the native session under, so a cancel
+        from another thread never reaches a freed one)."""
+        with self._knob_lock:
+            if not self._closed:
+                self._cancel.set()
+                self.backend.cancel(True)
 
     def clear_cancel(self) -> None:
         """Withdraw a pending :meth:`cancel` that no call has consumed."""
-        if not self._closed:
-            self._cancel.clear()
-            self.backend.cancel(False)
+        with self._knob_lock:
+            if not self._closed:
+                self._cancel.clear()
+                self.backend.cancel(False)
 
     @property
     def sampling(self) -> SamplingParams:
