@@ -144,7 +144,50 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
     assert err.strip() == ("ds4tui bench: error: argument --ctx: expected at least 13 (--prompt-tokens 8 + "
                            "--decode-tokens 4 + 1), found 12")
     rc, _, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path / "no" / "such" / "r.json"))
-    assert rc == 1 and "cannot write the --out file" in err
+    assert rc == 1 and err.strip() == (
+        f"ds4tui bench: error: --out {tmp_path}/no/such/r.json: cannot write the result there: its folder "
+        f"{tmp_path}/no/such does not exist (or is not a folder); create it, or give --out a path in an existing folder")
+    rc, _, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path))
+    assert rc == 1 and err.strip() == (
+        f"ds4tui bench: error: --out {tmp_path}: cannot write the result there: expected a file name, found a "
+        f"folder; give a file name, e.g. --out {tmp_path}/bench.json")
+
+
+def test_out_in_a_folder_that_cannot_be_written_fails_before_the_run(tiny_q2, tmp_path, capsys, monkeypatch):
+    # root ignores folder modes, so the refusal is injected where the check creates its probe file
+    import errno
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    ran = []
+    monkeypatch.setattr(bench.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(1))
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path / "r.json"))
+    assert rc == 1 and out == "" and ran == []
+    assert err.strip() == (f"ds4tui bench: error: --out {tmp_path}/r.json: cannot write the result there: its folder "
+                           f"{tmp_path} is not writable (creating a file there failed: Permission denied); give --out "
+                           f"a path in a folder you can write")
+
+
+def test_a_result_that_cannot_be_written_goes_to_stdout(tiny_q2, tmp_path, capsys, monkeypatch):
+    # the folder passed the check, then the disk filled up during the run: the result is not lost
+    import errno
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bench.os, "replace", full)
+    target = tmp_path / "r.json"
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", "8", "--decode-tokens", "4", "--out", str(target))
+    assert rc == 1
+    result = json.loads(out)
+    assert result["ok"] is True and result["prompt_tokens"] == 8 and result["decode_tokens"] == 4
+    assert result["decode_tokens_per_s"] > 0
+    assert err.strip().endswith(
+        f"ds4tui bench: error: --out {target}: cannot write the result there: No space left on device; the result "
+        f"is the JSON above on stdout: save it from there (and give --out a path that can be written next time)")
+    assert list(tmp_path.iterdir()) == []  # no partial file left
 
 
 def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):

@@ -864,8 +864,11 @@ def _write_out(path: str, text: str) -> None:
         tmp.write_text(text)
         os.replace(tmp, p)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BenchError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # the folder's own trouble (read-only file system): the error below names it
+            pass
+        raise BenchError(f"--out {path}: cannot write the result there: {exc.strerror or exc}") from None
 
 
 #: Options of the plain benchmark and their defaults (None in the parser, so that --ab can refuse them).
@@ -898,15 +901,40 @@ def _usage_error(args) -> str | None:
     return None
 
 
+def _out_problem(path: str) -> str | None:
+    """Why the ``--out`` file cannot be written (None when it can): checked before the run by
+    creating and removing a file in its folder."""
+    p = Path(path)
+    head = f"--out {path}: cannot write the result there"
+    if p.is_dir():
+        return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
+    parent = p.parent
+    if not parent.is_dir():
+        return (f"{head}: its folder {parent} does not exist (or is not a folder); create it, or give --out a "
+                f"path in an existing folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return (f"{head}: its folder {parent} is not writable (creating a file there failed: "
+                f"{exc.strerror or exc}); give --out a path in a folder you can write")
+    return None
+
+
 def _emit(args, result: dict, render) -> int | None:
     """Write the JSON to ``--out`` (if given) and print JSON or ``render(result)``; an exit status
-    if the file cannot be written, else None."""
+    if the file cannot be written, else None.  A result that cannot be written is not lost: its JSON
+    goes to stdout and the error to stderr (exit status 1)."""
     text = json.dumps(result, indent=2)
     if args.out is not None:
         try:
             _write_out(args.out, text + "\n")
         except BenchError as exc:
-            return _fail(str(exc), args, exc)
+            print(text)
+            print(f"{_PREFIX} error: {exc}; the result is the JSON above on stdout: save it from there "
+                  f"(and give --out a path that can be written next time)", file=sys.stderr)
+            return 1
     print(text if args.json else render(result))
     return None
 
@@ -982,6 +1010,10 @@ def _use_demo(args: argparse.Namespace) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before anything runs: a result that cannot be written is a run lost
+        why = _out_problem(args.out)
+        if why:
+            return _fail(why, args)
     if getattr(args, "synthetic", None):
         return run_synthetic(args)
     why = _usage_error(args)
@@ -991,11 +1023,6 @@ def run(args: argparse.Namespace) -> int:
     for k, v in PLAIN_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if args.out is not None:
-        parent = Path(args.out).parent
-        if Path(args.out).is_dir() or not parent.is_dir():
-            return _fail(f"{args.out}: cannot write the --out file: "
-                         f"{'is a directory' if Path(args.out).is_dir() else 'no such folder ' + str(parent)}", args)
     path = args.model
     if path is None and not args.medium:
         failed = _use_demo(args)
