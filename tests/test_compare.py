@@ -78,7 +78,7 @@ def test_bench_results_and_bad_files(tiny_q2, tmp_path, capsys):
     assert r["knobs"] == [["memcpy.n_threads", 1, 2], ["n_threads", 1, 2]]
     assert "decode_tokens_per_s" in {k for k, *_ in r["figures"]}
     bad = tmp_path / "bad.json"
-    for content, why in (("{", "not JSON"), ("[1]", "expected a JSON object"), ('{"x": 1}', "not a ds4tui")):
+    for content, why in (("{", "not JSON"), ("[1]", "expected a JSON object"), ('{"x": 1}', "not the result")):
         bad.write_text(content)
         rc = cli_main(["compare", outs[0], str(bad)])
         err = capsys.readouterr().err
@@ -126,9 +126,74 @@ def test_a_bad_file_with_json_is_a_json_failure(tmp_path, capsys):
     bad.write_text("{")
     rc = cli_main(["compare", str(bad), str(bad), "--json"])
     out = capsys.readouterr()
-    message = f"{bad}: not JSON (Expecting property name enclosed in double quotes at line 1)"
+    message = (f"{bad}: not JSON: Expecting property name enclosed in double quotes: line 1 column 2; the file ends "
+               f"before its JSON does: it was cut short (truncated); write it again")
     assert rc == 1 and json.loads(out.out) == {"ok": False, "error": message, "error_type": "CompareError"}
     assert out.err == f"ds4tui compare: error: {message}\n"
+
+
+def _refusal(capsys, good: str, bad) -> str:
+    """compare's one-line error for ``bad`` (either side), the same both ways."""
+    errors = []
+    for pair in ((good, str(bad)), (str(bad), good)):
+        rc = cli_main(["compare", *pair])
+        out = capsys.readouterr()
+        assert rc == 1 and out.out == "" and out.err.count("\n") == 1
+        errors.append(out.err.strip())
+    assert errors[0] == errors[1]
+    return errors[0].removeprefix("ds4tui compare: error: ")
+
+
+ACCEPTS = ("compare reads the JSON of one run: a stats export of the chat (F6), a transcript (Ctrl+S), "
+           "`ds4tui generate --json` output, or a `ds4tui bench` / `bench --ab` result (--json or --out)")
+
+
+def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_q2, tmp_path, capsys):
+    from ds4tui.engine import prices
+
+    good = tmp_path / "bench.json"
+    assert cli_main(["bench", str(tiny_q2["model"]), "--backend", "cpu", "--threads", "2", "--prompt-tokens", "16",
+                     "--decode-tokens", "4", "--json", "--out", str(good)]) == 0
+    capsys.readouterr()
+    text = good.read_text()
+    bad = tmp_path / "bad.json"
+    # the scheduler's prices file, as it writes it (a format number where a transcript has a string)
+    prices.save(bad, {"ds4tui": "0", "backend": "cpu"}, prices.SchedulerPrices(t_ver={1: 6.5}, t_prop=20.0))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: a DSpark scheduler prices file (what the scheduler keeps between runs under --scheduler-prices "
+        f"saved), not the result of a run; {ACCEPTS}")
+    bad.write_text(text[:len(text) // 2])  # cut short
+    assert _refusal(capsys, str(good), bad).endswith(
+        "; the file ends before its JSON does: it was cut short (truncated); write it again")
+    assert " at at " not in _refusal(capsys, str(good), bad)
+    d = json.loads(text)
+    bad.write_text(json.dumps({**d, "decode_tokens_per_s": "fast"}))
+    assert _refusal(capsys, str(good), bad) == (
+        f'{bad}: looks like a `bench` result but field `decode_tokens_per_s` is string "fast", expected number: the '
+        f'file was edited or damaged; write it again with ds4tui bench --json')
+    bad.write_text(json.dumps({"decode_tokens_per_s": 1.0, "memcpy_gb_per_s": 1.0}))  # near-empty
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a `bench` result but has no field `model` (expected object): the file is incomplete; "
+        f"write it again with ds4tui bench --json")
+    bad.write_text(json.dumps({"model": "m", "backend": "cpu", "generated_ids": [], "timings": [1, 2]}))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like `generate --json` output but field `timings` is array [1, 2], expected object: the file "
+        f"was edited or damaged; write it again with ds4tui generate --json")
+    bad.write_text(json.dumps({"mode": "ab", "arms": [], "model": {}, "backend": "cpu"}))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a `bench --ab` result but its `arms` is empty (expected the three arms): the file is "
+        f"incomplete; write it again with ds4tui bench --ab --json")
+    bad.write_text(json.dumps({"mode": "ab", "arms": [{"name": "target-only", "tokens_per_s": [3]}], "model": {},
+                               "backend": "cpu"}))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a `bench --ab` result but field `arms[0].tokens_per_s` is array [3], expected number or "
+        f"null: the file was edited or damaged; write it again with ds4tui bench --ab --json")
+    bad.write_text(json.dumps({"format": "ds4tui-chat/1", "messages": [], "session": None}))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a transcript (Ctrl+S) but field `session` is null, expected an object holding the "
+        f"session's stats (a transcript saved before any answer has none): save it again after an answer")
+    bad.write_text(json.dumps({"format": 1, "x": 2}))
+    assert _refusal(capsys, str(good), bad) == f"{bad}: not the result of a ds4tui run: {ACCEPTS}"
 
 
 def _export(counters_id, scheduler: bool, cycles: int, skips: int) -> dict:

@@ -19,10 +19,11 @@ kind of file records is not counted as a difference.  The warnings are printed o
 or on stderr with ``--json`` (whose object carries them too).
 
 Lists longer than :data:`MAX_LIST` (token ids, per-token flags) and free text (the generated text,
-ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, or not one of
-these kinds is an error naming the file (status 1; with ``--json`` also ``{"ok": false, ...}`` on
-stdout); two files of different kinds are compared on
-the names they share, with a note.
+ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, not one of
+these kinds (a scheduler prices file is named as one), or one of them without the fields its writer
+writes or with a field of another JSON type (:data:`FIELDS`) is an error naming the file, the field,
+the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout);
+two files of different kinds are compared on the names they share, with a note.
 """
 
 from __future__ import annotations
@@ -58,20 +59,103 @@ class CompareError(ValueError):
     """A file cannot be compared: the message names it and says why."""
 
 
+#: What compare reads, in the words of every refusal.
+ACCEPTS = ("compare reads the JSON of one run: a stats export of the chat (F6), a transcript (Ctrl+S), "
+           "`ds4tui generate --json` output, or a `ds4tui bench` / `bench --ab` result (--json or --out)")
+
+#: The fields each kind of file must have, with their JSON types (a field the comparison reads is
+#: checked when present: ``required`` False); an edited or damaged file is named with the field.
+FIELDS: dict[str, list[tuple[str, tuple[str, ...], bool]]] = {
+    "bench-ab": [("model", ("object",), True), ("backend", ("string",), True), ("arms", ("array",), True),
+                 ("tokens", ("integer",), False), ("ctx", ("integer",), False)],
+    "bench": [("model", ("object",), True), ("backend", ("string",), True),
+              ("decode_tokens_per_s", ("number",), True), ("memcpy_gb_per_s", ("number", "null"), True),
+              ("prefill_tokens_per_s", ("number",), False), ("ctx", ("integer",), False),
+              ("prompt_tokens", ("integer",), False), ("dspark", ("object", "null"), False),
+              ("support", ("object", "null"), False)],
+    "generate": [("model", ("string",), True), ("backend", ("string",), True), ("generated_ids", ("array",), True),
+                 ("timings", ("object",), True), ("prompt_ids", ("array",), False), ("n_ctx", ("integer",), False),
+                 ("dspark", ("object", "null"), False)],
+    "stats-export": [("model", ("string", "object", "null"), True), ("stats", ("object",), True),
+                     ("knobs", ("object", "null"), True), ("interface", ("object", "null"), True),
+                     ("n_ctx", ("integer", "null"), False), ("counters_id", ("string", "null"), False)],
+}
+#: The fields of each element of a ``bench --ab`` result's ``arms``.
+ARM_FIELDS = [("name", ("string",), True), ("tokens_per_s", ("number", "null"), True), ("runs", ("array",), False)]
+#: What wrote each kind, for the advice in a refusal.
+WRITER = {"bench-ab": "ds4tui bench --ab --json", "bench": "ds4tui bench --json", "generate": "ds4tui generate --json",
+          "stats-export": "F6 in the chat", "transcript": "Ctrl+S in the chat"}
+KIND_WORDS = {"bench-ab": "a `bench --ab` result", "bench": "a `bench` result", "generate": "`generate --json` output",
+              "stats-export": "a stats export (F6)", "transcript": "a transcript (Ctrl+S)"}
+
+
+def json_type(v: Any) -> str:
+    """The JSON name of a value's type."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true/false"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _fits(v: Any, types: tuple[str, ...]) -> bool:
+    t = json_type(v)
+    return t in types or (t == "integer" and "number" in types)
+
+
+def _check_fields(d: dict, fields, kind: str, where: str = "") -> None:
+    for name, types, required in fields:
+        if name not in d:
+            if required:
+                raise CompareError(f"looks like {KIND_WORDS[kind]} but has no field `{where}{name}` (expected "
+                                   f"{' or '.join(types)}): the file is incomplete; write it again with {WRITER[kind]}")
+            continue
+        v = d[name]
+        if not _fits(v, types):
+            shown = json.dumps(v)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise CompareError(f"looks like {KIND_WORDS[kind]} but field `{where}{name}` is {json_type(v)} {shown}, "
+                               f"expected {' or '.join(types)}: the file was edited or damaged; write it again with "
+                               f"{WRITER[kind]}")
+
+
+def validate(kind: str, d: dict) -> None:
+    """CompareError naming the field, the expected and the found JSON type when ``d`` does not hold
+    what ``kind``'s writer writes (:data:`FIELDS`)."""
+    _check_fields(d, FIELDS[kind], kind)
+    if kind == "bench-ab":
+        if not d["arms"]:
+            raise CompareError(f"looks like {KIND_WORDS[kind]} but its `arms` is empty (expected the three arms): "
+                               f"the file is incomplete; write it again with {WRITER[kind]}")
+        for i, arm in enumerate(d["arms"]):
+            if not isinstance(arm, dict):
+                raise CompareError(f"looks like {KIND_WORDS[kind]} but `arms[{i}]` is {json_type(arm)}, expected "
+                                   f"object: the file was edited or damaged; write it again with {WRITER[kind]}")
+            _check_fields(arm, ARM_FIELDS, kind, f"arms[{i}].")
+
+
 def kind_of(d: dict) -> str:
     """What wrote the object: ``bench-ab``, ``bench``, ``generate``, ``stats-export`` or
-    ``transcript``; CompareError for anything else."""
+    ``transcript``; CompareError for anything else (a scheduler prices file named as such)."""
+    fmt = d.get("format")
     if d.get("mode") == "ab" and "arms" in d:
         return "bench-ab"
     if "decode_tokens_per_s" in d and "memcpy_gb_per_s" in d:
         return "bench"
     if "generated_ids" in d and "timings" in d:
         return "generate"
-    if d.get("format", "").startswith("ds4tui-chat/"):
+    if isinstance(fmt, str) and fmt.startswith("ds4tui-chat/"):
         return "transcript"
     if "stats" in d and "knobs" in d and "interface" in d:
         return "stats-export"
-    raise CompareError("not a ds4tui stats export (F6), transcript (Ctrl+S), `generate --json` or `bench` JSON")
+    if "identity" in d and "prices" in d:
+        raise CompareError(f"a DSpark scheduler prices file (what the scheduler keeps between runs under "
+                           f"--scheduler-prices saved), not the result of a run; {ACCEPTS}")
+    raise CompareError(f"not the result of a ds4tui run: {ACCEPTS}")
 
 
 def load(path: str) -> tuple[str, dict]:
@@ -85,15 +169,36 @@ def load(path: str) -> tuple[str, dict]:
     try:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CompareError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        # the parser reached the end of the text (a string runs to it, or the error is there): cut short
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        raise CompareError(f"{path}: not JSON: {exc.msg}: line {exc.lineno} column {exc.colno}"
+                           + ("; the file ends before its JSON does: it was cut short (truncated); write it again"
+                              if cut else "")) from None
     if not isinstance(d, dict):
-        raise CompareError(f"{path}: expected a JSON object, found {type(d).__name__}")
+        raise CompareError(f"{path}: expected a JSON object, found {json_type(d)}; {ACCEPTS}")
     if d.get("ok") is False:
         raise CompareError(f"{path}: a failed run ({d.get('error', 'no error text')})")
-    if d.get("format", "").startswith("ds4tui-chat/"):  # a transcript: its session block is the export
-        d = dict(d.get("session") or {}, format=d["format"])
+    fmt = d.get("format")
     try:
-        return kind_of(d), d
+        if isinstance(fmt, str) and fmt.startswith("ds4tui-chat/"):  # a transcript: its session block is the export
+            session = d.get("session")
+            if not isinstance(session, dict) or not session:
+                found = "an empty object" if session == {} else json_type(session)
+                raise CompareError(f"looks like {KIND_WORDS['transcript']} but field `session` is {found}, "
+                                   f"expected an object holding the session's stats (a transcript saved before "
+                                   f"any answer has none): save it again after an answer")
+            try:
+                kind = kind_of(session)
+            except CompareError:
+                kind = None
+            if kind != "stats-export":
+                raise CompareError(f"looks like {KIND_WORDS['transcript']} but its `session` is not a stats export: "
+                                   f"the file was edited or damaged; save it again with Ctrl+S in the chat")
+            validate(kind, session)
+            return "transcript", dict(session, format=fmt)
+        kind = kind_of(d)
+        validate(kind, d)
+        return kind, d
     except CompareError as exc:
         raise CompareError(f"{path}: {exc}") from None
 
