@@ -501,6 +501,25 @@ def test_medium_ab_writes_the_support_model_once(fake_medium_build, tiny_q2, tmp
     assert rc == 0 and len(written) == 1 and json.loads(out)["outputs_identical"]
 
 
+def test_a_missing_path_is_named_before_a_medium_build_or_a_demo_unpack(fake_medium_build, tmp_path, monkeypatch,
+                                                                         capsys):
+    from ds4tui import demo
+
+    missing, folder = tmp_path / "MISSING.gguf", tmp_path / "a-folder"
+    folder.mkdir()
+    monkeypatch.setattr(demo, "demo_pair", lambda *a, **k: pytest.fail("the demo was unpacked first"))
+    for argv in (("--medium", "--ab", "--mtp", str(missing)), ("--ab", "--mtp", str(missing))):
+        rc, out, err = _bench(capsys, *argv, "--tokens", "16")
+        assert rc == 1 and out == "" and fake_medium_build == []  # no build started
+        assert err.splitlines() == [f"ds4tui bench: error: {missing}: no such file (argument --mtp: expected a DSpark "
+                                    f"support GGUF; check the path)"]
+    rc, out, err = _bench(capsys, "--medium", "--ab", "--mtp", str(folder), "--json")
+    assert rc == 1 and fake_medium_build == []
+    assert json.loads(out) == {"ok": False, "error_type": "ModelFileError",
+                               "error": f"{folder}: is a directory, expected a .gguf file (argument --mtp: expected "
+                                        f"a DSpark support GGUF; check the path)"}
+
+
 def test_synthetic_flash_refuses_the_cpu_backend_before_building_anything():
     import subprocess
     import sys

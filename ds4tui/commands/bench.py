@@ -901,6 +901,25 @@ def _usage_error(args) -> str | None:
     return None
 
 
+def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
+    """Why the file a path flag names cannot be read (None when it can, or when the flag is not
+    given): checked before anything is unpacked, built or loaded."""
+    if value is None:
+        return None
+    p = Path(value)
+    what = "" if flag == "MODEL" else f" (argument {flag}: expected a DSpark support GGUF; check the path)"
+    if not p.exists():
+        return ModelFileError(p, f"no such file{what}")
+    if p.is_dir():
+        return ModelFileError(p, f"is a directory, expected a .gguf file{what}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        return ModelFileError(p, f"cannot read: {exc.strerror or exc}{what}")
+    return None
+
+
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder."""
@@ -1023,6 +1042,10 @@ def run(args: argparse.Namespace) -> int:
     for k, v in PLAIN_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    for flag, value in (("MODEL", args.model), ("--mtp", args.mtp)):  # before a demo unpack or a --medium build
+        problem = _path_problem(flag, value)
+        if problem is not None:
+            return _fail(str(problem), args, problem)
     path = args.model
     if path is None and not args.medium:
         failed = _use_demo(args)
