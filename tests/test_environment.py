@@ -7,6 +7,7 @@ A bad value is one line naming the variable, the value and the accepted values, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -174,8 +175,41 @@ def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
     assert env["DS4TUI_GPU_LAYOUT"]["in_force"] == "ggml" and env["DS4TUI_GPU_LAYOUT"]["error"] is None
     assert env["DS4_DSPARK_MAX_DRAFT_TOKENS"] == {
         "name": "DS4_DSPARK_MAX_DRAFT_TOKENS", "value": None, "in_force": "default: 0 (the block size)",
-        "effect": E.VARIABLES[1].effect, "checked": True, "error": None}
+        "effect": E.VARIABLES[1].effect, "checked": True, "error": None, "ignored": None}
     assert env["HSA_OVERRIDE_GFX_VERSION"]["checked"] is False
+
+
+def test_a_relative_xdg_cache_home_is_ignored_by_every_cache_and_doctor_says_so(clean_env, tmp_path, capsys):
+    # the XDG Base Directory spec: a relative path is invalid and is ignored. The demo and the
+    # scheduler prices (and bench --medium) follow the one rule: neither lands under the current folder.
+    from ds4tui import demo
+    from ds4tui.commands import bench
+
+    clean_env.chdir(tmp_path)
+    clean_env.setenv("XDG_CACHE_HOME", "rel-cache")
+    home_cache = Path.home() / ".cache"
+    assert E.xdg_cache_home() == (home_cache, (
+        f"XDG_CACHE_HOME=rel-cache is ignored: expected an absolute path, found a relative one (the XDG Base "
+        f"Directory spec calls it invalid), so the caches are under {home_cache}; set it to an absolute path, or "
+        f"unset it"))
+    assert demo.cache_dir() == home_cache / "ds4tui" / "demo"
+    assert E.cache_root() / "scheduler-prices" == home_cache / "ds4tui" / "scheduler-prices"
+    assert bench.medium_dir() == home_cache / "ds4tui" / "bench-medium"
+    assert cli_main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    xdg = next(v for v in d["environment"] if v["name"] == "XDG_CACHE_HOME")
+    assert xdg["ignored"] == E.xdg_cache_home()[1] and xdg["ignored"] in d["warnings"]
+    assert xdg["in_force"] == f"ignored (rel-cache is a relative path): {home_cache} in force"
+    assert d["demo"]["folder"].startswith(str(home_cache / "ds4tui" / "demo") + "/")
+    assert cli_main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert f"  XDG_CACHE_HOME               ignored (rel-cache is a relative path): {home_cache} in force\n" in text
+    assert f"warning: {xdg['ignored']}\n" in text
+    assert not (tmp_path / "rel-cache").exists()
+    clean_env.setenv("XDG_CACHE_HOME", str(tmp_path / "abs"))  # an absolute one is used by both
+    assert E.xdg_cache_home() == (tmp_path / "abs", None)
+    assert demo.cache_dir() == tmp_path / "abs" / "ds4tui" / "demo"
+    assert E.cache_root() == tmp_path / "abs" / "ds4tui"
 
 
 def test_every_variable_ds4tui_reads_is_listed():

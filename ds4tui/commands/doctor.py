@@ -89,6 +89,7 @@ def collect() -> dict:
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
+    out["warnings"] += [v["ignored"] for v in env if v.get("ignored")]
     if hsa:
         out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
                                f"that version, not the ones this library was built for (spec platform.md §1.1)")

@@ -142,10 +142,26 @@ def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str |
     return out
 
 
+def xdg_cache_home(environ: Mapping[str, str] | None = None) -> tuple[Path, str | None]:
+    """The user's cache folder, the one rule of every ds4tui cache (the demo, bench --medium, the
+    scheduler prices): ``$XDG_CACHE_HOME`` when it is an absolute path, else ``~/.cache``, because
+    the XDG Base Directory spec calls a relative path invalid and says to ignore it.  Second: why a
+    set value was ignored (None when it was not), for ``ds4tui doctor``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME", "")
+    default = Path.home() / ".cache"
+    if not base:
+        return default, None
+    if not os.path.isabs(base):
+        return default, (f"XDG_CACHE_HOME={base} is ignored: expected an absolute path, found a relative one (the XDG "
+                         f"Base Directory spec calls it invalid), so the caches are under {default}; set it to an "
+                         f"absolute path, or unset it")
+    return Path(base), None
+
+
 def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/ds4tui`` (an absolute XDG_CACHE_HOME only, as the XDG spec says), else ``~/.cache/ds4tui``."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(base) if base and os.path.isabs(base) else Path.home() / ".cache") / "ds4tui"
+    """``ds4tui``'s folder in the user's cache folder (:func:`xdg_cache_home`)."""
+    return xdg_cache_home()[0] / "ds4tui"
 
 
 def scheduler_prices_dir() -> Path:
@@ -229,8 +245,8 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Settings:
 
 def report(environ: Mapping[str, str] | None = None) -> list[dict]:
     """One entry per variable for ``ds4tui doctor``: ``name``, ``value`` (None when unset),
-    ``in_force`` ("default: ..." when unset), ``effect`` and ``error`` (the :class:`BadVariable`
-    message, or None)."""
+    ``in_force`` ("default: ..." when unset), ``effect``, ``error`` (the :class:`BadVariable`
+    message, or None) and ``ignored`` (why a value set is not used: a relative XDG_CACHE_HOME; or None)."""
     env = os.environ if environ is None else environ
     out = []
     for var in VARIABLES:
@@ -239,6 +255,9 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
         if value is not None and var.check is not None and not var.check(value):
             error = str(BadVariable(var.name, value, var.accepted or ""))
         in_force = f"default: {var.default}" if value is None else value
+        ignored = xdg_cache_home(env)[1] if var.name == "XDG_CACHE_HOME" else None
+        if ignored:
+            in_force = f"ignored ({value} is a relative path): {xdg_cache_home(env)[0]} in force"
         out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
-                    "checked": var.field is not None, "error": error})
+                    "checked": var.field is not None, "error": error, "ignored": ignored})
     return out

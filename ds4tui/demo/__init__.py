@@ -5,7 +5,8 @@ The package ships the two GGUFs xz-compressed (``model.gguf.xz``, ``support.gguf
 ``train_log.json`` (the full log of the training runs that made them) and ``corpus_sources.json`` (every
 source of the training text with its licence).  On first use
 :func:`demo_pair` unpacks them into the user cache — ``$DS4TUI_DEMO_DIR`` if set, else
-``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``) — in a folder named after the
+``$XDG_CACHE_HOME/ds4tui/demo`` (default ``~/.cache/ds4tui/demo``; a relative XDG_CACHE_HOME is
+ignored, as for every ds4tui cache: ``ds4tui.commands.environment.xdg_cache_home``) — in a folder named after the
 model's sha256, checking every byte against ``demo.json``.  A ``.verified`` note beside each file
 records the size, mtime and sha256 that were checked; a later start hashes the file again only
 when its size or mtime changed (and unpacks it again when the hash no longer matches) — damage
@@ -71,10 +72,11 @@ def file_sha256(path: Path) -> str:
 
 def cache_dir() -> Path:
     """Root folder the pair is unpacked into (see the module docstring)."""
+    from ds4tui.commands.environment import cache_root  # the one rule of the user's cache folder
+
     if os.environ.get("DS4TUI_DEMO_DIR"):
         return Path(os.environ["DS4TUI_DEMO_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ds4tui" / "demo"
+    return cache_root() / "demo"
 
 
 def pair_folder(m: dict) -> Path:
