@@ -69,6 +69,15 @@ def test_context_overflow_and_a_stop_while_idle(tiny_q2):
         events = sink.drain()
         failed = [e for e in events if isinstance(e, W.Failed)]
         assert failed and "does not fit a context of 40" in failed[0].message
+        alone = len(eng.prompt_ids([{"role": "user", "content": "word " * 60}], think=False))
+        limit = eng.engine.config.context_length
+        assert 40 < alone + 1 <= limit
+        # the remedy is Ctrl+G (a new context size), not a restart
+        assert failed[0].message.endswith(
+            f"the prompt alone has {alone} tokens, which does not fit a context of 40: Ctrl+G sets a larger context "
+            f"(at least {alone + 1} tokens, the model allows {limit}; the conversation starts afresh), or shorten "
+            f"the prompt")
+        assert "restart" not in failed[0].message
         assert isinstance(events[-1], W.Finished) and events[-1].result.reason == "error"
         eng.stop()  # nothing runs: must not cancel the next turn
         r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False)
@@ -76,6 +85,18 @@ def test_context_overflow_and_a_stop_while_idle(tiny_q2):
         assert r.reason == "eos" or r.prompt_tokens + len(r.ids) == 40  # ran until the context was full
         with pytest.raises(S.StateError, match="no support model"):
             eng.set_dspark(enabled=True)
+        # a conversation that no longer fits while its last prompt alone does: a new chat (Ctrl+N) helps
+        talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "word " * 30},
+                {"role": "user", "content": "Hi"}]
+        n = len(eng.prompt_ids(talk, think=False))
+        alone = len(eng.prompt_ids(talk[-1:], think=False))
+        assert alone + 1 <= 40 < n + 1
+        assert eng.run_turn(talk, sink, think=False) is None
+        failed = [e for e in sink.drain() if isinstance(e, W.Failed)]
+        assert failed[0].message.endswith(
+            f"the conversation has {n} tokens, which does not fit a context of 40: Ctrl+N starts a new chat (this "
+            f"prompt alone has {alone} tokens and fits), or Ctrl+G sets a larger context (at least 41 tokens, the "
+            f"model allows {limit}; the conversation starts afresh)")
     finally:
         eng.close()
 

@@ -440,19 +440,33 @@ class ChatEngine:
             if finished is not None:
                 sink.put(finished)
 
+    def _overflow(self, messages, n: int, think, system) -> str:
+        """Why a prompt of ``n`` tokens with the conversation before it cannot run (it and the answer's
+        first token need ``n + 1`` rows), and what helps: a new chat (Ctrl+N) when the prompt alone
+        fits; a larger context (Ctrl+G, a new session: the conversation starts afresh) up to the model's
+        context length; else a shorter prompt."""
+        ctx, limit = self.session.n_ctx, self.engine.config.context_length
+        alone = len(self.prompt_ids(list(messages)[-1:], think=think, system=system))
+
+        def larger(least: int) -> str:
+            return (f"Ctrl+G sets a larger context (at least {least} tokens, the model allows {limit}; the "
+                    f"conversation starts afresh)")
+
+        if alone + 1 > ctx:
+            if alone + 1 > limit:
+                return (f"the prompt alone has {alone} tokens, which does not fit a context of {ctx}, nor the "
+                        f"model's context length {limit}: shorten the prompt")
+            return (f"the prompt alone has {alone} tokens, which does not fit a context of {ctx}: {larger(alone + 1)}, "
+                    f"or shorten the prompt")
+        return (f"the conversation has {n} tokens, which does not fit a context of {ctx}: Ctrl+N starts a new chat "
+                f"(this prompt alone has {alone} tokens and fits)" + (f", or {larger(ctx + 1)}" if ctx < limit else ""))
+
     def _run(self, turn, messages, sink, think, system, max_tokens, snapshot_s, before_decode=None):
         s, tok = self.session, self.tokenizer
         try:
             ids = self.prompt_ids(messages, think=think, system=system)
             if len(ids) + 1 > s.n_ctx:
-                alone = len(self.prompt_ids(list(messages)[-1:], think=think, system=system))
-                if alone + 1 > s.n_ctx:
-                    raise S.ContextOverflowError(
-                        f"the prompt alone has {alone} tokens, which does not fit a context of {s.n_ctx} "
-                        f"(restart with a larger --ctx)")
-                raise S.ContextOverflowError(
-                    f"the conversation has {len(ids)} tokens, which does not fit a context of {s.n_ctx} "
-                    f"(start a new chat with Ctrl+N, or restart with a larger --ctx)")
+                raise S.ContextOverflowError(self._overflow(messages, len(ids), think, system))
             before = self._dspark_dict()
             reused = self._reuse(ids)
             budget = s.n_ctx - len(ids)
