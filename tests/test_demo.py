@@ -10,6 +10,7 @@ random one accepts well under 1 %) fails while prompt-to-prompt spread does not.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -108,6 +109,41 @@ def test_unwritable_cache_names_the_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(blocker / "sub"))
     with pytest.raises(demo.DemoError, match=r"cannot unpack the demo model into .*file/sub.*DS4TUI_DEMO_DIR"):
         demo.demo_pair()
+
+
+class _Usage:
+    def __init__(self, free: int):
+        self.free = free
+
+
+def test_a_full_disk_says_how_much_space_the_pair_needs_and_where(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(folder))
+    m = demo.manifest()
+    need = sum(f["bytes"] for f in m["files"].values())
+    where = demo.pair_folder(m)
+    mib = -(-need // 2**20)
+    # too little free space: refused before a byte is written, with the space needed and where
+    monkeypatch.setattr(demo.shutil, "disk_usage", lambda p: _Usage(5 * 2**20 + 7))
+    with pytest.raises(demo.DemoError) as exc:
+        demo.demo_pair()
+    assert str(exc.value) == (f"cannot unpack the demo model into {where}: expected {mib} MiB free for the demo pair, "
+                              f"found 5 MiB free on the disk of {where}; free {mib - 5} MiB there, or set "
+                              f"DS4TUI_DEMO_DIR to a folder on a disk with {mib} MiB free")
+    assert "writable" not in str(exc.value) and not folder.exists()
+    # the disk fills up during the unpacking (another writer): the write's error, then the same account
+    frees = iter([need + 2**30, 3 * 2**20])
+    monkeypatch.setattr(demo.shutil, "disk_usage", lambda p: _Usage(next(frees)))
+
+    def full(src, dest, size, sha256, progress):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(demo, "_unpack", full)
+    with pytest.raises(demo.DemoError) as exc:
+        demo.demo_pair()
+    assert str(exc.value) == (f"cannot unpack the demo model into {where}: No space left on device: expected {mib} "
+                              f"MiB free for the demo pair, found 3 MiB free on the disk of {where}; free {mib - 3} "
+                              f"MiB there, or set DS4TUI_DEMO_DIR to a folder on a disk with {mib} MiB free")
 
 
 def test_damaged_cached_file_is_unpacked_again(pair):

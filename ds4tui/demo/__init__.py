@@ -21,10 +21,12 @@ How the pair was made (``tools/demo_corpus.py``, ``tools/train_demo.py``) and wh
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import lzma
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -196,23 +198,60 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
         return None
     files = m["files"]
     folder = pair_folder(m)
-    paths = {}
-    for name, info in files.items():
-        dest = folder / name
-        paths[name] = dest
-        if _verified(dest, info["bytes"], info["sha256"]):
-            continue
+    paths = {name: folder / name for name in files}
+    todo = [name for name, info in files.items() if not _verified(paths[name], info["bytes"], info["sha256"])]
+    need = sum(files[name]["bytes"] for name in todo)
+    short = space_problem(folder, need) if todo else None
+    if short:  # before any byte is written
+        raise DemoError(f"cannot unpack the demo model into {folder}: {short}")
+    for i, name in enumerate(todo):
+        info, dest = files[name], paths[name]
         src = PACKAGE_DIR / (name + ".xz")
         if not src.is_file():
             raise DemoError(f"{src}: missing from this installation (reinstall ds4tui)")
         try:
             _unpack(src, dest, info["bytes"], info["sha256"], progress)
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk (or quota): not a matter of writability
+                left = sum(files[n]["bytes"] for n in todo[i:])
+                raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc}: "
+                                + (space_problem(folder, left) or _space_advice(folder, left))) from exc
             raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc} "
                             f"(set DS4TUI_DEMO_DIR to a writable folder)") from exc
         except (lzma.LZMAError, EOFError) as exc:  # EOFError: a truncated xz stream
             raise DemoError(f"{src}: not a valid xz file ({exc}); reinstall ds4tui") from exc
     return DemoPair(paths["model.gguf"], paths["support.gguf"])
+
+
+def _mib(n: int, up: bool) -> str:
+    """``n`` bytes in MiB, rounded up (a need) or down (what is free), so that a shortfall never reads as enough."""
+    return f"{(-(-n // 2**20) if up else n // 2**20)} MiB"
+
+
+def _space_advice(folder: Path, need: int) -> str:
+    return (f"the demo pair needs {_mib(need, True)} free in {folder}; free that much on its disk, or set "
+            f"DS4TUI_DEMO_DIR to a folder on a disk that has it")
+
+
+def _existing(folder: Path) -> Path:
+    """``folder`` or the nearest folder above it that exists (where its disk's free space is read)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def space_problem(folder: Path, need: int) -> str | None:
+    """Why ``need`` bytes cannot be unpacked into ``folder`` for want of space (None when its disk
+    has them free, or the free space cannot be read)."""
+    try:
+        free = shutil.disk_usage(_existing(folder)).free
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return (f"expected {_mib(need, True)} free for the demo pair, found {_mib(free, False)} free on the disk of "
+            f"{folder}; free {_mib(need - free, True)} there, or set DS4TUI_DEMO_DIR to a folder on a disk with "
+            f"{_mib(need, True)} free")
 
 
 def stderr_progress(name: str, done: int | None, total: int) -> None:
