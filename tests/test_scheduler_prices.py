@@ -256,6 +256,40 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
     _decode(s, 20)
     s.close()  # nothing lost: the file now holds this session's prices
     assert P.load(path, ident).learnt
+    # the file was replaced: no problem left to report, and the note says what happened to it
+    assert e.scheduler_prices_problem == ""
+    assert e.scheduler_prices_note.startswith(f"saved: in {path} (") and e.scheduler_prices_note.endswith(
+        "; it replaced the file that could not be used at the start")
+    e.close()
+
+
+def test_fresh_keeps_no_prices_even_when_told_to(tiny_q2):
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="fresh")
+    try:
+        note = e.scheduler_prices_note
+        e._keep_prices(None, HOPELESS)
+        assert e.kept_prices is None and e._prices is None and e.scheduler_prices_note == note
+    finally:
+        e.close()
+
+
+def test_bench_ab_says_a_prices_write_that_failed_on_stderr(tiny_q2, tmp_path, monkeypatch, capsys):
+    from ds4tui.commands import environment
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setattr(environment, "scheduler_prices_dir", lambda: blocker / "scheduler-prices")
+    rc = cli_main(["bench", tiny_q2["model"], "--mtp", tiny_q2["support"], "--ab", "--threads", "2", "--tokens", "16",
+                   "--json", "--backend", "cpu"])
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    problem = r["scheduler_prices_problem"]
+    assert rc == 0 and problem.startswith(f"cannot write the scheduler prices to {blocker / 'scheduler-prices'}/")
+    assert r["scheduler_prices_note"] == f"saved: {problem}"
+    at_start = r["scheduler_prices_note_at_start"].removeprefix("saved: ")  # the read failed too, said first
+    assert at_start.endswith(IGNORED) and at_start != problem
+    notes = [line for line in out.err.splitlines() if "scheduler prices" in line]
+    assert notes == [f"ds4tui bench: note: {at_start}", f"ds4tui bench: note: {problem}"]
 
 
 def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):

@@ -593,11 +593,13 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
 
 def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
            n_tokens: int,
-           ctx: int | None, medium: bool, settings: Settings | None = None, say=None) -> dict:
+           ctx: int | None, medium: bool, settings: Settings | None = None, say=None, note=None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
     ``say(note)``: told which backend ran and why (``backend=auto``) and what GPU option it does not
-    apply, before measuring.  ``settings``: what the environment variables set (default: their defaults)."""
+    apply, before measuring.  ``note(text)``: told every scheduler prices problem, the saved file
+    that cannot be used at the start and a write that failed at the end (also in the result).
+    ``settings``: what the environment variables set (default: their defaults)."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
     from ds4tui.engine.tokenizer import Tokenizer, render_chat
@@ -621,10 +623,12 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                     **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
+    problem_at_start = engine.scheduler_prices_problem
     if say is not None:
-        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) + (
-                [f"note: {engine.scheduler_prices_problem}"] if engine.scheduler_prices_problem else []):
-            say(note)
+        for what in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+            say(what)
+    if note is not None and problem_at_start:
+        note(problem_at_start)
     try:
         if engine.support_status != "attached":
             raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
@@ -665,6 +669,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
     finally:
         engine.close()
+    if note is not None and engine.scheduler_prices_problem and engine.scheduler_prices_problem != problem_at_start:
+        note(engine.scheduler_prices_problem)  # a write that failed: in the prices line and the JSON too
     prices_info = {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note_at_start": prices_note_at_start,
                    "scheduler_prices_note": engine.scheduler_prices_note,
                    "scheduler_prices_file": None if engine.scheduler_prices_file is None
@@ -1068,7 +1074,8 @@ def run(args: argparse.Namespace) -> int:
             result = run_ab(model, support, backend=args.backend, numerics=args.numerics, activations=args.activations,
                             n_threads=args.threads,
                             n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium),
-                            settings=settings_of(args), say=say)
+                            settings=settings_of(args), say=say,
+                            note=lambda text: print(f"{_PREFIX} note: {text}", file=sys.stderr, flush=True))
         else:
             result = run_bench(model, backend=args.backend, numerics=args.numerics, activations=args.activations,
                                n_threads=args.threads,

@@ -182,6 +182,7 @@ class Engine:
         self.scheduler_prices_file: Path | None = None
         #: the saved prices file could not be used or written ("": no problem); the note says the rest
         self.scheduler_prices_problem = ""
+        self._unusable_at_open = False  # the saved file could not be used when the engine opened
         self._prices_dir = prices_dir
         self._prices: prices.SchedulerPrices | None = None
         self._prices_from = "fresh"
@@ -403,6 +404,7 @@ class Engine:
                                              f"that closes writes its prices over the file if it can, and says so "
                                              f"if it cannot")
             self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
+            self._unusable_at_open = True
             return
         if kept is None or not kept.learnt:
             self.scheduler_prices_note = (f"saved: no prices yet in {path} (a session that closes writes them, "
@@ -415,13 +417,15 @@ class Engine:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
         file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
-        words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`)."""
-        if end is None or not end.learnt:
+        words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`);
+        a write that succeeds clears the problem (a file that could not be used at open is then replaced,
+        and the note says so).  ``fresh`` keeps nothing."""
+        if end is None or not end.learnt or self.scheduler_prices == "fresh":
             return
         with self._prices_lock:
             self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end)
             self._prices_from = "engine"
-            if self.scheduler_prices != "saved":  # engine: where the sessions left them, in memory only
+            if self.scheduler_prices == "engine":  # where the sessions left them, in memory only
                 self.scheduler_prices_note = (f"engine: the sessions so far left {self._prices.summary()} for the "
                                               f"later ones (kept in memory, no file written)")
                 return
@@ -431,7 +435,10 @@ class Engine:
                 self.scheduler_prices_problem = prices.write_problem(self.scheduler_prices_file, exc)
                 self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
             else:
-                self.scheduler_prices_note = f"saved: in {self.scheduler_prices_file} ({self._prices.summary()})"
+                self.scheduler_prices_problem = ""
+                self.scheduler_prices_note = (f"saved: in {self.scheduler_prices_file} ({self._prices.summary()})"
+                                              + ("; it replaced the file that could not be used at the start"
+                                                 if self._unusable_at_open else ""))
 
     @property
     def kept_prices(self) -> "prices.SchedulerPrices | None":
