@@ -146,6 +146,57 @@ def test_a_full_disk_says_how_much_space_the_pair_needs_and_where(tmp_path, monk
                               f"MiB there, or set DS4TUI_DEMO_DIR to a folder on a disk with {mib} MiB free")
 
 
+def _doctor_demo(capsys) -> tuple[dict, list[str], str, str]:
+    assert cli.main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert cli.main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("demo model "))
+    return d["demo"], d["warnings"], text, line
+
+
+def test_doctor_checks_the_demo_unpack_folder(tmp_path, monkeypatch, capsys):
+    m = demo.manifest()
+    need = sum(f["bytes"] for f in m["files"].values())
+    mib = -(-need // 2**20)
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "ok"))  # a folder that can be made: no warning
+    d, warnings, text, line = _doctor_demo(capsys)
+    assert d["problem"] is None and not any("demo unpack folder" in w for w in warnings)
+    assert "see the warning below" not in line
+
+    blocker = tmp_path / "a-file"  # a file where a folder above the unpack folder should be
+    blocker.write_text("")
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(blocker / "demo"))
+    folder = demo.pair_folder(m)
+    d, warnings, text, line = _doctor_demo(capsys)
+    warning = (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found a file at {blocker}, "
+               f"where a folder above it should be; move {blocker} away, or set DS4TUI_DEMO_DIR to a writable folder "
+               f"(the demo pair needs {mib} MiB there)")
+    assert d["problem"] == warning and warning in warnings and f"warning: {warning}\n" in text
+    assert line.endswith(f"unpacked on first use into {folder} (it cannot be unpacked there: see the warning below)")
+
+    read_only = tmp_path / "read-only"  # root ignores folder modes: the refusal is injected
+    read_only.mkdir()
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(read_only))
+    real_access = os.access
+    monkeypatch.setattr(demo.os, "access", lambda p, mode: False if str(p) == str(read_only) else real_access(p, mode))
+    d, warnings, text, line = _doctor_demo(capsys)
+    folder = demo.pair_folder(m)
+    assert d["problem"] == (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found no "
+                            f"permission to write in {read_only}; make {read_only} writable for this user, or set "
+                            f"DS4TUI_DEMO_DIR to a writable folder (the demo pair needs {mib} MiB there)")
+    monkeypatch.undo()
+
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "small"))  # too little free space on its disk
+    monkeypatch.setattr(demo.shutil, "disk_usage", lambda p: _Usage(7 * 2**20))
+    d, warnings, text, line = _doctor_demo(capsys)
+    folder = demo.pair_folder(m)
+    warning = (f"the demo unpack folder {folder} cannot hold the demo pair: expected {mib} MiB free for the demo pair, "
+               f"found 7 MiB free on the disk of {folder}; free {mib - 7} MiB there, or set DS4TUI_DEMO_DIR to a "
+               f"folder on a disk with {mib} MiB free")
+    assert d["problem"] == warning and f"warning: {warning}\n" in text
+
+
 def test_damaged_cached_file_is_unpacked_again(pair):
     want = demo.manifest()["files"]["support.gguf"]["sha256"]
     size = pair.support.stat().st_size
@@ -236,7 +287,7 @@ def test_doctor_reports_the_demo(pair, capsys):
         d = json.loads(capsys.readouterr().out)["demo"]
         assert d == {"bundled": True, "folder": str(pair.model.parent), "unpacked": True,
                      "bytes": pair.model.stat().st_size + pair.support.stat().st_size,
-                     "other_versions": [{"folder": str(old), "bytes": 3 * 2**20}]}
+                     "other_versions": [{"folder": str(old), "bytes": 3 * 2**20}], "problem": None}
         assert cli.main(["doctor"]) == 0
         out = capsys.readouterr().out
         line = next(x for x in out.splitlines() if x.startswith("demo model "))  # the label column's width aside

@@ -10,7 +10,9 @@ when unset), and the check of those that change what runs (a bad value is report
 commands that open an engine refuse it with status 2).  On an amdgpu machine it also reports the
 GTT limit, whether it is the kernel's default half of RAM, and the ``ttm.pages_limit`` that raises
 it (:func:`ds4tui.engine.memplan.gtt_report`).  A scheduler prices folder that cannot be used (a
-file in its place, no permission to write) is a warning that says what to do.  Exit status 0 when
+file in its place, no permission to write), a demo unpack folder that cannot take the files still to
+unpack (a file in its place, no permission, too little free space) and a relative XDG_CACHE_HOME
+(ignored) are warnings that say what to do.  Exit status 0 when
 the report could be made (even without a GPU); 1 when the native engine itself is not built.
 """
 
@@ -90,6 +92,8 @@ def collect() -> dict:
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
     out["warnings"] += [v["ignored"] for v in env if v.get("ignored")]
+    if out["demo"].get("problem"):
+        out["warnings"].append(out["demo"]["problem"])
     if hsa:
         out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
                                f"that version, not the ones this library was built for (spec platform.md §1.1)")
@@ -141,7 +145,8 @@ def run(args) -> int:
         lines.append(("demo model", "not in this build"))
     else:
         where = "unpacked in" if d["unpacked"] else "unpacked on first use into"
-        lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), {where} {d['folder']}"))
+        lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), {where} {d['folder']}"
+                      + (" (it cannot be unpacked there: see the warning below)" if d.get("problem") else "")))
         for o in d.get("other_versions", []):
             lines.append(("", f"another version's pair ({o['bytes'] / 2**20:.0f} MiB), unused by this ds4tui: "
                               f"{o['folder']} (delete it to free the space)"))

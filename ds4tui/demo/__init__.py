@@ -106,14 +106,41 @@ def other_versions(current: Path) -> list[dict]:
 
 def status() -> dict:
     """What ``ds4tui doctor`` reports: bundled or not, the unpack folder, whether both files are there,
-    and the folders of other demo versions in the same cache (``other_versions``)."""
+    the folders of other demo versions in the same cache (``other_versions``), and ``problem``: why
+    the files still to unpack cannot be (:func:`folder_problem`; None when they can, or none is left)."""
     m = manifest()
     if m is None:
         return {"bundled": False}
     folder = pair_folder(m)
+    left = sum(f["bytes"] for name, f in m["files"].items() if not _has_size(folder / name, f["bytes"]))
     return {"bundled": True, "folder": str(folder), "bytes": sum(f["bytes"] for f in m["files"].values()),
             "unpacked": all((folder / name).is_file() for name in m["files"]),
-            "other_versions": other_versions(folder)}
+            "other_versions": other_versions(folder), "problem": folder_problem(folder, left) if left else None}
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def folder_problem(folder: Path, need: int) -> str | None:
+    """Why ``need`` bytes of the demo pair cannot be unpacked into ``folder`` (None when they can):
+    a file in the way, no permission to write, or too little free space on its disk.  What doctor
+    warns about before a first start fails on it."""
+    base = _existing(folder)
+    if base.is_dir():
+        found, fix = (None, None) if os.access(base, os.W_OK | os.X_OK) else (
+            f"no permission to write in {base}", f"make {base} writable for this user")
+    else:
+        found = "a file" if base == folder else f"a file at {base}, where a folder above it should be"
+        fix = f"move {base} away"
+    if found:
+        return (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found {found}; {fix}, "
+                f"or set DS4TUI_DEMO_DIR to a writable folder (the demo pair needs {_mib(need, True)} there)")
+    short = space_problem(folder, need)
+    return f"the demo unpack folder {folder} cannot hold the demo pair: {short}" if short else None
 
 
 def _stamp(path: Path) -> str:
