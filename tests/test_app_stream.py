@@ -823,3 +823,15 @@ async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_com
         gate.set()
         await app.workers.wait_for_complete()
         await app.flush()
+
+
+def test_row_crop_compositor_needs_textuals_parts_and_is_used_when_they_are_there():
+    from textual._compositor import Compositor
+
+    from ds4tui.widgets.screen import ROW_CROP_NEEDS, ChatScreen, RowCropCompositor, row_crop_supported
+
+    assert row_crop_supported(Compositor)  # the pinned Textual has every part
+    for missing in ROW_CROP_NEEDS:  # a Textual without one of them keeps its own compositor
+        stripped = type("StrippedCompositor", (), {n: None for n in ROW_CROP_NEEDS if n != missing})
+        assert not row_crop_supported(stripped), missing
+    assert type(ChatScreen()._compositor) is RowCropCompositor

@@ -86,6 +86,17 @@ class RowCropCompositor(Compositor):
                     yield region, run, widget.render_lines(Region(x - region.x, y - region.y, width, height))
 
 
+#: The parts of Textual's compositor (textual 8.2) that :class:`RowCropCompositor` builds on.
+ROW_CROP_NEEDS = ("_regions_to_spans", "_get_renders", "_render_chops", "visible_widgets")
+
+
+def row_crop_supported(compositor_class: type) -> bool:
+    """Whether ``compositor_class`` (Textual's ``Compositor``) has every part that
+    :class:`RowCropCompositor` overrides or reads; a Textual without them keeps its own compositor
+    (the same frames, every widget rendered at its visible height)."""
+    return all(hasattr(compositor_class, name) for name in ROW_CROP_NEEDS)
+
+
 class FrameTrigger:
     """Stands in for a screen's update timer (the ``pause``/``resume`` Textual calls on it):
     ``resume()`` schedules one call of the screen's ``_on_timer_update`` — at once, or at the end
@@ -134,7 +145,8 @@ class ChatScreen(Screen):
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self._compositor = RowCropCompositor()
+        if row_crop_supported(Compositor):  # else Textual's own compositor: every row rendered, as before
+            self._compositor = RowCropCompositor()
 
     @property
     def _update_timer(self) -> FrameTrigger:  # (Textual's name: the screen pauses and resumes it)
