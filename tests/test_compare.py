@@ -179,12 +179,17 @@ def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like `generate --json` output but field `timings` is array [1, 2], expected object: the file "
         f"was edited or damaged; write it again with ds4tui generate --json")
-    bad.write_text(json.dumps({"mode": "ab", "arms": [], "model": {}, "backend": "cpu"}))
+    bad.write_text(json.dumps({"mode": "ab", "arms": [], "model": {}, "backend": "cpu", "tokens": 64}))
+    assert _refusal(capsys, str(good), bad) == (  # a knob compare reads: not a silent "n_threads 2 -> null"
+        f"{bad}: looks like a `bench --ab` result but has no field `n_threads` (expected integer): the file is "
+        f"incomplete; write it again with ds4tui bench --ab --json")
+    bad.write_text(json.dumps({"mode": "ab", "arms": [], "model": {}, "backend": "cpu", "tokens": 64,
+                               "n_threads": 2}))
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a `bench --ab` result but its `arms` is empty (expected the three arms): the file is "
         f"incomplete; write it again with ds4tui bench --ab --json")
     bad.write_text(json.dumps({"mode": "ab", "arms": [{"name": "target-only", "tokens_per_s": [3]}], "model": {},
-                               "backend": "cpu"}))
+                               "backend": "cpu", "tokens": 64, "n_threads": 2}))
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a `bench --ab` result but field `arms[0].tokens_per_s` is array [3], expected number or "
         f"null: the file was edited or damaged; write it again with ds4tui bench --ab --json")

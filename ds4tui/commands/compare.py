@@ -67,7 +67,7 @@ ACCEPTS = ("compare reads the JSON of one run: a stats export of the chat (F6), 
 #: checked when present: ``required`` False); an edited or damaged file is named with the field.
 FIELDS: dict[str, list[tuple[str, tuple[str, ...], bool]]] = {
     "bench-ab": [("model", ("object",), True), ("backend", ("string",), True), ("arms", ("array",), True),
-                 ("tokens", ("integer",), False), ("ctx", ("integer",), False)],
+                 ("tokens", ("integer",), True), ("n_threads", ("integer",), True), ("ctx", ("integer",), False)],
     "bench": [("model", ("object",), True), ("backend", ("string",), True),
               ("decode_tokens_per_s", ("number",), True), ("memcpy_gb_per_s", ("number", "null"), True),
               ("prefill_tokens_per_s", ("number",), False), ("ctx", ("integer",), False),
