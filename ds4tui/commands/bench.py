@@ -67,7 +67,7 @@ from ds4tui.commands.environment import (BadVariable, Settings, backend_unavaila
                                          gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.errors import ConversionError
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes
@@ -912,17 +912,11 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
     given): checked before anything is unpacked, built or loaded."""
     if value is None:
         return None
-    p = Path(value)
     what = "" if flag == "MODEL" else f" (argument {flag}: expected a DSpark support GGUF; check the path)"
-    if not p.exists():
-        return ModelFileError(p, f"no such file{what}")
-    if p.is_dir():
-        return ModelFileError(p, f"is a directory, expected a .gguf file{what}")
     try:
-        with open(p, "rb"):
-            pass
-    except OSError as exc:
-        return ModelFileError(p, f"cannot read: {exc.strerror or exc}{what}")
+        check_readable(value, what)
+    except ModelFileError as exc:
+        return exc
     return None
 
 

@@ -255,9 +255,9 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
         if value is not None and var.check is not None and not var.check(value):
             error = str(BadVariable(var.name, value, var.accepted or ""))
         in_force = f"default: {var.default}" if value is None else value
-        ignored = xdg_cache_home(env)[1] if var.name == "XDG_CACHE_HOME" else None
+        in_use, ignored = xdg_cache_home(env) if var.name == "XDG_CACHE_HOME" else (None, None)
         if ignored:
-            in_force = f"ignored ({value} is a relative path): {xdg_cache_home(env)[0]} in force"
+            in_force = f"ignored ({value} is a relative path): {in_use} in force"
         out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
                     "checked": var.field is not None, "error": error, "ignored": ignored})
     return out

@@ -127,16 +127,31 @@ class _CheckedReader(GGUFReader):
         return super()._build_tensors(start_offs, fields)
 
 
+def check_readable(path: str | os.PathLike, hint: str = "") -> Path:
+    """``path`` as a Path when it names a file that can be opened for reading; else
+    :class:`ModelFileError` naming it: no such file, a directory, or the OS's reason it cannot be
+    read, with ``hint`` after the reason (e.g. which flag named the path).  The first checks of
+    :func:`open_gguf`, for a command that checks its paths before long work."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(p, f"no such file{hint}")
+    if p.is_dir():
+        raise ModelFileError(p, f"is a directory, expected a .gguf file{hint}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        raise ModelFileError(p, f"cannot read: {exc.strerror or exc}{hint}") from None
+    return p
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFReader:
     """Memory-map a GGUF v3 file with the ``gguf`` package, with precise errors.
 
-    Raises :class:`GGUFFormatError` / :class:`TruncatedFileError` naming the file.
+    Raises :class:`ModelFileError` (:func:`check_readable`), :class:`GGUFFormatError` /
+    :class:`TruncatedFileError` naming the file.
     """
-    p = Path(path)
-    if not p.exists():
-        raise ModelFileError(p, "no such file")
-    if p.is_dir():
-        raise ModelFileError(p, "is a directory, expected a .gguf file")
+    p = check_readable(path)
     size = p.stat().st_size
     try:
         with open(p, "rb") as fh:
