@@ -52,22 +52,62 @@ mm_kernel(const uint8_t *__restrict__ W, int64_t rows, int64_t cols, int64_t row
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     const int64_t nchunk = (cols + 7) / 8;
     const int tid = (WPR == 1 ? 0 : wp) * GPU_WARP + lane;
-#pragma unroll 2
-    for (int64_t c = tid; c < nchunk; c += GPU_WARP * WPR) {
-        const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
-        float w[8];
-        Chunk<TYPE>::load(row, c, m, w);
+    /* several tokens in blocks of at most MM_WARPS warps: every token's chunk is loaded before the
+     * first fmaf, so the NT loads are in flight together (a token past the pass's last reads the
+     * first token's chunk and adds nothing); then each token's fmaf sequence is the one below.  (The
+     * 1024-thread blocks of the tiny matrices have too few registers a thread for it.) */
+    if constexpr (NT > 1 && WPR <= MM_WARPS) {
+        const bool x16 = !((uintptr_t)X & 15) && !(ldx & 3); /* every whole chunk 16-byte aligned */
+        for (int64_t c = tid; c < nchunk; c += GPU_WARP * WPR) {
+            const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
+            float w[8];
+            Chunk<TYPE>::load(row, c, m, w);
+            if (m == 8) {
+                float xv[NT][8];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < nt) {
-                const float *x = X + (t0 + t) * ldx + 8 * c;
-                if (m == 8 && !((uintptr_t)x & 15)) { /* 16-byte loads; the same fmaf sequence */
-                    const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
-                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                for (int t = 0; t < NT; t++) {
+                    const float *x = X + (t0 + (t < nt ? t : 0)) * ldx + 8 * c;
+                    if (x16) {
+                        const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+                        xv[t][0] = a.x; xv[t][1] = a.y; xv[t][2] = a.z; xv[t][3] = a.w;
+                        xv[t][4] = b.x; xv[t][5] = b.y; xv[t][6] = b.z; xv[t][7] = b.w;
+                    } else {
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[t] = fmaf(w[j], xv[j], acc[t]);
-                } else {
+                        for (int j = 0; j < 8; j++) xv[t][j] = x[j];
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[t] = fmaf(w[j], xv[t][j], acc[t]);
+                    }
+                }
+            } else {
+                for (int t = 0; t < nt; t++) {
+                    const float *x = X + (t0 + t) * ldx + 8 * c;
                     for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+                }
+            }
+        }
+    } else {
+#pragma unroll 2
+        for (int64_t c = tid; c < nchunk; c += GPU_WARP * WPR) {
+            const int m = (int)(cols - 8 * c < 8 ? cols - 8 * c : 8);
+            float w[8];
+            Chunk<TYPE>::load(row, c, m, w);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float *x = X + (t0 + t) * ldx + 8 * c;
+                    if (m == 8 && !((uintptr_t)x & 15)) { /* 16-byte loads; the same fmaf sequence */
+                        const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[t] = fmaf(w[j], xv[j], acc[t]);
+                    } else {
+                        for (int j = 0; j < m; j++) acc[t] = fmaf(w[j], x[j], acc[t]);
+                    }
                 }
             }
         }
