@@ -26,6 +26,7 @@
 #define Q8_STAGE 32768         /* bytes of activation codes staged per block (tokens x columns) */
 #define Q8_BLOCKS 512          /* blocks a launch aims at: more rows per block beyond that (up to 8 rounds) */
 #define Q8_BLOCKS_STAGED 128   /* the same for 2-8 tokens of long rows (q8_go) */
+#define Q8_BLOCKS_IQ2_GATHER 1024 /* the same for expert-gathered IQ2_XXS products (q8_go) */
 
 /* This translation unit's copy of the IQ2_XXS tables (quant.h). */
 int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
@@ -457,7 +458,10 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
      * of 2048 columns or more gives a block 4x the rows (H200, 6 tokens: 0.69-0.85x for 1024-4096
      * rows of 4096 and the LM head; 1.14x for 32768 rows of 1024 and 1.06-1.14x for one token, which
      * keep Q8_BLOCKS). */
-    const int64_t target = !ids && n > 1 && n <= 8 && cols >= 2048 ? Q8_BLOCKS_STAGED : Q8_BLOCKS;
+    /* The routed IQ2_XXS gate/up gathers (4 rows a warp: q8_launch_t) aim at twice the blocks (H200, 6
+     * and 36 slots of 2048 x 4096: 0.83x and 0.92x; the Q2_K downs lost 5 % at 6 slots with either) */
+    const int64_t target = ids ? (TYPE == DS4_TYPE_IQ2_XXS ? Q8_BLOCKS_IQ2_GATHER : Q8_BLOCKS)
+                           : n > 1 && n <= 8 && cols >= 2048 ? Q8_BLOCKS_STAGED : Q8_BLOCKS;
     const int64_t want = blocks1 * (int64_t)gy / target;
     const int loops = (int)(want < 1 ? 1 : want > 8 ? 8 : want);
     const int64_t per_block = (int64_t)G * loops;
@@ -486,7 +490,7 @@ static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_b
                         int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                         int x_div, int64_t n, float *Y, int64_t ldy) {
     if (ids) {
-        constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
+        constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q2_K ? 2 : 4;
         q8_go<TYPE, PL, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
                                       Y, ldy);
         return;
