@@ -10,7 +10,7 @@ Two or more libraries side by side (planar layout, f32 and q8 activations, alter
 same weights; the last column is each library's time over the first one's):
 
     python tools/gpu_kernel_bench.py --lib base=A/libds4tui_cuda.so --lib new=B/libds4tui_cuda.so \\
-        [--rounds 3] [--json OUT.json]
+        [--rounds 3] [--only gather] [--activations q8] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -83,6 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", action="append", metavar="NAME=LIBRARY", default=[],
                     help="a GPU library to time (repeat for a side-by-side; default: the built one)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds with several --lib (default 3)")
+    ap.add_argument("--only", metavar="TEXT", default="",
+                    help="with several --lib: only the products whose weight name contains TEXT (e.g. gather)")
+    ap.add_argument("--activations", choices=("f32", "q8", "both"), default="both",
+                    help="with several --lib: the activations timed (default both)")
     args = ap.parse_args(argv)
     info, why = gpu.probe()
     if why:
@@ -152,7 +156,7 @@ def compare(args, info, ffi, lib) -> int:
           flush=True)
 
     def run(name, t, rows, cols, n, slots, W, X, ids):
-        for act in (0, 1):
+        for act in {"f32": (0,), "q8": (1,), "both": (0, 1)}[args.activations]:
             times: dict = {k: [] for k in names}
             ys = {}
             for r in range(args.rounds):
@@ -185,7 +189,7 @@ def compare(args, info, ffi, lib) -> int:
         return 0
 
     for name, t, rows, cols in SHAPES:
-        if t not in (8, 10, 16) or "experts as rows" in name or "1 expert" in name:
+        if t not in (8, 10, 16) or "experts as rows" in name or "1 expert" in name or args.only not in name:
             continue
         W = _weights(t, rows, cols, rng, lib)
         for n in (1, 6):
@@ -193,6 +197,8 @@ def compare(args, info, ffi, lib) -> int:
             if run(name, t, rows, cols, n, 0, W, X, None):
                 return 1
     for name, t, rows, cols, slots in GATHERS:
+        if args.only not in name:
+            continue
         W = _weights(t, rows * slots, cols, rng, lib)
         X = rng.standard_normal((slots, cols)).astype(np.float32)
         ids = np.arange(slots, dtype=np.int32)
