@@ -816,6 +816,8 @@ async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_com
                                 spans, [cut_set[1:] for cut_set in theirs.cuts])
             assert mine.spans == spans and mine.render_segments(app.console) == stock.render_segments(app.console)
             assert all(first in rows and n <= len(rows) for _, first, n in seen), (regions, seen)
+            if text_rows in regions:  # not the containers behind the text or the pane: their rows there never show
+                assert not [w for w, _, _ in seen if w in ("transcript", "chat-column", "main", "side", "side-b")]
             if regions == [text_rows, pane_row]:  # each widget only in the changed rows within its columns
                 assert ("answer-live", answer.y + 2, 3) in seen and ("stages", pane.y + 1, 1) in seen
                 assert not [w for w, first, _ in seen if w == "answer-live" and first == pane.y + 1]

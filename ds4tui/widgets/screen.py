@@ -65,14 +65,35 @@ class RowCropCompositor(Compositor):
         by_row: dict[int, list[tuple[int, int]]] = {}
         for y, x1, x2 in spans:
             by_row.setdefault(y, []).append((x1, x2))
+        cuts = self.cuts
+        # per row: the cuts whose chops the update sends (as ``ChopsUpdate`` picks them: a chop from
+        # its cut to the next that starts at or before a span's end and ends after its start), and
+        # the cuts a widget in front has filled (the front-most strip of a cut wins)
+        needed: dict[int, set[int]] = {}
+        for y, row_spans in by_row.items():
+            row_cuts = cuts[y]
+            needed[y] = {cut for cut, end in zip(row_cuts, row_cuts[1:])
+                         if any(cut <= x2 and end > x1 for x1, x2 in row_spans)}
+        filled: dict[int, set[int]] = {y: set() for y in by_row}
         for widget, (region, clip) in list(self.visible_widgets.items()):
             if not crop.overlaps(clip):
                 continue
             shown = region.intersection(clip)
             left, right = shown.x, shown.right
-            rows = [y for y in range(shown.y, shown.bottom)
-                    if any(x1 < right and x2 >= left for x1, x2 in by_row.get(y, ()))]  # (a span's end
-            # column too: Textual's update moves the cursor to the chop that starts there)
+            rows = []
+            for y in range(shown.y, shown.bottom):
+                row_spans = by_row.get(y)
+                # a row the update sends within the widget's columns (a span's end column too: Textual's
+                # update moves the cursor to the chop that starts there) ...
+                if row_spans is None or not any(x1 < right and x2 >= left for x1, x2 in row_spans):
+                    continue
+                # ... and where the widget's strip would fill a sent chop that no widget in front filled
+                # (a widget behind others, a container behind its children, is rendered only where it shows)
+                final = [cut for cut in cuts[y] if left <= cut <= right][:-1]  # (the chops its strip fills)
+                want, have = needed[y], filled[y]
+                if any(cut in want and cut not in have for cut in final):
+                    have.update(final)
+                    rows.append(y)
             # each run of consecutive rows: the clip's columns (where the screen's cuts are), the run's rows
             start = 0
             for i in range(1, len(rows) + 1):
