@@ -827,6 +827,60 @@ async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_com
         await app.flush()
 
 
+async def test_a_pane_renders_a_repainted_row_alone_and_each_row_as_textuals_render_of_the_whole_pane(tmp_path):
+    from textual.widget import Widget
+
+    gate = threading.Event()
+    app = _app(tmp_path, gate)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await app.flush()
+        app.query_one("#prompt").value = "Write a linked list"
+        await pilot.press("enter")
+        while app.engine._tokens < 30:
+            await pilot.pause(0.01)
+        await app.flush()  # the panes with their figures, held while the turn runs
+        await pilot.pause()
+        panes = [w for w in app.query(Pane) if w.size.height > 1]
+        assert len(panes) >= 7
+
+        def textuals(pane):  # Textual's render of the whole pane (Widget.render_line's cache)
+            Widget._render_content(pane)
+            return list(pane._render_cache.lines)
+
+        def check():
+            for pane in panes:
+                mine = [pane.render_line(y) for y in range(pane.size.height)]
+                assert mine == textuals(pane), pane.id
+
+        check()
+        stages = app.query_one("#stages", Pane)
+        rows = stages.size.height
+        whole = []
+        original = Widget._render_content
+        Widget._render_content = lambda self: (whole.append(self.id), original(self))[1]
+        try:
+            # one row changes (a row of the same text wraps the same way): only that row is rendered
+            text = stages.text.split("\n")
+            stages.put(Content("\n".join([text[0] + " ", *text[1:]])))
+            await pilot.pause()
+        finally:
+            Widget._render_content = original
+        assert "stages" not in whole and stages.render_line(0) == textuals(stages)[0]
+        # a shorter text while held (blank rows keep the height), a line that wraps, a link
+        stages.put(Content("one row"))
+        await pilot.pause()
+        assert stages.size.height == rows
+        check()
+        stages.put(Content("word " * 60) + Content("\n") + Content.from_markup("[link='https://x.org']a link[/] and "
+                                                                              "[@click=app.bell]an action[/]"))
+        await pilot.pause()
+        check()
+        gate.set()
+        await app.workers.wait_for_complete()
+        await app.flush()
+
+
 def test_row_crop_compositor_needs_textuals_parts_and_is_used_when_they_are_there():
     from textual._compositor import Compositor
 

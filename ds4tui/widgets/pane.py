@@ -5,16 +5,21 @@ from __future__ import annotations
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.geometry import Region
+from textual.strip import Strip
 from textual.widgets import Static
+from rich.style import Style as RichStyle
 
 from ds4tui.widgets.stream import no_second_layout
 
 
+_NO_LINK = RichStyle()  # (what a strip without links is styled with: nothing)
+
+
 class Pane(Static):
     """A bordered text pane that re-renders only when its content changes, repaints only the
-    rows whose text changed, and re-runs the screen's layout only when its height changes (a
-    full layout of the screen costs far more than repainting one pane, and the panes update
-    while text streams).
+    rows whose text changed, renders only the rows that are repainted, and re-runs the screen's
+    layout only when its height changes (a full layout of the screen costs far more than
+    repainting one pane, and the panes update while text streams).
 
     :meth:`hold` keeps the pane at least as tall as it has been since (blank rows below a
     shorter text) until it is released: while an answer streams, a pane whose text loses a row
@@ -34,6 +39,7 @@ class Pane(Static):
         self._drawn: Content | None = None  # what was drawn: the text and the blank rows that keep the height
         self._drawn_rows: tuple[int, list[Content]] | None = None  # (width, the rows of _drawn at that width)
         self._held: int | None = None  # while held: the fewest rows to draw
+        self._lines: tuple[int, list] | None = None  # (width, the formatted rows of _drawn at that width)
 
     def put(self, content: Content) -> None:
         old = self._shown
@@ -45,14 +51,22 @@ class Pane(Static):
     def _draw(self) -> None:
         content = self._shown
         width = self.content_size.width
-        after = content.wrap(width) if width > 0 else None  # its rows at this width
-        natural = len(after) if after is not None else None
+        # its rows at this width as Textual formats them for a render (their texts are what
+        # Content.wrap gives), kept so that a repainted row is rendered alone (render_line)
+        lines = self._format(content, width) if width > 0 else None
+        natural = len(lines) if lines is not None else None
         rows = natural
         if natural is not None and self._held is not None:
             rows = self._held = max(natural, self._held)
-            if rows > natural:
+            if rows > natural:  # blank rows below: the rows Textual makes of the blank lines added
                 content = content + Content("\n" * (rows - natural))
-                after = after + [Content("")] * (rows - natural)
+                blank = self._format(Content("\n" * (rows - natural - 1)), width)
+                first = self._shown.plain.count("\n") + 1  # (the line each row comes from)
+                for k, line in enumerate(blank):
+                    line.y = first + k
+                lines = lines + blank
+        self._lines = (width, lines) if lines is not None else None
+        after = [line.content for line in lines] if lines is not None else None
         old, old_rows = self._drawn, self._drawn_rows
         if old_rows is None or old_rows[0] != width:
             old_rows = None if old is None or natural is None else (width, old.wrap(width))
@@ -75,6 +89,35 @@ class Pane(Static):
     def render(self) -> Content:
         """What was drawn last (:meth:`put` repaints only the rows of it that changed)."""
         return self._drawn if self._drawn is not None else super().render()
+
+    def _format(self, content: Content, width: int) -> list:
+        """``content``'s rows at ``width`` as Textual's render of a Content formats them
+        (``Content.render_strips``: the widget's text rules, no selection)."""
+        rule = self.styles.get_rule
+        return content._wrap_and_format(width, align=rule("text_align", "left"), overflow=rule("text_overflow", "fold"),
+                                        no_wrap=rule("text_wrap", "wrap") == "nowrap",
+                                        line_pad=rule("line_pad", 0), tab_size=8, get_style=self._get_style)
+
+    def render_line(self, y: int) -> Strip:
+        """Row ``y`` of what was drawn, rendered alone: the strip Textual's render of the whole pane
+        has in that row (``Visual.to_strips`` on the widget's Content: the row's segments in the
+        widget's style, links styled), without rendering the rows that did not change.  Textual's
+        render of every row where the rows are not the ones formatted (another width, a text
+        selection, an alignment other than top left)."""
+        lines, size = self._lines, self.size
+        if (lines is None or lines[0] != size.width or self._drawn is None or self.text_selection is not None
+                or self.BLANK or self.styles.content_align != ("left", "top")):
+            return super().render_line(y)
+        rows = lines[1]
+        if not 0 <= y < min(len(rows), size.height):
+            return Strip.blank(size.width, self.visual_style.rich_style)
+        strip = Strip(*rows[y].to_strip(self.visual_style))
+        if self.auto_links and not self.is_container and not self.screen._selecting:
+            # (the link style is worked out only for a row with a link: it costs more than the row)
+            link = any(style is not None and style._meta is not None and "@click" in style.meta
+                       for _, style, _ in strip)
+            strip = strip._apply_link_style(self.link_style if link else _NO_LINK)
+        return strip
 
     def hold(self, on: bool) -> None:
         """``on``: from now until released, never fewer rows than now; off: as tall as the text
