@@ -854,6 +854,8 @@ async def test_a_pane_renders_a_repainted_row_alone_and_each_row_as_textuals_ren
                 assert mine == textuals(pane), pane.id
 
         check()
+        from ds4tui.widgets import pane as P
+        assert P.ROWS_ALONE  # (the pinned Textual has the parts it builds on)
         stages = app.query_one("#stages", Pane)
         rows = stages.size.height
         whole = []

@@ -13,6 +13,16 @@ from ds4tui.widgets.stream import no_second_layout
 
 
 _NO_LINK = RichStyle()  # (what a strip without links is styled with: nothing)
+#: Whether Textual has the parts a pane's render of one row builds on (Textual 8.2's formatted rows
+#: of a Content and its link styling of a strip); without them every row is Textual's render.
+ROWS_ALONE = hasattr(Content, "_wrap_and_format") and hasattr(Strip, "_apply_link_style")
+
+
+class _Row:
+    """A row where Textual has no formatted rows to keep: its text only."""
+
+    def __init__(self, content: Content):
+        self.content, self.y = content, 0
 
 
 class Pane(Static):
@@ -93,6 +103,8 @@ class Pane(Static):
     def _format(self, content: Content, width: int) -> list:
         """``content``'s rows at ``width`` as Textual's render of a Content formats them
         (``Content.render_strips``: the widget's text rules, no selection)."""
+        if not ROWS_ALONE:
+            return [_Row(row) for row in content.wrap(width)]
         rule = self.styles.get_rule
         return content._wrap_and_format(width, align=rule("text_align", "left"), overflow=rule("text_overflow", "fold"),
                                         no_wrap=rule("text_wrap", "wrap") == "nowrap",
@@ -105,7 +117,7 @@ class Pane(Static):
         render of every row where the rows are not the ones formatted (another width, a text
         selection, an alignment other than top left)."""
         lines, size = self._lines, self.size
-        if (lines is None or lines[0] != size.width or self._drawn is None or self.text_selection is not None
+        if (not ROWS_ALONE or lines is None or lines[0] != size.width or self._drawn is None or self.text_selection is not None
                 or self.BLANK or self.styles.content_align != ("left", "top")):
             return super().render_line(y)
         rows = lines[1]

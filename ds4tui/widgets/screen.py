@@ -18,7 +18,9 @@ compositor draws a partial update by rendering every widget that overlaps the bo
 changed regions over the widget's whole visible height and then keeping the changed rows, so a
 text frame of a few rows rendered the transcript's containers, the screen and the side column's
 widgets beside the text at full height (~16 widgets a frame, most of the UI thread's time while
-an answer streams, ux.md §2.4), and the panes' frame every widget of the screen.
+an answer streams, ux.md §2.4), and the panes' frame every widget of the screen.  Nor does it
+render a widget in a row where the widgets in front of it fill every piece the update sends
+there (the containers behind the streaming text and behind the panes).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from textual.strip import Strip
 
 class RowCropCompositor(Compositor):
     """Textual's compositor, whose partial updates render each widget only in the rows that the
-    update sends within the widget's columns, instead of over the widget's whole visible height.
+    update sends within the widget's columns, instead of over the widget's whole visible height,
+    and only where its strip would fill a piece of the row (between two cuts) that the update
+    sends and that no widget in front of it filled (Textual keeps the front-most strip of each).
     Textual's renders every widget that overlaps the bounding box of the changed regions over its
     whole visible height and then keeps the changed rows.  The rows sent come from the same
     widgets, front to back, cut at the same columns, so they are the same strips; only rows that
@@ -108,7 +112,7 @@ class RowCropCompositor(Compositor):
 
 
 #: The parts of Textual's compositor (textual 8.2) that :class:`RowCropCompositor` builds on.
-ROW_CROP_NEEDS = ("_regions_to_spans", "_get_renders", "_render_chops", "visible_widgets")
+ROW_CROP_NEEDS = ("_regions_to_spans", "_get_renders", "_render_chops", "visible_widgets", "cuts")
 
 
 def row_crop_supported(compositor_class: type) -> bool:
