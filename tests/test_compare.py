@@ -311,3 +311,46 @@ async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(t
     assert cli_main(["compare", gen, b["path"], "--json"]) == 0
     knobs = json.loads(capsys.readouterr().out)["knobs"]
     assert ["activations", "f32", "q8"] in knobs and not any(k[0] == "prefill_gemm" for k in knobs)
+
+
+def test_files_that_share_no_figures_get_a_short_note_and_a_bounded_summary(tmp_path, capsys):
+    """A ``bench --ab`` result (every figure under ``arms``) against ``generate --json`` output: no figure
+    in common, so the report says so, what each file is and what to compare instead, and summarises
+    what only one has (counts per top-level name, a few names) instead of listing hundreds; --json
+    keeps every name."""
+    n_arm = 150  # figures per arm
+    arms = [{"name": f"arm{i}", "tokens_per_s": 10.0 + i, **{f"f{j}": float(j + 1) for j in range(n_arm - 1)}}
+            for i in range(3)]
+    ab = {"mode": "ab", "arms": arms, "model": {"path": "m.gguf"}, "backend": "cpu", "tokens": 64, "n_threads": 2}
+    gen = {"model": "m.gguf", "backend": "cpu", "generated_ids": [1, 2],
+           "timings": {f"t{j}": float(j + 1) for j in range(40)},
+           "dspark_stats": {f"s{j}": j + 1 for j in range(60)}}
+    a, b = tmp_path / "ab.json", tmp_path / "gen.json"
+    a.write_text(json.dumps(ab))
+    b.write_text(json.dumps(gen))
+    rc = cli_main(["compare", str(a), str(b)])
+    text = capsys.readouterr().out
+    assert rc == 0 and len(text) < 2000, len(text)
+    assert (f"NOTE: the two files share no figures, so there is nothing to set side by side: A {a} is a `bench --ab` "
+            f"result (written by ds4tui bench --ab --json; model m.gguf, backend cpu); B {b} is `generate --json` "
+            f"output (written by ds4tui generate --json; model m.gguf, backend cpu); give two files of one kind: "
+            f"{a} with another file written by ds4tui bench --ab --json, or {b} with another written by ds4tui "
+            f"generate --json") in text
+    assert f"only in A: {3 * n_arm} figures (under arms {3 * n_arm}), e.g. arms[0].f0, arms[0].f1, arms[0].f10; " \
+           f"--json lists every one" in text
+    assert "only in B: 100 figures (under dspark_stats 60, timings 40), e.g. " in text
+    rc = cli_main(["compare", str(a), str(b), "--json"])
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    assert rc == 0 and r["figures"] == [] and r["no_shared_figures"].startswith("the two files share no figures")
+    assert len(r["only_a"]) == 3 * n_arm and len(r["only_b"]) == 100  # nothing lost
+    assert out.err == f"ds4tui compare: note: {r['no_shared_figures']}\n"
+    # files that share figures get no note; a short list is given in full
+    assert C.names_summary(["x", "y.z"]) == "x, y.z"
+    b.write_text(json.dumps({**gen, "timings": {"t0": 2.0}, "dspark_stats": {}, "extra": 1.0}))
+    c = tmp_path / "gen2.json"
+    c.write_text(json.dumps({**gen, "dspark_stats": {}}))
+    rc = cli_main(["compare", str(c), str(b)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "NOTE" not in text and "only in B: extra" in text
+    assert "only in A: 39 figures (under timings 39), e.g. timings.t1, timings.t10, timings.t11;" in text

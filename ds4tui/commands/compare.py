@@ -9,7 +9,10 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
   the optional caches), A's value and B's;
 - a **warning** when more than one knob differs: then no figure's change can be put down to one of
   them (a memory cache switched on together with DSpark makes the DSpark speed-up unreadable);
-- every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A;
+- every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A; the ones
+  only one file has as a bounded summary (:func:`names_summary`; ``--json`` lists every one), and a
+  **note** when the files have no figure in common (:func:`no_shared_figures`: what each is, what
+  to compare instead);
 - a **warning** when both files are stats exports of one chat session whose counters ran on
   between them (the same ``counters_id``, B's counts at least A's): B then contains A.
 
@@ -364,10 +367,57 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
             lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {('-' if q is None else f'{q:.3f}'):>8}")
     if r["zero_in_both"]:
         lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
+    if r.get("no_shared_figures"):
+        lines.append(f"NOTE: {r['no_shared_figures']}")
     for side, names in (("A", r["only_a"]), ("B", r["only_b"])):
         if names:
-            lines.append(f"only in {side}: {', '.join(names)}")
+            lines.append(f"only in {side}: {names_summary(names)}")
     return "\n".join(lines)
+
+
+#: How many names, and how many groups of names, the text report shows of a list it summarises.
+SHOWN_NAMES, SHOWN_GROUPS = 3, 4
+
+
+def names_summary(names: list[str]) -> str:
+    """A bounded line for a list of figure names: all of them when there are at most
+    :data:`SHOWN_NAMES` + 3; else the count, the count under each top-level name (the largest
+    :data:`SHOWN_GROUPS`) and the first :data:`SHOWN_NAMES` names, pointing at ``--json`` (which
+    lists every one)."""
+    if len(names) <= SHOWN_NAMES + 3:
+        return ", ".join(names)
+    groups: dict[str, int] = {}
+    for name in names:
+        top = _parts(name)[0]
+        groups[top] = groups.get(top, 0) + 1
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{g} {n}" for g, n in ranked[:SHOWN_GROUPS])
+    if len(ranked) > SHOWN_GROUPS:
+        shown += f", {len(ranked) - SHOWN_GROUPS} more group{'s' if len(ranked) - SHOWN_GROUPS > 1 else ''}"
+    return (f"{len(names)} figures (under {shown}), e.g. {', '.join(names[:SHOWN_NAMES])}; "
+            f"--json lists every one")
+
+
+def _describe(path: str, kind: str, d: dict) -> str:
+    """One file in words: its path, its kind, what writes it, and its model and backend when it names them."""
+    model = d.get("model")
+    model = model.get("path") if isinstance(model, dict) else model
+    what = [f"model {model}"] if isinstance(model, str) and model else []
+    if isinstance(d.get("backend"), str):
+        what.append(f"backend {d['backend']}")
+    return f"{path} is {KIND_WORDS[kind]} (written by {WRITER[kind]}{'; ' + ', '.join(what) if what else ''})"
+
+
+def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dict, b: dict) -> str:
+    """The note when two files have no figure in common: what each file is and what to compare instead."""
+    if kind_a == kind_b:
+        todo = (f"compare two runs of the same command with the same options (e.g. {WRITER[kind_a]} "
+                f"twice, changing one knob)")
+    else:
+        todo = (f"give two files of one kind: {path_a} with another file written by {WRITER[kind_a]}, or {path_b} "
+                f"with another written by {WRITER[kind_b]}")
+    return (f"the two files share no figures, so there is nothing to set side by side: A {_describe(path_a, kind_a, a)}; "
+            f"B {_describe(path_b, kind_b, b)}; {todo}")
 
 
 def run(args) -> int:
@@ -384,12 +434,16 @@ def run(args) -> int:
     same = kind_a == kind_b
     r = compare(canonical(kind_a, a) if not same else a, canonical(kind_b, b) if not same else b, same_kind=same)
     r["contains_warning"] = contains_warning(r["contains"], a.get("counters_id"))
+    r["no_shared_figures"] = (None if r["figures"] or r["zero_in_both"]
+                              else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     if args.json:
         print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
         # the table carries the warnings; with --json they also go to stderr, once each
         for w in (r["warning"], r["contains_warning"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
+        if r["no_shared_figures"]:
+            print(f"{_PREFIX} note: {r['no_shared_figures']}", file=sys.stderr)
     else:
         print(render(args.a, args.b, kind_a, kind_b, r))
     return 0
