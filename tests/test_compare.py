@@ -127,9 +127,29 @@ def test_a_bad_file_with_json_is_a_json_failure(tmp_path, capsys):
     rc = cli_main(["compare", str(bad), str(bad), "--json"])
     out = capsys.readouterr()
     message = (f"{bad}: not JSON: Expecting property name enclosed in double quotes: line 1 column 2; the file ends "
-               f"before its JSON does: it was cut short (truncated); write it again")
+               f"before its JSON does: it was cut short (truncated); write it again; {ACCEPTS}")
     assert rc == 1 and json.loads(out.out) == {"ok": False, "error": message, "error_type": "CompareError"}
     assert out.err == f"ds4tui compare: error: {message}\n"
+
+
+def test_empty_binary_and_text_files_are_named_with_what_was_found_and_what_compare_reads(tmp_path, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"model": "m.gguf", "backend": "cpu", "generated_ids": [1], "timings": {"x": 1.0}}))
+    bad = tmp_path / "bad.json"
+    redirected = "expected JSON (a run that failed or was stopped leaves the file its output was redirected to empty)"
+    cases = [
+        (b"", f"{bad}: the file is empty (0 bytes), {redirected}"),
+        (b" \n\t", f"{bad}: the file is blank (3 bytes of white space only), {redirected}"),
+        (b"\xff\xfe\x00x", f"{bad}: not UTF-8 text (byte 0xff at offset 0; it looks like binary data, starting "
+                           f"ff fe 00 78), expected JSON"),
+        (b"GGUF\x03\x00\x00\x00\x80\x81", f"{bad}: not UTF-8 text (byte 0x80 at offset 8; it looks like a GGUF "
+                                             f"model file, starting 47 47 55 46 03 00 00 00), expected JSON"),
+        (b"decode 81.2 tokens/s\n", f'{bad}: not JSON: Expecting value: line 1 column 1 (it starts "decode 81.2 '
+                                    f'tokens/s\\n")'),
+    ]
+    for content, found in cases:
+        bad.write_bytes(content)
+        assert _refusal(capsys, str(good), bad) == f"{found}; {ACCEPTS}", content
 
 
 def _refusal(capsys, good: str, bad) -> str:
@@ -164,7 +184,7 @@ def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_
         f"saved), not the result of a run; {ACCEPTS}")
     bad.write_text(text[:len(text) // 2])  # cut short
     assert _refusal(capsys, str(good), bad).endswith(
-        "; the file ends before its JSON does: it was cut short (truncated); write it again")
+        f"; the file ends before its JSON does: it was cut short (truncated); write it again; {ACCEPTS}")
     assert " at at " not in _refusal(capsys, str(good), bad)
     d = json.loads(text)
     bad.write_text(json.dumps({**d, "decode_tokens_per_s": "fast"}))

@@ -164,19 +164,29 @@ def kind_of(d: dict) -> str:
 def load(path: str) -> tuple[str, dict]:
     """The kind and the object of a JSON file (CompareError naming the file otherwise)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError:
-        raise CompareError(f"{path}: not UTF-8 text") from None
+    if not data.strip():
+        found = "empty (0 bytes)" if not data else f"blank ({len(data)} bytes of white space only)"
+        raise CompareError(f"{path}: the file is {found}, expected JSON (a run that failed or was stopped leaves the "
+                           f"file its output was redirected to empty); {ACCEPTS}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        what = "a GGUF model file" if data[:4] == b"GGUF" else "binary data"
+        raise CompareError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}; it looks "
+                           f"like {what}, starting {data[:8].hex(' ')}), expected JSON; {ACCEPTS}") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
         # the parser reached the end of the text (a string runs to it, or the error is there): cut short
         cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        raise CompareError(f"{path}: not JSON: {exc.msg}: line {exc.lineno} column {exc.colno}"
+        start = text.lstrip()[:24]
+        found = "" if cut else f" (it starts {json.dumps(start)}{'...' if len(text.lstrip()) > 24 else ''})"
+        raise CompareError(f"{path}: not JSON: {exc.msg}: line {exc.lineno} column {exc.colno}{found}"
                            + ("; the file ends before its JSON does: it was cut short (truncated); write it again"
-                              if cut else "")) from None
+                              if cut else "") + f"; {ACCEPTS}") from None
     if not isinstance(d, dict):
         raise CompareError(f"{path}: expected a JSON object, found {json_type(d)}; {ACCEPTS}")
     if d.get("ok") is False:
