@@ -196,3 +196,53 @@ def test_tokenize_defaults_to_the_demo_model_as_generate_does(capsys):
     assert rc == 0, err
     rc2, out2, _ = _run(capsys, ["tokenize", str(pair.model), "--text", "hello world", "--json"])
     assert rc2 == 0 and json.loads(out) == json.loads(out2) and json.loads(out)["n_tokens"] > 0
+
+
+@pytest.fixture
+def no_demo(monkeypatch):
+    """Unpacking the bundled demo pair (~100 MiB written, hashed) fails the test: an error that the
+    command line alone shows must come first."""
+    from ds4tui import demo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo pair was unpacked before the usage error")
+
+    monkeypatch.setattr(demo, "demo_pair", refuse)
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["generate", "-p", "hi", "--max-draft", "3", "--backend", "reference"], 2,
+     "ds4tui generate: error: --max-draft needs a backend that drafts, found --backend reference (the numpy oracle "
+     "does not draft): use --backend auto, cpu or hip, or leave out --max-draft"),
+    (["generate", "-p", "hi", "--mtp", "SUPPORT", "--backend", "reference"], 2,
+     "ds4tui generate: error: --mtp needs a backend that drafts, found --backend reference (the numpy oracle does "
+     "not draft): use --backend auto, cpu or hip"),
+    (["generate", "-p", "  "], 2,
+     "ds4tui generate: error: argument --prompt: the prompt is empty (only whitespace): give the text to answer "
+     "(-p TEXT, or -f FILE)"),
+    (["generate", "-f", "MISSING"], 1, "ds4tui generate: error: MISSING: cannot read: No such file or directory"),
+    (["generate", "-p", "hi", "--mtp", "MISSING"], 1,
+     "ds4tui generate: error: MISSING: no such file (argument --mtp: expected a DSpark support GGUF; check the path)"),
+    (["generate", "-p", "hi", "--ctx", "1"], 2,
+     "ds4tui generate: error: argument --ctx: expected at least 2 (a prompt token and one to generate), found 1"),
+    (["chat", "--ctx", "1"], 2,
+     "ds4tui chat: error: argument --ctx: expected at least 2 (a prompt token and one to generate), found 1"),
+    (["chat", "--save-dir", "MISSING"], 2,
+     "ds4tui chat: error: argument --save-dir: MISSING: no such folder (Ctrl+S and F6 write there: give a folder)"),
+    (["chat", "--mtp", "MISSING"], 1, "ds4tui chat: error: support model (--mtp) MISSING: no such file"),
+    (["tokenize", "-f", "MISSING"], 1, "ds4tui tokenize: error: MISSING: cannot read: No such file or directory"),
+])
+def test_usage_errors_without_a_model_come_before_the_demo_is_unpacked(argv, status, message, tiny_q2, tmp_path,
+                                                                        capsys, no_demo, no_engine):
+    missing = str(tmp_path / "missing")
+    argv = [{"SUPPORT": str(tiny_q2["support"]), "MISSING": missing}.get(a, a) for a in argv]
+    rc, out, err = _run(capsys, argv)
+    assert (rc, err) == (status, message.replace("MISSING", missing) + "\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_drafter_option_with_a_model_and_no_mtp_is_refused_before_anything_loads(command, tiny_q2, capsys,
+                                                                                   no_demo, no_engine):
+    rc, out, err = _run(capsys, [*_args(command, str(tiny_q2["model"])), "--max-draft", "3"])
+    assert rc == 2 and err.startswith(f"ds4tui {command}: error: --max-draft needs a DSpark support model: add --mtp "
+                                      f"SUPPORT.gguf") and err.count("\n") == 1

@@ -27,31 +27,19 @@ def options_from_args(args: argparse.Namespace):
     from ds4tui.demo import demo_pair, stderr_progress
 
     model, support = args.model, args.mtp
-    if model is None:
-        pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
-        if pair is None:
-            raise LookupError(NO_DEMO)
-        model = str(pair.model)
-        if support is None:
-            support = str(pair.support)
-    if args.dspark and support is None:
+    # the usage errors the command line alone shows come first, before any slow work (unpacking the
+    # demo pair): without MODEL the demo's support model is attached unless --mtp names another
+    drafter = support is not None or model is None
+    if args.dspark and not drafter:
         raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
     given = [flag for flag, on in (("--no-scheduler", getattr(args, "no_scheduler", False)),
                                    ("--confidence", getattr(args, "confidence", None) is not None),
                                    ("--max-draft", getattr(args, "max_draft", None) is not None)) if on]
-    if given and support is None:
+    if given and not drafter:
         raise ValueError(f"{given[0]} needs a DSpark support model: add --mtp SUPPORT.gguf, or leave out "
                          f"{' '.join(given)}")
-    for what, path in (("model", model), ("support model (--mtp)", support)):
-        if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"{what} {path}: no such file")
-    if args.ctx is not None:  # against the model's metadata, before the app loads it
-        from ds4tui.engine.gguf_model import context_length_of
-
-        limit = context_length_of(model)
-        if args.ctx < 2 or (limit is not None and args.ctx > limit):
-            raise ValueError(f"argument --ctx: expected 2..{limit or 'the context length'} (the context length of "
-                             f"{model}), found {args.ctx}")
+    if model is None and args.ctx is not None and args.ctx < 2:
+        raise ValueError(f"argument --ctx: expected at least 2 (a prompt token and one to generate), found {args.ctx}")
     save_dir = Path(args.save_dir)
     if not save_dir.is_dir():
         what = "is a file, not a folder" if save_dir.exists() else "no such folder"
@@ -59,12 +47,29 @@ def options_from_args(args: argparse.Namespace):
     if not os.access(save_dir, os.W_OK | os.X_OK):
         raise ValueError(f"argument --save-dir: {save_dir}: cannot write there (Ctrl+S and F6 write there)")
     env = settings_of(args)
-    check_support_block(support, getattr(args, "max_draft", None), env)
     activations = getattr(args, "activations", "f32")
     backend = args.backend
     # auto picks hip or cpu (both run q8, spec ds4.md §2.9.5) and says why in its backend_note,
     # which the welcome line shows as generate prints it
     check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
+    for what, path in (("model", model), ("support model (--mtp)", support)):
+        if path is not None and not os.path.isfile(path):  # before the demo is unpacked too
+            raise FileNotFoundError(f"{what} {path}: no such file")
+    if model is None:
+        pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
+        if pair is None:
+            raise LookupError(NO_DEMO)
+        model = str(pair.model)
+        if support is None:
+            support = str(pair.support)
+    if args.ctx is not None:  # against the model's metadata, before the app loads it
+        from ds4tui.engine.gguf_model import context_length_of
+
+        limit = context_length_of(model)
+        if args.ctx < 2 or (limit is not None and args.ctx > limit):
+            raise ValueError(f"argument --ctx: expected 2..{limit or 'the context length'} (the context length of "
+                             f"{model}), found {args.ctx}")
+    check_support_block(support, getattr(args, "max_draft", None), env)
     return ChatOptions(model=model, support=support, dspark=args.dspark is not False, ctx=args.ctx,
                        backend=backend, threads=args.threads, temperature=args.temp, top_p=args.top_p,
                        seed=args.seed, top_k=args.top_k, min_p=args.min_p, numerics=args.numerics,

@@ -47,7 +47,7 @@ from ds4tui.commands.environment import (BadVariable, backend_unavailable, check
                                          settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
@@ -69,15 +69,22 @@ def prompt_ids(tokenizer: Tokenizer, text: str, *, raw: bool, think: bool, syste
 
 
 def _dspark_usage(args: argparse.Namespace) -> str | None:
-    """Why the DSpark options cannot be used as given (None when they can)."""
+    """Why the DSpark options cannot be used as given (None when they can).  Decided from the
+    command line alone, before the demo pair is unpacked: without MODEL the demo's support model
+    is attached unless ``--mtp`` names another or the backend is the reference (which does not draft)."""
     if args.mtp is not None:
         if args.backend == "reference":
             return ("--mtp needs a backend that drafts, found --backend reference (the numpy oracle does not draft): "
                     "use --backend auto, cpu or hip")
         return None
+    if args.model is None and args.backend != "reference":
+        return None  # the demo's drafter
     given = [flag for flag, on in (("--dspark", args.dspark is True), ("--no-scheduler", args.no_scheduler),
                                    ("--confidence", args.confidence is not None),
                                    ("--max-draft", args.max_draft is not None)) if on]
+    if given and args.backend == "reference":
+        return (f"{given[0]} needs a backend that drafts, found --backend reference (the numpy oracle does not "
+                f"draft): use --backend auto, cpu or hip, or leave out {' '.join(given)}")
     if given:
         return (f"{given[0]} needs a DSpark support model: add --mtp SUPPORT.gguf (DSpark is then on by default), "
                 f"or leave out {' '.join(given)}")
@@ -105,6 +112,28 @@ def run(args: argparse.Namespace) -> int:
 
     as_json = args.json
     settings = settings_of(args)
+    # usage errors that the command line alone shows come before any slow work (unpacking the demo)
+    why = _dspark_usage(args)
+    if why:
+        return _fail(why, as_json, status=2)  # a usage error, as argparse's
+    if args.model is None and args.ctx is not None and args.ctx < 2:
+        return _fail(f"argument --ctx: expected at least 2 (a prompt token and one to generate), found {args.ctx}",
+                     as_json, status=2)
+    try:
+        text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
+        system = _check_arg_text(args.system, "--system") if args.system else None
+    except TokenizerError as exc:
+        return _fail(str(exc), as_json)
+    if not text.strip():  # in chat mode too: the template alone is not a question
+        where = "argument --prompt" if args.file is None else (
+            f"argument --file: {'<stdin>' if args.file == '-' else args.file}")
+        return _fail(f"{where}: the prompt is empty{' (only whitespace)' if text else ''}: give the text to "
+                     f"answer (-p TEXT, or -f FILE)", as_json, status=2)
+    if args.model is None and args.mtp is not None:  # the support file named: checked before the demo unpacks
+        try:
+            check_readable(args.mtp, " (argument --mtp: expected a DSpark support GGUF; check the path)")
+        except ModelFileError as exc:
+            return _fail(str(exc), as_json)
     if args.model is None:
         from ds4tui.demo import DemoError, demo_pair, stderr_progress
 
@@ -121,9 +150,6 @@ def run(args: argparse.Namespace) -> int:
             elif not as_json:
                 print("ds4tui generate: note: the reference backend does not draft, so the demo's DSpark support "
                       "model is not attached", file=sys.stderr)
-    why = _dspark_usage(args)
-    if why:
-        return _fail(why, as_json, status=2)  # a usage error, as argparse's
     try:  # options bounded by the support model's block size: checked before anything loads
         check_support_block(args.mtp, args.max_draft, settings)
     except ValueError as exc:  # BadVariable too
@@ -133,13 +159,6 @@ def run(args: argparse.Namespace) -> int:
     prices_problem = ""
     try:
         try:
-            text = _check_arg_text(args.prompt, "--prompt") if args.file is None else _read(args.file)
-            if not text.strip():  # in chat mode too: the template alone is not a question
-                where = "argument --prompt" if args.file is None else (
-                    f"argument --file: {'<stdin>' if args.file == '-' else args.file}")
-                return _fail(f"{where}: the prompt is empty{' (only whitespace)' if text else ''}: give the text to "
-                             f"answer (-p TEXT, or -f FILE)", as_json, status=2)
-            system = _check_arg_text(args.system, "--system") if args.system else None
             params = S.SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                       seed=args.seed).validate()
             model = DS4Model(args.model)  # the metadata: --ctx is checked against it before the engine loads

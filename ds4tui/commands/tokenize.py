@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--json and --ids-only: choose one of them, not both", 2)
     if not args.chat and (args.nothink or args.system):
         return _fail("--system and --nothink only apply with --chat: add --chat, or leave them out", 2)
+    try:  # the text first: a file that cannot be read is named before the demo is unpacked
+        text = _read_text(args)
+    except TokenizerError as exc:
+        return _fail(str(exc))
     if args.model is None:  # as generate and chat: the bundled demo model (its tokenizer is the real one)
         from ds4tui.demo import DemoError, demo_pair
 
@@ -109,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
             return _fail("no MODEL given and this build has no bundled demo model")
         args.model = str(pair.model)
     try:
-        text = _read_text(args)
         tokenizer = Tokenizer.from_gguf(args.model)
         if args.chat:
             ids = render_chat(
