@@ -513,16 +513,20 @@ def main(argv: list[str] | None = None) -> int:
 
                 print(json.dumps({"ok": False, "error": str(exc)}))
             return 2
-    module = importlib.import_module(f"ds4tui.commands.{args.command}")
     _signals_seen.clear()
     try:
         with interrupt_on_signals():
+            module = importlib.import_module(f"ds4tui.commands.{args.command}")  # an interrupt here too: no traceback
             rc = int(module.run(args) or 0)
     except KeyboardInterrupt:
-        print("ds4tui: interrupted", file=sys.stderr)
         rc = 130
     except BrokenPipeError:
         return 0
+    if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says nothing,
+        try:       # so a second Ctrl-C during its clean-up does not say it again
+            print("ds4tui: interrupted", file=sys.stderr)
+        except KeyboardInterrupt:
+            pass
     # a command that stopped for a signal says so in its status, as a shell does: 128 + the signal
     # (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
     return 128 + _signals_seen[-1] if rc == 130 and _signals_seen else rc

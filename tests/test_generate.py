@@ -331,3 +331,31 @@ def test_gpu_graphs_flag_reaches_the_engine_and_the_json(tiny_q2, capsys, monkey
     r = json.loads(out)
     assert r["backend"] == "cpu" and r["gpu_graphs"] == "off"
     assert r["gpu_graphs_note"] == "off: the cpu backend launches no kernels"
+
+
+@pytest.mark.parametrize("second_press", [False, True])
+def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, capsys, monkeypatch):
+    """Ctrl-C while decoding keeps what was printed, exits 130 and says "interrupted" once; a second
+    Ctrl-C while the session is closed (the impatient second press) does not say it again."""
+    from ds4tui.commands import generate as G
+    from ds4tui.engine import session as S
+
+    class Interrupted(G.DecodeLoop):
+        def __iter__(self):
+            for i, cycle in enumerate(super().__iter__()):
+                if i == 3:
+                    raise KeyboardInterrupt  # Ctrl-C during the fourth cycle
+                yield cycle
+
+    monkeypatch.setattr(G, "DecodeLoop", Interrupted)
+    if second_press:
+        close = S.Session.close
+
+        def close_then_interrupted(self):
+            close(self)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(S.Session, "close", close_then_interrupted)
+    rc, out, err = _gen(capsys, str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu")
+    assert rc == 130 and err.count("interrupted") == 1 and err.endswith("ds4tui: interrupted\n"), err
+    assert out.strip() and "decode " in err  # what was printed stays, and the rates line follows it

@@ -306,10 +306,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
                 print("ds4tui generate: note: saved/net_saved are unknown (printed as 0): every cycle drafted, so "
                       "no target-only decode was timed to price them (the scheduler times one; `ds4tui bench --ab` "
                       "compares whole runs)", file=sys.stderr)
-            if stop == "interrupted":
-                print("ds4tui: interrupted", file=sys.stderr)
-                return 130
-            return 0
+            return 130 if stop == "interrupted" else 0  # the command line says "interrupted", once
     except BrokenPipeError:
         raise
     except OSError as exc:  # stdout is a full disk or otherwise unwritable
