@@ -61,8 +61,9 @@ def test_backend_option_conflicts_are_the_same_usage_error_everywhere(command, t
     monkeypatch.delenv("DS4TUI_PREFILL_GEMM")
     monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "99")
     rc, out, err = _run(capsys, base)
-    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='99': expected 0 (the block "
-                               f"size) or an integer 1..16 (at most the support model's block size)\n")
+    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='99': expected 0 (the support "
+                               f"model's block size) or an integer 1..the support model's block size (5 for the "
+                               f"demo's and DS4 Flash's drafters; no block is larger than 16)\n")
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
@@ -70,8 +71,8 @@ def test_max_draft_variable_against_the_support_file_before_loading(command, tin
                                                                      no_engine):
     monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "8")  # the tiny support model's block is 5
     rc, out, err = _run(capsys, [*_args(command, tiny_q2["model"]), "--mtp", str(tiny_q2["support"])])
-    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='8': expected 0 (the block "
-                               f"size) or 1..5 (the support model's block size)\n")
+    assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='8': expected 0 (the support "
+                               f"model's block size) or an integer 1..5 (the block size of {tiny_q2['support']})\n")
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])

@@ -15,12 +15,16 @@ from ds4tui import cli
 from ds4tui.cli import main as cli_main
 from ds4tui.commands import environment as E
 
+#: Every message about DS4_DSPARK_MAX_DRAFT_TOKENS names the engine's bound, the support model's block
+#: (dspark.c refuses a max_draft above it), and the largest block there is (DS4_DSPARK_MAX_BLOCK).
+ACCEPTED_MAX_DRAFT = ("0 (the support model's block size) or an integer 1..the support model's block size (5 for the "
+                      "demo's and DS4 Flash's drafters; no block is larger than 16)")
 BAD = [
     ("DS4_DSPARK_SCHEDULER", "banana", "0 (off) or 1 (on)"),
     ("DS4_DSPARK_SCHEDULER", "2", "0 (off) or 1 (on)"),
-    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "17", "0 (the block size) or an integer 1..16"),
-    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "-1", "0 (the block size) or an integer 1..16"),
-    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "two", "0 (the block size) or an integer 1..16"),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "17", ACCEPTED_MAX_DRAFT),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "-1", ACCEPTED_MAX_DRAFT),
+    ("DS4_DSPARK_MAX_DRAFT_TOKENS", "two", ACCEPTED_MAX_DRAFT),
     ("DS4_DSPARK_STATS", "banana", "0 (off) or 1 (on)"),
     ("DS4_DSPARK_STATS", "yes", "0 (off) or 1 (on)"),
     ("DS4TUI_GPU_LAYOUT", "tiled", "planar (the default) or ggml"),
@@ -52,6 +56,30 @@ def test_a_bad_value_is_a_named_error_and_status_2(clean_env, capsys, argv, name
     assert out.err.startswith(f"ds4tui {argv[0]}: error: {name}={value!r}: expected {accepted}")
 
 
+def test_the_max_draft_bound_in_every_message_is_the_engines(tiny_q2):
+    """The messages' numbers are the engine's: it takes a max_draft up to the support model's block
+    and refuses one more; the largest block is the C header's; the demo's drafter has a block of 5."""
+    from ds4tui.engine import session as S
+    from ds4tui.engine.gguf_model import support_block_size
+
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    try:
+        block = e.block_size
+        assert support_block_size(tiny_q2["support"]) == block
+        assert e.session(64, max_draft=block).dspark.max_draft == block
+        with pytest.raises(ValueError, match=f"exceeds the support model's block size {block}"):
+            e.session(64, max_draft=block + 1)
+        assert e._lib.DS4_DSPARK_MAX_BLOCK == E.MAX_BLOCK and ACCEPTED_MAX_DRAFT.endswith(
+            f"no block is larger than {E.MAX_BLOCK})")
+    finally:
+        e.close()
+    from ds4tui.demo import demo_pair
+
+    pair = demo_pair(None)
+    if pair is not None:
+        assert support_block_size(pair.support) == 5 and "5 for the demo's" in ACCEPTED_MAX_DRAFT
+
+
 def test_settings_from_the_environment(clean_env):
     assert E.read_environment() == E.Settings()
     env = {"DS4_DSPARK_SCHEDULER": "0", "DS4_DSPARK_MAX_DRAFT_TOKENS": "3", "DS4_DSPARK_STATS": "1",
@@ -65,9 +93,14 @@ def test_settings_from_the_environment(clean_env):
                                   "gpu_graphs": "off"}
     # empty counts as unset (as ds4 reads them); "0" is a value
     assert E.read_environment({"DS4_DSPARK_STATS": "", "DS4_DSPARK_MAX_DRAFT_TOKENS": "0"}) == E.Settings()
-    with pytest.raises(E.BadVariable, match=r"DS4_DSPARK_MAX_DRAFT_TOKENS='3': expected 0 \(the block size\) or "
-                                            r"1\.\.2 \(the support model's block size\)"):
+    with pytest.raises(E.BadVariable) as exc:
         s.check_block(2)
+    assert str(exc.value) == ("DS4_DSPARK_MAX_DRAFT_TOKENS='3': expected 0 (the support model's block size) or an "
+                              "integer 1..2 (the support model's block size)")
+    with pytest.raises(E.BadVariable) as exc:
+        s.check_block(2, "s.gguf")
+    assert str(exc.value).endswith("expected 0 (the support model's block size) or an integer 1..2 (the block size "
+                                   "of s.gguf)")
     s.check_block(5)
 
 
@@ -78,8 +111,8 @@ def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env,
         rc = cli_main(argv)
         err = capsys.readouterr().err
         assert rc == 2, err
-        assert err.strip().endswith("error: DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the block size) or 1..5 "
-                                    "(the support model's block size)")
+        assert err.strip().endswith(f"error: DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the support model's block "
+                                    f"size) or an integer 1..5 (the block size of {tiny_q2['support']})")
         assert err.count("\n") == 1, err  # one line, and nothing loaded before it (no backend note)
     # the flag is checked against the support file's block size before any model loads, too
     clean_env.delenv("DS4_DSPARK_MAX_DRAFT_TOKENS")
@@ -93,8 +126,8 @@ def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env,
     args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"])])
     args.settings = E.read_environment()
     assert chat.run(args) == 2
-    assert capsys.readouterr().err.endswith("DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the block size) or 1..5 "
-                                            "(the support model's block size)\n")
+    assert capsys.readouterr().err.endswith(f"DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the support model's block "
+                                            f"size) or an integer 1..5 (the block size of {tiny_q2['support']})\n")
 
 
 BAD_FLAGS = [

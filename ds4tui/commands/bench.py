@@ -633,7 +633,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         if engine.support_status != "attached":
             raise BenchError(f"an A/B run needs a support model that drafts: {engine.support_message}")
         block = engine.block_size
-        settings.check_block(block)
+        settings.check_block(block, support)
         session_options = settings.session_options()
         support_info = {"path": str(support), "status": engine.support_status, "message": engine.support_message,
                         "block_size": block}

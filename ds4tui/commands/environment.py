@@ -73,12 +73,25 @@ class Settings:
         return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm,
                 "gpu_graphs": self.gpu_graphs}
 
-    def check_block(self, block: int) -> None:
+    def check_block(self, block: int, support=None) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of
-        the attached support model (the one check that needs the support model loaded)."""
+        the attached support model (the file ``support``, named when given; the one check that needs
+        the support model)."""
         if block and self.dspark_max_draft > block:
             raise BadVariable("DS4_DSPARK_MAX_DRAFT_TOKENS", str(self.dspark_max_draft),
-                              f"0 (the block size) or 1..{block} (the support model's block size)")
+                              max_draft_accepted(block, support))
+
+
+def max_draft_accepted(block: int | None = None, support=None) -> str:
+    """What DS4_DSPARK_MAX_DRAFT_TOKENS accepts, in the words of every message about it: the
+    engine's bound is the attached support model's block size (``dspark.c`` refuses a larger
+    ``max_draft``), and no support model has a block above :data:`MAX_BLOCK`
+    (``DS4_DSPARK_MAX_BLOCK``).  With ``block`` known, its number (and the file ``support``)."""
+    if block is None:
+        return (f"0 (the support model's block size) or an integer 1..the support model's block size (5 for the demo's "
+                f"and DS4 Flash's drafters; no block is larger than {MAX_BLOCK})")
+    of = f"the block size of {support}" if support is not None else "the support model's block size"
+    return f"0 (the support model's block size) or an integer 1..{block} ({of})"
 
 
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
@@ -93,7 +106,7 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
         return
     if max_draft is not None and max_draft > block:
         raise ValueError(f"argument --max-draft: expected 1..{block} (the block size of {support}), found {max_draft}")
-    settings.check_block(block)
+    settings.check_block(block, support)
 
 
 def backend_unavailable(backend: str, exc: Exception) -> str:
@@ -202,8 +215,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DS4_DSPARK_SCHEDULER", "DSpark's adaptive scheduler at the start of a session (F3 / --no-scheduler "
              "change it)", "1", "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_scheduler", _switch),
     Variable("DS4_DSPARK_MAX_DRAFT_TOKENS", "DSpark drafts per cycle at the start of a session (--max-draft, "
-             "F9/F10 change it)", "0 (the block size)",
-             f"0 (the block size) or an integer 1..{MAX_BLOCK} (at most the support model's block size)",
+             "F9/F10 change it)", "0 (the block size)", max_draft_accepted(),
              lambda v: v.isascii() and v.isdigit() and int(v) <= MAX_BLOCK, "dspark_max_draft", _max_draft),
     Variable("DS4_DSPARK_STATS", "print ds4's DSpark stats line to stderr when a session closes (unset: "
              "generate still prints it at its end; 0: no line at all)", "unset",

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ds4tui generate: warning: DSpark support model refused, continuing target-only "
                       f"(no drafting): {engine.support_message}", file=sys.stderr, flush=True)
             if engine.support_status == "attached":
-                settings.check_block(engine.block_size)
+                settings.check_block(engine.block_size, args.mtp)
             session = engine.session(n_ctx, **settings.session_options())
             session.set_sampling(params)
             if engine.support_status == "attached":
