@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ds4tui import cli, demo
+from ds4tui.commands.environment import cache_root
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 
 PROMPTS = ("Write a Python function `flatten(items)` that returns a flat list of the items of nested lists.",
@@ -107,8 +108,37 @@ def test_unwritable_cache_names_the_folder(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(blocker / "sub"))
-    with pytest.raises(demo.DemoError, match=r"cannot unpack the demo model into .*file/sub.*DS4TUI_DEMO_DIR"):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    with pytest.raises(demo.DemoError) as exc:
         demo.demo_pair()
+    assert str(exc.value) == (
+        f"cannot unpack the demo model into {demo.pair_folder(demo.manifest())}: expected a writable folder, found "
+        f"DS4TUI_DEMO_DIR={blocker / 'sub'}, which lies under a file, {blocker}; set DS4TUI_DEMO_DIR to a writable "
+        f"folder, or unset it (the demo then goes under {Path.home() / '.cache' / 'ds4tui' / 'demo'})")
+    assert not any(tmp_path.rglob("*.part"))
+
+
+def test_an_xdg_cache_home_that_is_a_file_is_named_as_the_variable_to_fix(tmp_path, monkeypatch, capsys):
+    """XDG_CACHE_HOME naming a file: the error names the variable, its value, that it is a file, and
+    says to fix that variable (or to move the demo alone with DS4TUI_DEMO_DIR); doctor says the same."""
+    xdg = tmp_path / "cache-file"
+    xdg.write_text("")
+    monkeypatch.delenv("DS4TUI_DEMO_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    folder = demo.pair_folder(demo.manifest())
+    assert folder == xdg / "ds4tui" / "demo" / folder.name
+    found = (f"expected a writable folder, found XDG_CACHE_HOME={xdg}, which names a file, not a folder; set "
+             f"XDG_CACHE_HOME to a folder (or unset it: the caches then go under {Path.home() / '.cache'}), or set "
+             f"DS4TUI_DEMO_DIR to a writable folder for the demo alone")
+    with pytest.raises(demo.DemoError) as exc:
+        demo.demo_pair()
+    assert str(exc.value) == f"cannot unpack the demo model into {folder}: {found}"
+    assert cli.main(["generate", "-p", "hi"]) == 1
+    assert capsys.readouterr().err == f"ds4tui generate: error: cannot unpack the demo model into {folder}: {found}\n"
+    need = sum(f["bytes"] for f in demo.manifest()["files"].values())
+    d, warnings, text, line = _doctor_demo(capsys)
+    assert d["problem"] == (f"the demo unpack folder {folder} cannot be used: {found} (the demo pair needs "
+                            f"{-(-need // 2**20)} MiB there)") and d["problem"] in warnings
 
 
 class _Usage:
@@ -169,9 +199,9 @@ def test_doctor_checks_the_demo_unpack_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(blocker / "demo"))
     folder = demo.pair_folder(m)
     d, warnings, text, line = _doctor_demo(capsys)
-    warning = (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found a file at {blocker}, "
-               f"where a folder above it should be; move {blocker} away, or set DS4TUI_DEMO_DIR to a writable folder "
-               f"(the demo pair needs {mib} MiB there)")
+    warning = (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found DS4TUI_DEMO_DIR="
+               f"{blocker / 'demo'}, which lies under a file, {blocker}; set DS4TUI_DEMO_DIR to a writable folder, or "
+               f"unset it (the demo then goes under {cache_root() / 'demo'}) (the demo pair needs {mib} MiB there)")
     assert d["problem"] == warning and warning in warnings and f"warning: {warning}\n" in text
     assert line.endswith(f"unpacked on first use into {folder} (it cannot be unpacked there: see the warning below)")
 

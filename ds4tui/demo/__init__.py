@@ -125,20 +125,55 @@ def _has_size(path: Path, size: int) -> bool:
         return False
 
 
-def folder_problem(folder: Path, need: int) -> str | None:
-    """Why ``need`` bytes of the demo pair cannot be unpacked into ``folder`` (None when they can):
-    a file in the way, no permission to write, or too little free space on its disk.  What doctor
-    warns about before a first start fails on it."""
+def _placed_by() -> tuple[str, str] | None:
+    """The variable that put the unpack folder where it is, with its value: DS4TUI_DEMO_DIR when it
+    is set, else XDG_CACHE_HOME when it is set and in force (an absolute path); None for the default."""
+    from ds4tui.commands.environment import xdg_cache_home
+
+    if os.environ.get("DS4TUI_DEMO_DIR"):
+        return "DS4TUI_DEMO_DIR", os.environ["DS4TUI_DEMO_DIR"]
+    if os.environ.get("XDG_CACHE_HOME") and xdg_cache_home()[1] is None:
+        return "XDG_CACHE_HOME", os.environ["XDG_CACHE_HOME"]
+    return None
+
+
+def _unusable(folder: Path) -> tuple[str, str] | None:
+    """Why nothing can be written into ``folder``, as (what was found, what to do), or None when it
+    can as far as the file system's permissions say.  A file in the way that a variable's own path
+    is (or lies under) is named with the variable, its value and how to fix that variable."""
     base = _existing(folder)
     if base.is_dir():
-        found, fix = (None, None) if os.access(base, os.W_OK | os.X_OK) else (
-            f"no permission to write in {base}", f"make {base} writable for this user")
-    else:
-        found = "a file" if base == folder else f"a file at {base}, where a folder above it should be"
-        fix = f"move {base} away"
-    if found:
-        return (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found {found}; {fix}, "
-                f"or set DS4TUI_DEMO_DIR to a writable folder (the demo pair needs {_mib(need, True)} there)")
+        if os.access(base, os.W_OK | os.X_OK):
+            return None
+        return f"no permission to write in {base}", f"make {base} writable for this user, or set DS4TUI_DEMO_DIR " \
+                                                    f"to a writable folder"
+    placed = _placed_by()
+    if placed is not None:
+        var, value = placed
+        path = Path(value)
+        if path == base or base in path.parents:
+            where = "names a file, not a folder" if path == base else f"lies under a file, {base}"
+            found = f"{var}={value}, which {where}"
+            if var == "XDG_CACHE_HOME":  # every ds4tui cache is under it: that variable is what to fix
+                return found, (f"set XDG_CACHE_HOME to a folder (or unset it: the caches then go under "
+                               f"{Path.home() / '.cache'}), or set DS4TUI_DEMO_DIR to a writable folder for the demo alone")
+            from ds4tui.commands.environment import cache_root
+
+            return found, f"set DS4TUI_DEMO_DIR to a writable folder, or unset it (the demo then goes under " \
+                          f"{cache_root() / 'demo'})"
+    found = "a file" if base == folder else f"a file at {base}, where a folder above it should be"
+    return found, f"move {base} away, or set DS4TUI_DEMO_DIR to a writable folder"
+
+
+def folder_problem(folder: Path, need: int) -> str | None:
+    """Why ``need`` bytes of the demo pair cannot be unpacked into ``folder`` (None when they can):
+    a file in the way (named with the variable that put the folder there), no permission to write,
+    or too little free space on its disk.  What doctor warns about before a first start fails on it."""
+    bad = _unusable(folder)
+    if bad:
+        found, fix = bad
+        return (f"the demo unpack folder {folder} cannot be used: expected a writable folder, found {found}; {fix} "
+                f"(the demo pair needs {_mib(need, True)} there)")
     short = space_problem(folder, need)
     return f"the demo unpack folder {folder} cannot hold the demo pair: {short}" if short else None
 
@@ -228,6 +263,10 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     paths = {name: folder / name for name in files}
     todo = [name for name, info in files.items() if not _verified(paths[name], info["bytes"], info["sha256"])]
     need = sum(files[name]["bytes"] for name in todo)
+    bad = _unusable(folder) if todo else None
+    if bad:  # before any byte is written
+        raise DemoError(f"cannot unpack the demo model into {folder}: expected a writable folder, found {bad[0]}; "
+                        f"{bad[1]}")
     short = space_problem(folder, need) if todo else None
     if short:  # before any byte is written
         raise DemoError(f"cannot unpack the demo model into {folder}: {short}")
@@ -243,8 +282,10 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
                 left = sum(files[n]["bytes"] for n in todo[i:])
                 raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc}: "
                                 + (space_problem(folder, left) or _space_advice(folder, left))) from exc
-            raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc} "
-                            f"(set DS4TUI_DEMO_DIR to a writable folder)") from exc
+            bad = _unusable(folder)
+            raise DemoError(f"cannot unpack the demo model into {folder}: {exc.strerror or exc}"
+                            + (f": expected a writable folder, found {bad[0]}; {bad[1]}" if bad else
+                               " (set DS4TUI_DEMO_DIR to a writable folder)")) from exc
         except (lzma.LZMAError, EOFError) as exc:  # EOFError: a truncated xz stream
             raise DemoError(f"{src}: not a valid xz file ({exc}); reinstall ds4tui") from exc
     return DemoPair(paths["model.gguf"], paths["support.gguf"])
