@@ -30,6 +30,8 @@ BAD = [
     ("DS4TUI_GPU_LAYOUT", "tiled", "planar (the default) or ggml"),
     ("DS4TUI_PREFILL_GEMM", "int8", "auto (bf16 when the BLAS loads, else off), off, bf16 or f16"),
     ("DS4TUI_TELEMETRY", "rocm", "fake, sysfs, nvml, rss, none"),
+    ("DS4TUI_DEMO_DIR", "demo", "an absolute path, found a relative one (it would unpack the demo pair under "
+                                "whatever folder a command starts in): give the full path, or unset it"),
 ]
 COMMANDS = [
     ["generate", "no-such-model.gguf", "-p", "hi"],
@@ -210,6 +212,38 @@ def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
         "name": "DS4_DSPARK_MAX_DRAFT_TOKENS", "value": None, "in_force": "default: 0 (the block size)",
         "effect": E.VARIABLES[1].effect, "checked": True, "error": None, "ignored": None}
     assert env["HSA_OVERRIDE_GFX_VERSION"]["checked"] is False
+
+
+def test_a_relative_demo_dir_is_refused_by_every_command_and_doctor_says_so(clean_env, tmp_path, capsys):
+    """DS4TUI_DEMO_DIR is ds4tui's own variable: a relative path (the demo pair would be unpacked
+    again under every folder a command starts in) is a bad value, as any ds4tui variable's: the
+    engine commands refuse it before anything (status 2, BAD above), a command that only unpacks
+    the demo (tokenize) names it, and doctor marks it and warns; nothing is unpacked anywhere."""
+    from ds4tui import demo
+
+    clean_env.chdir(tmp_path)
+    clean_env.setenv("DS4TUI_DEMO_DIR", "demo-here")
+    message = ("DS4TUI_DEMO_DIR='demo-here': expected an absolute path, found a relative one (it would unpack the "
+               "demo pair under whatever folder a command starts in): give the full path, or unset it")
+    with pytest.raises(demo.DemoError) as exc:
+        demo.demo_pair()
+    assert str(exc.value) == message
+    assert cli_main(["tokenize", "--text", "hi"]) == 1
+    assert capsys.readouterr().err == f"ds4tui tokenize: error: {message}\n"
+    assert cli_main(["generate", "-p", "hi"]) == 2
+    assert capsys.readouterr().err == f"ds4tui generate: error: {message}\n"
+    assert cli_main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    entry = next(v for v in d["environment"] if v["name"] == "DS4TUI_DEMO_DIR")
+    assert entry["error"] == message and d["demo"]["folder"] is None and d["demo"]["problem"] == message
+    assert d["warnings"].count(message) == 1
+    assert cli_main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert f"  DS4TUI_DEMO_DIR              demo-here  (invalid: {message})\n" in text
+    assert text.count(f"warning: {message}\n") == 1 and "no folder to unpack it into (see the warning below)" in text
+    assert list(tmp_path.iterdir()) == []
+    clean_env.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "abs"))  # an absolute one is used as it is
+    assert demo.cache_dir() == tmp_path / "abs" and E.read_environment() == E.Settings()
 
 
 def test_a_relative_xdg_cache_home_is_ignored_by_every_cache_and_doctor_says_so(clean_env, tmp_path, capsys):

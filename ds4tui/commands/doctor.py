@@ -145,8 +145,10 @@ def run(args) -> int:
         lines.append(("demo model", "not in this build"))
     else:
         where = "unpacked in" if d["unpacked"] else "unpacked on first use into"
-        lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), {where} {d['folder']}"
-                      + (" (it cannot be unpacked there: see the warning below)" if d.get("problem") else "")))
+        lines.append(("demo model", f"bundled ({d['bytes'] / 2**20:.0f} MiB unpacked), "
+                      + (f"{where} {d['folder']}" if d["folder"] else "no folder to unpack it into")
+                      + (" (it cannot be unpacked there: see the warning below)" if d.get("problem") and d["folder"]
+                         else " (see the warning below)" if d.get("problem") else "")))
         for o in d.get("other_versions", []):
             lines.append(("", f"another version's pair ({o['bytes'] / 2**20:.0f} MiB), unused by this ds4tui: "
                               f"{o['folder']} (delete it to free the space)"))

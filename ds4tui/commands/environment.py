@@ -8,7 +8,8 @@ through; a bad value is a :class:`BadVariable` that names the variable, the valu
 values (the command line prints it and exits with status 2, like a bad flag, before any model
 loads).  :func:`report` describes every variable for ``ds4tui doctor``, the ones that only say
 where files are too (those are read where they are used: ``DS4TUI_DEMO_DIR`` and
-``XDG_CACHE_HOME`` by the demo, bench and scheduler prices caches, ``HSA_OVERRIDE_GFX_VERSION`` by the ROCm runtime).
+``XDG_CACHE_HOME`` by the demo, bench and scheduler prices caches, ``HSA_OVERRIDE_GFX_VERSION`` by the ROCm runtime;
+a relative ``DS4TUI_DEMO_DIR`` is a bad value too, while a relative ``XDG_CACHE_HOME`` is ignored, as its spec says).
 
 Not a command: ``ds4tui/commands/<name>.py`` modules are commands, this one serves them.
 """
@@ -211,6 +212,13 @@ class Variable:
     parse: Callable[[str], object] = str
 
 
+#: What DS4TUI_DEMO_DIR accepts: a relative path would unpack the demo pair under whatever folder a
+#: command starts in (a second copy per folder), so it is refused as a bad value, as every ds4tui
+#: variable's is (XDG_CACHE_HOME, not ds4tui's, is ignored when relative, as its spec says).
+DEMO_DIR_ACCEPTED = ("an absolute path, found a relative one (it would unpack the demo pair under whatever folder a "
+                     "command starts in): give the full path, or unset it")
+
+
 VARIABLES: tuple[Variable, ...] = (
     Variable("DS4_DSPARK_SCHEDULER", "DSpark's adaptive scheduler at the start of a session (F3 / --no-scheduler "
              "change it)", "1", "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_scheduler", _switch),
@@ -231,7 +239,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DS4TUI_TELEMETRY", "memory telemetry source of the chat app (--telemetry wins)",
              "chosen by the backend", ", ".join(TELEMETRY) + " (any case)",
              lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower()),
-    Variable("DS4TUI_DEMO_DIR", "where the bundled demo model is unpacked", "$XDG_CACHE_HOME/ds4tui/demo"),
+    Variable("DS4TUI_DEMO_DIR", "where the bundled demo model is unpacked", "$XDG_CACHE_HOME/ds4tui/demo",
+             DEMO_DIR_ACCEPTED, os.path.isabs),
     Variable("XDG_CACHE_HOME", "cache folder of the demo model, bench --medium and the saved DSpark scheduler prices "
              "(an absolute path)", "~/.cache"),
     Variable("HSA_OVERRIDE_GFX_VERSION", "ROCm runtime: load code objects of this gfx version instead of the "
@@ -247,11 +256,12 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Settings:
     kw: dict = {}
     for var in VARIABLES:
         value = env.get(var.name, "")
-        if not value or var.field is None:
+        if not value:
             continue
         if var.check is not None and not var.check(value):
             raise BadVariable(var.name, value, var.accepted or "")
-        kw[var.field] = var.parse(value)
+        if var.field is not None:
+            kw[var.field] = var.parse(value)
     return Settings(**kw)
 
 
@@ -271,5 +281,5 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
         if ignored:
             in_force = f"ignored ({value} is a relative path): {in_use} in force"
         out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
-                    "checked": var.field is not None, "error": error, "ignored": ignored})
+                    "checked": var.field is not None or var.check is not None, "error": error, "ignored": ignored})
     return out

@@ -73,11 +73,15 @@ def file_sha256(path: Path) -> str:
 
 
 def cache_dir() -> Path:
-    """Root folder the pair is unpacked into (see the module docstring)."""
-    from ds4tui.commands.environment import cache_root  # the one rule of the user's cache folder
+    """Root folder the pair is unpacked into (see the module docstring); :class:`DemoError` naming
+    DS4TUI_DEMO_DIR when it is a relative path."""
+    from ds4tui.commands.environment import DEMO_DIR_ACCEPTED, BadVariable, cache_root  # the one rule of the cache
 
-    if os.environ.get("DS4TUI_DEMO_DIR"):
-        return Path(os.environ["DS4TUI_DEMO_DIR"])
+    value = os.environ.get("DS4TUI_DEMO_DIR")
+    if value:
+        if not os.path.isabs(value):  # DemoError: the commands that read the variables refuse it earlier (status 2)
+            raise DemoError(str(BadVariable("DS4TUI_DEMO_DIR", value, DEMO_DIR_ACCEPTED)))
+        return Path(value)
     return cache_root() / "demo"
 
 
@@ -111,7 +115,11 @@ def status() -> dict:
     m = manifest()
     if m is None:
         return {"bundled": False}
-    folder = pair_folder(m)
+    try:
+        folder = pair_folder(m)
+    except DemoError as exc:  # no folder at all (a relative DS4TUI_DEMO_DIR)
+        return {"bundled": True, "folder": None, "bytes": sum(f["bytes"] for f in m["files"].values()),
+                "unpacked": False, "other_versions": [], "problem": str(exc)}
     left = sum(f["bytes"] for name, f in m["files"].items() if not _has_size(folder / name, f["bytes"]))
     return {"bundled": True, "folder": str(folder), "bytes": sum(f["bytes"] for f in m["files"].values()),
             "unpacked": all((folder / name).is_file() for name in m["files"]),
