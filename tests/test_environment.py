@@ -214,6 +214,23 @@ def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
     assert env["HSA_OVERRIDE_GFX_VERSION"]["checked"] is False
 
 
+@pytest.mark.parametrize("name, value, accepted", BAD)
+def test_doctor_warns_about_a_refused_value_in_both_outputs(clean_env, capsys, name, value, accepted):
+    """A value the commands refuse (BAD) is marked in doctor's environment list and is a warning,
+    the same in the text and in --json, with the refusal's own words and what to do."""
+    clean_env.setenv(name, value)
+    assert cli_main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    entry = next(v for v in d["environment"] if v["name"] == name)
+    assert entry["error"].startswith(f"{name}={value!r}: expected {accepted}")
+    warning = (f"{entry['error']}; chat, generate and bench refuse to start while it is set so (exit status 2): set an "
+               f"accepted value, or unset it")
+    assert d["warnings"].count(warning) == 1
+    assert cli_main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert text.count(f"warning: {warning}\n") == 1 and f"(invalid: {entry['error']})" in text
+
+
 def test_a_relative_demo_dir_is_refused_by_every_command_and_doctor_says_so(clean_env, tmp_path, capsys):
     """DS4TUI_DEMO_DIR is ds4tui's own variable: a relative path (the demo pair would be unpacked
     again under every folder a command starts in) is a bad value, as any ds4tui variable's: the
@@ -236,11 +253,13 @@ def test_a_relative_demo_dir_is_refused_by_every_command_and_doctor_says_so(clea
     d = json.loads(capsys.readouterr().out)
     entry = next(v for v in d["environment"] if v["name"] == "DS4TUI_DEMO_DIR")
     assert entry["error"] == message and d["demo"]["folder"] is None and d["demo"]["problem"] == message
-    assert d["warnings"].count(message) == 1
+    assert [w for w in d["warnings"] if message in w] == [f"{message}; chat, generate and bench refuse to start "
+                                                          f"while it is set so (exit status 2): set an accepted "
+                                                          f"value, or unset it"]  # said once
     assert cli_main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert f"  DS4TUI_DEMO_DIR              demo-here  (invalid: {message})\n" in text
-    assert text.count(f"warning: {message}\n") == 1 and "no folder to unpack it into (see the warning below)" in text
+    assert text.count(f"warning: {message}") == 1 and "no folder to unpack it into (see the warning below)" in text
     assert list(tmp_path.iterdir()) == []
     clean_env.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "abs"))  # an absolute one is used as it is
     assert demo.cache_dir() == tmp_path / "abs" and E.read_environment() == E.Settings()

@@ -11,8 +11,9 @@ commands that open an engine refuse it with status 2).  On an amdgpu machine it 
 GTT limit, whether it is the kernel's default half of RAM, and the ``ttm.pages_limit`` that raises
 it (:func:`ds4tui.engine.memplan.gtt_report`).  A scheduler prices folder that cannot be used (a
 file in its place, no permission to write), a demo unpack folder that cannot take the files still to
-unpack (a file in its place, no permission, too little free space) and a relative XDG_CACHE_HOME
-(ignored) are warnings that say what to do.  Exit status 0 when
+unpack (a file in its place, no permission, too little free space), a relative XDG_CACHE_HOME
+(ignored) and a variable's value that the commands refuse are warnings that say what to do (in
+both outputs: ``warnings`` in ``--json``).  Exit status 0 when
 the report could be made (even without a GPU); 1 when the native engine itself is not built.
 """
 
@@ -92,8 +93,12 @@ def collect() -> dict:
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
     out["warnings"] += [v["ignored"] for v in env if v.get("ignored")]
-    if out["demo"].get("problem"):
-        out["warnings"].append(out["demo"]["problem"])
+    # a value a command refuses: in the environment list (marked invalid) and here, in both outputs
+    out["warnings"] += [f"{v['error']}; chat, generate and bench refuse to start while it is set so (exit status 2): "
+                        f"set an accepted value, or unset it" for v in env if v.get("error")]
+    demo_problem = out["demo"].get("problem")
+    if demo_problem and not any(w.startswith(demo_problem) for w in out["warnings"]):  # said once
+        out["warnings"].append(demo_problem)
     if hsa:
         out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
                                f"that version, not the ones this library was built for (spec platform.md §1.1)")
