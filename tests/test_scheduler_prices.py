@@ -203,15 +203,19 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not a scheduler prices file (invalid JSON"),
     (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),
-    ("STALE", "stale scheduler prices, measured for another setup (expected: this engine's, found: the file's): "
-              "threads: expected {threads}, found {threads_plus_1}"),
-    ("OLD_VERSION", "stale scheduler prices, measured for another setup (expected: this engine's, found: the "
-                    "file's): ds4tui version: expected {version}, found 0.0.1"),
+    ("STALE", "stale scheduler prices, measured for another setup: threads: expected {threads} (this run's), found "
+              "{threads_plus_1} (the prices file's)"),
+    ("OLD_VERSION", "stale scheduler prices, measured for another setup: ds4tui version: expected {version} (this "
+                    "run's), found 0.0.1 (the prices file's)"),
     ("BAD_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found -1"),
     ("HUGE_TIME", "prices.t_ver_ms.6: expected a time > 0 and <= 60000 ms, found 1e+308"),
-    ("CHANGED", "stale scheduler prices, measured for another setup (expected: this engine's, found: the file's): "
-                "the model file {model} changed since they were measured: expected modified {mtime} (as it is "
-                "now), found modified {mtime_minus_1}"),
+    ("CHANGED", "stale scheduler prices, measured for another setup: the model file {model} changed since they "
+                "were measured: expected modified {mtime} (as it is now), found modified {mtime_minus_1} (as the "
+                "prices file records it)"),
+    ("OTHER_SUPPORT", "stale scheduler prices, measured for another setup: support file: expected at {support} (this "
+                      "run's), found at /elsewhere/support.gguf (the prices file's)"),
+    ("NO_BLOCK", "stale scheduler prices, measured for another setup: block size: expected {block} (this run's), "
+                 "found none recorded in the file"),
     ("NOT_UTF8", "not a scheduler prices file: expected JSON text, found a byte that is not UTF-8 at offset 1"),
     ("[]", "expected a scheduler prices file (a JSON object of format 1), found a JSON list"),
 ])
@@ -227,7 +231,8 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
 
     message = message.format(threads=ident["n_threads"], threads_plus_1=ident["n_threads"] + 1,
                              version=ident["ds4tui"], model=ident["model"]["path"], mtime=when(ns),
-                             mtime_minus_1=when(ns - 1))
+                             mtime_minus_1=when(ns - 1), support=ident["support"]["path"],
+                             block=ident["block_size"])
     if text == "STALE":
         P.save(path, {**ident, "n_threads": ident["n_threads"] + 1}, HOPELESS)
     elif text == "OLD_VERSION":
@@ -239,6 +244,10 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
         doc = json.loads(path.read_text())
         doc["prices"]["t_ver_ms"]["6"] = -1 if text == "BAD_TIME" else 1e308
         path.write_text(json.dumps(doc))
+    elif text == "OTHER_SUPPORT":  # the file holds another support file's path (a copied or edited file)
+        P.save(path, {**ident, "support": {**ident["support"], "path": "/elsewhere/support.gguf"}}, HOPELESS)
+    elif text == "NO_BLOCK":  # written before the block size was recorded
+        P.save(path, {k: v for k, v in ident.items() if k != "block_size"}, HOPELESS)
     elif text == "CHANGED":  # the same model file, touched: its modification time moved
         P.save(path, {**ident, "model": {**ident["model"], "mtime_ns": ident["model"]["mtime_ns"] - 1}}, HOPELESS)
     else:

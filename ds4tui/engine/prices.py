@@ -251,8 +251,7 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
     if saved != ident:
         saved = saved if isinstance(saved, dict) else {}
         keys = sorted((k for k in set(ident) | set(saved) if saved.get(k) != ident.get(k)), key=_identity_order)
-        raise SchedulerPricesError(f"{path}: stale scheduler prices, measured for another setup (expected: this "
-                                   f"engine's, found: the file's): "
+        raise SchedulerPricesError(f"{path}: stale scheduler prices, measured for another setup: "
                                    + "; ".join(_difference(k, ident.get(k), saved.get(k), k in saved) for k in keys))
     return SchedulerPrices.from_dict(doc.get("prices"), where=f"{path}: prices")
 
@@ -287,18 +286,21 @@ def _file_words(f: dict, keys) -> str:
 
 
 def _difference(key: str, mine, theirs, recorded: bool) -> str:
-    """One field of a stale file in words: what this engine expects and what the file holds."""
+    """One field of a stale file in words, with both values: what this run has (expected) and what
+    the file was measured with (found)."""
     name = _IDENTITY_WORDS.get(key, key)
     if not recorded:
-        return f"{name}: expected {_value_words(mine)}, found none recorded in the file"
+        return f"{name}: expected {_value_words(mine)} (this run's), found none recorded in the file"
     if isinstance(mine, dict) and isinstance(theirs, dict):
         differ = [k for k in ("path", "bytes", "mtime_ns") if mine.get(k) != theirs.get(k)] or sorted(
             k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if mine.get("path") == theirs.get("path"):
             return (f"the {name} {mine.get('path')} changed since they were measured: expected "
-                    f"{_file_words(mine, differ)} (as it is now), found {_file_words(theirs, differ)}")
-        return f"{name}: expected {_file_words(mine, differ)}, found {_file_words(theirs, differ)}"
-    return f"{name}: expected {_value_words(mine)}, found {_value_words(theirs)}"
+                    f"{_file_words(mine, differ)} (as it is now), found {_file_words(theirs, differ)} (as the "
+                    f"prices file records it)")
+        return (f"{name}: expected {_file_words(mine, differ)} (this run's), found {_file_words(theirs, differ)} "
+                f"(the prices file's)")
+    return f"{name}: expected {_value_words(mine)} (this run's), found {_value_words(theirs)} (the prices file's)"
 
 
 def _value_words(v) -> str:
