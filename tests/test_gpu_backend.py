@@ -157,6 +157,35 @@ def test_doctor_reports_without_a_device(capsys):
     assert r["hip_available"] == (r["auto_backend"] == "hip")
     if not r["hip_available"]:
         assert r["hip_unavailable_reason"]
+    # which build `--backend hip` is: what the library reports, else the build record
+    if r["gpu"]:
+        assert (r["gpu_backend"]["platform"], r["gpu_backend"]["arch"]) == (r["gpu"]["platform"], r["gpu"]["built_arch"])
+
+
+@pytest.mark.parametrize("platform, arch, words", [("cuda", "sm_90", "HIP sources, built for CUDA sm_90"),
+                                                   ("hip", "gfx1151", "HIP sources, built for ROCm gfx1151")])
+def test_doctor_names_the_gpu_build_the_library_reports(platform, arch, words, capsys, monkeypatch, tmp_path):
+    """doctor says which build the GPU backend is (nvcc's CUDA build of the HIP sources is not a
+    "hip backend"), from the platform and arch the library reports."""
+    from ds4tui.cli import main
+    from ds4tui.commands import doctor
+
+    lib = tmp_path / f"libds4tui_{platform}.so"
+    info = gpu.GPUInfo(library=str(lib), platform=platform, built_arch=arch, runtime_version=1, driver_version=0,
+                       n_devices=0, device=0, device_name="", device_arch="", warp_size=0, arch_ok=False,
+                       mem_total=0, mem_free=0, blas="none: not looked for")
+    monkeypatch.delenv("DS4TUI_GPU_LIB", raising=False)
+    monkeypatch.setattr(gpu, "locate", lambda *a: (lib, ""))
+    monkeypatch.setattr(gpu, "probe", lambda *a: (info, f"no device: no {platform} device"))
+    assert main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["gpu_backend"] == {"flag": "--backend hip", "platform": platform, "arch": arch,
+                                "name": f"GPU backend ({words})"} == {**r["gpu_backend"], "name":
+                                                                      doctor.gpu_backend_name(platform, arch)}
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert f"gpu backend       {words} (--backend hip): unavailable: no device: no {platform} device\n" in text
+    assert not any(line.startswith("hip backend") for line in text.splitlines())
 
 
 # ---- on a device ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ left() { local n=$(( BUDGET - ($(date +%s) - t0) )); echo $(( n > 1 ? n : 1 )); 
 stamp() { echo "[$1: $(( $(date +%s) - t0 )) s]" | tee -a "$OUT/times.txt"; }
 python3 build_native.py 2>&1 | grep -E "build_native|error|warning" | tee "$OUT/build.log"
 stamp build
-python3 -m ds4tui doctor 2>&1 | tee "$OUT/doctor.txt" | grep -E "gpu graphs|device|hip backend|built for"
+python3 -m ds4tui doctor 2>&1 | tee "$OUT/doctor.txt" | grep -E "gpu graphs|device|gpu backend|built for"
 timeout "$(left)" python3 -m pytest -p no:cacheprovider -rs -s -q -m gpu tests/test_gpu_backend.py -k graphs_replay \
     2>&1 | tee "$OUT/pytest_graphs.log" | grep -E "graphs \(|passed|failed|Error|error|assert" | head -40
 stamp "graph tests"

@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 t0=$(date +%s)
 python3 build_native.py 2>&1 | grep -E "build_native|error|warning" | tee "$OUT/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
-python3 -m ds4tui doctor 2>&1 | tee "$OUT/doctor.txt" | grep -E "gpu blas|prefill gemm|device|hip backend"
+python3 -m ds4tui doctor 2>&1 | tee "$OUT/doctor.txt" | grep -E "gpu blas|prefill gemm|device|gpu backend"
 python3 -m pytest -p no:cacheprovider -rs -s -q -m gpu tests/test_gpu_backend.py \
     -k "${TESTS:-prefill_gemm or hip_logits or dspark_decisions}" 2>&1 | tee "$OUT/pytest.log" | grep -E "prefill_gemm|hip vs cpu|greedy|passed|failed|Error|error" | head -40
 echo "tests: $(( $(date +%s) - t0 )) s"
