@@ -311,6 +311,51 @@ def test_gpu_expert_gather_matches_cpu_kernel(t, cols, layout, act):
     assert all(np.array_equal(Y2[s], Y[0]) for s in range(n_slots))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [0, PLANAR], ids=["ggml", "planar"])
+@pytest.mark.parametrize("act", [0, 1], ids=["f32", "q8"])
+def test_gpu_grouped_products_equal_the_gather(layout, act):
+    """backend.h version 9, the grouped attention output (spec ds4.md §2.2): token t's group g times
+    matrix g equals the expert gather with ids[t * groups + g] = g bit for bit, for a pass of 1, 6
+    (a verify), 8 and 9 tokens, within the CPU kernel's bound of the oracle, and a token's rows do not
+    depend on the tokens beside it."""
+    info = _device_or_skip()
+    from ds4tui._native import ffi, lib
+
+    t, groups, rows, cols = 8, 8, 96, 512  # Q8_0, as the DS4 grouped output
+    rng = np.random.default_rng(7)
+    Ws = [_weights(t, rows, cols, rng) for _ in range(groups)]
+    W = np.ascontiguousarray(np.concatenate(Ws))
+    X0 = rng.standard_normal((groups, cols)).astype(np.float32)
+    err = ffi.new("char[1024]")
+    first = None
+    for n in (1, 6, 8, 9):
+        X = np.ascontiguousarray(np.concatenate([X0, rng.standard_normal(((n - 1) * groups, cols)).astype(np.float32)]))
+        Y = np.full((n * groups, rows), np.nan, np.float32)
+        rc = lib.ds4_gpu_kernel_grouped(info.library.encode(), t | layout, act, ffi.from_buffer(W), groups, rows, cols,
+                                        n, ffi.cast("float *", X.ctypes.data), ffi.cast("float *", Y.ctypes.data), err,
+                                        1024)
+        assert rc == 0, ffi.string(err).decode()
+        ids = np.tile(np.arange(groups, dtype=np.int32), n)
+        Yg = np.full_like(Y, np.nan)
+        rc = lib.ds4_gpu_kernel_gather(info.library.encode(), t | layout, act, ffi.from_buffer(W), groups, rows, cols,
+                                       ffi.cast("int32_t *", ids.ctypes.data), n * groups,
+                                       ffi.cast("float *", X.ctypes.data), ffi.cast("float *", Yg.ctypes.data), 1,
+                                       ffi.NULL, err, 1024)
+        assert rc == 0, ffi.string(err).decode()
+        assert np.array_equal(Y, Yg), (layout, act, n)
+        for s in range(n * groups):
+            g = s % groups
+            if act:
+                want, bound = _q8_want_and_bound(t, Ws[g], rows, cols, X[s:s + 1])
+            else:
+                want, bound = _cpu_matmul(t, Ws[g], rows, cols, X[s:s + 1]), _bound(t, Ws[g], rows, cols, X[s:s + 1])
+            assert np.all(np.abs(Y[s].astype(np.float64) - want[0]) <= bound[0]), (layout, act, n, s)
+        if first is None:
+            first = Y[:groups].copy()
+        assert np.array_equal(Y[:groups], first), (layout, act, n)
+
+
 def _q8_want_and_bound(t, W, rows, cols, X):
     """The CPU engine's q8 product (numpy's bit-exact simulation, spec ds4.md §2.9.5) and the bound a
     GPU q8 result keeps from it: both sum the same exactly-rounded block products (Q2_K: the GPU

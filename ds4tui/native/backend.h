@@ -34,8 +34,9 @@ extern "C" {
  * 5: the prefill GEMM entry (`gemm`) and ds4_gpu_info.blas.
  * 6: the activations entry (`activations`: the q8 option on the GPU).
  * 7: graphs of a pass (`graph_begin`, `graph_end`, `graph_launch`, `graph_free`).
- * 8: greedy picks on the device (`argmax_rows`). */
-#define DS4_GPU_API_VERSION 8
+ * 8: greedy picks on the device (`argmax_rows`).
+ * 9: grouped products (`mm_grouped`: the grouped attention output). */
+#define DS4_GPU_API_VERSION 9
 
 /* Graphs of a pass (the gpu_graphs option, spec platform.md §8): a graph replays the kernels of one
  * captured pass at any position p whose key is the captured pass's; the key holds
@@ -230,6 +231,18 @@ typedef struct ds4_backend_s {
      * other ops.  NULL on the CPU backend (its logits are in host memory already). */
     int (*argmax_rows)(ds4_backend_ctx *c, const float *x, int64_t ld, int32_t rows, int32_t n, int32_t *ids,
                        int32_t *bad, char *err, size_t len);
+
+    /* ---- version 9 ---------------------------------------------------------------------------
+     * Grouped products (the attention's grouped output projection, spec ds4.md §2.2): for token
+     * t < n and group g < groups, Y[(t*groups + g)*rows + r] = W_g[r, :] . X[(t*groups + g)*cols + :],
+     * W_g the matrix at g * mat_bytes: mm_gather's products over the n*groups slots s = t*groups + g
+     * with ids[s] = g (ids: that device list), which a backend may run as they are; a GPU backend
+     * may instead read each group's matrix once for several tokens.  A (token, group, row) result
+     * does not depend on n.  NULL on the CPU backend (the engine calls mm_gather, which groups the
+     * slots by matrix already). */
+    int (*mm_grouped)(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
+                      int32_t groups, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n,
+                      float *Y, char *err, size_t len);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

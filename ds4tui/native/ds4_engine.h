@@ -387,6 +387,15 @@ int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, co
                           int64_t cols, const int32_t *ids, int64_t n_slots, const float *X, float *Y,
                           int32_t reps, double *ms, char *err, size_t err_len);
 
+/* The GPU backend's grouped products on their own (tests; backend.h version 9): `groups` matrices
+ * of rows x cols (GGML type `type`, DS4_GPU_PLANAR as above) one after another in W; token t < n,
+ * group g: row (t * groups + g) of X (float [n * groups, cols]) times matrix g into row
+ * (t * groups + g) of Y (float [n * groups, rows]), i.e. ds4_gpu_kernel_gather's products with
+ * ids[t * groups + g] = g.  `activations` as above.  DS4_E_UNSUPPORTED when the library has no
+ * grouped products. */
+int ds4_gpu_kernel_grouped(const char *library, int type, int32_t activations, const void *W, int32_t groups,
+                           int64_t rows, int64_t cols, int64_t n, const float *X, float *Y, char *err, size_t err_len);
+
 /* The GPU lightning indexer on its own (tests; spec ds4.md §2.5): n tokens at positions p0..
  * with queries qi [n, IH, ID] and head weights iw [n, IH] against the (p0 + n) / ratio keys
  * [*, ID] (host memory, uploaded first); sel [n, top_k] and nsel [n] as the backend's indexer

@@ -147,6 +147,55 @@ int ds4_gpu_kernel_gather(const char *library, int type, int32_t activations, co
     return rc;
 }
 
+int ds4_gpu_kernel_grouped(const char *library, int type, int32_t activations, const void *W, int32_t groups,
+                           int64_t rows, int64_t cols, int64_t n, const float *X, float *Y, char *err, size_t err_len) {
+    const int32_t base = type & ~DS4_GPU_PLANAR;
+    size_t rb = ds4_row_bytes(base, cols);
+    if (rb == 0 || groups <= 0 || rows <= 0 || n <= 0 || !W || !X || !Y)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_grouped: bad arguments (type %d, %d groups of "
+                        "%lld x %lld, %lld tokens)", type, groups, (long long)rows, (long long)cols, (long long)n);
+    const int64_t n_slots = n * groups;
+    int32_t *ids = malloc((size_t)n_slots * sizeof *ids);
+    if (!ids) return ds4_fail(err, err_len, DS4_E_NOMEM, "ds4_gpu_kernel_grouped: out of memory");
+    for (int64_t s = 0; s < n_slots; s++) ids[s] = (int32_t)(s % groups);
+    void *h;
+    const ds4_backend *api;
+    ds4_backend_ctx *ctx;
+    int rc = scratch_ctx(library, &h, &api, &ctx, err, err_len);
+    if (rc != DS4_OK) {
+        free(ids);
+        return rc;
+    }
+    void *dw = NULL, *di = NULL, *dx = NULL, *dy = NULL;
+    int32_t layout = base;
+    const size_t wb = (size_t)((int64_t)groups * rows) * rb, ib = (size_t)n_slots * sizeof(int32_t),
+                 xb = (size_t)(n_slots * cols) * sizeof(float), yb = (size_t)(n_slots * rows) * sizeof(float);
+    if (!api->mm_grouped)
+        rc = ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "ds4_gpu_kernel_grouped: %s has no grouped products", library);
+    if (rc == DS4_OK) rc = api->activations(ctx, activations, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->upload_matrix(ctx, W, base, (int64_t)groups * rows, cols, (int64_t)rb, (type & DS4_GPU_PLANAR) != 0,
+                                &dw, &layout, err, err_len);
+    if (rc == DS4_OK && layout != type)
+        rc = ds4_fail(err, err_len, DS4_E_INVALID, "ds4_gpu_kernel_grouped: GGML type %d with %lld columns cannot take "
+                      "the planar layout", base, (long long)cols);
+    if (rc == DS4_OK) rc = api->upload(ctx, ids, ib, &di, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, X, xb, &dx, err, err_len);
+    if (rc == DS4_OK) rc = api->upload(ctx, NULL, yb, &dy, err, err_len);
+    if (rc == DS4_OK)
+        rc = api->mm_grouped(ctx, layout, dw, rows * (int64_t)rb, (const int32_t *)di, groups, rows, cols, (int64_t)rb,
+                             (const float *)dx, n, (float *)dy, err, err_len);
+    if (rc == DS4_OK) rc = api->copy(ctx, Y, dy, yb, 1, err, err_len);
+    if (rc == DS4_OK) rc = api->sync(ctx, err, err_len);
+    api->free(ctx, dw, wb);
+    api->free(ctx, di, ib);
+    api->free(ctx, dx, xb);
+    api->free(ctx, dy, yb);
+    api->close(ctx);
+    free(ids);
+    return rc;
+}
+
 int ds4_gpu_kernel_indexer(const char *library, const float *qi, const float *iw, int32_t n, int64_t p0, int32_t IH,
                            int32_t ID, const float *keys, int32_t ratio, int32_t top_k, float scale, int32_t *sel,
                            int32_t *nsel, char *err, size_t err_len) {

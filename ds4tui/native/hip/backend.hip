@@ -377,6 +377,7 @@ static const ds4_backend k_api = {
     gpu_activations,
     gpu_graph_begin, gpu_graph_end, gpu_graph_launch, gpu_graph_free,
     gpu_argmax_rows,
+    gpu_mm_grouped,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

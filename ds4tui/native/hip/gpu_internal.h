@@ -111,6 +111,9 @@ int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
 int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                   float *Y, int64_t ldy, char *err, size_t len);
+int gpu_mm_grouped(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int32_t groups,
+                   int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err,
+                   size_t len);
 int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t n, float *Y, int32_t reps, double *ms, char *err, size_t len);
 
@@ -129,6 +132,8 @@ static inline int gpu_q8_type(int32_t type) {
 int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                   int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
+int gpu_q8_grouped(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
+                   int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err, size_t len);
 int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
                       int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);
 int gpu_reserve(ds4_gpu_ctx *c, int64_t x_floats, int64_t y_floats, char *err, size_t len);

@@ -306,6 +306,23 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
     return DS4_OK;
 }
 
+/* Grouped products (backend.h version 9): the products of gpu_mm_gather over the n * groups slots
+ * s = t * groups + g with ids[s] = g, X rows of cols floats and Y rows of `rows` floats.  Under q8
+ * activations (and no prefill GEMM) one block takes up to 8 tokens of a group (gpu_q8_grouped), so a
+ * verify reads each group's matrix once; its one-token launch is the gather's, bit for bit.
+ * Otherwise the gather runs. */
+int gpu_mm_grouped(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids, int32_t groups,
+                   int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err,
+                   size_t len) {
+    if (rows <= 0 || n <= 0 || groups <= 0) return DS4_OK;
+    const int32_t base = type & ~DS4_GPU_PLANAR;
+    const bool planar_ok = !(type & DS4_GPU_PLANAR) ||
+                           (!((uintptr_t)W & 15) && !((uintptr_t)X & 15) && !(cols & 3) && !(mat_bytes & 15));
+    if (c->act_q8 && gpu_q8_type(base) && planar_ok && !gpu_gemm_takes(c, type, cols, 0))
+        return gpu_q8_grouped(c->stream, type, W, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, err, len);
+    return gpu_mm_gather(c, type, W, mat_bytes, ids, rows, cols, row_bytes, X, cols, 1, n * groups, Y, rows, err, len);
+}
+
 /* Device activations in and out, queued on the context's stream. */
 int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {

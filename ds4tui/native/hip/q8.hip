@@ -347,13 +347,15 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
  * time and splits their steps (lane l of warp w of the group takes steps (32 w + l) + 32 WPR k),
  * `loops` times over the block's row groups, so that the activations staged once serve `loops`
  * times as many rows.  NT tokens per grid row (blockIdx.y); with ids (expert gather) grid row y is slot y,
- * which uses matrix ids[y] (mat_bytes apart), activation row y / x_div and output row y (NT = 1).
+ * which uses matrix ids[y] (mat_bytes apart), activation row y / x_div and output row y (NT = 1);
+ * with `groups` (and no ids) grid row y is group y % groups (matrix y % groups, activation columns
+ * and output rows at that group's offset in each token's row) for NT tokens from (y / groups) NT.
  * RPW, NT and loops only share loads: a (row, token) sum is the same for any of them. */
 template <int TYPE, bool PL, int NT, int RPW, int WPR>
 __global__ void __launch_bounds__(GPU_WARP *Q8_WARPS)
 q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
           int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
-          float *__restrict__ Y, int64_t ldy, int loops) {
+          float *__restrict__ Y, int64_t ldy, int loops, int groups) {
     typedef typename std::conditional<PL, Q8W<TYPE>, Q8G<TYPE>>::type P;
     constexpr int G = Q8_WARPS / WPR;
     extern __shared__ __align__(16) uint8_t q8_smem[];
@@ -369,6 +371,12 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
         W += (int64_t)ids[slot] * mat_bytes;
         X += (slot / x_div) * ldx;
         Y += slot * ldy;
+    } else if (groups) { /* grid row y: group y % groups of tokens (y / groups) NT.. (gpu_q8_grouped) */
+        const int64_t g = blockIdx.y % groups, t0 = (int64_t)(blockIdx.y / groups) * NT;
+        nt = (int)(n - t0 < NT ? n - t0 : NT);
+        W += g * mat_bytes;
+        X += t0 * ldx + g * cols;
+        Y += t0 * ldy + g * rows;
     } else {
         const int64_t t0 = (int64_t)blockIdx.y * NT;
         nt = (int)(n - t0 < NT ? n - t0 : NT);
@@ -447,11 +455,11 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
 }
 
 /* Rounds per block: about Q8_BLOCKS blocks in the launch (row groups times grid rows), 1 to 8 rounds
- * (they change which block computes a row, never its arithmetic). */
+ * (they change which block computes a row, never its arithmetic).  mat_groups: q8_kernel's groups. */
 template <int TYPE, bool PL, int NT, int RPW, int WPR>
 static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n, float *Y,
-                  int64_t ldy) {
+                  int64_t ldy, int mat_groups = 0) {
     constexpr int G = Q8_WARPS / WPR;
     const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
     /* Every block stages (quantises) all its tokens' rows: a pass of 2-8 tokens (a verify) over rows
@@ -469,7 +477,7 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
                         (TYPE == DS4_TYPE_Q2_K ? (size_t)NT * (size_t)(cols / 16) * sizeof(int) : 0);
     hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
                        dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
-                       Y, ldy, loops);
+                       Y, ldy, loops, mat_groups);
 }
 
 /* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
@@ -485,12 +493,17 @@ static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows
     else q8_go<TYPE, PL, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
 
+/* Rows a warp of the gathered and grouped products (one warp a row group, WPR 1).  The grouped
+ * products take the gathers' shape, so that one token's grouped product equals the gather it
+ * replaced bit for bit. */
+template <int TYPE, bool PL> constexpr int q8_gather_rpw() { return !PL ? 1 : TYPE == DS4_TYPE_Q2_K ? 2 : 4; }
+
 template <int TYPE, bool PL>
 static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
                         int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                         int x_div, int64_t n, float *Y, int64_t ldy) {
     if (ids) {
-        constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q2_K ? 2 : 4;
+        constexpr int RPW = q8_gather_rpw<TYPE, PL>();
         q8_go<TYPE, PL, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
                                       Y, ldy);
         return;
@@ -538,5 +551,58 @@ int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_byt
                         "GPU q8 matmul launch (type %d, %lld x %lld, %lld %s): %s (%s)",
                         type, (long long)rows, (long long)cols, (long long)(ids ? n_slots : n),
                         ids ? "slots" : "tokens", hipGetErrorString(e_launch), hipGetErrorName(e_launch));
+    return DS4_OK;
+}
+
+template <int TYPE, bool PL>
+static void q8_grouped_t(hipStream_t st, int ntp, unsigned gy, const uint8_t *W, int64_t mat_bytes, int32_t groups,
+                         int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y) {
+    constexpr int RPW = q8_gather_rpw<TYPE, PL>();
+    const int64_t ldx = (int64_t)groups * cols, ldy = (int64_t)groups * rows;
+    if (ntp == 1) q8_go<TYPE, PL, 1, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
+    else if (ntp == 4) q8_go<TYPE, PL, 4, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
+    else q8_go<TYPE, PL, 8, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
+}
+
+/* Grouped products under q8 activations (backend.h version 9, gpu_mm_grouped): for token t < n and
+ * group g < groups, Y[(t * groups + g) * rows + r] = W_g[r, :] . X[(t * groups + g) * cols + :], W_g
+ * at g * mat_bytes; each block stages up to 8 tokens of one group, so a pass reads each group's
+ * weights once per 8 tokens instead of once per token.  The caller has checked the layout. */
+int gpu_q8_grouped(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
+                   int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err, size_t len) {
+    const int32_t type = layout & ~DS4_GPU_PLANAR;
+    if (cols > Q8_STAGE)
+        return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU grouped matmul with q8 activations: rows of %lld columns "
+                        "(GGML type %d); the kernels stage at most %d columns per token (choose activations f32)",
+                        (long long)cols, type, Q8_STAGE);
+    const int ntp = n == 1 ? 1 : Q8_STAGE / cols >= 8 ? 8 : Q8_STAGE / cols >= 4 ? 4 : 1;
+    const int64_t gy = (int64_t)groups * ((n + ntp - 1) / ntp);
+    if (gy > 65535)
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU grouped matmul with q8 activations: %lld tokens of %d groups in "
+                        "one pass exceed the launch grid (at most 65535 rows)", (long long)n, groups);
+    const uint8_t *w = (const uint8_t *)W;
+    const bool pl = (layout & DS4_GPU_PLANAR) != 0;
+    switch (type) {
+    case DS4_TYPE_Q8_0:
+        if (pl) q8_grouped_t<DS4_TYPE_Q8_0, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        else q8_grouped_t<DS4_TYPE_Q8_0, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        break;
+    case DS4_TYPE_Q2_K:
+        if (pl) q8_grouped_t<DS4_TYPE_Q2_K, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        else q8_grouped_t<DS4_TYPE_Q2_K, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        break;
+    case DS4_TYPE_IQ2_XXS:
+        if (pl) q8_grouped_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        else q8_grouped_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        break;
+    default:
+        return gpu_fail(err, len, DS4_E_INVALID, "GPU grouped matmul with q8 activations: GGML type %d (expected Q8_0, "
+                        "Q2_K or IQ2_XXS)", type);
+    }
+    const hipError_t e_launch = hipGetLastError();
+    if (e_launch != hipSuccess)
+        return gpu_fail(err, len, DS4_E_DEVICE, "GPU q8 grouped matmul launch (type %d, %d groups of %lld x %lld, %lld "
+                        "tokens): %s (%s)", type, groups, (long long)rows, (long long)cols, (long long)n,
+                        hipGetErrorString(e_launch), hipGetErrorName(e_launch));
     return DS4_OK;
 }
