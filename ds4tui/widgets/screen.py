@@ -26,7 +26,7 @@ there (the containers behind the streaming text and behind the panes).
 from __future__ import annotations
 
 import asyncio
-
+from bisect import bisect_left
 from typing import Iterable
 
 from textual import screen as _screen
@@ -79,17 +79,19 @@ class RowCropCompositor(Compositor):
             needed[y] = {cut for cut, end in zip(row_cuts, row_cuts[1:])
                          if any(cut <= x2 and end > x1 for x1, x2 in row_spans)}
         filled: dict[int, set[int]] = {y: set() for y in by_row}
+        open_rows = sorted(y for y, want in needed.items() if want)  # the rows with a sent chop not filled yet
         for widget, (region, clip) in list(self.visible_widgets.items()):
+            if not open_rows:
+                break  # every chop the update sends is filled: nothing behind shows
             if not crop.overlaps(clip):
                 continue
             shown = region.intersection(clip)
             left, right = shown.x, shown.right
             rows = []
-            for y in range(shown.y, shown.bottom):
-                row_spans = by_row.get(y)
+            for y in open_rows[bisect_left(open_rows, shown.y):bisect_left(open_rows, shown.bottom)]:
                 # a row the update sends within the widget's columns (a span's end column too: Textual's
                 # update moves the cursor to the chop that starts there) ...
-                if row_spans is None or not any(x1 < right and x2 >= left for x1, x2 in row_spans):
+                if not any(x1 < right and x2 >= left for x1, x2 in by_row[y]):
                     continue
                 # ... and where the widget's strip would fill a sent chop that no widget in front filled
                 # (a widget behind others, a container behind its children, is rendered only where it shows)
@@ -98,6 +100,8 @@ class RowCropCompositor(Compositor):
                 if any(cut in want and cut not in have for cut in final):
                     have.update(final)
                     rows.append(y)
+            if rows:
+                open_rows = [y for y in open_rows if not needed[y] <= filled[y]]
             # each run of consecutive rows: the clip's columns (where the screen's cuts are), the run's rows
             start = 0
             for i in range(1, len(rows) + 1):
