@@ -117,8 +117,8 @@ class Pane(Static):
         render of every row where the rows are not the ones formatted (another width, a text
         selection, an alignment other than top left)."""
         lines, size = self._lines, self.size
-        if (not ROWS_ALONE or lines is None or lines[0] != size.width or self._drawn is None or self.text_selection is not None
-                or self.BLANK or self.styles.content_align != ("left", "top")):
+        if (not ROWS_ALONE or lines is None or lines[0] != size.width or self._drawn is None
+                or self.text_selection is not None or self.BLANK or self.styles.content_align != ("left", "top")):
             return super().render_line(y)
         rows = lines[1]
         if not 0 <= y < min(len(rows), size.height):
