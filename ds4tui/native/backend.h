@@ -238,8 +238,8 @@ typedef struct ds4_backend_s {
      * W_g the matrix at g * mat_bytes: mm_gather's products over the n*groups slots s = t*groups + g
      * with ids[s] = g (ids: that device list), which a backend may run as they are; a GPU backend
      * may instead read each group's matrix once for several tokens.  A (token, group, row) result
-     * does not depend on n.  NULL on the CPU backend (the engine calls mm_gather, which groups the
-     * slots by matrix already). */
+     * does not depend on n.  The CPU backend runs it as that gather (which groups the slots by
+     * matrix already). */
     int (*mm_grouped)(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int32_t groups, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n,
                       float *Y, char *err, size_t len);

@@ -472,15 +472,12 @@ static int attn_kv(pass *P, const ds4_layer *l, const float *xn, int n, int64_t 
 static int attn_output(pass *P, const ds4_layer *l, int n, int64_t p0, const double *freq) {
     ds4_state *d = P->d;
     const ds4_cfg *c = &P->e->c;
-    const int NH = c->n_head, D = c->head_dim, G_ = c->o_groups, R = c->o_lora_rank, gw = NH / G_ * D;
+    const int NH = c->n_head, D = c->head_dim, G_ = c->o_groups, R = c->o_lora_rank;
     G(P->g->norm_rope(P->cx, d->att, (int64_t)n * NH, D, NH, -1.0f, NULL, freq, c->n_rot, p0, 1, 0, M));
-    /* group g of token t is slot t*G + g: rows [g*R, (g+1)*R) of out_a times att[t, g*gw ..] into u[t, g*R ..] */
-    const int64_t grp_bytes = (int64_t)R * (int64_t)l->out_a.row_bytes;
-    if (P->g->mm_grouped)
-        G(P->g->mm_grouped(P->cx, l->out_a.dev_layout, l->out_a.dev, grp_bytes, d->grp_ids, G_, R, l->out_a.cols,
-                           (int64_t)l->out_a.row_bytes, d->att, n, d->u, M));
-    else
-        TRYP(mm_gather(P, &l->out_a, grp_bytes, d->grp_ids, R, d->att, gw, 1, (int64_t)n * G_, d->u, R));
+    /* group g of token t: rows [g*R, (g+1)*R) of out_a times att[t, g*gw ..] into u[t, g*R ..], gw = NH / G * D
+     * (out_a's columns) */
+    G(P->g->mm_grouped(P->cx, l->out_a.dev_layout, l->out_a.dev, (int64_t)R * (int64_t)l->out_a.row_bytes, d->grp_ids,
+                       G_, R, l->out_a.cols, (int64_t)l->out_a.row_bytes, d->att, n, d->u, M));
     TRYP(mm(P, &l->out_b, d->u, (int64_t)G_ * R, n, d->y, c->n_embd));
     return DS4_OK;
 }

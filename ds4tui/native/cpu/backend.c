@@ -186,6 +186,14 @@ static int mm_gather(ds4_backend_ctx *c, int32_t type, const void *W, int64_t ma
     return rc;
 }
 
+/* Grouped products (backend.h version 9): the gather they are, over the n * groups slots (the
+ * gather multiplies each group's slots in one product already). */
+static int mm_grouped(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
+                      int32_t groups, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n,
+                      float *Y, char *err, size_t len) {
+    return mm_gather(c, type, W, mat_bytes, ids, rows, cols, row_bytes, X, cols, 1, n * groups, Y, rows, err, len);
+}
+
 /* Items [0, n) of a row-wise op: on the pool when the op has several rows and at least `work`
  * elements in all (below that a hand-off costs more than a core gives), else on the caller.  Every
  * item is computed the same way wherever it runs, so the result never depends on the split. */
@@ -792,6 +800,7 @@ static const ds4_backend k_cpu = {
     .sync = sync,
     .mm = mm,
     .mm_gather = mm_gather,
+    .mm_grouped = mm_grouped,
     .embed = embed,
     .rms_norm = rms_norm,
     .hc_pre = hc_pre,
