@@ -199,3 +199,62 @@ def test_other_instruction_sets_give_the_same_bits(tmp_path, march):
                                            ffi.cast("const float *", ffi.from_buffer(X[:k])), k,
                                            ffi.cast("float *", ffi.from_buffer(Y))) == 0
             assert np.array_equal(Y, want[:k]), f"{march}: {qtype.name} {rows}x{cols}, {k} tokens"
+
+
+
+# bytes of a 32-wide block whose products one int16 lane of the IQ2_XXS kernel sums (the lane of dword
+# pair 0 over the first three 4-byte vectors: bytes 4j, 4j + 1 for j < 3)
+_IQ2_LANE = [0, 1, 4, 5, 8, 9]
+
+
+def _extreme_rows(qtype, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Raw rows whose 8-bit products are as large as the format allows: Q2_K every scale and code at
+    its maximum (w = 15 * 3 = 45, min code 15); IQ2_XXS grid rows chosen so that the bytes one int16
+    lane sums are 43 wherever the grid allows, random signs and group scales."""
+    rng = np.random.default_rng(seed)
+    nsb = rows * cols // 256
+    one = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    if qtype == T.Q2_K:
+        b = np.full((nsb, 84), 0xFF, np.uint8)
+        b[:, 80:82] = one
+        b[:, 82:84] = one
+        return b.reshape(-1)
+    grid = dq._iq2_tables()[0]
+    # grid row k of a group covers bytes 8k .. 8k + 7: rows 0 and 1 get the grid entry with the largest
+    # sum over bytes 0, 1, 4, 5 (the lane's six products then reach 188 * 127 = 23876; eight of them,
+    # one vector more, would reach 274 * 127 = 34798 and leave int16)
+    big = int(np.argmax(grid[:, [0, 1, 4, 5]].sum(1)))
+    b = np.zeros((nsb, 66), np.uint8)
+    b[:, 0:2] = one
+    g = b[:, 2:].reshape(nsb, 8, 8)
+    g[:, :, 0], g[:, :, 1] = big, big
+    g[:, :, 2:4] = rng.integers(0, 256, (nsb, 8, 2), dtype=np.uint8)
+    words = rng.integers(0, 2 ** 32, (nsb, 8), dtype=np.uint64).astype(np.uint32)
+    g[:, :, 4:] = words.view(np.uint8).reshape(nsb, 8, 4)
+    return b.reshape(-1)
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.IQ2_XXS])
+def test_largest_products_of_the_small_weight_types(qtype):
+    """Q2_K and IQ2_XXS weights at their largest against activations of +-127 whose signs follow the
+    weights (every product positive and maximal: the AVX2 kernels add several vectors of maddubs sums
+    in int16 for these types, which must stay exact): the simulation's bits at 1..8 tokens, 1..3
+    threads."""
+    from ds4tui._native import ffi, lib
+
+    rows, cols = 8, 512
+    raw = _extreme_rows(qtype, rows, cols, 3)
+    Wd = gq.dequantize(raw, qtype).reshape(rows, cols)
+    X = (np.where(Wd >= 0, 1.0, -1.0) * 1000.0).astype(np.float32)  # token t follows row t's signs
+    q, _ = quantize_q8_act(X)
+    assert (np.abs(q) == 127).all()
+    if qtype == T.IQ2_XXS:  # six products of a lane reach 0.7 of the int16 bound, eight would pass it
+        grid = dq._iq2_tables()[0]
+        six = grid[int(raw[2])][[0, 1, 4, 5]].sum() + grid[int(raw[3])][[0, 1]].sum()
+        eight = six + grid[int(raw[3])][[4, 5]].sum()
+        assert six * 127 >= 0.7 * 32767 and eight * 127 > 32767
+    want = matmul_q8(raw, qtype, rows, cols, X)
+    for threads in (1, 2, 3):
+        for n in range(1, rows + 1):
+            got = _native(lib, ffi, qtype, raw, rows, cols, X[:n], threads, 1)
+            assert np.array_equal(got, want[:n]), f"{qtype.name}, {n} tokens, {threads} threads"

@@ -755,6 +755,36 @@ void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d) {
             _mm_storeu_si128((__m128i *)(q + 32 * b + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
         }
     }
+#elif defined(__AVX2__)
+    /* the same operations 8 lanes at a time (max |x| keeps the running maximum where x is NaN, as the
+     * scalar loop's `a > amax` does); the codes are whole numbers in [-127, 127], so the saturating
+     * packs to int16 and int8 are exact */
+    const __m256 half = _mm256_set1_ps(0.5f), lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+    const __m256 one = _mm256_set1_ps(1.0f), sgn = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 xv[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) xv[i] = _mm256_loadu_ps(xb + 8 * i), m = _mm256_max_ps(_mm256_andnot_ps(sgn, xv[i]), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i r[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 v = _mm256_mul_ps(xv[i], vid);
+            const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sgn, _mm256_sub_ps(v, t)), half, _CMP_GE_OQ);
+            const __m256 sv = _mm256_or_ps(_mm256_and_ps(v, sgn), one);
+            __m256 rv = _mm256_add_ps(t, _mm256_and_ps(up, sv));
+            rv = _mm256_min_ps(_mm256_max_ps(rv, nlim), lim);
+            r[i] = _mm256_cvtps_epi32(rv);
+        }
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+    }
 #endif
     for (; b < n / 32; b++) {
         const float *xb = x + 32 * b;
@@ -1164,8 +1194,12 @@ static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
 /* Tokens t0 .. t0 + nt - 1 (nt <= Q8_TOK) against one decoded row; Y[k * ldy] for token t0 + k.  With
  * `lanes` (AVX2 paths, nb a multiple of 8) the 8 accumulators of token k go to lanes + 64 * k instead,
  * for q8_reduce_rows. */
-static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_t t0, int nt, float *Y, int64_t ldy,
-                          float *lanes) {
+#define Q8_KIND_Q80 0
+#define Q8_KIND_Q2K 1
+#define Q8_KIND_IQ2 2
+static inline __attribute__((always_inline)) void q8_row_body(const q8_wrow *r, const int kind, const ds4_q8_act *a,
+                                                              int64_t t0, int nt, float *Y, int64_t ldy, float *lanes) {
+    const int q2k = kind == Q8_KIND_Q2K;
     const int64_t nb = a->nb, cols = a->cols;
     float acc[Q8_TOK][8];
     int64_t b = 0;
@@ -1189,8 +1223,10 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
         k3 = Q8_DPBUSD(k3, m128, c[7]);
         const __m256i corr = _mm256_add_epi32(_mm256_add_epi32(k0, k1), _mm256_add_epi32(k2, k3));
 #else
+        /* |w| with the weight's sign moved onto q (Q2_K's w = scale * code is never negative) */
         __m256i aw[8];
-        for (int j = 0; j < 8; j++) aw[j] = _mm256_sign_epi8(c[j], c[j]);
+        if (kind != Q8_KIND_Q2K)
+            for (int j = 0; j < 8; j++) aw[j] = _mm256_sign_epi8(c[j], c[j]);
         const __m256i ones = _mm256_set1_epi16(1);
 #endif
         const __m256 sv = _mm256_loadu_ps(r->s + b);
@@ -1207,10 +1243,33 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
                 i[j] = Q8_DPBUSD(i[j], _mm256_loadu_si256((const __m256i *)(xt + 32 * j + 128)), c[j + 4]);
             const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])), corr);
 #else
-            __m256i is = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) {
-                const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + 32 * j));
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, c[j])), ones));
+            /* maddubs leaves int16 sums of two products; where |w| is small, several of them are added
+             * in int16 before one madd widens them (exact: no sum leaves int16): IQ2_XXS |w| <= 43, so
+             * 3 vectors (6 products, |sum| <= 6 * 43 * 127 = 32766); Q2_K 0 <= w <= 45, unsigned, so q
+             * needs no sign and 2 vectors add (|sum| <= 4 * 45 * 127 = 22860); Q8_0 none */
+            __m256i is;
+            if (kind == Q8_KIND_Q2K) {
+                __m256i s[4];
+                for (int j = 0; j < 4; j++)
+                    s[j] = _mm256_add_epi16(_mm256_maddubs_epi16(c[2 * j], _mm256_loadu_si256((const __m256i *)(xt + 64 * j))),
+                                            _mm256_maddubs_epi16(c[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xt + 64 * j + 32))));
+                is = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s[0], ones), _mm256_madd_epi16(s[1], ones)),
+                                      _mm256_add_epi32(_mm256_madd_epi16(s[2], ones), _mm256_madd_epi16(s[3], ones)));
+            } else if (kind == Q8_KIND_IQ2) {
+                __m256i p[8];
+                for (int j = 0; j < 8; j++)
+                    p[j] = _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xt + 32 * j)), c[j]));
+                const __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), p[2]);
+                const __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(p[3], p[4]), p[5]);
+                const __m256i s2 = _mm256_add_epi16(p[6], p[7]);
+                is = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones)),
+                                      _mm256_madd_epi16(s2, ones));
+            } else {
+                is = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xt + 32 * j));
+                    is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, c[j])), ones));
+                }
             }
 #endif
             const __m256 dx = _mm256_loadu_ps(a->d + (t0 + k) * nb + b);
@@ -1253,6 +1312,14 @@ static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_
         const float *v = acc[k];
         Y[k * ldy] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
     }
+}
+
+/* q8_row_body for the row's type (IQ2_XXS is the row that is neither Q2_K nor read in place as Q8_0). */
+static void q8_row_tokens(const q8_wrow *r, int q2k, const ds4_q8_act *a, int64_t t0, int nt, float *Y, int64_t ldy,
+                          float *lanes) {
+    if (q2k) q8_row_body(r, Q8_KIND_Q2K, a, t0, nt, Y, ldy, lanes);
+    else if (r->q80) q8_row_body(r, Q8_KIND_Q80, a, t0, nt, Y, ldy, lanes);
+    else q8_row_body(r, Q8_KIND_IQ2, a, t0, nt, Y, ldy, lanes);
 }
 
 #if defined(Q8_AVX2)
