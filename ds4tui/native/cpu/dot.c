@@ -1546,7 +1546,13 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
      * in a horizontal sum) */
     if (a->nb % 8 == 0) {
         float lanes[Q8_TOK * 64], y8[8];
+        /* Q8_0 rows of one 8-block group (256 columns, e.g. the demo's LM head): the next 8 rows
+         * prefetched, one stretch of 8 * 272 bytes (tools/cpu_notes.md, 2026-12-02: the demo's q8
+         * decode 10 % faster; with 1024-column rows the medium's was 5 % slower, so only here) */
+        const int ahead = type == DS4_TYPE_Q8_0 && a->nb <= 8;
         for (; r + 8 <= r1; r += 8) {
+            if (ahead && r + 16 <= r1)
+                for (size_t o = 0; o < 8 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(r + 8) * row_bytes + o);
             for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i], 1);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK) {
                 const int nt = (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK);
