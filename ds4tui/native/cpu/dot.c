@@ -1086,13 +1086,15 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
         for (int k = 0; k < 4; k++) {
             __m256i h[2];
             for (int q = 0; q < 2; q++) {
-                uint64_t v[4];
-                for (int i = 0; i < 4; i++) memcpy(&v[i], ds4_iq2xxs_grid[blk[2 + 8 * (4 * q + i) + k]], 8);
-                const __m256i gv = _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
-                const __m256i mv = _mm256_setr_epi64x((long long)ds4_iq2xxs_sign_mask[(w[4 * q] >> (7 * k)) & 127],
-                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 1] >> (7 * k)) & 127],
-                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 2] >> (7 * k)) & 127],
-                                                      (long long)ds4_iq2xxs_sign_mask[(w[4 * q + 3] >> (7 * k)) & 127]);
+#define Q8_LD2(a, b) _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(a))), (const double *)(b)))
+                const uint8_t *gi = blk + 2 + 32 * q + k;
+                const __m256i gv = _mm256_set_m128i(Q8_LD2(ds4_iq2xxs_grid[gi[16]], ds4_iq2xxs_grid[gi[24]]),
+                                                    Q8_LD2(ds4_iq2xxs_grid[gi[0]], ds4_iq2xxs_grid[gi[8]]));
+                const __m256i mv = _mm256_set_m128i(Q8_LD2(&ds4_iq2xxs_sign_mask[(w[4 * q + 2] >> (7 * k)) & 127],
+                                                           &ds4_iq2xxs_sign_mask[(w[4 * q + 3] >> (7 * k)) & 127]),
+                                                    Q8_LD2(&ds4_iq2xxs_sign_mask[(w[4 * q] >> (7 * k)) & 127],
+                                                           &ds4_iq2xxs_sign_mask[(w[4 * q + 1] >> (7 * k)) & 127]));
+#undef Q8_LD2
                 h[q] = _mm256_sub_epi8(_mm256_xor_si256(gv, mv), mv); /* (g ^ m) - m: blocks 4q .. 4q + 3 */
             }
             const __m256 a = _mm256_castsi256_ps(h[0]), b = _mm256_castsi256_ps(h[1]);
