@@ -117,28 +117,58 @@ static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
-#define Q8_MAXNT 3 /* 4 accumulators a token and 4 weight vectors in 16 registers */
+#define Q8_MAXNT 8
+/* Up to 3 tokens: 4 accumulators a token and 4 weight vectors in 16 registers.  4 to 8 tokens: the
+ * 32 lanes are independent sums, so the row runs as four passes over its blocks, pass j holding
+ * lanes 8j .. 8j + 7 of every token in one register each (one weight vector and NT accumulators in
+ * 16 registers; with fewer tokens one chain of fused multiply-adds a pass would wait on its latency).
+ * Either way each lane sees the same fused multiply-adds in the same block order as a one-token
+ * call. */
+static inline __attribute__((always_inline)) __m256 q8_0_scale8(const uint8_t *blk) {
+#if defined(__F16C__) /* F16C converts exactly: the same value as ds4_half */
+    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+#else
+    return _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
+#endif
+}
+
 static inline __attribute__((always_inline)) void q8_0_tokens(const uint8_t *row, const float *X, int64_t ldx,
                                                                int64_t n, float *Y, int64_t ldy, const int NT) {
-    __m256 a[Q8_MAXNT][4];
-    for (int k = 0; k < NT; k++)
-        for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 34 * b;
-        const __m256 d = _mm256_set1_ps(ds4_half((uint16_t)(blk[0] | (blk[1] << 8))));
-        __m256 w[4];
-        for (int j = 0; j < 4; j++)
-            w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))));
-        for (int k = 0; k < NT; k++) {
-            const float *xb = X + k * ldx + 32 * b;
-            for (int j = 0; j < 4; j++) a[k][j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), a[k][j]);
+    const int64_t nb = n / 32;
+    float acc[Q8_MAXNT][32];
+    if (NT <= 3) {
+        __m256 a[3][4];
+        for (int k = 0; k < NT; k++)
+            for (int j = 0; j < 4; j++) a[k][j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + 34 * b;
+            const __m256 d = q8_0_scale8(blk);
+            __m256 w[4];
+            for (int j = 0; j < 4; j++)
+                w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))));
+            for (int k = 0; k < NT; k++) {
+                const float *xb = X + k * ldx + 32 * b;
+                for (int j = 0; j < 4; j++) a[k][j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), a[k][j]);
+            }
+        }
+        for (int k = 0; k < NT; k++)
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc[k] + 8 * j, a[k][j]);
+    } else {
+        for (int j = 0; j < 4; j++) {
+            __m256 a[Q8_MAXNT];
+            for (int k = 0; k < NT; k++) a[k] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + 34 * b;
+                const __m256 w = _mm256_mul_ps(q8_0_scale8(blk),
+                                               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)))));
+                for (int k = 0; k < NT; k++) a[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(X + k * ldx + 32 * b + 8 * j), a[k]);
+            }
+            for (int k = 0; k < NT; k++) _mm256_storeu_ps(acc[k] + 8 * j, a[k]);
         }
     }
     for (int k = 0; k < NT; k++) {
-        float acc[32];
-        for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + 8 * j, a[k][j]);
-        for (int j = 0; j < 16; j++) acc[j] += acc[j + 16];
-        Y[k * ldy] = hsum(acc);
+        for (int j = 0; j < 16; j++) acc[k][j] += acc[k][j + 16];
+        Y[k * ldy] = hsum(acc[k]);
     }
 }
 #else
