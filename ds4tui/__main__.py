@@ -1,3 +1,3 @@
-from ds4tui.cli import main
+from ds4tui.cli import program
 
-raise SystemExit(main())
+program()

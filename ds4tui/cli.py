@@ -8,13 +8,13 @@ imported only when that command runs, so ``ds4tui --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
-import signal
 import sys
 
 from ds4tui import __version__
+from ds4tui.interrupts import interrupt_on_signals  # noqa: F401 - also for the devtools
+from ds4tui.interrupts import signals_seen as _signals_seen
 
 
 def _int_at_least(text: str, minimum: int, what: str, maximum: int = 2**31 - 1) -> int:
@@ -477,7 +477,10 @@ def _join_signed_values(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status.
+    ``exiting``: the process exits when this returns (:func:`program`): the interrupting signals
+    are left ignored (:func:`ds4tui.interrupts.interrupt_on_signals`)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")) or (
@@ -513,46 +516,34 @@ def main(argv: list[str] | None = None) -> int:
 
                 print(json.dumps({"ok": False, "error": str(exc)}))
             return 2
-    _signals_seen.clear()
+    rc = None
     try:
-        with interrupt_on_signals():
-            module = importlib.import_module(f"ds4tui.commands.{args.command}")  # an interrupt here too: no traceback
-            rc = int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        rc = 130
+        with interrupt_on_signals(exiting=exiting):
+            try:
+                module = importlib.import_module(f"ds4tui.commands.{args.command}")  # an interrupt here too: no traceback
+                rc = int(module.run(args) or 0)
+            except KeyboardInterrupt:
+                rc = 130
+            if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says
+                # nothing; later signals are ignored meanwhile (ds4tui.interrupts)
+                print("ds4tui: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # the first signal came as the handlers were set up, or after the command returned
+        if rc is None:
+            rc = 130
+            print("ds4tui: interrupted", file=sys.stderr)
     except BrokenPipeError:
         return 0
-    if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says nothing,
-        try:       # so a second Ctrl-C during its clean-up does not say it again
-            print("ds4tui: interrupted", file=sys.stderr)
-        except KeyboardInterrupt:
-            pass
     # a command that stopped for a signal says so in its status, as a shell does: 128 + the signal
     # (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
     return 128 + _signals_seen[-1] if rc == 130 and _signals_seen else rc
 
 
-#: The signals interrupt_on_signals turned into KeyboardInterrupt during the running command.
-_signals_seen: list[int] = []
-
-
-@contextlib.contextmanager
-def interrupt_on_signals():
-    """Make SIGTERM/SIGHUP (kill, timeout, a dropped terminal) raise KeyboardInterrupt like Ctrl-C,
-    so that commands clean up after themselves (e.g. a converter removes its partial output); the
-    exit status then names the signal (128 + its number)."""
-
-    def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-        _signals_seen.append(int(signum))
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def program() -> None:
+    """The ``ds4tui`` program: :func:`main`, then exit with its status; the interrupting signals stay
+    ignored while the interpreter exits (no traceback from its shutdown, no death by a late Ctrl-C:
+    the command has ended, and its status says how)."""
+    sys.exit(main(exiting=True))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    program()

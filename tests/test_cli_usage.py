@@ -247,3 +247,51 @@ def test_a_drafter_option_with_a_model_and_no_mtp_is_refused_before_anything_loa
     rc, out, err = _run(capsys, [*_args(command, str(tiny_q2["model"])), "--max-draft", "3"])
     assert rc == 2 and err.startswith(f"ds4tui {command}: error: --max-draft needs a DSpark support model: add --mtp "
                                       f"SUPPORT.gguf") and err.count("\n") == 1
+
+
+def test_an_interrupt_is_taken_once_and_the_exit_ignores_later_ones():
+    # The first SIGINT/SIGTERM raises KeyboardInterrupt; later ones are ignored until the command
+    # ends, so that its clean-up runs to the end; on leaving, the handlers before come back, or with
+    # exiting=True (the ds4tui program) the signals stay ignored while the interpreter exits.
+    import signal
+    import threading
+    import time
+
+    from ds4tui import interrupts
+
+    def send(sig):
+        signal.pthread_kill(threading.main_thread().ident, sig)
+        time.sleep(0.05)  # the handler runs in this thread at its next check
+
+    previous = {s: signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+                for s in interrupts.INTERRUPTS}
+    try:
+        with interrupts.interrupt_on_signals():
+            with pytest.raises(KeyboardInterrupt):
+                send(signal.SIGTERM)
+            for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                send(sig)  # ignored: no KeyboardInterrupt, the process lives on
+            assert interrupts.signals_seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        with interrupts.interrupt_on_signals(exiting=True):
+            assert interrupts.signals_seen == []  # cleared for the new command
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in interrupts.INTERRUPTS)
+        send(signal.SIGINT)  # ignored by the process itself
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def test_a_background_job_keeps_sigint_ignored():
+    import signal
+
+    from ds4tui import interrupts
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.interrupt_on_signals():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

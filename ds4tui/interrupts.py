@@ -1,0 +1,54 @@
+"""How the commands stop on a signal: SIGINT (Ctrl-C), SIGTERM (kill, timeout) and SIGHUP (a
+dropped terminal) raise one KeyboardInterrupt in the main thread, once.
+
+:func:`interrupt_on_signals` installs the handler for the running command.  The first of these
+signals raises KeyboardInterrupt, so that the command cleans up after itself (a converter removes its
+partial output, ``bench --ab`` waits for the native call it cancelled, closes its engine and writes
+the runs that finished); every later one is ignored until the command ends, so that a Ctrl-C pressed
+three times cannot interrupt that clean-up half-way (an engine freed twice, a result file half
+written).  The signals seen are in :data:`signals_seen` (the exit status names the first: 128 + its
+number)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+#: The signals that interrupt a command.
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: The signal that interrupted the running command (at most one: the later ones are ignored).
+signals_seen: list[int] = []
+
+
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    if signals_seen:  # the command is already stopping: its clean-up runs to the end
+        return
+    signals_seen.append(int(signum))
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupt_on_signals(exiting: bool = False):
+    """Make SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, the first only
+    (see the module docstring).  A SIGINT that is ignored when this starts (a shell's background
+    job) stays ignored.  On leaving, the handlers before it come back; with ``exiting`` (the process
+    exits next: the command has ended) the three signals are ignored instead, so that one during the
+    interpreter's exit neither raises in its shutdown nor kills the process (Python puts the default
+    action back for the signals it handles as it finalizes, but not for ignored ones)."""
+    signals_seen.clear()
+    previous = {}
+    try:
+        for sig in INTERRUPTS:
+            if sig == signal.SIGINT and signal.getsignal(sig) in (signal.SIG_IGN, None):
+                continue
+            previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, _interrupt)
+        yield
+    finally:
+        if exiting:
+            for sig in INTERRUPTS:
+                signal.signal(sig, signal.SIG_IGN)
+        else:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
