@@ -282,9 +282,118 @@ def test_ab_interrupted_while_a_session_is_made_closes_the_engine_after_it(tiny_
         rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16")
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert rc == 130 and out == ""
+    assert rc == 130 and out.startswith("INTERRUPTED after 1 of 6 runs")  # the first arm's run only
     assert err.strip().endswith("ds4tui: interrupted")
     assert events[:3] == ["session made", "session made", "engine closed"]
+
+
+def _interrupted_ab(tiny_q2, capsys, monkeypatch, *argv: str, at_run: int, where: str = "session",
+                    during_close: int = 0) -> tuple[int, str, str, list]:
+    """An A/B run of 16 tokens that a SIGINT stops in run ``at_run`` (0-based): as its session is made
+    (``where="session"``: the session is cancelled at once, its prefill stops) or once it decodes
+    (``"decode"``: the decode loop ends "cancelled" after some tokens); ``during_close`` more SIGINTs
+    while the engine is being closed.  Returns rc, stdout, stderr and the engines closed."""
+    from ds4tui.engine import session as S
+
+    calls: list = []
+    closed: list = []
+    engines: list = []
+    real_one, real_step, real_close = bench._ab_one, S.Session.step_many, S.Engine.close
+    armed = threading.Event()
+
+    def ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options=None, stopping=None):
+        engines.append(engine)
+        calls.append(knobs)
+        if len(calls) - 1 == at_run:
+            if where == "session":
+                _sigint_main()
+                assert stopping.wait(30)  # the main thread took it: the new session is cancelled at once
+            else:
+                armed.set()
+                calls.append(stopping)
+        return real_one(engine, ctx, ids, n_tokens, knobs, current, session_options, stopping)
+
+    def step_many(self, *args, **kwargs):
+        if armed.is_set() and self.tokens and len(self.tokens) > 3:
+            armed.clear()
+            _sigint_main()
+            assert calls[-1].wait(30)  # stop() ran: this session is cancelled
+        return real_step(self, *args, **kwargs)
+
+    def close(self):  # only the A/B's engine (those of earlier runs may be collected and closed meanwhile)
+        if engines and self is engines[0] and not closed:
+            for _ in range(during_close):  # Ctrl-C pressed again and again while the engine is freed
+                _sigint_main()
+                time.sleep(0.02)
+            closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(bench, "_ab_one", ab_one)
+    monkeypatch.setattr(S.Session, "step_many", step_many)
+    monkeypatch.setattr(S.Engine, "close", close)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16", *argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return rc, out, err, closed
+
+
+@pytest.mark.parametrize("at_run,where,during_close", [(3, "session", 0), (1, "decode", 3)])
+def test_ab_interrupted_writes_the_runs_that_finished(at_run, where, during_close, tiny_q2, tmp_path, capsys,
+                                                      monkeypatch):
+    # The oracle: an uninterrupted A/B of the same 16 tokens (greedy: the same ids in every run).
+    rc, full_out, err = _ab(capsys, tiny_q2, "--tokens", "16", "--json")
+    assert rc == 0, err
+    full = json.loads(full_out)
+    want_ids = {r["kind"]: r["generated_ids"] for r in full["arms"][0]["runs"]}
+    out_file = tmp_path / "ab.json"
+    rc, out, err, closed = _interrupted_ab(tiny_q2, capsys, monkeypatch, "--json", "--out", str(out_file),
+                                           at_run=at_run, where=where, during_close=during_close)
+    assert rc == 130 and len(closed) == 1
+    r = json.loads(out)
+    assert json.loads(out_file.read_text()) == r
+    assert [p.name for p in tmp_path.iterdir()] == ["ab.json"]  # no temporary file left
+    planned = [(name, o["kind"]) for o in full["arm_order"] for name in o["order"]]
+    assert r["ok"] is False and r["interrupted"] is True and r["mode"] == "ab"
+    assert r["runs_planned"] == 6 and r["runs_finished"] == at_run
+    assert r["error"] == f"interrupted after {at_run} of 6 runs"
+    assert [(x["arm"], x["kind"]) for x in r["finished"]] == planned[:at_run]
+    assert [(x["arm"], x["kind"]) for x in r["not_finished"]] == planned[at_run:]
+    assert [(x["arm"], x["kind"]) for x in r["runs"]] == planned[:at_run]
+    for run, (name, kind) in zip(r["runs"], planned):
+        assert run["generated_ids"] == want_ids[kind] and run["generated_tokens"] == 16
+        assert run["ids_sha256"] == bench.ids_sha256(want_ids[kind])
+        assert run["knobs"]["enabled"] == dict(bench.AB_ARMS)[name]["enabled"]
+        assert run["tokens_per_s"] == pytest.approx(run["decode_tokens"] / run["decode_seconds"])
+        st = DSparkStats.from_dict(run["dspark_stats"])
+        assert st.check_invariants() == [] and run["from_draft"] == st.accepted_draft
+        assert run["stage_timing"] == st.stage_timing()
+        assert "ratio_to_target" not in run  # nothing derived from runs that did not finish
+    for absent in ("arms", "outputs_identical", "mismatches", "memory_identical"):
+        assert absent not in r
+    assert r["model"]["path"] == str(tiny_q2["model"]) and r["support"]["status"] == "attached"
+    assert r["tokens"] == 16 and r["ctx"] == full["ctx"] and [p["kind"] for p in r["prompts"]] == ["code", "prose"]
+    assert (f"ds4tui bench: interrupted after {at_run} of 6 runs; the finished runs are in {out_file} (marked "
+            f'"ok": false, "interrupted": true)\n') in err
+    assert err.endswith("ds4tui: interrupted\n") and err.count("ds4tui: interrupted") == 1
+    # compare refuses it, naming what finished
+    rc = cli_main(["compare", str(out_file), str(out_file)])
+    cmp = capsys.readouterr()
+    assert rc == 1 and cmp.out == ""
+    assert cmp.err.startswith(f"ds4tui compare: error: {out_file}: an interrupted `bench --ab` run (interrupted after "
+                              f"{at_run} of 6 runs; finished: " + ", ".join(f"{a} {k}" for a, k in planned[:at_run]))
+
+
+def test_ab_interrupted_text_report_lists_the_finished_runs(tiny_q2, capsys, monkeypatch):
+    rc, out, err, _ = _interrupted_ab(tiny_q2, capsys, monkeypatch, at_run=2)
+    assert rc == 130
+    assert out.startswith("INTERRUPTED after 2 of 6 runs")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in ARMS]
+    assert [(row[0], row[1]) for row in rows] == [("target-only", "code"), ("dspark-no-scheduler", "code")]
+    assert out.rstrip().endswith("not finished: dspark-scheduler (code prompt), dspark-scheduler (prose prompt), "
+                                 "dspark-no-scheduler (prose prompt), target-only (prose prompt)")
+    assert "interrupted after 2 of 6 runs; the finished runs are above" in err
 
 
 # ---- --medium ----------------------------------------------------------------------------------

@@ -374,3 +374,23 @@ def test_files_that_share_no_figures_get_a_short_note_and_a_bounded_summary(tmp_
     text = capsys.readouterr().out
     assert rc == 0 and "NOTE" not in text and "only in B: extra" in text
     assert "only in A: 39 figures (under timings 39), e.g. timings.t1, timings.t10, timings.t11;" in text
+
+
+def test_an_interrupted_ab_result_is_refused_naming_what_finished(tmp_path, capsys):
+    # bench --ab writes the runs that finished when it is interrupted ("ok": false, "interrupted": true):
+    # its arms are not whole, so compare names what finished and what did not instead of comparing.
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({
+        "ok": False, "interrupted": True, "mode": "ab", "error": "interrupted after 2 of 6 runs",
+        "model": {"path": "m.gguf"}, "backend": "cpu", "tokens": 64, "n_threads": 2,
+        "finished": [{"arm": "target-only", "kind": "code"}, {"arm": "dspark-no-scheduler", "kind": "code"}],
+        "not_finished": [{"arm": "dspark-scheduler", "kind": "code"}],
+        "runs": [{"arm": "target-only", "kind": "code", "tokens_per_s": 10.0}]}))
+    rc = cli_main(["compare", str(part), str(part), "--json"])
+    out = capsys.readouterr()
+    message = (f"{part}: an interrupted `bench --ab` run (interrupted after 2 of 6 runs; finished: target-only code, "
+               f"dspark-no-scheduler code; not finished: dspark-scheduler code): its arms are not whole, so no figure "
+               f"of it compares with another run's; its finished runs' own figures are in its `runs`; run "
+               f"`ds4tui bench --ab` to the end to compare")
+    assert rc == 1 and json.loads(out.out) == {"ok": False, "error": message, "error_type": "CompareError"}
+    assert out.err == f"ds4tui compare: error: {message}\n"

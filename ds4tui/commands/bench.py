@@ -42,6 +42,9 @@ reports tokens/s and its ratio to the target-only arm, accept rate, tokens per c
 times in their own units (``DSparkStats.stage_timing``: each drafter step per drafter pass, verify
 per drafted cycle, the plain decode, with the counts) and ds4's stats line, and it checks that the three arms generated the same ids (a
 sha256 of each arm's ids); different outputs are an error (exit status 1).
+An interrupt (Ctrl-C, SIGTERM, SIGHUP) stops it after the native call it cancels has returned and
+keeps the runs that finished (:func:`_partial_ab`): they are written where a finished result would
+go, marked ``"ok": false, "interrupted": true``, and the exit status is 128 + the signal.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes
+from ds4tui.interrupts import INTERRUPTS
 
 _PREFIX = "ds4tui bench:"
 
@@ -319,8 +323,8 @@ def memcpy_bandwidth(n_threads: int) -> dict:
     return out
 
 
-#: The signals that interrupt a command (ds4tui.cli.interrupt_on_signals turns the last two into Ctrl-C).
-_INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+#: The signals that interrupt a command (ds4tui.interrupts turns each into one KeyboardInterrupt).
+_INTERRUPTS = set(INTERRUPTS)
 
 
 def _in_worker(fn, on_interrupt):
@@ -523,7 +527,8 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
             session_options: dict | None = None, stopping: threading.Event | None = None) -> dict:
     """One greedy run of ``n_tokens`` tokens after ``ids`` in a fresh session (made with
     ``session_options``) with ``knobs``; the session is ``current[0]`` while it lives, and when
-    ``stopping`` is set (an interrupt that came while no session was current) it is cancelled at once."""
+    ``stopping`` is set (an interrupt that came while no session was current) it is cancelled at once.
+    ``stop_reason`` in the result: the decode loop's (``"cancelled"`` for a run an interrupt cut short)."""
     from ds4tui.engine.session import SamplingParams
 
     session = engine.session(ctx, **(session_options or {}))
@@ -544,7 +549,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         for _ in cycles:
             pass
         t3 = time.perf_counter()
-        out, drafted = loop.ids, loop.n_draft
+        out, drafted, reason = loop.ids, loop.n_draft, loop.reason
         st = session.dspark_stats()
         priced = session.scheduler_prices_at_start
         memory = session.memory().to_dict()
@@ -556,7 +561,8 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
             "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
             "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
             "from_draft": drafted, "scheduler_prices_at_start": priced,
-            "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory}
+            "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory,
+            "stop_reason": reason}
 
 
 def ab_arm_order(n_prompts: int) -> list[tuple[str, ...]]:
@@ -641,28 +647,33 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         stopping = threading.Event()
         arm_order = ab_arm_order(len(prompts))
 
+        # what has finished, in the order it ran: (arm, kind, run); kept when an interrupt stops the rest
+        finished: list[tuple[str, str, dict]] = []
+
         def work():
             # prompts outer, arms inner: a machine that slowly speeds up or slows down (thermal,
             # neighbours) then biases every arm alike instead of the arm that runs last; and the
             # arms' order alternates from one prompt to the next (arm_order): the arm that runs
             # first after a prefill is not always the same one
-            runs: dict = {name: [] for name, _ in AB_ARMS}
             for kind, ids, order in zip([k for k, _, _ in prompts], [i for _, _, i in prompts], arm_order):
                 for position, name in enumerate(order):
                     knobs = dict(AB_ARMS)[name]
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
-                    runs[name].append({"kind": kind, "position": position,
-                                       **_ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options,
-                                                  stopping)})
-            return [(name, runs[name]) for name, _ in AB_ARMS]
+                    run = _ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options, stopping)
+                    if run.pop("stop_reason") == "cancelled":  # cut short by the interrupt: not a finished run
+                        return
+                    finished.append((name, kind, {"kind": kind, "position": position, **run}))
 
         def stop():  # the flag first: a session made after this read of current[0] sees it
             stopping.set()
             if current[0] is not None:
                 current[0].cancel()
 
+        interrupted = False
         try:
-            arms = _in_worker(work, stop)
+            _in_worker(work, stop)
+        except KeyboardInterrupt:  # the worker has returned: the runs that finished are kept
+            interrupted = True
         finally:
             _status("")
         n_threads_used = engine.n_threads
@@ -677,6 +688,12 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                    else str(engine.scheduler_prices_file),
                    "scheduler_prices_problem": engine.scheduler_prices_problem or None}
 
+    if interrupted:
+        raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
+            "model": _model_info(model, medium), "support": support_info, "backend": backend,
+            "backend_note": backend_note, "numerics": numerics, "activations": activations, "gpu_graphs": graphs,
+            "gpu_graphs_note": graphs_note, **prices_info, "n_threads": n_threads_used, "ctx": ctx, "tokens": n_tokens}))
+    arms = [(name, [r for n, _, r in finished if n == name]) for name, _ in AB_ARMS]
     base = {r["kind"]: r for r in arms[0][1]}
     out_arms = []
     for name, runs in arms:
@@ -730,6 +747,48 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "outputs_identical": not mismatches,
         "mismatches": mismatches,
         "memory_identical": all(a["memory"] == out_arms[0]["memory"] for a in out_arms),
+        "machine": machine_info(),
+    }
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C, SIGTERM, SIGHUP) stopped ``bench --ab``: ``result`` is the partial
+    result (:func:`_partial_ab`), written as a finished run's would be before the command exits 130."""
+
+    def __init__(self, result: dict):
+        super().__init__("interrupted")
+        self.result = result
+
+
+def _partial_ab(finished: list[tuple[str, str, dict]], arm_order, prompts, header: dict) -> dict:
+    """The result of an A/B run that an interrupt stopped: ``ok`` false, ``interrupted`` true, which
+    runs (arm and prompt kind) finished and which did not, and each finished run's own figures
+    (tokens/s, accept rate, stage timings, stats, generated ids) in ``runs``, in the order they ran.
+    Nothing is derived across runs (no arm totals, no ratios to the target-only arm, no output check):
+    those need runs that did not happen."""
+    planned = [(name, kind) for (kind, _, _), order in zip(prompts, arm_order) for name in order]
+    done = {(name, kind) for name, kind, _ in finished}
+    runs = []
+    for name, kind, r in finished:
+        r = dict(r)
+        st = r.pop("stats")
+        runs.append({"arm": name, **r, **_arm_summary([r], st)})
+    return {
+        "ok": False,
+        "interrupted": True,
+        "error": f"interrupted after {len(finished)} of {len(planned)} runs",
+        "mode": "ab",
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **header,
+        "arm_order": [{"kind": kind, "order": list(order)} for (kind, _, _), order in zip(prompts, arm_order)],
+        "sampling": "greedy",
+        "prompts": [{"kind": kind, "text": text, "template": "chat, non-thinking", "prompt_tokens": len(ids)}
+                    for kind, text, ids in prompts],
+        "runs_planned": len(planned),
+        "runs_finished": len(finished),
+        "finished": [{"arm": name, "kind": kind} for name, kind, _ in finished],
+        "not_finished": [{"arm": name, "kind": kind} for name, kind in planned if (name, kind) not in done],
+        "runs": runs,
         "machine": machine_info(),
     }
 
@@ -820,6 +879,34 @@ def render_ab_text(r: dict) -> str:
     else:
         lines.append("greedy outputs: DIFFERENT: " + "; ".join(
             f"{x['arm']} {x['kind']} from token {x['first_difference']}" for x in r["mismatches"]))
+    return "\n".join(lines)
+
+
+def render_ab_partial_text(r: dict) -> str:
+    """The text report of an interrupted A/B run (:func:`_partial_ab`): the finished runs' own
+    figures, and which runs did not finish."""
+    m = r["model"]
+    lines = [
+        f"INTERRUPTED after {r['runs_finished']} of {r['runs_planned']} runs: the figures below are the finished "
+        f"runs' own (no arm totals, no ratios to the target-only arm, no output check)",
+        f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
+        f"support  {r['support']['message']}",
+        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+        f"{r['n_threads']} threads, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
+        "",
+    ]
+    if r["runs"]:
+        name_w = max(len(x["arm"]) for x in r["runs"])
+        lines.append(f"{'arm':<{name_w}}  {'prompt':<6} {'tok/s':>9} {'accept':>8} {'tok/cycle':>9} {'cycles':>7}  "
+                     f"ids sha256")
+        for x in r["runs"]:
+            lines.append(f"{x['arm']:<{name_w}}  {x['kind']:<6} {_num(x['tokens_per_s'], '.2f', 9)} "
+                         f"{x['accept_rate']:7.2f}% {x['tokens_per_cycle']:9.3f} {x['dspark_stats']['cycles']:7d}  "
+                         f"{x['ids_sha256'][:16]}")
+    else:
+        lines.append("no run finished")
+    lines.append("not finished: " + (", ".join(f"{x['arm']} ({x['kind']} prompt)" for x in r["not_finished"])
+                                     or "none"))
     return "\n".join(lines)
 
 
@@ -958,6 +1045,18 @@ def _emit(args, result: dict, render) -> int | None:
     return None
 
 
+def _emit_interrupted(args, result: dict) -> int:
+    """Write an interrupted A/B run's partial result where a finished one would go (``--out``,
+    stdout), say on stderr how far it got and where its runs are, and return 130 (the command line
+    then names the signal in the status)."""
+    failed = _emit(args, result, render_ab_partial_text)
+    where = (f"in {args.out}" if args.out is not None and failed is None
+             else "in the JSON on stdout" if args.json or failed is not None else "above")
+    print(f"{_PREFIX} {result['error']}; the finished runs are {where} (marked \"ok\": false, \"interrupted\": "
+          f"true)", file=sys.stderr, flush=True)
+    return 130
+
+
 def run_synthetic(args: argparse.Namespace) -> int:
     """``--synthetic flash``: full-width synthetic layers (ds4tui.engine.synthetic)."""
     from ds4tui.engine import synthetic
@@ -1085,6 +1184,8 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         msg = str(exc)
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)
+    except BenchInterrupted as exc:  # the runs that finished are written as a finished result would be
+        return _emit_interrupted(args, exc.result)
     except BenchUsageError as exc:  # a usage error, as a bad flag: status 2, before the weights load
         return _fail(str(exc), args, exc, status=2)
     except BenchError as exc:

@@ -25,7 +25,9 @@ Lists longer than :data:`MAX_LIST` (token ids, per-token flags) and free text (t
 ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, not one of
 these kinds (a scheduler prices file is named as one), or one of them without the fields its writer
 writes or with a field of another JSON type (:data:`FIELDS`) is an error naming the file, the field,
-the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout);
+the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout),
+and so is a failed run and an interrupted ``bench --ab`` run (``"interrupted": true``: named with the
+runs that finished and those that did not; its arms are not whole, so nothing in it compares);
 two files of different kinds are compared on the names they share, with a note.
 """
 
@@ -189,6 +191,17 @@ def load(path: str) -> tuple[str, dict]:
                               if cut else "") + f"; {ACCEPTS}") from None
     if not isinstance(d, dict):
         raise CompareError(f"{path}: expected a JSON object, found {json_type(d)}; {ACCEPTS}")
+    if d.get("ok") is False and d.get("interrupted") is True:
+        def runs(key: str) -> str:
+            items = d.get(key)
+            if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+                return "?"
+            return ", ".join(f"{x.get('arm')} {x.get('kind')}" for x in items) or "none"
+
+        raise CompareError(f"{path}: an interrupted `bench --ab` run ({d.get('error', 'no error text')}; finished: "
+                           f"{runs('finished')}; not finished: {runs('not_finished')}): its arms are not whole, so no "
+                           f"figure of it compares with another run's; its finished runs' own figures are in its "
+                           f"`runs`; run `ds4tui bench --ab` to the end to compare")
     if d.get("ok") is False:
         raise CompareError(f"{path}: a failed run ({d.get('error', 'no error text')})")
     fmt = d.get("format")
