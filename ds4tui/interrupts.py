@@ -6,13 +6,18 @@ signals raises KeyboardInterrupt, so that the command cleans up after itself (a 
 partial output, ``bench --ab`` waits for the native call it cancelled, closes its engine and writes
 the runs that finished); every later one is ignored until the command ends, so that a Ctrl-C pressed
 three times cannot interrupt that clean-up half-way (an engine freed twice, a result file half
-written).  The signals seen are in :data:`signals_seen` (the exit status names the first: 128 + its
-number)."""
+written).  A later signal that comes :data:`HINT_AFTER_S` or more after the first says, once, on
+stderr that the command is still stopping and that Ctrl-\\ (SIGQUIT) quits at once, so that a
+clean-up that waits long (a native call finishing on a slow device) is not mistaken for a hang
+that nothing can end.  The signals seen are in :data:`signals_seen` (the exit status names the
+first: 128 + its number)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import time
 
 #: The signals that interrupt a command.
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -20,11 +25,27 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The signal that interrupted the running command (at most one: the later ones are ignored).
 signals_seen: list[int] = []
 
+#: Seconds after the first signal from which a later one prints :data:`STILL_STOPPING` (once).
+HINT_AFTER_S = 2.0
+
+#: What a later signal says when the clean-up has taken HINT_AFTER_S or more.
+STILL_STOPPING = "ds4tui: still stopping (the engine finishes the call it is in); Ctrl-\\ quits at once\n"
+
+_first_at: list[float] = []  # time.monotonic() of the first signal
+_hinted: list[bool] = []
+
 
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
     if signals_seen:  # the command is already stopping: its clean-up runs to the end
+        if not _hinted and time.monotonic() - _first_at[0] >= HINT_AFTER_S:
+            _hinted.append(True)
+            try:
+                os.write(2, STILL_STOPPING.encode())
+            except OSError:
+                pass
         return
     signals_seen.append(int(signum))
+    _first_at[:] = [time.monotonic()]
     raise KeyboardInterrupt
 
 
@@ -37,6 +58,7 @@ def interrupt_on_signals(exiting: bool = False):
     interpreter's exit neither raises in its shutdown nor kills the process (Python puts the default
     action back for the signals it handles as it finalizes, but not for ignored ones)."""
     signals_seen.clear()
+    _hinted.clear()
     previous = {}
     try:
         for sig in INTERRUPTS:

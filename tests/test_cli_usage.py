@@ -283,6 +283,44 @@ def test_an_interrupt_is_taken_once_and_the_exit_ignores_later_ones():
             signal.signal(s, h)
 
 
+def test_a_later_interrupt_during_a_long_clean_up_says_how_to_quit_at_once(monkeypatch, capfd):
+    # Later signals are ignored; one that comes HINT_AFTER_S or more after the first says once that
+    # the command is still stopping and that Ctrl-\ quits at once (a slow clean-up is not a hang).
+    import signal
+    import threading
+
+    from ds4tui import interrupts
+
+    clock = [100.0]
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: clock[0])
+
+    def send(sig):
+        signal.pthread_kill(threading.main_thread().ident, sig)
+        __import__("time").sleep(0.05)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupts.interrupt_on_signals():
+            with pytest.raises(KeyboardInterrupt):
+                send(signal.SIGINT)
+            clock[0] += interrupts.HINT_AFTER_S - 0.5
+            send(signal.SIGINT)  # soon after the first: ignored, nothing said
+            assert capfd.readouterr().err == ""
+            clock[0] += 0.5
+            send(signal.SIGINT)
+            send(signal.SIGTERM)  # said once only
+            assert capfd.readouterr().err == interrupts.STILL_STOPPING
+            assert interrupts.signals_seen == [signal.SIGINT]
+        with interrupts.interrupt_on_signals():  # a new command: the hint again after its own first signal
+            with pytest.raises(KeyboardInterrupt):
+                send(signal.SIGINT)
+            clock[0] += interrupts.HINT_AFTER_S
+            send(signal.SIGINT)
+            assert capfd.readouterr().err == interrupts.STILL_STOPPING
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_background_job_keeps_sigint_ignored():
     import signal
 
