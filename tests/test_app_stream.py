@@ -142,6 +142,15 @@ def _app(tmp_path, gate=None, **kw) -> A.DS4App:
                     telemetry=FakeBackend([RSS]), flush_s=None, memory_s=None)
 
 
+async def _ask_and_stream(app, pilot, tokens: int = 30) -> None:
+    """Ask the test engine's question and wait until it has decoded ``tokens`` tokens (the turn goes
+    on: the tests hold it at their gate)."""
+    app.query_one("#prompt").value = "Write a linked list"
+    await pilot.press("enter")
+    while app.engine._tokens < tokens:
+        await pilot.pause(0.01)
+
+
 class _Turn(App):
     """A transcript 60 cells wide and 8 rows tall holding a question and an answer."""
 
@@ -243,10 +252,7 @@ async def test_a_turn_runs_with_the_interpreter_settings_for_streaming_and_resto
     async with app.run_test(size=(150, 48)) as pilot:
         await app.workers.wait_for_complete()
         await app.flush()
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:
-            await pilot.pause(0.01)
+        await _ask_and_stream(app, pilot)
         assert sys.getswitchinterval() == pytest.approx(A.SWITCH_S) and gc.get_threshold() == A.GC_THRESHOLDS
         prompt = app.query_one("#prompt")
         assert not prompt.cursor_blink  # a steady cursor while the engine decodes: no frame per blink
@@ -266,10 +272,7 @@ async def test_while_a_turn_runs_memory_is_sampled_with_the_panes(tmp_path):
         await app.workers.wait_for_complete()
         await app.flush()
         app.memory_s = A.MEMORY_S  # (no timer here: _tick is called by hand)
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:
-            await pilot.pause(0.01)
+        await _ask_and_stream(app, pilot)
         sampled = []
         original = app.sample_memory
         app.sample_memory = lambda: sampled.append(app._generating) or original()
@@ -692,10 +695,7 @@ async def test_ui_tax_times_the_frames_that_show_the_answer_and_a_typed_key(tmp_
         await app.workers.wait_for_complete()
         await app.flush()
         frames = ui_tax._Frames(app)
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:
-            await pilot.pause(0.01)
+        await _ask_and_stream(app, pilot)
         await app.flush()  # the text so far: one write
         await pilot.pause()
         await frames.type_key()  # acted on (the prompt holds it), then drawn
@@ -778,10 +778,7 @@ async def test_a_partial_frame_renders_only_its_rows_and_sends_what_textuals_com
     async with app.run_test(size=(150, 48)) as pilot:
         await app.workers.wait_for_complete()
         await app.flush()
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:
-            await pilot.pause(0.01)
+        await _ask_and_stream(app, pilot)
         await app.flush()  # the answer so far, the panes with their figures
         await pilot.pause()
         screen = app.screen
@@ -835,10 +832,7 @@ async def test_a_pane_renders_a_repainted_row_alone_and_each_row_as_textuals_ren
     async with app.run_test(size=(150, 48)) as pilot:
         await app.workers.wait_for_complete()
         await app.flush()
-        app.query_one("#prompt").value = "Write a linked list"
-        await pilot.press("enter")
-        while app.engine._tokens < 30:
-            await pilot.pause(0.01)
+        await _ask_and_stream(app, pilot)
         await app.flush()  # the panes with their figures, held while the turn runs
         await pilot.pause()
         panes = [w for w in app.query(Pane) if w.size.height > 1]
