@@ -283,6 +283,24 @@ def test_generate_without_a_model_runs_the_demo_and_drafts(pair, capsys, prompt)
     assert off["generated_ids"] == on["generated_ids"]  # greedy: DSpark changes the speed, not the text
 
 
+def test_a_non_finite_logit_of_the_demo_names_its_file_and_the_repair(pair, capsys, monkeypatch):
+    # The user named no model: the error says which file it is and how to have it checked again;
+    # nothing was streamed, so stdout gets no stray blank line.
+    from ds4tui.engine import session as S
+
+    def broken(self, ids, **kw):
+        raise S.EngineError("non-finite logit (token id 7) at position 3: the model has NaN/Inf weights or overflows")
+
+    monkeypatch.setattr(S.Session, "prefill", broken)
+    assert cli.main(["generate", "-p", "hi", "--nothink", "-n", "4", "--backend", "cpu"]) == 1
+    out, err = capsys.readouterr()
+    folder = pair.model.parent
+    assert out == ""
+    assert (f"non-finite logit (token id 7) at position 3: the model has NaN/Inf weights or overflows (the model is "
+            f"the bundled demo, {pair.model}: if a file in {folder} changed after it was unpacked, delete "
+            f"{folder}/*.verified and run again") in err
+
+
 def test_bench_without_a_model_measures_the_demo_and_says_so(pair, capsys):
     assert cli.main(["bench", "--ab", "--tokens", "16", "--threads", "1", "--backend", "cpu", "--json"]) == 0
     captured = capsys.readouterr()

@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if pair is None:
             return _fail("no MODEL given and this build has no bundled demo model", as_json, status=2)
         args.model = str(pair.model)
+        args.demo_folder = str(pair.model.parent)  # named by a model error (the user gave no path)
         if args.mtp is None:
             if args.backend != "reference":
                 args.mtp = str(pair.support)
@@ -223,6 +224,17 @@ def run(args: argparse.Namespace) -> int:
 THINK_END = "</think>"
 
 
+def _demo_hint(args, message: str) -> str:
+    """What to add to an engine error about the model's numbers when the model is the bundled demo
+    (the user named no file): which file it is, and how to have it checked and unpacked anew."""
+    folder = getattr(args, "demo_folder", None)
+    if not folder or "non-finite" not in message:
+        return ""
+    return (f" (the model is the bundled demo, {args.model}: if a file in {folder} changed after it was "
+            f"unpacked, delete {folder}/*.verified and run again: the next start checks every byte and "
+            f"unpacks a damaged file anew)")
+
+
 def _split_reasoning(text: str, thinking: bool) -> dict:
     """``reasoning`` (the text before the first ``</think>`` of a thinking-mode answer, else None) and
     ``answer`` (the text after it; all of ``text`` otherwise, or when the reasoning never ended)."""
@@ -279,9 +291,9 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         except KeyboardInterrupt:
             stop = "interrupted"
         except S.EngineError as exc:
-            if not as_json:
-                print(file=sys.stdout)
-            return _fail(str(exc), as_json)
+            if not as_json and any(pieces):
+                print(file=sys.stdout)  # ends the streamed line before the error
+            return _fail(str(exc) + _demo_hint(args, str(exc)), as_json)
         t_end = time.perf_counter()
         tail = utf8_tail(utf8)
         pieces.append(tail)
