@@ -49,6 +49,20 @@ def test_one_knob_moved_no_warning_and_every_figure_side_by_side(tiny_q2, tmp_pa
     assert "knobs that differ (1):\n  dspark.scheduler  True -> False" in text and "WARNING" not in text
 
 
+def test_a_file_against_itself_or_its_copy_is_named_not_called_noise(tiny_q2, tmp_path, capsys):
+    a = _generate(tiny_q2, tmp_path, capsys, "a.json")
+    rc = cli_main(["compare", a, a])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"NOTE: A and B are the same file ({a}): every figure is equal by construction" in text
+    assert "run-to-run noise" not in text
+    copy = tmp_path / "copy.json"
+    copy.write_text((tmp_path / "a.json").read_text())
+    rc = cli_main(["compare", a, str(copy), "--json"])
+    out = capsys.readouterr()
+    assert rc == 0 and json.loads(out.out)["same_run"].startswith(f"{a} and {copy} hold the same run (equal contents")
+    assert "note: " in out.err and "hold the same run" in out.err
+
+
 def test_two_knobs_moved_is_a_warning(tiny_q2, tmp_path, capsys):
     a = _generate(tiny_q2, tmp_path, capsys, "a.json")
     b = _generate(tiny_q2, tmp_path, capsys, "b.json", "--no-scheduler", "--numerics", "transformers")

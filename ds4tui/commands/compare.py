@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
         n, v = len(r["knobs"]), r["variables"]
         lines.append(f"knobs that differ ({n}):" if n == v else f"knobs that differ ({v} variables under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
+    elif r.get("same_run"):
+        lines.append(f"NOTE: {r['same_run']}")
     else:
         lines.append("knobs: the same in both runs (the figures differ by run-to-run noise only)")
     for w in (r["warning"], r.get("contains_warning")):
@@ -443,6 +446,22 @@ def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dic
             f"B {_describe(path_b, kind_b, b)}; {todo}")
 
 
+def same_run(path_a: str, path_b: str, a: dict, b: dict) -> str | None:
+    """The note when A and B are one file, or two files holding the same run (equal JSON): then
+    every figure is equal by construction, which says nothing about run-to-run noise."""
+    try:
+        one = os.path.samefile(path_a, path_b)
+    except OSError:
+        one = False
+    if one:
+        return (f"A and B are the same file ({path_a}): every figure is equal by construction; compare two runs "
+                f"(the same command run twice, or with one knob changed)")
+    if a == b:
+        return (f"{path_a} and {path_b} hold the same run (equal contents, a copy of one result): every figure is "
+                f"equal by construction; compare two runs")
+    return None
+
+
 def run(args) -> int:
     """``ds4tui compare A.json B.json [--json]``: exit status 0, or 1 when a file cannot be
     compared (:class:`CompareError`, named on stderr; with ``--json`` also ``{"ok": false}``)."""
@@ -459,14 +478,16 @@ def run(args) -> int:
     r["contains_warning"] = contains_warning(r["contains"], a.get("counters_id"))
     r["no_shared_figures"] = (None if r["figures"] or r["zero_in_both"]
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
+    r["same_run"] = same_run(args.a, args.b, a, b)
     if args.json:
         print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
         # the table carries the warnings; with --json they also go to stderr, once each
         for w in (r["warning"], r["contains_warning"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
-        if r["no_shared_figures"]:
-            print(f"{_PREFIX} note: {r['no_shared_figures']}", file=sys.stderr)
+        for note in (r["no_shared_figures"], r["same_run"]):
+            if note:
+                print(f"{_PREFIX} note: {note}", file=sys.stderr)
     else:
         print(render(args.a, args.b, kind_a, kind_b, r))
     return 0
