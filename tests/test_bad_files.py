@@ -60,6 +60,51 @@ def test_truncated_in_header(model, tmp_path):
     _expect(tiny, gm.TruncatedFileError, "3 bytes")
 
 
+def _patched(model, dst, offset: int, value: bytes):
+    data = bytearray(open(model, "rb").read())
+    data[offset : offset + len(value)] = value
+    dst.write_bytes(bytes(data))
+    return dst, len(data)
+
+
+def test_absurd_header_counts_are_not_called_truncation(model, tmp_path, capsys):
+    """A full-length file whose tensor or metadata count is damaged: the message gives the count, the
+    file size and the per-entry minimum, not a read offset far past the end."""
+    n_kv = int.from_bytes(open(model, "rb").read(24)[16:24], "little")
+    n_tensors = int.from_bytes(open(model, "rb").read(24)[8:16], "little")
+    flip, size = _patched(model, tmp_path / "m_flip.gguf", 8, b"\xff" * 8)
+    e = _expect(flip, gm.GGUFFormatError,
+                f"the GGUF header says {2**64 - 1} tensors and {n_kv} metadata entries, more than a file of "
+                f"{size} bytes can hold (each tensor needs at least 24 bytes of header, each metadata entry "
+                f"at least 13; these need {24 + (2**64 - 1) * 24 + n_kv * 13})",
+                "the header is damaged, the file is cut short, or this is not a GGUF file; re-download or re-convert it")
+    assert not isinstance(e, gm.TruncatedFileError)
+    kv, _ = _patched(model, tmp_path / "kv.gguf", 16, (2**32 - 1).to_bytes(8, "little"))
+    _expect(kv, gm.GGUFFormatError, f"says {n_tensors} tensors and {2**32 - 1} metadata entries")
+    rc = cli_main(["inspect", str(flip)])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{flip}: the GGUF header says {2**64 - 1} tensors" in err and "truncated" not in err
+
+
+def test_absurd_string_and_array_lengths(model, tmp_path):
+    """A damaged length of a key string, a string array or a scalar array is named with the
+    offset and the size it asks for; the file may as well be cut short there, so both are said."""
+    r = gm.open_gguf(model)
+    size = len(r.data)
+    key, _ = _patched(model, tmp_path / "key.gguf", 24, b"\xff" * 8)  # the first metadata key's length
+    _expect(key, gm.TruncatedFileError,
+                f"file is truncated or its header is damaged: the GGUF header asks for a string or array of {2**64 - 1} elements ({2**64 - 1} bytes) at offset 32, "
+                f"more than a file of {size} bytes can hold; re-download or re-convert it")
+    for name, what in (("tokenizer.ggml.tokens", "an array of 4294967296 strings (at least 34359738368 bytes)"),
+                       ("tokenizer.ggml.token_type", "a string or array of 4294967296 elements (17179869184 bytes)")):
+        f = r.fields[name]
+        alen_at = f.offset + 8 + len(name) + 4 + 4  # key length, key, value type, element type
+        assert int.from_bytes(r.data[alen_at : alen_at + 8].tobytes(), "little") == len(f.data)
+        bad, _ = _patched(model, tmp_path / "arr.gguf", alen_at, (2**32).to_bytes(8, "little"))
+        _expect(bad, gm.TruncatedFileError, f"the GGUF header asks for {what} at offset {alen_at + 8}, "
+                f"more than a file of {size} bytes can hold")
+
+
 def test_wrong_magic_and_version(tmp_path, model):
     bad = tmp_path / "magic.gguf"
     bad.write_bytes(b"GGML" + open(model, "rb").read(100)[4:])

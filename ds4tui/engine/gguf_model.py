@@ -57,7 +57,10 @@ class _CheckedReader(GGUFReader):
         super().__init__(path, "r")
 
     def _get(self, offset, dtype, count=1, override_order=None):  # noqa: D401 - gguf internal hook
-        end = int(offset) + int(count) * np.dtype(dtype).itemsize
+        nbytes = int(count) * np.dtype(dtype).itemsize
+        end = int(offset) + nbytes
+        if nbytes > len(self.data):  # only a length read from the header asks for more than one item
+            raise TruncatedFileError(self._path, _absurd_length(int(offset), int(count), nbytes, len(self.data)))
         if end > len(self.data):
             raise TruncatedFileError(
                 self._path,
@@ -87,6 +90,8 @@ class _CheckedReader(GGUFReader):
         size = len(mv)
         offs = orig_offs + 12
         count = int(alen[0])
+        if count * 8 > size - offs:  # each string is at least its 8-byte length
+            raise TruncatedFileError(self._path, _absurd_length(offs, count, count * 8, size, strings=True))
         parts: list = [raw_itype, alen]  # then one part per string (its bytes; lengths are implied)
         append = parts.append
         unpack = struct.Struct("<Q").unpack_from
@@ -127,6 +132,38 @@ class _CheckedReader(GGUFReader):
         return super()._build_tensors(start_offs, fields)
 
 
+#: The fewest header bytes one tensor entry takes (name length 8, n_dims 4, type 4, data offset 8;
+#: an empty name and no dims) and one metadata entry takes (key length 8, value type 4, a 1-byte value).
+MIN_TENSOR_INFO_BYTES = 24
+MIN_KV_BYTES = 13
+_DAMAGED = ("the header is damaged, the file is cut short, or this is not a GGUF file; "
+            "re-download or re-convert it")
+
+
+def _absurd_length(offset: int, count: int, nbytes: int, size: int, strings: bool = False) -> str:
+    what = (f"an array of {count} strings (at least {nbytes} bytes)" if strings
+            else f"a string or array of {count} elements ({nbytes} bytes)")
+    return (f"file is truncated or its header is damaged: the GGUF header asks for {what} at offset "
+            f"{offset}, more than a file of {size} bytes can hold; re-download or re-convert it")
+
+
+def check_header_counts(path, head: bytes, size: int) -> None:
+    """Raise :class:`GGUFFormatError` naming ``path`` when the tensor and metadata counts of a
+    GGUF header (``head``: its first 24 bytes, little-endian u64 counts at bytes 8 and 16) ask for
+    more header bytes than a file of ``size`` bytes holds (each tensor entry at least
+    ``MIN_TENSOR_INFO_BYTES``, each metadata entry at least ``MIN_KV_BYTES``)."""
+    n_tensors = int.from_bytes(head[8:16], "little")
+    n_kv = int.from_bytes(head[16:24], "little")
+    need = 24 + n_tensors * MIN_TENSOR_INFO_BYTES + n_kv * MIN_KV_BYTES
+    if need > size:
+        raise GGUFFormatError(
+            path,
+            f"the GGUF header says {n_tensors} tensors and {n_kv} metadata entries, more than a file of "
+            f"{size} bytes can hold (each tensor needs at least {MIN_TENSOR_INFO_BYTES} bytes of header, "
+            f"each metadata entry at least {MIN_KV_BYTES}; these need {need}): {_DAMAGED}",
+        )
+
+
 def check_readable(path: str | os.PathLike, hint: str = "") -> Path:
     """``path`` as a Path when it names a file that can be opened for reading; else
     :class:`ModelFileError` naming it: no such file, a directory, or the OS's reason it cannot be
@@ -155,7 +192,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     size = p.stat().st_size
     try:
         with open(p, "rb") as fh:
-            head = fh.read(8)
+            head = fh.read(24)
     except OSError as exc:
         raise ModelFileError(p, f"cannot read: {exc.strerror or exc}") from None
     if len(head) < 8 and GGUF_MAGIC[:len(head)] != head[:4]:  # a short file that does not begin as a GGUF
@@ -167,6 +204,8 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     version = int.from_bytes(head[4:8], "little")
     if version != GGUF_VERSION:
         raise GGUFFormatError(p, f"unsupported GGUF version: expected {GGUF_VERSION}, found {version}")
+    if len(head) == 24:
+        check_header_counts(p, head, size)
     try:
         return _CheckedReader(str(p))
     except ModelFileError:
