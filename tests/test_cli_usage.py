@@ -158,6 +158,27 @@ def test_chat_takes_the_dspark_start_up_knobs(tiny_q2, capsys, no_engine):
                                "SUPPORT.gguf, or leave out --confidence\n")
 
 
+def test_a_save_dir_on_a_read_only_file_system_says_so(tiny_q2, tmp_path, capsys, monkeypatch):
+    """--save-dir on a read-only file system is named as such, with the remedy that fits (statvfs
+    answers as a read-only mount would; a permission refusal keeps its own words)."""
+    import os
+
+    real = os.statvfs
+
+    def statvfs(p):
+        r = real(p)
+        if str(p) != str(tmp_path):
+            return r
+        return os.statvfs_result((*tuple(r)[:8], r.f_flag | os.ST_RDONLY, r.f_namemax))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    rc, out, err = _run(capsys, ["chat", tiny_q2["model"], "--save-dir", str(tmp_path)])
+    assert rc == 2 and err == (f"ds4tui chat: error: argument --save-dir: {tmp_path}: cannot write there: found "
+                               f"{tmp_path} on a read-only file system; remount the file system of {tmp_path} "
+                               f"read-write, or give another folder (Ctrl+S and "
+                               f"F6 write there)\n"), err
+
+
 def test_the_chat_engine_starts_with_the_knobs(tiny_q2):
     from ds4tui.engine import worker as W
 

@@ -217,6 +217,20 @@ def test_doctor_checks_the_demo_unpack_folder(tmp_path, monkeypatch, capsys):
                             f"DS4TUI_DEMO_DIR to a writable folder (the demo pair needs {mib} MiB there)")
     monkeypatch.undo()
 
+    # a read-only file system and a disk with no block left: each its own words and remedy
+    for flag, bavail, found, fix in (
+            (os.ST_RDONLY, None, f"{read_only} on a read-only file system",
+             f"remount the file system of {read_only} read-write"),
+            (0, 0, f"no space left on the disk of {read_only}", f"free some space on the disk of {read_only}")):
+        monkeypatch.setenv("DS4TUI_DEMO_DIR", str(read_only))
+        monkeypatch.setattr(os, "statvfs", _statvfs_with(read_only, flag, bavail))
+        d, warnings, text, line = _doctor_demo(capsys)
+        assert d["problem"] == (f"the demo unpack folder {demo.pair_folder(m)} cannot be used: expected a writable "
+                                f"folder, found {found}; {fix}, or set DS4TUI_DEMO_DIR to a writable folder (the demo "
+                                f"pair needs {mib} MiB there)")
+        assert "no permission" not in text and "writable for this user" not in text
+        monkeypatch.undo()
+
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "small"))  # too little free space on its disk
     monkeypatch.setattr(demo.shutil, "disk_usage", lambda p: _Usage(7 * 2**20))
     d, warnings, text, line = _doctor_demo(capsys)
@@ -225,6 +239,21 @@ def test_doctor_checks_the_demo_unpack_folder(tmp_path, monkeypatch, capsys):
                f"found 7 MiB free on the disk of {folder}; free {mib - 7} MiB there, or set DS4TUI_DEMO_DIR to a "
                f"folder on a disk with {mib} MiB free")
     assert d["problem"] == warning and f"warning: {warning}\n" in text
+
+
+def _statvfs_with(folder, flag: int, bavail: int | None):
+    """os.statvfs as it would answer for ``folder`` on a file system with ``flag`` set (ST_RDONLY:
+    mounted read-only) and ``bavail`` blocks free (None: as it is); other paths as they are."""
+    real = os.statvfs
+
+    def statvfs(p):
+        r = real(p)
+        if str(p) != str(folder):
+            return r
+        return os.statvfs_result((r.f_bsize, r.f_frsize, r.f_blocks, r.f_bfree,
+                                  r.f_bavail if bavail is None else bavail, r.f_files, r.f_ffree, r.f_favail,
+                                  r.f_flag | flag, r.f_namemax))
+    return statvfs
 
 
 def test_damaged_cached_file_is_unpacked_again(pair):

@@ -444,6 +444,42 @@ def _refuse_writes(folder, monkeypatch):
         monkeypatch.setattr(P.tempfile, "mkstemp", refuse)
 
 
+def test_a_read_only_file_system_or_full_disk_is_not_called_a_permission(tmp_path, monkeypatch):
+    """folder_problem tells a read-only file system and a full disk from a folder this user may not
+    write into, each with its own remedy (statvfs answers as such a file system would)."""
+    folder, parent = tmp_path / "prices", tmp_path
+    folder.mkdir()
+    real = os.statvfs
+
+    def statvfs_as(target, flag, bavail):
+        def statvfs(p):
+            r = real(p)
+            if str(p) != str(target):
+                return r
+            return os.statvfs_result((r.f_bsize, r.f_frsize, r.f_blocks, r.f_bfree,
+                                      r.f_bavail if bavail is None else bavail, r.f_files, r.f_ffree, r.f_favail,
+                                      r.f_flag | flag, r.f_namemax))
+        return statvfs
+
+    monkeypatch.setattr(os, "statvfs", statvfs_as(folder, os.ST_RDONLY, None))
+    assert P.folder_problem(folder) == (
+        "it on a read-only file system",
+        f"remount the file system of {folder} read-write")
+    monkeypatch.setattr(os, "statvfs", statvfs_as(folder, 0, 0))
+    assert P.folder_problem(folder) == ("no space left on its disk", f"free some space on the disk of {folder}")
+    monkeypatch.setattr(os, "statvfs", statvfs_as(parent, os.ST_RDONLY, None))
+    assert P.folder_problem(parent / "not-yet") == (
+        f"no such folder, and {parent} on a read-only file system",
+        f"remount the file system of {parent} read-write")
+    monkeypatch.setattr(os, "statvfs", real)
+    assert P.folder_problem(folder) is None
+    e = OSError(30, "Read-only file system")
+    assert P.write_problem(folder / "p.json", e) == (
+        f"cannot write the scheduler prices to {folder / 'p.json'}: expected a writable folder {folder}, found it on "
+        f"a read-only file system; this run keeps them in memory only. To keep them between runs, remount the file "
+        f"system of {folder} read-write, or " + ADVICE)
+
+
 def test_a_read_only_prices_folder_is_said_in_words(tiny_q2, tmp_path, monkeypatch):
     folder = tmp_path / "read-only"
     folder.mkdir()

@@ -25,6 +25,7 @@ def options_from_args(args: argparse.Namespace):
     from ds4tui.app import ChatOptions
     from ds4tui.commands.environment import check_backend_options, check_support_block, settings_of
     from ds4tui.demo import demo_pair, stderr_progress
+    from ds4tui.engine.fs import fix_for, found_in, unwritable
 
     model, support = args.model, args.mtp
     # the usage errors the command line alone shows come first, before any slow work (unpacking the
@@ -44,8 +45,10 @@ def options_from_args(args: argparse.Namespace):
     if not save_dir.is_dir():
         what = "is a file, not a folder" if save_dir.exists() else "no such folder"
         raise ValueError(f"argument --save-dir: {save_dir}: {what} (Ctrl+S and F6 write there: give a folder)")
-    if not os.access(save_dir, os.W_OK | os.X_OK):
-        raise ValueError(f"argument --save-dir: {save_dir}: cannot write there (Ctrl+S and F6 write there)")
+    code = unwritable(save_dir)
+    if code is not None:
+        raise ValueError(f"argument --save-dir: {save_dir}: cannot write there: found {found_in(save_dir, code)}; "
+                         f"{fix_for(save_dir, code)}, or give another folder (Ctrl+S and F6 write there)")
     env = settings_of(args)
     activations = getattr(args, "activations", "f32")
     backend = args.backend

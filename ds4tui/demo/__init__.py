@@ -151,10 +151,12 @@ def _unusable(folder: Path) -> tuple[str, str] | None:
     is (or lies under) is named with the variable, its value and how to fix that variable."""
     base = _existing(folder)
     if base.is_dir():
-        if os.access(base, os.W_OK | os.X_OK):
+        from ds4tui.engine.fs import fix_for, found_in, unwritable
+
+        code = unwritable(base)
+        if code is None:
             return None
-        return f"no permission to write in {base}", f"make {base} writable for this user, or set DS4TUI_DEMO_DIR " \
-                                                    f"to a writable folder"
+        return found_in(base, code), f"{fix_for(base, code)}, or set DS4TUI_DEMO_DIR to a writable folder"
     placed = _placed_by()
     if placed is not None:
         var, value = placed

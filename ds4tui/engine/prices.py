@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4tui.engine.errors import SchedulerPricesError
+from ds4tui.engine.fs import fix_for, unwritable
 from ds4tui.engine.stats import MAX_BLOCK
 
 #: The ``scheduler_prices`` modes.
@@ -350,19 +351,24 @@ def _nearest_existing(p: Path) -> Path:
 
 def folder_problem(folder: str | os.PathLike) -> tuple[str, str] | None:
     """Why ``folder`` cannot hold saved prices, as (what was found, what to do about it), or None
-    when it can as far as the file system's permissions say: a file where the folder, or a folder
-    above it, should be; a folder this user may not write into (or, not yet made, may not make)."""
+    when it can as far as the file system says: a file where the folder, or a folder above it,
+    should be; a folder (or, not yet made, the folder to make it in) on a read-only file system, on a
+    full disk, or that this user may not write into (:func:`ds4tui.engine.fs.unwritable`)."""
     folder = Path(folder)
     q = _nearest_existing(folder)
     if not q.is_dir():
         what = "a link to nothing" if q.is_symlink() and not q.exists() else "a file"
         return (f"{what} in its place" if q == folder else f"{what} at {q}, where a folder above it should be",
                 f"move {q} away")
-    if not os.access(q, os.W_OK | os.X_OK):
-        if q == folder:
-            return "no permission to write in it", f"make {folder} writable for this user"
-        return f"no such folder, and no permission to make it in {q}", f"make {q} writable for this user"
-    return None
+    code = unwritable(q)
+    if code is None:
+        return None
+    if q == folder:
+        return {errno.EROFS: "it on a read-only file system", errno.ENOSPC: "no space left on its disk"}.get(
+            code, "no permission to write in it"), fix_for(folder, code)
+    return {errno.EROFS: f"no such folder, and {q} on a read-only file system",
+            errno.ENOSPC: f"no such folder, and no space left on the disk of {q} to make it"}.get(
+        code, f"no such folder, and no permission to make it in {q}"), fix_for(q, code)
 
 
 def keep_advice(fix: str | None = None) -> str:
@@ -399,10 +405,9 @@ def write_problem(path: str | os.PathLike, exc: OSError) -> str:
     if found is None and path.is_dir():
         expected, found = "a file there or none", ("a folder", f"remove the folder {path}")
     elif found is None:
-        fix = {errno.EACCES: f"make {folder} writable for this user",
-               errno.EPERM: f"make {folder} writable for this user",
-               errno.ENOSPC: f"free some space on the disk of {folder}",
-               getattr(errno, "EDQUOT", -1): f"free some space on the disk of {folder}"}.get(exc.errno)
+        fix = {errno.EACCES: fix_for(folder, errno.EACCES), errno.EPERM: fix_for(folder, errno.EACCES),
+               errno.EROFS: fix_for(folder, errno.EROFS), errno.ENOSPC: fix_for(folder, errno.ENOSPC),
+               getattr(errno, "EDQUOT", -1): fix_for(folder, errno.ENOSPC)}.get(exc.errno)
         found = (_os_problem(exc, "write"), fix)
     what, fix = found
     return (f"cannot write the scheduler prices to {path}: expected {expected}, found {what}; "

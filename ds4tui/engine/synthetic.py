@@ -19,7 +19,6 @@ Random bytes are made valid per format: every f16 scale (and every F16 weight) g
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import replace
@@ -31,6 +30,7 @@ from gguf import GGMLQuantizationType as T
 from ds4tui.engine import layout as L
 from ds4tui.engine.convert import PlannedTensor, choose_type, write_gguf, write_model_metadata
 from ds4tui.engine.errors import ConversionError
+from ds4tui.engine.fs import fix_for, found_in, unwritable
 from ds4tui.engine.gguf_model import DS4Model, TensorInfo
 
 BLOCK = {T.Q8_0: (32, 34), T.Q2_K: (256, 84), T.IQ2_XXS: (256, 66), T.F16: (1, 2), T.F32: (1, 4), T.I32: (1, 4)}
@@ -150,7 +150,9 @@ def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Pat
     except OSError as exc:
         raise ConversionError(f"{folder}: cannot create or use this folder: {exc.strerror or exc}") from None
     need = sum(tensor_bytes(c) for c in flash_configs(**overrides)) + (64 << 20)  # + metadata, tokenizer
-    why = (f"{folder}: not writable (give a folder you can write in)" if not os.access(folder, os.W_OK | os.X_OK)
+    code = unwritable(folder)
+    why = (f"{folder}: not writable: found {found_in(folder, code)} ({fix_for(folder, code)}, or give another "
+           f"folder)" if code is not None
            else f"{folder}: {need / 2**30:.1f} GiB needed for the two files, {free / 2**30:.1f} GiB free (free some "
                 f"space or give another folder)" if free < need else None)
     if why:  # refused before minutes of building ~9 GiB of weights, leaving no folder made for nothing

@@ -1,0 +1,45 @@
+"""Why a folder that exists cannot be written into, told apart by cause.
+
+``os.access`` alone answers "no" alike for a read-only file system and for a folder this user may
+not write into, and says nothing of a full disk; the remedy differs for each (remount or another
+folder, free space, change the folder's permissions).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+
+def unwritable(folder: str | os.PathLike) -> int | None:
+    """Why nothing can be written into the existing folder ``folder``, as an errno code, or None
+    when it can as far as the file system says: ``errno.EROFS`` on a read-only file system (statvfs
+    ``ST_RDONLY``), ``errno.EACCES`` when this user may not write into it (``os.access``
+    W_OK|X_OK), ``errno.ENOSPC`` when its disk has no free block left for this user (statvfs
+    ``f_bavail`` 0)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        st = None
+    if st is not None and st.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return errno.EACCES
+    if st is not None and st.f_bavail == 0:
+        return errno.ENOSPC
+    return None
+
+
+def found_in(folder: str | os.PathLike, code: int) -> str:
+    """What :func:`unwritable`'s ``code`` found at ``folder``, in words naming it."""
+    return {errno.EROFS: f"{folder} on a read-only file system",
+            errno.ENOSPC: f"no space left on the disk of {folder}"}.get(code, f"no permission to write in {folder}")
+
+
+def fix_for(folder: str | os.PathLike, code: int) -> str:
+    """What to do about :func:`unwritable`'s ``code`` at ``folder`` (a caller adds its own other
+    folder to choose)."""
+    folder = Path(folder)
+    return {errno.EROFS: f"remount the file system of {folder} read-write",
+            errno.ENOSPC: f"free some space on the disk of {folder}"}.get(code, f"make {folder} writable for this user")
