@@ -296,7 +296,17 @@ def test_bench_ab_says_a_prices_write_that_failed_on_stderr(tiny_q2, tmp_path, m
     assert rc == 0 and problem.startswith(f"cannot write the scheduler prices to {blocker / 'scheduler-prices'}/")
     assert r["scheduler_prices_note"] == f"saved: {problem}"
     at_start = r["scheduler_prices_note_at_start"].removeprefix("saved: ")  # the read failed too, said first
-    assert at_start.endswith(IGNORED) and at_start != problem
+    folder = blocker / "scheduler-prices"
+    path = problem.removeprefix("cannot write the scheduler prices to ").split(":")[0]
+    # the same remedy as the write's: a file above the folder stops both
+    assert at_start == (f"{path}: cannot read the saved scheduler prices: expected a readable file, found a file "
+                        f"where a folder above it should be; ignored: the scheduler starts fresh. A session that "
+                        f"closes cannot write them there either: expected a writable folder {folder}, found a file "
+                        f"at {blocker}, where a folder above it should be. To keep them between runs, move {blocker} "
+                        f"away, or " + ADVICE)
+    assert problem == (f"cannot write the scheduler prices to {path}: expected a writable folder {folder}, found a "
+                       f"file at {blocker}, where a folder above it should be; this run keeps them in memory only. "
+                       f"To keep them between runs, move {blocker} away, or " + ADVICE)
     notes = [line for line in out.err.splitlines() if "scheduler prices" in line]
     assert notes == [f"ds4tui bench: note: {at_start}", f"ds4tui bench: note: {problem}"]
 
@@ -503,15 +513,17 @@ def test_a_read_only_prices_folder_is_said_in_words(tiny_q2, tmp_path, monkeypat
 
 
 def test_a_folder_where_the_prices_file_should_be(tiny_q2, tmp_path):
-    """The load note says the file is ignored and promises no rewrite; the close then says that the
-    write failed, what it found and what to do."""
+    """The load note says the file is ignored and that no write can replace it, with the remedy; the
+    close then says that the write failed, with the same remedy."""
     kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
     e = S.Engine(tiny_q2["model"], **kw)
     path = e.scheduler_prices_file
     e.close()
     path.mkdir()
     e = S.Engine(tiny_q2["model"], **kw)
-    loaded = f"{path}: cannot read the saved scheduler prices: expected a readable file, found a folder" + IGNORED
+    loaded = (f"{path}: cannot read the saved scheduler prices: expected a readable file, found a folder; ignored: "
+              f"the scheduler starts fresh. A session that closes cannot write them there either: expected a file "
+              f"there or none, found a folder. To keep them between runs, remove the folder {path}, or " + ADVICE)
     assert e.scheduler_prices_problem == loaded and e.scheduler_prices_note == f"saved: {loaded}"
     s = e.session(128)
     _decode(s, 20)

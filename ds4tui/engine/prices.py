@@ -387,6 +387,8 @@ def _os_problem(exc: OSError, doing: str) -> str:
         return "a folder"
     if isinstance(exc, PermissionError) or code in (errno.EACCES, errno.EPERM):
         return "no permission to read it" if doing == "read" else "no permission to write in it"
+    if code == errno.ENOTDIR:
+        return "a file where a folder above it should be"
     if code == errno.EROFS:
         return "it on a read-only file system"
     if code == errno.ENOSPC:
@@ -396,15 +398,43 @@ def _os_problem(exc: OSError, doing: str) -> str:
     return f"the error '{(exc.strerror or type(exc).__name__).lower()}'"
 
 
+def blocked(path: str | os.PathLike) -> tuple[str, str, str] | None:
+    """Why :func:`save` cannot write ``path`` whatever it holds, as (expected, found, what to do), or
+    None when nothing in the way is known before trying: the folder cannot be used
+    (:func:`folder_problem`), or a folder stands where the file should be."""
+    path = Path(path)
+    folder = path.parent
+    found = folder_problem(folder)
+    if found is not None:
+        return (f"a writable folder {folder}", *found)
+    if path.is_dir():
+        return "a file there or none", "a folder", f"remove the folder {path}"
+    return None
+
+
+def read_advice(path: str | os.PathLike) -> str:
+    """What to do about a saved prices file :func:`load` could not use, said after its problem: when
+    :func:`blocked` knows a write would fail too, that (expected, found) and its remedy; else
+    nothing, since a session that closes writes over the file."""
+    known = blocked(path)
+    if known is None:
+        return ("Nothing to do: a session that closes writes its prices over the file if it can, and says so "
+                "if it cannot")
+    expected, what, fix = known
+    return (f"A session that closes cannot write them there either: expected {expected}, found {what}. "
+            f"To keep them between runs, {keep_advice(fix)}")
+
+
 def write_problem(path: str | os.PathLike, exc: OSError) -> str:
     """Why :func:`save` could not write ``path`` (``exc``) in plain words: the file, what was
     expected and what was found in its place, and what to do."""
     path = Path(path)
     folder = path.parent
-    expected, found = f"a writable folder {folder}", folder_problem(folder)
-    if found is None and path.is_dir():
-        expected, found = "a file there or none", ("a folder", f"remove the folder {path}")
-    elif found is None:
+    known = blocked(path)
+    if known is not None:
+        expected, *found = known
+    else:
+        expected = f"a writable folder {folder}"
         fix = {errno.EACCES: fix_for(folder, errno.EACCES), errno.EPERM: fix_for(folder, errno.EACCES),
                errno.EROFS: fix_for(folder, errno.EROFS), errno.ENOSPC: fix_for(folder, errno.ENOSPC),
                getattr(errno, "EDQUOT", -1): fix_for(folder, errno.ENOSPC)}.get(exc.errno)

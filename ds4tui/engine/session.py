@@ -399,10 +399,9 @@ class Engine:
         try:
             kept = prices.load(path, ident)
         except SchedulerPricesError as exc:
-            # whether the file can be rewritten is known only when a session closes and tries
-            self.scheduler_prices_problem = (f"{exc}; ignored: the scheduler starts fresh. Nothing to do: a session "
-                                             f"that closes writes its prices over the file if it can, and says so "
-                                             f"if it cannot")
+            # a folder in the file's place or a folder that cannot be used stops the write too: said
+            # now with its remedy; anything else is known only when a session closes and tries
+            self.scheduler_prices_problem = f"{exc}; ignored: the scheduler starts fresh. {prices.read_advice(path)}"
             self.scheduler_prices_note = f"saved: {self.scheduler_prices_problem}"
             self._unusable_at_open = True
             return
