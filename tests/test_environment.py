@@ -106,6 +106,22 @@ def test_settings_from_the_environment(clean_env):
     s.check_block(5)
 
 
+def test_an_empty_value_counts_as_unset_for_every_variable(clean_env):
+    """As the README says: set but empty is the default, for every variable alike (read and doctor),
+    while any other value outside the accepted ones is refused."""
+    empty = {v.name: "" for v in E.VARIABLES}
+    assert E.read_environment(empty) == E.Settings() == E.read_environment({})
+    for entry, var in zip(E.report(empty), E.VARIABLES):
+        assert (entry["name"], entry["value"], entry["in_force"], entry["error"]) == \
+            (var.name, None, f"default: {var.default}", None)
+    assert E.Settings().dspark_scheduler is True  # DS4_DSPARK_SCHEDULER= : the scheduler on, its default "1"
+    with pytest.raises(E.BadVariable) as exc:
+        E.read_environment({"DS4_DSPARK_SCHEDULER": " "})
+    assert str(exc.value).startswith("DS4_DSPARK_SCHEDULER=' ': expected 0 (off) or 1 (on)")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "An empty value (`DS4_DSPARK_SCHEDULER=`) counts as unset" in " ".join(readme.split())
+
+
 def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env, capsys):
     clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")  # a block of 5
     for argv in (["generate", tiny_q2["model"], "-p", "hi", "--mtp", tiny_q2["support"]],
