@@ -10,8 +10,9 @@ when unset), and the check of those that change what runs (a bad value is report
 commands that open an engine refuse it with status 2).  On an amdgpu machine it also reports the
 GTT limit, whether it is the kernel's default half of RAM, and the ``ttm.pages_limit`` that raises
 it (:func:`ds4tui.engine.memplan.gtt_report`).  A scheduler prices folder that cannot be used (a
-file in its place, no permission to write), a demo unpack folder that cannot take the files still to
-unpack (a file in its place, no permission, too little free space), a relative XDG_CACHE_HOME
+file in its place, a read-only file system, a full disk, no permission to write), a demo unpack folder
+that cannot take the files still to unpack (a file in its place, a read-only file system, no
+permission, too little free space), a relative XDG_CACHE_HOME
 (ignored) and a variable's value that the commands refuse are warnings that say what to do (in
 both outputs: ``warnings`` in ``--json``).  Exit status 0 when
 the report could be made (even without a GPU); 1 when the native engine itself is not built.
