@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import errno
 import gc
 import json
 import os
@@ -59,7 +60,7 @@ from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
-from ds4tui.widgets.dialogs import AskPath, ErrorDialog, InfoDialog
+from ds4tui.widgets.dialogs import AskPath, ConfirmQuit, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
@@ -328,6 +329,34 @@ def _stamp() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+def write_failure(exc: OSError, path: Path, retry_key: str) -> str:
+    """What a save that failed with ``exc`` while writing ``path`` says: the file, the reason in
+    words (from ``exc.errno``: a read-only file system, no space left, no permission, a folder
+    gone) and what to do; ``retry_key`` is the key that saves again (``"Ctrl+S"``, ``"F6"``)."""
+    folder = path.parent
+    code = getattr(exc, "errno", None)
+    if code == errno.EROFS:
+        reason = f"the file system of {folder} is read-only"
+        todo = f"make it writable (remount it read-write) and press {retry_key} again"
+    elif code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        reason = (f"no space left on the disk of {folder}" if code == errno.ENOSPC
+                  else f"the disk quota of {folder} is used up")
+        todo = f"free some space there and press {retry_key} again"
+    elif code in (errno.EACCES, errno.EPERM):
+        reason = f"no permission to write in {folder}"
+        todo = f"make {folder} writable for this user (chmod u+w) and press {retry_key} again"
+    elif code in (errno.ENOENT, errno.ENOTDIR):
+        reason = f"the folder {folder} no longer exists"
+        todo = f"create it again (mkdir -p {shlex.quote(str(folder))}) and press {retry_key} again"
+    else:
+        reason = exc.strerror or str(exc)
+        todo = f"fix that and press {retry_key} again"
+    detail = f"{exc.strerror}, errno {errno.errorcode.get(code, code)}" if code is not None and exc.strerror else str(exc)
+    return (f"{path}: {reason} ({detail}).\n\nWhat to do: {todo}. Until then nothing is lost: the conversation "
+            f"stays in this window while the app runs, and quitting asks first. To save elsewhere, quit and start "
+            f"again with --save-dir DIR (a writable folder; the conversation starts afresh).")
+
+
 class DS4App(App):
     """``DS4App(options, engine_factory=None, telemetry=None, flush_s=FLUSH_S, memory_s=MEMORY_S)``.
 
@@ -406,6 +435,9 @@ class DS4App(App):
         self._panes: dict[str, Any] = {}
         self.load_error: str | None = None
         self._signal_rc = 0
+        #: the saves whose last attempt failed and what is still unsaved: "transcript" (Ctrl+S) and
+        #: "stats" (F6) -> the file that could not be written; a later successful save clears it
+        self.save_failed: dict[str, Path] = {}
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -466,7 +498,7 @@ class DS4App(App):
         self._signal_rc = 128 + int(sig)
         if self.engine is not None:
             self.engine.stop()
-        self.call_later(self._hangup if sig == signal.SIGHUP else self.action_quit)
+        self.call_later(self._hangup if sig == signal.SIGHUP else self.quit_now)
 
     async def _hangup(self) -> None:
         """The terminal is gone: Textual cannot restore it (its writer thread then never drains), so
@@ -1255,8 +1287,11 @@ class DS4App(App):
             if line is not None:
                 base.with_suffix(".txt").write_text(line + "\n")
         except OSError as exc:
-            self._error("cannot write the stats", str(exc))
+            path = Path(exc.filename) if getattr(exc, "filename", None) else base.with_suffix(".json")
+            self.save_failed["stats"] = path
+            self._error("cannot write the stats", write_failure(exc, path, key_of("stats.export")))
             return
+        self.save_failed.pop("stats", None)
         self.notify(f"wrote {base}.json" + (f" and {base.name}.txt" if line is not None else ""), timeout=6)
 
     def transcript_markdown(self) -> str:
@@ -1305,8 +1340,11 @@ class DS4App(App):
             base.with_suffix(".md").write_text(self.transcript_markdown())
             base.with_suffix(".json").write_text(json.dumps(self.transcript_json(), indent=2) + "\n")
         except OSError as exc:
-            self._error("cannot save the transcript", str(exc))
+            path = Path(exc.filename) if getattr(exc, "filename", None) else base.with_suffix(".md")
+            self.save_failed["transcript"] = path
+            self._error("cannot save the transcript", write_failure(exc, path, key_of("chat.save")))
             return
+        self.save_failed.pop("transcript", None)
         self.notify(f"saved {base}.md and {base.name}.json", timeout=6)
 
     def get_system_commands(self, screen):
@@ -1326,7 +1364,37 @@ class DS4App(App):
         for sig in getattr(self, "_signals", ()):
             loop.remove_signal_handler(sig)
 
+    def unsaved_work(self) -> list[str]:
+        """What quitting now would lose: one line per save whose last attempt failed (Ctrl+S's
+        transcript while the conversation has messages, F6's stats), naming the file; [] when
+        nothing failed."""
+        lines = []
+        if "transcript" in self.save_failed and self.messages:
+            n = sum(m["role"] == "user" for m in self.messages)
+            lines.append(f"the transcript ({plural(n, 'question')}): {key_of('chat.save')} could not write "
+                         f"{self.save_failed['transcript']}")
+        if "stats" in self.save_failed:
+            lines.append(f"the stats: {key_of('stats.export')} could not write {self.save_failed['stats']}")
+        return lines
+
     async def action_quit(self) -> None:
+        """Quit (:meth:`quit_now`); when a save failed and its content was never saved
+        (:meth:`unsaved_work`), a dialog asks first: quit anyway (Ctrl+Q again) or stay (Esc).  A
+        signal (SIGTERM) quits without asking."""
+        unsaved = self.unsaved_work() if not self._signal_rc else []
+        if unsaved:
+            if isinstance(self.screen, ConfirmQuit):  # Ctrl+Q again: quit anyway
+                self.screen.dismiss(True)
+                return
+            self.push_screen(ConfirmQuit("Quit without saving?", "Not saved, lost if you quit now:\n"
+                                         + "\n".join(f"- {line}" for line in unsaved)
+                                         + f"\n\nStay, make the folder writable (or free space) and press "
+                                         f"{key_of('chat.save')} / {key_of('stats.export')} again."),
+                             lambda quit: self.call_later(self.quit_now) if quit else None)
+            return
+        await self.quit_now()
+
+    async def quit_now(self) -> None:
         """Stop a running answer (thread workers cannot be cancelled: the engine stops at its next
         cycle), wait for the engine thread, then exit; status 1 after a failed load."""
         if self.engine is not None:

@@ -589,3 +589,109 @@ async def test_the_scheduler_prices_option_is_in_the_welcome_line(tmp_path):
     async with app.run_test(size=(160, 40)) as pilot:
         await _ready(pilot)
         assert "scheduler prices" not in str(app.query_one("#welcome").render()).replace("\n", " ")
+
+
+def _failing_writes(monkeypatch, code: int) -> None:
+    """Every Path.write_text raises OSError(code) as the OS does (its strerror and the file)."""
+    import os
+    from pathlib import Path
+
+    def refuse(self, *a, **kw):
+        raise OSError(code, os.strerror(code), str(self))
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+
+
+async def test_a_failed_save_says_why_and_what_to_do_and_quitting_asks_first(tmp_path, monkeypatch):
+    """Ctrl+S / F6 into a read-only or full file system: the dialog names the file, the reason in
+    words and the key that saves again; Ctrl+Q then asks before losing the conversation (Esc
+    stays, Ctrl+Q again quits); once a save succeeds, Ctrl+Q quits at once."""
+    import errno
+    import os
+
+    from ds4tui.widgets.dialogs import ConfirmQuit, ErrorDialog
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        with monkeypatch.context() as m:
+            _failing_writes(m, errno.EROFS)
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            title, message = app.errors[-1]
+            md = next(iter(app.save_failed.values()))
+            assert title == "cannot save the transcript" and isinstance(app.screen, ErrorDialog)
+            assert md.parent == tmp_path and md.name.startswith("ds4tui-chat-") and md.suffix == ".md"
+            assert message.startswith(f"{md}: the file system of {tmp_path} is read-only "
+                                      f"({os.strerror(errno.EROFS)}, errno EROFS).")
+            assert "press Ctrl+S again" in message and "--save-dir DIR" in message
+            await pilot.press("escape")
+            _failing_writes(m, errno.ENOSPC)
+            await pilot.press("f6")
+            await pilot.pause()
+            title, message = app.errors[-1]
+            assert title == "cannot write the stats" and f"no space left on the disk of {tmp_path}" in message
+            assert "free some space there and press F6 again" in message
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not list(tmp_path.iterdir())  # nothing was written
+            assert [line.split(":")[0] for line in app.unsaved_work()] == ["the transcript (1 question)", "the stats"]
+
+            await pilot.press("ctrl+q")  # asks first
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmQuit) and app.is_running
+            text = str(app.screen.query_one("#confirm-message").render())
+            assert f"Ctrl+S could not write {md}" in text and "F6 could not write" in text
+            await pilot.press("escape")  # stays
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmQuit) and app.is_running
+            await pilot.press("ctrl+q")
+            await pilot.pause()
+            await pilot.press("enter")  # Enter on the focused "Stay" button stays too
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmQuit) and app.is_running
+        # the file system is writable again: both saves succeed and nothing is left unsaved
+        await pilot.press("ctrl+s", "f6")
+        await pilot.pause()
+        assert app.save_failed == {} and app.unsaved_work() == []
+        assert len(list(tmp_path.glob("ds4tui-chat-*.md"))) == 1 and len(list(tmp_path.glob("ds4tui-stats-*.json"))) == 1
+        await pilot.press("ctrl+q")  # nothing unsaved: quits at once
+        await pilot.pause()
+        assert not app.is_running and app.return_code == 0
+
+
+async def test_quit_anyway_after_a_failed_save(tmp_path, monkeypatch):
+    """Ctrl+Q twice leaves with the unsaved transcript (status 0: the user chose to); a failed
+    save of an empty conversation (nothing to save) asks nothing."""
+    import errno
+
+    from ds4tui.widgets.dialogs import ConfirmQuit
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        _failing_writes(monkeypatch, errno.EACCES)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert f"no permission to write in {tmp_path}" in app.errors[-1][1]
+        await pilot.press("escape", "ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmQuit)
+        await pilot.press("ctrl+q")  # again: quit anyway
+        await pilot.pause()
+        assert not app.is_running and app.return_code == 0
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("escape", "ctrl+n")  # the conversation is gone: nothing left to lose
+        await pilot.pause()
+        assert app.save_failed and app.unsaved_work() == []
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert not app.is_running

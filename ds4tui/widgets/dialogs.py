@@ -1,11 +1,12 @@
 """Modal dialogs: an error the user must read (bad file, refused support model, no GPU), and
-longer explanations (the no-draft reasons), and a path to open (a stats export)."""
+longer explanations (the no-draft reasons), a path to open (a stats export), and a question
+before quitting with unsaved work."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
@@ -39,6 +40,44 @@ class ErrorDialog(ModalScreen[None]):
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(None)
+
+
+class ConfirmQuit(ModalScreen[bool]):
+    """Asks before quitting: ``title`` and ``message`` (what would be lost), and two buttons.  "Stay"
+    has the focus (Enter on it, or Esc, returns False: nothing happens); "Quit anyway" returns True
+    (so does Ctrl+Q again: the app's quit key, handled by the app)."""
+
+    DEFAULT_CSS = """
+    ConfirmQuit { align: center middle; }
+    ConfirmQuit > Vertical { width: 80%; max-width: 100; height: auto; border: thick $warning; background: $surface; padding: 1 2; }
+    ConfirmQuit #confirm-title { text-style: bold; color: $warning; }
+    ConfirmQuit #confirm-message { margin: 1 0; }
+    ConfirmQuit Horizontal { height: auto; }
+    ConfirmQuit Button { width: 1fr; margin: 0 1; }
+    """
+    BINDINGS = [Binding("escape", "stay", "stay", show=False)]
+
+    def __init__(self, title: str, message: str):
+        super().__init__()
+        self.title_text = title
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id="confirm-title")
+            yield Static(self.message, id="confirm-message", markup=False)
+            with Horizontal():
+                yield Button("Stay (Esc)", variant="primary", id="stay")
+                yield Button("Quit anyway (Ctrl+Q)", variant="error", id="quit")
+
+    def on_mount(self) -> None:
+        self.query_one("#stay", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "quit")
+
+    def action_stay(self) -> None:
+        self.dismiss(False)
 
 
 class InfoDialog(ModalScreen[None]):
