@@ -1186,9 +1186,15 @@ class DS4App(App):
 
     @on(Input.Submitted, "#threshold")
     def _threshold_input(self, event: Input.Submitted) -> None:
-        """Enter in the confidence field: applied, back to the prompt; a bad value keeps the field."""
+        """Enter in the confidence field: applied, back to the prompt; a bad value stays in the field,
+        marked invalid, to be corrected (Esc or leaving the field shows the value in force again), and
+        the message quotes what was typed and the value that stays."""
         if event.validation_result is not None and not event.validation_result.is_valid:
-            self.notify(f"confidence threshold: a number in [0, 1], found {event.value.strip() or 'nothing'}",
+            typed = event.value.strip()
+            comma = " (write the decimal point as '.')" if "," in typed else ""
+            k = self.engine.knobs if self.engine is not None else None
+            stays = f"; it stays {k.threshold:.2f} (Esc shows it again)" if k is not None else ""
+            self.notify(f"confidence threshold: a number in [0, 1], found {typed or 'nothing'}{comma}{stays}",
                         severity="error")
             return
         if self._knob(threshold=float(event.value)):
@@ -1196,10 +1202,12 @@ class DS4App(App):
 
     @on(Input.Submitted, "#max-draft")
     def _max_draft_input(self, event: Input.Submitted) -> None:
-        """Enter in the max-draft field: applied, back to the prompt; a bad value keeps the field."""
+        """Enter in the max-draft field: as the confidence field's (:meth:`_threshold_input`)."""
         if event.validation_result is not None and not event.validation_result.is_valid:
             block = self.engine.info.block_size if self.engine is not None else 16
-            self.notify(f"max draft length: an integer 1..{block}, found {event.value.strip() or 'nothing'}",
+            k = self.engine.knobs if self.engine is not None else None
+            stays = f"; it stays {k.max_draft} (Esc shows it again)" if k is not None else ""
+            self.notify(f"max draft length: an integer 1..{block}, found {event.value.strip() or 'nothing'}{stays}",
                         severity="error")
             return
         if self._knob(max_draft=int(event.value)):

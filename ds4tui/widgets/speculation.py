@@ -38,6 +38,7 @@ class KnobsPane(Vertical):
     KnobsPane Switch, KnobsPane Switch:focus { width: 8; height: 1; border: none; padding: 0; margin-right: 2; }
     KnobsPane Input, KnobsPane Input.-textual-compact { width: 8; padding: 0 1; margin-right: 2; }
     KnobsPane Input:focus { background: $accent 30%; }
+    KnobsPane Input.-invalid:focus { background: $error 45%; }
     KnobsPane Switch:focus { background: $accent 30%; }
     KnobsPane #knob-note { color: $text-muted; }
     """
@@ -50,11 +51,14 @@ class KnobsPane(Vertical):
             yield Switch(value=False, id="scheduler", disabled=True)
         with Horizontal():
             yield Label("confidence")
-            # compact: one row, no border, in every state (a focused or invalid field keeps its text in view)
-            yield Input("", id="threshold", type="number", validators=[Number(0.0, 1.0)], disabled=True, compact=True,
+            # compact: one row, no border, in every state (a focused or invalid field keeps its text in view).
+            # Plain text fields checked by their validators: Textual's number/integer types drop any
+            # input that would not parse as they type it, and a burst (a paste) of "1.5 " or "1,5" was
+            # dropped whole, the field left empty; kept as typed, Enter's message quotes it.
+            yield Input("", id="threshold", type="text", validators=[Number(0.0, 1.0)], disabled=True, compact=True,
                         tooltip="confidence threshold 0..1 (F7/F8: -/+0.05); Enter applies, Esc leaves the field")
             yield Label("max draft")
-            yield Input("", id="max-draft", type="integer", validators=[Integer(1, 16)], disabled=True, compact=True,
+            yield Input("", id="max-draft", type="text", validators=[Integer(1, 16)], disabled=True, compact=True,
                         tooltip="drafts per cycle, 1..block size (F9/F10: -/+1); Enter applies, Esc leaves the field")
         yield Static("", id="knob-note")
 
