@@ -1397,7 +1397,10 @@ class DS4App(App):
             self.push_screen(ConfirmQuit("Quit without saving?", "Not saved, lost if you quit now:\n"
                                          + "\n".join(f"- {line}" for line in unsaved)
                                          + f"\n\nStay, make the folder writable (or free space) and press "
-                                         f"{key_of('chat.save')} / {key_of('stats.export')} again."),
+                                         + " / ".join(key_of(a) for kind, a in (("transcript", "chat.save"),
+                                                                                ("stats", "stats.export"))
+                                                      if any(line.startswith(f"the {kind}") for line in unsaved))
+                                         + " again."),
                              lambda quit: self.call_later(self.quit_now) if quit else None)
             return
         await self.quit_now()

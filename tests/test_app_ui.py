@@ -643,6 +643,7 @@ async def test_a_failed_save_says_why_and_what_to_do_and_quitting_asks_first(tmp
             assert isinstance(app.screen, ConfirmQuit) and app.is_running
             text = str(app.screen.query_one("#confirm-message").render())
             assert f"Ctrl+S could not write {md}" in text and "F6 could not write" in text
+            assert text.endswith("press Ctrl+S / F6 again.")
             await pilot.press("escape")  # stays
             await pilot.pause()
             assert not isinstance(app.screen, ConfirmQuit) and app.is_running
@@ -679,6 +680,8 @@ async def test_quit_anyway_after_a_failed_save(tmp_path, monkeypatch):
         await pilot.press("escape", "ctrl+q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmQuit)
+        assert str(app.screen.query_one("#confirm-message").render()).endswith(
+            "make the folder writable (or free space) and press Ctrl+S again.")
         await pilot.press("ctrl+q")  # again: quit anyway
         await pilot.pause()
         assert not app.is_running and app.return_code == 0
