@@ -331,20 +331,17 @@ def _stamp() -> str:
 
 def write_failure(exc: OSError, path: Path, retry_key: str) -> str:
     """What a save that failed with ``exc`` while writing ``path`` says: the file, the reason in
-    words (from ``exc.errno``: a read-only file system, no space left, no permission, a folder
-    gone) and what to do; ``retry_key`` is the key that saves again (``"Ctrl+S"``, ``"F6"``)."""
+    words (from ``exc.errno``: a read-only file system, no space left, no permission — in the words
+    of the start-up check of ``--save-dir``, engine/fs.py — or a folder gone) and what to do;
+    ``retry_key`` is the key that saves again (``"Ctrl+S"``, ``"F6"``)."""
+    from ds4tui.engine.fs import fix_for, found_in
+
     folder = path.parent
     code = getattr(exc, "errno", None)
-    if code == errno.EROFS:
-        reason = f"the file system of {folder} is read-only"
-        todo = f"make it writable (remount it read-write) and press {retry_key} again"
-    elif code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        reason = (f"no space left on the disk of {folder}" if code == errno.ENOSPC
-                  else f"the disk quota of {folder} is used up")
-        todo = f"free some space there and press {retry_key} again"
-    elif code in (errno.EACCES, errno.EPERM):
-        reason = f"no permission to write in {folder}"
-        todo = f"make {folder} writable for this user (chmod u+w) and press {retry_key} again"
+    cause = {errno.EROFS: errno.EROFS, errno.ENOSPC: errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC): errno.ENOSPC,
+             errno.EACCES: errno.EACCES, errno.EPERM: errno.EACCES}.get(code)
+    if cause is not None:
+        reason, todo = found_in(folder, cause), f"{fix_for(folder, cause)} and press {retry_key} again"
     elif code in (errno.ENOENT, errno.ENOTDIR):
         reason = f"the folder {folder} no longer exists"
         todo = f"create it again (mkdir -p {shlex.quote(str(folder))}) and press {retry_key} again"

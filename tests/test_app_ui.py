@@ -623,8 +623,9 @@ async def test_a_failed_save_says_why_and_what_to_do_and_quitting_asks_first(tmp
             md = next(iter(app.save_failed.values()))
             assert title == "cannot save the transcript" and isinstance(app.screen, ErrorDialog)
             assert md.parent == tmp_path and md.name.startswith("ds4tui-chat-") and md.suffix == ".md"
-            assert message.startswith(f"{md}: the file system of {tmp_path} is read-only "
+            assert message.startswith(f"{md}: {tmp_path} on a read-only file system "
                                       f"({os.strerror(errno.EROFS)}, errno EROFS).")
+            assert f"remount the file system of {tmp_path} read-write and press Ctrl+S again" in message
             assert "press Ctrl+S again" in message and "--save-dir DIR" in message
             await pilot.press("escape")
             _failing_writes(m, errno.ENOSPC)
@@ -632,7 +633,7 @@ async def test_a_failed_save_says_why_and_what_to_do_and_quitting_asks_first(tmp
             await pilot.pause()
             title, message = app.errors[-1]
             assert title == "cannot write the stats" and f"no space left on the disk of {tmp_path}" in message
-            assert "free some space there and press F6 again" in message
+            assert f"free some space on the disk of {tmp_path} and press F6 again" in message
             await pilot.press("escape")
             await pilot.pause()
             assert not list(tmp_path.iterdir())  # nothing was written
@@ -677,6 +678,7 @@ async def test_quit_anyway_after_a_failed_save(tmp_path, monkeypatch):
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert f"no permission to write in {tmp_path}" in app.errors[-1][1]
+        assert f"make {tmp_path} writable for this user and press Ctrl+S again" in app.errors[-1][1]
         await pilot.press("escape", "ctrl+q")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmQuit)
