@@ -136,13 +136,67 @@ def test_timeline_rates_average_over_two_seconds():
                                turn_draft_tokens=0, turn_decode_s=t)
 
     tl = SpecTimeline()
-    for t, tokens, ms in ((0.0, 0, 0.0), (0.5, 30, 100.0), (1.0, 31, 150.0), (1.5, 60, 300.0)):
+    # the turn's first point: its first token decoded (the wall clock starts there)
+    for t, tokens, ms in ((0.0, 1, 0.0), (0.5, 31, 100.0), (1.0, 32, 150.0), (1.5, 61, 300.0)):
         tl.add(snap(t, tokens, ms))
     v = tl.view()
     # over the whole 1.5 s (all within 2 s): 60 tokens in 300 engine-ms and 1.5 wall-s
     assert v.decode_tps == pytest.approx(200.0) and v.effective_tps == pytest.approx(40.0)
-    tl.add(snap(3.0, 90, 450.0))  # now the base is the point at t=1.0
+    tl.add(snap(3.0, 91, 450.0))  # now the base is the point at t=1.0
     assert tl.view().decode_tps == pytest.approx(1000 * 59 / 300.0)
+
+
+def test_effective_rate_never_exceeds_the_decode_rate_when_snapshots_lag_the_counters():
+    """The worker takes a snapshot while it hands out the cycles of a batch the engine has already
+    run: the counters hold the whole batch, the turn's shown tokens only its first cycle, and the
+    last snapshot of the turn has caught up.  Counting the shown tokens over the wall time then
+    gives more than the engine's own rate; both rates must count the engine's tokens."""
+    batch, cycle, engine_s, wall_s = 30, 3, 0.30, 0.33  # per batch: tokens, first cycle's, engine and wall s
+
+    def snap(t, decoded, shown):
+        return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=decoded, decode_ms=1000.0 * engine_s * decoded / batch),
+                               dspark=None, knobs=None, events=(), n_tokens=decoded, n_ctx=4096, generating=True,
+                               turn=2, turn_tokens=shown, turn_draft_tokens=0, turn_decode_s=t - 1.0)
+
+    tl = SpecTimeline()
+    # the turn's first cycle (a batch of one token) at t = 1 s, then ten batches: the snapshot at each
+    # one's first cycle, and the last one when the turn ends with every token shown
+    snaps = [snap(1.0, 1, 1)] + [snap(1.0 + wall_s * b, 1 + batch * b, 1 + batch * (b - 1) + cycle)
+                                 for b in range(1, 11)]
+    snaps.append(snap(snaps[-1].t + 0.01, snaps[-1].stats.n_decode_tokens, snaps[-1].stats.n_decode_tokens))
+    for s in snaps:
+        assert tl.add(s)
+    v = tl.view()
+    last = snaps[-1]
+    base = next(s for s in snaps if last.t - s.t <= tl.rate_s)  # the window: the oldest point within 2 s
+    assert base.turn_tokens < base.stats.n_decode_tokens  # it lags the counters by the rest of its batch
+    n = last.stats.n_decode_tokens - base.stats.n_decode_tokens
+    decode = 1000.0 * n / (last.stats.decode_ms - base.stats.decode_ms)
+    wall = last.turn_decode_s - base.turn_decode_s
+    shown_rate = (last.turn_tokens - base.turn_tokens) / wall
+    assert shown_rate > decode  # what the pane showed before: effective above decode
+    assert v.decode_tps == pytest.approx(decode) and v.effective_tps == pytest.approx(n / wall)
+    assert v.effective_tps <= v.decode_tps
+    assert v.effective_tps / v.decode_tps == pytest.approx(engine_s / wall_s, rel=0.05)
+    assert all(e <= d for d, e in zip(v.decode_series, v.effective_series) if d is not None and e is not None)
+
+
+def test_throughput_rates_come_from_the_same_window():
+    """A turn's first point has a decode rate (over the pause before it, which holds no engine
+    time) and no effective one (its window starts in the turn before): the pane shows "—" then,
+    not the effective rate of an earlier window next to this decode rate."""
+    def snap(t, turn, decoded, shown, wall):
+        return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=decoded, decode_ms=10.0 * decoded), dspark=None,
+                               knobs=None, events=(), n_tokens=decoded, n_ctx=4096, generating=True, turn=turn,
+                               turn_tokens=shown, turn_draft_tokens=0, turn_decode_s=wall)
+
+    tl = SpecTimeline()
+    tl.add(snap(0.0, 1, 1, 1, 0.0))
+    tl.add(snap(1.0, 1, 51, 51, 1.0))
+    assert tl.view().effective_tps == pytest.approx(50.0) and tl.view().decode_tps == pytest.approx(100.0)
+    tl.add(snap(30.0, 2, 52, 1, 0.0))  # the next turn's first cycle
+    v = tl.view()
+    assert v.decode_tps == pytest.approx(100.0) and v.effective_tps is None
 
 
 def test_finished_is_posted_once_the_turn_has_let_go_of_the_engine(chat):

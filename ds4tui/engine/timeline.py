@@ -37,7 +37,10 @@ class SpecView:
     """What the acceptance and throughput panes draw.
 
     Rates in percent (accept) and tokens per second (averaged over the last ``RATE_S`` seconds);
-    ``None`` where nothing was measured yet.
+    ``None`` where nothing was measured yet.  ``decode_tps`` and ``effective_tps`` come from the
+    same point and cover the same tokens, those the engine decoded over the window: decode over
+    the engine's time, effective over the wall time of the turn, so effective <= decode (None
+    while the window reaches back before the turn's first decoded token).
     ``accept_series`` / ``decode_series`` / ``effective_series``: one value per kept snapshot
     (oldest first); ``marks``: indexes into those series where a knob change took effect."""
 
@@ -86,11 +89,19 @@ class SpecTimeline:
             self._decode.append(None)
             self._effective.append(None)
         else:
+            # Both rates count the same tokens (what the engine decoded between the two snapshots)
+            # over the same span: decode divides by the engine's time, effective by the wall time
+            # between the two snapshots, which holds all of that engine time (a snapshot reads the
+            # wall clock after the counters), so effective <= decode.  The tokens the turn had shown
+            # would not do: a snapshot is taken while the cycles of a batch the engine has already
+            # run are handed out, so they lag the counters by the rest of the batch.
+            n = p.decode_tokens - base.decode_tokens
             dms = p.decode_ms - base.decode_ms
-            self._decode.append(1000.0 * (p.decode_tokens - base.decode_tokens) / dms if dms > 0 else None)
-            first = base if base.turn == p.turn else None
-            ds = p.turn_decode_s - first.turn_decode_s if first is not None else 0.0
-            self._effective.append((p.turn_tokens - first.turn_tokens) / ds if ds > 0 else None)
+            self._decode.append(1000.0 * n / dms if dms > 0 else None)
+            # wall time only within one turn, once it has decoded (not the pause or prefill before it)
+            same = base.turn == p.turn and base.turn_tokens > 0
+            ds = p.turn_decode_s - base.turn_decode_s if same else 0.0
+            self._effective.append(n / ds if ds > 0 else None)
         self._marked.append(prev is not None and p.n_events > prev.n_events)
         return True
 
@@ -126,12 +137,14 @@ class SpecTimeline:
 
     def view(self) -> SpecView:
         proposed, accepted = self._session
+        # the newest point with a decode rate, and the effective rate of that same window
+        at = next((i for i in reversed(range(len(self._decode))) if self._decode[i] is not None), None)
         return SpecView(
             session_accept=100.0 * accepted / proposed if proposed else None,
             recent_accept=self._accept[-1] if self._accept else None,
             accept_series=tuple(self._accept),
-            decode_tps=next((v for v in reversed(self._decode) if v is not None), None),
-            effective_tps=next((v for v in reversed(self._effective) if v is not None), None),
+            decode_tps=self._decode[at] if at is not None else None,
+            effective_tps=self._effective[at] if at is not None else None,
             decode_series=tuple(self._decode),
             effective_series=tuple(self._effective),
             marks=frozenset(i for i, m in enumerate(self._marked) if m))

@@ -575,6 +575,8 @@ class ChatEngine:
             knobs=self.knobs, events=tuple(s.dspark_events()) if self.has_dspark else (),
             n_tokens=s.n_tokens, n_ctx=s.n_ctx, generating=self.generating if generating is None else generating,
             turn=turn, turn_tokens=n, turn_draft_tokens=nd,
+            # read after the counters: the wall time between two snapshots holds the engine time
+            # counted between them (timeline.py's effective rate relies on it)
             turn_decode_s=0.0 if t_first is None else time.perf_counter() - t_first)
         return snap
 

@@ -245,7 +245,8 @@ def knob_words(kw: dict) -> str:
 
 class ThroughputPane(Pane):
     """Decode tokens/s (engine time) and effective tokens/s (wall time of the turn, what the user
-    sees), their series, the context in use, DSpark's net time saved, and what the interface
+    sees) over the same tokens and the same last 2 s (``SpecView``), so their ratio is at most 1,
+    their series, the context in use, DSpark's net time saved, and what the interface
     itself costs: ``ui_share``, the UI thread's CPU seconds per second while answers stream (None:
     not measured yet).  The engine shares the interpreter and the cores with the interface, so a
     large share means the rates above are slower than the engine alone would be."""
