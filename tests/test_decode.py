@@ -15,7 +15,7 @@ import pytest
 from ds4tui.cli import main as cli_main
 from ds4tui.engine import session as S
 from ds4tui.engine import worker as W
-from ds4tui.engine.stats import DSparkStats
+from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.tokenizer import Tokenizer
 
 PROMPT = [(i * 7919 + 13) % 120000 + 100 for i in range(30)]
@@ -79,6 +79,53 @@ def test_session_generate_stops_inside_accepted_drafts_once(engine):
     p.set_dspark(enabled=False)
     assert list(p.generate(PROMPT, max_tokens=120, stop=[ids[i]])) == got
     assert list(p.generate(PROMPT[:3], max_tokens=10)) == more
+
+
+def test_a_stop_token_in_a_full_cycle_keeps_it_full_and_counts_a_stop_cut(engine):
+    """The report: after a stop token among the drafts of a cycle whose drafts all matched, the
+    stats said full=1 while no histogram had a cycle accepting as many drafts as it verified.  The
+    cycle stays full (the verifier accepted every draft), is counted at the drafts it kept, and
+    stop_cut says so; the invariants hold and state the relation."""
+    n = 120
+    s = engine.session(len(PROMPT) + n + 8)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    ids: list[int] = []
+    found = None
+    while len(ids) < n and found is None:
+        before = s.dspark_stats()
+        r = s.step(min(S.STEP_MAX, n - len(ids)))
+        after = s.dspark_stats()
+        if after.full == before.full + 1 and len(r) >= 3 and r[0] not in ids:
+            found = (len(ids), len(r) - 1, after)  # where the cycle starts, its drafts, the counters after it
+        ids += r
+    s.close()
+    assert found is not None, "no full cycle of 2 or more drafts with a new first draft in 120 tokens"
+    at, drafts, oracle = found
+    assert oracle.stop_cut == 0 and oracle.check_invariants() == []
+    # stop at the cycle's first draft: the drafts after it are never emitted
+    g = engine.session(len(PROMPT) + n + 8)
+    g.set_dspark(scheduler=False)
+    got = list(g.generate(PROMPT, max_tokens=n, stop=[ids[at]]))
+    assert got == ids[:at + 1]
+    st = g.dspark_stats()
+    g.close()
+    hist = list(oracle.accepted_len_hist)
+    hist[drafts] -= 1
+    hist[1] += 1
+    pos = list(oracle.pos_accepted)
+    for row in range(1, drafts):
+        pos[row] -= 1
+    assert (st.cycles, st.full, st.partial, st.miss_first, st.no_draft) == (
+        oracle.cycles, oracle.full, oracle.partial, oracle.miss_first, oracle.no_draft)
+    assert st.proposed == oracle.proposed and st.draft_len_hist == oracle.draft_len_hist
+    assert st.accepted_draft == oracle.accepted_draft - (drafts - 1) == sum(pos)
+    assert list(st.accepted_len_hist) == hist and list(st.pos_accepted) == pos
+    assert st.stop_cut == 1 and st.check_invariants() == []
+    assert "stop_cut=1" in format_line(st).split()
+    # the relations the export checks, on these counts
+    both = sum(min(d, a) for d, a in zip(st.draft_len_hist[1:], st.accepted_len_hist[1:]))
+    assert st.full <= both + st.stop_cut and st.full + st.partial == sum(st.accepted_len_hist[1:])
 
 
 def _gen_json(capsys, *argv: str) -> dict:

@@ -15,6 +15,7 @@ from ds4tui.engine.stats import (
     CONF_BINS,
     MAX_BLOCK,
     NO_DRAFT_REASONS,
+    SESSION_FIELDS,
     DSparkStats,
     format_line,
     parse_line,
@@ -344,7 +345,9 @@ def _fill(ffi, d: dict):
 def test_header_fields_and_sizes_match_the_dataclass(dspark_ffi):
     c_fields = [n for n, _ in dspark_ffi.typeof("ds4_dspark_stats").fields]
     ours = [n.removesuffix("_ms") if n != "t_decode_ms" else n for n in c_fields]
-    assert sorted(ours) == sorted(DSparkStats.__dataclass_fields__)
+    # every field but those the session counts (Session.rewind's stop_cut)
+    assert sorted(ours) == sorted(set(DSparkStats.__dataclass_fields__) - set(SESSION_FIELDS))
+    assert SESSION_FIELDS == ("stop_cut",) and not set(SESSION_FIELDS) & set(ours)
     lib = dspark_ffi.dlopen(None)
     assert lib.DS4_DSPARK_MAX_BLOCK == MAX_BLOCK and lib.DS4_DSPARK_CONF_BINS == CONF_BINS
     assert lib.DS4_ND_COUNT == len(NO_DRAFT_REASONS)
@@ -405,3 +408,33 @@ def test_the_stats_of_one_turn_are_the_difference_of_two_snapshots():
     assert d["cycles"] == 100 and d["propose"] == pytest.approx(200.0)
     assert d["stage_timing"]["drafter_passes"] == 100  # derived values come from the difference
     assert d["stage_timing"]["ms_per_drafter_pass"]["propose"] == pytest.approx(2.0)
+
+
+def _users_two_turns(stop_cut: int) -> DSparkStats:
+    """The counters of the report that found ``full`` without a full bin: 46 cycles, 22 of them
+    drafted 5 drafts each (full 1, partial 10, miss_first 11), 24 drafted nothing; accepted
+    lengths 0:35,1:5,2:4,3:2; per-position acceptance 11/22, 6/22, 2/22, 0, 0."""
+    return DSparkStats(cycles=46, first_tokens=46, proposed=110, accepted_draft=19, full=1, partial=10,
+                       miss_first=11, no_draft=24, scheduler_skips=24, no_draft_reasons={"scheduler_skip": 24},
+                       block_size=5, draft_len_hist=(24, 0, 0, 0, 0, 22), accepted_len_hist=(35, 5, 4, 2, 0, 0),
+                       pos_proposed=(22,) * 5, pos_accepted=(11, 6, 2, 0, 0), stop_cut=stop_cut)
+
+
+def test_a_full_cycle_without_a_full_bin_needs_a_stop_cut():
+    """A full cycle of 5 drafts is counted at 5 in both histograms unless a stop token among its
+    drafts cut it (then it is counted at the drafts it kept, and stop_cut says so)."""
+    seen = _users_two_turns(stop_cut=0)
+    assert [round(r, 2) for r in seen.per_position_accept] == [0.5, 0.27, 0.09, 0.0, 0.0]
+    assert seen.check_invariants() == [
+        "full 1 > sum(min(draft_len_hist[k], accepted_len_hist[k]), k>=1) 0 + stop_cut 0: a full cycle must "
+        "accept as many drafts as it verified, or be cut by a stop token"]
+    cut = _users_two_turns(stop_cut=1)
+    assert cut.check_invariants() == [] and cut.to_dict()["invariant_violations"] == []
+    line = format_line(cut)
+    assert " full=1 partial=10 miss_first=11 " in line and line.endswith(" stop_cut=1")
+    assert " stop_cut" not in format_line(seen)  # ds4's line and ours stay as they were without one
+    assert parse_line(line)["stop_cut"] == 1 and DSparkStats.from_dict(cut.to_dict()) == cut
+    # the other relations: full + partial cycles are the ones with an accepted length >= 1
+    assert "full+partial 11 != sum(accepted_len_hist[k>=1]) 12" in dataclasses.replace(
+        cut, accepted_len_hist=(34, 6, 4, 2, 0, 0), accepted_draft=20, pos_accepted=(11, 7, 2, 0, 0)).check_invariants()
+    assert "stop_cut 12 > full+partial 11" in dataclasses.replace(cut, stop_cut=12).check_invariants()

@@ -544,11 +544,13 @@ class Engine:
 @dataclass
 class _TakenBack:
     """What :meth:`Session.rewind` took back from the engine's counters, which only grow: emitted
-    tokens, accepted drafts, and the moves of their cycles between ``accepted_len_hist`` bins and
-    out of ``pos_accepted`` rows (bin/row → change)."""
+    tokens, accepted drafts, the moves of their cycles between ``accepted_len_hist`` bins and
+    out of ``pos_accepted`` rows (bin/row → change), and how many cycles lost drafts (``cut``,
+    reported as ``stop_cut``)."""
 
     tokens: int = 0
     drafts: int = 0
+    cut: int = 0
     hist: dict[int, int] = field(default_factory=dict)
     pos: dict[int, int] = field(default_factory=dict)
 
@@ -564,7 +566,7 @@ class _TakenBack:
             return tuple(out)
 
         price = self.drafts * st.t_decode_ms if st.t_decode_measured else 0.0
-        return replace(st, accepted_draft=st.accepted_draft - self.drafts,
+        return replace(st, accepted_draft=st.accepted_draft - self.drafts, stop_cut=st.stop_cut + self.cut,
                        accepted_len_hist=moved(st.accepted_len_hist, self.hist),
                        pos_accepted=moved(st.pos_accepted, self.pos),
                        saved=st.saved - price, net_saved=st.net_saved - price)
@@ -603,7 +605,7 @@ class Session:
         self._closed = False
         self._sampling = SamplingParams()
         self.last_accepted = 0
-        # [accepted drafts, tokens still emitted] of the cycles since the last prefill or truncate
+        # [accepted drafts, tokens still emitted, cut by a rewind] of the cycles since the last prefill or truncate
         # (enough of them to cover a rewind), and what rewinds took back from the counters
         self._cycles: list[list[int]] = []
         self._taken = _TakenBack()
@@ -749,7 +751,7 @@ class Session:
         self.tokens.extend(out[:-1])
         self.pending = out[-1]
         self.last_accepted = len(out) - 1
-        self._cycles.append([len(out) - 1, len(out)])
+        self._cycles.append([len(out) - 1, len(out), 0])  # accepted drafts, emitted ids, cut by a rewind
         while len(self._cycles) > STEP_MAX:  # a rewind takes back at most STEP_MAX tokens
             self._cycles.pop(0)
 
@@ -834,8 +836,11 @@ class Session:
         The engine's counters cannot be lowered, so the session records what it took back:
         :meth:`stats` no longer counts the taken-back tokens as decoded, and :meth:`dspark_stats`
         no longer counts the taken-back drafts as accepted (in ``accepted_draft``,
-        ``accepted_len_hist``, ``pos_accepted``, ``saved`` and ``net_saved``; a cycle's outcome —
-        full, partial, miss_first — and what it proposed stay as the verifier decided)."""
+        ``accepted_len_hist``, ``pos_accepted``, ``saved`` and ``net_saved``).  A cycle's outcome —
+        full or partial — and what it proposed stay as the verifier decided (spec dspark.md §6.1:
+        every draft it verified matched, or some did); ``stop_cut`` counts the cycles that lost
+        drafts this way, so a full cycle of k drafts whose accepted length is now below k is
+        accounted for (:meth:`DSparkStats.check_invariants`)."""
         with self._lock:
             self._alive()
             if self.pending is None or not 1 <= k <= min(STEP_MAX, len(self.tokens)):
@@ -854,10 +859,12 @@ class Session:
         t = self._taken
         while k and self._cycles:
             cycle = self._cycles[-1]
-            accepted, emitted = cycle
+            accepted, emitted, _ = cycle
             n = min(k, emitted)
             before, after = min(accepted, emitted), min(accepted, emitted - n)
             if after < before:  # drafts of this cycle leave: it now counts `after` accepted ones
+                t.cut += not cycle[2]  # (a cycle is one stop_cut, however often it is cut)
+                cycle[2] = 1
                 t.drafts += before - after
                 t.hist[before] = t.hist.get(before, 0) - 1
                 t.hist[after] = t.hist.get(after, 0) + 1

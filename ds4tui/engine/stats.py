@@ -12,8 +12,8 @@ snapshot breaks.
 counters as integers, ``accept_rate`` with two decimals and ``%``, ``avg_accept`` with three, the
 word ``time_ms`` and then every time in milliseconds with three decimals and no unit, histograms
 as ``len:count`` pairs.  Our keys (``chain_fail``, ``chain_fail_op``, ``no_draft_reasons``) come
-after ds4's, so a parser written for ds4's line still reads ours.  :func:`parse_line` reads
-either line back into a dict.
+after ds4's (and ``stop_cut`` once a stop token cut a cycle), so a parser written for ds4's line
+still reads ours.  :func:`parse_line` reads either line back into a dict.
 
 Nothing here needs the native module: :meth:`DSparkStats.from_native` takes the ``ffi`` and the
 cdata it is given.
@@ -71,6 +71,8 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                 "Raise the token budget (-n) or the context (--ctx; Ctrl+G in the app)."),
 }
 
+#: Fields of :class:`DSparkStats` that the session counts, not ``ds4_dspark_stats`` (0 from the C struct).
+SESSION_FIELDS = ("stop_cut",)
 #: DS4_DSPARK_MAX_BLOCK: the largest drafter block.
 MAX_BLOCK = 16
 #: DS4_DSPARK_CONF_BINS: bin i counts confidences in [i/20, (i+1)/20).
@@ -196,10 +198,17 @@ class DSparkStats:
     chain_fail_op: str = ""
     #: Knob changes applied so far.
     n_events: int = 0
+    #: Cycles whose accepted drafts a stop token cut after the verifier had decided (ours, counted
+    #: by ``Session.rewind``): the drafts after the stop were never emitted, so ``accepted_draft``,
+    #: ``accepted_len_hist`` and ``pos_accepted`` count the cycle with fewer accepted drafts, while
+    #: its outcome (``full`` or ``partial``) and ``proposed`` stay as the verifier decided.  A full
+    #: cycle cut this way has no accepted length equal to its draft length, hence the invariant
+    #: ``full <= sum_k min(draft_len_hist[k], accepted_len_hist[k]) + stop_cut``.
+    stop_cut: int = 0
 
     def __post_init__(self) -> None:
         put = object.__setattr__
-        for name in _COUNTS + ("block_size", "n_events"):
+        for name in _COUNTS + ("block_size", "n_events", "stop_cut"):
             v = int(getattr(self, name))
             if v < 0:
                 raise ValueError(f"{name} = {v} < 0")
@@ -379,6 +388,16 @@ class DSparkStats:
         # Both count verified / accepted draft tokens, by row and by cycle.
         same("sum(pos_proposed)", sp, "sum(k*draft_len_hist[k])", sum(k * c for k, c in enumerate(self.draft_len_hist)))
         same("sum(pos_accepted)", sa, "accepted_draft", self.accepted_draft)
+        # full and partial cycles accepted at least one draft (a stop token leaves at least one:
+        # itself), every other outcome none
+        same("full+partial", self.full + self.partial, "sum(accepted_len_hist[k>=1])", sum(self.accepted_len_hist[1:]))
+        need(self.stop_cut <= self.full + self.partial,
+             f"stop_cut {self.stop_cut} > full+partial {self.full + self.partial}")
+        # a full cycle of k drafts is counted at k in both histograms, unless a stop token cut it
+        both = sum(min(d, a) for d, a in zip(self.draft_len_hist[1:], self.accepted_len_hist[1:]))
+        need(self.full <= both + self.stop_cut,
+             f"full {self.full} > sum(min(draft_len_hist[k], accepted_len_hist[k]), k>=1) {both} + stop_cut "
+             f"{self.stop_cut}: a full cycle must accept as many drafts as it verified, or be cut by a stop token")
         return bad
 
 
@@ -411,6 +430,8 @@ def format_line(stats: DSparkStats) -> str:
     if s.chain_fail_op:
         parts.append("chain_fail_op=" + re.sub(r"[\s=]", "_", s.chain_fail_op))
     parts.append("no_draft_reasons=" + _hist(list(s.no_draft_reasons.items())))
+    if s.stop_cut:
+        parts.append(f"stop_cut={s.stop_cut}")
     return " ".join(parts)
 
 

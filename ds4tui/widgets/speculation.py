@@ -95,9 +95,17 @@ class KnobsPane(Vertical):
             self.query_one("#knob-note", Static).update(note)
 
 
+#: The acceptance pane's tooltip once a stop token cut a cycle (``DSparkStats.stop_cut``).
+STOP_CUT_HELP = ("stop_cut {n}: cycles where a stop token was among the accepted drafts. The drafts after it "
+                 "were never emitted, so accepted_draft, the accepted-length histogram and per-position "
+                 "acceptance count only the drafts up to the stop, while full/partial stay as the verifier "
+                 "decided: a full cycle cut this way shows in no histogram bin at its draft length.")
+
+
 class AcceptPane(Pane):
     """Accept rate for the session and the recent window, its series (▲ = knob change), mean
-    accepted length and per-position acceptance (accepted / verified drafts at block row k)."""
+    accepted length and per-position acceptance (accepted / verified drafts at block row k); the
+    outcomes, with ``stop_cut`` and a tooltip that explains it once a stop token cut a cycle."""
 
     def show(self, st: DSparkStats | None, view: SpecView, *, support_status: str = "attached") -> None:
         if st is None:
@@ -113,9 +121,11 @@ class AcceptPane(Pane):
                              (_pct(view.recent_accept), "bold"), " recent"),
             Content(f"avg accepted {st.avg_accept:.2f}/cycle · {st.tokens_per_cycle:.2f} tok/cycle"),
             Content(f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}"),
-            Content(f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}"),
+            Content(f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}"
+                    + (f" · stop_cut {st.stop_cut}" if st.stop_cut else "")),
             Content.styled(line or " ", "$success"),
         ]
+        self.tooltip = STOP_CUT_HELP.format(n=st.stop_cut) if st.stop_cut else None
         if marks.strip():
             out.append(Content.styled(marks, "$warning"))
         # per block row k: accepted / verified drafts (a gap where none was verified)
