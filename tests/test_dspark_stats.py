@@ -435,6 +435,12 @@ def test_a_full_cycle_without_a_full_bin_needs_a_stop_cut():
     assert " stop_cut" not in format_line(seen)  # ds4's line and ours stay as they were without one
     assert parse_line(line)["stop_cut"] == 1 and DSparkStats.from_dict(cut.to_dict()) == cut
     # the other relations: full + partial cycles are the ones with an accepted length >= 1
-    assert "full+partial 11 != sum(accepted_len_hist[k>=1]) 12" in dataclasses.replace(
+    assert "full+partial 11 is not within sum(accepted_len_hist[k>=1]) 12 .. that + stop_cut 1" in dataclasses.replace(
         cut, accepted_len_hist=(34, 6, 4, 2, 0, 0), accepted_draft=20, pos_accepted=(11, 7, 2, 0, 0)).check_invariants()
     assert "stop_cut 12 > full+partial 11" in dataclasses.replace(cut, stop_cut=12).check_invariants()
+    # a rewind past the stop may leave a cut cycle no draft: then it is in bin 0, within stop_cut
+    none_left = dataclasses.replace(cut, accepted_len_hist=(36, 4, 4, 2, 0, 0), accepted_draft=18,
+                                    pos_accepted=(10, 6, 2, 0, 0))
+    assert none_left.check_invariants() == []
+    assert "full+partial 11 is not within sum(accepted_len_hist[k>=1]) 10 .. that + stop_cut 0" in \
+        dataclasses.replace(none_left, stop_cut=0).check_invariants()

@@ -388,11 +388,12 @@ class DSparkStats:
         # Both count verified / accepted draft tokens, by row and by cycle.
         same("sum(pos_proposed)", sp, "sum(k*draft_len_hist[k])", sum(k * c for k, c in enumerate(self.draft_len_hist)))
         same("sum(pos_accepted)", sa, "accepted_draft", self.accepted_draft)
-        # full and partial cycles accepted at least one draft (a stop token leaves at least one:
-        # itself), every other outcome none
-        same("full+partial", self.full + self.partial, "sum(accepted_len_hist[k>=1])", sum(self.accepted_len_hist[1:]))
-        need(self.stop_cut <= self.full + self.partial,
-             f"stop_cut {self.stop_cut} > full+partial {self.full + self.partial}")
+        # full and partial cycles accepted at least one draft, every other outcome none; a rewind
+        # may leave a cut cycle none (the decode loop keeps the stop token, so it leaves one)
+        fp, ge1 = self.full + self.partial, sum(self.accepted_len_hist[1:])
+        need(self.stop_cut <= fp, f"stop_cut {self.stop_cut} > full+partial {fp}")
+        need(ge1 <= fp <= ge1 + self.stop_cut,
+             f"full+partial {fp} is not within sum(accepted_len_hist[k>=1]) {ge1} .. that + stop_cut {self.stop_cut}")
         # a full cycle of k drafts is counted at k in both histograms, unless a stop token cut it
         both = sum(min(d, a) for d, a in zip(self.draft_len_hist[1:], self.accepted_len_hist[1:]))
         need(self.full <= both + self.stop_cut,
