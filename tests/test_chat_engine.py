@@ -136,13 +136,12 @@ def test_timeline_rates_average_over_two_seconds():
                                turn_draft_tokens=0, turn_decode_s=t)
 
     tl = SpecTimeline()
-    # the turn's first point: its first token decoded (the wall clock starts there)
-    for t, tokens, ms in ((0.0, 1, 0.0), (0.5, 31, 100.0), (1.0, 32, 150.0), (1.5, 61, 300.0)):
+    for t, tokens, ms in ((0.0, 0, 0.0), (0.5, 30, 100.0), (1.0, 31, 150.0), (1.5, 60, 300.0)):
         tl.add(snap(t, tokens, ms))
     v = tl.view()
     # over the whole 1.5 s (all within 2 s): 60 tokens in 300 engine-ms and 1.5 wall-s
     assert v.decode_tps == pytest.approx(200.0) and v.effective_tps == pytest.approx(40.0)
-    tl.add(snap(3.0, 91, 450.0))  # now the base is the point at t=1.0
+    tl.add(snap(3.0, 90, 450.0))  # now the base is the point at t=1.0
     assert tl.view().decode_tps == pytest.approx(1000 * 59 / 300.0)
 
 

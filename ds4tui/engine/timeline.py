@@ -40,7 +40,7 @@ class SpecView:
     ``None`` where nothing was measured yet.  ``decode_tps`` and ``effective_tps`` come from the
     same point and cover the same tokens, those the engine decoded over the window: decode over
     the engine's time, effective over the wall time of the turn, so effective <= decode (None
-    while the window reaches back before the turn's first decoded token).
+    while the window reaches back into the turn before).
     ``accept_series`` / ``decode_series`` / ``effective_series``: one value per kept snapshot
     (oldest first); ``marks``: indexes into those series where a knob change took effect."""
 
@@ -98,9 +98,9 @@ class SpecTimeline:
             n = p.decode_tokens - base.decode_tokens
             dms = p.decode_ms - base.decode_ms
             self._decode.append(1000.0 * n / dms if dms > 0 else None)
-            # wall time only within one turn, once it has decoded (not the pause or prefill before it)
-            same = base.turn == p.turn and base.turn_tokens > 0
-            ds = p.turn_decode_s - base.turn_decode_s if same else 0.0
+            # wall time only within one turn (not the pause and prefill before it); the worker takes
+            # a turn's snapshots once its first token is decoded, when the turn's clock has started
+            ds = p.turn_decode_s - base.turn_decode_s if base.turn == p.turn else 0.0
             self._effective.append(n / ds if ds > 0 else None)
         self._marked.append(prev is not None and p.n_events > prev.n_events)
         return True
