@@ -412,11 +412,15 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         help="compare two runs: the knobs that differ and every figure side by side",
         description="Read two JSON files ds4tui wrote (stats exports of the app (F6), transcripts (Ctrl+S), "
         "`generate --json` or `bench [--ab]` results) and print the knobs that differ, a warning when more "
-        "than one differs, and every figure both have: A, B and B/A.",
+        "than one differs, and every figure both have: A, B and B/A; two `bench --ab` results get one table per "
+        "arm of the figures an A/B compares instead (--all adds every figure).",
     )
     p.add_argument("a", metavar="A.json", help="the first run (the baseline of the ratios)")
     p.add_argument("b", metavar="B.json", help="the second run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--all", action="store_true",
+                   help="two `bench --ab` results: after the table of each arm, also every figure both have by its "
+                   "JSON name (other kinds of file always list every one)")
 
 
 COMMANDS = {

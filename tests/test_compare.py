@@ -408,3 +408,112 @@ def test_an_interrupted_ab_result_is_refused_naming_what_finished(tmp_path, caps
                f"`ds4tui bench --ab` to the end to compare")
     assert rc == 1 and json.loads(out.out) == {"ok": False, "error": message, "error_type": "CompareError"}
     assert out.err == f"ds4tui compare: error: {message}\n"
+
+
+def _ab(tiny_q2, tmp_path, capsys, name: str) -> tuple[str, dict]:
+    path = tmp_path / name
+    rc = cli_main(["bench", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "--ab", "--backend", "cpu",
+                   "--threads", "2", "--tokens", "16", "--json", "--out", str(path)])
+    capsys.readouterr()
+    assert rc == 0
+    return str(path), json.loads(path.read_text())
+
+
+def test_two_ab_results_compare_arm_by_arm(tiny_q2, tmp_path, capsys):
+    """Two ``bench --ab`` results: one table per arm under the arm's name and knobs, with the figures
+    an A/B is read by (tokens/s overall and per prompt, the ratio to target-only, accept rate, tokens
+    per cycle, the stage costs), each A, B and B/A from the files' own values; every figure by its
+    JSON name only with --all."""
+    a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json")
+    b, jb = _ab(tiny_q2, tmp_path, capsys, "b.json")
+    rc = cli_main(["compare", a, b, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["knobs"] == [] and r["figures"]  # the full comparison is still there
+    t = r["arms"]
+    assert [x["arm"] for x in t["tables"]] == ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
+    assert [x["knobs_a"] for x in t["tables"]] == ["DSpark off", "DSpark on, scheduler off, confidence 0, max draft 5",
+                                                  "DSpark on, scheduler on, confidence 0, max draft 5"]
+    assert t["only_a"] == t["only_b"] == [] and t["outputs_identical"] == [True, True]
+    for table, arm_a, arm_b in zip(t["tables"], ja["arms"], jb["arms"]):
+        rows = {(label, kind): (x, y, q) for label, kind, x, y, q in table["rows"]}
+        runs_a = {run["kind"]: run for run in arm_a["runs"]}
+        runs_b = {run["kind"]: run for run in arm_b["runs"]}
+        x, y, q = rows[("tokens/s", None)]
+        assert (x, y) == (arm_a["tokens_per_s"], arm_b["tokens_per_s"]) and q == pytest.approx(y / x)
+        for kind in ("code", "prose"):
+            assert rows[("tokens/s", kind)][:2] == (runs_a[kind]["tokens_per_s"], runs_b[kind]["tokens_per_s"])
+        dspark = arm_a["knobs"]["enabled"]
+        assert (("accept rate", None) in rows) == (("tokens per cycle", "code") in rows) == dspark
+        assert (("vs target-only", None) in rows) == (arm_a["name"] != "target-only")
+        if dspark:
+            assert rows[("vs target-only", "prose")][:2] == (runs_a["prose"]["ratio_to_target"],
+                                                            runs_b["prose"]["ratio_to_target"])
+            assert rows[("accept rate", None)][:2] == (arm_a["accept_rate"], arm_b["accept_rate"])
+            assert rows[("tokens per cycle", "code")][:2] == (runs_a["code"]["tokens_per_cycle"],
+                                                             runs_b["code"]["tokens_per_cycle"])
+            assert rows[("drafted cycles", None)][:2] == (arm_a["stage_timing"]["drafted_cycles"],
+                                                         arm_b["stage_timing"]["drafted_cycles"])
+        verify = [arm.get("verify_over_target_decode") for arm in (arm_a, arm_b)]
+        if any(verify):
+            assert rows[("verify in target-only decodes", None)][:2] == tuple(v and v["ratio"] for v in verify)
+        else:
+            assert ("verify in target-only decodes", None) not in rows
+    no_sched = next(x for x in t["tables"] if x["arm"] == "dspark-no-scheduler")["rows"]
+    assert ["drafter pass (ms)", None, ja["arms"][1]["stage_timing"]["ms_per_drafter_pass"]["propose"],
+            jb["arms"][1]["stage_timing"]["ms_per_drafter_pass"]["propose"]] in [row[:4] for row in no_sched]
+
+    rc = cli_main(["compare", a, b])
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    shown = sum(len(x["rows"]) for x in t["tables"])
+    assert rc == 0 and "arms[" not in text and len(lines) == 5 + 1 + 3 + shown + 3, text
+    x, y = ja["arms"][0]["tokens_per_s"], jb["arms"][0]["tokens_per_s"]
+    i = lines.index("target-only: DSpark off")
+    assert lines[i - 1].split() == ["per", "arm", "A", "B", "B/A"]
+    assert lines[i + 1].split() == ["tokens/s", f"{x:.2f}", f"{y:.2f}", f"{y / x:.3f}"]
+    assert lines[i + 2].split()[:3] == ["code", "prompt", f"{ja['arms'][0]['runs'][0]['tokens_per_s']:.2f}"]
+    assert "dspark-no-scheduler: DSpark on, scheduler off, confidence 0, max draft 5" in lines
+    v = ja["arms"][1]["accept_rate"], jb["arms"][1]["accept_rate"]
+    assert any(line.split()[:4] == ["accept", "rate", f"{v[0]:.2f}%", f"{v[1]:.2f}%"] for line in lines)
+    assert "greedy outputs: identical in every arm in both runs" in lines
+    assert lines[-1] == (f"(the tables hold {shown} figures; --all lists every one of the {len(r['figures'])} both "
+                         f"runs have by its JSON name, as --json does; {r['zero_in_both']} more are 0 in both)")
+    rc = cli_main(["compare", a, b, "--all"])
+    full = capsys.readouterr().out
+    assert rc == 0 and full.startswith(text[:text.index("greedy outputs")])  # the tables, then every figure
+    assert "every figure both runs have, by its JSON name:" in full
+    assert len([line for line in full.splitlines() if line.startswith("arms[")]) == \
+        len([k for k, *_ in r["figures"] if k.startswith("arms[")])
+    assert full.splitlines()[-1] == f"({r['zero_in_both']} more figures are 0 in both runs)"
+
+
+def test_ab_results_whose_arms_or_outputs_differ_say_so(tiny_q2, tmp_path, capsys):
+    a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json")
+    jb = json.loads(json.dumps(ja))
+    jb["arms"][1]["knobs"]["max_draft"] = 3
+    jb["arms"][2]["name"] = "dspark-other"
+    jb["outputs_identical"] = False
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(jb))
+    rc = cli_main(["compare", a, str(b)])
+    text = capsys.readouterr().out
+    assert rc == 0 and ('knobs that differ (2):\n  arms[1].knobs.max_draft  5 -> 3\n  arms[2].name             '
+                        '"dspark-scheduler" -> "dspark-other"\n') in text
+    assert ("dspark-no-scheduler: A: DSpark on, scheduler off, confidence 0, max draft 5; B: DSpark on, scheduler "
+            "off, confidence 0, max draft 3\n") in text
+    assert "\ndspark-scheduler:" not in text and "\ndspark-other:" not in text
+    assert "arms only in A: dspark-scheduler (not compared)\narms only in B: dspark-other (not compared)\n" in text
+    assert ("greedy outputs: A identical in every arm; B DIFFERENT between arms (see its `mismatches`)\n") in text
+    rc = cli_main(["compare", a, str(b), "--json"])
+    t = json.loads(capsys.readouterr().out)["arms"]
+    assert [x["arm"] for x in t["tables"]] == ["target-only", "dspark-no-scheduler"]
+    assert (t["only_a"], t["only_b"], t["outputs_identical"]) == (["dspark-scheduler"], ["dspark-other"], [True, False])
+
+
+def test_only_two_ab_results_get_arm_tables(tiny_q2, tmp_path, capsys):
+    g = _generate(tiny_q2, tmp_path, capsys, "g.json")
+    rc = cli_main(["compare", g, g, "--json"])
+    assert rc == 0 and "arms" not in json.loads(capsys.readouterr().out)
+    rc = cli_main(["compare", g, g, "--all"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "per arm" not in text and "figure" in text.splitlines()[5]

@@ -16,6 +16,10 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
 - a **warning** when both files are stats exports of one chat session whose counters ran on
   between them (the same ``counters_id``, B's counts at least A's): B then contains A.
 
+Two ``bench --ab`` results print one table per arm instead of the figures (:func:`arm_tables`,
+:data:`ARM_ROWS`: tokens/s, the ratio to target-only, accept rate, tokens per cycle, the stage
+costs; A, B and B/A), and ``--all`` lists every figure after them.
+
 A ``generate --json`` output and a ``bench`` result are compared under bench's names (the model
 path, the context, the prefill and decode tokens/s: :func:`canonical`), and a knob that only one
 kind of file records is not counted as a difference.  The warnings are printed once: in the table,
@@ -366,9 +370,11 @@ def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, str) or v is None else str(v)
 
 
-def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
+def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every_figure: bool = False) -> str:
     """The text report of :func:`compare`'s result ``r``: the two files and their kinds, the knobs
-    that differ, the warnings, then every figure as A, B and B/A."""
+    that differ, the warnings, then every figure as A, B and B/A.  When ``r`` holds ``arms`` (two
+    ``bench --ab`` results, :func:`arm_tables`) the figures are one table per arm instead, and a
+    line counting the rest; with ``every_figure`` every figure follows the tables."""
     lines = [f"A  {path_a}  ({kind_a})", f"B  {path_b}  ({kind_b})"]
     if kind_a != kind_b:
         lines.append("note: different kinds of file: only the names both have are compared")
@@ -386,12 +392,21 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
         if w:
             lines += ["", f"WARNING: {w}"]
     lines.append("")
-    if r["figures"]:
+    arms = r.get("arms")
+    if arms is not None:
+        lines += render_arms(arms)
+        if not every_figure:
+            shown = sum(len(t["rows"]) for t in arms["tables"])
+            lines.append(f"(the tables hold {shown} figures; --all lists every one of the {len(r['figures'])} both runs "
+                         f"have by its JSON name, as --json does; {r['zero_in_both']} more are 0 in both)")
+        else:
+            lines += ["", "every figure both runs have, by its JSON name:"]
+    if r["figures"] and (arms is None or every_figure):
         w = max(len(k) for k, *_ in r["figures"])
         lines.append(f"{'figure':<{w}}  {'A':>14} {'B':>14} {'B/A':>8}")
         for k, x, y, q in r["figures"]:
             lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {('-' if q is None else f'{q:.3f}'):>8}")
-    if r["zero_in_both"]:
+    if r["zero_in_both"] and (arms is None or every_figure):
         lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
     if r.get("no_shared_figures"):
         lines.append(f"NOTE: {r['no_shared_figures']}")
@@ -399,6 +414,133 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict) -> str:
         if names:
             lines.append(f"only in {side}: {names_summary(names)}")
     return "\n".join(lines)
+
+
+#: The figures of an arm that two ``bench --ab`` results are compared on (:func:`arm_tables`): the
+#: label, the path in an arm (and in each of its runs), the unit, whether it is also given per prompt
+#: (each run of the arm), whether only a DSpark arm has it (``knobs.enabled``), and whether it is
+#: measured against the target-only arm (1 by construction in that arm, so left out there).
+ARM_ROWS: tuple[tuple[str, tuple[str, ...], str, bool, bool, bool], ...] = (
+    ("tokens/s", ("tokens_per_s",), "rate", True, False, False),
+    ("vs target-only", ("ratio_to_target",), "x", True, False, True),
+    ("accept rate", ("accept_rate",), "%", False, True, False),
+    ("tokens per cycle", ("tokens_per_cycle",), "n", True, True, False),
+    ("cycles", ("dspark_stats", "cycles"), "count", False, True, False),
+    ("drafted cycles", ("stage_timing", "drafted_cycles"), "count", False, True, False),
+    ("drafter pass (ms)", ("stage_timing", "ms_per_drafter_pass", "propose"), "ms", False, True, False),
+    ("verify per drafted cycle (ms)", ("stage_timing", "verify_ms_per_drafted_cycle"), "ms", False, True, False),
+    ("verify in target-only decodes", ("verify_over_target_decode", "ratio"), "x", False, True, True),
+    ("plain decode (ms)", ("stage_timing", "decode_ms_per_plain_decode"), "ms", False, False, False),
+)
+
+
+def _at(d: Any, path: tuple[str, ...]) -> float | None:
+    """The number at ``path`` in nested dicts, None when a step is missing or the value is not a finite number."""
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d if _is_number(d) else None
+
+
+def _arm_knobs(arm: dict) -> str:
+    """An arm's DSpark knobs in words: ``DSpark off``, or ``DSpark on, scheduler off`` with the
+    confidence threshold and the longest draft."""
+    k = arm.get("knobs") if isinstance(arm.get("knobs"), dict) else {}
+    if not k.get("enabled", False):
+        return "DSpark off"
+    words = [f"DSpark on, scheduler {'on' if k.get('scheduler') else 'off'}"]
+    if _is_number(k.get("threshold")):
+        words.append(f"confidence {k['threshold']:g}")
+    if _is_number(k.get("max_draft")):
+        words.append(f"max draft {k['max_draft']}")
+    return ", ".join(words)
+
+
+def _runs_by_kind(arm: dict) -> dict[str, dict]:
+    runs = arm.get("runs") if isinstance(arm.get("runs"), list) else []
+    return {r["kind"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("kind"), str)}
+
+
+def arm_tables(a: dict, b: dict) -> dict:
+    """Two ``bench --ab`` results arm by arm, the arms matched by name (their order in A):
+    ``tables``: per arm present in both, ``{"arm", "knobs_a", "knobs_b", "rows"}`` with the knobs in
+    words (:func:`_arm_knobs`) and ``rows`` [label, prompt kind or None (all prompts), A, B, B/A or
+    None] for each figure of :data:`ARM_ROWS` that either run has (a prompt's row follows its
+    figure's; the prompts matched by kind); ``only_a`` / ``only_b``: the names of arms one file lacks;
+    ``outputs_identical``: [A's, B's] (whether all arms generated the same ids in that run).
+    Tokens/s and ms are per the arm's timed steps; ``accept rate`` in percent; ``vs target-only`` and
+    ``verify in target-only decodes`` are ratios to the file's own first arm (target-only)."""
+    arms_a = [x for x in a["arms"] if isinstance(x, dict)]
+    arms_b = {x["name"]: x for x in b["arms"] if isinstance(x, dict)}
+    reference = arms_a[0]["name"] if arms_a else None
+    tables = []
+    for arm_a in arms_a:
+        arm_b = arms_b.get(arm_a["name"])
+        if arm_b is None:
+            continue
+        dspark = any(isinstance(x.get("knobs"), dict) and x["knobs"].get("enabled") for x in (arm_a, arm_b))
+        runs_a, runs_b = _runs_by_kind(arm_a), _runs_by_kind(arm_b)
+        kinds = list(runs_a) + [k for k in runs_b if k not in runs_a]
+        rows = []
+        for label, path, _unit, per_prompt, dspark_only, vs_reference in ARM_ROWS:
+            if (dspark_only and not dspark) or (vs_reference and arm_a["name"] == reference):
+                continue
+            pairs = [(None, _at(arm_a, path), _at(arm_b, path))]
+            if per_prompt:
+                pairs += [(k, _at(runs_a.get(k), path), _at(runs_b.get(k), path)) for k in kinds]
+            for kind, x, y in pairs:
+                if x is None and y is None:
+                    continue
+                rows.append([label, kind, x, y, y / x if x is not None and y is not None and x else None])
+        tables.append({"arm": arm_a["name"], "knobs_a": _arm_knobs(arm_a), "knobs_b": _arm_knobs(arm_b),
+                       "rows": rows})
+    names_a = [x["name"] for x in arms_a]
+    return {"tables": tables, "only_a": [n for n in names_a if n not in arms_b],
+            "only_b": [n for n in arms_b if n not in names_a],
+            "outputs_identical": [a.get("outputs_identical"), b.get("outputs_identical")]}
+
+
+def _cell(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "count":
+        return f"{v:.0f}"
+    if unit == "x":
+        return f"{v:.3f}x"
+    if unit == "%":
+        return f"{v:.2f}%"
+    if unit == "rate":
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def render_arms(t: dict) -> list[str]:
+    """The text of :func:`arm_tables`' result: one header of the columns (A, B and B/A), then a
+    table per arm under its name and knobs, the columns lined up across the tables; then the arms
+    one file lacks and whether each run's arms generated the same greedy ids."""
+    units = {label: unit for label, _, unit, *_ in ARM_ROWS}
+    labels = [f"    {kind} prompt" if kind else f"  {label}" for table in t["tables"]
+              for label, kind, *_ in table["rows"]]
+    w = max([len(x) for x in labels] or [0])
+    lines = [f"{'per arm':<{w}}  {'A':>12} {'B':>12} {'B/A':>8}"]
+    for table in t["tables"]:
+        knobs = (table["knobs_a"] if table["knobs_a"] == table["knobs_b"]
+                 else f"A: {table['knobs_a']}; B: {table['knobs_b']}")
+        lines.append(f"{table['arm']}: {knobs}")
+        for label, kind, x, y, q in table["rows"]:
+            name = f"    {kind} prompt" if kind else f"  {label}"
+            lines.append(f"{name:<{w}}  {_cell(x, units[label]):>12} {_cell(y, units[label]):>12} "
+                         f"{('-' if q is None else f'{q:.3f}'):>8}")
+    lines.append("")
+    for side, names in (("A", t["only_a"]), ("B", t["only_b"])):
+        if names:
+            lines.append(f"arms only in {side}: {', '.join(names)} (not compared)")
+    same = ["identical in every arm" if v is True else "DIFFERENT between arms (see its `mismatches`)"
+            if v is False else "not recorded" for v in t["outputs_identical"]]
+    lines.append(f"greedy outputs: {same[0]} in both runs" if same[0] == same[1]
+                 else f"greedy outputs: A {same[0]}; B {same[1]}")
+    return lines
 
 
 #: How many names, and how many groups of names, the text report shows of a list it summarises.
@@ -479,6 +621,8 @@ def run(args) -> int:
     r["no_shared_figures"] = (None if r["figures"] or r["zero_in_both"]
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
+    if kind_a == kind_b == "bench-ab":
+        r["arms"] = arm_tables(a, b)
     if args.json:
         print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
         # the table carries the warnings; with --json they also go to stderr, once each
@@ -489,5 +633,5 @@ def run(args) -> int:
             if note:
                 print(f"{_PREFIX} note: {note}", file=sys.stderr)
     else:
-        print(render(args.a, args.b, kind_a, kind_b, r))
+        print(render(args.a, args.b, kind_a, kind_b, r, every_figure=getattr(args, "all", False)))
     return 0
