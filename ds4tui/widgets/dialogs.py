@@ -7,11 +7,34 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, ScreenResultType
 from textual.widgets import Button, Input, Label, Static
 
 
-class ErrorDialog(ModalScreen[None]):
+class _TitledMessage(ModalScreen[ScreenResultType]):
+    """A box over the app: ``title`` (a Label) above ``message`` (a Static shown as it is, no
+    markup), then the subclass's :meth:`buttons`.  The two texts' ids are ``{ID_PREFIX}-title`` and
+    ``{ID_PREFIX}-message``, which the subclass's CSS styles."""
+
+    ID_PREFIX = ""
+
+    def __init__(self, title: str, message: str):
+        super().__init__()
+        self.title_text = title
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.title_text, id=f"{self.ID_PREFIX}-title")
+            yield Static(self.message, id=f"{self.ID_PREFIX}-message", markup=False)
+            yield from self.buttons()
+
+    def buttons(self) -> ComposeResult:
+        """The dialog's buttons, under the message."""
+        raise NotImplementedError
+
+
+class ErrorDialog(_TitledMessage[None]):
     """Shows ``title`` and ``message`` (the engine's full error text) until dismissed with
     Enter, Esc or the OK button; the app behind it stays as it was."""
 
@@ -23,17 +46,10 @@ class ErrorDialog(ModalScreen[None]):
     ErrorDialog Button { width: 100%; }
     """
     BINDINGS = [Binding("escape", "dismiss", "close", show=False), Binding("enter", "dismiss", "close", show=False)]
+    ID_PREFIX = "error"
 
-    def __init__(self, title: str, message: str):
-        super().__init__()
-        self.title_text = title
-        self.message = message
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.title_text, id="error-title")
-            yield Static(self.message, id="error-message", markup=False)
-            yield Button("OK", variant="error", id="ok")
+    def buttons(self) -> ComposeResult:
+        yield Button("OK", variant="error", id="ok")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
@@ -42,7 +58,7 @@ class ErrorDialog(ModalScreen[None]):
         self.dismiss(None)
 
 
-class ConfirmQuit(ModalScreen[bool]):
+class ConfirmQuit(_TitledMessage[bool]):
     """Asks before quitting: ``title`` and ``message`` (what would be lost), and two buttons.  "Stay"
     has the focus (Enter on it, or Esc, returns False: nothing happens); "Quit anyway" returns True
     (so does Ctrl+Q again: the app's quit key, handled by the app)."""
@@ -56,19 +72,12 @@ class ConfirmQuit(ModalScreen[bool]):
     ConfirmQuit Button { width: 1fr; margin: 0 1; }
     """
     BINDINGS = [Binding("escape", "stay", "stay", show=False)]
+    ID_PREFIX = "confirm"
 
-    def __init__(self, title: str, message: str):
-        super().__init__()
-        self.title_text = title
-        self.message = message
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.title_text, id="confirm-title")
-            yield Static(self.message, id="confirm-message", markup=False)
-            with Horizontal():
-                yield Button("Stay (Esc)", variant="primary", id="stay")
-                yield Button("Quit anyway (Ctrl+Q)", variant="error", id="quit")
+    def buttons(self) -> ComposeResult:
+        with Horizontal():
+            yield Button("Stay (Esc)", variant="primary", id="stay")
+            yield Button("Quit anyway (Ctrl+Q)", variant="error", id="quit")
 
     def on_mount(self) -> None:
         self.query_one("#stay", Button).focus()
