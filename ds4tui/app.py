@@ -60,7 +60,7 @@ from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
-from ds4tui.widgets.dialogs import AskPath, ConfirmQuit, ErrorDialog, InfoDialog
+from ds4tui.widgets.dialogs import AskPath, ConfirmNewChat, ConfirmQuit, ErrorDialog, InfoDialog
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
@@ -848,7 +848,7 @@ class DS4App(App):
         # its rates, the interface's cost (the next export's too) and the memory it held
         self.timeline = SpecTimeline()
         self.ui_cost = InterfaceCost()
-        await self.action_new_chat()
+        await self.new_chat()
         self.sample_memory()
         self.notify(f"context {info.n_ctx} tokens — a new session; {self.describe_context(str(info.n_ctx))}",
                     timeout=8)
@@ -1235,6 +1235,22 @@ class DS4App(App):
         self._set_status()
 
     async def action_new_chat(self) -> None:
+        """New chat (:meth:`new_chat`); when the transcript's save failed and the conversation was
+        never saved (:meth:`unsaved_work`), a dialog asks first, as quitting does: a new chat anyway
+        (Ctrl+N again) or stay (Esc).  The stats are not asked about: a new chat keeps the counters."""
+        if self._generating:
+            self.notify("a turn is running: Esc stops it first", severity="warning")
+            return
+        unsaved = self.unsaved_work(("transcript",))
+        if unsaved:
+            self.push_screen(ConfirmNewChat("New chat without saving?",
+                                            self._unsaved_message("if you start a new chat now", unsaved)),
+                             lambda go: self.call_later(self.new_chat) if go else None)
+            return
+        await self.new_chat()
+
+    async def new_chat(self) -> None:
+        """Clear the conversation and the engine's KV cache (the counters keep running)."""
         if self._generating:
             self.notify("a turn is running: Esc stops it first", severity="warning")
             return
@@ -1369,18 +1385,28 @@ class DS4App(App):
         for sig in getattr(self, "_signals", ()):
             loop.remove_signal_handler(sig)
 
-    def unsaved_work(self) -> list[str]:
+    def unsaved_work(self, kinds: tuple[str, ...] = ("transcript", "stats")) -> list[str]:
         """What quitting now would lose: one line per save whose last attempt failed (Ctrl+S's
         transcript while the conversation has messages, F6's stats), naming the file; [] when
-        nothing failed."""
+        nothing failed.  ``kinds``: the saves to look at (a new chat loses only the transcript)."""
         lines = []
-        if "transcript" in self.save_failed and self.messages:
+        if "transcript" in kinds and "transcript" in self.save_failed and self.messages:
             n = sum(m["role"] == "user" for m in self.messages)
             lines.append(f"the transcript ({plural(n, 'question')}): {key_of('chat.save')} could not write "
                          f"{self.save_failed['transcript']}")
-        if "stats" in self.save_failed:
+        if "stats" in kinds and "stats" in self.save_failed:
             lines.append(f"the stats: {key_of('stats.export')} could not write {self.save_failed['stats']}")
         return lines
+
+    @staticmethod
+    def _unsaved_message(when: str, unsaved: list[str]) -> str:
+        """The question's text before ``unsaved`` (:meth:`unsaved_work`) is lost ``when`` ("if you
+        quit now"): each line, then the keys that save again."""
+        return ("Not saved, lost " + when + ":\n" + "\n".join(f"- {line}" for line in unsaved)
+                + "\n\nStay, make the folder writable (or free space) and press "
+                + " / ".join(key_of(a) for kind, a in (("transcript", "chat.save"), ("stats", "stats.export"))
+                             if any(line.startswith(f"the {kind}") for line in unsaved))
+                + " again.")
 
     async def action_quit(self) -> None:
         """Quit (:meth:`quit_now`); when a save failed and its content was never saved
@@ -1391,13 +1417,9 @@ class DS4App(App):
             if isinstance(self.screen, ConfirmQuit):  # Ctrl+Q again: quit anyway
                 self.screen.dismiss(True)
                 return
-            self.push_screen(ConfirmQuit("Quit without saving?", "Not saved, lost if you quit now:\n"
-                                         + "\n".join(f"- {line}" for line in unsaved)
-                                         + f"\n\nStay, make the folder writable (or free space) and press "
-                                         + " / ".join(key_of(a) for kind, a in (("transcript", "chat.save"),
-                                                                                ("stats", "stats.export"))
-                                                      if any(line.startswith(f"the {kind}") for line in unsaved))
-                                         + " again."),
+            if isinstance(self.screen, ConfirmNewChat):  # Ctrl+Q while a new chat is asked about: that is
+                self.screen.dismiss(False)              # not done; quitting asks its own question
+            self.push_screen(ConfirmQuit("Quit without saving?", self._unsaved_message("if you quit now", unsaved)),
                              lambda quit: self.call_later(self.quit_now) if quit else None)
             return
         await self.quit_now()

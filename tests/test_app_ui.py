@@ -694,12 +694,74 @@ async def test_quit_anyway_after_a_failed_save(tmp_path, monkeypatch):
         await _turn(pilot)
         await pilot.press("ctrl+s")
         await pilot.pause()
-        await pilot.press("escape", "ctrl+n")  # the conversation is gone: nothing left to lose
+        await pilot.press("escape", "ctrl+n", "ctrl+n")  # a new chat anyway: nothing left to lose
         await pilot.pause()
         assert app.save_failed and app.unsaved_work() == []
         await pilot.press("ctrl+q")
         await pilot.pause()
         assert not app.is_running
+
+
+async def test_a_new_chat_asks_first_when_the_transcript_could_not_be_saved(tmp_path, monkeypatch):
+    """Ctrl+N after a failed Ctrl+S asks as quitting does, naming the file and what to do: Esc (or
+    Enter on "Stay") keeps the conversation, Ctrl+N again clears it; a failed F6 alone asks
+    nothing (a new chat keeps the counters), and neither does Ctrl+N once the transcript saved."""
+    import errno
+
+    from ds4tui.widgets.dialogs import ConfirmNewChat, ConfirmQuit
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        with monkeypatch.context() as m:
+            _failing_writes(m, errno.ENOSPC)
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            md = app.save_failed["transcript"]
+            await pilot.press("escape", "ctrl+n")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmNewChat)
+            assert str(app.screen.query_one("#confirm-title").render()) == "New chat without saving?"
+            text = str(app.screen.query_one("#confirm-message").render())
+            assert text == (f"Not saved, lost if you start a new chat now:\n- the transcript (1 question): Ctrl+S "
+                            f"could not write {md}\n\nStay, make the folder writable (or free space) and press "
+                            f"Ctrl+S again.")
+            await pilot.press("escape")  # stays: the conversation is kept
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmNewChat) and len(app.messages) == 2
+            assert len(app.query("UserMessage")) == 1
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            await pilot.press("enter")  # Enter on the focused "Stay" button stays too
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmNewChat) and len(app.messages) == 2
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            await pilot.press("ctrl+q")  # Ctrl+Q meanwhile asks about quitting, not about the new chat
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmQuit) and app.is_running and len(app.messages) == 2
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, (ConfirmQuit, ConfirmNewChat)) and len(app.messages) == 2
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            await pilot.click("#go")  # the "New chat anyway" button
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmNewChat) and app.messages == [] and app.is_running
+            assert len(app.query("UserMessage")) == 0
+        await _turn(pilot)
+        await pilot.press("ctrl+s")  # saved: nothing of the transcript is left unsaved
+        await pilot.pause()
+        assert "transcript" not in app.save_failed and len(list(tmp_path.glob("ds4tui-chat-*.md"))) == 1
+        with monkeypatch.context() as m:
+            _failing_writes(m, errno.EROFS)
+            await pilot.press("f6")  # the stats: a new chat keeps the counters, so it does not ask
+            await pilot.pause()
+            assert "stats" in app.save_failed
+            await pilot.press("escape", "ctrl+n")
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmNewChat) and app.messages == []
 
 
 async def test_a_rejected_knob_value_is_quoted_as_typed_marked_invalid_and_the_value_in_force_returns(tmp_path):

@@ -1,6 +1,6 @@
 """Modal dialogs: an error the user must read (bad file, refused support model, no GPU), and
 longer explanations (the no-draft reasons), a path to open (a stats export), and a question
-before quitting with unsaved work."""
+before quitting or starting a new chat with unsaved work."""
 
 from __future__ import annotations
 
@@ -58,35 +58,52 @@ class ErrorDialog(_TitledMessage[None]):
         self.dismiss(None)
 
 
-class ConfirmQuit(_TitledMessage[bool]):
-    """Asks before quitting: ``title`` and ``message`` (what would be lost), and two buttons.  "Stay"
-    has the focus (Enter on it, or Esc, returns False: nothing happens); "Quit anyway" returns True
-    (so does Ctrl+Q again: the app's quit key, handled by the app)."""
+class Confirm(_TitledMessage[bool]):
+    """Asks before unsaved work is lost: ``title`` and ``message`` (what would be lost), and two
+    buttons.  "Stay" has the focus (Enter on it, or Esc, returns False: nothing happens); the other
+    one, labelled ``GO``, returns True, and so does the key of the action asked about pressed again."""
 
     DEFAULT_CSS = """
-    ConfirmQuit { align: center middle; }
-    ConfirmQuit > Vertical { width: 80%; max-width: 100; height: auto; border: thick $warning; background: $surface; padding: 1 2; }
-    ConfirmQuit #confirm-title { text-style: bold; color: $warning; }
-    ConfirmQuit #confirm-message { margin: 1 0; }
-    ConfirmQuit Horizontal { height: auto; }
-    ConfirmQuit Button { width: 1fr; margin: 0 1; }
+    Confirm { align: center middle; }
+    Confirm > Vertical { width: 80%; max-width: 100; height: auto; border: thick $warning; background: $surface; padding: 1 2; }
+    Confirm #confirm-title { text-style: bold; color: $warning; }
+    Confirm #confirm-message { margin: 1 0; }
+    Confirm Horizontal { height: auto; }
+    Confirm Button { width: 1fr; margin: 0 1; }
     """
     BINDINGS = [Binding("escape", "stay", "stay", show=False)]
     ID_PREFIX = "confirm"
+    GO = "Go on anyway"
 
     def buttons(self) -> ComposeResult:
         with Horizontal():
             yield Button("Stay (Esc)", variant="primary", id="stay")
-            yield Button("Quit anyway (Ctrl+Q)", variant="error", id="quit")
+            yield Button(self.GO, variant="error", id="go")
 
     def on_mount(self) -> None:
         self.query_one("#stay", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "quit")
+        self.dismiss(event.button.id == "go")
 
     def action_stay(self) -> None:
         self.dismiss(False)
+
+    def action_go(self) -> None:
+        self.dismiss(True)
+
+
+class ConfirmQuit(Confirm):
+    """Asks before quitting (Ctrl+Q again quits: the app's quit key, handled by the app)."""
+
+    GO = "Quit anyway (Ctrl+Q)"
+
+
+class ConfirmNewChat(Confirm):
+    """Asks before a new chat clears the conversation (Ctrl+N again clears it)."""
+
+    GO = "New chat anyway (Ctrl+N)"
+    BINDINGS = [Binding("ctrl+n", "go", "new chat anyway", show=False)]
 
 
 class InfoDialog(ModalScreen[None]):
