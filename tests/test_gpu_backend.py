@@ -57,7 +57,7 @@ def _device_or_skip():
 # ---- the seam, on every machine ------------------------------------------------------------------
 
 def test_hip_backend_names_a_missing_library(tiny_q2, tmp_path):
-    with pytest.raises(S.BackendUnavailableError, match=r"the HIP backend is unavailable: GPU library .*no such file"):
+    with pytest.raises(S.BackendUnavailableError, match=r"the GPU backend \(--backend hip\) is unavailable: GPU library .*no such file"):
         S.Engine(tiny_q2["model"], backend="hip", gpu_library=tmp_path / "libds4tui_hip.so")
 
 
@@ -78,7 +78,7 @@ def test_a_library_without_the_table_is_refused_by_name():
 def test_auto_falls_back_to_cpu_and_says_why(tiny_q2, tmp_path):
     e = S.Engine(tiny_q2["model"], backend="auto", gpu_library=tmp_path / "missing.so")
     assert e.backend == "cpu"
-    assert e.backend_note.startswith("auto: using cpu because the HIP backend is unavailable: GPU library ")
+    assert e.backend_note.startswith("auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library ")
     assert e.memory().device == 0
 
 
@@ -90,7 +90,7 @@ def test_the_gpu_library_variable_reaches_the_engine_from_the_command_line(tiny_
     missing = tmp_path / "elsewhere.so"
     monkeypatch.setenv("DS4TUI_GPU_LIB", str(missing))
     assert cli_main(["generate", tiny_q2["model"], "-p", "hi", "-n", "2", "--backend", "auto"]) == 0
-    assert f"auto: using cpu because the HIP backend is unavailable: GPU library {missing}: no such file" in \
+    assert f"auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library {missing}: no such file" in \
         capsys.readouterr().err
     assert cli_main(["doctor", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -168,7 +168,6 @@ def test_doctor_names_the_gpu_build_the_library_reports(platform, arch, words, c
     """doctor says which build the GPU backend is (nvcc's CUDA build of the HIP sources is not a
     "hip backend"), from the platform and arch the library reports."""
     from ds4tui.cli import main
-    from ds4tui.commands import doctor
 
     lib = tmp_path / f"libds4tui_{platform}.so"
     info = gpu.GPUInfo(library=str(lib), platform=platform, built_arch=arch, runtime_version=1, driver_version=0,
@@ -181,11 +180,52 @@ def test_doctor_names_the_gpu_build_the_library_reports(platform, arch, words, c
     r = json.loads(capsys.readouterr().out)
     assert r["gpu_backend"] == {"flag": "--backend hip", "platform": platform, "arch": arch,
                                 "name": f"GPU backend ({words})"} == {**r["gpu_backend"], "name":
-                                                                      doctor.gpu_backend_name(platform, arch)}
+                                                                      gpu.gpu_backend_name(platform, arch)}
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert f"gpu backend       {words} (--backend hip): unavailable: no device: no {platform} device\n" in text
     assert not any(line.startswith("hip backend") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("platform, arch, words", [("cuda", "sm_90", "HIP sources, built for CUDA sm_90"),
+                                                   ("hip", "gfx1151", "HIP sources, built for ROCm gfx1151")])
+def test_an_unavailable_gpu_backend_is_named_by_its_build_as_doctor_names_it(platform, arch, words, tiny_q2,
+                                                                             monkeypatch, tmp_path, capsys):
+    """--backend hip's error and --backend auto's note name the GPU backend by the build that did not
+    run (on NVIDIA the CUDA build of the HIP sources, not "the HIP backend"), in doctor's words: what
+    the library reported, else the build record when the library did not load."""
+    from ds4tui.cli import main
+
+    lib = tmp_path / f"libds4tui_{platform}.so"
+    info = gpu.GPUInfo(library=str(lib), platform=platform, built_arch=arch, runtime_version=1, driver_version=0,
+                       n_devices=0, device=0, device_name="", device_arch="", warp_size=0, arch_ok=False,
+                       mem_total=0, mem_free=0, blas="none: not looked for")
+    monkeypatch.delenv("DS4TUI_GPU_LIB", raising=False)
+    monkeypatch.setattr(gpu, "locate", lambda *a: (lib, ""))
+    monkeypatch.setattr(gpu, "probe", lambda *a: (info, f"no device: no {platform} device"))
+    why = f"the GPU backend ({words}) is unavailable: no device: no {platform} device"
+    with pytest.raises(S.BackendUnavailableError) as exc:
+        S.Engine(tiny_q2["model"], backend="hip")
+    assert str(exc.value) == why
+    e = S.Engine(tiny_q2["model"], backend="auto")
+    assert e.backend == "cpu" and e.backend_note == f"auto: using cpu because {why}"
+    e.close()
+    assert main(["doctor", "--json"]) == 0  # the same name as doctor's
+    assert f"the {json.loads(capsys.readouterr().out)['gpu_backend']['name']} is unavailable: " in why
+
+    # the library did not load (no info): the build record names the build
+    record = gpu.GPUBuild(status="built", platform=platform, arch=arch, library=lib.name)
+    monkeypatch.setattr(gpu, "build_record", lambda: record)
+    monkeypatch.setattr(gpu, "probe", lambda *a: (None, f"GPU library {lib} failed to load: bad ELF"))
+    e = S.Engine(tiny_q2["model"], backend="auto")
+    assert e.backend_note == (f"auto: using cpu because the GPU backend ({words}) is unavailable: GPU library {lib} "
+                              f"failed to load: bad ELF")
+    e.close()
+    # ... but not when another library was named: that one is not the build's
+    e = S.Engine(tiny_q2["model"], backend="auto", gpu_library=tmp_path / "other.so")
+    assert e.backend_note == (f"auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library "
+                              f"{lib} failed to load: bad ELF")
+    e.close()
 
 
 # ---- on a device ---------------------------------------------------------------------------------

@@ -174,7 +174,8 @@ def test_the_engine_refuses_before_uploading_and_auto_falls_back(tiny_q2, monkey
     assert opened == []
     e = S.Engine(tiny_q2["model"], backend="auto")
     assert e.backend == "cpu" and opened == ["cpu"]
-    assert e.backend_note.startswith("auto: using cpu because the HIP backend is unavailable: ") and \
+    assert e.backend_note.startswith("auto: using cpu because the GPU backend (HIP sources, built for CUDA gfx1151) is "
+                                     "unavailable: ") and \
         "the CUDA runtime reports 0.0 GiB free" in e.backend_note
 
 

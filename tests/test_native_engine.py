@@ -327,7 +327,7 @@ def test_descriptor_errors_name_the_tensor(tiny_q2, monkeypatch, tmp_path):
     with pytest.raises(S.EngineError, match=r"tensor 'blk\.1\.attn_q_a\.weight' is missing"):
         S.Engine(m)
     missing = tmp_path / "no-gpu-library.so"  # also on a machine with a GPU
-    with pytest.raises(S.BackendUnavailableError, match="HIP backend is unavailable: GPU library .*no-gpu-library"):
+    with pytest.raises(S.BackendUnavailableError, match=r"the GPU backend \(--backend hip\) is unavailable: GPU library .*no-gpu-library"):
         S.Engine(tiny_q2["model"], backend="hip", gpu_library=missing)
     with pytest.raises(ValueError, match="numerics"):
         S.Engine(tiny_q2["model"], numerics="fast")

@@ -29,20 +29,6 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-#: The GPU runtime a build's platform name stands for, in the words doctor uses.
-PLATFORM_WORDS = {"cuda": "CUDA", "hip": "ROCm"}
-
-
-def gpu_backend_name(platform: str | None, arch: str | None) -> str:
-    """The GPU backend (``--backend hip``) in words, by the build it is: ``GPU backend (HIP sources,
-    built for CUDA sm_90)`` for nvcc's build, ``... built for ROCm gfx1151)`` for hipcc's; ``GPU
-    backend (none built)`` when there is no library.  ``platform`` and ``arch`` as the library
-    reports them (``ds4_gpu_info``) or the build record holds them."""
-    if not platform:
-        return "GPU backend (none built)"
-    return f"GPU backend (HIP sources, built for {PLATFORM_WORDS.get(platform, platform)} {arch or 'an unknown arch'})"
-
-
 def collect() -> dict:
     """The report as one JSON-able dict."""
     from ds4tui import __version__, demo
@@ -69,13 +55,10 @@ def collect() -> dict:
     out["auto_backend"] = "hip" if not why2 else "cpu"
     # which build `--backend hip` is: the HIP sources built by hipcc for AMD, or by nvcc for NVIDIA
     # (hip_compat.h): what the library reports when it loads, else the build record
-    build = out["gpu_build"]
     other_lib = next(v["value"] for v in env if v["name"] == "DS4TUI_GPU_LIB")  # not the build's library
-    platform = (info.platform if info else None) or (
-        build.get("platform") if build.get("status") == "built" and not other_lib else None)
-    arch = (info.built_arch if info else None) or (build.get("arch") if platform else None)
+    platform, arch = gpu.build_of(info, other_lib)
     out["gpu_backend"] = {"flag": "--backend hip", "platform": platform, "arch": arch,
-                          "name": gpu_backend_name(platform, arch) if platform or not other_lib else
+                          "name": gpu.gpu_backend_name(platform, arch) if platform or not other_lib else
                           "GPU backend (the library DS4TUI_GPU_LIB names, which did not load)"}
     # the prefill GEMM (spec platform.md §7): the BLAS the GPU library found, and what the option gives here
     out["blas"] = info.blas if info else None

@@ -66,6 +66,40 @@ class GPUInfo:
         return asdict(self)
 
 
+#: The GPU runtime a build's platform name stands for, in the words ``ds4tui doctor`` uses.
+PLATFORM_WORDS = {"cuda": "CUDA", "hip": "ROCm"}
+
+
+def gpu_backend_name(platform: str | None, arch: str | None) -> str:
+    """The GPU backend (``--backend hip``) in words, by the build it is: ``GPU backend (HIP sources,
+    built for CUDA sm_90)`` for nvcc's build, ``... built for ROCm gfx1151)`` for hipcc's; ``GPU
+    backend (none built)`` when there is no library.  ``platform`` and ``arch`` as the library
+    reports them (``ds4_gpu_info``) or the build record holds them (:func:`build_of`)."""
+    if not platform:
+        return "GPU backend (none built)"
+    return f"GPU backend (HIP sources, built for {PLATFORM_WORDS.get(platform, platform)} {arch or 'an unknown arch'})"
+
+
+def build_of(info: "GPUInfo | None", library: str | os.PathLike | None = None) -> tuple[str | None, str | None]:
+    """(platform, arch) of the GPU library that ``--backend hip`` runs: what the library reported
+    when it loaded (``info`` from :func:`probe`), else the build record's (``cuda`` / ``hip``) when
+    the library is the built one (no other ``library`` named); (None, None) when neither says."""
+    rec = build_record()
+    platform = (info.platform if info else None) or (rec.platform if rec.status == "built" and not library else None)
+    arch = (info.built_arch if info else None) or (rec.arch if platform else None)
+    return platform, arch
+
+
+def unavailable(info: "GPUInfo | None", why: str, library: str | os.PathLike | None = None) -> str:
+    """``the GPU backend (HIP sources, built for CUDA sm_90) is unavailable: WHY``: the backend named
+    by its build as ``ds4tui doctor`` names it (:func:`build_of`, :func:`gpu_backend_name`; on
+    NVIDIA the library is the CUDA build of the HIP sources), or ``the GPU backend (--backend hip)
+    is unavailable: WHY`` when no build is known (``why`` then says that none was built or loaded)."""
+    platform, arch = build_of(info, library)
+    name = gpu_backend_name(platform, arch) if platform else "GPU backend (--backend hip)"
+    return f"the {name} is unavailable: {why}"
+
+
 def build_record() -> GPUBuild:
     try:
         data = json.loads(RECORD.read_text())

@@ -203,10 +203,10 @@ class Engine:
                 if refused is not None and backend == "hip":
                     raise refused
                 why = str(refused or "")
-            if why:
+            if why:  # the backend named by its build, as `ds4tui doctor` names it (CUDA or ROCm)
                 if backend == "hip":
-                    raise BackendUnavailableError(f"the HIP backend is unavailable: {why}")
-                self.backend_note = f"auto: using cpu because the HIP backend is unavailable: {why}"
+                    raise BackendUnavailableError(gpu.unavailable(info, why, gpu_library))
+                self.backend_note = f"auto: using cpu because {gpu.unavailable(info, why, gpu_library)}"
                 backend = "cpu"
             else:
                 self.gpu_info = info
