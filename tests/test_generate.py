@@ -214,6 +214,28 @@ def test_knobs_and_the_stats_line_on_stderr(tiny_q2, capsys, monkeypatch):
     assert rc == 0 and "DSpark stats" not in err  # the user turned it off: nothing to report
 
 
+def test_knobs_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
+    """--no-scheduler (or another knob) with --no-dspark is valid but moot: one note on stderr says
+    so (with --json too), the run goes on target-only, and nothing is noted without --no-dspark."""
+    note = ("ds4tui generate: note: --no-scheduler has no effect because --no-dspark turns drafting off (every "
+            "cycle decodes target-only; leave out --no-dspark to draft)\n")
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler", "--json"))
+    assert rc == 0, err
+    r = json.loads(out)
+    assert err.count(note) == 1 and err.count("no effect") == 1
+    assert r["dspark"]["enabled"] is False and _stats(r).proposed == 0
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler"))
+    assert rc == 0 and err.startswith(note), err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler", "--confidence", "0.5",
+                                      "--max-draft", "2", "--json"))
+    assert rc == 0 and ("ds4tui generate: note: --no-scheduler, --confidence and --max-draft have no effect because "
+                        "--no-dspark turns drafting off") in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-scheduler", "--json"))
+    assert rc == 0 and "no effect" not in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--json"))
+    assert rc == 0 and "no effect" not in err
+
+
 def test_refused_support_warns_and_runs_target_only(tiny_q2, tmp_path, capsys):
     bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
     base = [tiny_q2["model"], "-p", PROMPT, "-n", "8", "--threads", "2"]

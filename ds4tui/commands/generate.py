@@ -10,7 +10,8 @@ the session's counters and memory.
 DSpark (spec dspark.md): ``--mtp SUPPORT`` attaches a support GGUF and turns DSpark on, unlike ds4,
 which also needs ``--dspark`` (§7.2) and otherwise loads the support model and silently never
 drafts; ``--no-dspark`` keeps the file loaded and runs target-only.  ``--no-scheduler``,
-``--confidence C`` and ``--max-draft N`` set the knobs.  A support file that fails validation is
+``--confidence C`` and ``--max-draft N`` set the knobs (with ``--no-dspark`` a note on stderr says
+that they have no effect).  A support file that fails validation is
 refused with a warning naming the file and the reason, and generation continues target-only (every
 cycle then counts as no_draft reason ``support_invalid``).  Each step returns the accepted drafts
 followed by the next sampled token, so ``--json`` marks each generated id ``from_draft`` or not and
@@ -91,6 +92,21 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _moot_knobs(args: argparse.Namespace) -> str | None:
+    """The note for DSpark knobs given with ``--no-dspark`` (None when there are none): drafting is
+    off for the whole run, so ``--no-scheduler``, ``--confidence`` and ``--max-draft`` change
+    nothing (not an error: they are valid, only moot)."""
+    if args.dspark is not False:
+        return None
+    given = [flag for flag, on in (("--no-scheduler", args.no_scheduler), ("--confidence", args.confidence is not None),
+                                   ("--max-draft", args.max_draft is not None)) if on]
+    if not given:
+        return None
+    flags = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+    return (f"{flags} {'has' if len(given) == 1 else 'have'} no effect because --no-dspark turns drafting off "
+            f"(every cycle decodes target-only; leave out --no-dspark to draft)")
+
+
 def _setup_dspark(engine, session, args: argparse.Namespace) -> None:
     """Apply the DSpark options to a session whose engine has a support model attached.  Raises
     ValueError naming the option for a knob out of range."""
@@ -116,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
     why = _dspark_usage(args)
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's
+    moot = _moot_knobs(args)
+    if moot:  # on stderr with --json too, as every other note
+        print(f"ds4tui generate: note: {moot}", file=sys.stderr, flush=True)
     if args.model is None and args.ctx is not None and args.ctx < 2:
         return _fail(f"argument --ctx: expected at least 2 (a prompt token and one to generate), found {args.ctx}",
                      as_json, status=2)
