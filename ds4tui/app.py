@@ -169,6 +169,9 @@ class ChatOptions:
     #: the DSpark confidence threshold the session starts with (chat --confidence; 0 = whole blocks)
     threshold: float = 0.0
     print_stats: bool = False
+    #: what the command line noted before the app started (a demo file found damaged and unpacked
+    #: again, ``DemoPair.repaired``): shown in the welcome line, one line each
+    notes: tuple[str, ...] = ()
 
 
 # One action list feeds the footer, the key bindings and the command palette:
@@ -578,7 +581,8 @@ class DS4App(App):
                    else "") + self._gpu_options_not_applied(info.backend)
                 + (f"; scheduler prices {info.scheduler_prices_note}"
                    if info.support_status == "attached" and getattr(info, "scheduler_prices_note", "") else "")
-                + ". Type a prompt and press Enter.",
+                + ". Type a prompt and press Enter."
+                + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False

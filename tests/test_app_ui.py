@@ -578,6 +578,21 @@ async def test_gpu_options_the_cpu_does_not_apply_are_named_in_the_welcome_line(
         assert "does not apply" not in str(app.query_one("#welcome").render()).replace("\n", " ")
 
 
+async def test_a_demo_file_unpacked_again_is_named_in_the_welcome_line(tmp_path):
+    # ds4tui chat without MODEL found a demo file damaged and unpacked it again (ChatOptions.notes)
+    line = ("the demo's /cache/demo/0123/support.gguf had 6 bytes where demo.json expects 9: unpacked it again from "
+            "the bundled support.gguf.xz")
+    app = _app(tmp_path, notes=(line,))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render())
+        assert welcome.endswith(f"Type a prompt and press Enter.\nNote: {line}.")
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        assert str(app.query_one("#welcome").render()).endswith("Type a prompt and press Enter.")
+
+
 async def test_the_scheduler_prices_option_is_in_the_welcome_line(tmp_path):
     # spec dspark.md §7.4: where the scheduler's prices start changes what is measured: shown
     app = _app(tmp_path, scheduler_prices="saved")

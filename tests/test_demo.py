@@ -95,7 +95,8 @@ def test_truncated_bundled_xz_is_a_clear_error(tmp_path, monkeypatch):
     (pkg / "support.gguf.xz").write_bytes(data[: len(data) // 2])
     monkeypatch.setattr(demo, "PACKAGE_DIR", pkg)
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(demo, "_verified", lambda dest, size, sha: dest.name == "model.gguf")  # skip the big one
+    # skip the big one (None: checked out; "": not there yet, nothing to repair)
+    monkeypatch.setattr(demo, "_verified", lambda dest, size, sha: None if dest.name == "model.gguf" else "")
     monkeypatch.setattr(demo, "PROGRESS_EVERY", 1 << 20)
     ends = []
     with pytest.raises(demo.DemoError, match=r"support\.gguf\.xz: not a valid xz file"):
@@ -257,22 +258,73 @@ def _statvfs_with(folder, flag: int, bavail: int | None):
 
 
 def test_damaged_cached_file_is_unpacked_again(pair):
+    """A damaged or deleted file is unpacked again, and the pair says which and why (``repaired``:
+    the commands' note on stderr); a file that checks out, or a garbled note alone, says nothing."""
+    import hashlib
+
     want = demo.manifest()["files"]["support.gguf"]["sha256"]
     size = pair.support.stat().st_size
     with open(pair.support, "r+b") as f:
         f.truncate(size // 2)
-    assert demo.demo_pair() == pair and pair.support.stat().st_size == size
+    again = demo.demo_pair()
+    assert again == pair and pair.support.stat().st_size == size
     assert demo.file_sha256(pair.support) == want
+    assert again.repaired == (f"the demo's {pair.support} had {size // 2} bytes where demo.json expects {size}: "
+                              f"unpacked it again from the bundled support.gguf.xz",)
+    assert demo.demo_pair().repaired == ()  # checked out now: nothing to say
     # same size, four bytes changed: the mtime no longer matches the .verified note, so it is hashed
     with open(pair.support, "r+b") as f:
         f.seek(size // 2)
         f.write(b"\xff\xff\xff\xff")
     os.utime(pair.support, ns=(1, 1))
-    assert demo.demo_pair() == pair and demo.file_sha256(pair.support) == want
+    found = hashlib.sha256(pair.support.read_bytes()).hexdigest()
+    again = demo.demo_pair()
+    assert again == pair and demo.file_sha256(pair.support) == want
+    assert again.repaired == (f"the demo's {pair.support} had sha256 {found[:16]}… where demo.json expects "
+                              f"{want[:16]}… (the same size, other bytes): unpacked it again from the bundled "
+                              f"support.gguf.xz",)
+    # deleted after it was unpacked (its note is still there)
+    pair.model.unlink()
+    assert demo.demo_pair().repaired == (f"the demo's {pair.model} was missing (deleted after it was unpacked): "
+                                         f"unpacked it again from the bundled model.gguf.xz",)
     # a garbled note (not even UTF-8) only means hashing again
     pair.support.with_name("support.gguf.verified").write_bytes(b"\xff\xfe garbage")
-    assert demo.demo_pair() == pair
+    again = demo.demo_pair()
+    assert again == pair and again.repaired == ()
     assert oct(pair.support.stat().st_mode & 0o777) == "0o644"
+
+
+def test_the_commands_say_which_demo_file_was_unpacked_again(pair, capsys):
+    """tokenize, generate, bench and chat without MODEL: one note on stderr names the repaired file and why
+    (the chat app also shows it in its welcome line: ChatOptions.notes)."""
+    from ds4tui.commands.chat import options_from_args
+
+    size = pair.support.stat().st_size
+
+    def damage() -> str:
+        with open(pair.support, "r+b") as f:
+            f.truncate(size - 1)
+        return (f"note: the demo's {pair.support} had {size - 1} bytes where demo.json expects {size}: unpacked it "
+                f"again from the bundled support.gguf.xz\n")
+
+    note = damage()
+    assert cli.main(["tokenize", "--text", "hi", "--ids-only"]) == 0
+    err = capsys.readouterr().err
+    assert err == f"ds4tui tokenize: {note}" and pair.support.stat().st_size == size
+    note = damage()
+    assert cli.main(["generate", "-p", "hi", "--nothink", "-n", "1", "--backend", "cpu", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"ds4tui generate: {note}") == 1 and err.count("unpacked it again") == 1
+    note = damage()
+    assert cli.main(["bench", "--prompt-tokens", "8", "--decode-tokens", "2", "--threads", "1", "--backend", "cpu",
+                     "--json"]) == 0
+    assert capsys.readouterr().err.startswith(f"ds4tui bench: {note}")
+    note = damage()
+    options = options_from_args(cli.build_parser().parse_args(["chat"]))
+    assert f"ds4tui chat: {note}" in capsys.readouterr().err
+    assert options.notes == (note.removeprefix("note: ").rstrip("\n"),)
+    assert cli.main(["tokenize", "--text", "hi", "--ids-only"]) == 0  # nothing damaged: nothing said
+    assert "unpacked it again" not in capsys.readouterr().err
 
 
 def test_stale_temporary_files_are_removed(pair):

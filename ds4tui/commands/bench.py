@@ -1118,6 +1118,8 @@ def _use_demo(args: argparse.Namespace) -> int | None:
     if pair is None:
         return _fail("no MODEL given and this build has no bundled demo model: give a DS4 GGUF, or --medium",
                      args, status=2)
+    for line in pair.repaired:  # a damaged file unpacked again: said, with --json too
+        print(f"{_PREFIX} note: {line}", file=sys.stderr, flush=True)
     args.model = str(pair.model)
     note = f"no MODEL given: benchmarking the bundled demo model {pair.model}"
     if args.ab and args.mtp is None:

@@ -58,10 +58,14 @@ def options_from_args(args: argparse.Namespace):
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):  # before the demo is unpacked too
             raise FileNotFoundError(f"{what} {path}: no such file")
+    notes: tuple[str, ...] = ()
     if model is None:
         pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
         if pair is None:
             raise LookupError(NO_DEMO)
+        for line in pair.repaired:  # a damaged file unpacked again: said here and in the welcome line
+            print(f"{_PREFIX} note: {line}", file=sys.stderr, flush=True)
+        notes = pair.repaired
         model = str(pair.model)
         if support is None:
             support = str(pair.support)
@@ -83,7 +87,8 @@ def options_from_args(args: argparse.Namespace):
                        **env.price_options(),
                        scheduler=env.dspark_scheduler and not getattr(args, "no_scheduler", False),
                        max_draft=getattr(args, "max_draft", None) or env.dspark_max_draft,
-                       threshold=getattr(args, "confidence", None) or 0.0, print_stats=bool(env.dspark_stats))
+                       threshold=getattr(args, "confidence", None) or 0.0, print_stats=bool(env.dspark_stats),
+                       notes=notes)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -162,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc), as_json)
         if pair is None:
             return _fail("no MODEL given and this build has no bundled demo model", as_json, status=2)
+        for line in pair.repaired:  # a damaged file unpacked again: said, with --json too
+            print(f"ds4tui generate: note: {line}", file=sys.stderr, flush=True)
         args.model = str(pair.model)
         args.demo_folder = str(pair.model.parent)  # named by a model error (the user gave no path)
         if args.mtp is None:

@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         if pair is None:
             return _fail("no MODEL given and this build has no bundled demo model")
+        for line in pair.repaired:  # a damaged file unpacked again: said on stderr
+            print(f"ds4tui tokenize: note: {line}", file=sys.stderr, flush=True)
         args.model = str(pair.model)
     try:
         tokenizer = Tokenizer.from_gguf(args.model)

@@ -9,8 +9,9 @@ source of the training text with its licence).  On first use
 ignored, as for every ds4tui cache: ``ds4tui.commands.environment.xdg_cache_home``) — in a folder named after the
 model's sha256, checking every byte against ``demo.json``.  A ``.verified`` note beside each file
 records the size, mtime and sha256 that were checked; a later start hashes the file again only
-when its size or mtime changed (and unpacks it again when the hash no longer matches) — damage
-that keeps both goes unnoticed, as with any size-and-mtime check.  Unpacking
+when its size or mtime changed (and unpacks it again when the hash no longer matches, saying which
+file and why: :attr:`DemoPair.repaired`) — damage that keeps both goes unnoticed, as with any
+size-and-mtime check.  Unpacking
 writes to a temporary file in the same folder and renames it into place, so an interrupted first
 run leaves nothing half-written behind; temporary files that a killed run left are removed after
 an hour.  To start afresh, delete the folder.
@@ -29,7 +30,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -49,10 +50,14 @@ class DemoError(RuntimeError):
 
 @dataclass(frozen=True)
 class DemoPair:
-    """Paths of the unpacked demo model and support model."""
+    """Paths of the unpacked demo model and support model; ``repaired``: one line per file that was
+    there but damaged or gone and was unpacked again by this call, naming it and why (what the
+    commands say on stderr and the chat app in its welcome line; () on a first unpack and when
+    both files checked out)."""
 
     model: Path
     support: Path
+    repaired: tuple[str, ...] = field(default=(), compare=False)
 
 
 def manifest() -> dict | None:
@@ -193,23 +198,32 @@ def _stamp(path: Path) -> str:
     return f"{st.st_size} {st.st_mtime_ns}"
 
 
-def _verified(dest: Path, size: int, sha256: str) -> bool:
-    """Whether ``dest`` holds the expected bytes: its ``.verified`` note matches, or hashing says so."""
+def _verified(dest: Path, size: int, sha256: str) -> str | None:
+    """None when ``dest`` holds the expected bytes (its ``.verified`` note matches, or hashing says
+    so); else why not, as a phrase after the file's name ("had 5 bytes where demo.json expects 9"),
+    or "" when there is nothing to repair (no file and no note: a first unpack)."""
     note = dest.with_name(dest.name + ".verified")
     try:
-        if dest.stat().st_size != size:
-            return False
+        found = dest.stat().st_size
+    except FileNotFoundError:
+        return "was missing (deleted after it was unpacked)" if note.exists() else ""
+    except OSError as exc:
+        return f"could not be read ({exc.strerror or exc})"
+    if found != size:
+        return f"had {found} bytes where demo.json expects {size}"
+    try:
         if note.read_bytes().split(b"\n")[0] == f"{_stamp(dest)} {sha256}".encode():
-            return True
+            return None
     except OSError:
         pass
     try:
-        ok = file_sha256(dest) == sha256
-    except OSError:
-        return False
-    if ok:
-        _write_note(dest, sha256)
-    return ok
+        got = file_sha256(dest)
+    except OSError as exc:
+        return f"could not be read ({exc.strerror or exc})"
+    if got != sha256:
+        return f"had sha256 {got[:16]}… where demo.json expects {sha256[:16]}… (the same size, other bytes)"
+    _write_note(dest, sha256)
+    return None
 
 
 def _write_note(dest: Path, sha256: str) -> None:
@@ -262,8 +276,10 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     """The unpacked demo pair, unpacking it on first use; None when this build ships no demo.
 
     ``progress(file_name, bytes_done, bytes_total)`` is called while unpacking (``bytes_done`` None:
-    unpacking stopped early).  Raises :class:`DemoError` when a bundled file is missing or damaged,
-    or the cache folder cannot be written (the message names it and the variable that moves it).
+    unpacking stopped early).  A file that was unpacked before but is damaged or gone now is
+    unpacked again and named in the pair's ``repaired`` with the reason.  Raises
+    :class:`DemoError` when a bundled file is missing or damaged, or the cache folder cannot be
+    written (the message names it and the variable that moves it).
     """
     m = manifest()
     if m is None:
@@ -271,7 +287,8 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     files = m["files"]
     folder = pair_folder(m)
     paths = {name: folder / name for name in files}
-    todo = [name for name, info in files.items() if not _verified(paths[name], info["bytes"], info["sha256"])]
+    why = {name: _verified(paths[name], info["bytes"], info["sha256"]) for name, info in files.items()}
+    todo = [name for name in files if why[name] is not None]
     need = sum(files[name]["bytes"] for name in todo)
     bad = _unusable(folder) if todo else None
     if bad:  # before any byte is written
@@ -298,7 +315,9 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
                                " (set DS4TUI_DEMO_DIR to a writable folder)")) from exc
         except (lzma.LZMAError, EOFError) as exc:  # EOFError: a truncated xz stream
             raise DemoError(f"{src}: not a valid xz file ({exc}); reinstall ds4tui") from exc
-    return DemoPair(paths["model.gguf"], paths["support.gguf"])
+    repaired = tuple(f"the demo's {paths[name]} {why[name]}: unpacked it again from the bundled {name}.xz"
+                     for name in todo if why[name])
+    return DemoPair(paths["model.gguf"], paths["support.gguf"], repaired)
 
 
 def _mib(n: int, up: bool) -> str:
