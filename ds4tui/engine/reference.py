@@ -903,8 +903,12 @@ class ReferenceDrafter:
     and draft KV rows in ds4 mode).
     """
 
-    def __init__(self, target: ReferenceModel, support: str | Path | SupportModel):
+    def __init__(self, target: ReferenceModel, support: str | Path | SupportModel, *,
+                 draft_vocab: "Sequence[int] | None" = None):
         sm = support if isinstance(support, SupportModel) else SupportModel(support, target.config)
+        #: the draft vocabulary (spec dspark.md §2.6): sorted token ids the drafts come from, or None
+        #: for the whole vocabulary
+        self.draft_vocab = None if draft_vocab is None else np.unique(np.asarray(draft_vocab, dtype=np.int64))
         self.support = sm.require_compatible()
         self.target = target
         self.c = target.config
@@ -1010,10 +1014,13 @@ class ReferenceDrafter:
         w2 = self.w.get(self.last + "markov_head.markov_w2.weight")
         wc = self.w.get(self.last + "confidence_head.proj.weight").reshape(-1)
         prev, toks, conf = int(anchor), [], np.zeros(B, F32)
+        vd = self.draft_vocab
         for k in range(B):
             m = w1[prev]
-            row = u[k] + w2 @ m
-            tok = int(argmax_lowest(row))
+            if vd is None:
+                tok = int(argmax_lowest(u[k] + w2 @ m))
+            else:  # the same sums over the listed tokens only; ties go to the lowest id, as in full
+                tok = int(vd[argmax_lowest(u[k][vd] + w2[vd] @ m)])
             conf[k] = sigmoid(np.dot(wc, np.concatenate([h[k], m])))
             toks.append(tok)
             prev = tok

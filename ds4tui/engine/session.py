@@ -60,6 +60,7 @@ from ds4tui.engine.errors import (  # re-exported: the names this module always 
     native_error,
 )
 from ds4tui.engine import memplan, prices
+from ds4tui.engine.draft_vocab import check_draft_vocab, resolve as resolve_draft_vocab
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 from ds4tui.engine.layout import DS4Config
 from ds4tui.engine.stats import DSparkStats, format_line
@@ -149,7 +150,7 @@ class Engine:
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, activations: str = "f32",
                  prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
-                 prices_dir: str | os.PathLike | None = None):
+                 prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -177,6 +178,11 @@ class Engine:
             raise ValueError(f"scheduler_prices must be one of {', '.join(prices.MODES)}, got {scheduler_prices!r}")
         if scheduler_prices == "saved" and prices_dir is None:
             raise ValueError("scheduler_prices 'saved' needs prices_dir, the folder of the saved prices")
+        self._draft_vocab_wanted = check_draft_vocab(draft_vocab)
+        #: tokens the drafter proposes from (spec dspark.md §2.6): 0 = the whole vocabulary (no support
+        #: model, ``full``, or a support file without a list under ``auto``)
+        self.draft_vocab = 0
+        self.draft_vocab_note = "full: no support model drafts"
         self.scheduler_prices = scheduler_prices
         self.scheduler_prices_note = "fresh: every session measures its own prices"
         self.scheduler_prices_file: Path | None = None
@@ -363,11 +369,14 @@ class Engine:
             self.support_status, self.support_message = "refused", why
             return
         m = sm.meta
+        vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab)
         ids = ffi.new("int32_t[]", list(m.target_layer_ids))
+        vd = ffi.new("int32_t[]", vocab) if vocab else ffi.NULL
         cfg = ffi.new("ds4_support_config *", {"n_stages": m.n_stages, "block_size": m.block_size,
                                                "markov_rank": m.markov_rank, "noise_token": m.noise_token_id,
-                                               "n_capture": len(m.target_layer_ids), "capture_layers": ids})
-        self._keep += [ids, cfg]
+                                               "n_capture": len(m.target_layer_ids), "capture_layers": ids,
+                                               "n_draft_vocab": len(vocab), "draft_vocab": vd})
+        self._keep += [ids, cfg, vd]
         table = self._table(sm.tensors)
         err = ffi.new("char[1024]")
         rc = lib.ds4_engine_attach_support(self._handle, cfg, table, len(sm.tensors), err, 1024)
@@ -379,6 +388,7 @@ class Engine:
             return
         self.support_status = "attached"
         self.support_message = f"{sm.path}: {sm.summary_line()}"
+        self.draft_vocab = len(vocab)
 
     def _open_prices(self) -> None:
         """Where new sessions' schedulers start (``scheduler_prices``, spec dspark.md §7.4): with

@@ -446,6 +446,9 @@ typedef struct {
     int32_t noise_token;     /* block filler id (128799 for Flash) */
     int32_t n_capture;       /* target layers captured, 1..8 */
     const int32_t *capture_layers;  /* [n_capture] post-layer ids, increasing */
+    int32_t n_draft_vocab;   /* 0: the drafter proposes from the whole vocabulary; else the number of ids */
+    const int32_t *draft_vocab;     /* [n_draft_vocab] distinct token ids the drafter proposes from, any
+                                       order (spec dspark.md §2.6); the engine keeps its own copy */
 } ds4_support_config;
 
 /* One applied knob change: the knobs in force from cycle `cycle` on. */

@@ -157,6 +157,8 @@ void ds4_dspark_session_free(ds4_session *s) {
 void ds4_dspark_free_support(ds4_engine *e) {
     if (!e->sup) return;
     ds4_gpu_free_support(e);
+    free(e->sup->vd);
+    free(e->sup->vd_rows);
     free(e->sup->stages);
     free(e->sup->capture_slot);
     free(e->sup);
@@ -246,11 +248,31 @@ static int32_t draw_q(ds4_session *s, const float *row, float T) {
     double mx, sum;
     softmax_norm(row, V, T, &mx, &sum);
     double u = ds4_uniform(s) * sum, cum = 0.0;
+    int32_t last = V - 1;
     for (int32_t i = 0; i < V; i++) {
-        cum += exp((double)row[i] / T - mx);
+        const double q = exp((double)row[i] / T - mx);
+        if (q > 0.0) last = i; /* rounding's fallback: the last token q can draw (not one outside the
+                                  draft vocabulary, whose logits are -inf) */
+        cum += q;
         if (u < cum) return i;
     }
-    return V - 1;
+    return last;
+}
+
+/* Spread the first ds4_draft_vocab_size columns of row over the whole vocabulary in place: column j
+ * to token vd[j], -inf for every token outside the draft vocabulary (spec dspark.md §2.6). Safe in
+ * place: the ids increase and vd[j] >= j, so a column is read before anything is written over it. */
+static void spread_draft_row(const ds4_engine *e, float *row) {
+    const ds4_support *sup = e->sup;
+    if (!sup->n_vd) return;
+    int32_t hi = (int32_t)e->c.n_vocab;
+    for (int32_t j = sup->n_vd - 1; j >= 0; j--) {
+        const float v = row[j];
+        for (int32_t i = sup->vd[j] + 1; i < hi; i++) row[i] = -INFINITY;
+        row[sup->vd[j]] = v;
+        hi = sup->vd[j];
+    }
+    for (int32_t i = 0; i < hi; i++) row[i] = -INFINITY;
 }
 
 typedef struct {
@@ -390,10 +412,13 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
             if (op_failed(d, ch, "markov", ds4_draft_markov(s, k, d->feat, &x) != DS4_OK)) return -1;
         } else {
             float *row = d->corr + (size_t)k * V;
-            if (op_failed(d, ch, "markov", ds4_host_mm(e, &sup->markov_w2, 0, V, d->feat, sup->rank, 1, row, V) != DS4_OK))
+            const int32_t Vd = ds4_draft_vocab_size(e);
+            if (op_failed(d, ch, "markov", ds4_host_mm(e, sup->n_vd ? &sup->vd_w2 : &sup->markov_w2, 0, Vd, d->feat,
+                                                       sup->rank, 1, row, Vd) != DS4_OK))
                 return -1;
-            const float *u = U + (size_t)k * V;
-            for (int32_t i = 0; i < V; i++) row[i] += u[i];
+            const float *u = U + (size_t)k * Vd;
+            for (int32_t i = 0; i < Vd; i++) row[i] += u[i];
+            spread_draft_row(e, row);
             x = draw_q(s, row, T);
         }
         drafts[n++] = x;

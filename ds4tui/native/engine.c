@@ -152,7 +152,7 @@ static int cpu_open(ds4_engine *e, char *err, size_t len) {
 }
 
 static int cpu_support(ds4_engine *e) {
-    ds4_w *ws[DS4_N_SUPPORT_TENSORS + 8 * DS4_N_BLOCK_TENSORS];
+    ds4_w *ws[DS4_SUPPORT_MATS_MAX];
     cpu_weights(ws, ds4_support_mats(e, ws));
     return DS4_OK;
 }
@@ -238,6 +238,52 @@ void ds4_engine_refuse_support(ds4_engine *e, const char *why) {
     snprintf(e->sup_msg, sizeof e->sup_msg, "%s", why ? why : "support model refused");
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* One matrix of the draft vocabulary: the rows of `src` for the ids vd[0..n), copied to `dst`. */
+static void vd_matrix(const ds4_w *src, const int32_t *vd, int32_t n, uint8_t *dst, ds4_w *out) {
+    for (int32_t i = 0; i < n; i++) memcpy(dst + (size_t)i * src->row_bytes, src->data + (size_t)vd[i] * src->row_bytes, src->row_bytes);
+    *out = (ds4_w){.data = dst, .type = src->type, .rows = n, .cols = src->cols, .n_mat = 1, .row_bytes = src->row_bytes,
+                   .mat_bytes = (size_t)n * src->row_bytes};
+}
+
+/* The draft vocabulary (spec dspark.md §2.6): the ids sorted, checked (in range, distinct) and the
+ * rows the drafter reads for them copied (the LM head, Markov W2 and W1), counted as expanded bytes. */
+static int draft_vocab(ds4_engine *e, const ds4_support_config *cfg, ds4_support *sup, char *err, size_t len) {
+    const int32_t n = cfg->n_draft_vocab, V = (int32_t)e->c.n_vocab;
+    if (n == 0) return DS4_OK;
+    if (n < 0 || n > V || !cfg->draft_vocab)
+        return ds4_fail(err, len, DS4_E_INVALID, "draft vocabulary: expected 1..%d token ids, found %d%s", V, n,
+                        cfg->draft_vocab ? "" : " and no id array");
+    sup->vd = malloc((size_t)n * sizeof *sup->vd);
+    if (!sup->vd) return ds4_fail(err, len, DS4_E_NOMEM, "draft vocabulary: out of memory for %d ids", n);
+    memcpy(sup->vd, cfg->draft_vocab, (size_t)n * sizeof *sup->vd);
+    qsort(sup->vd, (size_t)n, sizeof *sup->vd, cmp_i32);
+    for (int32_t i = 0; i < n; i++) {
+        if (sup->vd[i] < 0 || sup->vd[i] >= V)
+            return ds4_fail(err, len, DS4_E_INVALID, "draft vocabulary: token id %d is outside the vocabulary 0..%d",
+                            sup->vd[i], V - 1);
+        if (i > 0 && sup->vd[i] == sup->vd[i - 1])
+            return ds4_fail(err, len, DS4_E_INVALID, "draft vocabulary: token id %d is listed twice", sup->vd[i]);
+    }
+    const ds4_w *lm = &e->output, *w2 = &sup->markov_w2, *w1 = &sup->markov_w1;
+    const size_t bytes = (size_t)n * (lm->row_bytes + w2->row_bytes + w1->row_bytes);
+    sup->vd_rows = malloc(bytes);
+    if (!sup->vd_rows)
+        return ds4_fail(err, len, DS4_E_NOMEM, "draft vocabulary: out of memory for %.1f MiB of row copies",
+                        (double)bytes / (1 << 20));
+    uint8_t *p = sup->vd_rows;
+    vd_matrix(lm, sup->vd, n, p, &sup->vd_lm), p += sup->vd_lm.mat_bytes;
+    vd_matrix(w2, sup->vd, n, p, &sup->vd_w2), p += sup->vd_w2.mat_bytes;
+    vd_matrix(w1, sup->vd, n, p, &sup->vd_w1);
+    sup->n_vd = n;
+    e->expanded_bytes += bytes;
+    return DS4_OK;
+}
+
 int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg, const ds4_tensor_desc *tensors,
                               int32_t n_tensors, char *err, size_t err_len) {
     if (!e) return ds4_fail(err, err_len, DS4_E_INVALID, "no engine");
@@ -255,11 +301,10 @@ int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg, cons
         }
         if (!sup || !sup->stages || !sup->capture_slot) rc = ds4_fail(msg, sizeof msg, DS4_E_NOMEM, "out of memory");
     }
-    if (rc == DS4_OK) {
-        rc = ds4_bind_support(e, cfg, tensors, n_tensors, sup, msg, sizeof msg);
-    }
+    if (rc == DS4_OK) rc = ds4_bind_support(e, cfg, tensors, n_tensors, sup, msg, sizeof msg);
+    if (rc == DS4_OK) rc = draft_vocab(e, cfg, sup, msg, sizeof msg);
     if (rc != DS4_OK) {
-        if (sup) { free(sup->stages); free(sup->capture_slot); free(sup); }
+        if (sup) { free(sup->vd); free(sup->vd_rows); free(sup->stages); free(sup->capture_slot); free(sup); }
         e->weight_bytes = wb;
         e->expanded_bytes = xb;
         ds4_engine_refuse_support(e, msg);

@@ -138,7 +138,7 @@ int ds4_engine_vectors(ds4_engine *e, char *err, size_t len) {
 
 int ds4_support_vectors(ds4_engine *e, char *err, size_t len) {
     ds4_support *sup = e->sup;
-    const ds4_support_config sc = {sup->n_stages, sup->block, sup->rank, sup->noise, sup->n_capture, sup->capture};
+    const ds4_support_config sc = {sup->n_stages, sup->block, sup->rank, sup->noise, sup->n_capture, sup->capture, 0, NULL};
     size_t bytes[DS4_N_SUPPORT_TENSORS];
     for (int i = 0; i < DS4_N_SUPPORT_TENSORS; i++) {
         int64_t ne[3];
@@ -976,15 +976,23 @@ int ds4_draft_head(ds4_session *s, float *h_host) {
     return DS4_OK;
 }
 
-/* The LM head for normed rows hn [want, H] (host): base logits U [want, V] kept in the backend's
- * memory for ds4_draft_markov; *U_host (when not NULL) gets host-readable rows for sampling. */
+/* Columns of the drafter's logits: the draft vocabulary's size, or the whole vocabulary. */
+int32_t ds4_draft_vocab_size(const ds4_engine *e) { return e->sup && e->sup->n_vd ? e->sup->n_vd : (int32_t)e->c.n_vocab; }
+
+/* The token of column j of the drafter's logits. */
+int32_t ds4_draft_token(const ds4_engine *e, int32_t j) { return e->sup && e->sup->n_vd ? e->sup->vd[j] : j; }
+
+/* The LM head for normed rows hn [want, H] (host): base logits U [want, Vd] (Vd = ds4_draft_vocab_size:
+ * the draft vocabulary's rows of the LM head when there is one, spec dspark.md §2.6) kept in the
+ * backend's memory for ds4_draft_markov; *U_host (when not NULL) gets host-readable rows for sampling. */
 int ds4_draft_logits(ds4_session *s, const float *hn, int want, const float **U_host) {
     ds4_engine *e = s->e;
     PASS(s);
     ds4_state *d = s->st;
-    const int64_t H = e->c.n_embd, V = e->c.n_vocab;
+    const ds4_support *sup = e->sup;
+    const int64_t H = e->c.n_embd, V = ds4_draft_vocab_size(e);
     G(P->g->copy(P->cx, d->dhn, hn, (size_t)(want * H) * sizeof(float), 0, M));
-    TRYP(mm(P, &e->output, d->dhn, H, want, d->dU, V));
+    TRYP(mm(P, sup->n_vd ? &sup->vd_lm : &e->output, d->dhn, H, want, d->dU, V));
     if (!U_host) return DS4_OK;
     if (P->g->host_memory) {
         *U_host = d->dU;
@@ -1003,11 +1011,13 @@ int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x) {
     PASS(s);
     ds4_state *d = s->st;
     const ds4_support *sup = e->sup;
-    const int32_t V = e->c.n_vocab;
+    const int32_t V = ds4_draft_vocab_size(e);
     G(P->g->copy(P->cx, d->dfeat, feat, (size_t)sup->rank * sizeof(float), 0, M));
-    TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
+    TRYP(mm(P, sup->n_vd ? &sup->vd_w2 : &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
     G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest, M));
-    G(P->g->copy(P->cx, x, d->dbest, sizeof(int32_t), 1, M));
+    int32_t j;
+    G(P->g->copy(P->cx, &j, d->dbest, sizeof(int32_t), 1, M));
+    *x = ds4_draft_token(e, j);
     return DS4_OK;
 }
 
@@ -1021,14 +1031,17 @@ int ds4_draft_markov_chain(ds4_session *s, int want, int32_t *x) {
     PASS(s);
     ds4_state *d = s->st;
     const ds4_support *sup = e->sup;
-    const ds4_w *w1 = &sup->markov_w1;
-    const int32_t V = e->c.n_vocab;
+    const int32_t V = ds4_draft_vocab_size(e);
     for (int k = 0; k < want; k++) {
+        /* the anchor is a token id (its W1 row); a draft is a column j of the draft vocabulary, whose
+         * W1 row is row j of the draft vocabulary's copy */
         const int32_t *prev = k == 0 ? d->tokens : d->dbest + (k - 1);
+        const ds4_w *w1 = k > 0 && sup->n_vd ? &sup->vd_w1 : &sup->markov_w1;
         G(P->g->embed(P->cx, w1->dev_layout, w1->dev, (int64_t)w1->row_bytes, sup->rank, prev, 1, 1, d->dfeat, M));
-        TRYP(mm(P, &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
+        TRYP(mm(P, sup->n_vd ? &sup->vd_w2 : &sup->markov_w2, d->dfeat, sup->rank, 1, d->drow, V));
         G(P->g->add_argmax(P->cx, d->drow, d->dU + (size_t)k * V, V, d->dbest + k, M));
     }
     G(P->g->copy(P->cx, x, d->dbest, (size_t)want * sizeof(int32_t), 1, M));
+    for (int k = 0; k < want; k++) x[k] = ds4_draft_token(e, x[k]);
     return DS4_OK;
 }

@@ -287,7 +287,7 @@ typedef struct {
  * the drafter's Markov W1 keep GGML rows (gpu_embed reads them: spec platform.md §9).  DS4_GPU_LAYOUT_GGML keeps GGML rows everywhere (for
  * side-by-side kernel comparisons; results differ only by float32 rounding order). */
 static int want_planar(const ds4_engine *e, const ds4_w *w) {
-    return w != &e->token_embd && !(e->sup && w == &e->sup->markov_w1) && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR && ds4_type(w->type)->gpu_planar;
+    return w != &e->token_embd && !(e->sup && (w == &e->sup->markov_w1 || w == &e->sup->vd_w1)) && e->gpu_layout == DS4_GPU_LAYOUT_PLANAR && ds4_type(w->type)->gpu_planar;
 }
 
 static int upload_w(uploader *u, ds4_w *w, char *err, size_t len) {
@@ -409,7 +409,7 @@ int ds4_gpu_engine_open(ds4_engine *e, const ds4_engine_options *o, char *err, s
 
 int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
     if (e->backend != DS4_BACKEND_HIP || !e->ctx || !e->sup) return DS4_OK;
-    int cap = DS4_N_SUPPORT_TENSORS + e->sup->n_stages * DS4_N_BLOCK_TENSORS;
+    int cap = DS4_SUPPORT_MATS_MAX;
     ds4_w **ws = malloc((size_t)cap * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
     int rc = upload_all(e, ws, ds4_support_mats(e, ws), NULL, NULL, "the support model's weight matrices", err, len);
@@ -424,7 +424,7 @@ int ds4_gpu_upload_support(ds4_engine *e, char *err, size_t len) {
 
 void ds4_gpu_free_support(ds4_engine *e) {
     if (e->backend != DS4_BACKEND_HIP || !e->ctx || !e->sup) return;
-    ds4_w *ws[DS4_N_SUPPORT_TENSORS + 8 * DS4_N_BLOCK_TENSORS]; /* at most 8 stages (load.c) */
+    ds4_w *ws[DS4_SUPPORT_MATS_MAX]; /* at most 8 stages (load.c) */
     int n = ds4_support_mats(e, ws);
     for (int i = 0; i < n; i++) free_w(e, ws[i]);
 }

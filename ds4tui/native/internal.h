@@ -78,6 +78,13 @@ typedef struct {
     int32_t *capture_slot;   /* [n_layer]: slot of a captured target layer, or -1 */
     ds4_layer *stages;
     ds4_w main_proj, hc_head_fn, markov_w1, markov_w2, conf;
+    /* The draft vocabulary (spec dspark.md §2.6): n_vd > 0 token ids vd[] (increasing); the rows of the
+     * target's LM head, of markov_w2 and of markov_w1 for those ids, copied into vd_rows. The
+     * drafter's argmax is then an index j into vd[], the token vd[j]. n_vd == 0: the whole vocabulary. */
+    int32_t n_vd;
+    int32_t *vd;
+    ds4_w vd_lm, vd_w2, vd_w1;
+    uint8_t *vd_rows;
     float *main_norm, *hc_head_base, *hc_head_scale, *norm;
     float clamp, clamp_shexp;
     void *dv[DS4_N_SUPPORT_TENSORS]; /* vectors where the backend reads them */
@@ -202,6 +209,8 @@ int ds4_draft_context(ds4_session *s, int64_t lo, int64_t hi, const char **op);
 int ds4_draft_embed(ds4_session *s, int32_t anchor);
 int ds4_draft_stages(ds4_session *s, int64_t p0, int64_t lo, int64_t hi, const char **op);
 int ds4_draft_head(ds4_session *s, float *h_host);
+int32_t ds4_draft_vocab_size(const ds4_engine *e);
+int32_t ds4_draft_token(const ds4_engine *e, int32_t j);
 int ds4_draft_logits(ds4_session *s, const float *hn, int want, const float **U_host);
 int ds4_draft_markov(ds4_session *s, int k, const float *feat, int32_t *x);
 int ds4_draft_markov_chain(ds4_session *s, int want, int32_t *x);
@@ -236,6 +245,9 @@ void ds4_engine_free_vectors(ds4_engine *e); /* the dequantised host vectors */
  * model (heads, stages) into out[] (at most DS4_N_*_TENSORS per block); returns how many. */
 int ds4_block_mats(ds4_layer *l, ds4_w **out);
 int ds4_target_mats(ds4_engine *e, ds4_w **out);
+/* The support model's matrices (the draft vocabulary's row copies last, when there are any); out
+ * holds at least DS4_SUPPORT_MATS_MAX. */
+#define DS4_SUPPORT_MATS_MAX (DS4_N_SUPPORT_TENSORS + 8 * DS4_N_BLOCK_TENSORS + 3)
 int ds4_support_mats(ds4_engine *e, ds4_w **out);
 /* Bytes of block tensor i as bound in l (0: not bound). */
 size_t ds4_block_tensor_bytes(const ds4_engine *e, const ds4_layer *l, int i);

@@ -196,6 +196,7 @@ int ds4_support_mats(ds4_engine *e, ds4_w **out) {
     ds4_support *sup = e->sup;
     int n = head_mats(ds4_support_tensors, DS4_N_SUPPORT_TENSORS, sup, out);
     for (int st = 0; st < sup->n_stages; st++) n += ds4_block_mats(&sup->stages[st], out + n);
+    if (sup->n_vd > 0) out[n++] = &sup->vd_lm, out[n++] = &sup->vd_w2, out[n++] = &sup->vd_w1;
     return n;
 }
 

@@ -1,0 +1,184 @@
+"""The draft vocabulary (spec dspark.md §2.6): the drafter proposes from a list of token ids.
+
+Oracles: the numpy reference drafter with the same list (same proposals, acceptance and
+confidences), target-only greedy decoding (the output never changes: the target verifies every
+draft over the whole vocabulary) and the list itself (no draft outside it, greedy or sampled).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType
+
+from ds4tui.engine import draft_vocab as DV
+from ds4tui.engine import reference as R
+from ds4tui.engine import session as S
+from ds4tui.engine.gguf_model import SupportModel
+from gguf_edit import rewrite
+from test_dspark_engine import PROMPTS, _run
+
+N = 120
+
+
+def _half(n_vocab: int, seed: int = 7) -> list[int]:
+    """A random half of the vocabulary, in no particular order."""
+    return np.random.default_rng(seed).permutation(n_vocab)[: n_vocab // 2].tolist()
+
+
+def _greedy_list(tiny_q2, fitted_support, n_prompts: int = 3) -> list[int]:
+    """The tokens target-only greedy decoding emits on the first prompts: a list that holds every
+    token a perfect drafter would propose there."""
+    e = S.Engine(tiny_q2["model"])
+    seen: list[int] = []
+    for p in PROMPTS[:n_prompts]:
+        seen += _run(e, p, N)[0]
+    return list(dict.fromkeys(seen))
+
+
+def test_engine_drafts_match_the_reference_with_a_list(tiny_q2):
+    """With a draft vocabulary the engine's proposals, acceptance and confidences are the numpy
+    reference drafter's with the same list (argmax over the listed tokens, ties to the lowest id)."""
+    prompt, n = PROMPTS[0], 24
+    ids = _half(129280)
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab=ids)
+    assert e.support_status == "attached", e.support_message
+    assert e.draft_vocab == len(ids)
+    s = e.session(len(prompt) + n + 24)
+    s.set_dspark(scheduler=False)
+    s.prefill(prompt)
+    out = s.step()
+    cycles = []
+    while len(out) < n + 12:
+        r = s.step()
+        cycles.append((len(r) - 1, *s.last_proposal()))
+        out += r
+    ref = R.ReferenceModel(tiny_q2["model"])
+    res = R.speculative_generate(ref, R.ReferenceDrafter(ref, tiny_q2["support"], draft_vocab=ids), prompt, n)
+    assert out[:n] == res.tokens
+    listed = set(ids)
+    compared, emitted = 0, 1
+    for (acc, drafts, conf), rc in zip(cycles, res.cycles):
+        if n - emitted < 5:
+            break
+        emitted += 1 + rc.accepted
+        assert acc == rc.accepted
+        assert drafts == rc.proposed[: len(drafts)] and len(drafts) >= 1
+        assert set(drafts) <= listed
+        np.testing.assert_allclose(conf, rc.confidence[: len(conf)], atol=1e-3)
+        compared += 1
+    assert compared > 10
+    # and the list changed the drafts: the full-vocabulary reference proposes tokens outside it
+    full = R.speculative_generate(ref, R.ReferenceDrafter(ref, tiny_q2["support"]), prompt, n)
+    assert any(t not in listed for c in full.cycles for t in c.proposed)
+
+
+def test_greedy_output_is_unchanged_and_drafts_stay_in_the_list(tiny_q2, fitted_support):
+    """A list that holds what greedy decoding emits keeps the fitted drafter's acceptance; any list
+    keeps the output token for token."""
+    plain = S.Engine(tiny_q2["model"])
+    want = [_run(plain, p, N)[0] for p in PROMPTS[:3]]
+    good = _greedy_list(tiny_q2, fitted_support)
+    full = S.Engine(tiny_q2["model"], support=fitted_support, draft_vocab="full")
+    listed = S.Engine(tiny_q2["model"], support=fitted_support, draft_vocab=good)
+    assert full.draft_vocab == 0 and listed.draft_vocab == len(good)
+    acc = {}
+    for name, e in (("full", full), ("listed", listed)):
+        acc[name] = 0
+        for p, w in zip(PROMPTS[:3], want):
+            got, st, drafted = _run(e, p, N, scheduler=False)
+            assert got == w, name
+            assert st.check_invariants() == []
+            acc[name] += st.accepted_draft
+    # every token greedy emits is listed, so a draft the full drafter got right is listed too
+    assert acc["listed"] >= acc["full"] > 0, acc
+
+
+def test_sampled_drafts_come_from_the_list(tiny_q2, fitted_support):
+    """At temperature > 0 the drafter draws from its distribution over the listed tokens only
+    (every other token has probability 0), and acceptance sampling stays consistent."""
+    ids = _greedy_list(tiny_q2, fitted_support)[:40]
+    e = S.Engine(tiny_q2["model"], support=fitted_support, draft_vocab=ids)
+    listed, drafted = set(ids), 0
+    for seed in range(3):
+        s = e.session(256)
+        s.set_dspark(scheduler=False)
+        s.set_sampling(S.SamplingParams(temperature=1.0, top_k=3, seed=seed))
+        s.prefill(PROMPTS[seed])
+        for _ in range(40):
+            s.step()
+            drafts, _ = s.last_proposal()
+            assert set(drafts) <= listed
+            drafted += len(drafts)
+        assert s.dspark_stats().check_invariants() == []
+        s.close()
+    assert drafted > 0
+
+
+def test_bad_lists_are_refused_by_name(tiny_q2):
+    V = 129280
+    with pytest.raises(DV.DraftVocabError, match="outside the vocabulary 0..129279"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab=[5, V])
+    with pytest.raises(DV.DraftVocabError, match="token id 5 is listed twice"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab=[5, 9, 5])
+    with pytest.raises(DV.DraftVocabError, match="a count must be >= 1"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab=0)
+    with pytest.raises(DV.DraftVocabError, match="expected auto, full or a count"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab="most")
+    # a count needs a list in the support file
+    with pytest.raises(DV.DraftVocabError, match=r"has no draft vocabulary \(metadata key 'ds4tui.draft_vocab'\)"):
+        S.Engine(tiny_q2["model"], support=tiny_q2["support"], draft_vocab=100)
+
+
+def test_the_support_files_list_chooses_under_auto(tiny_q2, tmp_path):
+    """auto takes the file's list, a count its first N, full none; a list that cannot be used is
+    named under auto (full then) and refused under a count."""
+    ranked = [int(i) for i in _half(129280)[:300]]
+    path = tmp_path / "support_vd.gguf"
+    DV.write_list(tiny_q2["support"], path, ranked, n_vocab=129280)
+    e = S.Engine(tiny_q2["model"], support=path)
+    assert e.draft_vocab == 300 and "the support file's list" in e.draft_vocab_note
+    e = S.Engine(tiny_q2["model"], support=path, draft_vocab=50)
+    assert e.draft_vocab == 50
+    sm = SupportModel(path, e.config)
+    assert DV.resolve(50, sm, 129280)[0] == ranked[:50]
+    assert S.Engine(tiny_q2["model"], support=path, draft_vocab="full").draft_vocab == 0
+    with pytest.raises(DV.DraftVocabError, match="lists 300 tokens; choose at most 300"):
+        S.Engine(tiny_q2["model"], support=path, draft_vocab=301)
+    plain = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    assert plain.draft_vocab == 0 and "has no draft vocabulary" in plain.draft_vocab_note
+    bad = tmp_path / "support_bad.gguf"
+    rewrite(tiny_q2["support"], bad, set_keys={DV.KEY: ([3, 3], GGUFValueType.ARRAY, GGUFValueType.UINT32)})
+    e = S.Engine(tiny_q2["model"], support=bad)
+    assert e.draft_vocab == 0 and "token id 3 is listed twice; ignored" in e.draft_vocab_note
+    with pytest.raises(DV.DraftVocabError, match="token id 3 is listed twice"):
+        S.Engine(tiny_q2["model"], support=bad, draft_vocab=2)
+
+
+def test_rank_tokens_counts_and_puts_the_always_ids_first():
+    ranked = DV.rank_tokens([[5, 5, 7, 9], [7, 5, 2]], 10, always=[9, 1])
+    # 9 and 1 first (1 never occurs), then 5 (3x), 7 (2x), 2 and 9's other occurrence by id
+    assert ranked == [9, 1, 5, 7, 2]
+    with pytest.raises(DV.DraftVocabError, match="outside 0..9"):
+        DV.rank_tokens([[10]], 10)
+
+
+def test_write_list_keeps_every_tensor_and_key(tiny_q2, tmp_path):
+    """The copy differs from the support file only by the list; a bad list writes nothing."""
+    from ds4tui.engine.gguf_model import field_value, open_gguf
+
+    out = DV.write_list(tiny_q2["support"], tmp_path / "s.gguf", [7, 3, 11], n_vocab=129280)
+    a, b = open_gguf(tiny_q2["support"]), open_gguf(out)
+    assert [int(i) for i in field_value(b.fields[DV.KEY])] == [7, 3, 11]
+    keys = lambda r: {k for k in r.fields if not k.startswith("GGUF.")}
+    assert keys(b) == keys(a) | {DV.KEY}
+    for k in keys(a):
+        assert np.array_equal(np.asarray(field_value(a.fields[k]), dtype=object),
+                              np.asarray(field_value(b.fields[k]), dtype=object)), k
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert ta.tensor_type == tb.tensor_type and list(ta.shape) == list(tb.shape)
+        assert np.array_equal(np.asarray(ta.data).view(np.uint8), np.asarray(tb.data).view(np.uint8)), ta.name
+    with pytest.raises(DV.DraftVocabError, match="token id 3 is listed twice"):
+        DV.write_list(tiny_q2["support"], tmp_path / "t.gguf", [3, 3], n_vocab=129280)
+    assert not (tmp_path / "t.gguf").exists()
