@@ -160,6 +160,8 @@ class ChatOptions:
     activations: str = "f32"
     #: the gpu_graphs option (spec platform.md §8): "off" or "on" (hip backend)
     gpu_graphs: str = "off"
+    #: --draft-vocab: the tokens DSpark's drafter proposes from ("auto", "full" or a count; spec dspark.md §2.6)
+    draft_vocab: str = "auto"
     #: where the DSpark scheduler's prices start (spec dspark.md §7.4): "fresh", "engine" or "saved",
     #: and the folder of the saved ones
     scheduler_prices: str = "fresh"
@@ -581,6 +583,8 @@ class DS4App(App):
                    else "") + self._gpu_options_not_applied(info.backend)
                 + (f"; scheduler prices {info.scheduler_prices_note}"
                    if info.support_status == "attached" and getattr(info, "scheduler_prices_note", "") else "")
+                + (f"; drafts from {info.draft_vocab_note}"
+                   if info.support_status == "attached" and getattr(info, "draft_vocab", 0) else "")
                 + ". Type a prompt and press Enter."
                 + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))
@@ -1286,6 +1290,8 @@ class DS4App(App):
             "activations": self.engine.info.activations if self.engine else self.options.activations,
             "prefill_gemm": self.engine.info.prefill_gemm if self.engine else None,
             "prefill_gemm_note": self.engine.info.prefill_gemm_note if self.engine else None,
+            "draft_vocab": getattr(self.engine.info, "draft_vocab", 0) if self.engine else None,
+            "draft_vocab_note": getattr(self.engine.info, "draft_vocab_note", "") if self.engine else None,
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
@@ -1472,4 +1478,5 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         max_draft=options.max_draft, print_stats=options.print_stats,
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
                         gpu_graphs=options.gpu_graphs, threshold=options.threshold,
-                        scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir)
+                        scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir,
+                        draft_vocab=options.draft_vocab)

@@ -33,6 +33,15 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
+def draft_vocab_choice(text: str) -> str:
+    """argparse type of --draft-vocab: auto, full or a count >= 1 (kept as text: the engine resolves it
+    against the support file, spec dspark.md §2.6)."""
+    if text in ("auto", "full"):
+        return text
+    _int_at_least(text, 1, "auto, full or a count >= 1")
+    return str(int(text))
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _int_at_least(text, 0, "an integer >= 0")
@@ -226,7 +235,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved")
+    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
+                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -316,7 +327,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved")
+    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
+                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -367,7 +380,9 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics and activations). Default saved")
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved")
+    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
+                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
@@ -423,6 +438,29 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
                    "JSON name (other kinds of file always list every one)")
 
 
+def _add_draft_vocab(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "draft-vocab",
+        help="write a draft vocabulary (the tokens DSpark's drafter proposes from) into a support GGUF",
+        description="Count the tokens of text files under MODEL's tokenizer, rank them by frequency and write "
+                    "the SIZE most frequent (after the chat template's tokens) into a copy of SUPPORT under the "
+                    "metadata key ds4tui.draft_vocab (spec dspark.md §2.6). With --draft-vocab auto (the default) "
+                    "the engine then drafts from those tokens only: the drafter's LM head and Markov head read "
+                    "those rows alone. The output never changes (the target verifies every draft over the whole "
+                    "vocabulary); a token the list lacks can only be missed as a draft.",
+    )
+    p.add_argument("model", help="the target DS4 GGUF (its tokenizer counts the text)")
+    p.add_argument("support", help="the DSpark support GGUF to copy with the list")
+    p.add_argument("--from", dest="sources", nargs="+", required=True, metavar="PATH",
+                   help="text to count: files, or folders whose files matching --glob are read")
+    p.add_argument("--glob", default="*.py", help="the files of a folder to read (default *.py)")
+    p.add_argument("--size", type=positive_int, default=16384, metavar="N",
+                   help="tokens to keep, the most frequent first (default 16384; fewer when fewer occur)")
+    p.add_argument("--out", "-o", required=True, help="where to write the copy (may be SUPPORT itself: it is "
+                   "replaced only once the copy is whole)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with what was written")
+
+
 COMMANDS = {
     "chat": _add_chat,
     "inspect": _add_inspect,
@@ -432,6 +470,7 @@ COMMANDS = {
     "generate": _add_generate,
     "doctor": _add_doctor,
     "compare": _add_compare,
+    "draft-vocab": _add_draft_vocab,
 }
 
 
@@ -504,8 +543,8 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         try:
             args.settings = read_environment()
             # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs and
-            # --scheduler-prices have no variable
-            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices")}
+            # --scheduler-prices and --draft-vocab have no variable
+            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices", "draft_vocab")}
             if any(flags.values()):
                 import dataclasses
 
@@ -524,7 +563,7 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     try:
         with interrupt_on_signals(exiting=exiting):
             try:
-                module = importlib.import_module(f"ds4tui.commands.{args.command}")  # an interrupt here too: no traceback
+                module = importlib.import_module(f"ds4tui.commands.{args.command.replace('-', '_')}")  # an interrupt here too: no traceback
                 rc = int(module.run(args) or 0)
             except KeyboardInterrupt:
                 rc = 130

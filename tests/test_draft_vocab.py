@@ -182,3 +182,71 @@ def test_write_list_keeps_every_tensor_and_key(tiny_q2, tmp_path):
     with pytest.raises(DV.DraftVocabError, match="token id 3 is listed twice"):
         DV.write_list(tiny_q2["support"], tmp_path / "t.gguf", [3, 3], n_vocab=129280)
     assert not (tmp_path / "t.gguf").exists()
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from ds4tui.cli import main as cli_main
+
+    rc = cli_main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_draft_vocab_command_ranks_the_files_tokens(tiny_q2, tmp_path, capsys):
+    """`ds4tui draft-vocab` counts the files' tokens under the model's tokenizer and writes them,
+    most frequent first after the chat template's tokens, into a copy of the support file."""
+    import json
+
+    from ds4tui.commands.draft_vocab import template_ids
+    from ds4tui.engine.gguf_model import field_value, open_gguf
+    from ds4tui.engine.tokenizer import Tokenizer
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "a.py").write_text("def f(x):\n    return x + x + x\n")
+    (src / "pkg" / "b.py").write_text("def g(y):\n    return y\n")
+    (src / "notes.txt").write_text("not counted: not a .py file")
+    out = tmp_path / "s.gguf"
+    rc, so, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(src),
+                       "--size", "12", "--out", str(out), "--json")
+    assert rc == 0, err
+    res = json.loads(so)
+    tok = Tokenizer.from_gguf(tiny_q2["model"])
+    texts = [(src / "a.py").read_text(), (src / "pkg" / "b.py").read_text()]
+    ids = [tok.encode(t, parse_special=False) for t in texts]
+    want = DV.rank_tokens(ids, 129280, always=template_ids(tok))[:12]
+    got = [int(i) for i in field_value(open_gguf(out).fields[DV.KEY])]
+    assert got == want and res["draft_vocab"] == 12 and res["files"] == 2
+    assert res["tokens_counted"] == sum(map(len, ids))
+    counts = np.bincount(np.concatenate(ids), minlength=129280)
+    assert res["coverage"] == pytest.approx(counts[want].sum() / counts.sum(), abs=1e-6)
+    # the engine drafts from it under auto
+    e = S.Engine(tiny_q2["model"], support=out)
+    assert e.draft_vocab == 12
+    # errors: one line, status 2, nothing written
+    rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from",
+                      str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.gguf"))
+    assert rc == 2 and "--from" in err and "no such file or folder" in err and not (tmp_path / "x.gguf").exists()
+    rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(src),
+                      "--glob", "*.rs", "--out", str(tmp_path / "x.gguf"))
+    assert rc == 2 and "no readable UTF-8 text" in err and not (tmp_path / "x.gguf").exists()
+
+
+def test_generate_names_its_draft_vocabulary(tiny_q2, tmp_path, capsys):
+    """generate --json says which tokens the drafter proposed from; a count the support file cannot
+    meet is a usage error naming the flag."""
+    import json
+
+    rc, so, err = _cli(capsys, "generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi",
+                       "-n", "4", "--json", "--scheduler-prices", "fresh")
+    assert rc == 0, err
+    res = json.loads(so.strip().splitlines()[-1])
+    assert res["draft_vocab"] == 0 and res["draft_vocab_note"].startswith("full: all 129280 tokens")
+    rc, _, err = _cli(capsys, "generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi",
+                      "-n", "4", "--draft-vocab", "64", "--scheduler-prices", "fresh")
+    assert rc == 2
+    assert "argument --draft-vocab: 64: " in err and "has no draft vocabulary" in err
+    with pytest.raises(SystemExit) as exc:
+        _cli(capsys, "generate", str(tiny_q2["model"]), "-p", "hi", "--draft-vocab", "lots")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "argument --draft-vocab: expected auto, full or a count >= 1, found 'lots'" in err

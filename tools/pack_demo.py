@@ -27,6 +27,7 @@ import json
 import lzma
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", type=Path, nargs="*", default=[], help="ds4tui bench --ab --out JSON files to record")
     ap.add_argument("--eval", type=Path, help="tools/eval_demo.py --out JSON to record")
     ap.add_argument("--corpus", type=Path, help="tools/demo_corpus.py folder: measure held-out perplexity of the GGUF")
+    ap.add_argument("--draft-vocab", type=int, default=16384, metavar="N",
+                    help="with --corpus: write the N most frequent tokens of its train split into the shipped "
+                    "support file as its draft vocabulary (tools/demo_draft_vocab.py; 0: none). Default 16384")
     a = ap.parse_args(argv)
     model, support = a.out / "model.gguf", a.out / "support.gguf"
     target = DS4Model(model)
@@ -168,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         log = keep_earlier_runs(log, json.loads((a.earlier / "train_log.json").read_text()),
                                 json.loads((a.earlier / "demo.json").read_text()))
     SupportModel(support, target.config).require_compatible()
+    vocab_record = None
+    if a.corpus and a.draft_vocab > 0:  # the shipped support file carries its draft vocabulary (spec dspark.md §2.6)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from demo_draft_vocab import add_to_support
+
+        listed = Path(tempfile.mkdtemp(prefix="pack_demo.")) / "support.gguf"  # the training output stays as it is
+        vocab_record = add_to_support(support, listed, model, a.corpus, a.draft_vocab)
+        support = listed
     files = {}
     for path in (model, support):
         files[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
@@ -210,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "bench": {p.name: bench_summary(p) for p in a.bench},
     }
     summary["corpus"] = {k: v for k, v in log["corpus"].items() if k != "sources"}
+    if vocab_record is not None:
+        summary["draft_vocab"] = vocab_record
     if a.eval:
         ev = json.loads(a.eval.read_text())
         fp = ev["function_prompts"]

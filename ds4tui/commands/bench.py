@@ -69,6 +69,7 @@ import numpy as np
 from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_support_block,
                                          gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
+from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.session import BackendUnavailableError, EngineError
@@ -686,7 +687,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                    "scheduler_prices_note": engine.scheduler_prices_note,
                    "scheduler_prices_file": None if engine.scheduler_prices_file is None
                    else str(engine.scheduler_prices_file),
-                   "scheduler_prices_problem": engine.scheduler_prices_problem or None}
+                   "scheduler_prices_problem": engine.scheduler_prices_problem or None,
+                   "draft_vocab": engine.draft_vocab, "draft_vocab_note": engine.draft_vocab_note}
 
     if interrupted:
         raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
@@ -846,6 +848,7 @@ def render_ab_text(r: dict) -> str:
     lines = [
         f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {sup['message']}",
+        f"drafts   from {r.get('draft_vocab_note') or 'the whole vocabulary'} (--draft-vocab)",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
         f"{r['n_threads']} threads, context {r['ctx']}, "
         f"memory {format_bytes(mem['total'])} ({same})"
@@ -1088,7 +1091,8 @@ def run_synthetic(args: argparse.Namespace) -> int:
         if why:
             print(f"{_PREFIX} error: argument {flag}: {why} (found {','.join(map(str, contexts))})", file=sys.stderr)
             return 2
-    opts = settings_of(args).engine_options()
+    # the synthetic layers draft nothing: no draft vocabulary to choose
+    opts = {k: v for k, v in settings_of(args).engine_options().items() if k != "draft_vocab"}
     lengths = getattr(args, "prefill_lengths", None) or ()
     modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
     try:
@@ -1181,6 +1185,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
+    except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error, as a bad flag
+        return _fail(f"argument --draft-vocab: {exc.detail}", args, exc, status=2)
     except BackendUnavailableError as exc:  # the backend's fault, not the model file's
         return _fail(backend_unavailable(args.backend, exc), args, exc)
     except EngineError as exc:

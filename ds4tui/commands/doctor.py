@@ -82,6 +82,12 @@ def collect() -> dict:
                          "note": "on (--gpu-graphs on on chat, generate and bench): each pass of at most 17 rows "
                                  "(decode, DSpark verify) replayed from a graph of its shape on the hip backend, the "
                                  "same kernels and logits bit for bit; off: kernels launched one by one"}
+    # the tokens DSpark's drafter proposes from (spec dspark.md §2.6): a flag of chat, generate and bench
+    out["draft_vocab"] = {"default": environment.Settings().draft_vocab, "choices": ["auto", "full", "N"],
+                          "note": "the tokens DSpark's drafter proposes from (--draft-vocab on chat, generate and "
+                                  "bench): auto (the support file's draft vocabulary when it has one, else all), "
+                                  "full (the whole vocabulary) or N (the first N of the file's list); only the "
+                                  "drafts change, never the output"}
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -96,7 +102,7 @@ def collect() -> dict:
         "note": "where a new session's DSpark scheduler starts (--scheduler-prices on chat, generate and bench): "
                 "fresh (it drafts once to price a verify and the drafter's acceptance), engine (from the run's "
                 "earlier sessions) or saved (as engine, and kept between runs in the folder, one file per model, "
-                "support file, backend, threads, numerics and activations)"}
+                "support file, backend, threads, numerics, activations and draft vocabulary)"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
@@ -150,6 +156,7 @@ def run(args) -> int:
     lines.append(("prefill gemm", f"{r['prefill_gemm']['wanted']}: {r['prefill_gemm']['in_force']}"))
     lines.append(("activations", f"{r['activations']['default']} by default; {r['activations']['note']}"))
     lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
+    lines.append(("draft vocab", f"{r['draft_vocab']['default']} by default; {r['draft_vocab']['note']}"))
     sp = r["scheduler_prices"]
     lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
                                       f"file(s) in {sp['folder']}"

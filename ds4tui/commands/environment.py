@@ -59,6 +59,9 @@ class Settings:
     #: DSpark scheduler starts (spec dspark.md §7.4): "fresh", "engine" or "saved" (the default:
     #: the prices of earlier runs, in a file under :func:`scheduler_prices_dir`).
     scheduler_prices: str = "saved"
+    #: --draft-vocab (a flag of chat, generate and bench, no variable): the tokens DSpark's drafter
+    #: proposes from ("auto", "full" or a count as text; spec dspark.md §2.6).
+    draft_vocab: str = "auto"
 
     def price_options(self) -> dict:
         """Keyword arguments of ``Engine`` for the scheduler's prices (the mode, the saved files' folder)."""
@@ -70,9 +73,10 @@ class Settings:
                 "print_stats": bool(self.dspark_stats)}
 
     def engine_options(self) -> dict:
-        """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM, graphs)."""
+        """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM, graphs,
+        the draft vocabulary)."""
         return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm,
-                "gpu_graphs": self.gpu_graphs}
+                "gpu_graphs": self.gpu_graphs, "draft_vocab": self.draft_vocab}
 
     def check_block(self, block: int, support=None) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of

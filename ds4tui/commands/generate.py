@@ -48,6 +48,7 @@ from ds4tui.commands.environment import (BadVariable, backend_unavailable, check
                                          settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
+from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
@@ -227,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
                 _setup_dspark(engine, session, args)
         except BadVariable as exc:
             return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
+        except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error too
+            return _fail(f"argument --draft-vocab: {exc.detail}", as_json, status=2)
         except S.BackendUnavailableError as exc:  # the backend's fault, not the model file's
             return _fail(backend_unavailable(args.backend, exc), as_json)
         except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
@@ -357,6 +360,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "prefill_gemm_note": engine.prefill_gemm_note,
         "gpu_graphs": engine.gpu_graphs,
         "gpu_graphs_note": engine.gpu_graphs_note,
+        "draft_vocab": engine.draft_vocab,
+        "draft_vocab_note": engine.draft_vocab_note,
         **_prices_result(engine, session),
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,

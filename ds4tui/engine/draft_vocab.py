@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
+from ds4tui.engine.errors import DraftVocabError
+
 if TYPE_CHECKING:  # pragma: no cover
     from ds4tui.engine.gguf_model import SupportModel
 
@@ -39,10 +41,8 @@ KEY = "ds4tui.draft_vocab"
 #: the choices of ``--draft-vocab`` besides a count
 MODES = ("auto", "full")
 
-
-class DraftVocabError(ValueError):
-    """A draft vocabulary that cannot be used: the message names the option or file, what was
-    expected and what was found."""
+__all__ = ["DraftVocabError", "KEY", "MODES", "check_draft_vocab", "file_list", "resolve", "rank_tokens",
+           "python_sources", "write_list"]
 
 
 def check_draft_vocab(value) -> "str | int | tuple[int, ...]":
@@ -54,19 +54,19 @@ def check_draft_vocab(value) -> "str | int | tuple[int, ...]":
         if value.isdigit():
             value = int(value)
         else:
-            raise DraftVocabError(f"draft_vocab: expected auto, full or a count >= 1, found {value!r}")
+            raise DraftVocabError(f"expected auto, full or a count >= 1, found {value!r}")
     if isinstance(value, (bool, np.bool_)):
-        raise DraftVocabError(f"draft_vocab: expected auto, full or a count >= 1, found {value!r}")
+        raise DraftVocabError(f"expected auto, full or a count >= 1, found {value!r}")
     if isinstance(value, (int, np.integer)):
         if value < 1:
-            raise DraftVocabError(f"draft_vocab: a count must be >= 1 (full for the whole vocabulary), found {value}")
+            raise DraftVocabError(f"a count must be >= 1 (full for the whole vocabulary), found {value}")
         return int(value)
     try:
         ids = tuple(int(i) for i in value)
     except (TypeError, ValueError):
-        raise DraftVocabError(f"draft_vocab: expected auto, full, a count or token ids, found {value!r}") from None
+        raise DraftVocabError(f"expected auto, full, a count or token ids, found {value!r}") from None
     if not ids:
-        raise DraftVocabError("draft_vocab: an empty list of token ids (use full for the whole vocabulary)")
+        raise DraftVocabError("an empty list of token ids (use full for the whole vocabulary)")
     return ids
 
 
@@ -108,7 +108,7 @@ def resolve(wanted, support: "SupportModel", n_vocab: int) -> "tuple[list[int], 
     if isinstance(wanted, tuple):
         why = _problem(wanted, n_vocab)
         if why:
-            raise DraftVocabError(f"draft_vocab: {why}")
+            raise DraftVocabError(why)
         return list(wanted), f"{len(wanted)} of {n_vocab} tokens (given as ids)"
     ids, why = file_list(support)
     if ids is not None:
@@ -120,11 +120,11 @@ def resolve(wanted, support: "SupportModel", n_vocab: int) -> "tuple[list[int], 
             return [], full + (f" ({why}; ignored)" if why else " (the support file has no draft vocabulary)")
         return ids, f"auto: {len(ids)} of {n_vocab} tokens, the support file's list"
     if ids is None:
-        raise DraftVocabError(f"draft_vocab {wanted}: " + (why or f"{support.path} has no draft vocabulary "
-                              f"(metadata key '{KEY}'); `ds4tui draft-vocab` adds one, or use --draft-vocab full"))
+        raise DraftVocabError(f"{wanted}: " + (why or f"{support.path} has no draft vocabulary (metadata key "
+                              f"'{KEY}'); `ds4tui draft-vocab` adds one, or choose full or auto"))
     if wanted > len(ids):
-        raise DraftVocabError(f"draft_vocab {wanted}: {support.path} lists {len(ids)} tokens; choose at most "
-                              f"{len(ids)}, or full for the whole vocabulary")
+        raise DraftVocabError(f"{wanted}: {support.path} lists {len(ids)} tokens; choose at most {len(ids)}, "
+                              f"or full for the whole vocabulary")
     return ids[:wanted], f"{wanted} of {n_vocab} tokens, the first of the support file's list of {len(ids)}"
 
 
@@ -137,7 +137,7 @@ def rank_tokens(token_lists: Iterable[Sequence[int]], n_vocab: int, always: Iter
         a = np.asarray(ids, dtype=np.int64)
         if a.size:
             if a.min() < 0 or a.max() >= n_vocab:
-                raise DraftVocabError(f"rank_tokens: token id outside 0..{n_vocab - 1}")
+                raise DraftVocabError(f"token id outside 0..{n_vocab - 1}", "rank_tokens")
             counts += np.bincount(a, minlength=n_vocab)
     first = list(collections.OrderedDict.fromkeys(int(i) for i in always))
     order = np.lexsort((np.arange(n_vocab), -counts))
@@ -174,7 +174,7 @@ def write_list(src: "str | Path", dst: "str | Path", ids: Sequence[int], *, n_vo
     ids = [int(i) for i in ids]
     why = _problem(ids, n_vocab) or ("an empty list" if not ids else "")
     if why:
-        raise DraftVocabError(f"{dst}: draft vocabulary not written: {why}")
+        raise DraftVocabError(f"not written: {why}", str(dst))
     r = open_gguf(src)
     arch = str(field_value(r.fields["general.architecture"]))
     skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture", KEY}

@@ -114,6 +114,16 @@ class StateError(EngineError):
     """The call does not fit the session's state (e.g. a step before any prompt)."""
 
 
+class DraftVocabError(EngineError, ValueError):
+    """A draft vocabulary that cannot be used (spec dspark.md §2.6): the message names the option or
+    file, what was expected and what was found.  ``detail`` is the message without the option's
+    name (for a command line that names its flag instead)."""
+
+    def __init__(self, detail: str, option: str = "draft_vocab"):
+        super().__init__(f"{option}: {detail}")
+        self.detail = detail
+
+
 # ---- model files ---------------------------------------------------------------------------------
 
 class ModelFileError(Exception):

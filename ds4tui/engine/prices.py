@@ -195,7 +195,8 @@ def _file_identity(path) -> dict:
 def identity(engine) -> dict:
     """What the saved prices of ``engine`` are keyed by: everything that changes what the scheduler
     measures (the model and support files by path, size and modification time, the backend and its
-    device, threads, numerics, activations, the GPU options, the block size) and the ds4tui version."""
+    device, threads, numerics, activations, the GPU options, the block size, the draft vocabulary's
+    size) and the ds4tui version."""
     from ds4tui import __version__
 
     gpu = getattr(engine, "gpu_info", None)
@@ -206,12 +207,13 @@ def identity(engine) -> dict:
             "device": f"{gpu.device_name} ({gpu.device_arch})" if gpu is not None and engine.backend == "hip" else None,
             "n_threads": engine.n_threads, "numerics": engine.numerics, "activations": engine.activations,
             "gpu_layout": engine.gpu_layout if engine.backend == "hip" else None,
-            "prefill_gemm": engine.prefill_gemm, "gpu_graphs": engine.gpu_graphs, "block_size": engine.block_size}
+            "prefill_gemm": engine.prefill_gemm, "gpu_graphs": engine.gpu_graphs, "block_size": engine.block_size,
+            "draft_vocab": getattr(engine, "draft_vocab", 0)}
 
 
 #: Identity fields that name the file (the others are checked inside it: a change makes it stale).
 _NAMED_BY = ("backend", "device", "n_threads", "numerics", "activations", "gpu_layout", "prefill_gemm",
-             "gpu_graphs", "block_size")
+             "gpu_graphs", "block_size", "draft_vocab")
 
 
 def file_for(folder: str | os.PathLike, ident: dict) -> Path:

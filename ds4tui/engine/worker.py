@@ -243,6 +243,10 @@ class ChatInfo:
     #: where the DSpark scheduler's prices start (spec dspark.md §7.4): the mode and what it did
     scheduler_prices: str = "fresh"
     scheduler_prices_note: str = ""
+    #: the tokens DSpark's drafter proposes from (spec dspark.md §2.6): their number (0: the whole
+    #: vocabulary) and which and why
+    draft_vocab: int = 0
+    draft_vocab_note: str = ""
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,7 +289,7 @@ class ChatEngine:
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
     starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
-    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``scheduler_prices``
+    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``draft_vocab``, ``scheduler_prices``
     and ``prices_dir`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
 
@@ -302,7 +306,8 @@ class ChatEngine:
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
                  numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
-                 scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None):
+                 scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None,
+                 draft_vocab: str | int = "auto"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -316,7 +321,7 @@ class ChatEngine:
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
                                activations=activations, gpu_graphs=gpu_graphs, scheduler_prices=scheduler_prices,
-                               prices_dir=prices_dir)
+                               prices_dir=prices_dir, draft_vocab=draft_vocab)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -354,6 +359,7 @@ class ChatEngine:
             gpu_graphs=getattr(e, "gpu_graphs", "off"), gpu_graphs_note=getattr(e, "gpu_graphs_note", ""),
             scheduler_prices=getattr(e, "scheduler_prices", "fresh"),
             scheduler_prices_note=getattr(e, "scheduler_prices_note", ""),
+            draft_vocab=getattr(e, "draft_vocab", 0), draft_vocab_note=getattr(e, "draft_vocab_note", ""),
             prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------
