@@ -142,6 +142,8 @@ def test_the_support_files_list_chooses_under_auto(tiny_q2, tmp_path):
     assert e.draft_vocab == 50
     sm = SupportModel(path, e.config)
     assert DV.resolve(50, sm, 129280)[0] == ranked[:50]
+    assert sm.summary()["draft_vocab"] == {"key": DV.KEY, "size": 300, "problem": None}  # what inspect shows
+    assert SupportModel(tiny_q2["support"], e.config).summary()["draft_vocab"] is None
     assert S.Engine(tiny_q2["model"], support=path, draft_vocab="full").draft_vocab == 0
     with pytest.raises(DV.DraftVocabError, match="lists 300 tokens; choose at most 300"):
         S.Engine(tiny_q2["model"], support=path, draft_vocab=301)
@@ -151,6 +153,7 @@ def test_the_support_files_list_chooses_under_auto(tiny_q2, tmp_path):
     rewrite(tiny_q2["support"], bad, set_keys={DV.KEY: ([3, 3], GGUFValueType.ARRAY, GGUFValueType.UINT32)})
     e = S.Engine(tiny_q2["model"], support=bad)
     assert e.draft_vocab == 0 and "token id 3 is listed twice; ignored" in e.draft_vocab_note
+    assert SupportModel(bad, e.config).summary()["draft_vocab"]["problem"] == "token id 3 is listed twice"
     with pytest.raises(DV.DraftVocabError, match="token id 3 is listed twice"):
         S.Engine(tiny_q2["model"], support=bad, draft_vocab=2)
 

@@ -1158,3 +1158,32 @@ def test_bench_fill_repeats_rows_and_refuses_what_it_cannot_do(tiny_q2):
     ref.prefill(list(range(100, 300)), logits="none")
     with pytest.raises(StateError):
         ref.bench_fill(400)
+
+
+@pytest.mark.gpu
+def test_hip_drafts_from_the_draft_vocabulary(tiny_q2, fitted_support):
+    """With a draft vocabulary (spec dspark.md §2.6) the device drafter proposes listed tokens only
+    (the greedy chain's argmaxes over the listed columns, mapped back to ids on the host) and the
+    output is target-only decoding's on the same backend, token for token."""
+    _device_or_skip()
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(100, 128000, n).tolist() for n in (24, 41)]
+    plain = S.Engine(tiny_q2["model"], backend="hip", prefill_gemm="off")
+    want = [list(plain.session(200).generate(p, max_tokens=100)) for p in prompts]
+    listed = list(dict.fromkeys(t for w in want for t in w)) + rng.integers(0, 129280, 500).tolist()
+    listed = list(dict.fromkeys(listed))
+    hip = S.Engine(tiny_q2["model"], backend="hip", support=fitted_support, prefill_gemm="off", draft_vocab=listed)
+    assert hip.support_status == "attached" and hip.draft_vocab == len(listed)
+    accepted = 0
+    for p, w in zip(prompts, want):
+        s = hip.session(200)
+        s.set_dspark(scheduler=False)
+        s.prefill(p)
+        out: list[int] = []
+        while len(out) < 100:
+            out += s.step()
+            assert set(s.last_proposal()[0]) <= set(listed)
+        assert out[:100] == w
+        accepted += s.dspark_stats().accepted_draft
+        s.close()
+    assert accepted > 0

@@ -63,6 +63,10 @@ def render_text(model: dict, support: dict | None) -> str:
         lines.append(f"support       {support['path']}  ({support['architecture']}, {format_bytes(support['tensor_bytes'])})")
         lines.append(f"              {counts}")
         lines.append(f"              capture layers {support['target_layer_ids']}  noise token {support['noise_token_id']}")
+        dv = support.get("draft_vocab")
+        if dv is not None:  # spec dspark.md §2.6
+            lines.append(f"              draft vocabulary {dv['size']} tokens ({dv['key']})" if not dv["problem"]
+                         else f"              draft vocabulary ({dv['key']}) cannot be used: {dv['problem']}")
         if support["compatible"]:
             lines.append("verdict       compatible: DSpark can draft with this support model")
         else:

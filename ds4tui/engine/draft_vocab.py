@@ -42,7 +42,7 @@ KEY = "ds4tui.draft_vocab"
 MODES = ("auto", "full")
 
 __all__ = ["DraftVocabError", "KEY", "MODES", "check_draft_vocab", "file_list", "resolve", "rank_tokens",
-           "python_sources", "write_list"]
+           "write_list", "list_problem"]
 
 
 def check_draft_vocab(value) -> "str | int | tuple[int, ...]":
@@ -85,7 +85,8 @@ def file_list(support: "SupportModel") -> "tuple[list[int] | None, str]":
     return ids, ""
 
 
-def _problem(ids: Sequence[int], n_vocab: int) -> str:
+def list_problem(ids: Sequence[int], n_vocab: int) -> str:
+    """Why ``ids`` cannot be a draft vocabulary of ``n_vocab`` tokens (an id outside it, an id twice); "" when it can."""
     bad = next((i for i in ids if not 0 <= i < n_vocab), None)
     if bad is not None:
         return f"token id {bad} is outside the vocabulary 0..{n_vocab - 1}"
@@ -106,13 +107,13 @@ def resolve(wanted, support: "SupportModel", n_vocab: int) -> "tuple[list[int], 
     if wanted == "full":
         return [], full
     if isinstance(wanted, tuple):
-        why = _problem(wanted, n_vocab)
+        why = list_problem(wanted, n_vocab)
         if why:
             raise DraftVocabError(why)
         return list(wanted), f"{len(wanted)} of {n_vocab} tokens (given as ids)"
     ids, why = file_list(support)
     if ids is not None:
-        why = _problem(ids, n_vocab)
+        why = list_problem(ids, n_vocab)
         if why:
             ids, why = None, f"{support.path}: metadata key '{KEY}': {why}"
     if wanted == "auto":
@@ -145,19 +146,6 @@ def rank_tokens(token_lists: Iterable[Sequence[int]], n_vocab: int, always: Iter
     return first + rest
 
 
-def python_sources(paths: Iterable[Path]) -> Iterable[str]:
-    """The text of every ``*.py`` file under ``paths`` (files or folders), in sorted order; files
-    that are not UTF-8 are skipped."""
-    for p in paths:
-        p = Path(p)
-        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
-        for f in files:
-            try:
-                yield f.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue
-
-
 def write_list(src: "str | Path", dst: "str | Path", ids: Sequence[int], *, n_vocab: int) -> Path:
     """Copy the support GGUF ``src`` to ``dst`` with ``ids`` (most frequent first) under :data:`KEY`
     (replacing a list it had); every other key and every tensor byte stay as they are.  Written
@@ -172,7 +160,7 @@ def write_list(src: "str | Path", dst: "str | Path", ids: Sequence[int], *, n_vo
     from ds4tui.engine.layout import TensorSpec
 
     ids = [int(i) for i in ids]
-    why = _problem(ids, n_vocab) or ("an empty list" if not ids else "")
+    why = list_problem(ids, n_vocab) or ("an empty list" if not ids else "")
     if why:
         raise DraftVocabError(f"not written: {why}", str(dst))
     r = open_gguf(src)

@@ -854,7 +854,20 @@ class SupportModel:
             "compatible": self.compatible,
             "reasons": [p.message for p in self.problems],
             "tensor_bytes": sum(i.nbytes for i in self.tensors.values()),
+            "draft_vocab": self._draft_vocab_summary(),
         }
+
+    def _draft_vocab_summary(self) -> dict | None:
+        """The file's draft vocabulary (spec dspark.md §2.6): its size, or why it cannot be used; None
+        when the file has none."""
+        from ds4tui.engine import draft_vocab as DV
+
+        ids, why = DV.file_list(self)
+        if ids is None and not why:
+            return None
+        if ids is not None:
+            why = DV.list_problem(ids, self.target.n_vocab)
+        return {"key": DV.KEY, "size": None if ids is None else len(ids), "problem": why or None}
 
     def require_compatible(self) -> "SupportModel":
         if self.problems:
