@@ -60,7 +60,8 @@ from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
 from ds4tui.engine.timeline import SpecTimeline
 from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
-from ds4tui.widgets.dialogs import AskPath, ConfirmNewChat, ConfirmQuit, ErrorDialog, InfoDialog
+from ds4tui.widgets.dialogs import (AskPath, Confirm, ConfirmContext, ConfirmNewChat, ConfirmQuit, ErrorDialog,
+                                    InfoDialog)
 from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
@@ -210,11 +211,27 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
 )
 
 
+#: the quit key (a binding of its own, with priority: it works in every screen)
+QUIT_KEY = "ctrl+q"
+
+#: what each save (``DS4App.save_failed``'s kinds) holds is discarded by these actions, which ask
+#: first while that save's last attempt failed: the transcript by quitting, a new chat and a new
+#: context size; the stats (the session's counters) by quitting and a new context size (a new
+#: session's counters start from zero; a new chat keeps them)
+DISCARDED_BY = {"transcript": ("app.quit", "chat.new", "chat.context"), "stats": ("app.quit", "chat.context")}
+
+
 def key_of(action_id: str) -> str:
-    """The key bound to an action of :data:`ACTIONS` (``"chat.new"``) as the footer writes it
-    (``"Ctrl+N"``, ``"F6"``); KeyError for an unknown id."""
-    key = next(k for bid, k, *_ in ACTIONS if bid == action_id)
+    """The key bound to an action of :data:`ACTIONS` (``"chat.new"``), or to ``"app.quit"``, as the
+    footer writes it (``"Ctrl+N"``, ``"F6"``); KeyError for an unknown id."""
+    key = {**{bid: k for bid, k, *_ in ACTIONS}, "app.quit": QUIT_KEY}[action_id]
     return "+".join(part.capitalize() if len(part) > 1 else part.upper() for part in key.split("+"))
+
+
+def discarded_by(action_id: str) -> tuple[str, ...]:
+    """The saves (``"transcript"``, ``"stats"``) whose content the action ``action_id`` discards
+    (:data:`DISCARDED_BY`)."""
+    return tuple(kind for kind, ids in DISCARDED_BY.items() if action_id in ids)
 
 
 def context_full_hint() -> str:
@@ -334,13 +351,16 @@ def _stamp() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def write_failure(exc: OSError, path: Path, retry_key: str) -> str:
+def write_failure(exc: OSError, path: Path, kind: str) -> str:
     """What a save that failed with ``exc`` while writing ``path`` says: the file, the reason in
     words (from ``exc.errno``: a read-only file system, no space left, no permission — in the words
-    of the start-up check of ``--save-dir``, engine/fs.py — or a folder gone) and what to do;
-    ``retry_key`` is the key that saves again (``"Ctrl+S"``, ``"F6"``)."""
+    of the start-up check of ``--save-dir``, engine/fs.py — or a folder gone), what to do, and that
+    until then every key that would discard the unsaved content asks first (:data:`DISCARDED_BY`);
+    ``kind``: the save, ``"transcript"`` (Ctrl+S) or ``"stats"`` (F6); KeyError for another."""
     from ds4tui.engine.fs import fix_for, found_in
 
+    retry_key = key_of({"transcript": "chat.save", "stats": "stats.export"}[kind])
+    kept, it = {"transcript": ("the conversation stays", "it"), "stats": ("the stats stay", "them")}[kind]
     folder = path.parent
     code = getattr(exc, "errno", None)
     cause = {errno.EROFS: errno.EROFS, errno.ENOSPC: errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC): errno.ENOSPC,
@@ -354,9 +374,10 @@ def write_failure(exc: OSError, path: Path, retry_key: str) -> str:
         reason = exc.strerror or str(exc)
         todo = f"fix that and press {retry_key} again"
     detail = f"{exc.strerror}, errno {errno.errorcode.get(code, code)}" if code is not None and exc.strerror else str(exc)
-    return (f"{path}: {reason} ({detail}).\n\nWhat to do: {todo}. Until then nothing is lost: the conversation "
-            f"stays in this window while the app runs, and quitting asks first. To save elsewhere, quit and start "
-            f"again with --save-dir DIR (a writable folder; the conversation starts afresh).")
+    keys = ", ".join(key_of(a) for a in DISCARDED_BY[kind])
+    return (f"{path}: {reason} ({detail}).\n\nWhat to do: {todo}. Until then nothing is lost: {kept} while the "
+            f"app runs, and every key that would discard {it} asks first ({keys}). To save elsewhere, quit and "
+            f"start again with --save-dir DIR (a writable folder; the conversation starts afresh).")
 
 
 class DS4App(App):
@@ -393,7 +414,7 @@ class DS4App(App):
     #: stage timings, memory) are all in view without scrolling in a 150×45 window.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide"), (150, "-wider")]
     BINDINGS = [Binding(key, action, label, show=show, id=bid) for bid, key, action, label, _, _, show in ACTIONS] + [
-        Binding("ctrl+q", "quit", "Quit", show=True, priority=True, id="app.quit"),
+        Binding(QUIT_KEY, "quit", "Quit", show=True, priority=True, id="app.quit"),
         Binding("minus", f"threshold({-THRESHOLD_STEP})", "Conf−", show=False, id="dspark.threshold_down_key"),
         Binding("plus", f"threshold({THRESHOLD_STEP})", "Conf+", show=False, id="dspark.threshold_up_key"),
     ]
@@ -809,8 +830,9 @@ class DS4App(App):
 
     # ---- the context size ------------------------------------------------------------------------
 
-    def describe_context(self, text: str) -> str:
-        """What a session of ``text`` tokens would hold (the memory plan), for the context dialog."""
+    def context_size_problem(self, text: str) -> str | None:
+        """Why ``text`` is not a context size this model takes (not a whole number, or outside
+        2..the model's context length), in the context dialog's words; None when it is one."""
         e = self.engine
         limit = e.engine.config.context_length if e is not None and hasattr(e, "engine") else None
         try:
@@ -819,6 +841,14 @@ class DS4App(App):
             return f"a whole number of tokens, 2..{limit or 'the model’s context length'}"
         if n < 2 or (limit is not None and n > limit):
             return f"out of range: 2..{limit or 'the model’s context length'} tokens"
+        return None
+
+    def describe_context(self, text: str) -> str:
+        """What a session of ``text`` tokens would hold (the memory plan), for the context dialog."""
+        problem = self.context_size_problem(text)
+        if problem is not None:
+            return problem
+        e, n = self.engine, int(text)
         if e is None or not hasattr(e, "session_plan"):
             return ""
         b = e.session_plan(n)
@@ -832,6 +862,8 @@ class DS4App(App):
         return text
 
     def action_context_size(self) -> None:
+        """Ask for a context size (the memory a size needs shown as it is typed), then
+        :meth:`context_size_entered`."""
         if self.engine is None or not hasattr(self.engine, "set_context"):
             self.notify("the model is not loaded", severity="warning")
             return
@@ -841,10 +873,28 @@ class DS4App(App):
         self.push_screen(AskPath("Context size (tokens)", str(self.engine.info.n_ctx),
                                  "Enter starts a new session of that size: the conversation starts afresh, "
                                  "the knobs and sampling stay; Esc cancels", describe=self.describe_context),
-                         self.set_context)
+                         self.context_size_entered)
+
+    async def context_size_entered(self, text: str | None) -> None:
+        """The size typed after Ctrl+G: a new session of ``text`` tokens (:meth:`set_context`).  When
+        what it discards was never saved (:meth:`unsaved_work`: the transcript, and the stats, as the
+        new session's counters start from zero), a dialog asks first, as quitting does: change it
+        anyway (Ctrl+G again) or stay (Esc: the conversation and the session as they were).  A size
+        the model does not take (:meth:`context_size_problem`) is refused by :meth:`set_context`
+        without asking: nothing would be lost."""
+        if not text:
+            return
+        unsaved = self.unsaved_work(discarded_by("chat.context")) if self.context_size_problem(text) is None else []
+        if unsaved:
+            self.push_screen(ConfirmContext(f"Change the context size to {int(text)} tokens without saving?",
+                                            self._unsaved_message("if you change the context size now", unsaved)),
+                             lambda go: self.call_later(self.set_context, text) if go else None)
+            return
+        await self.set_context(text)
 
     async def set_context(self, text: str | None) -> None:
-        """A new session of ``text`` tokens; the chat is cleared as Ctrl+N does."""
+        """A new session of ``text`` tokens, without asking (:meth:`context_size_entered` asks
+        first); the chat is cleared as Ctrl+N does."""
         if not text:
             return
         try:
@@ -1249,7 +1299,7 @@ class DS4App(App):
         if self._generating:
             self.notify("a turn is running: Esc stops it first", severity="warning")
             return
-        unsaved = self.unsaved_work(("transcript",))
+        unsaved = self.unsaved_work(discarded_by("chat.new"))
         if unsaved:
             self.push_screen(ConfirmNewChat("New chat without saving?",
                                             self._unsaved_message("if you start a new chat now", unsaved)),
@@ -1320,7 +1370,7 @@ class DS4App(App):
         except OSError as exc:
             path = Path(exc.filename) if getattr(exc, "filename", None) else base.with_suffix(".json")
             self.save_failed["stats"] = path
-            self._error("cannot write the stats", write_failure(exc, path, key_of("stats.export")))
+            self._error("cannot write the stats", write_failure(exc, path, "stats"))
             return
         self.save_failed.pop("stats", None)
         self.notify(f"wrote {base}.json" + (f" and {base.name}.txt" if line is not None else ""), timeout=6)
@@ -1373,7 +1423,7 @@ class DS4App(App):
         except OSError as exc:
             path = Path(exc.filename) if getattr(exc, "filename", None) else base.with_suffix(".md")
             self.save_failed["transcript"] = path
-            self._error("cannot save the transcript", write_failure(exc, path, key_of("chat.save")))
+            self._error("cannot save the transcript", write_failure(exc, path, "transcript"))
             return
         self.save_failed.pop("transcript", None)
         self.notify(f"saved {base}.md and {base.name}.json", timeout=6)
@@ -1398,7 +1448,8 @@ class DS4App(App):
     def unsaved_work(self, kinds: tuple[str, ...] = ("transcript", "stats")) -> list[str]:
         """What quitting now would lose: one line per save whose last attempt failed (Ctrl+S's
         transcript while the conversation has messages, F6's stats), naming the file; [] when
-        nothing failed.  ``kinds``: the saves to look at (a new chat loses only the transcript)."""
+        nothing failed.  ``kinds``: the saves to look at, those the action discards
+        (:func:`discarded_by`: a new chat loses only the transcript)."""
         lines = []
         if "transcript" in kinds and "transcript" in self.save_failed and self.messages:
             n = sum(m["role"] == "user" for m in self.messages)
@@ -1422,13 +1473,13 @@ class DS4App(App):
         """Quit (:meth:`quit_now`); when a save failed and its content was never saved
         (:meth:`unsaved_work`), a dialog asks first: quit anyway (Ctrl+Q again) or stay (Esc).  A
         signal (SIGTERM) quits without asking."""
-        unsaved = self.unsaved_work() if not self._signal_rc else []
+        unsaved = self.unsaved_work(discarded_by("app.quit")) if not self._signal_rc else []
         if unsaved:
             if isinstance(self.screen, ConfirmQuit):  # Ctrl+Q again: quit anyway
                 self.screen.dismiss(True)
                 return
-            if isinstance(self.screen, ConfirmNewChat):  # Ctrl+Q while a new chat is asked about: that is
-                self.screen.dismiss(False)              # not done; quitting asks its own question
+            if isinstance(self.screen, Confirm):  # Ctrl+Q while a new chat or a new context size is asked
+                self.screen.dismiss(False)       # about: that is not done; quitting asks its own question
             self.push_screen(ConfirmQuit("Quit without saving?", self._unsaved_message("if you quit now", unsaved)),
                              lambda quit: self.call_later(self.quit_now) if quit else None)
             return

@@ -779,6 +779,125 @@ async def test_a_new_chat_asks_first_when_the_transcript_could_not_be_saved(tmp_
             assert not isinstance(app.screen, ConfirmNewChat) and app.messages == []
 
 
+async def _context_size(pilot, text: str) -> None:
+    """Ctrl+G, type ``text`` into the size dialog, Enter."""
+    from ds4tui.widgets.dialogs import AskPath
+
+    await pilot.press("ctrl+g")
+    await pilot.pause()
+    assert isinstance(pilot.app.screen, AskPath)
+    pilot.app.screen.query_one("#ask-path").value = text
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_a_new_context_size_asks_first_when_the_transcript_could_not_be_saved(tmp_path, monkeypatch):
+    """Ctrl+G after a failed Ctrl+S asks, once the size is typed, as Ctrl+N and Ctrl+Q do (the size,
+    the file that could not be written, what to do): Esc (or Enter on "Stay") keeps the conversation
+    and the session, Ctrl+Q meanwhile asks about quitting instead, a size the model does not take is
+    refused without asking, and Ctrl+G again starts the new session with the chat cleared."""
+    import errno
+
+    from ds4tui.widgets.dialogs import Confirm, ConfirmContext, ConfirmQuit, ErrorDialog
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        with monkeypatch.context() as m:
+            _failing_writes(m, errno.ENOSPC)
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            md = app.save_failed["transcript"]
+            assert ("Until then nothing is lost: the conversation stays while the app runs, and every key that "
+                    "would discard it asks first (Ctrl+Q, Ctrl+N, Ctrl+G).") in app.errors[-1][1]
+            await pilot.press("escape")
+            await _context_size(pilot, "8192")
+            assert isinstance(app.screen, ConfirmContext)
+            title = str(app.screen.query_one("#confirm-title").render())
+            assert title == "Change the context size to 8192 tokens without saving?"
+            text = str(app.screen.query_one("#confirm-message").render())
+            assert text == (f"Not saved, lost if you change the context size now:\n- the transcript (1 question): "
+                            f"Ctrl+S could not write {md}\n\nStay, make the folder writable (or free space) and "
+                            f"press Ctrl+S again.")
+            assert str(app.screen.query_one("#go").label) == "New size anyway (Ctrl+G)"
+            await pilot.press("escape")  # stays: the conversation and the session as they were
+            await pilot.pause()
+            assert not isinstance(app.screen, Confirm) and len(app.messages) == 2
+            assert app.engine.info.n_ctx == 4096 and len(app.query("UserMessage")) == 1
+            await _context_size(pilot, "8192")
+            await pilot.press("enter")  # Enter on the focused "Stay" button stays too
+            await pilot.pause()
+            assert not isinstance(app.screen, Confirm) and len(app.messages) == 2 and app.engine.info.n_ctx == 4096
+            await _context_size(pilot, "8192")
+            await pilot.press("ctrl+q")  # asks about quitting; the new size is not asked about any more
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmQuit) and app.is_running
+            assert not any(isinstance(s, ConfirmContext) for s in app.screen_stack)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, Confirm) and len(app.messages) == 2 and app.engine.info.n_ctx == 4096
+            await _context_size(pilot, "many")  # not a size: refused as before, nothing asked, nothing lost
+            assert isinstance(app.screen, ErrorDialog) and app.errors[-1][0] == "cannot change the context size"
+            await pilot.press("escape")
+            await pilot.pause()
+            assert len(app.messages) == 2 and app.engine.info.n_ctx == 4096
+            await _context_size(pilot, "8192")
+            await pilot.press("ctrl+g")  # Ctrl+G again: the new session, the chat cleared
+            await pilot.pause()
+            await pilot.pause()
+            assert not isinstance(app.screen, Confirm) and app.engine.info.n_ctx == 8192
+            assert app.messages == [] and len(app.query("UserMessage")) == 0 and app.is_running
+            assert any(n.message.startswith("context 8192 tokens — a new session") for n in app._notifications)
+
+
+async def test_a_new_context_size_asks_only_about_what_it_discards(tmp_path, monkeypatch):
+    """With nothing unsaved Ctrl+G starts the new session at once; a failed F6 alone makes Ctrl+G ask
+    (the new session's counters start from zero) but not Ctrl+N (a new chat keeps them); the
+    button starts the new session; once F6 saves, Ctrl+G asks nothing again.  The failed save's
+    dialog names the keys that ask."""
+    import errno
+
+    from ds4tui.widgets.dialogs import Confirm, ConfirmContext, ConfirmNewChat
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        await _context_size(pilot, "2048")  # nothing failed: no question
+        await pilot.pause()
+        assert not isinstance(app.screen, Confirm) and app.engine.info.n_ctx == 2048 and app.messages == []
+        await _turn(pilot)
+        with monkeypatch.context() as m:
+            _failing_writes(m, errno.EROFS)
+            await pilot.press("f6")
+            await pilot.pause()
+            js = app.save_failed["stats"]
+            assert ("Until then nothing is lost: the stats stay while the app runs, and every key that would "
+                    "discard them asks first (Ctrl+Q, Ctrl+G).") in app.errors[-1][1]
+            await pilot.press("escape")
+            await _context_size(pilot, "3000")
+            assert isinstance(app.screen, ConfirmContext)
+            assert str(app.screen.query_one("#confirm-message").render()) == (
+                f"Not saved, lost if you change the context size now:\n- the stats: F6 could not write {js}\n\n"
+                f"Stay, make the folder writable (or free space) and press F6 again.")
+            await pilot.click("#go")  # the "New size anyway" button
+            await pilot.pause()
+            await pilot.pause()
+            assert not isinstance(app.screen, Confirm) and app.engine.info.n_ctx == 3000 and app.messages == []
+            await _turn(pilot)
+            await pilot.press("ctrl+n")  # the stats are kept by a new chat: nothing asked
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmNewChat) and app.messages == []
+        await pilot.press("f6")  # saved: nothing left to ask about
+        await pilot.pause()
+        assert app.save_failed == {}
+        await _turn(pilot)
+        await _context_size(pilot, "4096")
+        await pilot.pause()
+        assert not isinstance(app.screen, Confirm) and app.engine.info.n_ctx == 4096 and app.messages == []
+
+
 async def test_a_rejected_knob_value_is_quoted_as_typed_marked_invalid_and_the_value_in_force_returns(tmp_path):
     """A burst of input (a paste) into a knob field is kept as it came, even when it is not a number
     (it was dropped whole, the field left empty and the message saying "found nothing"); Enter

@@ -1,6 +1,6 @@
 """Modal dialogs: an error the user must read (bad file, refused support model, no GPU), and
 longer explanations (the no-draft reasons), a path to open (a stats export), and a question
-before quitting or starting a new chat with unsaved work."""
+before an action discards unsaved work (quitting, a new chat, a new context size)."""
 
 from __future__ import annotations
 
@@ -104,6 +104,14 @@ class ConfirmNewChat(Confirm):
 
     GO = "New chat anyway (Ctrl+N)"
     BINDINGS = [Binding("ctrl+n", "go", "new chat anyway", show=False)]
+
+
+class ConfirmContext(Confirm):
+    """Asks before a new context size (a new session) clears the conversation and the counters
+    (Ctrl+G again changes it)."""
+
+    GO = "New size anyway (Ctrl+G)"
+    BINDINGS = [Binding("ctrl+g", "go", "new context size anyway", show=False)]
 
 
 class InfoDialog(ModalScreen[None]):
