@@ -45,7 +45,9 @@ DEBIAN_BITCODE = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
 TOOLS = {"clang": "clang++-19", "llvm-as": "llvm-as-19", "llvm-dis": "llvm-dis-19", "objcopy": "llvm-objcopy-19",
          "readelf": "llvm-readelf-19", "bundler": "clang-offload-bundler-19", "lld": "ld.lld-19"}
 #: Debian packages that hold the tools and files above.
-PACKAGES = ("clang-19", "lld-19", "libamdhip64-dev", "rocm-device-libs")
+# llvm-19 (llvm-as, llvm-dis, llvm-objcopy, llvm-readelf) and clang-tools-19 (clang-offload-bundler)
+# are only Recommends of clang-19: an install without recommends lacks them
+PACKAGES = ("clang-19", "lld-19", "llvm-19", "clang-tools-19", "libamdhip64-dev", "rocm-device-libs")
 #: Kernels allowed a private segment: the mHC mix for any stream count up to 16 keeps a 16 x 16
 #: matrix in a local array (DS4's 4 streams run hc_mix4_kernel, which has none).
 SCRATCH_ALLOWED = ("_Z13hc_mix_kernelILi0EEvPKfiifffS1_fiPfS2_S2_",)
