@@ -411,7 +411,10 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
     if r.get("no_shared_figures"):
         lines.append(f"NOTE: {r['no_shared_figures']}")
     for side, names in (("A", r["only_a"]), ("B", r["only_b"])):
-        if names:
+        if names and arms is not None and not every_figure:  # the arms' tables show them as "-"
+            lines.append(f"only in {side}: {len(names)} figure{'s' if len(names) > 1 else ''} (a \"-\" in the other "
+                         f"run's column of the tables; --all names {'them' if len(names) > 1 else 'it'})")
+        elif names:
             lines.append(f"only in {side}: {names_summary(names)}")
     return "\n".join(lines)
 
