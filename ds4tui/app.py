@@ -157,8 +157,9 @@ class ChatOptions:
     gpu_layout: str = "planar"
     gpu_library: str | None = None
     prefill_gemm: str = "auto"
-    #: the matmul activations numerics option (spec ds4.md §2.9.5): "f32" or "q8" (cpu backend)
-    activations: str = "f32"
+    #: the matmul activations numerics option (spec ds4.md §2.9.5): "auto" (q8 on the cpu backend, f32 on
+    #: hip), "f32" or "q8"
+    activations: str = "auto"
     #: the gpu_graphs option (spec platform.md §8): "off" or "on" (hip backend)
     gpu_graphs: str = "off"
     #: --draft-vocab: the tokens DSpark's drafter proposes from ("auto", "full" or a count; spec dspark.md §2.6)

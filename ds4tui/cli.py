@@ -230,8 +230,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
-    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
-                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
+    p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
+                   help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
@@ -322,8 +322,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
-    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
-                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default f32")
+    p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
+                   help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
@@ -375,8 +375,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    "in the title and the chat), cpu or hip. Default auto")
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
-    p.add_argument("--activations", choices=["f32", "q8"], default="f32",
-                   help="matmul activations: f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default f32")
+    p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
+                   help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default auto")
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,

@@ -70,7 +70,8 @@ class FakeChatEngine:
             support_status="attached" if self.has_dspark else "none",
             support_message="", support_summary="stages=3 block=5 markov_rank=288 tensors=81 missing=0 invalid=0 "
             "metadata_errors=0 nonfinite=0" if self.has_dspark else "", block_size=5 if self.has_dspark else 0,
-            sampling=S.SamplingParams(), activations=getattr(options, "activations", "f32"),
+            sampling=S.SamplingParams(), activations=S.auto_activations("cpu")[0] if getattr(options, "activations", "f32") == "auto"
+            else getattr(options, "activations", "f32"),
             scheduler_prices=getattr(options, "scheduler_prices", "fresh"),
             scheduler_prices_note="" if getattr(options, "scheduler_prices", "fresh") == "fresh"
             else f"{options.scheduler_prices}: from /cache/scheduler-prices/0123.json (decode 2.20 ms)")

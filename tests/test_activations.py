@@ -51,8 +51,23 @@ def test_q8_is_batch_invariant(tiny_q2):
 def test_q8_runs_on_the_cpu_and_gpu_backends_only(tiny_q2):
     with pytest.raises(BackendUnavailableError, match=r"q8\) run on the cpu and hip backends; the reference backend"):
         Engine(tiny_q2["model"], backend="reference", activations="q8")
-    with pytest.raises(ValueError, match="activations must be one of f32, q8"):
+    with pytest.raises(ValueError, match="activations must be auto or one of f32, q8"):
         Engine(tiny_q2["model"], activations="int8")
+
+
+def test_auto_is_q8_on_the_cpu_and_f32_elsewhere(tiny_q2):
+    """activations="auto" (the command line's default) resolves by the backend and says so; the
+    Python API's default stays f32 (the oracle tests' numerics)."""
+    e = Engine(tiny_q2["model"], backend="cpu", activations="auto")
+    assert e.activations == "q8" and e.activations_note.startswith("auto: q8 on the cpu backend")
+    r = Engine(tiny_q2["model"], backend="reference", activations="auto")
+    assert r.activations == "f32" and r.activations_note.startswith("auto: f32 on the reference backend")
+    assert Engine(tiny_q2["model"], backend="cpu").activations == "f32"
+    # the same logits as asking for q8 by name
+    a = Engine(tiny_q2["model"], backend="cpu", activations="q8").session(64)
+    b = e.session(64)
+    ids = [5, 900, 77, 12345, 42]
+    np.testing.assert_array_equal(a.prefill(ids, logits="all"), b.prefill(ids, logits="all"))
 
 
 def test_generate_json_names_the_option(tiny_q2):
@@ -60,6 +75,11 @@ def test_generate_json_names_the_option(tiny_q2):
                           "--raw", "--activations", "q8", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["activations"] == "q8"
+    dflt = subprocess.run([sys.executable, "-m", "ds4tui", "generate", str(tiny_q2["model"]), "-p", "hello", "-n", "4",
+                           "--raw", "--json", "--backend", "cpu"], capture_output=True, text=True, timeout=300)
+    assert dflt.returncode == 0, dflt.stderr
+    res = json.loads(dflt.stdout)
+    assert res["activations"] == "q8" and res["activations_note"].startswith("auto: q8 on the cpu backend")
     bad = subprocess.run([sys.executable, "-m", "ds4tui", "generate", str(tiny_q2["model"]), "-p", "x",
                           "--activations", "int4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--activations" in bad.stderr
@@ -75,7 +95,7 @@ def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
     opts = options_from_args(args)
     # auto stays auto: both backends run it
     assert opts.activations == "q8" and opts.backend == "auto"
-    assert options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"])])).activations == "f32"
+    assert options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"])])).activations == "auto"
     on_gpu = options_from_args(cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--activations", "q8",
                                                               "--backend", "hip"]))
     assert (on_gpu.activations, on_gpu.backend) == ("q8", "hip")
@@ -101,7 +121,8 @@ def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
 def test_doctor_names_the_option(capsys):
     assert cli.main(["doctor", "--json"]) == 0
     a = json.loads(capsys.readouterr().out)["activations"]
-    assert a["default"] == "f32" and a["choices"] == ["f32", "q8"] and "Q8_0" in a["note"]
+    assert a["default"] == "auto" and a["choices"] == ["auto", "f32", "q8"] and "Q8_0" in a["note"]
+    assert "q8 on the cpu backend" in a["note"]
     assert cli.main(["doctor"]) == 0
     assert "activations" in capsys.readouterr().out
 

@@ -25,8 +25,10 @@ PROMPT = "Write a Python function that reverses a linked list."
 
 
 def _options(model, support, tmp_path, **kw) -> ChatOptions:
+    # f32 activations: the numerics of the greedy oracle these tests compare with (the app's default,
+    # auto, is q8 on the cpu; tests/test_activations.py covers it)
     kw = {"backend": "cpu", "ctx": 1024, "think": False, "max_tokens": 40, "save_dir": tmp_path, "telemetry": "rss",
-          **kw}
+          "activations": "f32", **kw}
     return ChatOptions(model=str(model), support=None if support is None else str(support), **kw)
 
 

@@ -340,7 +340,9 @@ async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(t
     assert a["prefill_gemm"] == b["prefill_gemm"] == "off"  # the cpu backend keeps float32 products
     assert cli_main(["compare", a["path"], b["path"], "--json"]) == 0
     assert ["activations", "f32", "q8"] in json.loads(capsys.readouterr().out)["knobs"]
-    gen = _generate(tiny_q2, tmp_path, capsys, "gen.json")
+    dflt = _generate(tiny_q2, tmp_path, capsys, "dflt.json")
+    assert json.loads(Path(dflt).read_text())["activations"] == "q8"  # auto, the default: q8 on the cpu
+    gen = _generate(tiny_q2, tmp_path, capsys, "gen.json", "--activations", "f32")
     assert json.loads(Path(gen).read_text())["activations"] == "f32"
     assert cli_main(["compare", gen, b["path"], "--json"]) == 0
     knobs = json.loads(capsys.readouterr().out)["knobs"]

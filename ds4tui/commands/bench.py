@@ -401,7 +401,7 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
     return runs
 
 
-def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
+def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str = "auto", n_threads: int,
               n_prompt: int, n_decode: int,
               ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None,
               say=None) -> dict:
@@ -426,6 +426,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     if say is not None:
         for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
             say(note)
@@ -463,6 +464,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "backend_note": backend_note,
         "numerics": numerics,
         "activations": activations,
+        "activations_note": activations_note,
         "prefill_gemm": gemm,
         "prefill_gemm_note": gemm_note,
         "gpu_graphs": graphs,
@@ -598,7 +600,7 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
             "n_expert_used": c.n_expert_used}
 
 
-def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "f32", n_threads: int,
+def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "auto", n_threads: int,
            n_tokens: int,
            ctx: int | None, medium: bool, settings: Settings | None = None, say=None, note=None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
@@ -629,6 +631,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     problem_at_start = engine.scheduler_prices_problem
     if say is not None:
@@ -693,7 +696,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     if interrupted:
         raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
             "model": _model_info(model, medium), "support": support_info, "backend": backend,
-            "backend_note": backend_note, "numerics": numerics, "activations": activations, "gpu_graphs": graphs,
+            "backend_note": backend_note, "numerics": numerics, "activations": activations,
+            "activations_note": activations_note, "gpu_graphs": graphs,
             "gpu_graphs_note": graphs_note, **prices_info, "n_threads": n_threads_used, "ctx": ctx, "tokens": n_tokens}))
     arms = [(name, [r for n, _, r in finished if n == name]) for name, _ in AB_ARMS]
     base = {r["kind"]: r for r in arms[0][1]}
@@ -732,6 +736,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "backend_note": backend_note,
         "numerics": numerics,
         "activations": activations,
+        "activations_note": activations_note,
         "gpu_graphs": graphs,
         "gpu_graphs_note": graphs_note,
         **prices_info,
@@ -1100,7 +1105,10 @@ def run_synthetic(args: argparse.Namespace) -> int:
                                            verify_widths=args.verify_widths,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
                                            prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
-                                           prefill_modes=modes, activations=getattr(args, "activations", "f32"),
+                                           prefill_modes=modes,
+                                           # auto: the synthetic layers run on the GPU, where auto is f32
+                                           activations={"auto": "f32"}.get(getattr(args, "activations", "f32"),
+                                                                            getattr(args, "activations", "f32")),
                                            **opts)
     except BackendUnavailableError as exc:
         return _fail(f"--synthetic flash: {exc} (it times the GPU backend: `ds4tui doctor` says what is missing; "

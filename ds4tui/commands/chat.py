@@ -50,7 +50,7 @@ def options_from_args(args: argparse.Namespace):
         raise ValueError(f"argument --save-dir: {save_dir}: cannot write there: found {found_in(save_dir, code)}; "
                          f"{fix_for(save_dir, code)}, or give another folder (Ctrl+S and F6 write there)")
     env = settings_of(args)
-    activations = getattr(args, "activations", "f32")
+    activations = getattr(args, "activations", "auto")
     backend = args.backend
     # auto picks hip or cpu (both run q8, spec ds4.md §2.9.5) and says why in its backend_note,
     # which the welcome line shows as generate prints it

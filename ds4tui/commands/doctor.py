@@ -74,9 +74,11 @@ def collect() -> dict:
         got = ("off (auto): " if want == "auto" else f"{want} refused at open: ") + (info.blas if info else "no BLAS")
     out["prefill_gemm"] = {"wanted": want, "in_force": got}
     # the matmul activations (spec ds4.md §2.9.5): a flag of chat, generate and bench, no variable
-    out["activations"] = {"default": "f32", "choices": ["f32", "q8"],
-                          "note": "f32: float32 activations for every weight type; q8 (--activations q8 on chat, "
-                                  "generate and bench): 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu and hip backends"}
+    out["activations"] = {"default": "auto", "choices": ["auto", "f32", "q8"],
+                          "note": "auto: q8 on the cpu backend (as ds4 and llama.cpp compute on a CPU), f32 on hip; "
+                                  "f32 (--activations f32 on chat, generate and bench): float32 activations for "
+                                  "every weight type; q8: 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu "
+                                  "and hip backends"}
     # graphs of the decode and verify passes (spec platform.md §8): a flag of chat, generate and bench, no variable
     out["gpu_graphs"] = {"default": "off", "choices": ["off", "on"],
                          "note": "on (--gpu-graphs on on chat, generate and bench): each pass of at most 17 rows "

@@ -356,6 +356,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "backend": engine.backend,
         "numerics": engine.numerics,
         "activations": engine.activations,
+        "activations_note": engine.activations_note,
         "prefill_gemm": engine.prefill_gemm,
         "prefill_gemm_note": engine.prefill_gemm_note,
         "gpu_graphs": engine.gpu_graphs,

@@ -73,6 +73,16 @@ NUMERICS = ("ds4", "transformers")
 GPU_LAYOUTS = ("planar", "ggml")
 #: Matmul activations (spec ds4.md §2.9.5): float32, or 8-bit for Q8_0, Q2_K and IQ2_XXS matrices (CPU backend).
 ACTIVATIONS = ("f32", "q8")
+
+
+def auto_activations(backend: str) -> tuple[str, str]:
+    """What ``activations="auto"`` means on ``backend`` (spec ds4.md §2.9.5), and the note that says it:
+    8-bit activations on the cpu (as ds4's and llama.cpp's CPU paths compute, and about 1.8x the
+    float32 prefill there), float32 on the GPU and reference backends."""
+    if backend == "cpu":
+        return "q8", ("auto: q8 on the cpu backend (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, as ds4 "
+                      "and llama.cpp compute on a CPU; --activations f32 keeps float32)")
+    return "f32", f"auto: f32 on the {backend} backend (--activations q8 for 8-bit activations)"
 #: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
 #: The gpu_graphs option (ds4_engine.h's DS4_GPU_GRAPHS_*, in value order; spec platform.md §8).
@@ -158,12 +168,15 @@ class Engine:
         if gpu_layout not in GPU_LAYOUTS:
             raise ValueError(f"gpu_layout must be one of {', '.join(GPU_LAYOUTS)}, got {gpu_layout!r}")
         self.gpu_layout = gpu_layout
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        if activations not in ACTIVATIONS and activations != "auto":
+            raise ValueError(f"activations must be auto or one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if activations == "q8" and backend == "reference":
             raise BackendUnavailableError("8-bit activations (q8) run on the cpu and hip backends; the reference "
                                           "backend keeps float32 activations (use --activations f32, or --backend cpu)")
-        self.activations = activations
+        #: the matmul activations in force (spec ds4.md §2.9.4-§2.9.5): "f32" or "q8"; ``auto`` resolves
+        #: by the backend once it is known (q8 on the cpu, f32 elsewhere) and ``activations_note`` says so
+        self.activations = "f32" if activations == "auto" else activations
+        self.activations_note = f"{activations}: chosen"
         if prefill_gemm not in PREFILL_GEMMS:
             raise ValueError(f"prefill_gemm must be one of {', '.join(PREFILL_GEMMS)}, got {prefill_gemm!r}")
         if prefill_gemm in ("bf16", "f16") and backend in ("cpu", "reference"):
@@ -223,6 +236,8 @@ class Engine:
         self.model = _model(model)
         self.config: DS4Config = self.model.config
         self.backend = backend
+        if activations == "auto":
+            self.activations, self.activations_note = auto_activations(backend)
         self.prefill_gemm_note = f"off: the {backend} backend keeps float32 products"
         self.numerics = numerics
         self._handle = None

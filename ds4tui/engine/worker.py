@@ -304,7 +304,7 @@ class ChatEngine:
                  sampling: S.SamplingParams | None = None, dspark: bool = True,
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
-                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "f32",
+                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "auto",
                  numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
                  scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None,
                  draft_vocab: str | int = "auto"):
