@@ -145,6 +145,11 @@ def test_the_support_files_list_chooses_under_auto(tiny_q2, tmp_path):
     assert sm.summary()["draft_vocab"] == {"key": DV.KEY, "size": 300, "problem": None}  # what inspect shows
     assert SupportModel(tiny_q2["support"], e.config).summary()["draft_vocab"] is None
     assert S.Engine(tiny_q2["model"], support=path, draft_vocab="full").draft_vocab == 0
+    # auto on the hip backend: the whole vocabulary, said (the device path is asked for by count)
+    ids, note = DV.resolve("auto", sm, 129280, backend="hip")
+    assert ids == [] and note == ("full: all 129280 tokens (auto on the hip backend; --draft-vocab 300 drafts from "
+                                  "the support file's list there)")
+    assert DV.resolve(300, sm, 129280, backend="hip")[0] == ranked
     with pytest.raises(DV.DraftVocabError, match="lists 300 tokens; choose at most 300"):
         S.Engine(tiny_q2["model"], support=path, draft_vocab=301)
     plain = S.Engine(tiny_q2["model"], support=tiny_q2["support"])

@@ -384,7 +384,7 @@ class Engine:
             self.support_status, self.support_message = "refused", why
             return
         m = sm.meta
-        vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab)
+        vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab, self.backend)
         ids = ffi.new("int32_t[]", list(m.target_layer_ids))
         vd = ffi.new("int32_t[]", vocab) if vocab else ffi.NULL
         cfg = ffi.new("ds4_support_config *", {"n_stages": m.n_stages, "block_size": m.block_size,
