@@ -605,8 +605,10 @@ class DS4App(App):
                    else "") + self._gpu_options_not_applied(info.backend)
                 + (f"; scheduler prices {info.scheduler_prices_note}"
                    if info.support_status == "attached" and getattr(info, "scheduler_prices_note", "") else "")
+                + (f"; activations {info.activations_note}"  # auto's choice and why (a chosen one is in the title)
+                   if getattr(info, "activations_note", "").startswith("auto") else "")
                 + (f"; drafts from {info.draft_vocab_note}"
-                   if info.support_status == "attached" and getattr(info, "draft_vocab", 0) else "")
+                   if info.support_status == "attached" and getattr(info, "draft_vocab_note", "") else "")
                 + ". Type a prompt and press Enter."
                 + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))

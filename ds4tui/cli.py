@@ -457,7 +457,9 @@ def _add_draft_vocab(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=positive_int, default=16384, metavar="N",
                    help="tokens to keep, the most frequent first (default 16384; fewer when fewer occur)")
     p.add_argument("--out", "-o", required=True, help="where to write the copy (may be SUPPORT itself: it is "
-                   "replaced only once the copy is whole)")
+                   "replaced only once the copy is whole; another existing file only with --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file (SUPPORT itself needs no "
+                   "--force; the model file and anything but a regular file are always refused)")
     p.add_argument("--json", action="store_true", help="print one JSON object with what was written")
 
 

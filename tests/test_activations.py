@@ -104,6 +104,11 @@ def test_chat_takes_the_option_and_the_title_shows_it(tiny_q2, tmp_path):
         assert chat.info.activations == "q8" and chat.engine.activations == "q8"
     finally:
         chat.close()
+    chat = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=64)  # the app's default: auto
+    try:  # the welcome line says which activations ran and why (app.py: info.activations_note)
+        assert chat.info.activations == "q8" and chat.info.activations_note.startswith("auto: q8 on the cpu backend")
+    finally:
+        chat.close()
 
     async def title(activations: str) -> str:
         o = dataclasses.replace(opts, save_dir=tmp_path, activations=activations)

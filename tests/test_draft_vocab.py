@@ -258,3 +258,70 @@ def test_generate_names_its_draft_vocabulary(tiny_q2, tmp_path, capsys):
         _cli(capsys, "generate", str(tiny_q2["model"]), "-p", "hi", "--draft-vocab", "lots")
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "argument --draft-vocab: expected auto, full or a count >= 1, found 'lots'" in err
+
+
+def test_draft_vocab_out_never_overwrites_what_it_should_not(tiny_q2, tmp_path, capsys, monkeypatch):
+    """--out: the model file, a device or folder, the demo's unpacked support file, and an existing
+    file without --force are refused before anything is written; SUPPORT itself is replaced."""
+    import shutil
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    (src / "bad.py").write_bytes(b"\xff\xfe\x00binary")
+    model = tmp_path / "model.gguf"
+    support = tmp_path / "support.gguf"
+    shutil.copy(tiny_q2["model"], model)
+    shutil.copy(tiny_q2["support"], support)
+    before = model.read_bytes()
+
+    def run(out, *extra):
+        return _cli(capsys, "draft-vocab", str(model), str(support), "--from", str(src), "--size", "8", "--out",
+                    str(out), *extra)
+
+    rc, _, err = run(model)
+    assert rc == 2 and "is the model file" in err and model.read_bytes() == before
+    rc, _, err = run(tmp_path)
+    assert rc == 2 and "is not a regular file" in err
+    other = tmp_path / "precious.txt"
+    other.write_text("keep me")
+    rc, _, err = run(other)
+    assert rc == 2 and "exists: pass --force" in err and other.read_text() == "keep me"
+    rc, _, err = run(other, "--force")
+    assert rc == 0 and DV.KEY in open_fields(other)
+    link = tmp_path / "link.gguf"
+    link.symlink_to(support)
+    rc, _, err = run(link)  # a link to SUPPORT: the file it names is replaced, the link stays
+    assert rc == 0 and link.is_symlink() and DV.KEY in open_fields(support)
+    assert "1 file skipped (not UTF-8 text, or unreadable)" in err and "bad.py" in err
+    rc, _, err = _cli(capsys, "draft-vocab", str(model), str(support), "--from", str(src), "--out", "")
+    assert rc == 2 and "an empty path" in err
+    # the demo's unpacked support file: refused (the demo would unpack it again)
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "demo"))
+    (tmp_path / "demo" / "pair").mkdir(parents=True)
+    demo_support = tmp_path / "demo" / "pair" / "support.gguf"
+    shutil.copy(tiny_q2["support"], demo_support)
+    rc, _, err = _cli(capsys, "draft-vocab", str(model), str(demo_support), "--from", str(src), "--out",
+                      str(demo_support))
+    assert rc == 2 and "bundled demo's unpacked support file" in err and DV.KEY not in open_fields(demo_support)
+
+
+def open_fields(path) -> set:
+    from ds4tui.engine.gguf_model import open_gguf
+
+    return set(open_gguf(path).fields)
+
+
+def test_a_list_that_cannot_be_used_is_said(tiny_q2, tmp_path, capsys):
+    """generate notes a support file's unusable list on stderr (auto falls back to the whole
+    vocabulary), inspect counts it as a problem (status 1), and --draft-vocab without a support model
+    has a note that it does nothing."""
+    bad = tmp_path / "support_bad.gguf"
+    rewrite(tiny_q2["support"], bad, set_keys={DV.KEY: ([3, 3], GGUFValueType.ARRAY, GGUFValueType.UINT32)})
+    rc, _, err = _cli(capsys, "generate", str(tiny_q2["model"]), "--mtp", str(bad), "-p", "hi", "-n", "2",
+                      "--scheduler-prices", "fresh")
+    assert rc == 0 and "its draft vocabulary (ds4tui.draft_vocab) cannot be used: token id 3 is listed twice" in err
+    rc, out, _ = _cli(capsys, "inspect", str(tiny_q2["model"]), "--mtp", str(bad))
+    assert rc == 1 and "draft vocabulary (ds4tui.draft_vocab) cannot be used: token id 3 is listed twice" in out
+    rc, _, err = _cli(capsys, "generate", str(tiny_q2["model"]), "-p", "hi", "-n", "2", "--draft-vocab", "10")
+    assert rc == 0 and "--draft-vocab 10 has no effect: no DSpark support model drafts" in err

@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_support_block,
-                                         gpu_options_not_applied, settings_of)
+                                         draft_vocab_notes, gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
@@ -428,7 +428,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     if say is not None:
-        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) \
+                + draft_vocab_notes(settings, engine):
             say(note)
     try:
         session = engine.session(ctx, **settings.session_options())
@@ -635,7 +636,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     problem_at_start = engine.scheduler_prices_problem
     if say is not None:
-        for what in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine):
+        for what in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) \
+                + draft_vocab_notes(settings, engine):
             say(what)
     if note is not None and problem_at_start:
         note(problem_at_start)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +45,46 @@ def template_ids(tok: Tokenizer) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def out_problem(out: Path, model: Path, support: Path, force: bool) -> str:
+    """Why ``--out`` cannot be written ("" when it can): never the model, never anything but a
+    regular file, never the demo's cached support file (the demo unpacks it again), and an existing
+    file other than SUPPORT only with ``--force``."""
+    if _same(out, model):
+        return f"--out {out} is the model file {model}: write the support copy elsewhere"
+    if out.exists() and not out.is_file():
+        return f"--out {out} exists and is not a regular file (a folder or device): name a file"
+    if _same(out, support):
+        from ds4tui.demo import DemoError, cache_dir
+
+        try:
+            demo = cache_dir().resolve()
+        except DemoError:
+            demo = None
+        if demo is not None and demo in out.resolve().parents:
+            return (f"--out {out} is the bundled demo's unpacked support file, which the demo unpacks again when "
+                    f"it changes: write the copy elsewhere (e.g. --out my-support.gguf) and use it with --mtp")
+        return ""
+    if out.exists() and not force:
+        return f"--out {out} exists: pass --force to replace it (nothing was written)"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.out:
+        return _fail("--out: an empty path (name the file to write)", status=2)
+    out = Path(args.out)
+    if out.is_symlink():  # the file it names is the one replaced (a support file kept behind a link)
+        out = out.resolve()
+    why = out_problem(out, Path(args.model), Path(args.support), args.force)
+    if why:
+        return _fail(why, status=2)
     try:
         model = DS4Model(args.model)
         support = SupportModel(args.support, model.config, check_finite=False)
@@ -64,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
     for src in args.sources:
         p = Path(src)
         paths += sorted(f for f in p.rglob(args.glob) if f.is_file()) if p.is_dir() else [p]
+    skipped: list[str] = []
     for f in paths:
         try:
             text = f.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
+            skipped.append(str(f))
             continue
         ids = tok.encode(text, parse_special=False)  # a file's text is plain text, markers included
         lists.append(ids)
@@ -84,16 +126,19 @@ def run(args: argparse.Namespace) -> int:
         counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=n_vocab)
     covered = float(counts[np.asarray(keep, dtype=np.int64)].sum() / counts.sum())
     try:
-        out = DV.write_list(args.support, args.out, keep, n_vocab=n_vocab)
+        out = DV.write_list(args.support, out, keep, n_vocab=n_vocab)
     except (DraftVocabError, ConversionError) as exc:
         return _fail(str(exc))
     result = {"ok": True, "out": str(out), "support": str(args.support), "model": str(args.model),
               "files": files, "tokens_counted": counted, "distinct": int((counts > 0).sum()),
-              "draft_vocab": len(keep), "n_vocab": n_vocab, "coverage": round(covered, 6)}
+              "draft_vocab": len(keep), "n_vocab": n_vocab, "coverage": round(covered, 6), "skipped": skipped}
+    if skipped:  # named, never silent: not UTF-8 text, or unreadable
+        print(f"ds4tui draft-vocab: note: {len(skipped)} file{'s' if len(skipped) > 1 else ''} skipped (not UTF-8 "
+              f"text, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{out}: a draft vocabulary of {len(keep)} of {n_vocab} tokens (the chat template's "
-              f"{len(template_ids(tok))} first), from {counted} tokens of {files} files ({result['distinct']} "
+              f"{len(template_ids(tok))} first), from {counted} tokens of {files} file{'s' if files != 1 else ''} ({result['distinct']} "
               f"distinct); the list covers {100 * covered:.2f} % of the tokens counted")
     return 0

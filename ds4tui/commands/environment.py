@@ -287,3 +287,17 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
         out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
                     "checked": var.field is not None or var.check is not None, "error": error, "ignored": ignored})
     return out
+
+
+def draft_vocab_notes(settings: "Settings | None", engine) -> list[str]:
+    """Notes on the draft vocabulary (spec dspark.md §2.6) that a command prints on stderr: a
+    ``--draft-vocab`` choice that has no effect (no support model drafts) and a support file's list
+    that could not be used (``auto`` then drafts from the whole vocabulary)."""
+    out = []
+    settings = settings or Settings()
+    if settings.draft_vocab != "auto" and getattr(engine, "support_status", "none") != "attached":
+        out.append(f"--draft-vocab {settings.draft_vocab} has no effect: no DSpark support model drafts "
+                   f"(give one with --mtp)")
+    if getattr(engine, "draft_vocab_problem", ""):
+        out.append(engine.draft_vocab_problem)
+    return out

@@ -44,8 +44,8 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, gpu_options_not_applied,
-                                         settings_of)
+from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, draft_vocab_notes,
+                                         gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
+                print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
+            for what in draft_vocab_notes(settings, engine):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             prices_problem = engine.scheduler_prices_problem
             if prices_problem:  # on stderr with --json too, as every other note

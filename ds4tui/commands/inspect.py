@@ -150,7 +150,8 @@ def run(args) -> int:
         return 2
     ms = model.summary(ctx=args.ctx)
     ss = support.summary() if support is not None else None
-    ok = ss is None or ss["compatible"]
+    # a support file's draft vocabulary that cannot be used is a problem too (spec dspark.md §2.6)
+    ok = ss is None or (ss["compatible"] and not (ss.get("draft_vocab") or {}).get("problem"))
     plan = memory_plan(model, support, args.ctx, getattr(args, "budget", None))
     # a plan that does not fit the budget is a problem: exit status 1, as the README says of any
     fits = plan["budget"] is None or plan["fits"]

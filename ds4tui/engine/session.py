@@ -82,6 +82,8 @@ def auto_activations(backend: str) -> tuple[str, str]:
     if backend == "cpu":
         return "q8", ("auto: q8 on the cpu backend (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, as ds4 "
                       "and llama.cpp compute on a CPU; --activations f32 keeps float32)")
+    if backend == "reference":
+        return "f32", "auto: f32 on the reference backend (its only activations)"
     return "f32", f"auto: f32 on the {backend} backend (--activations q8 for 8-bit activations)"
 #: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
@@ -196,6 +198,8 @@ class Engine:
         #: model, ``full``, or a support file without a list under ``auto``)
         self.draft_vocab = 0
         self.draft_vocab_note = "full: no support model drafts"
+        #: why the support file's draft vocabulary could not be used ("": none, or it could)
+        self.draft_vocab_problem = ""
         self.scheduler_prices = scheduler_prices
         self.scheduler_prices_note = "fresh: every session measures its own prices"
         self.scheduler_prices_file: Path | None = None
@@ -385,6 +389,10 @@ class Engine:
             return
         m = sm.meta
         vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab, self.backend)
+        listed = sm.summary()["draft_vocab"]
+        if listed is not None and listed["problem"]:  # auto fell back to the whole vocabulary: said, not silent
+            self.draft_vocab_problem = (f"{sm.path}: its draft vocabulary ({listed['key']}) cannot be used: "
+                                        f"{listed['problem']}; drafting from the whole vocabulary")
         ids = ffi.new("int32_t[]", list(m.target_layer_ids))
         vd = ffi.new("int32_t[]", vocab) if vocab else ffi.NULL
         cfg = ffi.new("ds4_support_config *", {"n_stages": m.n_stages, "block_size": m.block_size,

@@ -234,8 +234,9 @@ class ChatInfo:
     #: the prefill_gemm numerics option in force ("off", "bf16", "f16") and what it means here
     prefill_gemm: str = "off"
     prefill_gemm_note: str = ""
-    #: the matmul activations numerics option ("f32", or "q8": spec ds4.md §2.9.5)
+    #: the matmul activations numerics option ("f32", or "q8": spec ds4.md §2.9.5) and why (auto's choice)
     activations: str = "f32"
+    activations_note: str = ""
     #: the gpu_graphs option in force ("off", "on"; spec platform.md §8) and what it means here
     gpu_graphs: str = "off"
     gpu_graphs_note: str = ""
@@ -355,7 +356,7 @@ class ChatEngine:
             support_status=e.support_status, support_message=e.support_message, support_summary=summary,
             block_size=e.block_size if self.has_dspark else 0, sampling=self.session.sampling,
             prefill_gemm=getattr(e, "prefill_gemm", "off"), prefill_gemm_note=getattr(e, "prefill_gemm_note", ""),
-            activations=getattr(e, "activations", "f32"),
+            activations=getattr(e, "activations", "f32"), activations_note=getattr(e, "activations_note", ""),
             gpu_graphs=getattr(e, "gpu_graphs", "off"), gpu_graphs_note=getattr(e, "gpu_graphs_note", ""),
             scheduler_prices=getattr(e, "scheduler_prices", "fresh"),
             scheduler_prices_note=getattr(e, "scheduler_prices_note", ""),
