@@ -325,3 +325,12 @@ def test_a_list_that_cannot_be_used_is_said(tiny_q2, tmp_path, capsys):
     assert rc == 1 and "draft vocabulary (ds4tui.draft_vocab) cannot be used: token id 3 is listed twice" in out
     rc, _, err = _cli(capsys, "generate", str(tiny_q2["model"]), "-p", "hi", "-n", "2", "--draft-vocab", "10")
     assert rc == 0 and "--draft-vocab 10 has no effect: no DSpark support model drafts" in err
+
+
+def test_chat_refuses_a_count_the_support_file_cannot_meet_before_anything_loads(tiny_q2, capsys):
+    """chat checks --draft-vocab N against the support file's metadata as generate does: one line,
+    status 2, before the app opens."""
+    from ds4tui import cli
+
+    rc, _, err = _cli(capsys, "chat", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "--draft-vocab", "99")
+    assert rc == 2 and "argument --draft-vocab: 99: " in err and "has no draft vocabulary" in err

@@ -818,7 +818,7 @@ def render_text(r: dict) -> str:
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-                   f"{r['n_threads']} threads, context {r['ctx']}"
+                   f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}"
                    + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
                    f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"
                    + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note")
@@ -857,7 +857,7 @@ def render_ab_text(r: dict) -> str:
         f"support  {sup['message']}",
         f"drafts   from {r.get('draft_vocab_note') or 'the whole vocabulary'} (--draft-vocab)",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-        f"{r['n_threads']} threads, context {r['ctx']}, "
+        f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}, "
         f"memory {format_bytes(mem['total'])} ({same})"
         + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note") else ""),
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
@@ -902,7 +902,7 @@ def render_ab_partial_text(r: dict) -> str:
         f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {r['support']['message']}",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-        f"{r['n_threads']} threads, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
+        f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
         "",
     ]
     if r["runs"]:

@@ -34,6 +34,7 @@ def collect() -> dict:
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
     from ds4tui.engine import gpu, memplan, prices
+    from ds4tui.engine.session import auto_activations
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -78,7 +79,9 @@ def collect() -> dict:
                           "note": "auto: q8 on the cpu backend (as ds4 and llama.cpp compute on a CPU), f32 on hip; "
                                   "f32 (--activations f32 on chat, generate and bench): float32 activations for "
                                   "every weight type; q8: 8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, cpu "
-                                  "and hip backends"}
+                                  "and hip backends",
+                          # what auto runs here: the backend --backend auto chooses decides it
+                          "here": auto_activations(out["auto_backend"])[0]}
     # graphs of the decode and verify passes (spec platform.md §8): a flag of chat, generate and bench, no variable
     out["gpu_graphs"] = {"default": "off", "choices": ["off", "on"],
                          "note": "on (--gpu-graphs on on chat, generate and bench): each pass of at most 17 rows "
@@ -156,7 +159,8 @@ def run(args) -> int:
     if r.get("blas") is not None:
         lines.append(("gpu blas", r["blas"]))
     lines.append(("prefill gemm", f"{r['prefill_gemm']['wanted']}: {r['prefill_gemm']['in_force']}"))
-    lines.append(("activations", f"{r['activations']['default']} by default; {r['activations']['note']}"))
+    lines.append(("activations", f"{r['activations']['default']} by default (here {r['activations']['here']}, on the "
+                                 f"{r['auto_backend']} backend that --backend auto chooses); {r['activations']['note']}"))
     lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
     lines.append(("draft vocab", f"{r['draft_vocab']['default']} by default; {r['draft_vocab']['note']}"))
     sp = r["scheduler_prices"]

@@ -303,6 +303,19 @@ def support_block_size(path: str | os.PathLike) -> int | None:
         return None
 
 
+def support_draft_vocab_size(path: str | os.PathLike) -> int | None:
+    """How many tokens the draft vocabulary of a DSpark support GGUF lists (spec dspark.md §2.6),
+    read from its metadata alone, so that ``--draft-vocab N`` is checked before any model loads;
+    None when the file has no list or cannot be read (loading it then reports why)."""
+    from ds4tui.engine.draft_vocab import KEY
+
+    try:
+        f = open_gguf(path).fields.get(KEY)
+        return None if f is None else len(field_value(f))
+    except (ModelFileError, OSError, ValueError, TypeError):
+        return None
+
+
 # ---- tensor table ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
