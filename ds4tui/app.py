@@ -57,9 +57,9 @@ from textual.worker import WorkerCancelled, WorkerFailed
 
 from ds4tui.engine import worker as W
 from ds4tui.engine.stats import format_line
-from ds4tui.engine.telemetry import MemoryHistory, format_bytes, select_backend
+from ds4tui.engine.telemetry import MemoryHistory, format_bytes, plural, select_backend
 from ds4tui.engine.timeline import SpecTimeline
-from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, plural
+from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage
 from ds4tui.widgets.dialogs import (AskPath, Confirm, ConfirmContext, ConfirmNewChat, ConfirmQuit, ErrorDialog,
                                     InfoDialog)
 from ds4tui.widgets.histogram import Histogram

@@ -102,7 +102,7 @@ def test_bench_text_table_reference_backend_and_repeat(tiny_q2, capsys):
     width = len("bytes/token")  # labels padded to the longest one: the values start in one column
     assert all(line[:width].rstrip() == label and line[width:width + 2] == "  " and line[width + 2:].strip()
                for line, label in zip(lines, labels))
-    assert "reference backend, transformers numerics, f32 activations, 1 threads, context 32" in out
+    assert "reference backend, transformers numerics, f32 activations, 1 thread, context 32" in out
     assert "prefill-gemm off: the reference backend keeps float32 products" in out  # a numerics option, named
     assert "fastest of 2 runs" in out
     assert float(lines[4].split()[1]) > 0 and float(lines[5].split()[1]) > 0

@@ -74,7 +74,7 @@ from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
-from ds4tui.engine.telemetry import format_bytes
+from ds4tui.engine.telemetry import format_bytes, plural
 from ds4tui.interrupts import INTERRUPTS
 
 _PREFIX = "ds4tui bench:"
@@ -811,14 +811,14 @@ def render_text(r: dict) -> str:
     best = " (fastest of %d runs)" % r["repeat"] if r["repeat"] > 1 else ""
     prefill_s = min(x["prefill_seconds"] for x in r["runs"])
     decode_s = min(x["decode_seconds"] for x in r["runs"])
-    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {format_bytes(mc['buffer_bytes'])} copied, {mc['n_threads']} threads, "
+    memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   {format_bytes(mc['buffer_bytes'])} copied, {plural(mc['n_threads'], 'thread')}, "
               f"best of {mc['reps']}" if mc["gb_per_s"] else f"{'-':>10}        {mc.get('error', 'not measured')}")
     ratio = f"{r['bandwidth_ratio']:10.3f}        effective / memcpy" if r["bandwidth_ratio"] is not None else \
         f"{'-':>10}"
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})"),
         ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-                   f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}"
+                   f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}"
                    + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
                    f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"
                    + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note")
@@ -857,7 +857,7 @@ def render_ab_text(r: dict) -> str:
         f"support  {sup['message']}",
         f"drafts   from {r.get('draft_vocab_note') or 'the whole vocabulary'} (--draft-vocab)",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-        f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}, "
+        f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}, "
         f"memory {format_bytes(mem['total'])} ({same})"
         + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note") else ""),
         "prompts  " + ", ".join(f"{p['kind']} {p['prompt_tokens']} tokens" for p in r["prompts"])
@@ -902,7 +902,7 @@ def render_ab_partial_text(r: dict) -> str:
         f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {r['support']['message']}",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
-        f"{r['n_threads']} thread{'s' if r['n_threads'] != 1 else ''}, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
+        f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
         "",
     ]
     if r["runs"]:

@@ -681,6 +681,11 @@ class MemoryHistory:
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
+def plural(n: int, word: str) -> str:
+    """``"1 thread"``, ``"2 threads"``: ``n`` and ``word`` with an ``s`` unless ``n`` is 1."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def format_bytes(n: int | None) -> str:
     """``n`` bytes in binary units: ``"512 B"``, ``"12.5 KiB"``, ``"512.0 MiB"``, ``"1.23 GiB"``
     (one decimal below GiB, two from GiB up); ``"—"`` for ``None``."""

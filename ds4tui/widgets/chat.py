@@ -27,6 +27,7 @@ from textual.content import Content
 from textual.widgets import Collapsible, Input, Markdown, Static
 from textual.widgets.markdown import MarkdownFence
 
+from ds4tui.engine.telemetry import plural
 from ds4tui.widgets.pane import set_line
 from ds4tui.widgets.stream import StreamText, clean, no_second_layout
 
@@ -51,10 +52,6 @@ KEEP_QUESTION_PARTS = 2
 SUMMARY_S = 1.0
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def finished_blocks(text: str, start: int = 0) -> int:
