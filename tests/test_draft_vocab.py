@@ -334,3 +334,25 @@ def test_chat_refuses_a_count_the_support_file_cannot_meet_before_anything_loads
 
     rc, _, err = _cli(capsys, "chat", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "--draft-vocab", "99")
     assert rc == 2 and "argument --draft-vocab: 99: " in err and "has no draft vocabulary" in err
+
+
+def test_the_memory_plan_counts_the_row_copies_the_engine_makes(tiny_q2, tmp_path):
+    """memplan.draft_vocab_bytes (the fit check's and inspect's figure) equals what the engine adds
+    to its expanded bytes when it copies the list's rows (native/engine.c draft_vocab), and inspect's
+    plan counts them where the hip backend would draft from the list."""
+    from ds4tui.commands import inspect as I
+    from ds4tui.engine import memplan
+
+    ranked = [int(i) for i in _half(129280)[:300]]
+    path = tmp_path / "support_vd.gguf"
+    DV.write_list(tiny_q2["support"], path, ranked, n_vocab=129280)
+    full = S.Engine(tiny_q2["model"], support=path, draft_vocab="full")
+    listed = S.Engine(tiny_q2["model"], support=path, draft_vocab=300)
+    sm = SupportModel(path, full.config)
+    added = listed.memory().scratch - full.memory().scratch  # engine-level scratch: the expanded bytes
+    head_row = full.model.tensors["output.weight"].nbytes // 129280
+    assert added == memplan.draft_vocab_bytes(full.model, sm, 300) > 300 * head_row
+    assert memplan.draft_vocab_bytes(full.model, sm, 0) == 0 == memplan.draft_vocab_bytes(full.model, None, 300)
+    # hip's auto drafts from the whole vocabulary today: no copies in inspect's plan
+    plan = I.memory_plan(full.model, sm, 64, budget=1 << 40)
+    assert plan["draft_vocab_rows"] == 0 and plan["support"] == memplan.tensor_bytes(sm)

@@ -114,6 +114,11 @@ def test_a_model_larger_than_the_default_gtt_is_refused_with_the_pages_limit_to_
 def test_a_raised_gtt_holds_the_model(tmp_path):
     roots = _amdgpu(tmp_path, gtt_total=32505856 * 4096, gtt_used=GIB, pages_limit=32505856)
     assert memplan.check(_Model(FLASH), None, _info(), **roots) is None
+    # the draft vocabulary's row copies count: a plan that just fits without them does not with them
+    left = 32505856 * 4096 - GIB - FLASH - memplan.WORKING_RESERVE
+    assert memplan.check(_Model(FLASH), None, _info(), draft_vocab_extra=left, **roots) is None
+    e = memplan.check(_Model(FLASH), None, _info(), draft_vocab_extra=left + 1, **roots)
+    assert isinstance(e, DeviceMemoryError) and e.need == FLASH + memplan.WORKING_RESERVE + left + 1
     g = memplan.read_gtt(**roots)
     assert g.default_half is False and g.pages_limit == 32505856 and g.gtt_total == 124 * GIB
 

@@ -13,6 +13,7 @@ import sys
 
 from ds4tui.engine import layout as L
 from ds4tui.engine import memplan
+from ds4tui.engine.draft_vocab import DraftVocabError, resolve as resolve_draft_vocab
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.telemetry import format_bytes
 
@@ -75,16 +76,26 @@ def render_text(model: dict, support: dict | None) -> str:
     return "\n".join(lines)
 
 
+def draft_vocab_rows(support: SupportModel, n_vocab: int) -> int:
+    """The draft-vocabulary rows the hip backend copies for ``support`` under ``--draft-vocab auto``
+    (spec dspark.md §2.6; 0: it drafts from the whole vocabulary, or the file's list is unusable)."""
+    try:
+        return len(resolve_draft_vocab("auto", support, n_vocab, "hip")[0])
+    except DraftVocabError:
+        return 0
+
+
 def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget: int | None) -> dict:
     """The GPU memory plan of ``model`` (+ a compatible ``support``) at ``ctx`` tokens against
     ``budget`` bytes (None: the GPU's, :func:`memplan.gpu_budget`); a support model that is not
     compatible is left out (the engine refuses it, so nothing of it is uploaded)."""
-    shape, sup_bytes, vec = None, 0, memplan.vector_bytes(L.model_tensor_specs(model.config))
+    shape, sup_bytes, dv_rows, vec = None, 0, 0, memplan.vector_bytes(L.model_tensor_specs(model.config))
     attached = support is not None and support.summary()["compatible"]
     if attached:
         m = support.meta
         shape = memplan.SupportShape(m.n_stages, int(m.block_size), int(m.markov_rank), len(m.target_layer_ids))
-        sup_bytes = memplan.tensor_bytes(support)
+        dv_rows = draft_vocab_rows(support, model.config.n_vocab)
+        sup_bytes = memplan.tensor_bytes(support) + memplan.draft_vocab_bytes(model, support, dv_rows)
         vec += memplan.vector_bytes(support.specs)
     source = "--budget"
     if budget is None:
@@ -93,6 +104,7 @@ def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget:
                             support=shape, fixed_scratch=vec, budget=budget, budget_source=source)
     d = plan.to_dict()
     d["support_attached"] = attached
+    d["draft_vocab_rows"] = dv_rows
     if budget is not None and plan.max_ctx is None:  # what the smallest session would need
         d["need_at_1"] = memplan.fit_plan(model.config, 1, weights=memplan.tensor_bytes(model), support_bytes=sup_bytes,
                                           support=shape, fixed_scratch=vec).to_dict()["need"]
@@ -106,6 +118,8 @@ def render_plan(p: dict) -> str:
     lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
     lines += [f"              {name:<11}{format_bytes(b):>12}" if name != "support" or p["support_attached"] else
               f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
+    if p.get("draft_vocab_rows"):
+        lines[1 + [name for name, _ in rows].index("support")] += f"  (with the draft vocabulary's {p['draft_vocab_rows']} row copies)"
     lines.append(f"              {'total':<11}{format_bytes(p['need']):>12}")
     if p["budget"] is None:
         lines.append(f"budget        unknown: {p['budget_source']}")

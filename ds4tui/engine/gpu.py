@@ -193,8 +193,9 @@ def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
     return got, ""
 
 
-def admit(model, support, info: GPUInfo):
-    """Whether ``model`` (an opened DS4Model; ``support``: a support model or its path, or None) may
+def admit(model, support, info: GPUInfo, draft_vocab_extra: int = 0):
+    """Whether ``model`` (an opened DS4Model; ``support``: a support model or its path, or None; and
+    ``draft_vocab_extra`` bytes of draft-vocabulary row copies, :func:`memplan.draft_vocab_bytes`) may
     go on the device of ``info``, decided before the engine uploads anything: None when it may,
     else the :class:`~ds4tui.engine.errors.BackendUnavailableError` to raise.  First the memory
     plan (:mod:`ds4tui.engine.memplan`: a :class:`~ds4tui.engine.errors.DeviceMemoryError` that
@@ -203,7 +204,7 @@ def admit(model, support, info: GPUInfo):
     :class:`~ds4tui.engine.errors.DeviceFaultError` where ROCm would abort this process)."""
     from ds4tui.engine import device_check, memplan
 
-    too_big = memplan.check(model, support, info)
+    too_big = memplan.check(model, support, info, draft_vocab_extra=draft_vocab_extra)
     if too_big is not None:
         return too_big
     if info.platform == "hip":

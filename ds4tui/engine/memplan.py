@@ -178,6 +178,24 @@ def tensor_bytes(model, support=None) -> int:
     return total
 
 
+def draft_vocab_bytes(model, support, rows: int) -> int:
+    """Bytes the engine adds for a draft vocabulary of ``rows`` ids (spec dspark.md §2.6): one row of
+    the target's LM head (``output.weight``) and of the support model's Markov W2 and W1 per id,
+    copied at attach (``draft_vocab`` in native/engine.c) and uploaded with the support model.
+    ``model`` and ``support`` are opened models; 0 when ``rows`` is 0 or ``support`` is None."""
+    if not rows or support is None:
+        return 0
+    per_row = 0
+    head = model.tensors.get("output.weight")
+    if head is not None:
+        per_row += int(head.nbytes) // int(model.config.n_vocab)
+    for spec in support.specs:
+        t = support.tensors.get(spec.name)
+        if t is not None and spec.name.endswith(("markov_w1.weight", "markov_w2.weight")):
+            per_row += int(t.nbytes) // int(spec.shape[0])
+    return int(rows) * per_row
+
+
 def plan(weights: int, info, gtt: GTTInfo | None = None, reserve: int = WORKING_RESERVE) -> Plan:
     """The plan for ``weights`` bytes on the device of ``info`` (a :class:`ds4tui.engine.gpu.GPUInfo`).
     With ``gtt`` on a HIP device, amdgpu's pools: an integrated GPU (APU) gets the larger of the GTT
@@ -228,12 +246,13 @@ def misfit(what: str, p: Plan, gtt: GTTInfo | None = None) -> DeviceMemoryError 
                              source=p.source, advice=advice)
 
 
-def check(model, support, info, *, sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC,
+def check(model, support, info, *, draft_vocab_extra: int = 0, sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC,
           ttm_root: Path = TTM_PARAMS) -> DeviceMemoryError | None:
-    """The memory plan of ``model`` (+ ``support``) on the device of ``info``: None when it fits (or
-    the budget is unknown), else the :class:`DeviceMemoryError` to raise."""
+    """The memory plan of ``model`` (+ ``support``, + ``draft_vocab_extra`` bytes of draft-vocabulary
+    row copies: :func:`draft_vocab_bytes`) on the device of ``info``: None when it fits (or the
+    budget is unknown), else the :class:`DeviceMemoryError` to raise."""
     gtt = read_gtt(sysfs_root, proc_root, ttm_root) if info.platform == "hip" else None
-    p = plan(tensor_bytes(model, support), info, gtt)
+    p = plan(tensor_bytes(model, support) + draft_vocab_extra, info, gtt)
     return misfit(str(getattr(model, "path", model)), p, gtt)
 
 

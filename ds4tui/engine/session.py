@@ -53,7 +53,9 @@ from ds4tui.engine.errors import (  # re-exported: the names this module always 
     CancelledError,
     ContextOverflowError,
     DeviceError,
+    DraftVocabError,
     EngineError,
+    ModelFileError,
     NonFiniteError,
     StateError,
     TokenRangeError,
@@ -222,7 +224,7 @@ class Engine:
             info, why = gpu.probe(gpu_library)
             if not why:  # the memory plan and, on AMD, a first device pass in a child: before any upload
                 model = _model(model)
-                refused = gpu.admit(model, support, info)
+                refused = gpu.admit(model, support, info, self._draft_vocab_extra(model, support))
                 if refused is not None and backend == "hip":
                     raise refused
                 why = str(refused or "")
@@ -412,6 +414,23 @@ class Engine:
         self.support_status = "attached"
         self.support_message = f"{sm.path}: {sm.summary_line()}"
         self.draft_vocab = len(vocab)
+
+    def _draft_vocab_extra(self, model: DS4Model, support) -> int:
+        """Bytes of draft-vocabulary row copies the hip backend would hold (spec dspark.md §2.6,
+        :func:`memplan.draft_vocab_bytes`), for the fit check before anything is uploaded: the rows of
+        the choice as the hip backend resolves it.  0 without a support model, for the whole
+        vocabulary, or when the support model or the choice is refused (the attach says why)."""
+        if support is None or self._draft_vocab_wanted == "full":
+            return 0
+        try:
+            sm = support if isinstance(support, SupportModel) else SupportModel(support, model.config,
+                                                                               check_finite=False)
+            if not sm.compatible:
+                return 0
+            vocab, _ = resolve_draft_vocab(self._draft_vocab_wanted, sm, model.config.n_vocab, "hip")
+        except (DraftVocabError, ModelFileError, OSError, ValueError):
+            return 0
+        return memplan.draft_vocab_bytes(model, sm, len(vocab))
 
     def _open_prices(self) -> None:
         """Where new sessions' schedulers start (``scheduler_prices``, spec dspark.md §7.4): with
