@@ -29,7 +29,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -823,20 +823,6 @@ def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: Suppor
         raise ConversionError(f"encoded tensor '{unknown[0]}' is not a tensor of this support layout "
                               f"({params.n_stages} stages, rank {params.markov_rank})")
 
-    def meta(w: GGUFWriter) -> None:
-        w.add_key_value("general.name", name, GGUFValueType.STRING)
-        w.add_key_value("general.alignment", 32, GGUFValueType.UINT32)
-        _u32(w, "dspark.block_size", params.block_size)
-        _u32(w, "dspark.markov_rank", params.markov_rank)
-        _u32(w, "dspark.noise_token_id", params.noise_token_id)
-        w.add_key_value("dspark.target_layer_ids", list(params.target_layer_ids), GGUFValueType.ARRAY,
-                        GGUFValueType.UINT32)
-        _u32(w, "dspark.stage_count", params.n_stages)
-        _u32(w, "dspark.n_layers", params.n_stages)
-        _u32(w, "dspark.expert_count", target.n_expert)
-        _u32(w, "dspark.expert_used_count", target.n_expert_used)
-        _u32(w, "dspark.embedding_length", target.n_embd)
-
     plan = []
     for s in specs:
         qt = choose_type(s, types)
@@ -852,4 +838,27 @@ def write_support_gguf(out: str | os.PathLike, target: DS4Config, params: Suppor
             raise ConversionError(f"encoded tensor '{s.name}': {data.nbytes} bytes, expected "
                                   f"{_nbytes(s.shape, qt)} for {qt.name} {list(s.shape)}")
         plan.append(PlannedTensor(s, qt, (lambda data=data: data), encoded=True))
-    return write_gguf(check_output_path(out, overwrite=True), L.SUPPORT_ARCH, meta, plan, progress)
+    return write_gguf(check_output_path(out, overwrite=True), L.SUPPORT_ARCH,
+                      lambda w: write_support_metadata(w, target, params, name=name), plan, progress)
+
+
+def write_support_metadata(w: GGUFWriter, target: DS4Config, params: SupportParams, *, name: str,
+                           draft_vocab: Sequence[int] | None = None) -> None:
+    """The metadata keys of a DS4-layout support GGUF (spec dspark.md §4.1) for ``target``, and
+    ``draft_vocab`` (token ids, most frequent first) under ``ds4tui.draft_vocab`` when given (§2.6)."""
+    w.add_key_value("general.name", name, GGUFValueType.STRING)
+    w.add_key_value("general.alignment", 32, GGUFValueType.UINT32)
+    _u32(w, "dspark.block_size", params.block_size)
+    _u32(w, "dspark.markov_rank", params.markov_rank)
+    _u32(w, "dspark.noise_token_id", params.noise_token_id)
+    w.add_key_value("dspark.target_layer_ids", list(params.target_layer_ids), GGUFValueType.ARRAY,
+                    GGUFValueType.UINT32)
+    _u32(w, "dspark.stage_count", params.n_stages)
+    _u32(w, "dspark.n_layers", params.n_stages)
+    _u32(w, "dspark.expert_count", target.n_expert)
+    _u32(w, "dspark.expert_used_count", target.n_expert_used)
+    _u32(w, "dspark.embedding_length", target.n_embd)
+    if draft_vocab is not None:
+        from ds4tui.engine.draft_vocab import KEY
+
+        w.add_key_value(KEY, [int(i) for i in draft_vocab], GGUFValueType.ARRAY, GGUFValueType.UINT32)
