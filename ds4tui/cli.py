@@ -223,7 +223,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      "random weights, 2 and 4 layers timed and extrapolated to 43 (decode tokens/s, bytes/token, "
                      "fraction of the memory roofline measured in the same run, verify(1+5 rows)/decode); "
                      "use with --backend hip; --ctx sets the context (default 2048), --contexts several, --fill "
-                     "how they are reached, --verify-widths the verify passes timed")
+                     "how they are reached, --verify-widths the verify passes timed, --dspark-cycle the DSpark cycle "
+                     "(propose + verify) against a decode")
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="auto",
                    help="engine backend: auto (hip when it runs, else cpu; the choice and why on stderr), cpu, hip "
                    "(GPU library; `ds4tui doctor` says whether it runs here) or reference. Default auto")
@@ -262,7 +263,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     syn.add_argument("--write-gguf", metavar="DIR",
                      help="write the 2- and 4-layer synthetic models as GGUF files in DIR (flash-2-layers.gguf, "
                      "flash-4-layers.gguf; about 5 and 9 GiB) and exit without timing, so that another engine (e.g. "
-                     "llama.cpp's llama-bench, tools/peer_bench.py) times the same bytes; needs no GPU")
+                     "llama.cpp's llama-bench, tools/peer_bench.py) times the same bytes; needs no GPU; with "
+                     "--dspark-cycle also the DSpark support file (flash-dspark-support.gguf, about 5.5 GiB)")
+    syn.add_argument("--dspark-cycle", action="store_true",
+                     help="also time the DSpark cycle: a synthetic support model of DS4 Flash's drafter (3 MoE stages "
+                     "at full width, block 5, Markov rank 256, random weights; it captures target layers 0 and 1, as "
+                     "the 2-layer target has no third) is written to a temporary folder (about 5.5 GiB; TMPDIR) and "
+                     "attached to the 2- and 4-layer targets; after a real prefill to each context, plain decodes and "
+                     "cycles forced to draft a full block (scheduler off, threshold 0, 5 drafts) give the drafter "
+                     "pass (propose), the verify of 1+5 rows and the decode, extrapolated to 43 layers, and "
+                     "(propose + verify) / decode and verify / decode; --draft-vocab chooses the drafts' vocabulary "
+                     "(the support lists 16384 ids; auto drafts from the whole vocabulary on hip, 16384 from the list)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
     syn = p.add_argument_group("prefill of the synthetic Flash layers (--synthetic flash only)")

@@ -982,7 +982,8 @@ def _usage_error(args) -> str | None:
     """Why the options cannot be used together (None when they can)."""
     for flag, value in (("--contexts", args.contexts), ("--verify-widths", args.verify_widths),
                         ("--fill", None if args.fill == "repeat" else args.fill),
-                        ("--write-gguf", getattr(args, "write_gguf", None))):
+                        ("--write-gguf", getattr(args, "write_gguf", None)),
+                        ("--dspark-cycle", getattr(args, "dspark_cycle", None) or None)):
         if value is not None:
             return f"{flag} is an option of --synthetic flash"
     if args.ab:
@@ -1078,12 +1079,15 @@ def run_synthetic(args: argparse.Namespace) -> int:
         if not args.write_gguf.strip():
             print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
             return 2
+        cycle = bool(getattr(args, "dspark_cycle", False))
         try:
-            paths = synthetic.write_flash_ggufs(args.write_gguf, log=lambda m: print(m, file=sys.stderr, flush=True))
+            paths = synthetic.write_flash_ggufs(args.write_gguf, support=cycle,
+                                                log=lambda m: print(m, file=sys.stderr, flush=True))
         except (ConversionError, EngineError, OSError, ValueError) as exc:
             return _fail(f"--write-gguf {args.write_gguf}: {exc}", args, exc)
-        result = {"ok": True, "wrote": {str(n): str(p) for n, p in zip(synthetic.GGUF_NAMES, paths)}}
-        return _emit(args, result, lambda r: "\n".join(f"{n} layers: {p}" for n, p in r["wrote"].items())) or 0
+        result = {"ok": True, "wrote": {k: str(p) for k, p in zip([*map(str, synthetic.GGUF_NAMES), "support"], paths)}}
+        return _emit(args, result, lambda r: "\n".join(f"{n} layers: {p}" if n.isdigit() else f"DSpark support: {p}"
+                                                       for n, p in r["wrote"].items())) or 0
     backend = "hip" if args.backend == "auto" else args.backend
     if backend != "hip":
         print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
@@ -1098,8 +1102,18 @@ def run_synthetic(args: argparse.Namespace) -> int:
         if why:
             print(f"{_PREFIX} error: argument {flag}: {why} (found {','.join(map(str, contexts))})", file=sys.stderr)
             return 2
-    # the synthetic layers draft nothing: no draft vocabulary to choose
+    # without --dspark-cycle the synthetic layers draft nothing: no draft vocabulary to choose
     opts = {k: v for k, v in settings_of(args).engine_options().items() if k != "draft_vocab"}
+    cycle = bool(getattr(args, "dspark_cycle", False))
+    vocab = getattr(args, "draft_vocab", None)
+    if cycle and vocab not in (None, "auto", "full") and int(vocab) > synthetic.DRAFT_VOCAB_SIZE:
+        print(f"{_PREFIX} error: argument --draft-vocab: {vocab}: the synthetic support lists "
+              f"{synthetic.DRAFT_VOCAB_SIZE} tokens; choose at most {synthetic.DRAFT_VOCAB_SIZE}, or full for the "
+              f"whole vocabulary", file=sys.stderr)
+        return 2
+    if not cycle and vocab is not None:
+        print(f"{_PREFIX} note: --draft-vocab {vocab} has no effect without --dspark-cycle: the synthetic layers "
+              f"draft nothing", file=sys.stderr)
     lengths = getattr(args, "prefill_lengths", None) or ()
     modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
     try:
@@ -1111,11 +1125,11 @@ def run_synthetic(args: argparse.Namespace) -> int:
                                            # auto: the synthetic layers run on the GPU, where auto is f32
                                            activations={"auto": "f32"}.get(getattr(args, "activations", "f32"),
                                                                             getattr(args, "activations", "f32")),
-                                           **opts)
+                                           dspark_cycle=cycle, draft_vocab=vocab or "auto", **opts)
     except BackendUnavailableError as exc:
         return _fail(f"--synthetic flash: {exc} (it times the GPU backend: `ds4tui doctor` says what is missing; "
                      f"--write-gguf DIR writes the same models without a GPU, for another engine to time)", args, exc)
-    except (EngineError, RuntimeError, ValueError) as exc:
+    except (ConversionError, EngineError, RuntimeError, ValueError) as exc:
         return _fail(f"--synthetic flash: {exc}", args, exc)
     return _emit(args, result, synthetic.render) or 0
 

