@@ -256,7 +256,8 @@ PLANAR = 256  # DS4_GPU_PLANAR: the planar device layout of Q8_0 / Q2_K / IQ2_XX
 # warps per row, short: 4 warps, tall: 2 rows per warp, with an odd row count)
 MATMUL_CASES = [(t, 0, 67, 2048 if t in (10, 16) else 1056) for t in TYPES.values()] + [
     (t, PLANAR, rows, 1024 if t == 8 else 2048) for t in (8, 10, 16) for rows in (67, 400, 8195)] + [
-    (8, 0, 8195, 32), (1, 0, 8200, 96), (0, 0, 8197, 128)]  # tall matrices of short rows: a few lanes per row
+    (8, 0, 8195, 32), (1, 0, 8200, 96), (0, 0, 8197, 128)] + [  # tall matrices of short rows: a few lanes per row
+    (1, 0, 67, 512), (1, 0, 67, 4096), (8, PLANAR, 67, 8192)]  # tiny matrices: 1, 32 and 32 warps a row
 
 
 def _cpu_matmul(t, W, rows, cols, X):

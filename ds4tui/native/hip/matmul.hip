@@ -181,19 +181,29 @@ static void mm_short_launch(hipStream_t st, const uint8_t *w, int64_t rows, int6
 }
 
 /* Rows below which a row gets MM_WARPS warps, and below which it gets MM_TINY_WARPS (the HC
- * control and router matrices: a few dozen to a few hundred rows of up to 16384 columns). */
+ * control and router matrices: a few dozen to a few hundred rows of up to 16384 columns), as long as
+ * its chunks fill them: a tiny matrix of fewer than MM_TINY_UNITS chunks a row takes MM_WARPS warps
+ * a row, and of fewer than MM_WARPS_UNITS one warp a row (the small models' mixers and heads: rows of
+ * 256-1024 columns left 31 of 32 warps idle and paid their block-wide sum).  The choice depends only
+ * on the matrix shape, never on the token count (batch invariance). */
 #define MM_SHORT_ROWS 8192
 #define MM_TINY_ROWS 320
 #define MM_TINY_WARPS 32
+#define MM_TINY_UNITS 512
+#define MM_WARPS_UNITS 128
 
 template <int TYPE, int NT>
 static void mm_launch_nt(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
                          const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     const dim3 block(GPU_WARP, MM_WARPS);
     const unsigned gy = (unsigned)((n + NT - 1) / NT);
-    if (rows < MM_TINY_ROWS)
+    const int64_t units = (cols + 7) / 8;
+    if (rows < MM_TINY_ROWS && units >= MM_TINY_UNITS)
         hipLaunchKernelGGL((mm_kernel<TYPE, MM_TINY_WARPS, NT>), dim3((unsigned)rows, gy), dim3(GPU_WARP, MM_TINY_WARPS),
                            0, st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (rows < MM_TINY_ROWS && units < MM_WARPS_UNITS)
+        hipLaunchKernelGGL((mm_kernel<TYPE, 1, NT>), dim3((unsigned)((rows + MM_WARPS - 1) / MM_WARPS), gy), block, 0,
+                           st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
     else if (rows < MM_SHORT_ROWS)
         hipLaunchKernelGGL((mm_kernel<TYPE, MM_WARPS, NT>), dim3((unsigned)rows, gy), block, 0, st, w, rows, cols,
                            row_bytes, X, ldx, n, Y, ldy);

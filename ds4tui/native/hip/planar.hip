@@ -29,6 +29,8 @@
 #define PL_SHORT_ROWS 8192 /* below: PL_WARPS warps share a row's units */
 #define PL_TINY_ROWS 320   /* below: PL_TINY_WARPS warps per row (HC control, routers) */
 #define PL_TINY_WARPS 32
+#define PL_TINY_UNITS 512  /* ... when a row has that many units; fewer than PL_WARPS_UNITS: one warp a row, */
+#define PL_WARPS_UNITS 128 /* else PL_WARPS (as mm_kernel's tiny matrices: hip/matmul.hip) */
 #define PL_REPACK_CHUNK ((size_t)64 << 20) /* staging bytes per upload step */
 #define PS_WARPS 8         /* warps per block of the staged kernels (ps_kernel) */
 #define PS_BLOCKS 512      /* blocks a staged launch aims at: more rounds of row groups per block beyond */
@@ -578,6 +580,9 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
                                          1, Y, ldy);
         return;
     }
+    /* tiny matrices: warps a row by the units a row has (shape only: one token and several agree) */
+    const int64_t units = cols / Planar<TYPE>::UNIT;
+    const bool tiny_units = units >= PL_TINY_UNITS, few_units = units < PL_WARPS_UNITS;
     if (n == 1) {
         if constexpr (TYPE == DS4_TYPE_Q8_0) { /* staged (ps_kernel), the same rows and warps per row as below */
             if (rows >= PS_DENSE_ROWS && rows < PS_DENSE_MAX && ps_bytes(1, cols) <= PS_STAGE) {
@@ -586,7 +591,8 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
                 return;
             }
         }
-        if (rows < PL_TINY_ROWS) pl_go<TYPE, 1, 1, PL_TINY_WARPS>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+        if (rows < PL_TINY_ROWS && tiny_units) pl_go<TYPE, 1, 1, PL_TINY_WARPS>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+        else if (rows < PL_TINY_ROWS && few_units) pl_go<TYPE, 1, 1, 1>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         else if (rows < PL_SHORT_ROWS) pl_go<TYPE, 1, 1, PL_WARPS>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         else pl_go<TYPE, 1, 2, 1>(st, 1, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
         return;
@@ -595,7 +601,8 @@ static void pl_launch_t(hipStream_t st, const uint8_t *W, int64_t mat_bytes, con
     const unsigned gy = (unsigned)((n + PL_NT - 1) / PL_NT);
     /* (several tokens staged through ps_kernel, 8 rows a warp's tokens: 1.24-1.51x slower on the H200,
      * 202 registers and 96 KB of activations leave one block of 8 warps per multiprocessor) */
-    if (rows < PL_TINY_ROWS) pl_go<TYPE, PL_NT, 1, PL_TINY_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    if (rows < PL_TINY_ROWS && tiny_units) pl_go<TYPE, PL_NT, 1, PL_TINY_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (rows < PL_TINY_ROWS && few_units) pl_go<TYPE, PL_NT, 1, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else if (rows < PL_SHORT_ROWS) pl_go<TYPE, PL_NT, PL_RPW_SHORT, PL_WARPS>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else pl_go<TYPE, PL_NT, PL_RPW_MULTI, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
