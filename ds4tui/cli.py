@@ -273,7 +273,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                      "cycles forced to draft a full block (scheduler off, threshold 0, 5 drafts) give the drafter "
                      "pass (propose), the verify of 1+5 rows and the decode, extrapolated to 43 layers, and "
                      "(propose + verify) / decode and verify / decode; --draft-vocab chooses the drafts' vocabulary "
-                     "(the support lists 16384 ids; auto drafts from the whole vocabulary on hip, 16384 from the list)")
+                     "(the support lists 16384 ids: auto and 16384 draft from the list, full from the whole vocabulary)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON object to this file")
     syn = p.add_argument_group("prefill of the synthetic Flash layers (--synthetic flash only)")

@@ -145,11 +145,7 @@ def test_the_support_files_list_chooses_under_auto(tiny_q2, tmp_path):
     assert sm.summary()["draft_vocab"] == {"key": DV.KEY, "size": 300, "problem": None}  # what inspect shows
     assert SupportModel(tiny_q2["support"], e.config).summary()["draft_vocab"] is None
     assert S.Engine(tiny_q2["model"], support=path, draft_vocab="full").draft_vocab == 0
-    # auto on the hip backend: the whole vocabulary, said (the device path is asked for by count)
-    ids, note = DV.resolve("auto", sm, 129280, backend="hip")
-    assert ids == [] and note == ("full: all 129280 tokens (auto on the hip backend; --draft-vocab 300 drafts from "
-                                  "the support file's list there)")
-    assert DV.resolve(300, sm, 129280, backend="hip")[0] == ranked
+    assert DV.resolve("auto", sm, 129280) == (ranked, "auto: 300 of 129280 tokens, the support file's list")
     with pytest.raises(DV.DraftVocabError, match="lists 300 tokens; choose at most 300"):
         S.Engine(tiny_q2["model"], support=path, draft_vocab=301)
     plain = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
@@ -353,6 +349,10 @@ def test_the_memory_plan_counts_the_row_copies_the_engine_makes(tiny_q2, tmp_pat
     head_row = full.model.tensors["output.weight"].nbytes // 129280
     assert added == memplan.draft_vocab_bytes(full.model, sm, 300) > 300 * head_row
     assert memplan.draft_vocab_bytes(full.model, sm, 0) == 0 == memplan.draft_vocab_bytes(full.model, None, 300)
-    # hip's auto drafts from the whole vocabulary today: no copies in inspect's plan
+    # inspect's plan: the rows auto copies, and no copies for a support file without a list
     plan = I.memory_plan(full.model, sm, 64, budget=1 << 40)
-    assert plan["draft_vocab_rows"] == 0 and plan["support"] == memplan.tensor_bytes(sm)
+    assert plan["draft_vocab_rows"] == 300 and plan["support"] == memplan.tensor_bytes(sm) + added
+    plain = SupportModel(tiny_q2["support"], full.config)
+    plan = I.memory_plan(full.model, plain, 64, budget=1 << 40)
+    assert plan["draft_vocab_rows"] == 0 and plan["support"] == memplan.tensor_bytes(plain)
+    assert "(with the draft vocabulary's 300 row copies)" in I.render_plan(I.memory_plan(full.model, sm, 64, None))

@@ -77,10 +77,10 @@ def render_text(model: dict, support: dict | None) -> str:
 
 
 def draft_vocab_rows(support: SupportModel, n_vocab: int) -> int:
-    """The draft-vocabulary rows the hip backend copies for ``support`` under ``--draft-vocab auto``
-    (spec dspark.md §2.6; 0: it drafts from the whole vocabulary, or the file's list is unusable)."""
+    """The draft-vocabulary rows the engine copies for ``support`` under ``--draft-vocab auto`` (spec
+    dspark.md §2.6; 0: it drafts from the whole vocabulary, or the file's list is unusable)."""
     try:
-        return len(resolve_draft_vocab("auto", support, n_vocab, "hip")[0])
+        return len(resolve_draft_vocab("auto", support, n_vocab)[0])
     except DraftVocabError:
         return 0
 

@@ -98,11 +98,9 @@ def list_problem(ids: Sequence[int], n_vocab: int) -> str:
     return ""
 
 
-def resolve(wanted, support: "SupportModel", n_vocab: int, backend: str = "cpu") -> "tuple[list[int], str]":
-    """The ids to draft from (``[]``: the whole vocabulary) and a note that says which and why.
-
-    Under ``auto`` the hip backend drafts over the whole vocabulary: the draft vocabulary's device
-    path has not been run on a device yet (``--draft-vocab N`` asks for it there).
+def resolve(wanted, support: "SupportModel", n_vocab: int) -> "tuple[list[int], str]":
+    """The ids to draft from (``[]``: the whole vocabulary) and a note that says which and why, the
+    same on every backend.
 
     Raises :class:`DraftVocabError` when an explicit choice cannot be met (a count without a list in
     the file, a count beyond it, ids outside the vocabulary or listed twice)."""
@@ -120,9 +118,6 @@ def resolve(wanted, support: "SupportModel", n_vocab: int, backend: str = "cpu")
         if why:
             ids, why = None, f"{support.path}: metadata key '{KEY}': {why}"
     if wanted == "auto":
-        if ids is not None and backend == "hip":
-            return [], (f"{full} (auto on the hip backend; --draft-vocab {len(ids)} drafts from the support file's "
-                        f"list there)")
         if ids is None:
             return [], full + (f" ({why}; ignored)" if why else " (the support file has no draft vocabulary)")
         return ids, f"auto: {len(ids)} of {n_vocab} tokens, the support file's list"

@@ -390,7 +390,7 @@ class Engine:
             self.support_status, self.support_message = "refused", why
             return
         m = sm.meta
-        vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab, self.backend)
+        vocab, self.draft_vocab_note = resolve_draft_vocab(self._draft_vocab_wanted, sm, self.config.n_vocab)
         listed = sm.summary()["draft_vocab"]
         if listed is not None and listed["problem"]:  # auto fell back to the whole vocabulary: said, not silent
             self.draft_vocab_problem = (f"{sm.path}: its draft vocabulary ({listed['key']}) cannot be used: "
@@ -417,8 +417,7 @@ class Engine:
 
     def _draft_vocab_extra(self, model: DS4Model, support) -> int:
         """Bytes of draft-vocabulary row copies the hip backend would hold (spec dspark.md §2.6,
-        :func:`memplan.draft_vocab_bytes`), for the fit check before anything is uploaded: the rows of
-        the choice as the hip backend resolves it.  0 without a support model, for the whole
+        :func:`memplan.draft_vocab_bytes`), for the fit check before anything is uploaded.  0 without a support model, for the whole
         vocabulary, or when the support model or the choice is refused (the attach says why)."""
         if support is None or self._draft_vocab_wanted == "full":
             return 0
@@ -427,7 +426,7 @@ class Engine:
                                                                                check_finite=False)
             if not sm.compatible:
                 return 0
-            vocab, _ = resolve_draft_vocab(self._draft_vocab_wanted, sm, model.config.n_vocab, "hip")
+            vocab, _ = resolve_draft_vocab(self._draft_vocab_wanted, sm, model.config.n_vocab)
         except (DraftVocabError, ModelFileError, OSError, ValueError):
             return 0
         return memplan.draft_vocab_bytes(model, sm, len(vocab))

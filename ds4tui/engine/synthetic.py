@@ -579,8 +579,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     :func:`write_flash_support` into ``support_dir`` and kept there, or into a temporary folder
     removed at the end) attached to the 2- and 4-layer targets, ``n_decode`` plain decodes and
     ``n_cycles`` cycles of a full block at each context; ``draft_vocab`` is the engine option
-    (``"auto"``: the support file's list of :data:`DRAFT_VOCAB_SIZE` ids on the cpu backend, the
-    whole vocabulary on hip).
+    (``"auto"``: the support file's list of :data:`DRAFT_VOCAB_SIZE` ids; ``"full"``: the whole
+    vocabulary).
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
     top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
     ``ValueError`` for a bad context, fill, width list or cycle count, ``RuntimeError`` for timing
