@@ -356,3 +356,25 @@ def test_the_memory_plan_counts_the_row_copies_the_engine_makes(tiny_q2, tmp_pat
     plan = I.memory_plan(full.model, plain, 64, budget=1 << 40)
     assert plan["draft_vocab_rows"] == 0 and plan["support"] == memplan.tensor_bytes(plain)
     assert "(with the draft vocabulary's 300 row copies)" in I.render_plan(I.memory_plan(full.model, sm, 64, None))
+
+
+def test_bench_ab_refuses_a_count_the_support_file_cannot_meet_before_anything_loads(tiny_q2, tmp_path, capsys):
+    """bench --ab checks --draft-vocab N against the support file's list as generate and chat do:
+    one line naming the flag, the count and the file's own count, status 2 (with --json also
+    ``{"ok": false}`` on stdout), no traceback, before the model loads."""
+    import json
+
+    listed = tmp_path / "support_listed.gguf"
+    rewrite(tiny_q2["support"], listed,
+            set_keys={DV.KEY: (list(range(40)), GGUFValueType.ARRAY, GGUFValueType.UINT32)})
+    rc, out, err = _cli(capsys, "bench", str(tiny_q2["model"]), "--mtp", str(listed), "--ab", "--tokens", "16",
+                        "--draft-vocab", "41")
+    assert rc == 2 and out == ""
+    assert err == (f"ds4tui bench: error: argument --draft-vocab: 41: {listed} lists 40 tokens; choose at most 40, "
+                   f"or full for the whole vocabulary\n")
+    rc, out, err = _cli(capsys, "bench", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "--ab",
+                        "--tokens", "16", "--draft-vocab", "7", "--json")
+    assert rc == 2 and "Traceback" not in err
+    res = json.loads(out)
+    assert res["ok"] is False and res["error_type"] == "ValueError"
+    assert res["error"].startswith(f"argument --draft-vocab: 7: {tiny_q2['support']} has no draft vocabulary")

@@ -1186,9 +1186,12 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "auto":
             print(f"{_PREFIX} {note}", file=sys.stderr, flush=True)
 
-    try:
-        if args.ab and args.mtp is not None:  # before anything loads
+    if args.ab and args.mtp is not None:  # before anything loads
+        try:
             check_support_block(args.mtp, None, settings_of(args))
+        except ValueError as exc:  # a --draft-vocab count the file cannot meet, or a bad variable: a usage error
+            return _fail(str(exc), args, exc, status=2)
+    try:
         if args.medium:
             path = medium_model()
         model = DS4Model(path)
