@@ -567,6 +567,8 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     (["--ab"], "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"),
     (["--tokens", "5"], "--tokens is an option of the A/B run: add --ab"),
     (["--mtp", "s.gguf"], "--mtp is an option of the A/B run: add --ab"),
+    (["--draft-vocab", "8"], "--draft-vocab is an option of the A/B run: add --ab"),
+    (["--scheduler-prices", "fresh"], "--scheduler-prices is an option of the A/B run: add --ab"),
     (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),
@@ -578,6 +580,27 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)
     assert rc == 2 and out == "" and err.strip() == f"ds4tui bench: error: {message}"
+
+
+def test_ab_notes_an_unusable_draft_vocabulary_whatever_the_backend(tiny_q2, tmp_path, capsys):
+    """A support file whose draft vocabulary cannot be used (auto then drafts from the whole
+    vocabulary) is a note on stderr with --backend cpu too, not only when auto chose the backend;
+    the backend's own note stays an auto one, as in generate."""
+    from gguf import GGUFValueType
+
+    from ds4tui.engine import draft_vocab as DV
+    from gguf_edit import rewrite
+
+    bad = rewrite(tiny_q2["support"], tmp_path / "support_bad.gguf",
+                  set_keys={DV.KEY: ([3, 3], GGUFValueType.ARRAY, GGUFValueType.UINT32)})
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--mtp", str(bad), "--ab", "--threads", "2", "--tokens", "16",
+                          "--backend", "cpu", "--scheduler-prices", "fresh", "--json")
+    assert rc == 0, err
+    assert err.splitlines()[0] == (f"ds4tui bench: note: {bad}: its draft vocabulary (ds4tui.draft_vocab) cannot be "
+                                   f"used: token id 3 is listed twice; drafting from the whole vocabulary")
+    assert "auto: using" not in err
+    r = json.loads(out)
+    assert r["draft_vocab"] == 0 and "token id 3 is listed twice" in r["draft_vocab_note"]
 
 
 def test_ab_refuses_a_support_model_that_cannot_draft(tiny_q2, tmp_path, capsys):

@@ -401,13 +401,27 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
     return runs
 
 
+def _tell(say, note, backend_note: str, notes: list[str]) -> None:
+    """Before measuring: the backend's note to ``say`` (the command prints it for ``--backend auto``
+    only, as ``generate`` does), then every other note to ``note`` (printed whatever the backend; ``say``
+    when no ``note`` is given)."""
+    if say is not None and backend_note:
+        say(backend_note)
+    for text in notes:
+        if note is not None:
+            note(text)
+        elif say is not None:
+            say(text)
+
+
 def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str = "auto", n_threads: int,
               n_prompt: int, n_decode: int,
               ctx: int | None, repeat: int, medium: bool, settings: Settings | None = None,
-              say=None) -> dict:
+              say=None, note=None) -> dict:
     """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
-    ``settings``: what the environment variables set (default: their defaults); ``say(note)``: told
-    which backend ran and why (``backend=auto``) and what GPU option it does not apply, before measuring."""
+    ``settings``: what the environment variables set (default: their defaults); ``say(text)``: told
+    which backend ran and why, before measuring; ``note(text)`` (else ``say``): told what GPU option the
+    engine does not apply and a ``--draft-vocab`` that has no effect, whatever the backend."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
 
@@ -427,10 +441,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
-    if say is not None:
-        for note in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) \
-                + draft_vocab_notes(settings, engine):
-            say(note)
+    _tell(say, note, backend_note, gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     try:
         session = engine.session(ctx, **settings.session_options())
 
@@ -606,9 +617,10 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
            ctx: int | None, medium: bool, settings: Settings | None = None, say=None, note=None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
-    ``say(note)``: told which backend ran and why (``backend=auto``) and what GPU option it does not
-    apply, before measuring.  ``note(text)``: told every scheduler prices problem, the saved file
-    that cannot be used at the start and a write that failed at the end (also in the result).
+    ``say(text)``: told which backend ran and why, before measuring.  ``note(text)`` (else ``say``):
+    told what GPU option the engine does not apply and what the support file's draft vocabulary could
+    not give, whatever the backend, and every scheduler prices problem, the saved file that cannot be
+    used at the start and a write that failed at the end (also in the result).
     ``settings``: what the environment variables set (default: their defaults)."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
@@ -635,10 +647,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     problem_at_start = engine.scheduler_prices_problem
-    if say is not None:
-        for what in ([backend_note] if backend_note else []) + gpu_options_not_applied(settings, engine) \
-                + draft_vocab_notes(settings, engine):
-            say(what)
+    _tell(say, note, backend_note, gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     if note is not None and problem_at_start:
         note(problem_at_start)
     try:
@@ -999,7 +1008,8 @@ def _usage_error(args) -> str | None:
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
         return None
-    for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens)):
+    for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens), ("--draft-vocab", args.draft_vocab),
+                        ("--scheduler-prices", args.scheduler_prices)):  # the plain run attaches no support model
         if value is not None:
             return f"{flag} is an option of the A/B run: add --ab"
     return None
@@ -1206,7 +1216,8 @@ def run(args: argparse.Namespace) -> int:
             result = run_bench(model, backend=args.backend, numerics=args.numerics, activations=args.activations,
                                n_threads=args.threads,
                                n_prompt=args.prompt_tokens, n_decode=args.decode_tokens, ctx=args.ctx,
-                               repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args), say=say)
+                               repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args), say=say,
+                               note=lambda text: print(f"{_PREFIX} note: {text}", file=sys.stderr, flush=True))
     except BadVariable as exc:  # a usage error, as a bad flag
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 2
