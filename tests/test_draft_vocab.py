@@ -292,6 +292,14 @@ def test_draft_vocab_out_never_overwrites_what_it_should_not(tiny_q2, tmp_path, 
     assert "1 file skipped (not UTF-8 text, or unreadable)" in err and "bad.py" in err
     rc, _, err = _cli(capsys, "draft-vocab", str(model), str(support), "--from", str(src), "--out", "")
     assert rc == 2 and "an empty path" in err
+    # a folder that does not exist, or a file where the folder should be: said before anything is counted
+    rc, _, err = run(tmp_path / "no-such-folder" / "s.gguf")
+    assert rc == 2 and err == (f"ds4tui draft-vocab: error: --out {tmp_path / 'no-such-folder' / 's.gguf'}: "
+                               f"{tmp_path / 'no-such-folder'} does not exist: create the folder, or name a file in "
+                               f"an existing one\n")
+    rc, _, err = run(other / "s.gguf")
+    assert rc == 2 and f"--out {other / 's.gguf'}: {other} is not a folder: create the folder" in err
+    assert not (tmp_path / "no-such-folder").exists() and other.is_file()
     # the demo's unpacked support file: refused (the demo would unpack it again)
     monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "demo"))
     (tmp_path / "demo" / "pair").mkdir(parents=True)

@@ -54,8 +54,12 @@ def _same(a: Path, b: Path) -> bool:
 
 def out_problem(out: Path, model: Path, support: Path, force: bool) -> str:
     """Why ``--out`` cannot be written ("" when it can): never the model, never anything but a
-    regular file, never the demo's cached support file (the demo unpacks it again), and an existing
-    file other than SUPPORT only with ``--force``."""
+    regular file, never the demo's cached support file (the demo unpacks it again), an existing
+    file other than SUPPORT only with ``--force``, and only in a folder that exists (checked before
+    the files are counted, which can take a while)."""
+    if not out.parent.is_dir():
+        what = "is not a folder" if out.parent.exists() else "does not exist"
+        return f"--out {out}: {out.parent} {what}: create the folder, or name a file in an existing one"
     if _same(out, model):
         return f"--out {out} is the model file {model}: write the support copy elsewhere"
     if out.exists() and not out.is_file():
