@@ -125,6 +125,12 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     assert "--dspark needs a support model" in capsys.readouterr().err
     assert cli.main(["chat", str(model), "--mtp", str(tmp_path / "s.gguf")]) == 1  # a file problem, as everywhere
     assert "s.gguf: no such file" in capsys.readouterr().err
+    # a folder where a file should be is named as one, the model's and the support model's, status 1
+    assert cli.main(["chat", str(tmp_path), "--mtp", str(model)]) == 1
+    assert capsys.readouterr().err == f"ds4tui chat: error: model {tmp_path}: is a directory, expected a .gguf file\n"
+    assert cli.main(["chat", str(model), "--mtp", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"ds4tui chat: error: support model (--mtp) {tmp_path}: is a directory, "
+                                       f"expected a .gguf file\n")
     with pytest.raises(SystemExit):
         cli.main(["chat", str(model), "--backend", "gpu"])
     capsys.readouterr()

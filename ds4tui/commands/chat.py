@@ -57,7 +57,8 @@ def options_from_args(args: argparse.Namespace):
     check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
     for what, path in (("model", model), ("support model (--mtp)", support)):
         if path is not None and not os.path.isfile(path):  # before the demo is unpacked too
-            raise FileNotFoundError(f"{what} {path}: no such file")
+            why = "is a directory, expected a .gguf file" if os.path.isdir(path) else "no such file"
+            raise FileNotFoundError(f"{what} {path}: {why}")
     notes: tuple[str, ...] = ()
     if model is None:
         pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
