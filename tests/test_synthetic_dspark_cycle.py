@@ -179,6 +179,9 @@ def test_cli_dspark_cycle_end_to_end_on_shrunk_layers(tmp_path, monkeypatch, cap
     (["--synthetic", "flash", "--backend", "hip", "--dspark-cycle", "--draft-vocab", "20000"],
      "argument --draft-vocab: 20000: the synthetic support lists 16384 tokens; choose at most 16384, or full for "
      "the whole vocabulary"),
+    (["--synthetic", "flash", "--backend", "hip", "--dspark-cycle", "--scheduler-prices", "fresh"],
+     "--scheduler-prices is not an option of --synthetic flash (its DSpark cycles run with the scheduler off): drop "
+     "it, or use it with --ab"),
 ])
 def test_dspark_cycle_usage_errors(argv, message, monkeypatch, capsys):
     from ds4tui.engine import gpu

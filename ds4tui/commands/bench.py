@@ -1085,6 +1085,10 @@ def run_synthetic(args: argparse.Namespace) -> int:
     if args.ab or args.mtp is not None:
         print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
         return 2
+    if args.scheduler_prices is not None:  # no scheduler runs: the cycles are forced to a full block
+        print(f"{_PREFIX} error: --scheduler-prices is not an option of --synthetic flash (its DSpark cycles run with "
+              f"the scheduler off): drop it, or use it with --ab", file=sys.stderr)
+        return 2
     if getattr(args, "write_gguf", None) is not None:
         if not args.write_gguf.strip():
             print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
