@@ -386,3 +386,35 @@ def test_bench_ab_refuses_a_count_the_support_file_cannot_meet_before_anything_l
     res = json.loads(out)
     assert res["ok"] is False and res["error_type"] == "ValueError"
     assert res["error"].startswith(f"argument --draft-vocab: 7: {tiny_q2['support']} has no draft vocabulary")
+
+
+def test_a_count_against_a_file_that_is_no_support_model_names_the_file_error(tiny_q2, tmp_path, capsys):
+    """--draft-vocab N with an --mtp that cannot be read as a support model (the target model, a file
+    cut short) gets that file's own error, status 1, as without the flag, not "has no draft
+    vocabulary" (a usage error that would send the user to `ds4tui draft-vocab`); chat lets it through
+    to the load, which names it in a dialog."""
+    import dataclasses
+
+    from ds4tui import cli
+    from ds4tui.commands.chat import options_from_args
+    from ds4tui.commands.environment import Settings
+    from ds4tui.engine.gguf_model import support_draft_vocab_size
+
+    cut = tmp_path / "support_cut.gguf"
+    data = open(tiny_q2["support"], "rb").read()
+    cut.write_bytes(data[: len(data) // 2])
+    assert support_draft_vocab_size(tiny_q2["support"]) == 0  # a support file without a list
+    assert support_draft_vocab_size(cut) is None and support_draft_vocab_size(tiny_q2["model"]) is None
+    arch = (f"{tiny_q2['model']}: general.architecture: expected 'deepseek4-dspark' or 'dflash', found 'deepseek4' "
+            f"(this is a target model, not a support file)")
+    for mtp, message in ((tiny_q2["model"], arch), (cut, f"{cut}: file is truncated")):
+        rc, _, err = _cli(capsys, "generate", str(tiny_q2["model"]), "--mtp", str(mtp), "-p", "hi", "-n", "2",
+                          "--draft-vocab", "5", "--backend", "cpu")
+        assert rc == 1 and err.startswith(f"ds4tui generate: error: {message}") and "draft vocabulary" not in err
+        rc, _, err = _cli(capsys, "bench", str(tiny_q2["model"]), "--mtp", str(mtp), "--ab", "--tokens", "16",
+                          "--draft-vocab", "5", "--backend", "cpu")
+        assert rc == 1 and err.startswith(f"ds4tui bench: error: {message}") and "draft vocabulary" not in err
+        args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--mtp", str(mtp), "--draft-vocab", "5"])
+        args.settings = dataclasses.replace(Settings(), draft_vocab="5")  # as cli.main reads the flag
+        options = options_from_args(args)
+        assert (str(options.support), options.draft_vocab) == (str(mtp), "5")

@@ -102,16 +102,17 @@ def max_draft_accepted(block: int | None = None, support=None) -> str:
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
     """Before any model loads: a ``--max-draft`` (ValueError) or ``DS4_DSPARK_MAX_DRAFT_TOKENS``
     (:class:`BadVariable`) above the block size the support file ``support`` declares in its
-    metadata, and a ``--draft-vocab N`` (ValueError) the file's draft vocabulary cannot meet.  Nothing is checked when there is no support file or its block size cannot be read
-    (loading it then says why)."""
+    metadata, and a ``--draft-vocab N`` (ValueError) the file's draft vocabulary cannot meet.  Nothing
+    is checked when there is no support file, or when it cannot be read as one or its block size
+    cannot be read (loading it then says why: a file error, status 1, not a usage error)."""
     from ds4tui.engine.gguf_model import support_block_size, support_draft_vocab_size
 
     if support is not None and settings.draft_vocab not in ("auto", "full"):  # a count, against the file's list
         listed, want = support_draft_vocab_size(support), int(settings.draft_vocab)
-        if listed is None:
+        if listed == 0:
             raise ValueError(f"argument --draft-vocab: {want}: {support} has no draft vocabulary (metadata key "
                              f"'ds4tui.draft_vocab'); `ds4tui draft-vocab` adds one, or choose full or auto")
-        if want > listed:
+        if listed is not None and want > listed:
             raise ValueError(f"argument --draft-vocab: {want}: {support} lists {listed} tokens; choose at most "
                              f"{listed}, or full for the whole vocabulary")
     block = support_block_size(support) if support is not None else None

@@ -306,12 +306,18 @@ def support_block_size(path: str | os.PathLike) -> int | None:
 def support_draft_vocab_size(path: str | os.PathLike) -> int | None:
     """How many tokens the draft vocabulary of a DSpark support GGUF lists (spec dspark.md §2.6),
     read from its metadata alone, so that ``--draft-vocab N`` is checked before any model loads;
-    None when the file has no list or cannot be read (loading it then reports why)."""
+    0 when the support file has no list; None when the file cannot be read as a support GGUF (not a
+    GGUF, damaged or cut short, or of another architecture, such as a target model: loading it then
+    reports why, which a complaint about its list would hide)."""
     from ds4tui.engine.draft_vocab import KEY
 
     try:
-        f = open_gguf(path).fields.get(KEY)
-        return None if f is None else len(field_value(f))
+        reader = open_gguf(path)
+        arch = reader.fields.get("general.architecture")
+        if arch is None or str(field_value(arch)) not in (L.SUPPORT_ARCH, "dflash"):
+            return None
+        f = reader.fields.get(KEY)
+        return 0 if f is None else len(field_value(f))
     except (ModelFileError, OSError, ValueError, TypeError):
         return None
 
