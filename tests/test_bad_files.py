@@ -40,14 +40,17 @@ def test_a_short_file_is_named_for_what_it_is(tmp_path):
     _expect(text, gm.GGUFFormatError, "not a GGUF file: 6 bytes beginning b'hell'")
     head = tmp_path / "head.gguf"
     head.write_bytes(b"GGUF\x03")
-    _expect(head, gm.TruncatedFileError, "file is truncated: 5 bytes, a GGUF header needs at least 24")
+    _expect(head, gm.TruncatedFileError, "file is truncated: 5 bytes, a GGUF header needs at least 24 (a download or "
+            "copy that stopped early?): re-download or re-convert it")
 
 
 def test_truncated_in_tensor_data(model, tmp_path):
     data = open(model, "rb").read()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) - 1000])
-    e = _expect(cut, gm.TruncatedFileError, "file is truncated: tensor", "needs bytes", f"the file has {len(data) - 1000} bytes")
+    e = _expect(cut, gm.TruncatedFileError, "file is truncated: tensor", "needs bytes",
+                f"the file has {len(data) - 1000} bytes (a download or copy that stopped early?): re-download or "
+                f"re-convert it")
     assert isinstance(e, gm.GGUFFormatError)
 
 

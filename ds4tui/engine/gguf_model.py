@@ -65,7 +65,7 @@ class _CheckedReader(GGUFReader):
             raise TruncatedFileError(
                 self._path,
                 f"file is truncated: a read needs bytes up to offset {end} but the file has "
-                f"{len(self.data)} bytes",
+                f"{len(self.data)} bytes{_CUT}",
             )
         return super()._get(offset, dtype, count, override_order)
 
@@ -127,7 +127,8 @@ class _CheckedReader(GGUFReader):
             if end > size:
                 raise TruncatedFileError(
                     self._path,
-                    f"file is truncated: tensor '{name}' needs bytes [{start}, {end}) but the file has {size} bytes",
+                    f"file is truncated: tensor '{name}' needs bytes [{start}, {end}) but the file has {size} "
+                    f"bytes{_CUT}",
                 )
         return super()._build_tensors(start_offs, fields)
 
@@ -136,6 +137,8 @@ class _CheckedReader(GGUFReader):
 #: an empty name and no dims) and one metadata entry takes (key length 8, value type 4, a 1-byte value).
 MIN_TENSOR_INFO_BYTES = 24
 MIN_KV_BYTES = 13
+#: What to do about a file that ends before its own header says it does.
+_CUT = " (a download or copy that stopped early?): re-download or re-convert it"
 _DAMAGED = ("the header is damaged, the file is cut short, or this is not a GGUF file; "
             "re-download or re-convert it")
 
@@ -198,7 +201,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     if len(head) < 8 and GGUF_MAGIC[:len(head)] != head[:4]:  # a short file that does not begin as a GGUF
         raise GGUFFormatError(p, f"not a GGUF file: {size} bytes beginning {head[:4]!r} (a GGUF begins with b'GGUF')")
     if len(head) < 8:
-        raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24")
+        raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24{_CUT}")
     if head[:4] != GGUF_MAGIC:
         raise GGUFFormatError(p, f"wrong magic: expected b'GGUF', found {head[:4]!r} (not a GGUF file)")
     version = int.from_bytes(head[4:8], "little")
