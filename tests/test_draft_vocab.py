@@ -224,9 +224,20 @@ def test_draft_vocab_command_ranks_the_files_tokens(tiny_q2, tmp_path, capsys):
     assert res["tokens_counted"] == sum(map(len, ids))
     counts = np.bincount(np.concatenate(ids), minlength=129280)
     assert res["coverage"] == pytest.approx(counts[want].sum() / counts.sum(), abs=1e-6)
+    assert "fewer than --size" not in err  # the files hold more than 12 distinct tokens
     # the engine drafts from it under auto
     e = S.Engine(tiny_q2["model"], support=out)
     assert e.draft_vocab == 12
+    # a --size beyond the files' distinct tokens: all of them, and a note saying so
+    rc, so, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(src),
+                       "--out", str(tmp_path / "all.gguf"), "--json")
+    everything = DV.rank_tokens(ids, 129280, always=template_ids(tok))
+    assert set(everything) == set(np.concatenate(ids).tolist()) | set(template_ids(tok))  # each distinct id once
+    assert rc == 0 and json.loads(so)["draft_vocab"] == len(everything) < 16384
+    assert [int(i) for i in field_value(open_gguf(tmp_path / "all.gguf").fields[DV.KEY])] == everything
+    assert err == (f"ds4tui draft-vocab: note: the list holds {len(everything)} tokens, fewer than --size 16384: the "
+                   f"files hold no more distinct tokens (with the chat template's); the drafter never proposes any "
+                   f"other, so count more files (--from) for a longer list\n")
     # errors: one line, status 2, nothing written
     rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from",
                       str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.gguf"))

@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
     result = {"ok": True, "out": str(out), "support": str(args.support), "model": str(args.model),
               "files": files, "tokens_counted": counted, "distinct": int((counts > 0).sum()),
               "draft_vocab": len(keep), "n_vocab": n_vocab, "coverage": round(covered, 6), "skipped": skipped}
+    if len(keep) < args.size:  # every token the files hold is listed: the rest can never be drafted
+        print(f"ds4tui draft-vocab: note: the list holds {len(keep)} tokens, fewer than --size {args.size}: the files "
+              f"hold no more distinct tokens (with the chat template's); the drafter never proposes any other, so "
+              f"count more files (--from) for a longer list", file=sys.stderr)
     if skipped:  # named, never silent: not UTF-8 text, or unreadable
         print(f"ds4tui draft-vocab: note: {len(skipped)} file{'s' if len(skipped) > 1 else ''} skipped (not UTF-8 "
               f"text, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
