@@ -152,6 +152,19 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
     assert rc == 1 and err.strip() == (
         f"ds4tui bench: error: --out {tmp_path}: cannot write the result there: expected a file name, found a "
         f"folder; give a file name, e.g. --out {tmp_path}/bench.json")
+    # the model file itself, or the support file of an A/B run: refused before the run, the file kept whole
+    model, support = tmp_path / "m.gguf", tmp_path / "s.gguf"
+    shutil.copyfile(tiny_q2["model"], model)
+    shutil.copyfile(tiny_q2["support"], support)
+    before = (model.read_bytes(), support.read_bytes())
+    for argv, target in (([str(model), "--prompt-tokens", "8", "--decode-tokens", "2"], model),
+                         ([str(model), "--mtp", str(support), "--ab", "--tokens", "16"], support)):
+        rc, out, err = _bench(capsys, *argv, "--out", str(target), "--json")
+        message = (f"--out {target}: cannot write the result there: expected a result file, found a GGUF file (a "
+                   f"model or support file), which the result would replace; give a file name of its own, e.g. "
+                   f"--out {target.with_suffix('.json')}")
+        assert rc == 1 and err == f"ds4tui bench: error: {message}\n" and json.loads(out)["error"] == message
+    assert (model.read_bytes(), support.read_bytes()) == before
 
 
 def test_out_in_a_folder_that_cannot_be_written_fails_before_the_run(tiny_q2, tmp_path, capsys, monkeypatch):

@@ -1030,11 +1030,21 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
 
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
-    creating and removing a file in its folder."""
+    creating and removing a file in its folder.  An existing GGUF (the model or support file given,
+    the demo's, any other) is never replaced by a result."""
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
     if p.is_dir():
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
+    if p.is_file():
+        try:
+            with open(p, "rb") as fh:
+                magic = fh.read(4)
+        except OSError:
+            magic = b""
+        if magic == b"GGUF":
+            return (f"{head}: expected a result file, found a GGUF file (a model or support file), which the result "
+                    f"would replace; give a file name of its own, e.g. --out {p.with_suffix('.json')}")
     parent = p.parent
     if not parent.is_dir():
         return (f"{head}: its folder {parent} does not exist (or is not a folder); create it, or give --out a "
