@@ -113,6 +113,42 @@ async def test_memory_pane_shows_gtt_and_vram_separately(tmp_path):
         assert "GPU busy 87%" in text and "weights 196.0 MiB" in text and "optional caches: none" in text
 
 
+def test_chat_without_a_terminal_is_refused_before_the_app_starts(tiny_q2, tmp_path):
+    """``ds4tui chat </dev/null`` (or with output to a pipe): one line saying which stream is not a
+    terminal and what to use instead, status 2, at once, not a screen drawn into a pipe waiting
+    for keys that never come; the usage errors still come first."""
+    import os
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "ds4tui", "chat", str(tiny_q2["model"]), "--backend", "cpu", "--save-dir",
+            str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run(base, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("ds4tui chat: error: the chat app needs a terminal: standard input is not one (it is "
+                        "redirected from a file or a pipe); run it in a terminal, or use `ds4tui generate` for a run "
+                        "without one\n")
+    r = subprocess.run([*base, "--max-draft", "3"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and "--max-draft needs a DSpark support model" in r.stderr
+
+
+
+@pytest.mark.parametrize("ttys, problem", [
+    ({0, 1, 2}, ""),
+    ({0, 2}, ""),  # `ds4tui chat >log`: the app draws on standard error
+    ({0, 1}, ""),  # `ds4tui chat 2>log`
+    ({1, 2}, "standard input is not one (it is redirected from a file or a pipe)"),
+    ({0}, "neither standard output nor standard error is one (both are redirected)"),
+])
+def test_terminal_problem_names_the_stream(ttys, problem, monkeypatch):
+    from ds4tui.commands import chat
+
+    monkeypatch.setattr(chat.os, "isatty", lambda fd: fd in ttys)
+    assert chat.terminal_problem() == problem
+
+
 def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("ds4tui.demo.PACKAGE_DIR", tmp_path / "no-demo")
     assert cli.main(["chat"]) == 2

@@ -417,6 +417,7 @@ def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypa
             return note
 
     monkeypatch.setattr(app_module, "DS4App", App)
+    monkeypatch.setattr("ds4tui.commands.chat.terminal_problem", lambda: "")  # as in a terminal
     rc = cli_main(["chat", tiny_q2["model"], "--mtp", tiny_q2["support"], "--backend", "cpu"])
     err = capsys.readouterr().err
     assert rc == 0 and err.splitlines()[-1] == f"ds4tui chat: note: {note}"

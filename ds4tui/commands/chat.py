@@ -109,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a usage error, as a bad flag: one line, status 2, before anything loads
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 2
+    why = terminal_problem()
+    if why:  # without one the app would draw into a pipe or file and wait for keys that never come
+        print(f"{_PREFIX} error: the chat app needs a terminal: {why}; run it in a terminal, or use `ds4tui generate` "
+              f"for a run without one", file=sys.stderr)
+        return 2
     from ds4tui.app import DS4App
 
     app = DS4App(options)
@@ -122,6 +127,16 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"{_PREFIX} note: {note}", file=sys.stderr, flush=True)
     return int(app.return_code or 0)
+
+
+def terminal_problem() -> str:
+    """Why the app cannot run here ("" when it can): it reads keys from standard input and draws on
+    standard output, or on standard error when only that is a terminal (:func:`_app_on_the_terminal`)."""
+    if not os.isatty(0):
+        return "standard input is not one (it is redirected from a file or a pipe)"
+    if not (os.isatty(1) or os.isatty(2)):
+        return "neither standard output nor standard error is one (both are redirected)"
+    return ""
 
 
 @contextlib.contextmanager
