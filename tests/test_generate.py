@@ -230,7 +230,12 @@ def test_knobs_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
                                       "--max-draft", "2", "--json"))
     assert rc == 0 and ("ds4tui generate: note: --no-scheduler, --confidence and --max-draft have no effect because "
                         "--no-dspark turns drafting off") in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--draft-vocab", "full", "--json"))
+    assert rc == 0 and ("ds4tui generate: note: --draft-vocab has no effect because --no-dspark turns drafting "
+                        "off") in err and err.count("no effect") == 1
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-scheduler", "--json"))
+    assert rc == 0 and "no effect" not in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--draft-vocab", "auto", "--json"))
     assert rc == 0 and "no effect" not in err
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--json"))
     assert rc == 0 and "no effect" not in err

@@ -95,12 +95,14 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
 
 def _moot_knobs(args: argparse.Namespace) -> str | None:
     """The note for DSpark knobs given with ``--no-dspark`` (None when there are none): drafting is
-    off for the whole run, so ``--no-scheduler``, ``--confidence`` and ``--max-draft`` change
-    nothing (not an error: they are valid, only moot)."""
+    off for the whole run, so ``--no-scheduler``, ``--confidence``, ``--max-draft`` and a
+    ``--draft-vocab`` other than auto change nothing (not an error: they are valid, only moot)."""
     if args.dspark is not False:
         return None
     given = [flag for flag, on in (("--no-scheduler", args.no_scheduler), ("--confidence", args.confidence is not None),
-                                   ("--max-draft", args.max_draft is not None)) if on]
+                                   ("--max-draft", args.max_draft is not None),
+                                   ("--draft-vocab", getattr(args, "draft_vocab", None) not in (None, "auto")))
+             if on]
     if not given:
         return None
     flags = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
