@@ -264,10 +264,13 @@ def test_damaged_cached_file_is_unpacked_again(pair):
 
     want = demo.manifest()["files"]["support.gguf"]["sha256"]
     size = pair.support.stat().st_size
+    unpacked_at = pair.support.stat().st_mtime_ns  # the archive's time: what saved scheduler prices key on
+    assert unpacked_at == (Path(demo.__file__).parent / "support.gguf.xz").stat().st_mtime_ns
     with open(pair.support, "r+b") as f:
         f.truncate(size // 2)
     again = demo.demo_pair()
     assert again == pair and pair.support.stat().st_size == size
+    assert pair.support.stat().st_mtime_ns == unpacked_at  # repaired: the same identity as before the damage
     assert demo.file_sha256(pair.support) == want
     assert again.repaired == (f"the demo's {pair.support} had {size // 2} bytes where demo.json expects {size}: "
                               f"unpacked it again from the bundled support.gguf.xz",)

@@ -263,6 +263,9 @@ def _unpack(src: Path, dest: Path, size: int, sha256: str,
             raise DemoError(f"{src}: unpacks to {done} bytes with sha256 {digest.hexdigest()[:16]}…, "
                             f"demo.json expects {size} bytes with sha256 {sha256[:16]}… (damaged installation; "
                             f"reinstall ds4tui)")
+        # the archive's modification time, as tar and unzip keep it: a file unpacked again (a repair) is
+        # the same file to whatever keys on (size, mtime), e.g. the scheduler's saved prices
+        os.utime(tmp, ns=(time.time_ns(), src.stat().st_mtime_ns))
         os.replace(tmp, dest)
         _write_note(dest, sha256)
     except BaseException:
