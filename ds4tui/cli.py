@@ -487,12 +487,27 @@ COMMANDS = {
 }
 
 
+def print_usage_error_json(message: str) -> None:
+    """The usage error ``message`` (exit status 2) of a command given ``--json``, on stdout as its
+    other failures are: one line, ``{"ok": false, "error": message}``."""
+    import json
+
+    print(json.dumps({"ok": False, "error": message}), flush=True)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with bad flags reported as every other usage error is: one line naming the flag,
-    the value found and what is accepted, then exit status 2 (not the whole usage text)."""
+    the value found and what is accepted, then exit status 2 (not the whole usage text).
+    ``json_errors`` (set by :func:`main` on the sub-command's parser when its arguments hold that
+    command's ``--json``): the error is also printed on stdout (:func:`print_usage_error_json`)."""
+
+    json_errors = False
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+        self._print_message(f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n", sys.stderr)
+        if self.json_errors:
+            print_usage_error_json(message)
+        self.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -533,6 +548,30 @@ def _join_signed_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _asks_for_json(command: argparse.ArgumentParser, argv: list[str]) -> bool:
+    """Whether the arguments ``argv`` of the sub-command ``command`` hold its ``--json`` (as argparse
+    reads them: before a ``--``, or a prefix of it that names no other option); False for a command
+    without ``--json``. Read from the raw arguments, because a usage error leaves no namespace."""
+    options = [o for o in command._option_string_actions if o.startswith("--")]
+    if "--json" not in options:
+        return False
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json" or (command.allow_abbrev and len(arg) > 2 and arg.startswith("--") and "=" not in arg
+                               and [o for o in options if o.startswith(arg)] == ["--json"]):
+            return True
+    return False
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    """The parser of the sub-command ``name`` (None for a name that is not a command)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
+
+
 def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status.
     ``exiting``: the process exits when this returns (:func:`program`): the interrupting signals
@@ -545,11 +584,17 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         # in .gguf, or any file that is there (the chat then says whether it is a GGUF)
         argv = ["chat", *argv]
     argv = _join_signed_values(argv)
+    command = _command_parser(parser, argv[0])
+    if command is not None and _asks_for_json(command, argv[1:]):  # its argparse errors on stdout too
+        command.json_errors = True
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command they were given to, with that command's help
         prog = f"ds4tui {args.command}" if args.command else "ds4tui"
-        parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (`{prog} --help` lists the "
-                       f"options)\n")
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        parser._print_message(f"{prog}: error: {message} (`{prog} --help` lists the options)\n", sys.stderr)
+        if getattr(args, "json", False):
+            print_usage_error_json(message)
+        parser.exit(2)
     if args.command in ENGINE_COMMANDS:
         from ds4tui.commands.environment import check_backend_options, read_environment
 
@@ -568,9 +613,7 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         except ValueError as exc:  # BadVariable too; like a bad flag: one line, status 2, before anything loads
             print(f"ds4tui {args.command}: error: {exc}", file=sys.stderr)
             if getattr(args, "json", False):
-                import json
-
-                print(json.dumps({"ok": False, "error": str(exc)}))
+                print_usage_error_json(str(exc))
             return 2
     rc = None
     try:

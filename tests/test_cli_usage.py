@@ -354,3 +354,62 @@ def test_a_background_job_keeps_sigint_ignored():
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+#: (arguments, the argparse message) for the commands with --json: a bad value, an unknown flag, a
+#: missing value, a missing required argument.
+_ARGPARSE_ERRORS = [
+    (["generate", "-p", "hi", "--draft-vocab", "abc"],
+     "argument --draft-vocab: expected auto, full or a count >= 1, found 'abc'"),
+    (["generate", "-p", "hi", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench", "--threads", "x2"], "argument --threads: expected a thread count >= 0 (0 = one per core), found 'x2'"),
+    (["bench", "--repeat", "0"], "argument --repeat: expected a positive integer, found 0"),
+    (["inspect"], "the following arguments are required: model"),
+    (["compare", "a.json"], "the following arguments are required: B.json"),
+    (["tokenize", "--text", "hi", "--ids-only", "--extra"], "unrecognized arguments: --extra"),
+    (["doctor", "--nope"], "unrecognized arguments: --nope"),
+    (["draft-vocab", "m.gguf", "s.gguf", "--from", "src", "--out", "o.gguf", "--size"],
+     "argument --size: expected one argument"),
+]
+
+
+@pytest.mark.parametrize("argv,message", _ARGPARSE_ERRORS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_argparse_usage_errors_with_json_print_the_error_object_on_stdout(argv, message, capsys, no_engine):
+    prog = f"ds4tui {argv[0]}"
+    line = f"{prog}: error: {message} (`{prog} --help` lists the options)\n"
+    rc, out, err = _run(capsys, argv)
+    assert (rc, out, err) == (2, "", line)  # without --json: stderr only
+    rc, out, err = _run(capsys, [*argv[:1], "--json", *argv[1:]])
+    assert rc == 2 and err == line
+    # the shape of the commands' own usage errors (generate's `--ctx` above)
+    assert out.count("\n") == 1 and json.loads(out) == {"ok": False, "error": message}
+
+
+def test_json_is_read_from_the_commands_own_arguments(capsys):
+    line = ("ds4tui generate: error: unrecognized arguments: --bogus (`ds4tui generate --help` lists the "
+            "options)\n")
+    # a prefix argparse takes for --json counts
+    rc, out, err = _run(capsys, ["generate", "-p", "hi", "--js", "--bogus"])
+    assert rc == 2 and err == line and json.loads(out) == {"ok": False, "error": "unrecognized arguments: --bogus"}
+    rc, out, err = _run(capsys, ["generate", "-p", "hi", "--js", "-n", "x"])
+    assert rc == 2 and json.loads(out) == {"ok": False,
+                                           "error": "argument -n/--n-predict: expected a positive integer, found 'x'"}
+    # after `--` it is the MODEL, not the flag
+    rc, out, err = _run(capsys, ["generate", "-p", "hi", "--", "--json", "--bogus"])
+    assert (rc, out, err) == (2, "", line)
+
+
+@pytest.mark.parametrize("argv,line", [
+    # commands without --json: it is an unknown flag like any other, stderr only
+    (["chat", "--json"], "ds4tui chat: error: unrecognized arguments: --json (`ds4tui chat --help` lists the options)\n"),
+    (["--json"], "ds4tui chat: error: unrecognized arguments: --json (`ds4tui chat --help` lists the options)\n"),
+    (["convert", "--json"], "ds4tui convert: error: the following arguments are required: hf_dir, out "
+                            "(`ds4tui convert --help` lists the options)\n"),
+    # top-level errors stay as they are
+    (["nosuch", "--json"], "ds4tui: error: argument COMMAND: invalid choice: 'nosuch' (choose from 'chat', 'inspect', "
+                           "'tokenize', 'convert', 'bench', 'generate', 'doctor', 'compare', 'draft-vocab') (`ds4tui "
+                           "--help` lists the options)\n"),
+])
+def test_json_given_where_there_is_no_json_option_changes_nothing(argv, line, capsys):
+    rc, out, err = _run(capsys, argv)
+    assert (rc, out, err) == (2, "", line)
