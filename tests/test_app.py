@@ -278,7 +278,9 @@ async def test_quit_while_an_answer_streams(tiny_q2, tmp_path):
     app = DS4App(_options(tiny_q2["model"], None, tmp_path, max_tokens=None))
     async with app.run_test(size=(160, 50)) as pilot:
         await _loaded(pilot, app)
-        app.query_one("#prompt").value = PROMPT
+        prompt = app.query_one("#prompt", PromptInput)
+        prompt.value = PROMPT
+        prompt.focus()  # as _ask does: enter submits only from the prompt, wherever the focus was after loading
         await pilot.press("enter")
         await _until(pilot, lambda: app.current is not None and app.current.n_tokens >= 4, what="streamed tokens")
         engine = app.engine
