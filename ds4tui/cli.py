@@ -488,11 +488,10 @@ COMMANDS = {
 
 
 def print_usage_error_json(message: str) -> None:
-    """The usage error ``message`` (exit status 2) of a command given ``--json``, on stdout as its
-    other failures are: one line, ``{"ok": false, "error": message}``."""
-    import json
+    """:func:`ds4tui.commands.environment.print_error_json`, imported when a usage error needs it."""
+    from ds4tui.commands.environment import print_error_json
 
-    print(json.dumps({"ok": False, "error": message}), flush=True)
+    print_error_json(message)
 
 
 class Parser(argparse.ArgumentParser):

@@ -242,6 +242,10 @@ def test_draft_vocab_command_ranks_the_files_tokens(tiny_q2, tmp_path, capsys):
     rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from",
                       str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.gguf"))
     assert rc == 2 and "--from" in err and "no such file or folder" in err and not (tmp_path / "x.gguf").exists()
+    rc, so, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from",
+                       str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.gguf"), "--json")  # and on stdout
+    assert rc == 2 and json.loads(so) == {"ok": False, "error": f"--from {tmp_path / 'nowhere'}: no such file or folder"}
+    assert err == f"ds4tui draft-vocab: error: --from {tmp_path / 'nowhere'}: no such file or folder\n"
     rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(src),
                       "--glob", "*.rs", "--out", str(tmp_path / "x.gguf"))
     assert rc == 2 and "no readable UTF-8 text" in err and not (tmp_path / "x.gguf").exists()

@@ -446,10 +446,15 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
     # flags that do not go together are usage errors (status 2), as the README documents
     for flags, message in ((["--nothink"], "--system and --nothink only apply with --chat: add --chat, or leave them out"),
-                           (["--system", "s"], "--system and --nothink only apply with --chat: add --chat, or leave them out"),
-                           (["--json", "--ids-only"], "--json and --ids-only: choose one of them, not both")):
+                           (["--system", "s"], "--system and --nothink only apply with --chat: add --chat, or leave them out")):
         rc, out, err = run_cli(capsys, model, "--text", "x", *flags)
         assert (rc, out, err) == (2, "", f"ds4tui tokenize: error: {message}\n")
+    # under --json every failure is also one JSON object on stdout, as the other commands' are
+    message = "--json and --ids-only: choose one of them, not both"
+    rc, out, err = run_cli(capsys, model, "--text", "x", "--json", "--ids-only")
+    assert (rc, json.loads(out), err) == (2, {"ok": False, "error": message}, f"ds4tui tokenize: error: {message}\n")
+    rc, out, err = run_cli(capsys, model, "--file", tmp_path / "absent.txt", "--json")
+    assert rc == 1 and json.loads(out)["ok"] is False and "absent.txt" in json.loads(out)["error"] in err
 
 
 def test_cli_support_file_is_named_as_inspect_names_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ds4tui.commands.environment import print_error_json
 from ds4tui.engine import draft_vocab as DV
 from ds4tui.engine.errors import ConversionError, DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
@@ -30,8 +31,12 @@ from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 _PREFIX = "ds4tui draft-vocab: error:"
 
 
-def _fail(message: str, status: int = 1) -> int:
+def _fail(message: str, status: int = 1, as_json: bool = False) -> int:
+    """``message`` on stderr (and, for ``--json``, ``{"ok": false, "error": message}`` on stdout, as
+    every command's failures are); returns ``status``."""
     print(f"{_PREFIX} {message}", file=sys.stderr)
+    if as_json:
+        print_error_json(message)
     return status
 
 
@@ -82,28 +87,29 @@ def out_problem(out: Path, model: Path, support: Path, force: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if not args.out:
-        return _fail("--out: an empty path (name the file to write)", status=2)
+        return _fail("--out: an empty path (name the file to write)", status=2, as_json=args.json)
     out = Path(args.out)
     if out.is_symlink():  # the file it names is the one replaced (a support file kept behind a link)
         out = out.resolve()
     why = out_problem(out, Path(args.model), Path(args.support), args.force)
     if why:
-        return _fail(why, status=2)
+        return _fail(why, status=2, as_json=args.json)
     try:
         model = DS4Model(args.model)
         support = SupportModel(args.support, model.config, check_finite=False)
         if not support.compatible:
-            return _fail(f"{args.support}: not a support model for {args.model}: {support.problems[0].message}")
+            return _fail(f"{args.support}: not a support model for {args.model}: {support.problems[0].message}",
+                         as_json=args.json)
         tok = Tokenizer.from_gguf(model.reader)
     except (ModelFileError, TokenizerError, OSError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), as_json=args.json)
     files = 0
     counted = 0
     lists: list[list[int]] = []
     for src in args.sources:
         p = Path(src)
         if not p.exists():
-            return _fail(f"--from {src}: no such file or folder", status=2)
+            return _fail(f"--from {src}: no such file or folder", status=2, as_json=args.json)
     paths = []
     for src in args.sources:
         p = Path(src)
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         counted += len(ids)
     if not counted:
         return _fail(f"--from {' '.join(args.sources)}: no readable UTF-8 text (folders are read for "
-                     f"{args.glob!r}; --glob chooses other files)", status=2)
+                     f"{args.glob!r}; --glob chooses other files)", status=2, as_json=args.json)
     n_vocab = model.config.n_vocab
     ranked = DV.rank_tokens(lists, n_vocab, always=template_ids(tok))
     keep = ranked[: args.size]
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = DV.write_list(args.support, out, keep, n_vocab=n_vocab)
     except (DraftVocabError, ConversionError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), as_json=args.json)
     result = {"ok": True, "out": str(out), "support": str(args.support), "model": str(args.model),
               "files": files, "tokens_counted": counted, "distinct": int((counts > 0).sum()),
               "draft_vocab": len(keep), "n_vocab": n_vocab, "coverage": round(covered, 6), "skipped": skipped}

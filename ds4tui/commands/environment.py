@@ -87,6 +87,14 @@ class Settings:
                               max_draft_accepted(block, support))
 
 
+def print_error_json(message: str) -> None:
+    """A failure of a command given ``--json`` on stdout, as every command's failures are: one line,
+    ``{"ok": false, "error": message}`` (the message is on stderr too)."""
+    import json
+
+    print(json.dumps({"ok": False, "error": message}), flush=True)
+
+
 def max_draft_accepted(block: int | None = None, support=None) -> str:
     """What DS4_DSPARK_MAX_DRAFT_TOKENS accepts, in the words of every message about it: the
     engine's bound is the attached support model's block size (``dspark.c`` refuses a larger

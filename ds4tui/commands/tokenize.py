@@ -16,14 +16,19 @@ import argparse
 import json
 import sys
 
+from ds4tui.commands.environment import print_error_json
 from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
 _PREFIX = "ds4tui tokenize: error:"
 
 
-def _fail(message: str, status: int = 1) -> int:
+def _fail(message: str, status: int = 1, as_json: bool = False) -> int:
+    """``message`` on stderr (and, for ``--json``, ``{"ok": false, "error": message}`` on stdout, as
+    every command's failures are); returns ``status``."""
     print(f"{_PREFIX} {message}", file=sys.stderr)
+    if as_json:
+        print_error_json(message)
     return status
 
 
@@ -95,22 +100,23 @@ def _visible(tokenizer: Tokenizer, token_id: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Tokenize ``--text`` / ``--file`` with the tokenizer of ``args.model``; return the exit status."""
     if args.json and args.ids_only:
-        return _fail("--json and --ids-only: choose one of them, not both", 2)
+        return _fail("--json and --ids-only: choose one of them, not both", 2, as_json=args.json)
     if not args.chat and (args.nothink or args.system):
-        return _fail("--system and --nothink only apply with --chat: add --chat, or leave them out", 2)
+        return _fail("--system and --nothink only apply with --chat: add --chat, or leave them out", 2,
+                     as_json=args.json)
     try:  # the text first: a file that cannot be read is named before the demo is unpacked
         text = _read_text(args)
     except TokenizerError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), as_json=args.json)
     if args.model is None:  # as generate and chat: the bundled demo model (its tokenizer is the real one)
         from ds4tui.demo import DemoError, demo_pair
 
         try:
             pair = demo_pair(None)
         except DemoError as exc:
-            return _fail(str(exc))
+            return _fail(str(exc), as_json=args.json)
         if pair is None:
-            return _fail("no MODEL given and this build has no bundled demo model")
+            return _fail("no MODEL given and this build has no bundled demo model", as_json=args.json)
         for line in pair.repaired:  # a damaged file unpacked again: said on stderr
             print(f"ds4tui tokenize: note: {line}", file=sys.stderr, flush=True)
         args.model = str(pair.model)
@@ -126,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             ids = tokenizer.encode(text, parse_special=True)
     except (TokenizerError, ModelFileError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), as_json=args.json)
 
     if args.ids_only:
         print("[" + ", ".join(map(str, ids)) + "]")
