@@ -15,6 +15,7 @@ import pytest
 from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine import reference as R
 from ds4tui.engine import session as S
+from ds4tui.engine.backend import SamplingParams
 from ds4tui.engine.stats import NO_DRAFT_REASONS
 from gguf_edit import rewrite, to_dflash
 
@@ -493,3 +494,75 @@ def test_knobs_change_while_a_step_runs(tiny_q2):
     t.join()
     assert still_running and waited < 0.1, (still_running, waited)
     assert s.dspark.threshold == 0.5
+
+
+_TIMES_AND_ROWS = {"propose", "snapshot", "verify", "spec_total", "target", "saved", "net_saved", "t_decode_ms",
+                   "t_decode_measured", "verify_head_rows", "stage_timing"}
+
+
+def _cycles(engine: S.Engine, prompt, n: int, temperature: float):
+    """n tokens with the scheduler off (the drafted lengths then do not depend on timings), one step
+    at a time; returns (tokens, the counters without times, [(drafts, accepted, head rows) per cycle])."""
+    s = engine.session(len(prompt) + n + 8)
+    s.set_dspark(scheduler=False)
+    s.set_sampling(SamplingParams(temperature=temperature, top_k=8, seed=11))
+    s.prefill(prompt)
+    out, cycles, prev = [], [], s.dspark_stats()
+    while len(out) < n:
+        out += s.step(n - len(out))
+        st = s.dspark_stats()
+        cycles.append((st.proposed - prev.proposed, st.accepted_draft - prev.accepted_draft,
+                       st.verify_head_rows - prev.verify_head_rows))
+        prev = st
+    s.close()
+    assert st.check_invariants() == []
+    counts = {k: v for k, v in st.to_dict().items() if k not in _TIMES_AND_ROWS and not k.startswith("prop_")}
+    return out, counts, cycles
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_verify_head_lazy_is_all_and_computes_the_rows_acceptance_reaches(tiny_q2, fitted_support, temperature):
+    """verify_head lazy (spec dspark.md §3.4) against all: the same tokens (greedy: also target-only's),
+    the same sampled draws and every count the same; per cycle the LM-head rows computed are 1 + drafts
+    under all, and under lazy min(3, 1 + drafts) unless the drafts of rows 0-2 were all accepted."""
+    if temperature == 0.0:
+        target = S.Engine(tiny_q2["model"])
+        plain = [_run(target, p, 60)[0] for p in PROMPTS[:3]]
+        target.close()
+    runs = {}
+    for mode in ("all", "lazy"):
+        e = S.Engine(tiny_q2["model"], support=fitted_support, verify_head=mode)
+        assert (e.verify_head, e.verify_head_note) == (mode, f"{mode}: chosen")
+        runs[mode] = [_cycles(e, p, 60, temperature) for p in PROMPTS[:3]]
+        e.close()
+    seen = {"first_group_rejected": 0, "first_group_accepted": 0}
+    for i, ((out_a, counts_a, cyc_a), (out_l, counts_l, cyc_l)) in enumerate(zip(runs["all"], runs["lazy"])):
+        assert out_l == out_a
+        if temperature == 0.0:
+            assert out_l == plain[i]
+        assert counts_l == counts_a
+        assert [c[:2] for c in cyc_l] == [c[:2] for c in cyc_a]
+        for (nd, a, rows_all), (_, _, rows_lazy) in zip(cyc_a, cyc_l):
+            assert rows_all == (nd + 1 if nd else 0)
+            if nd + 1 <= S.VERIFY_HEAD_FIRST or not nd:
+                want = rows_all
+            else:
+                first_ok = a >= S.VERIFY_HEAD_FIRST
+                seen["first_group_accepted" if first_ok else "first_group_rejected"] += 1
+                want = nd + 1 if first_ok else S.VERIFY_HEAD_FIRST
+            assert rows_lazy == want, (nd, a, rows_lazy)
+    assert seen["first_group_rejected"] > 0 and seen["first_group_accepted"] > 0, seen
+
+
+def test_verify_head_option_is_checked(tiny_q2):
+    with pytest.raises(ValueError, match="verify_head must be auto or one of all, lazy, got 'some'"):
+        S.Engine(tiny_q2["model"], verify_head="some")
+    with pytest.raises(S.BackendUnavailableError, match="verify_head lazy runs on the cpu backend only"):
+        S.Engine(tiny_q2["model"], backend="reference", verify_head="lazy")
+    e = S.Engine(tiny_q2["model"], backend="cpu")  # f32 activations: the head is bound by its arithmetic
+    assert e.verify_head == "lazy" and e.verify_head_note.startswith("auto: lazy on the cpu backend with f32 activations")
+    q = S.Engine(tiny_q2["model"], backend="cpu", activations="auto")  # q8 on the cpu: bound by its weight read
+    assert q.verify_head == "all" and q.verify_head_note.startswith("auto: all on the cpu backend with q8 activations")
+    assert S.Engine(tiny_q2["model"], backend="cpu", activations="q8", verify_head="lazy").verify_head == "lazy"
+    r = S.Engine(tiny_q2["model"], backend="reference")
+    assert r.verify_head == "all" and r.verify_head_note == "auto: all on the reference backend (it does not draft)"

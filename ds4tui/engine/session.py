@@ -87,6 +87,41 @@ def auto_activations(backend: str) -> tuple[str, str]:
     if backend == "reference":
         return "f32", "auto: f32 on the reference backend (its only activations)"
     return "f32", f"auto: f32 on the {backend} backend (--activations q8 for 8-bit activations)"
+
+
+#: The verify_head option (ds4_engine.h's DS4_VERIFY_HEAD_*, in value order; spec dspark.md §3.4): a DSpark
+#: verify's LM head for every row, or for the first VERIFY_HEAD_FIRST rows and the rest only when acceptance
+#: reaches them (cpu backend).
+VERIFY_HEADS = ("all", "lazy")
+#: Rows of the LM head a lazy verify computes first (ds4_engine.h's DS4_VERIFY_HEAD_FIRST).
+VERIFY_HEAD_FIRST = 3
+#: Why the hip backend verifies every row (the note of verify_head there).
+_HIP_VERIFY = ("the hip backend's verify computes the LM head of every row in one pass, and its greedy picks run on "
+               "the device")
+
+
+def auto_verify_head(backend: str, activations: str) -> tuple[str, str]:
+    """What ``verify_head="auto"`` means on ``backend`` with the matmul ``activations`` in force (spec
+    dspark.md §3.4), and the note that says it: lazy on the cpu with f32 activations, where the LM
+    head's product is bound by its arithmetic (rows 3-5 cost 1.4 ms of a 5.1 ms verify of the demo
+    pair on 2 threads, so rows that acceptance never reads are worth skipping: a lazy verify 14 %
+    cheaper); all on the cpu with q8 activations, where it is bound by reading its weights (three
+    rows cost nearly what six do, and the later rows' own product reads the weights again: a lazy
+    verify about 5 % dearer; tools/cpu_notes.md 2026-12-03); all on the hip backend (its verify
+    runs as one pass on the device) and on the reference backend (which does not draft)."""
+    if backend == "cpu" and activations == "f32":
+        return "lazy", (f"auto: lazy on the cpu backend with f32 activations (a DSpark verify computes the LM head of "
+                        f"its first {VERIFY_HEAD_FIRST} rows, and of the others only when their drafts were all "
+                        f"accepted; --verify-head all computes every row)")
+    if backend == "cpu":
+        return "all", ("auto: all on the cpu backend with q8 activations (their LM head costs its weight read: three "
+                       "rows cost nearly what six do, and the later rows' own product would read the weights again; "
+                       "--verify-head lazy computes the later rows only when acceptance reaches them)")
+    if backend == "reference":
+        return "all", "auto: all on the reference backend (it does not draft)"
+    return "all", f"auto: all on the {backend} backend ({_HIP_VERIFY}; lazy runs on the cpu backend)"
+
+
 #: The prefill_gemm numerics option (ds4_engine.h's DS4_PREFILL_GEMM_*, in value order; spec platform.md §7).
 PREFILL_GEMMS = ("off", "bf16", "f16", "auto")
 #: The gpu_graphs option (ds4_engine.h's DS4_GPU_GRAPHS_*, in value order; spec platform.md §8).
@@ -148,6 +183,14 @@ class Engine:
     mode in force, ``"on"`` or ``"off"``) and ``gpu_graphs_note`` (why) are read live: a capture
     the runtime refuses turns it off for the engine with the reason; the cpu and reference
     backends launch no kernels, so it is off there.
+    ``verify_head`` (spec dspark.md §3.4): which rows of a DSpark verify pass get the LM head:
+    ``"all"`` (every row, in the pass), ``"lazy"`` (the first ``VERIFY_HEAD_FIRST`` rows, and the
+    others in one product only when the drafts of those rows were all accepted, as acceptance never
+    reads a later row: the same tokens, draws and logits bit for bit, a cheaper verify where the
+    head's product is bound by its arithmetic; cpu backend only, :class:`BackendUnavailableError` on
+    hip and reference) or ``"auto"`` (default: lazy on the cpu with f32 activations, all elsewhere,
+    :func:`auto_verify_head`).  After open ``verify_head`` is the mode in force and ``verify_head_note``
+    says why (a lazy that ``backend="auto"`` could not apply on hip runs all, and says so).
     ``scheduler_prices`` (spec dspark.md §7.4, :mod:`ds4tui.engine.prices`): where a new session's
     DSpark scheduler starts: ``"fresh"`` (default: it measures what a verify costs and how often
     drafts are accepted by drafting once), ``"engine"`` (from what this engine's earlier sessions
@@ -164,7 +207,8 @@ class Engine:
                  progress: Callable[[int, int], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, activations: str = "f32",
                  prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
-                 prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto"):
+                 prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto",
+                 verify_head: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -191,6 +235,16 @@ class Engine:
         if gpu_graphs not in GPU_GRAPHS:
             raise ValueError(f"gpu_graphs must be one of {', '.join(GPU_GRAPHS)}, got {gpu_graphs!r}")
         self._gpu_graphs_wanted = gpu_graphs
+        if verify_head not in VERIFY_HEADS and verify_head != "auto":
+            raise ValueError(f"verify_head must be auto or one of {', '.join(VERIFY_HEADS)}, got {verify_head!r}")
+        if verify_head == "lazy" and backend in ("hip", "reference"):
+            raise BackendUnavailableError(f"verify_head lazy runs on the cpu backend only; "
+                                          + (_HIP_VERIFY if backend == "hip" else "the reference backend does not draft")
+                                          + " (use --verify-head auto or all, or --backend cpu)")
+        #: the verify_head mode in force (spec dspark.md §3.4): "all" or "lazy"; ``auto`` resolves by the
+        #: backend and the activations once they are known and ``verify_head_note`` says so
+        self.verify_head = "all" if verify_head == "auto" else verify_head
+        self.verify_head_note = f"{verify_head}: chosen"
         if scheduler_prices not in prices.MODES:
             raise ValueError(f"scheduler_prices must be one of {', '.join(prices.MODES)}, got {scheduler_prices!r}")
         if scheduler_prices == "saved" and prices_dir is None:
@@ -244,6 +298,11 @@ class Engine:
         self.backend = backend
         if activations == "auto":
             self.activations, self.activations_note = auto_activations(backend)
+        if verify_head == "auto":
+            self.verify_head, self.verify_head_note = auto_verify_head(backend, self.activations)
+        elif verify_head == "lazy" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
+            self.verify_head = "all"
+            self.verify_head_note = f"all: lazy runs on the cpu backend only, and {_HIP_VERIFY}"
         self.prefill_gemm_note = f"off: the {backend} backend keeps float32 products"
         self.numerics = numerics
         self._handle = None
@@ -293,7 +352,8 @@ class Engine:
                                                "activations": ACTIVATIONS.index(self.activations),
                                                "prefill_gemm": PREFILL_GEMMS.index(self._prefill_gemm_wanted
                                                                                    if self.backend == "hip" else "off"),
-                                               "gpu_graphs": GPU_GRAPHS.index(self._gpu_graphs_wanted)})
+                                               "gpu_graphs": GPU_GRAPHS.index(self._gpu_graphs_wanted),
+                                               "verify_head": VERIFY_HEADS.index(self.verify_head)})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)

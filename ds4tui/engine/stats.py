@@ -92,7 +92,7 @@ _LINE_COUNTS_B = (
     "verifier_unavailable",
     "errors",
 )
-_COUNTS = _LINE_COUNTS_A + _LINE_COUNTS_B + ("chain_fail",)
+_COUNTS = _LINE_COUNTS_A + _LINE_COUNTS_B + ("chain_fail", "verify_head_rows")
 # Milliseconds; the C field is the name with "_ms" appended.
 _TIMES = (
     "propose",
@@ -198,6 +198,11 @@ class DSparkStats:
     chain_fail_op: str = ""
     #: Knob changes applied so far.
     n_events: int = 0
+    #: LM-head rows the verify passes computed (ours; spec dspark.md §3.4): 1 + drafts per drafted
+    #: cycle under verify_head all; under lazy the first 3 rows (fewer with fewer drafts), and the
+    #: others only in cycles that accepted the drafts of those 3 rows.  Rows a verify did not need:
+    #: ``proposed + drafted_cycles - verify_head_rows``.
+    verify_head_rows: int = 0
     #: Cycles whose accepted drafts a stop token cut after the verifier had decided (ours, counted
     #: by ``Session.rewind``): the drafts after the stop were never emitted, so ``accepted_draft``,
     #: ``accepted_len_hist`` and ``pos_accepted`` count the cycle with fewer accepted drafts, while
@@ -331,7 +336,8 @@ class DSparkStats:
         """Stage times in the unit each is spent in (spec dspark.md §6.2), with the counts they are
         divided by: every drafter step (``prop_*``) and ``propose`` per drafter pass, ``verify``
         and ``spec_total`` per drafted cycle, ``target`` per plain decode (ms; None where the count
-        is 0), and ``verify_over_decode``, what one verify costs in plain decodes.  ds4's line keeps
+        is 0), the rows a verify ran and those it computed the LM head of (verify_head, spec dspark.md
+        §3.4) per drafted cycle, and ``verify_over_decode``, what one verify costs in plain decodes.  ds4's line keeps
         ds4's totals; dividing a stage by all cycles, drafted or not, would hide its real cost when
         the scheduler skips most cycles."""
         def per(total: float, n: int) -> float | None:
@@ -344,6 +350,8 @@ class DSparkStats:
             "ms_per_drafter_pass": {s: per(getattr(self, s), p) for s in PROP_STAGES + ("propose",)},
             "drafted_cycles": v,
             "verify_ms_per_drafted_cycle": verify,
+            "verify_rows_per_drafted_cycle": per(self.proposed + v, v),
+            "verify_head_rows_per_drafted_cycle": per(self.verify_head_rows, v),
             "spec_total_ms_per_drafted_cycle": per(self.spec_total, v),
             "plain_decodes": d,
             "decode_ms_per_plain_decode": decode,
@@ -379,6 +387,8 @@ class DSparkStats:
             ("chain_fail", "chain_fail"),
         ):
             same(stat, getattr(self, stat), f"no_draft_reasons[{reason}]", r[reason])
+        rows = self.proposed + self.drafted_cycles  # a drafted cycle verifies its anchor and its drafts
+        need(self.verify_head_rows <= rows, f"verify_head_rows {self.verify_head_rows} > proposed + drafted cycles {rows}")
         sp, sa = sum(self.pos_proposed), sum(self.pos_accepted)
         need(sa <= sp, f"sum(pos_accepted) {sa} > sum(pos_proposed) {sp}")
         for k, (p, a) in enumerate(zip(self.pos_proposed, self.pos_accepted)):

@@ -347,7 +347,9 @@ def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: lis
     from ds4tui.engine.stats import PROP_STAGES
 
     t0 = time.perf_counter()
-    eng = Engine(model, backend=backend, support=support, draft_vocab=draft_vocab, **engine_options)
+    # verify_head all: the cycle's verify is timed over every row it runs (a lazy head would price the
+    # random drafts' rejections, 3 rows of the LM head, not a verify of the full block)
+    eng = Engine(model, backend=backend, support=support, draft_vocab=draft_vocab, verify_head="all", **engine_options)
     try:
         if eng.support_status != "attached":
             raise RuntimeError(f"{model.config.n_layer} layers: {eng.support_message}")

@@ -157,7 +157,22 @@ typedef struct {
     int32_t activations;  /* DS4_ACTIVATIONS_* (both backends) */
     int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
     int32_t gpu_graphs;   /* DS4_GPU_GRAPHS_* (0: off) */
+    int32_t verify_head;  /* DS4_VERIFY_HEAD_* (0: all) */
 } ds4_engine_options;
+
+/* The verify_head option (spec dspark.md §3.4; ds4_engine_options.verify_head): which rows of a DSpark
+ * verify pass get the LM head.  ALL: every row of [anchor, d_1..d_l], in the pass.  LAZY: the pass
+ * runs every layer for every row and keeps the normed final rows; the head is computed for the first
+ * DS4_VERIFY_HEAD_FIRST rows, and for the rest (in one product) only when the drafts of those rows
+ * were all accepted, as acceptance never reads a row after the first rejected draft.  The kernels
+ * are batch-invariant, so every row that is computed is the same bit for bit, and so are the
+ * accepted drafts, the next token, the sampler's draws and the logits kept; what changes is the
+ * verify's time and ds4_dspark_stats.verify_head_rows (a non-finite logit in a row that acceptance
+ * never reaches is then not seen).  LAZY runs on the CPU backend only (DS4_E_UNSUPPORTED on the GPU
+ * backend, whose greedy verify picks the argmaxes on the device in one pass). */
+#define DS4_VERIFY_HEAD_ALL 0
+#define DS4_VERIFY_HEAD_LAZY 1
+#define DS4_VERIFY_HEAD_FIRST 3 /* rows of the first group: about one row's cost at the weight-read bound */
 
 /* The gpu_graphs option (spec platform.md §8; ds4_engine_options.gpu_graphs): ON replays every
  * forward pass of at most DS4_GRAPH_MAX_ROWS rows (decode steps, DSpark verify passes) on the GPU
@@ -498,6 +513,10 @@ typedef struct {
     uint64_t no_draft_reasons[8];     /* [DS4_ND_COUNT] */
     char chain_fail_op[32];           /* the op of the last chain failure ("" if none) */
     uint64_t n_events;                /* knob changes applied so far */
+    uint64_t verify_head_rows;        /* LM-head rows the verify passes computed: 1 + drafts per
+                                         drafted cycle under DS4_VERIFY_HEAD_ALL, fewer under LAZY
+                                         (min(DS4_VERIFY_HEAD_FIRST, 1 + drafts) unless the first
+                                         group's drafts were all accepted) */
 } ds4_dspark_stats;
 
 /* Attach a DSpark support model to an engine (once, before sessions are
@@ -525,7 +544,9 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out);
 /* The scheduler's measured prices and acceptance (spec dspark.md §7.4):
  * what a session learnt, or what a new one starts with.  t_ver[n] is the
  * moving average of a pass over n rows in ms (n = 1: a plain decode; index
- * 0 unused), valid where has_ver[n]; t_prop the full proposal's; reached[k]
+ * 0 unused; under DS4_VERIFY_HEAD_LAZY a verify's time includes the later
+ * rows' LM head where acceptance reached them, so t_ver[n > 3] is the mean
+ * over the acceptance seen), valid where has_ver[n]; t_prop the full proposal's; reached[k]
  * counts verifies that reached draft position k (every earlier draft
  * accepted) and hit[k] those that accepted it. */
 typedef struct {

@@ -489,7 +489,11 @@ static double accept_at(const ds4_dspark *d, int k, int upper) {
 }
 
 /* Expected tokens per ms with l drafts verified: the survival to position k is the product of the
- * conditional acceptances up to k (their optimistic bounds with upper = 1). */
+ * conditional acceptances up to k (their optimistic bounds with upper = 1).  Under verify_head lazy
+ * t_ver(l + 1) is the verify's mean cost over the acceptance seen (its later rows' LM head is paid
+ * only in the cycles that reach them), so this is expected tokens over expected time; at the
+ * optimistic bounds it prices a verify that accepts everything a little below its cost (spec
+ * dspark.md §7.4). */
 static double rate(const ds4_dspark *d, int l, int upper) {
     double surv = 1.0, tokens = 1.0;
     for (int k = 0; k < l; k++) {
@@ -561,6 +565,18 @@ static void ema(double *v, int32_t *has, double x) {
 }
 
 /* ---- the cycle ------------------------------------------------------------------------------ */
+
+/* Row r of a verify's logits in d->vlogits, where *have rows of n are computed: under verify_head
+ * lazy the rows from *have to n are computed in one product (ds4_pass_head) the first time
+ * acceptance reaches one of them; its time is added to *ms. */
+static int verify_row(ds4_session *s, int r, int *have, int n, double *ms, char *err, size_t err_len) {
+    if (r < *have) return DS4_OK;
+    const double t0 = ds4_now_ms();
+    int rc = ds4_pass_head(s, *have, n, s->dsp->vlogits + (size_t)*have * s->e->c.n_vocab, err, err_len);
+    *ms += ds4_now_ms() - t0;
+    if (rc == DS4_OK) *have = n;
+    return rc;
+}
 
 static void apply_knobs(ds4_dspark *d) {
     pthread_mutex_lock(&d->mu);
@@ -745,7 +761,9 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, &pt, propose_ms);
         }
 
-    /* verify [anchor, d_1..d_nd] in one pass */
+    /* verify [anchor, d_1..d_nd] in one pass; under verify_head lazy (spec dspark.md §3.4) with the
+     * LM head of the first DS4_VERIFY_HEAD_FIRST rows, and of the others only when acceptance reaches
+     * them (verify_row) */
     const int32_t V = e->c.n_vocab;
     int32_t seq[DS4_DSPARK_MAX_BLOCK + 1];
     seq[0] = anchor;
@@ -755,35 +773,54 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     const float T = s->sampling.temperature;
     const int picks = !(T > 0.0f) && ds4_device_picks(s); /* greedy: the argmaxes on the device (platform.md §9) */
     int32_t vids[DS4_DSPARK_MAX_BLOCK + 1];
-    int rc = picks ? ds4_run_pass_argmax(s, seq, nd + 1, DS4_LOGITS_ALL, vids, err, err_len)
-                   : ds4_run_pass(s, seq, nd + 1, DS4_LOGITS_ALL, d->vlogits, nd + 1, err, err_len);
+    const int rows = nd + 1;
+    int have = !picks && e->verify_head == DS4_VERIFY_HEAD_LAZY && rows > DS4_VERIFY_HEAD_FIRST ? DS4_VERIFY_HEAD_FIRST
+                                                                                               : rows;
+    int rc = picks ? ds4_run_pass_argmax(s, seq, rows, DS4_LOGITS_ALL, vids, err, err_len)
+                   : ds4_run_pass(s, seq, rows, DS4_LOGITS_ALL, d->vlogits, have, err, err_len);
     double tv1 = ds4_now_ms();
     if (rc != DS4_OK) {
         s->stats.decode_ms += tv1 - t_start;
         return rc; /* the session is unchanged (cancel, non-finite logits) */
     }
-    /* accept */
+    /* accept: row r is read only when d_1..d_r were all accepted (greedy: row i's argmax is d_{i+1};
+     * sampled: row i's rejection test), so a row past `have` is computed only then */
     int a = 0;
     int32_t bonus = -1;
+    double head_ms = 0.0; /* verify_row's products: verify time, not sampling */
+    const uint64_t rng0 = s->rng;
     double ts0 = ds4_now_ms();
     if (T > 0.0f) {
         for (a = 0; a < nd; a++) {
             int32_t repl;
+            if ((rc = verify_row(s, a, &have, rows, &head_ms, err, err_len)) != DS4_OK) break;
             if (!accept_sampled(s, d->vlogits + (size_t)a * V, d->corr + (size_t)a * V, drafts[a], &repl)) {
                 bonus = repl;
                 break;
             }
         }
-        if (bonus < 0) bonus = ds4_sample(s, d->vlogits + (size_t)nd * V);
+        if (rc == DS4_OK && bonus < 0 && (rc = verify_row(s, nd, &have, rows, &head_ms, err, err_len)) == DS4_OK)
+            bonus = ds4_sample(s, d->vlogits + (size_t)nd * V);
     } else if (picks) {
         while (a < nd && vids[a] == drafts[a]) a++;
         bonus = vids[a];
     } else {
-        while (a < nd && ds4_argmax(d->vlogits + (size_t)a * V, V) == drafts[a]) a++;
-        bonus = ds4_argmax(d->vlogits + (size_t)a * V, V);
+        while (a < nd && (rc = verify_row(s, a, &have, rows, &head_ms, err, err_len)) == DS4_OK &&
+               ds4_argmax(d->vlogits + (size_t)a * V, V) == drafts[a])
+            a++;
+        if (rc == DS4_OK && (rc = verify_row(s, a, &have, rows, &head_ms, err, err_len)) == DS4_OK)
+            bonus = ds4_argmax(d->vlogits + (size_t)a * V, V);
     }
     double ts1 = ds4_now_ms();
-    s->stats.sample_ms += ts1 - ts0;
+    if (rc != DS4_OK) { /* the later rows' head failed (a non-finite logit, the backend): as a failed pass, the
+                         * session is left as it was before the cycle */
+        s->rng = rng0;
+        s->n_tokens = (int32_t)p0;
+        ds4_dspark_truncate(s, s->n_tokens);
+        s->stats.decode_ms += ts1 - t_start;
+        return rc;
+    }
+    s->stats.sample_ms += ts1 - ts0 - head_ms;
     /* commit: keep anchor + a accepted rows */
     s->n_tokens = (int32_t)(p0 + 1 + a);
     ds4_dspark_truncate(s, s->n_tokens);
@@ -815,9 +852,12 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     for (int i = 0; i < a; i++) d->pr.hit[i]++;
     st->propose_ms += propose_ms;
     add_prop_times(st, &pt);
-    st->verify_ms += tv1 - tv0;
+    st->verify_ms += tv1 - tv0 + head_ms;
+    st->verify_head_rows += (uint64_t)have;
     st->spec_total_ms += t_end - tv0;
-    if (!s->last_pass_captured) ema(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], tv1 - tv0);
+    /* under verify_head lazy the price of a width is its mean over the acceptance seen: 3 rows of
+     * the head when a draft of the first group is rejected, every row otherwise */
+    if (!s->last_pass_captured) ema(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], tv1 - tv0 + head_ms);
     d->since_plain++;
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;

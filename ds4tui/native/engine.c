@@ -182,6 +182,12 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (o.gpu_graphs != DS4_GPU_GRAPHS_OFF && o.gpu_graphs != DS4_GPU_GRAPHS_ON)
         return ds4_fail(err, err_len, DS4_E_INVALID, "gpu_graphs %d: expected %d (off) or %d (on)", o.gpu_graphs,
                         DS4_GPU_GRAPHS_OFF, DS4_GPU_GRAPHS_ON);
+    if (o.verify_head != DS4_VERIFY_HEAD_ALL && o.verify_head != DS4_VERIFY_HEAD_LAZY)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "verify_head %d: expected %d (all) or %d (lazy)", o.verify_head,
+                        DS4_VERIFY_HEAD_ALL, DS4_VERIFY_HEAD_LAZY);
+    if (o.backend == DS4_BACKEND_HIP && o.verify_head == DS4_VERIFY_HEAD_LAZY)
+        return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "verify_head lazy runs on the CPU backend only; the GPU "
+                        "backend's verify computes every row in one pass (choose verify_head all with the hip backend)");
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
@@ -195,6 +201,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->c.swiglu_clamp = e->c.swiglu_clamp_shexp = NULL;
     e->numerics = o.numerics;
     e->activations = o.activations;
+    e->verify_head = o.verify_head;
     e->prefill_gemm = DS4_PREFILL_GEMM_OFF; /* the GPU backend resolves the option at open (gpu.c) */
     snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off: the CPU backend keeps float32 products");
     e->gpu_graphs = DS4_GPU_GRAPHS_OFF; /* the GPU backend resolves the option at open (gpu.c) */

@@ -62,6 +62,9 @@ struct ds4_state {
     float *dcap, *dctx, *dmx, *dkvtmp, *ddkv, *dhn, *dU, *drow, *dfeat;
     int32_t *dbest;
     int32_t *picks; /* greedy picks on a GPU (ds4_run_pass_argmax): ids [DS4_GRAPH_MAX_ROWS], then bad */
+    int32_t head_n; /* rows of lm that hold the last DS4_LOGITS_ALL pass's normed final rows (ds4_pass_head; 0:
+                     * none, another pass or the drafter's head wrote lm since) */
+    int64_t head_p0; /* ... and that pass's first position */
     float *hU; /* host copy of the base logits for sampled drafting (GPU backends; malloc'ed) */
     /* graphs (gpu_graphs): step[0..1] the pass's first position (int64) that replays read, tokens
      * = step + 2; the graphs of the shapes seen, and a pass counter */
@@ -519,6 +522,7 @@ static int ffn_half(pass *P, const ds4_layer *l, const float *X, float *Y, int n
 /* HC head (spec ds4.md §2.1) of X [n, HC, H] with fn/scale/base: the pre-norm hidden rows d->lm. */
 static int hc_head(pass *P, const float *X, int n, const ds4_w *fn, const float *scale, const float *base_dev) {
     ds4_state *d = P->d;
+    d->head_n = 0; /* lm is rewritten: the last pass's rows are gone */
     const ds4_cfg *c = &P->e->c;
     const int HC = c->hc_count, H = c->n_embd;
     G(P->g->rms_norm(P->cx, X, (int64_t)HC * H, n, (int64_t)HC * H, c->rms_eps, NULL, d->X2, (int64_t)HC * H, M));
@@ -598,11 +602,27 @@ static int attention(pass *P, int L, int n, int64_t p0) {
     return attn_output(P, l, n, p0, freq);
 }
 
+/* The LM head of the normed rows [r0, r1) of d->lm, in tiles of rows: a GPU's d->logits holds one
+ * tile, copied out after each (internal.h); the host's rows go straight into `logits` (row r0 first).
+ * graph, or no `logits` on a GPU: the rows stay in d->logits (one tile). */
+static int lm_head(pass *P, int r0, int r1, float *logits, int graph) {
+    const ds4_cfg *c = &P->e->c;
+    const int H = c->n_embd, host = P->g->host_memory;
+    for (int t0 = r0; t0 < r1; t0 += DS4_PASS_TILE_ROWS) {
+        const int rt = r1 - t0 < DS4_PASS_TILE_ROWS ? r1 - t0 : DS4_PASS_TILE_ROWS;
+        float *out = graph || !logits ? NULL : logits + (size_t)(t0 - r0) * c->n_vocab;
+        TRYP(mm(P, &P->e->output, P->d->lm + (size_t)t0 * H, H, rt, host ? out : P->d->logits, c->n_vocab));
+        if (out && !host) G(P->g->copy(P->cx, out, P->d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
+    }
+    return DS4_OK;
+}
+
 /* The pass's queued work after the tokens are in d->tokens: embedding, layers, HC head, norm and
- * the LM head.  graph: the work is being captured (spec platform.md §8): no cancellation point, and
- * the logits stay in d->logits for the caller to copy (rows <= DS4_PASS_TILE_ROWS there); so do
- * they on a GPU when `logits` is NULL (ds4_run_pass_argmax). */
-static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *logits, int graph) {
+ * the LM head of the first head_rows rows (every row's normed row stays in d->lm for ds4_pass_head).
+ * graph: the work is being captured (spec platform.md §8): no cancellation point, and the logits
+ * stay in d->logits for the caller to copy (rows <= DS4_PASS_TILE_ROWS there); so do they on a GPU
+ * when `logits` is NULL (ds4_run_pass_argmax). */
+static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *logits, int head_rows, int graph) {
     ds4_session *s = P->s;
     ds4_engine *e = P->e;
     ds4_state *d = P->d;
@@ -628,16 +648,7 @@ static int pass_body(pass *P, int32_t n, int64_t p0, int logits_mode, float *log
     const float *Xs = logits_mode == DS4_LOGITS_ALL ? X : X + (size_t)(n - 1) * HC * H;
     TRYP(hc_head(P, Xs, rows, &e->output_hc_fn, e->output_hc_scale, GV(e, output_hc_base)));
     G(P->g->rms_norm(P->cx, d->lm, H, rows, H, c->rms_eps, GV(e, output_norm), d->lm, H, M));
-    /* in tiles of rows: a GPU's d->logits holds one tile, copied out after each (internal.h); the
-     * host's rows go straight into `logits` */
-    const int host = P->g->host_memory;
-    for (int r0 = 0; r0 < rows; r0 += DS4_PASS_TILE_ROWS) {
-        const int rt = rows - r0 < DS4_PASS_TILE_ROWS ? rows - r0 : DS4_PASS_TILE_ROWS;
-        float *out = graph || !logits ? NULL : logits + (size_t)r0 * c->n_vocab;
-        TRYP(mm(P, &e->output, d->lm + (size_t)r0 * H, H, rt, host ? out : d->logits, c->n_vocab));
-        if (out && !host) G(P->g->copy(P->cx, out, d->logits, (size_t)rt * c->n_vocab * sizeof(float), 1, M));
-    }
-    return DS4_OK;
+    return lm_head(P, 0, head_rows < rows ? head_rows : rows, logits, graph);
 }
 
 /* Graphs stop for this engine (spec platform.md §8): plain launches from now on, and the note says
@@ -676,7 +687,7 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
         char why[512];
         int rc = P->g->graph_begin(P->cx, (const int64_t *)(void *)d->step, p0, why, sizeof why);
         if (rc == DS4_OK) {
-            rc = pass_body(P, n, p0, logits_mode, NULL, 1);
+            rc = pass_body(P, n, p0, logits_mode, NULL, n, 1);
             if (rc != DS4_OK) snprintf(why, sizeof why, "%s", P->msg[0] ? P->msg : "an op failed");
             void *h = NULL;
             char why2[512];
@@ -713,25 +724,30 @@ static int graph_pass(pass *P, const int32_t *tokens, int32_t n, int64_t p0, int
     return DS4_OK;
 }
 
-static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits) {
+/* head_rows: rows of the LM head under DS4_LOGITS_ALL (pass_body); a graph computes every row. */
+static int forward(ds4_session *s, const int32_t *tokens, int32_t n, int logits_mode, float *logits, int head_rows) {
     ds4_engine *e = s->e;
     PASS(s);
     ds4_state *d = s->st;
     const int64_t p0 = s->n_tokens;
+    const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
     int rc = 1;
-    if (e->gpu_graphs && !P->g->host_memory && n <= DS4_GRAPH_MAX_ROWS) {
+    d->head_n = 0;
+    if (e->gpu_graphs && !P->g->host_memory && n <= DS4_GRAPH_MAX_ROWS && head_rows >= rows) {
         rc = graph_pass(P, tokens, n, p0, logits_mode);
         if (rc != DS4_OK && rc != 1) return rc;
-        if (rc == DS4_OK && logits_mode != DS4_LOGITS_NONE && logits) { /* one tile of rows: in d->logits */
-            const int rows = logits_mode == DS4_LOGITS_ALL ? n : 1;
+        if (rc == DS4_OK && logits_mode != DS4_LOGITS_NONE && logits) /* one tile of rows: in d->logits */
             G(P->g->copy(P->cx, logits, d->logits, (size_t)rows * e->c.n_vocab * sizeof(float), 1, M));
-        }
     }
     if (rc != DS4_OK) {
         G(P->g->copy(P->cx, d->tokens, tokens, (size_t)n * sizeof(int32_t), 0, M));
-        TRYP(pass_body(P, n, p0, logits_mode, logits, 0));
+        TRYP(pass_body(P, n, p0, logits_mode, logits, head_rows, 0));
     }
     if (logits_mode == DS4_LOGITS_NONE) G(P->g->sync(P->cx, M));
+    if (logits_mode == DS4_LOGITS_ALL) {
+        d->head_n = n;
+        d->head_p0 = p0;
+    }
     return DS4_OK;
 }
 
@@ -754,17 +770,24 @@ static int64_t first_nonfinite(const float *rows, int64_t n) {
     return -1;
 }
 
-static int nonfinite_error(ds4_session *s, int64_t row, int64_t col, int mode, int32_t n, char *err, size_t err_len) {
-    int64_t pos = s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1);
+static int nonfinite_at(int64_t pos, int64_t col, char *err, size_t err_len) {
     return ds4_fail(err, err_len, DS4_E_NONFINITE,
                     "non-finite logit (token id %lld) at position %lld: the model has NaN/Inf weights or "
                     "overflows (check the file with `ds4tui inspect --check-finite`)", (long long)col, (long long)pos);
+}
+
+static int nonfinite_error(ds4_session *s, int64_t row, int64_t col, int mode, int32_t n, char *err, size_t err_len) {
+    return nonfinite_at(s->n_tokens + (mode == DS4_LOGITS_ALL ? row : n - 1), col, err, err_len);
 }
 
 /* ds4_run_pass, or with ids != NULL ds4_run_pass_argmax (logits == NULL: they stay on the device). */
 static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                     int32_t *ids, char *err, size_t err_len) {
     ds4_engine *e = s->e;
+    const int32_t rows = mode == DS4_LOGITS_ALL ? n : 1;
+    if (mode == DS4_LOGITS_ALL && !ids && (n_logit_rows < 1 || n_logit_rows > n))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "a pass of %d rows with the LM head of %lld rows", n,
+                        (long long)n_logit_rows);
     /* prefill_gemm (spec platform.md §7): the BLAS products for this pass only, and only when it has
      * enough rows; decode steps and verify passes stay on the batch-invariant float32 kernels */
     const int gemm = e->prefill_gemm != DS4_PREFILL_GEMM_OFF && n >= DS4_PREFILL_GEMM_MIN_ROWS;
@@ -774,9 +797,8 @@ static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, flo
             return ds4_fail(err, err_len, DS4_E_DEVICE, "GPU backend: %s", m);
     }
     s->last_pass_captured = 0;
-    int rc = forward(s, seq, n, mode, logits);
+    int rc = forward(s, seq, n, mode, logits, mode == DS4_LOGITS_ALL && !ids ? (int)n_logit_rows : rows);
     if (gemm) (void)e->ops->gemm(e->ctx, DS4_PREFILL_GEMM_OFF, NULL, 0, NULL, 0);
-    const int32_t rows = mode == DS4_LOGITS_ALL ? n : 1;
     if (rc == DS4_OK && ids) { /* the picks where the logits are, and only they come back */
         ds4_state *d = s->st;
         char m[384];
@@ -812,6 +834,20 @@ static int run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, flo
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                  char *err, size_t err_len) {
     return run_pass(s, seq, n, mode, logits, n_logit_rows, NULL, err, err_len);
+}
+
+int ds4_pass_head(ds4_session *s, int32_t r0, int32_t r1, float *logits, char *err, size_t err_len) {
+    ds4_state *d = s->st;
+    if (!logits || r0 < 0 || r1 <= r0 || r1 > d->head_n)
+        return ds4_fail(err, err_len, DS4_E_STATE, "the LM head of rows %d..%d: the last pass holds %d rows", r0, r1 - 1,
+                        d->head_n);
+    PASS(s);
+    int rc = lm_head(P, r0, r1, logits, 0);
+    int orc = ds4_op_check(s->e, err, err_len);
+    if (orc != DS4_OK) return orc;
+    if (rc != DS4_OK) return ds4_fail(err, err_len, rc, "the LM head failed (%d)", rc);
+    const int64_t V = s->e->c.n_vocab, bad = first_nonfinite(logits, (int64_t)(r1 - r0) * V);
+    return bad >= 0 ? nonfinite_at(d->head_p0 + r0 + bad / V, bad % V, err, err_len) : DS4_OK;
 }
 
 int ds4_device_picks(const ds4_session *s) { return !s->e->ops->host_memory && s->e->ops->argmax_rows != NULL; }

@@ -96,6 +96,7 @@ struct ds4_engine {
     int n_sessions, closing; /* ds4_engine_close frees the engine when its last session goes */
     int numerics;
     int activations;         /* DS4_ACTIVATIONS_*: float32, or 8-bit for Q8_0/Q2_K/IQ2_XXS (CPU) */
+    int verify_head;         /* DS4_VERIFY_HEAD_*: a DSpark verify's LM head for every row, or lazily (CPU) */
     ds4_pool *pool;
     int n_threads;
     double *freq_main, *freq_comp; /* [n_rot/2] RoPE frequencies (YaRN-blended for compressed layers) */
@@ -189,11 +190,19 @@ int ds4_engine_vectors(ds4_engine *e, char *err, size_t len);
 int ds4_support_vectors(ds4_engine *e, char *err, size_t len);
 void ds4_engine_vectors_free(ds4_engine *e);
 /* Run seq[0..n) (n <= n_batch + 1) at positions n_tokens... as one target pass; logits rows for
- * DS4_LOGITS_LAST/ALL into `logits` (host, n_logit_rows rows checked for non-finite values).  On
- * success n_tokens advances by n; on failure (cancel, device, non-finite) the session is unchanged
- * and err says why. */
+ * DS4_LOGITS_LAST/ALL into `logits` (host, n_logit_rows rows, checked for non-finite values).  With
+ * DS4_LOGITS_ALL the LM head runs for the first n_logit_rows rows (1..n) only: every row's normed
+ * final hidden row stays in the forward state, and ds4_pass_head computes the head of the others.
+ * On success n_tokens advances by n; on failure (cancel, device, non-finite) the session is
+ * unchanged and err says why. */
 int ds4_run_pass(ds4_session *s, const int32_t *seq, int32_t n, int mode, float *logits, int64_t n_logit_rows,
                  char *err, size_t err_len);
+/* The LM head of rows [r0, r1) of the last DS4_LOGITS_ALL pass into logits [r1 - r0, n_vocab] (host),
+ * by the same product the pass runs (batch-invariant kernels: each row equals the pass's own).  Valid
+ * until the next target pass or drafter head; DS4_E_STATE when those rows are not held (another pass
+ * ran, or they are outside the pass), DS4_E_NONFINITE naming the position of a non-finite logit,
+ * DS4_E_DEVICE for a backend failure.  The session's positions are not changed. */
+int ds4_pass_head(ds4_session *s, int32_t r0, int32_t r1, float *logits, char *err, size_t err_len);
 /* 1 when the session's greedy picks can run where its logits are (spec platform.md §9): a GPU
  * backend; then ds4_run_pass_argmax is ds4_run_pass followed by ds4_argmax of each logits row. */
 int ds4_device_picks(const ds4_session *s);
