@@ -164,6 +164,8 @@ class ChatOptions:
     gpu_graphs: str = "off"
     #: --draft-vocab: the tokens DSpark's drafter proposes from ("auto", "full" or a count; spec dspark.md §2.6)
     draft_vocab: str = "auto"
+    #: --verify-head: which rows of a DSpark verify get the LM head ("auto", "lazy" or "all"; spec dspark.md §3.4)
+    verify_head: str = "auto"
     #: where the DSpark scheduler's prices start (spec dspark.md §7.4): "fresh", "engine" or "saved",
     #: and the folder of the saved ones
     scheduler_prices: str = "fresh"
@@ -584,6 +586,8 @@ class DS4App(App):
             self.sub_title += f" · graphs {getattr(info, 'gpu_graphs', 'off')}"  # spec platform.md §8
         if getattr(info, "activations", "f32") != "f32":  # a numerics option (spec ds4.md §2.9.5)
             self.sub_title += f" · activations {info.activations}"
+        if info.support_status == "attached" and getattr(info, "verify_head", "all") != "all":  # spec dspark.md §3.4
+            self.sub_title += f" · verify-head {info.verify_head}"
         if self.options.numerics != "ds4":  # the numerics option (spec ds4.md §2.9): shown when not ds4's
             self.sub_title += f" · numerics {self.options.numerics}"
         if self.telemetry is None:
@@ -609,6 +613,9 @@ class DS4App(App):
                    if getattr(info, "activations_note", "").startswith("auto") else "")
                 + (f"; drafts from {info.draft_vocab_note}"
                    if info.support_status == "attached" and getattr(info, "draft_vocab_note", "") else "")
+                + (f"; verify head {info.verify_head_note}"  # a lazy asked for that the GPU does not apply
+                   if info.support_status == "attached" and self.options.verify_head == "lazy"
+                   and getattr(info, "verify_head", "all") != "lazy" else "")
                 + ". Type a prompt and press Enter."
                 + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))
@@ -1345,6 +1352,7 @@ class DS4App(App):
             "prefill_gemm_note": self.engine.info.prefill_gemm_note if self.engine else None,
             "draft_vocab": getattr(self.engine.info, "draft_vocab", 0) if self.engine else None,
             "draft_vocab_note": getattr(self.engine.info, "draft_vocab_note", "") if self.engine else None,
+            "verify_head": getattr(self.engine.info, "verify_head", "all") if self.engine else self.options.verify_head,
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
@@ -1533,4 +1541,4 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
                         gpu_graphs=options.gpu_graphs, threshold=options.threshold,
                         scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir,
-                        draft_vocab=options.draft_vocab)
+                        draft_vocab=options.draft_vocab, verify_head=options.verify_head)

@@ -239,6 +239,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved; with --ab only")
     p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
                    help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto; with --ab or --synthetic flash --dspark-cycle only")
+    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
+                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto; with --ab only")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -341,6 +343,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved")
     p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
                    help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
+    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
+                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto")
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -394,6 +398,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations and draft vocabulary). Default saved")
     p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
                    help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
+    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
+                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto")
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
@@ -599,9 +605,10 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
 
         try:
             args.settings = read_environment()
-            # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs and
-            # --scheduler-prices and --draft-vocab have no variable
-            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices", "draft_vocab")}
+            # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs, --scheduler-prices,
+            # --draft-vocab and --verify-head have no variable
+            flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices", "draft_vocab",
+                                                         "verify_head")}
             if any(flags.values()):
                 import dataclasses
 

@@ -365,6 +365,26 @@ def test_generate_without_a_model_runs_the_demo_and_drafts(pair, capsys, prompt)
     off = _generate(capsys, "-p", prompt, "--no-dspark")
     assert off["dspark_stats"]["proposed"] == 0
     assert off["generated_ids"] == on["generated_ids"]  # greedy: DSpark changes the speed, not the text
+    # the verify's LM head only for the rows acceptance reaches (on computed every row, the default
+    # with the cpu's q8 activations; spec dspark.md §3.4): the same tokens and counts, fewer rows
+    lazy = _generate(capsys, "-p", prompt, "--no-scheduler", "--verify-head", "lazy")
+    assert (on["verify_head"], lazy["verify_head"]) == ("all", "lazy")
+    assert lazy["generated_ids"] == on["generated_ids"]
+    same = ("cycles", "proposed", "accepted_draft", "full", "partial", "miss_first", "accepted_len_hist", "pos_accepted")
+    assert {k: lazy["dspark_stats"][k] for k in same} == {k: st[k] for k in same}
+    assert lazy["dspark_stats"]["verify_head_rows"] < st["verify_head_rows"]
+
+
+def test_sampled_demo_is_the_same_with_a_lazy_verify_head(pair, capsys):
+    """Temperature 0.8, a fixed seed, the scheduler off: lazy and all draw the same tokens (the rows
+    that acceptance reads are the same bits, and the draws are made in the same order)."""
+    runs = [_generate(capsys, "-p", PROMPTS[0], "--no-scheduler", "--temp", "0.8", "--seed", "7", "--verify-head", vh)
+            for vh in ("lazy", "all")]
+    assert runs[0]["generated_ids"] == runs[1]["generated_ids"]
+    a, b = runs[0]["dspark_stats"], runs[1]["dspark_stats"]
+    assert a["proposed"] >= 40 and (a["accepted_draft"], a["full"], a["partial"]) == (b["accepted_draft"], b["full"],
+                                                                                       b["partial"])
+    assert a["verify_head_rows"] < b["verify_head_rows"]
 
 
 def test_a_non_finite_logit_of_the_demo_names_its_file_and_the_repair(pair, capsys, monkeypatch):

@@ -702,7 +702,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                    "scheduler_prices_file": None if engine.scheduler_prices_file is None
                    else str(engine.scheduler_prices_file),
                    "scheduler_prices_problem": engine.scheduler_prices_problem or None,
-                   "draft_vocab": engine.draft_vocab, "draft_vocab_note": engine.draft_vocab_note}
+                   "draft_vocab": engine.draft_vocab, "draft_vocab_note": engine.draft_vocab_note,
+                   "verify_head": engine.verify_head, "verify_head_note": engine.verify_head_note}
 
     if interrupted:
         raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
@@ -865,6 +866,7 @@ def render_ab_text(r: dict) -> str:
         f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {sup['message']}",
         f"drafts   from {r.get('draft_vocab_note') or 'the whole vocabulary'} (--draft-vocab)",
+        f"verify   LM head {r.get('verify_head_note') or 'all: every row'} (--verify-head)",
         f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
         f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}, "
         f"memory {format_bytes(mem['total'])} ({same})"
@@ -945,7 +947,8 @@ def verify_over_reference(t: dict, ref: dict) -> dict | None:
 
 def stage_timing_line(t: dict, reference: dict | None = None) -> str:
     """``DSparkStats.stage_timing`` on one line: ms per drafter pass of each non-zero drafter step
-    and their sum, ms per drafted cycle of verify and ms per plain decode, with the counts; one
+    and their sum, ms per drafted cycle of verify (and the rows it ran and computed the LM head of,
+    spec dspark.md §3.4) and ms per plain decode, with the counts; one
     verify in plain decodes, of the target-only arm when ``reference``
     (:func:`verify_over_reference`) is given."""
     steps = " ".join(f"{s}={_ms(v)}" for s, v in t["ms_per_drafter_pass"].items() if v and s != "propose")
@@ -958,7 +961,9 @@ def stage_timing_line(t: dict, reference: dict | None = None) -> str:
         tail = ""
     return (f"ms per drafter pass ({t['drafter_passes']}): {steps + ' ' if steps else ''}"
             f"propose={_ms(t['ms_per_drafter_pass']['propose'])}; "
-            f"verify per drafted cycle ({t['drafted_cycles']}) {_ms(t['verify_ms_per_drafted_cycle'])}; "
+            f"verify per drafted cycle ({t['drafted_cycles']}) {_ms(t['verify_ms_per_drafted_cycle'])}"
+            + (f" (LM head of {t['verify_head_rows_per_drafted_cycle']:.2f} of {t['verify_rows_per_drafted_cycle']:.2f} "
+               f"rows)" if t.get("verify_head_rows_per_drafted_cycle") is not None else "") + "; "
             f"plain decode ({t['plain_decodes']}) {_ms(t['decode_ms_per_plain_decode'])}" + tail)
 
 
@@ -1009,7 +1014,8 @@ def _usage_error(args) -> str | None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
         return None
     for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens), ("--draft-vocab", args.draft_vocab),
-                        ("--scheduler-prices", args.scheduler_prices)):  # the plain run attaches no support model
+                        ("--scheduler-prices", args.scheduler_prices),
+                        ("--verify-head", getattr(args, "verify_head", None))):  # the plain run attaches no support model
         if value is not None:
             return f"{flag} is an option of the A/B run: add --ab"
     return None
@@ -1099,6 +1105,11 @@ def run_synthetic(args: argparse.Namespace) -> int:
         print(f"{_PREFIX} error: --scheduler-prices is not an option of --synthetic flash (its DSpark cycles run with "
               f"the scheduler off): drop it, or use it with --ab", file=sys.stderr)
         return 2
+    if getattr(args, "verify_head", None) is not None:  # the GPU backend's verify: every row, and the cycle's
+        # verify is timed as the full block's
+        print(f"{_PREFIX} error: --verify-head is not an option of --synthetic flash (its DSpark cycles verify every "
+              f"row of a full block on the GPU backend): drop it, or use it with --ab", file=sys.stderr)
+        return 2
     if getattr(args, "write_gguf", None) is not None:
         if not args.write_gguf.strip():
             print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
@@ -1127,7 +1138,7 @@ def run_synthetic(args: argparse.Namespace) -> int:
             print(f"{_PREFIX} error: argument {flag}: {why} (found {','.join(map(str, contexts))})", file=sys.stderr)
             return 2
     # without --dspark-cycle the synthetic layers draft nothing: no draft vocabulary to choose
-    opts = {k: v for k, v in settings_of(args).engine_options().items() if k != "draft_vocab"}
+    opts = {k: v for k, v in settings_of(args).engine_options().items() if k not in ("draft_vocab", "verify_head")}
     cycle = bool(getattr(args, "dspark_cycle", False))
     vocab = getattr(args, "draft_vocab", None)
     if cycle and vocab not in (None, "auto", "full") and int(vocab) > synthetic.DRAFT_VOCAB_SIZE:

@@ -55,14 +55,14 @@ KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
     "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
-    "gpu_graphs", "scheduler_prices", "draft_vocab",
+    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head",
 }
 #: Free text and bookkeeping: never compared.
 SKIP_NAMES = {"timestamp", "backend_note", "decode_timing", "text", "dspark_line", "message", "ok", "error",
               "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "knob_events", "dspark_events",
               "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
-              "gpu_graphs_note", "activations_note", "draft_vocab_note"}
+              "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note"}
 
 
 class CompareError(ValueError):

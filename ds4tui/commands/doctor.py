@@ -34,7 +34,7 @@ def collect() -> dict:
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
     from ds4tui.engine import gpu, memplan, prices
-    from ds4tui.engine.session import auto_activations
+    from ds4tui.engine.session import auto_activations, auto_verify_head
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -93,6 +93,16 @@ def collect() -> dict:
                                   "bench): auto (the support file's draft vocabulary when it has one, else all), "
                                   "full (the whole vocabulary) or N (the first N of the file's list); only the "
                                   "drafts change, never the output"}
+    # which rows of a DSpark verify get the LM head (spec dspark.md §3.4): a flag of chat, generate and bench
+    out["verify_head"] = {"default": environment.Settings().verify_head, "choices": ["auto", "lazy", "all"],
+                          "note": "which rows of a DSpark verify get the LM head (--verify-head on chat, generate "
+                                  "and bench): auto (lazy on the cpu backend with f32 activations, all with q8 and on "
+                                  "hip), lazy (rows 0-2, and the "
+                                  "others only when their drafts were all accepted: the same tokens, a cheaper "
+                                  "verify; cpu backend only, refused with --backend hip) or all (every row); the hip "
+                                  "backend always runs all (its verify is one pass on the device)",
+                          # what auto runs here: the backend --backend auto chooses decides it
+                          "here": auto_verify_head(out["auto_backend"], auto_activations(out["auto_backend"])[0])[0]}
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -163,6 +173,9 @@ def run(args) -> int:
                                  f"{r['auto_backend']} backend that --backend auto chooses); {r['activations']['note']}"))
     lines.append(("gpu graphs", f"{r['gpu_graphs']['default']} by default; {r['gpu_graphs']['note']}"))
     lines.append(("draft vocab", f"{r['draft_vocab']['default']} by default; {r['draft_vocab']['note']}"))
+    lines.append(("verify head", f"{r['verify_head']['default']} by default (here {r['verify_head']['here']}, on the "
+                                 f"{r['auto_backend']} backend that --backend auto chooses, with its default "
+                                 f"activations); {r['verify_head']['note']}"))
     sp = r["scheduler_prices"]
     lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
                                       f"file(s) in {sp['folder']}"

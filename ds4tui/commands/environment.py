@@ -62,6 +62,9 @@ class Settings:
     #: --draft-vocab (a flag of chat, generate and bench, no variable): the tokens DSpark's drafter
     #: proposes from ("auto", "full" or a count as text; spec dspark.md §2.6).
     draft_vocab: str = "auto"
+    #: --verify-head (a flag of chat, generate and bench, no variable): which rows of a DSpark verify get
+    #: the LM head ("auto", "lazy" or "all"; spec dspark.md §3.4).
+    verify_head: str = "auto"
 
     def price_options(self) -> dict:
         """Keyword arguments of ``Engine`` for the scheduler's prices (the mode, the saved files' folder)."""
@@ -74,9 +77,9 @@ class Settings:
 
     def engine_options(self) -> dict:
         """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM, graphs,
-        the draft vocabulary)."""
+        the draft vocabulary, the verify's LM head)."""
         return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm,
-                "gpu_graphs": self.gpu_graphs, "draft_vocab": self.draft_vocab}
+                "gpu_graphs": self.gpu_graphs, "draft_vocab": self.draft_vocab, "verify_head": self.verify_head}
 
     def check_block(self, block: int, support=None) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of
@@ -144,10 +147,12 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
     when the backend cannot run what the options ask for: ``--activations q8`` on the reference
     backend (8-bit activations are a cpu and hip path, spec ds4.md §2.9.5), and a prefill GEMM of
     bf16/f16 (``--prefill-gemm``, else DS4TUI_PREFILL_GEMM in ``settings``) on the cpu or reference
-    backend (the GPU's matrix units, spec platform.md §7), and ``--gpu-graphs on`` (``settings``) on
-    the cpu or reference backend (graphs replay device kernels, spec platform.md §8).  ``backend``
-    auto is never refused here: q8 runs on either backend it picks, and the command notes a prefill
-    GEMM or graphs that the cpu does not apply (:func:`gpu_options_not_applied`)."""
+    backend (the GPU's matrix units, spec platform.md §7), ``--gpu-graphs on`` (``settings``) on
+    the cpu or reference backend (graphs replay device kernels, spec platform.md §8), and
+    ``--verify-head lazy`` (``settings``) on the hip or reference backend (spec dspark.md §3.4).
+    ``backend`` auto is never refused here: q8 runs on either backend it picks, and the command
+    notes a prefill GEMM, graphs or a lazy verify head that the backend it chose does not apply
+    (:func:`gpu_options_not_applied`)."""
     if activations == "q8" and backend == "reference":
         raise ValueError(f"argument --activations: q8 runs on the cpu and hip backends, found --backend {backend} "
                          f"(use --backend cpu, hip or auto, or --activations f32)")
@@ -161,12 +166,18 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
     if settings.gpu_graphs == "on" and backend in ("cpu", "reference"):
         raise ValueError(f"argument --gpu-graphs: on runs on the GPU backend only (graphs replay device kernels), "
                          f"found --backend {backend} (use --gpu-graphs off, or --backend hip or auto)")
+    if settings.verify_head == "lazy" and backend in ("hip", "reference"):
+        why = ("its verify computes every row's LM head in one pass on the device" if backend == "hip"
+               else "it does not draft")
+        raise ValueError(f"argument --verify-head: lazy runs on the cpu backend only ({why}), found --backend "
+                         f"{backend} (use --verify-head auto or all, or --backend cpu or auto)")
 
 
 def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str | None = None) -> list[str]:
-    """What the GPU options asked for that the opened ``engine`` does not apply (``--backend auto``
-    on a machine that ran the cpu, or a GPU that refused them), one phrase each, for a note on stderr
-    or the app's welcome line: ``--prefill-gemm bf16 does not apply, prefill_gemm is off: ...``."""
+    """What the backend-specific options asked for that the opened ``engine`` does not apply
+    (``--backend auto`` on a machine that ran the cpu, a GPU that refused them, or ``--verify-head
+    lazy`` where auto chose the GPU), one phrase each, for a note on stderr or the app's welcome
+    line: ``--prefill-gemm bf16 does not apply, prefill_gemm is off: ...``."""
     out = []
     if settings.prefill_gemm in ("bf16", "f16") and engine.prefill_gemm != settings.prefill_gemm:
         source = (f"--prefill-gemm {settings.prefill_gemm}" if prefill_gemm_flag is not None
@@ -174,6 +185,8 @@ def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str |
         out.append(f"{source} does not apply, prefill_gemm is {engine.prefill_gemm_note}")
     if settings.gpu_graphs == "on" and engine.gpu_graphs != "on":
         out.append(f"--gpu-graphs on does not apply, graphs are {engine.gpu_graphs_note}")
+    if settings.verify_head == "lazy" and getattr(engine, "verify_head", "lazy") != "lazy":
+        out.append(f"--verify-head lazy does not apply, the verify head is {engine.verify_head_note}")
     return out
 
 

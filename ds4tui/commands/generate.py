@@ -31,7 +31,9 @@ file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the m
 holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
 context is sized prompt + ``-n``.  A ``--prefill-gemm`` or ``--gpu-graphs on`` the chosen backend does not
 apply (auto fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
-keeps what was printed and returns 130.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
+keeps what was printed and returns 130.  ``--verify-head`` (spec dspark.md §3.4; default auto: lazy on
+the cpu backend) says which rows of a DSpark verify get the LM head; ``--json`` carries ``verify_head``
+and its note, and the DSpark counters ``verify_head_rows``.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
 where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
 ignored, and ``--json`` carries the mode, its note, the file and ``scheduler_prices_at_start``.
 """
@@ -96,12 +98,14 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
 def _moot_knobs(args: argparse.Namespace) -> str | None:
     """The note for DSpark knobs given with ``--no-dspark`` (None when there are none): drafting is
     off for the whole run, so ``--no-scheduler``, ``--confidence``, ``--max-draft`` and a
-    ``--draft-vocab`` other than auto change nothing (not an error: they are valid, only moot)."""
+    ``--draft-vocab`` or ``--verify-head`` other than auto change nothing (not an error: they are
+    valid, only moot)."""
     if args.dspark is not False:
         return None
     given = [flag for flag, on in (("--no-scheduler", args.no_scheduler), ("--confidence", args.confidence is not None),
                                    ("--max-draft", args.max_draft is not None),
-                                   ("--draft-vocab", getattr(args, "draft_vocab", None) not in (None, "auto")))
+                                   ("--draft-vocab", getattr(args, "draft_vocab", None) not in (None, "auto")),
+                                   ("--verify-head", getattr(args, "verify_head", None) not in (None, "auto")))
              if on]
     if not given:
         return None
@@ -367,6 +371,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "gpu_graphs_note": engine.gpu_graphs_note,
         "draft_vocab": engine.draft_vocab,
         "draft_vocab_note": engine.draft_vocab_note,
+        "verify_head": engine.verify_head,
+        "verify_head_note": engine.verify_head_note,
         **_prices_result(engine, session),
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,

@@ -196,7 +196,8 @@ def identity(engine) -> dict:
     """What the saved prices of ``engine`` are keyed by: everything that changes what the scheduler
     measures (the model and support files by path, size and modification time, the backend and its
     device, threads, numerics, activations, the GPU options, the block size, the draft vocabulary's
-    size) and the ds4tui version."""
+    size, the verify's LM head: lazy prices a verify at the mean over the acceptance it saw) and the
+    ds4tui version."""
     from ds4tui import __version__
 
     gpu = getattr(engine, "gpu_info", None)
@@ -208,12 +209,12 @@ def identity(engine) -> dict:
             "n_threads": engine.n_threads, "numerics": engine.numerics, "activations": engine.activations,
             "gpu_layout": engine.gpu_layout if engine.backend == "hip" else None,
             "prefill_gemm": engine.prefill_gemm, "gpu_graphs": engine.gpu_graphs, "block_size": engine.block_size,
-            "draft_vocab": getattr(engine, "draft_vocab", 0)}
+            "draft_vocab": getattr(engine, "draft_vocab", 0), "verify_head": getattr(engine, "verify_head", "all")}
 
 
 #: Identity fields that name the file (the others are checked inside it: a change makes it stale).
 _NAMED_BY = ("backend", "device", "n_threads", "numerics", "activations", "gpu_layout", "prefill_gemm",
-             "gpu_graphs", "block_size", "draft_vocab")
+             "gpu_graphs", "block_size", "draft_vocab", "verify_head")
 
 
 def file_for(folder: str | os.PathLike, ident: dict) -> Path:
@@ -263,7 +264,7 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
 _IDENTITY_WORDS = {"ds4tui": "ds4tui version", "model": "model file", "support": "support file", "backend": "backend",
                    "device": "GPU device", "n_threads": "threads", "numerics": "numerics",
                    "activations": "activations", "gpu_layout": "GPU layout", "prefill_gemm": "prefill GEMM",
-                   "gpu_graphs": "GPU graphs", "block_size": "block size"}
+                   "gpu_graphs": "GPU graphs", "block_size": "block size", "verify_head": "verify head"}
 
 
 def _identity_order(key: str) -> tuple:

@@ -248,6 +248,9 @@ class ChatInfo:
     #: vocabulary) and which and why
     draft_vocab: int = 0
     draft_vocab_note: str = ""
+    #: which rows of a DSpark verify get the LM head (spec dspark.md §3.4): "all" or "lazy", and why
+    verify_head: str = "all"
+    verify_head_note: str = ""
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -290,8 +293,8 @@ class ChatEngine:
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
     attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
     starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
-    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``draft_vocab``, ``scheduler_prices``
-    and ``prices_dir`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
+    ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``draft_vocab``, ``scheduler_prices``,
+    ``prices_dir`` and ``verify_head`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
 
     Raises the engine's errors (``ModelFileError`` subclasses, ``EngineError``,
@@ -308,7 +311,7 @@ class ChatEngine:
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "auto",
                  numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
                  scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None,
-                 draft_vocab: str | int = "auto"):
+                 draft_vocab: str | int = "auto", verify_head: str = "auto"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -322,7 +325,7 @@ class ChatEngine:
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
                                activations=activations, gpu_graphs=gpu_graphs, scheduler_prices=scheduler_prices,
-                               prices_dir=prices_dir, draft_vocab=draft_vocab)
+                               prices_dir=prices_dir, draft_vocab=draft_vocab, verify_head=verify_head)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -361,6 +364,7 @@ class ChatEngine:
             scheduler_prices=getattr(e, "scheduler_prices", "fresh"),
             scheduler_prices_note=getattr(e, "scheduler_prices_note", ""),
             draft_vocab=getattr(e, "draft_vocab", 0), draft_vocab_note=getattr(e, "draft_vocab_note", ""),
+            verify_head=getattr(e, "verify_head", "all"), verify_head_note=getattr(e, "verify_head_note", ""),
             prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------
