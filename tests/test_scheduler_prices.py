@@ -115,11 +115,12 @@ def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q
     The kept prices are so far from a real pass that the machine cannot change the decision: the
     plain decode's re-timing brings t_ver(1) from 400 ms to 360 ms (the real decode, clamped to
     half the price, enters the moving average at weight 0.2); then 5 drafts all accepted give 6
-    tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (2 of 3 at each position) 2.7."""
+    tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (5 of 6 at each position) 3.98.
+    Four verifies reached every position: fewer never make drafting hopeless (a cold first proposal)."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     s = e.session(128)
     s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
-                                             reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+                                             reached=(4,) * 5 + (0,) * 11, hit=(4,) * 5 + (0,) * 11))
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
     s.step()  # the re-timing plain decode
@@ -128,6 +129,24 @@ def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q
         s.step()
     st = s.dspark_stats()
     assert st.proposed == 0 and st.no_draft_reasons["scheduler_skip"] == st.cycles == 29
+    s.close()
+
+
+def test_fewer_than_four_verifies_never_make_drafting_hopeless(tiny_q2):
+    """The prices of the test above with one verify per position: drafting does not pay at the means
+    and its best case is under a quarter better, but one verify (a fresh session's pricing cycle,
+    its proposal timed cold) is too little to stop probing for 256 cycles (spec dspark.md §7.4,
+    Back-off): a back-off of 2 and a probe of the optimistic length in the fourth cycle."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = e.session(128)
+    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
+                                             reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    for _ in range(4):  # the re-timing plain decode, the back-off's 2 cycles, the probe
+        s.step()
+    st = s.dspark_stats()
+    assert st.cycles == 4 and st.no_draft_reasons["scheduler_skip"] == 3 and st.proposed > 0
     s.close()
 
 
@@ -581,3 +600,50 @@ def test_doctor_flags_an_unusable_prices_folder(tmp_path, monkeypatch, capsys):
                f"folder, and no permission to make it in {read_only}, so --scheduler-prices saved (the default) "
                f"keeps no prices between runs. To fix it, make {read_only} writable for this user, or " + ADVICE)
     assert d["scheduler_prices"]["problem"] == warning and f"warning: {warning}" in lines
+
+
+def _cut_at_two() -> P.SchedulerPrices:
+    """Prices under which the scheduler verifies exactly 2 drafts of every full proposal, whatever the
+    machine: 1 draft costs a second and 3 drafts a second each (t_ver(2), t_ver(4..6): widths never
+    verified, so never re-timed), 2 drafts 1 ms (re-timed towards the real pass, far below 1 s); the
+    first two positions' acceptance known high, the third never reached."""
+    return P.SchedulerPrices(t_ver={1: 100.0, 2: 1000.0, 3: 1.0, 4: 1000.0, 5: 1000.0, 6: 1000.0}, t_prop=1.0,
+                             reached=(50, 50) + (0,) * 14, hit=(50, 50) + (0,) * 14)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_cut_proposal_measures_the_next_position_from_the_bonus_when_greedy(tiny_q2, fitted_support, temperature):
+    """Spec dspark.md §7.4 (Survival): when the scheduler cuts a greedy proposal and every verified
+    draft is accepted, the bonus token is the target's pick at the first cut position, so that
+    position counts as reached, and as accepted exactly when the bonus equals the cut draft.  The
+    oracle is each cycle's own output against the proposal it cut (``last_proposal``, before the
+    cut); the cycle statistics count only what was verified.  Sampled decoding observes nothing."""
+    e = S.Engine(tiny_q2["model"], support=fitted_support)
+    s = e.session(256)
+    if temperature:
+        s.set_sampling(S.SamplingParams(temperature=temperature, top_k=8, seed=5))
+    s.set_scheduler_prices(_cut_at_two())
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    observed = accepted_third = drafted = 0
+    for _ in range(60):
+        before = s.dspark_stats().proposed
+        out = s.step()
+        if s.dspark_stats().proposed == before:
+            continue  # a plain decode (the re-timing one, or a back-off)
+        drafted += 1
+        assert s.dspark_stats().proposed - before == 2  # the cut
+        proposal, _ = s.last_proposal()
+        if len(out) == 3 and len(proposal) > 2:
+            observed += 1
+            accepted_third += out[2] == proposal[2]
+    end = s.scheduler_prices()
+    st = s.dspark_stats()
+    s.close()
+    assert drafted > 40 and st.pos_proposed[2] == 0 and st.pos_accepted[2] == 0  # never verified there
+    assert end.reached[3:] == (0,) * 13 and end.hit[3:] == (0,) * 13
+    if temperature:
+        assert (end.reached[2], end.hit[2]) == (0, 0)
+    else:
+        assert observed > 5 and 0 < accepted_third  # the fitted drafter gets some right
+        assert (end.reached[2], end.hit[2]) == (observed, accepted_third)

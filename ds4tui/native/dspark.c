@@ -36,6 +36,8 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
 #define HOPELESS_BACKOFF 256 /* the back-off when it could not pay enough even optimistically: one single-draft
                               * probe (~2.5 ms) per 256 decodes (~2.2 ms each) on the demo pair's CPU
                               * run, an estimated 0.5 % */
+#define HOPELESS_MIN_VERIFIES 4 /* fewer verifies than this never make drafting hopeless: one cold first
+                                  * proposal, timed alone, can price it out at every bound */
 #define HOPE_MARGIN 1.25     /* drafting "could pay" only if its optimistic rate beats plain decoding by
                               * 25 %: a smaller best case is not worth the probes that would test it */
 #define EMA 0.2
@@ -506,8 +508,10 @@ static double rate(const ds4_dspark *d, int l, int upper) {
 /* 1 when no verify length up to lmax beats plain decoding by HOPE_MARGIN even with every
  * position's acceptance at its optimistic bound (every draft accepted where a position was never
  * verified): a probe is then unlikely to change the decision, or to gain much if it did, so the
- * back-off goes to its longest at once. */
+ * back-off goes to its longest at once.  Never before HOPELESS_MIN_VERIFIES verifies: a fresh
+ * session's one pricing cycle, its proposal timed cold, made drafting hopeless for 256 cycles. */
 static int hopeless(const ds4_dspark *d, int lmax) {
+    if (d->pr.reached[0] < HOPELESS_MIN_VERIFIES) return 0;
     const double plain = 1.0 / t_verify(d, 1);
     for (int l = 1; l <= lmax; l++)
         if (rate(d, l, 1) > HOPE_MARGIN * plain) return 0;
@@ -850,6 +854,20 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
     for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++;
     for (int i = 0; i < a; i++) d->pr.hit[i]++;
+    /* greedy, every verified draft accepted and the proposal cut by the scheduler (best_length):
+     * the bonus is the target's pick at the next draft position, so that position's acceptance is
+     * observed without verifying it (spec dspark.md §7.4, Survival); the scheduler's counts only,
+     * not the cycle's statistics.  Without it a position the cut left out was never measured
+     * again, and one early run of misses held every later draft at the cut. */
+    if (!(T > 0.0f) && a == nd && nd < d->n_drafts) {
+        d->pr.reached[nd]++;
+        if (bonus == d->drafts[nd]) d->pr.hit[nd]++;
+    }
+    /* a probe of two or more drafts that were all accepted: the text may have turned predictable
+     * (acceptance is not stationary: a code answer's boilerplate, a repeated block), so the next
+     * back-off starts at its shortest again and the probes that test it come soon (spec dspark.md
+     * §7.4, Back-off) */
+    if (probe && nd >= 2 && a == nd) d->backoff = 2;
     st->propose_ms += propose_ms;
     add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0 + head_ms;
