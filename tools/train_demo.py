@@ -33,6 +33,11 @@ scratch with AdamW on random 512-token windows of the corpus, bf16 autocast, for
 budget (the learning-rate schedule is a function of elapsed time so that the run ends on time).
 Token ids that never occur in the training split start (and therefore stay) identical: zero
 embedding rows, equal LM-head rows — so the exported GGUF compresses to a fraction of its size.
+The loss uses that (``--loss-vocab seen``, the default since 2026-12-03; :class:`SeenHead`): the
+log-sum-exp over the vocabulary is taken over the seen ids' logits and one logit for the never-seen
+ids, with the same value, gradients and clipped AdamW step as over every row, and a third of the
+logits (the float32 logits over 129280 ids were a third of a step's kernel time on an H200 and
+what ran out of memory at 192 windows a step; tools/gpu_notes.md).
 The hash-routing table gets 6 distinct random experts per seen token.
 
 **Drafter** (spec dspark.md §1-§2, the reference anchor layout of §2.5): 3 stages (sliding-window
@@ -119,11 +124,14 @@ def lr_at(frac: float, peak: float, warm: float = 0.03) -> float:
     return peak * (0.1 + 0.45 * (1.0 + math.cos(math.pi * t)))
 
 
-def timed_steps(opt, params, seconds: float, peak_lr: float, step_fn):
+def timed_steps(opt, params, seconds: float, peak_lr: float, step_fn, head: "SeenHead | None" = None):
     """Optimiser steps until ``seconds`` of wall clock have passed, the learning rate following :func:`lr_at`.
 
     ``step_fn()`` returns ``(loss, extra)``; yields ``(step, elapsed_s, loss, grad_norm, extra)`` after each
-    step (gradients clipped to norm 1 over ``params``).
+    step (gradients clipped to norm 1 over ``params``).  With ``head`` (a loss from :meth:`SeenHead.loss`)
+    the norm also counts the gradient every unseen LM-head row would have had (:meth:`SeenHead.extra_sq`)
+    and the unseen rows are set to their representative after each step, so the step is the one the
+    full-vocabulary loss takes.
     """
     if seconds <= 0:
         return
@@ -134,10 +142,87 @@ def timed_steps(opt, params, seconds: float, peak_lr: float, step_fn):
         loss, extra = step_fn()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if head is None:
+            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        else:
+            gn = clip_with_unseen_rows(params, head)
         opt.step()
+        if head is not None:
+            head.tie()
         step += 1
         yield step, time.time() - t0, float(loss.detach()), float(gn), extra
+
+
+def clip_with_unseen_rows(params, head: "SeenHead", max_norm: float = 1.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)`` as if every unseen LM-head row had its gradient
+    (the representative's): the same total norm and scale as the full-vocabulary loss's step."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() + head.extra_sq()
+    total = sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.detach().mul_(coef.to(g.dtype))
+    return total
+
+
+class SeenHead:
+    """The LM head's cross-entropy over the whole vocabulary, computed from the seen ids' rows.
+
+    Token ids that never occur in the training split keep equal LM-head rows (:func:`build_target`;
+    a GGUF this script wrote stores them equal), so their ``n`` logits are one value ``z_u`` and the
+    log-sum-exp over the vocabulary is the one over the seen logits and ``z_u + log n``: exact, with a
+    ``[N, seen + 1]`` logit matrix instead of ``[N, V]`` (38 136 columns instead of 129 280 on the demo
+    corpus).  The representative row (the first unseen id) gets the gradient of one unseen row (the
+    merged logit's gradient divided by ``n``), so AdamW moves it as it moves each unseen row under
+    the full loss; :meth:`tie` copies it to the others after each step and :meth:`extra_sq` adds
+    their ``n - 1`` gradients to the clipping norm.  A target id that is unseen (held-out text) has
+    logit ``z_u``: the loss is exact for it too, but its gradient would reach the representative at
+    1/n, so the training targets (the train split's ids, seen by definition) are the only ones to
+    train on.
+    """
+
+    def __init__(self, weight: torch.Tensor, seen: np.ndarray):
+        ids, unseen = np.flatnonzero(seen), np.flatnonzero(seen == 0)
+        if unseen.size == 0:
+            raise ValueError("SeenHead: every token id is seen in training; use the full loss")
+        self.weight, self.n = weight, int(unseen.size)
+        dev = weight.device
+        self.ids = torch.from_numpy(ids).to(dev)
+        self.unseen = torch.from_numpy(unseen).to(dev)
+        self.rep = int(unseen[0])
+        remap = np.full(seen.size, -1, np.int64)
+        remap[ids] = np.arange(ids.size)
+        self.remap = torch.from_numpy(remap).to(dev)
+        with torch.no_grad():
+            spread = float((weight[self.unseen] - weight[self.rep]).abs().max())
+        if spread > 1e-6:
+            raise ValueError(f"SeenHead: the LM head's {self.n} unseen rows differ by up to {spread:g} "
+                             "(expected equal rows: a model this script built or exported)")
+
+    def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy (nats) of ``hidden[..., H]`` (autocast as the caller's) against ``targets``."""
+        h = hidden.reshape(-1, hidden.shape[-1])
+        t = targets.reshape(-1)
+        w_u = self.weight[self.rep]
+        w_u = w_u / self.n + (w_u - w_u / self.n).detach()  # the value of w_u, 1/n of its gradient
+        z = (h @ self.weight[self.ids].t()).float()
+        z_u = (h @ w_u).float()
+        lse = torch.logsumexp(torch.cat((z, (z_u + math.log(self.n))[:, None]), dim=1), dim=1)
+        col = self.remap[t]
+        z_t = torch.where(col >= 0, z.gather(1, col.clamp(min=0)[:, None])[:, 0], z_u)
+        return (lse - z_t).mean()
+
+    def extra_sq(self) -> torch.Tensor:
+        """The squared norm the other ``n - 1`` unseen rows' gradients add under the full loss."""
+        g = self.weight.grad
+        if g is None:
+            return torch.zeros((), device=self.weight.device)
+        return (self.n - 1) * g[self.rep].detach().float().pow(2).sum()
+
+    @torch.no_grad()
+    def tie(self) -> None:
+        """Copy the representative row to every unseen row."""
+        self.weight[self.unseen] = self.weight[self.rep].clone()
 
 
 class Windows:
@@ -185,17 +270,22 @@ def build_target(c: DS4Config, seen: np.ndarray, work: Path, seed: int, device: 
     return model.to(device)
 
 
-def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) over a ``[B, T]`` batch."""
+def lm_loss(model, ids: torch.Tensor, head: SeenHead | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over a ``[B, T]`` batch (over the seen ids' rows with ``head``)."""
     with torch.autocast(ids.device.type, dtype=torch.bfloat16):
         hidden = model.model(input_ids=ids[:, :-1], use_cache=False).last_hidden_state
+        if head is not None:
+            return head.loss(hidden, ids[:, 1:])
         logits = model.lm_head(hidden)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
 def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batch: int, peak_lr: float,
-                 label: str = "target") -> dict:
-    """AdamW on every parameter that requires grad, for ``seconds`` of wall clock; returns the log."""
+                 label: str = "target", head: SeenHead | None = None) -> dict:
+    """AdamW on every parameter that requires grad, for ``seconds`` of wall clock; returns the log.
+
+    With ``head`` the loss is computed over the seen ids' LM-head rows (:class:`SeenHead`: the same
+    loss and step as over the whole vocabulary, a fraction of the logits)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.dim() >= 2 and "embed" not in n]
     other = [p for n, p in named if not (p.dim() >= 2 and "embed" not in n)]
@@ -205,10 +295,10 @@ def train_target(model, train: Windows, held: torch.Tensor, seconds: float, batc
     model.train()
 
     def one() -> tuple[torch.Tensor, dict]:
-        return lm_loss(model, train.batch(batch)), {}
+        return lm_loss(model, train.batch(batch), head), {}
 
     step, t0 = 0, time.time()
-    for step, elapsed, loss, gn, _ in timed_steps(opt, [p for _, p in named], seconds, peak_lr, one):
+    for step, elapsed, loss, gn, _ in timed_steps(opt, [p for _, p in named], seconds, peak_lr, one, head):
         tokens += batch * (train.length - 1)
         if step % 25 == 0 or step == 1:
             rec = {"step": step, "s": round(elapsed, 1), "tokens": tokens, "lr": opt.param_groups[0]["lr"],
@@ -930,6 +1020,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heal-lr", type=float, default=1e-3)
     ap.add_argument("--drafter-seconds", type=float, default=120.0)
     ap.add_argument("--batch", type=int, default=48, help="target: windows per step")
+    ap.add_argument("--loss-vocab", choices=("seen", "full"), default="seen",
+                    help="target: the cross-entropy from the seen ids' LM-head rows and one logit for the never-seen "
+                         "ids (their rows are equal: the same loss and step, a third of the logits; SeenHead) or from "
+                         "every row (the runs before 2026-12-03)")
     ap.add_argument("--drafter-batch", type=int, default=16)
     ap.add_argument("--anchors", type=int, default=48, help="drafter: anchors per window")
     ap.add_argument("--seq", type=int, default=SEQ)
@@ -1023,13 +1117,14 @@ def main(argv: list[str] | None = None) -> int:
             report["target_init"].update(path=str(a.target_init), sha256=_sha256(a.target_init),
                                          heldout_loss=round(evaluate(model, held), 4))
             log(f"target starts from {a.target_init}: held-out loss {report['target_init']['heldout_loss']}")
-        report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr)
+        head = SeenHead(model.lm_head.weight, seen) if a.loss_vocab == "seen" else None
+        report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr, head=head)
         originals, report["expert_quant_rel_error"] = quantize_experts(model)
         report["heldout_loss_after_quantisation"] = round(evaluate(model, held), 4)
         log(f"experts quantised: {report['expert_quant_rel_error']}, held-out loss {report['heldout_loss_after_quantisation']}")
         for name, p in model.named_parameters():
             p.requires_grad_(".experts." not in name)
-        report["heal"] = train_target(model, train, held, a.heal_seconds, a.batch, a.heal_lr, label="heal")
+        report["heal"] = train_target(model, train, held, a.heal_seconds, a.batch, a.heal_lr, label="heal", head=head)
         if a.save_target:
             torch.save({"model": model.state_dict(), "originals": originals,
                         "report": {k: report[k] for k in ("target", "expert_quant_rel_error",
