@@ -76,13 +76,18 @@ def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2)
     assert fresh.kept_prices is None
 
 
-def test_a_priced_session_still_times_a_plain_decode_first(tiny_q2):
-    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(128)
-    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 1000.0, 6: 0.001}, t_prop=0.001,
-                                             reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
+def _priced(tiny_q2, prices: P.SchedulerPrices, support=None, n_ctx: int = 128) -> S.Session:
+    """A session started from ``prices``, its prompt prefilled and the prefill's logits sampled."""
+    s = S.Engine(tiny_q2["model"], support=support or tiny_q2["support"]).session(n_ctx)
+    s.set_scheduler_prices(prices)
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
+    return s
+
+
+def test_a_priced_session_still_times_a_plain_decode_first(tiny_q2):
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 1000.0, 6: 0.001}, t_prop=0.001,
+                                           reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
     s.step()  # the first cycle: a plain decode, however cheap drafting looks
     st = s.dspark_stats()
     assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"]) == (1, 0, 1)
@@ -117,12 +122,8 @@ def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q
     half the price, enters the moving average at weight 0.2); then 5 drafts all accepted give 6
     tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (5 of 6 at each position) 3.98.
     Four verifies reached every position: fewer never make drafting hopeless (a cold first proposal)."""
-    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(128)
-    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
-                                             reached=(4,) * 5 + (0,) * 11, hit=(4,) * 5 + (0,) * 11))
-    s.prefill(PROMPT)
-    s.step()  # samples the prefill's logits
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
+                                           reached=(4,) * 5 + (0,) * 11, hit=(4,) * 5 + (0,) * 11))
     s.step()  # the re-timing plain decode
     assert s.scheduler_prices().t_ver[1] == pytest.approx(360.0, rel=1e-3)
     for _ in range(28):  # without the margin: a back-off of 2 and a 5-draft probe in the 4th cycle
@@ -137,12 +138,8 @@ def test_fewer_than_four_verifies_never_make_drafting_hopeless(tiny_q2):
     and its best case is under a quarter better, but one verify (a fresh session's pricing cycle,
     its proposal timed cold) is too little to stop probing for 256 cycles (spec dspark.md §7.4,
     Back-off): a back-off of 2 and a probe of the optimistic length in the fourth cycle."""
-    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(128)
-    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
-                                             reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
-    s.prefill(PROMPT)
-    s.step()  # samples the prefill's logits
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
+                                           reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
     for _ in range(4):  # the re-timing plain decode, the back-off's 2 cycles, the probe
         s.step()
     st = s.dspark_stats()

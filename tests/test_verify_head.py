@@ -13,25 +13,7 @@ import pytest
 from ds4tui import cli
 from ds4tui.cli import main as cli_main
 from ds4tui.engine import session as S
-
-
-def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
-    try:
-        rc = cli_main(argv)
-    except SystemExit as exc:  # argparse's own errors
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-@pytest.fixture
-def no_engine(monkeypatch):
-    """Opening an engine fails the test: a usage error must come first."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the engine was opened before the usage error")
-
-    monkeypatch.setattr(S, "Engine", refuse)
+from test_cli_usage import _run, no_engine  # noqa: F401 (the fixture)
 
 
 @pytest.mark.parametrize("command", ["generate", "bench", "chat"])
