@@ -547,6 +547,24 @@ def test_the_verify_ratio_uses_the_target_only_arms_decodes():
     assert bench.verify_over_reference(t, {"plain_decodes": 1, "decode_ms_per_plain_decode": 5.0}) is None
 
 
+def test_an_arms_decode_price_leaves_out_the_runs_that_timed_no_decode():
+    """The no-scheduler arm's code run drafted every cycle (no plain decode timed: t_decode_ms 0,
+    t_decode_measured false) and its prose run timed one at 1.674 ms: the arm's price is 1.674 ms,
+    the only one measured, not 1.674 * 29 / 53 cycles = 0.916 ms.  Counts still add up."""
+    code = DSparkStats(cycles=24, first_tokens=24, proposed=117, accepted_draft=39, block_size=5)
+    prose = DSparkStats(cycles=29, first_tokens=29, proposed=138, accepted_draft=34, no_draft=1, no_room=1,
+                        target=1.674, saved=56.918, t_decode_ms=1.674, t_decode_measured=True, block_size=5,
+                        no_draft_reasons={"no_room": 1})
+    total = bench.sum_stats([code, prose])
+    assert (total.t_decode_ms, total.t_decode_measured) == (pytest.approx(1.674), True)
+    assert (total.cycles, total.proposed, total.accepted_draft, total.saved) == (53, 255, 73, pytest.approx(56.918))
+    # two timed runs: the cycle-weighted mean of their prices
+    other = DSparkStats(cycles=60, first_tokens=60, t_decode_ms=2.0, t_decode_measured=True, block_size=5)
+    assert bench.sum_stats([code, prose, other]).t_decode_ms == pytest.approx((1.674 * 29 + 2.0 * 60) / 89)
+    # none timed: no price
+    assert (bench.sum_stats([code, code]).t_decode_ms, bench.sum_stats([code, code]).t_decode_measured) == (0.0, False)
+
+
 def test_ab_text_report(tiny_q2, capsys):
     rc, out, err = _ab(capsys, tiny_q2, "--tokens", "16")
     assert rc == 0, err

@@ -513,7 +513,9 @@ def ids_sha256(ids: list[int]) -> str:
 
 def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
     """The counters of several sessions added up (histograms bin by bin).  ``t_decode_ms`` is the
-    cycle-weighted mean of the parts' and ``chain_fail_op`` the last non-empty one."""
+    cycle-weighted mean of the parts that timed a plain decode (``t_decode_measured``; a part that
+    timed none has 0 there, which is no price), 0 when none did; ``chain_fail_op`` is the last
+    non-empty one."""
     if not parts:
         return DSparkStats()
     kw: dict = {}
@@ -522,8 +524,9 @@ def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
         if name == "block_size":
             kw[name] = max(vals)
         elif name == "t_decode_ms":
-            cycles = sum(p.cycles for p in parts)
-            kw[name] = sum(p.t_decode_ms * p.cycles for p in parts) / cycles if cycles else 0.0
+            timed = [p for p in parts if p.t_decode_measured]
+            cycles = sum(p.cycles for p in timed)
+            kw[name] = sum(p.t_decode_ms * p.cycles for p in timed) / cycles if cycles else 0.0
         elif name == "t_decode_measured":
             kw[name] = any(vals)
         elif name == "chain_fail_op":
