@@ -117,7 +117,7 @@ def collect() -> dict:
         "note": "where a new session's DSpark scheduler starts (--scheduler-prices on chat, generate and bench): "
                 "fresh (it drafts once to price a verify and the drafter's acceptance), engine (from the run's "
                 "earlier sessions) or saved (as engine, and kept between runs in the folder, one file per model, "
-                "support file, backend, threads, numerics, activations and draft vocabulary)"}
+                "support file, backend, threads, numerics, activations, draft vocabulary and verify head)"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
