@@ -339,3 +339,37 @@ def test_a_context_beyond_the_model_is_a_usage_error_before_it_loads(tiny_q2, cl
     err = capsys.readouterr().err
     assert rc == 2 and err == (f"ds4tui chat: error: argument --ctx: expected 2..1048576 (the context length of "
                                f"{model}), found 2000000\n")
+
+
+def test_python_m_in_a_source_folder_without_the_library_names_the_installed_one(tiny_q2, tmp_path):
+    """`python -m ds4tui` in a clone after a plain `pip install .`: Python imports the clone's
+    ds4tui (the current folder comes first), whose native library was never built, while the
+    installed ds4tui has one.  doctor and generate name both folders and what to run, instead of
+    only saying that the engine is not built (pip just built it)."""
+    import os
+    import shutil
+    import site
+    import subprocess
+    import sys
+
+    import ds4tui
+
+    built = Path(ds4tui.__file__).resolve().parent  # the tests' ds4tui, with its library: "the installed one"
+    clone = tmp_path / "clone"
+    shutil.copytree(built, clone / "ds4tui", ignore=shutil.ignore_patterns("_native*", "*.so", "*.xz", "__pycache__"))
+    # -S: no site hooks (an editable install's finder would find the library through them); the
+    # packages are on PYTHONPATH instead, the built ds4tui first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(built.parent), *site.getsitepackages()])}
+    for v in E.VARIABLES:
+        env.pop(v.name, None)
+    want = (f"the native engine (ds4tui._native) is not built in {clone / 'ds4tui'}, the ds4tui that Python imported "
+            f"from the current folder, which `python -m` searches before the installed packages; the ds4tui "
+            f"installed in {built.parent} has it: run the `ds4tui` command, or `python -m ds4tui` from another "
+            f"folder, or build this tree with `python build_native.py` (or `pip install -e .`)")
+    run = lambda *argv: subprocess.run([sys.executable, "-S", "-m", "ds4tui", *argv], cwd=clone, env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=120)
+    r = run("doctor")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith(f"ds4tui doctor: {want} (cannot import name '_native'"), r.stderr
+    r = run("generate", tiny_q2["model"], "-p", "hi", "-n", "1", "--backend", "cpu")
+    assert r.returncode == 1 and r.stderr.startswith(f"ds4tui generate: error: --backend cpu: {want} ("), r.stderr

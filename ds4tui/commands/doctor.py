@@ -34,7 +34,7 @@ def collect() -> dict:
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
     from ds4tui.engine import gpu, memplan, prices
-    from ds4tui.engine.session import auto_activations, auto_verify_head
+    from ds4tui.engine.session import auto_activations, auto_verify_head, native_not_built
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -42,7 +42,7 @@ def collect() -> dict:
         from ds4tui import _native
     except ImportError as exc:
         out["native"] = None
-        out["native_error"] = f"the native engine (ds4tui._native) is not built: {exc}"
+        out["native_error"] = f"{native_not_built()} ({exc})"
         return out
     out["native"] = _native.ffi.string(_native.lib.ds4_version()).decode()
     out["native_file"] = _native.__file__

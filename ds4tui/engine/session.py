@@ -141,10 +141,33 @@ def _native():
     try:
         from ds4tui import _native
     except ImportError as exc:
-        raise BackendUnavailableError(
-            "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
-        ) from exc
+        raise BackendUnavailableError(native_not_built()) from exc
     return _native
+
+
+def native_not_built() -> str:
+    """Why ``ds4tui._native`` does not import, with what to do, as one line.  When the ds4tui that
+    Python imported is a source tree without the built library while another ds4tui on ``sys.path``
+    (the installed one) has it (``python -m ds4tui`` run from a clone after a plain ``pip install .``:
+    ``-m`` searches the current folder first), the line names both folders, since building is then
+    not what is missing."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    import ds4tui
+
+    def built(folder: Path) -> bool:
+        return any((folder / f"_native{suffix}").is_file() for suffix in EXTENSION_SUFFIXES)
+
+    here = Path(ds4tui.__file__).resolve().parent
+    for entry in sys.path if not built(here) else ():  # a library that is there but fails to load: not this case
+        other = Path(entry or os.curdir).resolve() / "ds4tui"
+        if other != here and built(other):
+            where = (" from the current folder, which `python -m` searches before the installed packages"
+                     if here.parent == Path.cwd().resolve() else " first on sys.path")
+            return (f"the native engine (ds4tui._native) is not built in {here}, the ds4tui that Python imported{where}; "
+                    f"the ds4tui installed in {other.parent} has it: run the `ds4tui` command, or `python -m ds4tui` "
+                    f"from another folder, or build this tree with `python build_native.py` (or `pip install -e .`)")
+    return "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
 
 
 def _model(model: str | os.PathLike | DS4Model) -> DS4Model:
