@@ -569,6 +569,17 @@ def _asks_for_json(command: argparse.ArgumentParser, argv: list[str]) -> bool:
     return False
 
 
+#: Another command's name for the token budget, given to a command that spells it otherwise: the
+#: unknown-flag error then says this command's name for it.
+_BUDGET_FLAGS = {
+    ("generate", "--tokens"): "generate's token budget is -n N (--n-predict N); --tokens is bench --ab's",
+    ("chat", "--tokens"): "the chat's token budget per answer is -n N (--n-predict N); --tokens is bench --ab's",
+    ("bench", "-n"): "bench --ab's token budget is --tokens N (a plain bench's: --decode-tokens N); -n is generate's",
+    ("bench", "--n-predict"): "bench --ab's token budget is --tokens N (a plain bench's: --decode-tokens N); "
+                              "--n-predict is generate's",
+}
+
+
 def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
     """The parser of the sub-command ``name`` (None for a name that is not a command)."""
     for action in parser._actions:
@@ -596,6 +607,10 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     if extra:  # named by the command they were given to, with that command's help
         prog = f"ds4tui {args.command}" if args.command else "ds4tui"
         message = f"unrecognized arguments: {' '.join(extra)}"
+        hint = next((_BUDGET_FLAGS[args.command, flag] for flag in (a.split("=")[0] for a in extra)
+                     if (args.command, flag) in _BUDGET_FLAGS), None)
+        if hint:
+            message += f" ({hint})"
         parser._print_message(f"{prog}: error: {message} (`{prog} --help` lists the options)\n", sys.stderr)
         if getattr(args, "json", False):
             print_usage_error_json(message)

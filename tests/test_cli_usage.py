@@ -140,6 +140,26 @@ def test_an_unknown_option_is_named_by_its_command(capsys):
                                    f"(`ds4tui {argv[0]} --help` lists the options)\n"), err
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["generate", "-p", "x", "--tokens", "64"],
+     "generate's token budget is -n N (--n-predict N); --tokens is bench --ab's"),
+    (["generate", "-p", "x", "--tokens=64", "--json"],
+     "generate's token budget is -n N (--n-predict N); --tokens is bench --ab's"),
+    (["chat", "--tokens", "64"],
+     "the chat's token budget per answer is -n N (--n-predict N); --tokens is bench --ab's"),
+    (["bench", "--ab", "-n", "64"],
+     "bench --ab's token budget is --tokens N (a plain bench's: --decode-tokens N); -n is generate's"),
+])
+def test_another_commands_token_budget_flag_names_this_ones(argv, hint, capsys):
+    """generate and chat spell the budget -n / --n-predict, bench --ab --tokens: the unknown-flag
+    error of one given the other's says which to use."""
+    rc, out, err = _run(capsys, argv)
+    flag = next(a for a in argv if a.startswith(("--tokens", "-n"))).split("=")[0]
+    message = f"unrecognized arguments: {next(a for a in argv if a.startswith(flag))} ({hint})"
+    assert rc == 2 and err == f"ds4tui {argv[0]}: error: {message} (`ds4tui {argv[0]} --help` lists the options)\n"
+    assert out == ("" if "--json" not in argv else json.dumps({"ok": False, "error": message}) + "\n")
+
+
 def test_chat_takes_the_dspark_start_up_knobs(tiny_q2, capsys, no_engine):
     from ds4tui.cli import build_parser
     from ds4tui.commands.chat import options_from_args
