@@ -120,6 +120,25 @@ def test_unwritable_cache_names_the_folder(tmp_path, monkeypatch):
     assert not any(tmp_path.rglob("*.part"))
 
 
+def test_a_folder_where_a_demo_file_goes_is_named_before_unpacking(tmp_path, monkeypatch):
+    """A folder at support.gguf (the unpacked file could not replace it): the error names that path
+    and what to do, before anything is unpacked, instead of a bare "Is a directory" after the unpack
+    with advice to pick a writable folder (the folder is writable)."""
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", str(tmp_path / "cache"))
+    # skip the big one (None: checked out)
+    monkeypatch.setattr(demo, "_verified", lambda dest, size, sha: None if dest.name == "model.gguf" else
+                        f"had {dest.stat().st_size} bytes")
+    folder = demo.pair_folder(demo.manifest())
+    (folder / "support.gguf").mkdir(parents=True)
+    calls = []
+    with pytest.raises(demo.DemoError) as exc:
+        demo.demo_pair(lambda name, done, total: calls.append(done))
+    assert str(exc.value) == (
+        f"cannot unpack the demo model into {folder}: expected the file support.gguf or nothing at "
+        f"{folder / 'support.gguf'}, found a folder; move that folder away, or set DS4TUI_DEMO_DIR to another folder")
+    assert calls == [] and sorted(p.name for p in folder.iterdir()) == ["support.gguf"]
+
+
 def test_an_xdg_cache_home_that_is_a_file_is_named_as_the_variable_to_fix(tmp_path, monkeypatch, capsys):
     """XDG_CACHE_HOME naming a file: the error names the variable, its value, that it is a file, and
     says to fix that variable (or to move the demo alone with DS4TUI_DEMO_DIR); doctor says the same."""

@@ -297,6 +297,10 @@ def demo_pair(progress: Callable[[str, int | None, int], None] | None = None) ->
     if bad:  # before any byte is written
         raise DemoError(f"cannot unpack the demo model into {folder}: expected a writable folder, found {bad[0]}; "
                         f"{bad[1]}")
+    in_way = next((paths[name] for name in todo if paths[name].is_dir()), None)
+    if in_way is not None:  # before any byte is written: the unpacked file could not replace it
+        raise DemoError(f"cannot unpack the demo model into {folder}: expected the file {in_way.name} or nothing at "
+                        f"{in_way}, found a folder; move that folder away, or set DS4TUI_DEMO_DIR to another folder")
     short = space_problem(folder, need) if todo else None
     if short:  # before any byte is written
         raise DemoError(f"cannot unpack the demo model into {folder}: {short}")
