@@ -135,6 +135,24 @@ def test_chat_without_a_terminal_is_refused_before_the_app_starts(tiny_q2, tmp_p
 
 
 
+def test_chat_without_a_terminal_is_refused_before_the_demo_is_unpacked(tmp_path):
+    """``ds4tui </dev/null`` on a machine that never unpacked the demo: the terminal line, status 2,
+    with nothing unpacked first (it unpacked 99 MiB, with its progress on stderr, then refused)."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "DS4TUI_DEMO_DIR": str(cache)}
+    r = subprocess.run([sys.executable, "-m", "ds4tui", "--backend", "cpu", "--save-dir", str(tmp_path)],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("ds4tui chat: error: the chat app needs a terminal: standard input is not one (it is "
+                        "redirected from a file or a pipe); run it in a terminal, or use `ds4tui generate` for a run "
+                        "without one\n")
+    assert not cache.exists()
+
+
 @pytest.mark.parametrize("ttys, problem", [
     ({0, 1, 2}, ""),
     ({0, 2}, ""),  # `ds4tui chat >log`: the app draws on standard error

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 _PREFIX = "ds4tui chat:"
 
@@ -20,8 +21,10 @@ Make a small test model (random weights: the text is noise, the speculation pane
 (the fitted support model drafts tokens the test model accepts about half of the time)."""
 
 
-def options_from_args(args: argparse.Namespace):
-    """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason)."""
+def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] | None = None):
+    """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason).
+    ``before_demo`` is called once the command line's own checks passed and before the demo pair is
+    unpacked (without MODEL): what it raises goes to the caller, with nothing unpacked."""
     from ds4tui.app import ChatOptions
     from ds4tui.commands.environment import check_backend_options, check_support_block, settings_of
     from ds4tui.demo import demo_pair, stderr_progress
@@ -61,6 +64,8 @@ def options_from_args(args: argparse.Namespace):
             raise FileNotFoundError(f"{what} {path}: {why}")
     notes: tuple[str, ...] = ()
     if model is None:
+        if before_demo is not None:
+            before_demo()
         pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
         if pair is None:
             raise LookupError(NO_DEMO)
@@ -93,11 +98,27 @@ def options_from_args(args: argparse.Namespace):
                        notes=notes)
 
 
+class _NoTerminal(Exception):
+    """The app cannot run here (the reason: :func:`terminal_problem`)."""
+
+
+def _need_terminal() -> None:
+    why = terminal_problem()
+    if why:
+        raise _NoTerminal(why)
+
+
 def run(args: argparse.Namespace) -> int:
     from ds4tui.demo import DemoError
 
     try:
-        options = options_from_args(args)
+        # without a terminal the demo pair is not unpacked first (99 MiB) only to be refused after it
+        options = options_from_args(args, before_demo=_need_terminal)
+        _need_terminal()
+    except _NoTerminal as exc:  # without one the app would draw into a pipe or file and wait for keys that never come
+        print(f"{_PREFIX} error: the chat app needs a terminal: {exc}; run it in a terminal, or use `ds4tui generate` "
+              f"for a run without one", file=sys.stderr)
+        return 2
     except DemoError as exc:
         print(f"{_PREFIX} {exc}", file=sys.stderr)
         return 1
@@ -109,11 +130,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except ValueError as exc:  # a usage error, as a bad flag: one line, status 2, before anything loads
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
-        return 2
-    why = terminal_problem()
-    if why:  # without one the app would draw into a pipe or file and wait for keys that never come
-        print(f"{_PREFIX} error: the chat app needs a terminal: {why}; run it in a terminal, or use `ds4tui generate` "
-              f"for a run without one", file=sys.stderr)
         return 2
     from ds4tui.app import DS4App
 
