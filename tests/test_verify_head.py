@@ -75,6 +75,33 @@ def test_generate_notes_it_is_moot_without_drafting(tiny_q2, capsys):
             "leave out --no-dspark to draft)") in err
 
 
+def test_generate_notes_it_is_moot_without_a_support_model(tiny_q2, capsys):
+    """No --mtp (or the demo on the reference backend, which attaches none): --verify-head is noted
+    as having no effect, as --draft-vocab is."""
+    rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hi", "--raw", "-n", "1", "--verify-head",
+                                 "all", "--draft-vocab", "full", "--backend", "cpu"])
+    assert rc == 0
+    assert ("ds4tui generate: note: --draft-vocab full has no effect: no DSpark support model drafts (give one with "
+            "--mtp)\nds4tui generate: note: --verify-head all has no effect: no DSpark support model drafts (give one "
+            "with --mtp)\n") in err, err
+
+
+def test_the_moot_notes_on_the_reference_backend_say_it_does_not_draft():
+    """generate without MODEL on the reference backend leaves the demo's drafter out (and --mtp is a
+    usage error there): the notes say why, not to give one with --mtp."""
+    from types import SimpleNamespace
+
+    from ds4tui.commands.environment import Settings, draft_vocab_notes, verify_head_notes
+
+    engine = SimpleNamespace(backend="reference", support_status="none")
+    settings = Settings(verify_head="lazy", draft_vocab="full")
+    assert verify_head_notes(settings, engine) + draft_vocab_notes(settings, engine) == [
+        "--verify-head lazy has no effect: no DSpark support model drafts (the reference backend does not draft)",
+        "--draft-vocab full has no effect: no DSpark support model drafts (the reference backend does not draft)"]
+    assert verify_head_notes(settings, SimpleNamespace(backend="cpu", support_status="attached")) == []
+    assert verify_head_notes(Settings(), engine) == []  # auto: nothing was asked
+
+
 def test_lazy_on_a_backend_auto_moved_to_the_gpu_runs_all_and_says_so(tiny_q2):
     """--backend auto may open the GPU: a lazy asked for is then not refused, it runs all, and the
     note says why (the command line prints it, environment.gpu_options_not_applied)."""

@@ -327,7 +327,26 @@ def draft_vocab_notes(settings: "Settings | None", engine) -> list[str]:
     settings = settings or Settings()
     if settings.draft_vocab != "auto" and getattr(engine, "support_status", "none") != "attached":
         out.append(f"--draft-vocab {settings.draft_vocab} has no effect: no DSpark support model drafts "
-                   f"(give one with --mtp)")
+                   f"({_why_no_drafter(engine)})")
     if getattr(engine, "draft_vocab_problem", ""):
         out.append(engine.draft_vocab_problem)
     return out
+
+
+def verify_head_notes(settings: "Settings | None", engine) -> list[str]:
+    """The note a command prints on stderr for a ``--verify-head`` choice (spec dspark.md §3.4) that
+    has no effect because no support model drafts (none given, refused, or the reference backend);
+    [] otherwise."""
+    settings = settings or Settings()
+    if settings.verify_head != "auto" and getattr(engine, "support_status", "none") != "attached":
+        return [f"--verify-head {settings.verify_head} has no effect: no DSpark support model drafts "
+                f"({_why_no_drafter(engine)})"]
+    return []
+
+
+def _why_no_drafter(engine) -> str:
+    """What to do about an engine without a drafting support model: --mtp, except on the reference
+    backend, which never attaches one (generate without MODEL leaves the demo's drafter out there)."""
+    if getattr(engine, "backend", None) == "reference":
+        return "the reference backend does not draft"
+    return "give one with --mtp"

@@ -47,6 +47,7 @@ import sys
 import time
 
 from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, draft_vocab_notes,
+                                         verify_head_notes,
                                          gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, _read_limited
 from ds4tui.engine.decode import DecodeLoop
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
-            for what in draft_vocab_notes(settings, engine):
+            for what in draft_vocab_notes(settings, engine) + verify_head_notes(settings, engine):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             prices_problem = engine.scheduler_prices_problem
             if prices_problem:  # on stderr with --json too, as every other note
