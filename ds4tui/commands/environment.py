@@ -136,9 +136,10 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
 
 def backend_unavailable(backend: str, exc: Exception) -> str:
     """The one line ``generate`` and ``bench`` print when ``--backend BACKEND`` cannot run (exit
-    status 1): the engine's reason, then what to do."""
-    return (f"--backend {backend}: {exc} (--backend auto runs on the cpu when the GPU cannot; "
-            f"`ds4tui doctor` says what is missing)")
+    status 1): the engine's reason, then what to do (--backend auto only where the GPU failed: auto
+    and cpu fail for want of the cpu engine itself, which auto needs too)."""
+    auto = "--backend auto runs on the cpu when the GPU cannot; " if backend == "hip" else ""
+    return f"--backend {backend}: {exc} ({auto}`ds4tui doctor` says what is missing)"
 
 
 def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str | None,
