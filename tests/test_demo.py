@@ -317,6 +317,26 @@ def test_damaged_cached_file_is_unpacked_again(pair):
     assert oct(pair.support.stat().st_mode & 0o777) == "0o644"
 
 
+def test_an_earlier_versions_demo_file_is_named_as_such(pair):
+    """A ds4tui that shipped another drafter left its support.gguf, checked then as its own sha256
+    (the .verified note), untouched since: the repair says it was another version's file, with both
+    sums, not that the file was damaged; the file is this version's afterwards."""
+    import hashlib
+
+    want = demo.manifest()["files"]["support.gguf"]["sha256"]
+    with open(pair.support, "r+b") as f:  # the earlier drafter: the same size, other bytes
+        f.seek(4096)
+        f.write(b"\x01\x02\x03\x04")
+    old = hashlib.sha256(pair.support.read_bytes()).hexdigest()
+    st = pair.support.stat()
+    pair.support.with_name("support.gguf.verified").write_text(f"{st.st_size} {st.st_mtime_ns} {old}\n")
+    again = demo.demo_pair()
+    assert again.repaired == (f"the demo's {pair.support} was another ds4tui version's (sha256 {old[:16]}…, checked "
+                              f"when it was unpacked; this version's demo.json expects {want[:16]}…): unpacked it "
+                              f"again from the bundled support.gguf.xz",)
+    assert demo.file_sha256(pair.support) == want and demo.demo_pair().repaired == ()
+
+
 def test_the_commands_say_which_demo_file_was_unpacked_again(pair, capsys):
     """tokenize, generate, bench and chat without MODEL: one note on stderr names the repaired file and why
     (the chat app also shows it in its welcome line: ChatOptions.notes)."""

@@ -209,13 +209,20 @@ def _verified(dest: Path, size: int, sha256: str) -> str | None:
         return "was missing (deleted after it was unpacked)" if note.exists() else ""
     except OSError as exc:
         return f"could not be read ({exc.strerror or exc})"
+    try:
+        noted = note.read_bytes().split(b"\n")[0]
+    except OSError:
+        noted = b""
+    stamp = _stamp(dest)
+    if found == size and noted == f"{stamp} {sha256}".encode():
+        return None
+    earlier = noted.decode("ascii", "replace").split(" ")
+    if len(earlier) == 3 and " ".join(earlier[:2]) == stamp and earlier[2] != sha256:
+        # untouched since it was checked as other bytes: the file of a ds4tui that shipped another demo file
+        return (f"was another ds4tui version's (sha256 {earlier[2][:16]}…, checked when it was unpacked; this "
+                f"version's demo.json expects {sha256[:16]}…)")
     if found != size:
         return f"had {found} bytes where demo.json expects {size}"
-    try:
-        if note.read_bytes().split(b"\n")[0] == f"{_stamp(dest)} {sha256}".encode():
-            return None
-    except OSError:
-        pass
     try:
         got = file_sha256(dest)
     except OSError as exc:
