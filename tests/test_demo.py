@@ -431,6 +431,17 @@ def test_the_readme_figures_of_the_flatten_answer(pair, capsys):
     assert (round(st["accept_rate"]), f"{st['tokens_per_cycle']:.1f}") == (int(m[5]), m[6])
 
 
+def test_the_demo_on_the_reference_backend_says_its_drafter_is_left_out_with_json_too(pair, capsys):
+    note = ("ds4tui generate: note: the reference backend does not draft, so the demo's DSpark support model is not "
+            "attached\n")
+    for extra in ([], ["--json"]):
+        rc = cli.main(["generate", "-p", "hi", "-n", "1", "--nothink", "--backend", "reference", *extra])
+        out, err = capsys.readouterr()
+        assert rc == 0 and err.startswith(note), (extra, err)
+        if extra:
+            assert json.loads(out)["support"]["status"] == "none"
+
+
 def test_sampled_demo_is_the_same_with_a_lazy_verify_head(pair, capsys):
     """Temperature 0.8, a fixed seed, the scheduler off: lazy and all draw the same tokens (the rows
     that acceptance reads are the same bits, and the draws are made in the same order)."""

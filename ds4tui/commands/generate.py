@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         if args.mtp is None:
             if args.backend != "reference":
                 args.mtp = str(pair.support)
-            elif not as_json:
+            else:  # on stderr with --json too, as every other note
                 print("ds4tui generate: note: the reference backend does not draft, so the demo's DSpark support "
                       "model is not attached", file=sys.stderr)
     try:  # options bounded by the support model's block size: checked before anything loads
