@@ -282,7 +282,12 @@ async def test_quit_while_an_answer_streams(tiny_q2, tmp_path):
         prompt.value = PROMPT
         prompt.focus()  # as _ask does: enter submits only from the prompt, wherever the focus was after loading
         await pilot.press("enter")
-        await _until(pilot, lambda: app.current is not None and app.current.n_tokens >= 4, what="streamed tokens")
+        try:
+            await _until(pilot, lambda: app.current is not None and app.current.n_tokens >= 4, what="streamed tokens")
+        except AssertionError as exc:  # say where the turn stood (this wait has timed out once on a loaded machine)
+            raise AssertionError(f"{exc}: turns {len(app.turns)}, generating {app._generating}, current "
+                                 f"{None if app.current is None else app.current.n_tokens} tokens, engine "
+                                 f"generating {app.engine.generating}, errors {app.errors}") from None
         engine = app.engine
         await pilot.press("ctrl+q")
         await _until(pilot, lambda: not app.is_running, timeout=30, what="the app to exit")

@@ -27,7 +27,7 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
     unpacked (without MODEL): what it raises goes to the caller, with nothing unpacked."""
     from ds4tui.app import ChatOptions
     from ds4tui.commands.environment import check_backend_options, check_support_block, settings_of
-    from ds4tui.demo import demo_pair, stderr_progress
+    from ds4tui.demo import demo_pair, manifest, stderr_progress
     from ds4tui.engine.fs import fix_for, found_in, unwritable
 
     model, support = args.model, args.mtp
@@ -64,6 +64,8 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
             raise FileNotFoundError(f"{what} {path}: {why}")
     notes: tuple[str, ...] = ()
     if model is None:
+        if manifest() is None:  # no bundled demo: said before anything else about running the app
+            raise LookupError(NO_DEMO)
         if before_demo is not None:
             before_demo()
         pair = demo_pair(stderr_progress)  # DemoError when the bundled files cannot be unpacked
