@@ -324,11 +324,8 @@ def draft_vocab_notes(settings: "Settings | None", engine) -> list[str]:
     """Notes on the draft vocabulary (spec dspark.md §2.6) that a command prints on stderr: a
     ``--draft-vocab`` choice that has no effect (no support model drafts) and a support file's list
     that could not be used (``auto`` then drafts from the whole vocabulary)."""
-    out = []
     settings = settings or Settings()
-    if settings.draft_vocab != "auto" and getattr(engine, "support_status", "none") != "attached":
-        out.append(f"--draft-vocab {settings.draft_vocab} has no effect: no DSpark support model drafts "
-                   f"({_why_no_drafter(engine)})")
+    out = _no_drafter_note("--draft-vocab", settings.draft_vocab, engine)
     if getattr(engine, "draft_vocab_problem", ""):
         out.append(engine.draft_vocab_problem)
     return out
@@ -338,16 +335,15 @@ def verify_head_notes(settings: "Settings | None", engine) -> list[str]:
     """The note a command prints on stderr for a ``--verify-head`` choice (spec dspark.md §3.4) that
     has no effect because no support model drafts (none given, refused, or the reference backend);
     [] otherwise."""
-    settings = settings or Settings()
-    if settings.verify_head != "auto" and getattr(engine, "support_status", "none") != "attached":
-        return [f"--verify-head {settings.verify_head} has no effect: no DSpark support model drafts "
-                f"({_why_no_drafter(engine)})"]
-    return []
+    return _no_drafter_note("--verify-head", (settings or Settings()).verify_head, engine)
 
 
-def _why_no_drafter(engine) -> str:
-    """What to do about an engine without a drafting support model: --mtp, except on the reference
-    backend, which never attaches one (generate without MODEL leaves the demo's drafter out there)."""
-    if getattr(engine, "backend", None) == "reference":
-        return "the reference backend does not draft"
-    return "give one with --mtp"
+def _no_drafter_note(flag: str, value: str, engine) -> list[str]:
+    """``[note]`` when a DSpark flag other than ``auto`` has no effect because ``engine`` has no
+    drafting support model, with what to do: --mtp, except on the reference backend, which never
+    attaches one (generate without MODEL leaves the demo's drafter out there); [] otherwise."""
+    if value == "auto" or getattr(engine, "support_status", "none") == "attached":
+        return []
+    why = ("the reference backend does not draft" if getattr(engine, "backend", None) == "reference"
+           else "give one with --mtp")
+    return [f"{flag} {value} has no effect: no DSpark support model drafts ({why})"]
