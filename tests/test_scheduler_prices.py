@@ -147,6 +147,27 @@ def test_fewer_than_four_verifies_never_make_drafting_hopeless(tiny_q2):
     s.close()
 
 
+def test_a_budget_that_clips_the_draft_to_a_loss_is_a_tail_skip_and_no_back_off(tiny_q2):
+    """Tail (spec dspark.md §7.4): the cost model decides with the draft length the caller's budget
+    leaves.  With these prices (a plain decode re-timed to 360 ms, a proposal 400 ms, verify(2)
+    520 ms, verify(6) 1000 ms, 32 of 32 drafts accepted at every position) one draft gives 1.97
+    tokens in 920 ms (2.1 tokens/s, under plain decoding's 2.8) and five give 5.57 in 1400 ms (4.0):
+    a budget of 2 tokens (one draft at most) is a tail skip, and with no back-off the next cycle, with
+    9 tokens left and so room for all five, drafts."""
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=400.0,
+                                           reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
+    s.step()  # the re-timing plain decode
+    assert s.scheduler_prices().t_ver[1] == pytest.approx(360.0, rel=1e-3)
+    s.step(2)
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.tail_skips, st.no_draft_reasons["tail_skip"]) == (2, 0, 1, 1)
+    s.step(9)
+    st = s.dspark_stats()
+    assert st.cycles == 3 and st.tail_skips == 1 and st.no_draft_reasons["scheduler_skip"] == 1
+    assert st.proposed == 5  # the whole block: the budget clips nothing
+    s.close()
+
+
 def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     s = e.session(64)

@@ -31,7 +31,6 @@ _Static_assert(sizeof(((ds4_dspark_prices *)0)->t_ver) / sizeof(double) == DS4_D
                "ds4_dspark_prices arrays must match DS4_DSPARK_MAX_BLOCK");
 _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
                "no_draft_reasons[] must have DS4_ND_COUNT entries");
-#define TAIL_MIN_TOKENS 10   /* spec dspark.md §7.1 DS4_DSPARK_SCHEDULER_TAIL_MIN_TOKENS */
 #define MAX_BACKOFF 128      /* the longest back-off while drafting could still pay (spec dspark.md §7.4) */
 #define HOPELESS_BACKOFF 256 /* the back-off when it could not pay enough even optimistically: one single-draft
                               * probe (~2.5 ms) per 256 decodes (~2.2 ms each) on the demo pair's CPU
@@ -695,13 +694,12 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         return plain_cycle(s, DS4_ND_CAPTURE_INVALID, out, n_out, err, err_len, t_start, NULL, 0.0);
     /* room: budget, context (anchor + drafts), batch */
     int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;
-    if (lmax > max_out - 1) lmax = max_out - 1;
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
+    const int lroom = lmax; /* the length the budget left aside allows (tail, below) */
+    if (lmax > max_out - 1) lmax = max_out - 1;
     int probing = 0, probe = 0; /* probing: a probe shorter than the full proposal */
     if (k.scheduler) {
-        if (max_out < TAIL_MIN_TOKENS)
-            return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->skip_left > 0) {
             d->skip_left--;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
@@ -724,6 +722,12 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             probe = 1;
             probing = l < lmax;
             if (lmax > l) lmax = l;
+        } else if (d->pr.has_prop && lmax >= 1 && lmax < lroom && best_length(d, lmax) == 0 &&
+                   best_length(d, lroom) > 0) {
+            /* tail (spec dspark.md §7.4): the caller's budget clips the draft to a length that
+             * cannot pay, where the unclipped one would: a plain cycle, and no back-off, as the
+             * prices say nothing against drafting */
+            return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         } else if (d->pr.has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
              * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
