@@ -89,3 +89,21 @@ def test_unequal_unseen_rows_are_refused_by_name():
     w[5, 0] += 0.5
     with pytest.raises(ValueError, match="unseen rows differ by up to 0.5"):
         T.SeenHead(w, seen)
+
+
+def test_rows_a_gguf_trained_elsewhere_keeps_count_as_seen():
+    """A target trained on a corpus that showed ids 1 and 2 (own rows) and never 9 (the shared row),
+    continued on one that shows 9 and not 1, 2: 1 and 2 join the seen ids, 9 stays seen, and the
+    SeenHead over the result equals the full cross-entropy (it would refuse the corpus's own set)."""
+    seen, w, h, targets = _case()
+    old_seen = seen.copy()
+    old_seen[[1, 2]], old_seen[9] = 1, 0
+    w[[1, 2]] = torch.randn(2, H, generator=torch.Generator().manual_seed(7))  # trained on the first corpus
+    w[torch.from_numpy(old_seen == 0)] = w[5].clone()  # the shared row of the first corpus's unseen ids
+    with pytest.raises(ValueError, match="unseen rows differ"):
+        T.SeenHead(w, seen)
+    out, added = T.seen_with_distinct_rows(seen, w)
+    assert added == 2 and sorted(np.flatnonzero(out != seen)) == [1, 2] and seen[1] == 0  # seen untouched
+    with torch.no_grad():
+        full = torch.nn.functional.cross_entropy(h @ w.t(), targets)
+        assert float(T.SeenHead(w, out).loss(h, targets)) == pytest.approx(float(full), rel=1e-6)

@@ -225,6 +225,27 @@ class SeenHead:
         self.weight[self.unseen] = self.weight[self.rep].clone()
 
 
+def seen_with_distinct_rows(seen: np.ndarray, weight: torch.Tensor) -> tuple[np.ndarray, int]:
+    """``seen`` (uint8 ``[V]``) plus every id whose LM-head row (``weight[V, H]``) differs from the row
+    most unseen ids share, and how many were added.
+
+    A target read from a GGUF (``--target-init``, ``--target-gguf``) on a corpus whose seen ids differ
+    from the one it was trained on holds trained rows for ids this corpus never shows; :class:`SeenHead`
+    needs the rows it merges equal and the export ties unseen rows (:func:`tie_unseen`), so those ids
+    count as seen (their own logits; as training targets they never occur).  Ids this corpus adds
+    already have the shared row.  Raises nothing; ``seen`` is not modified."""
+    unseen = np.flatnonzero(seen == 0)
+    if unseen.size == 0:
+        return seen, 0
+    with torch.no_grad():
+        rows = weight[torch.from_numpy(unseen).to(weight.device)]
+        shared, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+        distinct = (inverse != int(torch.argmax(counts))).cpu().numpy()
+    out = seen.copy()
+    out[unseen[distinct]] = 1
+    return out, int(distinct.sum())
+
+
 class Windows:
     """Random ``length``-token windows of a token array (seeded generator, int64 on ``device``)."""
 
@@ -1104,6 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.target_gguf:
         model, report["target_from_gguf"] = target_from_gguf(c, a.target_gguf, a.out, a.seed, a.device, held_ids)
         report["target_from_gguf"].update(path=str(a.target_gguf), sha256=_sha256(a.target_gguf))
+        seen, report["target_from_gguf"]["seen_ids_added"] = seen_with_distinct_rows(seen, model.lm_head.weight)
     elif a.resume_target:
         saved = torch.load(a.resume_target, map_location=a.device, weights_only=False)
         model.load_state_dict(saved["model"])
@@ -1117,6 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
             report["target_init"].update(path=str(a.target_init), sha256=_sha256(a.target_init),
                                          heldout_loss=round(evaluate(model, held), 4))
             log(f"target starts from {a.target_init}: held-out loss {report['target_init']['heldout_loss']}")
+            seen, report["target_init"]["seen_ids_added"] = seen_with_distinct_rows(seen, model.lm_head.weight)
         head = SeenHead(model.lm_head.weight, seen) if a.loss_vocab == "seen" else None
         report["target"] = train_target(model, train, held, a.target_seconds, a.batch, a.lr, head=head)
         originals, report["expert_quant_rel_error"] = quantize_experts(model)
