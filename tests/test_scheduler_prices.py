@@ -168,6 +168,28 @@ def test_a_budget_that_clips_the_draft_to_a_loss_is_a_tail_skip_and_no_back_off(
     s.close()
 
 
+def test_a_budget_cut_never_makes_drafting_hopeless(tiny_q2):
+    """Whether drafting is hopeless (a back-off of 256 cycles, spec dspark.md §7.4) is judged at the
+    length the budget does not cut.  Prices: a plain decode re-timed to 360 ms, a proposal 150 ms,
+    verify(2) 388 ms, verify(6) 500 ms, 1 of 4 drafts accepted at every position (mean 1/3, optimistic
+    bound 0.69): drafting pays at no length at the means; at the bounds one draft gives 1.69 tokens in
+    538 ms (3.1 tokens/s, under the 3.5 that a quarter over plain decoding needs) but five give 2.88 in
+    650 ms (4.4).  A cycle whose budget leaves room for one draft backs off for 2 cycles, and the
+    next cycle, with room for five, probes."""
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 500.0}, t_prop=150.0,
+                                           reached=(4,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+    s.step()  # the re-timing plain decode
+    assert s.scheduler_prices().t_ver[1] == pytest.approx(360.0, rel=1e-3)
+    s.step(2)  # the back-off's first cycle
+    s.step()  # its second
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"], st.tail_skips) == (3, 0, 3, 0)
+    s.step()  # the probe
+    st = s.dspark_stats()
+    assert st.cycles == 4 and st.proposed > 0
+    s.close()
+
+
 def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     s = e.session(64)

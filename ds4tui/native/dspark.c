@@ -732,13 +732,13 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
              * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
              * every position's acceptance at its optimistic bound */
-            const int none = hopeless(d, lmax);
+            const int none = hopeless(d, lroom); /* not the budget's cut: that says nothing about later cycles */
             if (none) d->backoff = HOPELESS_BACKOFF;
             d->skip_left = d->backoff - 1;
             d->probe = none ? PROBE_ONE : PROBE_LONG;
             d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        } else {
+        } else if (lmax >= 1) { /* a cycle with no room for a draft (below) says nothing about drafting */
             d->backoff = 2;
         }
     }
