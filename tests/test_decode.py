@@ -266,3 +266,32 @@ def test_step_many_after_a_cancel_stops_at_once_and_changes_nothing(engine):
     with pytest.raises(S.CancelledError):
         s.step_many(256)
     s.close()
+
+
+def test_a_budget_longer_than_a_batch_never_clips_a_draft_at_the_batch_end(engine):
+    """A batch holds at most STEP_MANY_OUT (256) ids.  With no time limit (a fast engine fills a
+    batch within BATCH_S) the cycles at the end of a full batch used to get the room the batch had
+    left as their budget: drafts clipped to it and a `no_room` cycle, which the step-by-step loop
+    with the real budget left never has.  The loop runs exactly the cycles of single steps with
+    min(STEP_MAX, budget left), as its docstring says."""
+    from ds4tui.engine.decode import DecodeLoop
+
+    n = 300
+    one = engine.session(len(PROMPT) + n + 8)
+    one.set_dspark(scheduler=False)
+    one.prefill(PROMPT)
+    want: list[list[int]] = []
+    while sum(map(len, want)) < n:
+        want.append(one.step(min(S.STEP_MAX, n - sum(map(len, want)))))
+    want_st = _counts(one.dspark_stats())
+    one.close()
+    assert n > 1 + S.STEP_MANY_OUT  # with no time limit the second batch would run to its 256 ids
+    s = engine.session(len(PROMPT) + n + 8)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    got = [list(c.tokens) for c in DecodeLoop(s, n, batch_s=0.0)]
+    st = _counts(s.dspark_stats())
+    s.close()
+    assert got == want
+    assert (st["no_room"], st["draft_len_hist"]) == (want_st["no_room"], want_st["draft_len_hist"])
+    assert st == want_st

@@ -10,8 +10,10 @@ The chat worker (:mod:`ds4tui.engine.worker`), ``ds4tui generate``, ``ds4tui ben
   (:meth:`Session.step_many`, at most ``batch_s`` seconds a batch, :data:`BATCH_S` by default):
   the interpreter is needed once per batch rather than once per cycle, so a thread that draws an
   interface beside the loop does not slow it (spec ux.md §2.4).  The first cycle is a batch of
-  its own, so the first token is seen (and timed) as soon as it exists.  The batches change when
-  the caller sees the cycles, never which cycles run;
+  its own, so the first token is seen (and timed) as soon as it exists.  A batch holds at most
+  :data:`STEP_MANY_OUT` ids: while more of the budget is left, it runs at most as many cycles as
+  leave each one room for the anchor and a whole block of drafts, so that the batch's end never
+  clips a draft.  The batches change when the caller sees the cycles, never which cycles run;
 * a stop token ends decoding after it is emitted.  When it arrives as an accepted draft with more
   tokens after it in the same cycle, the loop rewinds the session (:meth:`Session.rewind`) to the
   stop token before it hands the cycle out: the stop token is the pending token, nothing after it
@@ -106,8 +108,14 @@ class DecodeLoop:
                 return
             try:
                 # the first cycle is a batch of its own: its token is shown (and timed) as soon as it exists
-                cycles, error = s.step_many(min(STEP_MANY_OUT, self.max_tokens - len(self.ids)),
-                                            max_cycles=STEP_MANY_OUT if self.ids else 1,
+                left = self.max_tokens - len(self.ids)
+                max_cycles = STEP_MANY_OUT if self.ids else 1
+                if left > STEP_MANY_OUT:
+                    # the batch's ids, not the budget, end it: only as many cycles as leave each
+                    # one room for the anchor and a whole draft, so that no draft is cut to the
+                    # batch's end (nor counted as a budget's tail or no_room)
+                    max_cycles = min(max_cycles, STEP_MANY_OUT // (1 + s.engine.block_size))
+                cycles, error = s.step_many(min(STEP_MANY_OUT, left), max_cycles=max_cycles,
                                             budget_s=self.batch_s, stop=stop)
             except CancelledError as exc:
                 self.reason, self.error = "cancelled", exc
