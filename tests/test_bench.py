@@ -604,9 +604,9 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),
     (["--ab", "--mtp", "s.gguf", "--tokens", "15"],
-     "argument --tokens: expected at least 16 (with fewer the scheduler arm cannot draft once: after its first plain "
-     "decodes, five with no kept prices, it drafts only while at least 10 tokens are left), found 15; the default 512 "
-     "measures well"),
+     "argument --tokens: expected at least 16 (the first token comes from the prefill and the scheduler arm's first "
+     "cycles are plain decodes, five with no kept prices: fewer leave it too few tokens to draft in for the arms to "
+     "compare), found 15; the default 512 measures well"),
 ])
 def test_ab_option_errors(argv, message, tiny_q2, capsys):
     rc, out, err = _bench(capsys, tiny_q2["model"], *argv)

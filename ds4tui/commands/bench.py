@@ -124,10 +124,10 @@ AB_ARMS = (
     ("dspark-scheduler", {"enabled": True, "scheduler": True}),
 )
 AB_TOKENS = 512
-#: The fewest --tokens an A/B run accepts: the first token comes from the prefill, the scheduler's
-#: first five cycles are plain decodes in a session with no kept prices, and it drafts only while 10
-#: tokens of the budget are left (spec dspark.md §7.4): with fewer, the scheduler arm cannot draft
-#: at all and measures nothing.
+#: The fewest --tokens an A/B run accepts: the first token comes from the prefill and the scheduler's
+#: first five cycles are plain decodes in a session with no kept prices (spec dspark.md §7.4), so 16
+#: leave its arm 10 tokens to draft in, room for one whole draft of a block of 5 and a cut one; with
+#: fewer the arms barely differ and the comparison measures next to nothing.
 AB_MIN_TOKENS = 16
 
 MEMCPY_MIN_BYTES = 256 << 20
@@ -1009,9 +1009,9 @@ def _usage_error(args) -> str | None:
             return (f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --ab (it runs its own code "
                     f"and prose prompts, once each; --tokens N sets how many tokens each answer generates)")
         if args.tokens is not None and args.tokens < AB_MIN_TOKENS:
-            return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (with fewer the scheduler arm cannot draft "
-                    f"once: after its first plain decodes, five with no kept prices, it drafts only while at least 10 tokens "
-                    f"are left), found {args.tokens}; the default "
+            return (f"argument --tokens: expected at least {AB_MIN_TOKENS} (the first token comes from the prefill and "
+                    f"the scheduler arm's first cycles are plain decodes, five with no kept prices: fewer leave it too "
+                    f"few tokens to draft in for the arms to compare), found {args.tokens}; the default "
                     f"{AB_TOKENS} measures well")
         if args.mtp is None and args.model is not None:
             return "--ab needs a support model: add --mtp SUPPORT.gguf (or use --medium, which builds one)"
