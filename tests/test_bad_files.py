@@ -42,6 +42,13 @@ def test_a_short_file_is_named_for_what_it_is(tmp_path):
     head.write_bytes(b"GGUF\x03")
     _expect(head, gm.TruncatedFileError, "file is truncated: 5 bytes, a GGUF header needs at least 24 (a download or "
             "copy that stopped early?): re-download or re-convert it")
+    # the magic and version whole, the tensor and metadata counts cut: the same short header, not a
+    # 16-byte "string or array" read at offset 8 (8 to 15 bytes) or a read up to offset 24 (16 to 23)
+    for n in (8, 12, 16, 23):
+        cut = tmp_path / f"head{n}.gguf"
+        cut.write_bytes((b"GGUF\x03\x00\x00\x00" + bytes(range(1, 17)))[:n])
+        _expect(cut, gm.TruncatedFileError, f"file is truncated: {n} bytes, a GGUF header needs at least 24 (a "
+                "download or copy that stopped early?): re-download or re-convert it")
 
 
 def test_truncated_in_tensor_data(model, tmp_path):

@@ -207,8 +207,9 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     version = int.from_bytes(head[4:8], "little")
     if version != GGUF_VERSION:
         raise GGUFFormatError(p, f"unsupported GGUF version: expected {GGUF_VERSION}, found {version}")
-    if len(head) == 24:
-        check_header_counts(p, head, size)
+    if len(head) < 24:  # the magic and version are there, the counts are not
+        raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24{_CUT}")
+    check_header_counts(p, head, size)
     try:
         return _CheckedReader(str(p))
     except ModelFileError:
