@@ -262,7 +262,8 @@ def no_demo(monkeypatch):
     (["generate", "-p", "  "], 2,
      "ds4tui generate: error: argument --prompt: the prompt is empty (only whitespace): give the text to answer "
      "(-p TEXT, or -f FILE)"),
-    (["generate", "-f", "MISSING"], 1, "ds4tui generate: error: MISSING: cannot read: No such file or directory"),
+    (["generate", "-f", "MISSING"], 1, "ds4tui generate: error: MISSING: cannot read: No such file or directory "
+     "(argument -f/--file: expected a text file with the prompt, or - for standard input; check the path)"),
     (["generate", "-p", "hi", "--mtp", "MISSING"], 1,
      "ds4tui generate: error: MISSING: no such file (argument --mtp: expected a DSpark support GGUF; check the path)"),
     (["generate", "-p", "hi", "--ctx", "1"], 2,
@@ -272,7 +273,8 @@ def no_demo(monkeypatch):
     (["chat", "--save-dir", "MISSING"], 2,
      "ds4tui chat: error: argument --save-dir: MISSING: no such folder (Ctrl+S and F6 write there: give a folder)"),
     (["chat", "--mtp", "MISSING"], 1, "ds4tui chat: error: support model (--mtp) MISSING: no such file"),
-    (["tokenize", "-f", "MISSING"], 1, "ds4tui tokenize: error: MISSING: cannot read: No such file or directory"),
+    (["tokenize", "-f", "MISSING"], 1, "ds4tui tokenize: error: MISSING: cannot read: No such file or directory "
+     "(argument --file: expected a text file, or - for standard input; check the path)"),
 ])
 def test_usage_errors_without_a_model_come_before_the_demo_is_unpacked(argv, status, message, tiny_q2, tmp_path,
                                                                         capsys, no_demo, no_engine):

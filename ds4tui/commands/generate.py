@@ -467,4 +467,5 @@ def _read(path: str) -> str:
         with open(path, "rb") as fh:
             return _read_limited(fh, path)
     except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc} (argument -f/--file: expected a text file "
+                             f"with the prompt, or - for standard input; check the path)") from exc

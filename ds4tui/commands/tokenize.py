@@ -69,7 +69,8 @@ def _read_text(args: argparse.Namespace) -> str:
         with open(args.file, "rb") as fh:
             return _read_limited(fh, args.file)
     except OSError as exc:
-        raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc}") from exc
+        raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc} (argument --file: expected a text "
+                             f"file, or - for standard input; check the path)") from exc
 
 
 def _visible(tokenizer: Tokenizer, token_id: int) -> str:
