@@ -108,9 +108,9 @@ def _float(text: str, what: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0 (a temperature)."""
-    v = _float(text, "a number >= 0")
+    v = _float(text, "a finite number >= 0")
     if not 0.0 <= v < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, found {text}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, found {text}")
     return v
 
 

@@ -217,6 +217,16 @@ def test_a_number_above_its_maximum_says_so_without_nested_parentheses(capsys):
                                "core), at most 256, found 999 (`ds4tui generate --help` lists the options)\n")
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-0.5"])
+def test_a_temperature_that_is_not_a_finite_number_from_0_up_says_so(command, value, capsys, no_engine):
+    """inf is >= 0: the message names what is refused (a number that is not finite), not a bound it meets."""
+    argv = ["generate", "-p", "x"] if command == "generate" else ["chat"]
+    rc, out, err = _run(capsys, [*argv, "--temp", value])
+    assert rc == 2 and err == (f"ds4tui {command}: error: argument --temp: expected a finite number >= 0, found "
+                               f"{value} (`ds4tui {command} --help` lists the options)\n")
+
+
 def test_check_finite_says_the_scan_ran(tiny_q2, capsys):
     model = str(tiny_q2["model"])
     n = len(DS4Model(model).specs)
