@@ -389,3 +389,13 @@ def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, ca
     rc, out, err = _gen(capsys, str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu")
     assert rc == 130 and err.count("interrupted") == 1 and err.endswith("ds4tui: interrupted\n"), err
     assert out.strip() and "decode " in err  # what was printed stays, and the rates line follows it
+
+
+def test_the_rates_line_counts_one_token_in_the_singular():
+    """`-n 1` (or a one-token prompt with --raw) read "generated 1 tokens"."""
+    from ds4tui.commands import generate as G
+
+    assert G.rates_line(1, 0.5, 2.0, 1, None) == ("prefill 1 token: 0.50 s, 2.0 tokens/s; generated 1 token, decode "
+                                                  "— (fewer than 2 tokens)")
+    assert G.rates_line(25, 0.01, 2500.0, 26, 338.72) == ("prefill 25 tokens: 0.01 s, 2500.0 tokens/s; generated 26 "
+                                                         "tokens, decode 338.7 tokens/s")

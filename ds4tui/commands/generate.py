@@ -430,7 +430,10 @@ def rates_line(n_prompt: int, prefill_s: float | None, prefill_tps: float | None
     pre = "not finished" if prefill_s is None or prefill_tps is None else \
         f"{prefill_s:.2f} s, {prefill_tps:.1f} tokens/s"
     dec = "— (fewer than 2 tokens)" if decode_tps is None else f"{decode_tps:.1f} tokens/s"
-    return f"prefill {n_prompt} tokens: {pre}; generated {n_gen} tokens, decode {dec}"
+    def tokens(n: int) -> str:
+        return f"{n} token" if n == 1 else f"{n} tokens"
+
+    return f"prefill {tokens(n_prompt)}: {pre}; generated {tokens(n_gen)}, decode {dec}"
 
 
 def _dspark_result(engine, session) -> dict:
