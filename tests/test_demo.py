@@ -515,3 +515,24 @@ def test_doctor_reports_the_demo(pair, capsys):
     finally:
         shutil.rmtree(old)
         (pair.model.parent.parent / "notes").rmdir()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_unpack_progress_rewrites_its_line_on_a_terminal_only(terminal, monkeypatch, capsys):
+    """On a terminal the progress line is rewritten in place (carriage returns); in a log or a pipe
+    only each finished file's line is written, and a line ended early leaves nothing."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    for done in (0, 45 << 20, 90 << 20):
+        demo.stderr_progress("model.gguf", done, 90 << 20)
+    demo.stderr_progress("support.gguf", 5 << 20, 13 << 20)
+    demo.stderr_progress("support.gguf", None, 13 << 20)
+    err = capsys.readouterr().err
+    if terminal:
+        assert err == ("\rds4tui: unpacking the demo model.gguf:   0% of 90 MiB"
+                       "\rds4tui: unpacking the demo model.gguf:  50% of 90 MiB"
+                       "\rds4tui: unpacking the demo model.gguf: 100% of 90 MiB\n"
+                       "\rds4tui: unpacking the demo support.gguf:  38% of 13 MiB\n")
+    else:
+        assert err == "ds4tui: unpacking the demo model.gguf: 100% of 90 MiB\n"

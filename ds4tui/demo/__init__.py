@@ -366,12 +366,18 @@ def space_problem(folder: Path, need: int) -> str | None:
 
 
 def stderr_progress(name: str, done: int | None, total: int) -> None:
-    """Progress line of an unpacking, on stderr (``done`` None ends the line early)."""
+    """Progress line of an unpacking, on stderr (``done`` None ends the line early).  On a terminal
+    the line is rewritten in place; elsewhere (a log, a pipe) only the finished file's line is
+    written, so that the file holds no carriage-return updates."""
     import sys
 
+    live = sys.stderr.isatty()
     if done is None:
-        print(file=sys.stderr, flush=True)
+        if live:
+            print(file=sys.stderr, flush=True)
         return
-    end = "\n" if done >= total else ""
-    print(f"\rds4tui: unpacking the demo {name}: {done / total:4.0%} of {total / 2**20:.0f} MiB",
+    if not live and done < total:
+        return
+    start, end = "\r" if live else "", "\n" if done >= total else ""
+    print(f"{start}ds4tui: unpacking the demo {name}: {done / total:4.0%} of {total / 2**20:.0f} MiB",
           end=end, file=sys.stderr, flush=True)
