@@ -294,6 +294,19 @@ def test_usage_errors_without_a_model_come_before_the_demo_is_unpacked(argv, sta
     assert (rc, err) == (status, message.replace("MISSING", missing) + "\n")
 
 
+@pytest.mark.parametrize("command, advice", [
+    ("generate", "a prompt is at most that long: give a shorter one"),
+    ("tokenize", "tokenize it in smaller pieces"),
+])
+def test_a_text_file_over_16_mib_says_what_to_do_for_its_command(command, advice, tmp_path, capsys, no_demo,
+                                                                  no_engine):
+    """generate's prompt file used to get tokenize's advice ("tokenize it in smaller pieces")."""
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * ((16 << 20) + 1))
+    rc, out, err = _run(capsys, [command, "-f", str(big)])
+    assert (rc, err) == (1, f"ds4tui {command}: error: {big}: more than 16 MiB of text; {advice}\n")
+
+
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_a_drafter_option_with_a_model_and_no_mtp_is_refused_before_anything_loads(command, tiny_q2, capsys,
                                                                                    no_demo, no_engine):

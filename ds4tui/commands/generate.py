@@ -464,11 +464,12 @@ def _prices_result(engine, session) -> dict:
 
 def _read(path: str) -> str:
     """The prompt file's text (UTF-8, at most 16 MiB); TokenizerError naming the file otherwise."""
+    advice = "a prompt is at most that long: give a shorter one"
     if path == "-":
-        return _read_limited(sys.stdin.buffer, "<stdin>")
+        return _read_limited(sys.stdin.buffer, "<stdin>", advice)
     try:
         with open(path, "rb") as fh:
-            return _read_limited(fh, path)
+            return _read_limited(fh, path, advice)
     except OSError as exc:
         raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc} (argument -f/--file: expected a text file "
                              f"with the prompt, or - for standard input; check the path)") from exc

@@ -52,10 +52,12 @@ def _check_arg_text(text: str, what: str) -> str:
 MAX_INPUT_BYTES = 16 << 20
 
 
-def _read_limited(fh, where: str) -> str:
+def _read_limited(fh, where: str, advice: str = "tokenize it in smaller pieces") -> str:
+    """At most MAX_INPUT_BYTES of UTF-8 text from ``fh``; TokenizerError naming ``where`` (with
+    ``advice``, what to do) for more, or for bytes that are not UTF-8."""
     raw = fh.read(MAX_INPUT_BYTES + 1)
     if len(raw) > MAX_INPUT_BYTES:
-        raise TokenizerError(f"{where}: more than {MAX_INPUT_BYTES >> 20} MiB of text; tokenize it in smaller pieces")
+        raise TokenizerError(f"{where}: more than {MAX_INPUT_BYTES >> 20} MiB of text; {advice}")
     return _decode_utf8(raw, where)
 
 
