@@ -168,6 +168,30 @@ def test_a_budget_that_clips_the_draft_to_a_loss_is_a_tail_skip_and_no_back_off(
     s.close()
 
 
+@pytest.mark.parametrize("scheduler", [True, False])
+def test_a_proposal_the_budget_cut_short_is_no_sample_of_t_prop(tiny_q2, scheduler):
+    """t_prop prices the whole proposal (spec dspark.md §7.4): one that the caller's budget cut short
+    (fewer LM-head rows and Markov steps) is no sample of it, with the scheduler on (the tail now
+    drafts a cut length that pays) or off; a whole one is.  Prices: a proposal 100 ms, far above
+    what the tiny model's drafter takes, so that a sample moves it by the EMA's most, to 0.8 x 100 +
+    0.2 x 50 = 90 ms; a plain decode re-timed to 360 ms, verify(2) 410 ms, every draft accepted: one
+    draft gives 1.97 tokens in 510 ms, more than plain decoding's 1.42, so a budget of 2 drafts one."""
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 450.0}, t_prop=100.0,
+                                           reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
+    if scheduler:
+        s.step()  # the re-timing plain decode
+    else:
+        s.set_dspark(scheduler=False)
+    s.step(2)  # room for one draft of the five
+    st = s.dspark_stats()
+    assert (st.proposed, st.draft_len_hist[1], st.tail_skips) == (1, 1, 0)
+    assert s.scheduler_prices().t_prop == 100.0
+    s.step()  # room for the whole block: the proposal is a sample (whatever length the scheduler then verifies)
+    assert s.dspark_stats().cycles == st.cycles + 1 and s.dspark_stats().proposed > 1
+    assert s.scheduler_prices().t_prop == pytest.approx(90.0)
+    s.close()
+
+
 def test_a_budget_cut_never_makes_drafting_hopeless(tiny_q2):
     """Whether drafting is hopeless (a back-off of 256 cycles, spec dspark.md §7.4) is judged at the
     length the budget does not cut.  Prices: a plain decode re-timed to 360 ms, a proposal 150 ms,

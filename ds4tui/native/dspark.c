@@ -696,9 +696,9 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     int lmax = k.max_draft < sup->block ? k.max_draft : sup->block;
     if (lmax > s->n_ctx - s->n_tokens - 1) lmax = s->n_ctx - s->n_tokens - 1;
     if (lmax > s->n_batch) lmax = s->n_batch;
-    const int lroom = lmax; /* the length the budget left aside allows (tail, below) */
+    const int lroom = lmax; /* the length the budget left aside allows (the tail and t_prop, below) */
     if (lmax > max_out - 1) lmax = max_out - 1;
-    int probing = 0, probe = 0; /* probing: a probe shorter than the full proposal */
+    int probe = 0;
     if (k.scheduler) {
         if (d->skip_left > 0) {
             d->skip_left--;
@@ -720,7 +720,6 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             const int l = d->probe == PROBE_ONE ? 1 : optimistic_length(d, lmax);
             d->probe = 0;
             probe = 1;
-            probing = l < lmax;
             if (lmax > l) lmax = l;
         } else if (d->pr.has_prop && lmax >= 1 && lmax < lroom && best_length(d, lmax) == 0 &&
                    best_length(d, lroom) > 0) {
@@ -756,9 +755,10 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         snprintf(d->st.chain_fail_op, sizeof d->st.chain_fail_op, "%s", ch.op ? ch.op : "unknown");
         return plain_cycle(s, DS4_ND_CHAIN_FAIL, out, n_out, err, err_len, t_start, &pt, propose_ms);
     }
-    /* t_prop prices the longest proposal: a probe's shorter one (fewer LM head rows and Markov
-     * steps) would make every longer draft look cheaper than it is */
-    if (!probing && !s->last_proposal_captured) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
+    /* t_prop prices the longest proposal: a shorter one (fewer LM head rows and Markov steps), a
+     * probe's or one the caller's budget cut (the tail, whatever the scheduler), would make every
+     * longer draft look cheaper than it is */
+    if (lmax == lroom && !s->last_proposal_captured) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
         int l = best_length(d, nd);
