@@ -214,6 +214,26 @@ def test_a_budget_cut_never_makes_drafting_hopeless(tiny_q2):
     s.close()
 
 
+def test_a_cycle_with_no_room_leaves_a_due_probe_for_the_next(tiny_q2):
+    """A back-off ends with a probe (spec dspark.md §7.4).  When the cycle it falls on has no room for
+    a draft (a budget of one token: the last of an answer), the probe used to be spent there, and the
+    next cycle, finding drafting still unprofitable at the means, backed off twice as long without
+    having measured anything.  The prices of test_a_budget_cut_never_makes_drafting_hopeless: not
+    hopeless, so the probe is a long one."""
+    s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 500.0}, t_prop=150.0,
+                                           reached=(4,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+    s.step()  # the re-timing plain decode
+    s.step()  # does not pay: a back-off of 2 cycles, this one included
+    s.step()  # its second
+    s.step(1)  # the probe is due: no room for it
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"], st.no_room) == (4, 0, 3, 1)
+    s.step()  # the probe
+    st = s.dspark_stats()
+    assert st.cycles == 5 and st.proposed > 0 and st.no_draft_reasons["scheduler_skip"] == 3
+    s.close()
+
+
 def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     s = e.session(64)

@@ -712,7 +712,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        if (d->probe) {
+        if (d->probe && lmax >= 1) { /* a cycle with no room (below) leaves the probe for the next */
             /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft
              * cycle refreshes the first position's acceptance (the one every longer draft depends
              * on); otherwise the probe drafts the length that could pay with the optimistic
