@@ -410,6 +410,14 @@ def test_ab_interrupted_text_report_lists_the_finished_runs(tiny_q2, capsys, mon
     assert "interrupted after 2 of 6 runs; the finished runs are above" in err
 
 
+def test_ab_interrupted_before_any_run_finished_says_so(tiny_q2, capsys, monkeypatch):
+    rc, out, err, _ = _interrupted_ab(tiny_q2, capsys, monkeypatch, at_run=0)
+    assert rc == 130 and out.startswith("INTERRUPTED after 0 of 6 runs")
+    assert ("interrupted after 0 of 6 runs; no run finished; the record of the planned runs is above (marked "
+            '"ok": false, "interrupted": true)') in err
+    assert "the finished runs are" not in err
+
+
 # ---- --medium ----------------------------------------------------------------------------------
 
 def test_medium_config_is_the_specified_size():

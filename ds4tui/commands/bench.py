@@ -1092,7 +1092,9 @@ def _emit_interrupted(args, result: dict) -> int:
     failed = _emit(args, result, render_ab_partial_text)
     where = (f"in {args.out}" if args.out is not None and failed is None
              else "in the JSON on stdout" if args.json or failed is not None else "above")
-    print(f"{_PREFIX} {result['error']}; the finished runs are {where} (marked \"ok\": false, \"interrupted\": "
+    what = ("the finished runs are" if result.get("runs_finished")
+            else "no run finished; the record of the planned runs is")
+    print(f"{_PREFIX} {result['error']}; {what} {where} (marked \"ok\": false, \"interrupted\": "
           f"true)", file=sys.stderr, flush=True)
     return 130
 
