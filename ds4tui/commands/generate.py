@@ -49,7 +49,7 @@ import time
 from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, draft_vocab_notes,
                                          verify_head_notes,
                                          gpu_options_not_applied, settings_of)
-from ds4tui.commands.tokenize import _check_arg_text, _read_limited
+from ds4tui.commands.tokenize import _check_arg_text, read_text_file
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
@@ -464,12 +464,5 @@ def _prices_result(engine, session) -> dict:
 
 def _read(path: str) -> str:
     """The prompt file's text (UTF-8, at most 16 MiB); TokenizerError naming the file otherwise."""
-    advice = "a prompt is at most that long: give a shorter one"
-    if path == "-":
-        return _read_limited(sys.stdin.buffer, "<stdin>", advice)
-    try:
-        with open(path, "rb") as fh:
-            return _read_limited(fh, path, advice)
-    except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc} (argument -f/--file: expected a text file "
-                             f"with the prompt, or - for standard input; check the path)") from exc
+    return read_text_file(path, "-f/--file", "a text file with the prompt",
+                          "a prompt is at most that long: give a shorter one")

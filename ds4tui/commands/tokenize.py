@@ -65,14 +65,21 @@ def _read_text(args: argparse.Namespace) -> str:
     """The text exactly as given: bytes are read raw (no newline translation) and decoded as UTF-8."""
     if args.text is not None:
         return _check_arg_text(args.text, "--text")
-    if args.file == "-":
-        return _read_limited(sys.stdin.buffer, "<stdin>")
+    return read_text_file(args.file, "--file", "a text file")
+
+
+def read_text_file(path: str, flag: str, what: str, advice: str = "tokenize it in smaller pieces") -> str:
+    """The UTF-8 text of ``path`` (``-``: standard input), at most MAX_INPUT_BYTES, read raw (no
+    newline translation).  TokenizerError naming the file, and for a file that cannot be read the
+    flag ``flag`` and what it expects (``what``); ``advice`` is what to do about a text too long."""
+    if path == "-":
+        return _read_limited(sys.stdin.buffer, "<stdin>", advice)
     try:
-        with open(args.file, "rb") as fh:
-            return _read_limited(fh, args.file)
+        with open(path, "rb") as fh:
+            return _read_limited(fh, path, advice)
     except OSError as exc:
-        raise TokenizerError(f"{args.file}: cannot read: {exc.strerror or exc} (argument --file: expected a text "
-                             f"file, or - for standard input; check the path)") from exc
+        raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc} (argument {flag}: expected {what}, "
+                             f"or - for standard input; check the path)") from exc
 
 
 def _visible(tokenizer: Tokenizer, token_id: int) -> str:
