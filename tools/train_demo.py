@@ -239,7 +239,7 @@ def seen_with_distinct_rows(seen: np.ndarray, weight: torch.Tensor) -> tuple[np.
         return seen, 0
     with torch.no_grad():
         rows = weight[torch.from_numpy(unseen).to(weight.device)]
-        shared, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+        _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
         distinct = (inverse != int(torch.argmax(counts))).cpu().numpy()
     out = seen.copy()
     out[unseen[distinct]] = 1
