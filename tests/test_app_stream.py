@@ -672,6 +672,47 @@ async def test_the_panes_before_the_first_cycle_are_as_tall_as_with_cycles():
         assert nd.text.split("\n") == ["no cycles yet"] + [f"{name:<16}{0:>7}" for name in NO_DRAFT_REASONS]
 
 
+async def test_the_no_draft_pane_names_every_reason_tied_for_the_top():
+    """On a tie the pane used to mark the first reason in index order as dominant, one of several equal
+    ones; it marks every tied one, names them together and says what to do about each."""
+    from ds4tui.engine.stats import NO_DRAFT_HELP, DSparkStats
+    from ds4tui.widgets.speculation import NoDraftPane, dominant_words
+
+    tied = DSparkStats(cycles=10, first_tokens=10, no_draft=9, scheduler_skips=4, tail_skips=4, no_room=1,
+                       no_draft_reasons={"scheduler_skip": 4, "tail_skip": 4, "no_room": 1})
+    one = DSparkStats(cycles=10, first_tokens=10, no_draft=10, scheduler_skips=4, tail_skips=3, no_room=2,
+                      no_draft_reasons={"disabled": 1, "scheduler_skip": 4, "tail_skip": 3, "no_room": 2})
+
+    class One(App):
+        def compose(self) -> ComposeResult:
+            yield NoDraftPane("n", id="n")
+
+    async with One().run_test(size=(60, 30)) as pilot:
+        nd = pilot.app.query_one(NoDraftPane)
+        nd.show(tied)
+        assert nd.text.split("\n") == [
+            "no_draft 9 of 10 cycles",
+            f"{'scheduler_skip':<16}{4:>7}  ◀ tied",
+            f"{'tail_skip':<16}{4:>7}  ◀ tied",
+            f"{'no_room':<16}{1:>7}",
+            "dominant: scheduler_skip = tail_skip (4 each)",
+            "→ scheduler_skip: " + NO_DRAFT_HELP["scheduler_skip"][1],
+            "→ tail_skip: " + NO_DRAFT_HELP["tail_skip"][1],
+            "F1 explains every reason",
+        ]
+        nd.show(one)  # one reason on top: as before
+        assert nd.text.split("\n") == [
+            "no_draft 10 of 10 cycles",
+            f"{'disabled':<16}{1:>7}",
+            f"{'scheduler_skip':<16}{4:>7}  ◀ dominant",
+            f"{'tail_skip':<16}{3:>7}",
+            f"{'no_room':<16}{2:>7}",
+            "→ " + NO_DRAFT_HELP["scheduler_skip"][1],
+            "F1 explains every reason",
+        ]
+    assert dominant_words(one) == "scheduler_skip (4 cycles)" and dominant_words(DSparkStats()) == ""
+
+
 async def test_the_summary_line_is_redrawn_at_most_every_summary_s(monkeypatch):
     monkeypatch.setattr(C, "SUMMARY_S", 3600.0)
     app = _Turn()

@@ -297,6 +297,25 @@ def test_json_round_trip_has_derived_values():
     assert to_json(s).startswith('{\n "cycles": 88,')
 
 
+def test_a_tie_for_the_dominant_no_draft_reason_names_every_tied_reason():
+    """The dominant reason used to be the first in index order on a tie, one of several equal ones;
+    the JSON keeps that name under its key (a string) and lists the tied ones next to it."""
+    s = DSparkStats(cycles=9, first_tokens=9, no_draft=9, scheduler_skips=4, tail_skips=4, no_room=1,
+                    no_draft_reasons={"scheduler_skip": 4, "tail_skip": 4, "no_room": 1})
+    assert s.dominant_no_draft_reason == "scheduler_skip"
+    assert s.dominant_no_draft_reasons == ("scheduler_skip", "tail_skip")
+    d = json.loads(to_json(s))
+    assert d["dominant_no_draft_reason"] == "scheduler_skip" and d["dominant_no_draft_reasons"] == ["scheduler_skip",
+                                                                                                     "tail_skip"]
+    assert DSparkStats.from_dict(d) == s  # a derived value: read back without complaint, and ignored
+    three = dataclasses.replace(s, no_draft=12, no_room=4,
+                                no_draft_reasons={"scheduler_skip": 4, "tail_skip": 4, "no_room": 4})
+    assert three.dominant_no_draft_reasons == ("scheduler_skip", "tail_skip", "no_room")
+    one = DSparkStats.from_dict(METAL_695)  # confidence_gate 13, scheduler_skip 52
+    assert one.dominant_no_draft_reasons == ("scheduler_skip",) and one.dominant_no_draft_reason == "scheduler_skip"
+    assert DSparkStats().dominant_no_draft_reasons == () and DSparkStats().to_dict()["dominant_no_draft_reasons"] == []
+
+
 def test_from_dict_refuses_unknown_names():
     with pytest.raises(ValueError, match="unknown keys"):
         DSparkStats.from_dict({"cycles": 1, "acepted_draft": 1})

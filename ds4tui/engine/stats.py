@@ -122,6 +122,7 @@ _DERIVED = (
     "tokens_per_cycle",
     "per_position_accept",
     "dominant_no_draft_reason",
+    "dominant_no_draft_reasons",
     "stage_timing",
     "stage_ms_per_cycle",  # written by earlier versions (every stage over all cycles); read, not written
     "invariant_violations",
@@ -278,6 +279,7 @@ class DSparkStats:
             tokens_per_cycle=self.tokens_per_cycle,
             per_position_accept=list(self.per_position_accept),
             dominant_no_draft_reason=self.dominant_no_draft_reason,
+            dominant_no_draft_reasons=list(self.dominant_no_draft_reasons),
             stage_timing=self.stage_timing(),
             invariant_violations=self.check_invariants(),
         )
@@ -307,11 +309,17 @@ class DSparkStats:
 
     @property
     def dominant_no_draft_reason(self) -> str | None:
-        """The reason that ended most no_draft cycles (the first in index order on a tie)."""
-        if self.no_draft == 0:
-            return None
-        name = max(NO_DRAFT_REASONS, key=lambda n: self.no_draft_reasons[n])
-        return name if self.no_draft_reasons[name] else None
+        """The reason that ended most no_draft cycles, None when none did; on a tie the first in
+        index order, and :attr:`dominant_no_draft_reasons` names every tied one."""
+        tied = self.dominant_no_draft_reasons
+        return tied[0] if tied else None
+
+    @property
+    def dominant_no_draft_reasons(self) -> tuple[str, ...]:
+        """Every reason that ended the most no_draft cycles, in index order: one name, or several
+        that tie at that count; empty when no cycle went without a draft."""
+        top = max((self.no_draft_reasons[n] for n in NO_DRAFT_REASONS), default=0) if self.no_draft else 0
+        return tuple(n for n in NO_DRAFT_REASONS if self.no_draft_reasons[n] == top) if top else ()
 
     @property
     def drafted_cycles(self) -> int:

@@ -186,9 +186,10 @@ class StagesPane(Pane):
 
 
 class NoDraftPane(Pane):
-    """Why cycles made no draft, with counts; the dominant reason is highlighted — the pane that
-    explains a run with zero drafts.  Before the first cycle every reason is listed at 0 (the
-    pane is about as tall from the start as it will be)."""
+    """Why cycles made no draft, with counts; the dominant reason is highlighted, and when several
+    tie at the top count every one of them, named together ("scheduler_skip = tail_skip (4 each)")
+    — the pane that explains a run with zero drafts.  Before the first cycle every reason is listed
+    at 0 (the pane is about as tall from the start as it will be)."""
 
     def show(self, st: DSparkStats | None, *, support_status: str = "none") -> None:
         if st is None:
@@ -203,23 +204,41 @@ class NoDraftPane(Pane):
         if st.no_draft == 0:
             self.put(Content(f"none — every one of {st.cycles} cycles drafted"))
             return
-        dom = st.dominant_no_draft_reason
+        top = st.dominant_no_draft_reasons
+        mark = "  ◀ dominant" if len(top) == 1 else "  ◀ tied"
         out = [Content(f"no_draft {st.no_draft} of {st.cycles} cycles")]
         for name in NO_DRAFT_REASONS:
             n = st.no_draft_reasons.get(name, 0)
             if not n:
                 continue
-            if name == dom:
-                out.append(Content.assemble((f"{name:<16}{n:>7}", "bold reverse $warning"), ("  ◀ dominant", "$warning")))
+            if name in top:
+                out.append(Content.assemble((f"{name:<16}{n:>7}", "bold reverse $warning"), (mark, "$warning")))
             else:
                 out.append(Content(f"{name:<16}{n:>7}"))
+        if len(top) > 1:
+            out.append(Content.styled(f"dominant: {dominant_words(st)}", "$warning"))
         if st.chain_fail_op:
             out.append(Content.styled(f"last chain_fail op: {st.chain_fail_op}", "$error"))
-        if dom is not None:
-            out.append(Content.assemble(("→ ", "$warning"), NO_DRAFT_HELP[dom][1]))
+        for name in top:  # what to do about each dominant reason
+            todo = NO_DRAFT_HELP[name][1]
+            out.append(Content.assemble(("→ ", "$warning"), f"{name}: {todo}" if len(top) > 1 else todo))
+        if top:
             out.append(Content.styled("F1 explains every reason", "$text-muted"))
         self.put(rows(out))
-        self.tooltip = explain_reasons(st) if dom is not None else None
+        self.tooltip = explain_reasons(st) if top else None
+
+
+def dominant_words(st: DSparkStats) -> str:
+    """The dominant no-draft reasons of ``st`` in words: ``"scheduler_skip (52 cycles)"``, or the
+    ones that tie at the top count joined, ``"scheduler_skip = tail_skip (4 each)"``; ``""`` when no
+    cycle went without a draft."""
+    top = st.dominant_no_draft_reasons
+    if not top:
+        return ""
+    n = st.no_draft_reasons[top[0]]
+    if len(top) == 1:
+        return f"{top[0]} ({n} cycle{'s' if n != 1 else ''})"
+    return f"{' = '.join(top)} ({n} each)"
 
 
 def explain_reasons(st: DSparkStats | None = None) -> str:
