@@ -183,8 +183,8 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     assert cli.main(["chat", str(tmp_path), "--mtp", str(model)]) == 1
     assert capsys.readouterr().err == f"ds4tui chat: error: model {tmp_path}: is a directory, expected a .gguf file\n"
     assert cli.main(["chat", str(model), "--mtp", str(tmp_path)]) == 1
-    assert capsys.readouterr().err == (f"ds4tui chat: error: support model (--mtp) {tmp_path}: is a directory, "
-                                       f"expected a .gguf file\n")
+    assert capsys.readouterr().err == (f"ds4tui chat: error: {tmp_path}: is a directory, expected a .gguf file "
+                                       f"(argument --mtp: expected a DSpark support GGUF; check the path)\n")
     with pytest.raises(SystemExit):
         cli.main(["chat", str(model), "--backend", "gpu"])
     capsys.readouterr()

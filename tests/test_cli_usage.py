@@ -282,7 +282,8 @@ def no_demo(monkeypatch):
      "ds4tui chat: error: argument --ctx: expected at least 2 (a prompt token and one to generate), found 1"),
     (["chat", "--save-dir", "MISSING"], 2,
      "ds4tui chat: error: argument --save-dir: MISSING: no such folder (Ctrl+S and F6 write there: give a folder)"),
-    (["chat", "--mtp", "MISSING"], 1, "ds4tui chat: error: support model (--mtp) MISSING: no such file"),
+    (["chat", "--mtp", "MISSING"], 1,
+     "ds4tui chat: error: MISSING: no such file (argument --mtp: expected a DSpark support GGUF; check the path)"),
     (["tokenize", "-f", "MISSING"], 1, "ds4tui tokenize: error: MISSING: cannot read: No such file or directory "
      "(argument --file: expected a text file, or - for standard input; check the path)"),
 ])
@@ -292,6 +293,26 @@ def test_usage_errors_without_a_model_come_before_the_demo_is_unpacked(argv, sta
     argv = [{"SUPPORT": str(tiny_q2["support"]), "MISSING": missing}.get(a, a) for a in argv]
     rc, out, err = _run(capsys, argv)
     assert (rc, err) == (status, message.replace("MISSING", missing) + "\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_an_mtp_file_that_cannot_be_read_is_one_message_in_every_command(command, tiny_q2, tmp_path, capsys,
+                                                                          no_engine):
+    """With a MODEL, generate said only "MISSING: no such file" (found as the engine loaded) and chat
+    "support model (--mtp) MISSING: no such file"; both now say what bench and generate without a
+    MODEL said, which names the flag and what to do (one function: check_support_path)."""
+    hint = " (argument --mtp: expected a DSpark support GGUF; check the path)"
+    extra = ["--ab"] if command == "bench" else []
+    missing = tmp_path / "missing.gguf"
+    for path, why in ((missing, "no such file"), (tmp_path, "is a directory, expected a .gguf file")):
+        rc, out, err = _run(capsys, [*_args(command, str(tiny_q2["model"])), *extra, "--mtp", str(path)])
+        assert (rc, out, err) == (1, "", f"ds4tui {command}: error: {path}: {why}{hint}\n")
+    if command != "generate":
+        return
+    rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hi", "--mtp", str(missing), "--json"])
+    assert rc == 1 and json.loads(out) == {"ok": False, "error": f"{missing}: no such file{hint}"}
+    rc, out, err = _run(capsys, ["generate", str(tmp_path / "no-model.gguf"), "-p", "hi", "--mtp", str(missing)])
+    assert err == f"ds4tui generate: error: {tmp_path / 'no-model.gguf'}: no such file\n"  # the model first, as chat
 
 
 @pytest.mark.parametrize("command, advice", [

@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_support_block,
-                                         draft_vocab_notes, gpu_options_not_applied, settings_of)
+                                         check_support_path, draft_vocab_notes, gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
@@ -1029,9 +1029,8 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
     given): checked before anything is unpacked, built or loaded."""
     if value is None:
         return None
-    what = "" if flag == "MODEL" else f" (argument {flag}: expected a DSpark support GGUF; check the path)"
     try:
-        check_readable(value, what)
+        check_readable(value) if flag == "MODEL" else check_support_path(value)
     except ModelFileError as exc:
         return exc
     return None

@@ -22,11 +22,12 @@ Make a small test model (random weights: the text is noise, the speculation pane
 
 
 def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] | None = None):
-    """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason).
+    """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason; a file
+    that cannot be read: FileNotFoundError for the model, ModelFileError for the ``--mtp`` file).
     ``before_demo`` is called once the command line's own checks passed and before the demo pair is
     unpacked (without MODEL): what it raises goes to the caller, with nothing unpacked."""
     from ds4tui.app import ChatOptions
-    from ds4tui.commands.environment import check_backend_options, check_support_block, settings_of
+    from ds4tui.commands.environment import check_backend_options, check_support_block, check_support_path, settings_of
     from ds4tui.demo import demo_pair, manifest, stderr_progress
     from ds4tui.engine.fs import fix_for, found_in, unwritable
 
@@ -58,10 +59,11 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
     # auto picks hip or cpu (both run q8, spec ds4.md §2.9.5) and says why in its backend_note,
     # which the welcome line shows as generate prints it
     check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
-    for what, path in (("model", model), ("support model (--mtp)", support)):
-        if path is not None and not os.path.isfile(path):  # before the demo is unpacked too
-            why = "is a directory, expected a .gguf file" if os.path.isdir(path) else "no such file"
-            raise FileNotFoundError(f"{what} {path}: {why}")
+    if model is not None and not os.path.isfile(model):  # before the demo is unpacked too
+        why = "is a directory, expected a .gguf file" if os.path.isdir(model) else "no such file"
+        raise FileNotFoundError(f"model {model}: {why}")
+    if support is not None:  # ModelFileError, in the words of generate and bench
+        check_support_path(support)
     notes: tuple[str, ...] = ()
     if model is None:
         if manifest() is None:  # no bundled demo: said before anything else about running the app
@@ -112,6 +114,7 @@ def _need_terminal() -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ds4tui.demo import DemoError
+    from ds4tui.engine.errors import ModelFileError
 
     try:
         # without a terminal the demo pair is not unpacked first (99 MiB) only to be refused after it
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:  # a file that cannot be read: status 1, as every command
+    except (FileNotFoundError, ModelFileError) as exc:  # a file that cannot be read: status 1, as every command
         print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # a usage error, as a bad flag: one line, status 2, before anything loads

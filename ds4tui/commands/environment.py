@@ -110,6 +110,17 @@ def max_draft_accepted(block: int | None = None, support=None) -> str:
     return f"0 (the support model's block size) or an integer 1..{block} ({of})"
 
 
+def check_support_path(path: str) -> None:
+    """The one check of a ``--mtp`` path in ``generate``, ``chat`` and ``bench``, made before a demo
+    is unpacked, a medium model built or a model loaded: :class:`ModelFileError` when ``path``
+    cannot be opened for reading (no such file, a directory, the OS's reason), naming the path, the
+    flag and what to do (``MISSING: no such file (argument --mtp: expected a DSpark support GGUF;
+    check the path)``)."""
+    from ds4tui.engine.gguf_model import check_readable
+
+    check_readable(path, " (argument --mtp: expected a DSpark support GGUF; check the path)")
+
+
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
     """Before any model loads: a ``--max-draft`` (ValueError) or ``DS4_DSPARK_MAX_DRAFT_TOKENS``
     (:class:`BadVariable`) above the block size the support file ``support`` declares in its

@@ -46,9 +46,8 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, draft_vocab_notes,
-                                         verify_head_notes,
-                                         gpu_options_not_applied, settings_of)
+from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, check_support_path,
+                                         draft_vocab_notes, verify_head_notes, gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
@@ -156,11 +155,13 @@ def run(args: argparse.Namespace) -> int:
             f"argument --file: {'<stdin>' if args.file == '-' else args.file}")
         return _fail(f"{where}: the prompt is empty{' (only whitespace)' if text else ''}: give the text to "
                      f"answer (-p TEXT, or -f FILE)", as_json, status=2)
-    if args.model is None and args.mtp is not None:  # the support file named: checked before the demo unpacks
-        try:
-            check_readable(args.mtp, " (argument --mtp: expected a DSpark support GGUF; check the path)")
-        except ModelFileError as exc:
-            return _fail(str(exc), as_json)
+    try:  # the files named, before the demo unpacks or anything loads: the model first, as loading would
+        if args.model is not None:
+            check_readable(args.model)
+        if args.mtp is not None:
+            check_support_path(args.mtp)
+    except ModelFileError as exc:
+        return _fail(str(exc), as_json)
     if args.model is None:
         from ds4tui.demo import DemoError, demo_pair, stderr_progress
 
