@@ -234,6 +234,49 @@ def test_a_cycle_with_no_room_leaves_a_due_probe_for_the_next(tiny_q2):
     s.close()
 
 
+#: The prices of test_a_budget_cut_never_makes_drafting_hopeless.  Each plain decode after the first
+#: pulls the decode's price down by a tenth (the tiny model's decode, far under it, enters clamped at
+#: half): 360, 324, 292, 262 ms.  From 292 ms on, the optimistic bounds' best length is four drafts
+#: (2.72 tokens in 608 ms, 4.47 tokens/s, against five's 2.88 in 650 ms, 4.42; at 262 ms 4.51 and 4.42).
+NOT_HOPELESS = P.SchedulerPrices(t_ver={1: 400.0, 6: 500.0}, t_prop=150.0,
+                                 reached=(4,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11)
+
+
+def test_a_cycle_whose_budget_cuts_a_due_probe_short_leaves_it_for_the_next(tiny_q2):
+    """A back-off's probe (spec dspark.md §7.4) that falls on a cycle whose budget leaves room for
+    fewer drafts than the probe makes waits, as it does on a cycle with no room: it used to draft the
+    cut length (here one draft of four), and a miss there started the next back-off twice as long as
+    if a whole probe had failed.  The cycle is a tail_skip; the next, with room for the whole block,
+    probes with the four drafts of :data:`NOT_HOPELESS` and verifies all of them."""
+    s = _priced(tiny_q2, NOT_HOPELESS)
+    s.step()  # the re-timing plain decode
+    s.step()  # does not pay: a back-off of 2 cycles, this one included
+    s.step()  # its second
+    s.step(2)  # the probe is due: the budget leaves room for one draft of its four
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.no_draft_reasons["scheduler_skip"], st.tail_skips) == (4, 0, 3, 1)
+    assert s.scheduler_prices().t_ver[1] == pytest.approx(262.44, rel=1e-3)  # four plain decodes
+    s.step()  # the probe
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.draft_len_hist[4], st.no_draft_reasons["scheduler_skip"]) == (5, 4, 1, 3)
+    s.close()
+
+
+def test_a_budget_cut_that_leaves_room_for_the_whole_probe_does_not_delay_it(tiny_q2):
+    """Only a probe that the budget cuts short waits: the four drafts of :data:`NOT_HOPELESS`'s probe
+    run in a cycle whose budget leaves room for four of the block's five."""
+    s = _priced(tiny_q2, NOT_HOPELESS)
+    s.step()  # the re-timing plain decode
+    s.step()  # does not pay: a back-off of 2 cycles, this one included
+    s.step()  # its second
+    assert s.scheduler_prices().t_ver[1] == pytest.approx(291.6, rel=1e-3)
+    s.step(5)  # the probe is due: room for four drafts, all it makes
+    st = s.dspark_stats()
+    assert (st.cycles, st.proposed, st.draft_len_hist[4], st.tail_skips) == (4, 4, 1, 0)
+    assert st.no_draft_reasons["scheduler_skip"] == 3
+    s.close()
+
+
 def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     s = e.session(64)

@@ -65,7 +65,8 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                        "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "
                        "decodes). F3 turns the scheduler off to draft every cycle anyway."),
     "tail_skip": ("The answer's budget (-n) left room for so few draft tokens that drafting them could not pay, "
-                  "where a full draft would have: the scheduler decoded the token plainly.",
+                  "where a full draft would have, or for fewer than the probe that ends a back-off drafts (the "
+                  "probe waits for the next cycle with room): the scheduler decoded the token plainly.",
                   "Nothing to do: only the last tokens of a budget (-n) are affected."),
     "no_room": ("The budget, the context or the batch left no room for even one draft token.",
                 "Raise the token budget (-n) or the context (--ctx; Ctrl+G in the app)."),

@@ -447,7 +447,8 @@ int ds4_gpu_kernel_upload(const char *library, int32_t type, const void *src, in
 #define DS4_ND_CHAIN_FAIL 3       /* a drafter op failed (chain_fail_op names it) */
 #define DS4_ND_CONFIDENCE_GATE 4  /* c_1 below the threshold: nothing to verify */
 #define DS4_ND_SCHEDULER_SKIP 5   /* the adaptive scheduler skipped drafting */
-#define DS4_ND_TAIL_SKIP 6        /* the budget cuts the draft to a length that cannot pay (scheduler on) */
+#define DS4_ND_TAIL_SKIP 6        /* the budget cuts the draft to a length that cannot pay, or a due probe
+                                   * short (scheduler on) */
 #define DS4_ND_NO_ROOM 7          /* budget or context leaves no room for a draft */
 #define DS4_ND_COUNT 8
 

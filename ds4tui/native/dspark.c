@@ -712,15 +712,22 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
         if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
             return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        if (d->probe && lmax >= 1) { /* a cycle with no room (below) leaves the probe for the next */
+        if (d->probe) {
             /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft
              * cycle refreshes the first position's acceptance (the one every longer draft depends
              * on); otherwise the probe drafts the length that could pay with the optimistic
              * bounds, so that it measures the positions that keep drafting in question */
-            const int l = d->probe == PROBE_ONE ? 1 : optimistic_length(d, lmax);
+            const int l = d->probe == PROBE_ONE ? 1 : optimistic_length(d, lroom);
+            if (lmax < l)
+                /* the caller's budget cuts the probe short (tail_skip), or there is no room for a
+                 * draft at all (no_room): the probe waits for the next cycle with room for it (spec
+                 * dspark.md §7.4).  Spent here it measured less than it is for, and the next cycle,
+                 * finding drafting still not paying, backed off twice as long as after a whole probe */
+                return plain_cycle(s, lmax < 1 ? DS4_ND_NO_ROOM : DS4_ND_TAIL_SKIP, out, n_out, err, err_len,
+                                   t_start, NULL, 0.0);
             d->probe = 0;
             probe = 1;
-            if (lmax > l) lmax = l;
+            lmax = l;
         } else if (d->pr.has_prop && lmax >= 1 && lmax < lroom && best_length(d, lmax) == 0 &&
                    best_length(d, lroom) > 0) {
             /* tail (spec dspark.md §7.4): the caller's budget clips the draft to a length that
