@@ -1,6 +1,7 @@
 """Build the token corpus the demo model is trained on: permissively licensed Python source.
 
-``python tools/demo_corpus.py OUT_DIR [--wheels DIR] [--package-bytes N] [--max-files N]``
+``python tools/demo_corpus.py OUT_DIR [--wheels DIR] [--package-bytes N] [--max-files N]
+[--max-function-lines N] [--answer-docstring full|summary] [--chat-copies N]``
 
 What goes in, in this order:
 
@@ -30,7 +31,11 @@ Each kept file gives two kinds of sample:
   phrasings — naming the signature and module, "Write a Python function that <does what the
   docstring's first sentence says>", and both — so that plain requests as users type them get
   code.  Half of them in think mode with a one-line reasoning text, half in no-think mode, so that
-  ``ds4tui chat`` on the demo model gets answers in the format it renders.
+  ``ds4tui chat`` on the demo model gets answers in the format it renders.  Only functions of at
+  most ``--max-function-lines`` lines; with ``--answer-docstring summary`` the answer's docstring is
+  cut to its first sentence on one line first (so answers do not run into doctest examples); with
+  ``--chat-copies N`` the training split holds every chat sample N times (the copies after all
+  files, shuffled).
 
 A file goes to the held-out split (with all of its samples) when the first 8 hex digits of the
 sha256 of ``source/path`` are a multiple of :data:`HELD_OUT_EVERY`: a choice per file that does
