@@ -167,6 +167,21 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
     assert (model.read_bytes(), support.read_bytes()) == before
 
 
+def test_out_naming_a_pipe_or_device_is_refused_before_the_run_and_kept(tiny_q2, tmp_path, capsys, monkeypatch):
+    """The result was written beside the path and renamed onto it: --out on a FIFO (or, as root, on
+    /dev/null) replaced it with a regular file after a run that said nothing."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    ran = []
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(1))
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--out", str(fifo))
+    assert rc == 1 and out == "" and ran == []
+    assert err == (f"ds4tui bench: error: --out {fifo}: cannot write the result there: expected a file name, found a "
+                   f"pipe (FIFO), which the result would replace; give a file name of its own, e.g. --out bench.json "
+                   f"(--json prints the result on stdout)\n")
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
 def test_out_in_a_folder_that_cannot_be_written_fails_before_the_run(tiny_q2, tmp_path, capsys, monkeypatch):
     # root ignores folder modes, so the refusal is injected where the check creates its probe file
     import errno

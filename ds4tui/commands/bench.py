@@ -1036,14 +1036,28 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
     return None
 
 
+def _file_kind(p: Path) -> str:
+    """What a path that is neither a regular file nor a folder names, in words ("a character device")."""
+    import stat
+
+    mode = p.stat().st_mode
+    return ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "something that is not a regular file")
+
+
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder.  An existing GGUF (the model or support file given,
-    the demo's, any other) is never replaced by a result."""
+    the demo's, any other) is never replaced by a result, nor is a device or a pipe."""
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
     if p.is_dir():
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
+    if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
+        # would take its name (replacing /dev/null as root), so refused before the run, as draft-vocab does
+        return (f"{head}: expected a file name, found {_file_kind(p)}, which the result would replace; give a file "
+                f"name of its own, e.g. --out bench.json (--json prints the result on stdout)")
     if p.is_file():
         try:
             with open(p, "rb") as fh:
