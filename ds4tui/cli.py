@@ -588,6 +588,36 @@ def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return None
 
 
+class OutputError(OSError):
+    """Standard output could not be written (a full disk, an I/O error): :class:`_Output` raises it."""
+
+
+class _Output:
+    """``sys.stdout`` while a command runs: a write or flush that fails with an OSError other than a
+    broken pipe raises :class:`OutputError` (same errno and reason), which :func:`main` reports in one
+    line instead of the traceback of whichever print met the full disk; all else is the stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _call(self, name: str, *args):
+        try:
+            return getattr(self._stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.errno, exc.strerror or str(exc)) from exc
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status.
     ``exiting``: the process exits when this returns (:func:`program`): the interrupting signals
@@ -637,11 +667,15 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
                 print_usage_error_json(str(exc))
             return 2
     rc = None
+    stdout = sys.stdout
+    if args.command != "chat":  # the app owns the terminal
+        sys.stdout = _Output(stdout)
     try:
         with interrupt_on_signals(exiting=exiting):
             try:
                 module = importlib.import_module(f"ds4tui.commands.{args.command.replace('-', '_')}")  # an interrupt here too: no traceback
                 rc = int(module.run(args) or 0)
+                sys.stdout.flush()  # what is still buffered: a full disk is met here, not as the process exits
             except KeyboardInterrupt:
                 rc = 130
             if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says
@@ -653,6 +687,12 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             print("ds4tui: interrupted", file=sys.stderr)
     except BrokenPipeError:
         return 0
+    except OutputError as exc:
+        print(f"ds4tui {args.command}: error: cannot write to standard output: {exc.strerror} (free some space "
+              f"where it is redirected, or redirect it elsewhere)", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = stdout
     # a command that stopped for a signal says so in its status, as a shell does: 128 + the signal
     # (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
     return 128 + _signals_seen[-1] if rc == 130 and _signals_seen else rc

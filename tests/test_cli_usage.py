@@ -479,3 +479,31 @@ def test_json_is_read_from_the_commands_own_arguments(capsys):
 def test_json_given_where_there_is_no_json_option_changes_nothing(argv, line, capsys):
     rc, out, err = _run(capsys, argv)
     assert (rc, out, err) == (2, "", line)
+
+
+class _FullDisk:
+    """Standard output redirected to a full disk: every write fails as the OS fails it."""
+
+    def write(self, text: str) -> int:
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["inspect", "MODEL", "--json"], ["tokenize", "MODEL", "--text", "hi"]])
+def test_standard_output_on_a_full_disk_is_one_line_and_status_1(argv, tiny_q2, capsys, monkeypatch):
+    """doctor, compare, tokenize, inspect and bench printed the traceback of the print that met the full
+    disk (generate alone said what happened)."""
+    argv = [str(tiny_q2["model"]) if a == "MODEL" else a for a in argv]
+    stdout = _FullDisk()
+    monkeypatch.setattr("sys.stdout", stdout)
+    rc = cli_main(argv)
+    import sys
+
+    assert sys.stdout is stdout  # given back as it was
+    err = capsys.readouterr().err
+    assert (rc, err) == (1, f"ds4tui {argv[0]}: error: cannot write to standard output: No space left on device "
+                            f"(free some space where it is redirected, or redirect it elsewhere)\n")
