@@ -433,3 +433,16 @@ def test_a_count_against_a_file_that_is_no_support_model_names_the_file_error(ti
         args.settings = dataclasses.replace(Settings(), draft_vocab="5")  # as cli.main reads the flag
         options = options_from_args(args)
         assert (str(options.support), options.draft_vocab) == (str(mtp), "5")
+
+
+def test_the_two_files_in_the_wrong_order_say_which_comes_first(tiny_q2, tmp_path, capsys):
+    """SUPPORT given first: the message said "pass it with --mtp", an option draft-vocab does not have."""
+    src = tmp_path / "a.py"
+    src.write_text("x = 1\n")
+    out = tmp_path / "out.gguf"
+    rc, stdout, err = _cli(capsys, "draft-vocab", str(tiny_q2["support"]), str(tiny_q2["model"]), "--from", str(src),
+                           "--out", str(out))
+    assert (rc, stdout) == (1, "") and not out.exists()
+    assert err == (f"ds4tui draft-vocab: error: {tiny_q2['support']}: general.architecture: expected 'deepseek4', "
+                   f"found 'deepseek4-dspark' (this is a DSpark support file: give the target model first, then the "
+                   f"support file: ds4tui draft-vocab MODEL.gguf SUPPORT.gguf --from PATH --out OUT.gguf)\n")

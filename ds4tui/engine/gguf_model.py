@@ -167,6 +167,11 @@ def check_header_counts(path, head: bytes, size: int) -> None:
         )
 
 
+#: what DS4Model's architecture error adds when the file is a DSpark support file (a command that
+#: takes the support file otherwise than with --mtp says its own)
+SUPPORT_GIVEN_AS_MODEL = " (this is a DSpark support file: pass it with --mtp)"
+
+
 def check_readable(path: str | os.PathLike, hint: str = "") -> Path:
     """``path`` as a Path when it names a file that can be opened for reading; else
     :class:`ModelFileError` naming it: no such file, a directory, or the OS's reason it cannot be
@@ -516,7 +521,7 @@ class DS4Model:
             raise MissingKeyError(self.path, "general.architecture", f"missing (expected '{L.ARCH}')")
         arch = field_value(arch_f)
         if arch != L.ARCH:
-            hint = " (this is a DSpark support file: pass it with --mtp)" if arch in (L.SUPPORT_ARCH, "dflash") else ""
+            hint = SUPPORT_GIVEN_AS_MODEL if arch in (L.SUPPORT_ARCH, "dflash") else ""
             raise ArchitectureError(self.path, f"general.architecture: expected '{L.ARCH}', found '{arch}'{hint}")
         self.config = read_config(self.reader, self.path)
         self._check_vocab()
