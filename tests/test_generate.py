@@ -137,7 +137,9 @@ def test_bad_text_and_unwritable_output(tiny_q2, tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"abc\xff")
     rc, out, err = _gen(capsys, tiny_q2["model"], "-f", str(bad))
-    assert rc == 1 and "bad.txt: not UTF-8 text" in err
+    assert (rc, err) == (1, f"ds4tui generate: error: {bad}: not UTF-8 text (invalid start byte at byte 3) (argument "
+                            f"-f/--file: expected a text file with the prompt in UTF-8; convert it first, e.g. iconv "
+                            f"-f CP1252 -t UTF-8)\n")  # it named neither the flag nor what to do
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "ab\udcff")
     assert rc == 1 and "--prompt: not UTF-8 text" in err
 

@@ -486,7 +486,8 @@ def test_cli_reads_text_exactly_and_refuses_non_utf8(capsys: pytest.CaptureFixtu
     assert rc == 1 and "bad.txt: not UTF-8 text (invalid start byte at byte 2)" in err
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ab\xffcd")))
     rc, _, err = run_cli(capsys, ds4_gguf, "--file", "-")
-    assert rc == 1 and "<stdin>: not UTF-8 text" in err
+    assert rc == 1 and err.endswith("<stdin>: not UTF-8 text (invalid start byte at byte 2) (argument --file: expected a "
+                                    "text file in UTF-8; convert it first, e.g. iconv -f CP1252 -t UTF-8)\n")
     rc, _, err = run_cli(capsys, ds4_gguf, "--text", "ab\udcffcd")  # how argv carries an undecodable byte
     assert rc == 1 and "--text: not UTF-8 text" in err and "Traceback" not in err
 

@@ -32,11 +32,11 @@ def _fail(message: str, status: int = 1, as_json: bool = False) -> int:
     return status
 
 
-def _decode_utf8(raw: bytes, where: str) -> str:
+def _decode_utf8(raw: bytes, where: str, hint: str = "") -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TokenizerError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise TokenizerError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}){hint}") from None
 
 
 def _check_arg_text(text: str, what: str) -> str:
@@ -52,13 +52,13 @@ def _check_arg_text(text: str, what: str) -> str:
 MAX_INPUT_BYTES = 16 << 20
 
 
-def _read_limited(fh, where: str, advice: str = "tokenize it in smaller pieces") -> str:
+def _read_limited(fh, where: str, advice: str = "tokenize it in smaller pieces", hint: str = "") -> str:
     """At most MAX_INPUT_BYTES of UTF-8 text from ``fh``; TokenizerError naming ``where`` (with
-    ``advice``, what to do) for more, or for bytes that are not UTF-8."""
+    ``advice``, what to do) for more, or for bytes that are not UTF-8 (``hint`` after the reason)."""
     raw = fh.read(MAX_INPUT_BYTES + 1)
     if len(raw) > MAX_INPUT_BYTES:
         raise TokenizerError(f"{where}: more than {MAX_INPUT_BYTES >> 20} MiB of text; {advice}")
-    return _decode_utf8(raw, where)
+    return _decode_utf8(raw, where, hint)
 
 
 def _read_text(args: argparse.Namespace) -> str:
@@ -72,11 +72,13 @@ def read_text_file(path: str, flag: str, what: str, advice: str = "tokenize it i
     """The UTF-8 text of ``path`` (``-``: standard input), at most MAX_INPUT_BYTES, read raw (no
     newline translation).  TokenizerError naming the file, and for a file that cannot be read the
     flag ``flag`` and what it expects (``what``); ``advice`` is what to do about a text too long."""
+    # text in another encoding (a Windows editor's cp1252, latin-1): said with the flag and what to do
+    hint = f" (argument {flag}: expected {what} in UTF-8; convert it first, e.g. iconv -f CP1252 -t UTF-8)"
     if path == "-":
-        return _read_limited(sys.stdin.buffer, "<stdin>", advice)
+        return _read_limited(sys.stdin.buffer, "<stdin>", advice, hint)
     try:
         with open(path, "rb") as fh:
-            return _read_limited(fh, path, advice)
+            return _read_limited(fh, path, advice, hint)
     except OSError as exc:
         raise TokenizerError(f"{path}: cannot read: {exc.strerror or exc} (argument {flag}: expected {what}, "
                              f"or - for standard input; check the path)") from exc
