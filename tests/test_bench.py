@@ -112,9 +112,10 @@ def test_missing_model_file_is_one_line_and_status_1(tmp_path, capsys):
     missing = tmp_path / "nope.gguf"
     rc, out, err = _bench(capsys, str(missing))
     assert rc == 1 and out == ""
-    assert err.splitlines() == [f"ds4tui bench: error: {missing}: no such file"]
+    hint = " (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the bundled demo model)"
+    assert err.splitlines() == [f"ds4tui bench: error: {missing}: no such file{hint}"]
     rc, out, err = _bench(capsys, str(missing), "--json")
-    assert rc == 1 and json.loads(out) == {"ok": False, "error": f"{missing}: no such file",
+    assert rc == 1 and json.loads(out) == {"ok": False, "error": f"{missing}: no such file{hint}",
                                            "error_type": "ModelFileError"}
 
 

@@ -312,7 +312,7 @@ def test_an_mtp_file_that_cannot_be_read_is_one_message_in_every_command(command
     rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hi", "--mtp", str(missing), "--json"])
     assert rc == 1 and json.loads(out) == {"ok": False, "error": f"{missing}: no such file{hint}"}
     rc, out, err = _run(capsys, ["generate", str(tmp_path / "no-model.gguf"), "-p", "hi", "--mtp", str(missing)])
-    assert err == f"ds4tui generate: error: {tmp_path / 'no-model.gguf'}: no such file\n"  # the model first, as chat
+    assert err == (f"ds4tui generate: error: {tmp_path / 'no-model.gguf'}: no such file (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the bundled demo model)\n")  # the model first, as chat
 
 
 @pytest.mark.parametrize("command, advice", [
@@ -507,3 +507,15 @@ def test_standard_output_on_a_full_disk_is_one_line_and_status_1(argv, tiny_q2, 
     err = capsys.readouterr().err
     assert (rc, err) == (1, f"ds4tui {argv[0]}: error: cannot write to standard output: No space left on device "
                             f"(free some space where it is redirected, or redirect it elsewhere)\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "tokenize"])
+def test_a_model_file_that_cannot_be_read_names_the_argument_and_what_to_do(command, tmp_path, capsys, no_engine):
+    """A mistyped MODEL said only "MISSING: no such file" (chat: "model MISSING: no such file"), where
+    the --mtp file's message names the flag and what to do; all four commands now say the same."""
+    hint = " (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the bundled demo model)"
+    missing = tmp_path / "missing.gguf"
+    for path, why in ((missing, "no such file"), (tmp_path, "is a directory, expected a .gguf file")):
+        argv = ["tokenize", str(path), "--text", "hi"] if command == "tokenize" else _args(command, str(path))
+        rc, out, err = _run(capsys, argv)
+        assert (rc, out, err) == (1, "", f"ds4tui {command}: error: {path}: {why}{hint}\n")

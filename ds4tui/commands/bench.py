@@ -66,12 +66,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_support_block,
+from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_model_path,
+                                         check_support_block,
                                          check_support_path, draft_vocab_notes, gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes, plural
@@ -1030,7 +1031,7 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
     if value is None:
         return None
     try:
-        check_readable(value) if flag == "MODEL" else check_support_path(value)
+        check_model_path(value) if flag == "MODEL" else check_support_path(value)
     except ModelFileError as exc:
         return exc
     return None

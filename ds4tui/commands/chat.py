@@ -23,11 +23,12 @@ Make a small test model (random weights: the text is noise, the speculation pane
 
 def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] | None = None):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason; a file
-    that cannot be read: FileNotFoundError for the model, ModelFileError for the ``--mtp`` file).
+    that cannot be read, the model or the ``--mtp`` file: ModelFileError naming it).
     ``before_demo`` is called once the command line's own checks passed and before the demo pair is
     unpacked (without MODEL): what it raises goes to the caller, with nothing unpacked."""
     from ds4tui.app import ChatOptions
-    from ds4tui.commands.environment import check_backend_options, check_support_block, check_support_path, settings_of
+    from ds4tui.commands.environment import (check_backend_options, check_model_path, check_support_block,
+                                             check_support_path, settings_of)
     from ds4tui.demo import demo_pair, manifest, stderr_progress
     from ds4tui.engine.fs import fix_for, found_in, unwritable
 
@@ -59,9 +60,8 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
     # auto picks hip or cpu (both run q8, spec ds4.md §2.9.5) and says why in its backend_note,
     # which the welcome line shows as generate prints it
     check_backend_options(backend, activations, getattr(args, "prefill_gemm", None), env)
-    if model is not None and not os.path.isfile(model):  # before the demo is unpacked too
-        why = "is a directory, expected a .gguf file" if os.path.isdir(model) else "no such file"
-        raise FileNotFoundError(f"model {model}: {why}")
+    if model is not None:  # before the demo is unpacked too; ModelFileError, in the words of generate and bench
+        check_model_path(model)
     if support is not None:  # ModelFileError, in the words of generate and bench
         check_support_path(support)
     notes: tuple[str, ...] = ()

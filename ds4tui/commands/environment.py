@@ -110,6 +110,17 @@ def max_draft_accepted(block: int | None = None, support=None) -> str:
     return f"0 (the support model's block size) or an integer 1..{block} ({of})"
 
 
+def check_model_path(path: str) -> None:
+    """The one check of a MODEL path in ``generate``, ``chat``, ``bench`` and ``tokenize``, made as
+    early as :func:`check_support_path`: :class:`ModelFileError` naming the path, the argument and
+    what to do (``MISSING: no such file (argument MODEL: expected a DS4 model GGUF; check the path, or
+    leave MODEL out for the bundled demo model)``)."""
+    from ds4tui.engine.gguf_model import check_readable
+
+    check_readable(path, " (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the "
+                         "bundled demo model)")
+
+
 def check_support_path(path: str) -> None:
     """The one check of a ``--mtp`` path in ``generate``, ``chat`` and ``bench``, made before a demo
     is unpacked, a medium model built or a model loaded: :class:`ModelFileError` when ``path``

@@ -46,12 +46,13 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_support_block, check_support_path,
+from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_model_path,
+                                         check_support_block, check_support_path,
                                          draft_vocab_notes, verify_head_notes, gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError, check_readable
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                      f"answer (-p TEXT, or -f FILE)", as_json, status=2)
     try:  # the files named, before the demo unpacks or anything loads: the model first, as loading would
         if args.model is not None:
-            check_readable(args.model)
+            check_model_path(args.model)
         if args.mtp is not None:
             check_support_path(args.mtp)
     except ModelFileError as exc:

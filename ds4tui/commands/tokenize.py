@@ -132,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
         for line in pair.repaired:  # a damaged file unpacked again: said on stderr
             print(f"ds4tui tokenize: note: {line}", file=sys.stderr, flush=True)
         args.model = str(pair.model)
+    else:
+        from ds4tui.commands.environment import check_model_path
+
+        try:
+            check_model_path(args.model)
+        except ModelFileError as exc:
+            return _fail(str(exc), as_json=args.json)
     try:
         tokenizer = Tokenizer.from_gguf(args.model)
         if args.chat:
