@@ -181,7 +181,9 @@ def test_chat_command_errors(tmp_path, capsys, monkeypatch):
     assert "s.gguf: no such file" in capsys.readouterr().err
     # a folder where a file should be is named as one, the model's and the support model's, status 1
     assert cli.main(["chat", str(tmp_path), "--mtp", str(model)]) == 1
-    assert capsys.readouterr().err == f"ds4tui chat: error: model {tmp_path}: is a directory, expected a .gguf file\n"
+    assert capsys.readouterr().err == (f"ds4tui chat: error: {tmp_path}: is a directory, expected a .gguf file "
+                                       f"(argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL "
+                                       f"out for the bundled demo model)\n")
     assert cli.main(["chat", str(model), "--mtp", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (f"ds4tui chat: error: {tmp_path}: is a directory, expected a .gguf file "
                                        f"(argument --mtp: expected a DSpark support GGUF; check the path)\n")
