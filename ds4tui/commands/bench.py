@@ -1053,6 +1053,8 @@ def _out_problem(path: str) -> str | None:
     the demo's, any other) is never replaced by a result, nor is a device or a pipe."""
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
+    if not path.strip():  # Path("") is the current folder, which the message below would name as found
+        return "--out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
     if p.is_dir():
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
     if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
