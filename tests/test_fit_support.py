@@ -118,3 +118,9 @@ def test_bad_inputs_are_named(tiny_q2, tmp_path, capsys):
     assert F.main([str(model), str(sup), str(tmp_path / "o.gguf"), "--rank", "100", "-q"]) == 1
     assert "fit_support: error: rank must be at least n_embd + 1 = 257" in capsys.readouterr().err
     assert not (tmp_path / "o.gguf").exists()
+    # the files in the wrong order: it said to pass the support file with --mtp, which this tool does not have
+    assert F.main([str(sup), str(model), str(tmp_path / "o.gguf"), "-q"]) == 1
+    assert capsys.readouterr().err == (f"fit_support: error: {sup}: general.architecture: expected 'deepseek4', found "
+                                       f"'deepseek4-dspark' (this is a DSpark support file: give the target model "
+                                       f"first: ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf)\n")
+    assert not (tmp_path / "o.gguf").exists()
