@@ -81,6 +81,19 @@ def test_a_thinking_answer_is_split_at_the_end_of_its_reasoning():
     assert _split_reasoning("a</think>b", False) == {"reasoning": None, "answer": "a</think>b"}  # --raw / --nothink
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--system", "Be brief."], "--system applies to the chat template, which --raw leaves out: leave out --raw, or "
+                                "--system (with --raw, write a system text into the prompt)"),
+    (["--nothink"], "--nothink applies to the chat template, which --raw leaves out: leave out --raw, or --nothink"),
+    (["--nothink", "--system", "S"], "--system and --nothink apply to the chat template, which --raw leaves out: leave "
+                                     "out --raw, or --system --nothink (with --raw, write a system text into the prompt)"),
+])
+def test_raw_with_template_options_is_a_usage_error(extra, message, tmp_path, capsys):
+    """--raw --system S ran the prompt without the system text, and said nothing."""
+    rc, out, err = _gen(capsys, str(tmp_path / "unread.gguf"), "-p", "hi", "--raw", *extra)
+    assert (rc, out, err) == (2, "", f"ds4tui generate: error: {message}\n")  # before the model is opened
+
+
 def test_raw_skips_the_template_and_sampling_is_seeded(tiny_q2, tok, capsys):
     base = [tiny_q2["model"], "-p", "def reverse(head):", "-n", "10", "--raw", "--json", "--temp", "0.9",
             "--top-p", "0.95"]

@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     # usage errors that the command line alone shows come before any slow work (unpacking the demo)
     why = _dspark_usage(args)
+    given = [flag for flag, on in (("--system", args.system is not None), ("--nothink", args.nothink)) if on]
+    if args.raw and given:  # they would go unused, the system text without a word (as tokenize refuses them)
+        why = (f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the chat template, which --raw "
+               f"leaves out: leave out --raw, or {' '.join(given)}"
+               f"{' (with --raw, write a system text into the prompt)' if args.system is not None else ''}")
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's
     moot = _moot_knobs(args)
