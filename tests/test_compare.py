@@ -97,8 +97,10 @@ def test_bench_results_and_bad_files(tiny_q2, tmp_path, capsys):
         rc = cli_main(["compare", outs[0], str(bad)])
         err = capsys.readouterr().err
         assert rc == 1 and err.startswith(f"ds4tui compare: error: {bad}: ") and why in err and err.count("\n") == 1
-    rc = cli_main(["compare", outs[0], str(tmp_path / "missing.json")])
-    assert rc == 1 and "missing.json: cannot read" in capsys.readouterr().err
+    for path, why in ((tmp_path / "missing.json", "No such file or directory"), (tmp_path, "Is a directory")):
+        rc = cli_main(["compare", outs[0], str(path)])  # it said what was wrong, not what to do
+        assert (rc, capsys.readouterr().err) == (1, f"ds4tui compare: error: {path}: cannot read: {why} (check the "
+                                                    f"path); {C.ACCEPTS}\n")
 
 
 def test_knobs_and_figures_are_told_apart():

@@ -173,7 +173,7 @@ def load(path: str) -> tuple[str, dict]:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise CompareError(f"{path}: cannot read: {exc.strerror or exc} (check the path); {ACCEPTS}") from exc
     if not data.strip():
         found = "empty (0 bytes)" if not data else f"blank ({len(data)} bytes of white space only)"
         raise CompareError(f"{path}: the file is {found}, expected JSON (a run that failed or was stopped leaves the "
