@@ -908,7 +908,13 @@ class DS4App(App):
         if not text:
             return
         try:
-            info = self.engine.set_context(int(text))
+            n = int(text)
+        except ValueError:  # int() said "invalid literal for int() with base 10: 'abc'"
+            self._error("cannot change the context size", f"context size: expected "
+                        f"{self.context_size_problem(text)}, found {text.strip()!r}; the session keeps its size")
+            return
+        try:
+            info = self.engine.set_context(n)
         except (ValueError, W.S.EngineError) as exc:
             self._error("cannot change the context size", str(exc))
             return

@@ -321,6 +321,15 @@ async def test_the_context_size_changes_from_the_palette_with_the_memory_it_need
         assert "context 0/3000 tokens" in app.query_one("#throughput").text
         await _ask(pilot, app, "Hi")  # and the chat goes on in the new session
         assert app.turns[-1].ids
+        # a size that is no number: the dialog said "invalid literal for int() with base 10: 'abc'"
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        app.screen.query_one("#ask-path").value = "abc"
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.errors, what="the error dialog")
+        assert app.errors == [("cannot change the context size", "context size: expected a whole number of tokens, "
+                               f"2..{app.engine.engine.config.context_length}, found 'abc'; the session keeps its size")]
+        assert isinstance(app.screen, ErrorDialog) and app.engine.info.n_ctx == 3000
 
 
 async def test_an_answer_that_fills_the_context_says_what_to_do_once(tiny_q2, tmp_path):
