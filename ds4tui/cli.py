@@ -668,14 +668,16 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             return 2
     rc = None
     stdout = sys.stdout
-    if args.command != "chat":  # the app owns the terminal
+    if args.command != "chat" and stdout is not None:  # the app owns the terminal; None: stdout closed (>&-),
+        # where print writes nothing
         sys.stdout = _Output(stdout)
     try:
         with interrupt_on_signals(exiting=exiting):
             try:
                 module = importlib.import_module(f"ds4tui.commands.{args.command.replace('-', '_')}")  # an interrupt here too: no traceback
                 rc = int(module.run(args) or 0)
-                sys.stdout.flush()  # what is still buffered: a full disk is met here, not as the process exits
+                if isinstance(sys.stdout, _Output):  # what is still buffered: a full disk is met here, not as
+                    sys.stdout.flush()  # the process exits
             except KeyboardInterrupt:
                 rc = 130
             if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says

@@ -519,3 +519,13 @@ def test_a_model_file_that_cannot_be_read_names_the_argument_and_what_to_do(comm
         argv = ["tokenize", str(path), "--text", "hi"] if command == "tokenize" else _args(command, str(path))
         rc, out, err = _run(capsys, argv)
         assert (rc, out, err) == (1, "", f"ds4tui {command}: error: {path}: {why}{hint}\n")
+
+
+def test_a_closed_standard_output_is_left_as_python_leaves_it(capsys, monkeypatch):
+    """With stdout closed (``>&-``) Python's sys.stdout is None and print writes nothing: the command
+    runs as before (the full-disk check above wrapped None and failed on the first print)."""
+    monkeypatch.setattr("sys.stdout", None)
+    assert cli_main(["doctor"]) == 0
+    import sys
+
+    assert sys.stdout is None and "Traceback" not in capsys.readouterr().err
