@@ -774,3 +774,60 @@ def test_a_cut_proposal_measures_the_next_position_from_the_bonus_when_greedy(ti
     else:
         assert observed > 5 and 0 < accepted_third  # the fitted drafter gets some right
         assert (end.reached[2], end.hit[2]) == (observed, accepted_third)
+
+
+def _kept_by_the_engine(tiny_q2, prices: P.SchedulerPrices) -> S.Session:
+    """A second session of an engine that keeps prices, its first having ended holding ``prices``
+    (set and closed before any cycle: the engine keeps them as they are)."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
+    first = e.session(128)
+    first.set_scheduler_prices(prices)
+    first.close()
+    assert e.kept_prices == prices.capped()
+    s = e.session(128)
+    assert s.scheduler_prices_at_start == "engine"
+    s.prefill(PROMPT)
+    s.step()  # samples the prefill's logits
+    return s
+
+
+def test_kept_prices_from_a_dearer_decode_are_dropped_and_the_session_prices_itself(tiny_q2):
+    """Kept times measured where a decode cost over twice this session's (a long context) would
+    never be drafted to re-time them: the first plain decode drops them, the counts stay, and the
+    session prices itself as a fresh one does (five plain decodes, then a pricing draft)."""
+    slow = P.SchedulerPrices(t_ver={1: 1000.0, 6: 2500.0}, t_prop=2500.0,
+                             reached=(32,) * 5 + (0,) * 11, hit=(16,) * 5 + (0,) * 11)
+    s = _kept_by_the_engine(tiny_q2, slow)
+    s.step()  # the re-timing decode: far under 500 ms on any machine
+    now = s.scheduler_prices()
+    assert set(now.t_ver) == {1} and now.t_ver[1] < 500.0 and now.t_prop is None
+    assert now.reached == slow.reached and now.hit == slow.hit
+    for i in range(2, 6):
+        s.step()
+        st = s.dspark_stats()
+        assert (st.cycles, st.proposed) == (i, 0)
+    s.step()
+    st = s.dspark_stats()
+    assert st.cycles == 6 and st.proposed > 0 and s.scheduler_prices().t_prop is not None  # its pricing draft
+    s.close()
+
+
+def test_kept_prices_from_a_cheaper_decode_stay_and_prices_set_directly_are_used_as_given(tiny_q2):
+    """A decode dearer than the kept one (a longer context now) keeps the kept times: drafting looks
+    cheap, so the scheduler drafts and re-times them.  Prices set on a session directly are used as
+    given, however far from its decode."""
+    fast = P.SchedulerPrices(t_ver={1: 1e-6, 6: 1000.0}, t_prop=1000.0,
+                             reached=(32,) * 5 + (0,) * 11, hit=(0,) * 16)
+    s = _kept_by_the_engine(tiny_q2, fast)
+    s.step()
+    now = s.scheduler_prices()
+    assert now.t_ver[6] == 1000.0 and now.t_prop == 1000.0
+    s.close()
+    slow = P.SchedulerPrices(t_ver={1: 1000.0, 6: 2500.0}, t_prop=2500.0,
+                             reached=(32,) * 5 + (0,) * 11, hit=(16,) * 5 + (0,) * 11)
+    d = _priced(tiny_q2, slow)
+    d.step()
+    now = d.scheduler_prices()
+    # re-timed through the clamped average only: 0.8 * 1000 + 0.2 * 500 (a sample at most halves it)
+    assert now.t_ver[6] == 2500.0 and now.t_prop == 2500.0 and now.t_ver[1] == pytest.approx(900.0, rel=1e-6)
+    d.close()

@@ -202,9 +202,10 @@ class SessionBackend(Protocol):
         """The DSpark scheduler's prices and acceptance counts (spec dspark.md §7.4); None without
         a scheduler."""
 
-    def set_prices(self, prices: "SchedulerPrices") -> None:
-        """Start the scheduler from ``prices``; :class:`StateError` without a support model,
-        ValueError for a value out of range."""
+    def set_prices(self, prices: "SchedulerPrices", kept: bool = False) -> None:
+        """Start the scheduler from ``prices`` (``kept``: kept from other sessions, checked against
+        this session's first decode; spec dspark.md §7.4); :class:`StateError` without a support
+        model, ValueError for a value out of range."""
 
     def close(self) -> None:
         """Free what the backend holds; no call follows."""
@@ -352,9 +353,11 @@ class NativeBackend:
         self._lib.ds4_session_dspark_prices(self.handle, p)
         return SchedulerPrices.from_native(p)
 
-    def set_prices(self, prices: SchedulerPrices) -> None:
+    def set_prices(self, prices: SchedulerPrices, kept: bool = False) -> None:
+        """``kept``: prices kept from other sessions, checked against this session's first decode
+        (``ds4_session_set_dspark_prices``, spec dspark.md §7.4)."""
         err = self._ffi.new("char[512]")
-        rc = self._lib.ds4_session_set_dspark_prices(self.handle, prices.to_native(self._ffi), err, 512)
+        rc = self._lib.ds4_session_set_dspark_prices(self.handle, prices.to_native(self._ffi), int(kept), err, 512)
         if rc == -1:  # DS4_E_INVALID: a value out of range
             raise ValueError(self._ffi.string(err).decode())
         if rc != 0:
@@ -466,7 +469,7 @@ class ReferenceBackend:
     def prices(self) -> SchedulerPrices | None:
         return None
 
-    def set_prices(self, prices: SchedulerPrices) -> None:
+    def set_prices(self, prices: SchedulerPrices, kept: bool = False) -> None:
         raise StateError(self._NO_DSPARK)
 
     def close(self) -> None:

@@ -630,7 +630,7 @@ class Engine:
                 kept, source = self._prices, self._prices_from
             if kept is not None and kept.learnt:
                 start = kept.capped()
-                backend.set_prices(start)
+                backend.set_prices(start, kept=True)
             else:
                 source = "fresh"
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
@@ -1184,7 +1184,9 @@ class Session:
 
     def set_scheduler_prices(self, kept: "prices.SchedulerPrices") -> None:
         """Start the DSpark scheduler from ``kept`` (spec dspark.md §7.4): its next cycle is a plain
-        decode that re-times t_ver(1), then it decides with these prices and counts.
+        decode that re-times t_ver(1), then it decides with these prices and counts, used as given
+        (prices the engine keeps between sessions are checked against that decode instead: kept
+        times measured where a decode cost over twice as much are dropped).
         :class:`StateError` without an attached support model; ValueError naming a field out of
         range (a time not finite and > 0, hit[k] > reached[k])."""
         with self._lock:

@@ -564,10 +564,14 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out);
 /* Start a session's scheduler from `p` (e.g. another session's prices):
  * the prices and counts replace the session's, the back-off restarts, and
  * the next cycle is still a plain decode that re-times t_ver[1] before the
- * scheduler decides anything.  DS4_E_INVALID names the field when a time is
- * not finite and positive where it is marked valid, or hit[k] > reached[k];
- * DS4_E_STATE without an attached support model. */
-int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, char *err, size_t err_len);
+ * scheduler decides anything.  `kept` != 0: `p` was kept from other sessions
+ * (spec dspark.md §7.4), so when that plain decode takes less than half the
+ * kept t_ver[1] the kept times are dropped (the counts stay) and the session
+ * prices itself as a fresh one does; `kept` == 0: `p` is used as given.
+ * DS4_E_INVALID names the field when a time is not finite and positive where
+ * it is marked valid, or hit[k] > reached[k]; DS4_E_STATE without an
+ * attached support model. */
+int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, int kept, char *err, size_t err_len);
 /* The last drafter pass: its draft tokens (after the confidence cut, before
  * any budget or scheduler cut) and the raw confidences c_1..c_n it computed
  * (uncalibrated; c_k is computed up to the first one below the threshold). */

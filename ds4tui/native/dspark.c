@@ -78,6 +78,8 @@ struct ds4_dspark {
     int first_n;                /* of the FIRST_DECODES plain decodes that price a session without a kept
                                  * t_ver(1), those timed so far (FIRST_DECODES: none are due) */
     double first_ms[FIRST_DECODES];
+    int kept_check;             /* the session started from another session's kept prices: its first
+                                 * priced plain decode checks them against its own (spec dspark.md §7.4) */
     ds4_dspark_stats st;
 };
 
@@ -644,6 +646,19 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.propose_ms += propose_ms;
     add_prop_times(&d->st, pt);
     if (!s->last_pass_captured) {
+        if (d->kept_check) {
+            d->kept_check = 0;
+            if (t1 - t0 < 0.5 * d->pr.t_ver[1]) {
+                /* the kept times were measured where a decode cost over twice this one (a longer
+                 * context, a busier machine): a verify priced that high would never be drafted to
+                 * re-time it, and the clamped average would take dozens of decodes to bring t_ver(1)
+                 * down.  They go, and the session prices itself as a fresh one does (five plain
+                 * decodes, then a pricing draft); the acceptance counts stay (spec dspark.md §7.4) */
+                for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = 0;
+                d->pr.has_prop = 0;
+                d->first_n = 0;
+            }
+        }
         ema(&d->pr.t_ver[1], &d->pr.has_ver[1], t1 - t0);
         if (d->first_n < FIRST_DECODES) {
             d->first_ms[d->first_n++] = t1 - t0;
@@ -979,7 +994,7 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out) {
     return DS4_OK;
 }
 
-int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, char *err, size_t err_len) {
+int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, int kept, char *err, size_t err_len) {
     if (!s || !p) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or prices");
     if (!s->dsp || !s->e->sup)
         return ds4_fail(err, err_len, DS4_E_STATE, "scheduler prices need an attached DSpark support model");
@@ -1003,6 +1018,7 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, ch
     d->plain_here = 0;
     d->since_plain = 0;
     d->first_n = d->pr.has_ver[1] ? FIRST_DECODES : 0;
+    d->kept_check = kept && d->pr.has_ver[1];
     return DS4_OK;
 }
 
