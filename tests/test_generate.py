@@ -157,6 +157,17 @@ def test_bad_text_and_unwritable_output(tiny_q2, tmp_path, capsys):
     assert rc == 1 and "--prompt: not UTF-8 text" in err
 
 
+
+def test_a_closed_standard_output_is_one_line_before_anything_loads(tiny_q2, capsys, monkeypatch):
+    """With stdout closed (>&-) Python leaves sys.stdout None: generate wrote the answer into it and
+    ended in an AttributeError traceback; now it says so and where to send the answer, exit 1."""
+    monkeypatch.setattr("sys.stdout", None)
+    rc = cli_main(["generate", tiny_q2["model"], "-p", PROMPT, "-n", "4", "--json"])
+    err = capsys.readouterr().err
+    assert (rc, err) == (1, "ds4tui generate: error: standard output is closed (>&-): the answer has nowhere to go; "
+                            "redirect it instead, e.g. > answer.txt (or > /dev/null to time a run)\n")
+
+
 # ---- DSpark ------------------------------------------------------------------------------------
 
 def _mtp(tiny_q2, *extra: str) -> list[str]:

@@ -145,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
                f"{' (with --raw, write a system text into the prompt)' if args.system is not None else ''}")
     if why:
         return _fail(why, as_json, status=2)  # a usage error, as argparse's
+    if sys.stdout is None:  # closed (>&-): Python leaves None there, and the answer would go nowhere
+        return _fail("standard output is closed (>&-): the answer has nowhere to go; redirect it instead, e.g. "
+                     "> answer.txt (or > /dev/null to time a run)", False)
     moot = _moot_knobs(args)
     if moot:  # on stderr with --json too, as every other note
         print(f"ds4tui generate: note: {moot}", file=sys.stderr, flush=True)
