@@ -25,7 +25,7 @@ import numpy as np
 from ds4tui.commands.environment import print_error_json
 from ds4tui.engine import draft_vocab as DV
 from ds4tui.engine.errors import ConversionError, DraftVocabError
-from ds4tui.engine.gguf_model import SUPPORT_GIVEN_AS_MODEL, DS4Model, ModelFileError, SupportModel
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
 _PREFIX = "ds4tui draft-vocab: error:"
@@ -95,17 +95,16 @@ def run(args: argparse.Namespace) -> int:
     if why:
         return _fail(why, status=2, as_json=args.json)
     try:
-        model = DS4Model(args.model)
+        # the two files in the wrong order: draft-vocab has no --mtp, the support file is its second argument
+        model = DS4Model(args.model, support_hint=" (this is a DSpark support file: give the target model first, "
+                         "then the support file: ds4tui draft-vocab MODEL.gguf SUPPORT.gguf --from PATH --out OUT.gguf)")
         support = SupportModel(args.support, model.config, check_finite=False)
         if not support.compatible:
             return _fail(f"{args.support}: not a support model for {args.model}: {support.problems[0].message}",
                          as_json=args.json)
         tok = Tokenizer.from_gguf(model.reader)
     except (ModelFileError, TokenizerError, OSError) as exc:
-        # the two files in the wrong order: draft-vocab has no --mtp, the support file is its second argument
-        return _fail(str(exc).replace(SUPPORT_GIVEN_AS_MODEL, " (this is a DSpark support file: give the target "
-                                      "model first, then the support file: ds4tui draft-vocab MODEL.gguf SUPPORT.gguf "
-                                      "--from PATH --out OUT.gguf)"), as_json=args.json)
+        return _fail(str(exc), as_json=args.json)
     files = 0
     counted = 0
     lists: list[list[int]] = []

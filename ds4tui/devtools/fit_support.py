@@ -59,7 +59,7 @@ from gguf import GGUFValueType, GGUFWriter
 from ds4tui.engine import layout as L
 from ds4tui.engine.convert import (ConversionError, PlannedTensor, Progress, check_output_path, stderr_progress,
                                    write_gguf)
-from ds4tui.engine.gguf_model import SUPPORT_GIVEN_AS_MODEL, DS4Model, ModelFileError, SupportModel, field_value
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel, field_value
 from ds4tui.engine.quants import quantize
 from ds4tui.engine.reference import Weights, rms_norm
 
@@ -476,16 +476,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with interrupt_on_signals():
-            r = fit_support(a.model, a.support_in, a.out, prompts=a.prompts, tokens=a.tokens, rank=a.rank,
+            # the files in the wrong order: this tool has no --mtp, the support file is its second argument
+            model = DS4Model(a.model, support_hint=" (this is a DSpark support file: give the target model first: "
+                             "ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf)")
+            r = fit_support(model, a.support_in, a.out, prompts=a.prompts, tokens=a.tokens, rank=a.rank,
                             scan=a.scan, seed=a.seed, progress=None if a.quiet else stderr_progress)
     except KeyboardInterrupt:
         print("fit_support: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, ModelFileError, ConversionError, EngineError) as exc:
-        # the files in the wrong order: this tool has no --mtp, the support file is its second argument
-        message = str(exc).replace(SUPPORT_GIVEN_AS_MODEL, " (this is a DSpark support file: give the target model "
-                                   "first: ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf)")
-        print(f"fit_support: error: {message}", file=sys.stderr)
+        print(f"fit_support: error: {exc}", file=sys.stderr)
         return 1
     print(summary_line(r))
     return 0

@@ -512,7 +512,10 @@ class DS4Model:
     Raises the :class:`ModelFileError` subclass for the first problem found.
     """
 
-    def __init__(self, path: str | os.PathLike, *, check_finite: bool = False):
+    def __init__(self, path: str | os.PathLike, *, check_finite: bool = False,
+                 support_hint: str = SUPPORT_GIVEN_AS_MODEL):
+        """``support_hint``: what the architecture error adds when ``path`` is a DSpark support file
+        (a command that takes the support file otherwise than with ``--mtp`` says its own form)."""
         self.path = Path(path)
         self.reader = open_gguf(self.path)
         self.warnings: list[str] = []
@@ -521,7 +524,7 @@ class DS4Model:
             raise MissingKeyError(self.path, "general.architecture", f"missing (expected '{L.ARCH}')")
         arch = field_value(arch_f)
         if arch != L.ARCH:
-            hint = SUPPORT_GIVEN_AS_MODEL if arch in (L.SUPPORT_ARCH, "dflash") else ""
+            hint = support_hint if arch in (L.SUPPORT_ARCH, "dflash") else ""
             raise ArchitectureError(self.path, f"general.architecture: expected '{L.ARCH}', found '{arch}'{hint}")
         self.config = read_config(self.reader, self.path)
         self._check_vocab()
