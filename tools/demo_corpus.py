@@ -286,8 +286,8 @@ def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAG
           answer_docstring: str = "full", chat_copies: int = 1) -> dict:
     """Write the corpus files into ``out_dir`` and return the manifest.
 
-    ``chat_copies`` > 1 appends every training chat sample that many times more in all, after all files,
-    each copy in a seeded shuffled order, so that the copies of a sample lie far apart (a window that
+    ``chat_copies`` > 1 appends every training chat sample ``chat_copies - 1`` more times after all
+    files, each round of copies in a seeded shuffled order, so that the copies of a sample lie far apart (a window that
     held two would teach copying); the held-out split is left as it is."""
     if chat_copies < 1:
         raise ValueError(f"chat_copies must be at least 1, got {chat_copies}")
