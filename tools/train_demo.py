@@ -617,7 +617,7 @@ def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tens
                  w: "LossWeights"):
     """Loss terms of one drafter batch (see the module docstring) and acceptance statistics."""
     S, A, B = ids.shape[0], anchors.numel(), BLOCK
-    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [S, N, H], normed
         rows = (anchors[:, None] + torch.arange(B, device=ids.device)[None, :]).reshape(-1)
         tlog = model.lm_head(hidden[:, rows]).float()  # [S, A·B, V]: target at a+k predicts a+k+1
@@ -668,25 +668,33 @@ class LossWeights:
 
 @torch.no_grad()
 def generate_greedy(model, prompts: torch.Tensor, n_new: int, chunk: int = 256,
-                    seconds: float | None = None) -> torch.Tensor:
+                    seconds: float | None = None, kv_cache: bool = True, bf16: bool = True) -> torch.Tensor:
     """Greedy continuations of ``prompts[S, P]`` by the target: ``[S', P + n_new]`` token ids.
 
-    No KV cache: every step runs the whole sequence (bf16 autocast), ``chunk`` sequences at a time;
-    the argmax is taken from the last position's logits (spec ds4.md §6's tiny model is small enough).
-    With ``seconds``, no new chunk is started once that much wall clock has passed, so ``S'`` can be
-    less than ``S`` (a whole number of chunks, at least one).
+    ``chunk`` sequences at a time under bf16 autocast (float32 with ``bf16=False``); the argmax is taken from the last position's
+    logits.  With ``kv_cache`` (``--distill-kv-cache on``, the default) the prompt runs once and each
+    new token once against transformers' DeepSeek V4 cache (its sliding-window, compressor and indexer
+    states); without it every step runs the whole sequence again, ~(P + n_new / 2) times the work a
+    token.  Both pick the same tokens in float32 (tests/test_train_demo_generate.py); under bf16 a
+    near tie may resolve differently, as any change of batch shape can.  With ``seconds``, no new
+    chunk is started once that much wall clock has passed, so ``S'`` can be less than ``S`` (a whole
+    number of chunks, at least one).
     """
     model.eval()
     out, t0 = [], time.time()
     for i in range(0, prompts.shape[0], chunk):
         if out and seconds is not None and time.time() - t0 >= seconds:
             break
-        ids = prompts[i:i + chunk]
+        ids, cache, step = prompts[i:i + chunk], None, prompts[i:i + chunk]
         for _ in range(n_new):
-            with torch.autocast(ids.device.type, dtype=torch.bfloat16):
-                last = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-                nxt = model.lm_head(last).float().argmax(-1)
-            ids = torch.cat((ids, nxt[:, None]), dim=1)
+            with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+                if kv_cache:
+                    o = model.model(input_ids=step, past_key_values=cache, use_cache=True)
+                    cache = o.past_key_values
+                else:
+                    o = model.model(input_ids=ids, use_cache=False)
+                nxt = model.lm_head(o.last_hidden_state[:, -1]).float().argmax(-1)
+            ids, step = torch.cat((ids, nxt[:, None]), dim=1), nxt[:, None]
         out.append(ids)
     return torch.cat(out)
 
@@ -1085,6 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="drafter: every N-th batch is corpus windows, the others greedy continuations (with "
                          "--distill-sequences)")
     ap.add_argument("--distill-chunk", type=int, default=256, help="continuations generated at a time")
+    ap.add_argument("--distill-kv-cache", choices=("on", "off"), default="on",
+                    help="generate the continuations (and --heldout-generated) with the target's KV cache (on: "
+                         "each token runs once) or by re-running the whole sequence for every new token (off, "
+                         "the scripts' behaviour before the option); the same tokens in float32")
     ap.add_argument("--distill-budget", type=float, default=None,
                     help="seconds: start no new chunk of training-prompt continuations after this (fewer sequences)")
     a = ap.parse_args(argv)
@@ -1158,13 +1170,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         P = a.distill_prompt
         hp = Windows(held_ids, P, a.device, a.seed + 4).fixed(a.heldout_generated) if a.heldout_generated else None
-        held_generated = generate_greedy(model, hp, a.distill_new, a.distill_chunk) if hp is not None else None
+        kv = a.distill_kv_cache == "on"
+        held_generated = (generate_greedy(model, hp, a.distill_new, a.distill_chunk, kv_cache=kv)
+                          if hp is not None else None)
         prompts = Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences) if a.distill_sequences else None
-        generated = (generate_greedy(model, prompts, a.distill_new, a.distill_chunk, a.distill_budget)
+        generated = (generate_greedy(model, prompts, a.distill_new, a.distill_chunk, a.distill_budget, kv_cache=kv)
                      if prompts is not None else None)
         report["distill"] = {"sequences": 0 if generated is None else int(generated.shape[0]),
                              "sequences_asked": a.distill_sequences, "heldout_sequences": a.heldout_generated,
-                             "prompt_tokens": P, "new_tokens": a.distill_new, "seconds": round(time.time() - t0, 1)}
+                             "prompt_tokens": P, "new_tokens": a.distill_new, "kv_cache": kv, "seconds": round(time.time() - t0, 1)}
         log(f"distill {json.dumps(report['distill'])}")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)
     drafter = drafter.to(a.device)
