@@ -248,9 +248,62 @@ def test_interrupt_during_decode_exits_130(tiny_q2, capsys, monkeypatch):
     finally:
         signal.signal(signal.SIGINT, previous)
     sender.join(5)
-    assert rc == 130 and out == ""
+    assert rc == 130 and out.startswith("INTERRUPTED after 0 of 1 runs") and "no run finished" in out
     assert err.strip().endswith("ds4tui: interrupted")
     assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("at_run", [2, 0])
+def test_interrupted_json_prints_the_runs_that_finished(at_run, tiny_q2, tmp_path, capsys, monkeypatch):
+    # --repeat 3 --json, a SIGINT as run at_run (0-based) starts: the runs before it are the JSON on
+    # stdout, marked interrupted, and the status is still 130.
+    from ds4tui.engine import session as S
+
+    starts: list = []
+    cancelled = threading.Event()
+    real_prefill, real_cancel = S.Session.prefill, S.Session.cancel
+
+    def prefill(self, *args, **kwargs):
+        starts.append(self)
+        if len(starts) - 1 == at_run:
+            _sigint_main()
+            assert cancelled.wait(30)  # the main thread took it: this prefill stops at once
+        return real_prefill(self, *args, **kwargs)
+
+    def cancel(self):
+        real_cancel(self)
+        cancelled.set()
+
+    monkeypatch.setattr(S.Session, "prefill", prefill)
+    monkeypatch.setattr(S.Session, "cancel", cancel)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", str(PROMPT), "--decode-tokens",
+                              str(DECODE), "--repeat", "3", "--json")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert rc == 130 and len(starts) == at_run + 1  # no run after the interrupted one
+    r = json.loads(out)
+    assert r["ok"] is False and r["interrupted"] is True
+    assert r["error"] == f"interrupted after {at_run} of 3 runs"
+    assert r["runs_planned"] == 3 and r["runs_finished"] == at_run and len(r["runs"]) == at_run
+    for run in r["runs"]:
+        assert run["decode_tokens_per_s"] == pytest.approx(DECODE / run["decode_seconds"])
+        assert run["prefill_tokens_per_s"] == pytest.approx(PROMPT / run["prefill_seconds"])
+    assert r["model"]["path"] == str(tiny_q2["model"]) and r["repeat"] == 3
+    assert r["prompt_tokens"] == PROMPT and r["decode_tokens"] == DECODE
+    for absent in ("decode_tokens_per_s", "memcpy", "bandwidth_ratio"):  # nothing derived from a partial run
+        assert absent not in r
+    what = "the finished runs are" if at_run else "no run finished; the record of the planned runs is"
+    assert err.endswith(f"ds4tui bench: interrupted after {at_run} of 3 runs; {what} in the JSON on stdout (marked "
+                        f'"ok": false, "interrupted": true)\nds4tui: interrupted\n')
+    # compare refuses it, naming it
+    saved = tmp_path / "partial.json"
+    saved.write_text(out)
+    rc = cli_main(["compare", str(saved), str(saved)])
+    cmp = capsys.readouterr()
+    assert rc == 1 and cmp.err.startswith(f"ds4tui compare: error: {saved}: an interrupted `bench` run (interrupted "
+                                          f"after {at_run} of 3 runs)")
 
 
 def _sigint_main() -> None:

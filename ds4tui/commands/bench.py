@@ -43,8 +43,10 @@ times in their own units (``DSparkStats.stage_timing``: each drafter step per dr
 per drafted cycle, the plain decode, with the counts) and ds4's stats line, and it checks that the three arms generated the same ids (a
 sha256 of each arm's ids); different outputs are an error (exit status 1).
 An interrupt (Ctrl-C, SIGTERM, SIGHUP) stops it after the native call it cancels has returned and
-keeps the runs that finished (:func:`_partial_ab`): they are written where a finished result would
-go, marked ``"ok": false, "interrupted": true``, and the exit status is 128 + the signal.
+keeps the runs that finished (:func:`_partial_ab`; of a plain run's ``--repeat`` runs,
+:func:`_partial_plain`): they are written where a finished result would go (``--out``, the JSON or
+the text report on stdout), marked ``"ok": false, "interrupted": true``, and the exit status is
+128 + the signal.
 """
 
 from __future__ import annotations
@@ -379,9 +381,13 @@ def _status(text: str) -> None:
         print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
 
 
-def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
-    """Time prefill and decode ``repeat`` times (see the module docstring for what is timed)."""
-    runs = []
+def measure(session, ids: list[int], n_decode: int, repeat: int, runs: list | None = None) -> list[dict]:
+    """Time prefill and decode ``repeat`` times (see the module docstring for what is timed) and return
+    the runs, one dict each (seconds and tokens/s of the prefill and of the decode).  Each run is
+    appended to ``runs`` (when given) as it finishes, so that a caller keeps the finished ones when a
+    :meth:`Session.cancel` stops the rest: a cancelled prefill raises :class:`CancelledError`, a
+    cancelled decode ends the measurement without its run."""
+    runs = [] if runs is None else runs
     for r in range(repeat):
         if r:
             session.reset()
@@ -390,13 +396,16 @@ def measure(session, ids: list[int], n_decode: int, repeat: int) -> list[dict]:
         t0 = time.perf_counter()
         session.prefill(ids)
         t1 = time.perf_counter()
-        cycles = iter(DecodeLoop(session, 1 + n_decode))  # target-only: one token per cycle
-        next(cycles)  # samples the first token from the prefill logits: no forward pass, not timed
+        loop = DecodeLoop(session, 1 + n_decode)  # target-only: one token per cycle
+        cycles = iter(loop)
+        next(cycles, None)  # samples the first token from the prefill logits: no forward pass, not timed
         _status(f"decode {n_decode} tokens{tag}...")
         t2 = time.perf_counter()
         for _ in cycles:
             pass
         t3 = time.perf_counter()
+        if loop.reason == "cancelled":  # cut short: not a finished run
+            return runs
         runs.append({"prefill_seconds": t1 - t0, "prefill_tokens_per_s": len(ids) / (t1 - t0),
                      "decode_seconds": t3 - t2, "decode_tokens_per_s": n_decode / (t3 - t2)})
     return runs
@@ -445,14 +454,18 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     _tell(say, note, backend_note, gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     try:
         session = engine.session(ctx, **settings.session_options())
+        runs: list[dict] = []  # the runs that finished: kept when an interrupt stops the rest
 
         def work():
-            runs = measure(session, ids, n_decode, repeat)
+            measure(session, ids, n_decode, repeat, runs)
             _status("memcpy bandwidth...")
-            return runs, memcpy_bandwidth(engine.n_threads)
+            return memcpy_bandwidth(engine.n_threads)
 
+        interrupted = False
         try:
-            runs, mc = _in_worker(work, session.cancel)
+            mc = _in_worker(work, session.cancel)
+        except KeyboardInterrupt:  # the worker has returned
+            interrupted = True
         finally:
             _status("")
         memory = session.memory().to_dict()
@@ -463,6 +476,14 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     finally:
         engine.close()
 
+    header = {"model": _model_info(model, medium), "backend": backend, "backend_note": backend_note,
+              "numerics": numerics, "activations": activations, "activations_note": activations_note,
+              "prefill_gemm": gemm, "prefill_gemm_note": gemm_note, "gpu_graphs": graphs,
+              "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
+              "prompt_tokens": n_prompt, "prompt": prompt_kind, "decode_tokens": n_decode, "ctx": ctx,
+              "repeat": repeat}
+    if interrupted:
+        raise BenchInterrupted(_partial_plain(runs, header))
     decode_ctx = n_prompt + (n_decode + 1) // 2  # mean context of the timed decode steps (P+1 .. P+D)
     bpt = model.bytes_per_token(decode_ctx)
     prefill_tps = max(r["prefill_tokens_per_s"] for r in runs)
@@ -472,23 +493,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     return {
         "ok": True,
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": _model_info(model, medium),
-        "backend": backend,
-        "backend_note": backend_note,
-        "numerics": numerics,
-        "activations": activations,
-        "activations_note": activations_note,
-        "prefill_gemm": gemm,
-        "prefill_gemm_note": gemm_note,
-        "gpu_graphs": graphs,
-        "gpu_graphs_note": graphs_note,
-        "prefill_chunk": chunk,
-        "n_threads": n_threads_used,
-        "prompt_tokens": n_prompt,
-        "prompt": prompt_kind,
-        "decode_tokens": n_decode,
-        "ctx": ctx,
-        "repeat": repeat,
+        **header,
         "prefill_tokens_per_s": prefill_tps,
         "decode_tokens_per_s": decode_tps,
         "decode_timing": "greedy decode cycles 2..D+1 after the prefill (in batches of one C call), one forward "
@@ -775,12 +780,31 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
 
 
 class BenchInterrupted(KeyboardInterrupt):
-    """An interrupt (Ctrl-C, SIGTERM, SIGHUP) stopped ``bench --ab``: ``result`` is the partial
-    result (:func:`_partial_ab`), written as a finished run's would be before the command exits 130."""
+    """An interrupt (Ctrl-C, SIGTERM, SIGHUP) stopped ``bench``: ``result`` is the partial result
+    (:func:`_partial_plain`, :func:`_partial_ab` for ``--ab``), written as a finished run's would be
+    before the command exits 130."""
 
     def __init__(self, result: dict):
         super().__init__("interrupted")
         self.result = result
+
+
+def _partial_plain(finished: list[dict], header: dict) -> dict:
+    """The result of a plain run that an interrupt stopped: ``ok`` false, ``interrupted`` true, how
+    many of the ``--repeat`` runs finished, and their own figures in ``runs`` (an empty list when none
+    did).  Nothing is derived from them (no fastest run, bandwidth or memcpy figure): the memcpy
+    bandwidth is measured after the last run."""
+    return {
+        "ok": False,
+        "interrupted": True,
+        "error": f"interrupted after {len(finished)} of {header['repeat']} runs",
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **header,
+        "runs_planned": header["repeat"],
+        "runs_finished": len(finished),
+        "runs": finished,
+        "machine": machine_info(),
+    }
 
 
 def _partial_ab(finished: list[tuple[str, str, dict]], arm_order, prompts, header: dict) -> dict:
@@ -904,6 +928,23 @@ def render_ab_text(r: dict) -> str:
     else:
         lines.append("greedy outputs: DIFFERENT: " + "; ".join(
             f"{x['arm']} {x['kind']} from token {x['first_difference']}" for x in r["mismatches"]))
+    return "\n".join(lines)
+
+
+def render_partial_text(r: dict) -> str:
+    """The text report of an interrupted plain run (:func:`_partial_plain`): each finished run's own
+    figures."""
+    m = r["model"]
+    lines = [f"INTERRUPTED after {r['runs_finished']} of {r['runs_planned']} runs: the figures below are the finished "
+             f"runs' own (no fastest run, no bandwidth)",
+             f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
+             f"engine   {r['backend']} backend, {r['numerics']} numerics, {plural(r['n_threads'], 'thread')}, "
+             f"context {r['ctx']}; prompt {r['prompt_tokens']} tokens, decode {r['decode_tokens']} tokens", ""]
+    for i, x in enumerate(r["runs"], 1):
+        lines.append(f"run {i}    prefill {x['prefill_tokens_per_s']:10.2f} tok/s   decode "
+                     f"{x['decode_tokens_per_s']:10.2f} tok/s")
+    if not r["runs"]:
+        lines.append("no run finished")
     return "\n".join(lines)
 
 
@@ -1102,10 +1143,10 @@ def _emit(args, result: dict, render) -> int | None:
 
 
 def _emit_interrupted(args, result: dict) -> int:
-    """Write an interrupted A/B run's partial result where a finished one would go (``--out``,
-    stdout), say on stderr how far it got and where its runs are, and return 130 (the command line
-    then names the signal in the status)."""
-    failed = _emit(args, result, render_ab_partial_text)
+    """Write an interrupted run's partial result where a finished one would go (``--out``, stdout),
+    say on stderr how far it got and where its runs are, and return 130 (the command line then names
+    the signal in the status)."""
+    failed = _emit(args, result, render_ab_partial_text if result.get("mode") == "ab" else render_partial_text)
     where = (f"in {args.out}" if args.out is not None and failed is None
              else "in the JSON on stdout" if args.json or failed is not None else "above")
     what = ("the finished runs are" if result.get("runs_finished")
