@@ -228,6 +228,24 @@ def test_output_path_checks_happen_before_work(small_f32, tmp_path, capsys):
     assert rc == 0 and DS4Model(existing).config.n_layer == 3
 
 
+@pytest.mark.parametrize("argv,name,what", [
+    (["{hf}", ""], "out", "the path of the .gguf file to write"),
+    (["{hf}", "  "], "out", "the path of the .gguf file to write"),
+    (["", "{out}"], "hf_dir", "the checkpoint folder to read"),
+])
+def test_an_empty_path_is_a_usage_error(argv, name, what, small_f32, tmp_path, capsys, monkeypatch):
+    # Path("") is the current folder: it was named as "." (a folder) instead of the empty argument
+    monkeypatch.chdir(tmp_path)
+    read = []
+    monkeypatch.setattr("ds4tui.commands.convert.convert", lambda *a, **k: read.append(a))
+    argv = [a.format(hf=small_f32["hf"], out=tmp_path / "o.gguf") for a in argv]
+    rc = cli_main(["convert", *argv, "-q"])
+    out = capsys.readouterr()
+    assert rc == 2 and out.out == "" and read == [] and list(tmp_path.iterdir()) == []
+    assert out.err == (f"ds4tui convert: error: argument {name}: expected {what}, found an empty one; give it, e.g. "
+                       f"ds4tui convert HF_DIR model.gguf\n")
+
+
 def test_sigterm_leaves_no_partial_file(small_f32, tmp_path):
     """kill/timeout (SIGTERM) unwinds like Ctrl-C: the temporary .part file is removed."""
     import signal

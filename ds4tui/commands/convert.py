@@ -1,4 +1,7 @@
-"""``ds4tui convert HF_DIR OUT.gguf [--types f32|f16|q8_0|q2]``."""
+"""``ds4tui convert HF_DIR OUT.gguf [--types f32|f16|q8_0|q2]``.
+
+An empty HF_DIR or OUT (an unset variable) is a usage error naming the argument, exit status 2,
+before anything is read: ``Path("")`` is the current folder, which would be read or named instead."""
 
 from __future__ import annotations
 
@@ -9,6 +12,12 @@ from ds4tui.engine.convert import ConversionError, convert, stderr_progress
 
 
 def run(args) -> int:
+    for name, value, what in (("hf_dir", args.hf_dir, "the checkpoint folder to read"),
+                              ("out", args.out, "the path of the .gguf file to write")):
+        if not value.strip():
+            print(f"ds4tui convert: error: argument {name}: expected {what}, found an empty one; give it, e.g. "
+                  f"ds4tui convert HF_DIR model.gguf", file=sys.stderr)
+            return 2
     t0 = time.perf_counter()
     try:
         out = convert(args.hf_dir, args.out, types=args.types, tokenizer_json=args.tokenizer_json, name=args.name,
