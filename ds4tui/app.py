@@ -601,6 +601,7 @@ class DS4App(App):
             welcome.first().update(Content.styled(
                 f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend"
                 + (f" ({info.backend_note})" if info.backend_note else "")
+                + (f"; {info.threads_note}" if getattr(info, "threads_note", "") else "")
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
                    else "")
                 + (f"; prefill chunks of {info.prefill_chunk} tokens" if info.backend == "hip" and getattr(info, "prefill_chunk", 0)

@@ -640,6 +640,29 @@ async def test_gpu_options_the_cpu_does_not_apply_are_named_in_the_welcome_line(
         assert "does not apply" not in str(app.query_one("#welcome").render()).replace("\n", " ")
 
 
+async def test_more_threads_than_usable_cores_are_named_in_the_welcome_line(tmp_path):
+    import dataclasses
+
+    note = ("8 threads asked on 2 usable cores: the workers share cores, which is usually slower; --threads 2 uses "
+            "each core once")
+
+    def factory(options, progress):
+        engine = FakeChatEngine(options)
+        engine.info = dataclasses.replace(engine.info, n_threads=8, threads_note=note)
+        return engine
+
+    app = DS4App(ChatOptions(model="demo.gguf", save_dir=tmp_path, threads=8), engine_factory=factory,
+                 telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert f"cpu backend; {note}" in welcome
+    app = _app(tmp_path)  # the threads fit (the fake engine's note is "")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        assert "usable cores" not in str(app.query_one("#welcome").render())
+
+
 async def test_a_demo_file_unpacked_again_is_named_in_the_welcome_line(tmp_path):
     # ds4tui chat without MODEL found a demo file damaged and unpacked it again (ChatOptions.notes)
     line = ("the demo's /cache/demo/0123/support.gguf had 6 bytes where demo.json expects 9: unpacked it again from "

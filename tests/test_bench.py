@@ -61,7 +61,8 @@ def test_bench_json_measures_the_tiny_model(tiny_q2, tmp_path, capsys):
     assert rc == 0, err
     r = json.loads(out)
     assert json.loads(out_file.read_text()) == r
-    for key in ("ok", "timestamp", "model", "backend", "numerics", "n_threads", "prompt_tokens", "decode_tokens",
+    for key in ("ok", "timestamp", "model", "backend", "numerics", "n_threads", "threads_note", "prompt_tokens",
+                "decode_tokens",
                 "ctx", "prefill_tokens_per_s", "decode_tokens_per_s", "bytes_per_token", "effective_gb_per_s",
                 "memcpy_gb_per_s", "bandwidth_ratio", "memcpy", "memory", "machine", "runs"):
         assert key in r, key

@@ -431,7 +431,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     """Open an engine on ``model``, measure, and return the result object (see ``ds4tui bench --help``).
     ``settings``: what the environment variables set (default: their defaults); ``say(text)``: told
     which backend ran and why, before measuring; ``note(text)`` (else ``say``): told what GPU option the
-    engine does not apply and a ``--draft-vocab`` that has no effect, whatever the backend."""
+    engine does not apply, a ``--draft-vocab`` that has no effect and more threads than usable cores
+    (:func:`ds4tui.engine.session.threads_note`), whatever the backend."""
     settings = settings or Settings()
     from ds4tui.engine.session import Engine
 
@@ -451,7 +452,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
-    _tell(say, note, backend_note, gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
+    threads_note = engine.threads_note  # more threads than usable cores: run as asked, said
+    _tell(say, note, backend_note, ([threads_note] if threads_note else [])
+          + gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     try:
         session = engine.session(ctx, **settings.session_options())
         runs: list[dict] = []  # the runs that finished: kept when an interrupt stops the rest
@@ -480,8 +483,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
               "numerics": numerics, "activations": activations, "activations_note": activations_note,
               "prefill_gemm": gemm, "prefill_gemm_note": gemm_note, "gpu_graphs": graphs,
               "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
-              "prompt_tokens": n_prompt, "prompt": prompt_kind, "decode_tokens": n_decode, "ctx": ctx,
-              "repeat": repeat}
+              "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
+              "decode_tokens": n_decode, "ctx": ctx, "repeat": repeat}
     if interrupted:
         raise BenchInterrupted(_partial_plain(runs, header))
     decode_ctx = n_prompt + (n_decode + 1) // 2  # mean context of the timed decode steps (P+1 .. P+D)
@@ -627,8 +630,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
     prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
     ``say(text)``: told which backend ran and why, before measuring.  ``note(text)`` (else ``say``):
-    told what GPU option the engine does not apply and what the support file's draft vocabulary could
-    not give, whatever the backend, and every scheduler prices problem, the saved file that cannot be
+    told what GPU option the engine does not apply, more threads than usable cores and what the support
+    file's draft vocabulary could not give, whatever the backend, and every scheduler prices problem, the saved file that cannot be
     used at the start and a write that failed at the end (also in the result).
     ``settings``: what the environment variables set (default: their defaults)."""
     settings = settings or Settings()
@@ -654,9 +657,11 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                     **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
+    threads_note = engine.threads_note  # more threads than usable cores: run as asked, said
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     problem_at_start = engine.scheduler_prices_problem
-    _tell(say, note, backend_note, gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
+    _tell(say, note, backend_note, ([threads_note] if threads_note else [])
+          + gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     if note is not None and problem_at_start:
         note(problem_at_start)
     try:
@@ -719,7 +724,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
             "model": _model_info(model, medium), "support": support_info, "backend": backend,
             "backend_note": backend_note, "numerics": numerics, "activations": activations,
             "activations_note": activations_note, "gpu_graphs": graphs,
-            "gpu_graphs_note": graphs_note, **prices_info, "n_threads": n_threads_used, "ctx": ctx, "tokens": n_tokens}))
+            "gpu_graphs_note": graphs_note, **prices_info, "n_threads": n_threads_used, "threads_note": threads_note,
+            "ctx": ctx, "tokens": n_tokens}))
     arms = [(name, [r for n, _, r in finished if n == name]) for name, _ in AB_ARMS]
     base = {r["kind"]: r for r in arms[0][1]}
     out_arms = []
@@ -762,6 +768,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "gpu_graphs_note": graphs_note,
         **prices_info,
         "n_threads": n_threads_used,
+        "threads_note": threads_note,
         "ctx": ctx,
         "tokens": n_tokens,
         "arm_order": [{"kind": kind, "order": list(order)} for (kind, _, _), order in zip(prompts, arm_order)],

@@ -229,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
                               **settings.price_options())
             if args.backend == "auto" and engine.backend_note:
                 print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
+            if engine.threads_note:  # more threads than usable cores: run as asked, said
+                print(f"ds4tui generate: note: {engine.threads_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             for what in draft_vocab_notes(settings, engine) + verify_head_notes(settings, engine):
@@ -387,6 +389,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         **_prices_result(engine, session),
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,
+        "threads_note": engine.threads_note,
         "raw": bool(args.raw),
         "think": None if args.raw else not args.nothink,
         "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,

@@ -89,6 +89,30 @@ def auto_activations(backend: str) -> tuple[str, str]:
     return "f32", f"auto: f32 on the {backend} backend (--activations q8 for 8-bit activations)"
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask where the platform has one (Linux:
+    ``taskset``, a container's cpuset), else ``os.cpu_count()``; 1 when neither is known."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_note(n_threads: int, asked: int | None = None) -> str:
+    """The note on an engine's thread count: ``n_threads`` (the worker threads it runs) above
+    :func:`usable_cores` means the workers share cores, which is usually slower, and the note says
+    so with the ``--threads`` value that uses each core once; "" when they fit.  ``asked``: the
+    thread count the caller gave (0 = one per core, which the engine counts as online cores, not
+    the usable ones; default: ``n_threads``).  Nothing is changed: the count asked for runs."""
+    cores = usable_cores()
+    if n_threads <= cores:
+        return ""
+    asked = n_threads if asked is None else asked
+    ran = (f"{n_threads} threads asked" if asked else f"--threads 0 runs {n_threads} threads (one per online core)")
+    return (f"{ran} on {cores} usable cores: the workers share cores, which is usually slower; "
+            f"--threads {cores} uses each core once")
+
+
 #: The verify_head option (ds4_engine.h's DS4_VERIFY_HEAD_*, in value order; spec dspark.md §3.4): a DSpark
 #: verify's LM head for every row, or for the first VERIFY_HEAD_FIRST rows and the rest only when acceptance
 #: reaches them (cpu backend).
@@ -185,7 +209,7 @@ class Engine:
     it can run, else cpu; ``backend`` then says which and ``backend_note`` why) or ``"reference"``
     (numpy).  ``progress(done, total)`` (hip) is called with bytes as weights are uploaded.
     ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
-    core.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
+    core; more than the usable cores run as asked and ``threads_note`` says so.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
     Q2_K and IQ2_XXS rows of a 16-byte multiple with their codes apart from their scales) or
     ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
@@ -293,6 +317,7 @@ class Engine:
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         self.backend_note = ""
+        self.threads_note = ""  # the native engine sets it once its thread count is known
         self.gpu_info = None
         self._gpu_library: str | None = None
         if backend in ("hip", "auto"):
@@ -395,6 +420,8 @@ class Engine:
             raise (BackendUnavailableError if rc == -9 else EngineError)(msg)
         self._handle = out[0]
         self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
+        #: "" unless the worker threads outnumber the usable cores (:func:`threads_note` says so)
+        self.threads_note = threads_note(self.n_threads, n_threads)
         if self.backend == "hip":
             note = ffi.new("char[512]")
             self.prefill_gemm = PREFILL_GEMMS[int(lib.ds4_engine_prefill_gemm(self._handle, note, 512))]

@@ -240,6 +240,8 @@ class ChatInfo:
     #: the gpu_graphs option in force ("off", "on"; spec platform.md §8) and what it means here
     gpu_graphs: str = "off"
     gpu_graphs_note: str = ""
+    #: "" unless the engine's threads outnumber the usable cores; else what it says (S.threads_note)
+    threads_note: str = ""
     prefill_chunk: int = 0  # tokens per prefill pass (the session's n_batch; spec ds4.md §2.8)
     #: where the DSpark scheduler's prices start (spec dspark.md §7.4): the mode and what it did
     scheduler_prices: str = "fresh"
@@ -354,6 +356,7 @@ class ChatEngine:
         return ChatInfo(
             model_path=str(model), model_name=_display_name(e.model.name, Path(model)), backend=e.backend,
             backend_note=getattr(e, "backend_note", ""), n_threads=e.n_threads,
+            threads_note=getattr(e, "threads_note", ""),
             n_ctx=self.session.n_ctx, n_layer=e.config.n_layer, n_vocab=e.config.n_vocab,
             model_bytes=os.path.getsize(model), support_path=None if support is None else str(support),
             support_status=e.support_status, support_message=e.support_message, support_summary=summary,
