@@ -617,7 +617,7 @@ def drafter_step(model, drafter: Drafter, ids: torch.Tensor, anchors: torch.Tens
                  w: "LossWeights"):
     """Loss terms of one drafter batch (see the module docstring) and acceptance statistics."""
     S, A, B = ids.shape[0], anchors.numel(), BLOCK
-    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with torch.no_grad(), torch.autocast(ids.device.type, dtype=torch.bfloat16):
         hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [S, N, H], normed
         rows = (anchors[:, None] + torch.arange(B, device=ids.device)[None, :]).reshape(-1)
         tlog = model.lm_head(hidden[:, rows]).float()  # [S, A·B, V]: target at a+k predicts a+k+1
@@ -671,14 +671,14 @@ def generate_greedy(model, prompts: torch.Tensor, n_new: int, chunk: int = 256,
                     seconds: float | None = None, kv_cache: bool = True, bf16: bool = True) -> torch.Tensor:
     """Greedy continuations of ``prompts[S, P]`` by the target: ``[S', P + n_new]`` token ids.
 
-    ``chunk`` sequences at a time under bf16 autocast (float32 with ``bf16=False``); the argmax is taken from the last position's
-    logits.  With ``kv_cache`` (``--distill-kv-cache on``, the default) the prompt runs once and each
-    new token once against transformers' DeepSeek V4 cache (its sliding-window, compressor and indexer
-    states); without it every step runs the whole sequence again, ~(P + n_new / 2) times the work a
-    token.  Both pick the same tokens in float32 (tests/test_train_demo_generate.py); under bf16 a
-    near tie may resolve differently, as any change of batch shape can.  With ``seconds``, no new
-    chunk is started once that much wall clock has passed, so ``S'`` can be less than ``S`` (a whole
-    number of chunks, at least one).
+    ``chunk`` sequences at a time under bf16 autocast (float32 with ``bf16=False``); the argmax is
+    taken from the last position's logits.  With ``kv_cache`` (``--distill-kv-cache on``, the
+    default) the prompt runs once and each new token once against transformers' DeepSeek V4 cache
+    (its sliding-window, compressor and indexer states); without it every step runs the whole
+    sequence again, ~(P + n_new / 2) times the work a token.  Both pick the same tokens in float32
+    (tests/test_train_demo_generate.py); under bf16 a near tie may resolve differently, as any
+    change of batch shape can.  With ``seconds``, no new chunk is started once that much wall clock
+    has passed, so ``S'`` can be less than ``S`` (a whole number of chunks, at least one).
     """
     model.eval()
     out, t0 = [], time.time()
