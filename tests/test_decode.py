@@ -15,6 +15,7 @@ import pytest
 from ds4tui.cli import main as cli_main
 from ds4tui.engine import session as S
 from ds4tui.engine import worker as W
+from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.tokenizer import Tokenizer
 
@@ -295,3 +296,38 @@ def test_a_budget_longer_than_a_batch_never_clips_a_draft_at_the_batch_end(engin
     assert got == want
     assert (st["no_room"], st["draft_len_hist"]) == (want_st["no_room"], want_st["draft_len_hist"])
     assert st == want_st
+
+
+def test_a_loop_left_mid_batch_hands_out_the_rest_the_engine_ran(engine):
+    """A caller interrupted while it shows a cycle (generate under Ctrl+C) leaves the rest of the
+    engine's batch run but not handed out; ``computed_rest`` hands it out without running anything,
+    so the ids equal the step-by-step oracle's and the session's KV cache holds exactly them."""
+    n = 80
+    want, _ = _steps(engine, PROMPT, n)
+
+    def started():
+        s = engine.session(len(PROMPT) + n + 8)
+        s.set_dspark(scheduler=False)
+        s.prefill(PROMPT)
+        return s
+
+    full = started()
+    whole = DecodeLoop(full, n)
+    list(whole)
+    assert whole.ids == want[:len(whole.ids)]
+    lag = len(whole.ids) - (full.n_tokens - len(PROMPT))  # ids not (yet) in the KV cache: the pending one
+    full.close()
+
+    s = started()
+    loop = DecodeLoop(s, n, batch_s=60.0)  # the second batch runs every cycle left, on any machine
+    for i, _cycle in enumerate(loop):
+        if i == 2:  # the second batch's second cycle: the first cycle is a batch of its own
+            break
+    shown = len(loop.ids)
+    rest = loop.computed_rest()
+    assert rest, "the batch held more cycles than were shown"
+    assert loop.ids == want[:len(loop.ids)]
+    assert len(loop.ids) == shown + sum(len(c.tokens) for c in rest)
+    assert len(loop.ids) - (s.n_tokens - len(PROMPT)) == lag == 1
+    assert loop.computed_rest() == []
+    s.close()

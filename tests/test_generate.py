@@ -417,6 +417,42 @@ def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, ca
     assert out.strip() and "decode " in err  # what was printed stays, and the rates line follows it
 
 
+def test_an_interrupted_generate_reports_the_tokens_its_statistics_count(tiny_q2, fitted_support, capsys,
+                                                                          monkeypatch):
+    """Ctrl-C while a cycle is shown leaves the rest of the engine's batch run (up to 256 tokens at
+    once) and counted in the DSpark statistics: the answer carries it too, so its ids and the
+    statistics cover the same tokens (as in a run that ends by itself)."""
+    from ds4tui.commands import generate as G
+
+    argv = (str(tiny_q2["model"]), "--mtp", str(fitted_support), "-p", PROMPT, "-n", "60", "--threads", "1",
+            "--backend", "cpu", "--no-scheduler", "--json")
+
+    def counted(r):
+        st = r["dspark_stats"]
+        return st["cycles"] + st["accepted_draft"]
+
+    rc, out, err = _gen(capsys, *argv)
+    assert rc == 0, err
+    whole = json.loads(out)
+    lag = len(whole["generated_ids"]) - counted(whole)  # the first token comes from the prefill
+
+    class Interrupted(G.DecodeLoop):
+        def __iter__(self):
+            self.batch_s = 60.0  # the second batch runs every cycle left, whatever the machine's speed
+            for i, cycle in enumerate(super().__iter__()):
+                yield cycle
+                if i == 2:
+                    raise KeyboardInterrupt  # Ctrl-C while the second batch's second cycle is shown
+
+    monkeypatch.setattr(G, "DecodeLoop", Interrupted)
+    rc, out, err = _gen(capsys, *argv)
+    assert rc == 130, err
+    r = json.loads(out)
+    assert r["stop"] == "interrupted"
+    assert 3 < len(r["generated_ids"]) and r["generated_ids"] == whole["generated_ids"][:len(r["generated_ids"])]
+    assert len(r["generated_ids"]) - counted(r) == lag
+
+
 def test_the_rates_line_counts_one_token_in_the_singular():
     """`-n 1` (or a one-token prompt with --raw) read "generated 1 tokens"."""
     from ds4tui.commands import generate as G

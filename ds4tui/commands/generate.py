@@ -309,6 +309,23 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
     # thinking mode: the reasoning ends at THINK_END; the printed answer starts on a line of its own
     thinking = not args.raw and not args.nothink
     reasoning_open = thinking
+
+    def show(cycle) -> None:
+        nonlocal reasoning_open
+        for tok in cycle.tokens:
+            if tok == eos:
+                break
+            piece = utf8.decode(tokenizer.token_bytes(tok))
+            pieces.append(piece)
+            if not as_json and piece:
+                if reasoning_open and THINK_END in piece:  # the tag, then the answer on its own line
+                    head, rest = piece.split(THINK_END, 1)
+                    piece = head + THINK_END + ("" if rest.startswith("\n") else "\n") + rest
+                    reasoning_open = False
+                sys.stdout.write(piece)
+        if not as_json:
+            sys.stdout.flush()
+
     try:
         try:
             session.prefill(ids, progress=progress)
@@ -318,23 +335,15 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             for cycle in loop:
                 if t_first is None:
                     t_first = time.perf_counter()
-                for tok in cycle.tokens:
-                    if tok == eos:
-                        break
-                    piece = utf8.decode(tokenizer.token_bytes(tok))
-                    pieces.append(piece)
-                    if not as_json and piece:
-                        if reasoning_open and THINK_END in piece:  # the tag, then the answer on its own line
-                            head, rest = piece.split(THINK_END, 1)
-                            piece = head + THINK_END + ("" if rest.startswith("\n") else "\n") + rest
-                            reasoning_open = False
-                        sys.stdout.write(piece)
-                if not as_json:
-                    sys.stdout.flush()
+                show(cycle)
             # ctx: the context is full, the next token has no position to run at
             stop = {"stop": "eos", "ctx": "ctx"}.get(loop.reason, "max_tokens")
         except KeyboardInterrupt:
             stop = "interrupted"
+            # the rest of the batch the engine already ran (its cycles are in the statistics): shown,
+            # so that the answer, its token count and the DSpark line cover the same tokens
+            for cycle in loop.computed_rest():
+                show(cycle)
         except S.EngineError as exc:
             if not as_json and any(pieces):
                 print(file=sys.stdout)  # ends the streamed line before the error

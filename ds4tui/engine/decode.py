@@ -88,11 +88,41 @@ class DecodeLoop:
         self.from_draft: list[bool] = []
         self.reason: str | None = None
         self.error: CancelledError | None = None
+        self._batch: list[list[int]] = []  # cycles run by the engine, not yet handed out
 
     @property
     def n_draft(self) -> int:
         """Emitted tokens that were accepted drafts."""
         return sum(self.from_draft)
+
+    def _take(self) -> Cycle:
+        """The next cycle of the batch the engine ran, cut after a stop token (the session rewound to
+        it), added to ``ids``."""
+        got = self._batch.pop(0)
+        last = len(got) - 1
+        at = next((j for j, t in enumerate(got) if t in self.stop), None) if self.stop else None
+        if at is not None:
+            if at < last:  # a stop among the accepted drafts: the session goes back to it
+                self.session.rewind(last - at)  # (a batch ends with the cycle that emitted a stop)
+            got = got[:at + 1]
+            self._batch = []
+        cycle = Cycle(tuple(got), tuple(j < last for j in range(len(got))), at is not None)
+        self.ids += cycle.tokens
+        self.from_draft += cycle.from_draft
+        if cycle.stopped:
+            self.reason = "stop"  # set before the caller sees the cycle, so it may break here
+        return cycle
+
+    def computed_rest(self) -> list[Cycle]:
+        """The cycles the engine has already run that the iteration has not handed out yet: the rest
+        of the current batch (:meth:`Session.step_many` runs up to 256 tokens at once).  A caller that
+        stops iterating mid-batch (an interrupt while it shows a cycle) takes them, so that ``ids``,
+        the session's KV cache and its DSpark statistics cover the same tokens; taking them adds them
+        to ``ids``, and a stop token among them ends them as in the iteration.  Runs nothing."""
+        out = []
+        while self._batch:
+            out.append(self._take())
+        return out
 
     def __iter__(self) -> Iterator[Cycle]:
         s, stop = self.session, self.stop
@@ -120,18 +150,9 @@ class DecodeLoop:
             except CancelledError as exc:
                 self.reason, self.error = "cancelled", exc
                 return
-            for got in cycles:
-                last = len(got) - 1
-                at = next((j for j, t in enumerate(got) if t in stop), None) if stop else None
-                if at is not None:
-                    if at < last:  # a stop among the accepted drafts: the session goes back to it
-                        s.rewind(last - at)  # (a batch ends with the cycle that emitted a stop)
-                    got = got[:at + 1]
-                cycle = Cycle(tuple(got), tuple(j < last for j in range(len(got))), at is not None)
-                self.ids += cycle.tokens
-                self.from_draft += cycle.from_draft
-                if cycle.stopped:
-                    self.reason = "stop"  # set before the caller sees the cycle, so it may break here
+            self._batch = list(cycles)
+            while self._batch:
+                cycle = self._take()
                 yield cycle
                 if cycle.stopped:
                     return
