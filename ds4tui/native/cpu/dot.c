@@ -889,7 +889,7 @@ static inline int32_t q8_isum(const int8_t *w, const int8_t *x) {
 
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok) {
     const int64_t nb = cols / 32;
-    return (size_t)n_tok * ((size_t)cols * 4 + (size_t)nb * 3 * (sizeof(float) + 2 * sizeof(int16_t))) + 6 * 64;
+    return (size_t)n_tok * ((size_t)cols * 4 + (size_t)nb * 4 * (sizeof(float) + 2 * sizeof(int16_t))) + 7 * 64;
 }
 
 void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t cols, void *buf, ds4_q8_act *a) {
@@ -907,9 +907,11 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
     p = (p + 63) & ~(uintptr_t)63;
     a->dz = (const float *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(float);
     p = (p + 63) & ~(uintptr_t)63;
-    a->bz = (const int32_t *)p;
+    a->bz = (const int32_t *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(int32_t);
+    p = (p + 63) & ~(uintptr_t)63;
+    a->cz = (const int32_t *)p;
 #if !defined(Q8_ZMM)
-    a->xz = NULL, a->dz = NULL, a->bz = NULL;
+    a->xz = NULL, a->dz = NULL, a->bz = NULL, a->cz = NULL;
 #endif
     for (int64_t t = 0; t < n_tok; t++) {
         int8_t *q = (int8_t *)a->q + t * cols;
@@ -929,20 +931,25 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(q + 32 * (g + i)));
             q8_transpose(r, c);
             for (int j = 0; j < 8; j++) {
+#if defined(Q8_ZMM) /* [blocks 0-3 | blocks 0-3 | blocks 4-7 | blocks 4-7] for the two-row kernel, signed q:
+                     * there the weights are the unsigned operand of vpdpbusd */
+                const __m512i z = _mm512_castsi256_si512(c[j]);
+                _mm512_storeu_si512((void *)(a->xz + t * 2 * cols + 64 * (g + j)), _mm512_shuffle_i64x2(z, z, 0x50));
+#endif
 #if defined(Q8_VNNI) /* unsigned q + 128 for vpdpbusd (the weights' sum, times 128, is taken off again) */
                 c[j] = _mm256_xor_si256(c[j], _mm256_set1_epi8((char)0x80));
 #endif
                 _mm256_storeu_si256((__m256i *)(xt + 32 * (g + j)), c[j]);
-#if defined(Q8_ZMM) /* [blocks 0-3 | blocks 0-3 | blocks 4-7 | blocks 4-7] for the two-row kernel */
-                const __m512i z = _mm512_castsi256_si512(c[j]);
-                _mm512_storeu_si512((void *)(a->xz + t * 2 * cols + 64 * (g + j)), _mm512_shuffle_i64x2(z, z, 0x50));
-#endif
             }
 #if defined(Q8_ZMM)
             const __m512 dd = _mm512_castps256_ps512(_mm256_loadu_ps(d + g));
             _mm512_storeu_ps((float *)a->dz + t * 2 * nb + 2 * g, _mm512_shuffle_f32x4(dd, dd, 0x50));
             const __m512i bb = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bs + 2 * g)));
             _mm512_storeu_si512((void *)(a->bz + t * 2 * nb + 2 * g), _mm512_shuffle_i64x2(bb, bb, 0x50));
+            /* -128 * each block's sum of q: the offset that weights made unsigned (w + 128) add */
+            const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs + 2 * g)), _mm256_set1_epi16(-128));
+            const __m512i cc = _mm512_castsi256_si512(bsum);
+            _mm512_storeu_si512((void *)(a->cz + t * 2 * nb + 2 * g), _mm512_shuffle_i64x2(cc, cc, 0x50));
 #endif
         }
 #endif
@@ -1394,7 +1401,7 @@ static inline void q8_transpose_zmm(const __m512i r[8], __m512i c[8]) {
  * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
 static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra, const q8_wrow *rb, int q2k,
                                                                const ds4_q8_act *a, int64_t t0, int nt, float *Y,
-                                                               int64_t ldy) {
+                                                               int64_t ldy, float *lanes) {
     const int64_t nb = a->nb, cols = a->cols;
     __m512 va[Q8_TOK];
     for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
@@ -1413,17 +1420,18 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
                                           _mm256_loadu_si256((const __m256i *)(rb->w + rb->stride * (b + i))), 1);
             q8_transpose_zmm(r, c);
         }
-        __m512i k0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[0]);
-        __m512i k1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, c[1]);
-        k0 = _mm512_dpbusd_epi32(k0, m128, c[2]), k1 = _mm512_dpbusd_epi32(k1, m128, c[3]);
-        k0 = _mm512_dpbusd_epi32(k0, m128, c[4]), k1 = _mm512_dpbusd_epi32(k1, m128, c[5]);
-        k0 = _mm512_dpbusd_epi32(k0, m128, c[6]), k1 = _mm512_dpbusd_epi32(k1, m128, c[7]);
-        const __m512i corr = _mm512_add_epi32(k0, k1);
+        /* the weights are vpdpbusd's unsigned operand: Q2_K's (scale * code, never negative) as they
+         * are, the signed ones as w + 128, whose extra 128 * sum(q) the activations' cz takes off */
+        if (!q2k)
+            for (int j = 0; j < 8; j++) c[j] = _mm512_xor_si512(c[j], m128);
         __m512 s2;
         if (ra->q80) { /* the 16 scales of a Q8_0 pair, read in place; F16C converts exactly */
-            uint16_t h[16];
-            for (int i = 0; i < 8; i++) memcpy(&h[i], ra->q80 + 34 * (b + i), 2), memcpy(&h[i + 8], rb->q80 + 34 * (b + i), 2);
-            s2 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+            /* one gather of the 16 blocks' first dwords (scale + 2 weights), narrowed to the scales */
+            const int32_t off = (int32_t)(rb->q80 - ra->q80);
+            const __m512i ix = _mm512_add_epi32(_mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 0, 34, 68, 102, 136, 170, 204, 238),
+                                                _mm512_maskz_set1_epi32(0xff00, off));
+            const __m512i g = _mm512_i32gather_epi32(ix, (const void *)(ra->q80 + 34 * b), 1);
+            s2 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         } else {
             s2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->s + b)), _mm256_loadu_ps(rb->s + b), 1);
         }
@@ -1439,15 +1447,16 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
         }
         for (int k = 0; k < nt; k++) {
             const uint8_t *xz = a->xz + (t0 + k) * 2 * cols + 64 * b;
-            __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)xz), c[0]);
-            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 64)), c[1]);
-            __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 128)), c[2]);
-            __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(xz + 192)), c[3]);
-            i0 = _mm512_dpbusd_epi32(i0, _mm512_loadu_si512((const void *)(xz + 256)), c[4]);
-            i1 = _mm512_dpbusd_epi32(i1, _mm512_loadu_si512((const void *)(xz + 320)), c[5]);
-            i2 = _mm512_dpbusd_epi32(i2, _mm512_loadu_si512((const void *)(xz + 384)), c[6]);
-            i3 = _mm512_dpbusd_epi32(i3, _mm512_loadu_si512((const void *)(xz + 448)), c[7]);
-            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(i0, i1), _mm512_add_epi32(i2, i3)), corr);
+            const __m512i i00 = q2k ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a->cz + (t0 + k) * 2 * nb + 2 * b));
+            __m512i i0 = _mm512_dpbusd_epi32(i00, c[0], _mm512_loadu_si512((const void *)xz));
+            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[1], _mm512_loadu_si512((const void *)(xz + 64)));
+            i0 = _mm512_dpbusd_epi32(i0, c[2], _mm512_loadu_si512((const void *)(xz + 128)));
+            i1 = _mm512_dpbusd_epi32(i1, c[3], _mm512_loadu_si512((const void *)(xz + 192)));
+            i0 = _mm512_dpbusd_epi32(i0, c[4], _mm512_loadu_si512((const void *)(xz + 256)));
+            i1 = _mm512_dpbusd_epi32(i1, c[5], _mm512_loadu_si512((const void *)(xz + 320)));
+            i0 = _mm512_dpbusd_epi32(i0, c[6], _mm512_loadu_si512((const void *)(xz + 384)));
+            i1 = _mm512_dpbusd_epi32(i1, c[7], _mm512_loadu_si512((const void *)(xz + 448)));
+            const __m512i is = _mm512_add_epi32(i0, i1);
             const __m512 dx = _mm512_loadu_ps(a->dz + (t0 + k) * 2 * nb + 2 * b);
             __m512 p = _mm512_mul_ps(_mm512_mul_ps(sv, dx), _mm512_cvtepi32_ps(is));
             if (q2k) {
@@ -1456,6 +1465,10 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
             }
             va[k] = _mm512_add_ps(va[k], p);
         }
+    }
+    if (lanes) { /* the 16 accumulators of token k to lanes + 64 * k, for q8_reduce_pairs */
+        for (int k = 0; k < nt; k++) _mm512_storeu_ps(lanes + 64 * k, va[k]);
+        return;
     }
     for (int k = 0; k < nt; k++) {
         /* s4 of A in lanes 0-3, of B in 4-7; then (s4_0 + s4_2) + (s4_1 + s4_3) per row */
@@ -1533,8 +1546,23 @@ static void q8_rows16_small(const uint8_t *W, size_t row_bytes, int64_t r, const
 }
 
 static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
-                           float *Y, int64_t ldy) {
-    q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy);
+                           float *Y, int64_t ldy, float *lanes) {
+    q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes);
+}
+
+/* The final reduction of 4 row pairs at once (8 rows): l + 16 p holds pair p's accumulators [A 0-3, B
+ * 0-3, A 4-7, B 4-7]; y[2p] (row A) and y[2p + 1] (row B) = (s0 + s2) + (s1 + s3) with s_j = v_j +
+ * v_(j+4), the same additions as q8_pair_body's own reduction. */
+static inline void q8_reduce_pairs(const float *l, float *y) {
+    const __m512 v0 = _mm512_loadu_ps(l), v1 = _mm512_loadu_ps(l + 16), v2 = _mm512_loadu_ps(l + 32), v3 = _mm512_loadu_ps(l + 48);
+    /* 128-bit lanes: one row's s0 s1 s2 s3 (rows of pairs 0, 1 | pairs 2, 3) */
+    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
+    const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xEE));
+    /* [s0 + s2, s1 + s3, ...], then lane 0 = (s0 + s2) + (s1 + s3) */
+    const __m512 e01 = _mm512_add_ps(z01, _mm512_permute_ps(z01, 0x4E)), e23 = _mm512_add_ps(z23, _mm512_permute_ps(z23, 0x4E));
+    const __m512 f01 = _mm512_add_ps(e01, _mm512_permute_ps(e01, 0xB1)), f23 = _mm512_add_ps(e23, _mm512_permute_ps(e23, 0xB1));
+    const __m512i ix = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm256_storeu_ps(y, _mm512_castps512_ps256(_mm512_permutex2var_ps(f01, ix, f23)));
 }
 #endif
 
@@ -1563,13 +1591,31 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
                 q8_rows16_small(W, row_bytes, r, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy);
     }
     if (a->nb % 8 == 0 && a->xz) {
+        /* 4 pairs at a time: their final reductions run together */
+        float lanes[Q8_TOK * 64];
+        for (; r + 8 <= r1; r += 8) {
+            for (int64_t t = 0; t < n_tok; t += Q8_TOK) {
+                const int nt = (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK);
+                for (int p = 0; p < 4; p++) {
+                    const int64_t rp = r + 2 * p;
+                    if (t == 0) {
+                        if (rp + Q8_AHEAD + 2 <= r1) /* the transposing loads stride across two rows */
+                            for (size_t o = 0; o < 2 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(rp + Q8_AHEAD) * row_bytes + o);
+                        q8_decode(type, W + (size_t)rp * row_bytes, a->nb, &wr[2 * p], 0);
+                        q8_decode(type, W + (size_t)(rp + 1) * row_bytes, a->nb, &wr[2 * p + 1], 0);
+                    }
+                    q8_pair_tokens(&wr[2 * p], &wr[2 * p + 1], q2k, a, t, nt, NULL, 0, lanes + 16 * p);
+                }
+                for (int k = 0; k < nt; k++) q8_reduce_pairs(lanes + 64 * k, Y + (t + k) * ldy + r);
+            }
+        }
         for (; r + 2 <= r1; r += 2) {
             if (r + Q8_AHEAD + 2 <= r1) /* the pair after next: the transposing loads stride across two rows */
                 for (size_t o = 0; o < 2 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(r + Q8_AHEAD) * row_bytes + o);
             q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 0);
             q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1], 0);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK)
-                q8_pair_tokens(&wr[0], &wr[1], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy);
+                q8_pair_tokens(&wr[0], &wr[1], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy, NULL);
         }
     }
 #endif

@@ -65,6 +65,7 @@ typedef struct {
     const uint8_t *xz;      /* [n_tok][2 * cols]: the AVX-512 two-row layout of xt (NULL without it) */
     const float *dz;        /* [n_tok][2 * nb]: d in that layout */
     const int32_t *bz;      /* [n_tok][2 * nb]: bs in that layout (an int16 pair a lane) */
+    const int32_t *cz;      /* [n_tok][2 * nb]: -128 * each block's sum of q, in that layout */
 } ds4_q8_act;
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok);
