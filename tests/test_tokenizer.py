@@ -431,6 +431,30 @@ def test_cli_table_file_and_stdin(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert out == "[260, 259, 262, 258, 263, 264]\n"
 
 
+def test_cli_empty_text_is_0_tokens_said_as_such(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counting tokens, an empty text has 0 (generate refuses it as a prompt); the count line names
+    # where the empty text came from instead of a header over no rows.
+    model = write_tokenizer_gguf(tmp_path / "tiny.gguf", tiny_vocab())
+    assert run_cli(capsys, model, "--text", "") == (0, "0 tokens: the text is empty (--text '')\n", "")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert run_cli(capsys, model, "--file", empty) == (0, f"0 tokens: the text is empty (--file {empty}: 0 bytes)\n", "")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert run_cli(capsys, model, "-f", "-") == (
+        0, "0 tokens: the text is empty (--file -: standard input gave no bytes)\n", "")
+    # with --chat the template's own tokens, and the count says that they are all there is
+    rc, out, err = run_cli(capsys, model, "--text", "", "--chat", "--nothink")
+    assert (rc, err) == (0, "")
+    assert out.splitlines() == [" id  piece", "260  '<｜begin▁of▁sentence｜>'", "262  '<｜User｜>'",
+                                "263  '<｜Assistant｜>'", "265  '</think>'",
+                                "4 tokens: the chat template alone, the text is empty (--text '')"]
+    # the machine-readable forms are unchanged: 0 tokens, an empty list
+    rc, out, _ = run_cli(capsys, model, "--text", "", "--json")
+    assert (rc, json.loads(out)) == (0, {"n_tokens": 0, "ids": [], "pieces": [], "bytes": []})
+    assert run_cli(capsys, model, "--text", "", "--ids-only") == (0, "[]\n", "")
+
+
 def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     rc, out, err = run_cli(capsys, missing, "--text", "x")

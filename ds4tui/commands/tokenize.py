@@ -8,6 +8,11 @@ single ids); with ``--chat`` the text becomes the user message of a single-turn 
 Output: a table (id, piece) with a token count, ``--ids-only`` a Python-style list, or
 ``--json`` one object ``{"n_tokens", "ids", "pieces", "bytes"}`` (bytes: each token's UTF-8 bytes in hex). User errors print one line to stderr
 and return 1 (2 for a usage error: flags that do not go together).
+
+An empty text is not an error here, unlike ``generate``'s empty prompt: counting tokens, an empty
+file has 0 of them (as ``wc`` counts 0 words), and with ``--chat`` the template alone is what a
+turn costs before its text. The table then says so on its count line, naming ``--text`` or the
+file; ``--json`` and ``--ids-only`` stay as they are (``"n_tokens": 0``, ``[]``).
 """
 
 from __future__ import annotations
@@ -162,9 +167,22 @@ def run(args: argparse.Namespace) -> int:
         raw = [tokenizer.token_bytes(i).hex() for i in ids]
         print(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw}, ensure_ascii=False))
         return 0
+    if not ids and not text:  # an empty text: no table, and the count says why it is 0
+        print(f"0 tokens: the text is empty ({_empty_source(args)})")
+        return 0
     width = max([len(str(i)) for i in ids] + [2])
     print(f"{'id':>{width}}  piece")
     for token_id in ids:
         print(f"{token_id:>{width}}  {_visible(tokenizer, token_id)}")
-    print(f"{len(ids)} tokens")
+    if args.chat and not text:  # the template's own tokens, which generate would refuse to prefill
+        print(f"{len(ids)} tokens: the chat template alone, the text is empty ({_empty_source(args)})")
+    else:
+        print(f"{len(ids)} tokens")
     return 0
+
+
+def _empty_source(args: argparse.Namespace) -> str:
+    """Where an empty text came from, as the command line named it."""
+    if args.text is not None:
+        return "--text ''"
+    return "--file -: standard input gave no bytes" if args.file == "-" else f"--file {args.file}: 0 bytes"
