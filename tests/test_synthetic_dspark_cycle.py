@@ -4,7 +4,8 @@ against a plain decode, on the synthetic Flash layers with a synthetic support m
 Run here on the cpu backend with the layers shrunk (as the other synthetic benchmark tests do):
 the engine's own cycles run for real (every cycle must propose and verify a full block), while
 the timings the arithmetic is checked on are replaced by known values, since a shrunk layer's
-cost on a shared machine is below the timing noise.  Nothing asserts a speed.
+cost on a shared machine is below the timing noise.  Nothing asserts a speed.  An interrupted run
+(of the whole synthetic benchmark, with or without the cycle) reports the runs that finished.
 """
 
 from __future__ import annotations
@@ -215,3 +216,123 @@ def test_a_cycle_that_drafts_no_full_block_is_refused(tmp_path, monkeypatch):
                                            r"'chain_fail': 3\}, chain failure in moe\)"):
         synthetic._time_cycle(small, support, backend="cpu", ctxs=[40], n_decode=2, n_cycles=3, log=lambda *_: None,
                               engine_options={}, draft_vocab="auto")
+
+
+def _interrupt_at(sig: int, message: str, nth: int = 1):
+    """A ``log`` that sends ``sig`` to the main thread (where a Ctrl-C lands) with the ``nth`` message
+    that starts with ``message`` and waits for it there: the interrupt comes at that point of the run."""
+    import signal
+    import threading
+    import time
+
+    seen = []
+
+    def log(m: str) -> None:
+        if m.startswith(message):
+            seen.append(m)
+            if len(seen) == nth:
+                signal.pthread_kill(threading.main_thread().ident, sig)
+                time.sleep(60)  # the handler's KeyboardInterrupt ends this at once
+
+    return log
+
+
+@pytest.mark.parametrize("sig, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupted_json_keeps_the_runs_that_finished(sig, status, tmp_path, monkeypatch, capsys):
+    # --contexts 40,90 --json, an interrupt once the 4-layer model is filled to 90 tokens: the 2-layer
+    # model's two contexts and the 4-layer model's first are the JSON on stdout, marked interrupted,
+    # with nothing extrapolated from them; the status names the signal. As the plain bench's --repeat.
+    import signal
+
+    real = synthetic.run_flash_bench
+    monkeypatch.setattr(synthetic, "run_flash_bench", lambda **kw: real(**{
+        **kw, "backend": "cpu", "n_decode": 3, "n_verify": 2, **SHRUNK,
+        "log": _interrupt_at(getattr(signal, sig), "  context ", nth=4)}))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a shell's
+    try:  # background job starts with SIGINT ignored)
+        rc = cli_main(["bench", "--synthetic", "flash", "--backend", "hip", "--contexts", "40,90", "--json"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert rc == status
+    r = json.loads(out)
+    assert r["ok"] is False and r["interrupted"] is True and r["error"] == "interrupted after 3 of 4 runs"
+    assert (r["runs_planned"], r["runs_finished"]) == (4, 3)
+    assert [(x["run"], x["layers"], x["ctx"]) for x in r["runs"]] == [("decode_verify", 2, 40), ("decode_verify", 2, 90),
+                                                                     ("decode_verify", 4, 40)]
+    for x in r["runs"]:
+        assert list(x["verify_ms"]) == ["6"] and x["decode_ms"] > 0 and x["verify_ms"]["6"] > 0
+    assert r["synthetic"] == "flash" and r["contexts_planned"] == [40, 90] and r["backend"] == "hip"
+    assert r["measured_bandwidth_gbs"] is None  # not measured off the GPU
+    for absent in ("contexts", "decode_ms", "per_layer_ms", "decode_tokens_per_s", "verify_over_decode"):
+        assert absent not in r  # nothing extrapolated from a partial run
+    assert err.endswith('ds4tui bench: interrupted after 3 of 4 runs; the finished runs are in the JSON on stdout '
+                        '(marked "ok": false, "interrupted": true)\nds4tui: interrupted\n')
+
+
+def test_interrupted_before_any_run_writes_the_record_to_out(tmp_path, monkeypatch, capsys):
+    # an interrupt as soon as the weights are built, with --out and the text report: the file holds the
+    # record of the planned runs (none finished), stdout says so
+    import signal
+
+    real = synthetic.run_flash_bench
+    monkeypatch.setattr(synthetic, "run_flash_bench", lambda **kw: real(**{
+        **kw, "backend": "cpu", "n_decode": 3, "n_verify": 2, **SHRUNK,
+        "log": _interrupt_at(signal.SIGTERM, "synthetic Flash weights built")}))
+    target = tmp_path / "r.json"
+    rc = cli_main(["bench", "--synthetic", "flash", "--backend", "hip", "--ctx", "40", "--dspark-cycle",
+                   "--out", str(target)])
+    out, err = capsys.readouterr()
+    assert rc == 143
+    r = json.loads(target.read_text())
+    assert (r["ok"], r["interrupted"], r["runs_planned"], r["runs_finished"], r["runs"]) == (False, True, 4, 0, [])
+    assert out.splitlines()[0] == ("INTERRUPTED after 0 of 4 runs: the figures below are the finished runs' own, "
+                                   "measured on 2 or 4 layers (nothing extrapolated)")
+    assert out.splitlines()[-1] == "no run finished"
+    assert err.endswith(f"ds4tui bench: interrupted after 0 of 4 runs; no run finished; the record of the planned "
+                        f'runs is in {target} (marked "ok": false, "interrupted": true)\nds4tui: interrupted\n')
+
+
+def test_interrupted_dspark_cycle_reports_each_finished_run(tmp_path, monkeypatch, capsys):
+    # --dspark-cycle --prefill-lengths 20, interrupted as the 4-layer target's cycle session opens: the
+    # decode/verify and prefill runs of both models and the 2-layer cycle are reported (--out: the
+    # JSON; stdout: the text report of the same figures), each as measured
+    import signal
+
+    real, real_time = synthetic.run_flash_bench, synthetic._time_model
+    monkeypatch.setattr(synthetic, "run_flash_bench", lambda **kw: real(**{
+        **kw, "backend": "cpu", "n_decode": 3, "n_verify": 2, "n_cycles": 3, **SHRUNK,
+        "log": _interrupt_at(signal.SIGINT, "  4 layers + DSpark support: engine open")}))
+    # the real timing (its runs are reported as measured), then known times for the extrapolation that
+    # runs before the cycle: a shrunk layer's cost on a shared machine is below the timing noise
+    monkeypatch.setattr(synthetic, "_time_model", lambda model, **kw: {**real_time(model, **kw),
+                                                                       **_fixed_main(model, **kw)})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    target = tmp_path / "r.json"
+    try:
+        rc = cli_main(["bench", "--synthetic", "flash", "--backend", "hip", "--ctx", "40", "--dspark-cycle",
+                       "--prefill-lengths", "20", "--prefill-batch", "16", "--out", str(target)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert rc == 130
+    r = json.loads(target.read_text())
+    assert (r["runs_planned"], r["runs_finished"], r["dspark_cycle"], r["prefill_lengths"]) == (6, 5, True, [20])
+    dv2, dv4, p2, p4, c2 = r["runs"]
+    assert [(x["run"], x["layers"]) for x in r["runs"]] == [("decode_verify", 2), ("decode_verify", 4), ("prefill", 2),
+                                                            ("prefill", 4), ("dspark_cycle", 2)]
+    assert (p2["tokens"], p2["prefill_gemm"], p2["in_force"]) == (20, "auto", "off") and p2["ms"] > 0
+    assert c2["ctx"] == 40 and c2["block_size"] == 5 and c2["drafts_per_cycle"] == [5, 5, 5]
+    assert c2["propose_ms"] > 0 and c2["verify_ms"] > 0 and c2["decode_ms"] > 0
+    assert not list(tmp_path.glob("*.gguf"))  # the temporary support file is gone too
+    assert out.splitlines() == [
+        "INTERRUPTED after 5 of 6 runs: the figures below are the finished runs' own, measured on 2 or 4 layers "
+        "(nothing extrapolated)",
+        "synthetic DS4 Flash (q2 mix), hip backend, f32 activations, graphs off; contexts 40",
+        *(f"{x['layers']} layers, context 40: decode {x['decode_ms']:.2f} ms, verify(6 rows) {x['verify_ms']['6']:.2f} ms"
+          for x in (dv2, dv4)),
+        *(f"{x['layers']} layers: prefill 20 tokens, prefill_gemm auto (off): {x['ms']:.0f} ms" for x in (p2, p4)),
+        f"2 layers + DSpark support, context 40: decode {c2['decode_ms']:.2f} ms, DSpark cycle: propose "
+        f"{c2['propose_ms']:.2f} ms + verify(1+5 rows) {c2['verify_ms']:.2f} ms"]
+    assert err.endswith(f"ds4tui bench: interrupted after 5 of 6 runs; the finished runs are in {target} (marked "
+                        f"\"ok\": false, \"interrupted\": true)\nds4tui: interrupted\n")

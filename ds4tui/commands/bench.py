@@ -43,10 +43,10 @@ times in their own units (``DSparkStats.stage_timing``: each drafter step per dr
 per drafted cycle, the plain decode, with the counts) and ds4's stats line, and it checks that the three arms generated the same ids (a
 sha256 of each arm's ids); different outputs are an error (exit status 1).
 An interrupt (Ctrl-C, SIGTERM, SIGHUP) stops it after the native call it cancels has returned and
-keeps the runs that finished (:func:`_partial_ab`; of a plain run's ``--repeat`` runs,
-:func:`_partial_plain`): they are written where a finished result would go (``--out``, the JSON or
-the text report on stdout), marked ``"ok": false, "interrupted": true``, and the exit status is
-128 + the signal.
+keeps the runs that finished (:func:`_partial_ab`; of a plain run's ``--repeat`` runs and of
+``--synthetic flash``'s timed runs, :func:`_partial_runs`): they are written where a finished
+result would go (``--out``, the JSON or the text report on stdout), marked ``"ok": false,
+"interrupted": true``, and the exit status is 128 + the signal.
 """
 
 from __future__ import annotations
@@ -486,7 +486,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
               "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
               "decode_tokens": n_decode, "ctx": ctx, "repeat": repeat}
     if interrupted:
-        raise BenchInterrupted(_partial_plain(runs, header))
+        raise BenchInterrupted(_partial_runs(runs, repeat, header))
     decode_ctx = n_prompt + (n_decode + 1) // 2  # mean context of the timed decode steps (P+1 .. P+D)
     bpt = model.bytes_per_token(decode_ctx)
     prefill_tps = max(r["prefill_tokens_per_s"] for r in runs)
@@ -788,7 +788,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
 
 class BenchInterrupted(KeyboardInterrupt):
     """An interrupt (Ctrl-C, SIGTERM, SIGHUP) stopped ``bench``: ``result`` is the partial result
-    (:func:`_partial_plain`, :func:`_partial_ab` for ``--ab``), written as a finished run's would be
+    (:func:`_partial_runs`, :func:`_partial_ab` for ``--ab``), written as a finished run's would be
     before the command exits 130."""
 
     def __init__(self, result: dict):
@@ -796,18 +796,20 @@ class BenchInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def _partial_plain(finished: list[dict], header: dict) -> dict:
-    """The result of a plain run that an interrupt stopped: ``ok`` false, ``interrupted`` true, how
-    many of the ``--repeat`` runs finished, and their own figures in ``runs`` (an empty list when none
-    did).  Nothing is derived from them (no fastest run, bandwidth or memcpy figure): the memcpy
-    bandwidth is measured after the last run."""
+def _partial_runs(finished: list[dict], planned: int, header: dict) -> dict:
+    """The result of a run that an interrupt stopped, a plain one's ``--repeat`` runs or
+    ``--synthetic flash``'s timed runs: ``ok`` false, ``interrupted`` true, how many of the
+    ``planned`` runs finished, and their own figures in ``runs`` (an empty list when none did), after
+    ``header`` (what was asked).  Nothing is derived from them (no fastest run, bandwidth or memcpy
+    figure, no extrapolation to 43 layers): the memcpy bandwidth is measured after the last run, an
+    extrapolation takes both synthetic models."""
     return {
         "ok": False,
         "interrupted": True,
-        "error": f"interrupted after {len(finished)} of {header['repeat']} runs",
+        "error": f"interrupted after {len(finished)} of {planned} runs",
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **header,
-        "runs_planned": header["repeat"],
+        "runs_planned": planned,
         "runs_finished": len(finished),
         "runs": finished,
         "machine": machine_info(),
@@ -939,7 +941,7 @@ def render_ab_text(r: dict) -> str:
 
 
 def render_partial_text(r: dict) -> str:
-    """The text report of an interrupted plain run (:func:`_partial_plain`): each finished run's own
+    """The text report of an interrupted plain run (:func:`_partial_runs`): each finished run's own
     figures."""
     m = r["model"]
     lines = [f"INTERRUPTED after {r['runs_finished']} of {r['runs_planned']} runs: the figures below are the finished "
@@ -1149,11 +1151,12 @@ def _emit(args, result: dict, render) -> int | None:
     return None
 
 
-def _emit_interrupted(args, result: dict) -> int:
-    """Write an interrupted run's partial result where a finished one would go (``--out``, stdout),
-    say on stderr how far it got and where its runs are, and return 130 (the command line then names
-    the signal in the status)."""
-    failed = _emit(args, result, render_ab_partial_text if result.get("mode") == "ab" else render_partial_text)
+def _emit_interrupted(args, result: dict, render=None) -> int:
+    """Write an interrupted run's partial result where a finished one would go (``--out``, stdout;
+    the text report by ``render``, by default the plain or A/B run's), say on stderr how far it got
+    and where its runs are, and return 130 (the command line then names the signal in the status)."""
+    render = render or (render_ab_partial_text if result.get("mode") == "ab" else render_partial_text)
+    failed = _emit(args, result, render)
     where = (f"in {args.out}" if args.out is not None and failed is None
              else "in the JSON on stdout" if args.json or failed is not None else "above")
     what = ("the finished runs are" if result.get("runs_finished")
@@ -1220,16 +1223,24 @@ def run_synthetic(args: argparse.Namespace) -> int:
               f"draft nothing", file=sys.stderr)
     lengths = getattr(args, "prefill_lengths", None) or ()
     modes = ("off", opts["prefill_gemm"]) if getattr(args, "prefill_ab", False) and opts["prefill_gemm"] != "off" else None
+    # auto: the synthetic layers run on the GPU, where auto is f32
+    activations = {"auto": "f32"}.get(getattr(args, "activations", "f32"), getattr(args, "activations", "f32"))
+    progress = synthetic.Progress()  # the runs that finished: kept when an interrupt stops the rest
     try:
         result = synthetic.run_flash_bench(backend=backend, ctx=contexts, fill=args.fill,
                                            verify_widths=args.verify_widths,
                                            log=lambda m: print(m, file=sys.stderr, flush=True),
                                            prefill_lengths=lengths, prefill_batch=getattr(args, "prefill_batch", 2048),
-                                           prefill_modes=modes,
-                                           # auto: the synthetic layers run on the GPU, where auto is f32
-                                           activations={"auto": "f32"}.get(getattr(args, "activations", "f32"),
-                                                                            getattr(args, "activations", "f32")),
-                                           dspark_cycle=cycle, draft_vocab=vocab or "auto", **opts)
+                                           prefill_modes=modes, activations=activations,
+                                           dspark_cycle=cycle, draft_vocab=vocab or "auto", progress=progress, **opts)
+    except KeyboardInterrupt:  # the engines are closed: the runs that finished are written as a result would be
+        header = {"synthetic": "flash", "backend": backend, "contexts_planned": contexts, "fill": args.fill,
+                  "verify_widths": args.verify_widths, "prefill_lengths": list(lengths),
+                  "prefill_gemm": opts["prefill_gemm"], "activations": activations, "gpu_graphs": opts["gpu_graphs"],
+                  "dspark_cycle": cycle, "draft_vocab": vocab or "auto",
+                  "measured_bandwidth_gbs": progress.measured_bandwidth_gbs}
+        return _emit_interrupted(args, _partial_runs(progress.finished, progress.planned, header),
+                                 synthetic.render_partial)
     except BackendUnavailableError as exc:
         return _fail(f"--synthetic flash: {exc} (it times the GPU backend: `ds4tui doctor` says what is missing; "
                      f"--write-gguf DIR writes the same models without a GPU, for another engine to time)", args, exc)

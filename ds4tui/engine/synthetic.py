@@ -22,6 +22,10 @@ valid bytes is attached to both targets, and one drafter pass (propose), one ver
 and one plain decode are timed by the engine's stage timers; verify and decode are extrapolated to
 43 layers as above, the drafter pass is the same for any target depth, and the result is the cycle
 in decodes, (propose + verify) / decode.
+
+Each timed run (a model at a context, a prefill length under a mode, a model's cycles at a
+context) is kept in a :class:`Progress` as it finishes, so that ``bench`` reports the finished ones
+when an interrupt stops the rest.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +269,19 @@ def prepare_folder(folder: Path, need: int, files: str) -> None:
         raise ConversionError(why)
 
 
+@dataclass
+class Progress:
+    """What :func:`run_flash_bench` has measured so far, kept by a caller when an interrupt
+    (KeyboardInterrupt) stops the rest: ``planned`` timed runs (one per model and context of the
+    decode/verify timing and of the DSpark cycle, one per model, prefill_gemm mode and length of the
+    prefill timing), each appended to ``finished`` with its own figures as it ends, and the read
+    bandwidth (GB/s) once it is measured.  Nothing in it is extrapolated: that takes both models."""
+
+    planned: int = 0
+    finished: list[dict] = field(default_factory=list)
+    measured_bandwidth_gbs: float | None = None
+
+
 def _median(xs: list[float]) -> float:
     return float(np.median(np.asarray(xs)))
 
@@ -274,12 +291,13 @@ FILLS = ("repeat", "prefill")
 
 
 def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: str, fill_prefix: int, n_decode: int,
-                n_verify: int, widths: list[int], log, engine_options: dict) -> dict:
+                n_verify: int, widths: list[int], log, engine_options: dict, finished: list | None = None) -> dict:
     """Time one model at each context of ``ctxs`` (ascending) in one session: bring it to the
     context (``fill``: a real prefill of every token, or of the first ``fill_prefix`` then
     ``Session.bench_fill``), ``n_decode`` one-token passes, then ``n_verify`` passes of each width
     in ``widths`` with every row's logits, each rolled back.  Milliseconds are medians (wall clock
-    around the pass, the first passes left out as warm-up)."""
+    around the pass, the first passes left out as warm-up).  Each context's figures are appended to
+    ``finished`` (``Progress.finished``) as they are measured."""
     from ds4tui.engine.session import Engine
 
     t0 = time.perf_counter()
@@ -321,6 +339,8 @@ def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: s
                     k += w
                 ver[w] = _median(times[1:] or times)
             out.append({"ctx": ctx, "decode_ms": _median(dec[2:] or dec), "verify_ms": ver})
+            if finished is not None:
+                finished.append({"run": "decode_verify", "layers": model.config.n_layer, **out[-1]})
         mem = eng.memory()
         return {"layers": model.config.n_layer, "contexts": out, "device_bytes": mem.device,
                 "gpu_graphs": eng.gpu_graphs, "gpu_graphs_note": eng.gpu_graphs_note}
@@ -329,7 +349,7 @@ def _time_model(model: SyntheticModel, *, backend: str, ctxs: list[int], fill: s
 
 
 def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: list[int], n_decode: int,
-                n_cycles: int, log, engine_options: dict, draft_vocab) -> dict:
+                n_cycles: int, log, engine_options: dict, draft_vocab, finished: list | None = None) -> dict:
     """Time DSpark cycles of ``model`` with the synthetic support ``support`` attached, at each
     context of ``ctxs`` (ascending) in one session: a real prefill to the context (a session with
     a support model cannot repeat rows, ``Session.bench_fill``), the step that samples its logits,
@@ -342,7 +362,8 @@ def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: lis
     plain decode (``target``).  Milliseconds are medians over the steps, the first two of each kind
     left out as warm-up (a GPU graph's capture, scratch growth).  ``RuntimeError`` when the engine
     refuses the support model or a cycle does not draft a full block (a chain failure: the random
-    weights made a non-finite value)."""
+    weights made a non-finite value).  Each context's figures are appended to ``finished``
+    (``Progress.finished``) as they are measured."""
     from ds4tui.engine.session import Engine
     from ds4tui.engine.stats import PROP_STAGES
 
@@ -401,6 +422,8 @@ def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: lis
                         "spec_total_ms": med("cycle", "spec_total_ms"), "cycle_wall_ms": med("cycle", "wall_ms"),
                         "propose_stages_ms": {st: med("cycle", f"{st}_ms") for st in PROP_STAGES},
                         "drafts_per_cycle": [c["drafted"] for c in steps["cycle"]]})
+            if finished is not None:
+                finished.append({"run": "dspark_cycle", "layers": model.config.n_layer, "block_size": block, **out[-1]})
             log(f"  context {ctx}: decode {out[-1]['decode_ms']:.2f} ms, DSpark cycle: propose "
                 f"{out[-1]['propose_ms']:.2f} ms + verify(1+{block} rows) {out[-1]['verify_ms']:.2f} ms")
         return {"layers": model.config.n_layer, "block_size": block, "draft_vocab": eng.draft_vocab,
@@ -410,10 +433,11 @@ def _time_cycle(model: SyntheticModel, support: Path, *, backend: str, ctxs: lis
 
 
 def _time_prefill(model: SyntheticModel, *, backend: str, lengths: tuple[int, ...], batch: int,
-                  modes: tuple[str, ...], log, engine_options: dict) -> dict:
+                  modes: tuple[str, ...], log, engine_options: dict, finished: list | None = None) -> dict:
     """Prefill of each prompt length in ``lengths`` (random ids, chunks of ``batch`` tokens, no
     logits), once per prefill_gemm mode in ``modes`` on its own engine, after one untimed chunk
-    (BLAS handle, scratch growth): ``{mode: {"in_force", "note", "ms": {length: ms}}}``."""
+    (BLAS handle, scratch growth): ``{mode: {"in_force", "note", "ms": {length: ms}}}``.  Each
+    prefill's time is appended to ``finished`` (``Progress.finished``) as it is measured."""
     from ds4tui.engine.session import Engine
 
     out: dict = {}
@@ -431,6 +455,9 @@ def _time_prefill(model: SyntheticModel, *, backend: str, lengths: tuple[int, ..
                     t0 = time.perf_counter()
                     s.prefill(prompt, logits="none")
                     got["ms"][n] = (time.perf_counter() - t0) * 1e3
+                if finished is not None:
+                    finished.append({"run": "prefill", "layers": model.config.n_layer, "prefill_gemm": mode,
+                                     "in_force": eng.prefill_gemm, "tokens": n, "ms": got["ms"][n]})
                 log(f"  {model.config.n_layer} layers: prefill {n} tokens, prefill_gemm {mode} "
                     f"({eng.prefill_gemm}): {got['ms'][n]:.0f} ms")
             out[mode] = got
@@ -559,7 +586,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                     prefill_gemm: str = "auto", prefill_lengths: tuple[int, ...] = (), prefill_batch: int = 2048,
                     prefill_modes: tuple[str, ...] | None = None, activations: str = "f32", gpu_graphs: str = "off",
                     dspark_cycle: bool = False, n_cycles: int = 16, support_dir: str | Path | None = None,
-                    draft_vocab="auto", **overrides) -> dict:
+                    draft_vocab="auto", progress: Progress | None = None, **overrides) -> dict:
     """Build 2- and 4-layer synthetic Flash models, time decode and verify on `backend`, extrapolate.
 
     ``ctx``: one context or several (timed in ascending order in one session per model).
@@ -583,6 +610,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     ``n_cycles`` cycles of a full block at each context; ``draft_vocab`` is the engine option
     (``"auto"``: the support file's list of :data:`DRAFT_VOCAB_SIZE` ids; ``"full"``: the whole
     vocabulary).
+    ``progress``: a :class:`Progress` that counts the planned runs and keeps each run's figures as it
+    finishes, for a caller that reports them when an interrupt stops the rest.
     ``overrides``: DS4Config fields to change (tests run shrunk layers on the CPU).  The result's
     top-level numbers are the first context's; ``contexts`` holds every context's.  Raises
     ``ValueError`` for a bad context, fill, width list or cycle count, ``RuntimeError`` for timing
@@ -604,6 +633,9 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
     engine_options = {"gpu_layout": gpu_layout, "gpu_library": gpu_library, "prefill_gemm": prefill_gemm,
                       "activations": activations, "gpu_graphs": gpu_graphs}
     modes = tuple(prefill_modes or (prefill_gemm,))
+    progress = Progress() if progress is None else progress
+    # the 2- and 4-layer models: decode/verify per context, prefill per mode and length, the cycle per context
+    progress.planned = 2 * (len(ctxs) * (1 + bool(dspark_cycle)) + len(modes) * len(prefill_lengths))
     from ds4tui.engine import gpu
 
     info = None
@@ -637,7 +669,8 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
                                 log=log, info=info, engine_options=engine_options, modes=modes,
                                 prefill_lengths=prefill_lengths, prefill_batch=prefill_batch,
                                 support=(folder / SUPPORT_NAME) if dspark_cycle else None,
-                                kept=temp is None, n_cycles=n_cycles, draft_vocab=draft_vocab, overrides=overrides)
+                                kept=temp is None, n_cycles=n_cycles, draft_vocab=draft_vocab, progress=progress,
+                                overrides=overrides)
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
@@ -646,7 +679,7 @@ def run_flash_bench(*, backend: str = "hip", ctx: int | list[int] = 2048, fill: 
 def _run_flash_bench(*, backend: str, ctxs: list[int], fill: str, fill_prefix: int, n_decode: int, n_verify: int,
                      verify_rows: int, widths: list[int], target_layers: int, log, info, engine_options: dict,
                      modes: tuple[str, ...], prefill_lengths, prefill_batch: int, support: Path | None, kept: bool,
-                     n_cycles: int, draft_vocab, overrides: dict) -> dict:
+                     n_cycles: int, draft_vocab, progress: Progress, overrides: dict) -> dict:
     """:func:`run_flash_bench` once its arguments are checked and the support's folder is ready."""
     small, big = flash_models(log=log, **overrides)
     if support is not None:
@@ -660,16 +693,17 @@ def _run_flash_bench(*, backend: str, ctxs: list[int], fill: str, fill_prefix: i
         if lib.ds4_gpu_bandwidth(info.library.encode(), 4 << 30, 10, gbs, err, 512) != 0:
             raise RuntimeError(ffi.string(err).decode())
         bw = gbs[0] * 1e9
+        progress.measured_bandwidth_gbs = gbs[0]
         log(f"device {info.device_name}: read bandwidth {gbs[0]:.0f} GB/s")
     kw = dict(backend=backend, ctxs=ctxs, fill=fill, fill_prefix=fill_prefix, n_decode=n_decode, n_verify=n_verify, widths=widths, log=log,
-              engine_options=engine_options)
+              engine_options=engine_options, finished=progress.finished)
     t2 = _time_model(small, **kw)
     t4 = _time_model(big, **kw)
     prefill = None
     if prefill_lengths:
         lengths = tuple(int(n) for n in prefill_lengths)
         pkw = dict(backend=backend, lengths=lengths, batch=prefill_batch, modes=modes, log=log,
-                  engine_options=engine_options)
+                   engine_options=engine_options, finished=progress.finished)
         p2, p4 = _time_prefill(small, **pkw), _time_prefill(big, **pkw)
         prefill = {"batch": prefill_batch, "modes": {}}
         for mode in modes:
@@ -692,7 +726,7 @@ def _run_flash_bench(*, backend: str, ctxs: list[int], fill: str, fill_prefix: i
     cycle = None
     if support is not None:
         ckw = dict(backend=backend, ctxs=ctxs, n_decode=n_decode, n_cycles=n_cycles, log=log,
-                   engine_options=engine_options, draft_vocab=draft_vocab)
+                   engine_options=engine_options, draft_vocab=draft_vocab, finished=progress.finished)
         c2, c4 = _time_cycle(small, support, **ckw), _time_cycle(big, support, **ckw)
         cycle = _cycle_result(c2, c4, support=support, kept=kept, n_decode=n_decode, n_cycles=n_cycles,
                               target_layers=target_layers, config=small.config)
@@ -768,4 +802,29 @@ def render(r: dict) -> str:
                 f"    cycle / decode = (propose + verify) / decode = {x['cycle_over_decode']:.2f}; verify / decode = "
                 f"{x['verify_over_decode']:.2f}",
             ]
+    return "\n".join(lines)
+
+
+def render_partial(r: dict) -> str:
+    """The text report of a run that an interrupt stopped (``bench``'s partial result, its ``runs``
+    the :attr:`Progress.finished` figures): each finished run as measured on its 2- or 4-layer
+    model, nothing extrapolated (that takes both models at the same context)."""
+    lines = [f"INTERRUPTED after {r['runs_finished']} of {r['runs_planned']} runs: the figures below are the finished "
+             f"runs' own, measured on 2 or 4 layers (nothing extrapolated)",
+             f"synthetic DS4 Flash (q2 mix), {r['backend']} backend, {r['activations']} activations, graphs "
+             f"{r['gpu_graphs']}; contexts {', '.join(map(str, r['contexts_planned']))}"
+             + (f"; read bandwidth {r['measured_bandwidth_gbs']:.0f} GB/s" if r["measured_bandwidth_gbs"] else "")]
+    for x in r["runs"]:
+        if x["run"] == "decode_verify":
+            lines.append(f"{x['layers']} layers, context {x['ctx']}: decode {x['decode_ms']:.2f} ms, " + ", ".join(
+                f"verify({w} rows) {ms:.2f} ms" for w, ms in x["verify_ms"].items()))
+        elif x["run"] == "prefill":
+            lines.append(f"{x['layers']} layers: prefill {x['tokens']} tokens, prefill_gemm {x['prefill_gemm']} "
+                         f"({x['in_force']}): {x['ms']:.0f} ms")
+        else:  # dspark_cycle
+            lines.append(f"{x['layers']} layers + DSpark support, context {x['ctx']}: decode {x['decode_ms']:.2f} ms, "
+                         f"DSpark cycle: propose {x['propose_ms']:.2f} ms + verify(1+{x['block_size']} rows) "
+                         f"{x['verify_ms']:.2f} ms")
+    if not r["runs"]:
+        lines.append("no run finished")
     return "\n".join(lines)
