@@ -95,6 +95,14 @@ def write_iq2xxs_tables(path: Path) -> None:
         vals = [sum(code[int(v)] << (2 * j) for j, v in enumerate(row)) for row in grid[i : i + 8]]
         lines.append("    " + ", ".join(f"0x{v:04x}" for v in vals) + ",")
     lines.append("};")
+    # the same codes split into their low and high bytes (elements 0-3 and 4-7), byte tables for
+    # the AVX-512 VBMI decoding's two-register byte permutes
+    codes16 = [sum(code[int(v)] << (2 * j) for j, v in enumerate(row)) for row in grid]
+    for name, shift in (("lo", 0), ("hi", 8)):
+        lines.append(f"static const uint8_t ds4_iq2xxs_grid16_{name}[256] = {{")
+        for i in range(0, 256, 16):
+            lines.append("    " + ", ".join(str((v >> shift) & 0xFF) for v in codes16[i : i + 16]) + ",")
+        lines.append("};")
     # ksigns as byte masks (0xff where the element is negative), for the 8-bit activation kernels
     lines.append("static const uint64_t ds4_iq2xxs_sign_mask[128] = {")
     for i in range(0, 128, 4):

@@ -889,7 +889,7 @@ static inline int32_t q8_isum(const int8_t *w, const int8_t *x) {
 
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok) {
     const int64_t nb = cols / 32;
-    return (size_t)n_tok * ((size_t)cols * 4 + (size_t)nb * 4 * (sizeof(float) + 2 * sizeof(int16_t))) + 7 * 64;
+    return (size_t)n_tok * ((size_t)cols * 5 + (size_t)nb * 5 * (sizeof(float) + 2 * sizeof(int16_t))) + 9 * 64;
 }
 
 void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t cols, void *buf, ds4_q8_act *a) {
@@ -909,9 +909,13 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
     p = (p + 63) & ~(uintptr_t)63;
     a->bz = (const int32_t *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(int32_t);
     p = (p + 63) & ~(uintptr_t)63;
-    a->cz = (const int32_t *)p;
+    a->cz = (const int32_t *)p, p += (size_t)n_tok * (size_t)nb * 2 * sizeof(int32_t);
+    p = (p + 63) & ~(uintptr_t)63;
+    a->xq = (const int8_t *)p, p += (size_t)n_tok * (size_t)cols;
+    p = (p + 63) & ~(uintptr_t)63;
+    a->cq = (const int32_t *)p;
 #if !defined(Q8_ZMM)
-    a->xz = NULL, a->dz = NULL, a->bz = NULL, a->cz = NULL;
+    a->xz = NULL, a->dz = NULL, a->bz = NULL, a->cz = NULL, a->xq = NULL, a->cq = NULL;
 #endif
     for (int64_t t = 0; t < n_tok; t++) {
         int8_t *q = (int8_t *)a->q + t * cols;
@@ -950,6 +954,17 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
             const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs + 2 * g)), _mm256_set1_epi16(-128));
             const __m512i cc = _mm512_castsi256_si512(bsum);
             _mm512_storeu_si512((void *)(a->cz + t * 2 * nb + 2 * g), _mm512_shuffle_i64x2(cc, cc, 0x50));
+            /* the qword layout of the 2-bit rows (q8_pair_q): for k < 4, 64 bytes whose qword i is q
+             * of block g + i, bytes 8k .. 8k + 7; and -128 * block i's sum in lane 2i (lane 2i + 1: 0) */
+            const __m512i L0 = _mm512_loadu_si512((const void *)(q + 32 * g)), L1 = _mm512_loadu_si512((const void *)(q + 32 * g + 64));
+            const __m512i L2 = _mm512_loadu_si512((const void *)(q + 32 * g + 128)), L3 = _mm512_loadu_si512((const void *)(q + 32 * g + 192));
+            int8_t *xq = (int8_t *)a->xq + t * cols + 32 * g;
+            for (int k = 0; k < 4; k++) {
+                const __m512i ik = _mm512_setr_epi64(k, 4 + k, 8 + k, 12 + k, k, 4 + k, 8 + k, 12 + k);
+                const __m512i lo = _mm512_permutex2var_epi64(L0, ik, L1), hi = _mm512_permutex2var_epi64(L2, ik, L3);
+                _mm512_storeu_si512((void *)(xq + 64 * k), _mm512_shuffle_i64x2(lo, hi, 0x44));
+            }
+            _mm512_storeu_si512((void *)(a->cq + t * 2 * nb + 2 * g), _mm512_cvtepu32_epi64(bsum));
 #endif
         }
 #endif
@@ -1027,6 +1042,12 @@ static const uint8_t q8_iq2_gidx[64] = {
     35, 43, 51, 59, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0,
 };
+/* Byte 16k + i = the grid index of (group i, row k) (byte 8i + k of the super-block's 8 qwords): after
+ * the code bytes are looked up, unpacklo puts code (i, k) in word i of 128-bit lane k. */
+static const uint8_t q8_iq2_gidx16[64] = {
+    0, 8, 16, 24, 32, 40, 48, 56, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 17, 25, 33, 41, 49, 57, 0, 0, 0, 0, 0, 0, 0, 0,
+    2, 10, 18, 26, 34, 42, 50, 58, 0, 0, 0, 0, 0, 0, 0, 0, 3, 11, 19, 27, 35, 43, 51, 59, 0, 0, 0, 0, 0, 0, 0, 0,
+};
 static const uint8_t q8_iq2_sidx[64] = {
     32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0,
     0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53, 0, 0, 0, 0, 32, 39, 46, 53,
@@ -1057,8 +1078,56 @@ static const uint8_t q8_iq2_bk[4][64] = {
 };
 #endif
 
-static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
+static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r, int qw) {
     r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
+    (void)qw;
+#if defined(Q8_ZMM) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
+    if (qw) {
+        /* the qword layout, w + 128 (q8_pair_q): each grid index's 2-bit codes looked up as two bytes
+         * (ds4_iq2xxs_grid16_lo / _hi, 128 entries a byte permute), the codes spread to bytes by
+         * multishift and mapped to 128 + 8/25/43 by a byte permute; a negative weight is 0 - (128 + g),
+         * i.e. 128 - g, under the sign mask that bitshuffle takes from the ksigns byte */
+        r->tr = 2;
+        __m512i TL[4], TH[4];
+        for (int i = 0; i < 4; i++) {
+            TL[i] = _mm512_loadu_si512((const void *)(ds4_iq2xxs_grid16_lo + 64 * i));
+            TH[i] = _mm512_loadu_si512((const void *)(ds4_iq2xxs_grid16_hi + 64 * i));
+        }
+        const __m512i K0 = _mm512_loadu_si512((const void *)ds4_iq2xxs_ksigns), K1 = _mm512_loadu_si512((const void *)(ds4_iq2xxs_ksigns + 64));
+        const __m512i gidx = _mm512_loadu_si512((const void *)q8_iq2_gidx16), sidx = _mm512_loadu_si512((const void *)q8_iq2_sidx);
+        const __m512i shifts = _mm512_set1_epi64(0x0e0c0a0806040200ll);
+        const __m512i vals = _mm512_set1_epi32((int)0x80ab9988); /* byte j: 128 + (8, 25, 43, 0)[j & 3] */
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = row + 66 * sb;
+            const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+            const __m512i D = _mm512_loadu_si512((const void *)(blk + 2)); /* qword i = group i */
+            { /* the 8 group scales d * (0.5 + scale) * 0.25, the same float32 operations 8 lanes at a time */
+                const __m256i wv = _mm512_cvtepi64_epi32(_mm512_srli_epi64(D, 32));
+                const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
+                _mm256_storeu_ps(r->s + 8 * sb, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)),
+                                                              _mm256_set1_ps(0.25f)));
+            }
+            /* byte 16k + i: grid index k of group i; its code's low and high bytes; then as words, code
+             * (i, k) in word i of 128-bit lane k */
+            const __m512i gb = _mm512_permutexvar_epi8(gidx, D);
+            const __mmask64 up = _mm512_movepi8_mask(gb);
+            const __m512i L = _mm512_mask_blend_epi8(up, _mm512_permutex2var_epi8(TL[0], gb, TL[1]), _mm512_permutex2var_epi8(TL[2], gb, TL[3]));
+            const __m512i H = _mm512_mask_blend_epi8(up, _mm512_permutex2var_epi8(TH[0], gb, TH[1]), _mm512_permutex2var_epi8(TH[2], gb, TH[3]));
+            const __m512i codes = _mm512_unpacklo_epi8(L, H);
+            /* byte 8i + k = ksigns of sign field k of group i */
+            const __m512i sg = _mm512_permutex2var_epi8(K0, _mm512_and_si512(_mm512_multishift_epi64_epi8(sidx, D), _mm512_set1_epi8(127)), K1);
+            int8_t *out = r->buf + 256 * sb;
+            for (int k = 0; k < 4; k++) {
+                /* qword i: code (i, k) in its low word (the other words are not read) */
+                const __m512i c16 = _mm512_permutexvar_epi16(_mm512_add_epi64(_mm512_set1_epi64(8 * k), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7)), codes);
+                const __m512i g = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, c16), vals);
+                const __mmask64 neg = _mm512_bitshuffle_epi64_mask(sg, _mm512_set1_epi64(0x0706050403020100ll + 0x0808080808080808ll * k));
+                _mm512_storeu_si512((void *)(out + 64 * k), _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g));
+            }
+        }
+        return;
+    }
+#endif
 #if defined(Q8_AVX2) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
     /* all 32 grid rows of a super-block at once: the grid as 2-bit codes (ds4_iq2xxs_grid16) looked
      * up by word permutes, expanded to bytes by multishift, mapped to 8/25/43 by a byte shuffle; the
@@ -1165,8 +1234,40 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r) {
 /* Q2_K: block 4h + j of a super-block has codes (qs[32h + l] >> 2j) & 3, l < 32, in sub-blocks
  * 8h + 2j (l < 16) and 8h + 2j + 1; w = (scale & 15) * code (<= 45), the min codes (scale >> 4) go
  * to mn. */
-static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r) {
+static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r, int qw) {
     r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
+#if defined(Q8_ZMM)
+    if (qw) {
+        /* the qword layout (q8_pair_q): for k < 4, qword i = 4h + j of 64 bytes is block i's codes
+         * 8k .. 8k + 7, (qs qword 4h + k >> 2j) & 3 per byte, times the scale of sub-block 2i + (k >= 2) */
+        r->tr = 2;
+        const __m512i sh = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6), three = _mm512_set1_epi8(3);
+        static const int16_t q8_q2k_sidx[32] = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6,
+                                                 8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14};
+        const __m512i i0 = _mm512_loadu_si512((const void *)q8_q2k_sidx);
+        const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(1)), nib = _mm512_set1_epi16(15);
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *blk = row + 84 * sb, *qs = blk + 16;
+            const float d = ds4_half((uint16_t)(blk[80] | (blk[81] << 8)));
+            const float dmin = ds4_half((uint16_t)(blk[82] | (blk[83] << 8)));
+            const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)blk)); /* word 2i + h: sc[2i + h] */
+            _mm256_storeu_si256((__m256i *)(r->mn + 16 * sb), _mm256_srli_epi16(sc16, 4));
+            _mm256_storeu_ps(r->s + 8 * sb, _mm256_set1_ps(d));
+            _mm256_storeu_ps(r->m + 8 * sb, _mm256_set1_ps(dmin));
+            const __m512i scw = _mm512_and_si512(_mm512_castsi256_si512(sc16), nib);
+            const __m512i s0 = _mm512_permutexvar_epi16(i0, scw), s1 = _mm512_permutexvar_epi16(i1, scw);
+            const __m512i Q = _mm512_loadu_si512((const void *)qs);
+            int8_t *out = r->buf + 256 * sb;
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k), Q);
+                const __m512i code = _mm512_and_si512(_mm512_srlv_epi64(v, sh), three);
+                _mm512_storeu_si512((void *)(out + 64 * k), _mm512_mullo_epi16(code, k < 2 ? s0 : s1));
+            }
+        }
+        return;
+    }
+#endif
+    (void)qw;
 #if defined(Q8_AVX2)
     /* straight into the transposed layout: lane i = 4h + j of vector jj holds bytes 4jj .. 4jj + 3 of
      * block (h, j), i.e. (qs dword (8h + jj) >> 2j) & 3 per byte, times the scale of sub-block
@@ -1401,14 +1502,19 @@ static inline void q8_transpose_zmm(const __m512i r[8], __m512i c[8]) {
  * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
 static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra, const q8_wrow *rb, int q2k,
                                                                const ds4_q8_act *a, int64_t t0, int nt, float *Y,
-                                                               int64_t ldy, float *lanes) {
+                                                               int64_t ldy, float *lanes, const int qw) {
     const int64_t nb = a->nb, cols = a->cols;
     __m512 va[Q8_TOK];
     for (int k = 0; k < nt; k++) va[k] = _mm512_setzero_ps();
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b += 8) {
         __m512i c[8];
-        if (ra->tr) { /* both rows already transposed: [A 0-3, B 0-3, A 4-7, B 4-7] from the two vectors j */
+        if (qw) { /* the qword layout (q8_decode's qw): A's 4 vectors, then B's, already w + 128 where signed */
+            for (int j = 0; j < 4; j++) {
+                c[j] = _mm512_loadu_si512((const void *)(ra->w + 32 * b + 64 * j));
+                c[4 + j] = _mm512_loadu_si512((const void *)(rb->w + 32 * b + 64 * j));
+            }
+        } else if (ra->tr) { /* both rows already transposed: [A 0-3, B 0-3, A 4-7, B 4-7] from the two vectors j */
             const __m512i ix = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
             for (int j = 0; j < 8; j++)
                 c[j] = _mm512_permutex2var_epi64(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra->w + 32 * b + 32 * j))), ix,
@@ -1422,7 +1528,7 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
         }
         /* the weights are vpdpbusd's unsigned operand: Q2_K's (scale * code, never negative) as they
          * are, the signed ones as w + 128, whose extra 128 * sum(q) the activations' cz takes off */
-        if (!q2k)
+        if (!q2k && !qw)
             for (int j = 0; j < 8; j++) c[j] = _mm512_xor_si512(c[j], m128);
         __m512 s2;
         if (ra->q80) { /* the 16 scales of a Q8_0 pair, read in place; F16C converts exactly */
@@ -1446,6 +1552,22 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
             mnv = _mm512_shuffle_i64x2(n2, n2, 0xD8);
         }
         for (int k = 0; k < nt; k++) {
+            __m512i is;
+            if (qw) {
+                /* lanes 2i and 2i + 1 of a row's sums: block i's codes 0-3 and 4-7 of each 8, summed
+                 * over the 4 vectors; the two added into [A 0-3, B 0-3, A 4-7, B 4-7] */
+                const int8_t *xq = a->xq + (t0 + k) * cols + 32 * b;
+                const __m512i i00 = q2k ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a->cq + (t0 + k) * 2 * nb + 2 * b));
+                __m512i iA = i00, iB = i00;
+                for (int j = 0; j < 4; j++) {
+                    const __m512i x = _mm512_loadu_si512((const void *)(xq + 64 * j));
+                    iA = _mm512_dpbusd_epi32(iA, c[j], x);
+                    iB = _mm512_dpbusd_epi32(iB, c[4 + j], x);
+                }
+                const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 16, 18, 20, 22, 8, 10, 12, 14, 24, 26, 28, 30);
+                is = _mm512_add_epi32(_mm512_permutex2var_epi32(iA, ev, iB),
+                                      _mm512_permutex2var_epi32(iA, _mm512_add_epi32(ev, _mm512_set1_epi32(1)), iB));
+            } else {
             const uint8_t *xz = a->xz + (t0 + k) * 2 * cols + 64 * b;
             const __m512i i00 = q2k ? _mm512_setzero_si512() : _mm512_loadu_si512((const void *)(a->cz + (t0 + k) * 2 * nb + 2 * b));
             __m512i i0 = _mm512_dpbusd_epi32(i00, c[0], _mm512_loadu_si512((const void *)xz));
@@ -1456,7 +1578,8 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
             i1 = _mm512_dpbusd_epi32(i1, c[5], _mm512_loadu_si512((const void *)(xz + 320)));
             i0 = _mm512_dpbusd_epi32(i0, c[6], _mm512_loadu_si512((const void *)(xz + 384)));
             i1 = _mm512_dpbusd_epi32(i1, c[7], _mm512_loadu_si512((const void *)(xz + 448)));
-            const __m512i is = _mm512_add_epi32(i0, i1);
+            is = _mm512_add_epi32(i0, i1);
+            }
             const __m512 dx = _mm512_loadu_ps(a->dz + (t0 + k) * 2 * nb + 2 * b);
             __m512 p = _mm512_mul_ps(_mm512_mul_ps(sv, dx), _mm512_cvtepi32_ps(is));
             if (q2k) {
@@ -1547,7 +1670,8 @@ static void q8_rows16_small(const uint8_t *W, size_t row_bytes, int64_t r, const
 
 static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
                            float *Y, int64_t ldy, float *lanes) {
-    q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes);
+    if (ra->tr == 2) q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 1);
+    else q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 0);
 }
 
 /* The final reduction of 4 row pairs at once (8 rows): l + 16 p holds pair p's accumulators [A 0-3, B
@@ -1568,10 +1692,11 @@ static inline void q8_reduce_pairs(const float *l, float *y) {
 
 int ds4_cpu_q8_type(int type) { return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS; }
 
-static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr, int scales) {
+/* qw: the 2-bit rows in the qword layout of q8_pair_q where this build has it (then wr->tr == 2). */
+static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr, int scales, int qw) {
     if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, nb, wr, scales);
-    else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, nb, wr);
-    else q8_decode_iq2_xxs(row, nb, wr);
+    else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, nb, wr, qw);
+    else q8_decode_iq2_xxs(row, nb, wr, qw);
 }
 
 void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, const ds4_q8_act *a,
@@ -1601,8 +1726,8 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
                     if (t == 0) {
                         if (rp + Q8_AHEAD + 2 <= r1) /* the transposing loads stride across two rows */
                             for (size_t o = 0; o < 2 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(rp + Q8_AHEAD) * row_bytes + o);
-                        q8_decode(type, W + (size_t)rp * row_bytes, a->nb, &wr[2 * p], 0);
-                        q8_decode(type, W + (size_t)(rp + 1) * row_bytes, a->nb, &wr[2 * p + 1], 0);
+                        q8_decode(type, W + (size_t)rp * row_bytes, a->nb, &wr[2 * p], 0, 1);
+                        q8_decode(type, W + (size_t)(rp + 1) * row_bytes, a->nb, &wr[2 * p + 1], 0, 1);
                     }
                     q8_pair_tokens(&wr[2 * p], &wr[2 * p + 1], q2k, a, t, nt, NULL, 0, lanes + 16 * p);
                 }
@@ -1612,8 +1737,8 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
         for (; r + 2 <= r1; r += 2) {
             if (r + Q8_AHEAD + 2 <= r1) /* the pair after next: the transposing loads stride across two rows */
                 for (size_t o = 0; o < 2 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(r + Q8_AHEAD) * row_bytes + o);
-            q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 0);
-            q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1], 0);
+            q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 0, 1);
+            q8_decode(type, W + (size_t)(r + 1) * row_bytes, a->nb, &wr[1], 0, 1);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK)
                 q8_pair_tokens(&wr[0], &wr[1], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy, NULL);
         }
@@ -1631,7 +1756,7 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
         for (; r + 8 <= r1; r += 8) {
             if (ahead && r + 16 <= r1)
                 for (size_t o = 0; o < 8 * row_bytes; o += 64) __builtin_prefetch(W + (size_t)(r + 8) * row_bytes + o);
-            for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i], 1);
+            for (int i = 0; i < 8; i++) q8_decode(type, W + (size_t)(r + i) * row_bytes, a->nb, &wr[i], 1, 0);
             for (int64_t t = 0; t < n_tok; t += Q8_TOK) {
                 const int nt = (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK);
                 for (int i = 0; i < 8; i++) q8_row_tokens(&wr[i], q2k, a, t, nt, NULL, 0, lanes + 8 * i);
@@ -1644,7 +1769,7 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
     }
 #endif
     for (; r < r1; r++) {
-        q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 1);
+        q8_decode(type, W + (size_t)r * row_bytes, a->nb, &wr[0], 1, 0);
         for (int64_t t = 0; t < n_tok; t += Q8_TOK)
             q8_row_tokens(&wr[0], q2k, a, t, (int)(n_tok - t < Q8_TOK ? n_tok - t : Q8_TOK), Y + t * ldy + r, ldy, NULL);
     }

@@ -66,6 +66,8 @@ typedef struct {
     const float *dz;        /* [n_tok][2 * nb]: d in that layout */
     const int32_t *bz;      /* [n_tok][2 * nb]: bs in that layout (an int16 pair a lane) */
     const int32_t *cz;      /* [n_tok][2 * nb]: -128 * each block's sum of q, in that layout */
+    const int8_t *xq;       /* [n_tok][cols]: q in the qword layout of the 2-bit rows (AVX-512 only) */
+    const int32_t *cq;      /* [n_tok][2 * nb]: -128 * block i's sum of q in lane 2i of its 8-block group */
 } ds4_q8_act;
 void ds4_cpu_quantize_q8_act(const float *x, int64_t n, int8_t *q, float *d);
 size_t ds4_cpu_q8_act_bytes(int64_t cols, int64_t n_tok);
