@@ -464,11 +464,32 @@ static int compress(ds4_backend_ctx *c, const float *cbuf, const float *zbuf, in
 
 typedef struct { float score; int32_t idx; } scored;
 
-static int by_score_then_index(const void *pa, const void *pb) {
-    const scored *a = pa, *b = pb;
-    if (a->score > b->score) return -1;
-    if (a->score < b->score) return 1;
-    return (a->idx > b->idx) - (a->idx < b->idx);
+/* The indexer's order: higher score first, ties by lower index; a comes before b */
+static inline int score_before(const scored *a, const scored *b) {
+    return a->score > b->score || (!(a->score < b->score) && a->idx < b->idx);
+}
+
+static inline void scored_swap(scored *a, scored *b) { const scored t = *a; *a = *b; *b = t; }
+
+/* Move the k first of v[0..n) in score_before's order to v[0..k), in no particular order
+ * (quickselect, median-of-three pivots; the order is total: indices differ), where a full qsort
+ * of every compressed row cost O(n log n) a token and layer. */
+static void select_first(scored *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (score_before(&v[mid], &v[lo])) scored_swap(&v[mid], &v[lo]);
+        if (score_before(&v[hi], &v[lo])) scored_swap(&v[hi], &v[lo]);
+        if (score_before(&v[mid], &v[hi])) scored_swap(&v[mid], &v[hi]); /* the median now at hi */
+        const scored pivot = v[hi];
+        int64_t store = lo;
+        for (int64_t i = lo; i < hi; i++)
+            if (score_before(&v[i], &pivot)) scored_swap(&v[i], &v[store++]);
+        scored_swap(&v[store], &v[hi]);
+        if (store == k - 1) return;
+        if (store > k - 1) hi = store - 1;
+        else lo = store + 1;
+    }
 }
 
 static int by_index(const void *pa, const void *pb) {
@@ -497,15 +518,20 @@ static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
         const float *qi = a->qi + (size_t)t * IH * ID, *iw = a->iw + (size_t)t * IH;
         for (int64_t cc = 0; cc < n_vis; cc++) {
             const float *key = a->keys + (size_t)cc * ID;
-            float sc = 0.0f;
+            float sc = 0.0f, dots[4];
             for (int h = 0; h < IH; h++) {
-                float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
+                if (h % 4 == 0 && h + 4 <= IH) { /* 4 heads against the key at once, the same bits */
+                    const float *qh[4] = {qi + (size_t)h * ID, qi + (size_t)(h + 1) * ID, qi + (size_t)(h + 2) * ID,
+                                          qi + (size_t)(h + 3) * ID};
+                    ds4_dot_f32_4(key, qh, ID, dots);
+                }
+                const float dot = h - h % 4 + 4 <= IH ? dots[h % 4] : ds4_dot_f32(qi + (size_t)h * ID, key, ID);
                 sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * a->scale);
             }
             buf[cc].score = sc;
             buf[cc].idx = (int32_t)cc;
         }
-        qsort(buf, (size_t)n_vis, sizeof *buf, by_score_then_index);
+        select_first(buf, n_vis, K);
         int32_t *sel = a->sel + (size_t)t * K;
         for (int k = 0; k < K; k++) sel[k] = buf[k].idx;
         qsort(sel, (size_t)K, sizeof *sel, by_index);
@@ -529,8 +555,11 @@ static int indexer(ds4_backend_ctx *c, const float *qi, const float *iw, int32_t
 static void attend_keys(const float *q, const float *const *keys, int nk, float sink, int D, float scale, float *sc,
                         float *restrict o) {
     float mx = sink;
+    int k4 = 0;
+    for (; k4 + 4 <= nk; k4 += 4) ds4_dot_f32_4(q, keys + k4, D, sc + k4);
+    for (; k4 < nk; k4++) sc[k4] = ds4_dot_f32(q, keys[k4], D);
     for (int k = 0; k < nk; k++) {
-        sc[k] = ds4_dot_f32(q, keys[k], D) * scale;
+        sc[k] = sc[k] * scale;
         if (sc[k] > mx) mx = sc[k];
     }
     float denom = 0.0f;

@@ -25,6 +25,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16
 
@@ -52,6 +55,34 @@ float ds4_dot_f32(const float *a, const float *b, int64_t n) {
     float s = hsum(acc);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+/* out[k] = ds4_dot_f32(a, b[k], n) for k < 4, bit for bit: a's 16 lanes loaded once for the four
+ * (attention scores of 4 keys, the indexer's heads against one key). */
+void ds4_dot_f32_4(const float *a, const float *const b[4], int64_t n, float out[4]) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512 acc[4];
+    for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
+    for (; i + LANES <= n; i += LANES) {
+        const __m512 va = _mm512_loadu_ps(a + i);
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(va, _mm512_loadu_ps(b[k] + i)));
+    }
+    for (int k = 0; k < 4; k++) { /* hsum's additions: lanes j + 8, then j + 4, then (0 + 2) + (1 + 3) */
+        const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1));
+        float s4[4];
+        _mm_storeu_ps(s4, _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+        out[k] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    }
+#else
+    float acc[4][LANES] = {{0}};
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < LANES; j++) acc[k][j] += a[i + j] * b[k][i + j];
+    for (int k = 0; k < 4; k++) out[k] = hsum(acc[k]);
+#endif
+    for (int k = 0; k < 4; k++)
+        for (int64_t t = i; t < n; t++) out[k] += a[t] * b[k][t];
 }
 
 /* Q8_0 block: f16 scale d + 32 int8 q (spec ds4.md §5.1).  A block's weights are formed once as

@@ -39,6 +39,8 @@ void ds4_cpu_dequant_iq2_xxs(const void *src, float *dst, int64_t n);
 
 /* Float dot product with 16 partial sums (vectorisable without -ffast-math). */
 float ds4_dot_f32(const float *a, const float *b, int64_t n);
+/* out[k] = ds4_dot_f32(a, b[k], n), k < 4, with the same bits (a's loads shared). */
+void ds4_dot_f32_4(const float *a, const float *const b[4], int64_t n, float out[4]);
 
 /* The CPU dot kernels of types.h (cpu/dot.c): Y[t*ldy + r] = W row r . X[t*ldx, 0..cols) for rows
  * r0 <= r < r1 (row r at W + r * row_bytes) and t < n_tok. */
