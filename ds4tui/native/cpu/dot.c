@@ -468,13 +468,18 @@ ROWS_OF(ds4_cpu_dot_f32, dot_f32_row)
 #endif
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void f16_tokens(const uint16_t *row, const float *X, int64_t ldx,
-                                                              int64_t n, float *Y, int64_t ldy, const int NT) {
+                                                              int64_t n, float *Y, int64_t ldy, const int NT,
+                                                              float *lanes) {
     __m512 a[F16_MAXNT]; /* a[k]: token k's two 8-lane halves in one vector (dot_f16's lanes) */
     for (int k = 0; k < NT; k++) a[k] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + i)));
         for (int k = 0; k < NT; k++) a[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(X + k * ldx + i), a[k]);
+    }
+    if (lanes) { /* n a multiple of 16: token k's lanes to lanes + 64 * k, for f16_reduce4 */
+        for (int k = 0; k < NT; k++) _mm512_storeu_ps(lanes + 64 * k, a[k]);
+        return;
     }
     for (int k = 0; k < NT; k++) {
         float acc[LANES];
@@ -486,7 +491,9 @@ static inline __attribute__((always_inline)) void f16_tokens(const uint16_t *row
 }
 #else
 static inline __attribute__((always_inline)) void f16_tokens(const uint16_t *row, const float *X, int64_t ldx,
-                                                              int64_t n, float *Y, int64_t ldy, const int NT) {
+                                                              int64_t n, float *Y, int64_t ldy, const int NT,
+                                                              float *lanes) {
+    (void)lanes; /* the 4-row reduction is the AVX-512 path's */
     __m256 a0[F16_MAXNT], a1[F16_MAXNT];
     for (int k = 0; k < NT; k++) a0[k] = a1[k] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -510,9 +517,10 @@ static inline __attribute__((always_inline)) void f16_tokens(const uint16_t *row
 #endif
 #define F16_NT(NT)                                                                                         \
     static void dot_f16_x##NT(const uint16_t *row, const float *X, int64_t ldx, int64_t n, float *Y,     \
-                              int64_t ldy) {                                                               \
-        f16_tokens(row, X, ldx, n, Y, ldy, NT);                                                            \
+                              int64_t ldy, float *lanes) {                                                 \
+        f16_tokens(row, X, ldx, n, Y, ldy, NT, lanes);                                                     \
     }
+F16_NT(1)
 F16_NT(2)
 F16_NT(3)
 F16_NT(4)
@@ -522,21 +530,52 @@ F16_NT(6)
 F16_NT(7)
 F16_NT(8)
 #endif
-static void (*const f16_group[F16_MAXNT + 1])(const uint16_t *, const float *, int64_t, int64_t, float *, int64_t) = {
-    NULL, NULL, dot_f16_x2, dot_f16_x3, dot_f16_x4, dot_f16_x5, dot_f16_x6,
+static void (*const f16_group[F16_MAXNT + 1])(const uint16_t *, const float *, int64_t, int64_t, float *, int64_t,
+                                              float *) = {
+    NULL, dot_f16_x1, dot_f16_x2, dot_f16_x3, dot_f16_x4, dot_f16_x5, dot_f16_x6,
 #if F16_MAXNT >= 8
     dot_f16_x7, dot_f16_x8,
 #endif
 };
 
+#if defined(__AVX512F__)
+/* 4 rows' final sums at once: l + 16 i holds row i's 16 lanes; y[i] = hsum of them, hsum's additions
+ * (lanes j + 8, then j + 4, then (0 + 2) + (1 + 3)). */
+static inline void f16_reduce4(const float *l, float *y) {
+    const __m512 v0 = _mm512_loadu_ps(l), v1 = _mm512_loadu_ps(l + 16), v2 = _mm512_loadu_ps(l + 32), v3 = _mm512_loadu_ps(l + 48);
+    const __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
+    const __m512 a23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xEE));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(a01, a23, 0x88), _mm512_shuffle_f32x4(a01, a23, 0xDD));
+    const __m512 e = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    const __m512 f = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1));
+    const __m512i ix = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm_storeu_ps(y, _mm512_castps512_ps128(_mm512_permutexvar_ps(ix, f)));
+}
+#endif
+
 void ds4_cpu_dot_f16(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
                      int64_t ldx, int64_t n_tok, float *Y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+#if defined(__AVX512F__)
+    if (cols % 16 == 0) { /* 4 rows at a time: their final reductions run together */
+        float lanes[F16_MAXNT * 64];
+        for (; r + 4 <= r1; r += 4)
+            for (int64_t k = 0; k < n_tok;) {
+                const int nt = (int)(n_tok - k < F16_MAXNT ? n_tok - k : F16_MAXNT);
+                for (int i = 0; i < 4; i++)
+                    f16_group[nt]((const uint16_t *)(W + (size_t)(r + i) * row_bytes), X + k * ldx, ldx, cols, NULL, 0,
+                                  lanes + 16 * i);
+                for (int j = 0; j < nt; j++) f16_reduce4(lanes + 64 * j, Y + (k + j) * ldy + r);
+                k += nt;
+            }
+    }
+#endif
+    for (; r < r1; r++) {
         const uint16_t *row = (const uint16_t *)(W + (size_t)r * row_bytes);
         for (int64_t k = 0; k < n_tok;) {
             const int nt = (int)(n_tok - k < F16_MAXNT ? n_tok - k : F16_MAXNT);
             if (nt == 1) Y[k * ldy + r] = dot_f16(row, X + k * ldx, cols);
-            else f16_group[nt](row, X + k * ldx, ldx, cols, Y + k * ldy + r, ldy);
+            else f16_group[nt](row, X + k * ldx, ldx, cols, Y + k * ldy + r, ldy, NULL);
             k += nt;
         }
     }
