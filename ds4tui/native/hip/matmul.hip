@@ -23,6 +23,10 @@
 #include <vector>
 
 #define MM_NT 8     /* tokens per warp */
+/* tokens per warp of a pass of 2..MM_NT tokens (a verify, the drafter's block): more grid rows, less
+ * serial work a warp (H200, ncu, 6 tokens: the float products of 2 synthetic layers 196 -> 160 us, the
+ * 24-row mixers 11.4 -> 5.5 us a launch; tools/gpu_notes.md, 2026-12-04) */
+#define MM_SMALL_NT 2
 #define MM_WARPS 4  /* warps (rows) per block */
 
 int gpu_matmul_init(char *err, size_t len) {
@@ -35,7 +39,8 @@ int gpu_matmul_init(char *err, size_t len) {
 /* WPR warps per row: 1 (MM_WARPS rows per block) for tall matrices, MM_WARPS (one row per block)
  * for short ones, so that a matvec with a few thousand rows still keeps every multiprocessor busy.
  * The choice depends only on the matrix shape, never on the token count (batch invariance). */
-/* NT tokens per warp: MM_NT, or 1 for a single-token pass (fewer registers, more warps in flight).
+/* NT tokens per warp: MM_NT, MM_SMALL_NT for a pass of at most MM_NT tokens, or 1 for a single-token pass (fewer
+ * registers, more warps in flight).
  * A token's accumulator sees the same fmaf sequence and the same reduction either way, so the
  * results are bit-identical (tests/test_gpu_backend.py checks one-token passes against prefill). */
 template <int TYPE, int WPR, int NT>
@@ -222,6 +227,7 @@ template <int TYPE>
 static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     if (n == 1) mm_launch_nt<TYPE, 1>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    else if (n <= MM_NT) mm_launch_nt<TYPE, MM_SMALL_NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
     else mm_launch_nt<TYPE, MM_NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
