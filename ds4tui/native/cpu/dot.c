@@ -1112,6 +1112,15 @@ static const uint8_t q8_iq2_gidx[64] = {
     35, 43, 51, 59, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0,
 };
+/* The 8 group scales of an IQ2_XXS super-block (blk; D = its 8 group qwords), d * (0.5 + scale) * 0.25,
+ * the same float32 operations as the portable decoding, 8 lanes at a time. */
+static inline void q8_iq2_scales(const uint8_t *blk, __m512i D, float *s) {
+    const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
+    const __m256i wv = _mm512_cvtepi64_epi32(_mm512_srli_epi64(D, 32));
+    const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
+    _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)), _mm256_set1_ps(0.25f)));
+}
+
 /* Byte 16k + i = the grid index of (group i, row k) (byte 8i + k of the super-block's 8 qwords): after
  * the code bytes are looked up, unpacklo puts code (i, k) in word i of 128-bit lane k. */
 static const uint8_t q8_iq2_gidx16[64] = {
@@ -1169,14 +1178,8 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r, int qw
         const __m512i vals = _mm512_set1_epi32((int)0x80ab9988); /* byte j: 128 + (8, 25, 43, 0)[j & 3] */
         for (int64_t sb = 0; sb < nb / 8; sb++) {
             const uint8_t *blk = row + 66 * sb;
-            const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
             const __m512i D = _mm512_loadu_si512((const void *)(blk + 2)); /* qword i = group i */
-            { /* the 8 group scales d * (0.5 + scale) * 0.25, the same float32 operations 8 lanes at a time */
-                const __m256i wv = _mm512_cvtepi64_epi32(_mm512_srli_epi64(D, 32));
-                const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
-                _mm256_storeu_ps(r->s + 8 * sb, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)),
-                                                              _mm256_set1_ps(0.25f)));
-            }
+            q8_iq2_scales(blk, D, r->s + 8 * sb);
             /* byte 16k + i: grid index k of group i; its code's low and high bytes; then as words, code
              * (i, k) in word i of 128-bit lane k */
             const __m512i gb = _mm512_permutexvar_epi8(gidx, D);
@@ -1214,14 +1217,8 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r, int qw
     const __m512i vals = _mm512_broadcast_i32x4(_mm_setr_epi8(8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = row + 66 * sb;
-        const float d = ds4_half((uint16_t)(blk[0] | (blk[1] << 8)));
         const __m512i D = _mm512_loadu_si512((const void *)(blk + 2)); /* qword i = group i */
-        { /* the 8 group scales d * (0.5 + scale) * 0.25, the same float32 operations 8 lanes at a time */
-            const __m256i wv = _mm512_cvtepi64_epi32(_mm512_srli_epi64(D, 32));
-            const __m256 ls = _mm256_cvtepi32_ps(_mm256_srli_epi32(wv, 28));
-            _mm256_storeu_ps(r->s + 8 * sb, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), ls)),
-                                                          _mm256_set1_ps(0.25f)));
-        }
+        q8_iq2_scales(blk, D, r->s + 8 * sb);
         /* word 8k + i = grid code row of index byte k of group i */
         const __m512i gi = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi8(gidx, D)));
         const __m512i lo = _mm512_permutex2var_epi16(T[0], gi, T[1]), mid = _mm512_permutex2var_epi16(T[2], gi, T[3]);
