@@ -519,13 +519,15 @@ static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
         for (int64_t cc = 0; cc < n_vis; cc++) {
             const float *key = a->keys + (size_t)cc * ID;
             float sc = 0.0f, dots[4];
-            for (int h = 0; h < IH; h++) {
-                if (h % 4 == 0 && h + 4 <= IH) { /* 4 heads against the key at once, the same bits */
-                    const float *qh[4] = {qi + (size_t)h * ID, qi + (size_t)(h + 1) * ID, qi + (size_t)(h + 2) * ID,
-                                          qi + (size_t)(h + 3) * ID};
-                    ds4_dot_f32_4(key, qh, ID, dots);
-                }
-                const float dot = h - h % 4 + 4 <= IH ? dots[h % 4] : ds4_dot_f32(qi + (size_t)h * ID, key, ID);
+            int h = 0;
+            for (; h + 4 <= IH; h += 4) { /* 4 heads against the key at once, the same bits */
+                const float *qh[4] = {qi + (size_t)h * ID, qi + (size_t)(h + 1) * ID, qi + (size_t)(h + 2) * ID,
+                                      qi + (size_t)(h + 3) * ID};
+                ds4_dot_f32_4(key, qh, ID, dots);
+                for (int j = 0; j < 4; j++) sc += iw[h + j] * ((dots[j] > 0.0f ? dots[j] : 0.0f) * a->scale);
+            }
+            for (; h < IH; h++) {
+                const float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
                 sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * a->scale);
             }
             buf[cc].score = sc;
