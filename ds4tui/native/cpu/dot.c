@@ -1024,7 +1024,7 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
             const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs + 2 * g)), _mm256_set1_epi16(-128));
             const __m512i cc = _mm512_castsi256_si512(bsum);
             _mm512_storeu_si512((void *)(a->cz + t * 2 * nb + 2 * g), _mm512_shuffle_i64x2(cc, cc, 0x50));
-            /* the qword layout of the 2-bit rows (q8_pair_q): for k < 4, 64 bytes whose qword i is q
+            /* the qword layout of the 2-bit rows (q8_pair_body's qw path): for k < 4, 64 bytes whose qword i is q
              * of block g + i, bytes 8k .. 8k + 7; and -128 * block i's sum in lane 2i (lane 2i + 1: 0) */
             const __m512i L0 = _mm512_loadu_si512((const void *)(q + 32 * g)), L1 = _mm512_loadu_si512((const void *)(q + 32 * g + 64));
             const __m512i L2 = _mm512_loadu_si512((const void *)(q + 32 * g + 128)), L3 = _mm512_loadu_si512((const void *)(q + 32 * g + 192));
@@ -1047,7 +1047,8 @@ void ds4_cpu_q8_act_prepare(const float *X, int64_t ldx, int64_t n_tok, int64_t 
 typedef struct {
     const int8_t *w;
     const uint8_t *q80; /* the Q8_0 row itself (its scales are read in place), else NULL */
-    int tr;             /* 1: w holds 8-block groups already transposed (256 bytes a group: vector j at 32 j) */
+    int tr;             /* 1: w holds 8-block groups already transposed (256 bytes a group: vector j at 32 j);
+                         * 2: in the qword layout (qword i of 64 bytes k: block i's codes 8k..8k+7), w + 128 where signed */
     int64_t stride;
     float *s, *m;
     int16_t *mn;
@@ -1162,7 +1163,7 @@ static void q8_decode_iq2_xxs(const uint8_t *row, int64_t nb, q8_wrow *r, int qw
     (void)qw;
 #if defined(Q8_ZMM) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
     if (qw) {
-        /* the qword layout, w + 128 (q8_pair_q): each grid index's 2-bit codes looked up as two bytes
+        /* the qword layout, w + 128 (q8_pair_body's qw path): each grid index's 2-bit codes looked up as two bytes
          * (ds4_iq2xxs_grid16_lo / _hi, 128 entries a byte permute), the codes spread to bytes by
          * multishift and mapped to 128 + 8/25/43 by a byte permute; a negative weight is 0 - (128 + g),
          * i.e. 128 - g, under the sign mask that bitshuffle takes from the ksigns byte */
@@ -1305,7 +1306,7 @@ static void q8_decode_q2_k(const uint8_t *row, int64_t nb, q8_wrow *r, int qw) {
     r->w = r->buf, r->stride = 32, r->q80 = NULL, r->tr = 0;
 #if defined(Q8_ZMM)
     if (qw) {
-        /* the qword layout (q8_pair_q): for k < 4, qword i = 4h + j of 64 bytes is block i's codes
+        /* the qword layout (q8_pair_body's qw path): for k < 4, qword i = 4h + j of 64 bytes is block i's codes
          * 8k .. 8k + 7, (qs qword 4h + k >> 2j) & 3 per byte, times the scale of sub-block 2i + (k >= 2) */
         r->tr = 2;
         const __m512i sh = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6), three = _mm512_set1_epi8(3);
@@ -1759,7 +1760,7 @@ static inline void q8_reduce_pairs(const float *l, float *y) {
 
 int ds4_cpu_q8_type(int type) { return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS; }
 
-/* qw: the 2-bit rows in the qword layout of q8_pair_q where this build has it (then wr->tr == 2). */
+/* qw: the 2-bit rows in the qword layout of q8_pair_body's qw path where this build has it (then wr->tr == 2). */
 static void q8_decode(int type, const uint8_t *row, int64_t nb, q8_wrow *wr, int scales, int qw) {
     if (type == DS4_TYPE_Q8_0) q8_decode_q8_0(row, nb, wr, scales);
     else if (type == DS4_TYPE_Q2_K) q8_decode_q2_k(row, nb, wr, qw);
