@@ -167,6 +167,23 @@ def test_threads_do_not_change_results(tiny_q2, prompt, activations):
         assert np.array_equal(outs[0][0], pre) and np.array_equal(outs[0][1], six)
 
 
+def test_a_long_decode_splits_the_indexer_keys_over_the_threads_with_the_same_floats(tiny_q2):
+    """Past 256 compressed rows a pass of fewer tokens than threads (a decode) scores the indexer's
+    keys on every thread instead of one thread a token (cpu/backend.c `indexer`): three decodes after
+    a 1100-token prompt (275 rows of the ratio-4 layer) give the same floats with 1, 2 and 3 threads."""
+    ids = np.random.default_rng(5).integers(0, 129280, 1100).tolist()
+    outs = []
+    for n in (1, 2, 3):
+        e = S.Engine(tiny_q2["model"], n_threads=n)
+        s = e.session(1200, n_batch=256)
+        s.prefill(ids, logits="none")
+        outs.append(np.stack([s.prefill([t]) for t in (17, 4242, 99)]))
+        e.close()
+    assert outs[0].shape == (3, 129280) and np.isfinite(outs[0]).all()
+    for o in outs[1:]:
+        assert np.array_equal(outs[0], o)
+
+
 def test_pending_token_runs_before_the_next_prefill(eng, ref_q2, prompt):
     """Multi-turn: step() emits a token; the next prefill runs it first, then the new tokens."""
     s = eng.session(512)

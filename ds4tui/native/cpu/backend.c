@@ -529,37 +529,66 @@ typedef struct {
     int32_t *sel, *nsel;
 } idx_task;
 
+/* The indexer scores of token t for compressed rows cc0 <= cc < cc1: buf[cc] = (sum_h w_h *
+ * relu(q_h . K_cc) * scale, cc). */
+static void index_scores(const idx_task *a, int64_t t, int64_t cc0, int64_t cc1, scored *buf) {
+    const int IH = a->IH, ID = a->ID;
+    const float *qi = a->qi + (size_t)t * IH * ID, *iw = a->iw + (size_t)t * IH;
+    for (int64_t cc = cc0; cc < cc1; cc++) {
+        const float *key = a->keys + (size_t)cc * ID;
+        float sc = 0.0f, dots[4];
+        int h = 0;
+        for (; h + 4 <= IH; h += 4) { /* 4 heads against the key at once, the same bits */
+            const float *qh[4] = {qi + (size_t)h * ID, qi + (size_t)(h + 1) * ID, qi + (size_t)(h + 2) * ID,
+                                  qi + (size_t)(h + 3) * ID};
+            ds4_dot_f32_4(key, qh, ID, dots);
+            for (int j = 0; j < 4; j++) sc += iw[h + j] * ((dots[j] > 0.0f ? dots[j] : 0.0f) * a->scale);
+        }
+        for (; h < IH; h++) {
+            const float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
+            sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * a->scale);
+        }
+        buf[cc].score = sc;
+        buf[cc].idx = (int32_t)cc;
+    }
+}
+
+/* Token t's top_k rows from its n_vis scores in buf (sel sorted by index). */
+static void index_select(const idx_task *a, int64_t t, int64_t n_vis, scored *buf) {
+    const int K = a->top_k;
+    select_first(buf, n_vis, K);
+    int32_t *sel = a->sel + (size_t)t * K;
+    for (int k = 0; k < K; k++) sel[k] = buf[k].idx;
+    qsort(sel, (size_t)K, sizeof *sel, by_index);
+    a->nsel[t] = K;
+}
+
 /* Lightning indexer for token t: the top_k compressed rows by sum_h w_h * relu(q_h . K_c). */
 static void indexer_slice(void *ctx, int64_t t0, int64_t t1, int thread) {
     const idx_task *a = ctx;
-    const int IH = a->IH, ID = a->ID, K = a->top_k;
     scored *buf = (scored *)(a->score + (size_t)thread * 2 * a->max_vis);
     for (int64_t t = t0; t < t1; t++) {
-        int64_t n_vis = (a->p0 + t + 1) / a->ratio;
-        if (n_vis <= K) { a->nsel[t] = -1; continue; }
-        const float *qi = a->qi + (size_t)t * IH * ID, *iw = a->iw + (size_t)t * IH;
-        for (int64_t cc = 0; cc < n_vis; cc++) {
-            const float *key = a->keys + (size_t)cc * ID;
-            float sc = 0.0f, dots[4];
-            int h = 0;
-            for (; h + 4 <= IH; h += 4) { /* 4 heads against the key at once, the same bits */
-                const float *qh[4] = {qi + (size_t)h * ID, qi + (size_t)(h + 1) * ID, qi + (size_t)(h + 2) * ID,
-                                      qi + (size_t)(h + 3) * ID};
-                ds4_dot_f32_4(key, qh, ID, dots);
-                for (int j = 0; j < 4; j++) sc += iw[h + j] * ((dots[j] > 0.0f ? dots[j] : 0.0f) * a->scale);
-            }
-            for (; h < IH; h++) {
-                const float dot = ds4_dot_f32(qi + (size_t)h * ID, key, ID);
-                sc += iw[h] * ((dot > 0.0f ? dot : 0.0f) * a->scale);
-            }
-            buf[cc].score = sc;
-            buf[cc].idx = (int32_t)cc;
-        }
-        select_first(buf, n_vis, K);
-        int32_t *sel = a->sel + (size_t)t * K;
-        for (int k = 0; k < K; k++) sel[k] = buf[k].idx;
-        qsort(sel, (size_t)K, sizeof *sel, by_index);
-        a->nsel[t] = K;
+        const int64_t n_vis = (a->p0 + t + 1) / a->ratio;
+        if (n_vis <= a->top_k) { a->nsel[t] = -1; continue; }
+        index_scores(a, t, 0, n_vis, buf);
+        index_select(a, t, n_vis, buf);
+    }
+}
+
+/* Fewer tokens than threads (a decode): item i scores keys [i % nkc, + 1) * INDEX_KEYS of token i / nkc
+ * into scratch row t (threads share a token's rows), then each token selects. */
+enum { INDEX_KEYS = 128 };
+typedef struct { const idx_task *a; int64_t nkc; } idx_keys_task;
+
+static void index_keys_slice(void *ctx, int64_t i0, int64_t i1, int thread) {
+    (void)thread;
+    const idx_keys_task *k = ctx;
+    const idx_task *a = k->a;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t t = i / k->nkc, n_vis = (a->p0 + t + 1) / a->ratio, cc0 = (i % k->nkc) * INDEX_KEYS;
+        if (n_vis <= a->top_k || cc0 >= n_vis) continue;
+        index_scores(a, t, cc0, cc0 + INDEX_KEYS < n_vis ? cc0 + INDEX_KEYS : n_vis,
+                     (scored *)(a->score + (size_t)t * 2 * a->max_vis));
     }
 }
 
@@ -569,6 +598,17 @@ static int indexer(ds4_backend_ctx *c, const float *qi, const float *iw, int32_t
                    int32_t *sel, int32_t *nsel, char *err, size_t len) {
     (void)err, (void)len;
     idx_task t = {qi, iw, keys, p0, IH, ID, ratio, top_k, scale, score, max_vis, sel, nsel};
+    const int64_t vis_last = (p0 + n) / ratio;
+    if (n < c->n_threads && vis_last >= 2 * INDEX_KEYS) { /* the keys split over the threads, the same scores */
+        idx_keys_task k = {&t, (vis_last + INDEX_KEYS - 1) / INDEX_KEYS};
+        ds4_pool_run(c->pool, index_keys_slice, &k, n * k.nkc);
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t n_vis = (p0 + r + 1) / ratio;
+            if (n_vis <= top_k) nsel[r] = -1;
+            else index_select(&t, r, n_vis, (scored *)(score + (size_t)r * 2 * max_vis));
+        }
+        return DS4_OK;
+    }
     ds4_pool_run(c->pool, indexer_slice, &t, n);
     return DS4_OK;
 }
