@@ -31,13 +31,16 @@ generated here from the ``gguf`` package, so they are never retyped by hand.
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -292,17 +295,86 @@ def write_tensor_table(path: Path) -> None:
         os.replace(tmp, path)
 
 
-def arch_flags() -> list[str]:
-    """Target-CPU flags: ``-march=native`` on x86-64 (the extension is built on the machine that runs it).
+# The compile flags that change the generated code (the others only warn or pick declarations);
+# the extension records them with the target (ds4_build, ``ds4tui doctor``).
+CODE_FLAGS = ["-O3", "-std=c11", "-fno-fast-math"]
+EXTENSION = "ds4tui._native"
+
+
+def march() -> str:
+    """The ``-march`` value of the extension: ``native`` on x86-64 (the extension is built on the
+    machine that runs it), the compiler's default ("") elsewhere.
 
     ``DS4TUI_MARCH`` overrides it (e.g. ``DS4TUI_MARCH=x86-64-v2``; empty for the compiler's default).
     Floating-point semantics stay strict either way: no ``-ffast-math``, and ``-std=c11`` keeps
     ``-ffp-contract=off`` so results do not depend on FMA availability.
     """
     if "DS4TUI_MARCH" in os.environ:
-        v = os.environ["DS4TUI_MARCH"].strip()
-        return [f"-march={v}"] if v else []
-    return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []
+        return os.environ["DS4TUI_MARCH"].strip()
+    return "native" if platform.machine().lower() in ("x86_64", "amd64") else ""
+
+
+def arch_flags() -> list[str]:
+    """Target-CPU flags: ``-march=`` :func:`march`, or none for the compiler's default."""
+    m = march()
+    return [f"-march={m}"] if m else []
+
+
+def c_compiler() -> list[str]:
+    """The C compiler command the extension is built with: ``$CC`` as setuptools reads it, else Python's own."""
+    return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+
+
+def resolve_cpu(flags: list[str]) -> str:
+    """The CPU the compiler makes of ``flags``' ``-march`` (``native`` names this machine's): gcc's
+    ``-Q --help=target``, else clang's ``-target-cpu``; "" when the compiler does not say."""
+    cc = c_compiler()
+    try:
+        r = subprocess.run(cc + flags + ["-Q", "--help=target"], capture_output=True, text=True, timeout=60)
+        m = re.search(r"^\s*-march=\s+(\S+)\s*$", r.stdout, re.M) if r.returncode == 0 else None
+        if m:
+            return m.group(1)
+        r = subprocess.run(cc + flags + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+                           capture_output=True, text=True, timeout=60)
+        m = re.search(r'"-target-cpu" "([^"]+)"', r.stderr)
+        return m.group(1) if m else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def build_defines(flags: list[str]) -> list[tuple[str, str]]:
+    """The defines that record the build's target in the extension (``ds4_build`` in ds4_engine.h):
+    the ``-march`` value, the CPU the compiler resolved it to and the code-changing flags."""
+    m = next((f.removeprefix("-march=") for f in flags if f.startswith("-march=")), "")
+    return [("DS4_BUILD_MARCH", _c_string(m)), ("DS4_BUILD_CPU", _c_string(resolve_cpu(flags))),
+            ("DS4_BUILD_FLAGS", _c_string(" ".join(flags)))]
+
+
+def extension_filename() -> str:
+    """The extension's file name, the same whether ``pip install`` or ``python build_native.py``
+    builds it: cffi compiles the stable ABI where CPython allows it (not in a debug or free-threaded
+    interpreter), which setuptools names ``_native.abi3.so``; else the interpreter's own suffix."""
+    from cffi import recompiler
+
+    abi3 = next((s for s in importlib.machinery.EXTENSION_SUFFIXES if ".abi3" in s), None)
+    limited = recompiler.USE_LIMITED_API and not hasattr(sys, "gettotalrefcount") and abi3
+    return "_native" + (abi3 if limited else sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def remove_other_extensions(built: Path) -> list[Path]:
+    """Delete every other ``_native*.so`` beside ``built`` (an earlier build's, under another suffix:
+    Python would import one of the two by its suffix alone, maybe the stale one), saying so in one line."""
+    others = sorted(p for p in built.parent.glob("_native*.so") if p.name != built.name)
+    for p in others:
+        p.unlink()
+    if others:
+        print(f"build_native: removed {', '.join(str(p) for p in others)}: another build's extension beside "
+              f"{built.name}, which Python might have imported instead", file=sys.stderr)
+    return others
 
 
 def make_ffibuilder(absolute: bool = False) -> FFI:
@@ -316,13 +388,15 @@ def make_ffibuilder(absolute: bool = False) -> FFI:
         rel = lambda p: str(NATIVE / p)  # noqa: E731
     else:
         rel = lambda p: os.path.relpath(NATIVE / p, os.getcwd())  # noqa: E731 - setuptools wants relative paths
+    code_flags = CODE_FLAGS + arch_flags()
     ffibuilder.set_source(
-        "ds4tui._native",
+        EXTENSION,
         '#include "ds4_engine.h"',
         sources=[rel(s) for s in CPU_SOURCES],
         include_dirs=[rel(".")],
         libraries=["m", "pthread", "dl"],
-        extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration", "-fno-fast-math", "-D_GNU_SOURCE"] + arch_flags(),
+        define_macros=build_defines(code_flags),
+        extra_compile_args=code_flags + ["-Wall", "-Wextra", "-Werror=implicit-function-declaration", "-D_GNU_SOURCE"],
     )
     return ffibuilder
 
@@ -493,15 +567,17 @@ def _write_record(out_dir: Path, record: dict) -> None:
     os.replace(tmp, out_dir / GPU_RECORD)
 
 
-def compile_extension_atomically(builder: FFI, verbose: bool = False) -> Path:
-    """Compile the cffi extension in a temporary folder and rename it onto ds4tui/ (never overwrite a
-    library that running processes have mapped)."""
+def compile_extension_atomically(builder: FFI, verbose: bool = False, out_dir: Path = ROOT / "ds4tui") -> Path:
+    """Compile the cffi extension in a temporary folder and rename it onto ``out_dir`` as
+    :func:`extension_filename` (never overwrite a library that running processes have mapped);
+    then remove any other ``_native*.so`` there."""
     with tempfile.TemporaryDirectory(prefix="ds4tui-build-", dir=ROOT) as tmp:
         built = Path(builder.compile(tmpdir=tmp, verbose=verbose))
-        final = ROOT / "ds4tui" / built.name
-        staged = final.with_name(f".{built.name}.tmp")
+        final = out_dir / extension_filename()
+        staged = final.with_name(f".{final.name}.tmp")
         shutil.copy2(built, staged)
         os.replace(staged, final)
+    remove_other_extensions(final)
     return final
 
 

@@ -1,7 +1,9 @@
 # cffi_modules is a setup() keyword only (not expressible in pyproject metadata).
 """Build: the cffi extension (build_native.py) and, when a GPU toolchain is found, the GPU backend
 library next to it (build_native.build_gpu).  In-place copies (editable installs) are written to a
-temporary file and renamed, so a process that has the old library mapped never sees a torn file."""
+temporary file and renamed, so a process that has the old library mapped never sees a torn file.
+Another ``_native*.so`` beside the extension (an earlier build's, under another suffix) is removed,
+so that Python cannot import it instead."""
 
 import os
 import shutil
@@ -28,8 +30,11 @@ class build_ext_with_gpu(build_ext):
             import build_native
         finally:
             sys.path.remove(str(HERE))
-        out = Path(self.get_ext_fullpath("ds4tui._native")).resolve().parent
+        built = Path(self.get_ext_fullpath(build_native.EXTENSION)).resolve()
+        out = built.parent
         out.mkdir(parents=True, exist_ok=True)
+        if built.exists():  # one extension file in the package, whichever command built the others
+            build_native.remove_other_extensions(built)
         build_native.build_gpu(out)
 
 

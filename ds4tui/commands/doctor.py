@@ -1,7 +1,11 @@
 """``ds4tui doctor``: what was built, for which arch, and what the GPU runtime sees.
 
-Prints the native engine's version, the GPU build record that build_native.py wrote
-(``ds4tui/gpu_build.json``: toolchain, compiler version, offload arch, library, or why nothing was
+Prints the native engine's version, file and what it was compiled for (``ds4_build``: the
+``-march`` target, the CPU the compiler made of it, the instruction-set extensions compiled in,
+the compiler and its code-changing flags; the x86 extensions this CPU has that the build leaves
+unused, and a warning for those it lacks), a warning when the package folder holds more than one
+``_native*.so`` (Python imports one by its suffix, whatever their age), the GPU build record that
+build_native.py wrote (``ds4tui/gpu_build.json``: toolchain, compiler version, offload arch, library, or why nothing was
 built), then loads the GPU library and reports the device (name, arch, warp size, memory total and
 free as the runtime reports them, runtime and driver versions) or exactly why the hip backend cannot
 run: no toolchain, library failed to load, no device, wrong arch.  Last, every environment
@@ -23,10 +27,80 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+# The instruction-set names of ds4_build's `isa` as Linux's /proc/cpuinfo spells them.
+_CPUINFO_FLAG = {"sse2": "sse2", "sse4.2": "sse4_2", "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c",
+                 "avxvnni": "avx_vnni", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl",
+                 "avx512vnni": "avx512_vnni", "avx512vbmi": "avx512vbmi", "avx512bitalg": "avx512_bitalg"}
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+    """This CPU's instruction-set flags (the first `flags` line of /proc/cpuinfo); None when unknown."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return None
+
+
+def native_build(native) -> dict:
+    """What the loaded extension was compiled for (ds4_build: the -march value, the CPU the compiler
+    made of it, the code-changing flags, the instruction-set extensions compiled in, the compiler), with
+    the x86 extensions this CPU lacks (`missing_here`) and has unused (`unused_here`); both [] when
+    /proc/cpuinfo cannot say.  An extension built before it recorded its target: every field None."""
+    keys = ("march", "cpu", "flags", "isa", "compiler")
+    try:
+        b = native.lib.ds4_build()
+    except AttributeError:  # an older ds4tui's build, without ds4_build
+        return {**dict.fromkeys(keys), "missing_here": [], "unused_here": []}
+    rec = {k: native.ffi.string(getattr(b, k)).decode() for k in keys}
+    have = cpu_flags()
+    isa = rec["isa"].split()
+    rec["missing_here"] = [i for i in isa if have is not None and i in _CPUINFO_FLAG and _CPUINFO_FLAG[i] not in have]
+    rec["unused_here"] = [i for i, flag in _CPUINFO_FLAG.items() if have is not None and isa and flag in have
+                          and i not in isa]
+    return rec
+
+
+def _march_text(nb: dict) -> str:
+    if nb["march"] == "unrecorded":
+        return "a target it does not record (it was not built by build_native.py or pip)"
+    m = f"-march={nb['march']}" if nb["march"] else "the compiler's default target"
+    return f"{m} ({nb['cpu']})" if nb["cpu"] and nb["cpu"] != nb["march"] else m
+
+
+def native_files(folder: Path) -> list[Path]:
+    """Every native extension file in the package folder (`_native*.so`), by name."""
+    return sorted(folder.glob("_native*.so"))
+
+
+def duplicate_native_warning(loaded: Path, files: list[Path]) -> str:
+    """More than one extension file: Python imports one by its suffix, whatever their age, so a later
+    build under the other name is silently ignored.  Names each file (with its time), the one imported,
+    and what to do: keep the newest."""
+    from datetime import datetime
+
+    def when(p: Path) -> str:
+        return datetime.fromtimestamp(p.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+
+    loaded = loaded.resolve()
+    shown = [f"{f} (modified {when(f)}{', the one Python imports' if f.resolve() == loaded else ', ignored'})"
+             for f in files]
+    newest = max(files, key=lambda p: p.stat().st_mtime)
+    stale = [str(f) for f in files if f != newest]
+    return (f"{len(files)} native engine files in {loaded.parent}: {' and '.join(shown)}. Python picks one by its "
+            f"file name's suffix, not by age, so a build that wrote the other name has no effect. Keep the newest: "
+            f"`rm {' '.join(stale)}`; or rebuild (`pip install -e .`, or `python build_native.py`): either writes "
+            f"one file and removes the others")
 
 
 def collect() -> dict:
@@ -46,6 +120,9 @@ def collect() -> dict:
         return out
     out["native"] = _native.ffi.string(_native.lib.ds4_version()).decode()
     out["native_file"] = _native.__file__
+    out["native_build"] = native_build(_native)
+    files = native_files(Path(_native.__file__).parent)
+    out["native_files"] = [str(f) for f in files]
     out["gpu_build"] = gpu.build_record().__dict__
     lib, why = gpu.locate(next(v["value"] for v in env if v["name"] == "DS4TUI_GPU_LIB"))
     out["gpu_library"] = str(lib) if lib else None
@@ -121,6 +198,15 @@ def collect() -> dict:
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
+    if len(files) > 1:
+        out["warnings"].append(duplicate_native_warning(Path(_native.__file__), files))
+    if out["native_build"]["missing_here"]:
+        nb = out["native_build"]
+        out["warnings"].append(f"the native engine {_native.__file__} was built for {_march_text(nb)} with "
+                               f"{' '.join(nb['missing_here'])}, which this CPU does not have: the CPU kernels stop "
+                               f"with 'Illegal instruction'. Rebuild it on this machine (`pip install .`, or "
+                               f"`python build_native.py` in a source tree), or set DS4TUI_MARCH to a target this "
+                               f"CPU runs (e.g. x86-64-v2) before building")
     out["warnings"] += [v["ignored"] for v in env if v.get("ignored")]
     # a value a command refuses: in the environment list (marked invalid) and here, in both outputs
     out["warnings"] += [f"{v['error']}; chat, generate and bench refuse to start while it is set so (exit status 2): "
@@ -132,6 +218,19 @@ def collect() -> dict:
         out["warnings"].append(f"HSA_OVERRIDE_GFX_VERSION={hsa} is set: the runtime then looks for code objects of "
                                f"that version, not the ones this library was built for (spec platform.md §1.1)")
     return out
+
+
+def native_build_line(nb: dict) -> str:
+    """doctor's line for the extension's build: target, instruction sets, compiler and flags, and the
+    extensions this CPU has that the build leaves unused."""
+    if nb["isa"] is None:
+        return ("not recorded: an older ds4tui built this extension, before it recorded its target; rebuild it "
+                "(`pip install -e .`, or `python build_native.py`) to see the target here")
+    line = (f"for {_march_text(nb)}: {nb['isa'] or 'no vector extensions'}; {nb['compiler']}"
+            + (f", {nb['flags']}" if nb["flags"] != "unrecorded" else ""))
+    if nb["unused_here"]:
+        line += f"\n  this CPU also has {' '.join(nb['unused_here'])}, which this build does not use"
+    return line
 
 
 def run(args) -> int:
@@ -146,6 +245,7 @@ def run(args) -> int:
     lines = [
         ("ds4tui", r["ds4tui"]),
         ("native", f"{r['native']}  ({r['native_file']})"),
+        ("native build", native_build_line(r["native_build"])),
         ("gpu build", b["status"] + (f": {b['platform']} for {b['arch']} with {b['compiler']} ({b['compiler_version']})"
                                      if b.get("platform") else "") + (", ROCm shuffle and byte-perm formulas"
                                                                         if b.get("rocm_formulas") else "")

@@ -71,6 +71,21 @@ extern "C" {
 /* Version string of the native library, e.g. "ds4tui-native 0.2.0 (cpu)". */
 const char *ds4_version(void);
 
+/* What this library was compiled for, fixed when it was built: build_native.py passes the -march
+ * value, the CPU the compiler resolved it to and the flags that change the code as defines
+ * (DS4_BUILD_MARCH, DS4_BUILD_CPU, DS4_BUILD_FLAGS: "unrecorded" when built another way); `isa`
+ * comes from the compiler's own predefined macros, so it names the instruction-set paths that the
+ * kernels' #if branches compiled.  Static strings, never NULL. */
+typedef struct {
+    const char *march;    /* the -march value: "native", "x86-64-v3", ...; "" for the compiler's default */
+    const char *cpu;      /* what the compiler made of it, e.g. "znver4" or "x86-64"; "" when it did not say */
+    const char *flags;    /* the flags that change the code, e.g. "-O3 -std=c11 -fno-fast-math -march=native" */
+    const char *isa;      /* the vector extensions compiled in, e.g. "sse4.2 avx avx2 fma f16c avx512f"; "" for none */
+    const char *compiler; /* the compiler: "gcc 12.2.0", or clang's own __VERSION__ */
+} ds4_build_info;
+
+const ds4_build_info *ds4_build(void);
+
 /* Bytes occupied by n elements of GGML type `type`, or 0 when the type is
  * unsupported or n is not a multiple of the type's block size. */
 size_t ds4_type_row_bytes(int type, int64_t n);

@@ -15,6 +15,78 @@
 
 const char *ds4_version(void) { return "ds4tui-native " DS4_NATIVE_VERSION " (cpu)"; }
 
+/* The build's target (ds4_engine.h: ds4_build_info).  build_native.py defines the first three; the
+ * instruction-set list is the compiler's predefined macros, each entry " name" (the x86 ones the
+ * kernels test, and the baselines that tell x86-64 from its levels). */
+#ifndef DS4_BUILD_MARCH
+#define DS4_BUILD_MARCH "unrecorded"
+#endif
+#ifndef DS4_BUILD_CPU
+#define DS4_BUILD_CPU "unrecorded"
+#endif
+#ifndef DS4_BUILD_FLAGS
+#define DS4_BUILD_FLAGS "unrecorded"
+#endif
+static const char build_isa[] = ""
+#ifdef __SSE2__
+    " sse2"
+#endif
+#ifdef __SSE4_2__
+    " sse4.2"
+#endif
+#ifdef __AVX__
+    " avx"
+#endif
+#ifdef __AVX2__
+    " avx2"
+#endif
+#ifdef __FMA__
+    " fma"
+#endif
+#ifdef __F16C__
+    " f16c"
+#endif
+#ifdef __AVXVNNI__
+    " avxvnni"
+#endif
+#ifdef __AVX512F__
+    " avx512f"
+#endif
+#ifdef __AVX512BW__
+    " avx512bw"
+#endif
+#ifdef __AVX512VL__
+    " avx512vl"
+#endif
+#ifdef __AVX512VNNI__
+    " avx512vnni"
+#endif
+#ifdef __AVX512VBMI__
+    " avx512vbmi"
+#endif
+#ifdef __AVX512BITALG__
+    " avx512bitalg"
+#endif
+#ifdef __ARM_NEON
+    " neon"
+#endif
+#ifdef __ARM_FEATURE_DOTPROD
+    " dotprod"
+#endif
+    ;
+
+static const char build_compiler[] =
+#if defined(__GNUC__) && !defined(__clang__)
+    "gcc "
+#endif
+    __VERSION__;
+
+const ds4_build_info *ds4_build(void) {
+    static const ds4_build_info info = {DS4_BUILD_MARCH, DS4_BUILD_CPU, DS4_BUILD_FLAGS,
+                                        build_isa + (sizeof build_isa > 1), build_compiler};
+    return &info;
+}
+
 size_t ds4_type_row_bytes(int type, int64_t n) { return ds4_row_bytes(type, n); }
 
 int ds4_dequantize(int type, const void *src, float *dst, int64_t n, char *err, size_t err_len) {
