@@ -14,6 +14,7 @@ import sys
 
 from ds4tui import __version__
 from ds4tui.interrupts import interrupt_on_signals  # noqa: F401 - also for the devtools
+from ds4tui.interrupts import interrupted_result
 from ds4tui.interrupts import signals_seen as _signals_seen
 
 
@@ -595,7 +596,11 @@ class OutputError(OSError):
 class _Output:
     """``sys.stdout`` while a command runs: a write or flush that fails with an OSError other than a
     broken pipe raises :class:`OutputError` (same errno and reason), which :func:`main` reports in one
-    line instead of the traceback of whichever print met the full disk; all else is the stream's."""
+    line instead of the traceback of whichever print met the full disk; all else is the stream's.
+    ``written``: whether the command has written anything (an interrupted ``--json`` command that has
+    not gets its JSON object from :func:`_interrupted_json`)."""
+
+    written = False
 
     def __init__(self, stream) -> None:
         self._stream = stream
@@ -609,6 +614,7 @@ class _Output:
             raise OutputError(exc.errno, exc.strerror or str(exc)) from exc
 
     def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
         return self._call("write", text)
 
     def flush(self) -> None:
@@ -616,6 +622,21 @@ class _Output:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def _interrupted_json(args) -> None:
+    """An interrupt stopped a command given ``--json`` before it printed anything (one that keeps what
+    finished prints that itself: ``bench``'s runs, ``generate``'s tokens): its JSON object still comes,
+    marked as every interrupted command's is (:func:`ds4tui.interrupts.interrupted_result`)."""
+    if not getattr(args, "json", False) or not isinstance(sys.stdout, _Output) or sys.stdout.written:
+        return
+    import json
+
+    try:
+        print(json.dumps(interrupted_result(f"interrupted before ds4tui {args.command} had a result",
+                                            command=args.command)), flush=True)
+    except OSError:  # stdout is gone (a broken pipe) or full: stderr still says "interrupted"
+        pass
 
 
 def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
@@ -680,12 +701,14 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
                     sys.stdout.flush()  # the process exits
             except KeyboardInterrupt:
                 rc = 130
+                _interrupted_json(args)
             if rc == 130:  # said once, here: a command that stops on an interrupt (generate) returns 130 and says
                 # nothing; later signals are ignored meanwhile (ds4tui.interrupts)
                 print("ds4tui: interrupted", file=sys.stderr)
     except KeyboardInterrupt:  # the first signal came as the handlers were set up, or after the command returned
         if rc is None:
             rc = 130
+            _interrupted_json(args)
             print("ds4tui: interrupted", file=sys.stderr)
     except BrokenPipeError:
         return 0

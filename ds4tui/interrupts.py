@@ -10,7 +10,12 @@ written).  A later signal that comes :data:`HINT_AFTER_S` or more after the firs
 stderr that the command is still stopping and that Ctrl-\\ (SIGQUIT) quits at once, so that a
 clean-up that waits long (a native call finishing on a slow device) is not mistaken for a hang
 that nothing can end.  The signals seen are in :data:`signals_seen` (the exit status names the
-first: 128 + its number)."""
+first: 128 + its number).
+
+An interrupted command given ``--json`` still prints one JSON object, the same way in every command
+(:func:`interrupted_result`): ``"ok": false, "interrupted": true``, ``error`` saying how far it got,
+and what had finished kept beside them (``bench``'s finished runs, ``generate``'s tokens); the text
+reports say the same in words (:data:`MARKED`)."""
 
 from __future__ import annotations
 
@@ -31,8 +36,19 @@ HINT_AFTER_S = 2.0
 #: What a later signal says when the clean-up has taken HINT_AFTER_S or more.
 STILL_STOPPING = "ds4tui: still stopping (the engine finishes the call it is in); Ctrl-\\ quits at once\n"
 
+#: How stderr names the mark of an interrupted result, where the result went out as JSON.
+MARKED = '(marked "ok": false, "interrupted": true)'
+
 _first_at: list[float] = []  # time.monotonic() of the first signal
 _hinted: list[bool] = []
+
+
+def interrupted_result(error: str, **kept) -> dict:
+    """The JSON object of a command that an interrupt stopped, one convention for every command:
+    ``ok`` false (what was asked did not finish), ``interrupted`` true (a signal stopped it, not a
+    fault), ``error`` how far it got (``"interrupted after 2 of 3 runs"``), then ``kept``: what
+    finished, as the finished result would carry it.  A finished result has no ``interrupted``."""
+    return {"ok": False, "interrupted": True, "error": error, **kept}
 
 
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature

@@ -486,9 +486,10 @@ def test_ab_interrupted_text_report_lists_the_finished_runs(tiny_q2, capsys, mon
 def test_ab_interrupted_before_any_run_finished_says_so(tiny_q2, capsys, monkeypatch):
     rc, out, err, _ = _interrupted_ab(tiny_q2, capsys, monkeypatch, at_run=0)
     assert rc == 130 and out.startswith("INTERRUPTED after 0 of 6 runs")
-    assert ("interrupted after 0 of 6 runs; no run finished; the record of the planned runs is above (marked "
-            '"ok": false, "interrupted": true)') in err
-    assert "the finished runs are" not in err
+    # the text report is headed INTERRUPTED, and stderr names that mark, not the JSON's
+    assert ('interrupted after 0 of 6 runs; no run finished; the record of the planned runs is above (headed '
+            '"INTERRUPTED")') in err
+    assert "the finished runs are" not in err and '"ok": false' not in err
 
 
 # ---- --medium ----------------------------------------------------------------------------------
@@ -558,6 +559,47 @@ def test_medium_build_interrupted_leaves_nothing(tmp_path, monkeypatch, capsys):
     rc, out, err = _bench(capsys, "--medium")
     assert rc == 130 and err.strip().endswith("ds4tui: interrupted")
     assert list((tmp_path / "cache" / "ds4tui").iterdir()) == []
+    # the text report says how far it got, and stderr names the report's own mark
+    stage = "while building the medium model (the next run builds it afresh)"
+    assert out == f"INTERRUPTED after 0 of 1 runs, {stage}: nothing was measured\nmodel    the medium model (not built yet)\n"
+    assert err.endswith(f"ds4tui bench: interrupted after 0 of 1 runs, {stage}; no run finished; the record of the "
+                        f'planned runs is above (headed "INTERRUPTED")\nds4tui: interrupted\n')
+
+
+@pytest.mark.parametrize("ab", [False, True])
+def test_medium_build_interrupted_json_still_prints_the_record(ab, tmp_path, monkeypatch, capsys):
+    # `bench --medium --json` interrupted while the model builds: one JSON object on stdout, marked as
+    # every interrupted bench result is, with no run finished (the A/B: every planned run not finished)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def interrupted_make(outdir, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mtm, "make", interrupted_make)
+    rc, out, err = _bench(capsys, "--medium", *(["--ab"] if ab else ["--repeat", "2"]), "--json")
+    assert rc == 130
+    r = json.loads(out)
+    n = 6 if ab else 2
+    stage = "while building the medium model (the next run builds it afresh)"
+    assert (r["ok"], r["interrupted"], r["error"]) == (False, True, f"interrupted after 0 of {n} runs, {stage}")
+    assert (r["runs_planned"], r["runs_finished"], r["runs"]) == (n, 0, [])
+    assert r["model"] == {"path": None, "medium": True}
+    if ab:
+        assert r["mode"] == "ab" and r["finished"] == []
+        assert r["not_finished"] == [{"arm": a, "kind": k} for k, order in (("code", ARMS), ("prose", ARMS[::-1]))
+                                     for a in order]
+    else:
+        assert "mode" not in r
+    assert err.endswith(f"ds4tui bench: interrupted after 0 of {n} runs, {stage}; no run finished; the record of the "
+                        f'planned runs is in the JSON on stdout (marked "ok": false, "interrupted": true)\n'
+                        f"ds4tui: interrupted\n")
+    # compare refuses it as the interrupted bench result it is
+    saved = tmp_path / "partial.json"
+    saved.write_text(out)
+    assert cli_main(["compare", str(saved), str(saved)]) == 1
+    word = "bench --ab" if ab else "bench"
+    assert capsys.readouterr().err.startswith(f"ds4tui compare: error: {saved}: an interrupted `{word}` run "
+                                              f"(interrupted after 0 of {n} runs, {stage}")
 
 
 # ---- --ab --------------------------------------------------------------------------------------
@@ -822,6 +864,47 @@ def test_synthetic_flash_write_gguf_holds_the_benchmarks_bytes(tmp_path, monkeyp
         assert tensor_bytes_ok(path.stat().st_size, synthetic.tensor_bytes(model.config))
     assert cli_main(["bench", str(tmp_path / "m.gguf"), "--write-gguf", str(out)]) == 2
     assert "--write-gguf is an option of --synthetic flash" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_synthetic_flash_write_gguf_interrupted_names_the_files_written(as_json, tmp_path, monkeypatch, capsys):
+    """An interrupt while ``--write-gguf`` writes the 4-layer file: that file is removed, the 2-layer
+    one is kept and named, in the JSON (marked as every interrupted result is) or the text report."""
+    import dataclasses
+
+    from ds4tui.engine import synthetic
+
+    shrunk = dict(n_embd=256, n_head=4, head_dim=128, value_dim=128, q_lora_rank=128, o_lora_rank=64, o_groups=2,
+                  n_expert=8, n_ff_exp=256, indexer_n_head=2, indexer_top_k=4, compress_ratios=(4, 16))
+    real, real_configs, real_write = synthetic.flash_models, synthetic.flash_configs, synthetic.write_gguf
+    monkeypatch.setattr(synthetic, "flash_models", lambda **kw: real(**{**kw, **shrunk}))
+    monkeypatch.setattr(synthetic, "flash_configs", lambda **kw: real_configs(**{**kw, **shrunk}))
+
+    def write_gguf(path, arch, meta, plan):  # Ctrl-C as the 4-layer file's last tensor is read
+        if "4-layers" in str(path):
+            plan = [*plan[:-1], dataclasses.replace(plan[-1], load=_raise_interrupt)]
+        return real_write(path, arch, meta, plan)
+
+    monkeypatch.setattr(synthetic, "write_gguf", write_gguf)
+    out = tmp_path / "files"
+    rc, stdout, err = _bench(capsys, "--synthetic", "flash", "--write-gguf", str(out), *(["--json"] if as_json else []))
+    assert rc == 130
+    assert sorted(p.name for p in out.iterdir()) == ["flash-2-layers.gguf"]  # no partial file left
+    error = "interrupted after writing 1 of 2 files"
+    if as_json:
+        r = json.loads(stdout)
+        assert (r["ok"], r["interrupted"], r["error"], r["files_planned"]) == (False, True, error, 2)
+        assert r["wrote"] == {"2": str(out / "flash-2-layers.gguf")}
+        assert r["not_written"] == [str(out / "flash-4-layers.gguf")]
+        where = 'in the JSON on stdout (marked "ok": false, "interrupted": true)'
+    else:
+        assert stdout == f"INTERRUPTED after writing 1 of 2 files\n2 layers: {out / 'flash-2-layers.gguf'}\n"
+        where = 'above (headed "INTERRUPTED")'
+    assert err.endswith(f"ds4tui bench: {error}; the files written are {where}\nds4tui: interrupted\n")
+
+
+def _raise_interrupt():
+    raise KeyboardInterrupt
 
 
 def tensor_bytes_ok(file_bytes: int, tensors: int) -> bool:

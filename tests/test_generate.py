@@ -417,6 +417,74 @@ def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, ca
     assert out.strip() and "decode " in err  # what was printed stays, and the rates line follows it
 
 
+@pytest.mark.parametrize("second_press", [False, True])
+def test_an_interrupted_generate_json_is_marked_as_every_interrupted_result(second_press, tiny_q2, tmp_path, capsys,
+                                                                           monkeypatch):
+    """Ctrl-C during the fourth cycle of `generate --json`: one JSON object with what was generated,
+    marked "ok": false, "interrupted": true as an interrupted bench result is (a second Ctrl-C while
+    the session closes adds no second object); compare refuses it, naming it."""
+    from ds4tui.commands import generate as G
+    from ds4tui.engine import session as S
+
+    class Interrupted(G.DecodeLoop):
+        def __iter__(self):
+            for i, cycle in enumerate(super().__iter__()):
+                if i == 3:
+                    raise KeyboardInterrupt
+                yield cycle
+
+    monkeypatch.setattr(G, "DecodeLoop", Interrupted)
+    if second_press:
+        close = S.Session.close
+
+        def close_then_interrupted(self):
+            close(self)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(S.Session, "close", close_then_interrupted)
+    rc, out, err = _gen(capsys, str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu",
+                        "--json")
+    assert rc == 130 and err.endswith("ds4tui: interrupted\n"), err
+    assert out.count("\n") == 1  # one object
+    r = json.loads(out)
+    n = len(r["generated_ids"])
+    assert 3 <= n < 40
+    assert (r["ok"], r["interrupted"], r["stop"]) == (False, True, "interrupted")
+    assert r["error"] == f"interrupted after {n} of the 40 tokens asked (-n)"
+    assert list(r)[:3] == ["ok", "interrupted", "error"]
+    saved = tmp_path / "interrupted.json"
+    saved.write_text(out)
+    assert cli_main(["compare", str(saved), str(saved)]) == 1
+    assert capsys.readouterr().err.startswith(f"ds4tui compare: error: {saved}: an interrupted `generate` run "
+                                              f"(interrupted after {n} of the 40 tokens asked (-n))")
+
+
+def test_generate_json_interrupted_in_the_prefill_or_the_load_still_prints_its_object(tiny_q2, capsys, monkeypatch):
+    """Ctrl-C in the prefill: the object says no token was generated; Ctrl-C while the model is read
+    (before generate has anything of its own): the command line prints the same mark."""
+    from ds4tui.commands import generate as G
+    from ds4tui.engine import session as S
+
+    def prefill(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(S.Session, "prefill", prefill)
+    argv = (str(tiny_q2["model"]), "-p", "hi", "--raw", "-n", "5", "--threads", "1", "--backend", "cpu", "--json")
+    rc, out, err = _gen(capsys, *argv)
+    r = json.loads(out)
+    assert rc == 130 and (r["ok"], r["interrupted"], r["generated_ids"]) == (False, True, [])
+    assert r["error"] == f"interrupted during the prefill of {len(r['prompt_ids'])} prompt tokens; no token generated"
+
+    def model(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(G, "DS4Model", model)
+    rc, out, err = _gen(capsys, *argv)
+    assert rc == 130 and err == "ds4tui: interrupted\n"
+    assert json.loads(out) == {"ok": False, "interrupted": True,
+                               "error": "interrupted before ds4tui generate had a result", "command": "generate"}
+
+
 def test_an_interrupted_generate_reports_the_tokens_its_statistics_count(tiny_q2, fitted_support, capsys,
                                                                           monkeypatch):
     """Ctrl-C while a cycle is shown leaves the rest of the engine's batch run (up to 256 tokens at

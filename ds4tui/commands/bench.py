@@ -46,7 +46,10 @@ An interrupt (Ctrl-C, SIGTERM, SIGHUP) stops it after the native call it cancels
 keeps the runs that finished (:func:`_partial_ab`; of a plain run's ``--repeat`` runs and of
 ``--synthetic flash``'s timed runs, :func:`_partial_runs`): they are written where a finished
 result would go (``--out``, the JSON or the text report on stdout), marked ``"ok": false,
-"interrupted": true``, and the exit status is 128 + the signal.
+"interrupted": true`` as every interrupted command's result is (:func:`ds4tui.interrupts.interrupted_result`;
+the text report is headed ``INTERRUPTED``), and the exit status is 128 + the signal.  An interrupt
+before the first run (the ``--medium`` build, the model's load) gives the record of the planned runs
+with none finished (:func:`_before_runs`), one during ``--write-gguf`` the files already complete.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes, plural
-from ds4tui.interrupts import INTERRUPTS
+from ds4tui.interrupts import INTERRUPTS, MARKED, interrupted_result
 
 _PREFIX = "ds4tui bench:"
 
@@ -803,17 +806,15 @@ def _partial_runs(finished: list[dict], planned: int, header: dict) -> dict:
     ``header`` (what was asked).  Nothing is derived from them (no fastest run, bandwidth or memcpy
     figure, no extrapolation to 43 layers): the memcpy bandwidth is measured after the last run, an
     extrapolation takes both synthetic models."""
-    return {
-        "ok": False,
-        "interrupted": True,
-        "error": f"interrupted after {len(finished)} of {planned} runs",
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    return interrupted_result(
+        f"interrupted after {len(finished)} of {planned} runs",
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **header,
-        "runs_planned": planned,
-        "runs_finished": len(finished),
-        "runs": finished,
-        "machine": machine_info(),
-    }
+        runs_planned=planned,
+        runs_finished=len(finished),
+        runs=finished,
+        machine=machine_info(),
+    )
 
 
 def _partial_ab(finished: list[tuple[str, str, dict]], arm_order, prompts, header: dict) -> dict:
@@ -829,24 +830,44 @@ def _partial_ab(finished: list[tuple[str, str, dict]], arm_order, prompts, heade
         r = dict(r)
         st = r.pop("stats")
         runs.append({"arm": name, **r, **_arm_summary([r], st)})
-    return {
-        "ok": False,
-        "interrupted": True,
-        "error": f"interrupted after {len(finished)} of {len(planned)} runs",
-        "mode": "ab",
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    return interrupted_result(
+        f"interrupted after {len(finished)} of {len(planned)} runs",
+        mode="ab",
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **header,
-        "arm_order": [{"kind": kind, "order": list(order)} for (kind, _, _), order in zip(prompts, arm_order)],
-        "sampling": "greedy",
-        "prompts": [{"kind": kind, "text": text, "template": "chat, non-thinking", "prompt_tokens": len(ids)}
-                    for kind, text, ids in prompts],
-        "runs_planned": len(planned),
-        "runs_finished": len(finished),
-        "finished": [{"arm": name, "kind": kind} for name, kind, _ in finished],
-        "not_finished": [{"arm": name, "kind": kind} for name, kind in planned if (name, kind) not in done],
-        "runs": runs,
-        "machine": machine_info(),
-    }
+        arm_order=[{"kind": kind, "order": list(order)} for (kind, _, _), order in zip(prompts, arm_order)],
+        sampling="greedy",
+        prompts=[{"kind": kind, "text": text, "template": "chat, non-thinking", "prompt_tokens": len(ids)}
+                 for kind, text, ids in prompts],
+        runs_planned=len(planned),
+        runs_finished=len(finished),
+        finished=[{"arm": name, "kind": kind} for name, kind, _ in finished],
+        not_finished=[{"arm": name, "kind": kind} for name, kind in planned if (name, kind) not in done],
+        runs=runs,
+        machine=machine_info(),
+    )
+
+
+def _before_runs(args, path, stage: str) -> dict:
+    """The result of a run that an interrupt stopped before its first run began (``stage`` says
+    where: the ``--medium`` build, the model's load, the engine's opening): what
+    :func:`_partial_runs` and :func:`_partial_ab` give when no run finished, as far as it is known
+    before the model is open (its path, the backend asked for)."""
+    planned = ([{"arm": name, "kind": kind} for (kind, _), order in zip(AB_PROMPTS, ab_arm_order(len(AB_PROMPTS)))
+                for name in order] if args.ab else None)
+    n = len(planned) if planned is not None else args.repeat
+    return interrupted_result(
+        f"interrupted after 0 of {n} runs, {stage}",
+        **({"mode": "ab"} if args.ab else {}),
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model={"path": None if path is None else str(path), "medium": bool(args.medium)},
+        backend=args.backend,
+        runs_planned=n,
+        runs_finished=0,
+        **({"finished": [], "not_finished": planned} if args.ab else {}),
+        runs=[],
+        machine=machine_info(),
+    )
 
 
 # ---- output ------------------------------------------------------------------------------------
@@ -955,6 +976,13 @@ def render_partial_text(r: dict) -> str:
     if not r["runs"]:
         lines.append("no run finished")
     return "\n".join(lines)
+
+
+def render_before_runs_text(r: dict) -> str:
+    """The text report of a run that an interrupt stopped before its first run (:func:`_before_runs`)."""
+    m = r["model"]
+    return "\n".join([f"INTERRUPTED {r['error'][len('interrupted '):]}: nothing was measured",
+                      f"model    {m['path'] or 'the medium model (not built yet)'}"])
 
 
 def render_ab_partial_text(r: dict) -> str:
@@ -1151,18 +1179,20 @@ def _emit(args, result: dict, render) -> int | None:
     return None
 
 
-def _emit_interrupted(args, result: dict, render=None) -> int:
+def _emit_interrupted(args, result: dict, render=None, what: str | None = None) -> int:
     """Write an interrupted run's partial result where a finished one would go (``--out``, stdout;
     the text report by ``render``, by default the plain or A/B run's), say on stderr how far it got
-    and where its runs are, and return 130 (the command line then names the signal in the status)."""
+    and where its runs are (``what`` names them), marked as the reader finds them there: the JSON's
+    ``"ok": false, "interrupted": true``, the text report's heading ``INTERRUPTED``, and return 130
+    (the command line then names the signal in the status)."""
     render = render or (render_ab_partial_text if result.get("mode") == "ab" else render_partial_text)
     failed = _emit(args, result, render)
     where = (f"in {args.out}" if args.out is not None and failed is None
              else "in the JSON on stdout" if args.json or failed is not None else "above")
-    what = ("the finished runs are" if result.get("runs_finished")
-            else "no run finished; the record of the planned runs is")
-    print(f"{_PREFIX} {result['error']}; {what} {where} (marked \"ok\": false, \"interrupted\": "
-          f"true)", file=sys.stderr, flush=True)
+    what = what or ("the finished runs are" if result.get("runs_finished")
+                    else "no run finished; the record of the planned runs is")
+    mark = '(headed "INTERRUPTED")' if where == "above" else MARKED
+    print(f"{_PREFIX} {result['error']}; {what} {where} {mark}", file=sys.stderr, flush=True)
     return 130
 
 
@@ -1187,14 +1217,29 @@ def run_synthetic(args: argparse.Namespace) -> int:
             print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
             return 2
         cycle = bool(getattr(args, "dspark_cycle", False))
+        names = [*map(str, synthetic.GGUF_NAMES), "support"][:len(synthetic.GGUF_NAMES) + cycle]
+        written: list[Path] = []  # the files that are complete: kept when an interrupt stops the rest
+
+        def render(r: dict) -> str:
+            return "\n".join(([f"INTERRUPTED after writing {len(r['wrote'])} of {r['files_planned']} files"]
+                              if r.get("interrupted") else [])
+                             + [f"{n} layers: {p}" if n.isdigit() else f"DSpark support: {p}" for n, p in r["wrote"].items()])
+
         try:
-            paths = synthetic.write_flash_ggufs(args.write_gguf, support=cycle,
-                                                log=lambda m: print(m, file=sys.stderr, flush=True))
+            synthetic.write_flash_ggufs(args.write_gguf, support=cycle, written=written,
+                                        log=lambda m: print(m, file=sys.stderr, flush=True))
+        except KeyboardInterrupt:  # the file being written is removed; the complete ones are kept and named
+            result = interrupted_result(
+                f"interrupted after writing {len(written)} of {len(names)} files",
+                files_planned=len(names), wrote={k: str(p) for k, p in zip(names, written)},
+                not_written=[str(Path(args.write_gguf) / (synthetic.GGUF_NAMES[int(n)] if n.isdigit()
+                                                          else synthetic.SUPPORT_NAME)) for n in names[len(written):]])
+            return _emit_interrupted(args, result, render, what=("the files written are" if written
+                                                                 else "no file was written; the record is"))
         except (ConversionError, EngineError, OSError, ValueError) as exc:
             return _fail(f"--write-gguf {args.write_gguf}: {exc}", args, exc)
-        result = {"ok": True, "wrote": {k: str(p) for k, p in zip([*map(str, synthetic.GGUF_NAMES), "support"], paths)}}
-        return _emit(args, result, lambda r: "\n".join(f"{n} layers: {p}" if n.isdigit() else f"DSpark support: {p}"
-                                                       for n, p in r["wrote"].items())) or 0
+        result = {"ok": True, "wrote": {k: str(p) for k, p in zip(names, written)}}
+        return _emit(args, result, render) or 0
     backend = "hip" if args.backend == "auto" else args.backend
     if backend != "hip":
         print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
@@ -1306,9 +1351,12 @@ def run(args: argparse.Namespace) -> int:
             check_support_block(args.mtp, None, settings_of(args))
         except ValueError as exc:  # a --draft-vocab count the file cannot meet, or a bad variable: a usage error
             return _fail(str(exc), args, exc, status=2)
+    stage = "before the first run began (the model loading, the engine opening)"  # for an interrupt before any run
     try:
         if args.medium:
+            stage = "while building the medium model (the next run builds it afresh)"
             path = medium_model()
+            stage = "before the first run began (the model loading, the engine opening)"
         model = DS4Model(path)
         if args.ab:
             support = Path(args.mtp) if args.mtp is not None else medium_support(Path(path))
@@ -1337,6 +1385,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(msg if msg.startswith(str(path)) else f"{path}: {msg}", args, exc)
     except BenchInterrupted as exc:  # the runs that finished are written as a finished result would be
         return _emit_interrupted(args, exc.result)
+    except KeyboardInterrupt:  # before any run began: the record of the planned runs, as when none finished
+        return _emit_interrupted(args, _before_runs(args, path, stage), render_before_runs_text)
     except BenchUsageError as exc:  # a usage error, as a bad flag: status 2, before the weights load
         return _fail(str(exc), args, exc, status=2)
     except BenchError as exc:

@@ -30,9 +30,9 @@ ds4's stats line, timestamps) are left out.  A file that is not JSON, not an obj
 these kinds (a scheduler prices file is named as one), or one of them without the fields its writer
 writes or with a field of another JSON type (:data:`FIELDS`) is an error naming the file, the field,
 the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout),
-and so is a failed run and an interrupted ``bench`` run (``"interrupted": true``; a ``bench --ab``
+and so is a failed run and an interrupted run of any command (``"interrupted": true``; a ``bench --ab``
 one named with the runs that finished and those that did not: its arms are not whole, so nothing in
-it compares);
+it compares; a ``generate`` one covers only the tokens before the interrupt);
 two files of different kinds are compared on the names they share, with a note.
 """
 
@@ -198,6 +198,14 @@ def load(path: str) -> tuple[str, dict]:
                               if cut else "") + f"; {ACCEPTS}") from None
     if not isinstance(d, dict):
         raise CompareError(f"{path}: expected a JSON object, found {json_type(d)}; {ACCEPTS}")
+    if d.get("ok") is False and d.get("interrupted") is True and "generated_ids" in d:
+        raise CompareError(f"{path}: an interrupted `generate` run ({d.get('error', 'no error text')}): its figures "
+                           f"cover only what ran before the interrupt; its text and ids are kept in it; run "
+                           f"`ds4tui generate` to the end to compare")
+    if d.get("ok") is False and d.get("interrupted") is True and "runs" not in d:
+        cmd = d.get("command")
+        raise CompareError(f"{path}: an interrupted run" + (f" of `ds4tui {cmd}`" if isinstance(cmd, str) else "")
+                           + f" ({d.get('error', 'no error text')}): it holds no result to compare; run it to the end")
     if d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab":
         raise CompareError(f"{path}: an interrupted `bench` run ({d.get('error', 'no error text')}): it has no "
                            f"fastest run to compare with another run's; its finished runs' own figures are in its "

@@ -31,7 +31,8 @@ file's metadata, before the weights load) returns 2.  A ``-n`` beyond what the m
 holds after the prompt is capped to it with a note on stderr (``--json``: ``n_predict``), and the
 context is sized prompt + ``-n``.  A ``--prefill-gemm`` or ``--gpu-graphs on`` the chosen backend does not
 apply (auto fell back to the cpu) is a note on stderr; ``--json`` carries ``prefill_gemm`` and its note; Ctrl-C stops decoding,
-keeps what was printed and returns 130.  ``--verify-head`` (spec dspark.md §3.4; default auto: lazy on
+keeps what was printed and returns 130 (``--json``: the object of what was generated, marked ``"ok": false,
+"interrupted": true`` as every interrupted command's, with ``stop`` ``"interrupted"``).  ``--verify-head`` (spec dspark.md §3.4; default auto: lazy on
 the cpu backend) says which rows of a DSpark verify get the LM head; ``--json`` carries ``verify_head``
 and its note, and the DSpark counters ``verify_head_rows``.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
 where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
@@ -55,6 +56,7 @@ from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
+from ds4tui.interrupts import interrupted_result
 
 _PREFIX = "ds4tui generate: error:"
 
@@ -423,6 +425,11 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         **dspark,
         "memory": session.memory().to_dict(),
     }
+    if stop == "interrupted":  # one convention for every command (ds4tui.interrupts): what was generated is kept
+        del result["ok"]
+        result = interrupted_result(
+            f"interrupted after {n_dec} of the {args.n_predict} tokens asked (-n)" if t_prefill_end is not None
+            else f"interrupted during the prefill of {len(ids)} prompt tokens; no token generated", **result)
     try:
         print(json.dumps(result))
     except BrokenPipeError:

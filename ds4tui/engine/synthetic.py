@@ -207,7 +207,8 @@ def write_flash_support(path: str | Path, config: L.DS4Config, *, seed: int = 1,
     return out
 
 
-def write_flash_ggufs(folder: str | Path, *, support: bool = False, log=print, **overrides) -> list[Path]:
+def write_flash_ggufs(folder: str | Path, *, support: bool = False, log=print, written: list | None = None,
+                      **overrides) -> list[Path]:
     """Write the benchmark's 2- and 4-layer models (:func:`flash_models`) as DS4 GGUFs in ``folder``
     (created if missing), named by :data:`GGUF_NAMES`, so that another engine times the same bytes:
     the random tensors unchanged (``convert.write_gguf``, encoded as they are), the model keys of
@@ -216,7 +217,9 @@ def write_flash_ggufs(folder: str | Path, *, support: bool = False, log=print, *
     (:func:`write_flash_support`, named :data:`SUPPORT_NAME`; about 5.5 GiB).  Returns the paths
     (2 layers, 4 layers[, support]); raises ``convert.ConversionError`` for a path that is not a
     folder, a folder that cannot be created or written, or too little free space (all checked
-    before the weights are built), and for a failed write (no partial file is left)."""
+    before the weights are built), and for a failed write (no partial file is left).  ``written``
+    (when given) gets each path as its file is complete, for a caller that reports the files
+    written when an interrupt stops the rest (the file being written is removed)."""
     from ds4tui.engine.tokenizer import default_tokenizer_json, vocab_from_tokenizer_json
 
     folder = Path(folder)
@@ -227,7 +230,7 @@ def write_flash_ggufs(folder: str | Path, *, support: bool = False, log=print, *
     files = "the two files" + (" and the support file" if support else "")
     prepare_folder(folder, need, files)
     vocab = vocab_from_tokenizer_json(default_tokenizer_json())
-    out = []
+    out = [] if written is None else written
     log(f"building the synthetic weights ({need / 2**30:.0f} GiB of tensors for {files}; a minute or more)")
     for model in flash_models(log=log, **overrides):
         n = model.config.n_layer
