@@ -617,7 +617,9 @@ class DS4App(App):
                 + (f"; verify head {info.verify_head_note}"  # a lazy asked for that the GPU does not apply
                    if info.support_status == "attached" and self.options.verify_head == "lazy"
                    and getattr(info, "verify_head", "all") != "lazy" else "")
-                + ". Type a prompt and press Enter."
+                + "." + (f" Thinking mode is on: the model may reason until the context is full "
+                         f"({key_of('chat.think')} turns it off, --nothink starts without it)." if self.think else "")
+                + " Type a prompt and press Enter."
                 + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)

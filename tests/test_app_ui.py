@@ -678,6 +678,25 @@ async def test_a_demo_file_unpacked_again_is_named_in_the_welcome_line(tmp_path)
         assert str(app.query_one("#welcome").render()).endswith("Type a prompt and press Enter.")
 
 
+async def test_the_welcome_line_says_how_to_turn_thinking_off(tmp_path):
+    # the chat starts in thinking mode, where the small demo model can reason until its context is
+    # full: the welcome line names the key and the flag that turn it off (with --nothink: nothing said)
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert app.think is True
+        assert welcome.endswith("cpu backend. Thinking mode is on: the model may reason until the context is full (F5 "
+                                "turns it off, --nothink starts without it). Type a prompt and press Enter.")
+        await pilot.press("f5")  # the key it names turns thinking off
+        assert app.think is False
+    app = _app(tmp_path, think=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert welcome.endswith("cpu backend. Type a prompt and press Enter.") and "thinking" not in welcome
+
+
 async def test_the_scheduler_prices_option_is_in_the_welcome_line(tmp_path):
     # spec dspark.md §7.4: where the scheduler's prices start changes what is measured: shown
     app = _app(tmp_path, scheduler_prices="saved")
