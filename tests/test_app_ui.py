@@ -1050,3 +1050,18 @@ async def test_a_rejected_knob_value_is_quoted_as_typed_marked_invalid_and_the_v
         await pilot.pause()
         assert app.focused is not max_draft and max_draft.value == "5" and not max_draft.has_class("-invalid")
         assert max_draft.render_line(0).text.strip() == "5"
+
+
+@pytest.mark.parametrize("net_ms, saved_ms, shown", [
+    (-3.0, -2.0, "net saved 0.00 s · saved 0.00 s"),  # a loss of 3 ms rounds to nothing: no "−0.00"
+    (-0.0, 0.0, "net saved 0.00 s · saved 0.00 s"),
+    (4.9, 4.9, "net saved 0.00 s · saved 0.00 s"),
+    (-50.0, 10.0, "net saved −0.05 s · saved 0.01 s"),  # a real loss reads as one
+    (280.0, 350.0, "net saved +0.28 s · saved 0.35 s"),
+])
+def test_the_throughput_pane_prints_no_negative_zero(net_ms, saved_ms, shown):
+    from ds4tui.engine.stats import DSparkStats
+    from ds4tui.widgets.speculation import ThroughputPane
+
+    st = DSparkStats(t_decode_measured=True, net_saved=net_ms, saved=saved_ms)
+    assert [str(c) for c in ThroughputPane._tail(st, 99, 4096)] == ["context 99/4096 tokens", shown]

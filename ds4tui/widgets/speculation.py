@@ -20,6 +20,15 @@ from ds4tui.widgets.series import bar, rows, spark
 SPARK_WIDTH = 36
 
 
+def seconds(ms: float, signed: bool = False) -> str:
+    """``ms`` milliseconds as seconds to 0.01 s; ``signed``: with ``+`` for a gain and ``−`` for a
+    loss.  A value that rounds to zero is ``0.00`` either way (no ``−0.00`` for a loss of 3 ms)."""
+    s = round(ms / 1000, 2) + 0.0  # + 0.0: -0.0 is 0.0
+    if s == 0:
+        return "0.00"
+    return f"{'+' if s > 0 else '−'}{abs(s):.2f}" if signed else f"{s:.2f}"
+
+
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
@@ -334,9 +343,8 @@ class ThroughputPane(Pane):
         out = [Content(f"context {n_tokens}/{n_ctx} tokens")]
         if st is not None:
             if st.t_decode_measured:
-                sign = "+" if st.net_saved >= 0 else "−"
-                out.append(Content.assemble("net saved ", (f"{sign}{abs(st.net_saved) / 1000:.2f} s", "bold"),
-                                            f" · saved {st.saved / 1000:.2f} s"))
+                out.append(Content.assemble("net saved ", (f"{seconds(st.net_saved, signed=True)} s", "bold"),
+                                            f" · saved {seconds(st.saved)} s"))
             else:
                 out.append(Content.styled("net saved unknown: no plain decode timed yet", "$text-muted"))
         return out
