@@ -389,10 +389,9 @@ def test_gpu_graphs_flag_reaches_the_engine_and_the_json(tiny_q2, capsys, monkey
     assert r["gpu_graphs_note"] == "off: the cpu backend launches no kernels"
 
 
-@pytest.mark.parametrize("second_press", [False, True])
-def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, capsys, monkeypatch):
-    """Ctrl-C while decoding keeps what was printed, exits 130 and says "interrupted" once; a second
-    Ctrl-C while the session is closed (the impatient second press) does not say it again."""
+def _interrupt_generate(monkeypatch, second_press: bool) -> None:
+    """Ctrl-C during generate's fourth decode cycle and, with second_press, again while the session
+    closes (the impatient second press)."""
     from ds4tui.commands import generate as G
     from ds4tui.engine import session as S
 
@@ -412,6 +411,13 @@ def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, ca
             raise KeyboardInterrupt
 
         monkeypatch.setattr(S.Session, "close", close_then_interrupted)
+
+
+@pytest.mark.parametrize("second_press", [False, True])
+def test_an_interrupted_generate_says_interrupted_once(second_press, tiny_q2, capsys, monkeypatch):
+    """Ctrl-C while decoding keeps what was printed, exits 130 and says "interrupted" once; a second
+    Ctrl-C while the session is closed (the impatient second press) does not say it again."""
+    _interrupt_generate(monkeypatch, second_press)
     rc, out, err = _gen(capsys, str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu")
     assert rc == 130 and err.count("interrupted") == 1 and err.endswith("ds4tui: interrupted\n"), err
     assert out.strip() and "decode " in err  # what was printed stays, and the rates line follows it
@@ -423,25 +429,7 @@ def test_an_interrupted_generate_json_is_marked_as_every_interrupted_result(seco
     """Ctrl-C during the fourth cycle of `generate --json`: one JSON object with what was generated,
     marked "ok": false, "interrupted": true as an interrupted bench result is (a second Ctrl-C while
     the session closes adds no second object); compare refuses it, naming it."""
-    from ds4tui.commands import generate as G
-    from ds4tui.engine import session as S
-
-    class Interrupted(G.DecodeLoop):
-        def __iter__(self):
-            for i, cycle in enumerate(super().__iter__()):
-                if i == 3:
-                    raise KeyboardInterrupt
-                yield cycle
-
-    monkeypatch.setattr(G, "DecodeLoop", Interrupted)
-    if second_press:
-        close = S.Session.close
-
-        def close_then_interrupted(self):
-            close(self)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(S.Session, "close", close_then_interrupted)
+    _interrupt_generate(monkeypatch, second_press)
     rc, out, err = _gen(capsys, str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu",
                         "--json")
     assert rc == 130 and err.endswith("ds4tui: interrupted\n"), err
