@@ -736,6 +736,28 @@ def test_ab_option_errors(argv, message, tiny_q2, capsys):
     assert rc == 2 and out == "" and err.strip() == f"ds4tui bench: error: {message}"
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--ab", "--tokens", "8"],
+     "argument --tokens: expected at least 16 (the first token comes from the prefill and the scheduler arm's first "
+     "cycles are plain decodes, five with no kept prices: fewer leave it too few tokens to draft in for the arms to "
+     "compare), found 8; the default 512 measures well"),
+    (["--tokens", "20"], "--tokens is an option of the A/B run: add --ab"),
+    (["--contexts", "2048"], "--contexts is an option of --synthetic flash"),
+    (["--synthetic", "flash", "--ab"], "--synthetic runs no A/B (drop --ab/--mtp)"),
+    (["--synthetic", "flash", "--backend", "cpu"],
+     "--synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights built on the host): add "
+     "--backend hip (--backend cpu given)"),
+    (["--synthetic", "flash", "--write-gguf", " "], "--write-gguf needs a folder name (got an empty one)"),
+])
+def test_usage_errors_under_json_print_a_json_object(argv, message, capsys):
+    # every usage error of bench under --json: one JSON object on stdout as the others', the line on
+    # stderr, exit status 2 (before any model is looked for: no MODEL needed)
+    rc, out, err = _bench(capsys, *argv, "--json")
+    assert rc == 2
+    assert json.loads(out) == {"ok": False, "error": message, "error_type": "BenchUsageError"}
+    assert err == f"ds4tui bench: error: {message}\n"
+
+
 def test_ab_notes_an_unusable_draft_vocabulary_whatever_the_backend(tiny_q2, tmp_path, capsys):
     """A support file whose draft vocabulary cannot be used (auto then drafts from the whole
     vocabulary) is a note on stderr with --backend cpu too, not only when auto chose the backend;

@@ -150,7 +150,8 @@ class BenchError(Exception):
 
 class BenchUsageError(BenchError):
     """An option out of range for the model (``--ctx``, ``--prompt-tokens``, ``--tokens`` against its
-    context length), found from the file's metadata before the weights load: exit status 2."""
+    context length), found from the file's metadata before the weights load, or options that cannot
+    be used together: exit status 2."""
 
 
 def _ctx_within_model(ctx: int | None, limit: int, path) -> None:
@@ -1050,10 +1051,18 @@ def stage_timing_line(t: dict, reference: dict | None = None) -> str:
 
 
 def _fail(message: str, args, exc: BaseException | None = None, status: int = 1) -> int:
+    """The error on stderr (with ``--json`` also ``{"ok": false, "error", "error_type"}`` on stdout)
+    and the exit status."""
     if args.json:
         print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__ if exc else "BenchError"}))
     print(f"{_PREFIX} error: {message}", file=sys.stderr)
     return status
+
+
+def _usage_fail(message: str, args) -> int:
+    """A usage error (options that cannot be used together, a value out of range): :func:`_fail`
+    with exit status 2, as argparse's."""
+    return _fail(message, args, BenchUsageError(message), status=2)
 
 
 def _write_out(path: str, text: str) -> None:
@@ -1201,21 +1210,17 @@ def run_synthetic(args: argparse.Namespace) -> int:
     from ds4tui.engine import synthetic
 
     if args.ab or args.mtp is not None:
-        print(f"{_PREFIX} error: --synthetic runs no A/B (drop --ab/--mtp)", file=sys.stderr)
-        return 2
+        return _usage_fail("--synthetic runs no A/B (drop --ab/--mtp)", args)
     if args.scheduler_prices is not None:  # no scheduler runs: the cycles are forced to a full block
-        print(f"{_PREFIX} error: --scheduler-prices is not an option of --synthetic flash (its DSpark cycles run with "
-              f"the scheduler off): drop it, or use it with --ab", file=sys.stderr)
-        return 2
+        return _usage_fail("--scheduler-prices is not an option of --synthetic flash (its DSpark cycles run with "
+                           "the scheduler off): drop it, or use it with --ab", args)
     if getattr(args, "verify_head", None) is not None:  # the GPU backend's verify: every row, and the cycle's
         # verify is timed as the full block's
-        print(f"{_PREFIX} error: --verify-head is not an option of --synthetic flash (its DSpark cycles verify every "
-              f"row of a full block on the GPU backend): drop it, or use it with --ab", file=sys.stderr)
-        return 2
+        return _usage_fail("--verify-head is not an option of --synthetic flash (its DSpark cycles verify every "
+                           "row of a full block on the GPU backend): drop it, or use it with --ab", args)
     if getattr(args, "write_gguf", None) is not None:
         if not args.write_gguf.strip():
-            print(f"{_PREFIX} error: --write-gguf needs a folder name (got an empty one)", file=sys.stderr)
-            return 2
+            return _usage_fail("--write-gguf needs a folder name (got an empty one)", args)
         cycle = bool(getattr(args, "dspark_cycle", False))
         names = [*map(str, synthetic.GGUF_NAMES), "support"][:len(synthetic.GGUF_NAMES) + cycle]
         written: list[Path] = []  # the files that are complete: kept when an interrupt stops the rest
@@ -1242,9 +1247,8 @@ def run_synthetic(args: argparse.Namespace) -> int:
         return _emit(args, result, render) or 0
     backend = "hip" if args.backend == "auto" else args.backend
     if backend != "hip":
-        print(f"{_PREFIX} error: --synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
-              f"built on the host): add --backend hip (--backend {args.backend} given)", file=sys.stderr)
-        return 2
+        return _usage_fail(f"--synthetic flash times the GPU backend (full-width layers, about 9 GiB of weights "
+                           f"built on the host): add --backend hip (--backend {args.backend} given)", args)
     contexts = args.contexts or [args.ctx or 2048]
     flag = "--contexts" if args.contexts else "--ctx"
     for i, c in enumerate(contexts):
@@ -1252,17 +1256,15 @@ def run_synthetic(args: argparse.Namespace) -> int:
                else f"{c} comes after {contexts[i - 1]}: give the contexts in ascending order, each once"
                if i and c <= contexts[i - 1] else None)
         if why:
-            print(f"{_PREFIX} error: argument {flag}: {why} (found {','.join(map(str, contexts))})", file=sys.stderr)
-            return 2
+            return _usage_fail(f"argument {flag}: {why} (found {','.join(map(str, contexts))})", args)
     # without --dspark-cycle the synthetic layers draft nothing: no draft vocabulary to choose
     opts = {k: v for k, v in settings_of(args).engine_options().items() if k not in ("draft_vocab", "verify_head")}
     cycle = bool(getattr(args, "dspark_cycle", False))
     vocab = getattr(args, "draft_vocab", None)
     if cycle and vocab not in (None, "auto", "full") and int(vocab) > synthetic.DRAFT_VOCAB_SIZE:
-        print(f"{_PREFIX} error: argument --draft-vocab: {vocab}: the synthetic support lists "
-              f"{synthetic.DRAFT_VOCAB_SIZE} tokens; choose at most {synthetic.DRAFT_VOCAB_SIZE}, or full for the "
-              f"whole vocabulary", file=sys.stderr)
-        return 2
+        return _usage_fail(f"argument --draft-vocab: {vocab}: the synthetic support lists "
+                           f"{synthetic.DRAFT_VOCAB_SIZE} tokens; choose at most {synthetic.DRAFT_VOCAB_SIZE}, or full "
+                           f"for the whole vocabulary", args)
     if not cycle and vocab is not None:
         print(f"{_PREFIX} note: --draft-vocab {vocab} has no effect without --dspark-cycle: the synthetic layers "
               f"draft nothing", file=sys.stderr)
@@ -1326,8 +1328,7 @@ def run(args: argparse.Namespace) -> int:
         return run_synthetic(args)
     why = _usage_error(args)
     if why:
-        print(f"{_PREFIX} error: {why}", file=sys.stderr)
-        return 2
+        return _usage_fail(why, args)
     for k, v in PLAIN_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -1372,8 +1373,7 @@ def run(args: argparse.Namespace) -> int:
                                repeat=args.repeat, medium=bool(args.medium), settings=settings_of(args), say=say,
                                note=lambda text: print(f"{_PREFIX} note: {text}", file=sys.stderr, flush=True))
     except BadVariable as exc:  # a usage error, as a bad flag
-        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), args, exc, status=2)
     except ModelFileError as exc:
         return _fail(str(exc), args, exc)
     except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error, as a bad flag
