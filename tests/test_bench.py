@@ -307,6 +307,116 @@ def test_interrupted_json_prints_the_runs_that_finished(at_run, tiny_q2, tmp_pat
                                           f"after {at_run} of 3 runs)")
 
 
+@pytest.mark.parametrize("during_memcpy", [True, False])
+def test_interrupted_after_the_last_run_keeps_the_fastest_run(during_memcpy, tiny_q2, tmp_path, capsys, monkeypatch):
+    # --repeat 3 --json, a SIGINT after the third run: while the memcpy bandwidth is measured (a copy
+    # that cannot be cancelled: the command stops without waiting for it), or just before it starts.
+    # Every run is kept, and so is what is derived from them (the fastest run, the effective
+    # bandwidth); only the memcpy figure and the ratio are not measured, said why; compare reads it.
+    from ds4tui.engine import session as S
+
+    copy_done, copying, cancelled = threading.Event(), threading.Event(), threading.Event()
+    real_cancel, real_measure = S.Session.cancel, bench.measure
+
+    def memcpy_bandwidth(n_threads):  # the copy: started, interrupted, and not cancellable
+        copying.set()
+        _sigint_main()
+        copy_done.wait(20)
+        return {"gb_per_s": 99.0, "buffer_bytes": 1 << 28, "reps": 5, "n_threads": n_threads}
+
+    def measure(*args, **kwargs):  # the interrupt as the last run returns, before the copy starts
+        runs = real_measure(*args, **kwargs)
+        _sigint_main()
+        assert cancelled.wait(30)
+        return runs
+
+    def cancel(self):
+        real_cancel(self)
+        cancelled.set()
+
+    monkeypatch.setattr(bench, "memcpy_bandwidth", memcpy_bandwidth)
+    monkeypatch.setattr(S.Session, "cancel", cancel)
+    if not during_memcpy:
+        monkeypatch.setattr(bench, "measure", measure)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", str(PROMPT), "--decode-tokens",
+                              str(DECODE), "--repeat", "3", "--threads", "2", "--json")
+        copy_still_running = copying.is_set() and not copy_done.is_set()
+    finally:
+        copy_done.set()
+        signal.signal(signal.SIGINT, previous)
+    assert rc == 130 and copy_still_running == during_memcpy and copying.is_set() == during_memcpy
+    r = json.loads(out)
+    error = ("interrupted while measuring the memcpy bandwidth, after 3 of 3 runs" if during_memcpy
+             else "interrupted after 3 of 3 runs, before the memcpy bandwidth was measured")
+    assert (r["ok"], r["interrupted"], r["error"]) == (False, True, error)
+    assert r["runs_planned"] == 3 and r["runs_finished"] == 3 and len(r["runs"]) == 3
+    for run in r["runs"]:
+        assert run["decode_tokens_per_s"] == pytest.approx(DECODE / run["decode_seconds"])
+    assert r["decode_tokens_per_s"] == max(run["decode_tokens_per_s"] for run in r["runs"])
+    assert r["prefill_tokens_per_s"] == max(run["prefill_tokens_per_s"] for run in r["runs"])
+    weights, kv = _independent_bytes_per_token(tiny_q2["model"])
+    assert r["bytes_per_token"] == weights + kv
+    assert r["effective_gb_per_s"] == pytest.approx((weights + kv) * r["decode_tokens_per_s"] / 1e9)
+    assert r["memcpy_gb_per_s"] is None and r["bandwidth_ratio"] is None
+    why = "while it was measured" if during_memcpy else "before it was measured"
+    assert r["memcpy"] == {"gb_per_s": None, "buffer_bytes": max(bench.MEMCPY_MIN_BYTES, 4 * bench._llc_bytes()),
+                           "reps": bench.MEMCPY_REPS, "n_threads": 2,
+                           "error": f"not measured: interrupted {why} (every run had finished)"}
+    assert r["memory"]["total"] > 0 and r["repeat"] == 3
+    assert err.endswith(f"ds4tui bench: {error}; every run finished; the runs and the fastest run's figures are in "
+                        f'the JSON on stdout (marked "ok": false, "interrupted": true)\nds4tui: interrupted\n')
+    # compare compares its runs with a finished run's, saying what it lacks
+    part, done = tmp_path / "part.json", tmp_path / "done.json"
+    part.write_text(out)
+    finished = {k: v for k, v in r.items() if k not in ("interrupted", "error", "runs_planned", "runs_finished")}
+    finished.update(ok=True, decode_tokens_per_s=2 * r["decode_tokens_per_s"], memcpy_gb_per_s=20.0)
+    done.write_text(json.dumps(finished))
+    rc = cli_main(["compare", str(part), str(done), "--json"])
+    cmp = capsys.readouterr()
+    assert rc == 0
+    c = json.loads(cmp.out)
+    note = (f"A ({part}) was {error}: every run finished, so its figures compare; its memcpy bandwidth and bandwidth "
+            f"ratio were not measured (run `ds4tui bench` to the end for them)")
+    assert c["ok"] is True and c["interrupted_notes"] == [note] and c["knobs"] == []
+    figures = {name: (a, b, q) for name, a, b, q in c["figures"]}
+    assert figures["decode_tokens_per_s"] == (r["decode_tokens_per_s"], 2 * r["decode_tokens_per_s"],
+                                              pytest.approx(2.0))
+    assert cmp.err == f"ds4tui compare: note: {note}\n"
+
+
+def test_interrupted_while_measuring_memcpy_text_report(tiny_q2, capsys, monkeypatch):
+    # the text report: the whole report under its INTERRUPTED heading, the memcpy line saying why it is empty
+    copy_done = threading.Event()
+
+    def memcpy_bandwidth(n_threads):
+        _sigint_main()
+        copy_done.wait(20)
+        return {"gb_per_s": 99.0, "buffer_bytes": 1 << 28, "reps": 5, "n_threads": n_threads}
+
+    monkeypatch.setattr(bench, "memcpy_bandwidth", memcpy_bandwidth)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc, out, err = _bench(capsys, tiny_q2["model"], "--prompt-tokens", str(PROMPT), "--decode-tokens",
+                              str(DECODE), "--repeat", "2")
+    finally:
+        copy_done.set()
+        signal.signal(signal.SIGINT, previous)
+    lines = out.splitlines()
+    assert rc == 130 and lines[0] == ("INTERRUPTED while measuring the memcpy bandwidth, after 2 of 2 runs: every run "
+                                      "finished (the figures below are whole); the memcpy bandwidth and the ratio "
+                                      "were not measured")
+    assert [line.split()[0] for line in lines[1:]] == ["model", "engine", "machine", "memory", "prefill", "decode",
+                                                       "bytes/token", "effective", "memcpy", "ratio"]
+    assert re.fullmatch(r"decode +\d+\.\d\d tok/s  5 tokens in \d\.\d{3} s \(fastest of 2 runs\)", lines[6])
+    assert lines[9].split(None, 2)[1:] == ["-", "not measured: interrupted while it was measured (every run had "
+                                                "finished)"]
+    assert err.endswith("ds4tui bench: interrupted while measuring the memcpy bandwidth, after 2 of 2 runs; every run "
+                        "finished; the runs and the fastest run's figures are above (headed \"INTERRUPTED\")\n"
+                        "ds4tui: interrupted\n")
+
+
 def _sigint_main() -> None:
     """A SIGINT to the main thread, as a Ctrl-C at a terminal lands there."""
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)

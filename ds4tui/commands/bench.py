@@ -50,6 +50,10 @@ result would go (``--out``, the JSON or the text report on stdout), marked ``"ok
 the text report is headed ``INTERRUPTED``), and the exit status is 128 + the signal.  An interrupt
 before the first run (the ``--medium`` build, the model's load) gives the record of the planned runs
 with none finished (:func:`_before_runs`), one during ``--write-gguf`` the files already complete.
+An interrupt after a plain run's last run, while the memcpy bandwidth is measured (most of a short
+bench's time: the copy cannot be cancelled, and the command does not wait for it), keeps the whole
+result (the fastest run, bytes per token, the effective bandwidth) with ``memcpy_gb_per_s`` and
+``bandwidth_ratio`` null and ``memcpy.error`` saying why it was not measured.
 """
 
 from __future__ import annotations
@@ -314,10 +318,16 @@ def machine_info() -> dict:
             "python": platform.python_version()}
 
 
+def _memcpy_record(n_threads: int) -> dict:
+    """The ``memcpy`` object of a result before its figure: what the measurement copies."""
+    return {"gb_per_s": None, "buffer_bytes": max(MEMCPY_MIN_BYTES, 4 * _llc_bytes()), "reps": MEMCPY_REPS,
+            "n_threads": n_threads}
+
+
 def memcpy_bandwidth(n_threads: int) -> dict:
     """``ds4_memcpy_bandwidth`` over a buffer of at least 256 MiB and 4 × the last-level cache."""
-    size = max(MEMCPY_MIN_BYTES, 4 * _llc_bytes())
-    out = {"gb_per_s": None, "buffer_bytes": size, "reps": MEMCPY_REPS, "n_threads": n_threads}
+    out = _memcpy_record(n_threads)
+    size = out["buffer_bytes"]
     try:
         from ds4tui._native import lib
     except ImportError:
@@ -335,13 +345,16 @@ def memcpy_bandwidth(n_threads: int) -> dict:
 _INTERRUPTS = set(INTERRUPTS)
 
 
-def _in_worker(fn, on_interrupt):
+def _in_worker(fn, on_interrupt, may_leave=None):
     """Run ``fn()`` in a thread so that Ctrl-C / SIGTERM reach the main thread at once even while a
     native call runs; on an interrupt call ``on_interrupt()`` (cancel), wait until ``fn`` has
     returned, and re-raise.  The wait is on an event that ``fn``'s thread sets as its last step, not
     on ``Thread.join``: on Python 3.11 and 3.12 a join interrupted by a signal marks the thread as
     stopped while it still runs, and a later join then returns at once, so the caller would free the
-    engine under a native call (``ds4_session_create``) that is still running."""
+    engine under a native call (``ds4_session_create``) that is still running.  ``may_leave()``
+    (checked while waiting) true: ``fn`` no longer uses anything the caller frees (bench's memcpy
+    measurement, which copies buffers of its own and cannot be cancelled), so the interrupt is
+    re-raised at once and ``fn`` is left to finish on its own."""
     box: dict = {}
     done = threading.Event()
 
@@ -368,7 +381,7 @@ def _in_worker(fn, on_interrupt):
         while True:  # a second Ctrl-C cancels again and still waits: the native objects outlive the call
             try:
                 on_interrupt()
-                while not done.wait(0.1):
+                while not done.wait(0.1) and not (may_leave is not None and may_leave()):
                     pass
                 break
             except KeyboardInterrupt:
@@ -462,16 +475,27 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     try:
         session = engine.session(ctx, **settings.session_options())
         runs: list[dict] = []  # the runs that finished: kept when an interrupt stops the rest
+        stopping = threading.Event()
+        measuring_memcpy = threading.Event()  # the runs are done: the session is no longer used
 
         def work():
             measure(session, ids, n_decode, repeat, runs)
+            if stopping.is_set():  # interrupted: no memcpy measurement to wait for
+                return None
+            measuring_memcpy.set()
             _status("memcpy bandwidth...")
             return memcpy_bandwidth(engine.n_threads)
 
+        def stop():
+            stopping.set()
+            session.cancel()
+
         interrupted = False
         try:
-            mc = _in_worker(work, session.cancel)
-        except KeyboardInterrupt:  # the worker has returned
+            # an interrupt during the memcpy measurement (most of a short bench's time) is not kept
+            # waiting for it: it cannot be cancelled and it uses none of the engine's objects
+            mc = _in_worker(work, stop, may_leave=measuring_memcpy.is_set)
+        except KeyboardInterrupt:  # the worker has returned, or measures the memcpy bandwidth on its own
             interrupted = True
         finally:
             _status("")
@@ -489,15 +513,22 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
               "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
               "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
               "decode_tokens": n_decode, "ctx": ctx, "repeat": repeat}
-    if interrupted:
+    if interrupted and len(runs) < repeat:
         raise BenchInterrupted(_partial_runs(runs, repeat, header))
+    if interrupted:  # after the last run: the runs and their fastest are whole, the memcpy figure is not
+        during = measuring_memcpy.is_set()
+        error = (f"interrupted while measuring the memcpy bandwidth, after {repeat} of {repeat} runs" if during
+                 else f"interrupted after {repeat} of {repeat} runs, before the memcpy bandwidth was measured")
+        mc = dict(_memcpy_record(n_threads_used), error="not measured: " + (
+            "interrupted while it was measured (every run had finished)" if during
+            else "interrupted before it was measured (every run had finished)"))
     decode_ctx = n_prompt + (n_decode + 1) // 2  # mean context of the timed decode steps (P+1 .. P+D)
     bpt = model.bytes_per_token(decode_ctx)
     prefill_tps = max(r["prefill_tokens_per_s"] for r in runs)
     decode_tps = max(r["decode_tokens_per_s"] for r in runs)
     effective = bpt["total"] * decode_tps / 1e9
     memcpy_gbs = mc["gb_per_s"]
-    return {
+    result = {
         "ok": True,
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **header,
@@ -515,6 +546,10 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "machine": machine_info(),
         "runs": runs,
     }
+    if interrupted:
+        del result["ok"]
+        raise BenchInterrupted(interrupted_result(error, **result, runs_planned=repeat, runs_finished=repeat))
+    return result
 
 
 # ---- --ab ----------------------------------------------------------------------------------------
@@ -806,7 +841,8 @@ def _partial_runs(finished: list[dict], planned: int, header: dict) -> dict:
     ``planned`` runs finished, and their own figures in ``runs`` (an empty list when none did), after
     ``header`` (what was asked).  Nothing is derived from them (no fastest run, bandwidth or memcpy
     figure, no extrapolation to 43 layers): the memcpy bandwidth is measured after the last run, an
-    extrapolation takes both synthetic models."""
+    extrapolation takes both synthetic models.  (A plain run interrupted after its last run keeps its
+    whole result instead, the memcpy figure marked not measured: :func:`run_bench`.)"""
     return interrupted_result(
         f"interrupted after {len(finished)} of {planned} runs",
         timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -964,7 +1000,11 @@ def render_ab_text(r: dict) -> str:
 
 def render_partial_text(r: dict) -> str:
     """The text report of an interrupted plain run (:func:`_partial_runs`): each finished run's own
-    figures."""
+    figures; interrupted after its last run (before or while the memcpy bandwidth was measured), the
+    whole report under its heading."""
+    if "decode_tokens_per_s" in r:  # every run finished: the fastest run is kept
+        return (f"INTERRUPTED {r['error'][len('interrupted '):]}: every run finished (the figures below are "
+                f"whole); the memcpy bandwidth and the ratio were not measured\n" + render_text(r))
     m = r["model"]
     lines = [f"INTERRUPTED after {r['runs_finished']} of {r['runs_planned']} runs: the figures below are the finished "
              f"runs' own (no fastest run, no bandwidth)",
@@ -1198,7 +1238,8 @@ def _emit_interrupted(args, result: dict, render=None, what: str | None = None) 
     failed = _emit(args, result, render)
     where = (f"in {args.out}" if args.out is not None and failed is None
              else "in the JSON on stdout" if args.json or failed is not None else "above")
-    what = what or ("the finished runs are" if result.get("runs_finished")
+    what = what or ("every run finished; the runs and the fastest run's figures are" if "decode_tokens_per_s" in result
+                    else "the finished runs are" if result.get("runs_finished")
                     else "no run finished; the record of the planned runs is")
     mark = '(headed "INTERRUPTED")' if where == "above" else MARKED
     print(f"{_PREFIX} {result['error']}; {what} {where} {mark}", file=sys.stderr, flush=True)

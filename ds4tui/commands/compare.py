@@ -32,7 +32,9 @@ writes or with a field of another JSON type (:data:`FIELDS`) is an error naming 
 the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout),
 and so is a failed run and an interrupted run of any command (``"interrupted": true``; a ``bench --ab``
 one named with the runs that finished and those that did not: its arms are not whole, so nothing in
-it compares; a ``generate`` one covers only the tokens before the interrupt);
+it compares; a ``generate`` one covers only the tokens before the interrupt), except a plain
+``bench`` interrupted after its last run (while it measured the memcpy bandwidth): its runs and
+fastest run are whole and compare, with a note that its memcpy figure was not measured;
 two files of different kinds are compared on the names they share, with a note.
 """
 
@@ -206,11 +208,15 @@ def load(path: str) -> tuple[str, dict]:
         cmd = d.get("command")
         raise CompareError(f"{path}: an interrupted run" + (f" of `ds4tui {cmd}`" if isinstance(cmd, str) else "")
                            + f" ({d.get('error', 'no error text')}): it holds no result to compare; run it to the end")
-    if d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab":
+    # a plain `bench` interrupted after its last run (while the memcpy bandwidth was measured) keeps
+    # its whole result: its runs compare, only the memcpy figure and the ratio are missing
+    runs_whole = d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab" \
+        and "decode_tokens_per_s" in d
+    if d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab" and not runs_whole:
         raise CompareError(f"{path}: an interrupted `bench` run ({d.get('error', 'no error text')}): it has no "
                            f"fastest run to compare with another run's; its finished runs' own figures are in its "
                            f"`runs`; run `ds4tui bench` to the end to compare")
-    if d.get("ok") is False and d.get("interrupted") is True:
+    if d.get("ok") is False and d.get("interrupted") is True and not runs_whole:
         def runs(key: str) -> str:
             items = d.get(key)
             if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
@@ -221,7 +227,7 @@ def load(path: str) -> tuple[str, dict]:
                            f"{runs('finished')}; not finished: {runs('not_finished')}): its arms are not whole, so no "
                            f"figure of it compares with another run's; its finished runs' own figures are in its "
                            f"`runs`; run `ds4tui bench --ab` to the end to compare")
-    if d.get("ok") is False:
+    if d.get("ok") is False and not runs_whole:
         raise CompareError(f"{path}: a failed run ({d.get('error', 'no error text')})")
     fmt = d.get("format")
     try:
@@ -424,6 +430,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
         lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
     if r.get("no_shared_figures"):
         lines.append(f"NOTE: {r['no_shared_figures']}")
+    for note in r.get("interrupted_notes") or ():
+        lines.append(f"NOTE: {note}")
     for side, names in (("A", r["only_a"]), ("B", r["only_b"])):
         if names and arms is not None and not every_figure:  # the arms' tables show them as "-"
             lines.append(f"only in {side}: {len(names)} figure{'s' if len(names) > 1 else ''} (a \"-\" in the other "
@@ -605,6 +613,15 @@ def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dic
             f"B {_describe(path_b, kind_b, b)}; {todo}")
 
 
+def interrupted_note(side: str, path: str, d: dict) -> str | None:
+    """The note when a file is a ``bench`` result interrupted after its last run (the only
+    interrupted result compare reads): its runs are whole, the memcpy figure is not (None otherwise)."""
+    if d.get("interrupted") is not True:
+        return None
+    return (f"{side} ({path}) was {d.get('error', 'interrupted')}: every run finished, so its figures compare; its "
+            f"memcpy bandwidth and bandwidth ratio were not measured (run `ds4tui bench` to the end for them)")
+
+
 def same_run(path_a: str, path_b: str, a: dict, b: dict) -> str | None:
     """The note when A and B are one file, or two files holding the same run (equal JSON): then
     every figure is equal by construction, which says nothing about run-to-run noise."""
@@ -638,6 +655,7 @@ def run(args) -> int:
     r["no_shared_figures"] = (None if r["figures"] or r["zero_in_both"]
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
+    r["interrupted_notes"] = [n for n in (interrupted_note("A", args.a, a), interrupted_note("B", args.b, b)) if n]
     if kind_a == kind_b == "bench-ab":
         r["arms"] = arm_tables(a, b)
     if args.json:
@@ -646,7 +664,7 @@ def run(args) -> int:
         for w in (r["warning"], r["contains_warning"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
-        for note in (r["no_shared_figures"], r["same_run"]):
+        for note in (r["no_shared_figures"], r["same_run"], *r["interrupted_notes"]):
             if note:
                 print(f"{_PREFIX} note: {note}", file=sys.stderr)
     else:
