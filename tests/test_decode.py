@@ -331,3 +331,40 @@ def test_a_loop_left_mid_batch_hands_out_the_rest_the_engine_ran(engine):
     assert len(loop.ids) - (s.n_tokens - len(PROMPT)) == lag == 1
     assert loop.computed_rest() == []
     s.close()
+
+
+def test_an_interrupt_in_a_batch_of_single_steps_keeps_the_cycles_before_it(engine):
+    """A backend stepped one cycle at a time (the numpy reference is): Ctrl-C during a batch's third
+    cycle ends the batch there, and the two cycles before it, booked and counted, are handed out by
+    ``computed_rest`` once the loop has raised the interrupt."""
+    n = 40
+    want, _ = _steps(engine, PROMPT, n)
+    s = engine.session(len(PROMPT) + n + 8)
+    s.set_dspark(scheduler=False)
+    s.prefill(PROMPT)
+    native, steps = s.backend, []
+
+    class OneStepAtATime:
+        def __getattr__(self, name):
+            if name == "step_many":
+                raise AttributeError(name)
+            return getattr(native, name)
+
+        def step(self, max_out, pending):
+            steps.append(max_out)
+            if len(steps) == 4:
+                raise KeyboardInterrupt  # the signal stops this cycle
+            return native.step(max_out, pending)
+
+    s.backend = OneStepAtATime()
+    loop = DecodeLoop(s, n, batch_s=60.0)
+    shown = []
+    with pytest.raises(KeyboardInterrupt):
+        for cycle in loop:
+            shown.append(cycle)
+    rest = loop.computed_rest()
+    assert (len(steps), len(shown), len(rest)) == (4, 1, 2)  # the first cycle is a batch of its own
+    assert loop.ids == want[:len(loop.ids)] and len(loop.ids) == s.stats().n_decode_tokens
+    assert s.tokens == PROMPT + loop.ids[:-1] and s.pending == loop.ids[-1]
+    s.backend = native
+    s.close()

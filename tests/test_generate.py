@@ -509,6 +509,61 @@ def test_an_interrupted_generate_reports_the_tokens_its_statistics_count(tiny_q2
     assert len(r["generated_ids"]) - counted(r) == lag
 
 
+def test_an_interrupt_as_a_native_batch_returns_keeps_the_batch(tiny_q2, fitted_support, tok, capsys, monkeypatch):
+    """Ctrl-C during a native batch is raised as the engine call returns, before its ids are read:
+    the batch ran and is counted, so the ids, the text and the counters still cover it (each batch is
+    one cycle here, the fourth interrupted)."""
+    from ds4tui.commands import generate as G
+    from ds4tui.engine import backend as B
+
+    argv = (str(tiny_q2["model"]), "--mtp", str(fitted_support), "-p", PROMPT, "-n", "60", "--threads", "1",
+            "--backend", "cpu", "--no-scheduler", "--json")
+    rc, out, err = _gen(capsys, *argv)
+    assert rc == 0, err
+    whole = json.loads(out)
+    ran = []  # the ids each native batch emitted
+
+    class InterruptedAfterTheFourthBatch:
+        def __init__(self, lib):
+            self._lib = lib
+
+        def __getattr__(self, name):
+            return getattr(self._lib, name)
+
+        def ds4_session_step_many(self, *args):
+            rc = self._lib.ds4_session_step_many(*args)
+            out, lens, n = args[1], args[7], args[8][0]
+            ran.append([int(out[i]) for i in range(sum(lens[k] for k in range(n)))])
+            if len(ran) == 4:
+                raise KeyboardInterrupt  # the signal that came during the call
+            return rc
+
+    init = B.NativeBackend.__init__
+
+    def interrupted_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._lib = InterruptedAfterTheFourthBatch(self._lib)
+
+    class OneCycleABatch(G.DecodeLoop):
+        def __iter__(self):
+            self.batch_s = 1e-9  # each batch ends after its first cycle
+            return super().__iter__()
+
+    monkeypatch.setattr(B.NativeBackend, "__init__", interrupted_init)
+    monkeypatch.setattr(G, "DecodeLoop", OneCycleABatch)
+    rc, out, err = _gen(capsys, *argv)
+    assert rc == 130 and err.endswith("ds4tui: interrupted\n"), err
+    r = json.loads(out)
+    ids = r["generated_ids"]
+    assert len(ran) == 4 and ids == [t for batch in ran for t in batch] == whole["generated_ids"][:len(ids)]
+    assert len(ran[3]) >= 1 and r["stop"] == "interrupted"
+    assert r["error"] == f"interrupted after {len(ids)} of the 60 tokens asked (-n)"
+    assert len(ids) == r["stats"]["n_decode_tokens"]
+    st = r["dspark_stats"]
+    assert st["cycles"] == 3 and st["cycles"] + st["accepted_draft"] == len(ids) - len(ran[0])
+    assert len(r["from_draft"]) == len(ids) and r["text"] == tok.decode(t for t in ids if t != tok.eos_id)
+
+
 def test_the_rates_line_counts_one_token_in_the_singular():
     """`-n 1` (or a one-token prompt with --raw) read "generated 1 tokens"."""
     from ds4tui.commands import generate as G

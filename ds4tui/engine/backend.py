@@ -152,11 +152,13 @@ class SessionBackend(Protocol):
         last of them the new pending token; at most ``max_out``."""
 
     def step_many(self, max_out: int, max_cycles: int, budget_s: float, stop: frozenset[int],
-                  pending: int | None) -> tuple[list[list[int]], Exception | None]:
+                  pending: int | None) -> tuple[list[list[int]], BaseException | None]:
         """Up to ``max_cycles`` cycles of :meth:`step` back to back (optional: a backend without it
         is stepped one cycle at a time by the session), stopping early as ``ds4_session_step_many``
         does (spec ux.md §2.4).  Returns the cycles that completed, each its emitted ids, and the
-        error that stopped a later cycle (None if none); an error in the first cycle is raised."""
+        error that stopped a later cycle (None if none); an error in the first cycle is raised.  A
+        KeyboardInterrupt that comes once cycles have completed (a signal during the call) is that
+        error too, so that the cycles it ran are booked before it is raised."""
 
     def truncate(self, n: int) -> None:
         """Forget every position >= ``n``; no pending token and no logits afterwards."""
@@ -213,6 +215,16 @@ class SessionBackend(Protocol):
 
 # ---- the C engine ----------------------------------------------------------------------------------
 
+def _cycles_of(out, lens, n: int) -> list[list[int]]:
+    """The ids of ``n`` cycles that ``ds4_session_step_many`` wrote back to back into ``out``, each
+    ``lens[k]`` long."""
+    cycles, at = [], 0
+    for k in range(n):
+        cycles.append([int(out[i]) for i in range(at, at + lens[k])])
+        at += lens[k]
+    return cycles
+
+
 class NativeBackend:
     """A session of the C engine: ``ds4_session_*`` through cffi.
 
@@ -257,7 +269,7 @@ class NativeBackend:
         return [int(out[i]) for i in range(n[0])]
 
     def step_many(self, max_out: int, max_cycles: int, budget_s: float, stop: frozenset[int],
-                  pending: int | None) -> tuple[list[list[int]], Exception | None]:
+                  pending: int | None) -> tuple[list[list[int]], BaseException | None]:
         ffi, lib = self._ffi, self._lib
         if self._many is None:
             self._many = (ffi.new("int32_t[%d]" % STEP_MANY_OUT), ffi.new("int32_t[%d]" % STEP_MANY_OUT),
@@ -265,12 +277,20 @@ class NativeBackend:
         out, lens, n = self._many
         if stop != self._stop_ids:
             self._stop_ids, self._stop_arr = stop, ffi.new("int32_t[]", sorted(stop) or [0])
-        rc = lib.ds4_session_step_many(self.handle, out, min(max_out, STEP_MANY_OUT), min(max_cycles, STEP_MANY_OUT),
-                                       budget_s * 1e3, self._stop_arr, len(stop), lens, n, self._err, 1024)
-        cycles, at = [], 0
-        for k in range(n[0]):
-            cycles.append([int(out[i]) for i in range(at, at + lens[k])])
-            at += lens[k]
+        n[0] = 0  # the cycles this call completes (the engine counts them as they complete)
+        try:
+            rc = lib.ds4_session_step_many(self.handle, out, min(max_out, STEP_MANY_OUT),
+                                           min(max_cycles, STEP_MANY_OUT), budget_s * 1e3, self._stop_arr, len(stop),
+                                           lens, n, self._err, 1024)
+            cycles = _cycles_of(out, lens, n[0])
+        except KeyboardInterrupt as exc:
+            # a signal during the call is raised as it returns (or as its ids are read): the cycles it
+            # completed ran all the same and are in the counters, so they come back, read whole from
+            # the buffers, with the interrupt for the caller to raise once it has booked them
+            cycles = _cycles_of(out, lens, n[0])
+            if not cycles:
+                raise
+            return cycles, exc
         if rc == 0:
             return cycles, None
         exc = native_error(rc, ffi.string(self._err).decode("utf-8", "replace"))

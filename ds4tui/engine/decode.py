@@ -30,7 +30,8 @@ The chat worker (:mod:`ds4tui.engine.worker`), ``ds4tui generate``, ``ds4tui ben
   ends the loop with ``"cancelled"`` (the exception is kept in :attr:`DecodeLoop.error`).
 
 Other engine errors propagate to the caller; what was emitted until then stays in
-:attr:`DecodeLoop.ids`.
+:attr:`DecodeLoop.ids`.  A KeyboardInterrupt (a signal) that comes during a batch is raised once the
+batch is booked: its cycles ran and are counted, and :meth:`DecodeLoop.computed_rest` hands them out.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ class DecodeLoop:
                 self.reason, self.error = "cancelled", exc
                 return
             self._batch = list(cycles)
+            if isinstance(error, KeyboardInterrupt):  # a signal during the batch: its cycles are
+                raise error  # computed_rest(), for the caller that stops on it
             while self._batch:
                 cycle = self._take()
                 yield cycle

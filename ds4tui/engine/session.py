@@ -917,7 +917,7 @@ class Session:
             self._cycles.pop(0)
 
     def step_many(self, max_out: int, *, max_cycles: int = STEP_MAX, budget_s: float = 0.0,
-                  stop: Iterable[int] = ()) -> tuple[list[list[int]], EngineError | None]:
+                  stop: Iterable[int] = ()) -> tuple[list[list[int]], EngineError | KeyboardInterrupt | None]:
         """Decode cycles back to back, each exactly a :meth:`step` with the budget left, in as few
         engine calls as the backend allows (one for the native engine: the interpreter is not
         needed between cycles; spec ux.md §2.4).
@@ -928,7 +928,10 @@ class Session:
         token would not fit the context.  Returns ``(cycles, error)``: each completed cycle's
         emitted ids, and the :class:`EngineError` that stopped a later cycle (None if none; the
         cycles before it stand).  An error in the first cycle is raised as :meth:`step` raises it
-        (the session is unchanged)."""
+        (the session is unchanged).  A KeyboardInterrupt (a signal) that comes after cycles have
+        completed is returned as ``error`` too, their tokens booked: the caller raises it once it
+        has taken them (:class:`~ds4tui.engine.decode.DecodeLoop` does), so that what it holds, the
+        session and the engine's counters cover the same tokens."""
         if isinstance(max_out, bool) or int(max_out) != max_out or not 1 <= max_out <= STEP_MANY_OUT:
             raise ValueError(f"max_out must be an integer 1..{STEP_MANY_OUT}, got {max_out!r}")
         if isinstance(max_cycles, bool) or int(max_cycles) != max_cycles or max_cycles < 1:
@@ -951,7 +954,7 @@ class Session:
             return cycles, error
 
     def _step_each(self, max_out: int, max_cycles: int, budget_s: float,
-                   stop: frozenset[int]) -> tuple[list[list[int]], EngineError | None]:
+                   stop: frozenset[int]) -> tuple[list[list[int]], EngineError | KeyboardInterrupt | None]:
         t0, cycles, emitted = time.perf_counter(), [], 0
         while len(cycles) < max_cycles and emitted < max_out:
             if cycles and (self._cancel.is_set() or (budget_s > 0 and time.perf_counter() - t0 >= budget_s)
@@ -959,7 +962,7 @@ class Session:
                 break
             try:
                 out = self.step(min(STEP_MAX, max_out - emitted))
-            except EngineError as exc:
+            except (EngineError, KeyboardInterrupt) as exc:
                 if not cycles:
                     raise
                 return cycles, exc
