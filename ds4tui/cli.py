@@ -14,7 +14,7 @@ import sys
 
 from ds4tui import __version__
 from ds4tui.interrupts import interrupt_on_signals  # noqa: F401 - also for the devtools
-from ds4tui.interrupts import interrupted_result
+from ds4tui.interrupts import interrupted_result, print_whole
 from ds4tui.interrupts import signals_seen as _signals_seen
 
 
@@ -620,6 +620,13 @@ class _Output:
     def flush(self) -> None:
         self._call("flush")
 
+    @property
+    def buffer(self):
+        """The stream's bytes, where :func:`ds4tui.interrupts.print_whole` writes a result: taken,
+        they count as written, and they fail as :meth:`write` does."""
+        self.written = True
+        return _Output(self._stream.buffer)
+
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
@@ -633,8 +640,8 @@ def _interrupted_json(args) -> None:
     import json
 
     try:
-        print(json.dumps(interrupted_result(f"interrupted before ds4tui {args.command} had a result",
-                                            command=args.command)), flush=True)
+        print_whole(json.dumps(interrupted_result(f"interrupted before ds4tui {args.command} had a result",
+                                                  command=args.command)))
     except OSError:  # stdout is gone (a broken pipe) or full: stderr still says "interrupted"
         pass
 

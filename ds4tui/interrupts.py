@@ -15,13 +15,15 @@ first: 128 + its number).
 An interrupted command given ``--json`` still prints one JSON object, the same way in every command
 (:func:`interrupted_result`): ``"ok": false, "interrupted": true``, ``error`` saying how far it got,
 and what had finished kept beside them (``bench``'s finished runs, ``generate``'s tokens); the text
-reports say the same in words (:data:`MARKED`)."""
+reports say the same in words (:data:`MARKED`).  A result goes out whole (:func:`print_whole`),
+whatever the signals do while it is written."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sys
 import time
 
 #: The signals that interrupt a command.
@@ -41,6 +43,7 @@ MARKED = '(marked "ok": false, "interrupted": true)'
 
 _first_at: list[float] = []  # time.monotonic() of the first signal
 _hinted: list[bool] = []
+_holding: list[bool] = []  # while print_whole writes: [whether the first signal came meanwhile]
 
 
 def interrupted_result(error: str, **kept) -> dict:
@@ -62,7 +65,38 @@ def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
         return
     signals_seen.append(int(signum))
     _first_at[:] = [time.monotonic()]
+    if _holding:  # a result is being written: raised once it is out
+        _holding[0] = True
+        return
     raise KeyboardInterrupt
+
+
+def print_whole(text: str) -> None:
+    """Print ``text`` and a newline on stdout whole: a result, one JSON object that a reader can
+    parse whatever the signals do while it is written.  The first signal waits until the text is out
+    and is raised then; a later one is ignored as always, and a write that it cuts short (a pipe
+    takes 64 KiB at a time) is continued.  The bytes go to the stream's binary layer, a loop taking
+    partial writes: with ``PYTHONUNBUFFERED=1`` the text layer writes straight to the file and drops
+    what a partial write left."""
+    stream = sys.stdout
+    if stream is None:  # stdout closed (>&-): print writes nothing either
+        return
+    _holding[:] = [False]
+    try:
+        stream.flush()
+        buffer = getattr(stream, "buffer", None)
+        if buffer is None:  # a text stream with no bytes beneath (io.StringIO)
+            stream.write(text + "\n")
+            stream.flush()
+        else:
+            rest = memoryview((text + "\n").encode(stream.encoding or "utf-8", stream.errors or "strict"))
+            while rest:
+                rest = rest[buffer.write(rest) or 0:]
+            buffer.flush()
+    finally:
+        came = _holding.pop()
+    if came:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

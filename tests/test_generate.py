@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
+import sys
 
 import pytest
 
@@ -562,6 +564,72 @@ def test_an_interrupt_as_a_native_batch_returns_keeps_the_batch(tiny_q2, fitted_
     st = r["dspark_stats"]
     assert st["cycles"] == 3 and st["cycles"] + st["accepted_draft"] == len(ids) - len(ran[0])
     assert len(r["from_draft"]) == len(ids) and r["text"] == tok.decode(t for t in ids if t != tok.eos_id)
+
+
+class UnbufferedStdout(io.RawIOBase):
+    """The file beneath stdout under PYTHONUNBUFFERED=1 (no buffer between the text layer and it),
+    read through a pipe that a Ctrl-C cuts: the first write longer than ``at`` bytes takes ``at``
+    of them and a SIGINT comes meanwhile.  ``stream``: the text stream over it, as Python makes it."""
+
+    def __init__(self, at: int):
+        self.at, self.data, self.cut = at, bytearray(), False
+        self.stream = io.TextIOWrapper(self, encoding="utf-8", write_through=True)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = len(b)
+        if not self.cut and n > self.at:
+            self.cut, n = True, self.at
+        self.data += bytes(b[:n])
+        if n == self.at:
+            signal.raise_signal(signal.SIGINT)
+        return n
+
+
+def test_a_second_ctrl_c_while_the_json_is_written_leaves_it_whole(tiny_q2, capsys, monkeypatch):
+    """Ctrl-C while decoding, then again while the interrupted result is written to an unbuffered
+    stdout: the write the second one cuts short is continued, and stdout holds one whole object."""
+    from ds4tui.commands import generate as G
+
+    class Interrupted(G.DecodeLoop):
+        def __iter__(self):
+            for i, cycle in enumerate(super().__iter__()):
+                if i == 3:
+                    signal.raise_signal(signal.SIGINT)  # the first Ctrl-C, during the fourth cycle
+                yield cycle
+
+    monkeypatch.setattr(G, "DecodeLoop", Interrupted)
+    stdout = UnbufferedStdout(at=1000)
+    monkeypatch.setattr(sys, "stdout", stdout.stream)
+    rc = cli_main(["generate", str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu",
+                   "--json"])
+    err = capsys.readouterr().err
+    assert rc == 130 and err.endswith("ds4tui: interrupted\n"), err
+    assert stdout.cut and len(stdout.data) > 1000 and stdout.data.count(b"\n") == 1
+    r = json.loads(stdout.data)
+    assert (r["interrupted"], r["stop"]) == (True, "interrupted")
+    assert r["error"] == f"interrupted after {len(r['generated_ids'])} of the 40 tokens asked (-n)"
+
+
+def test_a_result_goes_out_whole_before_a_first_ctrl_c_that_comes_meanwhile(monkeypatch):
+    """print_whole writes every command's result: a first Ctrl-C that cuts its write short waits
+    until the whole text is out (a pipe takes 64 KiB at a time), and is raised then."""
+    from ds4tui import interrupts
+
+    text = json.dumps({"ok": True, "generated_ids": list(range(20000))})
+    stdout = UnbufferedStdout(at=65536)
+    monkeypatch.setattr(sys, "stdout", stdout.stream)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupts.interrupt_on_signals():
+            with pytest.raises(KeyboardInterrupt):
+                interrupts.print_whole(text)
+            assert stdout.cut and len(text) > 65536 and stdout.data == (text + "\n").encode()
+            assert interrupts.signals_seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_rates_line_counts_one_token_in_the_singular():

@@ -85,7 +85,7 @@ from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.session import BackendUnavailableError, EngineError
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes, plural
-from ds4tui.interrupts import INTERRUPTS, MARKED, interrupted_result
+from ds4tui.interrupts import INTERRUPTS, MARKED, interrupted_result, print_whole
 
 _PREFIX = "ds4tui bench:"
 
@@ -1220,11 +1220,11 @@ def _emit(args, result: dict, render) -> int | None:
         try:
             _write_out(args.out, text + "\n")
         except BenchError as exc:
-            print(text)
+            print_whole(text)
             print(f"{_PREFIX} error: {exc}; the result is the JSON above on stdout: save it from there "
                   f"(and give --out a path that can be written next time)", file=sys.stderr)
             return 1
-    print(text if args.json else render(result))
+    print_whole(text if args.json else render(result))
     return None
 
 

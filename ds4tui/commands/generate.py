@@ -56,7 +56,7 @@ from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
-from ds4tui.interrupts import interrupted_result
+from ds4tui.interrupts import interrupted_result, print_whole
 
 _PREFIX = "ds4tui generate: error:"
 
@@ -431,7 +431,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             f"interrupted after {n_dec} of the {args.n_predict} tokens asked (-n)" if t_prefill_end is not None
             else f"interrupted during the prefill of {len(ids)} prompt tokens; no token generated", **result)
     try:
-        print(json.dumps(result))
+        print_whole(json.dumps(result))  # one object, whatever a second Ctrl-C does meanwhile
     except BrokenPipeError:
         raise
     except OSError as exc:
