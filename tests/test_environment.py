@@ -372,6 +372,48 @@ def test_python_m_in_a_source_folder_without_the_library_names_the_installed_one
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.startswith(f"ds4tui doctor: {want} (cannot import name '_native'"), r.stderr
     r = run("generate", tiny_q2["model"], "-p", "hi", "-n", "1", "--backend", "cpu")
-    # the cpu engine itself is missing: no advice to use --backend auto, which needs it too
-    assert (r.returncode, r.stderr) == (1, f"ds4tui generate: error: --backend cpu: {want} (`ds4tui doctor` says what "
-                                           f"is missing)\n")
+    # the cpu engine itself is missing: the line doctor prints, no advice to use --backend auto, which needs it too
+    assert (r.returncode, r.stderr) == (1, f"ds4tui generate: error: {want}\n")
+
+
+NOT_BUILT = "the native engine (ds4tui._native) is not built: run `pip install -e .` or `python build_native.py`"
+
+
+@pytest.mark.parametrize("argv", [["generate", "-p", "hi", "-n", "1"], ["generate", "-p", "hi", "-n", "1", "--backend", "hip"],
+                                  ["generate", "-p", "hi", "-n", "1", "--backend", "cpu"], ["bench", "--decode-tokens", "2"],
+                                  ["bench", "--ab", "--tokens", "16", "--backend", "hip"]], ids=" ".join)
+def test_a_missing_native_engine_is_the_line_doctor_prints_whatever_the_backend(tiny_q2, clean_env, capsys, argv):
+    """No ds4tui._native (an editable checkout whose extension was removed) while a GPU library is
+    there: generate and bench print doctor's one line, status 1, not the ImportError of the GPU probe."""
+    import sys
+
+    from ds4tui.engine import gpu
+
+    import ds4tui
+
+    # `from ds4tui import _native` raises ImportError (the package's attribute, set by an earlier import, goes too)
+    clean_env.setitem(sys.modules, "ds4tui._native", None)
+    clean_env.delattr(ds4tui, "_native", raising=False)
+    clean_env.setattr(gpu, "locate", lambda library=None: (Path(gpu.__file__), ""))  # "a GPU library is built"
+    model = [str(tiny_q2["model"])] + (["--mtp", str(tiny_q2["support"])] if "--ab" in argv else [])
+    rc = cli_main([argv[0], *model, *argv[1:]])
+    out = capsys.readouterr()
+    assert (rc, out.out, out.err) == (1, "", f"ds4tui {argv[0]}: error: {NOT_BUILT}\n")
+    assert cli_main(["doctor"]) == 1
+    assert capsys.readouterr().err.startswith(f"ds4tui doctor: {NOT_BUILT} (import of ds4tui._native halted")
+
+
+def test_inspect_without_the_native_engine_says_why_its_budget_is_unknown(tiny_q2, clean_env, capsys):
+    """inspect reads the GGUF without the engine: the plan is printed, its GPU budget unknown for doctor's reason."""
+    import sys
+
+    from ds4tui.engine import gpu
+
+    import ds4tui
+
+    clean_env.setitem(sys.modules, "ds4tui._native", None)
+    clean_env.delattr(ds4tui, "_native", raising=False)
+    clean_env.setattr(gpu, "locate", lambda library=None: (Path(gpu.__file__), ""))
+    assert cli_main(["inspect", str(tiny_q2["model"])]) == 0
+    out = capsys.readouterr()
+    assert f"budget        unknown: no GPU found: {NOT_BUILT}; give --budget SIZE\n" in out.out and out.err == ""

@@ -159,7 +159,12 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
 def backend_unavailable(backend: str, exc: Exception) -> str:
     """The one line ``generate`` and ``bench`` print when ``--backend BACKEND`` cannot run (exit
     status 1): the engine's reason, then what to do (--backend auto only where the GPU failed: auto
-    and cpu fail for want of the cpu engine itself, which auto needs too)."""
+    and cpu fail for want of the cpu engine itself, which auto needs too).  A native engine that is not
+    built is the line ``ds4tui doctor`` prints, whatever the backend: it names the command that builds it."""
+    from ds4tui.engine.errors import NativeNotBuiltError
+
+    if isinstance(exc, NativeNotBuiltError):  # no backend runs: the line `ds4tui doctor` prints, as it is
+        return str(exc)
     auto = "--backend auto runs on the cpu when the GPU cannot; " if backend == "hip" else ""
     return f"--backend {backend}: {exc} ({auto}`ds4tui doctor` says what is missing)"
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 __all__ = [
     "ArchitectureError",
     "BackendUnavailableError",
+    "NativeNotBuiltError",
     "CancelledError",
     "ContextOverflowError",
     "ConversionError",
@@ -65,6 +66,11 @@ class EngineError(Exception):
 
 class BackendUnavailableError(EngineError):
     """The requested backend cannot run here (not built, no device)."""
+
+
+class NativeNotBuiltError(BackendUnavailableError):
+    """The native engine (``ds4tui._native``) does not import: no backend but the reference can run,
+    whichever was asked for; the message says what is missing and the command that builds it."""
 
 
 class DeviceError(EngineError):

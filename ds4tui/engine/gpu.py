@@ -174,7 +174,12 @@ def probe(library: Path | str | None = None) -> tuple[GPUInfo | None, str]:
     library, why = locate(library)
     if library is None:
         return None, why
-    from ds4tui import _native
+    try:
+        from ds4tui import _native
+    except ImportError:  # the GPU library is loaded through the native engine: said as `ds4tui doctor` says it
+        from ds4tui.engine.session import native_not_built
+
+        return None, native_not_built()
 
     preload_vendor_blas()
     ffi, lib = _native.ffi, _native.lib

@@ -49,6 +49,7 @@ from ds4tui.engine.backend import (  # re-exported: the names this module always
 )
 from ds4tui.engine.errors import (  # re-exported: the names this module always had
     BackendUnavailableError,
+    NativeNotBuiltError,
     SchedulerPricesError,
     CancelledError,
     ContextOverflowError,
@@ -165,7 +166,7 @@ def _native():
     try:
         from ds4tui import _native
     except ImportError as exc:
-        raise BackendUnavailableError(native_not_built()) from exc
+        raise NativeNotBuiltError(native_not_built()) from exc
     return _native
 
 
@@ -320,6 +321,8 @@ class Engine:
         self.threads_note = ""  # the native engine sets it once its thread count is known
         self.gpu_info = None
         self._gpu_library: str | None = None
+        if backend != "reference":  # the cpu and the GPU backends both run in the native engine: a missing
+            _native()  # one is said as `ds4tui doctor` says it, before the GPU is looked at
         if backend in ("hip", "auto"):
             from ds4tui.engine import gpu
 
