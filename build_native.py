@@ -314,9 +314,34 @@ def march() -> str:
     return "native" if platform.machine().lower() in ("x86_64", "amd64") else ""
 
 
+class MarchError(ValueError):
+    """``DS4TUI_MARCH`` names a target the C compiler rejects (the message names the variable, the
+    value, the compiler's own line and what to do)."""
+
+
+def check_march(m: str) -> None:
+    """MarchError when the C compiler rejects ``-march=m`` (``DS4TUI_MARCH``'s value): checked on an
+    empty file before the build, so that the build does not end in a compiler failure on the first source."""
+    cc = c_compiler()
+    try:
+        r = subprocess.run(cc + [f"-march={m}", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return  # no compiler to ask: the build itself says so
+    if r.returncode != 0:
+        lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+        said = next((ln for ln in lines if "error" in ln), lines[0] if lines else f"exit status {r.returncode}")
+        raise MarchError(f"DS4TUI_MARCH={m!r}: the C compiler ({' '.join(cc)}) rejects -march={m} ({said}); unset "
+                         f"DS4TUI_MARCH to build for this machine's CPU, or set it to a -march value the compiler "
+                         f"accepts, e.g. x86-64-v3")
+
+
 def arch_flags() -> list[str]:
-    """Target-CPU flags: ``-march=`` :func:`march`, or none for the compiler's default."""
+    """Target-CPU flags: ``-march=`` :func:`march`, or none for the compiler's default.  A value
+    from ``DS4TUI_MARCH`` that the compiler rejects is a :class:`MarchError`."""
     m = march()
+    if m and "DS4TUI_MARCH" in os.environ:
+        check_march(m)
     return [f"-march={m}"] if m else []
 
 
@@ -581,7 +606,11 @@ def compile_extension_atomically(builder: FFI, verbose: bool = False, out_dir: P
     return final
 
 
-ffibuilder = make_ffibuilder()
+try:  # under `pip install` setuptools imports this file for ffibuilder (setup.py's cffi_modules)
+    ffibuilder = make_ffibuilder()
+except MarchError as _exc:  # a bad variable: one line and status 2, not a compiler traceback
+    print(f"build_native: error: {_exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 if __name__ == "__main__":
     os.chdir(ROOT)

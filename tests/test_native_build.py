@@ -217,3 +217,23 @@ def test_doctor_says_when_the_extension_predates_the_record(monkeypatch, capsys)
     assert line.split(None, 2)[2] == ("not recorded: an older ds4tui built this extension, before it recorded its "
                                       "target; rebuild it (`pip install -e .`, or `python build_native.py`) to see the "
                                       "target here")
+
+
+@pytest.mark.parametrize("how", [["build_native.py"], ["-c", "import build_native"]], ids=["direct", "pip"])
+def test_a_march_the_compiler_rejects_is_one_line_naming_ds4tui_march(how):
+    """DS4TUI_MARCH=bogus: one line naming the variable, the value, the compiler's own error and what
+    to do, status 2, before anything compiles; the same when setup.py imports build_native (pip)."""
+    env = {**os.environ, "DS4TUI_MARCH": "bogus", "DS4TUI_GPU": "off"}
+    r = subprocess.run([sys.executable, *how], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cc = " ".join(build_native.c_compiler())
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1), r.stderr
+    assert r.stderr.startswith(f"build_native: error: DS4TUI_MARCH='bogus': the C compiler ({cc}) rejects -march=bogus (")
+    said = r.stderr.split(" (", 2)[2].rpartition("); unset")[0]
+    assert "bogus" in said and "error" in said  # the compiler's own line, e.g. gcc's "cc1: error: bad value ‘bogus’ ..."
+    assert r.stderr.endswith("); unset DS4TUI_MARCH to build for this machine's CPU, or set it to a -march value the "
+                             "compiler accepts, e.g. x86-64-v3\n")
+
+
+def test_a_march_the_compiler_accepts_passes_the_check(monkeypatch):
+    monkeypatch.setenv("DS4TUI_MARCH", "x86-64" if platform.machine().lower() in ("x86_64", "amd64") else "")
+    assert build_native.arch_flags() == (["-march=x86-64"] if os.environ["DS4TUI_MARCH"] else [])
