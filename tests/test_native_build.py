@@ -237,3 +237,22 @@ def test_a_march_the_compiler_rejects_is_one_line_naming_ds4tui_march(how):
 def test_a_march_the_compiler_accepts_passes_the_check(monkeypatch):
     monkeypatch.setenv("DS4TUI_MARCH", "x86-64" if platform.machine().lower() in ("x86_64", "amd64") else "")
     assert build_native.arch_flags() == (["-march=x86-64"] if os.environ["DS4TUI_MARCH"] else [])
+
+
+def test_a_stray_extension_in_an_installed_ds4tui_is_removed_by_rm_not_by_a_rebuild(tmp_path):
+    """`pip install .`, then another `_native*.so` in site-packages (newer than pip's): neither rebuild
+    touches site-packages and `pip install --force-reinstall .` leaves a file it did not install, so the
+    advice is to remove the file pip did not install, named, even when it is the newer one."""
+    folder = tmp_path / "site-packages" / "ds4tui"
+    folder.mkdir(parents=True)
+    ours, stray = folder / "_native.abi3.so", folder / TAGGED
+    ours.write_bytes(b"a")
+    stray.write_bytes(b"b")
+    os.utime(ours, (1_700_000_000, 1_700_000_000))
+    os.utime(stray, (1_700_003_600, 1_700_003_600))
+    assert doctor.installed_files(folder) is not None  # in site-packages: an installed ds4tui
+    assert doctor.installed_files(Path(ds4tui.__file__).parent) is None  # the tests' source tree
+    text = doctor.duplicate_native_warning(stray, sorted([ours, stray]), {ours.resolve()})
+    assert text.endswith(f"Keep the one pip installed, {ours}: `rm {stray}` (reinstalling does not remove it: pip "
+                         f"removes only the files it installed)")
+    assert "pip install -e ." not in text and "build_native.py" not in text

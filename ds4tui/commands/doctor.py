@@ -83,10 +83,32 @@ def native_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("_native*.so"))
 
 
-def duplicate_native_warning(loaded: Path, files: list[Path]) -> str:
+def installed_files(folder: Path) -> set[Path] | None:
+    """The files pip installed in ``folder`` when it is an installed ds4tui (in site-packages, named by
+    the distribution's RECORD), resolved; None for a source tree (an editable checkout, a clone)."""
+    import site
+    import sysconfig
+    from importlib import metadata
+
+    parent = folder.resolve().parent
+    roots = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
+                                         sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]}
+    if parent not in roots and parent.name not in ("site-packages", "dist-packages"):
+        return None
+    try:
+        recorded = metadata.distribution("ds4tui").files or []
+    except metadata.PackageNotFoundError:
+        return set()
+    return {Path(f.locate()).resolve() for f in recorded}
+
+
+def duplicate_native_warning(loaded: Path, files: list[Path], installed: set[Path] | None = None) -> str:
     """More than one extension file: Python imports one by its suffix, whatever their age, so a later
     build under the other name is silently ignored.  Names each file (with its time), the one imported,
-    and what to do: keep the newest."""
+    and what to do.  In a source tree (``installed`` None): keep the newest, or rebuild (either build
+    removes the others).  In an installed ds4tui (``installed``: the files pip installed,
+    :func:`installed_files`): remove the files pip did not install (the newest when it names none of
+    them); reinstalling would not, since pip removes only the files it installed."""
     from datetime import datetime
 
     def when(p: Path) -> str:
@@ -95,12 +117,18 @@ def duplicate_native_warning(loaded: Path, files: list[Path]) -> str:
     loaded = loaded.resolve()
     shown = [f"{f} (modified {when(f)}{', the one Python imports' if f.resolve() == loaded else ', ignored'})"
              for f in files]
+    head = (f"{len(files)} native engine files in {loaded.parent}: {' and '.join(shown)}. Python picks one by its "
+            f"file name's suffix, not by age, so ")
     newest = max(files, key=lambda p: p.stat().st_mtime)
-    stale = [str(f) for f in files if f != newest]
-    return (f"{len(files)} native engine files in {loaded.parent}: {' and '.join(shown)}. Python picks one by its "
-            f"file name's suffix, not by age, so a build that wrote the other name has no effect. Keep the newest: "
-            f"`rm {' '.join(stale)}`; or rebuild (`pip install -e .`, or `python build_native.py`): either writes "
-            f"one file and removes the others")
+    if installed is None:
+        stale = [str(f) for f in files if f != newest]
+        return (f"{head}a build that wrote the other name has no effect. Keep the newest: `rm {' '.join(stale)}`; or "
+                f"rebuild (`pip install -e .`, or `python build_native.py`): either writes one file and removes the others")
+    ours = [f for f in files if f.resolve() in installed]
+    stale = [str(f) for f in files if f not in ours] if ours else [str(f) for f in files if f != newest]
+    keep = f"the one pip installed, {ours[0]}" if len(ours) == 1 else "the newest"
+    return (f"{head}a file beside the one pip installed may be the one that runs. Keep {keep}: `rm {' '.join(stale)}` "
+            f"(reinstalling does not remove it: pip removes only the files it installed)")
 
 
 def collect() -> dict:
@@ -199,7 +227,8 @@ def collect() -> dict:
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
     if len(files) > 1:
-        out["warnings"].append(duplicate_native_warning(Path(_native.__file__), files))
+        out["warnings"].append(duplicate_native_warning(Path(_native.__file__), files,
+                                                        installed_files(Path(_native.__file__).parent)))
     if out["native_build"]["missing_here"]:
         nb = out["native_build"]
         out["warnings"].append(f"the native engine {_native.__file__} was built for {_march_text(nb)} with "
