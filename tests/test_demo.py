@@ -536,3 +536,29 @@ def test_unpack_progress_rewrites_its_line_on_a_terminal_only(terminal, monkeypa
                        "\rds4tui: unpacking the demo support.gguf:  38% of 13 MiB\n")
     else:
         assert err == "ds4tui: unpacking the demo model.gguf: 100% of 90 MiB\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self") or os.statvfs("/proc").f_blocks != 0, reason="Linux's /proc")
+def test_a_demo_folder_under_proc_cannot_be_written_and_is_not_a_full_disk(monkeypatch, capsys):
+    """/proc has no blocks at all (statvfs f_bavail 0, like a full disk): the folder is named as one that
+    cannot be written, with the OS error of making a folder there, not as a disk with no space left."""
+    from ds4tui.engine import fs
+
+    assert fs.unwritable("/proc") == errno.ENOENT  # mkdir under /proc: "No such file or directory"
+    monkeypatch.setenv("DS4TUI_DEMO_DIR", "/proc/x")
+    m = demo.manifest()
+    mib = -(-sum(f["bytes"] for f in m["files"].values()) // 2**20)
+    d, warnings, text, line = _doctor_demo(capsys)
+    assert d["problem"] == (f"the demo unpack folder {demo.pair_folder(m)} cannot be used: expected a writable folder, "
+                            f"found /proc, which cannot be written: {os.strerror(errno.ENOENT)}; choose a folder outside "
+                            f"/proc, or set DS4TUI_DEMO_DIR to a writable folder (the demo pair needs {mib} MiB there)")
+    assert "no space left" not in text
+
+
+def test_a_file_system_with_no_blocks_that_takes_files_is_writable(tmp_path, monkeypatch):
+    """f_blocks 0 is not a full disk: where a folder can be made (some virtual file systems), nothing is wrong."""
+    from ds4tui.engine import fs
+
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((*tuple(real(p))[:2], 0, 0, 0, *tuple(real(p))[5:])))
+    assert fs.unwritable(tmp_path) is None and list(tmp_path.iterdir()) == []

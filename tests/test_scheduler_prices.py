@@ -9,6 +9,7 @@ machine.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -831,3 +832,11 @@ def test_kept_prices_from_a_cheaper_decode_stay_and_prices_set_directly_are_used
     # re-timed through the clamped average only: 0.8 * 1000 + 0.2 * 500 (a sample at most halves it)
     assert now.t_ver[6] == 2500.0 and now.t_prop == 2500.0 and now.t_ver[1] == pytest.approx(900.0, rel=1e-6)
     d.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self") or os.statvfs("/proc").f_blocks != 0, reason="Linux's /proc")
+def test_a_prices_folder_under_proc_is_one_that_cannot_be_written_not_a_full_disk():
+    from ds4tui.engine import prices as P
+
+    assert P.folder_problem("/proc/x") == (f"no such folder, and /proc, which cannot be written: "
+                                           f"{os.strerror(errno.ENOENT)}", "choose a folder outside /proc")

@@ -366,6 +366,9 @@ def folder_problem(folder: str | os.PathLike) -> tuple[str, str] | None:
     code = unwritable(q)
     if code is None:
         return None
+    if code not in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):  # e.g. /proc: no files at all
+        return (f"{'it' if q == folder else f'no such folder, and {q}'}, which cannot be written: {os.strerror(code)}",
+                fix_for(q, code))
     if q == folder:
         return {errno.EROFS: "it on a read-only file system", errno.ENOSPC: "no space left on its disk"}.get(
             code, "no permission to write in it"), fix_for(folder, code)
