@@ -155,8 +155,8 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
         f"ds4tui bench: error: --out {tmp_path}: cannot write the result there: expected a file name, found a "
         f"folder; give a file name, e.g. --out {tmp_path}/bench.json")
     rc, _, err = _bench(capsys, tiny_q2["model"], "--out", "")  # an unset variable: it said "found a folder"
-    assert rc == 1 and err == ("ds4tui bench: error: --out: expected a file name, found an empty one; give a file "
-                               "name, e.g. --out bench.json\n")
+    assert rc == 2 and err == ("ds4tui bench: error: argument --out: expected a file name, found an empty one; give a "
+                               "file name, e.g. --out bench.json\n")  # a usage error, as a bad flag
     # the model file itself, or the support file of an A/B run: refused before the run, the file kept whole
     model, support = tmp_path / "m.gguf", tmp_path / "s.gguf"
     shutil.copyfile(tiny_q2["model"], model)

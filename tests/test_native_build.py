@@ -134,7 +134,8 @@ def test_doctor_shows_the_target_the_build_used(x86_64_build):
     assert line.split(None, 2)[2] == f"for -march=x86-64: sse2; {nb['compiler']}, -O3 -std=c11 -fno-fast-math -march=x86-64"
     if _cpu_has("avx2"):
         nxt = r.stdout.splitlines()[r.stdout.splitlines().index(line) + 1]
-        assert nxt == f"  this CPU also has {' '.join(nb['unused_here'])}, which this build does not use"
+        assert nxt == (f"  this CPU also has {' '.join(nb['unused_here'])}, which this build does not use: rebuild "
+                       f"without DS4TUI_MARCH (`pip install .`, or `python build_native.py` in a source tree) to use them")
 
 
 @x86_64

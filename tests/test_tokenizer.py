@@ -424,6 +424,8 @@ def test_cli_table_file_and_stdin(capsys: pytest.CaptureFixture[str], tmp_path: 
     rc, out, _ = run_cli(capsys, model, "--text", "hello\\é")
     assert rc == 0
     assert out.splitlines() == [" id  piece", "259  'hello'", " 92  '\\\\'", "195  '\\xc3'", "169  '\\xa9'", "4 tokens"]
+    rc, out, _ = run_cli(capsys, model, "--text", "hello")  # one token: singular
+    assert (rc, out.splitlines()) == (0, [" id  piece", "259  'hello'", "1 token"])
 
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hell")))
     rc, out, _ = run_cli(capsys, model, "-f", "-", "--chat", "--system", "hello", "--ids-only")

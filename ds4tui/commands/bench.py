@@ -1174,6 +1174,10 @@ def _file_kind(p: Path) -> str:
             else "something that is not a regular file")
 
 
+#: ``--out ''`` (an unset variable): a usage error, status 2, as a bad flag
+_EMPTY_OUT = "argument --out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
+
+
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder.  An existing GGUF (the model or support file given,
@@ -1181,7 +1185,7 @@ def _out_problem(path: str) -> str | None:
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
     if not path.strip():  # Path("") is the current folder, which the message below would name as found
-        return "--out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
+        return _EMPTY_OUT
     if p.is_dir():
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
     if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
@@ -1364,7 +1368,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:  # before anything runs: a result that cannot be written is a run lost
         why = _out_problem(args.out)
         if why:
-            return _fail(why, args)
+            return _fail(why, args, status=2 if why == _EMPTY_OUT else 1)
     if getattr(args, "synthetic", None):
         return run_synthetic(args)
     why = _usage_error(args)

@@ -258,7 +258,8 @@ def native_build_line(nb: dict) -> str:
     line = (f"for {_march_text(nb)}: {nb['isa'] or 'no vector extensions'}; {nb['compiler']}"
             + (f", {nb['flags']}" if nb["flags"] != "unrecorded" else ""))
     if nb["unused_here"]:
-        line += f"\n  this CPU also has {' '.join(nb['unused_here'])}, which this build does not use"
+        line += (f"\n  this CPU also has {' '.join(nb['unused_here'])}, which this build does not use: rebuild "
+                 f"without DS4TUI_MARCH (`pip install .`, or `python build_native.py` in a source tree) to use them")
     return line
 
 

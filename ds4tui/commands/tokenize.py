@@ -175,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
     for token_id in ids:
         print(f"{token_id:>{width}}  {_visible(tokenizer, token_id)}")
     if args.chat and not text:  # the template's own tokens, which generate would refuse to prefill
-        print(f"{len(ids)} tokens: the chat template alone, the text is empty ({_empty_source(args)})")
+        print(f"{_count(len(ids))}: the chat template alone, the text is empty ({_empty_source(args)})")
     else:
-        print(f"{len(ids)} tokens")
+        print(_count(len(ids)))
     return 0
 
 
@@ -186,3 +186,8 @@ def _empty_source(args: argparse.Namespace) -> str:
     if args.text is not None:
         return "--text ''"
     return "--file -: standard input gave no bytes" if args.file == "-" else f"--file {args.file}: 0 bytes"
+
+
+def _count(n: int) -> str:
+    """``1 token``, ``2 tokens``."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
