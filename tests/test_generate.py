@@ -603,8 +603,14 @@ def test_a_second_ctrl_c_while_the_json_is_written_leaves_it_whole(tiny_q2, caps
     monkeypatch.setattr(G, "DecodeLoop", Interrupted)
     stdout = UnbufferedStdout(at=1000)
     monkeypatch.setattr(sys, "stdout", stdout.stream)
-    rc = cli_main(["generate", str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu",
-                   "--json"])
+    # a process started with SIGINT ignored (a background job, nohup) keeps ignoring it, as a shell
+    # does: the test takes Python's own handler, as a terminal's foreground process has it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rc = cli_main(["generate", str(tiny_q2["model"]), "-p", "hi", "-n", "40", "--threads", "1", "--backend", "cpu",
+                       "--json"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
     assert rc == 130 and err.endswith("ds4tui: interrupted\n"), err
     assert stdout.cut and len(stdout.data) > 1000 and stdout.data.count(b"\n") == 1
