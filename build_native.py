@@ -31,6 +31,7 @@ generated here from the ``gguf`` package, so they are never retyped by hand.
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import os
@@ -319,9 +320,11 @@ class MarchError(ValueError):
     value, the compiler's own line and what to do)."""
 
 
+@functools.lru_cache(maxsize=None)
 def check_march(m: str) -> None:
     """MarchError when the C compiler rejects ``-march=m`` (``DS4TUI_MARCH``'s value): checked on an
-    empty file before the build, so that the build does not end in a compiler failure on the first source."""
+    empty file before the build, so that the build does not end in a compiler failure on the first source
+    (once a process: the module's ffibuilder and a direct build's both ask)."""
     cc = c_compiler()
     try:
         r = subprocess.run(cc + [f"-march={m}", "-x", "c", "-c", os.devnull, "-o", os.devnull],
@@ -352,14 +355,20 @@ def c_compiler() -> list[str]:
 
 def resolve_cpu(flags: list[str]) -> str:
     """The CPU the compiler makes of ``flags``' ``-march`` (``native`` names this machine's): gcc's
-    ``-Q --help=target``, else clang's ``-target-cpu``; "" when the compiler does not say."""
+    ``-Q --help=target``, else clang's ``-target-cpu``; "" when the compiler does not say.  Asked once
+    a process for the same flags."""
+    return _resolve_cpu(tuple(flags))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve_cpu(flags: tuple[str, ...]) -> str:
     cc = c_compiler()
     try:
-        r = subprocess.run(cc + flags + ["-Q", "--help=target"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(cc + list(flags) + ["-Q", "--help=target"], capture_output=True, text=True, timeout=60)
         m = re.search(r"^\s*-march=\s+(\S+)\s*$", r.stdout, re.M) if r.returncode == 0 else None
         if m:
             return m.group(1)
-        r = subprocess.run(cc + flags + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+        r = subprocess.run(cc + list(flags) + ["-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
                            capture_output=True, text=True, timeout=60)
         m = re.search(r'"-target-cpu" "([^"]+)"', r.stderr)
         return m.group(1) if m else ""

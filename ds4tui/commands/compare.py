@@ -200,33 +200,36 @@ def load(path: str) -> tuple[str, dict]:
                               if cut else "") + f"; {ACCEPTS}") from None
     if not isinstance(d, dict):
         raise CompareError(f"{path}: expected a JSON object, found {json_type(d)}; {ACCEPTS}")
-    if d.get("ok") is False and d.get("interrupted") is True and "generated_ids" in d:
-        raise CompareError(f"{path}: an interrupted `generate` run ({d.get('error', 'no error text')}): its figures "
-                           f"cover only what ran before the interrupt; its text and ids are kept in it; run "
-                           f"`ds4tui generate` to the end to compare")
-    if d.get("ok") is False and d.get("interrupted") is True and "runs" not in d:
-        cmd = d.get("command")
-        raise CompareError(f"{path}: an interrupted run" + (f" of `ds4tui {cmd}`" if isinstance(cmd, str) else "")
-                           + f" ({d.get('error', 'no error text')}): it holds no result to compare; run it to the end")
+    interrupted = d.get("ok") is False and d.get("interrupted") is True
     # a plain `bench` interrupted after its last run (while the memcpy bandwidth was measured) keeps
     # its whole result: its runs compare, only the memcpy figure and the ratio are missing
-    runs_whole = d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab" \
-        and "decode_tokens_per_s" in d
-    if d.get("ok") is False and d.get("interrupted") is True and d.get("mode") != "ab" and not runs_whole:
-        raise CompareError(f"{path}: an interrupted `bench` run ({d.get('error', 'no error text')}): it has no "
-                           f"fastest run to compare with another run's; its finished runs' own figures are in its "
-                           f"`runs`; run `ds4tui bench` to the end to compare")
-    if d.get("ok") is False and d.get("interrupted") is True and not runs_whole:
+    runs_whole = (interrupted and "generated_ids" not in d and "runs" in d and d.get("mode") != "ab"
+                  and "decode_tokens_per_s" in d)
+    if interrupted and not runs_whole:
+        error = d.get("error", "no error text")
+        if "generated_ids" in d:
+            raise CompareError(f"{path}: an interrupted `generate` run ({error}): its figures cover only what ran "
+                               f"before the interrupt; its text and ids are kept in it; run `ds4tui generate` to the "
+                               f"end to compare")
+        if "runs" not in d:
+            cmd = d.get("command")
+            raise CompareError(f"{path}: an interrupted run" + (f" of `ds4tui {cmd}`" if isinstance(cmd, str) else "")
+                               + f" ({error}): it holds no result to compare; run it to the end")
+        if d.get("mode") != "ab":
+            raise CompareError(f"{path}: an interrupted `bench` run ({error}): it has no fastest run to compare with "
+                               f"another run's; its finished runs' own figures are in its `runs`; run `ds4tui bench` "
+                               f"to the end to compare")
+
         def runs(key: str) -> str:
             items = d.get(key)
             if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
                 return "?"
             return ", ".join(f"{x.get('arm')} {x.get('kind')}" for x in items) or "none"
 
-        raise CompareError(f"{path}: an interrupted `bench --ab` run ({d.get('error', 'no error text')}; finished: "
-                           f"{runs('finished')}; not finished: {runs('not_finished')}): its arms are not whole, so no "
-                           f"figure of it compares with another run's; its finished runs' own figures are in its "
-                           f"`runs`; run `ds4tui bench --ab` to the end to compare")
+        raise CompareError(f"{path}: an interrupted `bench --ab` run ({error}; finished: {runs('finished')}; not "
+                           f"finished: {runs('not_finished')}): its arms are not whole, so no figure of it compares "
+                           f"with another run's; its finished runs' own figures are in its `runs`; run `ds4tui bench "
+                           f"--ab` to the end to compare")
     if d.get("ok") is False and not runs_whole:
         raise CompareError(f"{path}: a failed run ({d.get('error', 'no error text')})")
     fmt = d.get("format")

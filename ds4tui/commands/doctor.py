@@ -63,11 +63,10 @@ def native_build(native) -> dict:
     except AttributeError:  # an older ds4tui's build, without ds4_build
         return {**dict.fromkeys(keys), "missing_here": [], "unused_here": []}
     rec = {k: native.ffi.string(getattr(b, k)).decode() for k in keys}
-    have = cpu_flags()
+    have = cpu_flags() or set()  # unknown: nothing missing, nothing unused
     isa = rec["isa"].split()
-    rec["missing_here"] = [i for i in isa if have is not None and i in _CPUINFO_FLAG and _CPUINFO_FLAG[i] not in have]
-    rec["unused_here"] = [i for i, flag in _CPUINFO_FLAG.items() if have is not None and isa and flag in have
-                          and i not in isa]
+    rec["missing_here"] = [i for i in isa if have and i in _CPUINFO_FLAG and _CPUINFO_FLAG[i] not in have]
+    rec["unused_here"] = [i for i, flag in _CPUINFO_FLAG.items() if isa and flag in have and i not in isa]
     return rec
 
 

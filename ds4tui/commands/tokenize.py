@@ -23,6 +23,7 @@ import sys
 
 from ds4tui.commands.environment import print_error_json
 from ds4tui.engine.gguf_model import ModelFileError
+from ds4tui.engine.telemetry import plural
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 
 _PREFIX = "ds4tui tokenize: error:"
@@ -175,9 +176,9 @@ def run(args: argparse.Namespace) -> int:
     for token_id in ids:
         print(f"{token_id:>{width}}  {_visible(tokenizer, token_id)}")
     if args.chat and not text:  # the template's own tokens, which generate would refuse to prefill
-        print(f"{_count(len(ids))}: the chat template alone, the text is empty ({_empty_source(args)})")
+        print(f"{plural(len(ids), 'token')}: the chat template alone, the text is empty ({_empty_source(args)})")
     else:
-        print(_count(len(ids)))
+        print(plural(len(ids), "token"))
     return 0
 
 
@@ -187,7 +188,3 @@ def _empty_source(args: argparse.Namespace) -> str:
         return "--text ''"
     return "--file -: standard input gave no bytes" if args.file == "-" else f"--file {args.file}: 0 bytes"
 
-
-def _count(n: int) -> str:
-    """``1 token``, ``2 tokens``."""
-    return f"{n} token" if n == 1 else f"{n} tokens"

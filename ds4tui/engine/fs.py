@@ -40,9 +40,14 @@ def unwritable(folder: str | os.PathLike) -> int | None:
     return None
 
 
+#: The codes :func:`unwritable` reads off the file system; any other is the OS error of a folder that
+#: could not be made there (a file system with no blocks, such as /proc), said as it is.
+NAMED_CODES = frozenset((errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM))
+
+
 def found_in(folder: str | os.PathLike, code: int) -> str:
     """What :func:`unwritable`'s ``code`` found at ``folder``, in words naming it."""
-    if code not in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):
+    if code not in NAMED_CODES:
         return f"{folder}, which cannot be written: {os.strerror(code)}"
     return {errno.EROFS: f"{folder} on a read-only file system",
             errno.ENOSPC: f"no space left on the disk of {folder}"}.get(code, f"no permission to write in {folder}")
@@ -52,7 +57,7 @@ def fix_for(folder: str | os.PathLike, code: int) -> str:
     """What to do about :func:`unwritable`'s ``code`` at ``folder`` (a caller adds its own other
     folder to choose)."""
     folder = Path(folder)
-    if code not in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):
+    if code not in NAMED_CODES:
         return f"choose a folder outside {folder}"
     return {errno.EROFS: f"remount the file system of {folder} read-write",
             errno.ENOSPC: f"free some space on the disk of {folder}"}.get(code, f"make {folder} writable for this user")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4tui.engine.errors import SchedulerPricesError
-from ds4tui.engine.fs import fix_for, unwritable
+from ds4tui.engine.fs import NAMED_CODES, fix_for, unwritable
 from ds4tui.engine.stats import MAX_BLOCK
 
 #: The ``scheduler_prices`` modes.
@@ -366,7 +366,7 @@ def folder_problem(folder: str | os.PathLike) -> tuple[str, str] | None:
     code = unwritable(q)
     if code is None:
         return None
-    if code not in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):  # e.g. /proc: no files at all
+    if code not in NAMED_CODES:  # e.g. /proc: no files at all
         return (f"{'it' if q == folder else f'no such folder, and {q}'}, which cannot be written: {os.strerror(code)}",
                 fix_for(q, code))
     if q == folder:
