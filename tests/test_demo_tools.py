@@ -83,6 +83,31 @@ def test_compact_split_reads_back_the_same_ids(tmp_path):
         corpus.load_split(tmp_path, "other")
 
 
+def test_continuations_read_back_and_refuse_another_target(tmp_path):
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(0, 129280, (n, 12)) for n in (5, 3))
+    kw = {"target_sha256": "ab" * 32, "prompt_tokens": 8, "new_tokens": 4}
+    meta = corpus.save_continuations(tmp_path / "a.npz.xz", a, seed=0, **kw)
+    assert meta == {"format": corpus.CONTINUATIONS_FORMAT, "seed": 0, "sequences": 5, **kw}
+    corpus.save_continuations(tmp_path / "b.npz.xz", b, seed=4, **kw)
+    ids, metas = corpus.load_continuations([tmp_path / "a.npz.xz", tmp_path / "b.npz.xz"], **kw)
+    assert ids.dtype == np.int32 and np.array_equal(ids, np.concatenate((a, b)))
+    assert [m["seed"] for m in metas] == [0, 4]
+    with pytest.raises(ValueError, match=r"a.npz.xz: continuations made with target_sha256 'abab.*this run has 'cd"):
+        corpus.load_continuations([tmp_path / "a.npz.xz"], **{**kw, "target_sha256": "cd" * 32})
+    with pytest.raises(ValueError, match="made with new_tokens 4, this run has 5"):
+        corpus.load_continuations([tmp_path / "a.npz.xz"], **{**kw, "new_tokens": 5})
+    with pytest.raises(ValueError, match="b.npz.xz: its prompts were chosen with seed 4, as those of .*b.npz.xz"):
+        corpus.load_continuations([tmp_path / "b.npz.xz", tmp_path / "b.npz.xz"], **kw)
+    (tmp_path / "c.npz.xz").write_bytes(b"not xz")
+    with pytest.raises(ValueError, match="c.npz.xz: not a continuations file"):
+        corpus.load_continuations([tmp_path / "c.npz.xz"], **kw)
+    with pytest.raises(ValueError, match=r"absent.npz.xz: cannot read the continuations file"):
+        corpus.load_continuations([tmp_path / "absent.npz.xz"], **kw)
+    with pytest.raises(ValueError, match=r"expected ids of shape \[S, 12\] .*found \[5, 11\]"):
+        corpus.save_continuations(tmp_path / "d.npz.xz", a[:, :11], seed=0, **kw)
+
+
 @pytest.mark.parametrize("answer,want", [
     ("Here:\n```python\ndef f(x):\n    return x\n```\n", {"fenced": True, "parses": True, "repeats": 1, "ok": True}),
     ("```python\ndef f(x):\n    return (x\n```", {"fenced": True, "parses": False, "repeats": 1, "ok": False}),
@@ -165,6 +190,9 @@ def test_target_init_runs_chain_in_the_shipped_log():
     (["--target-init", "m.gguf", "--resume-target", "t.pt"], "--target-init and --resume-target both name the target"),
     (["--drafter-init", "s.gguf"], "--drafter-init needs the target it was trained for"),
     (["--target-init", "absent.gguf"], "--target-init absent.gguf: no such file"),
+    (["--continuations", "c.npz.xz"], "--continuations needs the target as a file: add --target-gguf"),
+    (["--target-init", "m.gguf", "--save-continuations"], "--save-continuations needs the target as a file"),
+    (["--target-gguf", "m.gguf", "--continuations", "c.npz.xz"], "--continuations c.npz.xz: cannot read"),
 ])
 def test_train_demo_refuses_target_flags_that_do_not_fit(args, message, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")

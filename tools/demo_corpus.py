@@ -62,6 +62,7 @@ import argparse
 import ast
 import email
 import hashlib
+import io
 import json
 import lzma
 import platform
@@ -279,6 +280,71 @@ def load_split(corpus: Path, name: str) -> np.ndarray:
         raise FileNotFoundError(f"{corpus}: neither {name}.npy nor {name}.u16.xz (build it with tools/demo_corpus.py)")
     codes = np.frombuffer(lzma.decompress(packed.read_bytes()), dtype=np.uint16)
     return np.load(corpus / "ids.npy")[codes]
+
+
+CONTINUATIONS_FORMAT = "ds4tui-demo-continuations-1"
+"""Format name of the files :func:`save_continuations` writes."""
+
+
+def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, prompt_tokens: int, new_tokens: int,
+                       seed: int) -> dict:
+    """Write a target's greedy continuations (``tools/train_demo.py --save-continuations``) to ``path``.
+
+    ``ids``: int ``[S, prompt_tokens + new_tokens]`` token ids, each row a training-split prompt and
+    the target's greedy continuation of it.  The file is an xz-compressed ``.npz`` holding ``ids``
+    (int32) and ``meta`` (JSON: :data:`CONTINUATIONS_FORMAT`, the target GGUF's sha256, the prompt
+    and continuation lengths, the seed that chose the prompts, the row count), so a later drafter
+    run (``--continuations``) can train on them without making them again and can refuse them for
+    another target.  Returns the metadata.  Raises ValueError on an ``ids`` of the wrong shape."""
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens:
+        raise ValueError(f"continuations: expected ids of shape [S, {prompt_tokens + new_tokens}] "
+                         f"({prompt_tokens} prompt + {new_tokens} new tokens), found {list(ids.shape)}")
+    meta = {"format": CONTINUATIONS_FORMAT, "target_sha256": target_sha256, "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens, "seed": seed, "sequences": int(ids.shape[0])}
+    buf = io.BytesIO()
+    np.savez(buf, ids=ids.astype(np.int32), meta=np.array(json.dumps(meta)))
+    path.write_bytes(lzma.compress(buf.getvalue(), preset=6))
+    return meta
+
+
+def load_continuations(paths: list[Path], *, target_sha256: str, prompt_tokens: int,
+                       new_tokens: int) -> tuple[np.ndarray, list[dict]]:
+    """The rows of every file in ``paths`` (written by :func:`save_continuations`), concatenated:
+    int32 ``[S, prompt_tokens + new_tokens]`` and each file's metadata.
+
+    Raises ValueError naming the file when it is not such a file, or when it was made for another
+    target (sha256), other prompt or continuation lengths, or with a seed another file used (the same
+    prompts twice)."""
+    rows, metas = [], []
+    for path in paths:
+        try:
+            with np.load(io.BytesIO(lzma.decompress(Path(path).read_bytes())), allow_pickle=False) as z:
+                ids, meta = z["ids"], json.loads(str(z["meta"]))
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read the continuations file: {exc.strerror or exc}") from exc
+        except (lzma.LZMAError, ValueError, KeyError, EOFError) as exc:
+            raise ValueError(f"{path}: not a continuations file (expected an xz-compressed .npz of format "
+                             f"{CONTINUATIONS_FORMAT}, written by train_demo.py --save-continuations): {exc}") from exc
+        if not isinstance(meta, dict) or meta.get("format") != CONTINUATIONS_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise ValueError(f"{path}: expected continuations of format {CONTINUATIONS_FORMAT}, found {found!r}")
+        want = {"target_sha256": target_sha256, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens}
+        for key, value in want.items():
+            if meta.get(key) != value:
+                raise ValueError(f"{path}: continuations made with {key} {meta.get(key)!r}, this run has {value!r}; "
+                                 "use continuations of this target made with the same --distill-prompt and "
+                                 "--distill-new, or let the run make its own (leave out --continuations)")
+        if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens:
+            raise ValueError(f"{path}: expected ids of shape [S, {prompt_tokens + new_tokens}], "
+                             f"found {list(ids.shape)}")
+        seeds = [m["seed"] for m in metas]
+        if meta.get("seed") in seeds:
+            raise ValueError(f"{path}: its prompts were chosen with seed {meta.get('seed')}, as those of "
+                             f"{paths[seeds.index(meta.get('seed'))]}: the same continuations twice")
+        rows.append(ids.astype(np.int32))
+        metas.append(meta)
+    return np.concatenate(rows), metas
 
 
 def build(out_dir: Path, wheels: Path | None = None, package_bytes: int = PACKAGE_BYTES,

@@ -23,7 +23,11 @@ MODEL.gguf`` continues the training of a target this script made (the shipped on
 target starts from the file's dequantised weights (the same rebuild and check as ``--target-gguf``),
 trains for ``--target-seconds`` (a fresh optimiser; the learning rate warms up again), and is then
 quantised, healed and exported like a new one, so every ``model.gguf`` is also a checkpoint to go on
-from; with ``--drafter-init`` the drafter starts from that target's support file.
+from; with ``--drafter-init`` the drafter starts from that target's support file.  A drafter run
+against a ``--target-gguf`` spends a third of a 10-minute budget making greedy continuations;
+``--save-continuations`` writes them to ``OUT/continuations.npz.xz`` (``demo_corpus.save_continuations``:
+ids, the target's sha256, lengths, seed) and ``--continuations FILE …`` trains a later run on them
+instead (refused for another target, other lengths or the same seed twice).
 
 **Target.**  transformers' own ``DeepseekV4ForCausalLM`` with :func:`demo_config`: the tiny layout
 of spec ds4.md §6 (hidden 256, 6 layers: 2 sliding, 2 compressed-sparse with the lightning
@@ -1099,6 +1103,15 @@ def main(argv: list[str] | None = None) -> int:
                          "the scripts' behaviour before the option); the same tokens in float32")
     ap.add_argument("--distill-budget", type=float, default=None,
                     help="seconds: start no new chunk of training-prompt continuations after this (fewer sequences)")
+    ap.add_argument("--save-continuations", action="store_true",
+                    help="with --target-gguf: also write the training-prompt continuations this run made to "
+                         "OUT/continuations.npz.xz (ids, the target's sha256, prompt and continuation lengths, seed), "
+                         "for --continuations in a later drafter run against the same target")
+    ap.add_argument("--continuations", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="with --target-gguf: train the drafter on these files' continuations (written by "
+                         "--save-continuations for the same target, --distill-prompt and --distill-new, each with "
+                         "another --seed) instead of making new ones; --distill-sequences is then not used (the "
+                         "held-out continuations, --heldout-generated, are still made)")
     a = ap.parse_args(argv)
     given = [f for f, v in (("--target-gguf", a.target_gguf), ("--target-init", a.target_init),
                             ("--resume-target", a.resume_target)) if v]
@@ -1106,6 +1119,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{' and '.join(given)} both name the target; give one of them")
     if a.drafter_init and not (a.target_gguf or a.target_init):
         ap.error("--drafter-init needs the target it was trained for: add --target-gguf or --target-init")
+    for flag, on in (("--save-continuations", a.save_continuations), ("--continuations", a.continuations)):
+        if on and not a.target_gguf:
+            ap.error(f"{flag} needs the target as a file: add --target-gguf (continuations belong to one target "
+                     "file, named by its sha256)")
     for flag, path in (("--target-gguf", a.target_gguf), ("--target-init", a.target_init),
                        ("--drafter-init", a.drafter_init)):
         if path and not path.is_file():
@@ -1113,7 +1130,15 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from demo_corpus import load_split
+    from demo_corpus import load_continuations, load_split, save_continuations
+
+    loaded = None
+    if a.continuations:
+        try:
+            loaded = load_continuations(a.continuations, target_sha256=_sha256(a.target_gguf),
+                                        prompt_tokens=a.distill_prompt, new_tokens=a.distill_new)
+        except ValueError as exc:
+            ap.error(f"--continuations {exc}")
 
     t_start = time.time()
     torch.manual_seed(a.seed)
@@ -1166,19 +1191,31 @@ def main(argv: list[str] | None = None) -> int:
                                                           "heldout_loss_after_quantisation", "heal")}},
                        a.out / "target.pt")
     generated = held_generated = None
-    if a.distill_sequences or a.heldout_generated:
+    if a.distill_sequences or a.heldout_generated or loaded:
         t0 = time.time()
         P = a.distill_prompt
         hp = Windows(held_ids, P, a.device, a.seed + 4).fixed(a.heldout_generated) if a.heldout_generated else None
         kv = a.distill_kv_cache == "on"
         held_generated = (generate_greedy(model, hp, a.distill_new, a.distill_chunk, kv_cache=kv)
                           if hp is not None else None)
-        prompts = Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences) if a.distill_sequences else None
-        generated = (generate_greedy(model, prompts, a.distill_new, a.distill_chunk, a.distill_budget, kv_cache=kv)
-                     if prompts is not None else None)
+        if loaded:
+            prompts = None
+            generated = torch.from_numpy(loaded[0].astype(np.int64)).to(a.device)
+        else:
+            prompts = (Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences)
+                       if a.distill_sequences else None)
+            generated = (generate_greedy(model, prompts, a.distill_new, a.distill_chunk, a.distill_budget, kv_cache=kv)
+                         if prompts is not None else None)
         report["distill"] = {"sequences": 0 if generated is None else int(generated.shape[0]),
-                             "sequences_asked": a.distill_sequences, "heldout_sequences": a.heldout_generated,
+                             "sequences_asked": 0 if loaded else a.distill_sequences,
+                             "heldout_sequences": a.heldout_generated,
                              "prompt_tokens": P, "new_tokens": a.distill_new, "kv_cache": kv, "seconds": round(time.time() - t0, 1)}
+        if loaded:
+            report["distill"]["loaded"] = [{"path": str(f), **m} for f, m in zip(a.continuations, loaded[1])]
+        if a.save_continuations and generated is not None and not loaded:
+            report["distill"]["saved"] = save_continuations(
+                a.out / "continuations.npz.xz", generated.cpu().numpy(), target_sha256=_sha256(a.target_gguf),
+                prompt_tokens=P, new_tokens=a.distill_new, seed=a.seed)
         log(f"distill {json.dumps(report['distill'])}")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)
     drafter = drafter.to(a.device)
