@@ -291,8 +291,9 @@ def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, promp
     """Write a target's greedy continuations (``tools/train_demo.py --save-continuations``) to ``path``.
 
     ``ids``: int ``[S, prompt_tokens + new_tokens]`` token ids, each row a training-split prompt and
-    the target's greedy continuation of it.  The file is an xz-compressed ``.npz`` holding ``ids``
-    (int32) and ``meta`` (JSON: :data:`CONTINUATIONS_FORMAT`, the target GGUF's sha256, the prompt
+    the target's greedy continuation of it.  The file is an xz-compressed ``.npz`` holding ``vocab``
+    (the distinct ids, int32), ``codes`` (uint16 ``[S, L]``, ``vocab[codes]`` is ``ids``) and ``meta``
+    (JSON: :data:`CONTINUATIONS_FORMAT`, the target GGUF's sha256, the prompt
     and continuation lengths, the seed that chose the prompts, the row count), so a later drafter
     run (``--continuations``) can train on them without making them again and can refuse them for
     another target.  Returns the metadata.  Raises ValueError on an ``ids`` of the wrong shape."""
@@ -302,8 +303,9 @@ def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, promp
                          f"({prompt_tokens} prompt + {new_tokens} new tokens), found {list(ids.shape)}")
     meta = {"format": CONTINUATIONS_FORMAT, "target_sha256": target_sha256, "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens, "seed": seed, "sequences": int(ids.shape[0])}
+    vocab, codes = np.unique(ids.astype(np.int32), return_inverse=True)  # < 129280 distinct ids: uint16 codes
     buf = io.BytesIO()
-    np.savez(buf, ids=ids.astype(np.int32), meta=np.array(json.dumps(meta)))
+    np.savez(buf, vocab=vocab, codes=codes.reshape(ids.shape).astype(np.uint16), meta=np.array(json.dumps(meta)))
     path.write_bytes(lzma.compress(buf.getvalue(), preset=6))
     return meta
 
@@ -320,10 +322,10 @@ def load_continuations(paths: list[Path], *, target_sha256: str, prompt_tokens: 
     for path in paths:
         try:
             with np.load(io.BytesIO(lzma.decompress(Path(path).read_bytes())), allow_pickle=False) as z:
-                ids, meta = z["ids"], json.loads(str(z["meta"]))
+                ids, meta = z["vocab"][z["codes"]], json.loads(str(z["meta"]))
         except OSError as exc:
             raise ValueError(f"{path}: cannot read the continuations file: {exc.strerror or exc}") from exc
-        except (lzma.LZMAError, ValueError, KeyError, EOFError) as exc:
+        except (lzma.LZMAError, ValueError, KeyError, EOFError, IndexError) as exc:
             raise ValueError(f"{path}: not a continuations file (expected an xz-compressed .npz of format "
                              f"{CONTINUATIONS_FORMAT}, written by train_demo.py --save-continuations): {exc}") from exc
         if not isinstance(meta, dict) or meta.get("format") != CONTINUATIONS_FORMAT:
