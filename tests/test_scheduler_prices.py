@@ -347,6 +347,83 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
     assert other.scheduler_prices_file != path and other.kept_prices is None
 
 
+def test_merging_stamps_when_a_verify_was_timed_and_the_stamp_round_trips():
+    start = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15, hit=(4,) + (0,) * 15,
+                              verify_timed_at=100.0)
+    kept = P.SchedulerPrices(dict(start.t_ver), 5.0, start.reached, start.hit, verify_timed_at=100.0)
+    plain = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0}, t_prop=5.0, reached=start.reached, hit=start.hit)
+    assert kept.merged(start, plain, now=5000.0).verify_timed_at == 100.0  # no verify timed: the stamp stays
+    drafted = P.SchedulerPrices(t_ver={1: 2.5, 6: 6.0}, t_prop=5.0, reached=(11,) + (0,) * 15, hit=start.hit)
+    assert kept.merged(start, drafted, now=5000.0).verify_timed_at == 5000.0
+    proposed = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0}, t_prop=4.0, reached=start.reached, hit=start.hit)
+    assert kept.merged(start, proposed, now=6000.0).verify_timed_at == 6000.0
+    assert P.SchedulerPrices().merged(None, drafted, now=7.0).verify_timed_at == 7.0
+    assert kept.capped().verify_timed_at == 100.0
+    assert P.SchedulerPrices.from_dict(kept.to_dict()).verify_timed_at == 100.0
+    old = kept.to_dict()
+    del old["verify_timed_at"]  # files written before it was recorded
+    assert P.SchedulerPrices.from_dict(old).verify_timed_at is None
+    with pytest.raises(SchedulerPricesError, match="prices.verify_timed_at: expected a time in Unix seconds >= 0, "
+                                                   "or null, found 'yesterday'"):
+        P.SchedulerPrices.from_dict({**old, "verify_timed_at": "yesterday"})
+    # how old the verify times are, and what a session does about it
+    assert kept.verify_age(100.0 + 30) == 30.0 and P.SchedulerPrices(t_ver={1: 2.0}).verify_age(1e9) is None
+    assert P.retime_reason(kept, 100.0 + P.RETIME_AFTER_S) == ""
+    assert P.retime_reason(kept, 100.0 + 2 * 3600) == ("the kept verify and proposal times were measured 2.0 h ago "
+                                                       "(over 1 h): the session's first drafted cycle re-times them")
+    assert "at a time the prices do not record" in P.retime_reason(P.SchedulerPrices.from_dict(old), 0.0)
+    bare = kept.without_verify_times()
+    assert bare.t_ver == {1: 2.0} and bare.t_prop is None and bare.reached == kept.reached and bare.hit == kept.hit
+
+
+def _saved_hopeless(tiny_q2, tmp_path, timed_at: float) -> S.Engine:
+    """An engine whose saved prices file holds :data:`HOPELESS` (a verify of a second), its verify
+    and proposal timed at ``timed_at``, as a run on a busy machine would have left them."""
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    P.save(e.scheduler_prices_file, P.identity(e), P.SchedulerPrices(
+        dict(HOPELESS.t_ver), HOPELESS.t_prop, HOPELESS.reached, HOPELESS.hit, verify_timed_at=timed_at))
+    e.close()
+    return S.Engine(tiny_q2["model"], **kw)
+
+
+def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2, tmp_path):
+    """A verify priced while other work held the cores prices drafting out, and a scheduler that never
+    drafts never measures it again: past RETIME_AFTER_S the session leaves the kept verify and
+    proposal times out, drafts once to price them, and the file then holds what it measured."""
+    e = _saved_hopeless(tiny_q2, tmp_path, time.time() - 2 * 3600)
+    path = e.scheduler_prices_file
+    assert e.scheduler_prices_note.endswith("the kept verify and proposal times were measured 2.0 h ago (over 1 h): "
+                                            "the session's first drafted cycle re-times them")
+    s = e.session(128)
+    assert s.scheduler_prices_at_start == "saved" and "2.0 h ago" in s.scheduler_prices_retime
+    start = s.scheduler_prices()
+    assert start.t_ver == {1: 1.0} and start.t_prop is None and start.reached == HOPELESS.reached
+    _decode(s, 20)
+    assert s.dspark_stats().proposed > 0  # the pricing draft
+    s.close()
+    doc = json.loads(path.read_text())["prices"]
+    assert doc["t_prop_ms"] < 1000.0 and all(ms < 1000.0 for ms in doc["t_ver_ms"].values())
+    assert time.time() - 60 < doc["verify_timed_at"] <= time.time()
+    again = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+
+
+def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_not_draft_keeps_their_stamp(
+        tiny_q2, tmp_path):
+    stamp = time.time() - 600
+    e = _saved_hopeless(tiny_q2, tmp_path, stamp)
+    assert "re-times" not in e.scheduler_prices_note
+    s = e.session(128)
+    assert s.scheduler_prices_retime == "" and s.scheduler_prices() == HOPELESS
+    _decode(s, 20)
+    assert s.dspark_stats().proposed == 0  # priced out, as measured ten minutes ago
+    s.close()
+    doc = json.loads(e.scheduler_prices_file.read_text())["prices"]
+    # not re-timed: scaled by how the decode changed (1 ms kept, capped at 2x), and still stamped when measured
+    assert doc["t_ver_ms"]["6"] == 2000.0 and doc["verify_timed_at"] == stamp
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not a scheduler prices file (invalid JSON"),
     (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),

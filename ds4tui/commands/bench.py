@@ -617,7 +617,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         t3 = time.perf_counter()
         out, drafted, reason = loop.ids, loop.n_draft, loop.reason
         st = session.dspark_stats()
-        priced = session.scheduler_prices_at_start
+        priced, retime = session.scheduler_prices_at_start, session.scheduler_prices_retime
         memory = session.memory().to_dict()
     finally:
         current[0] = None
@@ -626,7 +626,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
     return {"knobs": applied.to_dict(), "prompt_tokens": len(ids), "generated_tokens": len(out),
             "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
             "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
-            "from_draft": drafted, "scheduler_prices_at_start": priced,
+            "from_draft": drafted, "scheduler_prices_at_start": priced, "scheduler_prices_retime": retime or None,
             "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory,
             "stop_reason": reason}
 

@@ -36,7 +36,8 @@ keeps what was printed and returns 130 (``--json``: the object of what was gener
 the cpu backend) says which rows of a DSpark verify get the LM head; ``--json`` carries ``verify_head``
 and its note, and the DSpark counters ``verify_head_rows``.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
 where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
-ignored, and ``--json`` carries the mode, its note, the file and ``scheduler_prices_at_start``.
+ignored, and ``--json`` carries the mode, its note, the file, ``scheduler_prices_at_start`` and
+``scheduler_prices_retime`` (why kept verify and proposal times were left for the session to re-time).
 """
 
 from __future__ import annotations
@@ -488,7 +489,8 @@ def _prices_result(engine, session) -> dict:
     return {"scheduler_prices": engine.scheduler_prices, "scheduler_prices_note": engine.scheduler_prices_note,
             "scheduler_prices_file": None if engine.scheduler_prices_file is None else str(engine.scheduler_prices_file),
             "scheduler_prices_problem": engine.scheduler_prices_problem or None,
-            "scheduler_prices_at_start": session.scheduler_prices_at_start}
+            "scheduler_prices_at_start": session.scheduler_prices_at_start,
+            "scheduler_prices_retime": session.scheduler_prices_retime or None}
 
 
 def _read(path: str) -> str:

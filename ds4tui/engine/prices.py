@@ -17,7 +17,9 @@ scaled down to :data:`PRIOR_VERIFIES` verifies at position 0 (the ratios kept), 
 session's own acceptance outweighs the carried one within a few dozen drafted cycles.  A session
 that starts from kept prices still times a plain decode before it decides anything, and every
 measured time still enters through the clamped moving average and the re-pricing decode (spec
-dspark.md §7.4), so a stale price moves towards the measured one instead of latching a loss.
+dspark.md §7.4), so a stale price moves towards the measured one instead of latching a loss; verify
+and proposal times no session has re-timed for :data:`RETIME_AFTER_S` are left out of a new
+session's start (:func:`retime_reason`), so that its first drafted cycle prices them again.
 
 Nothing here reads the environment: the command line passes the folder of the saved files.
 """
@@ -50,6 +52,11 @@ KEEP_MIN_DECODES = 8
 MAX_MS = 60_000.0
 #: The widest verify: the anchor and a full block (ds4_engine.h's DS4_DSPARK_MAX_BLOCK + 1).
 MAX_WIDTH = MAX_BLOCK + 1
+#: Kept verify and proposal times older than this (seconds since a session last measured one) are
+#: left out of a new session's start, so that its first drafted cycle re-times them (spec dspark.md
+#: §7.4): times measured while other work held the cores can price drafting out, and a scheduler that
+#: never drafts never measures them again.
+RETIME_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,15 @@ class SchedulerPrices:
 
     ``t_ver``: verify width n (1..17, 1 = a plain decode) → ms; ``t_prop``: the full proposal in ms
     (None: not measured); ``reached[k]`` / ``hit[k]`` (k = 0..15): verifies that reached draft
-    position k, and those that accepted it."""
+    position k, and those that accepted it; ``verify_timed_at``: when a session last measured a
+    verify (n > 1) or proposal time held here, in Unix seconds (None: not known, as in files written
+    before it was recorded; the C struct does not hold it)."""
 
     t_ver: dict[int, float] = field(default_factory=dict)
     t_prop: float | None = None
     reached: tuple[int, ...] = (0,) * MAX_BLOCK
     hit: tuple[int, ...] = (0,) * MAX_BLOCK
+    verify_timed_at: float | None = field(default=None, compare=False)  # when, not what: == compares the prices
 
     @property
     def learnt(self) -> bool:
@@ -93,9 +103,10 @@ class SchedulerPrices:
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """``{"t_ver_ms": {"1": ms, ...}, "t_prop_ms": ms | None, "reached": [...], "hit": [...]}``."""
+        """``{"t_ver_ms": {"1": ms, ...}, "t_prop_ms": ms | None, "reached": [...], "hit": [...],
+        "verify_timed_at": s | None}``."""
         return {"t_ver_ms": {str(n): ms for n, ms in sorted(self.t_ver.items())}, "t_prop_ms": self.t_prop,
-                "reached": list(self.reached), "hit": list(self.hit)}
+                "reached": list(self.reached), "hit": list(self.hit), "verify_timed_at": self.verify_timed_at}
 
     @classmethod
     def from_dict(cls, d, where: str = "prices") -> "SchedulerPrices":
@@ -133,7 +144,11 @@ class SchedulerPrices:
         for k in range(MAX_BLOCK):
             if hit[k] > reached[k]:
                 raise bad(f"hit[{k}]", f"at most reached[{k}] = {reached[k]}", hit[k])
-        return cls(t_ver, t_prop, reached, hit)
+        at = d.get("verify_timed_at")  # absent in files written before it was recorded
+        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at)
+                               or at < 0):
+            raise bad("verify_timed_at", "a time in Unix seconds >= 0, or null", at)
+        return cls(t_ver, t_prop, reached, hit, None if at is None else float(at))
 
     # -- carrying them over ------------------------------------------------------------------------
     def capped(self, verifies: int = PRIOR_VERIFIES) -> "SchedulerPrices":
@@ -145,17 +160,35 @@ class SchedulerPrices:
         f = verifies / top
         reached = tuple(int(round(r * f)) for r in self.reached)
         hit = tuple(min(int(round(h * f)), r) for h, r in zip(self.hit, reached))
-        return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit)
+        return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit, self.verify_timed_at)
 
-    def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices") -> "SchedulerPrices":
+    def verify_age(self, now: float) -> float | None:
+        """Seconds since a session last measured the verify or proposal times held here (``now`` in
+        Unix seconds); infinity when they are held but when is not known; None when none are held."""
+        if self.t_prop is None and not any(n > 1 for n in self.t_ver):
+            return None
+        return math.inf if self.verify_timed_at is None else max(0.0, now - self.verify_timed_at)
+
+    def without_verify_times(self) -> "SchedulerPrices":
+        """These prices with only the plain decode's time and the counts: a session started from them
+        makes one drafted cycle to price a verify and the proposal (spec dspark.md §7.4)."""
+        t_ver = {1: self.t_ver[1]} if 1 in self.t_ver else {}
+        return SchedulerPrices(t_ver, None, self.reached, self.hit, None)
+
+    def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices",
+               now: float | None = None) -> "SchedulerPrices":
         """These (the engine's) prices after a session that started from ``start`` (None: fresh)
         ended with ``end``: every time the session holds replaces the kept one (its moving average
         already started from it), the others stay; a time the session started with and never
         re-timed (a session that did not draft times only plain decodes) is scaled by how its plain
         decode changed (``end`` over ``start``, within [½, 2]), so that the kept verify and proposal
         stay in the ratio to a decode they were measured in; the counts add what the session added;
-        then :meth:`capped`."""
+        ``verify_timed_at`` becomes ``now`` (Unix seconds, default the clock's) when the session
+        measured a verify or proposal time, else stays; then :meth:`capped`."""
         s = start or SchedulerPrices()
+        retimed = (any(n > 1 and s.t_ver.get(n) != ms for n, ms in end.t_ver.items())
+                   or (end.t_prop is not None and end.t_prop != s.t_prop))
+        timed_at = (time.time() if now is None else now) if retimed else self.verify_timed_at
         t1, t1_start = end.t_ver.get(1), s.t_ver.get(1)
         scale = min(2.0, max(0.5, t1 / t1_start)) if t1 and t1_start else 1.0
         t_ver = dict(self.t_ver)
@@ -167,7 +200,7 @@ class SchedulerPrices:
         reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))
-        return SchedulerPrices(t_ver, t_prop, reached, hit).capped()
+        return SchedulerPrices(t_ver, t_prop, reached, hit, timed_at).capped()
 
     def summary(self) -> str:
         """One line: the decode, the widest verify and the proposal in ms, acceptance at position 0."""
@@ -182,6 +215,19 @@ class SchedulerPrices:
         if self.reached[0]:
             parts.append(f"first draft accepted {self.hit[0]}/{self.reached[0]}")
         return ", ".join(parts) or "nothing measured"
+
+
+def retime_reason(kept: SchedulerPrices, now: float) -> str:
+    """Why a new session should not start from the verify and proposal times in ``kept`` (``now`` in
+    Unix seconds), in words, or "" when it should: they were measured more than
+    :data:`RETIME_AFTER_S` ago, or when is not known (spec dspark.md §7.4)."""
+    age = kept.verify_age(now)
+    if age is None or age <= RETIME_AFTER_S:
+        return ""
+    when = ("at a time the prices do not record" if math.isinf(age)
+            else f"{age / 3600:.1f} h ago" if age >= 5400 else f"{age / 60:.0f} min ago")
+    return (f"the kept verify and proposal times were measured {when} (over {RETIME_AFTER_S / 3600:g} h): "
+            f"the session's first drafted cycle re-times them")
 
 
 # ---- the saved file ----------------------------------------------------------------------------

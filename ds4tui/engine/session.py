@@ -574,7 +574,8 @@ class Engine:
                                           f"if it can)")
             return
         self._prices, self._prices_from = kept, "saved"
-        self.scheduler_prices_note = f"saved: from {path} ({kept.summary()})"
+        retime = prices.retime_reason(kept, time.time())
+        self.scheduler_prices_note = f"saved: from {path} ({kept.summary()})" + (f"; {retime}" if retime else "")
 
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None") -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
@@ -654,17 +655,20 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        start, source = None, "fresh"
+        start, source, retime = None, "fresh", ""
         if self.scheduler_prices != "fresh" and self.support_status == "attached":
             with self._prices_lock:
                 kept, source = self._prices, self._prices_from
             if kept is not None and kept.learnt:
                 start = kept.capped()
+                retime = prices.retime_reason(start, time.time())
+                if retime:
+                    start = start.without_verify_times()
                 backend.set_prices(start, kept=True)
             else:
                 source = "fresh"
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
-                    prices_source=source)
+                    prices_source=source, prices_retime=retime)
         self._sessions.add(s)
         return s
 
@@ -750,11 +754,14 @@ class Session:
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
                  print_stats: bool = False, prices_start: "prices.SchedulerPrices | None" = None,
-                 prices_source: str = "fresh"):
+                 prices_source: str = "fresh", prices_retime: str = ""):
         self.engine = engine
         #: where the scheduler's prices came from at the start (spec dspark.md §7.4): "fresh",
         #: "saved" (the engine's file) or "engine" (an earlier session of the engine)
         self.scheduler_prices_at_start = prices_source
+        #: why the kept verify and proposal times were left out of this session's start, so that its
+        #: first drafted cycle re-times them ("" when they were not; prices.retime_reason)
+        self.scheduler_prices_retime = prices_retime
         self._prices_start = prices_start
         self.print_stats = print_stats
         self.config = engine.config
