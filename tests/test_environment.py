@@ -416,4 +416,4 @@ def test_inspect_without_the_native_engine_says_why_its_budget_is_unknown(tiny_q
     clean_env.setattr(gpu, "locate", lambda library=None: (Path(gpu.__file__), ""))
     assert cli_main(["inspect", str(tiny_q2["model"])]) == 0
     out = capsys.readouterr()
-    assert f"budget        unknown: no GPU found: {NOT_BUILT}; give --budget SIZE\n" in out.out and out.err == ""
+    assert f"budget        unknown: no GPU memory size known: {NOT_BUILT}; give --budget SIZE\n" in out.out and out.err == ""

@@ -188,4 +188,4 @@ def test_inspect_refuses_a_ctx_beyond_the_model(tiny_q2, capsys):
 def test_the_no_gpu_budget_line_has_no_nested_parentheses(tmp_path):
     budget, why = memplan.gpu_budget(sysfs_root=tmp_path, proc_root=tmp_path, ttm_root=tmp_path,
                                      probe=lambda lib: (None, "no device: no driver (the runtime says: x)"))
-    assert budget is None and why == "no GPU found: no device: no driver (the runtime says: x); give --budget SIZE"
+    assert budget is None and why == "no GPU memory size known: no device: no driver (the runtime says: x); give --budget SIZE"

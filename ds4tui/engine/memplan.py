@@ -452,4 +452,4 @@ def gpu_budget(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: P
     if not why and info is not None and info.mem_total:
         name = "CUDA" if info.platform == "cuda" else "HIP"
         return int(info.mem_total), f"the {name} runtime's total of device {info.device} ({info.device_name})"
-    return None, f"no GPU found: {why or 'no memory numbers'}; give --budget SIZE"
+    return None, f"no GPU memory size known: {why or 'no memory numbers'}; give --budget SIZE"
