@@ -646,3 +646,27 @@ def test_the_rates_line_counts_one_token_in_the_singular():
                                                   "— (fewer than 2 tokens)")
     assert G.rates_line(25, 0.01, 2500.0, 26, 338.72) == ("prefill 25 tokens: 0.01 s, 2500.0 tokens/s; generated 26 "
                                                          "tokens, decode 338.7 tokens/s")
+
+
+@pytest.mark.parametrize("command", ["tokenize", "inspect", "doctor"])
+def test_every_json_result_is_written_whole(command, tiny_q2, capsys, monkeypatch):
+    """tokenize, inspect, doctor (and compare, draft-vocab) write their --json result through
+    print_whole, as generate and bench do, so a Ctrl-C during the write cannot cut it."""
+    import importlib
+
+    module = importlib.import_module(f"ds4tui.commands.{command}")
+    written = []
+    monkeypatch.setattr(module, "print_whole", written.append)
+    argv = {"tokenize": ["tokenize", str(tiny_q2["model"]), "--text", "hello", "--json"],
+            "inspect": ["inspect", str(tiny_q2["model"]), "--json"],
+            "doctor": ["doctor", "--json"]}[command]
+    rc = cli_main(argv)
+    assert rc in (0, 1) and capsys.readouterr().out == "" and len(written) == 1
+    assert isinstance(json.loads(written[0]), dict)
+
+
+def test_compare_and_draft_vocab_write_through_print_whole():
+    from ds4tui.commands import compare, draft_vocab
+    from ds4tui.interrupts import print_whole
+
+    assert compare.print_whole is print_whole and draft_vocab.print_whole is print_whole

@@ -47,6 +47,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ds4tui.interrupts import print_whole
+
 _PREFIX = "ds4tui compare:"
 
 #: Lists up to this length are compared element by element; longer ones are left out.
@@ -662,7 +664,7 @@ def run(args) -> int:
     if kind_a == kind_b == "bench-ab":
         r["arms"] = arm_tables(a, b)
     if args.json:
-        print(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
+        print_whole(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
         # the table carries the warnings; with --json they also go to stderr, once each
         for w in (r["warning"], r["contains_warning"]):
             if w:

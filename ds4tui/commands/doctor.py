@@ -29,6 +29,8 @@ import os
 import sys
 from pathlib import Path
 
+from ds4tui.interrupts import print_whole
+
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
@@ -265,7 +267,7 @@ def native_build_line(nb: dict) -> str:
 def run(args) -> int:
     r = collect()
     if args.json:
-        print(json.dumps(r, indent=2))
+        print_whole(json.dumps(r, indent=2))
         return 0 if r.get("native") else 1
     if not r.get("native"):
         print(f"ds4tui doctor: {r['native_error']}", file=sys.stderr)

@@ -27,6 +27,7 @@ from ds4tui.engine import draft_vocab as DV
 from ds4tui.engine.errors import ConversionError, DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
+from ds4tui.interrupts import print_whole
 
 _PREFIX = "ds4tui draft-vocab: error:"
 
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ds4tui draft-vocab: note: {len(skipped)} file{'s' if len(skipped) > 1 else ''} skipped (not UTF-8 "
               f"text, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
     if args.json:
-        print(json.dumps(result))
+        print_whole(json.dumps(result))
     else:
         print(f"{out}: a draft vocabulary of {len(keep)} of {n_vocab} tokens (the chat template's "
               f"{len(template_ids(tok))} first), from {counted} tokens of {files} file{'s' if files != 1 else ''} ({result['distinct']} "

@@ -16,6 +16,7 @@ from ds4tui.engine import memplan
 from ds4tui.engine.draft_vocab import DraftVocabError, resolve as resolve_draft_vocab
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.telemetry import format_bytes
+from ds4tui.interrupts import print_whole
 
 
 def _schedule_text(schedule: list[dict]) -> str:
@@ -174,7 +175,7 @@ def run(args) -> int:
         out = {"ok": ok and fits, "model": ms, "support": ss, "memory_plan": plan, "check_finite": scanned}
         if not fits:
             out["error"] = f"the plan at context {args.ctx} does not fit the budget: {format_bytes(plan['need'] - plan['budget'])} short"
-        print(json.dumps(out, indent=2))
+        print_whole(json.dumps(out, indent=2))
     else:
         print(render_text(ms, ss))
         if scanned is not None:

@@ -25,6 +25,7 @@ from ds4tui.commands.environment import print_error_json
 from ds4tui.engine.gguf_model import ModelFileError
 from ds4tui.engine.telemetry import plural
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
+from ds4tui.interrupts import print_whole
 
 _PREFIX = "ds4tui tokenize: error:"
 
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         # "bytes" (hex) is exact where a piece is only part of a multi-byte character
         raw = [tokenizer.token_bytes(i).hex() for i in ids]
-        print(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw}, ensure_ascii=False))
+        print_whole(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw}, ensure_ascii=False))
         return 0
     if not ids and not text:  # an empty text: no table, and the count says why it is 0
         print(f"0 tokens: the text is empty ({_empty_source(args)})")
