@@ -202,6 +202,25 @@ def _lengths(text: str) -> tuple[int, ...]:
     return out
 
 
+def _add_prefill_gemm(p: argparse.ArgumentParser) -> None:
+    """--prefill-gemm, as bench, generate and chat take it."""
+    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
+                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
+
+
+def _add_dspark_engine_options(p: argparse.ArgumentParser, only_ab: str = "", only_draft: str = "") -> None:
+    """--gpu-graphs, --scheduler-prices, --draft-vocab and --verify-head, as bench, generate and chat
+    take them; ``only_ab`` / ``only_draft`` end the help of those bench uses in some modes only."""
+    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
+                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
+    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary and verify head). Default saved" + only_ab)
+    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
+                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto" + only_draft)
+    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
+                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto" + only_ab)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
@@ -229,19 +248,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="auto",
                    help="engine backend: auto (hip when it runs, else cpu; the choice and why on stderr), cpu, hip "
                    "(GPU library; `ds4tui doctor` says whether it runs here) or reference. Default auto")
-    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
-                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
+    _add_prefill_gemm(p)
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
-    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
-                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
-    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary and verify head). Default saved; with --ab only")
-    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
-                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto; with --ab or --synthetic flash --dspark-cycle only")
-    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
-                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto; with --ab only")
+    _add_dspark_engine_options(p, only_ab="; with --ab only",
+                               only_draft="; with --ab or --synthetic flash --dspark-cycle only")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
                    help="threads for the engine and the memcpy test, at most 256 (default 0 = one per core)")
     p.add_argument("--prompt-tokens", type=positive_int, metavar="N",
@@ -331,21 +343,13 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["cpu", "hip", "auto", "reference"], default="auto",
                    help="auto (hip when it runs, else cpu; the choice and why on stderr), cpu (native C), hip (the GPU "
                    "library; `ds4tui doctor` says whether it runs here) or reference (numpy oracle). Default auto")
-    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
-                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
+    _add_prefill_gemm(p)
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
-    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
-                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
-    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary and verify head). Default saved")
-    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
-                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
-    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
-                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto")
+    _add_dspark_engine_options(p)
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -389,18 +393,10 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["auto", "cpu", "hip"], default="auto",
                    help="auto (the GPU when this build has one and a device answers, else cpu; the choice is shown "
                    "in the title and the chat), cpu or hip. Default auto")
-    p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
-                   help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
+    _add_prefill_gemm(p)
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default auto")
-    p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
-                   help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
-    p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary and verify head). Default saved")
-    p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
-                   help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto")
-    p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
-                   help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto")
+    _add_dspark_engine_options(p)
     p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
