@@ -202,6 +202,15 @@ def _lengths(text: str) -> tuple[int, ...]:
     return out
 
 
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    """--temp, --top-k, --top-p, --min-p and --seed, as generate and chat take them."""
+    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
+    p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
+    p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed, 0..2^64-1 (default 0)")
+
+
 def _add_prefill_gemm(p: argparse.ArgumentParser) -> None:
     """--prefill-gemm, as bench, generate and chat take it."""
     p.add_argument("--prefill-gemm", choices=["auto", "off", "bf16", "f16"], default=None,
@@ -332,11 +341,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin); it must hold some text")
     p.add_argument("-n", "--n-predict", type=positive_int, default=256, metavar="N",
                    help="tokens to generate at most (default 256)")
-    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
-    p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
-    p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
-    p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
-    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed, 0..2^64-1 (default 0)")
+    _add_sampling(p)
     p.add_argument("--nothink", action="store_true", help="non-thinking mode (</think> after the Assistant marker)")
     p.add_argument("--system", help="system text for the chat template")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template")
@@ -397,11 +402,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default auto")
     _add_dspark_engine_options(p)
-    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
-    p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
-    p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
-    p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
-    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="sampling seed (default 0)")
+    _add_sampling(p)
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
                    help="ds4 (FP8 KV, f16 cache, FP4 indexer, as ds4 computes) or transformers (plain float32). "
                    "Default ds4")
