@@ -147,11 +147,11 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
     assert err.strip() == ("ds4tui bench: error: argument --ctx: expected at least 13 (--prompt-tokens 8 + "
                            "--decode-tokens 4 + 1), found 12")
     rc, _, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path / "no" / "such" / "r.json"))
-    assert rc == 1 and err.strip() == (
+    assert rc == 2 and err.strip() == (
         f"ds4tui bench: error: --out {tmp_path}/no/such/r.json: cannot write the result there: its folder "
         f"{tmp_path}/no/such does not exist (or is not a folder); create it, or give --out a path in an existing folder")
     rc, _, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path))
-    assert rc == 1 and err.strip() == (
+    assert rc == 2 and err.strip() == (
         f"ds4tui bench: error: --out {tmp_path}: cannot write the result there: expected a file name, found a "
         f"folder; give a file name, e.g. --out {tmp_path}/bench.json")
     rc, _, err = _bench(capsys, tiny_q2["model"], "--out", "")  # an unset variable: it said "found a folder"
@@ -168,7 +168,7 @@ def test_ctx_too_small_and_bad_out_folder(tiny_q2, tmp_path, capsys):
         message = (f"--out {target}: cannot write the result there: expected a result file, found a GGUF file (a "
                    f"model or support file), which the result would replace; give a file name of its own, e.g. "
                    f"--out {target.with_suffix('.json')}")
-        assert rc == 1 and err == f"ds4tui bench: error: {message}\n" and json.loads(out)["error"] == message
+        assert rc == 2 and err == f"ds4tui bench: error: {message}\n" and json.loads(out)["error"] == message
     assert (model.read_bytes(), support.read_bytes()) == before
 
 
@@ -180,11 +180,28 @@ def test_out_naming_a_pipe_or_device_is_refused_before_the_run_and_kept(tiny_q2,
     ran = []
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(1))
     rc, out, err = _bench(capsys, tiny_q2["model"], "--out", str(fifo))
-    assert rc == 1 and out == "" and ran == []
+    assert rc == 2 and out == "" and ran == []
     assert err == (f"ds4tui bench: error: --out {fifo}: cannot write the result there: expected a file name, found a "
                    f"pipe (FIFO), which the result would replace; give a file name of its own, e.g. --out bench.json "
                    f"(--json prints the result on stdout)\n")
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+@pytest.mark.parametrize("target, found", [("/dev", "a folder"), ("/dev/null", "a character device")])
+def test_out_naming_a_folder_or_device_is_a_usage_error_before_anything_is_measured(target, found, tiny_q2, capsys,
+                                                                                   monkeypatch):
+    """--out /dev (a folder) or /dev/null (a device) is a bad value of the flag: exit status 2 and,
+    under --json, the usage error's JSON object on stdout, as every other bad flag; nothing runs."""
+    ran = []
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(1))
+    rc, out, err = _bench(capsys, tiny_q2["model"], "--out", target, "--json")
+    message = (f"--out {target}: cannot write the result there: expected a file name, found {found}"
+               + ("; give a file name, e.g. --out /dev/bench.json" if found == "a folder" else
+                  ", which the result would replace; give a file name of its own, e.g. --out bench.json (--json "
+                  "prints the result on stdout)"))
+    assert (rc, ran) == (2, [])
+    assert json.loads(out) == {"ok": False, "error": message, "error_type": "BenchUsageError"}
+    assert err == f"ds4tui bench: error: {message}\n"
 
 
 def test_out_in_a_folder_that_cannot_be_written_fails_before_the_run(tiny_q2, tmp_path, capsys, monkeypatch):
@@ -198,7 +215,7 @@ def test_out_in_a_folder_that_cannot_be_written_fails_before_the_run(tiny_q2, tm
     monkeypatch.setattr(bench.tempfile, "mkstemp", refuse)
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(1))
     rc, out, err = _bench(capsys, tiny_q2["model"], "--out", str(tmp_path / "r.json"))
-    assert rc == 1 and out == "" and ran == []
+    assert rc == 2 and out == "" and ran == []
     assert err.strip() == (f"ds4tui bench: error: --out {tmp_path}/r.json: cannot write the result there: its folder "
                            f"{tmp_path} is not writable (creating a file there failed: Permission denied); give --out "
                            f"a path in a folder you can write")

@@ -1174,14 +1174,15 @@ def _file_kind(p: Path) -> str:
             else "something that is not a regular file")
 
 
-#: ``--out ''`` (an unset variable): a usage error, status 2, as a bad flag
+#: ``--out ''`` (an unset variable)
 _EMPTY_OUT = "argument --out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
 
 
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder.  An existing GGUF (the model or support file given,
-    the demo's, any other) is never replaced by a result, nor is a device or a pipe."""
+    the demo's, any other) is never replaced by a result, nor is a device or a pipe.  Each reason is
+    a usage error (exit status 2, as draft-vocab's ``--out``): the flag's value is what to change."""
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
     if not path.strip():  # Path("") is the current folder, which the message below would name as found
@@ -1367,8 +1368,8 @@ def _use_demo(args: argparse.Namespace) -> int | None:
 def run(args: argparse.Namespace) -> int:
     if args.out is not None:  # before anything runs: a result that cannot be written is a run lost
         why = _out_problem(args.out)
-        if why:
-            return _fail(why, args, status=2 if why == _EMPTY_OUT else 1)
+        if why:  # a bad value of the flag (a folder, a device, a GGUF, a folder that takes no file): status 2
+            return _usage_fail(why, args)
     if getattr(args, "synthetic", None):
         return run_synthetic(args)
     why = _usage_error(args)
