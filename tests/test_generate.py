@@ -648,25 +648,30 @@ def test_the_rates_line_counts_one_token_in_the_singular():
                                                          "tokens, decode 338.7 tokens/s")
 
 
-@pytest.mark.parametrize("command", ["tokenize", "inspect", "doctor"])
-def test_every_json_result_is_written_whole(command, tiny_q2, capsys, monkeypatch):
-    """tokenize, inspect, doctor (and compare, draft-vocab) write their --json result through
+@pytest.mark.parametrize("command", ["tokenize", "inspect", "doctor", "compare", "draft-vocab"])
+def test_every_json_result_is_written_whole(command, tiny_q2, tmp_path, capsys, monkeypatch):
+    """tokenize, inspect, doctor, compare and draft-vocab write their --json result through
     print_whole, as generate and bench do, so a Ctrl-C during the write cannot cut it."""
     import importlib
+    import shutil
 
-    module = importlib.import_module(f"ds4tui.commands.{command}")
+    if command == "compare":  # two results to compare: a short generate run and its copy
+        assert cli_main(["generate", str(tiny_q2["model"]), "-p", "hello", "-n", "4", "--threads", "2",
+                         "--backend", "cpu", "--json"]) == 0
+        (tmp_path / "a.json").write_text(capsys.readouterr().out)
+        shutil.copyfile(tmp_path / "a.json", tmp_path / "b.json")
+    if command == "draft-vocab":
+        (tmp_path / "src").mkdir()
+        (tmp_path / "src" / "a.py").write_text("def f(x):\n    return x + x\n")
+    module = importlib.import_module(f"ds4tui.commands.{command.replace('-', '_')}")
     written = []
     monkeypatch.setattr(module, "print_whole", written.append)
     argv = {"tokenize": ["tokenize", str(tiny_q2["model"]), "--text", "hello", "--json"],
             "inspect": ["inspect", str(tiny_q2["model"]), "--json"],
-            "doctor": ["doctor", "--json"]}[command]
+            "doctor": ["doctor", "--json"],
+            "compare": ["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"],
+            "draft-vocab": ["draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from",
+                            str(tmp_path / "src"), "--size", "8", "--out", str(tmp_path / "s.gguf"), "--json"]}[command]
     rc = cli_main(argv)
     assert rc in (0, 1) and capsys.readouterr().out == "" and len(written) == 1
     assert isinstance(json.loads(written[0]), dict)
-
-
-def test_compare_and_draft_vocab_write_through_print_whole():
-    from ds4tui.commands import compare, draft_vocab
-    from ds4tui.interrupts import print_whole
-
-    assert compare.print_whole is print_whole and draft_vocab.print_whole is print_whole
