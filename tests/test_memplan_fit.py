@@ -189,3 +189,16 @@ def test_the_no_gpu_budget_line_has_no_nested_parentheses(tmp_path):
     budget, why = memplan.gpu_budget(sysfs_root=tmp_path, proc_root=tmp_path, ttm_root=tmp_path,
                                      probe=lambda lib: (None, "no device: no driver (the runtime says: x)"))
     assert budget is None and why == "no GPU memory size known: no device: no driver (the runtime says: x); give --budget SIZE"
+
+
+def test_a_gpu_whose_runtime_gives_no_total_is_named_in_the_no_budget_line(tmp_path):
+    """A GPU found without a memory total was 'no memory numbers', which read as no GPU found."""
+    from ds4tui.engine.gpu import GPUInfo
+
+    info = GPUInfo(library="libds4tui_cuda.so", platform="cuda", built_arch="sm_90", runtime_version=0,
+                   driver_version=0, n_devices=1, device=0, device_name="NVIDIA H200", device_arch="sm_90",
+                   warp_size=32, arch_ok=True, mem_total=0, mem_free=0)
+    budget, why = memplan.gpu_budget(sysfs_root=tmp_path, proc_root=tmp_path, ttm_root=tmp_path,
+                                     probe=lambda lib: (info, ""))
+    assert budget is None and why == ("no GPU memory size known: the CUDA runtime found device 0 (NVIDIA H200) but "
+                                      "gives no memory total for it; give --budget SIZE")

@@ -440,7 +440,8 @@ def gpu_budget(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: P
     """The GPU memory a model can have on this machine (bytes) and where the number comes from:
     amdgpu's larger pool (GTT or VRAM, never their sum; on Strix Halo the GTT that
     ``ttm.pages_limit`` sets) from sysfs, else the GPU runtime's total (``probe()``, default
-    :func:`ds4tui.engine.gpu.probe`); (None, why) without a GPU."""
+    :func:`ds4tui.engine.gpu.probe`); (None, why) when no size is known: no GPU, a native engine or
+    GPU library that cannot be used, or a runtime that gives no total."""
     g = read_gtt(sysfs_root, proc_root, ttm_root)
     if g is not None and (g.gtt_total or g.vram_total):
         pools = {"GTT": g.gtt_total or 0, "VRAM": g.vram_total or 0}
@@ -449,7 +450,10 @@ def gpu_budget(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: P
     if probe is None:
         from ds4tui.engine.gpu import probe
     info, why = probe(None)
-    if not why and info is not None and info.mem_total:
+    if not why and info is not None:
         name = "CUDA" if info.platform == "cuda" else "HIP"
-        return int(info.mem_total), f"the {name} runtime's total of device {info.device} ({info.device_name})"
+        device = f"device {info.device} ({info.device_name})"
+        if info.mem_total:
+            return int(info.mem_total), f"the {name} runtime's total of {device}"
+        why = f"the {name} runtime found {device} but gives no memory total for it"
     return None, f"no GPU memory size known: {why or 'no memory numbers'}; give --budget SIZE"
