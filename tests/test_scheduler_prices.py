@@ -347,33 +347,51 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
     assert other.scheduler_prices_file != path and other.kept_prices is None
 
 
-def test_merging_stamps_when_a_verify_was_timed_and_the_stamp_round_trips():
-    start = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15, hit=(4,) + (0,) * 15,
-                              verify_timed_at=100.0)
-    kept = P.SchedulerPrices(dict(start.t_ver), 5.0, start.reached, start.hit, verify_timed_at=100.0)
-    plain = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0}, t_prop=5.0, reached=start.reached, hit=start.hit)
-    assert kept.merged(start, plain, now=5000.0).verify_timed_at == 100.0  # no verify timed: the stamp stays
-    drafted = P.SchedulerPrices(t_ver={1: 2.5, 6: 6.0}, t_prop=5.0, reached=(11,) + (0,) * 15, hit=start.hit)
-    assert kept.merged(start, drafted, now=5000.0).verify_timed_at == 5000.0
-    proposed = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0}, t_prop=4.0, reached=start.reached, hit=start.hit)
-    assert kept.merged(start, proposed, now=6000.0).verify_timed_at == 6000.0
-    assert P.SchedulerPrices().merged(None, drafted, now=7.0).verify_timed_at == 7.0
-    assert kept.capped().verify_timed_at == 100.0
-    assert P.SchedulerPrices.from_dict(kept.to_dict()).verify_timed_at == 100.0
-    old = kept.to_dict()
-    del old["verify_timed_at"]  # files written before it was recorded
-    assert P.SchedulerPrices.from_dict(old).verify_timed_at is None
-    with pytest.raises(SchedulerPricesError, match="prices.verify_timed_at: expected a time in Unix seconds >= 0, "
-                                                   "or null, found 'yesterday'"):
-        P.SchedulerPrices.from_dict({**old, "verify_timed_at": "yesterday"})
-    # how old the verify times are, and what a session does about it
-    assert kept.verify_age(100.0 + 30) == 30.0 and P.SchedulerPrices(t_ver={1: 2.0}).verify_age(1e9) is None
-    assert P.retime_reason(kept, 100.0 + P.RETIME_AFTER_S) == ""
-    assert P.retime_reason(kept, 100.0 + 2 * 3600) == ("the kept verify and proposal times were measured 2.0 h ago "
-                                                       "(over 1 h): the session's first drafted cycle re-times them")
-    assert "at a time the prices do not record" in P.retime_reason(P.SchedulerPrices.from_dict(old), 0.0)
-    bare = kept.without_verify_times()
-    assert bare.t_ver == {1: 2.0} and bare.t_prop is None and bare.reached == kept.reached and bare.hit == kept.hit
+def test_merging_stamps_each_time_a_session_measured_and_the_stamps_round_trip():
+    start = P.SchedulerPrices(t_ver={1: 2.0, 3: 4.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15,
+                              hit=(4,) + (0,) * 15, verify_timed_at={3: 100.0, 6: 100.0}, proposal_timed_at=100.0)
+    kept = start.capped()
+    assert kept.verify_timed_at == {3: 100.0, 6: 100.0} and kept.proposal_timed_at == 100.0
+    plain = P.SchedulerPrices(t_ver={1: 2.5, 3: 4.0, 6: 7.0}, t_prop=5.0, reached=start.reached, hit=start.hit)
+    m = kept.merged(start, plain, now=5000.0)  # no verify timed: the stamps stay
+    assert m.verify_timed_at == {3: 100.0, 6: 100.0} and m.proposal_timed_at == 100.0
+    short = P.SchedulerPrices(t_ver={1: 2.5, 3: 3.5, 6: 7.0}, t_prop=5.0, reached=(11,) + (0,) * 15, hit=start.hit)
+    m = kept.merged(start, short, now=5000.0)  # a 2-draft cycle re-timed verify(3) only (--max-draft 2)
+    assert m.verify_timed_at == {3: 5000.0, 6: 100.0} and m.proposal_timed_at == 100.0
+    proposed = P.SchedulerPrices(t_ver={1: 2.5, 3: 4.0, 6: 7.0}, t_prop=4.0, reached=start.reached, hit=start.hit)
+    assert kept.merged(start, proposed, now=6000.0).proposal_timed_at == 6000.0
+    assert P.SchedulerPrices().merged(None, short, now=7.0).verify_timed_at == {3: 7.0, 6: 7.0}
+    assert P.SchedulerPrices.from_dict(m.to_dict()).verify_timed_at == {3: 5000.0, 6: 100.0}
+    old = m.to_dict()
+    del old["verify_timed_at"], old["proposal_timed_at"]  # files written before they were recorded
+    unknown = P.SchedulerPrices.from_dict(old)
+    assert unknown.verify_timed_at == {} and unknown.proposal_timed_at is None
+    for field, value, expected in (
+            ("verify_timed_at", {"6": "yesterday"}, "verify_timed_at.6: expected a time in Unix seconds >= 0, or "
+                                                     "null, found 'yesterday'"),
+            ("verify_timed_at", {"1": 5.0}, "verify_timed_at: expected widths 2..17, found '1'"),
+            ("verify_timed_at", 5.0, "verify_timed_at: expected an object of width → Unix seconds, found 5.0"),
+            ("proposal_timed_at", -1, "proposal_timed_at: expected a time in Unix seconds >= 0, or null, found -1")):
+        with pytest.raises(SchedulerPricesError, match=re.escape(f"prices.{expected}")):
+            P.SchedulerPrices.from_dict({**old, field: value})
+    # which times are too old to start from, and what a session does about it
+    hour = P.RETIME_AFTER_S
+    assert kept.stale(100.0 + hour) == ([], False, 0.0) and P.retime_reason(kept, 100.0 + hour) == ""
+    assert m.stale(5000.0) == ([6], True, 4900.0)  # verify(3) was re-timed at 5000
+    assert P.retime_reason(m, 5000.0) == ("the kept times of verify(6) and the proposal were measured 82 min ago "
+                                          "(over 1 h): drafting re-times them")
+    assert P.retime_reason(m, 100.0 + 3 * 3600) == ("the kept times of verify(3), verify(6) and the proposal were "
+                                                    "measured 3.0 h ago (over 1 h): drafting re-times them")
+    assert P.retime_reason(unknown, 0.0) == ("the kept times of verify(3), verify(6) and the proposal were measured "
+                                             "at a time they do not record (or one later than this machine's "
+                                             "clock) (over 1 h): drafting re-times them")
+    future = P.SchedulerPrices(dict(m.t_ver), m.t_prop, m.reached, m.hit, {3: 1e12, 6: 1e12}, 1e12)
+    assert future.stale(5000.0)[:2] == ([3, 6], True)  # a clock set back: not believed
+    assert future.stale(1e12 - 30)[:2] == ([], False)  # within the slack
+    bare = m.without_stale(5000.0)
+    assert bare.t_ver == {1: 2.5, 3: 3.5} and bare.t_prop is None and bare.reached == m.reached
+    assert bare.verify_timed_at == {3: 5000.0} and bare.proposal_timed_at is None
+    assert P.SchedulerPrices(t_ver={1: 2.0}).stale(1e9) == ([], False, 0.0)
 
 
 def _saved_hopeless(tiny_q2, tmp_path, timed_at: float) -> S.Engine:
@@ -382,7 +400,7 @@ def _saved_hopeless(tiny_q2, tmp_path, timed_at: float) -> S.Engine:
     kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
     e = S.Engine(tiny_q2["model"], **kw)
     P.save(e.scheduler_prices_file, P.identity(e), P.SchedulerPrices(
-        dict(HOPELESS.t_ver), HOPELESS.t_prop, HOPELESS.reached, HOPELESS.hit, verify_timed_at=timed_at))
+        dict(HOPELESS.t_ver), HOPELESS.t_prop, HOPELESS.reached, HOPELESS.hit, {6: timed_at}, timed_at))
     e.close()
     return S.Engine(tiny_q2["model"], **kw)
 
@@ -393,8 +411,8 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     proposal times out, drafts once to price them, and the file then holds what it measured."""
     e = _saved_hopeless(tiny_q2, tmp_path, time.time() - 2 * 3600)
     path = e.scheduler_prices_file
-    assert e.scheduler_prices_note.endswith("the kept verify and proposal times were measured 2.0 h ago (over 1 h): "
-                                            "the session's first drafted cycle re-times them")
+    assert e.scheduler_prices_note.endswith("the kept times of verify(6) and the proposal were measured 2.0 h ago "
+                                            "(over 1 h): drafting re-times them")
     s = e.session(128)
     assert s.scheduler_prices_at_start == "saved" and "2.0 h ago" in s.scheduler_prices_retime
     start = s.scheduler_prices()
@@ -404,7 +422,8 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     s.close()
     doc = json.loads(path.read_text())["prices"]
     assert doc["t_prop_ms"] < 1000.0 and all(ms < 1000.0 for ms in doc["t_ver_ms"].values())
-    assert time.time() - 60 < doc["verify_timed_at"] <= time.time()
+    stamps = [*doc["verify_timed_at"].values(), doc["proposal_timed_at"]]
+    assert all(time.time() - 60 < t <= time.time() for t in stamps)
     again = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
     assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
 
@@ -421,7 +440,8 @@ def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_no
     s.close()
     doc = json.loads(e.scheduler_prices_file.read_text())["prices"]
     # not re-timed: scaled by how the decode changed (1 ms kept, capped at 2x), and still stamped when measured
-    assert doc["t_ver_ms"]["6"] == 2000.0 and doc["verify_timed_at"] == stamp
+    assert doc["t_ver_ms"]["6"] == 2000.0 and doc["verify_timed_at"] == {"6": stamp}
+    assert doc["proposal_timed_at"] == stamp
 
 
 @pytest.mark.parametrize("text, message", [

@@ -57,6 +57,9 @@ MAX_WIDTH = MAX_BLOCK + 1
 #: §7.4): times measured while other work held the cores can price drafting out, and a scheduler that
 #: never drafts never measures them again.
 RETIME_AFTER_S = 3600.0
+#: A time stamped later than the clock by more than this is not believed (a clock set back, prices
+#: copied from another machine): the time counts as measured at an unknown time.
+FUTURE_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -65,15 +68,17 @@ class SchedulerPrices:
 
     ``t_ver``: verify width n (1..17, 1 = a plain decode) → ms; ``t_prop``: the full proposal in ms
     (None: not measured); ``reached[k]`` / ``hit[k]`` (k = 0..15): verifies that reached draft
-    position k, and those that accepted it; ``verify_timed_at``: when a session last measured a
-    verify (n > 1) or proposal time held here, in Unix seconds (None: not known, as in files written
-    before it was recorded; the C struct does not hold it)."""
+    position k, and those that accepted it; ``verify_timed_at`` (width n > 1 → Unix seconds) and
+    ``proposal_timed_at``: when a session last measured each verify time and the proposal's (a time
+    with no stamp, as in files written before they were recorded, was measured at an unknown time;
+    the C struct holds no stamps, and ``==`` compares the prices, not their stamps)."""
 
     t_ver: dict[int, float] = field(default_factory=dict)
     t_prop: float | None = None
     reached: tuple[int, ...] = (0,) * MAX_BLOCK
     hit: tuple[int, ...] = (0,) * MAX_BLOCK
-    verify_timed_at: float | None = field(default=None, compare=False)  # when, not what: == compares the prices
+    verify_timed_at: dict[int, float] = field(default_factory=dict, compare=False)
+    proposal_timed_at: float | None = field(default=None, compare=False)
 
     @property
     def learnt(self) -> bool:
@@ -104,9 +109,11 @@ class SchedulerPrices:
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """``{"t_ver_ms": {"1": ms, ...}, "t_prop_ms": ms | None, "reached": [...], "hit": [...],
-        "verify_timed_at": s | None}``."""
+        "verify_timed_at": {"6": s, ...}, "proposal_timed_at": s | None}``."""
         return {"t_ver_ms": {str(n): ms for n, ms in sorted(self.t_ver.items())}, "t_prop_ms": self.t_prop,
-                "reached": list(self.reached), "hit": list(self.hit), "verify_timed_at": self.verify_timed_at}
+                "reached": list(self.reached), "hit": list(self.hit),
+                "verify_timed_at": {str(n): at for n, at in sorted(self.verify_timed_at.items())},
+                "proposal_timed_at": self.proposal_timed_at}
 
     @classmethod
     def from_dict(cls, d, where: str = "prices") -> "SchedulerPrices":
@@ -144,11 +151,27 @@ class SchedulerPrices:
         for k in range(MAX_BLOCK):
             if hit[k] > reached[k]:
                 raise bad(f"hit[{k}]", f"at most reached[{k}] = {reached[k]}", hit[k])
-        at = d.get("verify_timed_at")  # absent in files written before it was recorded
-        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at)
-                               or at < 0):
-            raise bad("verify_timed_at", "a time in Unix seconds >= 0, or null", at)
-        return cls(t_ver, t_prop, reached, hit, None if at is None else float(at))
+        def stamp(name: str, v) -> float | None:
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise bad(name, "a time in Unix seconds >= 0, or null", v)
+            return float(v)
+
+        # both absent in files written before they were recorded: every time's moment unknown
+        va, pa = d.get("verify_timed_at"), stamp("proposal_timed_at", d.get("proposal_timed_at"))
+        if va is None:
+            verify_at = {}
+        elif isinstance(va, dict):
+            verify_at = {}
+            for key, v in va.items():
+                if not (isinstance(key, str) and key.isdigit() and 2 <= int(key) <= MAX_WIDTH):
+                    raise bad("verify_timed_at", f"widths 2..{MAX_WIDTH}", key)
+                if (at := stamp(f"verify_timed_at.{key}", v)) is not None:
+                    verify_at[int(key)] = at
+        else:
+            raise bad("verify_timed_at", "an object of width → Unix seconds", va)
+        return cls(t_ver, t_prop, reached, hit, verify_at, pa)
 
     # -- carrying them over ------------------------------------------------------------------------
     def capped(self, verifies: int = PRIOR_VERIFIES) -> "SchedulerPrices":
@@ -160,20 +183,30 @@ class SchedulerPrices:
         f = verifies / top
         reached = tuple(int(round(r * f)) for r in self.reached)
         hit = tuple(min(int(round(h * f)), r) for h, r in zip(self.hit, reached))
-        return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit, self.verify_timed_at)
+        return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit, dict(self.verify_timed_at),
+                               self.proposal_timed_at)
 
-    def verify_age(self, now: float) -> float | None:
-        """Seconds since a session last measured the verify or proposal times held here (``now`` in
-        Unix seconds); infinity when they are held but when is not known; None when none are held."""
-        if self.t_prop is None and not any(n > 1 for n in self.t_ver):
-            return None
-        return math.inf if self.verify_timed_at is None else max(0.0, now - self.verify_timed_at)
+    def stale(self, now: float) -> tuple[list[int], bool, float]:
+        """The verify widths and whether the proposal whose times are too old to start a session from
+        (``now`` in Unix seconds): measured over :data:`RETIME_AFTER_S` ago, at an unknown time, or
+        stamped later than the clock by over :data:`FUTURE_SLACK_S`; and the oldest age in seconds
+        among them (infinity for an unknown moment; 0.0 when nothing is stale)."""
+        def age(at: float | None) -> float:
+            return math.inf if at is None or at > now + FUTURE_SLACK_S else max(0.0, now - at)
 
-    def without_verify_times(self) -> "SchedulerPrices":
-        """These prices with only the plain decode's time and the counts: a session started from them
-        makes one drafted cycle to price a verify and the proposal (spec dspark.md §7.4)."""
-        t_ver = {1: self.t_ver[1]} if 1 in self.t_ver else {}
-        return SchedulerPrices(t_ver, None, self.reached, self.hit, None)
+        widths = [n for n in sorted(self.t_ver) if n > 1 and age(self.verify_timed_at.get(n)) > RETIME_AFTER_S]
+        prop = self.t_prop is not None and age(self.proposal_timed_at) > RETIME_AFTER_S
+        ages = [age(self.verify_timed_at.get(n)) for n in widths] + ([age(self.proposal_timed_at)] if prop else [])
+        return widths, prop, max(ages, default=0.0)
+
+    def without_stale(self, now: float) -> "SchedulerPrices":
+        """These prices less the times :meth:`stale` names: a session started from them drafts to
+        price them again (spec dspark.md §7.4); the plain decode's time and the counts stay."""
+        widths, prop, _ = self.stale(now)
+        t_ver = {n: ms for n, ms in self.t_ver.items() if n not in widths}
+        at = {n: a for n, a in self.verify_timed_at.items() if n in t_ver}
+        return SchedulerPrices(t_ver, None if prop else self.t_prop, self.reached, self.hit, at,
+                               None if prop else self.proposal_timed_at)
 
     def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices",
                now: float | None = None) -> "SchedulerPrices":
@@ -183,12 +216,15 @@ class SchedulerPrices:
         re-timed (a session that did not draft times only plain decodes) is scaled by how its plain
         decode changed (``end`` over ``start``, within [½, 2]), so that the kept verify and proposal
         stay in the ratio to a decode they were measured in; the counts add what the session added;
-        ``verify_timed_at`` becomes ``now`` (Unix seconds, default the clock's) when the session
-        measured a verify or proposal time, else stays; then :meth:`capped`."""
+        each time the session measured is stamped ``now`` (Unix seconds, default the clock's), the
+        others keep their stamps; then :meth:`capped`."""
         s = start or SchedulerPrices()
-        retimed = (any(n > 1 and s.t_ver.get(n) != ms for n, ms in end.t_ver.items())
-                   or (end.t_prop is not None and end.t_prop != s.t_prop))
-        timed_at = (time.time() if now is None else now) if retimed else self.verify_timed_at
+        now = time.time() if now is None else now
+        verify_at = dict(self.verify_timed_at)
+        for n, ms in end.t_ver.items():
+            if n > 1 and s.t_ver.get(n) != ms:
+                verify_at[n] = now
+        proposal_at = now if end.t_prop is not None and end.t_prop != s.t_prop else self.proposal_timed_at
         t1, t1_start = end.t_ver.get(1), s.t_ver.get(1)
         scale = min(2.0, max(0.5, t1 / t1_start)) if t1 and t1_start else 1.0
         t_ver = dict(self.t_ver)
@@ -200,7 +236,7 @@ class SchedulerPrices:
         reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))
-        return SchedulerPrices(t_ver, t_prop, reached, hit, timed_at).capped()
+        return SchedulerPrices(t_ver, t_prop, reached, hit, verify_at, proposal_at).capped()
 
     def summary(self) -> str:
         """One line: the decode, the widest verify and the proposal in ms, acceptance at position 0."""
@@ -218,16 +254,18 @@ class SchedulerPrices:
 
 
 def retime_reason(kept: SchedulerPrices, now: float) -> str:
-    """Why a new session should not start from the verify and proposal times in ``kept`` (``now`` in
-    Unix seconds), in words, or "" when it should: they were measured more than
-    :data:`RETIME_AFTER_S` ago, or when is not known (spec dspark.md §7.4)."""
-    age = kept.verify_age(now)
-    if age is None or age <= RETIME_AFTER_S:
+    """Why a new session does not start from some of the verify and proposal times in ``kept``
+    (:meth:`SchedulerPrices.stale`; ``now`` in Unix seconds), in words, or "" when it starts from all
+    of them (spec dspark.md §7.4)."""
+    widths, prop, age = kept.stale(now)
+    if not widths and not prop:
         return ""
-    when = ("at a time the prices do not record" if math.isinf(age)
+    names = [f"verify({n})" for n in widths] + (["the proposal"] if prop else [])
+    what = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    when = ("at a time they do not record (or one later than this machine's clock)" if math.isinf(age)
             else f"{age / 3600:.1f} h ago" if age >= 5400 else f"{age / 60:.0f} min ago")
-    return (f"the kept verify and proposal times were measured {when} (over {RETIME_AFTER_S / 3600:g} h): "
-            f"the session's first drafted cycle re-times them")
+    return (f"the kept times of {what} were measured {when} (over {RETIME_AFTER_S / 3600:g} h): drafting re-times "
+            f"them")
 
 
 # ---- the saved file ----------------------------------------------------------------------------

@@ -661,9 +661,10 @@ class Engine:
                 kept, source = self._prices, self._prices_from
             if kept is not None and kept.learnt:
                 start = kept.capped()
-                retime = prices.retime_reason(start, time.time())
+                now = time.time()
+                retime = prices.retime_reason(start, now)
                 if retime:
-                    start = start.without_verify_times()
+                    start = start.without_stale(now)
                 backend.set_prices(start, kept=True)
             else:
                 source = "fresh"
