@@ -104,8 +104,19 @@ def test_continuations_read_back_and_refuse_another_target(tmp_path):
         corpus.load_continuations([tmp_path / "c.npz.xz"], **kw)
     with pytest.raises(ValueError, match=r"absent.npz.xz: cannot read the continuations file"):
         corpus.load_continuations([tmp_path / "absent.npz.xz"], **kw)
-    with pytest.raises(ValueError, match=r"expected ids of shape \[S, 12\] .*found \[5, 11\]"):
+    with pytest.raises(ValueError, match=r"expected ids of shape \[S >= 1, 12\] .*found \[5, 11\]"):
         corpus.save_continuations(tmp_path / "d.npz.xz", a[:, :11], seed=0, **kw)
+    with pytest.raises(ValueError, match=r"found \[0, 12\]"):
+        corpus.save_continuations(tmp_path / "d.npz.xz", a[:0], seed=0, **kw)
+    for bad, found in ((a * 0.5, "float64"), (a - 200000, "ids -"), (a + 129280, r"ids \d+\.\.")):
+        with pytest.raises(ValueError, match=f"expected integer token ids in 0..129279, found {found}"):
+            corpus.save_continuations(tmp_path / "d.npz.xz", bad, seed=0, **kw)
+    assert not (tmp_path / "d.npz.xz").exists()
+    # more distinct ids than uint16 codes hold: wider codes, the same ids back (a str path too)
+    wide = np.arange(70000 * 12, dtype=np.int64).reshape(70000, 12) % 100000
+    corpus.save_continuations(str(tmp_path / "w.npz.xz"), wide, seed=1, **kw)
+    assert np.array_equal(corpus.load_continuations([str(tmp_path / "w.npz.xz")], **kw)[0], wide)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
 @pytest.mark.parametrize("answer,want", [
@@ -193,6 +204,8 @@ def test_target_init_runs_chain_in_the_shipped_log():
     (["--continuations", "c.npz.xz"], "--continuations needs the target as a file: add --target-gguf"),
     (["--target-init", "m.gguf", "--save-continuations"], "--save-continuations needs the target as a file"),
     (["--target-gguf", "m.gguf", "--continuations", "c.npz.xz"], "--continuations c.npz.xz: cannot read"),
+    (["--target-gguf", "m.gguf", "--save-continuations", "--continuations", "c.npz.xz"],
+     "--save-continuations and --continuations: a run that trains on saved continuations makes none to save"),
 ])
 def test_train_demo_refuses_target_flags_that_do_not_fit(args, message, tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")

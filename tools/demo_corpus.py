@@ -65,6 +65,7 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import platform
 import re
 import sys
@@ -284,6 +285,8 @@ def load_split(corpus: Path, name: str) -> np.ndarray:
 
 CONTINUATIONS_FORMAT = "ds4tui-demo-continuations-1"
 """Format name of the files :func:`save_continuations` writes."""
+N_VOCAB = 129280
+"""Token ids of the DS4 tokenizer (``seen.npy``'s length): a continuation's ids lie below it."""
 
 
 def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, prompt_tokens: int, new_tokens: int,
@@ -297,16 +300,22 @@ def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, promp
     and continuation lengths, the seed that chose the prompts, the row count), so a later drafter
     run (``--continuations``) can train on them without making them again and can refuse them for
     another target.  Returns the metadata.  Raises ValueError on an ``ids`` of the wrong shape."""
-    ids = np.asarray(ids)
-    if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens:
-        raise ValueError(f"continuations: expected ids of shape [S, {prompt_tokens + new_tokens}] "
+    path, ids = Path(path), np.asarray(ids)
+    if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens or ids.shape[0] == 0:
+        raise ValueError(f"continuations: expected ids of shape [S >= 1, {prompt_tokens + new_tokens}] "
                          f"({prompt_tokens} prompt + {new_tokens} new tokens), found {list(ids.shape)}")
+    if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= N_VOCAB:
+        found = ids.dtype if not np.issubdtype(ids.dtype, np.integer) else f"ids {ids.min()}..{ids.max()}"
+        raise ValueError(f"continuations: expected integer token ids in 0..{N_VOCAB - 1}, found {found}")
     meta = {"format": CONTINUATIONS_FORMAT, "target_sha256": target_sha256, "prompt_tokens": prompt_tokens,
             "new_tokens": new_tokens, "seed": seed, "sequences": int(ids.shape[0])}
-    vocab, codes = np.unique(ids.astype(np.int32), return_inverse=True)  # < 129280 distinct ids: uint16 codes
+    vocab, codes = np.unique(ids.astype(np.int32), return_inverse=True)
+    codes = codes.reshape(ids.shape).astype(np.uint16 if vocab.size <= 1 << 16 else np.uint32)
     buf = io.BytesIO()
-    np.savez(buf, vocab=vocab, codes=codes.reshape(ids.shape).astype(np.uint16), meta=np.array(json.dumps(meta)))
-    path.write_bytes(lzma.compress(buf.getvalue(), preset=6))
+    np.savez(buf, vocab=vocab, codes=codes, meta=np.array(json.dumps(meta)))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(lzma.compress(buf.getvalue(), preset=6))
+    os.replace(tmp, path)  # a reader never sees half a file
     return meta
 
 
@@ -340,7 +349,7 @@ def load_continuations(paths: list[Path], *, target_sha256: str, prompt_tokens: 
         if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens:
             raise ValueError(f"{path}: expected ids of shape [S, {prompt_tokens + new_tokens}], "
                              f"found {list(ids.shape)}")
-        seeds = [m["seed"] for m in metas]
+        seeds = [m.get("seed") for m in metas]
         if meta.get("seed") in seeds:
             raise ValueError(f"{path}: its prompts were chosen with seed {meta.get('seed')}, as those of "
                              f"{paths[seeds.index(meta.get('seed'))]}: the same continuations twice")

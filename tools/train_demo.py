@@ -95,9 +95,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as _exc:  # not a ds4tui dependency: one line, not a traceback (even for --help)
+    raise SystemExit(f"train_demo.py: needs torch and transformers >= 5.23 (DeepseekV4ForCausalLM), which are not "
+                     f"ds4tui dependencies ({_exc}); install them, e.g. pip install torch 'transformers>=5.23', "
+                     f"on a machine with a CUDA GPU (--device cpu runs a smoke test)") from None
 
 from ds4tui.devtools.make_test_model import hf_config_json, tiny_config
 from ds4tui.engine import layout as L
@@ -1119,6 +1125,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{' and '.join(given)} both name the target; give one of them")
     if a.drafter_init and not (a.target_gguf or a.target_init):
         ap.error("--drafter-init needs the target it was trained for: add --target-gguf or --target-init")
+    if a.save_continuations and a.continuations:
+        ap.error("--save-continuations and --continuations: a run that trains on saved continuations makes none "
+                 "to save; give one of them")
     for flag, on in (("--save-continuations", a.save_continuations), ("--continuations", a.continuations)):
         if on and not a.target_gguf:
             ap.error(f"{flag} needs the target as a file: add --target-gguf (continuations belong to one target "
