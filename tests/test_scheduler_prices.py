@@ -14,6 +14,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -426,6 +427,23 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     assert all(time.time() - 60 < t <= time.time() for t in stamps)
     again = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
     assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+
+
+def test_generate_says_which_kept_times_it_re_times(tiny_q2, capsys):
+    argv = ["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi", "-n", "16",
+            "--threads", "1", "--backend", "cpu"]
+    assert cli_main(argv + ["--json"]) == 0  # writes the prices file (a folder of the test's own: conftest)
+    path = Path(json.loads(capsys.readouterr().out)["scheduler_prices_file"])
+    doc = json.loads(path.read_text())
+    assert doc["prices"]["verify_timed_at"] and doc["prices"]["proposal_timed_at"]
+    doc["prices"]["verify_timed_at"] = {n: 1.0 for n in doc["prices"]["verify_timed_at"]}
+    doc["prices"]["proposal_timed_at"] = 1.0
+    path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "ds4tui generate: note: scheduler prices: the kept times of verify(" in err and "drafting re-times them" in err
+    assert cli_main(argv + ["--no-dspark"]) == 0 and "re-times" not in capsys.readouterr().err  # nothing drafts
 
 
 def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_not_draft_keeps_their_stamp(

@@ -250,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
             session.set_sampling(params)
             if engine.support_status == "attached":
                 _setup_dspark(engine, session, args)
+                if session.scheduler_prices_retime and not args.no_scheduler and args.dspark is not False:
+                    print(f"ds4tui generate: note: scheduler prices: {session.scheduler_prices_retime}",
+                          file=sys.stderr, flush=True)
         except BadVariable as exc:
             return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
         except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error too
