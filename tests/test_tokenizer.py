@@ -453,7 +453,7 @@ def test_cli_empty_text_is_0_tokens_said_as_such(capsys: pytest.CaptureFixture[s
                                 "4 tokens: the chat template alone, the text is empty (--text '')"]
     # the machine-readable forms are unchanged: 0 tokens, an empty list
     rc, out, _ = run_cli(capsys, model, "--text", "", "--json")
-    assert (rc, json.loads(out)) == (0, {"n_tokens": 0, "ids": [], "pieces": [], "bytes": []})
+    assert (rc, json.loads(out)) == (0, {"ok": True, "n_tokens": 0, "ids": [], "pieces": [], "bytes": []})
     assert run_cli(capsys, model, "--text", "", "--ids-only") == (0, "[]\n", "")
 
 

@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         # "bytes" (hex) is exact where a piece is only part of a multi-byte character
         raw = [tokenizer.token_bytes(i).hex() for i in ids]
-        print_whole(json.dumps({"n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw}, ensure_ascii=False))
+        print_whole(json.dumps({"ok": True, "n_tokens": len(ids), "ids": ids, "pieces": pieces, "bytes": raw},
+                               ensure_ascii=False))
         return 0
     if not ids and not text:  # an empty text: no table, and the count says why it is 0
         print(f"0 tokens: the text is empty ({_empty_source(args)})")
