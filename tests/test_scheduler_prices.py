@@ -462,6 +462,128 @@ def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_no
     assert doc["proposal_timed_at"] == stamp
 
 
+def test_other_work_is_the_machines_busy_time_less_this_processs_and_is_kept_with_the_verify_times(tmp_path):
+    stat = tmp_path / "stat"
+    hz = os.sysconf("SC_CLK_TCK")
+    #           user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(f"cpu  {3 * hz} {hz} {hz} 900 7 0 {hz} 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert P.cpu_mark(stat)[1] == 6.0  # user + nice + system + irq + softirq + steal, in seconds
+    assert P.cpu_mark(tmp_path / "absent")[1] is None and P.cpu_mark(tmp_path)[1] is None
+    # 2 s apart: the machine was busy for 5 CPU seconds, this process for 1 of them
+    assert P.other_work((10.0, 100.0, 3.0), (12.0, 105.0, 4.0)) == 2.0
+    assert P.other_work((10.0, 100.0, 3.0), (12.0, 101.0, 4.0)) == 0.0  # never below 0 (tick rounding)
+    assert P.other_work((10.0, 100.0, 3.0), (10.05, 101.0, 3.0)) is None  # too short to tell
+    assert P.other_work((10.0, None, 3.0), (12.0, 105.0, 4.0)) is None
+    if os.path.exists(P.PROC_STAT):  # the real machine's: a number of cores, whatever else runs
+        a = P.cpu_mark()
+        time.sleep(P.OTHER_WORK_MIN_S + 0.05)
+        got = P.other_work(a, P.cpu_mark())
+        assert got is not None and 0.0 <= got <= os.cpu_count() + 0.5
+    # kept with the times a session measured, in the file too
+    start = P.SchedulerPrices(t_ver={1: 2.0, 3: 4.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15,
+                              hit=(4,) + (0,) * 15, verify_timed_at={3: 100.0, 6: 100.0}, proposal_timed_at=100.0,
+                              verify_other_work={3: 2.0, 6: 2.0}, proposal_other_work=2.0)
+    plain = P.SchedulerPrices(t_ver={1: 2.5, 3: 4.0, 6: 7.0}, t_prop=5.0, reached=start.reached, hit=start.hit)
+    m = start.merged(start, plain, now=200.0, other=0.0)  # nothing re-timed: the loads stay
+    assert m.verify_other_work == {3: 2.0, 6: 2.0} and m.proposal_other_work == 2.0
+    short = P.SchedulerPrices(t_ver={1: 2.5, 3: 3.0, 6: 7.0}, t_prop=5.0, reached=(11,) + (0,) * 15, hit=start.hit)
+    m = start.merged(start, short, now=200.0, other=0.25)  # verify(3) only (a short draft)
+    assert m.verify_other_work == {3: 0.25, 6: 2.0} and m.proposal_other_work == 2.0
+    assert start.merged(start, short, now=200.0).verify_other_work == {6: 2.0}  # not measured: not known
+    drafted = P.SchedulerPrices(t_ver={1: 2.5, 3: 4.0, 6: 6.0}, t_prop=4.0, reached=(11,) + (0,) * 15, hit=start.hit)
+    m = start.merged(start, drafted, now=200.0, other=0.25)
+    assert m.verify_other_work == {3: 2.0, 6: 0.25} and m.proposal_other_work == 0.25
+    back = P.SchedulerPrices.from_dict(start.to_dict())
+    assert back.verify_other_work == {3: 2.0, 6: 2.0} and back.proposal_other_work == 2.0
+    assert start.capped(5).verify_other_work == {3: 2.0, 6: 2.0} and start.capped(5).proposal_other_work == 2.0
+    old = start.to_dict()
+    del old["verify_other_work_cores"], old["proposal_other_work_cores"]  # files written before they were recorded
+    assert P.SchedulerPrices.from_dict(old).verify_other_work == {} and P.retime_reason(
+        P.SchedulerPrices.from_dict(old), 160.0, 0.0) == ""
+    with pytest.raises(SchedulerPricesError, match=r"prices.verify_other_work_cores.6: expected a number of cores "
+                                                   r">= 0, or null, found -1"):
+        P.SchedulerPrices.from_dict({**start.to_dict(), "verify_other_work_cores": {"6": -1}})
+    with pytest.raises(SchedulerPricesError, match=r"prices.proposal_other_work_cores: expected a number of cores "
+                                                   r">= 0, or null, found 'busy'"):
+        P.SchedulerPrices.from_dict({**start.to_dict(), "proposal_other_work_cores": "busy"})
+    # the rule: a change of RETIME_OTHER_CORES or more, either way, within the hour
+    assert P.retime_reason(start, 160.0, 0.2) == (
+        "the kept times of verify(3), verify(6) and the proposal were measured while other work kept 2.0 cores "
+        "busy, and it keeps 0.2 busy now (a change of 1 or more): drafting re-times them")
+    assert "keeps 3.0 busy now" in P.retime_reason(start, 160.0, 3.0)
+    assert P.retime_reason(start, 160.0, 1.2) == "" and P.retime_reason(start, 160.0, None) == ""
+    bare = start.without_stale(160.0, 0.2)
+    assert bare.t_ver == {1: 2.0} and bare.t_prop is None and bare.verify_other_work == {}
+    assert start.without_stale(160.0, 1.2) == start
+    mixed = m  # verify(6) and the proposal measured under 0.25 cores, verify(3) under 2.0
+    assert P.retime_reason(mixed, 160.0, 0.0) == (
+        "the kept times of verify(3) were measured while other work kept 2.0 cores busy, and it keeps 0.0 busy "
+        "now (a change of 1 or more): drafting re-times them")
+    assert mixed.without_stale(160.0, 0.0).t_ver == {1: 2.5, 6: 6.0}
+    # an old time is named for its age, not twice
+    assert P.retime_reason(start, 100.0 + 2 * 3600, 0.2) == (
+        "the kept times of verify(3), verify(6) and the proposal were measured 2.0 h ago (over 1 h): drafting "
+        "re-times them")
+
+
+def _save_busy(tiny_q2, tmp_path, timed_at: float, other: float) -> None:
+    """A saved prices file holding :data:`HOPELESS`, its verify and proposal timed at ``timed_at``
+    while other work kept ``other`` cores busy (as a run during a busy spell leaves them)."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    P.save(e.scheduler_prices_file, P.identity(e), P.SchedulerPrices(
+        dict(HOPELESS.t_ver), HOPELESS.t_prop, HOPELESS.reached, HOPELESS.hit, {6: timed_at}, timed_at))
+    doc = json.loads(e.scheduler_prices_file.read_text())
+    doc["prices"]["verify_other_work_cores"] = {"6": other}
+    doc["prices"]["proposal_other_work_cores"] = other
+    e.scheduler_prices_file.write_text(json.dumps(doc))
+    e.close()
+
+
+def test_saved_verify_times_measured_under_other_work_are_re_timed_when_the_load_changed(tiny_q2, tmp_path,
+                                                                                       monkeypatch):
+    """The fresh clone's failure: prices saved while another job kept both cores busy (a verify
+    priced at 3.5 decodes, a decode barely slower) kept a quiet run of the same hour from drafting,
+    as its decode could not tell.  With the other work on the machine kept beside them, the quiet run
+    sees the load changed, drafts once to re-time them, and keeps what it measured."""
+    stamp = time.time() - 600
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    _save_busy(tiny_q2, tmp_path, stamp, 2.0)
+    monkeypatch.setattr(P, "other_work", lambda a, b: 0.1, raising=False)  # what it measures now: quiet
+    e = S.Engine(tiny_q2["model"], **kw)
+    path = e.scheduler_prices_file
+    s = e.session(128)
+    _decode(s, 20)
+    assert s.dspark_stats().proposed > 0  # the pricing draft
+    assert e.scheduler_prices_note.endswith("the kept times of verify(6) and the proposal were measured while other "
+                                            "work kept 2.0 cores busy, and it keeps 0.1 busy now (a change of 1 or "
+                                            "more): drafting re-times them")
+    assert "other work kept 2.0 cores busy" in s.scheduler_prices_retime and s.scheduler_other_work == 0.1
+    s.close()
+    doc = json.loads(path.read_text())["prices"]
+    assert doc["t_prop_ms"] < 1000.0 and all(ms < 1000.0 for ms in doc["t_ver_ms"].values())
+    assert doc["proposal_other_work_cores"] == 0.1 and doc["verify_other_work_cores"]["6"] == 0.1
+    assert time.time() - 60 < doc["verify_timed_at"]["6"] <= time.time()
+    # the same load again: the prices it measured are used as they are
+    again = S.Engine(tiny_q2["model"], **kw)
+    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+
+
+def test_saved_verify_times_measured_under_the_same_load_are_used(tiny_q2, tmp_path, monkeypatch):
+    stamp = time.time() - 600
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    _save_busy(tiny_q2, tmp_path, stamp, 2.0)
+    monkeypatch.setattr(P, "other_work", lambda a, b: 1.2)  # busy still, within RETIME_OTHER_CORES
+    e = S.Engine(tiny_q2["model"], **kw)
+    s = e.session(128)
+    assert s.scheduler_prices_retime == "" and s.scheduler_prices() == HOPELESS
+    _decode(s, 20)
+    assert s.dspark_stats().proposed == 0
+    s.close()
+    doc = json.loads(e.scheduler_prices_file.read_text())["prices"]
+    assert doc["verify_other_work_cores"] == {"6": 2.0} and doc["proposal_other_work_cores"] == 2.0
+    assert doc["verify_timed_at"] == {"6": stamp}  # not re-timed: as they were
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not a scheduler prices file (invalid JSON"),
     (json.dumps({"format": 99}), "expected a scheduler prices file of format 1, found format 99"),

@@ -618,6 +618,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         out, drafted, reason = loop.ids, loop.n_draft, loop.reason
         st = session.dspark_stats()
         priced, retime = session.scheduler_prices_at_start, session.scheduler_prices_retime
+        other = session.scheduler_other_work
         memory = session.memory().to_dict()
     finally:
         current[0] = None
@@ -627,6 +628,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
             "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
             "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
             "from_draft": drafted, "scheduler_prices_at_start": priced, "scheduler_prices_retime": retime or None,
+            "scheduler_other_work_cores": other,
             "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory,
             "stop_reason": reason}
 

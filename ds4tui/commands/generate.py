@@ -37,7 +37,8 @@ the cpu backend) says which rows of a DSpark verify get the LM head; ``--json`` 
 and its note, and the DSpark counters ``verify_head_rows``.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
 where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
 ignored, and ``--json`` carries the mode, its note, the file, ``scheduler_prices_at_start`` and
-``scheduler_prices_retime`` (why kept verify and proposal times were left for the session to re-time).
+``scheduler_prices_retime`` (why kept verify and proposal times were left for the session to re-time:
+their age, or a change in the other work on the machine, ``scheduler_other_work_cores``).
 """
 
 from __future__ import annotations
@@ -493,7 +494,8 @@ def _prices_result(engine, session) -> dict:
             "scheduler_prices_file": None if engine.scheduler_prices_file is None else str(engine.scheduler_prices_file),
             "scheduler_prices_problem": engine.scheduler_prices_problem or None,
             "scheduler_prices_at_start": session.scheduler_prices_at_start,
-            "scheduler_prices_retime": session.scheduler_prices_retime or None}
+            "scheduler_prices_retime": session.scheduler_prices_retime or None,
+            "scheduler_other_work_cores": session.scheduler_other_work}
 
 
 def _read(path: str) -> str:

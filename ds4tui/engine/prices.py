@@ -19,7 +19,9 @@ that starts from kept prices still times a plain decode before it decides anythi
 measured time still enters through the clamped moving average and the re-pricing decode (spec
 dspark.md §7.4), so a stale price moves towards the measured one instead of latching a loss; verify
 and proposal times no session has re-timed for :data:`RETIME_AFTER_S` are left out of a new
-session's start (:func:`retime_reason`), so that its first drafted cycle prices them again.
+session's start (:func:`retime_reason`), so that its first drafted cycle prices them again, and so
+are times measured while other work on the machine kept :data:`RETIME_OTHER_CORES` or more cores
+busier or idler than it does now (:func:`cpu_mark`, :func:`other_work`).
 
 Nothing here reads the environment: the command line passes the folder of the saved files.
 """
@@ -60,6 +62,17 @@ RETIME_AFTER_S = 3600.0
 #: A time stamped later than the clock by more than this is not believed (a clock set back, prices
 #: copied from another machine): the time counts as measured at an unknown time.
 FUTURE_SLACK_S = 60.0
+#: Kept verify and proposal times measured while other work kept this many cores more or fewer busy
+#: than it does now are left out of a new session's start as well (spec dspark.md §7.4): a verify
+#: slows with the load far more than a decode (on the demo model's CPU run verify(6) ~3.2 ms quiet and
+#: 5.48 ms with another job on both cores, a decode ~1.5 and 1.58 ms), so the decode cannot tell that
+#: the load changed.
+RETIME_OTHER_CORES = 1.0
+#: The shortest time over which :func:`other_work` measures the other work (s): over less, the
+#: kernel's clock ticks (10 ms) make it too coarse to compare with a core.
+OTHER_WORK_MIN_S = 0.1
+#: Where Linux keeps the machine's CPU time.
+PROC_STAT = "/proc/stat"
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,9 @@ class SchedulerPrices:
     position k, and those that accepted it; ``verify_timed_at`` (width n > 1 → Unix seconds) and
     ``proposal_timed_at``: when a session last measured each verify time and the proposal's (a time
     with no stamp, as in files written before they were recorded, was measured at an unknown time;
-    the C struct holds no stamps, and ``==`` compares the prices, not their stamps)."""
+    the C struct holds no stamps, and ``==`` compares the prices, not their stamps);
+    ``verify_other_work`` (width → cores) and ``proposal_other_work``: the cores other processes kept
+    busy just before the session that measured each (:func:`other_work`; absent: not known)."""
 
     t_ver: dict[int, float] = field(default_factory=dict)
     t_prop: float | None = None
@@ -79,6 +94,8 @@ class SchedulerPrices:
     hit: tuple[int, ...] = (0,) * MAX_BLOCK
     verify_timed_at: dict[int, float] = field(default_factory=dict, compare=False)
     proposal_timed_at: float | None = field(default=None, compare=False)
+    verify_other_work: dict[int, float] = field(default_factory=dict, compare=False)
+    proposal_other_work: float | None = field(default=None, compare=False)
 
     @property
     def learnt(self) -> bool:
@@ -109,11 +126,14 @@ class SchedulerPrices:
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """``{"t_ver_ms": {"1": ms, ...}, "t_prop_ms": ms | None, "reached": [...], "hit": [...],
-        "verify_timed_at": {"6": s, ...}, "proposal_timed_at": s | None}``."""
+        "verify_timed_at": {"6": s, ...}, "proposal_timed_at": s | None, "verify_other_work_cores": {"6":
+        cores, ...}, "proposal_other_work_cores": cores | None}``."""
         return {"t_ver_ms": {str(n): ms for n, ms in sorted(self.t_ver.items())}, "t_prop_ms": self.t_prop,
                 "reached": list(self.reached), "hit": list(self.hit),
                 "verify_timed_at": {str(n): at for n, at in sorted(self.verify_timed_at.items())},
-                "proposal_timed_at": self.proposal_timed_at}
+                "proposal_timed_at": self.proposal_timed_at,
+                "verify_other_work_cores": {str(n): c for n, c in sorted(self.verify_other_work.items())},
+                "proposal_other_work_cores": self.proposal_other_work}
 
     @classmethod
     def from_dict(cls, d, where: str = "prices") -> "SchedulerPrices":
@@ -151,27 +171,33 @@ class SchedulerPrices:
         for k in range(MAX_BLOCK):
             if hit[k] > reached[k]:
                 raise bad(f"hit[{k}]", f"at most reached[{k}] = {reached[k]}", hit[k])
-        def stamp(name: str, v) -> float | None:
+        def stamp(name: str, v, what: str = "a time in Unix seconds") -> float | None:
             if v is None:
                 return None
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise bad(name, "a time in Unix seconds >= 0, or null", v)
+                raise bad(name, f"{what} >= 0, or null", v)
             return float(v)
 
-        # both absent in files written before they were recorded: every time's moment unknown
-        va, pa = d.get("verify_timed_at"), stamp("proposal_timed_at", d.get("proposal_timed_at"))
-        if va is None:
-            verify_at = {}
-        elif isinstance(va, dict):
-            verify_at = {}
-            for key, v in va.items():
+        def by_width(name: str, unit: str, what: str) -> dict[int, float]:
+            v = d.get(name)
+            if v is None:
+                return {}
+            if not isinstance(v, dict):
+                raise bad(name, f"an object of width → {unit}", v)
+            out = {}
+            for key, x in v.items():
                 if not (isinstance(key, str) and key.isdigit() and 2 <= int(key) <= MAX_WIDTH):
-                    raise bad("verify_timed_at", f"widths 2..{MAX_WIDTH}", key)
-                if (at := stamp(f"verify_timed_at.{key}", v)) is not None:
-                    verify_at[int(key)] = at
-        else:
-            raise bad("verify_timed_at", "an object of width → Unix seconds", va)
-        return cls(t_ver, t_prop, reached, hit, verify_at, pa)
+                    raise bad(name, f"widths 2..{MAX_WIDTH}", key)
+                if (got := stamp(f"{name}.{key}", x, what)) is not None:
+                    out[int(key)] = got
+            return out
+
+        # all absent in files written before they were recorded: every time's moment and load unknown
+        verify_at = by_width("verify_timed_at", "Unix seconds", "a time in Unix seconds")
+        pa = stamp("proposal_timed_at", d.get("proposal_timed_at"))
+        verify_other = by_width("verify_other_work_cores", "cores", "a number of cores")
+        po = stamp("proposal_other_work_cores", d.get("proposal_other_work_cores"), "a number of cores")
+        return cls(t_ver, t_prop, reached, hit, verify_at, pa, verify_other, po)
 
     # -- carrying them over ------------------------------------------------------------------------
     def capped(self, verifies: int = PRIOR_VERIFIES) -> "SchedulerPrices":
@@ -184,7 +210,7 @@ class SchedulerPrices:
         reached = tuple(int(round(r * f)) for r in self.reached)
         hit = tuple(min(int(round(h * f)), r) for h, r in zip(self.hit, reached))
         return SchedulerPrices(dict(self.t_ver), self.t_prop, reached, hit, dict(self.verify_timed_at),
-                               self.proposal_timed_at)
+                               self.proposal_timed_at, dict(self.verify_other_work), self.proposal_other_work)
 
     def stale(self, now: float) -> tuple[list[int], bool, float]:
         """The verify widths and whether the proposal whose times are too old to start a session from
@@ -199,32 +225,59 @@ class SchedulerPrices:
         ages = [age(self.verify_timed_at.get(n)) for n in widths] + ([age(self.proposal_timed_at)] if prop else [])
         return widths, prop, max(ages, default=0.0)
 
-    def without_stale(self, now: float) -> "SchedulerPrices":
-        """These prices less the times :meth:`stale` names: a session started from them drafts to
-        price them again (spec dspark.md §7.4); the plain decode's time and the counts stay."""
+    def reloaded(self, other: float | None) -> tuple[list[int], bool, float]:
+        """The verify widths and whether the proposal whose times were measured while other work kept
+        :data:`RETIME_OTHER_CORES` or more cores busier or idler than the ``other`` cores it keeps
+        busy now (None: not known, nothing is named; a time whose load was not recorded is not named
+        either), and the cores of other work at the time that differs most (0.0 when none)."""
+        if other is None:
+            return [], False, 0.0
+
+        def changed(c: float | None) -> bool:
+            return c is not None and abs(other - c) >= RETIME_OTHER_CORES
+
+        widths = [n for n in sorted(self.t_ver) if n > 1 and changed(self.verify_other_work.get(n))]
+        prop = self.t_prop is not None and changed(self.proposal_other_work)
+        loads = [self.verify_other_work[n] for n in widths] + ([self.proposal_other_work] if prop else [])
+        return widths, prop, max(loads, key=lambda c: abs(other - c), default=0.0)
+
+    def without_stale(self, now: float, other: float | None = None) -> "SchedulerPrices":
+        """These prices less the times :meth:`stale` and :meth:`reloaded` name: a session started from
+        them drafts to price them again (spec dspark.md §7.4); the plain decode's time and the counts
+        stay."""
         widths, prop, _ = self.stale(now)
+        lw, lp, _ = self.reloaded(other)
+        widths, prop = set(widths) | set(lw), prop or lp
         t_ver = {n: ms for n, ms in self.t_ver.items() if n not in widths}
         at = {n: a for n, a in self.verify_timed_at.items() if n in t_ver}
+        load = {n: c for n, c in self.verify_other_work.items() if n in t_ver}
         return SchedulerPrices(t_ver, None if prop else self.t_prop, self.reached, self.hit, at,
-                               None if prop else self.proposal_timed_at)
+                               None if prop else self.proposal_timed_at, load,
+                               None if prop else self.proposal_other_work)
 
     def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices",
-               now: float | None = None) -> "SchedulerPrices":
+               now: float | None = None, other: float | None = None) -> "SchedulerPrices":
         """These (the engine's) prices after a session that started from ``start`` (None: fresh)
         ended with ``end``: every time the session holds replaces the kept one (its moving average
         already started from it), the others stay; a time the session started with and never
         re-timed (a session that did not draft times only plain decodes) is scaled by how its plain
         decode changed (``end`` over ``start``, within [½, 2]), so that the kept verify and proposal
         stay in the ratio to a decode they were measured in; the counts add what the session added;
-        each time the session measured is stamped ``now`` (Unix seconds, default the clock's), the
-        others keep their stamps; then :meth:`capped`."""
+        each time the session measured is stamped ``now`` (Unix seconds, default the clock's) and
+        ``other`` (the cores of other work the session saw at its start, None: not known), the others
+        keep their stamps; then :meth:`capped`."""
         s = start or SchedulerPrices()
         now = time.time() if now is None else now
-        verify_at = dict(self.verify_timed_at)
+        verify_at, verify_other = dict(self.verify_timed_at), dict(self.verify_other_work)
         for n, ms in end.t_ver.items():
             if n > 1 and s.t_ver.get(n) != ms:
                 verify_at[n] = now
-        proposal_at = now if end.t_prop is not None and end.t_prop != s.t_prop else self.proposal_timed_at
+                verify_other.pop(n, None)
+                if other is not None:
+                    verify_other[n] = other
+        proposal_at, proposal_other = self.proposal_timed_at, self.proposal_other_work
+        if end.t_prop is not None and end.t_prop != s.t_prop:
+            proposal_at, proposal_other = now, other
         t1, t1_start = end.t_ver.get(1), s.t_ver.get(1)
         scale = min(2.0, max(0.5, t1 / t1_start)) if t1 and t1_start else 1.0
         t_ver = dict(self.t_ver)
@@ -236,7 +289,8 @@ class SchedulerPrices:
         reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))
-        return SchedulerPrices(t_ver, t_prop, reached, hit, verify_at, proposal_at).capped()
+        return SchedulerPrices(t_ver, t_prop, reached, hit, verify_at, proposal_at, verify_other,
+                               proposal_other).capped()
 
     def summary(self) -> str:
         """One line: the decode, the widest verify and the proposal in ms, acceptance at position 0."""
@@ -253,19 +307,55 @@ class SchedulerPrices:
         return ", ".join(parts) or "nothing measured"
 
 
-def retime_reason(kept: SchedulerPrices, now: float) -> str:
-    """Why a new session does not start from some of the verify and proposal times in ``kept``
-    (:meth:`SchedulerPrices.stale`; ``now`` in Unix seconds), in words, or "" when it starts from all
-    of them (spec dspark.md §7.4)."""
-    widths, prop, age = kept.stale(now)
-    if not widths and not prop:
-        return ""
+def _names(widths, prop: bool) -> str:
     names = [f"verify({n})" for n in widths] + (["the proposal"] if prop else [])
-    what = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    when = ("at a time they do not record (or one later than this machine's clock)" if math.isinf(age)
-            else f"{age / 3600:.1f} h ago" if age >= 5400 else f"{age / 60:.0f} min ago")
-    return (f"the kept times of {what} were measured {when} (over {RETIME_AFTER_S / 3600:g} h): drafting re-times "
-            f"them")
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def retime_reason(kept: SchedulerPrices, now: float, other: float | None = None) -> str:
+    """Why a new session does not start from some of the verify and proposal times in ``kept``
+    (:meth:`SchedulerPrices.stale`, and :meth:`SchedulerPrices.reloaded` for ``other``, the cores
+    other work keeps busy now; ``now`` in Unix seconds), in words, or "" when it starts from all of
+    them (spec dspark.md §7.4)."""
+    widths, prop, age = kept.stale(now)
+    parts = []
+    if widths or prop:
+        when = ("at a time they do not record (or one later than this machine's clock)" if math.isinf(age)
+                else f"{age / 3600:.1f} h ago" if age >= 5400 else f"{age / 60:.0f} min ago")
+        parts.append(f"the kept times of {_names(widths, prop)} were measured {when} (over "
+                     f"{RETIME_AFTER_S / 3600:g} h)")
+    lw, lp, cores = kept.reloaded(other)
+    lw, lp = [n for n in lw if n not in widths], lp and not prop
+    if lw or lp:
+        parts.append(f"the kept times of {_names(lw, lp)} were measured while other work kept {cores:.1f} cores "
+                     f"busy, and it keeps {other:.1f} busy now (a change of {RETIME_OTHER_CORES:g} or more)")
+    return "; ".join(parts) + ": drafting re-times them" if parts else ""
+
+
+def cpu_mark(stat: str | os.PathLike = PROC_STAT) -> tuple[float, float | None, float]:
+    """A mark for :func:`other_work`: (the monotonic clock, the CPU seconds every core of the machine
+    spent busy — user, nice, system, irq, softirq and steal time in ``stat``, Linux's
+    ``/proc/stat``; None where it cannot be read —, this process's CPU seconds, all its threads)."""
+    busy = None
+    try:
+        with open(stat, encoding="ascii") as f:
+            fields = f.readline().split()
+        if fields and fields[0] == "cpu" and len(fields) >= 9:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+            busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        busy = None
+    return time.monotonic(), busy, time.process_time()
+
+
+def other_work(a: tuple, b: tuple) -> float | None:
+    """The cores other processes kept busy, on average, between two :func:`cpu_mark`s (the machine's
+    busy time less this process's, over the time between them); None when the machine's time cannot
+    be read or the marks are less than :data:`OTHER_WORK_MIN_S` apart."""
+    wall = b[0] - a[0]
+    if a[1] is None or b[1] is None or wall < OTHER_WORK_MIN_S:
+        return None
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / wall)
 
 
 # ---- the saved file ----------------------------------------------------------------------------

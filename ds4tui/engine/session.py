@@ -257,6 +257,10 @@ class Engine:
                  prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
                  prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto",
                  verify_head: str = "auto"):
+        # the other work on the machine is measured from here (loading the model is this process's
+        # own CPU time, left out): kept verify times measured under another load are re-timed
+        self._cpu_mark = prices.cpu_mark()
+        self._other_work: float | None = None  # the cores other work kept busy, as last measured
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if numerics not in NUMERICS:
@@ -574,20 +578,32 @@ class Engine:
                                           f"if it can)")
             return
         self._prices, self._prices_from = kept, "saved"
-        retime = prices.retime_reason(kept, time.time())
+        retime = prices.retime_reason(kept, time.time(), self._measure_other_work())
         self.scheduler_prices_note = f"saved: from {path} ({kept.summary()})" + (f"; {retime}" if retime else "")
 
-    def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None") -> None:
+    def _measure_other_work(self) -> float | None:
+        """The cores other processes kept busy since the engine began to open or its last session
+        closed (:func:`~ds4tui.engine.prices.other_work`), or as last measured when that was too short
+        a time to tell; None when never measured."""
+        other = prices.other_work(self._cpu_mark, prices.cpu_mark())
+        if other is not None:
+            self._other_work = other
+        return self._other_work
+
+    def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None",
+                     other: float | None = None) -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
         file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
         words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`);
         a write that succeeds clears the problem (a file that could not be used at open is then replaced,
-        and the note says so).  ``fresh`` keeps nothing."""
+        and the note says so); ``other``: the other work the session saw at its start, kept with the
+        times it measured.  ``fresh`` keeps nothing."""
+        self._cpu_mark = prices.cpu_mark()  # the next session measures the other work from here
         if end is None or not end.learnt or self.scheduler_prices == "fresh":
             return
         with self._prices_lock:
-            self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end)
+            self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end, other=other)
             self._prices_from = "engine"
             if self.scheduler_prices == "engine":  # where the sessions left them, in memory only
                 self.scheduler_prices_note = (f"engine: the sessions so far left {self._prices.summary()} for the "
@@ -655,21 +671,22 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        start, source, retime = None, "fresh", ""
+        start, source, retime, other = None, "fresh", "", None
         if self.scheduler_prices != "fresh" and self.support_status == "attached":
+            other = self._measure_other_work()
             with self._prices_lock:
                 kept, source = self._prices, self._prices_from
             if kept is not None and kept.learnt:
                 start = kept.capped()
                 now = time.time()
-                retime = prices.retime_reason(start, now)
+                retime = prices.retime_reason(start, now, other)
                 if retime:
-                    start = start.without_stale(now)
+                    start = start.without_stale(now, other)
                 backend.set_prices(start, kept=True)
             else:
                 source = "fresh"
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
-                    prices_source=source, prices_retime=retime)
+                    prices_source=source, prices_retime=retime, prices_other_work=other)
         self._sessions.add(s)
         return s
 
@@ -755,7 +772,7 @@ class Session:
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
                  print_stats: bool = False, prices_start: "prices.SchedulerPrices | None" = None,
-                 prices_source: str = "fresh", prices_retime: str = ""):
+                 prices_source: str = "fresh", prices_retime: str = "", prices_other_work: float | None = None):
         self.engine = engine
         #: where the scheduler's prices came from at the start (spec dspark.md §7.4): "fresh",
         #: "saved" (the engine's file) or "engine" (an earlier session of the engine)
@@ -763,6 +780,9 @@ class Session:
         #: why the kept verify and proposal times were left out of this session's start, so that its
         #: first drafted cycle re-times them ("" when they were not; prices.retime_reason)
         self.scheduler_prices_retime = prices_retime
+        #: the cores other processes kept busy just before the session (None: not known), kept with
+        #: the verify and proposal times it measures (prices.other_work)
+        self.scheduler_other_work = prices_other_work
         self._prices_start = prices_start
         self.print_stats = print_stats
         self.config = engine.config
@@ -1260,7 +1280,7 @@ class Session:
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)
             if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
-                self.engine._keep_prices(self._prices_start, self._prices_to_keep())
+                self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work)
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()
