@@ -295,11 +295,13 @@ def save_continuations(path: Path, ids: np.ndarray, *, target_sha256: str, promp
 
     ``ids``: int ``[S, prompt_tokens + new_tokens]`` token ids, each row a training-split prompt and
     the target's greedy continuation of it.  The file is an xz-compressed ``.npz`` holding ``vocab``
-    (the distinct ids, int32), ``codes`` (uint16 ``[S, L]``, ``vocab[codes]`` is ``ids``) and ``meta``
+    (the distinct ids, int32), ``codes`` (``[S, L]``, uint16, or uint32 past 65 536 distinct ids;
+    ``vocab[codes]`` is ``ids``; the idea of :func:`save_compact`, in one file) and ``meta``
     (JSON: :data:`CONTINUATIONS_FORMAT`, the target GGUF's sha256, the prompt
     and continuation lengths, the seed that chose the prompts, the row count), so a later drafter
     run (``--continuations``) can train on them without making them again and can refuse them for
-    another target.  Returns the metadata.  Raises ValueError on an ``ids`` of the wrong shape."""
+    another target.  Returns the metadata.  Raises ValueError on an ``ids`` of the wrong shape, with no
+    rows, or not integer token ids below :data:`N_VOCAB`."""
     path, ids = Path(path), np.asarray(ids)
     if ids.ndim != 2 or ids.shape[1] != prompt_tokens + new_tokens or ids.shape[0] == 0:
         raise ValueError(f"continuations: expected ids of shape [S >= 1, {prompt_tokens + new_tokens}] "

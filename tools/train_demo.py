@@ -1141,10 +1141,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from demo_corpus import load_continuations, load_split, save_continuations
 
+    target_sha256 = _sha256(a.target_gguf) if a.target_gguf else None  # read once: the file is ~90 MB
     loaded = None
     if a.continuations:
         try:
-            loaded = load_continuations(a.continuations, target_sha256=_sha256(a.target_gguf),
+            loaded = load_continuations(a.continuations, target_sha256=target_sha256,
                                         prompt_tokens=a.distill_prompt, new_tokens=a.distill_new)
         except ValueError as exc:
             ap.error(f"--continuations {exc}")
@@ -1170,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
     originals = None
     if a.target_gguf:
         model, report["target_from_gguf"] = target_from_gguf(c, a.target_gguf, a.out, a.seed, a.device, held_ids)
-        report["target_from_gguf"].update(path=str(a.target_gguf), sha256=_sha256(a.target_gguf))
+        report["target_from_gguf"].update(path=str(a.target_gguf), sha256=target_sha256)
         seen, report["target_from_gguf"]["seen_ids_added"] = seen_with_distinct_rows(seen, model.lm_head.weight)
     elif a.resume_target:
         saved = torch.load(a.resume_target, map_location=a.device, weights_only=False)
@@ -1208,7 +1209,6 @@ def main(argv: list[str] | None = None) -> int:
         held_generated = (generate_greedy(model, hp, a.distill_new, a.distill_chunk, kv_cache=kv)
                           if hp is not None else None)
         if loaded:
-            prompts = None
             generated = torch.from_numpy(loaded[0].astype(np.int64)).to(a.device)
         else:
             prompts = (Windows(train_ids, P, a.device, a.seed + 3).batch(a.distill_sequences)
@@ -1221,9 +1221,9 @@ def main(argv: list[str] | None = None) -> int:
                              "prompt_tokens": P, "new_tokens": a.distill_new, "kv_cache": kv, "seconds": round(time.time() - t0, 1)}
         if loaded:
             report["distill"]["loaded"] = [{"path": str(f), **m} for f, m in zip(a.continuations, loaded[1])]
-        if a.save_continuations and generated is not None and not loaded:
+        if a.save_continuations and generated is not None:  # never with --continuations (refused above)
             report["distill"]["saved"] = save_continuations(
-                a.out / "continuations.npz.xz", generated.cpu().numpy(), target_sha256=_sha256(a.target_gguf),
+                a.out / "continuations.npz.xz", generated.cpu().numpy(), target_sha256=target_sha256,
                 prompt_tokens=P, new_tokens=a.distill_new, seed=a.seed)
         log(f"distill {json.dumps(report['distill'])}")
     drafter = Drafter(c, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach(), seen, a.seed)

@@ -1176,10 +1176,6 @@ def _file_kind(p: Path) -> str:
             else "something that is not a regular file")
 
 
-#: ``--out ''`` (an unset variable)
-_EMPTY_OUT = "argument --out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
-
-
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder.  An existing GGUF (the model or support file given,
@@ -1188,7 +1184,7 @@ def _out_problem(path: str) -> str | None:
     p = Path(path)
     head = f"--out {path}: cannot write the result there"
     if not path.strip():  # Path("") is the current folder, which the message below would name as found
-        return _EMPTY_OUT
+        return "argument --out: expected a file name, found an empty one; give a file name, e.g. --out bench.json"
     if p.is_dir():
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
     if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
