@@ -95,7 +95,8 @@ def test_stderr_redirected_to_a_file_keeps_the_app_on_the_terminal(tiny_q2, fitt
     after it — here ds4's stats line (DS4_DSPARK_STATS=1) — not the app's screen."""
     tmux = Tmux(f"ds4tui-err-{os.getpid()}")
     log = tmp_path / "err.log"
-    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color DS4_DSPARK_STATS=1 {sys.executable} -m "
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES TERM=xterm-256color DS4_DSPARK_STATS=1 "
+           f"XDG_CACHE_HOME={tmp_path}/cache {sys.executable} -m "
            f"ds4tui chat {tiny_q2['model']} --mtp {fitted_support} --backend cpu --ctx 1024 -n 12 --nothink "
            f"2>{log}; sleep 60")
     tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "45", cmd)
