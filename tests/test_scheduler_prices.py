@@ -1014,7 +1014,7 @@ def test_a_cut_proposal_measures_the_next_position_from_the_bonus_when_greedy(ti
         assert (end.reached[2], end.hit[2]) == (observed, accepted_third)
 
 
-def _kept_by_the_engine(tiny_q2, prices: P.SchedulerPrices) -> S.Session:
+def _kept_by_the_engine(tiny_q2, prices: P.SchedulerPrices, n_ctx: int = 128) -> S.Session:
     """A second session of an engine that keeps prices, its first having ended holding ``prices``
     (set and closed before any cycle: the engine keeps them as they are)."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
@@ -1022,7 +1022,7 @@ def _kept_by_the_engine(tiny_q2, prices: P.SchedulerPrices) -> S.Session:
     first.set_scheduler_prices(prices)
     first.close()
     assert e.kept_prices == prices.capped()
-    s = e.session(128)
+    s = e.session(n_ctx)
     assert s.scheduler_prices_at_start == "engine"
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
@@ -1077,3 +1077,44 @@ def test_a_prices_folder_under_proc_is_one_that_cannot_be_written_not_a_full_dis
 
     assert P.folder_problem("/proc/x") == (f"no such folder, and /proc, which cannot be written: "
                                            f"{os.strerror(errno.ENOENT)}", "choose a folder outside /proc")
+
+
+def test_a_hopeless_back_off_ends_in_a_whole_probe_while_kept_times_are_not_re_timed(tiny_q2):
+    """In-session (spec dspark.md §7.4): kept verify and proposal times a thousand times too dear make
+    drafting hopeless, so the scheduler skips 256 cycles; its probe then drafts the whole proposal
+    (not one draft, which re-times neither), and that first real verify of 6 rows and that first real
+    proposal replace the kept times, being cheaper, instead of moving them 20 % (to 900 ms) through
+    the clamped average.  The kept decode, 1e-6 ms, stays below the real one, so the kept check keeps
+    the times."""
+    dear = P.SchedulerPrices(t_ver={1: 1e-6, 6: 1000.0}, t_prop=1000.0,
+                             reached=(32,) + (0,) * 15, hit=(0,) * 16)
+    s = _kept_by_the_engine(tiny_q2, dear, n_ctx=512)
+    assert s.dspark_stats().block_size == 5
+    for i in range(1, 258):  # the re-timing decode, then a back-off of 256 cycles
+        s.step()
+        assert s.dspark_stats().proposed == 0, i
+    now = s.scheduler_prices()
+    assert now.t_ver[6] == 1000.0 and now.t_prop == 1000.0 and 2 not in now.t_ver
+    s.step()  # the probe
+    st = s.dspark_stats()
+    assert st.cycles == 258 and st.no_draft_reasons["scheduler_skip"] == 257
+    assert st.proposed == 5 and st.draft_len_hist[5] == 1  # the whole proposal, verified uncut
+    now = s.scheduler_prices()
+    assert 0.0 < now.t_ver[6] < 100.0 and 0.0 < now.t_prop < 100.0 and 2 not in now.t_ver
+    s.close()
+
+
+def test_a_first_sample_dearer_than_a_kept_time_enters_the_clamped_average(tiny_q2):
+    """Kept times far too cheap: the session drafts at once and its first real verify and proposal
+    move them by the clamped average (a sample counts at most twice the price, weight 0.2: 1.2e-6
+    ms), as every later sample does; only a cheaper first sample replaces a kept time."""
+    cheap = P.SchedulerPrices(t_ver={1: 1e-6, 6: 1e-6}, t_prop=1e-6,
+                              reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11)
+    s = _kept_by_the_engine(tiny_q2, cheap)
+    s.step()  # the re-timing plain decode
+    s.step()  # drafts the whole proposal
+    st = s.dspark_stats()
+    assert st.cycles == 2 and st.proposed == 5
+    now = s.scheduler_prices()
+    assert now.t_ver[6] == pytest.approx(1.2e-6, rel=1e-9) and now.t_prop == pytest.approx(1.2e-6, rel=1e-9)
+    s.close()

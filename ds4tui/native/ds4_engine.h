@@ -582,7 +582,9 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out);
  * scheduler decides anything.  `kept` != 0: `p` was kept from other sessions
  * (spec dspark.md §7.4), so when that plain decode takes less than half the
  * kept t_ver[1] the kept times are dropped (the counts stay) and the session
- * prices itself as a fresh one does; `kept` == 0: `p` is used as given.
+ * prices itself as a fresh one does, and a kept verify (width >= 2) or
+ * proposal time is replaced by the session's first sample of it when that
+ * is cheaper; `kept` == 0: `p` is used as given.
  * DS4_E_INVALID names the field when a time is not finite and positive where
  * it is marked valid, or hit[k] > reached[k]; DS4_E_STATE without an
  * attached support model. */

@@ -80,6 +80,9 @@ struct ds4_dspark {
     double first_ms[FIRST_DECODES];
     int kept_check;             /* the session started from another session's kept prices: its first
                                  * priced plain decode checks them against its own (spec dspark.md §7.4) */
+    int32_t carried_ver[DS4_DSPARK_MAX_BLOCK + 2]; /* a kept verify time of this width (>= 2) no pass of this
+                                                    * session has timed yet (spec dspark.md §7.4, In-session) */
+    int32_t carried_prop;       /* ... the same for the kept proposal time */
     ds4_dspark_stats st;
 };
 
@@ -569,6 +572,22 @@ static void ema(double *v, int32_t *has, double x) {
     *has = 1;
 }
 
+/* A verify or proposal sample: the first one of a session that started from kept prices replaces
+ * the kept time when it is cheaper (a pass is slowed by other work, never sped up, so a cheaper
+ * real pass says the kept time came from a busier spell), else it enters the moving average.
+ * Through the clamped average alone a kept time five times too dear fell by ~10 % a sample, and a
+ * scheduler that it priced out of drafting never drew the samples (spec dspark.md §7.4, In-session). */
+static void sample_time(double *v, int32_t *has, int32_t *carried, double x) {
+    if (*carried) {
+        *carried = 0;
+        if (*has && x < *v) {
+            *v = x;
+            return;
+        }
+    }
+    ema(v, has, x);
+}
+
 /* ---- the cycle ------------------------------------------------------------------------------ */
 
 /* Row r of a verify's logits in d->vlogits, where *have rows of n are computed: under verify_head
@@ -654,8 +673,8 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
                  * re-time it, and the clamped average would take dozens of decodes to bring t_ver(1)
                  * down.  They go, and the session prices itself as a fresh one does (five plain
                  * decodes, then a pricing draft); the acceptance counts stay (spec dspark.md §7.4) */
-                for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = 0;
-                d->pr.has_prop = 0;
+                for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = d->carried_ver[n] = 0;
+                d->pr.has_prop = d->carried_prop = 0;
                 d->first_n = 0;
             }
         }
@@ -730,9 +749,13 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         if (d->probe) {
             /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft
              * cycle refreshes the first position's acceptance (the one every longer draft depends
-             * on); otherwise the probe drafts the length that could pay with the optimistic
-             * bounds, so that it measures the positions that keep drafting in question */
-            const int l = d->probe == PROBE_ONE ? 1 : optimistic_length(d, lroom);
+             * on), unless the widest verify's or the proposal's time is still the kept one, which
+             * a single draft re-times neither of: then the whole proposal, verified uncut (spec
+             * dspark.md §7.4, In-session).  Otherwise the probe drafts the length that could pay
+             * with the optimistic bounds, so that it measures the positions that keep drafting in
+             * question */
+            const int stale = d->carried_prop || d->carried_ver[lroom + 1];
+            const int l = d->probe == PROBE_ONE ? (stale && lroom > 1 ? lroom : 1) : optimistic_length(d, lroom);
             if (lmax < l)
                 /* the caller's budget cuts the probe short (tail_skip), or there is no room for a
                  * draft at all (no_room): the probe waits for the next cycle with room for it (spec
@@ -780,7 +803,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     /* t_prop prices the longest proposal: a shorter one (fewer LM head rows and Markov steps), a
      * probe's or one the caller's budget cut (the tail, whatever the scheduler), would make every
      * longer draft look cheaper than it is */
-    if (lmax == lroom && !s->last_proposal_captured) ema(&d->pr.t_prop, &d->pr.has_prop, propose_ms);
+    if (lmax == lroom && !s->last_proposal_captured) sample_time(&d->pr.t_prop, &d->pr.has_prop, &d->carried_prop, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
         int l = best_length(d, nd);
@@ -901,7 +924,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->spec_total_ms += t_end - tv0;
     /* under verify_head lazy the price of a width is its mean over the acceptance seen: 3 rows of
      * the head when a draft of the first group is rejected, every row otherwise */
-    if (!s->last_pass_captured) ema(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], tv1 - tv0 + head_ms);
+    if (!s->last_pass_captured)
+        sample_time(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], &d->carried_ver[nd + 1], tv1 - tv0 + head_ms);
     d->since_plain++;
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
@@ -1019,6 +1043,8 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, in
     d->since_plain = 0;
     d->first_n = d->pr.has_ver[1] ? FIRST_DECODES : 0;
     d->kept_check = kept && d->pr.has_ver[1];
+    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->carried_ver[n] = kept && n >= 2 && d->pr.has_ver[n];
+    d->carried_prop = kept && d->pr.has_prop;
     return DS4_OK;
 }
 
