@@ -1161,7 +1161,8 @@ class DS4App(App):
             elif r.reason == "stopped" and not n:
                 summary = "stopped before the answer began; this prompt is not part of the conversation"
             else:
-                summary = (f"{plural(n, 'token')} · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}%)"
+                summary = (f"{plural(n, 'token')} · {r.n_draft} from accepted drafts ({100 * r.n_draft / n:.0f}% of "
+                           f"output tokens)"
                            if n else "0 tokens")
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
                 if r.reason == "ctx":

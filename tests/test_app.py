@@ -80,7 +80,12 @@ async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_su
         assert app.query_one("#draft-hist", Histogram).counts == st.draft_len_hist
         assert app.query_one("#accepted-hist", Histogram).counts == st.accepted_len_hist
         accept = app.query_one("#accept").text
-        assert f"accept {st.accept_rate:.1f}% session" in accept
+        # each share names what it is a share of: accept_rate of the proposed drafts (session), the
+        # answer's drafted share of its output tokens
+        assert accept.startswith(f"accept {st.accept_rate:.1f}% of proposed · ")
+        assert msg.query_one("#summary").render().plain.startswith(
+            f"{len(r.ids)} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / len(r.ids):.0f}% of output "
+            f"tokens) · ")
         assert f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}" in accept
         assert f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}" in accept
         stages = app.query_one("#stages").text

@@ -3,6 +3,7 @@ every number-bearing test runs the real engine in tests/test_app.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -265,6 +266,25 @@ async def test_every_pane_is_in_view_without_scrolling(tmp_path, size):
             assert side.region.contains_region(pane.region) and pane.region.height == pane.outer_size.height, pid
         assert "GTT" in app.query_one("#memory").text
 
+
+@pytest.mark.parametrize("size", [(110, 40), (150, 45)])
+async def test_the_accept_rate_names_its_denominator_in_one_row_of_the_narrowest_pane(tmp_path, size):
+    """The acceptance pane's accept rate says it is a share of the proposed drafts (the answer's
+    summary gives the drafted share of its output tokens: two different shares), and the line stays
+    one row in the narrowest pane the layouts give (43 columns in two columns from 150), even at
+    100.0% for both the session and the recent window."""
+    app = _app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.pause()
+        pane = app.query_one("#accept")
+        view = dataclasses.replace(app.timeline.view(), session_accept=100.0, recent_accept=100.0)
+        pane.show(app.last_snapshot.dspark, view)
+        await pilot.pause()
+        first = pane.text.splitlines()[0]
+        assert first == "accept 100.0% of proposed · 100.0% recent"
+        assert len(first) <= pane.content_size.width
 
 def test_a_failed_load_names_its_real_cause(tmp_path):
     """Only a bad file reads "cannot open the model"; a GPU, memory or settings problem says so."""

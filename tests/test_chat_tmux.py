@@ -52,11 +52,11 @@ def test_chat_streams_and_shows_live_panes_in_a_terminal(tiny_q2, fitted_support
         (tmp_path / "screen.txt").write_text(screen)
         print(screen)
         assert "Write a linked list in Python" in screen
-        m = re.search(r"(\d+) tokens · (\d+) from accepted drafts", screen)
+        m = re.search(r"(\d+) tokens · (\d+) from accepted drafts \(\d+% of", screen)
         assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, screen
         cycles = re.search(r"cycles (\d+)", screen)
         assert cycles and int(cycles.group(1)) > 0, screen
-        assert re.search(r"accept \d+\.\d% session", screen)
+        assert re.search(r"accept \d+\.\d% of proposed · ", screen)
         assert "every one of" in screen  # no-draft pane: with the scheduler off every cycle drafted
         assert re.search(r"verify +\d+\.\d{3}", screen)  # stage timings
         tmux("send-keys", "-t", "e2e", "C-q")

@@ -112,7 +112,9 @@ STOP_CUT_HELP = ("stop_cut {n}: cycles where a stop token was among the accepted
 
 
 class AcceptPane(Pane):
-    """Accept rate for the session and the recent window, its series (▲ = knob change), mean
+    """Accept rate (ds4's ``accept_rate``: accepted_draft / proposed, said "of proposed": not the
+    answer summary's share of output tokens) for the session and the recent window, in one row of
+    the narrowest pane (43 columns in a 150-column window), its series (▲ = knob change), mean
     accepted length and per-position acceptance (accepted / verified drafts at block row k); the
     outcomes, with ``stop_cut`` and a tooltip that explains it once a stop token cut a cycle."""
 
@@ -126,7 +128,8 @@ class AcceptPane(Pane):
             return
         line, marks = spark(view.accept_series, SPARK_WIDTH, lo=0.0, hi=100.0, marks=view.marks)
         out = [
-            Content.assemble("accept ", (_pct(view.session_accept), "bold"), " session · ",
+            # a share of the proposed drafts: named, beside the summary's share of output tokens
+            Content.assemble("accept ", (_pct(view.session_accept), "bold"), " of proposed · ",
                              (_pct(view.recent_accept), "bold"), " recent"),
             Content(f"avg accepted {st.avg_accept:.2f}/cycle · {st.tokens_per_cycle:.2f} tok/cycle"),
             Content(f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}"),
