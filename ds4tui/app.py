@@ -1167,6 +1167,8 @@ class DS4App(App):
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
                 if r.reason == "ctx":
                     summary += f" · {context_full_hint()}"
+                if r.scheduler_prices_retime:  # what the welcome line said at open, for this answer's session
+                    summary += f" · scheduler prices: {r.scheduler_prices_retime}"
             await self.current.finish(summary)
             if r.reason == "ctx":  # once for this turn: the next question would stop after a few tokens
                 self.notify(context_full_hint(), title="context full", severity="warning", timeout=10)

@@ -6,6 +6,7 @@ a target-only greedy run of the same prompt), never with a constant."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,50 @@ async def test_an_answer_that_fills_the_context_says_what_to_do_once(tiny_q2, tm
         assert app.turns[-1].reason == "max_tokens"
         assert hint not in app.query(AssistantMessage).last()._summary._line[0]
         assert [m.message for m in app._notifications].count(hint) <= 1  # toasts time out; never a second one
+
+
+async def test_an_answer_shows_why_its_session_re_timed_the_kept_scheduler_prices(tiny_q2, tmp_path, monkeypatch):
+    """The note at open says which kept scheduler prices a session leaves for its drafting to re-time
+    (spec dspark.md §7.4); a later session (Ctrl+G) decides that again, and the answer whose drafting
+    re-times them says why in its summary, with the engine's own words (``Session.scheduler_prices_retime``).
+    Here the saved verify and proposal times were measured while other work kept 2.0 cores busy: the same
+    load at open (nothing re-timed, the welcome line says none), 0.1 cores at the new session."""
+    from ds4tui.engine import prices as P
+
+    prices_dir = tmp_path / "prices"
+    stamp = time.time() - 600  # within the hour: only the load can make them stale
+    # drafting cannot pay with these (a verify and a proposal of a second), so the session at open,
+    # which keeps them, does not draft (tests/test_scheduler_prices.py)
+    kept = P.SchedulerPrices(t_ver={1: 1.0, 6: 1000.0}, t_prop=1000.0, reached=(32,) + (0,) * 15, hit=(0,) * 16,
+                             verify_timed_at={6: stamp}, proposal_timed_at=stamp, verify_other_work={6: 2.0},
+                             proposal_other_work=2.0)
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=prices_dir)
+    P.save(e.scheduler_prices_file, P.identity(e), kept)
+    e.close()
+    load = {"cores": 2.0}
+    monkeypatch.setattr(P, "other_work", lambda a, b: load["cores"])
+    app = DS4App(_options(tiny_q2["model"], tiny_q2["support"], tmp_path, scheduler_prices="saved",
+                          prices_dir=prices_dir))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await _loaded(pilot, app)
+        assert app.engine.info.scheduler_prices_note.startswith("saved: from ")
+        assert "re-times" not in app.engine.info.scheduler_prices_note
+        assert app.engine.session.scheduler_prices_retime == ""
+        await _ask(pilot, app, "Hi")
+        assert app.turns[-1].scheduler_prices_retime == ""
+        assert "scheduler prices:" not in app.query(AssistantMessage).last()._summary._line[0]
+
+        load["cores"] = 0.1  # the other work stopped: the next session leaves the kept times out
+        await app.set_context("512")
+        retime = app.engine.session.scheduler_prices_retime
+        assert retime == ("the kept times of verify(6) and the proposal were measured while other work kept 2.0 "
+                          "cores busy, and it keeps 0.1 busy now (a change of 1 or more): drafting re-times them")
+        await _ask(pilot, app, "Hi")
+        r = app.turns[-1]
+        assert r.dspark_delta["proposed"] > 0  # the drafting that re-times them
+        assert r.scheduler_prices_retime == retime
+        assert app.query(AssistantMessage).last()._summary._line[0].endswith(f" · scheduler prices: {retime}")
+
+        await _ask(pilot, app, "Hi again")  # the same session: nothing left to re-time
+        assert app.turns[-1].scheduler_prices_retime == ""
+        assert "scheduler prices:" not in app.query(AssistantMessage).last()._summary._line[0]

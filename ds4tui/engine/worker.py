@@ -127,7 +127,10 @@ class StatsSnapshot:
 @dataclass(frozen=True)
 class TurnResult:
     """What one assistant turn produced.  Times in seconds; ``reason``: "eos", "stopped",
-    "max_tokens" or "ctx" (the context filled up)."""
+    "max_tokens" or "ctx" (the context filled up).  ``scheduler_prices_retime``: why kept DSpark
+    scheduler prices were left out of the start of the session this answer ran in, so that drafting
+    re-timed them (``Session.scheduler_prices_retime``, spec dspark.md §7.4), on the answer whose
+    drafting did it (the session's first that proposed drafts); "" on every other answer."""
 
     turn: int
     prompt_tokens: int
@@ -141,6 +144,7 @@ class TurnResult:
     first_token_s: float | None
     decode_s: float
     dspark_delta: dict[str, Any] = field(default_factory=dict)
+    scheduler_prices_retime: str = ""
 
     @property
     def n_draft(self) -> int:
@@ -347,6 +351,8 @@ class ChatEngine:
         self._stop = threading.Event()
         self._busy = threading.Lock()
         self._turn = 0
+        #: the session's re-time reason until an answer drafts (that answer's result carries it)
+        self._retime = self.session.scheduler_prices_retime
         self._progress: tuple = (0, 0, 0, None)  # turn, tokens, accepted drafts, first-token time
         self.info = self._info(model, support)
 
@@ -552,12 +558,15 @@ class ChatEngine:
         t_end = time.perf_counter()
         self._progress = (turn, len(out), sum(drafts), t_first)
         after = self._dspark_dict()
+        retime = ""
+        if self._retime and after and before and after["proposed"] > before["proposed"]:
+            retime, self._retime = self._retime, ""  # this answer's drafting re-timed them
         result = TurnResult(
             turn=turn, prompt_tokens=len(ids), reused_tokens=reused, ids=tuple(out), from_draft=tuple(drafts),
             reasoning="".join(text["think"]), answer="".join(text["answer"]), reason=reason,
             prefill_s=t_prefill - t0, first_token_s=None if t_first is None else t_first - t0,
             decode_s=0.0 if t_first is None else t_end - t_first,
-            dspark_delta=_diff(after, before) if after and before else {})
+            dspark_delta=_diff(after, before) if after and before else {}, scheduler_prices_retime=retime)
         sink.put(self.snapshot(generating=False))
         return result, Finished(turn, result)
 
@@ -641,6 +650,7 @@ class ChatEngine:
                 new.close()
                 raise
             self.session = new
+            self._retime = new.scheduler_prices_retime
             self.counters_id = new_counters_id()  # a new session: its counters start from zero
             old.close()
             self.info = replace(self.info, n_ctx=new.n_ctx)
