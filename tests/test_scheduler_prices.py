@@ -1118,3 +1118,29 @@ def test_a_first_sample_dearer_than_a_kept_time_enters_the_clamped_average(tiny_
     now = s.scheduler_prices()
     assert now.t_ver[6] == pytest.approx(1.2e-6, rel=1e-9) and now.t_prop == pytest.approx(1.2e-6, rel=1e-9)
     s.close()
+
+
+def test_a_new_chat_context_starts_from_what_the_old_session_measured(tiny_q2):
+    """The chat's new context (Ctrl+G) makes its session before it frees the old one, so the new one
+    first starts from the engine's prices of before the old session closed; once the old one has
+    closed and left its measurements, the new session starts again from them (its scheduler's prices
+    and ``scheduler_prices_at_start`` say so).  The old session ends holding HOPELESS, set directly."""
+    from ds4tui.engine import worker as W
+
+    eng = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=128,
+                       scheduler_prices="engine")
+    try:
+        assert eng.session.scheduler_prices_at_start == "fresh" and eng.engine.kept_prices is None
+        eng.session.set_scheduler_prices(HOPELESS)
+        eng.set_context(96)
+        kept = eng.engine.kept_prices
+        assert kept is not None and kept.t_ver[6] == 1000.0 and kept.t_prop == 1000.0
+        new = eng.session
+        assert new.n_ctx == 96 and new.scheduler_prices_at_start == "engine"
+        assert new.scheduler_prices() == kept
+        r = eng.run_turn([{"role": "user", "content": "Hi"}], W.EventQueue(), think=False, max_tokens=8)
+        assert r is not None and r.dspark_delta.get("proposed", 0) == 0  # priced out, as the old session was
+        with pytest.raises(S.StateError, match="before the session's first pass"):
+            new.restart_scheduler_prices()
+    finally:
+        eng.close()

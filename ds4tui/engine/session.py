@@ -671,24 +671,29 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        start, source, retime, other = None, "fresh", "", None
-        if self.scheduler_prices != "fresh" and self.support_status == "attached":
-            other = self._measure_other_work()
-            with self._prices_lock:
-                kept, source = self._prices, self._prices_from
-            if kept is not None and kept.learnt:
-                start = kept.capped()
-                now = time.time()
-                retime = prices.retime_reason(start, now, other)
-                if retime:
-                    start = start.without_stale(now, other)
-                backend.set_prices(start, kept=True)
-            else:
-                source = "fresh"
+        start, source, retime, other = self._start_prices(backend)
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
                     prices_source=source, prices_retime=retime, prices_other_work=other)
         self._sessions.add(s)
         return s
+
+    def _start_prices(self, backend: SessionBackend) -> tuple:
+        """Start ``backend``'s scheduler from the prices the engine keeps now (spec dspark.md §7.4),
+        leaving out the stale times; returns (the prices it started from or None, where they came from:
+        "fresh", "saved" or "engine", why times were left out or "", the other work measured)."""
+        if self.scheduler_prices == "fresh" or self.support_status != "attached":
+            return None, "fresh", "", None
+        other = self._measure_other_work()
+        with self._prices_lock:
+            kept, source = self._prices, self._prices_from
+        if kept is None or not kept.learnt:
+            return None, "fresh", "", other
+        start, now = kept.capped(), time.time()
+        retime = prices.retime_reason(start, now, other)
+        if retime:
+            start = start.without_stale(now, other)
+        backend.set_prices(start, kept=True)
+        return start, source, retime, other
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1254,6 +1259,22 @@ class Session:
             self._alive()
             self.backend.set_prices(kept)
             self._prices_start = None  # not the engine's: all of it is news to the engine when kept
+
+    def restart_scheduler_prices(self) -> None:
+        """Start the DSpark scheduler again from the prices the engine keeps now, as
+        :meth:`Engine.session` does (``scheduler_prices_at_start``, ``scheduler_prices_retime`` and
+        ``scheduler_other_work`` follow), so that a session made before another one closed starts
+        from what that one measured (the chat's new context: the new session is made before the old
+        one is freed).  Nothing happens with ``fresh`` prices or without a support model.
+        :class:`StateError` once the session has run a cycle."""
+        with self._lock:
+            self._alive()
+            if self.tokens or self.pending is not None:
+                raise StateError("the scheduler's prices can be restarted only before the session's first pass")
+            if self.engine.scheduler_prices == "fresh" or not self.has_dspark:
+                return
+            (self._prices_start, self.scheduler_prices_at_start, self.scheduler_prices_retime,
+             self.scheduler_other_work) = self.engine._start_prices(self.backend)
 
     def scheduler_prices(self) -> "prices.SchedulerPrices | None":
         """The DSpark scheduler's prices and acceptance counts as they stand (spec dspark.md §7.4);

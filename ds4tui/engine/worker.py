@@ -650,9 +650,10 @@ class ChatEngine:
                 new.close()
                 raise
             self.session = new
-            self._retime = new.scheduler_prices_retime
             self.counters_id = new_counters_id()  # a new session: its counters start from zero
             old.close()
+            new.restart_scheduler_prices()  # from what the old session measured, kept as it closed
+            self._retime = new.scheduler_prices_retime
             self.info = replace(self.info, n_ctx=new.n_ctx)
             return self.info
         finally:
