@@ -446,6 +446,39 @@ def test_generate_says_which_kept_times_it_re_times(tiny_q2, capsys):
     assert cli_main(argv + ["--no-dspark"]) == 0 and "re-times" not in capsys.readouterr().err  # nothing drafts
 
 
+def test_generate_says_where_the_scheduler_started(tiny_q2, capsys):
+    argv = ["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi", "-n", "16",
+            "--threads", "1", "--backend", "cpu"]
+    note = "ds4tui generate: note: scheduler prices: "
+    assert cli_main(argv + ["--json"]) == 0  # no such line with --json: its scheduler_prices_at_start says it
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    path = Path(result["scheduler_prices_file"])
+    assert result["scheduler_prices_at_start"] == "fresh" and note not in err and path.exists()
+    text = result["text"]
+    path.unlink()  # a first run: nothing kept yet
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert f"{note}started fresh: no prices kept yet in {path} (this run keeps its own there)\n" in err
+    assert out == text + "\n"  # stdout is the answer alone
+    assert cli_main(argv) == 0  # the same command again starts from what the first kept
+    out, err = capsys.readouterr()
+    assert (f"{note}started from the prices kept in {path}, last timed under a minute ago (--scheduler-prices fresh "
+            f"starts without them)\n") in err and out == text + "\n"
+    doc = json.loads(path.read_text())
+    doc["prices"]["verify_timed_at"] = {n: time.time() - 7200 for n in doc["prices"]["verify_timed_at"]}
+    doc["prices"]["proposal_timed_at"] = time.time() - 9000
+    path.write_text(json.dumps(doc))
+    assert cli_main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(note)]
+    assert lines[0] == f"{note}started from the prices kept in {path}, last timed 2.0 h ago (--scheduler-prices fresh starts without them)"
+    assert len(lines) == 2 and "drafting re-times them" in lines[1]  # then which kept times it re-times
+    assert cli_main(argv + ["--scheduler-prices", "fresh"]) == 0
+    assert f"{note}started fresh (--scheduler-prices fresh: the run measures its own)\n" in capsys.readouterr().err
+    for off in ("--no-scheduler", "--no-dspark"):  # no scheduler decides: nothing to say
+        assert cli_main(argv + [off]) == 0 and note not in capsys.readouterr().err
+
+
 def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_not_draft_keeps_their_stamp(
         tiny_q2, tmp_path):
     stamp = time.time() - 600

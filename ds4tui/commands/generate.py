@@ -36,7 +36,9 @@ keeps what was printed and returns 130 (``--json``: the object of what was gener
 the cpu backend) says which rows of a DSpark verify get the LM head; ``--json`` carries ``verify_head``
 and its note, and the DSpark counters ``verify_head_rows``.  ``--scheduler-prices`` (spec dspark.md §7.4; default saved) says
 where the DSpark scheduler starts; a saved file that cannot be used is a note on stderr and is
-ignored, and ``--json`` carries the mode, its note, the file, ``scheduler_prices_at_start`` and
+ignored; when the scheduler drafts, a note on stderr says where it started (the file of kept prices and
+when they were last timed, or fresh and why: two runs of one command draft differently when the first
+keeps prices the second starts from), and ``--json`` carries the mode, its note, the file, ``scheduler_prices_at_start`` and
 ``scheduler_prices_retime`` (why kept verify and proposal times were left for the session to re-time:
 their age, or a change in the other work on the machine, ``scheduler_other_work_cores``).
 """
@@ -53,6 +55,7 @@ from ds4tui.commands.environment import (BadVariable, backend_unavailable, check
                                          check_support_block, check_support_path,
                                          draft_vocab_notes, verify_head_notes, gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
+from ds4tui.engine import prices
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
@@ -251,9 +254,13 @@ def run(args: argparse.Namespace) -> int:
             session.set_sampling(params)
             if engine.support_status == "attached":
                 _setup_dspark(engine, session, args)
-                if session.scheduler_prices_retime and not args.no_scheduler and args.dspark is not False:
-                    print(f"ds4tui generate: note: scheduler prices: {session.scheduler_prices_retime}",
-                          file=sys.stderr, flush=True)
+                if not args.no_scheduler and args.dspark is not False:  # the scheduler decides what is drafted
+                    if not as_json:  # the JSON has scheduler_prices_at_start and scheduler_prices_note
+                        print(f"ds4tui generate: note: scheduler prices: {prices_start_words(engine, session)}",
+                              file=sys.stderr, flush=True)
+                    if session.scheduler_prices_retime:
+                        print(f"ds4tui generate: note: scheduler prices: {session.scheduler_prices_retime}",
+                              file=sys.stderr, flush=True)
         except BadVariable as exc:
             return _fail(str(exc), as_json, status=2)  # a usage error, as a bad flag
         except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error too
@@ -485,6 +492,28 @@ def _dspark_result(engine, session) -> dict:
     ran = bool(st.cycles or st.propose) and (knobs.enabled or engine.support_status == "refused")
     return {"support": support, "dspark": knobs.to_dict(), "dspark_stats": st.to_dict(),
             "dspark_line": format_line(st), "dspark_events": events, "ran": ran}
+
+
+def prices_start_words(engine, session) -> str:
+    """Where ``session``'s DSpark scheduler started (spec dspark.md §7.4), in words: the file of kept
+    prices and when a session last timed them, or fresh and why.  Two runs of one command draft
+    differently when the first keeps prices that the second starts from; this says which it was."""
+    source, mode, path = session.scheduler_prices_at_start, engine.scheduler_prices, engine.scheduler_prices_file
+    if source == "saved":
+        kept = engine.kept_prices
+        age = None if kept is None else kept.last_timed(time.time())
+        return (f"started from the prices kept in {path}"
+                + ("" if age is None else f", last timed {prices.age_words(age)} ago")
+                + " (--scheduler-prices fresh starts without them)")
+    if source == "engine":
+        return "started from the prices this run's earlier sessions measured"
+    if mode == "fresh":
+        return "started fresh (--scheduler-prices fresh: the run measures its own)"
+    if mode == "engine":
+        return "started fresh (--scheduler-prices engine keeps prices within a run, and this is its first session)"
+    if engine.scheduler_prices_problem:  # said in the note before
+        return "started fresh: the kept prices could not be used (the note above says why)"
+    return f"started fresh: no prices kept yet in {path} (this run keeps its own there)"
 
 
 def _prices_result(engine, session) -> dict:

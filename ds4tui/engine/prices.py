@@ -241,6 +241,14 @@ class SchedulerPrices:
         loads = [self.verify_other_work[n] for n in widths] + ([self.proposal_other_work] if prop else [])
         return widths, prop, max(loads, key=lambda c: abs(other - c), default=0.0)
 
+    def last_timed(self, now: float) -> float | None:
+        """Seconds since a session last measured one of the verify or proposal times (``now`` in Unix
+        seconds; a stamp later than the clock by over :data:`FUTURE_SLACK_S` is not believed), or
+        None when no stamp is believed (times only of files written before they were stamped)."""
+        stamps = [at for at in (*self.verify_timed_at.values(), self.proposal_timed_at)
+                  if at is not None and at <= now + FUTURE_SLACK_S]
+        return max(0.0, now - max(stamps)) if stamps else None
+
     def without_stale(self, now: float, other: float | None = None) -> "SchedulerPrices":
         """These prices less the times :meth:`stale` and :meth:`reloaded` name: a session started from
         them drafts to price them again (spec dspark.md §7.4); the plain decode's time and the counts
@@ -312,6 +320,13 @@ def _names(widths, prop: bool) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def age_words(seconds: float) -> str:
+    """An age as the notes say it: minutes under an hour and a half, hours with one decimal from there."""
+    if seconds < 60:
+        return "under a minute"
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
 def retime_reason(kept: SchedulerPrices, now: float, other: float | None = None) -> str:
     """Why a new session does not start from some of the verify and proposal times in ``kept``
     (:meth:`SchedulerPrices.stale`, and :meth:`SchedulerPrices.reloaded` for ``other``, the cores
@@ -321,7 +336,7 @@ def retime_reason(kept: SchedulerPrices, now: float, other: float | None = None)
     parts = []
     if widths or prop:
         when = ("at a time they do not record (or one later than this machine's clock)" if math.isinf(age)
-                else f"{age / 3600:.1f} h ago" if age >= 5400 else f"{age / 60:.0f} min ago")
+                else f"{age_words(age)} ago")
         parts.append(f"the kept times of {_names(widths, prop)} were measured {when} (over "
                      f"{RETIME_AFTER_S / 3600:g} h)")
     lw, lp, cores = kept.reloaded(other)
