@@ -179,7 +179,7 @@ async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
     async with app.run_test(size=(160, 40)) as pilot:
         await loaded(pilot, app)
         note = app.engine.engine.backend_note
-        assert re.match(r"auto: using cpu because the GPU backend \(.+\) is unavailable: ", note) and "q8" not in note
+        assert re.fullmatch(r"no usable GPU \(.+\): running on the CPU", note) and "q8" not in note
         welcome = str(app.query_one("#welcome").render())
         assert f"cpu backend ({note})." in welcome
     app.close_engine()

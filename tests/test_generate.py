@@ -319,9 +319,10 @@ def test_every_command_defaults_to_auto_and_says_what_it_chose(tiny_q2, capsys):
     assert rc == 0, err
     r = json.loads(out)
     # the GPU when it answers, else the CPU; the choice and why on stderr
-    assert (r["backend"] == "cpu" and re.search(r"ds4tui generate: auto: using cpu because the GPU backend \(.+\) is "
-                                                r"unavailable: ", err)) \
-        or (r["backend"] == "hip" and "(chosen by auto)" in err), err
+    assert (r["backend"] == "cpu" and re.search(r"ds4tui generate: no usable GPU \(.+\): running on the CPU \(`ds4tui "
+                                                r"doctor` says why in full\)\n", err)
+            and r["backend_detail"].startswith("the GPU backend (") and " is unavailable: " in r["backend_detail"]) \
+        or (r["backend"] == "hip" and "(chosen by auto)" in err and r["backend_detail"] == ""), err
     # q8 runs on either backend (spec ds4.md §2.9.5): auto chooses as without it
     rc, out2, err2 = _gen(capsys, tiny_q2["model"], "-p", PROMPT, "-n", "4", "--json", "--activations", "q8")
     r2 = json.loads(out2)

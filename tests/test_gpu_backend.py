@@ -78,7 +78,9 @@ def test_a_library_without_the_table_is_refused_by_name():
 def test_auto_falls_back_to_cpu_and_says_why(tiny_q2, tmp_path):
     e = S.Engine(tiny_q2["model"], backend="auto", gpu_library=tmp_path / "missing.so")
     assert e.backend == "cpu"
-    assert e.backend_note.startswith("auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library ")
+    assert e.backend_note == f"no usable GPU (the GPU library {tmp_path / 'missing.so'} does not exist): running on the CPU"
+    assert e.backend_detail == (f"the GPU backend (--backend hip) is unavailable: GPU library {tmp_path / 'missing.so'}: "
+                                f"no such file")
     assert e.memory().device == 0
 
 
@@ -90,8 +92,8 @@ def test_the_gpu_library_variable_reaches_the_engine_from_the_command_line(tiny_
     missing = tmp_path / "elsewhere.so"
     monkeypatch.setenv("DS4TUI_GPU_LIB", str(missing))
     assert cli_main(["generate", tiny_q2["model"], "-p", "hi", "-n", "2", "--backend", "auto"]) == 0
-    assert f"auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library {missing}: no such file" in \
-        capsys.readouterr().err
+    assert (f"ds4tui generate: no usable GPU (the GPU library {missing} does not exist): running on the CPU "
+            f"(`ds4tui doctor` says why in full)\n") in capsys.readouterr().err
     assert cli_main(["doctor", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["gpu_library"] is None and r["hip_unavailable_reason"] == f"GPU library {missing}: no such file"
@@ -208,7 +210,9 @@ def test_an_unavailable_gpu_backend_is_named_by_its_build_as_doctor_names_it(pla
         S.Engine(tiny_q2["model"], backend="hip")
     assert str(exc.value) == why
     e = S.Engine(tiny_q2["model"], backend="auto")
-    assert e.backend == "cpu" and e.backend_note == f"auto: using cpu because {why}"
+    runtime = {"cuda": "CUDA", "hip": "ROCm"}[platform]
+    assert e.backend == "cpu" and e.backend_detail == why  # the whole reason, as --backend hip's error
+    assert e.backend_note == f"no usable GPU (no {runtime} driver is loaded): running on the CPU"  # plain words first
     e.close()
     assert main(["doctor", "--json"]) == 0  # the same name as doctor's
     assert f"the {json.loads(capsys.readouterr().out)['gpu_backend']['name']} is unavailable: " in why
@@ -218,14 +222,45 @@ def test_an_unavailable_gpu_backend_is_named_by_its_build_as_doctor_names_it(pla
     monkeypatch.setattr(gpu, "build_record", lambda: record)
     monkeypatch.setattr(gpu, "probe", lambda *a: (None, f"GPU library {lib} failed to load: bad ELF"))
     e = S.Engine(tiny_q2["model"], backend="auto")
-    assert e.backend_note == (f"auto: using cpu because the GPU backend ({words}) is unavailable: GPU library {lib} "
-                              f"failed to load: bad ELF")
+    assert e.backend_note == "no usable GPU (the GPU library does not load): running on the CPU"
+    assert e.backend_detail == f"the GPU backend ({words}) is unavailable: GPU library {lib} failed to load: bad ELF"
     e.close()
     # ... but not when another library was named: that one is not the build's
     e = S.Engine(tiny_q2["model"], backend="auto", gpu_library=tmp_path / "other.so")
-    assert e.backend_note == (f"auto: using cpu because the GPU backend (--backend hip) is unavailable: GPU library "
-                              f"{lib} failed to load: bad ELF")
+    assert e.backend_note == f"no usable GPU (the GPU library {tmp_path / 'other.so'} does not exist): running on the CPU"
+    assert e.backend_detail == (f"the GPU backend (--backend hip) is unavailable: GPU library {lib} failed to load: "
+                                f"bad ELF")
     e.close()
+
+
+def test_the_plain_reason_auto_gives_for_running_on_the_cpu(monkeypatch, tmp_path):
+    """The few words ``--backend auto`` leads with when no GPU runs (the whole reason follows in
+    backend_detail): what the runtime reported, else what the build record says."""
+    from ds4tui.engine.errors import DeviceFaultError, DeviceMemoryError
+
+    def info(**kw):
+        base = dict(library="lib.so", platform="cuda", built_arch="sm_90", runtime_version=13000, driver_version=0,
+                    n_devices=0, device=0, device_name="", device_arch="", warp_size=0, arch_ok=False, mem_total=0,
+                    mem_free=0)
+        return gpu.GPUInfo(**{**base, **kw})
+
+    assert gpu.plain_reason(info()) == "no CUDA driver is loaded"  # nvcc's build on a machine without a GPU
+    assert gpu.plain_reason(info(driver_version=13000)) == "the CUDA runtime sees no GPU"
+    assert gpu.plain_reason(info(platform="hip", driver_version=60000)) == "the ROCm runtime sees no GPU"
+    assert gpu.plain_reason(info(driver_version=13000, n_devices=1, device_name="NVIDIA A100", device_arch="sm_80")) \
+        == "NVIDIA A100 cannot run this build (built for sm_90)"
+    full = info(driver_version=13000, n_devices=1, device_name="NVIDIA H200", device_arch="sm_90", arch_ok=True)
+    assert gpu.plain_reason(full, refused=DeviceMemoryError("x", need=2, budget=1, source="runtime")) == \
+        "the model does not fit in its memory"
+    assert gpu.plain_reason(full, refused=DeviceFaultError("x", returncode=-6)) == "it failed its first pass"
+    for status, words in (("skipped", "no GPU backend was built"), ("failed", "the GPU backend failed to build"),
+                          ("built", "the GPU library does not load")):
+        monkeypatch.setattr(gpu, "build_record", lambda status=status: gpu.GPUBuild(status=status))
+        assert gpu.plain_reason(None) == words
+    named = tmp_path / "lib.so"
+    assert gpu.plain_reason(None, named) == f"the GPU library {named} does not exist"
+    named.write_bytes(b"not an ELF file")
+    assert gpu.plain_reason(None, named) == f"the GPU library {named} does not load"
 
 
 # ---- on a device ---------------------------------------------------------------------------------

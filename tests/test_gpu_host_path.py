@@ -179,9 +179,9 @@ def test_the_engine_refuses_before_uploading_and_auto_falls_back(tiny_q2, monkey
     assert opened == []
     e = S.Engine(tiny_q2["model"], backend="auto")
     assert e.backend == "cpu" and opened == ["cpu"]
-    assert e.backend_note.startswith("auto: using cpu because the GPU backend (HIP sources, built for CUDA gfx1151) is "
-                                     "unavailable: ") and \
-        "the CUDA runtime reports 0.0 GiB free" in e.backend_note
+    assert e.backend_note == "no usable GPU (the model does not fit in its memory): running on the CPU"
+    assert e.backend_detail.startswith("the GPU backend (HIP sources, built for CUDA gfx1151) is unavailable: ") and \
+        "the CUDA runtime reports 0.0 GiB free" in e.backend_detail
 
 
 # ---- the first device pass in a child (AMD) -------------------------------------------------------

@@ -75,8 +75,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4tui.commands.environment import (BadVariable, Settings, backend_unavailable, cache_root, check_model_path,
-                                         check_support_block,
+from ds4tui.commands.environment import (BadVariable, Settings, backend_chosen, backend_unavailable, cache_root,
+                                         check_model_path, check_support_block,
                                          check_support_path, draft_vocab_notes, gpu_options_not_applied, settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
@@ -468,9 +468,10 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads,
                     **settings.engine_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    backend_detail = engine.backend_detail  # auto on the cpu: the GPU's whole reason
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     threads_note = engine.threads_note  # more threads than usable cores: run as asked, said
-    _tell(say, note, backend_note, ([threads_note] if threads_note else [])
+    _tell(say, note, backend_chosen(engine), ([threads_note] if threads_note else [])
           + gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     try:
         session = engine.session(ctx, **settings.session_options())
@@ -508,7 +509,8 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         engine.close()
 
     header = {"model": _model_info(model, medium), "backend": backend, "backend_note": backend_note,
-              "numerics": numerics, "activations": activations, "activations_note": activations_note,
+              "backend_detail": backend_detail, "numerics": numerics, "activations": activations,
+              "activations_note": activations_note,
               "prefill_gemm": gemm, "prefill_gemm_note": gemm_note, "gpu_graphs": graphs,
               "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
               "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
@@ -697,11 +699,12 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
                     **settings.engine_options(), **settings.price_options())
     backend, backend_note = engine.backend, engine.backend_note  # auto: the one chosen, and why
+    backend_detail = engine.backend_detail  # auto on the cpu: the GPU's whole reason
     activations, activations_note = engine.activations, engine.activations_note  # auto: resolved by the backend
     threads_note = engine.threads_note  # more threads than usable cores: run as asked, said
     prices_note_at_start = engine.scheduler_prices_note  # the sessions' closes rewrite it (saved: the file)
     problem_at_start = engine.scheduler_prices_problem
-    _tell(say, note, backend_note, ([threads_note] if threads_note else [])
+    _tell(say, note, backend_chosen(engine), ([threads_note] if threads_note else [])
           + gpu_options_not_applied(settings, engine) + draft_vocab_notes(settings, engine))
     if note is not None and problem_at_start:
         note(problem_at_start)
@@ -763,7 +766,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     if interrupted:
         raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
             "model": _model_info(model, medium), "support": support_info, "backend": backend,
-            "backend_note": backend_note, "numerics": numerics, "activations": activations,
+            "backend_note": backend_note, "backend_detail": backend_detail, "numerics": numerics,
+            "activations": activations,
             "activations_note": activations_note, "gpu_graphs": graphs,
             "gpu_graphs_note": graphs_note, **prices_info, "n_threads": n_threads_used, "threads_note": threads_note,
             "ctx": ctx, "tokens": n_tokens}))
@@ -802,6 +806,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "support": support_info,
         "backend": backend,
         "backend_note": backend_note,
+        "backend_detail": backend_detail,
         "numerics": numerics,
         "activations": activations,
         "activations_note": activations_note,

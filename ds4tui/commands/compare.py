@@ -63,8 +63,8 @@ KNOB_NAMES = {
     "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head",
 }
 #: Free text and bookkeeping: never compared.
-SKIP_NAMES = {"timestamp", "backend_note", "decode_timing", "text", "dspark_line", "message", "ok", "error",
-              "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
+SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "text", "dspark_line", "message", "ok",
+              "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
               "knob_events", "dspark_events", "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
               "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note",

@@ -156,6 +156,15 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
     settings.check_block(block, support)
 
 
+def backend_chosen(engine) -> str:
+    """The line ``generate`` and ``bench`` print on stderr for ``--backend auto``: the engine's
+    ``backend_note`` (the GPU it runs, or in plain words why it runs on the CPU) and, on the CPU, where
+    the whole reason is (``ds4tui doctor``; the JSON's ``backend_detail``)."""
+    if engine.backend_detail:
+        return f"{engine.backend_note} (`ds4tui doctor` says why in full)"
+    return engine.backend_note
+
+
 def backend_unavailable(backend: str, exc: Exception) -> str:
     """The one line ``generate`` and ``bench`` print when ``--backend BACKEND`` cannot run (exit
     status 1): the engine's reason, then what to do (--backend auto only where the GPU failed: auto

@@ -51,7 +51,7 @@ import json
 import sys
 import time
 
-from ds4tui.commands.environment import (BadVariable, backend_unavailable, check_model_path,
+from ds4tui.commands.environment import (BadVariable, backend_chosen, backend_unavailable, check_model_path,
                                          check_support_block, check_support_path,
                                          draft_vocab_notes, verify_head_notes, gpu_options_not_applied, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
                               support=args.mtp, activations=args.activations, **settings.engine_options(),
                               **settings.price_options())
             if args.backend == "auto" and engine.backend_note:
-                print(f"ds4tui generate: {engine.backend_note}", file=sys.stderr, flush=True)
+                print(f"ds4tui generate: {backend_chosen(engine)}", file=sys.stderr, flush=True)
             if engine.threads_note:  # more threads than usable cores: run as asked, said
                 print(f"ds4tui generate: note: {engine.threads_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
@@ -398,6 +398,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "ok": True,
         "model": str(engine.model.path),
         "backend": engine.backend,
+        "backend_note": engine.backend_note,
+        "backend_detail": engine.backend_detail,
         "numerics": engine.numerics,
         "activations": engine.activations,
         "activations_note": engine.activations_note,

@@ -100,6 +100,36 @@ def unavailable(info: "GPUInfo | None", why: str, library: str | os.PathLike | N
     return f"the {name} is unavailable: {why}"
 
 
+def plain_reason(info: "GPUInfo | None", library: str | os.PathLike | None = None,
+                 refused: Exception | None = None) -> str:
+    """Why no GPU runs here, in a few plain words: the first thing ``--backend auto`` says when it
+    runs on the CPU (``no usable GPU (WHY): running on the CPU``), :func:`unavailable` giving the
+    whole reason after it.  ``info`` and ``library`` as for :func:`unavailable`; ``refused``: the
+    error :func:`admit` returned (the model does not fit, the first device pass failed)."""
+    from ds4tui.engine.errors import DeviceFaultError, DeviceMemoryError
+
+    if isinstance(refused, DeviceMemoryError):
+        return "the model does not fit in its memory"
+    if isinstance(refused, DeviceFaultError):
+        return "it failed its first pass"
+    if info is None or not info.platform:  # the library did not load
+        if library:
+            return (f"the GPU library {library} does not load" if Path(library).exists()
+                    else f"the GPU library {library} does not exist")
+        rec = build_record()
+        if rec.status == "skipped":
+            return "no GPU backend was built"
+        if rec.status == "failed":
+            return "the GPU backend failed to build"
+        return "the GPU library does not load"
+    runtime = PLATFORM_WORDS.get(info.platform, info.platform)
+    if info.n_devices == 0:
+        return f"no {runtime} driver is loaded" if info.driver_version == 0 else f"the {runtime} runtime sees no GPU"
+    if info.device_name:
+        return f"{info.device_name} cannot run this build (built for {info.built_arch})"
+    return f"the {runtime} runtime gives no device {info.device}"
+
+
 def build_record() -> GPUBuild:
     try:
         data = json.loads(RECORD.read_text())

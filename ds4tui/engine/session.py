@@ -207,7 +207,8 @@ class Engine:
     ``"hip"`` (the native engine with the dlopen'ed GPU library, :mod:`ds4tui.engine.gpu`: weights
     in device memory; :class:`BackendUnavailableError` says exactly why when it cannot run: no
     toolchain at build time, library failed to load, no device, wrong arch), ``"auto"`` (hip when
-    it can run, else cpu; ``backend`` then says which and ``backend_note`` why) or ``"reference"``
+    it can run, else cpu; ``backend`` then says which and ``backend_note`` why, in plain words, with the
+    whole reason in ``backend_detail``) or ``"reference"``
     (numpy).  ``progress(done, total)`` (hip) is called with bytes as weights are uploaded.
     ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
     core; more than the usable cores run as asked and ``threads_note`` says so.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
@@ -322,6 +323,9 @@ class Engine:
         if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, bool) or not 0 <= n_threads <= MAX_THREADS:
             raise ValueError(f"n_threads must be an integer 0..{MAX_THREADS} (0 = one per core), got {n_threads!r}")
         self.backend_note = ""
+        #: why ``auto`` could not run the GPU, in full (the backend's build, the runtime's words); ""
+        #: when it did, or when the backend was not auto
+        self.backend_detail = ""
         self.threads_note = ""  # the native engine sets it once its thread count is known
         self.gpu_info = None
         self._gpu_library: str | None = None
@@ -331,6 +335,7 @@ class Engine:
             from ds4tui.engine import gpu
 
             info, why = gpu.probe(gpu_library)
+            refused = None
             if not why:  # the memory plan and, on AMD, a first device pass in a child: before any upload
                 model = _model(model)
                 refused = gpu.admit(model, support, info, self._draft_vocab_extra(model, support))
@@ -340,7 +345,9 @@ class Engine:
             if why:  # the backend named by its build, as `ds4tui doctor` names it (CUDA or ROCm)
                 if backend == "hip":
                     raise BackendUnavailableError(gpu.unavailable(info, why, gpu_library))
-                self.backend_note = f"auto: using cpu because {gpu.unavailable(info, why, gpu_library)}"
+                # plain words first; the whole reason, as --backend hip would give it, kept beside them
+                self.backend_note = f"no usable GPU ({gpu.plain_reason(info, gpu_library, refused)}): running on the CPU"
+                self.backend_detail = gpu.unavailable(info, why, gpu_library)
                 backend = "cpu"
             else:
                 self.gpu_info = info
