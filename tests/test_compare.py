@@ -49,6 +49,55 @@ def test_one_knob_moved_no_warning_and_every_figure_side_by_side(tiny_q2, tmp_pa
     assert "knobs that differ (1):\n  dspark.scheduler  True -> False" in text and "WARNING" not in text
 
 
+def test_runs_whose_scheduler_started_differently_say_so(tiny_q2, tmp_path, capsys):
+    """The second of two identical generate runs starts its DSpark scheduler from the prices the first
+    kept: compare names that among the knobs (scheduler_start, in text and --json) with a note on what
+    it means, and counts it as one variable."""
+    a = _generate(tiny_q2, tmp_path, capsys, "a.json")  # the prices folder is the test's own: nothing kept yet
+    b = _generate(tiny_q2, tmp_path, capsys, "b.json")
+    ja, jb = (json.loads(Path(p).read_text()) for p in (a, b))
+    assert (ja["scheduler_prices_at_start"], jb["scheduler_prices_at_start"]) == ("fresh", "saved")
+    rc = cli_main(["compare", a, b, "--json"])
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    assert rc == 0 and r["knobs"] == [["scheduler_start", "fresh", "saved"]] and r["variables"] == 1
+    assert r["warning"] is None and r["scheduler_start_note"].startswith(
+        "the DSpark scheduler started differently in the two runs (scheduler_start: fresh measures its own prices")
+    assert out.err == f"ds4tui compare: note: {r['scheduler_start_note']}\n"
+    rc = cli_main(["compare", a, b])
+    text = capsys.readouterr().out
+    assert rc == 0 and 'knobs that differ (1):\n  scheduler_start  "fresh" -> "saved"\n\nNOTE: the DSpark scheduler ' in text
+    assert text.count("for an A/B, run both with --scheduler-prices fresh") == 1
+    # kept times left for drafting to re-time are a start of their own
+    jc = dict(jb, scheduler_prices_retime="the kept times of verify(6) were measured 2.0 h ago (over 1 h): drafting "
+                                          "re-times them")
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(jc))
+    rc = cli_main(["compare", b, str(c), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["knobs"] == [["scheduler_start", "saved", "saved, kept times re-timed"]] and r["scheduler_start_note"]
+    # a prices mode that differs too: the start follows from it, one variable under two names
+    d = _generate(tiny_q2, tmp_path, capsys, "d.json", "--scheduler-prices", "fresh")
+    rc = cli_main(["compare", b, d, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["knobs"] == [["scheduler_prices", "saved", "fresh"], ["scheduler_start", "saved", "fresh"]]
+    assert r["variables"] == 1 and r["warning"] is None
+    rc = cli_main(["compare", b, d])
+    assert "knobs that differ (1 variable under 2 names):\n" in capsys.readouterr().out
+    # with another knob moved as well: two variables, the warning
+    e = _generate(tiny_q2, tmp_path, capsys, "e.json", "--confidence", "0.5")  # the same prices file as b's
+    rc = cli_main(["compare", a, e, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["knobs"] == [["dspark.threshold", 0.0, 0.5], ["scheduler_start", "fresh", "saved"]]
+    assert r["variables"] == 2 and r["warning"].startswith(
+        "2 variables differ between the runs (dspark.threshold, scheduler_start)")
+    # a run without the scheduler has no start to compare: its own knob says why
+    f = _generate(tiny_q2, tmp_path, capsys, "f.json", "--no-scheduler")
+    rc = cli_main(["compare", b, f, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["knobs"] == [["dspark.scheduler", True, False]] and r["scheduler_start_note"] is None
+
+
 def test_a_file_against_itself_or_its_copy_is_named_not_called_noise(tiny_q2, tmp_path, capsys):
     a = _generate(tiny_q2, tmp_path, capsys, "a.json")
     rc = cli_main(["compare", a, a])
@@ -414,10 +463,10 @@ def test_an_interrupted_ab_result_is_refused_naming_what_finished(tmp_path, caps
     assert out.err == f"ds4tui compare: error: {message}\n"
 
 
-def _ab(tiny_q2, tmp_path, capsys, name: str) -> tuple[str, dict]:
+def _ab(tiny_q2, tmp_path, capsys, name: str, *extra: str) -> tuple[str, dict]:
     path = tmp_path / name
     rc = cli_main(["bench", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "--ab", "--backend", "cpu",
-                   "--threads", "2", "--tokens", "16", "--json", "--out", str(path)])
+                   "--threads", "2", "--tokens", "16", "--json", "--out", str(path), *extra])
     capsys.readouterr()
     assert rc == 0
     return str(path), json.loads(path.read_text())
@@ -428,8 +477,9 @@ def test_two_ab_results_compare_arm_by_arm(tiny_q2, tmp_path, capsys):
     an A/B is read by (tokens/s overall and per prompt, the ratio to target-only, accept rate, tokens
     per cycle, the stage costs), each A, B and B/A from the files' own values; every figure by its
     JSON name only with --all."""
-    a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json")
-    b, jb = _ab(tiny_q2, tmp_path, capsys, "b.json")
+    # fresh prices: the second run's scheduler would start from what the first kept (a knob of its own)
+    a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json", "--scheduler-prices", "fresh")
+    b, jb = _ab(tiny_q2, tmp_path, capsys, "b.json", "--scheduler-prices", "fresh")
     rc = cli_main(["compare", a, b, "--json"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["knobs"] == [] and r["figures"]  # the full comparison is still there
@@ -527,6 +577,18 @@ def test_ab_results_whose_arms_or_outputs_differ_say_so(tiny_q2, tmp_path, capsy
     rc = cli_main(["compare", a, str(c), "--all"])
     assert ("only in A: arms[1].verify_over_target_decode.plain_decodes, arms[1].verify_over_target_decode.ratio"
             in capsys.readouterr().out)
+    # a scheduler that started elsewhere in one run: named by the run; the arms without the scheduler are not
+    jd = json.loads(json.dumps(ja))
+    start = ja["arms"][2]["runs"][0]["scheduler_prices_at_start"]
+    other = "fresh" if start != "fresh" else "saved"
+    for arm in (0, 1, 2):
+        jd["arms"][arm]["runs"][0]["scheduler_prices_at_start"] = other
+    d = tmp_path / "d.json"
+    d.write_text(json.dumps(jd))
+    rc = cli_main(["compare", a, str(d)])
+    text = capsys.readouterr().out
+    assert rc == 0 and (f'knobs that differ (1):\n  arms[2].runs[0].scheduler_start  "{start}" -> "{other}"\n\n'
+                        f'NOTE: the DSpark scheduler started differently') in text
 
 
 def test_only_two_ab_results_get_arm_tables(tiny_q2, tmp_path, capsys):

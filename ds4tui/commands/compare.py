@@ -7,6 +7,11 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
 - the **knobs** that differ: every setting that decides what runs (model and support files,
   backend, numerics, activations, threads, context, the DSpark knobs, sampling, the prompt sizes,
   the optional caches), A's value and B's;
+- where each run's DSpark scheduler started (``scheduler_start``, from the file's
+  ``scheduler_prices_at_start`` and ``scheduler_prices_retime``: fresh, from the prices earlier runs kept,
+  and whether kept times were re-timed) among the knobs when it differs, with a **note** on what that
+  means: two runs of one command with the same options draft differently when the second starts from
+  the prices the first kept (spec dspark.md §7.4);
 - a **warning** when more than one knob differs: then no figure's change can be put down to one of
   them (a memory cache switched on together with DSpark makes the DSpark speed-up unreadable);
 - every **figure** both files have (numbers: rates, counts, times, memory), A, B and B/A; the ones
@@ -60,8 +65,13 @@ KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
     "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
-    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head",
+    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head", "scheduler_start",
 }
+#: The name compare gives where a run's DSpark scheduler started (spec dspark.md §7.4), from the
+#: ``scheduler_prices_at_start`` and ``scheduler_prices_retime`` beside it (:func:`scheduler_starts`):
+#: a knob, since a run that starts from kept prices drafts differently from one with the same options
+#: that starts fresh.
+SCHEDULER_START = "scheduler_start"
 #: Free text and bookkeeping: never compared.
 SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "text", "dspark_line", "message", "ok",
               "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
@@ -289,6 +299,38 @@ def is_knob(name: str) -> bool:
         (len(parts) >= 2 and parts[-2] == "support" and parts[-1] == "status")
 
 
+def scheduler_starts(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` (:func:`flatten`'s names) with a ``scheduler_start`` beside each
+    ``scheduler_prices_at_start`` of a run whose DSpark scheduler decided what was drafted (the
+    ``dspark`` knobs of ``generate``, the ``knobs`` of a ``bench --ab`` run: enabled, scheduler on):
+    ``fresh``, ``saved`` (from the prices earlier runs kept) or ``engine`` (from an earlier session of
+    the run), followed by ``, kept times re-timed`` when ``scheduler_prices_retime`` says that some
+    kept times were left out for drafting to measure again.  A run without the scheduler gets none:
+    where it would have started changed nothing."""
+    out = dict(flat)
+    for name, start in flat.items():
+        if _parts(name)[-1] != "scheduler_prices_at_start" or not isinstance(start, str):
+            continue
+        at = name[:-len("scheduler_prices_at_start")]
+        group = next((g for g in ("dspark", "knobs") if f"{at}{g}.enabled" in flat), None)
+        if group is None or flat[f"{at}{group}.enabled"] is not True or flat.get(f"{at}{group}.scheduler") is not True:
+            continue
+        out[at + SCHEDULER_START] = start + (", kept times re-timed" if flat.get(f"{at}scheduler_prices_retime")
+                                             else "")
+    return out
+
+
+def scheduler_start_note(knobs: list) -> str | None:
+    """The note when the runs' DSpark schedulers started differently (a ``scheduler_start`` among the
+    knobs that differ), with what the values mean and how to leave it out of an A/B; None otherwise."""
+    if not any(_parts(k)[-1] == SCHEDULER_START for k, _, _ in knobs):
+        return None
+    return ("the DSpark scheduler started differently in the two runs (scheduler_start: fresh measures its own "
+            "prices, saved starts from the prices earlier runs kept, engine from an earlier session's, re-timed "
+            "measures some kept times again): what it drafts, and every DSpark figure, can differ for that alone; "
+            "for an A/B, run both with --scheduler-prices fresh")
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -351,10 +393,14 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
     the ones left out for being 0 in both); ``only_a`` / ``only_b``: names one of them lacks;
     ``variables``: how many variables the knobs are (one may be recorded under several names);
     ``warning``: the text when more than one variable differs (else None); ``contains``: "b" when
-    B's counters include A's (:func:`contains`), "a" the other way round, else None."""
-    fa, fb = flatten(a), flatten(b)
+    B's counters include A's (:func:`contains`), "a" the other way round, else None;
+    ``scheduler_start_note``: the note when the DSpark schedulers started differently
+    (:func:`scheduler_starts`, :func:`scheduler_start_note`), else None."""
+    fa, fb = scheduler_starts(flatten(a)), scheduler_starts(flatten(b))
     names = sorted(set(fa) | set(fb)) if same_kind else sorted(set(fa) & set(fb))
-    knobs = [[k, fa.get(k), fb.get(k)] for k in names if is_knob(k) and fa.get(k) != fb.get(k)]
+    # a scheduler start in one run only: the other ran without the scheduler, and its knobs say so
+    knobs = [[k, fa.get(k), fb.get(k)] for k in names if is_knob(k) and fa.get(k) != fb.get(k)
+             and (_parts(k)[-1] != SCHEDULER_START or (k in fa and k in fb))]
     figures, zeros = [], 0
     for k in fa:
         if k in fb and not is_knob(k) and _is_number(fa[k]) and _is_number(fb[k]):
@@ -365,9 +411,16 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
             figures.append([k, fa[k], fb[k], ratio])
     only_a = sorted(k for k in fa if k not in fb and not is_knob(k) and _is_number(fa[k]))
     only_b = sorted(k for k in fb if k not in fa and not is_knob(k) and _is_number(fb[k]))
-    # one variable may be recorded under several names (n_threads and memcpy.n_threads): counted once
+    # one variable may be recorded under several names (n_threads and memcpy.n_threads): counted once;
+    # the scheduler's start is one variable in every run that records it, and none beside a prices mode
+    # that differs too (it follows from it)
     variables: dict[tuple, str] = {}
+    mode_moved = any(_parts(k)[-1] == "scheduler_prices" for k, _, _ in knobs)
     for k, x, y in knobs:
+        if _parts(k)[-1] == SCHEDULER_START:
+            if not mode_moved:
+                variables.setdefault((SCHEDULER_START,), k)
+            continue
         variables.setdefault((_parts(k)[-1], json.dumps(x), json.dumps(y)), k)
     warning = None
     if len(variables) > 1:
@@ -376,7 +429,8 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
                    f"put down to any one of them; for an A/B, change one knob at a time")
     inside = "b" if contains(a, b) else "a" if contains(b, a) else None
     return {"knobs": knobs, "variables": len(variables), "figures": figures, "zero_in_both": zeros,
-            "only_a": only_a, "only_b": only_b, "warning": warning, "contains": inside}
+            "only_a": only_a, "only_b": only_b, "warning": warning, "contains": inside,
+            "scheduler_start_note": scheduler_start_note(knobs)}
 
 
 def contains_warning(inside: str | None, counters_id: str | None) -> str | None:
@@ -407,7 +461,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
     if r["knobs"]:
         w = max(len(k) for k, _, _ in r["knobs"])
         n, v = len(r["knobs"]), r["variables"]
-        lines.append(f"knobs that differ ({n}):" if n == v else f"knobs that differ ({v} variables under {n} names):")
+        lines.append(f"knobs that differ ({n}):" if n == v
+                     else f"knobs that differ ({v} variable{'' if v == 1 else 's'} under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
@@ -416,6 +471,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
     for w in (r["warning"], r.get("contains_warning")):
         if w:
             lines += ["", f"WARNING: {w}"]
+    if r.get("scheduler_start_note"):
+        lines += ["", f"NOTE: {r['scheduler_start_note']}"]
     lines.append("")
     arms = r.get("arms")
     if arms is not None:
@@ -669,7 +726,7 @@ def run(args) -> int:
         for w in (r["warning"], r["contains_warning"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
-        for note in (r["no_shared_figures"], r["same_run"], *r["interrupted_notes"]):
+        for note in (r["scheduler_start_note"], r["no_shared_figures"], r["same_run"], *r["interrupted_notes"]):
             if note:
                 print(f"{_PREFIX} note: {note}", file=sys.stderr)
     else:
