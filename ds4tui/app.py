@@ -600,7 +600,7 @@ class DS4App(App):
         if welcome:
             welcome.first().update(Content.styled(
                 f"{info.model_name}: {info.n_layer} layers, context {info.n_ctx} tokens, {info.backend} backend"
-                + (f" ({info.backend_note})" if info.backend_note else "")
+                + (f"; {info.backend_note}" if info.backend_note else "")  # a sentence: "no usable GPU (...): ..."
                 + (f"; {info.threads_note}" if getattr(info, "threads_note", "") else "")
                 + (f"; prefill-gemm {info.prefill_gemm_note}" if info.backend == "hip" and getattr(info, "prefill_gemm_note", "")
                    else "")

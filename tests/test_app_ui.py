@@ -683,6 +683,24 @@ async def test_more_threads_than_usable_cores_are_named_in_the_welcome_line(tmp_
         assert "usable cores" not in str(app.query_one("#welcome").render())
 
 
+async def test_running_on_the_cpu_is_said_once_in_the_welcome_line(tmp_path):
+    import dataclasses
+
+    note = "no usable GPU (no CUDA driver is loaded): running on the CPU"
+
+    def factory(options, progress):
+        engine = FakeChatEngine(options)
+        engine.info = dataclasses.replace(engine.info, backend_note=note)
+        return engine
+
+    app = DS4App(ChatOptions(model="demo.gguf", save_dir=tmp_path), engine_factory=factory,
+                 telemetry=FakeBackend([APU]), flush_s=None, memory_s=None)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        welcome = str(app.query_one("#welcome").render()).replace("\n", " ")
+        assert f"cpu backend; {note}" in welcome and "backend (" not in welcome
+
+
 async def test_a_demo_file_unpacked_again_is_named_in_the_welcome_line(tmp_path):
     # ds4tui chat without MODEL found a demo file damaged and unpacked it again (ChatOptions.notes)
     line = ("the demo's /cache/demo/0123/support.gguf had 6 bytes where demo.json expects 9: unpacked it again from "
