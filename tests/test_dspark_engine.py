@@ -561,3 +561,20 @@ def test_verify_head_option_is_checked(tiny_q2):
     assert S.Engine(tiny_q2["model"], backend="cpu", activations="q8", verify_head="lazy").verify_head == "lazy"
     r = S.Engine(tiny_q2["model"], backend="reference")
     assert r.verify_head == "all" and r.verify_head_note == "auto: all on the reference backend (it does not draft)"
+
+
+def test_the_confidence_threshold_reads_back_as_the_decimal_it_was_set_to(tiny_q2):
+    """The C engine holds the threshold as a float32; the knobs and the knob log give it back as the
+    shortest decimal of that float32 (what --json and compare print), not as its double expansion."""
+    eng = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    s = eng.session(64)
+    assert float(np.float32(0.3)) == 0.30000001192092896  # what a plain float() of the C field gives
+    s.set_dspark(threshold=0.3)
+    s.prefill([101, 2024, 777, 31337])
+    s.step()
+    s.step()  # a cycle: the change is applied and logged
+    assert s.dspark.threshold == 0.3 and s.dspark_events()[-1].knobs.threshold == 0.3
+    s.set_dspark(threshold=0.05)
+    assert s.dspark.threshold == 0.05
+    s.close()
+    eng.close()

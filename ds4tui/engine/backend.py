@@ -215,6 +215,12 @@ class SessionBackend(Protocol):
 
 # ---- the C engine ----------------------------------------------------------------------------------
 
+def _threshold(c_float: float) -> float:
+    """The confidence threshold the C engine holds (a float32) as the shortest decimal that is that
+    float32: 0.3, not 0.30000001192092896, in the knobs, the JSON and compare."""
+    return float(str(np.float32(c_float)))
+
+
 def _cycles_of(out, lens, n: int) -> list[list[int]]:
     """The ids of ``n`` cycles that ``ds4_session_step_many`` wrote back to back into ``out``, each
     ``lens[k]`` long."""
@@ -332,7 +338,7 @@ class NativeBackend:
         k = self._ffi.new("ds4_dspark_knobs *")
         if self._lib.ds4_session_get_dspark(self.handle, k) != 0:
             raise StateError("no DSpark support model is attached to this engine (pass support= / --mtp)")
-        return DSparkKnobs(bool(k.enabled), bool(k.scheduler), float(k.threshold), int(k.max_draft))
+        return DSparkKnobs(bool(k.enabled), bool(k.scheduler), _threshold(k.threshold), int(k.max_draft))
 
     def set_knobs(self, knobs: DSparkKnobs) -> None:
         k = self._ffi.new("ds4_dspark_knobs *", {"enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler),
@@ -355,7 +361,7 @@ class NativeBackend:
         n = self._ffi.new("int32_t *")
         self._lib.ds4_session_dspark_events(self.handle, buf, int(last), n)
         return [KnobEvent(int(e.cycle), DSparkKnobs(bool(e.knobs.enabled), bool(e.knobs.scheduler),
-                                                    float(e.knobs.threshold), int(e.knobs.max_draft)))
+                                                    _threshold(e.knobs.threshold), int(e.knobs.max_draft)))
                 for e in (buf[i] for i in range(n[0]))]
 
     def last_proposal(self) -> tuple[list[int], list[float]]:
