@@ -181,5 +181,5 @@ async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
         note = app.engine.engine.backend_note
         assert re.fullmatch(r"no usable GPU \(.+\): running on the CPU", note) and "q8" not in note
         welcome = str(app.query_one("#welcome").render())
-        assert f"cpu backend ({note})." in welcome
+        assert f"cpu backend; {note}." in welcome
     app.close_engine()
