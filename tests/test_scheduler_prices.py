@@ -429,6 +429,46 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
 
 
+def test_stale_kept_times_a_session_does_not_re_time_are_dropped_not_kept_stale(tiny_q2, tmp_path):
+    """Kept verify times left out of a session's start as stale, of widths its drafting never ran
+    (it drafts the whole block, 6 rows), go from the file when it closes: kept, they stayed stale
+    and every later run said again that it re-times them.  The width it ran is kept, re-timed."""
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    old = time.time() - 2 * 3600
+    P.save(e.scheduler_prices_file, P.identity(e), P.SchedulerPrices(
+        {1: 1.0, 2: 1000.0, 3: 1000.0, 6: 1000.0}, 1000.0, HOPELESS.reached, HOPELESS.hit,
+        {2: old, 3: old, 6: old}, old))
+    e.close()
+    e = S.Engine(tiny_q2["model"], **kw)
+    assert "the kept times of verify(2), verify(3), verify(6) and the proposal were measured 2.0 h ago" in (
+        e.scheduler_prices_note)
+    s = e.session(128)
+    _decode(s, 20)
+    st = s.dspark_stats()
+    assert st.proposed > 0 and st.draft_len_hist[5] == st.drafted_cycles  # 6-row verifies only
+    s.close()
+    doc = json.loads(e.scheduler_prices_file.read_text())["prices"]
+    assert set(doc["t_ver_ms"]) == {"1", "6"} and set(doc["verify_timed_at"]) == {"6"}
+    assert doc["t_ver_ms"]["6"] < 1000.0 and doc["t_prop_ms"] < 1000.0
+    e.close()
+    again = S.Engine(tiny_q2["model"], **kw)
+    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+    again.close()
+
+
+def test_merging_drops_left_out_times_the_session_did_not_measure():
+    kept = P.SchedulerPrices({1: 1.0, 2: 5.0, 6: 9.0}, 4.0, (4,) + (0,) * 15, (2,) + (0,) * 15,
+                             {2: 10.0, 6: 10.0}, 10.0)
+    start = P.SchedulerPrices({1: 1.0}, None, kept.reached, kept.hit)  # verify(2), verify(6), proposal left out
+    end = P.SchedulerPrices({1: 1.0, 6: 3.0}, None, (5,) + (0,) * 15, (2,) + (0,) * 15)
+    m = kept.merged(start, end, now=20.0, left_out=((2, 6), True))
+    assert m.t_ver == {1: 1.0, 6: 3.0} and m.verify_timed_at == {6: 20.0}
+    assert m.t_prop is None and m.proposal_timed_at is None and m.reached[0] == 5
+    same = kept.merged(start, end, now=20.0)  # nothing said left out: the others stay as kept
+    assert same.t_ver == {1: 1.0, 2: 5.0, 6: 3.0} and same.t_prop == 4.0
+
+
 def test_generate_says_which_kept_times_it_re_times(tiny_q2, capsys):
     argv = ["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi", "-n", "16",
             "--threads", "1", "--backend", "cpu"]

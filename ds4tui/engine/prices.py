@@ -264,7 +264,8 @@ class SchedulerPrices:
                                None if prop else self.proposal_other_work)
 
     def merged(self, start: "SchedulerPrices | None", end: "SchedulerPrices",
-               now: float | None = None, other: float | None = None) -> "SchedulerPrices":
+               now: float | None = None, other: float | None = None,
+               left_out: tuple = ((), False)) -> "SchedulerPrices":
         """These (the engine's) prices after a session that started from ``start`` (None: fresh)
         ended with ``end``: every time the session holds replaces the kept one (its moving average
         already started from it), the others stay; a time the session started with and never
@@ -273,8 +274,13 @@ class SchedulerPrices:
         stay in the ratio to a decode they were measured in; the counts add what the session added;
         each time the session measured is stamped ``now`` (Unix seconds, default the clock's) and
         ``other`` (the cores of other work the session saw at its start, None: not known), the others
-        keep their stamps; then :meth:`capped`."""
+        keep their stamps; ``left_out`` (verify widths, the proposal: whether it was): the kept times
+        :meth:`without_stale` left out of the session's start, of which those the session did not
+        measure again go (else every later session would find them stale and say so again: a run that
+        drafts 6 wide never re-times verify(2)); then :meth:`capped`."""
         s = start or SchedulerPrices()
+        gone_widths = {n for n in left_out[0] if n > 1 and n not in end.t_ver}
+        gone_prop = bool(left_out[1]) and end.t_prop is None
         now = time.time() if now is None else now
         verify_at, verify_other = dict(self.verify_timed_at), dict(self.verify_other_work)
         for n, ms in end.t_ver.items():
@@ -291,9 +297,15 @@ class SchedulerPrices:
         t_ver = dict(self.t_ver)
         for n, ms in end.t_ver.items():
             t_ver[n] = ms * scale if n > 1 and s.t_ver.get(n) == ms else ms
+        for n in gone_widths:
+            t_ver.pop(n, None)
+            verify_at.pop(n, None)
+            verify_other.pop(n, None)
         t_prop = self.t_prop
         if end.t_prop is not None:
             t_prop = end.t_prop * scale if s.t_prop == end.t_prop else end.t_prop
+        elif gone_prop:
+            t_prop, proposal_at, proposal_other = None, None, None
         reached = tuple(a + max(0, b - c) for a, b, c in zip(self.reached, end.reached, s.reached))
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))

@@ -598,19 +598,21 @@ class Engine:
         return self._other_work
 
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None",
-                     other: float | None = None) -> None:
+                     other: float | None = None, left_out: tuple = ((), False)) -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
         file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
         words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`);
         a write that succeeds clears the problem (a file that could not be used at open is then replaced,
         and the note says so); ``other``: the other work the session saw at its start, kept with the
-        times it measured.  ``fresh`` keeps nothing."""
+        times it measured; ``left_out``: the stale kept times left out of its start
+        (``SchedulerPrices.merged``).  ``fresh`` keeps nothing."""
         self._cpu_mark = prices.cpu_mark()  # the next session measures the other work from here
         if end is None or not end.learnt or self.scheduler_prices == "fresh":
             return
         with self._prices_lock:
-            self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end, other=other)
+            self._prices = (self._prices or prices.SchedulerPrices()).merged(start, end, other=other,
+                                                                             left_out=left_out)
             self._prices_from = "engine"
             if self.scheduler_prices == "engine":  # where the sessions left them, in memory only
                 self.scheduler_prices_note = (f"engine: the sessions so far left {self._prices.summary()} for the "
@@ -678,29 +680,33 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        start, source, retime, other = self._start_prices(backend)
+        start, source, retime, other, left_out = self._start_prices(backend)
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
                     prices_source=source, prices_retime=retime, prices_other_work=other)
+        s._prices_left_out = left_out
         self._sessions.add(s)
         return s
 
     def _start_prices(self, backend: SessionBackend) -> tuple:
         """Start ``backend``'s scheduler from the prices the engine keeps now (spec dspark.md §7.4),
         leaving out the stale times; returns (the prices it started from or None, where they came from:
-        "fresh", "saved" or "engine", why times were left out or "", the other work measured)."""
+        "fresh", "saved" or "engine", why times were left out or "", the other work measured, the
+        verify widths and whether the proposal were left out: ``SchedulerPrices.merged``'s ``left_out``)."""
         if self.scheduler_prices == "fresh" or self.support_status != "attached":
-            return None, "fresh", "", None
+            return None, "fresh", "", None, ((), False)
         other = self._measure_other_work()
         with self._prices_lock:
             kept, source = self._prices, self._prices_from
         if kept is None or not kept.learnt:
-            return None, "fresh", "", other
-        start, now = kept.capped(), time.time()
+            return None, "fresh", "", other, ((), False)
+        start, now, left_out = kept.capped(), time.time(), ((), False)
         retime = prices.retime_reason(start, now, other)
         if retime:
-            start = start.without_stale(now, other)
+            whole, start = start, start.without_stale(now, other)
+            left_out = (tuple(sorted(set(whole.t_ver) - set(start.t_ver))),
+                        whole.t_prop is not None and start.t_prop is None)
         backend.set_prices(start, kept=True)
-        return start, source, retime, other
+        return start, source, retime, other, left_out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -796,6 +802,8 @@ class Session:
         #: the verify and proposal times it measures (prices.other_work)
         self.scheduler_other_work = prices_other_work
         self._prices_start = prices_start
+        #: the kept verify widths and whether the proposal time were left out of the start (stale)
+        self._prices_left_out: tuple = ((), False)
         self.print_stats = print_stats
         self.config = engine.config
         self.n_ctx = n_ctx
@@ -1266,6 +1274,7 @@ class Session:
             self._alive()
             self.backend.set_prices(kept)
             self._prices_start = None  # not the engine's: all of it is news to the engine when kept
+            self._prices_left_out = ((), False)
 
     def restart_scheduler_prices(self) -> None:
         """Start the DSpark scheduler again from the prices the engine keeps now, as
@@ -1281,7 +1290,7 @@ class Session:
             if self.engine.scheduler_prices == "fresh" or not self.has_dspark:
                 return
             (self._prices_start, self.scheduler_prices_at_start, self.scheduler_prices_retime,
-             self.scheduler_other_work) = self.engine._start_prices(self.backend)
+             self.scheduler_other_work, self._prices_left_out) = self.engine._start_prices(self.backend)
 
     def scheduler_prices(self) -> "prices.SchedulerPrices | None":
         """The DSpark scheduler's prices and acceptance counts as they stand (spec dspark.md §7.4);
@@ -1308,7 +1317,8 @@ class Session:
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)
             if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
-                self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work)
+                self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work,
+                                         left_out=self._prices_left_out)
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()
