@@ -129,6 +129,32 @@ def test_timeline_rates_windows_and_marks():
     assert len(tl.view().accept_series) == 1
 
 
+def test_the_recent_accept_rate_counts_the_drafts_before_the_first_snapshot_while_its_window_reaches_them():
+    """The first snapshot comes once a turn's first token is decoded, with drafts already counted: a
+    10 s window that reaches back to the counters' start holds them too (after one short answer the
+    recent rate read 0.0 % beside a session rate of 33 %); once the window has moved past the start,
+    or the bounded history dropped its first points, the rate is of what the window holds."""
+    def snap(t, cycles):
+        st = _stats(cycles)
+        tokens = st.first_tokens + st.accepted_draft
+        return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=tokens, decode_ms=10.0 * cycles), dspark=st,
+                               knobs=None, events=(), n_tokens=tokens, n_ctx=4096, generating=True, turn=1,
+                               turn_tokens=tokens, turn_draft_tokens=0, turn_decode_s=0.02 * cycles)
+
+    a, b, c = _stats(12), _stats(24), _stats(48)
+    tl = SpecTimeline(recent_s=10.0)
+    tl.add(snap(0.0, 12))
+    tl.add(snap(1.0, 24))
+    assert tl.view().recent_accept == pytest.approx(100 * b.accepted_draft / b.proposed) == tl.view().session_accept
+    tl.add(snap(12.0, 48))  # the window (2 .. 12 s) holds the point at 1 s, not the start
+    assert tl.view().recent_accept == pytest.approx(100 * (c.accepted_draft - b.accepted_draft) / (c.proposed - b.proposed))
+    short = SpecTimeline(maxlen=2, recent_s=10.0)
+    for t, cycles in ((0.0, 12), (1.0, 24), (2.0, 48)):
+        short.add(snap(t, cycles))  # the third point drops the first: the start is no longer held
+    assert short.view().recent_accept == pytest.approx(
+        100 * (c.accepted_draft - b.accepted_draft) / (c.proposed - b.proposed))
+
+
 def test_timeline_rates_average_over_two_seconds():
     def snap(t, tokens, ms):
         return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=tokens, decode_ms=ms), dspark=None, knobs=None,

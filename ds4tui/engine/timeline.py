@@ -66,6 +66,7 @@ class SpecTimeline:
         self.recent_s = recent_s
         self.rate_s = rate_s
         self._session: tuple[int, int] = (0, 0)
+        self._from_zero = True  # the oldest kept point is the first since the counters started
 
     def add(self, snap: Any) -> bool:
         """Fold in a ``StatsSnapshot``; returns True if it added a point (a counter moved)."""
@@ -83,6 +84,8 @@ class SpecTimeline:
             self.clear()  # the counters were reset
             prev = None
         base = self._base(p) if prev is not None else None
+        if len(self._pts) == self._pts.maxlen:
+            self._from_zero = False  # the append drops the oldest point
         self._pts.append(p)
         self._accept.append(self._window_accept())
         if base is None:
@@ -118,6 +121,7 @@ class SpecTimeline:
     def clear(self) -> None:
         for q in (self._pts, self._accept, self._decode, self._effective, self._marked):
             q.clear()
+        self._from_zero = True
 
     def _window_accept(self) -> float | None:
         last = self._pts[-1]
@@ -128,11 +132,12 @@ class SpecTimeline:
             first = q
         if first is last and len(self._pts) > 1:
             first = self._pts[-2]
-        dp = last.proposed - first.proposed
-        if first is last:
+        if self._from_zero and last.t - self._pts[0].t <= self.recent_s:
+            # the window reaches back to the counters' start: the drafts counted before the first
+            # snapshot (taken once a turn's first token is decoded) are in it too
             dp, da = last.proposed, last.accepted
         else:
-            da = last.accepted - first.accepted
+            dp, da = last.proposed - first.proposed, last.accepted - first.accepted
         return 100.0 * da / dp if dp > 0 else None
 
     def view(self) -> SpecView:
