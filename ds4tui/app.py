@@ -1368,6 +1368,9 @@ class DS4App(App):
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
+            # where the scheduler started: two sessions with the same knobs draft differently when
+            # one starts from the prices the other kept (compare's scheduler_start)
+            **(getattr(self.engine, "scheduler_start", None) or {}),
             "knob_events": [{"cycle": e.cycle, **e.knobs.to_dict()} for e in snap.events],
             "stats": snap.stats.to_dict(),
             "dspark_stats": snap.dspark.to_dict() if snap.dspark is not None else None,

@@ -212,6 +212,10 @@ async def test_save_transcript_and_export_stats(tiny_q2, fitted_support, tmp_pat
         stats = json.loads(next(tmp_path.glob("ds4tui-stats-*.json")).read_text())
         assert stats["dspark_stats"]["draft_len_hist"] == list(st.draft_len_hist)
         assert stats["dspark_stats"]["accepted_draft"] == st.accepted_draft
+        # where the scheduler started, under generate --json's names (compare's scheduler_start)
+        assert (stats["scheduler_prices"], stats["scheduler_prices_at_start"], stats["scheduler_prices_retime"]) == (
+            app.engine.engine.scheduler_prices, app.engine.session.scheduler_prices_at_start, "")
+        assert saved["session"]["scheduler_prices_at_start"] == stats["scheduler_prices_at_start"]
         line = next(tmp_path.glob("ds4tui-stats-*.txt")).read_text().strip()
         assert line.startswith("DSpark stats cycles=")
         back = parse_line(line)

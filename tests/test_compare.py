@@ -598,3 +598,17 @@ def test_only_two_ab_results_get_arm_tables(tiny_q2, tmp_path, capsys):
     rc = cli_main(["compare", g, g, "--all"])
     text = capsys.readouterr().out
     assert rc == 0 and "per arm" not in text and "figure" in text.splitlines()[5]
+
+
+def test_two_chat_stats_exports_whose_scheduler_started_differently_say_so():
+    """F6's export names where the session's scheduler started (the chat's first session fresh, the
+    one Ctrl+G opened from the prices the first kept): compare lists it among the knobs, where it said
+    "the same in both runs" while proposed went 3 -> 17."""
+    knobs = {"enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5}
+    a = {"knobs": knobs, "scheduler_prices": "engine", "scheduler_prices_at_start": "fresh",
+         "scheduler_prices_retime": "", "dspark_stats": {"proposed": 3}}
+    b = dict(a, scheduler_prices_at_start="engine", dspark_stats={"proposed": 17})
+    r = C.compare(a, b)
+    assert r["knobs"] == [["scheduler_start", "fresh", "engine"]] and r["variables"] == 1 and r["scheduler_start_note"]
+    off = dict(b, knobs=dict(knobs, scheduler=False))  # the scheduler off in B: its knob says so, no start
+    assert C.compare(a, off)["knobs"] == [["knobs.scheduler", True, False]]

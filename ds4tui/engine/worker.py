@@ -626,6 +626,17 @@ class ChatEngine:
         return memplan.session_bytes(e.config, int(n_ctx), support=shape, host=e.backend == "cpu",
                                      n_threads=e.n_threads)
 
+    @property
+    def scheduler_start(self) -> dict:
+        """Where the current session's DSpark scheduler started (spec dspark.md §7.4), under the names
+        ``generate --json`` gives them, for the stats export and compare: ``scheduler_prices`` (the
+        mode), ``scheduler_prices_at_start`` ("fresh", "saved" or "engine") and
+        ``scheduler_prices_retime`` (why kept times were left for drafting to re-time, or "")."""
+        s = self.session
+        return {"scheduler_prices": getattr(self.engine, "scheduler_prices", "fresh"),
+                "scheduler_prices_at_start": s.scheduler_prices_at_start,
+                "scheduler_prices_retime": s.scheduler_prices_retime}
+
     def set_context(self, n_ctx: int) -> ChatInfo:
         """A session of ``n_ctx`` tokens in place of the current one: the conversation's KV cache and
         the DSpark counters start afresh, the sampling settings and the knobs carry over.  The new
