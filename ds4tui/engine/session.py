@@ -680,10 +680,8 @@ class Engine:
             if self.support_status == "attached":
                 knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
-        start, source, retime, other, left_out = self._start_prices(backend)
-        s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats), prices_start=start,
-                    prices_source=source, prices_retime=retime, prices_other_work=other)
-        s._prices_left_out = left_out
+        s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats),
+                    prices_start=self._start_prices(backend))
         self._sessions.add(s)
         return s
 
@@ -789,21 +787,9 @@ class Session:
     """
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
-                 print_stats: bool = False, prices_start: "prices.SchedulerPrices | None" = None,
-                 prices_source: str = "fresh", prices_retime: str = "", prices_other_work: float | None = None):
+                 print_stats: bool = False, prices_start: tuple = (None, "fresh", "", None, ((), False))):
         self.engine = engine
-        #: where the scheduler's prices came from at the start (spec dspark.md §7.4): "fresh",
-        #: "saved" (the engine's file) or "engine" (an earlier session of the engine)
-        self.scheduler_prices_at_start = prices_source
-        #: why the kept verify and proposal times were left out of this session's start, so that its
-        #: first drafted cycle re-times them ("" when they were not; prices.retime_reason)
-        self.scheduler_prices_retime = prices_retime
-        #: the cores other processes kept busy just before the session (None: not known), kept with
-        #: the verify and proposal times it measures (prices.other_work)
-        self.scheduler_other_work = prices_other_work
-        self._prices_start = prices_start
-        #: the kept verify widths and whether the proposal time were left out of the start (stale)
-        self._prices_left_out: tuple = ((), False)
+        self._take_prices_start(prices_start)
         self.print_stats = print_stats
         self.config = engine.config
         self.n_ctx = n_ctx
@@ -1287,10 +1273,19 @@ class Session:
             self._alive()
             if self.tokens or self.pending is not None:
                 raise StateError("the scheduler's prices can be restarted only before the session's first pass")
-            if self.engine.scheduler_prices == "fresh" or not self.has_dspark:
-                return
-            (self._prices_start, self.scheduler_prices_at_start, self.scheduler_prices_retime,
-             self.scheduler_other_work, self._prices_left_out) = self.engine._start_prices(self.backend)
+            self._take_prices_start(self.engine._start_prices(self.backend))
+
+    def _take_prices_start(self, start: tuple) -> None:
+        """Where the scheduler's prices started, as ``Engine._start_prices`` returns it."""
+        #: the prices the session started from (None: fresh), what its close merges against;
+        #: where they came from (spec dspark.md §7.4): "fresh", "saved" (the engine's file) or "engine"
+        #: (an earlier session of the engine); why the kept verify and proposal times were left out of
+        #: the start, so that its first drafted cycle re-times them ("" when they were not;
+        #: prices.retime_reason); the cores other processes kept busy just before the session (None:
+        #: not known), kept with the times it measures (prices.other_work); the kept verify widths and
+        #: whether the proposal time were left out (``SchedulerPrices.merged``'s ``left_out``)
+        (self._prices_start, self.scheduler_prices_at_start, self.scheduler_prices_retime,
+         self.scheduler_other_work, self._prices_left_out) = start
 
     def scheduler_prices(self) -> "prices.SchedulerPrices | None":
         """The DSpark scheduler's prices and acceptance counts as they stand (spec dspark.md §7.4);
