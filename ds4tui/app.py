@@ -55,6 +55,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
 from textual.worker import WorkerCancelled, WorkerFailed
 
+from ds4tui.engine import prices
 from ds4tui.engine import worker as W
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, plural, select_backend
@@ -830,13 +831,17 @@ class DS4App(App):
             self._show_knobs(snap.knobs)
         self._set_status()
 
-    def _draw_panes(self, snap: W.StatsSnapshot, view, support_status: str) -> None:
+    def _draw_panes(self, snap: W.StatsSnapshot, view, support_status: str, backend: str | None = None) -> None:
+        """``backend``: where the stats were measured (the drafter's steps the stage pane lists before
+        the first cycle); None: this engine's."""
         st = snap.dspark
+        if backend is None:
+            backend = self.engine.info.backend if self.engine is not None else "cpu"
         p = self._panes
         p["accept"].show(st, view, support_status=support_status)
         p["draft-hist"].show(st.draft_len_hist if st is not None else ())
         p["accepted-hist"].show(st.accepted_len_hist if st is not None else ())
-        p["stages"].show(st)
+        p["stages"].show(st, backend=backend)
         p["no-draft"].show(st, support_status=support_status)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                              **self._ui_cost_args())
@@ -977,7 +982,7 @@ class DS4App(App):
         name = Path(path).name
         timeline = SpecTimeline()
         timeline.add(snap)
-        self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"))
+        self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"), str(d.get("backend") or "cpu"))
         self._panes["throughput"].show_export(snap.stats, snap.dspark, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                                               ui_share=ui_share)
         note = (f"the knobs of {name} (read-only; Esc: live)" if snap.knobs is not None
@@ -1167,8 +1172,10 @@ class DS4App(App):
                 summary += (f" · {tps:.1f} t/s" if tps else "") + f" · prefill {r.prefill_s:.2f} s · stop: {r.reason}"
                 if r.reason == "ctx":
                     summary += f" · {context_full_hint()}"
-                if r.scheduler_prices_retime:  # what the welcome line said at open, for this answer's session
-                    summary += f" · scheduler prices: {r.scheduler_prices_retime}"
+                said = [r.scheduler_prices_retime,  # what the welcome line said at open, for this answer's session
+                        prices.retimed_words(list(r.scheduler_prices_retimed))]  # and what its drafting measured
+                if any(said):
+                    summary += " · scheduler prices: " + "; ".join(x for x in said if x)
             await self.current.finish(summary)
             if r.reason == "ctx":  # once for this turn: the next question would stop after a few tokens
                 self.notify(context_full_hint(), title="context full", severity="warning", timeout=10)

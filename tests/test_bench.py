@@ -126,6 +126,8 @@ def test_not_a_gguf_is_one_line_and_status_1(tmp_path, capsys):
     rc, out, err = _bench(capsys, str(bad))
     assert rc == 1 and len(err.splitlines()) == 1
     assert err.startswith(f"ds4tui bench: error: {bad}: wrong magic")
+    assert err.rstrip().endswith("(argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for "
+                                 "the bundled demo model)")  # which argument named it, and what to do
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -791,9 +793,10 @@ def test_the_verify_ratio_uses_the_target_only_arms_decodes():
     ref = {"plain_decodes": 62, "decode_ms_per_plain_decode": 5.524}
     r = bench.verify_over_reference(t, ref)
     assert r == {"ratio": pytest.approx(16.1 / 5.524), "plain_decodes": 62}
-    assert bench.stage_timing_line(t, r).endswith("plain decode (1) 2.505; verify = 2.91 decodes of the target-only "
+    assert bench.stage_timing_line(t, r).endswith("verify per drafted cycle (7 cycles) 16.100 ms; plain decode "
+                                                  "(1 decode) 2.505 ms; verify = 2.91 decodes of the target-only "
                                                   "arm (62 decodes)")
-    assert bench.stage_timing_line(t).endswith("plain decode (1) 2.505; verify = 6.43 decodes")
+    assert bench.stage_timing_line(t).endswith("plain decode (1 decode) 2.505 ms; verify = 6.43 decodes")
     assert bench.verify_over_reference(t, {"plain_decodes": 1, "decode_ms_per_plain_decode": 5.0}) is None
 
 

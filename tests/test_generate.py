@@ -176,6 +176,20 @@ def _mtp(tiny_q2, *extra: str) -> list[str]:
     return [tiny_q2["model"], "-p", PROMPT, "-n", "24", "--threads", "2", "--mtp", tiny_q2["support"], *extra]
 
 
+def test_a_file_that_is_not_what_its_argument_wants_names_the_argument(tiny_q2, tmp_path, capsys):
+    """A MODEL or --mtp file that opens but is not a GGUF: the error names the file, what it found, the
+    argument and what to do, as for a path that does not open (check_model_path / check_support_path)."""
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"junk")
+    found = f"{junk}: not a GGUF file: 4 bytes beginning b'junk' (a GGUF begins with b'GGUF')"
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "-n", "1", "--mtp", str(junk))
+    assert rc == 1 and err == (f"ds4tui generate: error: {found} (argument --mtp: expected a DSpark support GGUF; "
+                               f"check the path)\n"), err
+    rc, out, err = _gen(capsys, str(junk), "-p", "hi", "-n", "1", "--json")
+    assert rc == 1 and json.loads(out)["error"] == (f"{found} (argument MODEL: expected a DS4 model GGUF; check the "
+                                                    f"path, or leave MODEL out for the bundled demo model)")
+
+
 def _stats(r: dict) -> DSparkStats:
     return DSparkStats.from_dict(r["dspark_stats"])
 
@@ -269,6 +283,29 @@ def test_knobs_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
     assert rc == 0 and "no effect" not in err
 
 
+def test_scheduler_prices_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
+    """--scheduler-prices fresh or engine with --no-dspark changes nothing (no scheduler decides a
+    draft): the same note as the other knobs, in the same sentence.  saved, the default, is not noted:
+    the run keeps its plain decode's time in the prices file for later runs to start from."""
+    end = " no effect because --no-dspark turns drafting off (every cycle decodes target-only; leave out --no-dspark to draft)\n"
+    for mode in ("fresh", "engine"):
+        rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--scheduler-prices", mode, "--json"))
+        assert rc == 0, err
+        assert err.count("ds4tui generate: note: --scheduler-prices has" + end) == 1 and err.count("no effect") == 1
+        r = json.loads(out)  # the JSON as before: the mode run, drafting off
+        assert r["scheduler_prices"] == mode and r["dspark"]["enabled"] is False and _stats(r).proposed == 0
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--confidence", "0.5",
+                                      "--scheduler-prices", "fresh"))
+    assert rc == 0 and err.startswith("ds4tui generate: note: --confidence and --scheduler-prices have" + end), err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--scheduler-prices", "saved", "--json"))
+    r = json.loads(out)
+    assert rc == 0 and "no effect" not in err and r["scheduler_prices"] == "saved"
+    with open(r["scheduler_prices_file"]) as f:  # what saved did: the decode's time, kept
+        assert json.load(f)["prices"]["t_ver_ms"]["1"] > 0
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--scheduler-prices", "fresh", "--json"))
+    assert rc == 0 and "no effect" not in err  # drafting on: the scheduler starts fresh
+
+
 def test_refused_support_warns_and_runs_target_only(tiny_q2, tmp_path, capsys):
     bad = mtm.write_support(tmp_path / "experts8.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
     base = [tiny_q2["model"], "-p", PROMPT, "-n", "8", "--threads", "2"]
@@ -301,7 +338,8 @@ def test_dspark_option_errors(tiny_q2, capsys):
     assert rc == 2 and "--max-draft needs a DSpark support model" in json.loads(out)["error"]
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--max-draft", "6"))  # checked before the model loads
     assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
-                               f"{tiny_q2['support']}), found 6\n")
+                               f"{tiny_q2['support']}), found 6; give --max-draft 1..5, or leave it out for drafts "
+                               f"of up to the block size\n")
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--backend", "reference"))
     assert rc == 2 and err == ("ds4tui generate: error: --mtp needs a backend that drafts, found --backend reference "
                                "(the numpy oracle does not draft): use --backend auto, cpu or hip\n")

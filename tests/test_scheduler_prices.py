@@ -14,6 +14,7 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ ADVICE = ("point XDG_CACHE_HOME at a writable folder (the command line keeps the
 PROMPT = [101, 2024, 777, 31337, 4242, 9000, 123, 456, 789, 1011, 1213, 1415]
 
 #: Drafting cannot pay with these, whatever the machine: a proposal and a verify of a second each
-#: against a plain decode of a millisecond, and no first draft accepted in 32 verifies.
+#: against a plain decode of a millisecond, and no first draft accepted in 8 verifies (as many as a
+#: session starts with: P.PRIOR_VERIFIES).
 HOPELESS = P.SchedulerPrices(t_ver={1: 1.0, 6: 1000.0}, t_prop=1000.0,
-                             reached=(32, 0, 0, 0, 0) + (0,) * 11, hit=(0,) * 16)
+                             reached=(P.PRIOR_VERIFIES, 0, 0, 0, 0) + (0,) * 11, hit=(0,) * 16)
 
 
 def _decode(session: S.Session, n: int) -> None:
@@ -299,7 +301,7 @@ def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
 def test_carried_counts_are_scaled_and_merged():
     many = P.SchedulerPrices(t_ver={1: 2.0}, reached=(320, 100, 10) + (0,) * 13, hit=(100, 10, 1) + (0,) * 13)
     c = many.capped()
-    assert c.reached[:3] == (32, 10, 1) and c.hit[:3] == (10, 1, 0) and c.t_ver == {1: 2.0}
+    assert c.reached[:3] == (8, 2, 0) and c.hit[:3] == (2, 0, 0) and c.t_ver == {1: 2.0}  # x 8/320, rounded
     assert HOPELESS.capped() is HOPELESS
     start = P.SchedulerPrices(t_ver={1: 2.0, 6: 7.0}, t_prop=5.0, reached=(10,) + (0,) * 15, hit=(4,) + (0,) * 15)
     end = P.SchedulerPrices(t_ver={1: 2.5, 6: 7.0, 3: 4.0}, t_prop=5.0, reached=(13, 2) + (0,) * 14,
@@ -483,7 +485,41 @@ def test_generate_says_which_kept_times_it_re_times(tiny_q2, capsys):
     assert cli_main(argv) == 0
     err = capsys.readouterr().err
     assert "ds4tui generate: note: scheduler prices: the kept times of verify(" in err and "drafting re-times them" in err
+    # and, the run over, what its drafting measured in their place, against the kept times
+    assert "ds4tui generate: note: scheduler prices: drafting re-timed the kept verify(" in err, err
     assert cli_main(argv + ["--no-dspark"]) == 0 and "re-times" not in capsys.readouterr().err  # nothing drafts
+
+
+def test_generate_lists_the_kept_times_its_drafting_timed_again(tiny_q2, capsys):
+    """In-session (spec dspark.md §7.4): kept verify and proposal times far too cheap make the run draft
+    at once, and its first real samples move them (the clamped average); the JSON's
+    ``scheduler_prices_retimed`` lists each with its kept and its current ms, and a note on stderr
+    says them in words.  A run that starts fresh lists none."""
+    argv = ["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi", "-n", "16",
+            "--threads", "1", "--backend", "cpu"]
+    assert cli_main(argv + ["--json"]) == 0  # writes the prices file (a folder of the test's own: conftest)
+    first = json.loads(capsys.readouterr().out)
+    assert first["scheduler_prices_at_start"] == "fresh" and first["scheduler_prices_retimed"] == []
+    path = Path(first["scheduler_prices_file"])
+    doc = json.loads(path.read_text())
+    widths = [n for n in doc["prices"]["t_ver_ms"] if n != "1"]
+    assert widths and doc["prices"]["t_prop_ms"]
+    doc["prices"]["t_ver_ms"].update({n: 1e-6 for n in widths})
+    doc["prices"]["t_prop_ms"] = 1e-6
+    path.write_text(json.dumps(doc))
+    assert cli_main(argv + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["scheduler_prices_at_start"] == "saved" and r["scheduler_prices_retime"] is None
+    retimed = r["scheduler_prices_retimed"]
+    assert retimed and retimed[-1]["time"] == "proposal"
+    assert {e["time"] for e in retimed[:-1]} <= {f"verify({n})" for n in widths}
+    assert all(e["kept_ms"] == 1e-6 and e["now_ms"] > 1e-6 for e in retimed)
+    path.write_text(json.dumps(doc))
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "drafting re-timed the kept" in x)
+    assert line.startswith("ds4tui generate: note: scheduler prices: drafting re-timed the kept verify(")
+    assert " proposal 0.00 → " in line and line.endswith(" ms")
 
 
 def test_generate_says_where_the_scheduler_started(tiny_q2, capsys):
@@ -512,7 +548,8 @@ def test_generate_says_where_the_scheduler_started(tiny_q2, capsys):
     assert cli_main(argv) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(note)]
     assert lines[0] == f"{note}started from the prices kept in {path}, last timed 2.0 h ago (--scheduler-prices fresh starts without them)"
-    assert len(lines) == 2 and "drafting re-times them" in lines[1]  # then which kept times it re-times
+    assert len(lines) == 3 and "drafting re-times them" in lines[1]  # then which kept times it re-times
+    assert lines[2].startswith(f"{note}drafting re-timed the kept verify(")  # and, at the end, what it measured
     assert cli_main(argv + ["--scheduler-prices", "fresh"]) == 0
     assert f"{note}started fresh (--scheduler-prices fresh: the run measures its own)\n" in capsys.readouterr().err
     for off in ("--no-scheduler", "--no-dspark"):  # no scheduler decides: nothing to say
@@ -796,6 +833,9 @@ def test_the_option_shows_in_generate_bench_and_doctor(tiny_q2, capsys):
     # engine: nothing read or written; the note after the run says where the sessions left the prices
     start, end = r["scheduler_prices_note_at_start"], r["scheduler_prices_note"]
     assert start == "engine: a new session starts from the prices of this engine's earlier ones"
+    runs = [run for arm in r["arms"] for run in arm["runs"]]
+    assert all(run["scheduler_prices_retimed"] == [] for run in runs if run["scheduler_prices_at_start"] == "fresh")
+    assert all(e["kept_ms"] != e["now_ms"] for run in runs for e in run["scheduler_prices_retimed"])
     assert re.fullmatch(r"engine: the sessions so far left decode \d+\.\d\d ms, .* for the later ones "
                         r"\(kept in memory, no file written\)", end), end
     line = next(x for x in render_ab_text(r).splitlines() if x.startswith("prices   "))
@@ -841,6 +881,26 @@ def test_generate_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monk
     assert notes[0].endswith(f".json: expected a writable folder {folder}, found a file at {blocker}, where a folder "
                              f"above it should be; this run keeps them in memory only. To keep them between runs, "
                              f"move {blocker} away, or " + ADVICE)
+
+
+def test_generate_does_not_promise_to_keep_prices_where_it_cannot(tmp_path):
+    """The note on where the scheduler started says a run keeps its prices in the file, unless the file
+    cannot be written there (a file in the folder's way, a read-only folder): then it says so, and the
+    note at the end why, where it promised to keep them and then said it could not."""
+    from types import SimpleNamespace
+
+    from ds4tui.commands.generate import prices_start_words
+
+    session = SimpleNamespace(scheduler_prices_at_start="fresh")
+    free = tmp_path / "prices" / "x.json"
+    engine = SimpleNamespace(scheduler_prices="saved", scheduler_prices_file=free, scheduler_prices_problem="")
+    assert prices_start_words(engine, session) == f"started fresh: no prices kept yet in {free} (this run keeps its own there)"
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    stuck = blocker / "prices" / "x.json"
+    engine.scheduler_prices_file = stuck
+    assert prices_start_words(engine, session) == (f"started fresh: no prices kept yet in {stuck}, and this run cannot "
+                                                   f"keep its own there (see below)")
 
 
 def test_chat_names_a_prices_file_it_could_not_write(tiny_q2, tmp_path, monkeypatch, capsys):
@@ -1112,7 +1172,7 @@ def test_kept_prices_from_a_dearer_decode_are_dropped_and_the_session_prices_its
     s.step()  # the re-timing decode: far under 500 ms on any machine
     now = s.scheduler_prices()
     assert set(now.t_ver) == {1} and now.t_ver[1] < 500.0 and now.t_prop is None
-    assert now.reached == slow.reached and now.hit == slow.hit
+    assert now.reached == slow.capped().reached and now.hit == slow.capped().hit  # as a session starts with them
     for i in range(2, 6):
         s.step()
         st = s.dspark_stats()
@@ -1168,12 +1228,18 @@ def test_a_hopeless_back_off_ends_in_a_whole_probe_while_kept_times_are_not_re_t
         assert s.dspark_stats().proposed == 0, i
     now = s.scheduler_prices()
     assert now.t_ver[6] == 1000.0 and now.t_prop == 1000.0 and 2 not in now.t_ver
+    assert s.scheduler_prices_retimed() == []  # nothing re-timed yet
     s.step()  # the probe
     st = s.dspark_stats()
     assert st.cycles == 258 and st.no_draft_reasons["scheduler_skip"] == 257
     assert st.proposed == 5 and st.draft_len_hist[5] == 1  # the whole proposal, verified uncut
     now = s.scheduler_prices()
     assert 0.0 < now.t_ver[6] < 100.0 and 0.0 < now.t_prop < 100.0 and 2 not in now.t_ver
+    assert s.scheduler_prices_retimed() == [{"time": "verify(6)", "kept_ms": 1000.0, "now_ms": now.t_ver[6]},
+                                            {"time": "proposal", "kept_ms": 1000.0, "now_ms": now.t_prop}]
+    assert P.retimed_words(s.scheduler_prices_retimed()) == (
+        f"drafting re-timed the kept verify(6) 1000.00 → {now.t_ver[6]:.2f} ms and proposal 1000.00 → "
+        f"{now.t_prop:.2f} ms")
     s.close()
 
 
@@ -1190,7 +1256,32 @@ def test_a_first_sample_dearer_than_a_kept_time_enters_the_clamped_average(tiny_
     assert st.cycles == 2 and st.proposed == 5
     now = s.scheduler_prices()
     assert now.t_ver[6] == pytest.approx(1.2e-6, rel=1e-9) and now.t_prop == pytest.approx(1.2e-6, rel=1e-9)
+    assert [(r["time"], r["kept_ms"], r["now_ms"]) for r in s.scheduler_prices_retimed()] == [
+        ("verify(6)", 1e-6, now.t_ver[6]), ("proposal", 1e-6, now.t_prop)]
     s.close()
+
+
+def test_a_session_that_started_fresh_or_from_prices_set_directly_lists_nothing_re_timed(tiny_q2):
+    """``scheduler_prices_retimed`` lists kept times only: a fresh session's own first samples and
+    prices set on the session directly (used as given, spec dspark.md §7.4) are not kept times."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="fresh")
+    s = e.session(128)
+    s.prefill(PROMPT)
+    for _ in range(12):
+        s.step()
+    assert s.dspark_stats().proposed > 0 and s.scheduler_prices().t_prop is not None
+    assert s.scheduler_prices_retimed() == []
+    s.close()
+    s = e.session(128)
+    s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 1e-6, 6: 1e-6}, t_prop=1e-6,
+                                             reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
+    s.prefill(PROMPT)
+    for _ in range(3):
+        s.step()
+    assert s.dspark_stats().proposed > 0 and s.scheduler_prices().t_ver[6] != 1e-6
+    assert s.scheduler_prices_retimed() == []
+    s.close()
+    e.close()
 
 
 def test_a_new_chat_context_starts_from_what_the_old_session_measured(tiny_q2):
@@ -1217,3 +1308,41 @@ def test_a_new_chat_context_starts_from_what_the_old_session_measured(tiny_q2):
             new.restart_scheduler_prices()
     finally:
         eng.close()
+
+
+def test_the_decisions_weigh_the_recent_verifies_and_the_whole_counts_are_handed_on(tiny_q2):
+    """Survival (spec dspark.md §7.4): the acceptance the decisions read is halved each time 64
+    verifies reached the first position, so counts that say every draft is accepted (1000 of 1000 at
+    every position, another kind of prompt's) stop a drafter that accepts next to nothing (this one's
+    random heads) within a few dozen cycles.  With the whole counts the first position stayed
+    estimated above 0.9 for hundreds of verifies and the session drafted 79 of its cycles 160-240
+    (none with the window, after 38-48 of its first 80).  The counts the session hands on (``scheduler_prices``) stay the whole ones."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="fresh")
+    s = e.session(512)
+    s.prefill(PROMPT)
+    for _ in range(40):  # five plain decodes, a pricing draft: this machine's times
+        s.step()
+    real = s.scheduler_prices()
+    s.close()
+    assert real.t_prop is not None and 6 in real.t_ver
+    sure = (1000,) * 5 + (0,) * 11
+    s = e.session(600)
+    # a plain decode priced so that a cycle of five drafts costs 3.5 of them, whatever the machine:
+    # drafting pays from 3.5 tokens a cycle, which the whole counts promise (~5.7) and these heads
+    # never make
+    t1 = (real.t_prop + real.t_ver[6]) / 3.5
+    s.set_scheduler_prices(replace(real, t_ver={**real.t_ver, 1: t1}, reached=sure, hit=sure))
+    s.prefill(PROMPT)
+    drafted = []
+    for _ in range(240):
+        before = s.dspark_stats()
+        s.step()
+        after = s.dspark_stats()
+        drafted.append(after.proposed > before.proposed)
+    st = s.dspark_stats()
+    assert any(drafted[:20])  # the counts made it draft at first
+    assert sum(drafted[160:]) <= 8, drafted  # then only the back-off's probes (the whole counts: 79 of 80)
+    end = s.scheduler_prices()
+    assert end.reached[0] == 1000 + st.pos_proposed[0] and end.hit[0] == 1000 + st.pos_accepted[0]
+    s.close()
+    e.close()

@@ -77,12 +77,13 @@ import numpy as np
 
 from ds4tui.commands.environment import (BadVariable, Settings, backend_chosen, backend_unavailable, cache_root,
                                          check_model_path, check_support_block,
-                                         check_support_path, draft_vocab_notes, gpu_options_not_applied, settings_of)
+                                         check_support_path, draft_vocab_notes, file_error, gpu_options_not_applied,
+                                         settings_of)
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError
-from ds4tui.engine.session import BackendUnavailableError, EngineError
+from ds4tui.engine.session import BackendUnavailableError, EngineError, NativeNotBuiltError, require_native
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes, plural
 from ds4tui.interrupts import INTERRUPTS, MARKED, interrupted_result, print_whole
@@ -620,7 +621,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
         out, drafted, reason = loop.ids, loop.n_draft, loop.reason
         st = session.dspark_stats()
         priced, retime = session.scheduler_prices_at_start, session.scheduler_prices_retime
-        other = session.scheduler_other_work
+        other, retimed = session.scheduler_other_work, session.scheduler_prices_retimed()
         memory = session.memory().to_dict()
     finally:
         current[0] = None
@@ -630,7 +631,7 @@ def _ab_one(engine, ctx: int, ids: list[int], n_tokens: int, knobs: dict, curren
             "prefill_seconds": t1 - t0, "decode_seconds": t3 - t2, "decode_tokens": timed,
             "tokens_per_s": timed / (t3 - t2) if t3 > t2 and timed else None,
             "from_draft": drafted, "scheduler_prices_at_start": priced, "scheduler_prices_retime": retime or None,
-            "scheduler_other_work_cores": other,
+            "scheduler_other_work_cores": other, "scheduler_prices_retimed": retimed,
             "ids_sha256": ids_sha256(out), "generated_ids": out, "stats": st, "memory": memory,
             "stop_reason": reason}
 
@@ -1089,12 +1090,13 @@ def stage_timing_line(t: dict, reference: dict | None = None) -> str:
         tail = f"; verify = {t['verify_over_decode']:.2f} decodes"
     else:
         tail = ""
-    return (f"ms per drafter pass ({t['drafter_passes']}): {steps + ' ' if steps else ''}"
+    passes = t["drafter_passes"]
+    return (f"ms per drafter pass ({passes} {'pass' if passes == 1 else 'passes'}): {steps + ' ' if steps else ''}"
             f"propose={_ms(t['ms_per_drafter_pass']['propose'])}; "
-            f"verify per drafted cycle ({t['drafted_cycles']}) {_ms(t['verify_ms_per_drafted_cycle'])}"
+            f"verify per drafted cycle ({plural(t['drafted_cycles'], 'cycle')}) {_ms(t['verify_ms_per_drafted_cycle'])} ms"
             + (f" (LM head of {t['verify_head_rows_per_drafted_cycle']:.2f} of {t['verify_rows_per_drafted_cycle']:.2f} "
                f"rows)" if t.get("verify_head_rows_per_drafted_cycle") is not None else "") + "; "
-            f"plain decode ({t['plain_decodes']}) {_ms(t['decode_ms_per_plain_decode'])}" + tail)
+            f"plain decode ({plural(t['plain_decodes'], 'decode')}) {_ms(t['decode_ms_per_plain_decode'])} ms" + tail)
 
 
 def _fail(message: str, args, exc: BaseException | None = None, status: int = 1) -> int:
@@ -1385,6 +1387,10 @@ def run(args: argparse.Namespace) -> int:
         problem = _path_problem(flag, value)
         if problem is not None:
             return _fail(str(problem), args, problem)
+    try:  # the engine itself, before a demo unpack (99 MiB on first use) or a --medium build
+        require_native(args.backend)
+    except NativeNotBuiltError as exc:
+        return _fail(backend_unavailable(args.backend, exc), args, exc)
     path = args.model
     if path is None and not args.medium:
         failed = _use_demo(args)
@@ -1423,8 +1429,8 @@ def run(args: argparse.Namespace) -> int:
                                note=lambda text: print(f"{_PREFIX} note: {text}", file=sys.stderr, flush=True))
     except BadVariable as exc:  # a usage error, as a bad flag
         return _fail(str(exc), args, exc, status=2)
-    except ModelFileError as exc:
-        return _fail(str(exc), args, exc)
+    except ModelFileError as exc:  # a file named on the command line that is not what its argument wants
+        return _fail(file_error(exc, args.model, args.mtp), args, exc)
     except DraftVocabError as exc:  # a choice the support file cannot meet: a usage error, as a bad flag
         return _fail(f"argument --draft-vocab: {exc.detail}", args, exc, status=2)
     except BackendUnavailableError as exc:  # the backend's fault, not the model file's

@@ -11,7 +11,7 @@ DSpark (spec dspark.md): ``--mtp SUPPORT`` attaches a support GGUF and turns DSp
 which also needs ``--dspark`` (§7.2) and otherwise loads the support model and silently never
 drafts; ``--no-dspark`` keeps the file loaded and runs target-only.  ``--no-scheduler``,
 ``--confidence C`` and ``--max-draft N`` set the knobs (with ``--no-dspark`` a note on stderr says
-that they have no effect).  A support file that fails validation is
+that they have no effect, as it says of a ``--scheduler-prices`` other than saved).  A support file that fails validation is
 refused with a warning naming the file and the reason, and generation continues target-only (every
 cycle then counts as no_draft reason ``support_invalid``).  Each step returns the accepted drafts
 followed by the next sampled token, so ``--json`` marks each generated id ``from_draft`` or not and
@@ -40,7 +40,9 @@ ignored; when the scheduler drafts, a note on stderr says where it started (the 
 when they were last timed, or fresh and why: two runs of one command draft differently when the first
 keeps prices the second starts from), and ``--json`` carries the mode, its note, the file, ``scheduler_prices_at_start`` and
 ``scheduler_prices_retime`` (why kept verify and proposal times were left for the session to re-time:
-their age, or a change in the other work on the machine, ``scheduler_other_work_cores``).
+their age, or a change in the other work on the machine, ``scheduler_other_work_cores``) and
+``scheduler_prices_retimed`` (the kept times the run's own drafting timed again, each with its kept and
+its current ms: ``Session.scheduler_prices_retimed``; a note on stderr lists them too).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ import time
 
 from ds4tui.commands.environment import (BadVariable, backend_chosen, backend_unavailable, check_model_path,
                                          check_support_block, check_support_path,
-                                         draft_vocab_notes, verify_head_notes, gpu_options_not_applied, settings_of)
+                                         draft_vocab_notes, verify_head_notes, gpu_options_not_applied,
+                                         file_error, scheduler_prices_notes, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
 from ds4tui.engine import prices
 from ds4tui.engine.decode import DecodeLoop
@@ -105,15 +108,17 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
 
 def _moot_knobs(args: argparse.Namespace) -> str | None:
     """The note for DSpark knobs given with ``--no-dspark`` (None when there are none): drafting is
-    off for the whole run, so ``--no-scheduler``, ``--confidence``, ``--max-draft`` and a
-    ``--draft-vocab`` or ``--verify-head`` other than auto change nothing (not an error: they are
-    valid, only moot)."""
+    off for the whole run, so ``--no-scheduler``, ``--confidence``, ``--max-draft``, a
+    ``--draft-vocab`` or ``--verify-head`` other than auto and a ``--scheduler-prices`` other than
+    saved (no scheduler decides a draft) change nothing (not an error: they are valid, only moot).
+    ``saved``, the default, is not noted: the run keeps its plain decode's time in the prices file."""
     if args.dspark is not False:
         return None
     given = [flag for flag, on in (("--no-scheduler", args.no_scheduler), ("--confidence", args.confidence is not None),
                                    ("--max-draft", args.max_draft is not None),
                                    ("--draft-vocab", getattr(args, "draft_vocab", None) not in (None, "auto")),
-                                   ("--verify-head", getattr(args, "verify_head", None) not in (None, "auto")))
+                                   ("--verify-head", getattr(args, "verify_head", None) not in (None, "auto")),
+                                   ("--scheduler-prices", getattr(args, "scheduler_prices", None) not in (None, "saved")))
              if on]
     if not given:
         return None
@@ -178,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
             check_support_path(args.mtp)
     except ModelFileError as exc:
         return _fail(str(exc), as_json)
+    try:  # the engine itself, before the demo unpacks (99 MiB on first use) only for the engine to be missing
+        S.require_native(args.backend)
+    except S.NativeNotBuiltError as exc:
+        return _fail(backend_unavailable(args.backend, exc), as_json)
     if args.model is None:
         from ds4tui.demo import DemoError, demo_pair, stderr_progress
 
@@ -240,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ds4tui generate: note: {engine.threads_note}", file=sys.stderr, flush=True)
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
-            for what in draft_vocab_notes(settings, engine) + verify_head_notes(settings, engine):
+            for what in (draft_vocab_notes(settings, engine) + verify_head_notes(settings, engine)
+                         + scheduler_prices_notes(args.scheduler_prices, engine)):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             prices_problem = engine.scheduler_prices_problem
             if prices_problem:  # on stderr with --json too, as every other note
@@ -267,7 +277,9 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"argument --draft-vocab: {exc.detail}", as_json, status=2)
         except S.BackendUnavailableError as exc:  # the backend's fault, not the model file's
             return _fail(backend_unavailable(args.backend, exc), as_json)
-        except (ModelFileError, TokenizerError, S.EngineError, ValueError, OSError) as exc:
+        except ModelFileError as exc:  # a file named on the command line that is not what its argument wants
+            return _fail(file_error(exc, args.model, args.mtp), as_json)
+        except (TokenizerError, S.EngineError, ValueError, OSError) as exc:
             return _fail(str(exc), as_json)
         return _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, as_json, settings)
     finally:
@@ -378,6 +390,10 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
+            retimed = (prices.retimed_words(session.scheduler_prices_retimed())
+                       if not args.no_scheduler and args.dspark is not False else "")  # as the note at the start
+            if retimed:  # kept times the run's own drafting timed again (spec dspark.md §7.4, In-session)
+                print(f"ds4tui generate: note: scheduler prices: {retimed}", file=sys.stderr)
             rates = rates_line(len(ids), prefill_s if t_prefill_end else None, prefill_tps, n_dec, decode_tps)
             print(f"ds4tui generate: {rates} ({engine.backend} backend)", file=sys.stderr)
             if dspark["ran"] and settings.dspark_stats is None:  # DS4_DSPARK_STATS unset
@@ -515,6 +531,8 @@ def prices_start_words(engine, session) -> str:
         return "started fresh (--scheduler-prices engine keeps prices within a run, and this is its first session)"
     if engine.scheduler_prices_problem:  # said in the note before
         return "started fresh: the kept prices could not be used (the note above says why)"
+    if path is not None and prices.blocked(path) is not None:  # why, the note when the run closes says
+        return f"started fresh: no prices kept yet in {path}, and this run cannot keep its own there (see below)"
     return f"started fresh: no prices kept yet in {path} (this run keeps its own there)"
 
 
@@ -526,6 +544,7 @@ def _prices_result(engine, session) -> dict:
             "scheduler_prices_problem": engine.scheduler_prices_problem or None,
             "scheduler_prices_at_start": session.scheduler_prices_at_start,
             "scheduler_prices_retime": session.scheduler_prices_retime or None,
+            "scheduler_prices_retimed": session.scheduler_prices_retimed(),
             "scheduler_other_work_cores": session.scheduler_other_work}
 
 

@@ -13,8 +13,9 @@ and for probes while the bounds on acceptance are loose.  The ``scheduler_prices
 What is kept (:class:`SchedulerPrices`, the C engine's ``ds4_dspark_prices``): t_ver(n) in ms for
 every verify width seen (n = 1: a plain decode), t_prop (the full proposal) and, per draft position
 k, the verifies that reached k and those that accepted it.  The counts a session starts with are
-scaled down to :data:`PRIOR_VERIFIES` verifies at position 0 (the ratios kept), so that a
-session's own acceptance outweighs the carried one within a few dozen drafted cycles.  A session
+scaled down to :data:`PRIOR_VERIFIES` verifies at position 0 (the ratios kept; the kept prices hold
+up to :data:`KEPT_VERIFIES`), so that a session's own acceptance outweighs the carried one within a
+few drafted cycles.  A session
 that starts from kept prices still times a plain decode before it decides anything, and every
 measured time still enters through the clamped moving average and the re-pricing decode (spec
 dspark.md §7.4), so a stale price moves towards the measured one instead of latching a loss; verify
@@ -46,8 +47,13 @@ from ds4tui.engine.stats import MAX_BLOCK
 MODES = ("fresh", "engine", "saved")
 #: The version of the saved file's layout.
 FORMAT = 1
-#: A session starts with at most this many carried verifies at draft position 0 (spec dspark.md §7.4).
-PRIOR_VERIFIES = 32
+#: A session starts with at most this many carried verifies at draft position 0 (spec dspark.md §7.4):
+#: its own acceptance (another kind of prompt's, say prose after code) outweighs them within a few
+#: drafted cycles.
+PRIOR_VERIFIES = 8
+#: The kept prices hold at most this many verifies at draft position 0 (what the sessions so far
+#: measured, of which each new session starts with PRIOR_VERIFIES' worth).
+KEPT_VERIFIES = 32
 #: A session's mean plain decode replaces the moving average's t_ver(1) in the kept prices after this many.
 KEEP_MIN_DECODES = 8
 #: The longest time a saved price may hold (ms): a pass of a minute is no price of a cycle.
@@ -277,7 +283,7 @@ class SchedulerPrices:
         keep their stamps; ``left_out`` (verify widths, the proposal: whether it was): the kept times
         :meth:`without_stale` left out of the session's start, of which those the session did not
         measure again go (else every later session would find them stale and say so again: a run that
-        drafts 6 wide never re-times verify(2)); then :meth:`capped`."""
+        drafts 6 wide never re-times verify(2)); then :meth:`capped` at :data:`KEPT_VERIFIES`."""
         s = start or SchedulerPrices()
         gone_widths = {n for n in left_out[0] if n > 1 and n not in end.t_ver}
         gone_prop = bool(left_out[1]) and end.t_prop is None
@@ -310,7 +316,7 @@ class SchedulerPrices:
         hit = tuple(a + max(0, b - c) for a, b, c in zip(self.hit, end.hit, s.hit))
         hit = tuple(min(h, r) for h, r in zip(hit, reached))
         return SchedulerPrices(t_ver, t_prop, reached, hit, verify_at, proposal_at, verify_other,
-                               proposal_other).capped()
+                               proposal_other).capped(KEPT_VERIFIES)
 
     def summary(self) -> str:
         """One line: the decode, the widest verify and the proposal in ms, acceptance at position 0."""
@@ -337,6 +343,16 @@ def age_words(seconds: float) -> str:
     if seconds < 60:
         return "under a minute"
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def retimed_words(retimed: list[dict]) -> str:
+    """``Session.scheduler_prices_retimed``'s list in words: ``"drafting re-timed the kept
+    verify(6) 4.12 → 3.05 ms and proposal 1.30 → 1.21 ms"``; "" for an empty list."""
+    if not retimed:
+        return ""
+    parts = [f"{r['time']} {r['kept_ms']:.2f} → {r['now_ms']:.2f} ms" for r in retimed]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"drafting re-timed the kept {listed}"
 
 
 def retime_reason(kept: SchedulerPrices, now: float, other: float | None = None) -> str:

@@ -170,6 +170,15 @@ def _native():
     return _native
 
 
+def require_native(backend: str) -> None:
+    """:class:`NativeNotBuiltError` (its message says what to run) when ``backend`` runs in the native
+    engine, as every backend but ``"reference"`` (numpy) does, and ``ds4tui._native`` does not import.
+    The commands call it before slow work that opening the engine would only refuse after: unpacking
+    the demo pair (99 MiB on first use), building the medium model, reading a model's metadata."""
+    if backend != "reference":
+        _native()
+
+
 def native_not_built() -> str:
     """Why ``ds4tui._native`` does not import, with what to do, as one line.  When the ds4tui that
     Python imported is a source tree without the built library while another ds4tui on ``sys.path``
@@ -688,23 +697,20 @@ class Engine:
     def _start_prices(self, backend: SessionBackend) -> tuple:
         """Start ``backend``'s scheduler from the prices the engine keeps now (spec dspark.md §7.4),
         leaving out the stale times; returns (the prices it started from or None, where they came from:
-        "fresh", "saved" or "engine", why times were left out or "", the other work measured, the
-        verify widths and whether the proposal were left out: ``SchedulerPrices.merged``'s ``left_out``)."""
+        "fresh", "saved" or "engine", why times were left out or "", the other work measured, the kept
+        prices before any were left out or None: what a left-out time is measured against)."""
         if self.scheduler_prices == "fresh" or self.support_status != "attached":
-            return None, "fresh", "", None, ((), False)
+            return None, "fresh", "", None, None
         other = self._measure_other_work()
         with self._prices_lock:
             kept, source = self._prices, self._prices_from
         if kept is None or not kept.learnt:
-            return None, "fresh", "", other, ((), False)
-        start, now, left_out = kept.capped(), time.time(), ((), False)
-        retime = prices.retime_reason(start, now, other)
-        if retime:
-            whole, start = start, start.without_stale(now, other)
-            left_out = (tuple(sorted(set(whole.t_ver) - set(start.t_ver))),
-                        whole.t_prop is not None and start.t_prop is None)
+            return None, "fresh", "", other, None
+        whole, now = kept.capped(), time.time()
+        retime = prices.retime_reason(whole, now, other)
+        start = whole.without_stale(now, other) if retime else whole
         backend.set_prices(start, kept=True)
-        return start, source, retime, other, left_out
+        return start, source, retime, other, whole
 
     def _check_open(self) -> None:
         if self._closed:
@@ -787,7 +793,7 @@ class Session:
     """
 
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
-                 print_stats: bool = False, prices_start: tuple = (None, "fresh", "", None, ((), False))):
+                 print_stats: bool = False, prices_start: tuple = (None, "fresh", "", None, None)):
         self.engine = engine
         self._take_prices_start(prices_start)
         self.print_stats = print_stats
@@ -1260,7 +1266,7 @@ class Session:
             self._alive()
             self.backend.set_prices(kept)
             self._prices_start = None  # not the engine's: all of it is news to the engine when kept
-            self._prices_left_out = ((), False)
+            self._prices_kept = None
 
     def restart_scheduler_prices(self) -> None:
         """Start the DSpark scheduler again from the prices the engine keeps now, as
@@ -1282,10 +1288,10 @@ class Session:
         #: (an earlier session of the engine); why the kept verify and proposal times were left out of
         #: the start, so that its first drafted cycle re-times them ("" when they were not;
         #: prices.retime_reason); the cores other processes kept busy just before the session (None:
-        #: not known), kept with the times it measures (prices.other_work); the kept verify widths and
-        #: whether the proposal time were left out (``SchedulerPrices.merged``'s ``left_out``)
+        #: not known), kept with the times it measures (prices.other_work); the kept prices before any
+        #: were left out (None: fresh), what ``scheduler_prices_retimed`` reports against
         (self._prices_start, self.scheduler_prices_at_start, self.scheduler_prices_retime,
-         self.scheduler_other_work, self._prices_left_out) = start
+         self.scheduler_other_work, self._prices_kept) = start
 
     def scheduler_prices(self) -> "prices.SchedulerPrices | None":
         """The DSpark scheduler's prices and acceptance counts as they stand (spec dspark.md §7.4);
@@ -1293,6 +1299,35 @@ class Session:
         with self._lock:
             self._alive()
             return self.backend.prices() if self.has_dspark else None
+
+    def _prices_left_out(self) -> tuple:
+        """The kept verify widths and whether the proposal time that were left out of the session's
+        start as stale (``SchedulerPrices.merged``'s ``left_out``): what the kept prices held and the
+        start did not."""
+        kept, start = self._prices_kept, self._prices_start
+        if kept is None or start is None:
+            return (), False
+        return (tuple(sorted(set(kept.t_ver) - set(start.t_ver))),
+                kept.t_prop is not None and start.t_prop is None)
+
+    def scheduler_prices_retimed(self) -> list[dict]:
+        """The kept times this session's scheduler started with, or left out of its start as stale
+        (``scheduler_prices_retime``), that its drafting has timed again so far (spec dspark.md §7.4,
+        In-session): ``[{"time": "verify(6)", "kept_ms": 4.12, "now_ms": 3.05}, …]``, verify widths (2
+        rows or more) in order and ``"proposal"`` last, ms as the scheduler holds them (a first cheaper
+        sample replaces a kept time, a dearer one starts its moving average, a time left out is the
+        session's own).  ``[]`` when the session started fresh, from prices set directly
+        (:meth:`set_scheduler_prices`), or has re-timed none yet; the kept decode time t_ver(1) is
+        never listed (every start re-times it, spec §7.4)."""
+        kept = self._prices_kept
+        now = self.scheduler_prices() if kept is not None else None
+        if now is None:
+            return []
+        out = [{"time": f"verify({n})", "kept_ms": kept.t_ver[n], "now_ms": now.t_ver[n]}
+               for n in sorted(kept.t_ver) if n > 1 and n in now.t_ver and now.t_ver[n] != kept.t_ver[n]]
+        if kept.t_prop is not None and now.t_prop is not None and now.t_prop != kept.t_prop:
+            out.append({"time": "proposal", "kept_ms": kept.t_prop, "now_ms": now.t_prop})
+        return out
 
     def dspark_fail_op(self, op: str | None) -> None:
         """Test hook: make the named drafter op fail on every pass (None: none).  The cycle is
@@ -1313,7 +1348,7 @@ class Session:
                     print(format_line(st), file=sys.stderr, flush=True)
             if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
                 self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work,
-                                         left_out=self._prices_left_out)
+                                         left_out=self._prices_left_out())
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()

@@ -130,7 +130,9 @@ class TurnResult:
     "max_tokens" or "ctx" (the context filled up).  ``scheduler_prices_retime``: why kept DSpark
     scheduler prices were left out of the start of the session this answer ran in, so that drafting
     re-timed them (``Session.scheduler_prices_retime``, spec dspark.md §7.4), on the answer whose
-    drafting did it (the session's first that proposed drafts); "" on every other answer."""
+    drafting did it (the session's first that proposed drafts); "" on every other answer.
+    ``scheduler_prices_retimed``: the kept times the session started from that this answer's drafting
+    timed again (``Session.scheduler_prices_retimed``'s entries, each on the answer that first did)."""
 
     turn: int
     prompt_tokens: int
@@ -145,6 +147,7 @@ class TurnResult:
     decode_s: float
     dspark_delta: dict[str, Any] = field(default_factory=dict)
     scheduler_prices_retime: str = ""
+    scheduler_prices_retimed: tuple = ()
 
     @property
     def n_draft(self) -> int:
@@ -353,6 +356,8 @@ class ChatEngine:
         self._turn = 0
         #: the session's re-time reason until an answer drafts (that answer's result carries it)
         self._retime = self.session.scheduler_prices_retime
+        #: the kept times the session's drafting re-timed that an answer's result has listed
+        self._retimed: set[str] = set()
         self._progress: tuple = (0, 0, 0, None)  # turn, tokens, accepted drafts, first-token time
         self.info = self._info(model, support)
 
@@ -561,12 +566,15 @@ class ChatEngine:
         retime = ""
         if self._retime and after and before and after["proposed"] > before["proposed"]:
             retime, self._retime = self._retime, ""  # this answer's drafting re-timed them
+        retimed = [r for r in self.session.scheduler_prices_retimed() if r["time"] not in self._retimed]
+        self._retimed.update(r["time"] for r in retimed)  # each kept time once a session: when re-timed
         result = TurnResult(
             turn=turn, prompt_tokens=len(ids), reused_tokens=reused, ids=tuple(out), from_draft=tuple(drafts),
             reasoning="".join(text["think"]), answer="".join(text["answer"]), reason=reason,
             prefill_s=t_prefill - t0, first_token_s=None if t_first is None else t_first - t0,
             decode_s=0.0 if t_first is None else t_end - t_first,
-            dspark_delta=_diff(after, before) if after and before else {}, scheduler_prices_retime=retime)
+            dspark_delta=_diff(after, before) if after and before else {}, scheduler_prices_retime=retime,
+            scheduler_prices_retimed=tuple(retimed))
         sink.put(self.snapshot(generating=False))
         return result, Finished(turn, result)
 
@@ -665,6 +673,7 @@ class ChatEngine:
             old.close()
             new.restart_scheduler_prices()  # from what the old session measured, kept as it closed
             self._retime = new.scheduler_prices_retime
+            self._retimed = set()
             self.info = replace(self.info, n_ctx=new.n_ctx)
             return self.info
         finally:

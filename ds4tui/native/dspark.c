@@ -40,6 +40,8 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
 #define HOPE_MARGIN 1.25     /* drafting "could pay" only if its optimistic rate beats plain decoding by
                               * 25 %: a smaller best case is not worth the probes that would test it */
 #define EMA 0.2
+#define ACCEPT_WINDOW 64     /* verifies of the first position after which the decisions' acceptance
+                              * counts are halved: acceptance is not stationary (spec dspark.md §7.4) */
 #define PROBE_ONE 1          /* ds4_dspark.probe: a single-draft probe is due */
 #define PROBE_LONG 2         /* ds4_dspark.probe: a probe of the optimistic length is due */
 #define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
@@ -83,6 +85,10 @@ struct ds4_dspark {
     int32_t carried_ver[DS4_DSPARK_MAX_BLOCK + 2]; /* a kept verify time of this width (>= 2) no pass of this
                                                     * session has timed yet (spec dspark.md §7.4, In-session) */
     int32_t carried_prop;       /* ... the same for the kept proposal time */
+    /* the acceptance counts the decisions read (accept_at): pr.reached/pr.hit, halved each time
+     * ACCEPT_WINDOW verifies reached the first position, so that they weigh the last 32-64 verifies
+     * (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the engine hands on */
+    uint64_t win_reached[16], win_hit[16];
     ds4_dspark_stats st;
 };
 
@@ -487,7 +493,7 @@ static double t_verify(const ds4_dspark *d, int n) {
  * Beta(hit + 1, miss + 1) posterior (the Laplace prior), or with upper = 1 its mean plus two
  * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified). */
 static double accept_at(const ds4_dspark *d, int k, int upper) {
-    const double al = (double)d->pr.hit[k] + 1.0, be = (double)(d->pr.reached[k] - d->pr.hit[k]) + 1.0, n = al + be;
+    const double al = (double)d->win_hit[k] + 1.0, be = (double)(d->win_reached[k] - d->win_hit[k]) + 1.0, n = al + be;
     const double mean = al / n;
     if (!upper) return mean;
     const double ub = mean + 2.0 * sqrt(al * be / (n * n * (n + 1.0)));
@@ -901,17 +907,19 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->accepted_len_hist[a]++;
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
-    for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++;
-    for (int i = 0; i < a; i++) d->pr.hit[i]++;
+    for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++, d->win_reached[i]++;
+    for (int i = 0; i < a; i++) d->pr.hit[i]++, d->win_hit[i]++;
     /* greedy, every verified draft accepted and the proposal cut by the scheduler (best_length):
      * the bonus is the target's pick at the next draft position, so that position's acceptance is
      * observed without verifying it (spec dspark.md §7.4, Survival); the scheduler's counts only,
      * not the cycle's statistics.  Without it a position the cut left out was never measured
      * again, and one early run of misses held every later draft at the cut. */
     if (!(T > 0.0f) && a == nd && nd < d->n_drafts) {
-        d->pr.reached[nd]++;
-        if (bonus == d->drafts[nd]) d->pr.hit[nd]++;
+        d->pr.reached[nd]++, d->win_reached[nd]++;
+        if (bonus == d->drafts[nd]) d->pr.hit[nd]++, d->win_hit[nd]++;
     }
+    if (d->win_reached[0] >= ACCEPT_WINDOW) /* the older half of the window weighs half as much */
+        for (int i = 0; i < 16; i++) d->win_reached[i] /= 2, d->win_hit[i] /= 2;
     /* a probe of two or more drafts that were all accepted: the text may have turned predictable
      * (acceptance is not stationary: a code answer's boilerplate, a repeated block), so the next
      * back-off starts at its shortest again and the probes that test it come soon (spec dspark.md
@@ -1034,6 +1042,8 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, in
                             (unsigned long long)p->hit[k], k, (unsigned long long)p->reached[k]);
     ds4_dspark *d = s->dsp;
     d->pr = *p;
+    memcpy(d->win_reached, p->reached, sizeof d->win_reached);
+    memcpy(d->win_hit, p->hit, sizeof d->win_hit);
     for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = p->has_ver[n] ? 1 : 0;
     d->pr.has_prop = p->has_prop ? 1 : 0;
     d->skip_left = 0;
