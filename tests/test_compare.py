@@ -612,3 +612,81 @@ def test_two_chat_stats_exports_whose_scheduler_started_differently_say_so():
     assert r["knobs"] == [["scheduler_start", "fresh", "engine"]] and r["variables"] == 1 and r["scheduler_start_note"]
     off = dict(b, knobs=dict(knobs, scheduler=False))  # the scheduler off in B: its knob says so, no start
     assert C.compare(a, off)["knobs"] == [["knobs.scheduler", True, False]]
+
+
+def test_a_knob_of_another_type_or_out_of_range_is_refused_naming_the_file_and_the_field(tmp_path, capsys):
+    """A knob compare would show (a setting of the run) holding another JSON type or a value its writer
+    never writes is an edited or damaged file: refused like a field of the wrong type, with the field,
+    what it holds, what was expected and what writes the file, not compared as a setting ("threshold
+    0.3 -> x")."""
+    knobs = {"enabled": True, "scheduler": True, "threshold": 0.3, "max_draft": 5}
+    gen = {"model": "m.gguf", "backend": "cpu", "numerics": "ds4", "scheduler_prices": "fresh",
+           "scheduler_prices_at_start": "fresh", "scheduler_prices_retime": None, "dspark": knobs, "n_ctx": 37,
+           "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0},
+           "generated_ids": [1, 2], "prompt_ids": [5, 6, 7], "timings": {"decode_tokens_per_s": 339.3}}
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(gen))
+    bad.write_text(json.dumps(gen))
+    assert cli_main(["compare", str(good), str(bad)]) == 0  # as written: compared
+    capsys.readouterr()
+    damaged = "the file was edited or damaged; write it again with ds4tui generate --json"
+    for change, found in (
+            ({"scheduler_prices_at_start": 5},
+             'field `scheduler_prices_at_start` is integer 5, expected string "fresh", "engine" or "saved"'),
+            ({"dspark": dict(knobs, threshold="x")}, 'field `dspark.threshold` is string "x", expected number in 0..1'),
+            ({"dspark": dict(knobs, threshold=1.5)}, "field `dspark.threshold` is number 1.5, expected number in 0..1"),
+            ({"dspark": dict(knobs, scheduler="on")}, 'field `dspark.scheduler` is string "on", expected true/false'),
+            ({"numerics": "fp8"}, 'field `numerics` is string "fp8", expected string "ds4" or "transformers"'),
+            ({"sampling": "greedy"}, 'field `sampling` is string "greedy", expected object'),
+            ({"n_ctx": 0}, "field `n_ctx` is integer 0, expected integer >= 1")):
+        bad.write_text(json.dumps({**gen, **change}))
+        assert _refusal(capsys, str(good), bad) == f"{bad}: looks like `generate --json` output but {found}: {damaged}"
+    # with --json, the error object as for every other refusal
+    rc = cli_main(["compare", str(good), str(bad), "--json"])
+    assert rc == 1 and json.loads(capsys.readouterr().out)["error"].startswith(
+        f"{bad}: looks like `generate --json` output but field `n_ctx`")
+    # an arm's knobs, and where a run's scheduler started, in a bench --ab result
+    run = {"kind": "code", "knobs": knobs, "scheduler_prices_at_start": "kept", "tokens_per_s": 10.0}
+    ab = {"mode": "ab", "model": {"path": "m.gguf"}, "backend": "cpu", "tokens": 64, "n_threads": 2,
+          "arms": [{"name": "target-only", "tokens_per_s": 9.0, "knobs": dict(knobs, enabled=False)},
+                   {"name": "dspark", "tokens_per_s": 10.0, "knobs": knobs, "runs": [run]}]}
+    bad.write_text(json.dumps(ab))
+    assert _refusal(capsys, str(good), bad) == (
+        f'{bad}: looks like a `bench --ab` result but field `arms[1].runs[0].scheduler_prices_at_start` is string '
+        f'"kept", expected string "fresh", "engine" or "saved": the file was edited or damaged; write it again with '
+        f'ds4tui bench --ab --json')
+    ab["arms"][1]["runs"] = [dict(run, scheduler_prices_at_start="engine")]
+    ab["arms"][0]["knobs"] = dict(knobs, max_draft=0)
+    bad.write_text(json.dumps(ab))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a `bench --ab` result but field `arms[0].knobs.max_draft` is integer 0, expected integer "
+        f">= 1: the file was edited or damaged; write it again with ds4tui bench --ab --json")
+    # a stats export (F6): its knobs under `knobs`
+    export = dict(_export("20261201T180000-0123abcd", True, 100, 424), knobs=dict(knobs, enabled=None))
+    bad.write_text(json.dumps(export))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a stats export (F6) but field `knobs.enabled` is null, expected true/false: the file was "
+        f"edited or damaged; write it again with F6 in the chat")
+
+
+def test_a_ratio_or_figure_that_rounds_to_zero_has_no_minus_sign(tmp_path, capsys):
+    """A net time saved of -0.02 ms against 250 ms is a B/A of -0.00008: printed 0.000, as a value of
+    -0.0 is printed 0, in the figures and in the arm tables; --json keeps the numbers as they are."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    gen = {"model": "m.gguf", "backend": "cpu", "generated_ids": [1, 2], "prompt_ids": [5, 6, 7]}
+    a.write_text(json.dumps({**gen, "timings": {"net_saved_ms": 250.0, "decode_tokens_per_s": 339.3}}))
+    b.write_text(json.dumps({**gen, "timings": {"net_saved_ms": -0.02, "decode_tokens_per_s": -0.0}}))
+    assert cli_main(["compare", str(a), str(b)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("timings.")}
+    assert rows == {"timings.net_saved_ms": ["250", "-0.02", "0.000"],
+                    "timings.decode_tokens_per_s": ["339.3", "0", "0.000"]}
+    assert cli_main(["compare", str(a), str(b), "--json"]) == 0
+    figures = {k: (x, y, q) for k, x, y, q in json.loads(capsys.readouterr().out)["figures"]}
+    assert figures["timings.net_saved_ms"] == (250.0, -0.02, -0.02 / 250.0)
+    table = {"tables": [{"arm": "dspark", "knobs_a": "DSpark on", "knobs_b": "DSpark on",
+                         "rows": [["vs target-only", "code", 1.5, -0.0001, -0.0001 / 1.5],
+                                  ["drafter pass (ms)", "code", 0.9, -0.0, -0.0]]}],
+             "only_a": [], "only_b": [], "outputs_identical": [True, True]}
+    lines = C.render_arms(table)
+    assert lines[2].split() == ["code", "prompt", "1.500x", "0.000x", "0.000"]
+    assert lines[3].split() == ["code", "prompt", "0.900", "0.000", "0.000"]

@@ -33,8 +33,10 @@ or on stderr with ``--json`` (whose object carries them too).
 Lists longer than :data:`MAX_LIST` (token ids, per-token flags) and free text (the generated text,
 ds4's stats line, timestamps) are left out.  A file that is not JSON, not an object, not one of
 these kinds (a scheduler prices file is named as one), or one of them without the fields its writer
-writes or with a field of another JSON type (:data:`FIELDS`) is an error naming the file, the field,
-the expected and the found type (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout),
+writes or with a field of another JSON type (:data:`FIELDS`), or with a knob of another type or a value
+its writer never writes (:data:`KNOBS`: ``"scheduler_prices_at_start": 5`` would be listed as a setting)
+is an error naming the file, the field, the expected and the found type or value, and the command that
+writes the file (status 1; with ``--json`` also ``{"ok": false, ...}`` on stdout),
 and so is a failed run and an interrupted run of any command (``"interrupted": true``; a ``bench --ab``
 one named with the runs that finished and those that did not: its arms are not whole, so nothing in
 it compares; a ``generate`` one covers only the tokens before the interrupt), except a plain
@@ -49,6 +51,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +136,14 @@ def _fits(v: Any, types: tuple[str, ...]) -> bool:
     return t in types or (t == "integer" and "number" in types)
 
 
+def _wrong(kind: str, name: str, v: Any, expected: str) -> CompareError:
+    """The refusal of a field that holds ``v`` where ``kind``'s writer writes ``expected``."""
+    shown = "" if v is None else " " + json.dumps(v)
+    shown = shown if len(shown) <= 41 else shown[:38] + "..."
+    return CompareError(f"looks like {KIND_WORDS[kind]} but field `{name}` is {json_type(v)}{shown}, expected "
+                        f"{expected}: the file was edited or damaged; write it again with {WRITER[kind]}")
+
+
 def _check_fields(d: dict, fields, kind: str, where: str = "") -> None:
     for name, types, required in fields:
         if name not in d:
@@ -142,16 +153,137 @@ def _check_fields(d: dict, fields, kind: str, where: str = "") -> None:
             continue
         v = d[name]
         if not _fits(v, types):
-            shown = json.dumps(v)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise CompareError(f"looks like {KIND_WORDS[kind]} but field `{where}{name}` is {json_type(v)} {shown}, "
-                               f"expected {' or '.join(types)}: the file was edited or damaged; write it again with "
-                               f"{WRITER[kind]}")
+            raise _wrong(kind, where + name, v, " or ".join(types))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A knob field compare shows (:func:`is_knob`) with the JSON types and the values its writers
+    write: ``name`` is its dotted path in the file, ``[]`` standing for each element of an array
+    (``arms[].knobs.threshold``); ``allowed``: the strings it may hold (empty: any string);
+    ``low`` / ``high``: the least and greatest number (``low_open``: the least is excluded)."""
+
+    name: str
+    types: tuple[str, ...]
+    allowed: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def under(self, group: str) -> "Knob":
+        """The same knob inside the object ``group`` (a dotted path)."""
+        return replace(self, name=f"{group}.{self.name}")
+
+    def fits(self, v: Any) -> bool:
+        """Whether ``v`` is of one of the types and, for a string or a number, among the values."""
+        if not _fits(v, self.types):
+            return False
+        if isinstance(v, str) and self.allowed:
+            return v in self.allowed
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not math.isfinite(v) or (self.low is not None and (v <= self.low if self.low_open else v < self.low)):
+                return False
+            return self.high is None or v <= self.high
+        return True
+
+    def expected(self) -> str:
+        """What the knob holds, in words: ``string "ds4" or "transformers"``, ``number in 0..1``,
+        ``integer >= 1 or null``."""
+        words = []
+        for t in self.types:
+            if t == "string" and self.allowed:
+                quoted = [json.dumps(a) for a in self.allowed]
+                t = f"string {', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else f"string {quoted[0]}"
+            elif t in ("number", "integer") and self.low is not None:
+                if self.high is not None:
+                    t += (f" in ({self.low:g}, {self.high:g}]" if self.low_open else f" in {self.low:g}..{self.high:g}")
+                else:
+                    t += f" {'>' if self.low_open else '>='} {self.low:g}"
+            words.append(t)
+        return " or ".join(words)
+
+
+def _at_path(d: Any, path: str, name: str = ""):
+    """(name, value) for each value at the dotted ``path`` of ``d`` (``[]``: each element of an array,
+    named with its index); nothing where a step is missing or of another type (its own knob says so)."""
+    head, _, rest = path.partition(".")
+    each = head.endswith("[]")
+    key = head[:-2] if each else head
+    if not isinstance(d, dict) or key not in d:
+        return
+    v, name = d[key], f"{name}.{key}" if name else key
+    values = (list(enumerate(v)) if isinstance(v, list) else []) if each else [(None, v)]
+    for i, x in values:
+        at = name if i is None else f"{name}[{i}]"
+        if rest:
+            yield from _at_path(x, rest, at)
+        else:
+            yield at, x
+
+
+#: The DSpark knobs (spec dspark.md §7.3): generate's ``dspark``, an export's ``knobs``, each arm's and run's
+#: ``knobs`` in a ``bench --ab`` result.
+_DSPARK_KNOBS = (Knob("enabled", ("true/false",)), Knob("scheduler", ("true/false",)),
+                 Knob("threshold", ("number",), low=0, high=1), Knob("max_draft", ("integer",), low=1))
+_SAMPLING = (Knob("temperature", ("number",), low=0), Knob("top_k", ("integer",), low=0),
+             Knob("top_p", ("number",), low=0, high=1, low_open=True), Knob("min_p", ("number",), low=0, high=1),
+             Knob("seed", ("integer",), low=0))
+_PRICES = ("fresh", "engine", "saved")
+#: Where a session's scheduler started (spec dspark.md §7.4): compare's ``scheduler_start`` comes from these.
+_START = (Knob("scheduler_prices_at_start", ("string",), _PRICES), Knob("scheduler_prices_retime", ("string", "null")))
+#: The engine's options as the run resolved them (auto is never written).
+_ENGINE = (Knob("backend", ("string",), ("cpu", "hip", "reference")),
+           Knob("numerics", ("string",), ("ds4", "transformers")), Knob("activations", ("string",), ("f32", "q8")),
+           Knob("prefill_gemm", ("string",), ("off", "bf16", "f16")), Knob("gpu_graphs", ("string",), ("off", "on")),
+           Knob("draft_vocab", ("integer",), low=0), Knob("verify_head", ("string",), ("lazy", "all")),
+           Knob("scheduler_prices", ("string",), _PRICES), Knob("n_threads", ("integer",), low=1))
+_SUPPORT = (Knob("support", ("object",)), Knob("support.path", ("string", "null")),
+            Knob("support.status", ("string",), ("attached", "refused", "none")),
+            Knob("support.block_size", ("integer",), low=0))
+_BENCH_MODEL = (Knob("model.path", ("string",)), Knob("model.name", ("string",)),
+                Knob("model.file_bytes", ("integer",), low=0), Knob("model.medium", ("true/false",)))
+#: The knobs of each kind of file (:func:`is_knob`'s names) with the values their writers write; a
+#: knob of another type or out of range would be shown as a setting of the run ("threshold 0.3 -> x"),
+#: so it is refused as a field of the wrong type is (:func:`validate`).  A knob that is absent is not
+#: checked here (:data:`FIELDS` says which fields a kind must have).
+KNOBS: dict[str, tuple[Knob, ...]] = {
+    "generate": (*_ENGINE, *_START, *_SUPPORT, Knob("n_predict", ("integer",), low=1),
+                 Knob("raw", ("true/false",)), Knob("think", ("true/false", "null")), Knob("prompt", ("string",)),
+                 Knob("n_ctx", ("integer",), low=1), Knob("sampling", ("object",)),
+                 *(k.under("sampling") for k in _SAMPLING), *(k.under("dspark") for k in _DSPARK_KNOBS),
+                 Knob("dspark_stats.block_size", ("integer",), low=0)),
+    "bench": (*_ENGINE, *_BENCH_MODEL, Knob("prompt_tokens", ("integer",), low=1), Knob("prompt", ("string",)),
+              Knob("decode_tokens", ("integer",), low=1), Knob("ctx", ("integer",), low=1),
+              Knob("repeat", ("integer",), low=1), Knob("memcpy.n_threads", ("integer",), low=1),
+              *(k.under("dspark") for k in _DSPARK_KNOBS)),
+    "bench-ab": (*_ENGINE, *_BENCH_MODEL, *_SUPPORT, Knob("ctx", ("integer",), low=1),
+                 Knob("tokens", ("integer",), low=1),
+                 Knob("sampling", ("string",)), Knob("prompts", ("array",)), Knob("prompts[].kind", ("string",)),
+                 Knob("prompts[].prompt_tokens", ("integer",), low=1), Knob("arm_order", ("array",)),
+                 Knob("arm_order[].kind", ("string",)), Knob("arms[].knobs", ("object",)),
+                 *(k.under("arms[].knobs") for k in _DSPARK_KNOBS), Knob("arms[].decode_tokens", ("integer",), low=0),
+                 Knob("arms[].dspark_stats.block_size", ("integer",), low=0), Knob("arms[].runs[]", ("object",)),
+                 Knob("arms[].runs[].kind", ("string",)), Knob("arms[].runs[].knobs", ("object",)),
+                 *(k.under("arms[].runs[].knobs") for k in _DSPARK_KNOBS), *(k.under("arms[].runs[]") for k in _START),
+                 Knob("arms[].runs[].prompt_tokens", ("integer",), low=1),
+                 Knob("arms[].runs[].decode_tokens", ("integer",), low=0),
+                 Knob("arms[].runs[].dspark_stats.block_size", ("integer",), low=0)),
+    # with no engine open the app writes null for what the engine resolves, and its options (auto) for the rest
+    "stats-export": (*(replace(k, types=(*k.types, "null")) if k.name in ("backend", "prefill_gemm", "draft_vocab")
+                       else replace(k, allowed=(*k.allowed, "auto")) if k.name in ("activations", "verify_head")
+                       else k for k in _ENGINE),
+                     *_START, Knob("support", ("string", "null")),
+                     Knob("support_status", ("string",), ("attached", "refused", "none")),
+                     Knob("n_ctx", ("integer", "null"), low=1), Knob("sampling", ("object",)),
+                     *(k.under("sampling") for k in _SAMPLING), *(k.under("knobs") for k in _DSPARK_KNOBS),
+                     Knob("dspark_stats.block_size", ("integer",), low=0)),
+}
 
 
 def validate(kind: str, d: dict) -> None:
     """CompareError naming the field, the expected and the found JSON type when ``d`` does not hold
-    what ``kind``'s writer writes (:data:`FIELDS`)."""
+    what ``kind``'s writer writes (:data:`FIELDS`), or the expected and the found value for a knob
+    (:data:`KNOBS`)."""
     _check_fields(d, FIELDS[kind], kind)
     if kind == "bench-ab":
         if not d["arms"]:
@@ -162,6 +294,10 @@ def validate(kind: str, d: dict) -> None:
                 raise CompareError(f"looks like {KIND_WORDS[kind]} but `arms[{i}]` is {json_type(arm)}, expected "
                                    f"object: the file was edited or damaged; write it again with {WRITER[kind]}")
             _check_fields(arm, ARM_FIELDS, kind, f"arms[{i}].")
+    for knob in KNOBS[kind]:
+        for name, v in _at_path(d, knob.name):
+            if not knob.fits(v):
+                raise _wrong(kind, name, v, knob.expected())
 
 
 def kind_of(d: dict) -> str:
@@ -443,9 +579,20 @@ def contains_warning(inside: str | None, counters_id: str | None) -> str | None:
             f"between is not an A/B; start a new session between the two runs (in the chat: Ctrl+G, or start it again)")
 
 
+def _unsigned_zero(text: str) -> str:
+    """A formatted number without the minus sign of a value that prints as zero (``-0.000``: a
+    tiny negative ratio, or -0.0 itself), which reads as a loss that is not there."""
+    return text[1:] if text.startswith("-") and set(text[1:]) <= set("0.x%") else text
+
+
+def _ratio(q: float | None) -> str:
+    """A B/A column's cell."""
+    return "-" if q is None else _unsigned_zero(f"{q:.3f}")
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.6g}"
+        return _unsigned_zero(f"{v:.6g}")
     return json.dumps(v) if isinstance(v, str) or v is None else str(v)
 
 
@@ -487,7 +634,7 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
         w = max(len(k) for k, *_ in r["figures"])
         lines.append(f"{'figure':<{w}}  {'A':>14} {'B':>14} {'B/A':>8}")
         for k, x, y, q in r["figures"]:
-            lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {('-' if q is None else f'{q:.3f}'):>8}")
+            lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {_ratio(q):>8}")
     if r["zero_in_both"] and (arms is None or every_figure):
         lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
     if r.get("no_shared_figures"):
@@ -592,14 +739,14 @@ def _cell(v: float | None, unit: str) -> str:
     if v is None:
         return "-"
     if unit == "count":
-        return f"{v:.0f}"
+        return _unsigned_zero(f"{v:.0f}")
     if unit == "x":
-        return f"{v:.3f}x"
+        return _unsigned_zero(f"{v:.3f}x")
     if unit == "%":
-        return f"{v:.2f}%"
+        return _unsigned_zero(f"{v:.2f}%")
     if unit == "rate":
-        return f"{v:.2f}"
-    return f"{v:.3f}"
+        return _unsigned_zero(f"{v:.2f}")
+    return _unsigned_zero(f"{v:.3f}")
 
 
 def render_arms(t: dict) -> list[str]:
@@ -618,7 +765,7 @@ def render_arms(t: dict) -> list[str]:
         for label, kind, x, y, q in table["rows"]:
             name = f"    {kind} prompt" if kind else f"  {label}"
             lines.append(f"{name:<{w}}  {_cell(x, units[label]):>12} {_cell(y, units[label]):>12} "
-                         f"{('-' if q is None else f'{q:.3f}'):>8}")
+                         f"{_ratio(q):>8}")
     lines.append("")
     for side, names in (("A", t["only_a"]), ("B", t["only_b"])):
         if names:
