@@ -230,6 +230,15 @@ def _add_dspark_engine_options(p: argparse.ArgumentParser, only_ab: str = "", on
                    help="which rows of a DSpark verify pass get the LM head (spec dspark.md §3.4): auto (lazy on the cpu backend with f32 activations, all with q8 and on hip), lazy (rows 0-2, and the others only when their drafts were all accepted: the same tokens, a cheaper verify where the head is bound by its arithmetic; cpu backend) or all (every row). Default auto" + only_ab)
 
 
+def _add_dspark_switch(p, on_help: str, off_help: str) -> None:
+    """--dspark and --no-dspark (``args.dspark``: True, False, or None for neither), as generate and
+    chat take them: one mutually exclusive group, so that giving both is a usage error naming them
+    both rather than the last one winning."""
+    both = p.add_mutually_exclusive_group()
+    both.add_argument("--dspark", dest="dspark", action="store_const", const=True, default=None, help=on_help)
+    both.add_argument("--no-dspark", dest="dspark", action="store_const", const=False, default=None, help=off_help)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
@@ -369,9 +378,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "(with --json: the knobs, the full counters, the line, and which tokens came from accepted drafts).")
     d.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF (ds4's deepseek4-dspark file or llama.cpp's "
                    "dflash one)")
-    d.add_argument("--dspark", action=argparse.BooleanOptionalAction, default=None,
-                   help="draft and verify with the support model (default: on when a support model is attached: "
-                   "--mtp, or the demo model's own; --dspark with a MODEL and no --mtp is an error)")
+    _add_dspark_switch(d, "draft and verify with the support model (default: on when a support model is attached: "
+                       "--mtp, or the demo model's own; --dspark with a MODEL and no --mtp is an error)",
+                       "load the support model and decode target-only")
     d.add_argument("--no-scheduler", action="store_true",
                    help="turn off the adaptive scheduler that skips drafting when it does not pay (as ds4's "
                    "DS4_DSPARK_SCHEDULER=0)")
@@ -392,8 +401,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", nargs="?", help="DS4 target GGUF (default: the bundled demo model)")
     p.add_argument("--mtp", metavar="SUPPORT", help="DSpark support GGUF; DSpark starts on unless --no-dspark")
-    p.add_argument("--dspark", action=argparse.BooleanOptionalAction, default=None,
-                   help="start with DSpark on (default with --mtp) or off (--no-dspark; F2 turns it on)")
+    _add_dspark_switch(p, "start with DSpark on (default with --mtp)", "start with DSpark off (F2 turns it on)")
     p.add_argument("--ctx", type=positive_int, metavar="N", help="context size (default 4096, at most the model's)")
     p.add_argument("--backend", choices=["auto", "cpu", "hip"], default="auto",
                    help="auto (the GPU when this build has one and a device answers, else cpu; the choice is shown "

@@ -63,7 +63,9 @@ def test_backend_option_conflicts_are_the_same_usage_error_everywhere(command, t
     rc, out, err = _run(capsys, base)
     assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='99': expected 0 (the support "
                                f"model's block size) or an integer 1..the support model's block size (5 for the "
-                               f"demo's and DS4 Flash's drafters; no block is larger than 16)\n")
+                               f"demo's and DS4 Flash's drafters; no block is larger than 16); set one of them "
+                               f"(`export DS4_DSPARK_MAX_DRAFT_TOKENS=0`), or unset it for the default: 0 (the block "
+                               f"size)\n")
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
@@ -72,7 +74,9 @@ def test_max_draft_variable_against_the_support_file_before_loading(command, tin
     monkeypatch.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "8")  # the tiny support model's block is 5
     rc, out, err = _run(capsys, [*_args(command, tiny_q2["model"]), "--mtp", str(tiny_q2["support"])])
     assert rc == 2 and err == (f"ds4tui {command}: error: DS4_DSPARK_MAX_DRAFT_TOKENS='8': expected 0 (the support "
-                               f"model's block size) or an integer 1..5 (the block size of {tiny_q2['support']})\n")
+                               f"model's block size) or an integer 1..5 (the block size of {tiny_q2['support']}); "
+                               f"set one of them (`export DS4_DSPARK_MAX_DRAFT_TOKENS=0`), or unset it for the "
+                               f"default: 0 (the block size)\n")
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
@@ -172,7 +176,8 @@ def test_chat_takes_the_dspark_start_up_knobs(tiny_q2, capsys, no_engine):
     assert (o.scheduler, o.threshold, o.max_draft) == (True, 0.0, 0)
     rc, out, err = _run(capsys, ["chat", model, "--mtp", support, "--max-draft", "6"])
     assert rc == 2 and err == (f"ds4tui chat: error: argument --max-draft: expected 1..5 (the block size of "
-                               f"{support}), found 6\n")
+                               f"{support}), found 6; give --max-draft 1..5, or leave it out for drafts of up to the "
+                               f"block size\n")
     rc, out, err = _run(capsys, ["chat", model, "--confidence", "0.5"])
     assert rc == 2 and err == ("ds4tui chat: error: --confidence needs a DSpark support model: add --mtp "
                                "SUPPORT.gguf, or leave out --confidence\n")
@@ -334,6 +339,29 @@ def test_a_drafter_option_with_a_model_and_no_mtp_is_refused_before_anything_loa
     rc, out, err = _run(capsys, [*_args(command, str(tiny_q2["model"])), "--max-draft", "3"])
     assert rc == 2 and err.startswith(f"ds4tui {command}: error: --max-draft needs a DSpark support model: add --mtp "
                                       f"SUPPORT.gguf") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("pair", [["--dspark", "--no-dspark"], ["--no-dspark", "--dspark"]])
+def test_dspark_and_no_dspark_together_are_a_usage_error(command, pair, tiny_q2, capsys, no_demo, no_engine):
+    """--dspark and --no-dspark contradict each other: a usage error naming both (the last one used
+    to win silently), status 2, before anything loads; with --json the error object too."""
+    from ds4tui.cli import build_parser
+
+    argv = [*_args(command, str(tiny_q2["model"])), "--mtp", str(tiny_q2["support"]), *pair]
+    message = f"argument {pair[1]}: not allowed with argument {pair[0]}"
+    prog = f"ds4tui {command}"
+    rc, out, err = _run(capsys, argv)
+    assert (rc, out, err) == (2, "", f"{prog}: error: {message} (`{prog} --help` lists the options)\n")
+    if command == "generate":
+        rc, out, err = _run(capsys, [*argv, "--json"])
+        assert rc == 2 and json.loads(out) == {"ok": False, "error": message}
+    # each alone still says what it says, and neither leaves the default to the command
+    parse = build_parser().parse_args
+    assert [parse([*_args(command, "m.gguf"), *flag]).dspark for flag in ([], ["--dspark"], ["--no-dspark"])] == [
+        None, True, False]
+    assert "[--dspark | --no-dspark]" in " ".join(build_parser()._subparsers._group_actions[0]
+                                                  .choices[command].format_usage().split())
 
 
 def test_an_interrupt_is_taken_once_and_the_exit_ignores_later_ones():

@@ -15,6 +15,8 @@ from ds4tui import cli
 from ds4tui.cli import main as cli_main
 from ds4tui.commands import environment as E
 
+#: What every bad DS4_DSPARK_MAX_DRAFT_TOKENS says to do.
+TODO_MAX_DRAFT = "; set one of them (`export DS4_DSPARK_MAX_DRAFT_TOKENS=0`), or unset it for the default: 0 (the block size)"
 #: Every message about DS4_DSPARK_MAX_DRAFT_TOKENS names the engine's bound, the support model's block
 #: (dspark.c refuses a max_draft above it), and the largest block there is (DS4_DSPARK_MAX_BLOCK).
 ACCEPTED_MAX_DRAFT = ("0 (the support model's block size) or an integer 1..the support model's block size (5 for the "
@@ -98,11 +100,13 @@ def test_settings_from_the_environment(clean_env):
     with pytest.raises(E.BadVariable) as exc:
         s.check_block(2)
     assert str(exc.value) == ("DS4_DSPARK_MAX_DRAFT_TOKENS='3': expected 0 (the support model's block size) or an "
-                              "integer 1..2 (the support model's block size)")
+                              "integer 1..2 (the support model's block size); set one of them (`export "
+                              "DS4_DSPARK_MAX_DRAFT_TOKENS=0`), or unset it for the default: 0 (the block size)")
     with pytest.raises(E.BadVariable) as exc:
         s.check_block(2, "s.gguf")
     assert str(exc.value).endswith("expected 0 (the support model's block size) or an integer 1..2 (the block size "
-                                   "of s.gguf)")
+                                   "of s.gguf); set one of them (`export DS4_DSPARK_MAX_DRAFT_TOKENS=0`), or unset "
+                                   "it for the default: 0 (the block size)")
     s.check_block(5)
 
 
@@ -130,14 +134,15 @@ def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env,
         err = capsys.readouterr().err
         assert rc == 2, err
         assert err.strip().endswith(f"error: DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the support model's block "
-                                    f"size) or an integer 1..5 (the block size of {tiny_q2['support']})")
+                                    f"size) or an integer 1..5 (the block size of {tiny_q2['support']}){TODO_MAX_DRAFT}")
         assert err.count("\n") == 1, err  # one line, and nothing loaded before it (no backend note)
     # the flag is checked against the support file's block size before any model loads, too
     clean_env.delenv("DS4_DSPARK_MAX_DRAFT_TOKENS")
     rc = cli_main(["generate", tiny_q2["model"], "-p", "hi", "--mtp", tiny_q2["support"], "--max-draft", "99"])
     err = capsys.readouterr().err
     assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
-                               f"{tiny_q2['support']}), found 99\n")
+                               f"{tiny_q2['support']}), found 99; give --max-draft 1..5, or leave it out for drafts "
+                               f"of up to the block size\n")
     from ds4tui.commands import chat
 
     clean_env.setenv("DS4_DSPARK_MAX_DRAFT_TOKENS", "9")
@@ -145,7 +150,25 @@ def test_max_draft_beyond_the_support_block_is_a_usage_error(tiny_q2, clean_env,
     args.settings = E.read_environment()
     assert chat.run(args) == 2
     assert capsys.readouterr().err.endswith(f"DS4_DSPARK_MAX_DRAFT_TOKENS='9': expected 0 (the support model's block "
-                                            f"size) or an integer 1..5 (the block size of {tiny_q2['support']})\n")
+                                            f"size) or an integer 1..5 (the block size of {tiny_q2['support']})"
+                                            f"{TODO_MAX_DRAFT}\n")
+
+
+
+def test_a_bad_scheduler_variable_or_max_draft_says_what_to_do(tiny_q2, clean_env, capsys):
+    """A value out of range names the accepted values and how to give one, as the modules' other errors do."""
+    clean_env.setenv("DS4_DSPARK_SCHEDULER", "x")
+    assert cli_main(["generate", "-p", "hi"]) == 2
+    assert capsys.readouterr().err == ("ds4tui generate: error: DS4_DSPARK_SCHEDULER='x': expected 0 (off) or 1 (on); "
+                                       "set one of them (`export DS4_DSPARK_SCHEDULER=0`), or unset it for the "
+                                       "default: 1\n")
+    clean_env.delenv("DS4_DSPARK_SCHEDULER")
+    support = tiny_q2["support"]
+    for command in (["generate", tiny_q2["model"], "-p", "hi"], ["chat", tiny_q2["model"]]):
+        assert cli_main([*command, "--mtp", support, "--max-draft", "9"]) == 2
+        assert capsys.readouterr().err == (f"ds4tui {command[0]}: error: argument --max-draft: expected 1..5 (the "
+                                           f"block size of {support}), found 9; give --max-draft 1..5, or leave it "
+                                           f"out for drafts of up to the block size\n")
 
 
 BAD_FLAGS = [
@@ -220,7 +243,7 @@ def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
     assert shown["DS4TUI_GPU_LAYOUT"] == "ggml" and shown["XDG_CACHE_HOME"] == "/tmp/cache"
     assert shown["DS4_DSPARK_SCHEDULER"] == "default: 1" and shown["DS4TUI_DEMO_DIR"].startswith("default: ")
     assert shown["DS4_DSPARK_STATS"] == ("banana  (invalid: DS4_DSPARK_STATS='banana': expected 0 (off) or "
-                                         "1 (on))")
+                                         "1 (on); set one of them (`export DS4_DSPARK_STATS=1`), or unset it)")
     assert cli_main(["doctor", "--json"]) == 0
     env = {v["name"]: v for v in json.loads(capsys.readouterr().out)["environment"]}
     assert env["DS4TUI_GPU_LAYOUT"]["in_force"] == "ggml" and env["DS4TUI_GPU_LAYOUT"]["error"] is None
@@ -381,10 +404,11 @@ NOT_BUILT = "the native engine (ds4tui._native) is not built: run `pip install -
 
 @pytest.mark.parametrize("argv", [["generate", "-p", "hi", "-n", "1"], ["generate", "-p", "hi", "-n", "1", "--backend", "hip"],
                                   ["generate", "-p", "hi", "-n", "1", "--backend", "cpu"], ["bench", "--decode-tokens", "2"],
-                                  ["bench", "--ab", "--tokens", "16", "--backend", "hip"]], ids=" ".join)
+                                  ["bench", "--ab", "--tokens", "16", "--backend", "hip"], ["chat"]], ids=" ".join)
 def test_a_missing_native_engine_is_the_line_doctor_prints_whatever_the_backend(tiny_q2, clean_env, capsys, argv):
     """No ds4tui._native (an editable checkout whose extension was removed) while a GPU library is
-    there: generate and bench print doctor's one line, status 1, not the ImportError of the GPU probe."""
+    there: generate and bench print doctor's one line, status 1, not the ImportError of the GPU probe;
+    so does the chat, before its app opens on a model it cannot run."""
     import sys
 
     from ds4tui.engine import gpu
@@ -401,6 +425,46 @@ def test_a_missing_native_engine_is_the_line_doctor_prints_whatever_the_backend(
     assert (rc, out.out, out.err) == (1, "", f"ds4tui {argv[0]}: error: {NOT_BUILT}\n")
     assert cli_main(["doctor"]) == 1
     assert capsys.readouterr().err.startswith(f"ds4tui doctor: {NOT_BUILT} (import of ds4tui._native halted")
+
+
+@pytest.mark.parametrize("argv", [["chat"], ["generate", "-p", "hi", "-n", "1"], ["generate", "-p", "hi", "-n", "1", "--backend", "cpu"],
+                                  ["bench", "--decode-tokens", "2"], ["bench", "--ab", "--tokens", "16"]], ids=" ".join)
+def test_without_the_native_engine_no_model_says_so_before_the_demo_unpacks(clean_env, capsys, argv):
+    """`ds4tui` (the chat), generate and bench without MODEL run the demo pair, unpacked on first use
+    (99 MiB): without the native engine they print doctor's line at once, with nothing unpacked."""
+    import sys
+
+    import ds4tui
+    from ds4tui import demo
+
+    clean_env.setitem(sys.modules, "ds4tui._native", None)
+    clean_env.delattr(ds4tui, "_native", raising=False)
+    unpacked = []
+    clean_env.setattr(demo, "demo_pair", lambda progress=None: unpacked.append(1))
+    rc = cli_main(argv)
+    out = capsys.readouterr()
+    assert (rc, out.out, out.err, unpacked) == (1, "", f"ds4tui {argv[0]}: error: {NOT_BUILT}\n", [])
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_the_reference_backend_runs_the_demo_without_the_native_engine(tiny_q2, clean_env, capsys, command):
+    """--backend reference is numpy: without MODEL it still runs the demo pair with no native engine."""
+    import sys
+
+    import ds4tui
+    from ds4tui import demo
+
+    clean_env.setitem(sys.modules, "ds4tui._native", None)
+    clean_env.delattr(ds4tui, "_native", raising=False)
+    pair = demo.DemoPair(model=Path(tiny_q2["model"]), support=Path(tiny_q2["support"]))
+    clean_env.setattr(demo, "demo_pair", lambda progress=None: pair)
+    argv = (["generate", "-p", "hi", "-n", "2", "--json"] if command == "generate"
+            else ["bench", "--prompt-tokens", "4", "--decode-tokens", "2", "--json"])
+    rc = cli_main([*argv, "--backend", "reference"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    result = json.loads(out.out)
+    assert result["ok"] is True and result["backend"] == "reference"
 
 
 def test_inspect_without_the_native_engine_says_why_its_budget_is_unknown(tiny_q2, clean_env, capsys):

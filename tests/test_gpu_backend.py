@@ -233,6 +233,17 @@ def test_an_unavailable_gpu_backend_is_named_by_its_build_as_doctor_names_it(pla
     e.close()
 
 
+def test_the_gpu_library_names_a_missing_driver_as_the_plain_reason_does():
+    """The GPU library's own reason (doctor, backend_detail) says "no CUDA driver is loaded" as the
+    CPU fallback's plain words do, not "no cuda GPU driver" (a build on a machine without a driver:
+    nvcc here, or hipcc without amdgpu)."""
+    info, why = gpu.probe()
+    if info is None or not info.platform or info.driver_version or info.n_devices:
+        pytest.skip(f"needs a built GPU library and no GPU driver: {why or 'a GPU answers'}")
+    runtime = {"cuda": "CUDA", "hip": "ROCm"}[info.platform]
+    assert gpu.plain_reason(info) == f"no {runtime} driver is loaded"
+    assert why.startswith(f"no device: no {runtime} driver is loaded (the runtime says: "), why
+
 def test_the_plain_reason_auto_gives_for_running_on_the_cpu(monkeypatch, tmp_path):
     """The few words ``--backend auto`` leads with when no GPU runs (the whole reason follows in
     backend_detail): what the runtime reported, else what the build record says."""

@@ -84,6 +84,11 @@ def test_generate_notes_it_is_moot_without_a_support_model(tiny_q2, capsys):
     assert ("ds4tui generate: note: --draft-vocab full has no effect: no DSpark support model drafts (give one with "
             "--mtp)\nds4tui generate: note: --verify-head all has no effect: no DSpark support model drafts (give one "
             "with --mtp)\n") in err, err
+    assert "--scheduler-prices" not in err  # not given: nothing to say
+    rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hi", "--raw", "-n", "1",
+                                 "--scheduler-prices", "fresh", "--backend", "cpu"])
+    assert rc == 0 and ("ds4tui generate: note: --scheduler-prices fresh has no effect: no DSpark support model "
+                        "drafts (give one with --mtp)\n") in err, err
 
 
 def test_the_moot_notes_on_the_reference_backend_say_it_does_not_draft():

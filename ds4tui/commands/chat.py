@@ -23,7 +23,8 @@ Make a small test model (random weights: the text is noise, the speculation pane
 
 def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] | None = None):
     """Check the arguments and build the app's ``ChatOptions`` (ValueError with the reason; a file
-    that cannot be read, the model or the ``--mtp`` file: ModelFileError naming it).
+    that cannot be read, the model or the ``--mtp`` file: ModelFileError naming it; no native engine:
+    NativeNotBuiltError, before the demo pair is unpacked).
     ``before_demo`` is called once the command line's own checks passed and before the demo pair is
     unpacked (without MODEL): what it raises goes to the caller, with nothing unpacked."""
     from ds4tui.app import ChatOptions
@@ -31,6 +32,7 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
                                              check_support_path, settings_of)
     from ds4tui.demo import demo_pair, manifest, stderr_progress
     from ds4tui.engine.fs import fix_for, found_in, unwritable
+    from ds4tui.engine.session import require_native
 
     model, support = args.model, args.mtp
     # the usage errors the command line alone shows come first, before any slow work (unpacking the
@@ -64,6 +66,9 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
         check_model_path(model)
     if support is not None:  # ModelFileError, in the words of generate and bench
         check_support_path(support)
+    # every chat backend runs in the native engine: a missing one is said at once, as generate and
+    # bench say it, not after the demo pair is unpacked (99 MiB on first use) and the app has opened
+    require_native(backend)
     notes: tuple[str, ...] = ()
     if model is None:
         if manifest() is None:  # no bundled demo: said before anything else about running the app
@@ -114,7 +119,7 @@ def _need_terminal() -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ds4tui.demo import DemoError
-    from ds4tui.engine.errors import ModelFileError
+    from ds4tui.engine.errors import ModelFileError, NativeNotBuiltError
 
     try:
         # without a terminal the demo pair is not unpacked first (99 MiB) only to be refused after it
@@ -126,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except DemoError as exc:
         print(f"{_PREFIX} {exc}", file=sys.stderr)
+        return 1
+    except NativeNotBuiltError as exc:  # the line `ds4tui doctor` prints, with the command that builds it
+        print(f"{_PREFIX} error: {exc}", file=sys.stderr)
         return 1
     except LookupError as exc:
         print(exc.args[0], file=sys.stderr)

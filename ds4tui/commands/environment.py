@@ -26,11 +26,25 @@ from ds4tui.engine.telemetry import BACKEND_NAMES as TELEMETRY
 
 
 class BadVariable(ValueError):
-    """An environment variable holds a value ds4tui does not accept."""
+    """An environment variable holds a value ds4tui does not accept: the message names it, the value,
+    the accepted values and, for a variable of :data:`VARIABLES` with an ``example``, how to set one
+    or go back to the default (:func:`what_to_do`)."""
 
     def __init__(self, name: str, value: str, accepted: str):
         self.name, self.value, self.accepted = name, value, accepted
-        super().__init__(f"{name}={value!r}: expected {accepted}")
+        todo = what_to_do(name)
+        super().__init__(f"{name}={value!r}: expected {accepted}" + (f"; {todo}" if todo else ""))
+
+
+def what_to_do(name: str) -> str:
+    """How to give the variable ``name`` an accepted value: ``set one of them (`export
+    DS4_DSPARK_SCHEDULER=0`), or unset it for the default: 1``; "" for a variable whose accepted
+    values say it already (DS4TUI_DEMO_DIR) or that is not checked."""
+    var = next((v for v in VARIABLES if v.name == name), None)
+    if var is None or var.example is None:
+        return ""
+    default = "" if var.default == "unset" else f" for the default: {var.default}"
+    return f"set one of them (`export {name}={var.example}`), or unset it{default}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,27 @@ def max_draft_accepted(block: int | None = None, support=None) -> str:
     return f"0 (the support model's block size) or an integer 1..{block} ({of})"
 
 
+_MODEL_HINT = " (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the bundled demo model)"
+_SUPPORT_HINT = " (argument --mtp: expected a DSpark support GGUF; check the path)"
+
+
+def file_error(exc, model: "str | None", support: "str | None") -> str:
+    """The message of ``exc`` (a :class:`ModelFileError` raised loading a file that opens but is not
+    what its argument expects: not a GGUF, cut short, another architecture) with the argument that
+    named the file and what to do, as :func:`check_model_path` and :func:`check_support_path` give
+    them for a path that does not open; the message as it is for any other file (the demo's)."""
+    import os
+
+    msg = str(exc)
+    if "(argument " in msg:
+        return msg
+
+    def named(path: "str | None") -> bool:
+        return path is not None and os.path.abspath(path) == os.path.abspath(exc.path)
+
+    return msg + (_SUPPORT_HINT if named(support) else _MODEL_HINT if named(model) else "")
+
+
 def check_model_path(path: str) -> None:
     """The one check of a MODEL path in ``generate``, ``chat``, ``bench`` and ``tokenize``, made as
     early as :func:`check_support_path`: :class:`ModelFileError` naming the path, the argument and
@@ -117,8 +152,7 @@ def check_model_path(path: str) -> None:
     leave MODEL out for the bundled demo model)``)."""
     from ds4tui.engine.gguf_model import check_readable
 
-    check_readable(path, " (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the "
-                         "bundled demo model)")
+    check_readable(path, _MODEL_HINT)
 
 
 def check_support_path(path: str) -> None:
@@ -129,7 +163,7 @@ def check_support_path(path: str) -> None:
     check the path)``)."""
     from ds4tui.engine.gguf_model import check_readable
 
-    check_readable(path, " (argument --mtp: expected a DSpark support GGUF; check the path)")
+    check_readable(path, _SUPPORT_HINT)
 
 
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
@@ -152,7 +186,8 @@ def check_support_block(support, max_draft: int | None, settings: Settings) -> N
     if block is None:
         return
     if max_draft is not None and max_draft > block:
-        raise ValueError(f"argument --max-draft: expected 1..{block} (the block size of {support}), found {max_draft}")
+        raise ValueError(f"argument --max-draft: expected 1..{block} (the block size of {support}), found {max_draft}; "
+                         f"give --max-draft 1..{block}, or leave it out for drafts of up to the block size")
     settings.check_block(block, support)
 
 
@@ -281,6 +316,8 @@ class Variable:
     check: Callable[[str], bool] | None = None
     field: str | None = None
     parse: Callable[[str], object] = str
+    #: an accepted value, for the what-to-do of a bad one (None: the accepted values say it already)
+    example: str | None = None
 
 
 #: What DS4TUI_DEMO_DIR accepts: a relative path would unpack the demo pair under whatever folder a
@@ -292,24 +329,24 @@ DEMO_DIR_ACCEPTED = ("an absolute path, found a relative one (it would unpack th
 
 VARIABLES: tuple[Variable, ...] = (
     Variable("DS4_DSPARK_SCHEDULER", "DSpark's adaptive scheduler at the start of a session (F3 / --no-scheduler "
-             "change it)", "1", "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_scheduler", _switch),
+             "change it)", "1", "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_scheduler", _switch, "0"),
     Variable("DS4_DSPARK_MAX_DRAFT_TOKENS", "DSpark drafts per cycle at the start of a session (--max-draft, "
              "F9/F10 change it)", "0 (the block size)", max_draft_accepted(),
-             lambda v: v.isascii() and v.isdigit() and int(v) <= MAX_BLOCK, "dspark_max_draft", _max_draft),
+             lambda v: v.isascii() and v.isdigit() and int(v) <= MAX_BLOCK, "dspark_max_draft", _max_draft, "0"),
     Variable("DS4_DSPARK_STATS", "print ds4's DSpark stats line to stderr when a session closes (unset: "
              "generate still prints it at its end; 0: no line at all)", "unset",
-             "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_stats", _switch),
+             "0 (off) or 1 (on)", lambda v: v in ("0", "1"), "dspark_stats", _switch, "1"),
     Variable("DS4TUI_GPU_LAYOUT", "device layout of the weight matrices on the GPU backend", "planar",
-             "planar (the default) or ggml", lambda v: v in ("planar", "ggml"), "gpu_layout"),
+             "planar (the default) or ggml", lambda v: v in ("planar", "ggml"), "gpu_layout", example="ggml"),
     Variable("DS4TUI_PREFILL_GEMM", "prefill products on the GPU's matrix units through the vendor BLAS, a "
              "numerics option (spec platform.md §7; --prefill-gemm wins)", "auto",
              "auto (bf16 when the BLAS loads, else off), off, bf16 or f16",
-             lambda v: v in ("auto", "off", "bf16", "f16"), "prefill_gemm"),
+             lambda v: v in ("auto", "off", "bf16", "f16"), "prefill_gemm", example="off"),
     Variable("DS4TUI_GPU_LIB", "GPU backend library to load instead of the one the build made", "the built library",
              None, None, "gpu_library"),
     Variable("DS4TUI_TELEMETRY", "memory telemetry source of the chat app (--telemetry wins)",
              "chosen by the backend", ", ".join(TELEMETRY) + " (any case)",
-             lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower()),
+             lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower(), "rss"),
     Variable("DS4TUI_DEMO_DIR", "where the bundled demo model is unpacked", "$XDG_CACHE_HOME/ds4tui/demo",
              DEMO_DIR_ACCEPTED, os.path.isabs),
     Variable("XDG_CACHE_HOME", "cache folder of the demo model, bench --medium and the saved DSpark scheduler prices "
@@ -372,6 +409,13 @@ def verify_head_notes(settings: "Settings | None", engine) -> list[str]:
     has no effect because no support model drafts (none given, refused, or the reference backend);
     [] otherwise."""
     return _no_drafter_note("--verify-head", (settings or Settings()).verify_head, engine)
+
+
+def scheduler_prices_notes(value: "str | None", engine) -> list[str]:
+    """The note a command prints on stderr for a ``--scheduler-prices`` the user gave (``value``; None:
+    not given) that has no effect because no support model drafts (spec dspark.md §7.4: only a
+    session with an attached support model starts from or keeps prices); [] otherwise."""
+    return [] if value is None else _no_drafter_note("--scheduler-prices", value, engine)
 
 
 def _no_drafter_note(flag: str, value: str, engine) -> list[str]:

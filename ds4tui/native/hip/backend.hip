@@ -149,9 +149,9 @@ static int probe(ds4_gpu_info *info, char *err, size_t len) {
     if (e != hipSuccess || n <= 0) {
         info->n_devices = 0;
         if (info->driver_version == 0)
-            return gpu_fail(err, len, DS4_E_DEVICE, "no device: no %s GPU driver is loaded (the runtime says: %s)",
-                            GPU_PLATFORM, e != hipSuccess ? hipGetErrorString(e) : "device count 0");
-        return gpu_fail(err, len, DS4_E_DEVICE, "no device: the %s runtime sees no GPU (%s)", GPU_PLATFORM,
+            return gpu_fail(err, len, DS4_E_DEVICE, "no device: no %s driver is loaded (the runtime says: %s)",
+                            GPU_RUNTIME_NAME, e != hipSuccess ? hipGetErrorString(e) : "device count 0");
+        return gpu_fail(err, len, DS4_E_DEVICE, "no device: the %s runtime sees no GPU (%s)", GPU_RUNTIME_NAME,
                         e != hipSuccess ? hipGetErrorString(e) : "device count 0");
     }
     info->n_devices = n;

@@ -19,11 +19,13 @@
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 #define GPU_PLATFORM "hip"
+#define GPU_RUNTIME_NAME "ROCm" /* in messages, as engine/gpu.py names the runtime */
 #elif defined(__CUDACC__)
 #define GPU_NVIDIA 1
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #define GPU_PLATFORM "cuda"
+#define GPU_RUNTIME_NAME "CUDA"
 typedef cudaError_t hipError_t;
 typedef cudaStream_t hipStream_t;
 typedef cudaEvent_t hipEvent_t;
