@@ -14,8 +14,9 @@ from pilot_helpers import loaded as _loaded
 from pilot_helpers import until as _until
 
 from ds4tui.app import ChatOptions, DS4App
+from ds4tui.commands import compare
 from ds4tui.engine import session as S
-from ds4tui.engine.stats import parse_line
+from ds4tui.engine.stats import parse_line, timed_stages
 from ds4tui.engine.telemetry import format_bytes
 from ds4tui.engine.tokenizer import Tokenizer, render_chat
 from ds4tui.widgets.chat import AssistantMessage, PromptInput
@@ -87,7 +88,7 @@ async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_su
         assert msg.query_one("#summary").render().plain.startswith(
             f"{len(r.ids)} tokens · {r.n_draft} from accepted drafts ({100 * r.n_draft / len(r.ids):.0f}% of output "
             f"tokens) · ")
-        assert f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}" in accept
+        assert f"cycles {st.cycles} · proposed {st.proposed}\naccepted_draft {st.accepted_draft}" in accept
         assert f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}" in accept
         stages = app.query_one("#stages").text
         t = st.stage_timing()
@@ -97,6 +98,9 @@ async def test_prompt_streams_and_panes_show_the_engine_stats(tiny_q2, fitted_su
             elif not ms:  # a step this drafter never ran is not listed
                 assert name not in stages
         assert "at 0 ms" not in stages
+        # the steps listed are those the pane listed before the first cycle: every one the cpu backend times
+        listed = [line.split()[0] for line in stages.splitlines() if line.startswith("prop_")]
+        assert listed == list(timed_stages("cpu")) and "prop_stage0" not in listed
         assert f"ms per drafter pass ({t['drafter_passes']} passes)" in stages
         assert f"ms per drafted cycle ({t['drafted_cycles']}) · decode ({t['plain_decodes']})" in stages
         assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in stages and "prop_markov" in stages
@@ -216,6 +220,9 @@ async def test_save_transcript_and_export_stats(tiny_q2, fitted_support, tmp_pat
         assert (stats["scheduler_prices"], stats["scheduler_prices_at_start"], stats["scheduler_prices_retime"]) == (
             app.engine.engine.scheduler_prices, app.engine.session.scheduler_prices_at_start, "")
         assert saved["session"]["scheduler_prices_at_start"] == stats["scheduler_prices_at_start"]
+        # compare reads both as written: every knob of the type and in the range it checks
+        assert [compare.load(str(next(tmp_path.glob(f"ds4tui-{name}-*.json"))))[0] for name in ("stats", "chat")] == [
+            "stats-export", "transcript"]
         line = next(tmp_path.glob("ds4tui-stats-*.txt")).read_text().strip()
         assert line.startswith("DSpark stats cycles=")
         back = parse_line(line)
@@ -410,8 +417,46 @@ async def test_an_answer_shows_why_its_session_re_timed_the_kept_scheduler_price
         r = app.turns[-1]
         assert r.dspark_delta["proposed"] > 0  # the drafting that re-times them
         assert r.scheduler_prices_retime == retime
-        assert app.query(AssistantMessage).last()._summary._line[0].endswith(f" · scheduler prices: {retime}")
+        line = app.query(AssistantMessage).last()._summary._line[0]
+        # why they were left out, then what the drafting measured in their place, in one clause
+        assert f" · scheduler prices: {retime}; drafting re-timed the kept verify(6) " in line, line
+        assert line.endswith(" ms") and line.count("scheduler prices:") == 1
 
         await _ask(pilot, app, "Hi again")  # the same session: nothing left to re-time
         assert app.turns[-1].scheduler_prices_retime == ""
         assert "scheduler prices:" not in app.query(AssistantMessage).last()._summary._line[0]
+
+
+async def test_an_answer_lists_the_kept_scheduler_times_its_drafting_timed_again(tiny_q2, tmp_path, monkeypatch):
+    """In-session (spec dspark.md §7.4): kept verify and proposal times far too cheap make the first
+    answer draft at once, and its first real samples move them; that answer's summary lists each kept
+    time with its new one (``Session.scheduler_prices_retimed``), a later answer of the session none."""
+    from ds4tui.engine import prices as P
+
+    prices_dir = tmp_path / "prices"
+    stamp = time.time() - 60
+    kept = P.SchedulerPrices(t_ver={1: 1.0, 6: 1e-6}, t_prop=1e-6, reached=(32,) * 5 + (0,) * 11,
+                             hit=(32,) * 5 + (0,) * 11, verify_timed_at={6: stamp}, proposal_timed_at=stamp,
+                             verify_other_work={6: 0.0}, proposal_other_work=0.0)
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=prices_dir)
+    P.save(e.scheduler_prices_file, P.identity(e), kept)
+    e.close()
+    monkeypatch.setattr(P, "other_work", lambda a, b: 0.0)
+    app = DS4App(_options(tiny_q2["model"], tiny_q2["support"], tmp_path, scheduler_prices="saved",
+                          prices_dir=prices_dir))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await _loaded(pilot, app)
+        assert app.engine.session.scheduler_prices_retime == ""  # nothing left out at the start
+        await _ask(pilot, app, "Hi")
+        r = app.turns[-1]
+        assert r.dspark_delta["proposed"] > 0
+        now = app.engine.session.scheduler_prices()
+        assert r.scheduler_prices_retimed[0] == {"time": "verify(6)", "kept_ms": 1e-6, "now_ms": now.t_ver[6]}
+        assert r.scheduler_prices_retimed[-1]["time"] == "proposal" and r.scheduler_prices_retimed[-1]["kept_ms"] == 1e-6
+        line = app.query(AssistantMessage).last()._summary._line[0]
+        assert line.endswith(" · scheduler prices: " + P.retimed_words(list(r.scheduler_prices_retimed)))
+        assert "drafting re-timed the kept verify(6) 0.00 → " in line
+
+        await _ask(pilot, app, "Hi again")  # the same session: said once
+        assert app.turns[-1].scheduler_prices_retimed == ()
+        assert "re-timed the kept" not in app.query(AssistantMessage).last()._summary._line[0]

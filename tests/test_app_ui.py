@@ -3,6 +3,7 @@ every number-bearing test runs the real engine in tests/test_app.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
@@ -36,6 +37,17 @@ async def _turn(pilot, text="Write a linked list") -> None:
     await pilot.press("enter")
     await app.workers.wait_for_complete()
     await app.flush()
+
+
+@contextlib.asynccontextmanager
+async def _after_a_turn(tmp_path, size):
+    """The app at ``size`` with one answered turn: ``(app, pilot)``."""
+    app = _app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await _ready(pilot)
+        await _turn(pilot)
+        await pilot.pause()
+        yield app, pilot
 
 
 async def test_palette_lists_every_action_and_runs_it(tmp_path):
@@ -253,11 +265,7 @@ async def test_no_draft_reasons_are_explained_and_toasts_are_words(tmp_path):
 async def test_every_pane_is_in_view_without_scrolling(tmp_path, size):
     """Acceptance, both histograms, stage timings and memory (GTT) — the panes the product is
     about — and all the others fit the window: nothing below the fold of the side panel."""
-    app = _app(tmp_path)
-    async with app.run_test(size=size) as pilot:
-        await _ready(pilot)
-        await _turn(pilot)
-        await pilot.pause()
+    async with _after_a_turn(tmp_path, size) as (app, pilot):
         side = app.query_one("#side")
         assert side.max_scroll_y == 0
         for pid in ("knobs", "accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "memory",
@@ -273,11 +281,7 @@ async def test_the_accept_rate_names_its_denominator_in_one_row_of_the_narrowest
     summary gives the drafted share of its output tokens: two different shares), and the line stays
     one row in the narrowest pane the layouts give (43 columns in two columns from 150), even at
     100.0% for both the session and the recent window."""
-    app = _app(tmp_path)
-    async with app.run_test(size=size) as pilot:
-        await _ready(pilot)
-        await _turn(pilot)
-        await pilot.pause()
+    async with _after_a_turn(tmp_path, size) as (app, pilot):
         pane = app.query_one("#accept")
         view = dataclasses.replace(app.timeline.view(), session_accept=100.0, recent_accept=100.0)
         pane.show(app.last_snapshot.dspark, view)
@@ -285,6 +289,41 @@ async def test_the_accept_rate_names_its_denominator_in_one_row_of_the_narrowest
         first = pane.text.splitlines()[0]
         assert first == "accept 100.0% of proposed · 100.0% recent"
         assert len(first) <= pane.content_size.width
+
+
+async def test_the_throughput_rates_fit_one_row_of_the_narrowest_pane_at_gpu_speeds(tmp_path):
+    """The rates line of the throughput pane at an H200's demo speeds: whole tokens a second from 100
+    t/s, so that the line stays one row of a 43-column pane (at one decimal, 1305.2 and 1692.4 t/s
+    made it 44 characters, wrapped); below 100 t/s one decimal, as a Strix Halo's 16.9 t/s needs."""
+    async with _after_a_turn(tmp_path, (150, 45)) as (app, pilot):
+        pane = app.query_one("#throughput")
+        for dec, eff, line in ((1305.2, 1692.4, "decode 1305 · effective 1692 t/s (1.30×)"),
+                               (16.94, 20.51, "decode 16.9 · effective 20.5 t/s (1.21×)"),
+                               (99.96, 99.94, "decode 100 · effective 99.9 t/s (1.00×)")):
+            view = dataclasses.replace(app.timeline.view(), decode_tps=dec, effective_tps=eff)
+            pane.show(view, app.last_snapshot.dspark, n_tokens=10, n_ctx=4096)
+            await pilot.pause()
+            first = pane.text.splitlines()[0]
+            assert first == line and len(first) <= pane.content_size.width
+
+
+@pytest.mark.parametrize("size, width", [((110, 40), 51), ((150, 45), 43)])
+async def test_the_acceptance_counts_fit_the_narrowest_pane_when_they_are_large(tmp_path, size, width):
+    """After a long session the counts have five digits: each of the pane's lines of counts still fits
+    one row of the narrowest pane (43 columns from 150), so that no count is wrapped away from its name
+    (``cycles ... · accepted_draft`` above a lone ``34567``); stop_cut, once a stop token cut a cycle,
+    goes with accepted_draft, whose count it qualifies."""
+    async with _after_a_turn(tmp_path, size) as (app, pilot):
+        pane = app.query_one("#accept")
+        st = dataclasses.replace(app.last_snapshot.dspark, cycles=12345, proposed=61725, accepted_draft=34567,
+                                 full=4321, partial=5432, miss_first=2592, stop_cut=12)
+        pane.show(st, app.timeline.view())
+        await pilot.pause()
+        lines = pane.text.splitlines()
+        assert lines[2:5] == ["cycles 12345 · proposed 61725", "accepted_draft 34567 · stop_cut 12",
+                              "full 4321 · partial 5432 · miss_first 2592"]
+        assert max(len(line) for line in lines) <= pane.content_size.width == width
+        assert pane.region.height - 2 == len(lines)  # one row a line: nothing wrapped
 
 def test_a_failed_load_names_its_real_cause(tmp_path):
     """Only a bad file reads "cannot open the model"; a GPU, memory or settings problem says so."""
@@ -539,7 +578,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert app.query_one("#scheduler").value is True
         text = app.query_one("#throughput").text
         assert f"decode {1000 * tokens / decode_ms:.1f} t/s: the session's average" in text
-        assert "interface 9.8% of a core while streaming" in text and "measured while an answer streams" not in text
+        assert "interface 9.8% of a core while streaming" in text and "measured while streaming" not in text
         assert app.query_one("#throughput").border_subtitle == export.name
         assert app.query_one("#memory").border_subtitle == app.query_one("#support").border_subtitle == "live"
         await pilot.press("f2")  # a live knob changes while the export is on show: the pane keeps the export's
@@ -588,7 +627,7 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         await app.set_context("8192")
         await pilot.pause()
         text = app.query_one("#throughput").text
-        assert "12.5%" not in text and "interface cost: measured while an answer streams" in text
+        assert "12.5%" not in text and "interface cost: measured while streaming" in text
         assert "decode — · effective — t/s" in text and "context 40/8192 tokens" in text
         assert "KV 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
         assert app.ui_cost.wall_s == 0 and app.turn_costs == []

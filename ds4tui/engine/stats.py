@@ -115,6 +115,17 @@ _TIMES = (
 )
 #: The drafter's steps (spec dspark.md §5), timed per drafter pass.
 PROP_STAGES = tuple(t for t in _TIMES if t.startswith("prop_"))
+
+
+def timed_stages(backend: str) -> tuple[str, ...]:
+    """The drafter's steps (:data:`PROP_STAGES`) the engine times on ``backend`` (native/dspark.c's
+    ``propose``): never ``prop_stage0`` (ds4's readiness check of stage 0, whose main_proj runs here
+    in the context projection, ``prop_cache``), and on the GPU (``"hip"``) neither ``prop_setup`` nor
+    ``prop_hidden`` (the embedding, the stages and the HC head run as one queued sequence, timed as
+    ``prop_chain``).  The others stay 0 too, but for a pass cut short (a confidence gate).  The stats
+    line and the JSON keep every name."""
+    untimed = ("prop_stage0", "prop_setup", "prop_hidden") if backend == "hip" else ("prop_stage0",)
+    return tuple(name for name in PROP_STAGES if name not in untimed)
 _LEN_HISTS = ("draft_len_hist", "accepted_len_hist")
 _POS = ("pos_proposed", "pos_accepted")
 _DERIVED = (

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Static, Switch
 
-from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, PROP_STAGES, DSparkStats
+from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, DSparkStats, timed_stages
 from ds4tui.engine.timeline import SpecView
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
@@ -116,7 +116,8 @@ class AcceptPane(Pane):
     answer summary's share of output tokens) for the session and the recent window, in one row of
     the narrowest pane (43 columns in a 150-column window), its series (▲ = knob change), mean
     accepted length and per-position acceptance (accepted / verified drafts at block row k); the
-    outcomes, with ``stop_cut`` and a tooltip that explains it once a stop token cut a cycle."""
+    counts (cycles, proposed, accepted_draft, with ``stop_cut`` and a tooltip that explains it once
+    a stop token cut a cycle) and the outcomes, each line one row of that pane at five digits."""
 
     def show(self, st: DSparkStats | None, view: SpecView, *, support_status: str = "attached") -> None:
         if st is None:
@@ -132,9 +133,12 @@ class AcceptPane(Pane):
             Content.assemble("accept ", (_pct(view.session_accept), "bold"), " of proposed · ",
                              (_pct(view.recent_accept), "bold"), " recent"),
             Content(f"avg accepted {st.avg_accept:.2f}/cycle · {st.tokens_per_cycle:.2f} tok/cycle"),
-            Content(f"cycles {st.cycles} · proposed {st.proposed} · accepted_draft {st.accepted_draft}"),
-            Content(f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}"
-                    + (f" · stop_cut {st.stop_cut}" if st.stop_cut else "")),
+            # the counts two by two, each line one row of the narrowest pane with five-digit counts (the
+            # three on one line wrapped there, a count below the line of its name); stop_cut beside the
+            # accepted_draft it qualifies
+            Content(f"cycles {st.cycles} · proposed {st.proposed}"),
+            Content(f"accepted_draft {st.accepted_draft}" + (f" · stop_cut {st.stop_cut}" if st.stop_cut else "")),
+            Content(f"full {st.full} · partial {st.partial} · miss_first {st.miss_first}"),
             Content.styled(line or " ", "$success"),
         ]
         self.tooltip = STOP_CUT_HELP.format(n=st.stop_cut) if st.stop_cut else None
@@ -154,16 +158,18 @@ class StagesPane(Pane):
     verify per drafted cycle, and the plain one-token decode it is weighed against, each with the
     count it is based on; bars share one scale.  A step at 0 ms in every pass so far (one this
     drafter never runs) is left out; the stats line and the JSON keep every name.  Before the
-    first cycle every row is drawn with "—" (the pane is about as tall from the start as it will
-    be: its first figures, while an answer streams, then cost no layout of the screen)."""
+    first cycle every row is drawn with "—", the drafter's steps those the engine times on
+    ``backend`` (``timed_stages``: the rows it shows once cycles run; the pane is about as tall from
+    the start as it will be: its first figures, while an answer streams, then cost no layout of the
+    screen)."""
 
-    def show(self, st: DSparkStats | None) -> None:
+    def show(self, st: DSparkStats | None, *, backend: str = "cpu") -> None:
         if st is None:
             self.put(Content.styled("no cycles yet", "$text-muted"))
             return
         if st.cycles == 0:
             none = [Content.assemble((f"{name:<16}", "$text-muted"), f"{'—':>8}")
-                    for name in (*PROP_STAGES, "propose (sum)")]
+                    for name in (*timed_stages(backend), "propose (sum)")]
             self.put(rows([Content.styled("ms per drafter pass (no cycles yet)", "bold"), *none,
                            Content.styled("ms per drafted cycle · decode", "bold"),
                            *(Content.assemble((f"{name:<16}", "$text-muted"), f"{'—':>8}")
@@ -296,8 +302,8 @@ class ThroughputPane(Pane):
              ui_share: float | None = None, ui_streamed_s: float = 0.0, ui_min_s: float = 1.0) -> None:
         """``ui_streamed_s``: how long answers have streamed (while ``ui_share`` is None: shorter
         than ``ui_min_s``, too short to say)."""
-        def tps(v: float | None) -> str:
-            return "—" if v is None else f"{v:.1f}"
+        def tps(v: float | None) -> str:  # whole tokens from 100 t/s: the line fits a 43-column pane at 9999 t/s
+            return "—" if v is None else f"{v:.1f}" if v < 99.95 else f"{v:.0f}"
 
         ratio = (view.effective_tps / view.decode_tps) if view.effective_tps and view.decode_tps else None
         finite = [v for v in view.decode_series + view.effective_series if v is not None]
@@ -315,10 +321,10 @@ class ThroughputPane(Pane):
             out.append(Content.styled("    " + marks, "$warning"))
         out += self._tail(st, n_tokens, n_ctx)
         if ui_share is None and ui_streamed_s > 0:
-            out.append(Content.styled(f"interface cost: after {ui_min_s:g} s of streaming ({ui_streamed_s:.1f} s so far)",
-                                      "$text-muted"))
+            out.append(Content.styled(f"interface cost: after {ui_min_s:g} s; {ui_streamed_s:.1f} s streamed",
+                                      "$text-muted"))  # each line one row of the narrowest pane (43 columns)
         elif ui_share is None:
-            out.append(Content.styled("interface cost: measured while an answer streams", "$text-muted"))
+            out.append(Content.styled("interface cost: measured while streaming", "$text-muted"))
         else:
             out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
         self.put(rows(out))
@@ -336,7 +342,7 @@ class ThroughputPane(Pane):
         ]
         out += self._tail(st, n_tokens, n_ctx)
         if ui_share is None:
-            out.append(Content.styled("interface cost: not recorded in the export", "$text-muted"))
+            out.append(Content.styled("interface cost: not in the export", "$text-muted"))
         else:
             out.append(Content.assemble("interface ", (f"{100 * ui_share:.1f}%", "bold"), " of a core while streaming"))
         self.put(rows(out))
