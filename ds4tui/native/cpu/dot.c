@@ -1568,6 +1568,20 @@ static inline void q8_transpose_zmm(const __m512i r[8], __m512i c[8]) {
 /* Two decoded rows A and B (nb a multiple of 8) against tokens t0 .. t0 + nt - 1: the same integer sums
  * and float operations as q8_row_tokens, with 8 blocks of both rows in one vector: lanes [A blocks 0-3,
  * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
+#if defined(__AVX512VBMI__)
+/* The f16 scales of 8 consecutive Q8_0 blocks (34 bytes each: the scale, then 32 codes) from p, the
+ * first block's start: scale i at byte 34 i, picked from the 256 bytes p .. p + 255 by two two-table
+ * byte permutes (each block group is 272 bytes, so the loads stay within it). */
+static inline __m128i q80_scales8(const uint8_t *p) {
+    const __m512i z0 = _mm512_loadu_si512((const void *)p), z1 = _mm512_loadu_si512((const void *)(p + 64));
+    const __m512i z2 = _mm512_loadu_si512((const void *)(p + 128)), z3 = _mm512_loadu_si512((const void *)(p + 192));
+    /* scales 0-3 at bytes 0, 34, 68, 102 of z0:z1; scales 4-7 at 136, 170, 204, 238, i.e. 8, 42, 76, 110 of z2:z3 */
+    const __m512i lo = _mm512_permutex2var_epi8(z0, _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x6766454423220100LL), z1);
+    const __m512i hi = _mm512_permutex2var_epi8(z2, _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x6F6E4D4C2B2A0908LL), z3);
+    return _mm_unpacklo_epi64(_mm512_castsi512_si128(lo), _mm512_castsi512_si128(hi));
+}
+#endif
+
 static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra, const q8_wrow *rb, int q2k,
                                                                const ds4_q8_act *a, int64_t t0, int nt, float *Y,
                                                                int64_t ldy, float *lanes, const int qw) {
@@ -1600,12 +1614,21 @@ static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra
             for (int j = 0; j < 8; j++) c[j] = _mm512_xor_si512(c[j], m128);
         __m512 s2;
         if (ra->q80) { /* the 16 scales of a Q8_0 pair, read in place; F16C converts exactly */
+#if defined(__AVX512VBMI__)
+            /* each row's 8 scales picked by byte permutes from the four vectors its 8 blocks' first
+             * 256 bytes load as (lines the weights' loads read too): a gather of 16 dwords is
+             * microcoded on AMD's cores and cost 13-29 % of a Q8_0 product there (tools/cpu_notes.md,
+             * 2026-12-04 (late)) */
+            s2 = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(q80_scales8(ra->q80 + 34 * b)),
+                                                         q80_scales8(rb->q80 + 34 * b), 1));
+#else
             /* one gather of the 16 blocks' first dwords (scale + 2 weights), narrowed to the scales */
             const int32_t off = (int32_t)(rb->q80 - ra->q80);
             const __m512i ix = _mm512_add_epi32(_mm512_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238, 0, 34, 68, 102, 136, 170, 204, 238),
                                                 _mm512_maskz_set1_epi32(0xff00, off));
             const __m512i g = _mm512_i32gather_epi32(ix, (const void *)(ra->q80 + 34 * b), 1);
             s2 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+#endif
         } else {
             s2 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ra->s + b)), _mm256_loadu_ps(rb->s + b), 1);
         }
@@ -1738,8 +1761,17 @@ static void q8_rows16_small(const uint8_t *W, size_t row_bytes, int64_t r, const
 
 static void q8_pair_tokens(const q8_wrow *ra, const q8_wrow *rb, int q2k, const ds4_q8_act *a, int64_t t0, int nt,
                            float *Y, int64_t ldy, float *lanes) {
-    if (ra->tr == 2) q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 1);
-    else q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 0);
+    /* one token (a decode) with a constant count: its accumulator then stays in a register (with the
+     * variable count the accumulators lived on the stack, zeroed by a memset call per row pair;
+     * tools/cpu_notes.md, 2026-12-04 (late)) */
+    if (ra->tr == 2) {
+        if (nt == 1) q8_pair_body(ra, rb, q2k, a, t0, 1, Y, ldy, lanes, 1);
+        else q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 1);
+    } else if (nt == 1) {
+        q8_pair_body(ra, rb, q2k, a, t0, 1, Y, ldy, lanes, 0);
+    } else {
+        q8_pair_body(ra, rb, q2k, a, t0, nt, Y, ldy, lanes, 0);
+    }
 }
 
 /* The final reduction of 4 row pairs at once (8 rows): l + 16 p holds pair p's accumulators [A 0-3, B
