@@ -124,10 +124,11 @@ def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q
     The kept prices are so far from a real pass that the machine cannot change the decision: the
     plain decode's re-timing brings t_ver(1) from 400 ms to 360 ms (the real decode, clamped to
     half the price, enters the moving average at weight 0.2); then 5 drafts all accepted give 6
-    tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (5 of 6 at each position) 3.98.
-    Four verifies reached every position: fewer never make drafting hopeless (a cold first proposal)."""
+    tokens in 2000 ms, 1.08x of one token in 360 ms, and the means (13 of 14 at each position) 5.02.
+    Twelve verifies reached every position (prices set directly: their counts are used as given):
+    fewer never make drafting hopeless (a cold first proposal, a code answer's hard first lines)."""
     s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
-                                           reached=(4,) * 5 + (0,) * 11, hit=(4,) * 5 + (0,) * 11))
+                                           reached=(12,) * 5 + (0,) * 11, hit=(12,) * 5 + (0,) * 11))
     s.step()  # the re-timing plain decode
     assert s.scheduler_prices().t_ver[1] == pytest.approx(360.0, rel=1e-3)
     for _ in range(28):  # without the margin: a back-off of 2 and a 5-draft probe in the 4th cycle
@@ -137,17 +138,46 @@ def test_a_best_case_under_a_quarter_better_backs_off_the_longest_at_once(tiny_q
     s.close()
 
 
-def test_fewer_than_four_verifies_never_make_drafting_hopeless(tiny_q2):
-    """The prices of the test above with one verify per position: drafting does not pay at the means
-    and its best case is under a quarter better, but one verify (a fresh session's pricing cycle,
-    its proposal timed cold) is too little to stop probing for 256 cycles (spec dspark.md §7.4,
-    Back-off): a back-off of 2 and a probe of the optimistic length in the fourth cycle."""
+def test_fewer_than_twelve_verifies_never_make_drafting_hopeless(tiny_q2):
+    """The prices of the test above with eleven verifies per position: drafting does not pay at the
+    means and its best case is under a quarter better, but eleven verifies (a fresh session's pricing
+    cycle, its proposal timed cold, and a code answer's first lines, hard to draft) are too few to
+    stop probing for 256 cycles (spec dspark.md §7.4, Back-off): a back-off of 2 and a probe of the
+    optimistic length in the fourth cycle.  Every draft accepted would beat plain decoding (1.08x),
+    so the times alone do not make it hopeless either."""
     s = _priced(tiny_q2, P.SchedulerPrices(t_ver={1: 400.0, 6: 1000.0}, t_prop=1000.0,
-                                           reached=(1,) * 5 + (0,) * 11, hit=(1,) * 5 + (0,) * 11))
+                                           reached=(11,) * 5 + (0,) * 11, hit=(11,) * 5 + (0,) * 11))
     for _ in range(4):  # the re-timing plain decode, the back-off's 2 cycles, the probe
         s.step()
     st = s.dspark_stats()
     assert st.cycles == 4 and st.no_draft_reasons["scheduler_skip"] == 3 and st.proposed > 0
+    s.close()
+
+
+def test_kept_acceptance_of_another_text_does_not_make_drafting_hopeless_before_the_sessions_own(tiny_q2, tmp_path):
+    """Kept prices whose acceptance is another text's (every kept draft rejected: prose, say, before
+    a code answer) with times at which drafting could pay: the session does not give up drafting for
+    256 cycles on them, as it did while the kept verifies counted towards the minimum (spec dspark.md
+    §7.4, Back-off); it backs off and probes, and so measures acceptance of its own."""
+    kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    e = S.Engine(tiny_q2["model"], **kw)
+    s = e.session(128)
+    s.set_scheduler_prices(HOPELESS)  # a session that never drafts: this machine's plain decode
+    _decode(s, 20)
+    d = s.dspark_stats().t_decode_ms
+    s.close()
+    # a cycle of 2 decodes: five drafts all accepted would be 3x plain decoding, and the kept 0 of 8 at
+    # the first position (its optimistic bound 0.28: 1.38 tokens a cycle) 0.69x, under the 1.25x margin
+    now = time.time()
+    P.save(e.scheduler_prices_file, P.identity(e), P.SchedulerPrices(
+        {1: d, 6: 1.5 * d}, 0.5 * d, (P.KEPT_VERIFIES,) + (0,) * 15, (0,) * 16, {6: now}, now))
+    e.close()
+    e = S.Engine(tiny_q2["model"], **kw)
+    s = e.session(128)
+    assert s.scheduler_prices_at_start == "saved" and s.scheduler_prices().reached[0] == P.PRIOR_VERIFIES
+    _decode(s, 30)
+    st = s.dspark_stats()
+    assert st.proposed > 0 and st.scheduler_skips < st.cycles
     s.close()
 
 

@@ -35,8 +35,11 @@ _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64
 #define HOPELESS_BACKOFF 256 /* the back-off when it could not pay enough even optimistically: one single-draft
                               * probe (~2.5 ms) per 256 decodes (~2.2 ms each) on the demo pair's CPU
                               * run, an estimated 0.5 % */
-#define HOPELESS_MIN_VERIFIES 4 /* fewer verifies than this never make drafting hopeless: one cold first
-                                  * proposal, timed alone, can price it out at every bound */
+#define HOPELESS_MIN_VERIFIES 12 /* fewer verifies of the session's own than this never make drafting
+                                   * hopeless: one cold first proposal, timed alone, can price it out at
+                                   * every bound, and a code answer's first lines are hard to draft
+                                   * (with 4, five of six fresh sessions on the demo pair's code prompt
+                                   * gave up drafting for good: tools/cpu_notes.md, 2026-12-04 (late)) */
 #define HOPE_MARGIN 1.25     /* drafting "could pay" only if its optimistic rate beats plain decoding by
                               * 25 %: a smaller best case is not worth the probes that would test it */
 #define EMA 0.2
@@ -89,6 +92,10 @@ struct ds4_dspark {
      * ACCEPT_WINDOW verifies reached the first position, so that they weigh the last 32-64 verifies
      * (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the engine hands on */
     uint64_t win_reached[16], win_hit[16];
+    int times_cold;             /* the session began with no proposal time, kept or given: until
+                                 * HOPELESS_MIN_VERIFIES verifies its times are its first samples */
+    uint64_t own_verifies;      /* drafted cycles verified since the session began or its prices were set
+                                 * (and the verifies of prices set directly, not kept: used as given) */
     ds4_dspark_stats st;
 };
 
@@ -133,6 +140,7 @@ int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, cha
     pthread_mutex_init(&d->mu, NULL);
     ds4_span_init(&d->ctx, s->kv_cap); /* sliding_window + batch + 1: as far back as truncate may go */
     d->backoff = 2;
+    d->times_cold = 1;
     d->want = k;
     d->act = d->want;
     d->st.block_size = sup ? sup->block : 0;
@@ -518,11 +526,21 @@ static double rate(const ds4_dspark *d, int l, int upper) {
 /* 1 when no verify length up to lmax beats plain decoding by HOPE_MARGIN even with every
  * position's acceptance at its optimistic bound (every draft accepted where a position was never
  * verified): a probe is then unlikely to change the decision, or to gain much if it did, so the
- * back-off goes to its longest at once.  Never before HOPELESS_MIN_VERIFIES verifies: a fresh
- * session's one pricing cycle, its proposal timed cold, made drafting hopeless for 256 cycles. */
+ * back-off goes to its longest at once.  That takes HOPELESS_MIN_VERIFIES verifies of the session's
+ * own (or of prices set directly, used as given): a fresh session's one pricing cycle, its proposal
+ * timed cold, made drafting hopeless for 256 cycles, and so did a code answer's first lines, hard to
+ * draft, where drafting later paid 1.4x; kept counts are another text's.  Without them only the
+ * times can say it, where they are not a fresh session's first samples (times_cold): kept or given
+ * times, or past the minimum, make drafting hopeless when not even every draft accepted would beat
+ * plain decoding. */
 static int hopeless(const ds4_dspark *d, int lmax) {
-    if (d->pr.reached[0] < HOPELESS_MIN_VERIFIES) return 0;
     const double plain = 1.0 / t_verify(d, 1);
+    if (!d->times_cold || d->own_verifies >= HOPELESS_MIN_VERIFIES) {
+        int can = 0;
+        for (int l = 1; l <= lmax && !can; l++) can = (double)(l + 1) / (d->pr.t_prop + t_verify(d, l + 1)) > plain;
+        if (!can) return 1;
+    }
+    if (d->own_verifies < HOPELESS_MIN_VERIFIES) return 0;
     for (int l = 1; l <= lmax; l++)
         if (rate(d, l, 1) > HOPE_MARGIN * plain) return 0;
     return 1;
@@ -907,6 +925,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->accepted_len_hist[a]++;
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
+    d->own_verifies++;
     for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++, d->win_reached[i]++;
     for (int i = 0; i < a; i++) d->pr.hit[i]++, d->win_hit[i]++;
     /* greedy, every verified draft accepted and the proposal cut by the scheduler (best_length):
@@ -1053,6 +1072,8 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, in
     d->since_plain = 0;
     d->first_n = d->pr.has_ver[1] ? FIRST_DECODES : 0;
     d->kept_check = kept && d->pr.has_ver[1];
+    d->own_verifies = kept ? 0 : p->reached[0]; /* prices set directly are used as given, their counts too */
+    d->times_cold = !d->pr.has_prop;
     for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->carried_ver[n] = kept && n >= 2 && d->pr.has_ver[n];
     d->carried_prop = kept && d->pr.has_prop;
     return DS4_OK;
