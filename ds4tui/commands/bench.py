@@ -829,8 +829,30 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "outputs_identical": not mismatches,
         "mismatches": mismatches,
         "memory_identical": all(a["memory"] == out_arms[0]["memory"] for a in out_arms),
+        "noise_note": ab_noise_note([r["decode_seconds"] for a in out_arms for r in a["runs"]]),
         "machine": machine_info(),
     }
+
+
+#: A timed run shorter than this (s) gets :func:`ab_noise_note`.
+AB_SHORT_RUN_S = 2.0
+
+
+def ab_noise_note(seconds: list[float]) -> str | None:
+    """What a ``bench --ab`` whose timed runs (``seconds``: each run's decode time) are short can and
+    cannot show, as one sentence; None when every run decoded for :data:`AB_SHORT_RUN_S` or longer.
+    Each ratio to target-only is one run against one run: on a 2-core machine shared with other work
+    a run of under a second moved by up to a third between two benches of the same build
+    (tools/cpu_notes.md), so one bench resolves large effects only."""
+    timed = [x for x in seconds if x and x > 0]
+    if not timed or min(timed) >= AB_SHORT_RUN_S:
+        return None
+    lo, hi = min(timed), max(timed)
+    span = f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
+    return (f"each run decoded for {span}: a run this short moves by up to a third with other work on the "
+            f"machine, so a ratio to target-only from one bench resolves large effects only; for a few percent, "
+            f"give --tokens so that runs last {AB_SHORT_RUN_S:g} s or more and compare several benches "
+            f"(ds4tui compare)")
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -1003,6 +1025,8 @@ def render_ab_text(r: dict) -> str:
     else:
         lines.append("greedy outputs: DIFFERENT: " + "; ".join(
             f"{x['arm']} {x['kind']} from token {x['first_difference']}" for x in r["mismatches"]))
+    if r.get("noise_note"):
+        lines.append(f"note: {r['noise_note']}")
     return "\n".join(lines)
 
 
