@@ -552,7 +552,7 @@ def test_generate_lists_the_kept_times_its_drafting_timed_again(tiny_q2, capsys)
     assert " proposal 0.00 → " in line and line.endswith(" ms")
 
 
-def test_generate_says_where_the_scheduler_started(tiny_q2, capsys):
+def test_generate_says_where_the_scheduler_started(tiny_q2, capsys, monkeypatch):
     argv = ["generate", str(tiny_q2["model"]), "--mtp", str(tiny_q2["support"]), "-p", "hi", "-n", "16",
             "--threads", "1", "--backend", "cpu"]
     note = "ds4tui generate: note: scheduler prices: "
@@ -584,6 +584,8 @@ def test_generate_says_where_the_scheduler_started(tiny_q2, capsys):
     assert f"{note}started fresh (--scheduler-prices fresh: the run measures its own)\n" in capsys.readouterr().err
     for off in ("--no-scheduler", "--no-dspark"):  # no scheduler decides: nothing to say
         assert cli_main(argv + [off]) == 0 and note not in capsys.readouterr().err
+    monkeypatch.setenv("DS4_DSPARK_SCHEDULER", "0")  # the scheduler off as ds4 turns it off: nothing either
+    assert cli_main(argv) == 0 and note not in capsys.readouterr().err
 
 
 def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_not_draft_keeps_their_stamp(

@@ -264,7 +264,9 @@ def run(args: argparse.Namespace) -> int:
             session.set_sampling(params)
             if engine.support_status == "attached":
                 _setup_dspark(engine, session, args)
-                if not args.no_scheduler and args.dspark is not False:  # the scheduler decides what is drafted
+                k = session.dspark  # the knobs as set: DS4_DSPARK_SCHEDULER=0 turns the scheduler off too
+                scheduled = k.enabled and k.scheduler
+                if scheduled:  # the scheduler decides what is drafted
                     if not as_json:  # the JSON has scheduler_prices_at_start and scheduler_prices_note
                         print(f"ds4tui generate: note: scheduler prices: {prices_start_words(engine, session)}",
                               file=sys.stderr, flush=True)
@@ -390,8 +392,9 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
+            k = session.dspark if engine.support_status == "attached" else None
             retimed = (prices.retimed_words(session.scheduler_prices_retimed())
-                       if not args.no_scheduler and args.dspark is not False else "")  # as the note at the start
+                       if k is not None and k.enabled and k.scheduler else "")  # as the note at the start
             if retimed:  # kept times the run's own drafting timed again (spec dspark.md §7.4, In-session)
                 print(f"ds4tui generate: note: scheduler prices: {retimed}", file=sys.stderr)
             rates = rates_line(len(ids), prefill_s if t_prefill_end else None, prefill_tps, n_dec, decode_tps)
