@@ -1565,9 +1565,6 @@ static inline void q8_transpose_zmm(const __m512i r[8], __m512i c[8]) {
     }
 }
 
-/* Two decoded rows A and B (nb a multiple of 8) against tokens t0 .. t0 + nt - 1: the same integer sums
- * and float operations as q8_row_tokens, with 8 blocks of both rows in one vector: lanes [A blocks 0-3,
- * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
 #if defined(__AVX512VBMI__)
 /* The f16 scales of 8 consecutive Q8_0 blocks (34 bytes each: the scale, then 32 codes) from p, the
  * first block's start: scale i at byte 34 i, picked from the 256 bytes p .. p + 255 by two two-table
@@ -1582,6 +1579,9 @@ static inline __m128i q80_scales8(const uint8_t *p) {
 }
 #endif
 
+/* Two decoded rows A and B (nb a multiple of 8) against tokens t0 .. t0 + nt - 1: the same integer sums
+ * and float operations as q8_row_tokens, with 8 blocks of both rows in one vector: lanes [A blocks 0-3,
+ * B blocks 0-3, A blocks 4-7, B blocks 4-7] (the activations' xz/dz/bz layout). */
 static inline __attribute__((always_inline)) void q8_pair_body(const q8_wrow *ra, const q8_wrow *rb, int q2k,
                                                                const ds4_q8_act *a, int64_t t0, int nt, float *Y,
                                                                int64_t ldy, float *lanes, const int qw) {
