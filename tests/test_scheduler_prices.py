@@ -607,6 +607,37 @@ def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_no
     assert doc["proposal_timed_at"] == stamp
 
 
+def test_the_times_a_session_measured_are_kept_with_the_load_it_ran_under(tiny_q2, monkeypatch):
+    """The other work kept beside the times a session measured is the load over the session's life
+    (spec dspark.md §7.4), not the time before it: that is under OTHER_WORK_MIN_S when a session
+    follows the engine's open or another session at once (every session of generate, bench --ab and
+    the chat on the demo pair), and the stamps were then never known.  A machine whose other processes
+    start to keep 2 cores busy as the session starts: its start sees none, its verify and proposal
+    times are kept with 2 cores, and the engine's last measurement is 2 cores from then on."""
+    busy_from = [None]
+
+    def mark(stat=P.PROC_STAT):
+        now, own = time.monotonic(), time.process_time()
+        other = 0.0 if busy_from[0] is None else 2.0 * (now - busy_from[0])
+        return now, 1000.0 + own + other, own
+
+    monkeypatch.setattr(P, "cpu_mark", mark)
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
+    time.sleep(P.OTHER_WORK_MIN_S + 0.05)  # the engine's open, long enough to tell: nothing else runs
+    busy_from[0] = time.monotonic()
+    s = e.session(128)
+    assert s.scheduler_other_work == pytest.approx(0.0, abs=0.05)  # as it starts
+    _decode(s, 30)
+    time.sleep(P.OTHER_WORK_MIN_S)
+    assert s.dspark_stats().proposed > 0  # its pricing draft timed a verify and the proposal
+    s.close()
+    kept = e.kept_prices
+    assert kept.verify_other_work and all(v == pytest.approx(2.0, abs=0.05) for v in kept.verify_other_work.values())
+    assert kept.proposal_other_work == pytest.approx(2.0, abs=0.05)
+    assert e._measure_other_work() == pytest.approx(2.0, abs=0.05)  # a session that follows at once compares with it
+    e.close()
+
+
 def test_other_work_is_the_machines_busy_time_less_this_processs_and_is_kept_with_the_verify_times(tmp_path):
     stat = tmp_path / "stat"
     hz = os.sysconf("SC_CLK_TCK")

@@ -607,16 +607,21 @@ class Engine:
         return self._other_work
 
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None",
-                     other: float | None = None, left_out: tuple = ((), False)) -> None:
+                     other: float | None = None, left_out: tuple = ((), False),
+                     measured: float | None = None) -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
         file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
         words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`);
         a write that succeeds clears the problem (a file that could not be used at open is then replaced,
-        and the note says so); ``other``: the other work the session saw at its start, kept with the
-        times it measured; ``left_out``: the stale kept times left out of its start
-        (``SchedulerPrices.merged``).  ``fresh`` keeps nothing."""
+        and the note says so); ``other``: the other work the session ran under (over its life, else as
+        it saw it at its start), kept with the times it measured; ``left_out``: the stale kept times
+        left out of its start (``SchedulerPrices.merged``); ``measured``: the other work over the
+        session's life when it could be told, the engine's last measurement from now on (a session that
+        follows at once compares the kept times with it).  ``fresh`` keeps nothing."""
         self._cpu_mark = prices.cpu_mark()  # the next session measures the other work from here
+        if measured is not None:
+            self._other_work = measured
         if end is None or not end.learnt or self.scheduler_prices == "fresh":
             return
         with self._prices_lock:
@@ -795,6 +800,9 @@ class Session:
     def __init__(self, engine: Engine, n_ctx: int, n_batch: int, backend: SessionBackend, *,
                  print_stats: bool = False, prices_start: tuple = (None, "fresh", "", None, None)):
         self.engine = engine
+        #: the other work while the session runs is measured from here to its close: its times were
+        #: taken under that load (spec dspark.md §7.4)
+        self._life_mark = prices.cpu_mark()
         self._take_prices_start(prices_start)
         self.print_stats = print_stats
         self.config = engine.config
@@ -1347,8 +1355,12 @@ class Session:
                 if st.cycles or st.propose:
                     print(format_line(st), file=sys.stderr, flush=True)
             if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
-                self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work,
-                                         left_out=self._prices_left_out())
+                # the load its passes ran under: over the session's life (the time before it, measured at
+                # its start, is too short to tell when it follows the engine's open or another session)
+                life = prices.other_work(self._life_mark, prices.cpu_mark())
+                self.engine._keep_prices(self._prices_start, self._prices_to_keep(),
+                                         self.scheduler_other_work if life is None else life,
+                                         left_out=self._prices_left_out(), measured=life)
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()
