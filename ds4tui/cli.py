@@ -680,6 +680,9 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         parser.exit(2)
     if args.command in ENGINE_COMMANDS:
         from ds4tui.commands.environment import check_backend_options, read_environment
+        from ds4tui.engine import prices
+
+        prices.mark_start()  # the other work on the machine is measured from here (spec dspark.md §7.4)
 
         try:
             args.settings = read_environment()

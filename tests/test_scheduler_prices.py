@@ -638,6 +638,32 @@ def test_the_times_a_session_measured_are_kept_with_the_load_it_ran_under(tiny_q
     e.close()
 
 
+def test_an_engine_that_opens_soon_after_the_command_started_measures_the_load_from_there(tiny_q2, tmp_path,
+                                                                                          monkeypatch):
+    """The demo pair opens in milliseconds, so from the engine's open alone a command's first session
+    could never tell the other work (under OTHER_WORK_MIN_S): the command line marks its start
+    (prices.mark_start) and an engine that opens within START_MARK_MAX_S measures from that mark
+    (spec dspark.md §7.4).  A start mark 5 s old over which the machine was busy for 10 CPU seconds
+    beyond this process's own: the first session sees 2 cores of other work."""
+    m, busy, own = P.cpu_mark()
+    if busy is None:
+        pytest.skip("the machine's CPU time cannot be read here (/proc/stat)")
+    monkeypatch.setattr(P, "_start_mark", None)
+    assert P.open_mark((100.0, 1.0, 1.0)) == (100.0, 1.0, 1.0)  # no start marked: from the open
+    P.mark_start()
+    mark = P._start_mark
+    assert P.open_mark((mark[0] + 30.0, 2.0, 2.0)) == mark  # within a minute of it: from the start
+    assert P.open_mark((mark[0] + P.START_MARK_MAX_S + 1, 2.0, 2.0)) == (mark[0] + P.START_MARK_MAX_S + 1, 2.0, 2.0)
+    P.mark_start()
+    assert P._start_mark is mark  # once a process
+    monkeypatch.setattr(P, "_start_mark", (m - 5.0, busy - 10.0, own))
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
+    s = e.session(128)
+    assert s.scheduler_other_work == pytest.approx(2.0, abs=0.5)
+    s.close()
+    e.close()
+
+
 def test_other_work_is_the_machines_busy_time_less_this_processs_and_is_kept_with_the_verify_times(tmp_path):
     stat = tmp_path / "stat"
     hz = os.sysconf("SC_CLK_TCK")

@@ -267,9 +267,10 @@ class Engine:
                  prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
                  prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto",
                  verify_head: str = "auto"):
-        # the other work on the machine is measured from here (loading the model is this process's
-        # own CPU time, left out): kept verify times measured under another load are re-timed
-        self._cpu_mark = prices.cpu_mark()
+        # the other work on the machine is measured from here, or from the command's start when that was
+        # recent (prices.open_mark; loading the model is this process's own CPU time, left out): kept
+        # verify times measured under another load are re-timed
+        self._cpu_mark = prices.open_mark()
         self._other_work: float | None = None  # the cores other work kept busy, as last measured
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
