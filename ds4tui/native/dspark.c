@@ -700,6 +700,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
                 for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = d->carried_ver[n] = 0;
                 d->pr.has_prop = d->carried_prop = 0;
                 d->first_n = 0;
+                d->times_cold = 1; /* its times are now its own first samples, as a fresh session's */
             }
         }
         ema(&d->pr.t_ver[1], &d->pr.has_ver[1], t1 - t0);
