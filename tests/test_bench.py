@@ -757,7 +757,7 @@ def test_ab_runs_three_arms_with_identical_greedy_outputs(tiny_q2, tmp_path, cap
     assert r["memory_identical"] and r["arms"][0]["memory"]["kv"] > 0
     # 40 tokens of the tiny model decode in well under 2 s: the note on what one short bench can show
     lo = min(run["decode_seconds"] for arm in r["arms"] for run in arm["runs"])
-    assert lo < bench.AB_SHORT_RUN_S and r["noise_note"].startswith(f"each run decoded for {lo:.2f}")
+    assert lo < bench.AB_SHORT_RUN_S and r["noise_note"].startswith(f"the shortest run decoded for {lo:.2f} s")
     for arm in r["arms"]:
         assert [run["kind"] for run in arm["runs"]] == ["code", "prose"]
         assert arm["tokens_per_s"] > 0 and arm["ratio_to_target"] > 0
@@ -793,14 +793,15 @@ def test_a_bench_of_short_runs_says_what_one_bench_can_show():
     """bench --ab's runs are one run each against one run: under AB_SHORT_RUN_S of decoding each, the
     result (and the text report's last line) says that one bench resolves large effects only and
     how to get a figure that resolves a few percent; runs of 2 s or more get no note."""
-    note = bench.ab_noise_note([0.45, 0.761, 0.52])
-    assert note == ("each run decoded for 0.45-0.76 s: a run this short moves by up to a third with other work "
-                    "on the machine, so a ratio to target-only from one bench resolves large effects only; for a "
-                    "few percent, give --tokens so that runs last 2 s or more and compare several benches "
-                    "(ds4tui compare)")
-    assert bench.ab_noise_note([0.5, 0.5]).startswith("each run decoded for 0.50 s:")
-    assert bench.ab_noise_note([2.0, 3.5]) is None and bench.ab_noise_note([]) is None
-    assert bench.ab_noise_note([2.5, 1.999]) is not None  # the shortest run decides
+    note = bench.ab_noise_note([0.45, 0.761, 0.52], 128)
+    assert note == ("the shortest run decoded for 0.45 s (the longest 0.76 s): a run this short moves by up to a "
+                    "third with other work on the machine, so a ratio to target-only from one bench resolves large "
+                    "effects only; for a few percent, give --tokens 576 or more (runs of 2 s or more) and compare "
+                    "several benches (ds4tui compare)")  # 128 * 2 / 0.45 = 569, up to a multiple of 64
+    assert bench.ab_noise_note([0.5, 0.5]).startswith("the shortest run decoded for 0.50 s: ")
+    assert "give --tokens so that runs last 2 s or more and" in bench.ab_noise_note([0.5])
+    assert bench.ab_noise_note([2.0, 3.5], 512) is None and bench.ab_noise_note([], 512) is None
+    assert "decoded for 1.09 s (the longest 2.81 s)" in bench.ab_noise_note([2.81, 1.09], 512)  # the shortest decides
 
 
 def test_the_verify_ratio_uses_the_target_only_arms_decodes():

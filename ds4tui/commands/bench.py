@@ -829,7 +829,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
         "outputs_identical": not mismatches,
         "mismatches": mismatches,
         "memory_identical": all(a["memory"] == out_arms[0]["memory"] for a in out_arms),
-        "noise_note": ab_noise_note([r["decode_seconds"] for a in out_arms for r in a["runs"]]),
+        "noise_note": ab_noise_note([r["decode_seconds"] for a in out_arms for r in a["runs"]], n_tokens),
         "machine": machine_info(),
     }
 
@@ -838,21 +838,26 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
 AB_SHORT_RUN_S = 2.0
 
 
-def ab_noise_note(seconds: list[float]) -> str | None:
+def ab_noise_note(seconds: list[float], tokens: int | None = None) -> str | None:
     """What a ``bench --ab`` whose timed runs (``seconds``: each run's decode time) are short can and
     cannot show, as one sentence; None when every run decoded for :data:`AB_SHORT_RUN_S` or longer.
     Each ratio to target-only is one run against one run: on a 2-core machine shared with other work
     a run of under a second moved by up to a third between two benches of the same build
-    (tools/cpu_notes.md), so one bench resolves large effects only."""
+    (tools/cpu_notes.md), so one bench resolves large effects only.  ``tokens`` (the run's
+    ``--tokens``): the note says how many would make the shortest run last long enough, rounded up
+    to a multiple of 64."""
     timed = [x for x in seconds if x and x > 0]
     if not timed or min(timed) >= AB_SHORT_RUN_S:
         return None
     lo, hi = min(timed), max(timed)
-    span = f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
-    return (f"each run decoded for {span}: a run this short moves by up to a third with other work on the "
-            f"machine, so a ratio to target-only from one bench resolves large effects only; for a few percent, "
-            f"give --tokens so that runs last {AB_SHORT_RUN_S:g} s or more and compare several benches "
-            f"(ds4tui compare)")
+    runs = f"the shortest run decoded for {lo:.2f} s" + ("" if f"{lo:.2f}" == f"{hi:.2f}" else f" (the longest {hi:.2f} s)")
+    give = "give --tokens so that runs last"
+    if tokens:
+        want = -(-int(tokens * AB_SHORT_RUN_S / lo) // 64) * 64
+        give = f"give --tokens {want} or more (runs of"
+    return (f"{runs}: a run this short moves by up to a third with other work on the machine, so a ratio to "
+            f"target-only from one bench resolves large effects only; for a few percent, {give} "
+            f"{AB_SHORT_RUN_S:g} s or more{')' if tokens else ''} and compare several benches (ds4tui compare)")
 
 
 class BenchInterrupted(KeyboardInterrupt):
