@@ -851,13 +851,12 @@ def ab_noise_note(seconds: list[float], tokens: int | None = None) -> str | None
         return None
     lo, hi = min(timed), max(timed)
     runs = f"the shortest run decoded for {lo:.2f} s" + ("" if f"{lo:.2f}" == f"{hi:.2f}" else f" (the longest {hi:.2f} s)")
-    give = "give --tokens so that runs last"
-    if tokens:
-        want = -(-int(tokens * AB_SHORT_RUN_S / lo) // 64) * 64
-        give = f"give --tokens {want} or more (runs of"
+    long = f"{AB_SHORT_RUN_S:g} s or more"
+    give = (f"give --tokens {-(-int(tokens * AB_SHORT_RUN_S / lo) // 64) * 64} or more (runs of {long})" if tokens
+            else f"give --tokens so that runs last {long}")
     return (f"{runs}: a run this short moves by up to a third with other work on the machine, so a ratio to "
-            f"target-only from one bench resolves large effects only; for a few percent, {give} "
-            f"{AB_SHORT_RUN_S:g} s or more{')' if tokens else ''} and compare several benches (ds4tui compare)")
+            f"target-only from one bench resolves large effects only; for a few percent, {give} and compare "
+            f"several benches (ds4tui compare)")
 
 
 class BenchInterrupted(KeyboardInterrupt):

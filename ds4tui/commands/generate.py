@@ -127,6 +127,15 @@ def _moot_knobs(args: argparse.Namespace) -> str | None:
             f"(every cycle decodes target-only; leave out --no-dspark to draft)")
 
 
+def _scheduler_decides(engine, session) -> bool:
+    """Whether the DSpark scheduler decides what ``session`` drafts: a support model attached and the
+    knobs as set (``--no-dspark``, ``--no-scheduler`` and ``DS4_DSPARK_SCHEDULER=0`` turn it off)."""
+    if engine.support_status != "attached":
+        return False
+    k = session.dspark
+    return k.enabled and k.scheduler
+
+
 def _setup_dspark(engine, session, args: argparse.Namespace) -> None:
     """Apply the DSpark options to a session whose engine has a support model attached.  Raises
     ValueError naming the option for a knob out of range."""
@@ -264,9 +273,7 @@ def run(args: argparse.Namespace) -> int:
             session.set_sampling(params)
             if engine.support_status == "attached":
                 _setup_dspark(engine, session, args)
-                k = session.dspark  # the knobs as set: DS4_DSPARK_SCHEDULER=0 turns the scheduler off too
-                scheduled = k.enabled and k.scheduler
-                if scheduled:  # the scheduler decides what is drafted
+                if _scheduler_decides(engine, session):
                     if not as_json:  # the JSON has scheduler_prices_at_start and scheduler_prices_note
                         print(f"ds4tui generate: note: scheduler prices: {prices_start_words(engine, session)}",
                               file=sys.stderr, flush=True)
@@ -392,9 +399,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
             if stop == "ctx":
                 print(f"ds4tui generate: stopped: the context of {session.n_ctx} tokens is full (raise --ctx)",
                       file=sys.stderr)
-            k = session.dspark if engine.support_status == "attached" else None
             retimed = (prices.retimed_words(session.scheduler_prices_retimed())
-                       if k is not None and k.enabled and k.scheduler else "")  # as the note at the start
+                       if _scheduler_decides(engine, session) else "")  # as the note at the start
             if retimed:  # kept times the run's own drafting timed again (spec dspark.md §7.4, In-session)
                 print(f"ds4tui generate: note: scheduler prices: {retimed}", file=sys.stderr)
             rates = rates_line(len(ids), prefill_s if t_prefill_end else None, prefill_tps, n_dec, decode_tps)

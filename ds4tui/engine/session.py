@@ -608,21 +608,22 @@ class Engine:
         return self._other_work
 
     def _keep_prices(self, start: "prices.SchedulerPrices | None", end: "prices.SchedulerPrices | None",
-                     other: float | None = None, left_out: tuple = ((), False),
-                     measured: float | None = None) -> None:
+                     other: float | None = None, left_out: tuple = ((), False), life: float | None = None,
+                     mark: tuple | None = None) -> None:
         """A session that began from ``start`` ended with ``end``: merge into the engine's prices
         and, with ``saved``, write the file; ``scheduler_prices_note`` then says where they stand (the
         file written, or with ``engine`` the prices kept in memory), and a write that fails is said in
         words in ``scheduler_prices_problem`` and the note (:func:`~ds4tui.engine.prices.write_problem`);
         a write that succeeds clears the problem (a file that could not be used at open is then replaced,
-        and the note says so); ``other``: the other work the session ran under (over its life, else as
-        it saw it at its start), kept with the times it measured; ``left_out``: the stale kept times
-        left out of its start (``SchedulerPrices.merged``); ``measured``: the other work over the
-        session's life when it could be told, the engine's last measurement from now on (a session that
-        follows at once compares the kept times with it).  ``fresh`` keeps nothing."""
-        self._cpu_mark = prices.cpu_mark()  # the next session measures the other work from here
-        if measured is not None:
-            self._other_work = measured
+        and the note says so); ``other``: the other work the session saw at its start; ``life``: the
+        other work over its life, when that could be told: kept with the times it measured in place of
+        ``other``, and the engine's last measurement from now on (a session that follows at once
+        compares the kept times with it); ``left_out``: the stale kept times left out of its start
+        (``SchedulerPrices.merged``); ``mark``: the :func:`~ds4tui.engine.prices.cpu_mark` taken as
+        the session closed (None: take one).  ``fresh`` keeps nothing."""
+        self._cpu_mark = prices.cpu_mark() if mark is None else mark  # the next session measures from here
+        if life is not None:
+            self._other_work = other = life
         if end is None or not end.learnt or self.scheduler_prices == "fresh":
             return
         with self._prices_lock:
@@ -1358,10 +1359,10 @@ class Session:
             if self.engine.support_status == "attached" and self.engine.scheduler_prices != "fresh":
                 # the load its passes ran under: over the session's life (the time before it, measured at
                 # its start, is too short to tell when it follows the engine's open or another session)
-                life = prices.other_work(self._life_mark, prices.cpu_mark())
-                self.engine._keep_prices(self._prices_start, self._prices_to_keep(),
-                                         self.scheduler_other_work if life is None else life,
-                                         left_out=self._prices_left_out(), measured=life)
+                mark = prices.cpu_mark()
+                self.engine._keep_prices(self._prices_start, self._prices_to_keep(), self.scheduler_other_work,
+                                         left_out=self._prices_left_out(),
+                                         life=prices.other_work(self._life_mark, mark), mark=mark)
             with self._knob_lock:
                 self._closed = True
                 self.backend.close()
