@@ -589,6 +589,35 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out);
  * it is marked valid, or hit[k] > reached[k]; DS4_E_STATE without an
  * attached support model. */
 int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, int kept, char *err, size_t err_len);
+/* The scheduler replayed on a recorded text (spec dspark.md §7.5): the same
+ * decisions a session's scheduler makes, with each pass's time given instead
+ * of measured.  accepted[p] (0..block) is how many of the block's drafts
+ * proposed at anchor position p the target accepts (greedy: the longest
+ * prefix equal to its own tokens); a cycle at position p that verifies nd
+ * drafts accepts min(accepted[p], nd) and the next position it reaches is
+ * p + accepted + 1.  The replay emits n_tokens tokens (1..n_positions) from
+ * `start` (NULL: a fresh session; `kept` as for ds4_session_set_dspark_prices)
+ * with `knobs` (threshold 0: a replay has no confidences), each plain decode
+ * costing t_decode, each drafted cycle t_propose + t_verify[nd + 1] (ms);
+ * `end` (may be NULL) gets the scheduler's prices after it.  DS4_E_INVALID
+ * names the argument out of range. */
+typedef struct {
+    double t_decode;                  /* ms, a plain decode */
+    double t_propose;                 /* ms, a proposal of the whole block */
+    double t_verify[18];              /* [DS4_DSPARK_MAX_BLOCK + 2] ms, a verify of n rows (2..block + 1) */
+} ds4_dspark_costs;
+typedef struct {
+    double ms;                        /* the replayed decode's time */
+    uint64_t tokens;                  /* emitted (n_tokens) */
+    uint64_t cycles;
+    uint64_t drafted_cycles;          /* cycles that verified drafts */
+    uint64_t proposed;                /* drafts verified */
+    uint64_t accepted;                /* ... of them accepted */
+    uint64_t no_draft_reasons[8];     /* [DS4_ND_COUNT] plain cycles by reason */
+} ds4_dspark_replay_result;
+int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_dspark_knobs *knobs, int32_t block,
+                      const uint8_t *accepted, int32_t n_positions, int32_t n_tokens, const ds4_dspark_costs *costs,
+                      ds4_dspark_prices *end, ds4_dspark_replay_result *out, char *err, size_t err_len);
 /* The last drafter pass: its draft tokens (after the confidence cut, before
  * any budget or scheduler cut) and the raw confidences c_1..c_n it computed
  * (uncalibrated; c_k is computed up to the first one below the threshold). */

@@ -31,25 +31,6 @@ _Static_assert(sizeof(((ds4_dspark_prices *)0)->t_ver) / sizeof(double) == DS4_D
                "ds4_dspark_prices arrays must match DS4_DSPARK_MAX_BLOCK");
 _Static_assert(sizeof(((ds4_dspark_stats *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
                "no_draft_reasons[] must have DS4_ND_COUNT entries");
-#define MAX_BACKOFF 128      /* the longest back-off while drafting could still pay (spec dspark.md §7.4) */
-#define HOPELESS_BACKOFF 256 /* the back-off when it could not pay enough even optimistically: one single-draft
-                              * probe (~2.5 ms) per 256 decodes (~2.2 ms each) on the demo pair's CPU
-                              * run, an estimated 0.5 % */
-#define HOPELESS_MIN_VERIFIES 12 /* fewer verifies of the session's own than this never make drafting
-                                   * hopeless: one cold first proposal, timed alone, can price it out at
-                                   * every bound, and a code answer's first lines are hard to draft
-                                   * (with 4, five of six fresh sessions on the demo pair's code prompt
-                                   * gave up drafting for good: tools/cpu_notes.md, 2026-12-04 (late)) */
-#define HOPE_MARGIN 1.25     /* drafting "could pay" only if its optimistic rate beats plain decoding by
-                              * 25 %: a smaller best case is not worth the probes that would test it */
-#define EMA 0.2
-#define ACCEPT_WINDOW 64     /* verifies of the first position after which the decisions' acceptance
-                              * counts are halved: acceptance is not stationary (spec dspark.md §7.4) */
-#define PROBE_ONE 1          /* ds4_dspark.probe: a single-draft probe is due */
-#define PROBE_LONG 2         /* ds4_dspark.probe: a probe of the optimistic length is due */
-#define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
-#define FIRST_DECODES 5      /* a session with no kept t_ver(1) decodes plainly this many cycles first and
-                              * prices t_ver(1) at their median (spec dspark.md §7.4) */
 #define INVALID_DRAFT (-1) /* plain_cycle outcome: a draft id outside the vocabulary */
 
 struct ds4_dspark {
@@ -71,31 +52,8 @@ struct ds4_dspark {
     ds4_dspark_event events[N_EVENTS];
     uint64_t n_events;
     char fail_op[32];
-    /* scheduler (spec dspark.md §7.3, §7.4): the measured times and the conditional acceptance by
-     * draft position (ds4_engine.h documents the fields) */
-    ds4_dspark_prices pr;
-    int skip_left, backoff, probe;
-    int plain_here;             /* a priced plain decode ran since the session began or its prices were set */
-    uint64_t n_plain;           /* plain (no-draft) cycles */
-    uint64_t n_priced;          /* ... of them not capturing a graph: priced_ms / n_priced prices the savings */
-    double priced_ms;
-    int since_plain;            /* drafted cycles since the last plain one */
-    int first_n;                /* of the FIRST_DECODES plain decodes that price a session without a kept
-                                 * t_ver(1), those timed so far (FIRST_DECODES: none are due) */
-    double first_ms[FIRST_DECODES];
-    int kept_check;             /* the session started from another session's kept prices: its first
-                                 * priced plain decode checks them against its own (spec dspark.md §7.4) */
-    int32_t carried_ver[DS4_DSPARK_MAX_BLOCK + 2]; /* a kept verify time of this width (>= 2) no pass of this
-                                                    * session has timed yet (spec dspark.md §7.4, In-session) */
-    int32_t carried_prop;       /* ... the same for the kept proposal time */
-    /* the acceptance counts the decisions read (accept_at): pr.reached/pr.hit, halved each time
-     * ACCEPT_WINDOW verifies reached the first position, so that they weigh the last 32-64 verifies
-     * (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the engine hands on */
-    uint64_t win_reached[16], win_hit[16];
-    int times_cold;             /* the session began with no proposal time, kept or given: until
-                                 * HOPELESS_MIN_VERIFIES verifies its times are its first samples */
-    uint64_t own_verifies;      /* drafted cycles verified since the session began or its prices were set
-                                 * (and the verifies of prices set directly, not kept: used as given) */
+    /* the scheduler (scheduler.c; spec dspark.md §7.3, §7.4) */
+    ds4_sched q;
     ds4_dspark_stats st;
 };
 
@@ -139,8 +97,7 @@ int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, cha
     s->dsp = d;
     pthread_mutex_init(&d->mu, NULL);
     ds4_span_init(&d->ctx, s->kv_cap); /* sliding_window + batch + 1: as far back as truncate may go */
-    d->backoff = 2;
-    d->times_cold = 1;
+    ds4_sched_init(&d->q);
     d->want = k;
     d->act = d->want;
     d->st.block_size = sup ? sup->block : 0;
@@ -485,133 +442,6 @@ static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, 
     return 0;
 }
 
-/* ---- scheduler (spec dspark.md §7.3) -------------------------------------------------------- */
-
-static double t_verify(const ds4_dspark *d, int n) {
-    if (d->pr.has_ver[n]) return d->pr.t_ver[n];
-    int lo = n, hi = n;
-    while (lo > 1 && !d->pr.has_ver[lo]) lo--;
-    while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !d->pr.has_ver[hi]) hi++;
-    if (d->pr.has_ver[lo] && d->pr.has_ver[hi] && hi != lo)
-        return d->pr.t_ver[lo] + (d->pr.t_ver[hi] - d->pr.t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
-    return d->pr.has_ver[lo] ? d->pr.t_ver[lo] : d->pr.t_ver[hi]; /* optimistic: flat beyond what was measured */
-}
-
-/* Acceptance of draft position k given that every earlier draft was accepted: the mean of the
- * Beta(hit + 1, miss + 1) posterior (the Laplace prior), or with upper = 1 its mean plus two
- * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified). */
-static double accept_at(const ds4_dspark *d, int k, int upper) {
-    const double al = (double)d->win_hit[k] + 1.0, be = (double)(d->win_reached[k] - d->win_hit[k]) + 1.0, n = al + be;
-    const double mean = al / n;
-    if (!upper) return mean;
-    const double ub = mean + 2.0 * sqrt(al * be / (n * n * (n + 1.0)));
-    return ub < 1.0 ? ub : 1.0;
-}
-
-/* Expected tokens per ms with l drafts verified: the survival to position k is the product of the
- * conditional acceptances up to k (their optimistic bounds with upper = 1).  Under verify_head lazy
- * t_ver(l + 1) is the verify's mean cost over the acceptance seen (its later rows' LM head is paid
- * only in the cycles that reach them), so this is expected tokens over expected time; at the
- * optimistic bounds it prices a verify that accepts everything a little below its cost (spec
- * dspark.md §7.4). */
-static double rate(const ds4_dspark *d, int l, int upper) {
-    double surv = 1.0, tokens = 1.0;
-    for (int k = 0; k < l; k++) {
-        surv *= accept_at(d, k, upper);
-        tokens += surv;
-    }
-    return tokens / (d->pr.t_prop + t_verify(d, l + 1));
-}
-
-/* 1 when no verify length up to lmax beats plain decoding by HOPE_MARGIN even with every
- * position's acceptance at its optimistic bound (every draft accepted where a position was never
- * verified): a probe is then unlikely to change the decision, or to gain much if it did, so the
- * back-off goes to its longest at once.  That takes HOPELESS_MIN_VERIFIES verifies of the session's
- * own (or of prices set directly, used as given): a fresh session's one pricing cycle, its proposal
- * timed cold, made drafting hopeless for 256 cycles, and so did a code answer's first lines, hard to
- * draft, where drafting later paid 1.4x; kept counts are another text's.  Without them only the
- * times can say it, where they are not a fresh session's first samples (times_cold): kept or given
- * times, or past the minimum, make drafting hopeless when not even every draft accepted would beat
- * plain decoding. */
-static int hopeless(const ds4_dspark *d, int lmax) {
-    const double plain = 1.0 / t_verify(d, 1);
-    if (!d->times_cold || d->own_verifies >= HOPELESS_MIN_VERIFIES) {
-        int can = 0;
-        for (int l = 1; l <= lmax && !can; l++) can = (double)(l + 1) / (d->pr.t_prop + t_verify(d, l + 1)) > plain;
-        if (!can) return 1;
-    }
-    if (d->own_verifies < HOPELESS_MIN_VERIFIES) return 0;
-    for (int l = 1; l <= lmax; l++)
-        if (rate(d, l, 1) > HOPE_MARGIN * plain) return 0;
-    return 1;
-}
-
-/* The verify length (<= lmax) with the best expected rate at the optimistic bounds (spec
- * dspark.md §7.4): the draft a probe makes while drafting might still pay. */
-static int optimistic_length(const ds4_dspark *d, int lmax) {
-    int best = 1;
-    double r = rate(d, 1, 1);
-    for (int l = 2; l <= lmax; l++) {
-        const double rl = rate(d, l, 1);
-        if (rl > r) r = rl, best = l;
-    }
-    return best;
-}
-
-/* The verify length (<= lmax) that maximises expected tokens per ms, scanning up and stopping at
- * the first length that does not improve; 0 when target-only decoding is expected to be faster. */
-static int best_length(const ds4_dspark *d, int lmax) {
-    int best = 1;
-    double r = rate(d, 1, 0);
-    for (int l = 2; l <= lmax; l++) {
-        double rl = rate(d, l, 0);
-        if (rl <= r) break;
-        r = rl;
-        best = l;
-    }
-    return r > 1.0 / t_verify(d, 1) ? best : 0;
-}
-
-/* The median of n (<= FIRST_DECODES) times. */
-static double median_ms(const double *x, int n) {
-    double v[FIRST_DECODES];
-    memcpy(v, x, (size_t)n * sizeof(double));
-    for (int i = 1; i < n; i++) /* insertion sort: n is tiny */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* The moving average of a measured time; a sample is first clamped to [v / 2, 2 v], so that one
- * pass stalled by other work on the cores moves a price by at most EMA (20 %). */
-static void ema(double *v, int32_t *has, double x) {
-    if (*has) {
-        if (x > 2.0 * *v) x = 2.0 * *v;
-        if (x < 0.5 * *v) x = 0.5 * *v;
-    }
-    *v = *has ? (1.0 - EMA) * *v + EMA * x : x;
-    *has = 1;
-}
-
-/* A verify or proposal sample: the first one of a session that started from kept prices replaces
- * the kept time when it is cheaper (a pass is slowed by other work, never sped up, so a cheaper
- * real pass says the kept time came from a busier spell), else it enters the moving average.
- * Through the clamped average alone a kept time five times too dear fell by ~10 % a sample, and a
- * scheduler that it priced out of drafting never drew the samples (spec dspark.md §7.4, In-session). */
-static void sample_time(double *v, int32_t *has, int32_t *carried, double x) {
-    if (*carried) {
-        *carried = 0;
-        if (*has && x < *v) {
-            *v = x;
-            return;
-        }
-    }
-    ema(v, has, x);
-}
-
 /* ---- the cycle ------------------------------------------------------------------------------ */
 
 /* Row r of a verify's logits in d->vlogits, where *have rows of n are computed: under verify_head
@@ -635,9 +465,7 @@ static void apply_knobs(ds4_dspark *d) {
         ev->knobs = d->act;
         d->n_events++;
         d->st.n_events = d->n_events;
-        d->skip_left = 0;
-        d->probe = 0;
-        d->backoff = 2;
+        ds4_sched_knobs_changed(&d->q);
     }
     pthread_mutex_unlock(&d->mu);
 }
@@ -688,32 +516,7 @@ static int plain_cycle(ds4_session *s, int reason, int32_t *out, int32_t *n_out,
     d->st.target_ms += t1 - t0;
     d->st.propose_ms += propose_ms;
     add_prop_times(&d->st, pt);
-    if (!s->last_pass_captured) {
-        if (d->kept_check) {
-            d->kept_check = 0;
-            if (t1 - t0 < 0.5 * d->pr.t_ver[1]) {
-                /* the kept times were measured where a decode cost over twice this one (a longer
-                 * context, a busier machine): a verify priced that high would never be drafted to
-                 * re-time it, and the clamped average would take dozens of decodes to bring t_ver(1)
-                 * down.  They go, and the session prices itself as a fresh one does (five plain
-                 * decodes, then a pricing draft); the acceptance counts stay (spec dspark.md §7.4) */
-                for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = d->carried_ver[n] = 0;
-                d->pr.has_prop = d->carried_prop = 0;
-                d->first_n = 0;
-                d->times_cold = 1; /* its times are now its own first samples, as a fresh session's */
-            }
-        }
-        ema(&d->pr.t_ver[1], &d->pr.has_ver[1], t1 - t0);
-        if (d->first_n < FIRST_DECODES) {
-            d->first_ms[d->first_n++] = t1 - t0;
-            if (d->first_n == FIRST_DECODES) d->pr.t_ver[1] = median_ms(d->first_ms, FIRST_DECODES);
-        }
-        d->n_priced++;
-        d->priced_ms += t1 - t0;
-        d->plain_here = 1;
-    }
-    d->n_plain++;
-    d->since_plain = 0;
+    ds4_sched_plain(&d->q, !s->last_pass_captured, t1 - t0);
     if (reason >= 0) {
         no_draft(d, reason);
     } else { /* INVALID_DRAFT */
@@ -759,57 +562,10 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     if (lmax > max_out - 1) lmax = max_out - 1;
     int probe = 0;
     if (k.scheduler) {
-        if (d->skip_left > 0) {
-            d->skip_left--;
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        }
-        if (!d->plain_here || d->first_n < FIRST_DECODES)
-            /* plain decodes first: the cost model is priced in them (a session that starts from
-             * another's prices re-times t_ver(1) once before deciding anything; one without a kept
-             * t_ver(1) times FIRST_DECODES and takes their median, as the first decode after a
-             * prefill runs slow and priced alone made drafting look cheaper than it is) */
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        if (d->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        if (d->probe) {
-            /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft
-             * cycle refreshes the first position's acceptance (the one every longer draft depends
-             * on), unless the widest verify's or the proposal's time is still the kept one, which
-             * a single draft re-times neither of: then the whole proposal, verified uncut (spec
-             * dspark.md §7.4, In-session).  Otherwise the probe drafts the length that could pay
-             * with the optimistic bounds, so that it measures the positions that keep drafting in
-             * question */
-            const int stale = d->carried_prop || d->carried_ver[lroom + 1];
-            const int l = d->probe == PROBE_ONE ? (stale && lroom > 1 ? lroom : 1) : optimistic_length(d, lroom);
-            if (lmax < l)
-                /* the caller's budget cuts the probe short (tail_skip), or there is no room for a
-                 * draft at all (no_room): the probe waits for the next cycle with room for it (spec
-                 * dspark.md §7.4).  Spent here it measured less than it is for, and the next cycle,
-                 * finding drafting still not paying, backed off twice as long as after a whole probe */
-                return plain_cycle(s, lmax < 1 ? DS4_ND_NO_ROOM : DS4_ND_TAIL_SKIP, out, n_out, err, err_len,
-                                   t_start, NULL, 0.0);
-            d->probe = 0;
-            probe = 1;
-            lmax = l;
-        } else if (d->pr.has_prop && lmax >= 1 && lmax < lroom && best_length(d, lmax) == 0 &&
-                   best_length(d, lroom) > 0) {
-            /* tail (spec dspark.md §7.4): the caller's budget clips the draft to a length that
-             * cannot pay, where the unclipped one would: a plain cycle, and no back-off, as the
-             * prices say nothing against drafting */
-            return plain_cycle(s, DS4_ND_TAIL_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        } else if (d->pr.has_prop && lmax >= 1 && best_length(d, lmax) == 0) {
-            /* skip for `backoff` cycles (this one included), doubling up to MAX_BACKOFF while
-             * drafting stays unprofitable; HOPELESS_BACKOFF when it could not pay even with
-             * every position's acceptance at its optimistic bound */
-            const int none = hopeless(d, lroom); /* not the budget's cut: that says nothing about later cycles */
-            if (none) d->backoff = HOPELESS_BACKOFF;
-            d->skip_left = d->backoff - 1;
-            d->probe = none ? PROBE_ONE : PROBE_LONG;
-            d->backoff = d->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : d->backoff * 2;
-            return plain_cycle(s, DS4_ND_SCHEDULER_SKIP, out, n_out, err, err_len, t_start, NULL, 0.0);
-        } else if (lmax >= 1) { /* a cycle with no room for a draft (below) says nothing about drafting */
-            d->backoff = 2;
-        }
+        int len;
+        const int why = ds4_sched_decide(&d->q, lmax, lroom, &len, &probe);
+        if (why >= 0) return plain_cycle(s, why, out, n_out, err, err_len, t_start, NULL, 0.0);
+        lmax = len;
     }
     if (lmax < 1) return plain_cycle(s, DS4_ND_NO_ROOM, out, n_out, err, err_len, t_start, NULL, 0.0);
 
@@ -828,12 +584,9 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     /* t_prop prices the longest proposal: a shorter one (fewer LM head rows and Markov steps), a
      * probe's or one the caller's budget cut (the tail, whatever the scheduler), would make every
      * longer draft look cheaper than it is */
-    if (lmax == lroom && !s->last_proposal_captured) sample_time(&d->pr.t_prop, &d->pr.has_prop, &d->carried_prop, propose_ms);
+    if (lmax == lroom && !s->last_proposal_captured) ds4_sched_proposed(&d->q, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
-    if (k.scheduler && !probe) { /* a probe verifies what it drafted: that is what it is for */
-        int l = best_length(d, nd);
-        if (l >= 1 && l < nd) nd = l;
-    }
+    if (k.scheduler && !probe) nd = ds4_sched_cut(&d->q, nd); /* a probe verifies what it drafted: that is what it is for */
     for (int i = 0; i < nd; i++)
         if (drafts[i] < 0 || drafts[i] >= e->c.n_vocab) { /* cannot happen with an argmax; counted if it does */
             return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, &pt, propose_ms);
@@ -926,35 +679,17 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     st->accepted_len_hist[a]++;
     for (int i = 0; i < nd; i++) st->pos_proposed[i]++;
     for (int i = 0; i < a; i++) st->pos_accepted[i]++;
-    d->own_verifies++;
-    for (int i = 0; i <= a && i < nd; i++) d->pr.reached[i]++, d->win_reached[i]++;
-    for (int i = 0; i < a; i++) d->pr.hit[i]++, d->win_hit[i]++;
-    /* greedy, every verified draft accepted and the proposal cut by the scheduler (best_length):
-     * the bonus is the target's pick at the next draft position, so that position's acceptance is
-     * observed without verifying it (spec dspark.md §7.4, Survival); the scheduler's counts only,
-     * not the cycle's statistics.  Without it a position the cut left out was never measured
-     * again, and one early run of misses held every later draft at the cut. */
-    if (!(T > 0.0f) && a == nd && nd < d->n_drafts) {
-        d->pr.reached[nd]++, d->win_reached[nd]++;
-        if (bonus == d->drafts[nd]) d->pr.hit[nd]++, d->win_hit[nd]++;
-    }
-    if (d->win_reached[0] >= ACCEPT_WINDOW) /* the older half of the window weighs half as much */
-        for (int i = 0; i < 16; i++) d->win_reached[i] /= 2, d->win_hit[i] /= 2;
-    /* a probe of two or more drafts that were all accepted: the text may have turned predictable
-     * (acceptance is not stationary: a code answer's boilerplate, a repeated block), so the next
-     * back-off starts at its shortest again and the probes that test it come soon (spec dspark.md
-     * §7.4, Back-off) */
-    if (probe && nd >= 2 && a == nd) d->backoff = 2;
     st->propose_ms += propose_ms;
     add_prop_times(st, &pt);
     st->verify_ms += tv1 - tv0 + head_ms;
     st->verify_head_rows += (uint64_t)have;
     st->spec_total_ms += t_end - tv0;
     /* under verify_head lazy the price of a width is its mean over the acceptance seen: 3 rows of
-     * the head when a draft of the first group is rejected, every row otherwise */
-    if (!s->last_pass_captured)
-        sample_time(&d->pr.t_ver[nd + 1], &d->pr.has_ver[nd + 1], &d->carried_ver[nd + 1], tv1 - tv0 + head_ms);
-    d->since_plain++;
+     * the head when a draft of the first group is rejected, every row otherwise.  Greedy with every
+     * verified draft accepted and drafts the cut left out: the bonus shows the next position */
+    const int next_seen = !(T > 0.0f) && a == nd && nd < d->n_drafts;
+    ds4_sched_verified(&d->q, nd, a, next_seen, next_seen && bonus == d->drafts[nd], probe, !s->last_pass_captured,
+                       tv1 - tv0 + head_ms);
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
     s->stats.decode_ms += t_end - t_start;
@@ -1013,12 +748,12 @@ int ds4_session_dspark_stats(ds4_session *s, ds4_dspark_stats *out) {
      * (cycles + accepted) t_decode - (target + propose + spec_total) with the captured decodes left
      * out of both sides; as the timed plain decodes cost n_priced t_decode, that is the drafted
      * cycles' (1 + accepted) decodes minus every proposal and speculative step (spec dspark.md §6). */
-    if (d->n_priced) {
-        double td = d->priced_ms / (double)d->n_priced;
+    if (d->q.n_priced) {
+        double td = d->q.priced_ms / (double)d->q.n_priced;
         out->t_decode_measured = 1;
         out->t_decode_ms = td;
         out->saved_ms = (double)d->st.accepted_draft * td;
-        out->net_saved_ms = (double)(d->st.cycles - d->n_plain + d->st.accepted_draft) * td -
+        out->net_saved_ms = (double)(d->st.cycles - d->q.n_plain + d->st.accepted_draft) * td -
                             (d->st.propose_ms + d->st.spec_total_ms);
     }
     return DS4_OK;
@@ -1042,7 +777,7 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out) {
     if (!s || !out) return DS4_E_INVALID;
     memset(out, 0, sizeof *out);
     if (!s->dsp) return DS4_OK;
-    *out = s->dsp->pr;
+    *out = s->dsp->q.pr;
     return DS4_OK;
 }
 
@@ -1050,33 +785,9 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, in
     if (!s || !p) return ds4_fail(err, err_len, DS4_E_INVALID, "no session or prices");
     if (!s->dsp || !s->e->sup)
         return ds4_fail(err, err_len, DS4_E_STATE, "scheduler prices need an attached DSpark support model");
-    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++)
-        if (p->has_ver[n] && (n == 0 || !(isfinite(p->t_ver[n]) && p->t_ver[n] > 0.0)))
-            return ds4_fail(err, err_len, DS4_E_INVALID, "t_ver[%d] must be a finite time > 0 ms (widths 1..%d), got %g",
-                            n, DS4_DSPARK_MAX_BLOCK + 1, p->t_ver[n]);
-    if (p->has_prop && !(isfinite(p->t_prop) && p->t_prop > 0.0))
-        return ds4_fail(err, err_len, DS4_E_INVALID, "t_prop must be a finite time > 0 ms, got %g", p->t_prop);
-    for (int k = 0; k < DS4_DSPARK_MAX_BLOCK; k++)
-        if (p->hit[k] > p->reached[k])
-            return ds4_fail(err, err_len, DS4_E_INVALID, "hit[%d] = %llu is more than reached[%d] = %llu", k,
-                            (unsigned long long)p->hit[k], k, (unsigned long long)p->reached[k]);
-    ds4_dspark *d = s->dsp;
-    d->pr = *p;
-    memcpy(d->win_reached, p->reached, sizeof d->win_reached);
-    memcpy(d->win_hit, p->hit, sizeof d->win_hit);
-    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->pr.has_ver[n] = p->has_ver[n] ? 1 : 0;
-    d->pr.has_prop = p->has_prop ? 1 : 0;
-    d->skip_left = 0;
-    d->probe = 0;
-    d->backoff = 2;
-    d->plain_here = 0;
-    d->since_plain = 0;
-    d->first_n = d->pr.has_ver[1] ? FIRST_DECODES : 0;
-    d->kept_check = kept && d->pr.has_ver[1];
-    d->own_verifies = kept ? 0 : p->reached[0]; /* prices set directly are used as given, their counts too */
-    d->times_cold = !d->pr.has_prop;
-    for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) d->carried_ver[n] = kept && n >= 2 && d->pr.has_ver[n];
-    d->carried_prop = kept && d->pr.has_prop;
+    int rc = ds4_sched_check_prices(p, err, err_len);
+    if (rc != DS4_OK) return rc;
+    ds4_sched_set_prices(&s->dsp->q, p, kept);
     return DS4_OK;
 }
 
@@ -1087,8 +798,8 @@ void ds4_dspark_reset_stats(ds4_session *s) {
     memset(&d->st, 0, sizeof d->st);
     d->st.block_size = block;
     d->st.n_events = n_events;
-    d->n_plain = d->n_priced = 0;
-    d->priced_ms = 0.0;
+    d->q.n_plain = d->q.n_priced = 0;
+    d->q.priced_ms = 0.0;
 }
 
 int ds4_session_dspark_fail_op(ds4_session *s, const char *op) {

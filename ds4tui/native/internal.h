@@ -4,7 +4,8 @@
  * Files in call order: a file calls only files below it (tests/test_native_floor_plan.py checks
  * this from the object files' symbols):
  *   engine.c       the public API (ds4_engine.h): engines, sessions, eval, step, stats, memory
- *   dspark.c       the DSpark cycle: knobs, scheduler, propose, verify, accept, commit
+ *   dspark.c       the DSpark cycle: knobs, propose, verify, accept, commit
+ *   scheduler.c    the DSpark scheduler's decisions and prices, and their replay on a recorded text
  *   forward.c      the forward state, ONE target pass and ONE drafter stage through the op table
  *   capture.c      which positions a position-indexed ring holds (capture and context rings)
  *   gpu.c          loading a GPU backend library, uploading weights, the GPU test entry points
@@ -171,6 +172,52 @@ void ds4_dspark_free_support(ds4_engine *e);
 void ds4_dspark_reset_stats(ds4_session *s); /* counters only: knobs, timings model and events stay */
 /* The DSpark decode step (the pending token is the anchor); same contract as ds4_session_step. */
 int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len);
+
+/* ---- scheduler.c ------------------------------------------------------------------------------ */
+#define DS4_SCHED_FIRST_DECODES 5 /* a session with no kept t_ver(1) decodes plainly this many cycles first
+                                   * and prices t_ver(1) at their median (spec dspark.md §7.4) */
+/* The DSpark scheduler of a session (spec dspark.md §7.3, §7.4): the measured times and the
+ * conditional acceptance by draft position (ds4_engine.h documents ds4_dspark_prices), the back-off
+ * and the guards on kept prices. */
+typedef struct {
+    ds4_dspark_prices pr;
+    int skip_left, backoff, probe;
+    int plain_here;             /* a priced plain decode ran since the session began or its prices were set */
+    uint64_t n_plain;           /* plain (no-draft) cycles */
+    uint64_t n_priced;          /* ... of them timed (not capturing a graph): priced_ms / n_priced prices the savings */
+    double priced_ms;
+    int since_plain;            /* drafted cycles since the last plain one */
+    int first_n;                /* of the DS4_SCHED_FIRST_DECODES plain decodes that price a session without a
+                                 * kept t_ver(1), those timed so far (DS4_SCHED_FIRST_DECODES: none are due) */
+    double first_ms[DS4_SCHED_FIRST_DECODES];
+    int kept_check;             /* the session started from kept prices: its first timed plain decode checks
+                                 * them against its own (spec dspark.md §7.4) */
+    int32_t carried_ver[DS4_DSPARK_MAX_BLOCK + 2]; /* a kept verify time of this width (>= 2) no pass of this
+                                                    * session has timed yet (spec dspark.md §7.4, In-session) */
+    int32_t carried_prop;       /* ... the same for the kept proposal time */
+    /* the acceptance counts the decisions read (accept_at): pr.reached/pr.hit, halved each time
+     * ACCEPT_WINDOW verifies reached the first position, so that they weigh the last 32-64 verifies
+     * (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the engine hands on */
+    uint64_t win_reached[DS4_DSPARK_MAX_BLOCK], win_hit[DS4_DSPARK_MAX_BLOCK];
+    int times_cold;             /* the session began with no proposal time, kept or given: until
+                                 * HOPELESS_MIN_VERIFIES verifies its times are its first samples */
+    uint64_t own_verifies;      /* drafted cycles verified since the session began or its prices were set
+                                 * (and the verifies of prices set directly, not kept: used as given) */
+} ds4_sched;
+void ds4_sched_init(ds4_sched *q);
+void ds4_sched_knobs_changed(ds4_sched *q); /* the back-off restarts */
+/* DS4_OK, or DS4_E_INVALID naming the field of `p` out of range. */
+int ds4_sched_check_prices(const ds4_dspark_prices *p, char *err, size_t err_len);
+void ds4_sched_set_prices(ds4_sched *q, const ds4_dspark_prices *p, int kept); /* checked prices */
+/* Before a cycle with room for lmax drafts (lroom without the caller's budget): -1 to propose *len
+ * drafts (*probe: a probe, verified uncut), or the DS4_ND_* reason of a plain cycle. */
+int ds4_sched_decide(ds4_sched *q, int lmax, int lroom, int *len, int *probe);
+void ds4_sched_proposed(ds4_sched *q, double ms);  /* a whole-length proposal took ms (not capturing) */
+int ds4_sched_cut(const ds4_sched *q, int nd);     /* the drafts of nd to verify (not a probe's) */
+/* A verify of nd drafts accepted a; next_seen: greedy, all accepted and the proposal held more, so the
+ * bonus showed the next position (next_hit: it matched); timed: ms is a sample (no graph captured). */
+void ds4_sched_verified(ds4_sched *q, int nd, int a, int next_seen, int next_hit, int probe, int timed, double ms);
+void ds4_sched_plain(ds4_sched *q, int timed, double ms); /* a plain cycle's decode took ms */
 
 /* ---- forward.c -------------------------------------------------------------------------------- */
 /* Rows per attention, indexer and LM-head launch inside a pass (spec ds4.md §2.8): the per-row

@@ -1,0 +1,69 @@
+"""The DSpark scheduler replayed on acceptance traces (spec dspark.md §7.5, ``ds4_dspark_replay``):
+the engine's own decisions with given costs, so each case below is exact and needs no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4tui.engine.prices import SchedulerPrices
+from ds4tui.engine.replay import Costs, replay_scheduler
+
+pytest.importorskip("ds4tui._native")
+
+FLAT = Costs(t_decode=1.0, t_propose=0.5, t_verify={n: 1.0 for n in range(2, 7)})
+"""A verify costs a decode at every width: drafting more never costs more."""
+DEMO_LIKE = Costs(t_decode=1.0, t_propose=0.85, t_verify={n: 1.35 + 0.24 * (n - 2) for n in range(2, 7)})
+"""The demo pair's CPU costs in decodes (tools/cpu_notes.md, 2026-12-05): five drafts pay from ~3.2 tokens a cycle."""
+
+
+def test_a_text_that_accepts_everything_is_drafted_whole_after_five_pricing_decodes():
+    # 5 plain decodes price t_ver(1) (spec §7.4, First cycles); then every cycle drafts 5 and keeps 6
+    # tokens: 5 + 10 x 6 = 65 tokens in 5 x 1.0 + 10 x (0.5 + 1.0) = 20 ms
+    r = replay_scheduler([5] * 80, 65, FLAT)
+    assert (r.tokens, r.cycles, r.drafted_cycles, r.proposed, r.accepted) == (65, 15, 10, 50, 50)
+    assert r.ms == pytest.approx(20.0)
+    assert r.no_draft == {"scheduler_skip": 5}
+    assert r.ratio_to_target(1.0) == pytest.approx(65 / 20)
+    assert r.end.t_ver == {1: 1.0, 6: 1.0} and r.end.t_prop == 0.5
+    assert r.end.reached[:5] == (10,) * 5 and r.end.hit[:5] == (10,) * 5
+
+
+def test_without_the_scheduler_every_cycle_drafts_and_the_budget_cuts_the_last():
+    # accepted 2 of 5 everywhere: cycles of 3 tokens; 10 tokens = 3 + 3 + 3 + 1, the third cycle's
+    # draft cut to the 3 that leave room for its bonus token, the last cycle with room for none (no_room)
+    r = replay_scheduler([2] * 20, 10, FLAT, scheduler=False)
+    assert (r.cycles, r.drafted_cycles, r.proposed, r.accepted) == (4, 3, 5 + 5 + 3, 6)
+    assert r.no_draft == {"no_room": 1}
+    assert r.ms == pytest.approx(3 * 1.5 + 1.0)
+
+
+def test_a_text_that_accepts_nothing_costs_a_few_percent_at_most():
+    # probes at doubling back-offs, then (12 verifies of the session's own) a hopeless back-off of
+    # 256 cycles: over 2000 tokens the drafted cycles lose what their proposals and verifies cost
+    # above a decode, and nothing else
+    r = replay_scheduler([0] * 2000, 2000, DEMO_LIKE)
+    assert r.accepted == 0 and r.tokens == 2000
+    assert r.drafted_cycles <= 20
+    # each drafted cycle emits one token for a proposal and a verify of at most 6 rows
+    assert 0 < r.ms - 2000 * 1.0 <= r.drafted_cycles * (0.85 + DEMO_LIKE.t_verify[6] - 1.0) + 1e-9
+    assert r.ratio_to_target(1.0) >= 0.98
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(accepted=[0] * 10, n_tokens=11), "n_tokens must be 1..10"),
+    (dict(accepted=[6] * 10, n_tokens=5), "accepted[0] = 6 is more than the block, 5"),
+    (dict(accepted=[0] * 10, n_tokens=5, max_draft=6), "max draft length must be 1..5"),
+    (dict(accepted=[0] * 10, n_tokens=5, block=17), "block must be 1..16"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(0.0, 1.0, FLAT.t_verify)), "t_decode must be a finite time > 0"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, float("nan"), FLAT.t_verify)), "t_propose must be"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {2: 1.0})), "t_verify[3] must be a finite time"),
+    (dict(accepted=[0] * 10, n_tokens=5, start=SchedulerPrices(reached=(1,) + (0,) * 15, hit=(2,) + (0,) * 15)),
+     "hit[0] = 2 is more than reached[0] = 1"),
+])
+def test_bad_arguments_name_what_is_wrong(kw, needle):
+    args = dict(costs=FLAT)
+    args.update(kw)
+    acc, n, costs = args.pop("accepted"), args.pop("n_tokens"), args.pop("costs")
+    with pytest.raises(ValueError) as e:
+        replay_scheduler(acc, n, costs, **args)
+    assert needle in str(e.value)

@@ -1,0 +1,242 @@
+"""The DSpark scheduler on many texts without timing noise: record acceptance traces of the demo pair,
+then replay the engine's scheduler on them (spec dspark.md §7.5).
+
+``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2]`` answers each prompt
+below greedily with the demo pair and records, for every anchor position, how many of the block's
+drafts the target accepts there (a drafted step, then a rewind that keeps its first token, so every
+position is an anchor), and the costs of a plain decode, a proposal and a verify of 2 .. block + 1
+rows measured in the same run (medians over drafted steps).  About 4 s a prompt on 2 threads.
+
+``python tools/scheduler_replay.py replay TRACES.json [--tokens 255] [--json]`` replays each trace
+through ``ds4_dspark_replay`` (the scheduler's own code, ``native/scheduler.c``) at the recorded
+costs: DSpark with the scheduler off, a fresh session's scheduler, and sessions that start from the
+engine's kept prices after one earlier session (``--after``: the prompts whose session comes first,
+by index; default 0 and 1, the bench's code and prose prompts), the kept prices carried with the
+engine's own merge (``SchedulerPrices.merged``, then ``capped``).  Prints each prompt's rate over
+target-only decoding and per arm the minimum, the mean and how many prompts fall below 0.99 (issue:
+the scheduler never a net loss).  Not a test: CI never runs it; ``tools/cpu_notes.md`` records what
+it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from ds4tui.engine.prices import SchedulerPrices  # noqa: E402
+from ds4tui.engine.replay import Costs, replay_scheduler  # noqa: E402
+
+PROSE_PROMPTS = (
+    "Write a short story about a cat who learns to play the piano.",
+    "Explain to a ten-year-old why the sky is blue.",
+    "Write a letter to a friend describing a trip to the mountains.",
+    "Summarise the causes of the French Revolution in a few paragraphs.",
+    "Describe the life cycle of a butterfly.",
+    "Write a product review of a pair of running shoes.",
+    "What are the benefits and drawbacks of working from home?",
+    "Write a poem about the sea at night.",
+    "Give me three tips for getting better sleep.",
+    "Write a haiku sequence about autumn leaves.",
+    "Explain how a bicycle gear system works.",
+    "Tell me about the history of the printing press.",
+    "Write a cover letter for a job as a librarian.",
+    "Describe a busy market in the morning.",
+    "What should I pack for a week-long camping trip?",
+    "Compare cats and dogs as pets.",
+)
+"""Requests for prose (written for this tool; the demo's drafter accepts little of its answers)."""
+
+CODE_PROMPTS = (
+    "Write a Python class for a stack with push, pop and peek, with tests.",
+    "Write a function that parses a CSV line with quoted fields.",
+    "Refactor this code to use a dictionary comprehension: result = {}\nfor k in keys:\n    result[k] = len(k)",
+    "Write a binary search function in Python and explain it.",
+    "Implement a linked list in Python with insert and delete.",
+    "Write a Python script that counts word frequencies in a file.",
+    "Write a function to check whether a string is a palindrome, ignoring punctuation.",
+    "Write a Python decorator that retries a function three times on exception.",
+)
+"""Requests for code beyond ``tools/eval_demo.py``'s function requests."""
+
+
+def prompts() -> list[tuple[str, str]]:
+    """(kind, text): the bench's code and prose prompts first (indexes 0 and 1), then the function
+    requests of ``tools/eval_demo.py``, then this tool's prose and code requests."""
+    from ds4tui.commands.bench import AB_PROMPTS
+    from eval_demo import FUNCTION_PROMPTS
+
+    return ([(kind, text) for kind, text in AB_PROMPTS] + [("function", t) for t in FUNCTION_PROMPTS]
+            + [("prose", t) for t in PROSE_PROMPTS] + [("code", t) for t in CODE_PROMPTS])
+
+
+def record(out: Path, n_tokens: int, threads: int) -> int:
+    from ds4tui.demo import demo_pair
+    from ds4tui.engine.gguf_model import DS4Model
+    from ds4tui.engine.session import Engine, SamplingParams
+    from ds4tui.engine.tokenizer import Tokenizer, render_chat
+
+    pair = demo_pair()
+    if pair is None:
+        raise SystemExit("scheduler_replay: this build ships no demo pair")
+    model = DS4Model(str(pair.model))
+    tok = Tokenizer.from_gguf(model.reader)
+    eng = Engine(model, support=pair.support, n_threads=threads, activations="auto", scheduler_prices="fresh")
+    block = eng.block_size
+    traces, decode_ms, verify_ms, propose_ms = [], [], {}, []
+
+    def session(ids, extra):
+        s = eng.session(len(ids) + extra)
+        s.set_sampling(SamplingParams())
+        s.prefill(ids)
+        return s
+
+    t0 = time.perf_counter()
+    for i, (kind, text) in enumerate(prompts()):
+        ids = render_chat(tok, [{"role": "user", "content": text}], think=False)
+        s = session(ids, n_tokens + 8)
+        s.set_dspark(enabled=True, scheduler=False, threshold=0.0, max_draft=block)
+        s.step()  # samples the prefill's logits
+        accepted = []
+        while len(accepted) < n_tokens:
+            t = time.perf_counter()
+            got = s.step(block + 1)
+            if len(got) > 1:
+                s.rewind(len(got) - 1)  # keep the first token: the next position is an anchor too
+            accepted.append(len(got) - 1)
+            verify_ms.setdefault(block + 1, []).append((time.perf_counter() - t) * 1e3)
+        st = s.dspark_stats()
+        propose_ms.append(st.propose / max(1, st.cycles))
+        s.close()
+        traces.append({"kind": kind, "text": text, "accepted": accepted})
+        print(f"[{i + 1}] {kind}: {sum(accepted) / len(accepted):.2f} drafts accepted a position "
+              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    # the costs, on the first prompt: plain decodes, and drafted steps of every width
+    ids = render_chat(tok, [{"role": "user", "content": prompts()[0][1]}], think=False)
+    s = session(ids, 4 * 64 + 8)
+    s.set_dspark(enabled=False)
+    for _ in range(64):
+        t = time.perf_counter()
+        s.step()
+        decode_ms.append((time.perf_counter() - t) * 1e3)
+    s.set_dspark(enabled=True, scheduler=False, threshold=0.0)
+    widths = {}
+    for n in range(2, block + 1):
+        s.set_dspark(max_draft=n - 1)
+        before = s.dspark_stats()
+        for _ in range(24):
+            got = s.step(n)
+            if len(got) > 1:
+                s.rewind(len(got) - 1)
+        after = s.dspark_stats()
+        cycles = after.cycles - before.cycles
+        widths[n] = (after.verify - before.verify) / max(1, cycles)
+    s.close()
+    eng.close()
+    # a drafted step's time is the proposal plus the verify (and the rewind, small): the full width's
+    # verify is the median step less the median proposal
+    t_prop = statistics.median(propose_ms)
+    widths[block + 1] = statistics.median(verify_ms[block + 1]) - t_prop
+    data = {"model": str(pair.model), "support": str(pair.support), "threads": threads, "tokens": n_tokens,
+            "block": block,
+            "costs": {"t_decode": statistics.median(decode_ms), "t_propose": t_prop,
+                      "t_verify": {str(n): ms for n, ms in sorted(widths.items())}},
+            "traces": traces}
+    out.write_text(json.dumps(data))
+    c = data["costs"]
+    print(f"scheduler_replay: {len(traces)} traces of {n_tokens} positions to {out}; decode {c['t_decode']:.3f} ms, "
+          f"proposal {c['t_propose']:.3f} ms, verify "
+          + ", ".join(f"{n} rows {ms:.3f}" for n, ms in c["t_verify"].items()), file=sys.stderr)
+    return 0
+
+
+def replay(path: Path, n_tokens: int, after: list[int], as_json: bool) -> int:
+    data = json.loads(path.read_text())
+    c = data["costs"]
+    costs = Costs(c["t_decode"], c["t_propose"], {int(n): ms for n, ms in c["t_verify"].items()})
+    block, traces = int(data["block"]), data["traces"]
+    for i in after:
+        if not 0 <= i < len(traces):
+            raise SystemExit(f"scheduler_replay: --after {i}: expected a prompt index 0..{len(traces) - 1}")
+    short = [i for i, t in enumerate(traces) if len(t["accepted"]) < n_tokens]
+    if short:
+        raise SystemExit(f"scheduler_replay: --tokens {n_tokens}: trace {short[0]} holds "
+                         f"{len(traces[short[0]]['accepted'])} positions; record longer ones or replay fewer")
+
+    def run(acc, **kw):
+        return replay_scheduler(acc, n_tokens, costs, block=block, **kw)
+
+    def engine_prices(i):
+        """The engine's kept prices after a fresh session on trace i (Engine: merged, then capped)."""
+        r = run(traces[i]["accepted"])
+        return SchedulerPrices().merged(None, r.end)
+
+    kept = {i: engine_prices(i) for i in after}
+    arms = ["no scheduler", "fresh"] + [f"after {i}" for i in after]
+    rows = []
+    for t in traces:
+        acc = t["accepted"]
+        res = {"no scheduler": run(acc, scheduler=False), "fresh": run(acc)}
+        for i in after:
+            res[f"after {i}"] = run(acc, start=kept[i].capped(), kept=True)
+        rows.append({"kind": t["kind"], "text": t["text"][:48],
+                     **{a: {"ratio": r.ratio_to_target(costs.t_decode), "drafted_cycles": r.drafted_cycles,
+                            "accepted": r.accepted, "proposed": r.proposed} for a, r in res.items()}})
+    summary = {}
+    for a in arms:
+        xs = [r[a]["ratio"] for r in rows]
+        summary[a] = {"min": min(xs), "mean": statistics.mean(xs), "below_0.99": sum(x < 0.99 for x in xs)}
+    best = statistics.mean(max(1.0, r["no scheduler"]["ratio"]) for r in rows)
+    if as_json:
+        print(json.dumps({"traces": str(path), "tokens": n_tokens, "costs": c, "arms": arms, "rows": rows,
+                          "summary": summary, "mean_of_better_of_on_and_off": best}))
+        return 0
+    print(f"{len(rows)} traces, {n_tokens} tokens each; costs: decode {costs.t_decode:.3f} ms, proposal "
+          f"{costs.t_propose:.3f} ms, verify({block + 1}) {costs.t_verify[block + 1]:.3f} ms")
+    print("rate over target-only (drafted cycles): " + " | ".join(arms))
+    for r in rows:
+        print(f"  {r['kind']:8s} " + "  ".join(f"{r[a]['ratio']:.3f} ({r[a]['drafted_cycles']:3d})" for a in arms)
+              + f"  {r['text']!r}")
+    for a in arms:
+        s = summary[a]
+        print(f"{a:13s} min {s['min']:.3f}  mean {s['mean']:.4f}  below 0.99: {s['below_0.99']} of {len(rows)}")
+    print(f"the better of target-only and the scheduler off, per prompt, averaged: {best:.4f}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Record acceptance traces of the demo pair, or replay the DSpark "
+                                 "scheduler on them (spec dspark.md §7.5).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="record traces and costs of the demo pair")
+    r.add_argument("out", type=Path)
+    r.add_argument("--tokens", type=int, default=512, help="positions a trace records (default 512)")
+    r.add_argument("--threads", type=int, default=2, help="engine threads (default 2)")
+    p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
+    p.add_argument("traces", type=Path)
+    p.add_argument("--tokens", type=int, default=255, help="tokens each replay emits (default 255, as bench --ab's "
+                   "timed steps)")
+    p.add_argument("--after", default="0,1", help="prompt indexes whose fresh session comes first for the kept "
+                   "arms (default 0,1: the bench's code and prose prompts; empty: none)")
+    p.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "record":
+        if a.tokens < 1 or a.threads < 1:
+            ap.error("--tokens and --threads must be >= 1")
+        return record(a.out, a.tokens, a.threads)
+    try:
+        after = [int(x) for x in a.after.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--after: expected prompt indexes separated by commas, found {a.after!r}")
+    return replay(a.traces, a.tokens, after, a.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
