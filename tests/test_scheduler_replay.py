@@ -49,6 +49,25 @@ def test_a_text_that_accepts_nothing_costs_a_few_percent_at_most():
     assert r.ratio_to_target(1.0) >= 0.98
 
 
+def test_kept_counts_of_another_text_fade_within_two_verifies():
+    # kept prices of a text the drafter predicted (8 of 8 at four positions, 7 of 8 at the fifth),
+    # then a text it cannot draft: the kept counts weigh half after the session's first verify and
+    # nothing after its second (spec §7.4, kept prices), so the session drafts as often as one that
+    # kept the times alone (2 drafted cycles after the first plain decode, then probes at doubling
+    # back-offs); weighed whole, the counts kept it drafting (13 of 16 cycles, 0.71x)
+    counts = dict(reached=(8, 8, 8, 8, 8) + (0,) * 11, hit=(8, 8, 8, 8, 7) + (0,) * 11)
+    kept = SchedulerPrices(t_ver={1: 1.0, 6: 1.5}, t_prop=0.5, **counts)
+    times_only = SchedulerPrices(t_ver={1: 1.0, 6: 1.5}, t_prop=0.5)
+    for n, drafted in ((8, 2), (16, 4), (64, 6)):
+        r = replay_scheduler([0] * 64, n, FLAT, start=kept, kept=True)
+        assert r.drafted_cycles == drafted == replay_scheduler([0] * 64, n, FLAT, start=times_only,
+                                                               kept=True).drafted_cycles
+    assert r.end.reached[:5] == (14, 8, 8, 8, 8) and r.end.hit[:5] == (8, 8, 8, 8, 7)  # the whole counts go on
+    # given directly (kept=False) the same counts are the session's own and are not faded
+    given = replay_scheduler([0] * 64, 16, FLAT, start=kept, kept=False)
+    assert given.drafted_cycles > 4
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(accepted=[0] * 10, n_tokens=11), "n_tokens must be 1..10"),
     (dict(accepted=[6] * 10, n_tokens=5), "accepted[0] = 6 is more than the block, 5"),

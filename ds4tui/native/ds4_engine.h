@@ -584,7 +584,9 @@ int ds4_session_dspark_prices(ds4_session *s, ds4_dspark_prices *out);
  * kept t_ver[1] the kept times are dropped (the counts stay) and the session
  * prices itself as a fresh one does, and a kept verify (width >= 2) or
  * proposal time is replaced by the session's first sample of it when that
- * is cheaper; `kept` == 0: `p` is used as given.
+ * is cheaper, and the acceptance counts weigh apart from the session's own,
+ * half after its first verify and nothing from its second on (they go on in
+ * the prices it hands back); `kept` == 0: `p` is used as given.
  * DS4_E_INVALID names the field when a time is not finite and positive where
  * it is marked valid, or hit[k] > reached[k]; DS4_E_STATE without an
  * attached support model. */

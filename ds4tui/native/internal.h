@@ -195,10 +195,13 @@ typedef struct {
     int32_t carried_ver[DS4_DSPARK_MAX_BLOCK + 2]; /* a kept verify time of this width (>= 2) no pass of this
                                                     * session has timed yet (spec dspark.md §7.4, In-session) */
     int32_t carried_prop;       /* ... the same for the kept proposal time */
-    /* the acceptance counts the decisions read (accept_at): pr.reached/pr.hit, halved each time
-     * ACCEPT_WINDOW verifies reached the first position, so that they weigh the last 32-64 verifies
-     * (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the engine hands on */
+    /* the session's own acceptance counts the decisions read: pr.reached/pr.hit's growth since the
+     * start, halved each time ACCEPT_WINDOW verifies reached the first position, so that they weigh
+     * the last 32-64 verifies (spec dspark.md §7.4, Survival); pr keeps the whole counts, which the
+     * engine hands on.  Counts set directly (not kept) start here. */
     uint64_t win_reached[DS4_DSPARK_MAX_BLOCK], win_hit[DS4_DSPARK_MAX_BLOCK];
+    uint64_t carried_reached[DS4_DSPARK_MAX_BLOCK], carried_hit[DS4_DSPARK_MAX_BLOCK]; /* kept counts the session
+                                                    * started with: they fade as its own verifies come */
     int times_cold;             /* the session began with no proposal time, kept or given: until
                                  * HOPELESS_MIN_VERIFIES verifies its times are its first samples */
     uint64_t own_verifies;      /* drafted cycles verified since the session began or its prices were set

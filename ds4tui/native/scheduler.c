@@ -26,6 +26,8 @@ _Static_assert(sizeof(((ds4_dspark_replay_result *)0)->no_draft_reasons) / sizeo
 #define EMA 0.2
 #define ACCEPT_WINDOW 64     /* verifies of the first position after which the decisions' acceptance
                               * counts are halved: acceptance is not stationary (spec dspark.md §7.4) */
+#define CARRIED_FADE 2       /* own verifies after which the kept acceptance counts a session started
+                              * with weigh nothing (linearly: 1/2 after the first); spec dspark.md §7.4 */
 #define PROBE_ONE 1          /* ds4_sched.probe: a single-draft probe is due */
 #define PROBE_LONG 2         /* ds4_sched.probe: a probe of the optimistic length is due */
 #define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
@@ -58,8 +60,14 @@ int ds4_sched_check_prices(const ds4_dspark_prices *p, char *err, size_t err_len
 
 void ds4_sched_set_prices(ds4_sched *q, const ds4_dspark_prices *p, int kept) {
     q->pr = *p;
-    memcpy(q->win_reached, p->reached, sizeof q->win_reached);
-    memcpy(q->win_hit, p->hit, sizeof q->win_hit);
+    /* kept counts are another text's: the decisions weigh them apart, fading (accept_at); counts set
+     * directly are used as given, as the session's own */
+    memset(q->win_reached, 0, sizeof q->win_reached);
+    memset(q->win_hit, 0, sizeof q->win_hit);
+    memset(q->carried_reached, 0, sizeof q->carried_reached);
+    memset(q->carried_hit, 0, sizeof q->carried_hit);
+    memcpy(kept ? q->carried_reached : q->win_reached, p->reached, sizeof q->win_reached);
+    memcpy(kept ? q->carried_hit : q->win_hit, p->hit, sizeof q->win_hit);
     for (int n = 0; n < DS4_DSPARK_MAX_BLOCK + 2; n++) q->pr.has_ver[n] = p->has_ver[n] ? 1 : 0;
     q->pr.has_prop = p->has_prop ? 1 : 0;
     q->skip_left = 0;
@@ -89,9 +97,16 @@ static double t_verify(const ds4_sched *q, int n) {
 
 /* Acceptance of draft position k given that every earlier draft was accepted: the mean of the
  * Beta(hit + 1, miss + 1) posterior (the Laplace prior), or with upper = 1 its mean plus two
- * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified). */
+ * standard deviations, capped at 1 (an optimistic bound; 1 for a position never verified).  The
+ * counts are the session's own (halved window) plus the kept counts it started with, weighed
+ * 1 - own / CARRIED_FADE (none from CARRIED_FADE own verifies on): kept counts say where to start,
+ * and a session's first verifies say more of its own text than another text's many (spec
+ * dspark.md §7.4, kept prices). */
 static double accept_at(const ds4_sched *q, int k, int upper) {
-    const double al = (double)q->win_hit[k] + 1.0, be = (double)(q->win_reached[k] - q->win_hit[k]) + 1.0, n = al + be;
+    const double f = q->own_verifies < CARRIED_FADE ? 1.0 - (double)q->own_verifies / CARRIED_FADE : 0.0;
+    const double hit = (double)q->win_hit[k] + f * (double)q->carried_hit[k];
+    const double reached = (double)q->win_reached[k] + f * (double)q->carried_reached[k];
+    const double al = hit + 1.0, be = reached - hit + 1.0, n = al + be;
     const double mean = al / n;
     if (!upper) return mean;
     const double ub = mean + 2.0 * sqrt(al * be / (n * n * (n + 1.0)));
