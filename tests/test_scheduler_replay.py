@@ -68,16 +68,42 @@ def test_kept_counts_of_another_text_fade_within_two_verifies():
     assert given.drafted_cycles > 4
 
 
+def test_a_narrower_verify_is_never_priced_above_a_wider_one():
+    # kept prices that timed verify(5) once in a busy spell (20 ms beside verify(6) at 1.5): priced
+    # at 20, four drafts looked dear, the scan for the best length stopped below them and the session
+    # skipped and cut (24 drafted cycles, 104 ms for 200 tokens); priced at most verify(6), every
+    # cycle drafts the whole block: 1 plain decode (the kept prices' check), 33 cycles of 6 tokens at
+    # 0.5 + 1.5 ms, and a last plain decode with no room for a draft (spec §7.4, Times)
+    costs = Costs(t_decode=1.0, t_propose=0.5, t_verify={n: 1.0 + 0.1 * (n - 1) for n in range(2, 7)})
+    kept = SchedulerPrices(t_ver={1: 1.0, 5: 20.0, 6: 1.5}, t_prop=0.5, reached=(8,) * 5 + (0,) * 11,
+                           hit=(8,) * 5 + (0,) * 11)
+    r = replay_scheduler([5] * 300, 200, costs, start=kept, kept=True)
+    assert (r.drafted_cycles, r.proposed, r.accepted) == (33, 165, 165)
+    assert r.ms == pytest.approx(1.0 + 33 * 2.0 + 1.0)
+    assert r.end.t_ver[5] == 20.0  # never re-timed: the bound is on the price, not the record
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(accepted=[0] * 10, n_tokens=11), "n_tokens must be 1..10"),
-    (dict(accepted=[6] * 10, n_tokens=5), "accepted[0] = 6 is more than the block, 5"),
-    (dict(accepted=[0] * 10, n_tokens=5, max_draft=6), "max draft length must be 1..5"),
+    (dict(accepted=[6] * 10, n_tokens=5), "accepted[0] must be 0..5, got 6"),
+    (dict(accepted=[0, -1], n_tokens=1), "accepted[1] must be 0..5, got -1"),
+    (dict(accepted=[0, 2.9], n_tokens=1), "accepted[1] must be a whole number 0..5, got 2.9"),
+    (dict(accepted=[True], n_tokens=1), "accepted[0] must be a whole number 0..5, got True"),
+    (dict(accepted=[], n_tokens=1), "accepted is empty"),
+    (dict(accepted=[0] * 10, n_tokens=5.0), "n_tokens must be a whole number 1..10, got 5.0"),
+    (dict(accepted=[0] * 10, n_tokens=5, max_draft=6), "max_draft must be 1..5"),
+    (dict(accepted=[0] * 10, n_tokens=5, max_draft=0), "max_draft must be 1..5, got 0"),
     (dict(accepted=[0] * 10, n_tokens=5, block=17), "block must be 1..16"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(0.0, 1.0, FLAT.t_verify)), "t_decode must be a finite time > 0"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, float("nan"), FLAT.t_verify)), "t_propose must be"),
-    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {2: 1.0})), "t_verify[3] must be a finite time"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {2: 1.0})),
+     "costs.t_verify must price exactly the verify widths 2..6 (block 5), got widths [2]"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {**FLAT.t_verify, 7: -5.0})), "got widths [2, 3, 4, 5, 6, 7]"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {**FLAT.t_verify, 4: -1.0})),
+     "t_verify[4] must be a finite time > 0 ms"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, "x", FLAT.t_verify)), "costs: every time must be a number of ms"),
     (dict(accepted=[0] * 10, n_tokens=5, start=SchedulerPrices(reached=(1,) + (0,) * 15, hit=(2,) + (0,) * 15)),
-     "hit[0] = 2 is more than reached[0] = 1"),
+     "replay: start prices: hit[0] = 2 is more than reached[0] = 1"),
 ])
 def test_bad_arguments_name_what_is_wrong(kw, needle):
     args = dict(costs=FLAT)

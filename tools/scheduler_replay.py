@@ -4,15 +4,16 @@ then replay the engine's scheduler on them (spec dspark.md §7.5).
 ``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2]`` answers each prompt
 below greedily with the demo pair and records, for every anchor position, how many of the block's
 drafts the target accepts there (a drafted step, then a rewind that keeps its first token, so every
-position is an anchor), and the costs of a plain decode, a proposal and a verify of 2 .. block + 1
-rows measured in the same run (medians over drafted steps).  About 4 s a prompt on 2 threads.
+position is an anchor); then, on the first prompt, the costs the scheduler prices with: the engine's
+mean time of a plain decode (64 of them), of a proposal and of a verify of each width 2 .. block + 1
+(24 drafted cycles a width).  About 4 s a prompt on 2 threads.
 
-``python tools/scheduler_replay.py replay TRACES.json [--tokens 255] [--json]`` replays each trace
-through ``ds4_dspark_replay`` (the scheduler's own code, ``native/scheduler.c``) at the recorded
-costs: DSpark with the scheduler off, a fresh session's scheduler, and sessions that start from the
-engine's kept prices after one earlier session (``--after``: the prompts whose session comes first,
-by index; default 0 and 1, the bench's code and prose prompts), the kept prices carried with the
-engine's own merge (``SchedulerPrices.merged``, then ``capped``).  Prints each prompt's rate over
+``python tools/scheduler_replay.py replay TRACES.json [--tokens 255] [--after 0,1] [--json]`` replays
+each trace through ``ds4_dspark_replay`` (the scheduler's own code, ``native/scheduler.c``) at the
+recorded costs: DSpark with the scheduler off, a fresh session's scheduler, and sessions that start
+from the engine's kept prices after one earlier session (``--after``: the prompts whose session comes
+first, by index; default 0 and 1, the bench's code and prose prompts), the kept prices carried with
+the engine's own merge (``SchedulerPrices.merged``, then ``capped``).  Prints each prompt's rate over
 target-only decoding and per arm the minimum, the mean and how many prompts fall below 0.99 (issue:
 the scheduler never a net loss).  Not a test: CI never runs it; ``tools/cpu_notes.md`` records what
 it printed.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from ds4tui.engine.prices import SchedulerPrices  # noqa: E402
+from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices  # noqa: E402
 from ds4tui.engine.replay import Costs, replay_scheduler  # noqa: E402
 
 PROSE_PROMPTS = (
@@ -90,7 +92,7 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
     tok = Tokenizer.from_gguf(model.reader)
     eng = Engine(model, support=pair.support, n_threads=threads, activations="auto", scheduler_prices="fresh")
     block = eng.block_size
-    traces, decode_ms, verify_ms, propose_ms = [], [], {}, []
+    traces = []
 
     def session(ids, extra):
         s = eng.session(len(ids) + extra)
@@ -106,29 +108,26 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
         s.step()  # samples the prefill's logits
         accepted = []
         while len(accepted) < n_tokens:
-            t = time.perf_counter()
             got = s.step(block + 1)
             if len(got) > 1:
                 s.rewind(len(got) - 1)  # keep the first token: the next position is an anchor too
             accepted.append(len(got) - 1)
-            verify_ms.setdefault(block + 1, []).append((time.perf_counter() - t) * 1e3)
-        st = s.dspark_stats()
-        propose_ms.append(st.propose / max(1, st.cycles))
         s.close()
         traces.append({"kind": kind, "text": text, "accepted": accepted})
         print(f"[{i + 1}] {kind}: {sum(accepted) / len(accepted):.2f} drafts accepted a position "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    # the costs, on the first prompt: plain decodes, and drafted steps of every width
+    # the costs, on the first prompt: the engine's own pass times (what the scheduler prices with),
+    # means over 64 plain decodes and over 24 drafted cycles of each verify width
     ids = render_chat(tok, [{"role": "user", "content": prompts()[0][1]}], think=False)
-    s = session(ids, 4 * 64 + 8)
+    s = session(ids, 64 + 24 * block + 8)
     s.set_dspark(enabled=False)
     for _ in range(64):
-        t = time.perf_counter()
         s.step()
-        decode_ms.append((time.perf_counter() - t) * 1e3)
+    st = s.dspark_stats()
+    t_decode = st.target / st.cycles
     s.set_dspark(enabled=True, scheduler=False, threshold=0.0)
-    widths = {}
-    for n in range(2, block + 1):
+    widths, propose, drafted = {}, 0.0, 0
+    for n in range(2, block + 2):
         s.set_dspark(max_draft=n - 1)
         before = s.dspark_stats()
         for _ in range(24):
@@ -136,17 +135,15 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
             if len(got) > 1:
                 s.rewind(len(got) - 1)
         after = s.dspark_stats()
-        cycles = after.cycles - before.cycles
-        widths[n] = (after.verify - before.verify) / max(1, cycles)
+        cycles = (after.cycles - after.no_draft) - (before.cycles - before.no_draft)
+        widths[n] = (after.verify - before.verify) / cycles
+        propose, drafted = propose + after.propose - before.propose, drafted + cycles
     s.close()
     eng.close()
-    # a drafted step's time is the proposal plus the verify (and the rewind, small): the full width's
-    # verify is the median step less the median proposal
-    t_prop = statistics.median(propose_ms)
-    widths[block + 1] = statistics.median(verify_ms[block + 1]) - t_prop
+    t_prop = propose / drafted
     data = {"model": str(pair.model), "support": str(pair.support), "threads": threads, "tokens": n_tokens,
             "block": block,
-            "costs": {"t_decode": statistics.median(decode_ms), "t_propose": t_prop,
+            "costs": {"t_decode": t_decode, "t_propose": t_prop,
                       "t_verify": {str(n): ms for n, ms in sorted(widths.items())}},
             "traces": traces}
     out.write_text(json.dumps(data))
@@ -157,36 +154,98 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
     return 0
 
 
+class TraceError(Exception):
+    """A traces file that cannot be replayed; the message names the file, what was expected and what was found."""
+
+
+def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
+    """The costs, block size and traces of a file ``record`` wrote; raises TraceError."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file (write one with `python tools/scheduler_replay.py record {path}`)")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot be read: {exc}")
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not JSON ({exc}); expected what `scheduler_replay.py record` writes")
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: expected a JSON object with costs, block and traces, found {type(data).__name__}")
+    missing = [k for k in ("costs", "block", "traces") if k not in data]
+    if missing:
+        raise TraceError(f"{path}: lacks {', '.join(missing)} (expected what `scheduler_replay.py record` writes)")
+    c, traces = data["costs"], data["traces"]
+    try:
+        costs = Costs(float(c["t_decode"]), float(c["t_propose"]), {int(n): float(ms) for n, ms in c["t_verify"].items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TraceError(f"{path}: costs: expected t_decode, t_propose and t_verify (width: ms), found {c!r:.120} "
+                         f"({type(exc).__name__}: {exc})")
+    block = data["block"]
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
+        raise TraceError(f"{path}: block: expected a whole number 1..{MAX_BLOCK}, found {block!r}")
+    if sorted(costs.t_verify) != list(range(2, block + 2)):
+        raise TraceError(f"{path}: costs.t_verify: expected the widths 2..{block + 1} (block {block}), found "
+                         f"{sorted(costs.t_verify)}")
+    for name, ms in [("t_decode", costs.t_decode), ("t_propose", costs.t_propose)] + [
+            (f"t_verify[{n}]", ms) for n, ms in sorted(costs.t_verify.items())]:
+        if not (math.isfinite(ms) and ms > 0):
+            raise TraceError(f"{path}: costs.{name}: expected a finite time > 0 ms, found {ms}")
+    if not isinstance(traces, list) or not traces:
+        raise TraceError(f"{path}: traces: expected a non-empty list, found {traces!r:.60}")
+    for i, t in enumerate(traces):
+        if not isinstance(t, dict) or not isinstance(t.get("accepted"), list):
+            raise TraceError(f"{path}: traces[{i}]: expected an object with an 'accepted' list, found {t!r:.80}")
+    return costs, block, traces
+
+
 def replay(path: Path, n_tokens: int, after: list[int], as_json: bool) -> int:
-    data = json.loads(path.read_text())
-    c = data["costs"]
-    costs = Costs(c["t_decode"], c["t_propose"], {int(n): ms for n, ms in c["t_verify"].items()})
-    block, traces = int(data["block"]), data["traces"]
+    try:
+        costs, block, traces = load_traces(path)
+    except TraceError as exc:
+        print(f"scheduler_replay: error: {exc}", file=sys.stderr)
+        return 1
     for i in after:
         if not 0 <= i < len(traces):
-            raise SystemExit(f"scheduler_replay: --after {i}: expected a prompt index 0..{len(traces) - 1}")
+            print(f"scheduler_replay: error: --after {i}: expected a prompt index 0..{len(traces) - 1} of {path}",
+                  file=sys.stderr)
+            return 2
     short = [i for i, t in enumerate(traces) if len(t["accepted"]) < n_tokens]
     if short:
-        raise SystemExit(f"scheduler_replay: --tokens {n_tokens}: trace {short[0]} holds "
-                         f"{len(traces[short[0]]['accepted'])} positions; record longer ones or replay fewer")
+        print(f"scheduler_replay: error: --tokens {n_tokens}: trace {short[0]} of {path} holds "
+              f"{len(traces[short[0]]['accepted'])} positions; record longer ones or replay fewer", file=sys.stderr)
+        return 2
+    try:
+        return _replay(path, costs, block, traces, n_tokens, after, as_json)
+    except TraceError as exc:
+        print(f"scheduler_replay: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, after: list[int],
+            as_json: bool) -> int:
+    where = {"i": 0}
 
     def run(acc, **kw):
-        return replay_scheduler(acc, n_tokens, costs, block=block, **kw)
+        try:
+            return replay_scheduler(acc, n_tokens, costs, block=block, **kw)
+        except ValueError as exc:  # the costs and block were checked on loading: the trace's values
+            raise TraceError(f"{path}: traces[{where['i']}]: {exc}") from None
 
     def engine_prices(i):
         """The engine's kept prices after a fresh session on trace i (Engine: merged, then capped)."""
+        where["i"] = i
         r = run(traces[i]["accepted"])
         return SchedulerPrices().merged(None, r.end)
 
     kept = {i: engine_prices(i) for i in after}
     arms = ["no scheduler", "fresh"] + [f"after {i}" for i in after]
     rows = []
-    for t in traces:
+    for i, t in enumerate(traces):
+        where["i"] = i
         acc = t["accepted"]
         res = {"no scheduler": run(acc, scheduler=False), "fresh": run(acc)}
-        for i in after:
-            res[f"after {i}"] = run(acc, start=kept[i].capped(), kept=True)
-        rows.append({"kind": t["kind"], "text": t["text"][:48],
+        for j in after:
+            res[f"after {j}"] = run(acc, start=kept[j].capped(), kept=True)
+        rows.append({"kind": str(t.get("kind", "?")), "text": str(t.get("text", ""))[:48],
                      **{a: {"ratio": r.ratio_to_target(costs.t_decode), "drafted_cycles": r.drafted_cycles,
                             "accepted": r.accepted, "proposed": r.proposed} for a, r in res.items()}})
     summary = {}
@@ -195,11 +254,14 @@ def replay(path: Path, n_tokens: int, after: list[int], as_json: bool) -> int:
         summary[a] = {"min": min(xs), "mean": statistics.mean(xs), "below_0.99": sum(x < 0.99 for x in xs)}
     best = statistics.mean(max(1.0, r["no scheduler"]["ratio"]) for r in rows)
     if as_json:
+        c = {"t_decode": costs.t_decode, "t_propose": costs.t_propose,
+             "t_verify": {str(n): ms for n, ms in sorted(costs.t_verify.items())}}
         print(json.dumps({"traces": str(path), "tokens": n_tokens, "costs": c, "arms": arms, "rows": rows,
                           "summary": summary, "mean_of_better_of_on_and_off": best}))
         return 0
     print(f"{len(rows)} traces, {n_tokens} tokens each; costs: decode {costs.t_decode:.3f} ms, proposal "
-          f"{costs.t_propose:.3f} ms, verify({block + 1}) {costs.t_verify[block + 1]:.3f} ms")
+          f"{costs.t_propose:.3f} ms, verify " + ", ".join(f"{n} rows {ms:.3f}" for n, ms in sorted(costs.t_verify.items()))
+          + " ms")
     print("rate over target-only (drafted cycles): " + " | ".join(arms))
     for r in rows:
         print(f"  {r['kind']:8s} " + "  ".join(f"{r[a]['ratio']:.3f} ({r[a]['drafted_cycles']:3d})" for a in arms)
@@ -229,10 +291,25 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "record":
         if a.tokens < 1 or a.threads < 1:
-            ap.error("--tokens and --threads must be >= 1")
-        return record(a.out, a.tokens, a.threads)
+            ap.error(f"--tokens and --threads: expected at least 1, found {a.tokens} and {a.threads}")
+        existed = a.out.exists()
+        try:  # before minutes of recording: the output must be writable
+            with open(a.out, "a"):
+                pass
+        except OSError as exc:
+            print(f"scheduler_replay: error: {a.out}: cannot be written ({exc.strerror}); give a path in a writable "
+                  "folder", file=sys.stderr)
+            return 1
+        try:
+            return record(a.out, a.tokens, a.threads)
+        except BaseException:
+            if not existed:  # the empty file the check made is no recording
+                a.out.unlink(missing_ok=True)
+            raise
+    if a.tokens < 1:
+        ap.error(f"--tokens: expected at least 1, found {a.tokens}")
     try:
-        after = [int(x) for x in a.after.split(",") if x.strip()]
+        after = list(dict.fromkeys(int(x) for x in a.after.split(",") if x.strip()))
     except ValueError:
         ap.error(f"--after: expected prompt indexes separated by commas, found {a.after!r}")
     return replay(a.traces, a.tokens, after, a.json)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ds4tui.engine.errors import native_error
 from ds4tui.engine.prices import SchedulerPrices
 from ds4tui.engine.stats import NO_DRAFT_REASONS
@@ -50,34 +52,64 @@ class ReplayResult:
         return self.tokens * t_decode / self.ms
 
 
+def _whole(name: str, value, lo: int, hi: int) -> int:
+    """``value`` as an int in lo..hi, else ValueError naming ``name`` (bools and floats are no counts)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a whole number {lo}..{hi}, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be {lo}..{hi}, got {int(value)}")
+    return int(value)
+
+
 def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, block: int = 5,
                      max_draft: int | None = None, scheduler: bool = True, start: SchedulerPrices | None = None,
                      kept: bool = False) -> ReplayResult:
     """Replay ``n_tokens`` greedy tokens (1 .. ``len(accepted)``) of a text whose drafts the target
-    accepts ``accepted[p]`` of ``block`` at anchor position ``p``, with DSpark on, the scheduler on
-    or off (``scheduler``), drafts of at most ``max_draft`` (default the block) and no confidence
-    cut, from ``start`` prices (None: a fresh session; ``kept``: kept from other sessions, as the
-    engine starts a session, else used as given).
+    accepts ``accepted[p]`` (a whole number 0 .. ``block``) of ``block`` at anchor position ``p``, with
+    DSpark on, the scheduler on or off (``scheduler``), drafts of at most ``max_draft`` (default the
+    block) and no confidence cut, from ``start`` prices (None: a fresh session; ``kept``: kept from
+    other sessions, as the engine starts a session, else used as given).  ``costs.t_verify`` must
+    price every width 2 .. block + 1 and no other.
 
-    Raises ValueError naming the argument out of range (the engine's message)."""
+    Raises ValueError naming the argument out of range and the range (the engine's message for the
+    checks it makes itself)."""
     from ds4tui import _native
 
     ffi, lib = _native.ffi, _native.lib
-    acc = bytes(int(a) if 0 <= int(a) <= 255 else 255 for a in accepted)
+    max_block = len(ffi.new("ds4_dspark_prices *").reached)
+    block = _whole("block", block, 1, max_block)
+    max_draft = _whole("max_draft", block if max_draft is None else max_draft, 1, block)
+    if not isinstance(accepted, (Sequence, np.ndarray)) or isinstance(accepted, (str, bytes)):
+        raise ValueError(f"accepted must be a sequence of whole numbers 0..{block}, got {type(accepted).__name__}")
+    acc = bytes(_whole(f"accepted[{p}]", a, 0, block) for p, a in enumerate(accepted))
+    if not acc:
+        raise ValueError("accepted is empty: a replay needs a recorded position for each token it emits")
+    n_tokens = _whole("n_tokens", n_tokens, 1, len(acc))
+    if not isinstance(costs, Costs):
+        raise ValueError(f"costs must be a ds4tui.engine.replay.Costs, got {type(costs).__name__}")
+    if start is not None and not isinstance(start, SchedulerPrices):
+        raise ValueError(f"start must be SchedulerPrices or None, got {type(start).__name__}")
+    if not isinstance(costs.t_verify, Mapping):
+        raise ValueError(f"costs.t_verify must map verify widths 2..{block + 1} to ms, got "
+                         f"{type(costs.t_verify).__name__}")
+    widths = sorted(costs.t_verify)
+    if widths != list(range(2, block + 2)):
+        raise ValueError(f"costs.t_verify must price exactly the verify widths 2..{block + 1} (block {block}), got "
+                         f"widths {widths}")
     knobs = ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": int(bool(scheduler)), "threshold": 0.0,
-                                           "max_draft": int(block if max_draft is None else max_draft)})
+                                           "max_draft": max_draft})
     c = ffi.new("ds4_dspark_costs *")
-    c.t_decode, c.t_propose = float(costs.t_decode), float(costs.t_propose)
-    for n, ms in costs.t_verify.items():
-        if not 0 <= int(n) < len(c.t_verify):
-            raise ValueError(f"costs.t_verify: width {n} is outside 2..{len(c.t_verify) - 1}")
-        c.t_verify[int(n)] = float(ms)
+    try:
+        c.t_decode, c.t_propose = float(costs.t_decode), float(costs.t_propose)
+        for n in widths:
+            c.t_verify[n] = float(costs.t_verify[n])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"costs: every time must be a number of ms ({exc})") from None
     end = ffi.new("ds4_dspark_prices *")
     out = ffi.new("ds4_dspark_replay_result *")
     err = ffi.new("char[512]")
-    rc = lib.ds4_dspark_replay(start.to_native(ffi) if start is not None else ffi.NULL, int(kept), knobs, int(block),
-                               ffi.from_buffer(acc) if acc else ffi.NULL, len(acc), int(n_tokens), c, end, out, err,
-                               512)
+    rc = lib.ds4_dspark_replay(start.to_native(ffi) if start is not None else ffi.NULL, int(kept), knobs, block,
+                               ffi.from_buffer(acc), len(acc), n_tokens, c, end, out, err, 512)
     if rc != 0:
         msg = ffi.string(err).decode(errors="replace")
         if rc == -1:  # DS4_E_INVALID: the caller's argument

@@ -9,6 +9,8 @@
 #include <math.h>
 #include <string.h>
 
+_Static_assert(sizeof(((ds4_dspark_costs *)0)->t_verify) / sizeof(double) == DS4_DSPARK_MAX_BLOCK + 2,
+               "ds4_dspark_costs.t_verify[] must have DS4_DSPARK_MAX_BLOCK + 2 entries");
 _Static_assert(sizeof(((ds4_dspark_replay_result *)0)->no_draft_reasons) / sizeof(uint64_t) == DS4_ND_COUNT,
                "ds4_dspark_replay_result.no_draft_reasons[] must have DS4_ND_COUNT entries");
 
@@ -85,14 +87,29 @@ void ds4_sched_set_prices(ds4_sched *q, const ds4_dspark_prices *p, int kept) {
 
 /* ---- the cost model (spec dspark.md §7.3) ---------------------------------------------------- */
 
+/* The price of a pass over n rows: its own time, else interpolated between the measured widths
+ * around it (flat beyond them: optimistic), and for a verify (n >= 2) never above a wider width's
+ * time (a pass over fewer rows does less of the same work).  Without that bound one width timed once in a busy spell (kept
+ * prices held verify(5) at 12.9 ms beside verify(6) at 7.1) stopped the scan for the best length
+ * below it, so that width was never drafted to re-time it, nor any wider one (spec dspark.md §7.4,
+ * Times). */
 static double t_verify(const ds4_sched *q, int n) {
-    if (q->pr.has_ver[n]) return q->pr.t_ver[n];
-    int lo = n, hi = n;
-    while (lo > 1 && !q->pr.has_ver[lo]) lo--;
-    while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !q->pr.has_ver[hi]) hi++;
-    if (q->pr.has_ver[lo] && q->pr.has_ver[hi] && hi != lo)
-        return q->pr.t_ver[lo] + (q->pr.t_ver[hi] - q->pr.t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
-    return q->pr.has_ver[lo] ? q->pr.t_ver[lo] : q->pr.t_ver[hi]; /* optimistic: flat beyond what was measured */
+    double t;
+    if (q->pr.has_ver[n]) {
+        t = q->pr.t_ver[n];
+    } else {
+        int lo = n, hi = n;
+        while (lo > 1 && !q->pr.has_ver[lo]) lo--;
+        while (hi < DS4_DSPARK_MAX_BLOCK + 1 && !q->pr.has_ver[hi]) hi++;
+        if (q->pr.has_ver[lo] && q->pr.has_ver[hi] && hi != lo)
+            t = q->pr.t_ver[lo] + (q->pr.t_ver[hi] - q->pr.t_ver[lo]) * (double)(n - lo) / (double)(hi - lo);
+        else
+            t = q->pr.has_ver[lo] ? q->pr.t_ver[lo] : q->pr.t_ver[hi];
+    }
+    if (n >= 2) /* a plain decode is priced by the plain decodes alone, which every skipped cycle times */
+        for (int m = n + 1; m < DS4_DSPARK_MAX_BLOCK + 2; m++)
+            if (q->pr.has_ver[m] && q->pr.t_ver[m] < t) t = q->pr.t_ver[m];
+    return t;
 }
 
 /* Acceptance of draft position k given that every earlier draft was accepted: the mean of the
@@ -373,8 +390,9 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
     ds4_sched q;
     ds4_sched_init(&q);
     if (start) {
-        int rc = ds4_sched_check_prices(start, err, err_len);
-        if (rc != DS4_OK) return rc;
+        char why[256];
+        int rc = ds4_sched_check_prices(start, why, sizeof why);
+        if (rc != DS4_OK) return ds4_fail(err, err_len, rc, "replay: start prices: %s", why);
         ds4_sched_set_prices(&q, start, kept);
     }
     memset(out, 0, sizeof *out);
