@@ -83,6 +83,20 @@ def test_a_narrower_verify_is_never_priced_above_a_wider_one():
     assert r.end.t_ver[5] == 20.0  # never re-timed: the bound is on the price, not the record
 
 
+def test_only_widths_the_knobs_can_draft_bound_a_verify_price():
+    # a cheap kept verify(6) (1.05 ms against 2.5 real at every width) with drafts of at most 2: width
+    # 6 is never verified to re-time it, so it must not price verify(2) and verify(3) below their
+    # cost; it does not, and the session drafts once (a probe, rejected) and otherwise decodes plainly:
+    # 299 plain decodes and a cycle of 1 token at 0.5 + 2.5 ms.  Bounded by every wider width, it
+    # drafted 176 cycles at 0.56x target-only
+    costs = Costs(t_decode=1.0, t_propose=0.5, t_verify={n: 2.5 for n in range(2, 7)})
+    kept = SchedulerPrices(t_ver={1: 1.0, 2: 2.5, 3: 2.5, 6: 1.05}, t_prop=0.5, reached=(8,) * 5 + (0,) * 11,
+                           hit=(6,) + (0,) * 15)
+    r = replay_scheduler(([1] * 7 + [0] * 3) * 40, 300, costs, max_draft=2, start=kept, kept=True)
+    assert (r.drafted_cycles, r.accepted) == (1, 0)
+    assert r.ms == pytest.approx(299 * 1.0 + 0.5 + 2.5)
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(accepted=[0] * 10, n_tokens=11), "n_tokens must be 1..10"),
     (dict(accepted=[6] * 10, n_tokens=5), "accepted[0] must be 0..5, got 6"),
@@ -94,14 +108,18 @@ def test_a_narrower_verify_is_never_priced_above_a_wider_one():
     (dict(accepted=[0] * 10, n_tokens=5, max_draft=6), "max_draft must be 1..5"),
     (dict(accepted=[0] * 10, n_tokens=5, max_draft=0), "max_draft must be 1..5, got 0"),
     (dict(accepted=[0] * 10, n_tokens=5, block=17), "block must be 1..16"),
-    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(0.0, 1.0, FLAT.t_verify)), "t_decode must be a finite time > 0"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(0.0, 1.0, FLAT.t_verify)), "costs.t_decode must be a finite time 1e-06..60000 ms, got 0.0"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, float("nan"), FLAT.t_verify)), "t_propose must be"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {2: 1.0})),
      "costs.t_verify must price exactly the verify widths 2..6 (block 5), got widths [2]"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {**FLAT.t_verify, 7: -5.0})), "got widths [2, 3, 4, 5, 6, 7]"),
     (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, 1.0, {**FLAT.t_verify, 4: -1.0})),
-     "t_verify[4] must be a finite time > 0 ms"),
-    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, "x", FLAT.t_verify)), "costs: every time must be a number of ms"),
+     "costs.t_verify[4] must be a finite time 1e-06..60000 ms, got -1.0"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(True, 1.0, FLAT.t_verify)), "costs.t_decode must be a number of ms, got True"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1e308, 1.0, FLAT.t_verify)), "costs.t_decode must be a finite time"),
+    (dict(accepted=[0] * 10, n_tokens=5, scheduler="no"), "scheduler must be True or False, got 'no'"),
+    (dict(accepted=[0] * 10, n_tokens=5, start=SchedulerPrices(t_ver={99: 1.0})), "start prices: widths 1..17"),
+    (dict(accepted=[0] * 10, n_tokens=5, costs=Costs(1.0, "x", FLAT.t_verify)), "costs.t_propose must be a number of ms, got 'x'"),
     (dict(accepted=[0] * 10, n_tokens=5, start=SchedulerPrices(reached=(1,) + (0,) * 15, hit=(2,) + (0,) * 15)),
      "replay: start prices: hit[0] = 2 is more than reached[0] = 1"),
 ])

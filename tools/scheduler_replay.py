@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import time
@@ -33,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices  # noqa: E402
-from ds4tui.engine.replay import Costs, replay_scheduler  # noqa: E402
+from ds4tui.engine.prices import MAX_BLOCK, MAX_MS, SchedulerPrices  # noqa: E402
+from ds4tui.engine.replay import MIN_MS, Costs, replay_scheduler  # noqa: E402
 
 PROSE_PROMPTS = (
     "Write a short story about a cat who learns to play the piano.",
@@ -146,7 +148,15 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
             "costs": {"t_decode": t_decode, "t_propose": t_prop,
                       "t_verify": {str(n): ms for n, ms in sorted(widths.items())}},
             "traces": traces}
-    out.write_text(json.dumps(data))
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, out)  # whole or not at all: a full disk leaves an earlier recording as it was
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"scheduler_replay: error: {out}: cannot be written ({exc.strerror}); nothing was changed there",
+              file=sys.stderr)
+        return 1
     c = data["costs"]
     print(f"scheduler_replay: {len(traces)} traces of {n_tokens} positions to {out}; decode {c['t_decode']:.3f} ms, "
           f"proposal {c['t_propose']:.3f} ms, verify "
@@ -158,6 +168,24 @@ class TraceError(Exception):
     """A traces file that cannot be replayed; the message names the file, what was expected and what was found."""
 
 
+def _json_type(v) -> str:
+    return {type(None): "null", bool: "true/false", int: "a number", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _cost(path: Path, name: str, v) -> float:
+    """A time in ms from the file: a JSON number in MIN_MS..MAX_MS."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TraceError(f"{path}: costs.{name}: expected a number of ms, found {_json_type(v)} ({v!r:.40})")
+    try:
+        ms = float(v)
+    except OverflowError:
+        ms = math.inf
+    if not (math.isfinite(ms) and MIN_MS <= ms <= MAX_MS):
+        raise TraceError(f"{path}: costs.{name}: expected a finite time {MIN_MS:g}..{MAX_MS:g} ms, found {v!r:.40}")
+    return ms
+
+
 def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
     """The costs, block size and traces of a file ``record`` wrote; raises TraceError."""
     try:
@@ -166,35 +194,51 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
         raise TraceError(f"{path}: no such file (write one with `python tools/scheduler_replay.py record {path}`)")
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot be read: {exc}")
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not JSON ({exc}); expected what `scheduler_replay.py record` writes")
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:  # ValueError: an integer past Python's digits
+        raise TraceError(f"{path}: not JSON this tool reads ({type(exc).__name__}: {str(exc)[:80]}); expected what "
+                         "`scheduler_replay.py record` writes")
     if not isinstance(data, dict):
-        raise TraceError(f"{path}: expected a JSON object with costs, block and traces, found {type(data).__name__}")
+        raise TraceError(f"{path}: expected a JSON object with costs, block and traces, found {_json_type(data)}")
     missing = [k for k in ("costs", "block", "traces") if k not in data]
     if missing:
         raise TraceError(f"{path}: lacks {', '.join(missing)} (expected what `scheduler_replay.py record` writes)")
-    c, traces = data["costs"], data["traces"]
-    try:
-        costs = Costs(float(c["t_decode"]), float(c["t_propose"]), {int(n): float(ms) for n, ms in c["t_verify"].items()})
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceError(f"{path}: costs: expected t_decode, t_propose and t_verify (width: ms), found {c!r:.120} "
-                         f"({type(exc).__name__}: {exc})")
-    block = data["block"]
+    c, traces, block = data["costs"], data["traces"], data["block"]
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
-        raise TraceError(f"{path}: block: expected a whole number 1..{MAX_BLOCK}, found {block!r}")
-    if sorted(costs.t_verify) != list(range(2, block + 2)):
-        raise TraceError(f"{path}: costs.t_verify: expected the widths 2..{block + 1} (block {block}), found "
-                         f"{sorted(costs.t_verify)}")
-    for name, ms in [("t_decode", costs.t_decode), ("t_propose", costs.t_propose)] + [
-            (f"t_verify[{n}]", ms) for n, ms in sorted(costs.t_verify.items())]:
-        if not (math.isfinite(ms) and ms > 0):
-            raise TraceError(f"{path}: costs.{name}: expected a finite time > 0 ms, found {ms}")
+        raise TraceError(f"{path}: block: expected a whole number 1..{MAX_BLOCK}, found {block!r:.40}")
+    if not isinstance(c, dict):
+        raise TraceError(f"{path}: costs: expected an object of t_decode, t_propose and t_verify, found {_json_type(c)}")
+    for k in ("t_decode", "t_propose", "t_verify"):
+        if k not in c:
+            raise TraceError(f"{path}: costs: lacks {k}")
+    tv = c["t_verify"]
+    if not isinstance(tv, dict):
+        raise TraceError(f"{path}: costs.t_verify: expected an object of verify widths to ms, found {_json_type(tv)}")
+    bad = [k for k in tv if not re.fullmatch(r"[1-9][0-9]{0,2}", k)]
+    if bad:
+        raise TraceError(f"{path}: costs.t_verify: expected widths written as whole numbers (\"2\" .. \"{block + 1}\"), "
+                         f"found {bad[0]!r:.20}")
+    widths = sorted(int(k) for k in tv)
+    if widths != list(range(2, block + 2)):
+        raise TraceError(f"{path}: costs.t_verify: expected the widths 2..{block + 1} (block {block}), found {widths}")
+    costs = Costs(_cost(path, "t_decode", c["t_decode"]), _cost(path, "t_propose", c["t_propose"]),
+                  {int(k): _cost(path, f"t_verify[{k}]", ms) for k, ms in tv.items()})
     if not isinstance(traces, list) or not traces:
-        raise TraceError(f"{path}: traces: expected a non-empty list, found {traces!r:.60}")
+        raise TraceError(f"{path}: traces: expected a non-empty list, found {_json_type(traces)} ({traces!r:.40})")
     for i, t in enumerate(traces):
-        if not isinstance(t, dict) or not isinstance(t.get("accepted"), list):
-            raise TraceError(f"{path}: traces[{i}]: expected an object with an 'accepted' list, found {t!r:.80}")
+        if not isinstance(t, dict):
+            raise TraceError(f"{path}: traces[{i}]: expected an object with an accepted list, found {_json_type(t)}")
+        if not isinstance(t.get("accepted"), list):
+            raise TraceError(f"{path}: traces[{i}].accepted: expected a list of whole numbers 0..{block}, found "
+                             f"{_json_type(t.get('accepted'))} ({t.get('accepted')!r:.40})")
+        for k in ("kind", "text"):
+            if k in t and not isinstance(t[k], str):
+                raise TraceError(f"{path}: traces[{i}].{k}: expected a string, found {_json_type(t[k])}")
     return costs, block, traces
+
+
+def _shown(text: str) -> str:
+    """Text as this terminal can print it (a lone surrogate of a damaged file escaped)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def replay(path: Path, n_tokens: int, after: list[int], as_json: bool) -> int:
@@ -245,7 +289,7 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
         res = {"no scheduler": run(acc, scheduler=False), "fresh": run(acc)}
         for j in after:
             res[f"after {j}"] = run(acc, start=kept[j].capped(), kept=True)
-        rows.append({"kind": str(t.get("kind", "?")), "text": str(t.get("text", ""))[:48],
+        rows.append({"kind": _shown(t.get("kind", "?")), "text": _shown(t.get("text", ""))[:48],
                      **{a: {"ratio": r.ratio_to_target(costs.t_decode), "drafted_cycles": r.drafted_cycles,
                             "accepted": r.accepted, "proposed": r.proposed} for a, r in res.items()}})
     summary = {}
@@ -273,47 +317,70 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
     return 0
 
 
+MAX_RECORD_TOKENS = 8192
+"""The longest trace ``record`` takes (each position is a drafted step: ~8 ms on 2 cores)."""
+
+
+def _count(lo: int, hi: int):
+    """An argparse type: a whole number lo..hi written in ASCII digits."""
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"-?[0-9]+", text.strip()):
+            raise argparse.ArgumentTypeError(f"expected a whole number {lo}..{hi}, found {text!r}")
+        v = int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {lo}..{hi}, found {v}")
+        return v
+    return parse
+
+
+def _writable(out: Path) -> str | None:
+    """Why ``out`` cannot be written, or None: checked before minutes of recording, creating nothing."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        return "it is a folder"
+    if not parent.is_dir():
+        return f"its folder {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"its folder {parent} cannot be written"
+    if out.exists() and not os.access(out, os.W_OK):
+        return "it cannot be written"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Record acceptance traces of the demo pair, or replay the DSpark "
                                  "scheduler on them (spec dspark.md §7.5).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="record traces and costs of the demo pair")
     r.add_argument("out", type=Path)
-    r.add_argument("--tokens", type=int, default=512, help="positions a trace records (default 512)")
-    r.add_argument("--threads", type=int, default=2, help="engine threads (default 2)")
+    r.add_argument("--tokens", type=_count(1, MAX_RECORD_TOKENS), default=512,
+                   help=f"positions a trace records, 1..{MAX_RECORD_TOKENS} (default 512)")
+    r.add_argument("--threads", type=_count(1, 256), default=2, help="engine threads, 1..256 (default 2)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
     p.add_argument("traces", type=Path)
-    p.add_argument("--tokens", type=int, default=255, help="tokens each replay emits (default 255, as bench --ab's "
-                   "timed steps)")
+    p.add_argument("--tokens", type=_count(1, 1 << 24), default=255, help="tokens each replay emits (default 255, as "
+                   "bench --ab's timed steps)")
     p.add_argument("--after", default="0,1", help="prompt indexes whose fresh session comes first for the kept "
                    "arms (default 0,1: the bench's code and prose prompts; empty: none)")
     p.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "record":
-        if a.tokens < 1 or a.threads < 1:
-            ap.error(f"--tokens and --threads: expected at least 1, found {a.tokens} and {a.threads}")
-        existed = a.out.exists()
-        try:  # before minutes of recording: the output must be writable
-            with open(a.out, "a"):
-                pass
-        except OSError as exc:
-            print(f"scheduler_replay: error: {a.out}: cannot be written ({exc.strerror}); give a path in a writable "
-                  "folder", file=sys.stderr)
+        why = _writable(a.out)
+        if why:
+            print(f"scheduler_replay: error: {a.out}: cannot be written ({why}); give a path in a writable folder",
+                  file=sys.stderr)
             return 1
-        try:
-            return record(a.out, a.tokens, a.threads)
-        except BaseException:
-            if not existed:  # the empty file the check made is no recording
-                a.out.unlink(missing_ok=True)
-            raise
-    if a.tokens < 1:
-        ap.error(f"--tokens: expected at least 1, found {a.tokens}")
-    try:
-        after = list(dict.fromkeys(int(x) for x in a.after.split(",") if x.strip()))
-    except ValueError:
-        ap.error(f"--after: expected prompt indexes separated by commas, found {a.after!r}")
+        return record(a.out, a.tokens, a.threads)
+    parts = [x.strip() for x in a.after.split(",") if x.strip()]
+    if any(not re.fullmatch(r"[0-9]+", x) for x in parts):
+        p.error(f"--after: expected prompt indexes (whole numbers) separated by commas, found {a.after!r}")
+    after = list(dict.fromkeys(int(x) for x in parts))
     return replay(a.traces, a.tokens, after, a.json)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("scheduler_replay: interrupted (nothing written)", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -12,12 +12,13 @@ prints the replayed rates.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ds4tui.engine.errors import native_error
-from ds4tui.engine.prices import SchedulerPrices
+from ds4tui.engine.prices import MAX_MS, SchedulerPrices
 from ds4tui.engine.stats import NO_DRAFT_REASONS
 
 
@@ -52,6 +53,24 @@ class ReplayResult:
         return self.tokens * t_decode / self.ms
 
 
+#: The shortest time a replay takes as a pass's cost: below it the rates lose their digits.
+MIN_MS = 1e-6
+
+
+def _time(name: str, value) -> float:
+    """``value`` as a time in ms: a real number (not a bool or a string), finite, MIN_MS..MAX_MS,
+    else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number of ms, got {value!r}")
+    try:
+        ms = float(value)
+    except OverflowError:
+        ms = math.inf
+    if not (math.isfinite(ms) and MIN_MS <= ms <= MAX_MS):
+        raise ValueError(f"{name} must be a finite time {MIN_MS:g}..{MAX_MS:g} ms, got {value!r}")
+    return ms
+
+
 def _whole(name: str, value, lo: int, hi: int) -> int:
     """``value`` as an int in lo..hi, else ValueError naming ``name`` (bools and floats are no counts)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -69,7 +88,7 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     DSpark on, the scheduler on or off (``scheduler``), drafts of at most ``max_draft`` (default the
     block) and no confidence cut, from ``start`` prices (None: a fresh session; ``kept``: kept from
     other sessions, as the engine starts a session, else used as given).  ``costs.t_verify`` must
-    price every width 2 .. block + 1 and no other.
+    price every width 2 .. block + 1 and no other; every time is a number of ms in [MIN_MS, MAX_MS].
 
     Raises ValueError naming the argument out of range and the range (the engine's message for the
     checks it makes itself)."""
@@ -77,10 +96,14 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
 
     ffi, lib = _native.ffi, _native.lib
     max_block = len(ffi.new("ds4_dspark_prices *").reached)
+    for name, flag in (("scheduler", scheduler), ("kept", kept)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     block = _whole("block", block, 1, max_block)
     max_draft = _whole("max_draft", block if max_draft is None else max_draft, 1, block)
-    if not isinstance(accepted, (Sequence, np.ndarray)) or isinstance(accepted, (str, bytes)):
-        raise ValueError(f"accepted must be a sequence of whole numbers 0..{block}, got {type(accepted).__name__}")
+    if (not isinstance(accepted, (Sequence, np.ndarray)) or isinstance(accepted, (str, bytes))
+            or getattr(accepted, "ndim", 1) != 1):
+        raise ValueError(f"accepted must be a sequence of whole numbers 0..{block}, got {accepted!r:.60}")
     acc = bytes(_whole(f"accepted[{p}]", a, 0, block) for p, a in enumerate(accepted))
     if not acc:
         raise ValueError("accepted is empty: a replay needs a recorded position for each token it emits")
@@ -92,23 +115,28 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     if not isinstance(costs.t_verify, Mapping):
         raise ValueError(f"costs.t_verify must map verify widths 2..{block + 1} to ms, got "
                          f"{type(costs.t_verify).__name__}")
-    widths = sorted(costs.t_verify)
+    widths = [_whole("costs.t_verify's width", n, 0, 1 << 30) for n in costs.t_verify]
+    widths.sort()
     if widths != list(range(2, block + 2)):
         raise ValueError(f"costs.t_verify must price exactly the verify widths 2..{block + 1} (block {block}), got "
                          f"widths {widths}")
     knobs = ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": int(bool(scheduler)), "threshold": 0.0,
                                            "max_draft": max_draft})
     c = ffi.new("ds4_dspark_costs *")
-    try:
-        c.t_decode, c.t_propose = float(costs.t_decode), float(costs.t_propose)
-        for n in widths:
-            c.t_verify[n] = float(costs.t_verify[n])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"costs: every time must be a number of ms ({exc})") from None
+    c.t_decode, c.t_propose = _time("costs.t_decode", costs.t_decode), _time("costs.t_propose", costs.t_propose)
+    for n in widths:
+        c.t_verify[n] = _time(f"costs.t_verify[{n}]", costs.t_verify[n])
+    native_start = ffi.NULL
+    if start is not None:
+        try:
+            native_start = start.to_native(ffi)
+        except (IndexError, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"start prices: widths 1..{max_block + 1}, counts of positions 0..{max_block - 1}, "
+                             f"times in ms expected ({type(exc).__name__}: {exc})") from None
     end = ffi.new("ds4_dspark_prices *")
     out = ffi.new("ds4_dspark_replay_result *")
     err = ffi.new("char[512]")
-    rc = lib.ds4_dspark_replay(start.to_native(ffi) if start is not None else ffi.NULL, int(kept), knobs, block,
+    rc = lib.ds4_dspark_replay(native_start, int(bool(kept)), knobs, block,
                                ffi.from_buffer(acc), len(acc), n_tokens, c, end, out, err, 512)
     if rc != 0:
         msg = ffi.string(err).decode(errors="replace")

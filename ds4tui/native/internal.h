@@ -182,6 +182,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
 typedef struct {
     ds4_dspark_prices pr;
     int skip_left, backoff, probe;
+    int room;                   /* the widest verify the last cycle could draft (its room + 1): the widths that
+                                 * bound the narrower ones' prices (scheduler.c, t_verify) */
     int plain_here;             /* a priced plain decode ran since the session began or its prices were set */
     uint64_t n_plain;           /* plain (no-draft) cycles */
     uint64_t n_priced;          /* ... of them timed (not capturing a graph): priced_ms / n_priced prices the savings */

@@ -88,11 +88,13 @@ void ds4_sched_set_prices(ds4_sched *q, const ds4_dspark_prices *p, int kept) {
 /* ---- the cost model (spec dspark.md §7.3) ---------------------------------------------------- */
 
 /* The price of a pass over n rows: its own time, else interpolated between the measured widths
- * around it (flat beyond them: optimistic), and for a verify (n >= 2) never above a wider width's
- * time (a pass over fewer rows does less of the same work).  Without that bound one width timed once in a busy spell (kept
- * prices held verify(5) at 12.9 ms beside verify(6) at 7.1) stopped the scan for the best length
- * below it, so that width was never drafted to re-time it, nor any wider one (spec dspark.md §7.4,
- * Times). */
+ * around it (flat beyond them: optimistic), and for a verify (n >= 2) never above the time of a wider
+ * width the session can draft (up to q->room: a pass over fewer rows does less of the same work).
+ * Without that bound one width timed once in a busy spell (kept prices held verify(5) at 12.9 ms
+ * beside verify(6) at 7.1) stopped the scan for the best length below it, so that width was never
+ * drafted to re-time it, nor any wider one.  Only widths within the room bound it: a cheap kept time
+ * of a width the knobs never draft (max_draft below the block) would never be re-timed either, and
+ * priced every narrower verify below its cost (spec dspark.md §7.4, Times). */
 static double t_verify(const ds4_sched *q, int n) {
     double t;
     if (q->pr.has_ver[n]) {
@@ -107,7 +109,7 @@ static double t_verify(const ds4_sched *q, int n) {
             t = q->pr.has_ver[lo] ? q->pr.t_ver[lo] : q->pr.t_ver[hi];
     }
     if (n >= 2) /* a plain decode is priced by the plain decodes alone, which every skipped cycle times */
-        for (int m = n + 1; m < DS4_DSPARK_MAX_BLOCK + 2; m++)
+        for (int m = n + 1; m <= q->room && m < DS4_DSPARK_MAX_BLOCK + 2; m++)
             if (q->pr.has_ver[m] && q->pr.t_ver[m] < t) t = q->pr.t_ver[m];
     return t;
 }
@@ -239,6 +241,7 @@ static void sample_time(double *v, int32_t *has, int32_t *carried, double x) {
 int ds4_sched_decide(ds4_sched *q, int lmax, int lroom, int *len, int *probe) {
     *probe = 0;
     *len = lmax;
+    q->room = lroom + 1;
     if (q->skip_left > 0) {
         q->skip_left--;
         return DS4_ND_SCHEDULER_SKIP;
