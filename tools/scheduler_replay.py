@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
@@ -35,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from ds4tui.engine.prices import MAX_BLOCK, MAX_MS, SchedulerPrices  # noqa: E402
-from ds4tui.engine.replay import MIN_MS, Costs, replay_scheduler  # noqa: E402
+from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices  # noqa: E402
+from ds4tui.engine.replay import Costs, replay_scheduler, time_ms  # noqa: E402
 
 PROSE_PROMPTS = (
     "Write a short story about a cat who learns to play the piano.",
@@ -174,16 +173,11 @@ def _json_type(v) -> str:
 
 
 def _cost(path: Path, name: str, v) -> float:
-    """A time in ms from the file: a JSON number in MIN_MS..MAX_MS."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TraceError(f"{path}: costs.{name}: expected a number of ms, found {_json_type(v)} ({v!r:.40})")
+    """A time in ms from the file (a JSON number in replay.MIN_MS..MAX_MS), else TraceError naming it."""
     try:
-        ms = float(v)
-    except OverflowError:
-        ms = math.inf
-    if not (math.isfinite(ms) and MIN_MS <= ms <= MAX_MS):
-        raise TraceError(f"{path}: costs.{name}: expected a finite time {MIN_MS:g}..{MAX_MS:g} ms, found {v!r:.40}")
-    return ms
+        return time_ms(f"costs.{name}", v)
+    except ValueError as exc:
+        raise TraceError(f"{path}: {exc}") from None
 
 
 def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:

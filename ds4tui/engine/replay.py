@@ -57,7 +57,7 @@ class ReplayResult:
 MIN_MS = 1e-6
 
 
-def _time(name: str, value) -> float:
+def time_ms(name: str, value) -> float:
     """``value`` as a time in ms: a real number (not a bool or a string), finite, MIN_MS..MAX_MS,
     else ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -123,9 +123,9 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     knobs = ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": int(bool(scheduler)), "threshold": 0.0,
                                            "max_draft": max_draft})
     c = ffi.new("ds4_dspark_costs *")
-    c.t_decode, c.t_propose = _time("costs.t_decode", costs.t_decode), _time("costs.t_propose", costs.t_propose)
+    c.t_decode, c.t_propose = time_ms("costs.t_decode", costs.t_decode), time_ms("costs.t_propose", costs.t_propose)
     for n in widths:
-        c.t_verify[n] = _time(f"costs.t_verify[{n}]", costs.t_verify[n])
+        c.t_verify[n] = time_ms(f"costs.t_verify[{n}]", costs.t_verify[n])
     native_start = ffi.NULL
     if start is not None:
         try:
