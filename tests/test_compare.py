@@ -278,6 +278,17 @@ def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a `bench --ab` result but field `arms[0].tokens_per_s` is array [3], expected number or "
         f"null: the file was edited or damaged; write it again with ds4tui bench --ab --json")
+    for rate, shown in ((-5.0, "-5.0"), (float("nan"), "NaN")):  # rates no run writes
+        bad.write_text(json.dumps({"mode": "ab", "arms": [{"name": "target-only", "tokens_per_s": rate}],
+                                   "model": {}, "backend": "cpu", "tokens": 64, "n_threads": 2}))
+        assert _refusal(capsys, str(good), bad) == (
+            f"{bad}: looks like a `bench --ab` result but field `arms[0].tokens_per_s` is number {shown}, expected "
+            f"a finite number >= 0 (a rate) or null: the file was edited or damaged; write it again with ds4tui "
+            f"bench --ab --json")
+    bad.write_text(json.dumps({**d, "decode_tokens_per_s": float("inf")}))
+    assert _refusal(capsys, str(good), bad) == (
+        f"{bad}: looks like a `bench` result but field `decode_tokens_per_s` is number Infinity, expected a finite "
+        f"number >= 0 (a rate): the file was edited or damaged; write it again with ds4tui bench --json")
     bad.write_text(json.dumps({"format": "ds4tui-chat/1", "messages": [], "session": None}))
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a transcript (Ctrl+S) but field `session` is null, expected an object holding the "

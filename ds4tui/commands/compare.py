@@ -154,6 +154,9 @@ def _check_fields(d: dict, fields, kind: str, where: str = "") -> None:
         v = d[name]
         if not _fits(v, types):
             raise _wrong(kind, where + name, v, " or ".join(types))
+        if name.endswith("_per_s") and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and not (math.isfinite(v) and v >= 0):  # a rate no run writes: NaN, infinite or negative
+            raise _wrong(kind, where + name, v, "a finite number >= 0 (a rate)" + (" or null" if "null" in types else ""))
 
 
 @dataclass(frozen=True)
