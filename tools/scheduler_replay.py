@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from ds4tui.commands.compare import json_type  # noqa: E402
 from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices  # noqa: E402
 from ds4tui.engine.replay import Costs, replay_scheduler, time_ms  # noqa: E402
 
@@ -167,11 +168,6 @@ class TraceError(Exception):
     """A traces file that cannot be replayed; the message names the file, what was expected and what was found."""
 
 
-def _json_type(v) -> str:
-    return {type(None): "null", bool: "true/false", int: "a number", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
-
-
 def _cost(path: Path, name: str, v) -> float:
     """A time in ms from the file (a JSON number in replay.MIN_MS..MAX_MS), else TraceError naming it."""
     try:
@@ -192,7 +188,7 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
         raise TraceError(f"{path}: not JSON this tool reads ({type(exc).__name__}: {str(exc)[:80]}); expected what "
                          "`scheduler_replay.py record` writes")
     if not isinstance(data, dict):
-        raise TraceError(f"{path}: expected a JSON object with costs, block and traces, found {_json_type(data)}")
+        raise TraceError(f"{path}: expected a JSON object with costs, block and traces, found {json_type(data)}")
     missing = [k for k in ("costs", "block", "traces") if k not in data]
     if missing:
         raise TraceError(f"{path}: lacks {', '.join(missing)} (expected what `scheduler_replay.py record` writes)")
@@ -200,13 +196,13 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
         raise TraceError(f"{path}: block: expected a whole number 1..{MAX_BLOCK}, found {block!r:.40}")
     if not isinstance(c, dict):
-        raise TraceError(f"{path}: costs: expected an object of t_decode, t_propose and t_verify, found {_json_type(c)}")
+        raise TraceError(f"{path}: costs: expected an object of t_decode, t_propose and t_verify, found {json_type(c)}")
     for k in ("t_decode", "t_propose", "t_verify"):
         if k not in c:
             raise TraceError(f"{path}: costs: lacks {k}")
     tv = c["t_verify"]
     if not isinstance(tv, dict):
-        raise TraceError(f"{path}: costs.t_verify: expected an object of verify widths to ms, found {_json_type(tv)}")
+        raise TraceError(f"{path}: costs.t_verify: expected an object of verify widths to ms, found {json_type(tv)}")
     bad = [k for k in tv if not re.fullmatch(r"[1-9][0-9]{0,2}", k)]
     if bad:
         raise TraceError(f"{path}: costs.t_verify: expected widths written as whole numbers (\"2\" .. \"{block + 1}\"), "
@@ -217,16 +213,16 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
     costs = Costs(_cost(path, "t_decode", c["t_decode"]), _cost(path, "t_propose", c["t_propose"]),
                   {int(k): _cost(path, f"t_verify[{k}]", ms) for k, ms in tv.items()})
     if not isinstance(traces, list) or not traces:
-        raise TraceError(f"{path}: traces: expected a non-empty list, found {_json_type(traces)} ({traces!r:.40})")
+        raise TraceError(f"{path}: traces: expected a non-empty array, found {json_type(traces)} ({traces!r:.40})")
     for i, t in enumerate(traces):
         if not isinstance(t, dict):
-            raise TraceError(f"{path}: traces[{i}]: expected an object with an accepted list, found {_json_type(t)}")
+            raise TraceError(f"{path}: traces[{i}]: expected an object with an accepted array, found {json_type(t)}")
         if not isinstance(t.get("accepted"), list):
-            raise TraceError(f"{path}: traces[{i}].accepted: expected a list of whole numbers 0..{block}, found "
-                             f"{_json_type(t.get('accepted'))} ({t.get('accepted')!r:.40})")
+            raise TraceError(f"{path}: traces[{i}].accepted: expected an array of whole numbers 0..{block}, found "
+                             f"{json_type(t.get('accepted'))} ({t.get('accepted')!r:.40})")
         for k in ("kind", "text"):
             if k in t and not isinstance(t[k], str):
-                raise TraceError(f"{path}: traces[{i}].{k}: expected a string, found {_json_type(t[k])}")
+                raise TraceError(f"{path}: traces[{i}].{k}: expected a string, found {json_type(t[k])}")
     return costs, block, traces
 
 
