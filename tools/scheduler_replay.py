@@ -30,13 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+# ds4tui is the one Python imports (the installed package, or this tree when installed with -e), as
+# for the other tools; eval_demo comes from this folder, first on the path of a script run from it
 
-from ds4tui.commands.compare import json_type  # noqa: E402
-from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices  # noqa: E402
-from ds4tui.engine.replay import Costs, replay_scheduler, time_ms  # noqa: E402
+from ds4tui.commands.compare import json_type
+from ds4tui.engine.errors import EngineError
+from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices
+from ds4tui.engine.replay import Costs, replay_scheduler, time_ms
 
 PROSE_PROMPTS = (
     "Write a short story about a cat who learns to play the piano.",
@@ -371,6 +371,9 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
+    except EngineError as exc:  # the native engine not built, a demo pair that does not open
+        print(f"scheduler_replay: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("scheduler_replay: interrupted (nothing written)", file=sys.stderr)
         raise SystemExit(130) from None

@@ -91,7 +91,11 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     price every width 2 .. block + 1 and no other; every time is a number of ms in [MIN_MS, MAX_MS].
 
     Raises ValueError naming the argument out of range and the range (the engine's message for the
-    checks it makes itself)."""
+    checks it makes itself), and :class:`~ds4tui.engine.errors.NativeNotBuiltError` when the native
+    engine is not built."""
+    from ds4tui.engine.session import require_native
+
+    require_native("cpu")  # NativeNotBuiltError saying what to run, rather than an ImportError
     from ds4tui import _native
 
     ffi, lib = _native.ffi, _native.lib
