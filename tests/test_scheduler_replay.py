@@ -3,6 +3,10 @@ the engine's own decisions with given costs, so each case below is exact and nee
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ds4tui.engine.prices import SchedulerPrices
@@ -130,3 +134,26 @@ def test_bad_arguments_name_what_is_wrong(kw, needle):
     with pytest.raises(ValueError) as e:
         replay_scheduler(acc, n, costs, **args)
     assert needle in str(e.value)
+
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "scheduler_replay.py"
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--model", "m.gguf"], 2, "--model and --mtp go together: give a target GGUF and its DSpark support GGUF, or "
+                               "neither for the demo pair (found only --model)"),
+    (["--mtp", "s.gguf"], 2, "(found only --mtp)"),
+    (["--model", "absent.gguf", "--mtp", "s.gguf"], 2, "--model absent.gguf: no such file"),
+    (["--model", "m.gguf", "--mtp", "absent.gguf"], 2, "--mtp absent.gguf: no such file"),
+    (["--model", "m.gguf", "--mtp", "s.gguf"], 1, "scheduler_replay: error: m.gguf: wrong magic: expected b'GGUF'"),
+])
+def test_record_takes_a_pair_as_two_files_and_names_a_bad_one(args, code, needle, tmp_path):
+    """``record --model --mtp`` records another pair than the demo's; half a pair, a missing file or a
+    file that is no GGUF is one line naming it, and nothing is written."""
+    (tmp_path / "m.gguf").write_bytes(b"not a model file")
+    (tmp_path / "s.gguf").write_bytes(b"not a support file")
+    r = subprocess.run([sys.executable, str(TOOL), "record", "out.json", *args], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "s.gguf"]

@@ -1,8 +1,8 @@
 """The DSpark scheduler on many texts without timing noise: record acceptance traces of the demo pair,
 then replay the engine's scheduler on them (spec dspark.md §7.5).
 
-``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2]`` answers each prompt
-below greedily with the demo pair and records, for every anchor position, how many of the block's
+``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2] [--model MODEL --mtp
+SUPPORT]`` answers each prompt below greedily with the demo pair (or the pair given) and records, for every anchor position, how many of the block's
 drafts the target accepts there (a drafted step, then a rewind that keeps its first token, so every
 position is an anchor); then, on the first prompt, the costs the scheduler prices with: the engine's
 mean time of a plain decode (64 of them), of a proposal and of a verify of each width 2 .. block + 1
@@ -34,7 +34,7 @@ from pathlib import Path
 # for the other tools; eval_demo comes from this folder, first on the path of a script run from it
 
 from ds4tui.commands.compare import json_type
-from ds4tui.engine.errors import EngineError
+from ds4tui.engine.errors import EngineError, ModelFileError
 from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices
 from ds4tui.engine.replay import Costs, replay_scheduler, time_ms
 
@@ -81,18 +81,25 @@ def prompts() -> list[tuple[str, str]]:
             + [("prose", t) for t in PROSE_PROMPTS] + [("code", t) for t in CODE_PROMPTS])
 
 
-def record(out: Path, n_tokens: int, threads: int) -> int:
-    from ds4tui.demo import demo_pair
+def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path] | None = None) -> int:
+    """Record the traces and costs of ``pair_files`` (target GGUF, DSpark support GGUF), else of the
+    bundled demo pair, to ``out``; 0, or 1 after a one-line error."""
     from ds4tui.engine.gguf_model import DS4Model
     from ds4tui.engine.session import Engine, SamplingParams
     from ds4tui.engine.tokenizer import Tokenizer, render_chat
 
-    pair = demo_pair()
-    if pair is None:
-        raise SystemExit("scheduler_replay: this build ships no demo pair")
-    model = DS4Model(str(pair.model))
+    if pair_files is None:
+        from ds4tui.demo import demo_pair
+
+        pair = demo_pair()
+        if pair is None:
+            raise SystemExit("scheduler_replay: this build ships no demo pair")
+        model_path, support_path = pair.model, pair.support
+    else:
+        model_path, support_path = pair_files
+    model = DS4Model(str(model_path))
     tok = Tokenizer.from_gguf(model.reader)
-    eng = Engine(model, support=pair.support, n_threads=threads, activations="auto", scheduler_prices="fresh")
+    eng = Engine(model, support=support_path, n_threads=threads, activations="auto", scheduler_prices="fresh")
     block = eng.block_size
     traces = []
 
@@ -143,7 +150,7 @@ def record(out: Path, n_tokens: int, threads: int) -> int:
     s.close()
     eng.close()
     t_prop = propose / drafted
-    data = {"model": str(pair.model), "support": str(pair.support), "threads": threads, "tokens": n_tokens,
+    data = {"model": str(model_path), "support": str(support_path), "threads": threads, "tokens": n_tokens,
             "block": block,
             "costs": {"t_decode": t_decode, "t_propose": t_prop,
                       "t_verify": {str(n): ms for n, ms in sorted(widths.items())}},
@@ -341,11 +348,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Record acceptance traces of the demo pair, or replay the DSpark "
                                  "scheduler on them (spec dspark.md §7.5).")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("record", help="record traces and costs of the demo pair")
+    r = sub.add_parser("record", help="record traces and costs of the demo pair (or of --model and --mtp)")
     r.add_argument("out", type=Path)
     r.add_argument("--tokens", type=_count(1, MAX_RECORD_TOKENS), default=512,
                    help=f"positions a trace records, 1..{MAX_RECORD_TOKENS} (default 512)")
     r.add_argument("--threads", type=_count(1, 256), default=2, help="engine threads, 1..256 (default 2)")
+    r.add_argument("--model", type=Path, help="a target DS4 GGUF to record instead of the demo pair's (with --mtp)")
+    r.add_argument("--mtp", type=Path, help="its DSpark support GGUF (with --model)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
     p.add_argument("traces", type=Path)
     p.add_argument("--tokens", type=_count(1, 1 << 24), default=255, help="tokens each replay emits (default 255, as "
@@ -360,7 +369,13 @@ def main(argv=None) -> int:
             print(f"scheduler_replay: error: {a.out}: cannot be written ({why}); give a path in a writable folder",
                   file=sys.stderr)
             return 1
-        return record(a.out, a.tokens, a.threads)
+        if (a.model is None) != (a.mtp is None):
+            r.error(f"--model and --mtp go together: give a target GGUF and its DSpark support GGUF, or neither "
+                    f"for the demo pair (found only {'--model' if a.mtp is None else '--mtp'})")
+        for flag, f in (("--model", a.model), ("--mtp", a.mtp)):
+            if f is not None and not f.is_file():
+                r.error(f"{flag} {f}: no such file; give the path of a GGUF file")
+        return record(a.out, a.tokens, a.threads, (a.model, a.mtp) if a.model else None)
     parts = [x.strip() for x in a.after.split(",") if x.strip()]
     if any(not re.fullmatch(r"[0-9]+", x) for x in parts):
         p.error(f"--after: expected prompt indexes (whole numbers) separated by commas, found {a.after!r}")
@@ -371,7 +386,7 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except EngineError as exc:  # the native engine not built, a demo pair that does not open
+    except (EngineError, ModelFileError) as exc:  # the native engine not built, a pair that does not open
         print(f"scheduler_replay: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
