@@ -534,7 +534,9 @@ def test_two_ab_results_compare_arm_by_arm(tiny_q2, tmp_path, capsys):
     # a figure one run lacks (e.g. the verify price of a scheduler arm that drafted in one run only) is a
     # "-" in the tables and one counted line after them, never a raw JSON path
     only = sum(1 for side in ("only_a", "only_b") if r[side])
-    assert rc == 0 and "arms[" not in text and len(lines) == 5 + 1 + 3 + shown + 3 + only, text
+    # and one note a file whose runs were too short (both here: 16 tokens of the tiny model)
+    assert len(r["noise_notes"]) == 2
+    assert rc == 0 and "arms[" not in text and len(lines) == 5 + 1 + 3 + shown + 3 + only + 2 * 2, text
     x, y = ja["arms"][0]["tokens_per_s"], jb["arms"][0]["tokens_per_s"]
     i = lines.index("target-only: DSpark off")
     assert lines[i - 1].split() == ["per", "arm", "A", "B", "B/A"]
@@ -701,3 +703,27 @@ def test_a_ratio_or_figure_that_rounds_to_zero_has_no_minus_sign(tmp_path, capsy
     lines = C.render_arms(table)
     assert lines[2].split() == ["code", "prompt", "1.500x", "0.000x", "0.000"]
     assert lines[3].split() == ["code", "prompt", "0.900", "0.000", "0.000"]
+
+
+def test_a_short_ab_run_is_named_with_its_bench_note(tiny_q2, tmp_path, capsys):
+    """A ``bench --ab`` result whose runs were too short to resolve a few percent carries bench's
+    ``noise_note``; compare repeats it for that file (A or B) in the table and in --json, and says
+    nothing for a file without one.  A ``noise_note`` of another JSON type is refused by name."""
+    a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json", "--scheduler-prices", "fresh")
+    assert ja["noise_note"].startswith("the shortest run decoded for")  # 16 tokens of the tiny model
+    long_b = tmp_path / "b.json"
+    long_b.write_text(json.dumps({**ja, "noise_note": None, "tokens": 17}))
+    rc = cli_main(["compare", a, str(long_b), "--json"])
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    want = (f"A ({a}) ran short, so a B/A within a few percent of 1 says nothing about a change: its bench noted "
+            f"\"{ja['noise_note']}\"")
+    assert rc == 0 and r["noise_notes"] == [want] and f"ds4tui compare: note: {want}" in out.err
+    rc = cli_main(["compare", str(long_b), a])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"NOTE: B ({a}) ran short" in text and "A (" + str(long_b) + ") ran short" not in text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**ja, "noise_note": 5}))
+    rc = cli_main(["compare", a, str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "noise_note" in err and "integer" in err and str(bad) in err

@@ -20,6 +20,8 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
   to compare instead);
 - a **warning** when both files are stats exports of one chat session whose counters ran on
   between them (the same ``counters_id``, B's counts at least A's): B then contains A.
+- a **note** for a ``bench --ab`` result whose runs were too short to resolve a few percent (its
+  ``noise_note``, :func:`noise_note`): a B/A near 1 from it says nothing about a change.
 
 Two ``bench --ab`` results print one table per arm instead of the figures (:func:`arm_tables`,
 :data:`ARM_ROWS`: tokens/s, the ratio to target-only, accept rate, tokens per cycle, the stage
@@ -96,7 +98,8 @@ ACCEPTS = ("compare reads the JSON of one run: a stats export of the chat (F6), 
 #: checked when present: ``required`` False); an edited or damaged file is named with the field.
 FIELDS: dict[str, list[tuple[str, tuple[str, ...], bool]]] = {
     "bench-ab": [("model", ("object",), True), ("backend", ("string",), True), ("arms", ("array",), True),
-                 ("tokens", ("integer",), True), ("n_threads", ("integer",), True), ("ctx", ("integer",), False)],
+                 ("tokens", ("integer",), True), ("n_threads", ("integer",), True), ("ctx", ("integer",), False),
+                 ("noise_note", ("string", "null"), False)],
     "bench": [("model", ("object",), True), ("backend", ("string",), True),
               ("decode_tokens_per_s", ("number",), True), ("memcpy_gb_per_s", ("number", "null"), True),
               ("prefill_tokens_per_s", ("number",), False), ("ctx", ("integer",), False),
@@ -623,6 +626,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
             lines += ["", f"WARNING: {w}"]
     if r.get("scheduler_start_note"):
         lines += ["", f"NOTE: {r['scheduler_start_note']}"]
+    for note in r.get("noise_notes") or ():  # before the figures: it qualifies every one of them
+        lines += ["", f"NOTE: {note}"]
     lines.append("")
     arms = r.get("arms")
     if arms is not None:
@@ -825,6 +830,17 @@ def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dic
             f"B {_describe(path_b, kind_b, b)}; {todo}")
 
 
+def noise_note(side: str, path: str, d: dict) -> str | None:
+    """The note when a ``bench --ab`` result says its runs were too short to resolve a few percent
+    (its ``noise_note``, :func:`ds4tui.commands.bench.ab_noise_note`): then a B/A of its figures near 1
+    is within the noise of one such run (None otherwise)."""
+    note = d.get("noise_note")
+    if not isinstance(note, str) or not note:
+        return None
+    return (f"{side} ({path}) ran short, so a B/A within a few percent of 1 says nothing about a change: its "
+            f"bench noted \"{note}\"")
+
+
 def interrupted_note(side: str, path: str, d: dict) -> str | None:
     """The note when a file is a ``bench`` result interrupted after its last run (the only
     interrupted result compare reads): its runs are whole, the memcpy figure is not (None otherwise)."""
@@ -868,6 +884,7 @@ def run(args) -> int:
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
     r["interrupted_notes"] = [n for n in (interrupted_note("A", args.a, a), interrupted_note("B", args.b, b)) if n]
+    r["noise_notes"] = [n for n in (noise_note("A", args.a, a), noise_note("B", args.b, b)) if n]
     if kind_a == kind_b == "bench-ab":
         r["arms"] = arm_tables(a, b)
     if args.json:
@@ -876,7 +893,8 @@ def run(args) -> int:
         for w in (r["warning"], r["contains_warning"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
-        for note in (r["scheduler_start_note"], r["no_shared_figures"], r["same_run"], *r["interrupted_notes"]):
+        for note in (r["scheduler_start_note"], r["no_shared_figures"], r["same_run"], *r["interrupted_notes"],
+                     *r["noise_notes"]):
             if note:
                 print(f"{_PREFIX} note: {note}", file=sys.stderr)
     else:
