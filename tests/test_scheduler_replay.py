@@ -3,6 +3,7 @@ the engine's own decisions with given costs, so each case below is exact and nee
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -146,14 +147,41 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "scheduler_replay.py"
     (["--model", "absent.gguf", "--mtp", "s.gguf"], 2, "--model absent.gguf: no such file"),
     (["--model", "m.gguf", "--mtp", "absent.gguf"], 2, "--mtp absent.gguf: no such file"),
     (["--model", "m.gguf", "--mtp", "s.gguf"], 1, "scheduler_replay: error: m.gguf: wrong magic: expected b'GGUF'"),
+    (["--model", ".", "--mtp", "s.gguf"], 2, "--model .: a folder; give the path of a GGUF file"),
+    (["--model", "m.gguf", "--mtp", "s.gguf", "--out-is", "s.gguf"], 2,
+     "s.gguf is the --mtp file: the recording would replace it; give another OUT"),
+    (["--out-is", ""], 2, "OUT is empty; give the file to write"),
+    (["--out-is", "/proc/traces.json"], 1, "/proc/traces.json: cannot be written (a file cannot be created in /proc"),
 ])
 def test_record_takes_a_pair_as_two_files_and_names_a_bad_one(args, code, needle, tmp_path):
-    """``record --model --mtp`` records another pair than the demo's; half a pair, a missing file or a
-    file that is no GGUF is one line naming it, and nothing is written."""
+    """``record --model --mtp`` records another pair than the demo's; half a pair, a missing file, a
+    folder, a file that is no GGUF, an OUT that is one of the pair's files, an empty OUT or one that
+    cannot be created is one line naming it, before any recording, and nothing is written."""
     (tmp_path / "m.gguf").write_bytes(b"not a model file")
     (tmp_path / "s.gguf").write_bytes(b"not a support file")
-    r = subprocess.run([sys.executable, str(TOOL), "record", "out.json", *args], cwd=tmp_path, capture_output=True,
+    out = "out.json"
+    if "--out-is" in args:
+        i = args.index("--out-is")
+        out, args = args[i + 1], args[:i] + args[i + 2:]
+    r = subprocess.run([sys.executable, str(TOOL), "record", out, *args], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == code, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "s.gguf"]
+
+
+def test_replay_defaults_to_the_recorded_length_when_traces_are_short(tmp_path):
+    """``replay`` without --tokens replays 255 tokens, or the shortest trace's positions when a
+    recording holds fewer (a ``record --tokens 8`` file replays as it is); an explicit --tokens past
+    them is refused naming the trace."""
+    costs = {"t_decode": 1.0, "t_propose": 0.5, "t_verify": {str(n): 1.0 for n in range(2, 7)}}
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"block": 5, "costs": costs, "traces": [{"kind": "code", "text": "a", "accepted": [5] * 8},
+                                                                      {"kind": "prose", "text": "b", "accepted": [0] * 9}]}))
+    r = subprocess.run([sys.executable, str(TOOL), "replay", str(f), "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == 8
+    r = subprocess.run([sys.executable, str(TOOL), "replay", str(f), "--tokens", "9"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--tokens 9: trace 0 of" in r.stderr and "holds 8 positions" in r.stderr

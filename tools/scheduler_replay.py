@@ -100,6 +100,11 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
     model = DS4Model(str(model_path))
     tok = Tokenizer.from_gguf(model.reader)
     eng = Engine(model, support=support_path, n_threads=threads, activations="auto", scheduler_prices="fresh")
+    if eng.support_status != "attached":
+        eng.close()
+        print(f"scheduler_replay: error: --mtp {support_path}: the support model does not fit {model_path} "
+              f"({eng.support_message or eng.support_status})", file=sys.stderr)
+        return 1
     block = eng.block_size
     traces = []
 
@@ -171,6 +176,10 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
     return 0
 
 
+#: Tokens a replay emits by default: bench --ab's timed steps.
+DEFAULT_REPLAY_TOKENS = 255
+
+
 class TraceError(Exception):
     """A traces file that cannot be replayed; the message names the file, what was expected and what was found."""
 
@@ -238,12 +247,21 @@ def _shown(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def replay(path: Path, n_tokens: int, after: list[int], as_json: bool) -> int:
+def replay(path: Path, n_tokens: int | None, after: list[int], as_json: bool) -> int:
+    """Replay the traces of ``path`` (``n_tokens`` each; None: 255, or the shortest trace's length when
+    that is less); 0, else 1 or 2 after a one-line error."""
     try:
         costs, block, traces = load_traces(path)
     except TraceError as exc:
         print(f"scheduler_replay: error: {exc}", file=sys.stderr)
         return 1
+    empty = [i for i, t in enumerate(traces) if not t["accepted"]]
+    if empty:
+        print(f"scheduler_replay: error: {path}: traces[{empty[0]}].accepted holds no positions; expected what "
+              f"`scheduler_replay.py record` writes", file=sys.stderr)
+        return 1
+    if n_tokens is None:
+        n_tokens = min(DEFAULT_REPLAY_TOKENS, *(len(t["accepted"]) for t in traces))
     for i in after:
         if not 0 <= i < len(traces):
             print(f"scheduler_replay: error: --after {i}: expected a prompt index 0..{len(traces) - 1} of {path}",
@@ -331,25 +349,35 @@ def _count(lo: int, hi: int):
 
 
 def _writable(out: Path) -> str | None:
-    """Why ``out`` cannot be written, or None: checked before minutes of recording, creating nothing."""
+    """Why ``out`` cannot be written, or None: checked before minutes of recording by creating (and
+    removing) the file the recording is written to first, ``OUT.partial``, so that what the system
+    refuses (a read-only or virtual file system, permissions that root's ``os.access`` does not see) is
+    found now; ``out`` itself is not touched."""
     parent = out.parent if str(out.parent) else Path(".")
     if out.is_dir():
         return "it is a folder"
     if not parent.is_dir():
         return f"its folder {parent} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"its folder {parent} cannot be written"
     if out.exists() and not os.access(out, os.W_OK):
         return "it cannot be written"
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with open(tmp, "x"):
+            pass
+    except FileExistsError:
+        return f"{tmp} exists (an earlier recording's leftover?); remove it first"
+    except OSError as exc:
+        return f"a file cannot be created in {parent} ({exc.strerror})"
+    tmp.unlink(missing_ok=True)
     return None
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Record acceptance traces of the demo pair, or replay the DSpark "
-                                 "scheduler on them (spec dspark.md §7.5).")
+    ap = argparse.ArgumentParser(description="Record acceptance traces of the demo pair (or of another pair), or "
+                                 "replay the DSpark scheduler on them (spec dspark.md §7.5).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="record traces and costs of the demo pair (or of --model and --mtp)")
-    r.add_argument("out", type=Path)
+    r.add_argument("out", help="the traces file to write (JSON)")
     r.add_argument("--tokens", type=_count(1, MAX_RECORD_TOKENS), default=512,
                    help=f"positions a trace records, 1..{MAX_RECORD_TOKENS} (default 512)")
     r.add_argument("--threads", type=_count(1, 256), default=2, help="engine threads, 1..256 (default 2)")
@@ -357,13 +385,17 @@ def main(argv=None) -> int:
     r.add_argument("--mtp", type=Path, help="its DSpark support GGUF (with --model)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
     p.add_argument("traces", type=Path)
-    p.add_argument("--tokens", type=_count(1, 1 << 24), default=255, help="tokens each replay emits (default 255, as "
-                   "bench --ab's timed steps)")
+    p.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
+                   help=f"tokens each replay emits (default {DEFAULT_REPLAY_TOKENS}, as bench --ab's timed steps, or "
+                   f"the shortest trace's positions when fewer)")
     p.add_argument("--after", default="0,1", help="prompt indexes whose fresh session comes first for the kept "
                    "arms (default 0,1: the bench's code and prose prompts; empty: none)")
     p.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "record":
+        if not a.out:
+            r.error("OUT is empty; give the file to write, e.g. traces.json")
+        a.out = Path(a.out)
         why = _writable(a.out)
         if why:
             print(f"scheduler_replay: error: {a.out}: cannot be written ({why}); give a path in a writable folder",
@@ -374,7 +406,9 @@ def main(argv=None) -> int:
                     f"for the demo pair (found only {'--model' if a.mtp is None else '--mtp'})")
         for flag, f in (("--model", a.model), ("--mtp", a.mtp)):
             if f is not None and not f.is_file():
-                r.error(f"{flag} {f}: no such file; give the path of a GGUF file")
+                r.error(f"{flag} {f}: {'a folder' if f.is_dir() else 'no such file'}; give the path of a GGUF file")
+            if f is not None and a.out.exists() and a.out.resolve() == f.resolve():
+                r.error(f"{a.out} is the {flag} file: the recording would replace it; give another OUT")
         return record(a.out, a.tokens, a.threads, (a.model, a.mtp) if a.model else None)
     parts = [x.strip() for x in a.after.split(",") if x.strip()]
     if any(not re.fullmatch(r"[0-9]+", x) for x in parts):
