@@ -534,9 +534,9 @@ def test_two_ab_results_compare_arm_by_arm(tiny_q2, tmp_path, capsys):
     # a figure one run lacks (e.g. the verify price of a scheduler arm that drafted in one run only) is a
     # "-" in the tables and one counted line after them, never a raw JSON path
     only = sum(1 for side in ("only_a", "only_b") if r[side])
-    # and one note a file whose runs were too short (both here: 16 tokens of the tiny model)
-    assert len(r["noise_notes"]) == 2
-    assert rc == 0 and "arms[" not in text and len(lines) == 5 + 1 + 3 + shown + 3 + only + 2 * 2, text
+    # and a note that both files' runs were too short (16 tokens of the tiny model)
+    assert len(r["noise_notes"]) == 1 and r["noise_notes"][0].startswith("A and B ran short")
+    assert rc == 0 and "arms[" not in text and len(lines) == 5 + 1 + 3 + shown + 3 + only + 2, text
     x, y = ja["arms"][0]["tokens_per_s"], jb["arms"][0]["tokens_per_s"]
     i = lines.index("target-only: DSpark off")
     assert lines[i - 1].split() == ["per", "arm", "A", "B", "B/A"]
@@ -707,21 +707,44 @@ def test_a_ratio_or_figure_that_rounds_to_zero_has_no_minus_sign(tmp_path, capsy
 
 def test_a_short_ab_run_is_named_with_its_bench_note(tiny_q2, tmp_path, capsys):
     """A ``bench --ab`` result whose runs were too short to resolve a few percent carries bench's
-    ``noise_note``; compare repeats it for that file (A or B) in the table and in --json, and says
-    nothing for a file without one.  A ``noise_note`` of another JSON type is refused by name."""
+    ``noise_note``; compare names that file (A or B) and what its note measured, on one line cut to
+    NOISE_NOTE_CHARS, in the table and in --json: one note for both files when both say so, none for a
+    file without one, for a file against itself, or for another kind of file.  A ``noise_note`` of
+    another JSON type is refused by name."""
     a, ja = _ab(tiny_q2, tmp_path, capsys, "a.json", "--scheduler-prices", "fresh")
     assert ja["noise_note"].startswith("the shortest run decoded for")  # 16 tokens of the tiny model
+    measured = ja["noise_note"].split(": ", 1)[0]  # "the shortest run decoded for 0.03 s (the longest 0.08 s)"
     long_b = tmp_path / "b.json"
     long_b.write_text(json.dumps({**ja, "noise_note": None, "tokens": 17}))
     rc = cli_main(["compare", a, str(long_b), "--json"])
     out = capsys.readouterr()
     r = json.loads(out.out)
-    want = (f"A ({a}) ran short, so a B/A within a few percent of 1 says nothing about a change: its bench noted "
-            f"\"{ja['noise_note']}\"")
+    want = (f"A ({a}) ran short ({measured}): a B/A within a few percent of 1 says nothing about a change; its "
+            f"bench report says what resolves a few percent")
     assert rc == 0 and r["noise_notes"] == [want] and f"ds4tui compare: note: {want}" in out.err
     rc = cli_main(["compare", str(long_b), a])
     text = capsys.readouterr().out
-    assert rc == 0 and f"NOTE: B ({a}) ran short" in text and "A (" + str(long_b) + ") ran short" not in text
+    assert rc == 0 and f"NOTE: B ({a}) ran short ({measured})" in text and "A (" not in text.split("NOTE")[1]
+
+    # both short: one note; its text on one line, without control characters, cut short
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({**ja, "tokens": 18, "noise_note": "\x1b[31mRED\x1b[0m\nWARNING: fake" + "x" * 500}))
+    rc = cli_main(["compare", a, str(odd), "--json"])
+    notes = json.loads(capsys.readouterr().out)["noise_notes"]
+    assert rc == 0 and len(notes) == 1 and notes[0].startswith(f"A and B ran short (A: {measured}; B: ")
+    assert "\x1b" not in notes[0] and "\n" not in notes[0] and "[31mRED [0m WARNING" in notes[0]
+    assert len(notes[0]) < 2 * C.NOISE_NOTE_CHARS + 200
+
+    # a file against itself: the same-run note alone
+    rc = cli_main(["compare", a, a, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and r["noise_notes"] == [] and r["same_run"]
+    # a blank note is none
+    blank = tmp_path / "blank.json"
+    blank.write_text(json.dumps({**ja, "tokens": 19, "noise_note": "   "}))
+    rc = cli_main(["compare", str(blank), str(long_b), "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["noise_notes"] == []
+
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**ja, "noise_note": 5}))
     rc = cli_main(["compare", a, str(bad)])

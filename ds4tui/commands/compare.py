@@ -21,7 +21,7 @@ outputs, ``bench`` or ``bench --ab`` results — flattens each into dotted names
 - a **warning** when both files are stats exports of one chat session whose counters ran on
   between them (the same ``counters_id``, B's counts at least A's): B then contains A.
 - a **note** for a ``bench --ab`` result whose runs were too short to resolve a few percent (its
-  ``noise_note``, :func:`noise_note`): a B/A near 1 from it says nothing about a change.
+  ``noise_note``, :func:`noise_notes`): a B/A near 1 from it says nothing about a change.
 
 Two ``bench --ab`` results print one table per arm instead of the figures (:func:`arm_tables`,
 :data:`ARM_ROWS`: tokens/s, the ratio to target-only, accept rate, tokens per cycle, the stage
@@ -830,15 +830,36 @@ def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dic
             f"B {_describe(path_b, kind_b, b)}; {todo}")
 
 
-def noise_note(side: str, path: str, d: dict) -> str | None:
-    """The note when a ``bench --ab`` result says its runs were too short to resolve a few percent
-    (its ``noise_note``, :func:`ds4tui.commands.bench.ab_noise_note`): then a B/A of its figures near 1
-    is within the noise of one such run (None otherwise)."""
-    note = d.get("noise_note")
-    if not isinstance(note, str) or not note:
+#: At most this many characters of a file's own ``noise_note`` are repeated.
+NOISE_NOTE_CHARS = 160
+
+
+def _noise_clause(kind: str, d: dict) -> str | None:
+    """What a ``bench --ab`` result's ``noise_note`` measured (its text before the first ": ", the
+    shortest and longest run), on one line without control characters and cut to
+    :data:`NOISE_NOTE_CHARS`; None for another kind of file or without a note."""
+    note = d.get("noise_note") if kind == "bench-ab" else None
+    if not isinstance(note, str):
         return None
-    return (f"{side} ({path}) ran short, so a B/A within a few percent of 1 says nothing about a change: its "
-            f"bench noted \"{note}\"")
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in note).split())
+    text = text.split(": ", 1)[0]
+    if not text:
+        return None
+    return text if len(text) <= NOISE_NOTE_CHARS else text[:NOISE_NOTE_CHARS - 3] + "..."
+
+
+def noise_notes(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dict, b: dict) -> list[str]:
+    """The note (a list of none or one) when a ``bench --ab`` result says its runs were too short to
+    resolve a few percent (its ``noise_note``, :func:`ds4tui.commands.bench.ab_noise_note`): a B/A of
+    its figures near 1 is within the noise of one such run.  One note for both files when both say so."""
+    ca, cb = _noise_clause(kind_a, a), _noise_clause(kind_b, b)
+    tail = "a B/A within a few percent of 1 says nothing about a change"
+    if ca and cb:
+        return [f"A and B ran short (A: {ca}; B: {cb}): {tail}; their bench reports say what resolves a few percent"]
+    for side, path, clause in (("A", path_a, ca), ("B", path_b, cb)):
+        if clause:
+            return [f"{side} ({path}) ran short ({clause}): {tail}; its bench report says what resolves a few percent"]
+    return []
 
 
 def interrupted_note(side: str, path: str, d: dict) -> str | None:
@@ -884,7 +905,7 @@ def run(args) -> int:
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
     r["interrupted_notes"] = [n for n in (interrupted_note("A", args.a, a), interrupted_note("B", args.b, b)) if n]
-    r["noise_notes"] = [n for n in (noise_note("A", args.a, a), noise_note("B", args.b, b)) if n]
+    r["noise_notes"] = [] if r["same_run"] else noise_notes(args.a, args.b, kind_a, kind_b, a, b)
     if kind_a == kind_b == "bench-ab":
         r["arms"] = arm_tables(a, b)
     if args.json:
