@@ -63,9 +63,8 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                        "pay), and with a one-draft probe after 256 when drafting could not beat plain "
                        "decoding by 25 % even at an optimistic acceptance.",
                        "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "
-                       "decodes). The probes and the pricing cycle cost a little while it checks, which "
-                       "`net_saved` counts (below 0 when none paid). F3 turns the scheduler off to draft every "
-                       "cycle anyway."),
+                       "decodes; what its probes cost is in `net_saved`). F3 turns the scheduler off to draft "
+                       "every cycle anyway."),
     "tail_skip": ("The answer's budget (-n) left room for so few draft tokens that drafting them could not pay, "
                   "where a full draft would have, or for fewer than the probe that ends a back-off drafts (the "
                   "probe waits for the next cycle with room): the scheduler decoded the token plainly.",
