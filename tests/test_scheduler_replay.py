@@ -152,6 +152,9 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "scheduler_replay.py"
      "s.gguf is the --mtp file: the recording would replace it; give another OUT"),
     (["--out-is", ""], 2, "OUT is empty; give the file to write"),
     (["--out-is", "/proc/traces.json"], 1, "/proc/traces.json: cannot be written (a file cannot be created in /proc"),
+    (["--out-is", "/dev/null"], 1, "/dev/null: cannot be written (it is not a regular file (a device, a pipe, ...)"),
+    (["--model", "", "--mtp", "s.gguf"], 2, "--model is empty; give the path of a GGUF file"),
+    (["--model", "/dev/null", "--mtp", "s.gguf"], 2, "--model /dev/null: not a regular file"),
 ])
 def test_record_takes_a_pair_as_two_files_and_names_a_bad_one(args, code, needle, tmp_path):
     """``record --model --mtp`` records another pair than the demo's; half a pair, a missing file, a
@@ -182,6 +185,20 @@ def test_replay_defaults_to_the_recorded_length_when_traces_are_short(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == 8
+    assert "note: 8 tokens each, the positions of the shortest trace (0)" in r.stderr
     r = subprocess.run([sys.executable, str(TOOL), "replay", str(f), "--tokens", "9"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "--tokens 9: trace 0 of" in r.stderr and "holds 8 positions" in r.stderr
+
+
+def test_replay_of_one_trace_needs_no_after(tmp_path):
+    """The kept arms start after the bench's two prompts (0 and 1) by default, those the file holds: a
+    file of one trace replays without --after, and its control characters are shown escaped."""
+    costs = {"t_decode": 1.0, "t_propose": 0.5, "t_verify": {str(n): 1.0 for n in range(2, 7)}}
+    f = tmp_path / "one.json"
+    f.write_text(json.dumps({"block": 5, "costs": costs,
+                             "traces": [{"kind": "co\x1bde", "text": "a\x07b", "accepted": [5] * 300}]}))
+    r = subprocess.run([sys.executable, str(TOOL), "replay", str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "co\\x1bde" in r.stdout
+    assert "1 traces, 255 tokens each" in r.stdout and "note:" not in r.stderr

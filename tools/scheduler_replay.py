@@ -97,6 +97,11 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
         model_path, support_path = pair.model, pair.support
     else:
         model_path, support_path = pair_files
+    for what, f in (("target model", model_path), ("support model", support_path)):
+        if out.exists() and out.resolve() == Path(f).resolve():
+            print(f"scheduler_replay: error: {out} is the pair's {what}: the recording would replace it; give "
+                  f"another OUT", file=sys.stderr)
+            return 1
     model = DS4Model(str(model_path))
     tok = Tokenizer.from_gguf(model.reader)
     eng = Engine(model, support=support_path, n_threads=threads, activations="auto", scheduler_prices="fresh")
@@ -178,6 +183,8 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
 
 #: Tokens a replay emits by default: bench --ab's timed steps.
 DEFAULT_REPLAY_TOKENS = 255
+#: The prompts whose fresh session comes first for the kept arms by default: the bench's code and prose.
+DEFAULT_AFTER = (0, 1)
 
 
 class TraceError(Exception):
@@ -243,13 +250,16 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
 
 
 def _shown(text: str) -> str:
-    """Text as this terminal can print it (a lone surrogate of a damaged file escaped)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """Text as this terminal can print it: a lone surrogate of a damaged file and control characters
+    escaped."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def replay(path: Path, n_tokens: int | None, after: list[int], as_json: bool) -> int:
+def replay(path: Path, n_tokens: int | None, after: list[int] | None, as_json: bool) -> int:
     """Replay the traces of ``path`` (``n_tokens`` each; None: 255, or the shortest trace's length when
-    that is less); 0, else 1 or 2 after a one-line error."""
+    that is less; ``after`` None: :data:`DEFAULT_AFTER` where the file holds them); 0, else 1 or 2 after a
+    one-line error."""
     try:
         costs, block, traces = load_traces(path)
     except TraceError as exc:
@@ -262,6 +272,12 @@ def replay(path: Path, n_tokens: int | None, after: list[int], as_json: bool) ->
         return 1
     if n_tokens is None:
         n_tokens = min(DEFAULT_REPLAY_TOKENS, *(len(t["accepted"]) for t in traces))
+        if n_tokens < DEFAULT_REPLAY_TOKENS:
+            i = min(range(len(traces)), key=lambda k: len(traces[k]["accepted"]))
+            print(f"scheduler_replay: note: {n_tokens} tokens each, the positions of the shortest trace ({i}); "
+                  f"--tokens N replays N", file=sys.stderr)
+    if after is None:  # the bench's code and prose prompts, those the file holds
+        after = [i for i in DEFAULT_AFTER if i < len(traces)]
     for i in after:
         if not 0 <= i < len(traces):
             print(f"scheduler_replay: error: --after {i}: expected a prompt index 0..{len(traces) - 1} of {path}",
@@ -356,6 +372,8 @@ def _writable(out: Path) -> str | None:
     parent = out.parent if str(out.parent) else Path(".")
     if out.is_dir():
         return "it is a folder"
+    if out.exists() and not out.is_file():
+        return "it is not a regular file (a device, a pipe, ...); give a file to write"
     if not parent.is_dir():
         return f"its folder {parent} does not exist"
     if out.exists() and not os.access(out, os.W_OK):
@@ -381,21 +399,22 @@ def main(argv=None) -> int:
     r.add_argument("--tokens", type=_count(1, MAX_RECORD_TOKENS), default=512,
                    help=f"positions a trace records, 1..{MAX_RECORD_TOKENS} (default 512)")
     r.add_argument("--threads", type=_count(1, 256), default=2, help="engine threads, 1..256 (default 2)")
-    r.add_argument("--model", type=Path, help="a target DS4 GGUF to record instead of the demo pair's (with --mtp)")
-    r.add_argument("--mtp", type=Path, help="its DSpark support GGUF (with --model)")
+    r.add_argument("--model", help="a target DS4 GGUF to record instead of the demo pair's (with --mtp)")
+    r.add_argument("--mtp", help="its DSpark support GGUF (with --model)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
     p.add_argument("traces", type=Path)
     p.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
                    help=f"tokens each replay emits (default {DEFAULT_REPLAY_TOKENS}, as bench --ab's timed steps, or "
                    f"the shortest trace's positions when fewer)")
-    p.add_argument("--after", default="0,1", help="prompt indexes whose fresh session comes first for the kept "
-                   "arms (default 0,1: the bench's code and prose prompts; empty: none)")
+    p.add_argument("--after", default=None, help="prompt indexes whose fresh session comes first for the kept "
+                   "arms (default 0,1: the bench's code and prose prompts, those the file holds; empty: none)")
     p.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "record":
         if not a.out:
             r.error("OUT is empty; give the file to write, e.g. traces.json")
         a.out = Path(a.out)
+        a.model, a.mtp = (None if v is None else (Path(v) if v else "") for v in (a.model, a.mtp))
         why = _writable(a.out)
         if why:
             print(f"scheduler_replay: error: {a.out}: cannot be written ({why}); give a path in a writable folder",
@@ -405,11 +424,16 @@ def main(argv=None) -> int:
             r.error(f"--model and --mtp go together: give a target GGUF and its DSpark support GGUF, or neither "
                     f"for the demo pair (found only {'--model' if a.mtp is None else '--mtp'})")
         for flag, f in (("--model", a.model), ("--mtp", a.mtp)):
+            if f is not None and not str(f):
+                r.error(f"{flag} is empty; give the path of a GGUF file")
             if f is not None and not f.is_file():
-                r.error(f"{flag} {f}: {'a folder' if f.is_dir() else 'no such file'}; give the path of a GGUF file")
+                why = "a folder" if f.is_dir() else "not a regular file" if f.exists() else "no such file"
+                r.error(f"{flag} {f}: {why}; give the path of a GGUF file")
             if f is not None and a.out.exists() and a.out.resolve() == f.resolve():
                 r.error(f"{a.out} is the {flag} file: the recording would replace it; give another OUT")
         return record(a.out, a.tokens, a.threads, (a.model, a.mtp) if a.model else None)
+    if a.after is None:
+        return replay(a.traces, a.tokens, None, a.json)
     parts = [x.strip() for x in a.after.split(",") if x.strip()]
     if any(not re.fullmatch(r"[0-9]+", x) for x in parts):
         p.error(f"--after: expected prompt indexes (whole numbers) separated by commas, found {a.after!r}")
