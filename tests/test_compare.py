@@ -732,8 +732,11 @@ def test_a_short_ab_run_is_named_with_its_bench_note(tiny_q2, tmp_path, capsys):
     rc = cli_main(["compare", a, str(odd), "--json"])
     notes = json.loads(capsys.readouterr().out)["noise_notes"]
     assert rc == 0 and len(notes) == 1 and notes[0].startswith(f"A and B ran short (A: {measured}; B: ")
-    assert "\x1b" not in notes[0] and "\n" not in notes[0] and "[31mRED [0m WARNING" in notes[0]
+    assert "\x1b" not in notes[0] and "\n" not in notes[0] and "[31m" not in notes[0] and "; B: RED WARNING)" in notes[0]
     assert len(notes[0]) < 2 * C.NOISE_NOTE_CHARS + 200
+    assert C._noise_clause("bench-ab", {"noise_note": "\x1b]0;TITLE\x07evil \x1b[2J " + "y" * 400 + ": z"}) == \
+        "evil " + "y" * (C.NOISE_NOTE_CHARS - 8) + "..."
+    assert C.noise_notes("a", "b", "generate", "generate", {"noise_note": "short: x"}, {"noise_note": "x: y"}) == []
 
     # a file against itself: the same-run note alone
     rc = cli_main(["compare", a, a, "--json"])

@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -832,6 +833,8 @@ def no_shared_figures(path_a: str, path_b: str, kind_a: str, kind_b: str, a: dic
 
 #: At most this many characters of a file's own ``noise_note`` are repeated.
 NOISE_NOTE_CHARS = 160
+#: Terminal escape sequences (CSI ``ESC [ ... final``, OSC ``ESC ] ... BEL|ESC \\``, two-character ones).
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?|\x9b[0-?]*[ -/]*[@-~]")
 
 
 def _noise_clause(kind: str, d: dict) -> str | None:
@@ -841,8 +844,9 @@ def _noise_clause(kind: str, d: dict) -> str | None:
     note = d.get("noise_note") if kind == "bench-ab" else None
     if not isinstance(note, str):
         return None
-    text = " ".join("".join(ch if ch.isprintable() else " " for ch in note).split())
-    text = text.split(": ", 1)[0]
+    text = _ESCAPES.sub(" ", note)  # whole terminal escape sequences, then any other control character
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    text = text.split(": ", 1)[0].strip()
     if not text:
         return None
     return text if len(text) <= NOISE_NOTE_CHARS else text[:NOISE_NOTE_CHARS - 3] + "..."
@@ -905,7 +909,8 @@ def run(args) -> int:
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
     r["interrupted_notes"] = [n for n in (interrupted_note("A", args.a, a), interrupted_note("B", args.b, b)) if n]
-    r["noise_notes"] = [] if r["same_run"] else noise_notes(args.a, args.b, kind_a, kind_b, a, b)
+    r["noise_notes"] = ([] if r["same_run"] or not r["figures"]  # no B/A to qualify
+                        else noise_notes(args.a, args.b, kind_a, kind_b, a, b))
     if kind_a == kind_b == "bench-ab":
         r["arms"] = arm_tables(a, b)
     if args.json:
