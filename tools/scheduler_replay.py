@@ -4,9 +4,10 @@ then replay the engine's scheduler on them (spec dspark.md §7.5).
 ``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2] [--model MODEL --mtp
 SUPPORT]`` answers each prompt below greedily with the demo pair (or the pair given) and records, for
 every anchor position, how many of the block's drafts the target accepts there (a drafted step, then a
-rewind that keeps its first token, so every position is an anchor); then, on the first prompt, the costs the scheduler prices with: the engine's
-mean time of a plain decode (64 of them), of a proposal and of a verify of each width 2 .. block + 1
-(24 drafted cycles a width).  About 4 s a prompt on 2 threads.
+rewind that keeps its first token, so every position is an anchor); then, on the first prompt, the
+costs the scheduler prices with: the engine's mean time of a plain decode (64 of them), of a proposal
+and of a verify of each width 2 .. block + 1 (24 drafted cycles a width).  About 4 s a prompt on 2
+threads.
 
 ``python tools/scheduler_replay.py replay TRACES.json [--tokens 255] [--after 0,1] [--json]`` replays
 each trace through ``ds4_dspark_replay`` (the scheduler's own code, ``native/scheduler.c``) at the
