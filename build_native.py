@@ -53,7 +53,7 @@ HEADER = NATIVE / "ds4_engine.h"
 
 # In call order (a file calls only files after it; tests/test_native_floor_plan.py checks it).
 CPU_SOURCES = ["engine.c", "dspark.c", "scheduler.c", "forward.c", "capture.c", "gpu.c", "load.c", "cpu/backend.c", "sampling.c",
-               "cpu/matmul.c", "types.c", "cpu/ops.c", "cpu/dot.c", "cpu/dequant.c", "cpu/pool.c", "util.c"]
+               "cpu/matmul.c", "cpu/amx.c", "types.c", "cpu/ops.c", "cpu/dot.c", "cpu/dequant.c", "cpu/pool.c", "util.c"]
 # Every HIP source of the GPU backend (also the list .ci/run compiles for gfx1151).
 HIP_SOURCES = ["hip/backend.hip", "hip/matmul.hip", "hip/planar.hip", "hip/gemm.hip", "hip/q8.hip", "hip/ops.hip"]
 GPU_RECORD = "gpu_build.json"

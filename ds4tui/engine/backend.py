@@ -94,17 +94,19 @@ class Stats:
 class Memory:
     """Bytes held (ds4_memory): weights read by the engine (mapped from the GGUF on the CPU),
     raw KV rows, compressor/indexer state and compressed rows, scratch buffers and small tensors
-    expanded to float, and GPU allocations (0 on the CPU)."""
+    expanded to float, GPU allocations (0 on the CPU), and the weight matrices' copies repacked for
+    the AMX tiles (the amx option, spec ds4.md §2.9.6; 0 without it)."""
 
     weights: int = 0
     kv: int = 0
     compressor: int = 0
     scratch: int = 0
     device: int = 0
+    amx: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compressor + self.scratch + self.device
+        return self.weights + self.kv + self.compressor + self.scratch + self.device + self.amx
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -332,7 +334,7 @@ class NativeBackend:
     def memory(self) -> Memory:
         m = self._ffi.new("ds4_memory *")
         self._lib.ds4_session_memory(self.handle, m)
-        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
+        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device, m.amx)
 
     def knobs(self) -> DSparkKnobs:
         k = self._ffi.new("ds4_dspark_knobs *")

@@ -90,6 +90,41 @@ def auto_activations(backend: str) -> tuple[str, str]:
     return "f32", f"auto: f32 on the {backend} backend (--activations q8 for 8-bit activations)"
 
 
+#: The amx option (ds4_engine.h's DS4_AMX_*, in value order; spec ds4.md §2.9.6).
+AMX = ("off", "on")
+
+
+def amx_available() -> tuple[bool, str]:
+    """Whether this CPU and operating system run the amx option's kernels (AMX-INT8, and the tile
+    state granted by the kernel), and why not (the native engine's own probe, ``ds4_cpu_amx``;
+    asking grants this process the tile state).  (False, reason) without the native engine."""
+    try:
+        n = _native()
+    except BackendUnavailableError as exc:
+        return False, f"the native engine is not built ({exc})"
+    why = n.ffi.new("char[256]")
+    ok = bool(n.lib.ds4_cpu_amx(why, 256))
+    return ok, n.ffi.string(why).decode("utf-8", "replace")
+
+
+def auto_amx(backend: str, activations: str) -> tuple[str, str]:
+    """What ``amx="auto"`` means on ``backend`` with the matmul ``activations`` in force (spec ds4.md
+    §2.9.6), and the note that says it: on where the cpu backend multiplies 8-bit activations and
+    the CPU has AMX-INT8 (the same results; a copy of the repacked matrices in memory), else off
+    with the reason."""
+    if backend != "cpu":
+        return "off", f"auto: off on the {backend} backend (the AMX tiles are a CPU's)"
+    if activations != "q8":
+        return "off", ("auto: off with f32 activations (the tiles multiply 8-bit activations: --activations q8 "
+                       "with --amx on)")
+    ok, why = amx_available()
+    if not ok:
+        return "off", f"auto: off: {why}"
+    return "on", ("auto: on: this CPU has AMX-INT8, so the Q8_0 matrices are repacked for its tiles and multiplied "
+                  "there (the same results; a verify's LM head costs about its weight read; --amx off keeps the "
+                  "mapped rows alone)")
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on: its affinity mask where the platform has one (Linux:
     ``taskset``, a container's cpuset), else ``os.cpu_count()``; 1 when neither is known."""
@@ -266,7 +301,7 @@ class Engine:
                  gpu_library: str | os.PathLike | None = None, activations: str = "f32",
                  prefill_gemm: str = "auto", gpu_graphs: str = "off", scheduler_prices: str = "fresh",
                  prices_dir: str | os.PathLike | None = None, draft_vocab: "str | int | Sequence[int]" = "auto",
-                 verify_head: str = "auto"):
+                 verify_head: str = "auto", amx: str = "auto"):
         # the other work on the machine is measured from here, or from the command's start when that was
         # recent (prices.open_mark; loading the model is this process's own CPU time, left out): kept
         # verify times measured under another load are re-timed
@@ -308,6 +343,18 @@ class Engine:
         #: backend and the activations once they are known and ``verify_head_note`` says so
         self.verify_head = "all" if verify_head == "auto" else verify_head
         self.verify_head_note = f"{verify_head}: chosen"
+        if amx not in AMX and amx != "auto":
+            raise ValueError(f"amx must be auto or one of {', '.join(AMX)}, got {amx!r}")
+        if amx == "on" and backend in ("hip", "reference"):
+            raise BackendUnavailableError(f"amx on runs on the cpu backend only (the AMX tiles are a CPU's; "
+                                          f"use --amx auto or off, or --backend cpu)")
+        if amx == "on" and activations == "f32":
+            raise BackendUnavailableError("amx on multiplies 8-bit activations: it needs --activations q8 (or auto "
+                                          "on the cpu backend); use --amx off with f32")
+        #: the amx option in force (spec ds4.md §2.9.6): "on" or "off"; ``auto`` resolves by the backend,
+        #: the activations and the CPU once they are known and ``amx_note`` says so
+        self.amx = "off" if amx == "auto" else amx
+        self.amx_note = f"{amx}: chosen"
         if scheduler_prices not in prices.MODES:
             raise ValueError(f"scheduler_prices must be one of {', '.join(prices.MODES)}, got {scheduler_prices!r}")
         if scheduler_prices == "saved" and prices_dir is None:
@@ -370,6 +417,17 @@ class Engine:
         self.backend = backend
         if activations == "auto":
             self.activations, self.activations_note = auto_activations(backend)
+        if amx == "auto":
+            self.amx, self.amx_note = auto_amx(backend, self.activations)
+        elif amx == "on" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
+            self.amx, self.amx_note = "off", "off: amx on runs on the cpu backend only, and the GPU was chosen"
+        elif amx == "on" and self.activations != "q8":
+            raise BackendUnavailableError(f"amx on multiplies 8-bit activations: it needs --activations q8, found "
+                                          f"{self.activations}; use --amx off with f32")
+        elif amx == "on":
+            ok, why = amx_available()
+            if not ok:
+                raise BackendUnavailableError(f"amx on: {why} (use --amx auto or off)")
         if verify_head == "auto":
             self.verify_head, self.verify_head_note = auto_verify_head(backend, self.activations)
         elif verify_head == "lazy" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
@@ -425,7 +483,8 @@ class Engine:
                                                "prefill_gemm": PREFILL_GEMMS.index(self._prefill_gemm_wanted
                                                                                    if self.backend == "hip" else "off"),
                                                "gpu_graphs": GPU_GRAPHS.index(self._gpu_graphs_wanted),
-                                               "verify_head": VERIFY_HEADS.index(self.verify_head)})
+                                               "verify_head": VERIFY_HEADS.index(self.verify_head),
+                                               "amx": AMX.index(self.amx)})
         if self.backend == "hip":
             libpath = ffi.new("char[]", self._gpu_library.encode())
             keep.append(libpath)
@@ -730,7 +789,7 @@ class Engine:
             return Memory(weights=sum(t.nbytes for t in self.model.tensors.values()))
         m = self._ffi.new("ds4_memory *")
         self._lib.ds4_engine_memory(self._handle, m)
-        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device)
+        return Memory(m.weights, m.kv, m.compressor, m.scratch, m.device, m.amx)
 
     def close(self) -> None:
         """Free the engine and every session made from it (their calls then raise EngineError)."""

@@ -48,6 +48,8 @@ extern "C" {
 /* A GPU weight layout flag (ORed into a type id): the planar device layout of Q8_0, Q2_K and
  * IQ2_XXS rows whose byte length is a multiple of 16 (ds4tui/native/hip/planar.hip). */
 #define DS4_GPU_PLANAR 256
+/* The CPU backend's layout id of a matrix repacked for the AMX tiles (the amx option; cpu/amx.c). */
+#define DS4_CPU_AMX 512
 
 /* Most threads an engine, the matmul kernel or the memcpy test will start. */
 #define DS4_MAX_THREADS 256
@@ -114,6 +116,14 @@ int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols,
                           const float *X, int64_t n_tok, float *Y, int n_threads,
                           int activations, char *err, size_t err_len);
 
+/* The amx option's kernels (spec ds4.md §2.9.6): 1 when this CPU and operating system run them (the
+ * process is then granted the AMX tile state), else 0 with the reason in why (may be NULL). */
+int ds4_cpu_amx(char *why, size_t len);
+/* ds4_kernel_matmul_act with q8 activations for a Q8_0 matrix (rows a multiple of 16, columns of 64),
+ * repacked and multiplied on the AMX tiles: the same bits.  DS4_E_UNSUPPORTED without AMX. */
+int ds4_kernel_matmul_amx(const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
+                          int n_threads, char *err, size_t err_len);
+
 /* Greedy's argmax on its own (for tests and benchmarks): the first i < n holding the largest x[i]
  * (-0.0 equals +0.0), where a NaN is never the largest and a NaN at x[0] gives 0; n <= 1 gives 0.
  * With b non-NULL, the same rule on the float32 sums x[i] + b[i] (the CPU drafter's greedy draft).
@@ -173,7 +183,19 @@ typedef struct {
     int32_t prefill_gemm; /* DS4_PREFILL_GEMM_* (0: off) */
     int32_t gpu_graphs;   /* DS4_GPU_GRAPHS_* (0: off) */
     int32_t verify_head;  /* DS4_VERIFY_HEAD_* (0: all) */
+    int32_t amx;          /* DS4_AMX_* (0: off) */
 } ds4_engine_options;
+
+/* The amx option (spec ds4.md §2.9.6; ds4_engine_options.amx): ON repacks, at open, every Q8_0 weight
+ * matrix that a product reads whole (all but the token embedding) and whose rows are a multiple of 16
+ * and columns of 64 (on the demo model the LM head and most projections; the drafter's draft-vocabulary
+ * head too) into the layout of Intel's AMX tiles, and multiplies them there.  The results are the same
+ * bits as without it (the q8 arithmetic, §2.9.5); what changes is the time of a product of several
+ * rows (a verify, a prefill) and the memory: a copy as large as the matrices repacked
+ * (ds4_memory.amx).  ON needs the CPU backend, activations q8 and a CPU and kernel with AMX-INT8
+ * (ds4_cpu_amx): DS4_E_UNSUPPORTED naming what is missing otherwise. */
+#define DS4_AMX_OFF 0
+#define DS4_AMX_ON 1
 
 /* The verify_head option (spec dspark.md §3.4; ds4_engine_options.verify_head): which rows of a DSpark
  * verify pass get the LM head.  ALL: every row of [anchor, d_1..d_l], in the pass.  LAZY: the pass
@@ -225,9 +247,10 @@ typedef struct {
 /* Memory held, in bytes.  weights: tensor bytes the engine reads (mapped
  * from the GGUF on the CPU backend); kv: raw KV rows; compressor: compressor
  * and indexer state plus compressed rows; scratch: activations and buffers;
- * device: bytes the GPU backend allocated (0 on the CPU backend). */
+ * device: bytes the GPU backend allocated (0 on the CPU backend); amx: the weight matrices' copies
+ * repacked for the AMX tiles (the amx option; 0 without it). */
 typedef struct {
-    uint64_t weights, kv, compressor, scratch, device;
+    uint64_t weights, kv, compressor, scratch, device, amx;
 } ds4_memory;
 
 /* Sampling settings.  temperature <= 0: greedy (argmax, ties to the lowest

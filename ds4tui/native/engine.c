@@ -128,6 +128,33 @@ int ds4_kernel_matmul_act(int type, const void *W, int64_t rows, int64_t cols, c
     return DS4_OK;
 }
 
+int ds4_cpu_amx(char *why, size_t len) { return ds4_cpu_amx_probe(why, len); }
+
+int ds4_kernel_matmul_amx(const void *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y,
+                          int n_threads, char *err, size_t err_len) {
+    char why[256];
+    if (!ds4_cpu_amx_probe(why, sizeof why)) return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "matmul_amx: %s", why);
+    if (!ds4_cpu_amx_eligible(DS4_TYPE_Q8_0, rows, cols))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "matmul_amx: a Q8_0 matrix of rows a multiple of 16 and columns a "
+                        "multiple of 64 expected, got %lld x %lld", (long long)rows, (long long)cols);
+    if (n_threads < 0 || n_threads > DS4_MAX_THREADS)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "matmul_amx: n_threads must be 0 .. %d, got %d", DS4_MAX_THREADS, n_threads);
+    if (n_tok < 0 || (n_tok && (!W || !X || !Y))) return ds4_fail(err, err_len, DS4_E_INVALID, "matmul_amx: NULL buffer");
+    if (!n_tok) return DS4_OK;
+    uint8_t *P = aligned_alloc(64, ds4_cpu_amx_bytes(rows, cols));
+    int perr = 0;
+    ds4_pool *pool = P ? ds4_pool_create(n_threads, &perr) : NULL;
+    if (!pool) {
+        free(P);
+        return ds4_fail(err, err_len, DS4_E_NOMEM, "matmul_amx: out of memory or cannot start %d threads", n_threads);
+    }
+    ds4_cpu_amx_pack(W, rows, cols, P);
+    int rc = ds4_cpu_amx_matmul(pool, P, rows, cols, X, cols, n_tok, Y, rows);
+    ds4_pool_destroy(pool);
+    free(P);
+    return rc == 0 ? DS4_OK : ds4_fail(err, err_len, DS4_E_NOMEM, "matmul_amx: out of memory");
+}
+
 int32_t ds4_kernel_argmax(const float *x, const float *b, int32_t n) {
     return b ? ds4_argmax_sum(x, b, n) : ds4_argmax(x, n);
 }
@@ -166,10 +193,14 @@ double ds4_memcpy_bandwidth(size_t bytes, int reps, int n_threads) {
     return best;
 }
 
+static void cpu_free_target(ds4_engine *e);
+static void free_support(ds4_engine *e);
+
 /* Free the engine (after its last session: a session's device state is freed through the engine's
  * GPU context, and a garbage collector may free sessions after their engine was closed). */
 static void engine_destroy(ds4_engine *e) {
-    ds4_dspark_free_support(e);
+    free_support(e);
+    if (e->layers) cpu_free_target(e);
     ds4_engine_vectors_free(e);
     if (e->backend == DS4_BACKEND_HIP) {
         ds4_gpu_engine_close(e);
@@ -204,11 +235,35 @@ static void engine_sessions(ds4_engine *e, int delta) {
     if (last) engine_destroy(e);
 }
 
-/* The CPU backend: the op table over host memory; the weights are read where they are mapped. */
-static void cpu_weights(ds4_w **ws, int n) {
+/* The CPU backend: the op table over host memory; the weights are read where they are mapped, and
+ * under amx on the Q8_0 matrices that products read whole are repacked for the tiles as well (the
+ * mapped rows stay for the row-range products: the drafter's heads, the embedding). */
+static int cpu_weights(ds4_engine *e, ds4_w **ws, int n, char *err, size_t len) {
     for (int i = 0; i < n; i++) {
-        ws[i]->dev = ws[i]->data;
-        ws[i]->dev_layout = ws[i]->type;
+        ds4_w *w = ws[i];
+        w->dev = w->data;
+        w->dev_layout = w->type;
+        if (!e->amx || w == &e->token_embd || w->n_mat != 1 || w->amx || !ds4_cpu_amx_eligible(w->type, w->rows, w->cols))
+            continue;
+        const size_t bytes = ds4_cpu_amx_bytes(w->rows, w->cols);
+        w->amx = aligned_alloc(64, bytes);
+        if (!w->amx)
+            return ds4_fail(err, len, DS4_E_NOMEM, "amx: out of memory for a %.1f MiB repacked copy of a %lld x %lld Q8_0 "
+                            "matrix (amx off keeps the mapped rows alone)", (double)bytes / (1 << 20),
+                            (long long)w->rows, (long long)w->cols);
+        ds4_cpu_amx_pack(w->data, w->rows, w->cols, w->amx);
+        e->amx_bytes += bytes;
+    }
+    return DS4_OK;
+}
+
+/* The repacked copies of ws[0..n) freed (their bytes off e->amx_bytes). */
+static void cpu_weights_free(ds4_engine *e, ds4_w **ws, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!ws[i]->amx) continue;
+        free(ws[i]->amx);
+        ws[i]->amx = NULL;
+        e->amx_bytes -= ds4_cpu_amx_bytes(ws[i]->rows, ws[i]->cols);
     }
 }
 
@@ -218,15 +273,31 @@ static int cpu_open(ds4_engine *e, char *err, size_t len) {
     if (rc != DS4_OK) return rc;
     ds4_w **ws = malloc((size_t)(DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS) * sizeof *ws);
     if (!ws) return ds4_fail(err, len, DS4_E_NOMEM, "out of memory");
-    cpu_weights(ws, ds4_target_mats(e, ws));
+    rc = cpu_weights(e, ws, ds4_target_mats(e, ws), err, len);
     free(ws);
-    return DS4_OK;
+    return rc;
 }
 
-static int cpu_support(ds4_engine *e) {
+static int cpu_support(ds4_engine *e, char *err, size_t len) {
     ds4_w *ws[DS4_SUPPORT_MATS_MAX];
-    cpu_weights(ws, ds4_support_mats(e, ws));
-    return DS4_OK;
+    return cpu_weights(e, ws, ds4_support_mats(e, ws), err, len);
+}
+
+/* The support model freed, with its repacked copies. */
+static void free_support(ds4_engine *e) {
+    if (e->sup) {
+        ds4_w *ws[DS4_SUPPORT_MATS_MAX];
+        cpu_weights_free(e, ws, ds4_support_mats(e, ws));
+    }
+    ds4_dspark_free_support(e);
+}
+
+/* The target's repacked copies freed. */
+static void cpu_free_target(ds4_engine *e) {
+    ds4_w **ws = malloc((size_t)(DS4_N_GLOBAL_TENSORS + e->c.n_layer * DS4_N_BLOCK_TENSORS) * sizeof *ws);
+    if (!ws) return; /* the process is out of memory: the copies go with it */
+    cpu_weights_free(e, ws, ds4_target_mats(e, ws));
+    free(ws);
 }
 
 int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors, int32_t n_tensors,
@@ -263,6 +334,19 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     if (o.n_threads < 0 || o.n_threads > DS4_MAX_THREADS)
         return ds4_fail(err, err_len, DS4_E_INVALID, "n_threads must be 0 (one per core) .. %d, got %d", DS4_MAX_THREADS,
                     o.n_threads);
+    if (o.amx != DS4_AMX_OFF && o.amx != DS4_AMX_ON)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "amx %d: expected %d (off) or %d (on)", o.amx, DS4_AMX_OFF, DS4_AMX_ON);
+    if (o.amx == DS4_AMX_ON) {
+        char why[256];
+        if (o.backend != DS4_BACKEND_CPU)
+            return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "amx on runs on the CPU backend only (choose amx off with the hip "
+                            "backend)");
+        if (o.activations != DS4_ACTIVATIONS_Q8)
+            return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "amx on multiplies 8-bit activations: it needs activations q8 "
+                            "(choose activations q8, or amx off)");
+        if (!ds4_cpu_amx_probe(why, sizeof why))
+            return ds4_fail(err, err_len, DS4_E_UNSUPPORTED, "amx on: %s (choose amx off)", why);
+    }
     int rc = ds4_check_config(cfg, err, err_len);
     if (rc != DS4_OK) return rc;
     ds4_engine *e = calloc(1, sizeof *e);
@@ -274,6 +358,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
     e->numerics = o.numerics;
     e->activations = o.activations;
     e->verify_head = o.verify_head;
+    e->amx = o.amx == DS4_AMX_ON;
     e->prefill_gemm = DS4_PREFILL_GEMM_OFF; /* the GPU backend resolves the option at open (gpu.c) */
     snprintf(e->prefill_gemm_note, sizeof e->prefill_gemm_note, "off: the CPU backend keeps float32 products");
     e->gpu_graphs = DS4_GPU_GRAPHS_OFF; /* the GPU backend resolves the option at open (gpu.c) */
@@ -312,7 +397,7 @@ int ds4_engine_open(const ds4_model_config *cfg, const ds4_tensor_desc *tensors,
 
 void ds4_engine_refuse_support(ds4_engine *e, const char *why) {
     if (!e) return;
-    ds4_dspark_free_support(e);
+    free_support(e);
     e->sup_refused = 1;
     snprintf(e->sup_msg, sizeof e->sup_msg, "%s", why ? why : "support model refused");
 }
@@ -399,11 +484,11 @@ int ds4_engine_attach_support(ds4_engine *e, const ds4_support_config *cfg, cons
         sup->capture[i] = cfg->capture_layers[i];
         sup->capture_slot[cfg->capture_layers[i]] = i;
     }
-    ds4_dspark_free_support(e);
+    free_support(e);
     e->sup = sup;
     e->sup_refused = 0;
     e->sup_msg[0] = 0;
-    rc = e->backend == DS4_BACKEND_HIP ? ds4_gpu_upload_support(e, msg, sizeof msg) : cpu_support(e);
+    rc = e->backend == DS4_BACKEND_HIP ? ds4_gpu_upload_support(e, msg, sizeof msg) : cpu_support(e, msg, sizeof msg);
     if (rc == DS4_OK) rc = ds4_support_vectors(e, msg, sizeof msg);
     if (rc != DS4_OK) {
         e->weight_bytes = wb;
@@ -425,6 +510,7 @@ int ds4_engine_memory(const ds4_engine *e, ds4_memory *out) {
     memset(out, 0, sizeof *out);
     out->weights = e->weight_bytes;
     out->scratch = e->expanded_bytes;
+    out->amx = e->amx_bytes;
     if (e->ctx && !e->ops->host_memory) out->device = e->ops->allocated(e->ctx);
     return DS4_OK;
 }

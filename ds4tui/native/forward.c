@@ -399,7 +399,10 @@ int ds4_op_check(ds4_engine *e, char *err, size_t len) {
 }
 
 static int mm(pass *P, const ds4_w *w, const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    G(P->g->mm(P->cx, w->dev_layout, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
+    if (w->amx) /* the amx option: the copy repacked for the tiles (CPU backend) */
+        G(P->g->mm(P->cx, DS4_CPU_AMX | w->type, w->amx, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
+    else
+        G(P->g->mm(P->cx, w->dev_layout, w->dev, w->rows, w->cols, (int64_t)w->row_bytes, X, ldx, n, Y, ldy, M));
     return DS4_OK;
 }
 

@@ -13,6 +13,7 @@
  *   cpu/backend.c  the CPU backend of the op table (backend.h)
  *   sampling.c     the sampler: temperature, top-k, top-p, min-p, argmax
  *   cpu/matmul.c   the CPU matmul driver (rows, or an MoE layer's expert groups, over the thread pool)
+ *   cpu/amx.c      Q8_0 products on Intel's AMX tiles (the amx option)
  *   types.c        the GGML type traits table (types.h)
  *   cpu/ops.c      row operations: RMS norm, RoPE, the ds4 roundings
  *   cpu/dot.c, cpu/dequant.c, cpu/pool.c   the dot kernels, dequantisation, the thread pool
@@ -40,6 +41,7 @@ typedef struct {
     size_t row_bytes, mat_bytes;
     const uint8_t *dev;  /* the backend's copy (the mapped data itself on the CPU backend) */
     int32_t dev_layout;  /* its layout id (backend.h: the GGML type, or DS4_GPU_PLANAR | type) */
+    uint8_t *amx;        /* CPU backend, amx on: the rows repacked for the AMX tiles (cpu/amx.c), else NULL */
 } ds4_w;
 
 enum { DS4_SWA = 0, DS4_CSA = 1, DS4_HCA = 2 };
@@ -98,6 +100,8 @@ struct ds4_engine {
     int numerics;
     int activations;         /* DS4_ACTIVATIONS_*: float32, or 8-bit for Q8_0/Q2_K/IQ2_XXS (CPU) */
     int verify_head;         /* DS4_VERIFY_HEAD_*: a DSpark verify's LM head for every row, or lazily (CPU) */
+    int amx;                 /* DS4_AMX_ON: Q8_0 matrices repacked for and multiplied on the AMX tiles (CPU) */
+    uint64_t amx_bytes;      /* the repacked copies' bytes (target and support) */
     ds4_pool *pool;
     int n_threads;
     double *freq_main, *freq_comp; /* [n_rot/2] RoPE frequencies (YaRN-blended for compressed layers) */

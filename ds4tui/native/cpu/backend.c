@@ -86,7 +86,12 @@ static int sync(ds4_backend_ctx *c, char *err, size_t len) {
 
 static int mm(ds4_backend_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
               const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
-    (void)row_bytes, (void)err, (void)len;
+    (void)row_bytes;
+    if (type & DS4_CPU_AMX) { /* the amx option's repacked Q8_0 copy (cpu/amx.c) */
+        if (ds4_cpu_amx_matmul(c->pool, W, rows, cols, X, ldx, n, Y, ldy) != 0)
+            return ds4_fail(err, len, DS4_E_NOMEM, "amx: a %lld x %lld product: out of memory", (long long)rows, (long long)cols);
+        return DS4_OK;
+    }
     ds4_cpu_matmul_act(c->pool, c->act_q8, type, W, rows, cols, X, ldx, n, Y, ldy);
     return DS4_OK;
 }

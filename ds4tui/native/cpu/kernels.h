@@ -83,6 +83,20 @@ void ds4_cpu_dot_q8(int type, const uint8_t *W, size_t row_bytes, int64_t r0, in
  * -1 for another type, a column count that is not whole blocks, or no memory. */
 int ds4_cpu_matmul_q8_1(int type, const uint8_t *W, int64_t rows, int64_t cols, const float *X, int64_t n_tok, float *Y);
 
+/* Q8_0 products on AMX tiles (the amx option, spec ds4.md §2.9.6; cpu/amx.c), the same bits as
+ * ds4_cpu_dot_q8.  ds4_cpu_amx_probe: 1 when this CPU and kernel run them (this process is then
+ * granted the tile state), else 0 with the reason in why.  ds4_cpu_amx_eligible: a matrix the kernel
+ * takes (Q8_0, rows a multiple of 16, columns of 64).  ds4_cpu_amx_pack: W (GGML rows) into the tile
+ * layout at out, ds4_cpu_amx_bytes(rows, cols) bytes (as many as W).  ds4_cpu_amx_matmul: Y[t*ldy + r]
+ * = packed row r . X row t under the q8 arithmetic, groups of 16 rows over the pool; -1 (Y untouched)
+ * for a matrix it does not take, no memory, or a build without AMX. */
+int ds4_cpu_amx_probe(char *why, size_t len);
+int ds4_cpu_amx_eligible(int type, int64_t rows, int64_t cols);
+size_t ds4_cpu_amx_bytes(int64_t rows, int64_t cols);
+void ds4_cpu_amx_pack(const uint8_t *W, int64_t rows, int64_t cols, uint8_t *out);
+int ds4_cpu_amx_matmul(ds4_pool *pool, const uint8_t *P, int64_t rows, int64_t cols, const float *X, int64_t ldx,
+                       int64_t n_tok, float *Y, int64_t ldy);
+
 /* Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]; rows split over the pool (cpu/matmul.c).  With
  * act_q8, Q8_0, Q2_K and IQ2_XXS matrices multiply 8-bit quantised activations (the other types
  * keep float32). */

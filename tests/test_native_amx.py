@@ -1,0 +1,162 @@
+"""The amx option (spec ds4.md §2.9.6): Q8_0 products on Intel's AMX tiles.
+
+The tile kernel must give the q8 arithmetic's bits (spec ds4.md §2.9.5): it is held bit for bit to the
+numpy simulation (``ds4tui.engine.quants.matmul_q8``) and to the other kernels at batch sizes 1..19 and
+1..3 threads, and an engine with amx on gives the same logits, greedy tokens and DSpark decisions as
+with amx off.  Where the CPU has no AMX-INT8 the tests that need the tiles skip, and the option is
+refused by name instead.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
+from gguf import quants as gq
+
+from ds4tui.engine.errors import BackendUnavailableError
+from ds4tui.engine.quants import matmul_q8
+from ds4tui.engine.session import AMX, Engine, amx_available, auto_amx
+
+# rows a multiple of 16, columns of 64: one chunk (64), an odd number of chunks (192, 320), the demo's
+# 8 blocks (256), more than 8 blocks (1024, and 576: 18 blocks, not a multiple of 8)
+SHAPES = [(16, 64), (32, 128), (48, 192), (64, 256), (16, 320), (32, 576), (16, 1024)]
+HAVE, WHY = amx_available()
+needs_amx = pytest.mark.skipif(not HAVE, reason=f"no AMX here: {WHY}")
+
+
+def _case(rows: int, cols: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    W = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    W[3, :32] = 0.0  # a block of zero codes (d = 0)
+    raw = gq.quantize(W, T.Q8_0)
+    X = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.01, 10, (n, 1)).astype(np.float32)
+    X[0, :32] = 0.0  # a block of zero activations: d = 0
+    if n > 1:
+        X[1, 32:64] = np.float32(0.5) * (np.arange(32) % 3 - 1)  # values on the rounding ties
+    if n > 2 and cols >= 128:
+        X[2, 64:96] = np.float32(1e3) * np.sign(np.arange(32) - 15.5)  # full-scale codes: +-127
+    return raw, X
+
+
+def _amx(raw, rows, cols, X, threads):
+    from ds4tui._native import ffi, lib
+
+    n = X.shape[0]
+    Y = np.full((n, rows), np.nan, np.float32)
+    err = ffi.new("char[256]")
+    rc = lib.ds4_kernel_matmul_amx(ffi.from_buffer(raw), rows, cols, ffi.cast("const float *", ffi.from_buffer(X)), n,
+                                   ffi.cast("float *", ffi.from_buffer(Y)), threads, err, 256)
+    return rc, ffi.string(err).decode(), Y
+
+
+def test_probe_agrees_with_the_cpu_flags():
+    """The native probe says yes exactly where Linux lists amx_tile and amx_int8 (and the kernel then
+    grants the state); its reason names what is missing."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "amx_int8" in flags and "amx_tile" in flags:
+        assert HAVE, WHY
+        assert WHY == "AMX-INT8 available"
+    else:
+        assert not HAVE
+        assert re.search(r"AMX|amx", WHY), WHY
+
+
+@needs_amx
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_tile_kernel_is_the_q8_simulation_bit_for_bit(rows, cols):
+    raw, X = _case(rows, cols, 19, rows + cols)
+    want = matmul_q8(raw, T.Q8_0, rows, cols, X)
+    for threads in (1, 2, 3):
+        for n in range(1, 20):
+            rc, err, got = _amx(raw, rows, cols, X[:n].copy(), threads)
+            assert rc == 0, err
+            assert np.array_equal(got, want[:n]), f"{rows}x{cols}, {n} tokens, {threads} threads"
+
+
+@needs_amx
+def test_tile_kernel_refuses_what_it_does_not_take():
+    raw, X = _case(16, 64, 2, 1)
+    for rows, cols in ((8, 64), (16, 32), (20, 64)):
+        rc, err, _ = _amx(raw, rows, cols, X[:, :cols].copy(), 1)
+        assert rc != 0
+        assert f"got {rows} x {cols}" in err and "multiple of 16" in err and "multiple of 64" in err
+
+
+def test_option_values_and_auto():
+    assert AMX == ("off", "on")
+    assert auto_amx("hip", "f32")[0] == "off" and "hip backend" in auto_amx("hip", "f32")[1]
+    mode, note = auto_amx("cpu", "f32")
+    assert mode == "off" and "--activations q8" in note
+    mode, note = auto_amx("cpu", "q8")
+    assert mode == ("on" if HAVE else "off"), note
+    assert note.startswith("auto: on: this CPU has AMX-INT8") if HAVE else WHY in note
+
+
+def test_bad_values_are_refused_by_name(tiny_q2):
+    with pytest.raises(ValueError, match=r"amx must be auto or one of off, on, got 'yes'"):
+        Engine(tiny_q2["model"], amx="yes")
+    with pytest.raises(BackendUnavailableError, match=r"amx on multiplies 8-bit activations.*--activations q8"):
+        Engine(tiny_q2["model"], activations="f32", amx="on")
+    with pytest.raises(BackendUnavailableError, match=r"amx on runs on the cpu backend only"):
+        Engine(tiny_q2["model"], backend="reference", amx="on")
+
+
+@pytest.mark.skipif(HAVE, reason="this CPU has AMX: the refusal is for CPUs without it")
+def test_on_without_amx_is_refused_with_the_reason(tiny_q2):
+    with pytest.raises(BackendUnavailableError, match=re.escape(WHY)):
+        Engine(tiny_q2["model"], activations="q8", amx="on")
+
+
+def _eligible_bytes(path) -> int:
+    """The bytes of the Q8_0 matrices the engine repacks: two dimensions, rows a multiple of 16 and
+    columns of 64, all but the token embedding (spec ds4.md §2.9.6)."""
+    total = 0
+    for t in GGUFReader(str(path)).tensors:
+        if t.tensor_type != T.Q8_0 or len(t.shape) != 2 or t.name == "token_embd.weight":
+            continue
+        cols, rows = int(t.shape[0]), int(t.shape[1])
+        if rows % 16 == 0 and cols % 64 == 0:
+            total += int(t.n_bytes)
+    return total
+
+
+@needs_amx
+def test_engine_with_amx_gives_the_same_logits_and_tokens(tiny_q2, fitted_support):
+    """Prefill logits, a six-row pass (a verify's shape), greedy decoding and greedy DSpark (its
+    decisions too) are the same bits with amx on and off; the memory the copies take is reported."""
+    prompt = [(i * 7919 + 13) % 1000 + 100 for i in range(40)]
+    out = {}
+    for amx in ("off", "on"):
+        eng = Engine(tiny_q2["model"], activations="q8", amx=amx, n_threads=2, support=fitted_support)
+        assert eng.amx == amx and eng.amx_note == f"{amx}: chosen"
+        mem = eng.memory()
+        s = eng.session(n_ctx=256, n_batch=16)
+        first = np.array(s.prefill(prompt[:30], logits="all")).copy()
+        six = np.array(s.backend.eval(prompt[30:36], "all", None)).copy()
+        s.close()
+        s = eng.session(n_ctx=256, n_batch=16)
+        s.prefill(prompt)
+        s.set_dspark(scheduler=False)  # every cycle drafts
+        toks: list[int] = []
+        while len(toks) < 48:
+            toks += s.step()
+        st = s.dspark_stats()
+        stats = (st.proposed, st.accepted_draft, st.full, st.partial, st.miss_first)
+        assert st.proposed > 0
+        out[amx] = (first, six, toks, stats, mem)
+        eng.close()
+    off, on = out["off"], out["on"]
+    assert off[0].tobytes() == on[0].tobytes()
+    assert off[1].shape[0] == 6 and off[1].tobytes() == on[1].tobytes()
+    assert off[2] == on[2]
+    assert off[3] == on[3]
+    assert off[4].amx == 0
+    want = _eligible_bytes(tiny_q2["model"]) + _eligible_bytes(fitted_support)
+    assert want > 35_000_000  # the LM head (129280 x 256) at least: the test multiplies real matrices
+    assert on[4].amx == want
+    assert on[4].weights == off[4].weights and on[4].total == off[4].total + want
