@@ -167,6 +167,8 @@ class ChatOptions:
     draft_vocab: str = "auto"
     #: --verify-head: which rows of a DSpark verify get the LM head ("auto", "lazy" or "all"; spec dspark.md §3.4)
     verify_head: str = "auto"
+    #: --amx: Q8_0 products on the AMX tiles ("auto", "on" or "off"; spec ds4.md §2.9.6)
+    amx: str = "auto"
     #: where the DSpark scheduler's prices start (spec dspark.md §7.4): "fresh", "engine" or "saved",
     #: and the folder of the saved ones
     scheduler_prices: str = "fresh"
@@ -589,6 +591,8 @@ class DS4App(App):
             self.sub_title += f" · activations {info.activations}"
         if info.support_status == "attached" and getattr(info, "verify_head", "all") != "all":  # spec dspark.md §3.4
             self.sub_title += f" · verify-head {info.verify_head}"
+        if getattr(info, "amx", "off") == "on":  # a memory layout option (spec ds4.md §2.9.6)
+            self.sub_title += " · amx"
         if self.options.numerics != "ds4":  # the numerics option (spec ds4.md §2.9): shown when not ds4's
             self.sub_title += f" · numerics {self.options.numerics}"
         if self.telemetry is None:
@@ -613,6 +617,8 @@ class DS4App(App):
                    if info.support_status == "attached" and getattr(info, "scheduler_prices_note", "") else "")
                 + (f"; activations {info.activations_note}"  # auto's choice and why (a chosen one is in the title)
                    if getattr(info, "activations_note", "").startswith("auto") else "")
+                + (f"; amx {info.amx_note}"  # auto's choice and why, where it turned the tiles on
+                   if getattr(info, "amx_note", "").startswith("auto: on") else "")
                 + (f"; drafts from {info.draft_vocab_note}"
                    if info.support_status == "attached" and getattr(info, "draft_vocab_note", "") else "")
                 + (f"; verify head {info.verify_head_note}"  # a lazy asked for that the GPU does not apply
@@ -1372,6 +1378,7 @@ class DS4App(App):
             "draft_vocab": getattr(self.engine.info, "draft_vocab", 0) if self.engine else None,
             "draft_vocab_note": getattr(self.engine.info, "draft_vocab_note", "") if self.engine else None,
             "verify_head": getattr(self.engine.info, "verify_head", "all") if self.engine else self.options.verify_head,
+            "amx": getattr(self.engine.info, "amx", "off") if self.engine else self.options.amx,
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
@@ -1563,4 +1570,4 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
                         gpu_graphs=options.gpu_graphs, threshold=options.threshold,
                         scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir,
-                        draft_vocab=options.draft_vocab, verify_head=options.verify_head)
+                        draft_vocab=options.draft_vocab, verify_head=options.verify_head, amx=options.amx)

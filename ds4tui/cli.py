@@ -217,13 +217,19 @@ def _add_prefill_gemm(p: argparse.ArgumentParser) -> None:
                    help="prefill products (passes of 32+ tokens) on the GPU's matrix units through the vendor BLAS, a numerics option (spec platform.md §7): auto (bf16 when cuBLAS / rocBLAS loads, else off), off (float32 kernels), bf16 or f16 (activations and weights rounded to 16 bits, float32 sums); hip backend. Default: DS4TUI_PREFILL_GEMM, else auto")
 
 
+def _add_amx(p: argparse.ArgumentParser) -> None:
+    """--amx, as bench, generate and chat take it."""
+    p.add_argument("--amx", choices=["auto", "on", "off"], default=None,
+                   help="Q8_0 products on Intel's AMX tiles (spec ds4.md §2.9.6): the same results bit for bit, a verify's LM head costing about its weight read, and a repacked copy of the Q8_0 matrices in memory (the demo: 38 MB). auto (on where the cpu backend multiplies q8 activations and the CPU has AMX-INT8; `ds4tui doctor` says whether it does), on, or off. Default auto")
+
+
 def _add_dspark_engine_options(p: argparse.ArgumentParser, only_ab: str = "", only_draft: str = "") -> None:
     """--gpu-graphs, --scheduler-prices, --draft-vocab and --verify-head, as bench, generate and chat
     take them; ``only_ab`` / ``only_draft`` end the help of those bench uses in some modes only."""
     p.add_argument("--gpu-graphs", choices=["off", "on"], default=None,
                    help="replay each decode step and DSpark verify pass from a graph of its shape on the GPU backend (spec platform.md §8): the same kernels and results bit for bit, fewer launch gaps; off launches the kernels one by one. Default off")
     p.add_argument("--scheduler-prices", choices=["fresh", "engine", "saved"], default=None,
-                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary and verify head). Default saved" + only_ab)
+                   help="where a new session's DSpark scheduler starts (spec dspark.md §7.4): fresh (it drafts once to price a verify and the drafter's acceptance), engine (from this run's earlier sessions) or saved (as engine, and kept between runs in $XDG_CACHE_HOME/ds4tui/scheduler-prices, keyed by the model and support files, backend, threads, numerics, activations, draft vocabulary, verify head and AMX tiles). Default saved" + only_ab)
     p.add_argument("--draft-vocab", type=draft_vocab_choice, default=None, metavar="auto|full|N",
                    help="the tokens DSpark's drafter proposes from (spec dspark.md §2.6): auto (the support file's draft vocabulary when it has one, else all), full (the whole vocabulary) or N (the first N of the support file's list, most frequent first). Only the drafts change, never the output: the target verifies every draft over the whole vocabulary. Default auto" + only_draft)
     p.add_argument("--verify-head", choices=["auto", "lazy", "all"], default=None,
@@ -270,6 +276,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4", help="numerics (default ds4)")
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
+    _add_amx(p)
     _add_dspark_engine_options(p, only_ab="; with --ab only",
                                only_draft="; with --ab or --synthetic flash --dspark-cycle only")
     p.add_argument("--threads", type=thread_count, default=0, metavar="N",
@@ -363,6 +370,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    "Default ds4")
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip and reference), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends). Default auto")
+    _add_amx(p)
     _add_dspark_engine_options(p)
     p.add_argument("--ctx", type=positive_int, metavar="N",
                    help="context size (default: prompt + N; generation stops when the context is full)")
@@ -409,6 +417,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     _add_prefill_gemm(p)
     p.add_argument("--activations", choices=["auto", "f32", "q8"], default="auto",
                    help="matmul activations: auto (q8 on the cpu backend, as ds4 and llama.cpp compute on a CPU; f32 on hip), f32 (float32 for every weight type) or q8 (8-bit activations for Q8_0, Q2_K and IQ2_XXS matrices, spec ds4.md §2.9.5; cpu and hip backends; the title shows q8). Default auto")
+    _add_amx(p)
     _add_dspark_engine_options(p)
     _add_sampling(p)
     p.add_argument("--numerics", choices=["ds4", "transformers"], default="ds4",
@@ -687,9 +696,9 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         try:
             args.settings = read_environment()
             # the flags win over the variables (DS4TUI_PREFILL_GEMM); --gpu-graphs, --scheduler-prices,
-            # --draft-vocab and --verify-head have no variable
+            # --draft-vocab, --verify-head and --amx have no variable
             flags = {k: getattr(args, k, None) for k in ("prefill_gemm", "gpu_graphs", "scheduler_prices", "draft_vocab",
-                                                         "verify_head")}
+                                                         "verify_head", "amx")}
             if any(flags.values()):
                 import dataclasses
 

@@ -2,13 +2,14 @@
 prices, spec dspark.md §7.3).
 
 ``python tools/verify_ratio.py (--demo | --medium | MODEL) [--threads 2] [--rows 6] [--rounds 20]
-[--json] [--backend cpu|hip]`` opens the model on the CPU backend (or ``--backend``), prefills a
+[--json] [--backend cpu|hip] [--amx auto|on|off]`` opens the model on the CPU backend (or ``--backend``), prefills a
 200-token prompt, then alternates rounds of 10 one-token passes and 10 passes of ``--rows`` tokens
 with all logits (what a verify runs), each followed by a truncate back to the prompt, and prints the
 median and range of both and the ratio of the medians.  Rounds alternate so that a slow spell of a
 shared machine lands on both sides.  With ``--threads 1`` on the CPU the times are the process's
 CPU time (immune to other work taking the core); otherwise wall time.  ``--activations q8``
-measures the 8-bit activation option, ``--gpu-graphs on`` the graph replay of the passes (spec
+measures the 8-bit activation option, ``--amx`` the AMX tiles (spec ds4.md §2.9.6; auto: on where
+the CPU has them, with q8), ``--gpu-graphs on`` the graph replay of the passes (spec
 platform.md §8; the warm-up passes capture the graphs, so the timed ones replay them).  Not a test: CI never runs it; ``tools/cpu_notes.md`` records
 what it printed.
 """
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
     ap.add_argument("--gpu-graphs", choices=("off", "on"), default="off",
                     help="replay the passes from graphs (spec platform.md §8; GPU backend only; default off)")
+    ap.add_argument("--amx", choices=("auto", "on", "off"), default="auto",
+                    help="Q8_0 products on the AMX tiles (spec ds4.md §2.9.6; cpu backend, q8 activations; default auto)")
     ap.add_argument("--backend", choices=("cpu", "hip"), default="cpu",
                     help="engine backend (default cpu); hip times wall time")
     ap.add_argument("--json", action="store_true")
@@ -79,7 +82,8 @@ def _measure(a: argparse.Namespace) -> int:
     else:
         model, name = a.model, str(a.model)
     clock = time.process_time if a.threads == 1 and a.backend == "cpu" else time.perf_counter
-    eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations, gpu_graphs=a.gpu_graphs)
+    eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations, gpu_graphs=a.gpu_graphs,
+                 amx=a.amx)
     s = eng.session(n_ctx=1024, n_batch=max(16, a.rows))
     prompt = [(i * 7919 + 13) % 120000 + 100 for i in range(200)]
     s.prefill(prompt, logits="none")
@@ -101,7 +105,8 @@ def _measure(a: argparse.Namespace) -> int:
         dec += passes(1, 10)
         ver += passes(a.rows, 10)
     md, mv = statistics.median(dec), statistics.median(ver)
-    res = {"model": name, "threads": a.threads, "activations": a.activations, "gpu_graphs": eng.gpu_graphs,
+    res = {"model": name, "threads": a.threads, "activations": a.activations, "amx": eng.amx, "amx_note": eng.amx_note,
+           "gpu_graphs": eng.gpu_graphs,
            "gpu_graphs_note": eng.gpu_graphs_note, "rows": a.rows,
            "backend": a.backend, "clock": "process" if clock is time.process_time else "wall",
            "decode_ms": {"median": md, "min": min(dec), "max": max(dec)},
@@ -110,7 +115,7 @@ def _measure(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(res))
     else:
-        print(f"{name} threads={a.threads} activations={a.activations} ({res['clock']} time): decode {md:.3f} ms "
+        print(f"{name} threads={a.threads} activations={a.activations} amx={eng.amx} ({res['clock']} time): decode {md:.3f} ms "
               f"[{min(dec):.3f}-{max(dec):.3f}], verify({a.rows}) {mv:.3f} ms [{min(ver):.3f}-{max(ver):.3f}], "
               f"ratio {mv / md:.2f}")
     return 0

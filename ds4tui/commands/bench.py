@@ -505,13 +505,14 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         n_threads_used = engine.n_threads
         gemm, gemm_note = engine.prefill_gemm, engine.prefill_gemm_note
         graphs, graphs_note = engine.gpu_graphs, engine.gpu_graphs_note
+        amx, amx_note = engine.amx, engine.amx_note
         chunk = session.n_batch
     finally:
         engine.close()
 
     header = {"model": _model_info(model, medium), "backend": backend, "backend_note": backend_note,
               "backend_detail": backend_detail, "numerics": numerics, "activations": activations,
-              "activations_note": activations_note,
+              "activations_note": activations_note, "amx": amx, "amx_note": amx_note,
               "prefill_gemm": gemm, "prefill_gemm_note": gemm_note, "gpu_graphs": graphs,
               "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
               "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
@@ -762,7 +763,8 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
                    else str(engine.scheduler_prices_file),
                    "scheduler_prices_problem": engine.scheduler_prices_problem or None,
                    "draft_vocab": engine.draft_vocab, "draft_vocab_note": engine.draft_vocab_note,
-                   "verify_head": engine.verify_head, "verify_head_note": engine.verify_head_note}
+                   "verify_head": engine.verify_head, "verify_head_note": engine.verify_head_note,
+                   "amx": engine.amx, "amx_note": engine.amx_note}
 
     if interrupted:
         raise BenchInterrupted(_partial_ab(finished, arm_order, prompts, {
@@ -956,7 +958,8 @@ def render_text(r: dict) -> str:
         f"{'-':>10}"
     rows = [
         ("model", f"{m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})"),
-        ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+        ("engine", f"{r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations"
+                   f"{', amx' if r.get('amx') == 'on' else ''}, "
                    f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}"
                    + (f", prefill chunks of {r['prefill_chunk']}" if r.get("prefill_chunk") else "") + "; prefill-gemm "
                    f"{r.get('prefill_gemm_note') or r.get('prefill_gemm', 'off')}"
@@ -996,7 +999,8 @@ def render_ab_text(r: dict) -> str:
         f"support  {sup['message']}",
         f"drafts   from {r.get('draft_vocab_note') or 'the whole vocabulary'} (--draft-vocab)",
         f"verify   LM head {r.get('verify_head_note') or 'all: every row'} (--verify-head)",
-        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations"
+        f"{', amx' if r.get('amx') == 'on' else ''}, "
         f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}, "
         f"memory {format_bytes(mem['total'])} ({same})"
         + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note") else ""),
@@ -1071,7 +1075,8 @@ def render_ab_partial_text(r: dict) -> str:
         f"runs' own (no arm totals, no ratios to the target-only arm, no output check)",
         f"model    {m['path']}  ({m['name']}, {format_bytes(m['file_bytes'])})",
         f"support  {r['support']['message']}",
-        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations, "
+        f"engine   {r['backend']} backend, {r['numerics']} numerics, {r.get('activations', 'f32')} activations"
+        f"{', amx' if r.get('amx') == 'on' else ''}, "
         f"{plural(r['n_threads'], 'thread')}, context {r['ctx']}; {r['tokens']} greedy tokens per prompt and arm",
         "",
     ]
@@ -1297,6 +1302,9 @@ def run_synthetic(args: argparse.Namespace) -> int:
         # verify is timed as the full block's
         return _usage_fail("--verify-head is not an option of --synthetic flash (its DSpark cycles verify every "
                            "row of a full block on the GPU backend): drop it, or use it with --ab", args)
+    if getattr(args, "amx", None) is not None:  # its layers run on the GPU backend (float32 activations on a CPU)
+        return _usage_fail("--amx is not an option of --synthetic flash (its layers run on the GPU backend, or with "
+                           "f32 activations on the cpu): drop it, or use it without --synthetic", args)
     if getattr(args, "write_gguf", None) is not None:
         if not args.write_gguf.strip():
             return _usage_fail("--write-gguf needs a folder name (got an empty one)", args)
@@ -1337,7 +1345,8 @@ def run_synthetic(args: argparse.Namespace) -> int:
         if why:
             return _usage_fail(f"argument {flag}: {why} (found {','.join(map(str, contexts))})", args)
     # without --dspark-cycle the synthetic layers draft nothing: no draft vocabulary to choose
-    opts = {k: v for k, v in settings_of(args).engine_options().items() if k not in ("draft_vocab", "verify_head")}
+    opts = {k: v for k, v in settings_of(args).engine_options().items()
+            if k not in ("draft_vocab", "verify_head", "amx")}
     cycle = bool(getattr(args, "dspark_cycle", False))
     vocab = getattr(args, "draft_vocab", None)
     if cycle and vocab not in (None, "auto", "full") and int(vocab) > synthetic.DRAFT_VOCAB_SIZE:

@@ -99,7 +99,7 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
                        save_dir=Path(args.save_dir), telemetry=args.telemetry or env.telemetry,
                        gpu_layout=env.gpu_layout, gpu_library=env.gpu_library, prefill_gemm=env.prefill_gemm,
                        activations=activations, gpu_graphs=env.gpu_graphs, draft_vocab=env.draft_vocab,
-                       verify_head=env.verify_head,
+                       verify_head=env.verify_head, amx=env.amx,
                        **env.price_options(),
                        scheduler=env.dspark_scheduler and not getattr(args, "no_scheduler", False),
                        max_draft=getattr(args, "max_draft", None) or env.dspark_max_draft,

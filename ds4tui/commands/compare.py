@@ -71,7 +71,7 @@ KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
     "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
-    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head", "scheduler_start",
+    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head", "scheduler_start", "amx",
 }
 #: The name compare gives where a run's DSpark scheduler started (spec dspark.md §7.4), from the
 #: ``scheduler_prices_at_start`` and ``scheduler_prices_retime`` beside it (:func:`scheduler_starts`):
@@ -83,7 +83,7 @@ SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "t
               "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
               "knob_events", "dspark_events", "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
-              "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note",
+              "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note", "amx_note",
               "threads_note"}
 
 
@@ -243,6 +243,7 @@ _ENGINE = (Knob("backend", ("string",), ("cpu", "hip", "reference")),
            Knob("numerics", ("string",), ("ds4", "transformers")), Knob("activations", ("string",), ("f32", "q8")),
            Knob("prefill_gemm", ("string",), ("off", "bf16", "f16")), Knob("gpu_graphs", ("string",), ("off", "on")),
            Knob("draft_vocab", ("integer",), low=0), Knob("verify_head", ("string",), ("lazy", "all")),
+           Knob("amx", ("string",), ("off", "on")),
            Knob("scheduler_prices", ("string",), _PRICES), Knob("n_threads", ("integer",), low=1))
 _SUPPORT = (Knob("support", ("object",)), Knob("support.path", ("string", "null")),
             Knob("support.status", ("string",), ("attached", "refused", "none")),
@@ -277,7 +278,7 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
                  Knob("arms[].runs[].dspark_stats.block_size", ("integer",), low=0)),
     # with no engine open the app writes null for what the engine resolves, and its options (auto) for the rest
     "stats-export": (*(replace(k, types=(*k.types, "null")) if k.name in ("backend", "prefill_gemm", "draft_vocab")
-                       else replace(k, allowed=(*k.allowed, "auto")) if k.name in ("activations", "verify_head")
+                       else replace(k, allowed=(*k.allowed, "auto")) if k.name in ("activations", "verify_head", "amx")
                        else k for k in _ENGINE),
                      *_START, Knob("support", ("string", "null")),
                      Knob("support_status", ("string",), ("attached", "refused", "none")),

@@ -137,7 +137,7 @@ def collect() -> dict:
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
     from ds4tui.engine import gpu, memplan, prices
-    from ds4tui.engine.session import auto_activations, auto_verify_head, native_not_built
+    from ds4tui.engine.session import amx_available, auto_activations, auto_amx, auto_verify_head, native_not_built
 
     env = environment.report()
     out: dict = {"ds4tui": __version__, "demo": demo.status(), "environment": env}
@@ -209,6 +209,16 @@ def collect() -> dict:
                                   "backend always runs all (its verify is one pass on the device)",
                           # what auto runs here: the backend --backend auto chooses decides it
                           "here": auto_verify_head(out["auto_backend"], auto_activations(out["auto_backend"])[0])[0]}
+    # Q8_0 products on the AMX tiles (spec ds4.md §2.9.6): a flag of chat, generate and bench
+    amx_ok, amx_why = amx_available()
+    out["amx"] = {"default": environment.Settings().amx, "choices": ["auto", "on", "off"],
+                  "available": amx_ok, "reason": amx_why,
+                  "note": "Q8_0 products on Intel's AMX tiles (--amx on chat, generate and bench): the same results "
+                          "bit for bit, a verify's LM head costing about its weight read, and a repacked copy of the "
+                          "Q8_0 matrices in memory; auto turns it on where the cpu backend multiplies q8 activations "
+                          "and the CPU has AMX-INT8",
+                  # what auto runs here: the backend --backend auto chooses, with its default activations
+                  "here": auto_amx(out["auto_backend"], auto_activations(out["auto_backend"])[0])[0]}
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -223,7 +233,7 @@ def collect() -> dict:
         "note": "where a new session's DSpark scheduler starts (--scheduler-prices on chat, generate and bench): "
                 "fresh (it drafts once to price a verify and the drafter's acceptance), engine (from the run's "
                 "earlier sessions) or saved (as engine, and kept between runs in the folder, one file per model, "
-                "support file, backend, threads, numerics, activations, draft vocabulary and verify head)"}
+                "support file, backend, threads, numerics, activations, draft vocabulary, verify head and AMX tiles)"}
     out["gtt"] = memplan.gtt_report()
     hsa = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     out["warnings"] = [prices_problem] if prices_problem else []
@@ -307,6 +317,10 @@ def run(args) -> int:
     lines.append(("verify head", f"{r['verify_head']['default']} by default (here {r['verify_head']['here']}, on the "
                                  f"{r['auto_backend']} backend that --backend auto chooses, with its default "
                                  f"activations); {r['verify_head']['note']}"))
+    amx = r["amx"]
+    lines.append(("amx", f"{amx['default']} by default (here {amx['here']}, on the {r['auto_backend']} backend that "
+                         f"--backend auto chooses, with its default activations); this CPU: "
+                         f"{'AMX-INT8 available' if amx['available'] else amx['reason']}; {amx['note']}"))
     sp = r["scheduler_prices"]
     lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
                                       f"file(s) in {sp['folder']}"

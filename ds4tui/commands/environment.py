@@ -79,6 +79,9 @@ class Settings:
     #: --verify-head (a flag of chat, generate and bench, no variable): which rows of a DSpark verify get
     #: the LM head ("auto", "lazy" or "all"; spec dspark.md §3.4).
     verify_head: str = "auto"
+    #: --amx (a flag of chat, generate and bench, no variable): Q8_0 products on the AMX tiles ("auto",
+    #: "on" or "off"; spec ds4.md §2.9.6).
+    amx: str = "auto"
 
     def price_options(self) -> dict:
         """Keyword arguments of ``Engine`` for the scheduler's prices (the mode, the saved files' folder)."""
@@ -91,9 +94,10 @@ class Settings:
 
     def engine_options(self) -> dict:
         """Keyword arguments of ``Engine`` (the GPU weight layout and library, the prefill GEMM, graphs,
-        the draft vocabulary, the verify's LM head)."""
+        the draft vocabulary, the verify's LM head, the AMX tiles)."""
         return {"gpu_layout": self.gpu_layout, "gpu_library": self.gpu_library, "prefill_gemm": self.prefill_gemm,
-                "gpu_graphs": self.gpu_graphs, "draft_vocab": self.draft_vocab, "verify_head": self.verify_head}
+                "gpu_graphs": self.gpu_graphs, "draft_vocab": self.draft_vocab, "verify_head": self.verify_head,
+                "amx": self.amx}
 
     def check_block(self, block: int, support=None) -> None:
         """:class:`BadVariable` when DS4_DSPARK_MAX_DRAFT_TOKENS is more than the ``block`` drafts of
@@ -221,7 +225,9 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
     bf16/f16 (``--prefill-gemm``, else DS4TUI_PREFILL_GEMM in ``settings``) on the cpu or reference
     backend (the GPU's matrix units, spec platform.md §7), ``--gpu-graphs on`` (``settings``) on
     the cpu or reference backend (graphs replay device kernels, spec platform.md §8), and
-    ``--verify-head lazy`` (``settings``) on the hip or reference backend (spec dspark.md §3.4).
+    ``--verify-head lazy`` (``settings``) on the hip or reference backend (spec dspark.md §3.4), and
+    ``--amx on`` (``settings``) on the hip or reference backend or with ``--activations f32`` (the AMX
+    tiles multiply a CPU's 8-bit activations, spec ds4.md §2.9.6).
     ``backend`` auto is never refused here: q8 runs on either backend it picks, and the command
     notes a prefill GEMM, graphs or a lazy verify head that the backend it chose does not apply
     (:func:`gpu_options_not_applied`)."""
@@ -243,6 +249,12 @@ def check_backend_options(backend: str, activations: str, prefill_gemm_flag: str
                else "it does not draft")
         raise ValueError(f"argument --verify-head: lazy runs on the cpu backend only ({why}), found --backend "
                          f"{backend} (use --verify-head auto or all, or --backend cpu or auto)")
+    if settings.amx == "on" and backend in ("hip", "reference"):
+        raise ValueError(f"argument --amx: on runs on the cpu backend only (the AMX tiles are a CPU's), found --backend "
+                         f"{backend} (use --amx auto or off, or --backend cpu or auto)")
+    if settings.amx == "on" and activations == "f32":
+        raise ValueError("argument --amx: on multiplies 8-bit activations, found --activations f32 (use --activations "
+                         "q8 or auto, or --amx off)")
 
 
 def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str | None = None) -> list[str]:
@@ -259,6 +271,8 @@ def gpu_options_not_applied(settings: Settings, engine, prefill_gemm_flag: str |
         out.append(f"--gpu-graphs on does not apply, graphs are {engine.gpu_graphs_note}")
     if settings.verify_head == "lazy" and getattr(engine, "verify_head", "lazy") != "lazy":
         out.append(f"--verify-head lazy does not apply, the verify head is {engine.verify_head_note}")
+    if settings.amx == "on" and getattr(engine, "amx", "on") != "on":
+        out.append(f"--amx on does not apply, amx is {engine.amx_note}")
     return out
 
 

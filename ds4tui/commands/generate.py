@@ -436,6 +436,8 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "draft_vocab_note": engine.draft_vocab_note,
         "verify_head": engine.verify_head,
         "verify_head_note": engine.verify_head_note,
+        "amx": engine.amx,
+        "amx_note": engine.amx_note,
         **_prices_result(engine, session),
         "n_predict": args.n_predict,
         "n_threads": engine.n_threads,

@@ -452,12 +452,13 @@ def identity(engine) -> dict:
             "n_threads": engine.n_threads, "numerics": engine.numerics, "activations": engine.activations,
             "gpu_layout": engine.gpu_layout if engine.backend == "hip" else None,
             "prefill_gemm": engine.prefill_gemm, "gpu_graphs": engine.gpu_graphs, "block_size": engine.block_size,
-            "draft_vocab": getattr(engine, "draft_vocab", 0), "verify_head": getattr(engine, "verify_head", "all")}
+            "draft_vocab": getattr(engine, "draft_vocab", 0), "verify_head": getattr(engine, "verify_head", "all"),
+            "amx": getattr(engine, "amx", "off")}
 
 
 #: Identity fields that name the file (the others are checked inside it: a change makes it stale).
 _NAMED_BY = ("backend", "device", "n_threads", "numerics", "activations", "gpu_layout", "prefill_gemm",
-             "gpu_graphs", "block_size", "draft_vocab", "verify_head")
+             "gpu_graphs", "block_size", "draft_vocab", "verify_head", "amx")
 
 
 def file_for(folder: str | os.PathLike, ident: dict) -> Path:
@@ -507,7 +508,8 @@ def load(path: str | os.PathLike, ident: dict) -> SchedulerPrices | None:
 _IDENTITY_WORDS = {"ds4tui": "ds4tui version", "model": "model file", "support": "support file", "backend": "backend",
                    "device": "GPU device", "n_threads": "threads", "numerics": "numerics",
                    "activations": "activations", "gpu_layout": "GPU layout", "prefill_gemm": "prefill GEMM",
-                   "gpu_graphs": "GPU graphs", "block_size": "block size", "verify_head": "verify head"}
+                   "gpu_graphs": "GPU graphs", "block_size": "block size", "verify_head": "verify head",
+                   "amx": "AMX tiles"}
 
 
 def _identity_order(key: str) -> tuple:

@@ -260,6 +260,9 @@ class ChatInfo:
     #: which rows of a DSpark verify get the LM head (spec dspark.md §3.4): "all" or "lazy", and why
     verify_head: str = "all"
     verify_head_note: str = ""
+    #: the amx option in force ("on" or "off") and why (spec ds4.md §2.9.6)
+    amx: str = "off"
+    amx_note: str = ""
 
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,7 +323,7 @@ class ChatEngine:
                  print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "auto",
                  numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
                  scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None,
-                 draft_vocab: str | int = "auto", verify_head: str = "auto"):
+                 draft_vocab: str | int = "auto", verify_head: str = "auto", amx: str = "auto"):
         from ds4tui.engine.gguf_model import DS4Model
 
         if backend not in ("auto", "cpu", "hip"):
@@ -334,7 +337,7 @@ class ChatEngine:
                                progress=lambda done, total: say(LoadProgress("uploading weights", done, total, "byte")),
                                gpu_layout=gpu_layout, gpu_library=gpu_library, prefill_gemm=prefill_gemm,
                                activations=activations, gpu_graphs=gpu_graphs, scheduler_prices=scheduler_prices,
-                               prices_dir=prices_dir, draft_vocab=draft_vocab, verify_head=verify_head)
+                               prices_dir=prices_dir, draft_vocab=draft_vocab, verify_head=verify_head, amx=amx)
         try:
             say(LoadProgress("loading the tokenizer", 2, 3))
             self.tokenizer = Tokenizer.from_gguf(dm.reader)
@@ -379,6 +382,7 @@ class ChatEngine:
             scheduler_prices_note=getattr(e, "scheduler_prices_note", ""),
             draft_vocab=getattr(e, "draft_vocab", 0), draft_vocab_note=getattr(e, "draft_vocab_note", ""),
             verify_head=getattr(e, "verify_head", "all"), verify_head_note=getattr(e, "verify_head_note", ""),
+            amx=getattr(e, "amx", "off"), amx_note=getattr(e, "amx_note", ""),
             prefill_chunk=self.session.n_batch)
 
     # ---- knobs (any thread; never wait for a running step) ----------------------------------------

@@ -2,7 +2,7 @@
 
 On Strix Halo the model lives in GTT and VRAM is the BIOS carve-out (platform.md §3.1), so both
 pools are shown and never added.  On the CPU backend the process RSS is shown.  The engine's own
-accounting (weights, KV, compressor state, scratch, device) comes from ``ds4_memory``.
+accounting (weights, KV, compressor state, scratch, device, the amx option's copies) comes from ``ds4_memory``.
 """
 
 from __future__ import annotations
@@ -60,5 +60,7 @@ class MemoryPane(Pane):
             out.append(Content(f" compressor {format_bytes(m.compressor)} · scratch {format_bytes(m.scratch)}"))
             if m.device:
                 out.append(Content(f" device {format_bytes(m.device)}"))
+            if getattr(m, "amx", 0):  # the amx option's repacked Q8_0 copies (spec ds4.md §2.9.6)
+                out.append(Content(f" amx copies {format_bytes(m.amx)}"))
         out.append(Content.styled("optional caches: " + (", ".join(caches) if caches else "none"), "$text-muted"))
         self.put(rows(out))
