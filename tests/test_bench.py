@@ -86,8 +86,9 @@ def test_bench_json_measures_the_tiny_model(tiny_q2, tmp_path, capsys):
     assert r["bandwidth_ratio"] == pytest.approx(r["effective_gb_per_s"] / r["memcpy_gb_per_s"])
 
     m = r["memory"]
-    assert m["total"] == m["weights"] + m["kv"] + m["compressor"] + m["scratch"] + m["device"]
+    assert m["total"] == m["weights"] + m["kv"] + m["compressor"] + m["scratch"] + m["device"] + m["amx_copies"]
     assert m["weights"] > 0 and m["kv"] > 0
+    assert (m["amx_copies"] > 0) == (r["amx"] == "on")  # the amx option's copies (spec ds4.md §2.9.6)
     assert r["machine"]["cpu_count"] == os.cpu_count() and r["machine"]["platform"]
     assert datetime.datetime.fromisoformat(r["timestamp"]).tzinfo is not None
 

@@ -94,7 +94,8 @@ def test_settings_from_the_environment(clean_env):
                            gpu_library="/opt/lib.so", telemetry="rss")
     assert s.session_options() == {"scheduler": False, "max_draft": 3, "print_stats": True}
     assert s.engine_options() == {"gpu_layout": "ggml", "gpu_library": "/opt/lib.so", "prefill_gemm": "auto",
-                                  "gpu_graphs": "off", "draft_vocab": "auto", "verify_head": "auto"}
+                                  "gpu_graphs": "off", "draft_vocab": "auto", "verify_head": "auto",
+                                  "amx": "auto"}
     # empty counts as unset (as ds4 reads them); "0" is a value
     assert E.read_environment({"DS4_DSPARK_STATS": "", "DS4_DSPARK_MAX_DRAFT_TOKENS": "0"}) == E.Settings()
     with pytest.raises(E.BadVariable) as exc:

@@ -48,7 +48,8 @@ def test_cpu_greedy_tokens_equal_the_reference(tiny_q2, tok, capsys, numerics):
     assert r["stats"]["n_decode_tokens"] == 40 and r["stats"]["n_prefill_tokens"] == len(ids)
     assert r["timings"]["decode_tokens_per_s"] > 0
     m = r["memory"]
-    assert m["total"] == m["weights"] + m["kv"] + m["compressor"] + m["scratch"] + m["device"] and m["kv"] > 0
+    assert m["total"] == m["weights"] + m["kv"] + m["compressor"] + m["scratch"] + m["device"] + m["amx_copies"] and m["kv"] > 0
+    assert (m["amx_copies"] > 0) == (r["amx"] == "on")  # the amx option's copies (spec ds4.md §2.9.6), auto by the CPU
 
 
 def test_reference_backend_gives_the_same_json(tiny_q2, capsys):

@@ -9,6 +9,7 @@ refused by name instead.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from gguf import quants as gq
 from ds4tui.engine.errors import BackendUnavailableError
 from ds4tui.engine.quants import matmul_q8
 from ds4tui.engine.session import AMX, Engine, amx_available, auto_amx
+from test_cli_usage import no_engine  # noqa: F401 (the fixture)
 
 # rows a multiple of 16, columns of 64: one chunk (64), an odd number of chunks (192, 320), the demo's
 # 8 blocks (256), more than 8 blocks (1024, and 576: 18 blocks, not a multiple of 8)
@@ -155,8 +157,84 @@ def test_engine_with_amx_gives_the_same_logits_and_tokens(tiny_q2, fitted_suppor
     assert off[1].shape[0] == 6 and off[1].tobytes() == on[1].tobytes()
     assert off[2] == on[2]
     assert off[3] == on[3]
-    assert off[4].amx == 0
+    assert off[4].amx_copies == 0
     want = _eligible_bytes(tiny_q2["model"]) + _eligible_bytes(fitted_support)
     assert want > 35_000_000  # the LM head (129280 x 256) at least: the test multiplies real matrices
-    assert on[4].amx == want
+    assert on[4].amx_copies == want
     assert on[4].weights == off[4].weights and on[4].total == off[4].total + want
+
+
+# ---- the flag, from the command line to the engine ---------------------------------------------------
+
+@pytest.mark.parametrize("command", ["generate", "bench", "chat"])
+def test_flag_usage_errors_name_it(command, tiny_q2, capsys, no_engine):
+    from test_cli_usage import _run
+
+    base = {"generate": ["generate", str(tiny_q2["model"]), "-p", "hi"], "bench": ["bench", str(tiny_q2["model"])],
+            "chat": ["chat", str(tiny_q2["model"])]}[command]
+    rc, out, err = _run(capsys, [*base, "--amx", "yes"])
+    assert rc == 2 and out == ""
+    assert "error: argument --amx: invalid choice: 'yes' (choose from 'auto', 'on', 'off')" in err
+    rc, out, err = _run(capsys, [*base, "--amx", "on", "--backend", "hip"])
+    assert rc == 2 and err == (f"ds4tui {command}: error: argument --amx: on runs on the cpu backend only (the AMX "
+                               f"tiles are a CPU's), found --backend hip (use --amx auto or off, or --backend cpu or "
+                               f"auto)\n")
+    rc, out, err = _run(capsys, [*base, "--amx", "on", "--activations", "f32"])
+    assert rc == 2 and err == (f"ds4tui {command}: error: argument --amx: on multiplies 8-bit activations, found "
+                               f"--activations f32 (use --activations q8 or auto, or --amx off)\n")
+
+
+def test_synthetic_bench_refuses_it(capsys, no_engine):
+    from test_cli_usage import _run
+
+    rc, out, err = _run(capsys, ["bench", "--synthetic", "flash", "--backend", "cpu", "--amx", "off"])
+    assert rc == 2 and "--amx is not an option of --synthetic flash" in err
+
+
+def test_generate_json_says_which_ran_and_the_memory_it_took(tiny_q2, capsys):
+    from test_cli_usage import _run
+
+    runs = {}
+    for amx in ("off", "auto"):
+        rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hello there", "--raw", "-n", "8",
+                                     "--threads", "1", "--backend", "cpu", "--json", "--amx", amx])
+        assert rc == 0, err
+        runs[amx] = json.loads(out)
+    off, auto = runs["off"], runs["auto"]
+    assert (off["amx"], off["amx_note"], off["memory"]["amx_copies"]) == ("off", "off: chosen", 0)
+    assert (auto["amx"], auto["amx_note"]) == auto_amx("cpu", "q8")
+    assert auto["memory"]["amx_copies"] == (_eligible_bytes(tiny_q2["model"]) if HAVE else 0)
+    assert auto["generated_ids"] == off["generated_ids"]
+
+
+def test_doctor_lists_the_option_and_this_cpu(capsys):
+    from ds4tui.cli import main as cli_main
+
+    assert cli_main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    d = r["amx"]
+    assert d["default"] == "auto" and d["choices"] == ["auto", "on", "off"]
+    assert (d["available"], d["reason"]) == (HAVE, WHY)
+    assert d["here"] == auto_amx(r["auto_backend"], "q8" if r["auto_backend"] == "cpu" else "f32")[0]
+    assert cli_main(["doctor"]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("amx"))
+    assert f"auto by default (here {d['here']}, on the " in line
+    assert ("this CPU: AMX-INT8 available" if HAVE else f"this CPU: {WHY}") in line
+
+
+def test_chat_passes_it_to_the_engine(tiny_q2):
+    import dataclasses
+
+    from ds4tui import cli
+    from ds4tui.commands.chat import options_from_args
+    from ds4tui.commands.environment import Settings
+    from ds4tui.engine import worker as W
+
+    args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--amx", "off"])
+    args.settings = dataclasses.replace(Settings(), amx="off")  # as cli.main sets it from the flag
+    assert options_from_args(args).amx == "off"
+    chat = W.ChatEngine(tiny_q2["model"], backend="cpu", n_ctx=64, amx="off")
+    try:
+        assert (chat.info.amx, chat.info.amx_note) == ("off", "off: chosen")
+    finally:
+        chat.close()

@@ -94,7 +94,7 @@ class Stats:
 class Memory:
     """Bytes held (ds4_memory): weights read by the engine (mapped from the GGUF on the CPU),
     raw KV rows, compressor/indexer state and compressed rows, scratch buffers and small tensors
-    expanded to float, GPU allocations (0 on the CPU), and the weight matrices' copies repacked for
+    expanded to float, GPU allocations (0 on the CPU), and (``amx_copies``) the weight matrices' copies repacked for
     the AMX tiles (the amx option, spec ds4.md §2.9.6; 0 without it)."""
 
     weights: int = 0
@@ -102,11 +102,11 @@ class Memory:
     compressor: int = 0
     scratch: int = 0
     device: int = 0
-    amx: int = 0
+    amx_copies: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compressor + self.scratch + self.device + self.amx
+        return self.weights + self.kv + self.compressor + self.scratch + self.device + self.amx_copies
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}

@@ -60,7 +60,7 @@ class MemoryPane(Pane):
             out.append(Content(f" compressor {format_bytes(m.compressor)} · scratch {format_bytes(m.scratch)}"))
             if m.device:
                 out.append(Content(f" device {format_bytes(m.device)}"))
-            if getattr(m, "amx", 0):  # the amx option's repacked Q8_0 copies (spec ds4.md §2.9.6)
-                out.append(Content(f" amx copies {format_bytes(m.amx)}"))
+            if getattr(m, "amx_copies", 0):  # the amx option's repacked Q8_0 copies (spec ds4.md §2.9.6)
+                out.append(Content(f" amx copies {format_bytes(m.amx_copies)}"))
         out.append(Content.styled("optional caches: " + (", ".join(caches) if caches else "none"), "$text-muted"))
         self.put(rows(out))
