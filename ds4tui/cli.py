@@ -220,7 +220,7 @@ def _add_prefill_gemm(p: argparse.ArgumentParser) -> None:
 def _add_amx(p: argparse.ArgumentParser) -> None:
     """--amx, as bench, generate and chat take it."""
     p.add_argument("--amx", choices=["auto", "on", "off"], default=None,
-                   help="Q8_0 products on Intel's AMX tiles (spec ds4.md §2.9.6): the same results bit for bit, a verify's LM head costing about its weight read, and a repacked copy of the Q8_0 matrices in memory (the demo: 38 MB). auto (on where the cpu backend multiplies q8 activations and the CPU has AMX-INT8; `ds4tui doctor` says whether it does), on, or off. Default auto")
+                   help="Q8_0 products on Intel's AMX tiles (spec ds4.md §2.9.6): the same results bit for bit, a verify's LM head costing about its weight read, and a repacked copy of the Q8_0 matrices in memory (the demo pair: 44.5 MB). auto (on where the cpu backend multiplies q8 activations and the CPU has AMX-INT8; `ds4tui doctor` says whether it does), on, or off. Default auto")
 
 
 def _add_dspark_engine_options(p: argparse.ArgumentParser, only_ab: str = "", only_draft: str = "") -> None:

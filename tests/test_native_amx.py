@@ -187,8 +187,8 @@ def test_flag_usage_errors_name_it(command, tiny_q2, capsys, no_engine):
 def test_synthetic_bench_refuses_it(capsys, no_engine):
     from test_cli_usage import _run
 
-    rc, out, err = _run(capsys, ["bench", "--synthetic", "flash", "--backend", "cpu", "--amx", "off"])
-    assert rc == 2 and "--amx is not an option of --synthetic flash" in err
+    rc, out, err = _run(capsys, ["bench", "--synthetic", "flash", "--backend", "hip", "--amx", "on"])
+    assert rc == 2 and "--amx on is not an option of --synthetic flash (it times the GPU backend" in err
 
 
 def test_generate_json_says_which_ran_and_the_memory_it_took(tiny_q2, capsys):
@@ -238,3 +238,40 @@ def test_chat_passes_it_to_the_engine(tiny_q2):
         assert (chat.info.amx, chat.info.amx_note) == ("off", "off: chosen")
     finally:
         chat.close()
+
+
+def test_on_where_the_cpu_cannot_is_an_error_naming_the_flag(tiny_q2, capsys, monkeypatch):
+    """A CPU or kernel without the tiles (simulated: the probe says no): the error names --amx on and
+    the reason, not the backend, and exits 1; auto runs off and says why."""
+    from ds4tui.engine import session as S
+    from ds4tui.engine.errors import OptionUnavailableError
+    from test_cli_usage import _run
+
+    monkeypatch.setattr(S, "amx_available", lambda: (False, "this CPU has no AMX-INT8 (simulated)"))
+    with pytest.raises(OptionUnavailableError, match=r"^--amx on: this CPU has no AMX-INT8 \(simulated\) \(use "):
+        Engine(tiny_q2["model"], activations="q8", amx="on")
+    rc, out, err = _run(capsys, ["generate", str(tiny_q2["model"]), "-p", "hi", "-n", "2", "--backend", "cpu",
+                                 "--amx", "on"])
+    assert rc == 1 and err.splitlines()[-1] == (
+        "ds4tui generate: error: --amx on: this CPU has no AMX-INT8 (simulated) (use --amx auto or off; "
+        "`ds4tui doctor` says whether this CPU has AMX)")
+    eng = Engine(tiny_q2["model"], activations="q8")
+    try:
+        assert (eng.amx, eng.amx_note) == ("off", "auto: off: this CPU has no AMX-INT8 (simulated)")
+        assert eng.memory().amx_copies == 0
+    finally:
+        eng.close()
+
+
+@needs_amx
+def test_bench_text_counts_the_copies_in_its_memory_line(tiny_q2, capsys):
+    from test_cli_usage import _run
+
+    rc, out, err = _run(capsys, ["bench", str(tiny_q2["model"]), "--backend", "cpu", "--threads", "1",
+                                 "--prompt-tokens", "8", "--decode-tokens", "2", "--amx", "on"])
+    assert rc == 0, err
+    line = next(t for t in out.splitlines() if t.startswith("memory"))
+    assert "amx copies " in line
+    rc, out, err = _run(capsys, ["bench", str(tiny_q2["model"]), "--backend", "cpu", "--threads", "1",
+                                 "--prompt-tokens", "8", "--decode-tokens", "2", "--amx", "off"])
+    assert rc == 0 and "amx copies" not in next(t for t in out.splitlines() if t.startswith("memory"))

@@ -967,7 +967,9 @@ def render_text(r: dict) -> str:
                       else "")),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
         ("memory", f"{format_bytes(mem['total'])}  (weights {format_bytes(mem['weights'])}, KV {format_bytes(mem['kv'])}, "
-                   f"compressor {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])})"),
+                   f"compressor {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])}"
+                   + (f", amx copies {format_bytes(mem['amx_copies'])}" if mem.get("amx_copies") else "")
+                   + (f", device {format_bytes(mem['device'])}" if mem.get("device") else "") + ")"),
         ("prefill", f"{r['prefill_tokens_per_s']:10.2f} tok/s  {r['prompt_tokens']} tokens in {prefill_s:.3f} s{best}"),
         ("decode", f"{r['decode_tokens_per_s']:10.2f} tok/s  {r['decode_tokens']} tokens in {decode_s:.3f} s{best}"),
         ("bytes/token", f"{format_bytes(r['bytes_per_token']):>10}        weights {format_bytes(b['weights'])} + KV "
@@ -1302,9 +1304,9 @@ def run_synthetic(args: argparse.Namespace) -> int:
         # verify is timed as the full block's
         return _usage_fail("--verify-head is not an option of --synthetic flash (its DSpark cycles verify every "
                            "row of a full block on the GPU backend): drop it, or use it with --ab", args)
-    if getattr(args, "amx", None) is not None:  # its layers run on the GPU backend (float32 activations on a CPU)
-        return _usage_fail("--amx is not an option of --synthetic flash (its layers run on the GPU backend, or with "
-                           "f32 activations on the cpu): drop it, or use it without --synthetic", args)
+    if getattr(args, "amx", None) == "on":  # it times the GPU backend, where the AMX tiles are not
+        return _usage_fail("--amx on is not an option of --synthetic flash (it times the GPU backend; the AMX tiles "
+                           "are a CPU's): drop it, or use it without --synthetic", args)
     if getattr(args, "write_gguf", None) is not None:
         if not args.write_gguf.strip():
             return _usage_fail("--write-gguf needs a folder name (got an empty one)", args)

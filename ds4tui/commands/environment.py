@@ -209,10 +209,10 @@ def backend_unavailable(backend: str, exc: Exception) -> str:
     status 1): the engine's reason, then what to do (--backend auto only where the GPU failed: auto
     and cpu fail for want of the cpu engine itself, which auto needs too).  A native engine that is not
     built is the line ``ds4tui doctor`` prints, whatever the backend: it names the command that builds it."""
-    from ds4tui.engine.errors import NativeNotBuiltError
+    from ds4tui.engine.errors import NativeNotBuiltError, OptionUnavailableError
 
-    if isinstance(exc, NativeNotBuiltError):  # no backend runs: the line `ds4tui doctor` prints, as it is
-        return str(exc)
+    if isinstance(exc, (NativeNotBuiltError, OptionUnavailableError)):  # no backend runs, or an option that
+        return str(exc)  # cannot run here: the line says it, as it is
     auto = "--backend auto runs on the cpu when the GPU cannot; " if backend == "hip" else ""
     return f"--backend {backend}: {exc} ({auto}`ds4tui doctor` says what is missing)"
 

@@ -68,6 +68,11 @@ class BackendUnavailableError(EngineError):
     """The requested backend cannot run here (not built, no device)."""
 
 
+class OptionUnavailableError(BackendUnavailableError):
+    """An engine option asked for ``on`` cannot run on this machine (the amx option on a CPU without
+    AMX-INT8, or a kernel that refuses the tile state): the message names the option first."""
+
+
 class NativeNotBuiltError(BackendUnavailableError):
     """The native engine (``ds4tui._native``) does not import: no backend but the reference can run,
     whichever was asked for; the message says what is missing and the command that builds it."""

@@ -49,6 +49,7 @@ from ds4tui.engine.backend import (  # re-exported: the names this module always
 )
 from ds4tui.engine.errors import (  # re-exported: the names this module always had
     BackendUnavailableError,
+    OptionUnavailableError,
     NativeNotBuiltError,
     SchedulerPricesError,
     CancelledError,
@@ -427,7 +428,8 @@ class Engine:
         elif amx == "on":
             ok, why = amx_available()
             if not ok:
-                raise BackendUnavailableError(f"amx on: {why} (use --amx auto or off)")
+                raise OptionUnavailableError(f"--amx on: {why} (use --amx auto or off; `ds4tui doctor` says whether "
+                                             f"this CPU has AMX)")
         if verify_head == "auto":
             self.verify_head, self.verify_head_note = auto_verify_head(backend, self.activations)
         elif verify_head == "lazy" and backend != "cpu":  # --backend auto chose the GPU: said, not refused

@@ -110,10 +110,11 @@ typedef struct {
     const uint8_t *P;
     size_t group;
     int64_t cols, nb, nch;
-    const int8_t *A;  /* nch A tiles of 1 KiB */
+    const int8_t *A;  /* [token group][nch] A tiles of 1 KiB (rows h * ntg + t, ntg = AMX_TOK but for a lone group) */
     int32_t *cb;      /* nch x 1 KiB of block sums a pool thread */
-    const float *dx;  /* [nt][nb] activation scales */
-    int nt;
+    const float *dx;  /* [n_tok][nb] activation scales */
+    int64_t n_tok;
+    int ntg;          /* tokens a group's A tile rows are laid out for (its last group may have fewer) */
     float *Y;
     int64_t ldy;
 } amx_task;
@@ -122,57 +123,63 @@ typedef struct {
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,f16c")
 #include <immintrin.h>
 
+/* Groups g0..g1 of 16 weight rows, each read once for every token group (its weights stay in the
+ * cache while the token groups take their turns). */
 static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
     const amx_task *t = ctx;
-    const int nt = t->nt;
+    const int ntg = t->ntg;
     const int64_t nb = t->nb, nch = t->nch;
     amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 4; i++) cfg.colsb[i] = 64, cfg.rows[i] = (uint8_t)(2 * nt); /* C 0-1, A 2-3 */
-    for (int i = 4; i < 6; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;                 /* B 4-5 */
+    for (int i = 0; i < 4; i++) cfg.colsb[i] = 64, cfg.rows[i] = (uint8_t)(2 * ntg); /* C 0-1, A 2-3 */
+    for (int i = 4; i < 6; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;                  /* B 4-5 */
     _tile_loadconfig(&cfg);
     int32_t *cb = t->cb + (size_t)thread * (size_t)nch * 256; /* this thread's sums of a group: [chunk][row][16] */
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *o = t->P + (size_t)g * t->group;
         if (g + 1 < g1) /* the next group's weights on their way while this one is multiplied */
             for (size_t off = 0; off < t->group; off += 64) _mm_prefetch((const char *)(o + t->group + off), _MM_HINT_T0);
-        /* the group's block sums; chunks alternate between two sets of tiles, so that one chunk's
-         * loads need not wait for the last one's store */
-        for (int64_t ch = 0; ch < nch; ch++) {
-            if (ch & 1) {
-                _tile_loadd(5, o + (size_t)ch * 1024, 64);
-                _tile_loadd(3, t->A + (size_t)ch * 1024, 64);
-                _tile_zero(1);
-                _tile_dpbssd(1, 3, 5);
-                _tile_stored(1, cb + ch * 256, 64);
-            } else {
-                _tile_loadd(4, o + (size_t)ch * 1024, 64);
-                _tile_loadd(2, t->A + (size_t)ch * 1024, 64);
-                _tile_zero(0);
-                _tile_dpbssd(0, 2, 4);
-                _tile_stored(0, cb + ch * 256, 64);
-            }
-        }
-        /* then each token's float32 steps, blocks in order into accumulator b mod 8 (registers) */
         const uint16_t *sc = (const uint16_t *)(o + (size_t)nch * 1024);
-        for (int k = 0; k < nt; k++) {
-            __m512 a[8];
-            for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
-            const float *dx = t->dx + (size_t)k * nb;
-            for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                    const int64_t b = b0 + j;
-                    if (b >= nb) break;
-                    const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + AMX_ROWS * b)));
-                    const __m512i I = _mm512_load_si512((const void *)(cb + (b >> 1) * 256 + ((b & 1) * nt + k) * 16));
-                    a[j] = _mm512_add_ps(a[j], _mm512_mul_ps(_mm512_mul_ps(sw, _mm512_set1_ps(dx[b])), _mm512_cvtepi32_ps(I)));
+        for (int64_t t0 = 0; t0 < t->n_tok; t0 += ntg) {
+            const int nt = (int)(t->n_tok - t0 < ntg ? t->n_tok - t0 : ntg);
+            const int8_t *A = t->A + (size_t)(t0 / ntg) * (size_t)nch * 1024;
+            /* the group's block sums; chunks alternate between two sets of tiles, so that one chunk's
+             * loads need not wait for the last one's store */
+            for (int64_t ch = 0; ch < nch; ch++) {
+                if (ch & 1) {
+                    _tile_loadd(5, o + (size_t)ch * 1024, 64);
+                    _tile_loadd(3, A + (size_t)ch * 1024, 64);
+                    _tile_zero(1);
+                    _tile_dpbssd(1, 3, 5);
+                    _tile_stored(1, cb + ch * 256, 64);
+                } else {
+                    _tile_loadd(4, o + (size_t)ch * 1024, 64);
+                    _tile_loadd(2, A + (size_t)ch * 1024, 64);
+                    _tile_zero(0);
+                    _tile_dpbssd(0, 2, 4);
+                    _tile_stored(0, cb + ch * 256, 64);
                 }
             }
-            const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                           _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-            _mm512_storeu_ps(t->Y + k * t->ldy + g * AMX_ROWS, r);
+            /* then each token's float32 steps, blocks in order into accumulator b mod 8 (registers) */
+            for (int k = 0; k < nt; k++) {
+                __m512 a[8];
+                for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+                const float *dx = t->dx + (size_t)(t0 + k) * nb;
+                for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++) {
+                        const int64_t b = b0 + j;
+                        if (b >= nb) break;
+                        const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + AMX_ROWS * b)));
+                        const __m512i I = _mm512_load_si512((const void *)(cb + (b >> 1) * 256 + ((b & 1) * ntg + k) * 16));
+                        a[j] = _mm512_add_ps(a[j], _mm512_mul_ps(_mm512_mul_ps(sw, _mm512_set1_ps(dx[b])), _mm512_cvtepi32_ps(I)));
+                    }
+                }
+                const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                               _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+                _mm512_storeu_ps(t->Y + (t0 + k) * t->ldy + g * AMX_ROWS, r);
+            }
         }
     }
     _tile_release();
@@ -182,33 +189,32 @@ static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
 int ds4_cpu_amx_matmul(ds4_pool *pool, const uint8_t *P, int64_t rows, int64_t cols, const float *X, int64_t ldx,
                        int64_t n_tok, float *Y, int64_t ldy) {
     if (!ds4_cpu_amx_eligible(DS4_TYPE_Q8_0, rows, cols)) return -1;
-    const int64_t nb = cols / 32, nch = cols / AMX_CHUNK;
-    const size_t abytes = (size_t)nch * 1024;
-    int8_t *A = aligned_alloc(64, abytes + (size_t)AMX_TOK * (size_t)cols + 64);
-    float *dx = malloc((size_t)AMX_TOK * (size_t)nb * sizeof(float));
-    if (!A || !dx) {
-        free(A), free(dx);
+    if (n_tok <= 0) return 0;
+    const int64_t nb = cols / 32, nch = cols / AMX_CHUNK, n_groups = (n_tok + AMX_TOK - 1) / AMX_TOK;
+    const int ntg = n_tok < AMX_TOK ? (int)n_tok : AMX_TOK;
+    const size_t abytes = (size_t)nch * 1024, nth = (size_t)ds4_pool_size(pool);
+    int8_t *A = aligned_alloc(64, (size_t)n_groups * abytes + (size_t)cols + 64);
+    int32_t *cb = aligned_alloc(64, nth * abytes);
+    float *dx = malloc((size_t)n_tok * (size_t)nb * sizeof(float));
+    if (!A || !cb || !dx) {
+        free(A), free(cb), free(dx);
         return -1;
     }
-    int8_t *q = A + abytes;
-    const int nth = ds4_pool_size(pool);
-    int32_t *cb = aligned_alloc(64, (size_t)nth * abytes);
-    if (!cb) {
-        free(A), free(dx);
-        return -1;
-    }
-    for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_TOK) {
-        const int nt = (int)(n_tok - t0 < AMX_TOK ? n_tok - t0 : AMX_TOK);
-        for (int k = 0; k < nt; k++) ds4_cpu_quantize_q8_act(X + (t0 + k) * ldx, cols, q + (size_t)k * cols, dx + (size_t)k * nb);
-        memset(A, 0, abytes);
+    /* every token's codes into its group's A tiles: row h * ntg + t of chunk c holds the token's codes of
+     * block 2c + h and zeros where the other block's are */
+    int8_t *q = A + (size_t)n_groups * abytes;
+    memset(A, 0, (size_t)n_groups * abytes);
+    for (int64_t i = 0; i < n_tok; i++) {
+        ds4_cpu_quantize_q8_act(X + i * ldx, cols, q, dx + (size_t)i * nb);
+        int8_t *Ag = A + (size_t)(i / AMX_TOK) * abytes;
+        const int k = (int)(i % AMX_TOK);
         for (int64_t ch = 0; ch < nch; ch++)
-            for (int k = 0; k < nt; k++)
-                for (int h = 0; h < 2; h++)
-                    memcpy(A + (size_t)ch * 1024 + (size_t)(h * nt + k) * 64 + 32 * h, q + (size_t)k * cols + ch * AMX_CHUNK + 32 * h, 32);
-        amx_task t = {P, ds4_cpu_amx_bytes(AMX_ROWS, cols), cols, nb, nch, A, cb, dx, nt, Y + t0 * ldy, ldy};
-        if (rows * cols * nt < 65536) amx_slice(&t, 0, rows / AMX_ROWS, 0);
-        else ds4_pool_run(pool, amx_slice, &t, rows / AMX_ROWS);
+            for (int h = 0; h < 2; h++)
+                memcpy(Ag + (size_t)ch * 1024 + (size_t)(h * ntg + k) * 64 + 32 * h, q + ch * AMX_CHUNK + 32 * h, 32);
     }
+    amx_task t = {P, ds4_cpu_amx_bytes(AMX_ROWS, cols), cols, nb, nch, A, cb, dx, n_tok, ntg, Y, ldy};
+    if (rows * cols * n_tok < 65536) amx_slice(&t, 0, rows / AMX_ROWS, 0);
+    else ds4_pool_run(pool, amx_slice, &t, rows / AMX_ROWS);
     free(A);
     free(cb);
     free(dx);
