@@ -181,5 +181,6 @@ async def test_chat_with_q8_says_why_auto_chose_the_cpu(tiny_q2, tmp_path):
         note = app.engine.engine.backend_note
         assert re.fullmatch(r"no usable GPU \(.+\): running on the CPU", note) and "q8" not in note
         welcome = str(app.query_one("#welcome").render())
-        assert f"cpu backend; {note}." in welcome
+        amx = app.engine.engine.amx_note  # auto's choice is said where it turned the AMX tiles on
+        assert f"cpu backend; {note}{'; amx ' + amx if amx.startswith('auto: on') else ''}." in welcome
     app.close_engine()
