@@ -111,7 +111,7 @@ typedef struct {
     size_t group;
     int64_t cols, nb, nch;
     const int8_t *A;  /* [token group][nch] A tiles of 1 KiB (rows h * ntg + t, ntg = AMX_TOK but for a lone group) */
-    int32_t *cb;      /* nch x 1 KiB of block sums a pool thread */
+    int32_t *cb;      /* a pool thread's nch x 1 KiB of block sums, then its nb x 64 bytes of float32 scales */
     const float *dx;  /* [n_tok][nb] activation scales */
     int64_t n_tok;
     int ntg;          /* tokens a group's A tile rows are laid out for (its last group may have fewer) */
@@ -135,11 +135,17 @@ static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
     for (int i = 0; i < 4; i++) cfg.colsb[i] = 64, cfg.rows[i] = (uint8_t)(2 * ntg); /* C 0-1, A 2-3 */
     for (int i = 4; i < 6; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;                  /* B 4-5 */
     _tile_loadconfig(&cfg);
-    int32_t *cb = t->cb + (size_t)thread * (size_t)nch * 256; /* this thread's sums of a group: [chunk][row][16] */
+    /* this thread's sums of a group ([chunk][row][16]) and its weight scales as float32 ([block][16]) */
+    int32_t *cb = t->cb + (size_t)thread * (size_t)nch * 512;
+    float *sw32 = (float *)(cb + (size_t)nch * 256);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *o = t->P + (size_t)g * t->group;
-        if (g + 1 < g1) /* the next group's weights on their way while this one is multiplied */
-            for (size_t off = 0; off < t->group; off += 64) _mm_prefetch((const char *)(o + t->group + off), _MM_HINT_T0);
+        /* the next group's weights on their way while this one is multiplied: its scales now, each
+         * of its tiles beside the same tile of this group (a whole group at once would stall the
+         * core on its fill buffers before any product of this one starts) */
+        const uint8_t *next = g + 1 < g1 ? o + t->group : NULL;
+        if (next)
+            for (size_t off = (size_t)nch * 1024; off < t->group; off += 64) _mm_prefetch((const char *)(next + off), _MM_HINT_T0);
         const uint16_t *sc = (const uint16_t *)(o + (size_t)nch * 1024);
         for (int64_t t0 = 0; t0 < t->n_tok; t0 += ntg) {
             const int nt = (int)(t->n_tok - t0 < ntg ? t->n_tok - t0 : ntg);
@@ -147,6 +153,8 @@ static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
             /* the group's block sums; chunks alternate between two sets of tiles, so that one chunk's
              * loads need not wait for the last one's store */
             for (int64_t ch = 0; ch < nch; ch++) {
+                if (next && t0 == 0)
+                    for (int l = 0; l < 1024; l += 64) _mm_prefetch((const char *)(next + (size_t)ch * 1024 + l), _MM_HINT_T0);
                 if (ch & 1) {
                     _tile_loadd(5, o + (size_t)ch * 1024, 64);
                     _tile_loadd(3, A + (size_t)ch * 1024, 64);
@@ -161,7 +169,11 @@ static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
                     _tile_stored(0, cb + ch * 256, 64);
                 }
             }
-            /* then each token's float32 steps, blocks in order into accumulator b mod 8 (registers) */
+            /* the group's weight scales as float32 once (F16C converts exactly), then each token's
+             * float32 steps, blocks in order into accumulator b mod 8 (registers) */
+            if (t0 == 0)
+                for (int64_t b = 0; b < nb; b++)
+                    _mm512_store_ps(sw32 + 16 * b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + AMX_ROWS * b))));
             for (int k = 0; k < nt; k++) {
                 __m512 a[8];
                 for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
@@ -171,7 +183,7 @@ static void amx_slice(void *ctx, int64_t g0, int64_t g1, int thread) {
                     for (int j = 0; j < 8; j++) {
                         const int64_t b = b0 + j;
                         if (b >= nb) break;
-                        const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + AMX_ROWS * b)));
+                        const __m512 sw = _mm512_load_ps(sw32 + 16 * b);
                         const __m512i I = _mm512_load_si512((const void *)(cb + (b >> 1) * 256 + ((b & 1) * ntg + k) * 16));
                         a[j] = _mm512_add_ps(a[j], _mm512_mul_ps(_mm512_mul_ps(sw, _mm512_set1_ps(dx[b])), _mm512_cvtepi32_ps(I)));
                     }
@@ -194,7 +206,7 @@ int ds4_cpu_amx_matmul(ds4_pool *pool, const uint8_t *P, int64_t rows, int64_t c
     const int ntg = n_tok < AMX_TOK ? (int)n_tok : AMX_TOK;
     const size_t abytes = (size_t)nch * 1024, nth = (size_t)ds4_pool_size(pool);
     int8_t *A = aligned_alloc(64, (size_t)n_groups * abytes + (size_t)cols + 64);
-    int32_t *cb = aligned_alloc(64, nth * abytes);
+    int32_t *cb = aligned_alloc(64, nth * 2 * abytes); /* a thread's sums (abytes) and float32 scales (nb * 64 bytes) */
     float *dx = malloc((size_t)n_tok * (size_t)nb * sizeof(float));
     if (!A || !cb || !dx) {
         free(A), free(cb), free(dx);
