@@ -29,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11)) && defined(__linux__)
+/* gcc 11+ (its target pragma below turns the tile instructions on for this file's kernel whatever -march
+ * says); other compilers build the stubs at the end */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define DS4_HAVE_AMX 1
 #endif
 
@@ -236,7 +238,7 @@ int ds4_cpu_amx_matmul(ds4_pool *pool, const uint8_t *P, int64_t rows, int64_t c
 #else /* no AMX in this build */
 
 int ds4_cpu_amx_probe(char *why, size_t len) {
-    if (why && len) snprintf(why, len, "this build has no AMX kernels (x86-64 Linux with gcc 11+ or clang builds them)");
+    if (why && len) snprintf(why, len, "this build has no AMX kernels (an x86-64 Linux build with gcc 11 or later has them)");
     return 0;
 }
 
