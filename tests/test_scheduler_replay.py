@@ -155,6 +155,7 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "scheduler_replay.py"
     (["--out-is", "/dev/null"], 1, "/dev/null: cannot be written (it is not a regular file (a device, a pipe, ...)"),
     (["--model", "", "--mtp", "s.gguf"], 2, "--model is empty; give the path of a GGUF file"),
     (["--model", "/dev/null", "--mtp", "s.gguf"], 2, "--model /dev/null: not a regular file"),
+    (["--amx", "maybe"], 2, "argument --amx: invalid choice: 'maybe' (choose from 'auto', 'on', 'off')"),
 ])
 def test_record_takes_a_pair_as_two_files_and_names_a_bad_one(args, code, needle, tmp_path):
     """``record --model --mtp`` records another pair than the demo's; half a pair, a missing file, a

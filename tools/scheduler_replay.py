@@ -2,7 +2,7 @@
 then replay the engine's scheduler on them (spec dspark.md §7.5).
 
 ``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2] [--model MODEL --mtp
-SUPPORT]`` answers each prompt below greedily with the demo pair (or the pair given) and records, for
+SUPPORT] [--amx auto|on|off]`` answers each prompt below greedily with the demo pair (or the pair given) and records, for
 every anchor position, how many of the block's drafts the target accepts there (a drafted step, then a
 rewind that keeps its first token, so every position is an anchor); then, on the first prompt, the
 costs the scheduler prices with: the engine's mean time of a plain decode (64 of them), of a proposal
@@ -82,7 +82,8 @@ def prompts() -> list[tuple[str, str]]:
             + [("prose", t) for t in PROSE_PROMPTS] + [("code", t) for t in CODE_PROMPTS])
 
 
-def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path] | None = None) -> int:
+def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path] | None = None,
+           amx: str = "auto") -> int:
     """Record the traces and costs of ``pair_files`` (target GGUF, DSpark support GGUF), else of the
     bundled demo pair, to ``out``; 0, or 1 after a one-line error."""
     from ds4tui.engine.gguf_model import DS4Model
@@ -105,7 +106,12 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
             return 1
     model = DS4Model(str(model_path))
     tok = Tokenizer.from_gguf(model.reader)
-    eng = Engine(model, support=support_path, n_threads=threads, activations="auto", scheduler_prices="fresh")
+    try:
+        eng = Engine(model, support=support_path, n_threads=threads, activations="auto", scheduler_prices="fresh",
+                     amx=amx)
+    except EngineError as exc:  # --amx on where the tiles cannot run: one line naming it
+        print(f"scheduler_replay: error: {exc}", file=sys.stderr)
+        return 1
     if eng.support_status != "attached":
         eng.close()
         print(f"scheduler_replay: error: --mtp {support_path}: the support model does not fit {model_path} "
@@ -162,7 +168,7 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
     eng.close()
     t_prop = propose / drafted
     data = {"model": str(model_path), "support": str(support_path), "threads": threads, "tokens": n_tokens,
-            "block": block,
+            "activations": eng.activations, "amx": eng.amx, "block": block,
             "costs": {"t_decode": t_decode, "t_propose": t_prop,
                       "t_verify": {str(n): ms for n, ms in sorted(widths.items())}},
             "traces": traces}
@@ -402,6 +408,9 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=_count(1, 256), default=2, help="engine threads, 1..256 (default 2)")
     r.add_argument("--model", help="a target DS4 GGUF to record instead of the demo pair's (with --mtp)")
     r.add_argument("--mtp", help="its DSpark support GGUF (with --model)")
+    r.add_argument("--amx", choices=("auto", "on", "off"), default="auto",
+                   help="the Q8_0 products on the AMX tiles (spec ds4.md §2.9.6): the same acceptance, other costs "
+                        "(default auto)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
     p.add_argument("traces", type=Path)
     p.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
@@ -432,7 +441,7 @@ def main(argv=None) -> int:
                 r.error(f"{flag} {f}: {why}; give the path of a GGUF file")
             if f is not None and a.out.exists() and a.out.resolve() == f.resolve():
                 r.error(f"{a.out} is the {flag} file: the recording would replace it; give another OUT")
-        return record(a.out, a.tokens, a.threads, (a.model, a.mtp) if a.model else None)
+        return record(a.out, a.tokens, a.threads, (a.model, a.mtp) if a.model else None, a.amx)
     if a.after is None:
         return replay(a.traces, a.tokens, None, a.json)
     parts = [x.strip() for x in a.after.split(",") if x.strip()]
