@@ -10,9 +10,11 @@
  * per group of 16 rows, for each 64-column chunk c, one 1 KiB tile whose byte 64 r + 4 n + i is
  * row n's code at column 64 c + 4 r + i (TDPBSSD's B operand: 16 rows of 4-byte column groups), then
  * the group's block scales as f16, 16 per block (row n at 16 b + n).  A group is as many bytes as the
- * 16 GGML rows it holds (34 bytes a block either way).  The activations form the A operand: for a
- * chunk, row h * nt + t holds token t's 64 codes with the half h (its first or second block) kept and
- * the other half zero, so C[h * nt + t][n] is block 2c + h's sum of token t and weight row n.
+ * 16 GGML rows it holds (34 bytes a block either way).  The activations form the A operand: tokens
+ * go in groups of up to 8 (ntg a group); for a chunk, row h * ntg + t holds token t's 64 codes with
+ * the half h (its first or second block) kept and the other half zero, so C[h * ntg + t][n] is block
+ * 2c + h's sum of token t and weight row n.  Each group of 16 weight rows is read once for all the
+ * token groups of a product.
  *
  * Why: a verify of six rows multiplies the demo's 35 MB LM head six times; with AVX-512 VNNI that is
  * ~2.2x a one-row product on this project's benchmark Xeon, on the tile unit ~1.1x, the weights'
@@ -37,7 +39,7 @@
 
 #define AMX_ROWS 16      /* weight rows a group */
 #define AMX_CHUNK 64     /* columns a tile (two Q8_0 blocks) */
-#define AMX_TOK 8        /* tokens a sweep over the weights (A and C rows: 2 per token) */
+#define AMX_TOK 8        /* tokens a group (A and C tile rows: 2 per token) */
 
 int ds4_cpu_amx_eligible(int type, int64_t rows, int64_t cols) {
     return type == DS4_TYPE_Q8_0 && rows > 0 && cols > 0 && rows % AMX_ROWS == 0 && cols % AMX_CHUNK == 0;
