@@ -285,6 +285,14 @@ class Engine:
     hip and reference) or ``"auto"`` (default: lazy on the cpu with f32 activations, all elsewhere,
     :func:`auto_verify_head`).  After open ``verify_head`` is the mode in force and ``verify_head_note``
     says why (a lazy that ``backend="auto"`` could not apply on hip runs all, and says so).
+    ``amx`` (spec ds4.md §2.9.6): ``"on"`` repacks, at open, the Q8_0 matrices that products read whole
+    (rows a multiple of 16, columns of 64; not the embedding) into the layout of Intel's AMX tiles and
+    multiplies them there: the same logits bit for bit, a copy as large as the rows repacked
+    (``memory().amx_copies``, bytes); cpu backend with q8 activations only
+    (:class:`BackendUnavailableError` otherwise, :class:`OptionUnavailableError` on a CPU or kernel
+    without AMX-INT8); ``"off"``: the other kernels; ``"auto"`` (default): on where the cpu backend
+    multiplies q8 activations and :func:`amx_available`, else off.  After open ``amx`` is the mode in
+    force and ``amx_note`` says why (:func:`auto_amx`).
     ``scheduler_prices`` (spec dspark.md §7.4, :mod:`ds4tui.engine.prices`): where a new session's
     DSpark scheduler starts: ``"fresh"`` (default: it measures what a verify costs and how often
     drafts are accepted by drafting once), ``"engine"`` (from what this engine's earlier sessions
