@@ -430,10 +430,7 @@ class Engine:
             self.amx, self.amx_note = auto_amx(backend, self.activations)
         elif amx == "on" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
             self.amx, self.amx_note = "off", "off: amx on runs on the cpu backend only, and the GPU was chosen"
-        elif amx == "on" and self.activations != "q8":
-            raise BackendUnavailableError(f"amx on multiplies 8-bit activations: it needs --activations q8, found "
-                                          f"{self.activations}; use --amx off with f32")
-        elif amx == "on":
+        elif amx == "on":  # f32 was refused above, and auto is q8 on the cpu
             ok, why = amx_available()
             if not ok:
                 raise OptionUnavailableError(f"--amx on: {why} (use --amx auto or off; `ds4tui doctor` says whether "
