@@ -264,6 +264,13 @@ typedef struct {
     uint64_t seed;
 } ds4_sampling;
 
+/* The sampler on its own (for tests and benchmarks): what a session with sampling settings p draws
+ * from logits[0..n) with its splitmix64 stream at *rng (advanced by one draw; greedy draws nothing):
+ * temperature -> top_k -> top_p -> min_p -> draw, candidates ordered by decreasing logit, ties to the
+ * lower id (the engine's ds4_sample; ds4tui.engine.backend.sample_reference in numpy).  Returns the
+ * id, or DS4_E_INVALID (n < 1, a NULL pointer, settings out of range) or DS4_E_NOMEM, both < 0. */
+int32_t ds4_kernel_sample(const float *logits, int32_t n, const ds4_sampling *p, uint64_t *rng);
+
 /* Monotonic counters of a session (rates are derived by the caller). */
 typedef struct {
     uint64_t n_prefill_tokens;  /* tokens run through ds4_session_eval */

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t splitmix64(uint64_t *state) {
     uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
@@ -14,11 +15,76 @@ static uint64_t splitmix64(uint64_t *state) {
 
 typedef struct { double v; int32_t id; int32_t pad; } cand;
 
-static int by_value_then_id(const void *pa, const void *pb) {
-    const cand *a = pa, *b = pb;
-    if (a->v > b->v) return -1;
-    if (a->v < b->v) return 1;
-    return (a->id > b->id) - (a->id < b->id);
+/* The candidates' order, decreasing value with ties to the lower id, as one unsigned key a
+ * candidate: ascending keys are that order.  The value's order is the logit's (v = logit / T with
+ * T > 0 keeps every comparison of two float32 logits), so the high half is the logit as an
+ * order-keeping integer, inverted for decreasing, and the low half the id.  -0.0 and +0.0 compare
+ * equal (v > w and v < w are both false), so -0.0 is keyed as +0.0 and the id decides; a NaN, which
+ * compares with nothing, goes last. */
+static inline uint64_t cand_key(float f, int32_t id) {
+    uint32_t u;
+    if (isnan(f)) u = 0;
+    else {
+        f += 0.0f; /* -0.0 + 0.0 = +0.0 */
+        memcpy(&u, &f, sizeof u);
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending u = ascending f */
+    }
+    return (uint64_t)~u << 32 | (uint32_t)id;
+}
+
+/* The keys a[0..n), sorted ascending, into tmp[0..n) (a is overwritten): a stable LSD radix sort in
+ * passes of at most 11 bits.  The high halves (the order of the values) take three passes; the low
+ * halves (the ids, below 2^id_bits) take passes of their own first when id_bits > 0.  With id_bits 0
+ * the keys must come in ascending id order (as built), so that equal high halves stay in id order and
+ * the whole keys end sorted. */
+static void radix_sort_keys(uint64_t *a, uint64_t *tmp, int64_t n, int id_bits) {
+    uint64_t *src = a, *dst = tmp;
+    int passes = 0;
+    for (int lo = id_bits > 0 ? 0 : 32; lo < 64; passes++) {
+        const int end = lo < 32 ? (lo + 11 < id_bits ? lo + 11 : id_bits) : (lo + 11 < 64 ? lo + 11 : 64);
+        const int shift = lo, bits = end - lo;
+        lo = end < 32 && end >= id_bits ? 32 : end;
+        int64_t count[2048] = {0};
+        const uint64_t mask = ((uint64_t)1 << bits) - 1;
+        for (int64_t i = 0; i < n; i++) count[(src[i] >> shift) & mask]++;
+        int64_t at = 0;
+        for (int64_t b = 0; b <= (int64_t)mask; b++) {
+            const int64_t c = count[b];
+            count[b] = at;
+            at += c;
+        }
+        for (int64_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & mask]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != tmp) memcpy(tmp, src, (size_t)n * sizeof *tmp);
+}
+
+/* Moves the k smallest of a[0..n) (distinct keys) to a[0..k), in no order (0 < k < n): quickselect,
+ * the pivot the median of the first, middle and last key. */
+static void select_smallest(uint64_t *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        uint64_t x = a[lo], y = a[mid], z = a[hi];
+        const uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                const uint64_t t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++, j--;
+            }
+        }
+        /* a[lo..j] <= pivot <= a[i..hi], and j < i */
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else return;
+    }
 }
 
 /* Greedy's argmax, for every decode, each verify row and the CPU drafter's drafts (up to ~11 rows of
@@ -77,20 +143,34 @@ int32_t ds4_argmax_sum(const float *a, const float *b, int32_t n) {
     return find_sum(a, b, n, max_sum(a, b, n));
 }
 
-double ds4_uniform(ds4_session *s) {
-    return (double)(splitmix64(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double uniform(uint64_t *state) { return (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0); }
 
-/* temperature -> top-k -> top-p -> min-p: the kept candidates in order of decreasing probability
- * (ties to the lower id), left in s->sample_buf; returns how many and their unnormalised sum. */
-static int32_t sample_candidates(ds4_session *s, const float *logits, double *sum_out) {
-    const ds4_sampling *p = &s->sampling;
-    const int32_t V = s->e->c.n_vocab;
-    cand *c = (cand *)s->sample_buf;
-    for (int32_t i = 0; i < V; i++) c[i] = (cand){(double)logits[i] / (double)p->temperature, i, 0};
-    qsort(c, (size_t)V, sizeof *c, by_value_then_id);
-    int32_t n = V;
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+double ds4_uniform(ds4_session *s) { return uniform(&s->rng); }
+
+/* temperature -> top-k -> top-p -> min-p over logits[0..V): the kept candidates in order of
+ * decreasing probability (ties to the lower id), left in buf (16 V bytes); returns how many and
+ * their unnormalised sum. */
+static int32_t sample_candidates(const ds4_sampling *p, int32_t V, void *buf, const float *logits, double *sum_out) {
+    /* the candidates in order, ties to the lower id: every key sorted, or only the top_k smallest
+     * after a quickselect (the same order either way, and so the same sums and draws).  The buffer
+     * holds V candidates of 16 bytes: the keys in its first half, the sorted keys in its second, and
+     * candidate i written over sorted keys 2i - V and 2i - V + 1, both at or below i, so every key is
+     * read before it is written over */
+    uint64_t *key = (uint64_t *)buf, *sorted = key + V;
+    for (int32_t i = 0; i < V; i++) key[i] = cand_key(logits[i], i);
+    int32_t n = V, id_bits = 0;
+    if (p->top_k > 0 && p->top_k < n) { /* the selection leaves the ids out of order: they are sorted too */
+        n = p->top_k;
+        select_smallest(key, V, n);
+        while (id_bits < 31 && ((int64_t)1 << id_bits) < V) id_bits++;
+    }
+    radix_sort_keys(key, sorted, n, id_bits);
+    cand *c = (cand *)buf;
+    const double T = (double)p->temperature;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t id = (int32_t)(uint32_t)sorted[i];
+        c[i] = (cand){(double)logits[id] / T, id, 0};
+    }
     double mx = c[0].v, sum = 0.0;
     for (int32_t i = 0; i < n; i++) { c[i].v = exp(c[i].v - mx); sum += c[i].v; }
     for (int32_t i = 0; i < n; i++) c[i].v /= sum;
@@ -115,19 +195,35 @@ static int32_t sample_candidates(ds4_session *s, const float *logits, double *su
     return n;
 }
 
-/* temperature -> top-k -> top-p -> min-p -> draw (probabilities in double). */
-int32_t ds4_sample(ds4_session *s, const float *logits) {
-    if (!(s->sampling.temperature > 0.0f)) return ds4_argmax(logits, s->e->c.n_vocab);
+/* The draw: temperature -> top-k -> top-p -> min-p -> u in [0, 1) from the stream at *rng, times
+ * the kept candidates' sum, against their running sum (probabilities in double). */
+static int32_t draw(const ds4_sampling *p, int32_t V, void *buf, const float *logits, uint64_t *rng) {
     double sum;
-    int32_t n = sample_candidates(s, logits, &sum);
-    const cand *c = (const cand *)s->sample_buf;
-    double u = ds4_uniform(s) * sum;
+    const int32_t n = sample_candidates(p, V, buf, logits, &sum);
+    const cand *c = (const cand *)buf;
+    const double u = uniform(rng) * sum;
     double cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         cum += c[i].v;
         if (u < cum) return c[i].id;
     }
     return c[n - 1].id;
+}
+
+int32_t ds4_sample(ds4_session *s, const float *logits) {
+    if (!(s->sampling.temperature > 0.0f)) return ds4_argmax(logits, s->e->c.n_vocab);
+    return draw(&s->sampling, s->e->c.n_vocab, s->sample_buf, logits, &s->rng);
+}
+
+int32_t ds4_kernel_sample(const float *logits, int32_t n, const ds4_sampling *p, uint64_t *rng) {
+    if (n < 1 || !logits || !p || !rng) return DS4_E_INVALID;
+    if (ds4_check_sampling(p, NULL, 0) != DS4_OK) return DS4_E_INVALID;
+    if (!(p->temperature > 0.0f)) return ds4_argmax(logits, n);
+    void *buf = malloc((size_t)n * sizeof(cand));
+    if (!buf) return DS4_E_NOMEM;
+    const int32_t id = draw(p, n, buf, logits, rng);
+    free(buf);
+    return id;
 }
 
 void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *p, int32_t *n_out) {
@@ -138,7 +234,7 @@ void ds4_sample_dist(ds4_session *s, const float *logits, int32_t *ids, double *
         return;
     }
     double sum;
-    int32_t n = sample_candidates(s, logits, &sum);
+    int32_t n = sample_candidates(&s->sampling, s->e->c.n_vocab, s->sample_buf, logits, &sum);
     const cand *c = (const cand *)s->sample_buf;
     for (int32_t i = 0; i < n; i++) { ids[i] = c[i].id; p[i] = c[i].v / sum; }
     *n_out = n;
