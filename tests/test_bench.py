@@ -1147,3 +1147,32 @@ def test_synthetic_flash_without_a_device_says_what_to_do(monkeypatch, capsys):
                                                 "GPU (it times the GPU backend: `ds4tui doctor` says what is missing; "
                                                 "--write-gguf DIR writes the same models without a GPU, for another "
                                                 "engine to time)\n")
+
+
+def test_verify_ratio_times_the_rows_it_names(tiny_q2, capsys, monkeypatch):
+    """tools/verify_ratio.py: a pass wider than its 200-token prompt is that wide (it once cut every
+    pass to the prompt's 200 rows and labelled it with the asked width), and a width past MAX_ROWS is
+    a usage error naming --rows."""
+    import importlib.util
+    from pathlib import Path
+
+    import ds4tui.engine.backend as B
+
+    spec = importlib.util.spec_from_file_location(
+        "verify_ratio", Path(__file__).resolve().parent.parent / "tools" / "verify_ratio.py")
+    vr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vr)
+    with pytest.raises(SystemExit) as e:
+        vr.main([str(tiny_q2["model"]), "--rows", str(vr.MAX_ROWS + 1)])
+    assert e.value.code == 2 and "argument --rows: at most 4096 rows" in capsys.readouterr().err
+    widths = []
+    orig = B.NativeBackend.eval
+
+    def counting(self, ids, mode, pending):
+        widths.append(len(ids))
+        return orig(self, ids, mode, pending)
+
+    monkeypatch.setattr(B.NativeBackend, "eval", counting)
+    assert vr.main([str(tiny_q2["model"]), "--rows", "230", "--rounds", "1", "--threads", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 230
+    assert {1, 230} <= set(widths) and max(widths) == 230

@@ -29,6 +29,10 @@ from ds4tui.demo import DemoError
 from ds4tui.engine.errors import BackendUnavailableError, EngineError, ModelFileError
 
 
+PROMPT_TOKENS = 200  # prefilled before the timed passes
+MAX_ROWS = 4096  # a verify is 1 + block rows; wider passes are prefill chunks, which bench times
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description="Time verify passes of --rows tokens against one-token decodes in alternating rounds of one "
@@ -52,6 +56,9 @@ def main(argv=None) -> int:
                     help="engine backend (default cpu); hip times wall time")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.rows > MAX_ROWS:
+        ap.error(f"argument --rows: at most {MAX_ROWS} rows a pass, got {a.rows} (a verify is 1 + the drafts; "
+                 f"time longer passes as prefill with `ds4tui bench --prefill-lengths`)")
     if a.gpu_graphs == "on" and a.backend == "cpu":
         ap.error("--gpu-graphs on needs --backend hip (the cpu backend launches nothing)")
 
@@ -84,8 +91,10 @@ def _measure(a: argparse.Namespace) -> int:
     clock = time.process_time if a.threads == 1 and a.backend == "cpu" else time.perf_counter
     eng = Engine(model, backend=a.backend, n_threads=a.threads, activations=a.activations, gpu_graphs=a.gpu_graphs,
                  amx=a.amx)
-    s = eng.session(n_ctx=1024, n_batch=max(16, a.rows))
-    prompt = [(i * 7919 + 13) % 120000 + 100 for i in range(200)]
+    # the pass's rows are their own ids (the prompt's first ones first), so --rows may exceed the prompt
+    ids = [(i * 7919 + 13) % 120000 + 100 for i in range(max(PROMPT_TOKENS, a.rows))]
+    prompt = ids[:PROMPT_TOKENS]
+    s = eng.session(n_ctx=max(1024, PROMPT_TOKENS + a.rows), n_batch=max(16, a.rows))
     s.prefill(prompt, logits="none")
     b, n0 = s.backend, len(s.tokens)
 
@@ -93,7 +102,7 @@ def _measure(a: argparse.Namespace) -> int:
         out = []
         for _ in range(k):
             t = clock()
-            b.eval(prompt[:n], "all", None)
+            b.eval(ids[:n], "all", None)
             out.append((clock() - t) * 1e3)
             b.truncate(n0)
         return out
