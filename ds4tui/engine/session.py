@@ -135,19 +135,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_note(n_threads: int, asked: int | None = None) -> str:
-    """The note on an engine's thread count: ``n_threads`` (the worker threads it runs) above
-    :func:`usable_cores` means the workers share cores, which is usually slower, and the note says
-    so with the ``--threads`` value that uses each core once; "" when they fit.  ``asked``: the
-    thread count the caller gave (0 = one per core, which the engine counts as online cores, not
-    the usable ones; default: ``n_threads``).  Nothing is changed: the count asked for runs."""
+def threads_note(n_threads: int) -> str:
+    """The note on an engine's thread count: ``n_threads`` (the worker threads it runs, as asked; 0
+    asks for one per :func:`usable_cores`, which never draws the note) above the usable cores means
+    the workers share cores, which is usually slower, and the note says so with the ``--threads``
+    value that uses each core once; "" when they fit.  Nothing is changed: the count asked for runs."""
     cores = usable_cores()
     if n_threads <= cores:
         return ""
-    asked = n_threads if asked is None else asked
-    ran = (f"{n_threads} threads asked" if asked else f"--threads 0 runs {n_threads} threads (one per online core)")
-    return (f"{ran} on {cores} usable cores: the workers share cores, which is usually slower; "
-            f"--threads {cores} uses each core once")
+    return (f"{n_threads} threads asked on {cores} usable {'core' if cores == 1 else 'cores'}: the workers share "
+            f"cores, which is usually slower; --threads {cores} uses each core once")
 
 
 #: The verify_head option (ds4_engine.h's DS4_VERIFY_HEAD_*, in value order; spec dspark.md §3.4): a DSpark
@@ -256,7 +253,7 @@ class Engine:
     whole reason in ``backend_detail``) or ``"reference"``
     (numpy).  ``progress(done, total)`` (hip) is called with bytes as weights are uploaded.
     ``numerics``: ``"ds4"`` or ``"transformers"`` (spec ds4.md §2.9).  ``n_threads`` 0 = one per
-    core; more than the usable cores run as asked and ``threads_note`` says so.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
+    usable core (the affinity mask, :func:`usable_cores`); more than the usable cores run as asked and ``threads_note`` says so.  ``gpu_layout`` (hip): the device layout of the weight matrices, ``"planar"`` (Q8_0,
     Q2_K and IQ2_XXS rows of a 16-byte multiple with their codes apart from their scales) or
     ``"ggml"`` (the file's rows everywhere; results differ only by float32 rounding order).
     ``gpu_library`` (hip, auto): the GPU backend library to load instead of the one the build made.
@@ -460,7 +457,9 @@ class Engine:
             return
         n = _native()
         self._ffi, self._lib = n.ffi, n.lib
-        self._open_native(int(n_threads), progress)
+        # 0 = one per core this process may run on (its affinity mask: taskset, a container's cpuset),
+        # counted here and given to the engine as a number (the engine's own 0 counts online cores)
+        self._open_native(int(n_threads) or min(usable_cores(), MAX_THREADS), progress)
         if support is not None:
             self._attach_support(support)
         self._open_prices()
@@ -511,7 +510,7 @@ class Engine:
         self._handle = out[0]
         self.n_threads = int(lib.ds4_engine_n_threads(self._handle))
         #: "" unless the worker threads outnumber the usable cores (:func:`threads_note` says so)
-        self.threads_note = threads_note(self.n_threads, n_threads)
+        self.threads_note = threads_note(self.n_threads)
         if self.backend == "hip":
             note = ffi.new("char[512]")
             self.prefill_gemm = PREFILL_GEMMS[int(lib.ds4_engine_prefill_gemm(self._handle, note, 512))]
