@@ -115,11 +115,24 @@ def non_negative_float(text: str) -> float:
     return v
 
 
+def temperature_float(text: str) -> float:
+    """argparse type: 0 (greedy) or a temperature the engine holds as a normal float32 (1.2e-38 ..
+    3.4e38), as :meth:`ds4tui.engine.backend.SamplingParams.validate` asks."""
+    v = non_negative_float(text)
+    if v and not 1.1754944e-38 <= v <= 3.4028235e38:
+        raise argparse.ArgumentTypeError(f"expected 0 (greedy) or a temperature from 1.2e-38 to 3.4e38 (the "
+                                         f"engine holds it as a float32), found {text}")
+    return v
+
+
 def top_p_float(text: str) -> float:
-    """argparse type: a number in (0, 1] (top-p; 1 = off)."""
+    """argparse type: a number in (0, 1] (top-p; 1 = off) that stays above 0 as the engine's float32."""
     v = _float(text, "a number in (0, 1]")
     if not 0.0 < v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1 = off), found {text}")
+    if v < 1.4e-45:  # the smallest float32 above 0: below it the engine's top-p would be 0
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] that a float32 holds above 0 (at least "
+                                         f"1.4e-45), found {text}")
     return v
 
 
@@ -204,7 +217,8 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     """--temp, --top-k, --top-p, --min-p and --seed, as generate and chat take them."""
-    p.add_argument("--temp", type=non_negative_float, default=0.0, metavar="T", help="temperature >= 0 (default 0 = greedy)")
+    p.add_argument("--temp", type=temperature_float, default=0.0, metavar="T",
+                   help="temperature: 0 (the default: greedy) or 1.2e-38 .. 3.4e38")
     p.add_argument("--top-k", type=non_negative_int, default=0, metavar="K", help="top-k (default 0 = off)")
     p.add_argument("--top-p", type=top_p_float, default=1.0, metavar="P", help="top-p in (0, 1] (default 1 = off)")
     p.add_argument("--min-p", type=unit_float, default=0.0, metavar="P", help="min-p in [0, 1] (default 0 = off)")
@@ -603,6 +617,16 @@ def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return None
 
 
+def _drop_stdout() -> None:
+    """Standard output's descriptor onto /dev/null (after a broken pipe: nothing more can arrive)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
 class OutputError(OSError):
     """Standard output could not be written (a full disk, an I/O error): :class:`_Output` raises it."""
 
@@ -735,7 +759,13 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             _interrupted_json(args)
             print("ds4tui: interrupted", file=sys.stderr)
     except BrokenPipeError:
-        return 0
+        # the reader of a pipe closed it (`| head`): the command stops, what was left to write is
+        # dropped (stdout onto /dev/null, so that the exit's flush raises nothing), and the status says
+        # that the output did not all arrive, as a shell's 128 + SIGPIPE does, unless the command had
+        # ended with a failure of its own and only its last flush failed: that status stays
+        _drop_stdout()
+        if not rc:
+            rc = 128 + 13
     except OutputError as exc:
         print(f"ds4tui {args.command}: error: cannot write to standard output: {exc.strerror} (free some space "
               f"where it is redirected, or redirect it elsewhere)", file=sys.stderr)

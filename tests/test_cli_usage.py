@@ -5,6 +5,7 @@ constructor is replaced by one that fails the test)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +231,24 @@ def test_a_temperature_that_is_not_a_finite_number_from_0_up_says_so(command, va
     rc, out, err = _run(capsys, [*argv, "--temp", value])
     assert rc == 2 and err == (f"ds4tui {command}: error: argument --temp: expected a finite number >= 0, found "
                                f"{value} (`ds4tui {command} --help` lists the options)\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--temp", "1e-45", "expected 0 (greedy) or a temperature from 1.2e-38 to 3.4e38 (the engine holds it as a "
+                        "float32), found 1e-45"),
+    ("--temp", "1e308", "expected 0 (greedy) or a temperature from 1.2e-38 to 3.4e38 (the engine holds it as a "
+                        "float32), found 1e308"),
+    ("--top-p", "1e-50", "expected a number in (0, 1] that a float32 holds above 0 (at least 1.4e-45), found 1e-50"),
+])
+def test_sampling_values_the_engine_s_float32_cannot_hold_are_usage_errors(command, flag, value, expected, capsys,
+                                                                            no_engine):
+    """Finite and in range as a Python float, but not as the engine's float32: a usage error naming the flag
+    before anything loads (status 2), not the engine's error after the model has loaded (status 1)."""
+    argv = ["generate", "-p", "x"] if command == "generate" else ["chat"]
+    rc, out, err = _run(capsys, [*argv, flag, value])
+    assert rc == 2 and err == (f"ds4tui {command}: error: argument {flag}: {expected} (`ds4tui {command} --help` "
+                               f"lists the options)\n")
 
 
 def test_check_finite_says_the_scan_ran(tiny_q2, capsys):
@@ -557,3 +576,28 @@ def test_a_closed_standard_output_is_left_as_python_leaves_it(capsys, monkeypatc
     import sys
 
     assert sys.stdout is None and "Traceback" not in capsys.readouterr().err
+
+
+def _closed_pipe_status(args: list[str]) -> tuple[int, str]:
+    """Run ``ds4tui ARGS`` with its standard output a pipe whose reader closes at once."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "ds4tui", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the interpreter has started: every write meets a closed pipe
+    err = p.stderr.read().decode()
+    return p.wait(timeout=120), err
+
+
+def test_a_closed_pipe_is_never_a_success(tiny_q2, tmp_path):
+    # a good model: the output did not arrive, so no status 0 (128 + SIGPIPE, as a shell reports it)
+    rc, err = _closed_pipe_status(["inspect", str(tiny_q2["model"]), "--json"])
+    assert rc == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    # a failure of the command's own keeps its status where the command ended before the write failed,
+    # else the same 141: never 0
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(Path(tiny_q2["model"]).read_bytes()[:4096])
+    rc, err = _closed_pipe_status(["inspect", str(bad), "--json"])
+    assert rc in (1, 141), err
+    assert "Traceback" not in err and "Exception ignored" not in err

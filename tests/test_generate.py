@@ -111,6 +111,23 @@ def test_raw_skips_the_template_and_sampling_is_seeded(tiny_q2, tok, capsys):
     assert runs[0]["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 1}
 
 
+def test_sampling_flags_without_a_temperature_are_said_to_have_no_effect(tiny_q2, capsys):
+    """Greedy decoding reads none of --top-k/--top-p/--min-p/--seed: given away from their defaults
+    without --temp, a note says so (and the tokens are greedy's); with --temp, no note."""
+    base = [tiny_q2["model"], "-p", "def reverse(head):", "-n", "6", "--raw", "--json"]
+    rc, out, err = _gen(capsys, *base)
+    assert rc == 0 and "no effect without --temp" not in err
+    greedy = json.loads(out)["generated_ids"]
+    rc, out, err = _gen(capsys, *base, "--top-k", "5", "--min-p", "0.25", "--seed", "4")
+    assert rc == 0 and json.loads(out)["generated_ids"] == greedy
+    assert ("ds4tui generate: note: --top-k 5, --min-p 0.25 and --seed 4 have no effect without --temp: greedy "
+            "decoding (--temp 0, the default) takes the most likely token (give --temp > 0 to sample)\n") in err
+    rc, out, err = _gen(capsys, *base, "--top-p", "0.5")
+    assert rc == 0 and "note: --top-p 0.5 has no effect without --temp" in err
+    rc, out, err = _gen(capsys, *base, "--top-k", "5", "--temp", "0.8")
+    assert rc == 0 and "no effect without --temp" not in err
+
+
 def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):
     rc, out, err = _gen(capsys, str(tmp_path / "missing.gguf"), "-p", "hi")
     assert rc == 1 and "missing.gguf" in err and err.count("\n") == 1

@@ -407,6 +407,23 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
     return out
 
 
+def greedy_sampling_notes(temp: float, top_k: int, top_p: float, min_p: float, seed: int) -> list[str]:
+    """``[note]`` when sampling flags were given away from their defaults (--top-k 0, --top-p 1,
+    --min-p 0, --seed 0) while --temp is 0: greedy decoding takes the argmax and reads none of them;
+    [] otherwise.  (``chat`` takes no such note: its temperature can be raised in the app, where the
+    others then apply.)"""
+    if temp > 0:
+        return []
+    given = [f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+             for flag, value, default in (("--top-k", top_k, 0), ("--top-p", top_p, 1.0), ("--min-p", min_p, 0.0),
+                                          ("--seed", seed, 0)) if value != default]
+    if not given:
+        return []
+    listed = given[0] if len(given) == 1 else ", ".join(given[:-1]) + " and " + given[-1]
+    return [f"{listed} {'has' if len(given) == 1 else 'have'} no effect without --temp: greedy decoding (--temp 0, "
+            f"the default) takes the most likely token (give --temp > 0 to sample)"]
+
+
 def draft_vocab_notes(settings: "Settings | None", engine) -> list[str]:
     """Notes on the draft vocabulary (spec dspark.md §2.6) that a command prints on stderr: a
     ``--draft-vocab`` choice that has no effect (no support model drafts) and a support file's list

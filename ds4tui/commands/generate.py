@@ -56,7 +56,7 @@ import time
 from ds4tui.commands.environment import (BadVariable, backend_chosen, backend_unavailable, check_model_path,
                                          check_support_block, check_support_path,
                                          draft_vocab_notes, verify_head_notes, gpu_options_not_applied,
-                                         file_error, scheduler_prices_notes, settings_of)
+                                         file_error, greedy_sampling_notes, scheduler_prices_notes, settings_of)
 from ds4tui.commands.tokenize import _check_arg_text, read_text_file
 from ds4tui.engine import prices
 from ds4tui.engine.decode import DecodeLoop
@@ -259,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
             for what in gpu_options_not_applied(settings, engine, args.prefill_gemm):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             for what in (draft_vocab_notes(settings, engine) + verify_head_notes(settings, engine)
-                         + scheduler_prices_notes(args.scheduler_prices, engine)):
+                         + scheduler_prices_notes(args.scheduler_prices, engine)
+                         + greedy_sampling_notes(args.temp, args.top_k, args.top_p, args.min_p, args.seed)):
                 print(f"ds4tui generate: note: {what}", file=sys.stderr, flush=True)
             prices_problem = engine.scheduler_prices_problem
             if prices_problem:  # on stderr with --json too, as every other note
