@@ -116,11 +116,34 @@ def test_bad_inputs_are_named(tiny_q2, tmp_path, capsys):
     with pytest.raises(ArchitectureError, match="not a support file"):
         F.fit_support(model, model, tmp_path / "o.gguf")
     assert F.main([str(model), str(sup), str(tmp_path / "o.gguf"), "--rank", "100", "-q"]) == 1
-    assert "fit_support: error: rank must be at least n_embd + 1 = 257" in capsys.readouterr().err
+    assert "ds4tui-fit-support: error: rank must be at least n_embd + 1 = 257" in capsys.readouterr().err
     assert not (tmp_path / "o.gguf").exists()
     # the files in the wrong order: it said to pass the support file with --mtp, which this tool does not have
     assert F.main([str(sup), str(model), str(tmp_path / "o.gguf"), "-q"]) == 1
-    assert capsys.readouterr().err == (f"fit_support: error: {sup}: general.architecture: expected 'deepseek4', found "
+    assert capsys.readouterr().err == (f"ds4tui-fit-support: error: {sup}: general.architecture: expected 'deepseek4', found "
                                        f"'deepseek4-dspark' (this is a DSpark support file: give the target model "
                                        f"first: ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf)\n")
     assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompts", "1"], "argument --prompts: expected an integer >= 2, found 1"),
+    (["--tokens", "7"], "argument --tokens: expected an integer >= 8, found 7"),
+    (["--seed", "-1"], "argument --seed: expected an integer >= 0, found -1"),
+    (["--scan", "x"], "argument --scan: expected an integer >= 0, found 'x'"),
+])
+def test_bad_flags_are_usage_errors_before_anything_loads(argv, message, tmp_path, capsys):
+    """A bad flag value names the flag and exits 2 before the model is read (the files need not exist)."""
+    with pytest.raises(SystemExit) as e:
+        F.main([str(tmp_path / "none.gguf"), str(tmp_path / "none2.gguf"), str(tmp_path / "o.gguf"), *argv])
+    assert e.value.code == 2 and f"ds4tui-fit-support: error: {message}" in capsys.readouterr().err
+
+
+def test_an_output_path_that_cannot_be_written_is_a_usage_error(tiny_q2, tmp_path, capsys):
+    model, sup = tiny_q2["model"], tiny_q2["support"]
+    for out, said in ((tmp_path, "is a folder"), (tmp_path / "missing" / "o.gguf", "does not exist"),
+                      (sup, "is one of the input files")):
+        with pytest.raises(SystemExit) as e:
+            F.main([str(model), str(sup), str(out), "-q"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "ds4tui-fit-support: error: argument out: " in err and said in err

@@ -457,20 +457,41 @@ def summary_line(r: dict) -> str:
             f"alpha {r['alpha']:.4g}, rank {r['rank']} {r['markov_type']}, {r['seconds']['total']:.1f} s")
 
 
+PROG = "ds4tui-fit-support"
+
+
+def _count(minimum: int, what: str):
+    """argparse type: an integer >= minimum (``what`` says what it counts)."""
+    from ds4tui.cli import _int_at_least
+
+    def parse(text: str) -> int:
+        return _int_at_least(text, minimum, what)
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ds4tui-fit-support", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="target DS4 GGUF")
     ap.add_argument("support_in", help="DSpark support GGUF to start from (all tensors but the two heads are kept)")
     ap.add_argument("out", help="support GGUF to write (replaced if it exists)")
-    ap.add_argument("--prompts", type=int, default=30, help="random prompts continued by the target (>= 2; "
-                                                            "a fifth are held out for the prediction; default 30)")
-    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (>= 8; default 64)")
-    ap.add_argument("--rank", type=int, help="Markov rank written (>= n_embd + 1; default n_embd + 32, Q8_0)")
-    ap.add_argument("--scan", type=int, default=DEFAULT_SCAN,
+    ap.add_argument("--prompts", type=_count(2, "an integer >= 2"), default=30,
+                    help="random prompts continued by the target (>= 2; a fifth are held out for the prediction; "
+                         "default 30)")
+    ap.add_argument("--tokens", type=_count(8, "an integer >= 8"), default=64,
+                    help="greedy tokens per prompt (>= 8; default 64)")
+    ap.add_argument("--rank", type=_count(1, "an integer >= 1"),
+                    help="Markov rank written (>= n_embd + 1; default n_embd + 32, Q8_0)")
+    ap.add_argument("--scan", type=_count(0, "an integer >= 0"), default=DEFAULT_SCAN,
                     help=f"tokens whose zero-layer margin sets their confidence (0..n_vocab; default {DEFAULT_SCAN})")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (>= 0; the same seed gives the same file)")
+    ap.add_argument("--seed", type=_count(0, "an integer >= 0"), default=0,
+                    help="random seed (>= 0; the same seed gives the same file)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
+    try:  # an output path that cannot be written is the command line's fault: said before anything loads
+        check_output_path(a.out, overwrite=True, inputs=[a.model, a.support_in])
+    except ConversionError as exc:
+        ap.error(f"argument out: {exc}")
     from ds4tui.cli import interrupt_on_signals
     from ds4tui.engine.session import EngineError
 
@@ -482,10 +503,10 @@ def main(argv: list[str] | None = None) -> int:
             r = fit_support(model, a.support_in, a.out, prompts=a.prompts, tokens=a.tokens, rank=a.rank,
                             scan=a.scan, seed=a.seed, progress=None if a.quiet else stderr_progress)
     except KeyboardInterrupt:
-        print("fit_support: interrupted", file=sys.stderr)
+        print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, ModelFileError, ConversionError, EngineError) as exc:
-        print(f"fit_support: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     print(summary_line(r))
     return 0
