@@ -753,3 +753,28 @@ def test_a_short_ab_run_is_named_with_its_bench_note(tiny_q2, tmp_path, capsys):
     rc = cli_main(["compare", a, str(bad)])
     err = capsys.readouterr().err
     assert rc == 1 and "noise_note" in err and "integer" in err and str(bad) in err
+
+
+def test_settings_left_at_auto_follow_from_the_knob_that_moved():
+    """--activations f32 against q8 with --amx and --verify-head at auto: amx and verify_head change
+    with it (their notes say "auto: ..."), so the runs differ in one variable, listed with the two that
+    followed; where only auto settings differ (another machine), they are the variables."""
+    a = {"kind": "generate", "activations": "q8", "amx": "on", "amx_note": "auto: on: this CPU has AMX-INT8",
+         "verify_head": "all", "verify_head_note": "auto: all on the cpu backend with q8 activations",
+         "timings": {"decode_tokens_per_s": 600.0}}
+    b = dict(a, activations="f32", amx="off", amx_note="auto: off with f32 activations", verify_head="lazy",
+             verify_head_note="auto: lazy on the cpu backend with f32 activations", timings={"decode_tokens_per_s": 300.0})
+    r = C.compare(a, b)
+    assert [k for k, _, _ in r["knobs"]] == ["activations", "amx", "verify_head"]
+    assert (r["variables"], r["derived"], r["warning"]) == (1, ["amx", "verify_head"], None)
+    text = C.render("a.json", "b.json", "generate", "generate", r)
+    assert "knobs that differ (1 variable under 3 names):" in text
+    assert "(amx, verify_head: auto in both runs, so they follow from the knobs above and are no variable of their own)" in text
+    # --verify-head lazy given in one run: its note is not auto, so verify_head is a variable of its own
+    c = dict(b, verify_head_note="lazy: asked with --verify-head lazy")
+    r = C.compare(a, c)
+    assert r["variables"] == 2 and r["derived"] == ["amx"] and "2 variables differ" in r["warning"]
+    # only auto settings differ (the same options on a CPU without AMX): they are what differs
+    d = dict(a, amx="off", amx_note="auto: off: this CPU has no AMX-INT8")
+    r = C.compare(a, d)
+    assert (r["variables"], r["derived"]) == (1, [])

@@ -560,7 +560,15 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
     # that differs too (it follows from it)
     variables: dict[tuple, str] = {}
     mode_moved = any(_parts(k)[-1] == "scheduler_prices" for k, _, _ in knobs)
+    # a setting that both runs left at auto (its note says "auto: ...") follows from the others: beside
+    # a knob that differs and was set (activations), it is no variable of its own (amx, verify_head)
+    na, nb = _notes(a), _notes(b)
+    derived = [k for k, _, _ in knobs if _auto(na, k) and _auto(nb, k)]
+    if len(derived) == len(knobs):
+        derived = []
     for k, x, y in knobs:
+        if k in derived:
+            continue
         if _parts(k)[-1] == SCHEDULER_START:
             if not mode_moved:
                 variables.setdefault((SCHEDULER_START,), k)
@@ -572,9 +580,29 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
         warning = (f"{len(variables)} variables differ between the runs ({names}): no change in the figures can be "
                    f"put down to any one of them; for an A/B, change one knob at a time")
     inside = "b" if contains(a, b) else "a" if contains(b, a) else None
-    return {"knobs": knobs, "variables": len(variables), "figures": figures, "zero_in_both": zeros,
+    return {"knobs": knobs, "variables": len(variables), "derived": derived, "figures": figures, "zero_in_both": zeros,
             "only_a": only_a, "only_b": only_b, "warning": warning, "contains": inside,
             "scheduler_start_note": scheduler_start_note(knobs)}
+
+
+def _notes(obj: Any, prefix: str = "") -> dict[str, str]:
+    """The notes of a run (``amx_note``, ``arms[0].verify_head_note``), by dotted name as :func:`flatten`
+    names the rest (which leaves them out)."""
+    out: dict[str, str] = {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        name = (f"{prefix}[{k}]" if isinstance(k, int) else f"{prefix}.{k}" if prefix else str(k))
+        if isinstance(k, str) and k.endswith("_note") and isinstance(v, str):
+            out[name] = v
+        elif isinstance(v, (dict, list)):
+            out.update(_notes(v, name))
+    return out
+
+
+def _auto(notes: dict[str, str], key: str) -> bool:
+    """Whether the run chose the setting ``key`` itself: the note beside it (``amx_note``) says
+    ``auto: ...``."""
+    return notes.get(f"{key}_note", "").startswith("auto:")
 
 
 def contains_warning(inside: str | None, counters_id: str | None) -> str | None:
@@ -619,6 +647,10 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
         lines.append(f"knobs that differ ({n}):" if n == v
                      else f"knobs that differ ({v} variable{'' if v == 1 else 's'} under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
+        if r.get("derived"):
+            lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {'it follows' if len(r['derived']) == 1 else 'they follow'} "
+                         f"from the knobs above and {'is' if len(r['derived']) == 1 else 'are'} no variable of "
+                         f"{'its' if len(r['derived']) == 1 else 'their'} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
     else:
