@@ -55,7 +55,7 @@ def test_truncated_in_tensor_data(model, tmp_path):
     data = open(model, "rb").read()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) - 1000])
-    e = _expect(cut, gm.TruncatedFileError, "file is truncated: tensor", "needs bytes",
+    e = _expect(cut, gm.TruncatedFileError, "file is truncated or damaged: tensor", "needs bytes",
                 f"the file has {len(data) - 1000} bytes (a download or copy that stopped early?): re-download or "
                 f"re-convert it")
     assert isinstance(e, gm.GGUFFormatError)
@@ -365,3 +365,28 @@ def test_unreadable_file_is_a_clean_error(model, tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "open", guarded)
     _expect(locked, gm.ModelFileError, "cannot read: Permission denied")
+
+
+def test_a_damaged_header_is_called_damaged_with_what_to_do(model, tmp_path):
+    """One byte flipped in the header: a metadata string that is not UTF-8, or a tensor offset far past
+    the end, is named as damage (not only as a short copy), with what to do."""
+    from gguf import GGUFReader
+
+    data = bytearray(open(model, "rb").read())
+    r = GGUFReader(model)
+    key = next(f for f in r.fields.values() if f.name.startswith("general."))
+    name_at = int(key.offset) + 8  # the key's bytes follow its 8-byte length
+    bad = bytearray(data)
+    bad[name_at] = 0xBB  # not a UTF-8 start byte
+    p = tmp_path / "utf8.gguf"
+    p.write_bytes(bytes(bad))
+    _expect(p, gm.GGUFFormatError, "the GGUF header is damaged: a metadata name or string is not UTF-8 text",
+            "byte 0xbb", "re-download or re-convert it")
+    t = r.tensors[0]
+    off_at = int(t.field.offset) + sum(int(x.nbytes) for x in t.field.parts[:-1])  # the entry's data offset
+    bad = bytearray(data)
+    bad[off_at + 7] = 0x61  # the offset's top byte: ~7e18 bytes in
+    p = tmp_path / "offset.gguf"
+    p.write_bytes(bytes(bad))
+    _expect(p, gm.TruncatedFileError, "file is truncated or damaged: tensor", "the offset is past the end of the "
+            "file, so its header is more likely damaged than the file cut short: re-download or re-convert it")

@@ -97,11 +97,11 @@ class _CheckedReader(GGUFReader):
         unpack = struct.Struct("<Q").unpack_from
         for _ in range(count):
             if offs + 8 > size:
-                raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
+                raise TruncatedFileError(self._path, _string_past_end(offs, 8, size))
             (n,) = unpack(mv, offs)
             offs += 8
             if offs + n > size:
-                raise TruncatedFileError(self._path, f"file is truncated inside a string array at offset {offs}")
+                raise TruncatedFileError(self._path, _string_past_end(offs, n, size))
             append(mv[offs : offs + n])
             offs += n
         return offs - orig_offs, parts, list(range(2, 2 + count)), [GGUFValueType.ARRAY, GGUFValueType.STRING]
@@ -125,10 +125,13 @@ class _CheckedReader(GGUFReader):
             start = int(start_offs) + int(offset_tensor[0])
             end = start + n * type_size // block
             if end > size:
+                # an offset or size far past the end says a damaged header entry, not a short copy
+                why = _CUT if start <= size else ("; the offset is past the end of the file, so its header is more "
+                                                  "likely damaged than the file cut short: re-download or re-convert it")
                 raise TruncatedFileError(
                     self._path,
-                    f"file is truncated: tensor '{name}' needs bytes [{start}, {end}) but the file has {size} "
-                    f"bytes{_CUT}",
+                    f"file is truncated or damaged: tensor '{name}' needs bytes [{start}, {end}) but the file has "
+                    f"{size} bytes{why}",
                 )
         return super()._build_tensors(start_offs, fields)
 
@@ -141,6 +144,12 @@ MIN_KV_BYTES = 13
 _CUT = " (a download or copy that stopped early?): re-download or re-convert it"
 _DAMAGED = ("the header is damaged, the file is cut short, or this is not a GGUF file; "
             "re-download or re-convert it")
+
+
+def _string_past_end(offset: int, nbytes: int, size: int) -> str:
+    """A string of a metadata array whose ``nbytes`` at ``offset`` run past the end of a ``size``-byte file."""
+    return (f"file is truncated or its header is damaged: a string of a metadata array needs {nbytes} bytes at "
+            f"offset {offset}, past the end of the file ({size} bytes); re-download or re-convert it")
 
 
 def _absurd_length(offset: int, count: int, nbytes: int, size: int, strings: bool = False) -> str:
@@ -219,8 +228,11 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
         return _CheckedReader(str(p))
     except ModelFileError:
         raise
-    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError) as exc:
-        raise GGUFFormatError(p, f"corrupt GGUF header ({exc})") from None
+    except UnicodeDecodeError as exc:  # a key or string value that is not UTF-8 text: a flipped byte
+        raise GGUFFormatError(p, f"the GGUF header is damaged: a metadata name or string is not UTF-8 text "
+                                 f"({exc.reason}: byte 0x{exc.object[exc.start]:02x}): re-download or re-convert it") from None
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        raise GGUFFormatError(p, f"the GGUF header is damaged ({exc}): re-download or re-convert it") from None
 
 
 _INT_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
