@@ -198,7 +198,9 @@ def test_cli_convert(small_f32, tmp_path, capsys):
     assert m.tensors["token_embd.weight"].type.name == "Q8_0"
     assert m.tensors["blk.1.hc_attn_fn.weight"].type.name == "F16"
     rc = cli_main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf"), "-q"])
-    assert rc == 1 and "not a folder" in capsys.readouterr().err
+    assert rc == 1 and f"{tmp_path / 'nowhere'}: no such folder (expected a checkpoint folder" in capsys.readouterr().err
+    rc = cli_main(["convert", str(out), str(tmp_path / "x.gguf"), "-q"])  # a file where the folder should be
+    assert rc == 1 and f"{out}: not a folder (expected a checkpoint folder" in capsys.readouterr().err
     # the q2 mix keeps the embedding in F16 unless --token-embd-q8 asks for Q8_0 (the demo model's choice)
     for flag, want in (([], "F16"), (["--token-embd-q8"], "Q8_0")):
         out = tmp_path / f"q2{len(flag)}.gguf"

@@ -250,7 +250,7 @@ def test_doctor_shows_every_variable_and_the_value_in_force(clean_env, capsys):
     assert env["DS4TUI_GPU_LAYOUT"]["in_force"] == "ggml" and env["DS4TUI_GPU_LAYOUT"]["error"] is None
     assert env["DS4_DSPARK_MAX_DRAFT_TOKENS"] == {
         "name": "DS4_DSPARK_MAX_DRAFT_TOKENS", "value": None, "in_force": "default: 0 (the block size)",
-        "effect": E.VARIABLES[1].effect, "checked": True, "error": None, "ignored": None}
+        "effect": E.VARIABLES[1].effect, "checked": True, "error": None, "ignored": None, "problem": None}
     assert env["HSA_OVERRIDE_GFX_VERSION"]["checked"] is False
 
 
@@ -269,6 +269,30 @@ def test_doctor_warns_about_a_refused_value_in_both_outputs(clean_env, capsys, n
     assert cli_main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert text.count(f"warning: {warning}\n") == 1 and f"(invalid: {entry['error']})" in text
+
+
+def test_doctor_warns_about_a_gpu_library_path_that_names_no_file(clean_env, tmp_path, capsys):
+    """DS4TUI_GPU_LIB takes any path (the commands find out when they load it: --backend auto falls back
+    to the CPU, --backend hip fails), so no command refuses it; doctor marks a path that names no file,
+    with what follows and what to do, and says nothing of a refusal."""
+    for path, what in ((tmp_path / "none.so", "no such file"), (tmp_path, "is a folder")):
+        clean_env.setenv("DS4TUI_GPU_LIB", str(path))
+        assert cli_main(["doctor", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        entry = next(v for v in d["environment"] if v["name"] == "DS4TUI_GPU_LIB")
+        want = (f"DS4TUI_GPU_LIB={path}: {what}, so the GPU backend is unavailable (--backend auto runs on the CPU, "
+                f"--backend hip fails); unset it to load the library the build made")
+        assert (entry["error"], entry["problem"]) == (None, want) and d["warnings"].count(want) == 1
+        assert not any("refuse to start" in w and "DS4TUI_GPU_LIB" in w for w in d["warnings"])
+        assert cli_main(["doctor"]) == 0
+        text = capsys.readouterr().out
+        assert f"warning: {want}\n" in text and "(see the warning below)" in text
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"")
+    clean_env.setenv("DS4TUI_GPU_LIB", str(lib))  # a file: whether it loads is the gpu backend line's to say
+    assert cli_main(["doctor", "--json"]) == 0
+    entry = next(v for v in json.loads(capsys.readouterr().out)["environment"] if v["name"] == "DS4TUI_GPU_LIB")
+    assert entry["problem"] is None
 
 
 def test_a_relative_demo_dir_is_refused_by_every_command_and_doctor_says_so(clean_env, tmp_path, capsys):

@@ -251,6 +251,7 @@ def collect() -> dict:
     # a value a command refuses: in the environment list (marked invalid) and here, in both outputs
     out["warnings"] += [f"{v['error']}; chat, generate and bench refuse to start while it is set so (exit status 2): "
                         f"set an accepted value, or unset it" for v in env if v.get("error")]
+    out["warnings"] += [v["problem"] for v in env if v.get("problem")]
     demo_problem = out["demo"].get("problem")
     if demo_problem and not any(w.startswith(demo_problem) for w in out["warnings"]):  # said once
         out["warnings"].append(demo_problem)
@@ -345,7 +346,8 @@ def run(args) -> int:
     print("environment")
     nw = max(len(v["name"]) for v in r["environment"])
     for v in r["environment"]:
-        print(f"  {v['name']:<{nw}}  {v['in_force']}" + (f"  (invalid: {v['error']})" if v["error"] else ""))
+        print(f"  {v['name']:<{nw}}  {v['in_force']}" + (f"  (invalid: {v['error']})" if v["error"] else "")
+              + ("  (see the warning below)" if v.get("problem") else ""))
     for msg in r["warnings"]:
         print(f"warning: {msg}")
     return 0

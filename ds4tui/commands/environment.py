@@ -332,6 +332,18 @@ class Variable:
     parse: Callable[[str], object] = str
     #: an accepted value, for the what-to-do of a bad one (None: the accepted values say it already)
     example: str | None = None
+    #: for ``doctor`` only: the value → what is wrong with it (None: nothing) where the commands take
+    #: any value and fail later, where it is used (a library path that names no file)
+    problem: Callable[[str], str | None] | None = None
+
+
+def _gpu_library_problem(value: str) -> str | None:
+    """What is wrong with a DS4TUI_GPU_LIB value: a path that names no file."""
+    if os.path.isfile(value):
+        return None
+    what = "is a folder" if os.path.isdir(value) else "no such file"
+    return (f"DS4TUI_GPU_LIB={value}: {what}, so the GPU backend is unavailable (--backend auto runs on the CPU, "
+            f"--backend hip fails); unset it to load the library the build made")
 
 
 #: What DS4TUI_DEMO_DIR accepts: a relative path would unpack the demo pair under whatever folder a
@@ -357,7 +369,7 @@ VARIABLES: tuple[Variable, ...] = (
              "auto (bf16 when the BLAS loads, else off), off, bf16 or f16",
              lambda v: v in ("auto", "off", "bf16", "f16"), "prefill_gemm", example="off"),
     Variable("DS4TUI_GPU_LIB", "GPU backend library to load instead of the one the build made", "the built library",
-             None, None, "gpu_library"),
+             None, None, "gpu_library", problem=_gpu_library_problem),
     Variable("DS4TUI_TELEMETRY", "memory telemetry source of the chat app (--telemetry wins)",
              "chosen by the backend", ", ".join(TELEMETRY) + " (any case)",
              lambda v: v.strip().lower() in TELEMETRY, "telemetry", lambda v: v.strip().lower(), "rss"),
@@ -390,7 +402,9 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Settings:
 def report(environ: Mapping[str, str] | None = None) -> list[dict]:
     """One entry per variable for ``ds4tui doctor``: ``name``, ``value`` (None when unset),
     ``in_force`` ("default: ..." when unset), ``effect``, ``error`` (the :class:`BadVariable`
-    message, or None) and ``ignored`` (why a value set is not used: a relative XDG_CACHE_HOME; or None)."""
+    message, or None), ``ignored`` (why a value set is not used: a relative XDG_CACHE_HOME; or None) and
+    ``problem`` (what is wrong with a value the commands take but that fails where it is used: a
+    DS4TUI_GPU_LIB that names no file; or None)."""
     env = os.environ if environ is None else environ
     out = []
     for var in VARIABLES:
@@ -398,12 +412,14 @@ def report(environ: Mapping[str, str] | None = None) -> list[dict]:
         error = None
         if value is not None and var.check is not None and not var.check(value):
             error = str(BadVariable(var.name, value, var.accepted or ""))
+        problem = var.problem(value) if error is None and value is not None and var.problem is not None else None
         in_force = f"default: {var.default}" if value is None else value
         in_use, ignored = xdg_cache_home(env) if var.name == "XDG_CACHE_HOME" else (None, None)
         if ignored:
             in_force = f"ignored ({value} is a relative path): {in_use} in force"
         out.append({"name": var.name, "value": value, "in_force": in_force, "effect": var.effect,
-                    "checked": var.field is not None or var.check is not None, "error": error, "ignored": ignored})
+                    "checked": var.field is not None or var.check is not None, "error": error, "ignored": ignored,
+                    "problem": problem})
     return out
 
 

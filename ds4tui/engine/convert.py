@@ -88,6 +88,8 @@ class HFCheckpoint:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         cfg_path = self.folder / "config.json"
+        if not self.folder.exists():
+            raise ConversionError(f"{self.folder}: no such folder (expected a checkpoint folder with config.json)")
         if not self.folder.is_dir():
             raise ConversionError(f"{self.folder}: not a folder (expected a checkpoint folder with config.json)")
         if not cfg_path.exists():
