@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import struct
 import sys
 
 from ds4tui import __version__
@@ -130,9 +131,9 @@ def top_p_float(text: str) -> float:
     v = _float(text, "a number in (0, 1]")
     if not 0.0 < v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1 = off), found {text}")
-    if v < 1.4e-45:  # the smallest float32 above 0: below it the engine's top-p would be 0
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] that a float32 holds above 0 (at least "
-                                         f"1.4e-45), found {text}")
+    if struct.unpack("f", struct.pack("f", v))[0] == 0.0:  # below ~7e-46 the engine's float32 top-p would be 0
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] that stays above 0 as the engine's float32 "
+                                         f"(at least about 7.1e-46), found {text}")
     return v
 
 

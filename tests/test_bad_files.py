@@ -390,3 +390,18 @@ def test_a_damaged_header_is_called_damaged_with_what_to_do(model, tmp_path):
     p.write_bytes(bytes(bad))
     _expect(p, gm.TruncatedFileError, "file is truncated or damaged: tensor", "the offset is past the end of the "
             "file, so its header is more likely damaged than the file cut short: re-download or re-convert it")
+
+
+def test_a_damaged_string_value_is_named_at_open_not_where_it_is_read(model, tmp_path):
+    """A flipped byte inside a metadata string's value (general.architecture's): the open names the key
+    and the damage, so no command meets it later as a codec error or a traceback."""
+    from gguf import GGUFReader
+
+    data = bytearray(open(model, "rb").read())
+    f = GGUFReader(model).fields["general.architecture"]
+    at = int(f.offset) + sum(int(x.nbytes) for x in f.parts[:-1])  # the value's first byte
+    data[at + 1] = 0xFF
+    p = tmp_path / "value.gguf"
+    p.write_bytes(bytes(data))
+    _expect(p, gm.GGUFFormatError, "the GGUF header is damaged: metadata key 'general.architecture' holds a "
+            "string that is not UTF-8 text", "byte 0xff", "re-download or re-convert it")

@@ -239,7 +239,8 @@ def test_a_temperature_that_is_not_a_finite_number_from_0_up_says_so(command, va
                         "float32), found 1e-45"),
     ("--temp", "1e308", "expected 0 (greedy) or a temperature from 1.2e-38 to 3.4e38 (the engine holds it as a "
                         "float32), found 1e308"),
-    ("--top-p", "1e-50", "expected a number in (0, 1] that a float32 holds above 0 (at least 1.4e-45), found 1e-50"),
+    ("--top-p", "1e-50", "expected a number in (0, 1] that stays above 0 as the engine's float32 (at least about "
+                         "7.1e-46), found 1e-50"),
 ])
 def test_sampling_values_the_engine_s_float32_cannot_hold_are_usage_errors(command, flag, value, expected, capsys,
                                                                             no_engine):

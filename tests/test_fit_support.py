@@ -142,7 +142,7 @@ def test_bad_flags_are_usage_errors_before_anything_loads(argv, message, tmp_pat
 def test_an_output_path_that_cannot_be_written_is_a_usage_error(tiny_q2, tmp_path, capsys):
     model, sup = tiny_q2["model"], tiny_q2["support"]
     for out, said in ((tmp_path, "is a folder"), (tmp_path / "missing" / "o.gguf", "does not exist"),
-                      (sup, "is one of the input files")):
+                      (sup, "is one of the input files"), ("", "empty: give the path")):
         with pytest.raises(SystemExit) as e:
             F.main([str(model), str(sup), str(out), "-q"])
         err = capsys.readouterr().err

@@ -116,16 +116,16 @@ def test_sampling_flags_without_a_temperature_are_said_to_have_no_effect(tiny_q2
     without --temp, a note says so (and the tokens are greedy's); with --temp, no note."""
     base = [tiny_q2["model"], "-p", "def reverse(head):", "-n", "6", "--raw", "--json"]
     rc, out, err = _gen(capsys, *base)
-    assert rc == 0 and "no effect without --temp" not in err
+    assert rc == 0 and "no effect at --temp 0" not in err
     greedy = json.loads(out)["generated_ids"]
     rc, out, err = _gen(capsys, *base, "--top-k", "5", "--min-p", "0.25", "--seed", "4")
     assert rc == 0 and json.loads(out)["generated_ids"] == greedy
-    assert ("ds4tui generate: note: --top-k 5, --min-p 0.25 and --seed 4 have no effect without --temp: greedy "
-            "decoding (--temp 0, the default) takes the most likely token (give --temp > 0 to sample)\n") in err
-    rc, out, err = _gen(capsys, *base, "--top-p", "0.5")
-    assert rc == 0 and "note: --top-p 0.5 has no effect without --temp" in err
+    assert ("ds4tui generate: note: --top-k 5, --min-p 0.25 and --seed 4 have no effect at --temp 0: greedy "
+            "decoding (the default) takes the most likely token (give --temp > 0 to sample)\n") in err
+    rc, out, err = _gen(capsys, *base, "--top-p", "0.5", "--temp", "0")
+    assert rc == 0 and "note: --top-p 0.5 has no effect at --temp 0" in err
     rc, out, err = _gen(capsys, *base, "--top-k", "5", "--temp", "0.8")
-    assert rc == 0 and "no effect without --temp" not in err
+    assert rc == 0 and "no effect at --temp 0" not in err
 
 
 def test_errors_are_one_line_and_exit_1(tiny_q2, tmp_path, capsys, monkeypatch):

@@ -436,8 +436,8 @@ def greedy_sampling_notes(temp: float, top_k: int, top_p: float, min_p: float, s
     if not given:
         return []
     listed = given[0] if len(given) == 1 else ", ".join(given[:-1]) + " and " + given[-1]
-    return [f"{listed} {'has' if len(given) == 1 else 'have'} no effect without --temp: greedy decoding (--temp 0, "
-            f"the default) takes the most likely token (give --temp > 0 to sample)"]
+    return [f"{listed} {'has' if len(given) == 1 else 'have'} no effect at --temp 0: greedy decoding (the default) "
+            f"takes the most likely token (give --temp > 0 to sample)"]
 
 
 def draft_vocab_notes(settings: "Settings | None", engine) -> list[str]:

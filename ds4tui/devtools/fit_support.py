@@ -488,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="random seed (>= 0; the same seed gives the same file)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
+    if not a.out:
+        ap.error("argument out: empty: give the path of the support .gguf file to write")
     try:  # an output path that cannot be written is the command line's fault: said before anything loads
         check_output_path(a.out, overwrite=True, inputs=[a.model, a.support_in])
     except ConversionError as exc:

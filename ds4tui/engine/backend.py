@@ -509,9 +509,12 @@ def sample_reference(logits: np.ndarray, p: SamplingParams, rng_state: list[int]
     if not p.temperature > 0:
         return int(np.argmax(logits))
     v = logits.astype(np.float64) / float(np.float32(p.temperature))  # validate() keeps it a normal float32
-    order = np.lexsort((np.arange(v.size), -v))
+    ids = np.flatnonzero(v != -np.inf)  # probability 0: no candidate (unless every logit is -inf)
+    if ids.size == 0:
+        ids = np.arange(v.size)
+    order = ids[np.lexsort((ids, -v[ids]))]
     vals = v[order]
-    n = v.size if not 0 < p.top_k < v.size else p.top_k
+    n = order.size if not 0 < p.top_k < order.size else p.top_k
     pr = np.exp(vals[:n] - vals[0])
     pr = pr / pr.sum()
     if p.top_p < 1:

@@ -146,6 +146,29 @@ _DAMAGED = ("the header is damaged, the file is cut short, or this is not a GGUF
             "re-download or re-convert it")
 
 
+#: String arrays up to this many elements are checked as UTF-8 at open (the tokenizer's vocabulary and
+#: merges, 100 000s of strings, are checked by the tokenizer that reads them).
+CHECKED_STRING_ARRAY = 4096
+
+
+def _check_strings(p: Path, reader: GGUFReader) -> None:
+    """Every metadata string (and the strings of arrays up to :data:`CHECKED_STRING_ARRAY` long) is
+    UTF-8 text, else :class:`GGUFFormatError` naming the key: a flipped byte in a string would
+    otherwise fail later, where the value is read, as a codec error."""
+    for name, f in reader.fields.items():
+        if not f.types or f.types[-1] != GGUFValueType.STRING:
+            continue
+        if f.types[0] == GGUFValueType.ARRAY and len(f.data) > CHECKED_STRING_ARRAY:
+            continue
+        for i in f.data:
+            try:
+                bytes(f.parts[i]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise GGUFFormatError(p, f"the GGUF header is damaged: metadata key {name!r} holds a string that is "
+                                         f"not UTF-8 text ({exc.reason}: byte 0x{exc.object[exc.start]:02x}): "
+                                         f"re-download or re-convert it") from None
+
+
 def _string_past_end(offset: int, nbytes: int, size: int) -> str:
     """A string of a metadata array whose ``nbytes`` at ``offset`` run past the end of a ``size``-byte file."""
     return (f"file is truncated or its header is damaged: a string of a metadata array needs {nbytes} bytes at "
@@ -225,7 +248,9 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
         raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24{_CUT}")
     check_header_counts(p, head, size)
     try:
-        return _CheckedReader(str(p))
+        reader = _CheckedReader(str(p))
+        _check_strings(p, reader)
+        return reader
     except ModelFileError:
         raise
     except UnicodeDecodeError as exc:  # a key or string value that is not UTF-8 text: a flipped byte

@@ -433,7 +433,8 @@ def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVoc
         try:
             return field_value(f)
         except UnicodeDecodeError:
-            raise TokenizerError(f"{where}: GGUF key {key!r} holds a string that is not valid UTF-8") from None
+            raise TokenizerError(f"{where}: GGUF key {key!r} holds a string that is not valid UTF-8: the file is "
+                                 f"damaged; re-download or re-convert it") from None
 
     def optional_int(key: str) -> int | None:
         f = fields.get(key)

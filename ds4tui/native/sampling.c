@@ -157,11 +157,18 @@ static int32_t sample_candidates(const ds4_sampling *p, int32_t V, void *buf, co
      * candidate i written over sorted keys 2i - V and 2i - V + 1, both at or below i, so every key is
      * read before it is written over */
     uint64_t *key = (uint64_t *)buf, *sorted = key + V;
-    for (int32_t i = 0; i < V; i++) key[i] = cand_key(logits[i], i);
-    int32_t n = V, id_bits = 0;
+    /* a -inf logit (a token outside a draft vocabulary) has probability 0: it adds nothing to any sum
+     * and is no candidate (it could only have been drawn when rounding left u at the running sum's end,
+     * after every candidate that can be) — unless every logit is -inf */
+    int32_t m = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (logits[i] != -INFINITY) key[m++] = cand_key(logits[i], i);
+    if (m == 0)
+        for (int32_t i = 0; i < V; i++) key[m++] = cand_key(logits[i], i);
+    int32_t n = m, id_bits = 0;
     if (p->top_k > 0 && p->top_k < n) { /* the selection leaves the ids out of order: they are sorted too */
         n = p->top_k;
-        select_smallest(key, V, n);
+        select_smallest(key, m, n);
         while (id_bits < 31 && ((int64_t)1 << id_bits) < V) id_bits++;
     }
     radix_sort_keys(key, sorted, n, id_bits);
