@@ -538,6 +538,22 @@ class Parser(argparse.ArgumentParser):
 
     json_errors = False
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, except that a broken pipe on standard output (``--help | head``) is raised, not
+        swallowed, so that the status says the text did not all arrive (:func:`program`: 141)."""
+        if not message:
+            return
+        file = file or sys.stderr
+        try:
+            file.write(message)
+            if file is sys.stdout:
+                file.flush()
+        except BrokenPipeError:
+            if file is sys.stdout:
+                raise
+        except (AttributeError, OSError):
+            pass
+
     def error(self, message: str):
         self._print_message(f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n", sys.stderr)
         if self.json_errors:
@@ -781,8 +797,25 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
 def program() -> None:
     """The ``ds4tui`` program: :func:`main`, then exit with its status; the interrupting signals stay
     ignored while the interpreter exits (no traceback from its shutdown, no death by a late Ctrl-C:
-    the command has ended, and its status says how)."""
-    sys.exit(main(exiting=True))
+    the command has ended, and its status says how).  ``--help`` and ``--version``, which argparse
+    prints and exits on, into a pipe that its reader closed early exit 141, as a command does (:func:`main`):
+    never 0 for output that did not arrive."""
+    broken = False
+    try:
+        rc = main(exiting=True)
+    except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
+        rc = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BrokenPipeError:  # raised by Parser._print_message on standard output
+        rc, broken = 0, True
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        broken = True
+    if broken:
+        _drop_stdout()
+        rc = rc or 128 + 13
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

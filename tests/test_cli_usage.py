@@ -602,3 +602,11 @@ def test_a_closed_pipe_is_never_a_success(tiny_q2, tmp_path):
     rc, err = _closed_pipe_status(["inspect", str(bad), "--json"])
     assert rc in (1, 141), err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["generate", "--help"]])
+def test_help_into_a_closed_pipe_is_no_success_either(argv):
+    """argparse prints --help and --version and exits 0, swallowing a failed write: the program's
+    status still says that the text did not arrive (141), with nothing on stderr."""
+    rc, err = _closed_pipe_status(argv)
+    assert rc == 141 and err == ""
