@@ -804,6 +804,8 @@ def program() -> None:
     try:
         rc = main(exiting=True)
     except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
+        if isinstance(exc.code, str):  # as the interpreter would: the text on stderr, status 1
+            print(exc.code, file=sys.stderr)
         rc = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     except BrokenPipeError:  # raised by Parser._print_message on standard output
         rc, broken = 0, True
