@@ -648,9 +648,10 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
                      else f"knobs that differ ({v} variable{'' if v == 1 else 's'} under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
         if r.get("derived"):
-            lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {'it follows' if len(r['derived']) == 1 else 'they follow'} "
-                         f"from the knobs above and {'is' if len(r['derived']) == 1 else 'are'} no variable of "
-                         f"{'its' if len(r['derived']) == 1 else 'their'} own)")
+            it, follows, is_, its = ("it", "follows", "is", "its") if len(r["derived"]) == 1 else \
+                ("they", "follow", "are", "their")
+            lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {it} {follows} from the knobs above "
+                         f"and {is_} no variable of {its} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
     else:

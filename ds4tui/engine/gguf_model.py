@@ -164,9 +164,14 @@ def _check_strings(p: Path, reader: GGUFReader) -> None:
             try:
                 bytes(f.parts[i]).decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise GGUFFormatError(p, f"the GGUF header is damaged: metadata key {name!r} holds a string that is "
-                                         f"not UTF-8 text ({exc.reason}: byte 0x{exc.object[exc.start]:02x}): "
-                                         f"re-download or re-convert it") from None
+                raise GGUFFormatError(p, _not_utf8(f"metadata key {name!r} holds a string that is", exc)) from None
+
+
+def _not_utf8(what: str, exc: UnicodeDecodeError) -> str:
+    """The damaged-header message for ``what`` (``"metadata key 'x' holds a string that is"``) and the byte
+    that is not UTF-8."""
+    return (f"the GGUF header is damaged: {what} not UTF-8 text ({exc.reason}: byte "
+            f"0x{exc.object[exc.start]:02x}): re-download or re-convert it")
 
 
 def _string_past_end(offset: int, nbytes: int, size: int) -> str:
@@ -254,8 +259,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     except ModelFileError:
         raise
     except UnicodeDecodeError as exc:  # a key or string value that is not UTF-8 text: a flipped byte
-        raise GGUFFormatError(p, f"the GGUF header is damaged: a metadata name or string is not UTF-8 text "
-                                 f"({exc.reason}: byte 0x{exc.object[exc.start]:02x}): re-download or re-convert it") from None
+        raise GGUFFormatError(p, _not_utf8("a metadata name or string is", exc)) from None
     except (ValueError, IndexError, KeyError, OverflowError) as exc:
         raise GGUFFormatError(p, f"the GGUF header is damaged ({exc}): re-download or re-convert it") from None
 

@@ -211,13 +211,18 @@ static void note_conf(ds4_dspark *d, float c) {
 }
 
 /* The normaliser of softmax(row / T) over V entries: q(i) = exp(row[i] / T - *mx) / *sum. */
+/* exp(x / T - mx): a -inf x (outside the draft vocabulary) is exactly +0.0 without calling exp. */
+static inline double softmax_exp(float x, float T, double mx) {
+    return x == -INFINITY ? 0.0 : exp((double)x / T - mx);
+}
+
 static void softmax_norm(const float *row, int32_t V, float T, double *mx_out, double *sum_out) {
     double mx = -INFINITY, sum = 0.0;
     for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
     /* a -inf entry (outside the draft vocabulary: most of a spread row) adds exp(-inf) = +0.0, which
      * leaves the sum as it is: skipped, the same sum without ~113 000 calls of exp a row on the demo */
     for (int32_t i = 0; i < V; i++)
-        if (row[i] != -INFINITY) sum += exp((double)row[i] / T - mx);
+        if (row[i] != -INFINITY) sum += softmax_exp(row[i], T, mx);
     *mx_out = mx;
     *sum_out = sum;
 }
@@ -231,7 +236,7 @@ static int32_t draw_q(ds4_session *s, const float *row, float T) {
     int32_t last = V - 1;
     for (int32_t i = 0; i < V; i++) {
         if (row[i] == -INFINITY) continue; /* q = 0: neither cum nor last moves, as the sum above */
-        const double q = exp((double)row[i] / T - mx);
+        const double q = softmax_exp(row[i], T, mx);
         if (q > 0.0) last = i; /* rounding's fallback: the last token q can draw (not one outside the
                                   draft vocabulary, whose logits are -inf) */
         cum += q;
@@ -424,13 +429,12 @@ static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, 
     for (int32_t i = 0; i < n; i++) if (d->cand_ids[i] == x) { px = d->cand_p[i]; break; }
     double mx, z;
     softmax_norm(qrow, V, T, &mx, &z); /* q, once for the test and the residual */
-    double qx = qrow[x] == -INFINITY ? 0.0 : exp((double)qrow[x] / T - mx) / z;
+    double qx = softmax_exp(qrow[x], T, mx) / z;
     if (qx > 0.0 && ds4_uniform(s) < px / qx) return 1;
     /* residual over p's support */
     double mass = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        const float qi = qrow[d->cand_ids[i]];
-        double r = d->cand_p[i] - (qi == -INFINITY ? 0.0 : exp((double)qi / T - mx) / z);
+        double r = d->cand_p[i] - softmax_exp(qrow[d->cand_ids[i]], T, mx) / z;
         d->cand_p[i] = r > 0.0 ? r : 0.0;
         mass += d->cand_p[i];
     }

@@ -39,8 +39,7 @@ static inline uint64_t cand_key(float f, int32_t id) {
  * the whole keys end sorted. */
 static void radix_sort_keys(uint64_t *a, uint64_t *tmp, int64_t n, int id_bits) {
     uint64_t *src = a, *dst = tmp;
-    int passes = 0;
-    for (int lo = id_bits > 0 ? 0 : 32; lo < 64; passes++) {
+    for (int lo = id_bits > 0 ? 0 : 32; lo < 64;) {
         const int end = lo < 32 ? (lo + 11 < id_bits ? lo + 11 : id_bits) : (lo + 11 < 64 ? lo + 11 : 64);
         const int shift = lo, bits = end - lo;
         lo = end < 32 && end >= id_bits ? 32 : end;
