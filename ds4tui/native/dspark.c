@@ -39,6 +39,8 @@ struct ds4_dspark {
     float *hn;                  /* [B, H] normed hidden */
     float *feat;                /* [H + r] confidence input */
     float *corr;                /* [B, V] corrected (Markov) logits (sampled drafting) */
+    double q_mx[DS4_DSPARK_MAX_BLOCK], q_sum[DS4_DSPARK_MAX_BLOCK]; /* corr row k's softmax(row / T) normaliser:
+                                                                     * q(i) = exp(row[i] / T - q_mx) / q_sum */
     float *vlogits;             /* [B + 1, V] verify rows */
     int32_t *cand_ids;          /* [V] */
     double *cand_p;             /* [V] */
@@ -210,37 +212,33 @@ static void note_conf(ds4_dspark *d, float c) {
     if (d->n_conf < DS4_DSPARK_MAX_BLOCK) d->conf[d->n_conf++] = c;
 }
 
-/* The normaliser of softmax(row / T) over V entries: q(i) = exp(row[i] / T - *mx) / *sum. */
 /* exp(x / T - mx): a -inf x (outside the draft vocabulary) is exactly +0.0 without calling exp. */
 static inline double softmax_exp(float x, float T, double mx) {
     return x == -INFINITY ? 0.0 : exp((double)x / T - mx);
 }
 
-static void softmax_norm(const float *row, int32_t V, float T, double *mx_out, double *sum_out) {
+/* Draw from softmax(row / T) over the draft vocabulary's n columns of a corrected row (token vd[j]
+ * for column j, or token j without a draft vocabulary), before it is spread: the draw and the
+ * normaliser (*mx_out, *sum_out) are those of softmax(spread row / T) over the whole vocabulary, term
+ * for term in the same (increasing id) order, as the tokens outside the draft vocabulary have -inf
+ * logits and add exactly +0.0; only the ~113 000 of them on the demo are not visited. */
+static int32_t draw_q(ds4_session *s, const float *row, int32_t n, float T, double *mx_out, double *sum_out) {
+    const ds4_support *sup = s->e->sup;
+    const int32_t *vd = sup->n_vd ? sup->vd : NULL;
     double mx = -INFINITY, sum = 0.0;
-    for (int32_t i = 0; i < V; i++) if ((double)row[i] / T > mx) mx = (double)row[i] / T;
-    /* a -inf entry (outside the draft vocabulary: most of a spread row) adds exp(-inf) = +0.0, which
-     * leaves the sum as it is: skipped, the same sum without ~113 000 calls of exp a row on the demo */
-    for (int32_t i = 0; i < V; i++)
-        if (row[i] != -INFINITY) sum += softmax_exp(row[i], T, mx);
+    for (int32_t j = 0; j < n; j++) if ((double)row[j] / T > mx) mx = (double)row[j] / T;
+    for (int32_t j = 0; j < n; j++) sum += softmax_exp(row[j], T, mx);
     *mx_out = mx;
     *sum_out = sum;
-}
-
-/* Draw from softmax(row / T) over the whole vocabulary. */
-static int32_t draw_q(ds4_session *s, const float *row, float T) {
-    const int32_t V = s->e->c.n_vocab;
-    double mx, sum;
-    softmax_norm(row, V, T, &mx, &sum);
     double u = ds4_uniform(s) * sum, cum = 0.0;
-    int32_t last = V - 1;
-    for (int32_t i = 0; i < V; i++) {
-        if (row[i] == -INFINITY) continue; /* q = 0: neither cum nor last moves, as the sum above */
-        const double q = softmax_exp(row[i], T, mx);
-        if (q > 0.0) last = i; /* rounding's fallback: the last token q can draw (not one outside the
-                                  draft vocabulary, whose logits are -inf) */
+    int32_t last = s->e->c.n_vocab - 1;
+    for (int32_t j = 0; j < n; j++) {
+        const double q = softmax_exp(row[j], T, mx);
+        const int32_t id = vd ? vd[j] : j;
+        if (q > 0.0) last = id; /* rounding's fallback: the last token q can draw (not one outside the
+                                   draft vocabulary, whose logits are -inf) */
         cum += q;
-        if (u < cum) return i;
+        if (u < cum) return id;
     }
     return last;
 }
@@ -404,8 +402,8 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
                 return -1;
             const float *u = U + (size_t)k * Vd;
             for (int32_t i = 0; i < Vd; i++) row[i] += u[i];
-            spread_draft_row(e, row);
-            x = draw_q(s, row, T);
+            x = draw_q(s, row, Vd, T, &d->q_mx[k], &d->q_sum[k]);
+            spread_draft_row(e, row); /* the rejection test looks tokens up by id */
         }
         drafts[n++] = x;
         d->drafts[d->n_drafts++] = x;
@@ -418,17 +416,16 @@ static int propose_heads(ds4_session *s, int32_t anchor, int want, float thresho
 /* ---- verification --------------------------------------------------------------------------- */
 
 /* Rejection sampling at one verified row (spec dspark.md §3.2): accept draft x with probability
- * min(1, p(x)/q(x)); otherwise draw from normalize(max(p - q, 0)) into *repl. */
-static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, int32_t x, int32_t *repl) {
+ * min(1, p(x)/q(x)); otherwise draw from normalize(max(p - q, 0)) into *repl.  q is softmax(qrow / T)
+ * with the normaliser its draw computed (mx, z: draw_q). */
+static int accept_sampled(ds4_session *s, const float *trow, const float *qrow, double mx, double z, int32_t x,
+                          int32_t *repl) {
     ds4_dspark *d = s->dsp;
-    const int32_t V = s->e->c.n_vocab;
     const float T = s->sampling.temperature;
     int32_t n;
     ds4_sample_dist(s, trow, d->cand_ids, d->cand_p, &n);
     double px = 0.0;
     for (int32_t i = 0; i < n; i++) if (d->cand_ids[i] == x) { px = d->cand_p[i]; break; }
-    double mx, z;
-    softmax_norm(qrow, V, T, &mx, &z); /* q, once for the test and the residual */
     double qx = softmax_exp(qrow[x], T, mx) / z;
     if (qx > 0.0 && ds4_uniform(s) < px / qx) return 1;
     /* residual over p's support */
@@ -634,7 +631,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
         for (a = 0; a < nd; a++) {
             int32_t repl;
             if ((rc = verify_row(s, a, &have, rows, &head_ms, err, err_len)) != DS4_OK) break;
-            if (!accept_sampled(s, d->vlogits + (size_t)a * V, d->corr + (size_t)a * V, drafts[a], &repl)) {
+            if (!accept_sampled(s, d->vlogits + (size_t)a * V, d->corr + (size_t)a * V, d->q_mx[a], d->q_sum[a], drafts[a],
+                                &repl)) {
                 bonus = repl;
                 break;
             }
