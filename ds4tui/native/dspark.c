@@ -225,19 +225,25 @@ static inline double softmax_exp(float x, float T, double mx) {
 static int32_t draw_q(ds4_session *s, const float *row, int32_t n, float T, double *mx_out, double *sum_out) {
     const ds4_support *sup = s->e->sup;
     const int32_t *vd = sup->n_vd ? sup->vd : NULL;
+    double *q = s->dsp->cand_p; /* the terms, kept for the draw (the verify's scratch, free while proposing) */
     double mx = -INFINITY, sum = 0.0;
-    for (int32_t j = 0; j < n; j++) if ((double)row[j] / T > mx) mx = (double)row[j] / T;
-    for (int32_t j = 0; j < n; j++) sum += softmax_exp(row[j], T, mx);
+    for (int32_t j = 0; j < n; j++) {
+        q[j] = (double)row[j] / T;
+        if (q[j] > mx) mx = q[j];
+    }
+    for (int32_t j = 0; j < n; j++) {
+        q[j] = row[j] == -INFINITY ? 0.0 : exp(q[j] - mx); /* softmax_exp's term */
+        sum += q[j];
+    }
     *mx_out = mx;
     *sum_out = sum;
     double u = ds4_uniform(s) * sum, cum = 0.0;
     int32_t last = s->e->c.n_vocab - 1;
     for (int32_t j = 0; j < n; j++) {
-        const double q = softmax_exp(row[j], T, mx);
         const int32_t id = vd ? vd[j] : j;
-        if (q > 0.0) last = id; /* rounding's fallback: the last token q can draw (not one outside the
-                                   draft vocabulary, whose logits are -inf) */
-        cum += q;
+        if (q[j] > 0.0) last = id; /* rounding's fallback: the last token q can draw (not one outside the
+                                      draft vocabulary, whose logits are -inf) */
+        cum += q[j];
         if (u < cum) return id;
     }
     return last;
