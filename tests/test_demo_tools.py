@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ def _load(name: str):
 corpus = _load("demo_corpus")
 evaluation = _load("eval_demo")
 packer = _load("pack_demo")
+engine_cont = _load("engine_continuations")
 
 
 @pytest.mark.parametrize("sentence,want", [
@@ -81,6 +83,31 @@ def test_compact_split_reads_back_the_same_ids(tmp_path):
         assert got.dtype == np.uint32 and np.array_equal(got, arr)
     with pytest.raises(FileNotFoundError, match="other.u16.xz"):
         corpus.load_split(tmp_path, "other")
+
+
+def test_engine_continuations_are_the_reference_greedy_picks(tiny_q2, fitted_support, tmp_path):
+    """tools/engine_continuations.py writes windows of the training split drawn with its seed, each
+    followed by the greedy picks of the numpy reference backend (the oracle), made here by greedy
+    DSpark on the CPU engine in a worker process, in the file train_demo.py --continuations reads."""
+    from ds4tui.engine.session import Engine
+
+    train = np.random.default_rng(3).integers(100, 120000, 4000)
+    np.save(tmp_path / "train.npy", train)
+    out = tmp_path / "c.npz.xz"
+    args = [str(tiny_q2["model"]), str(tmp_path), str(out), "--sequences", "3", "--prompt-tokens", "12",
+            "--new-tokens", "6", "--workers", "1", "--seed", "7", "--save-every", "2"]
+    assert engine_cont.main(args + ["--support", str(fitted_support)]) == 0
+    sha = hashlib.sha256(Path(tiny_q2["model"]).read_bytes()).hexdigest()
+    ids, metas = corpus.load_continuations([out], target_sha256=sha, prompt_tokens=12, new_tokens=6)
+    assert metas[0]["seed"] == 7 and ids.shape == (3, 18)
+    assert np.array_equal(ids[:, :12], engine_cont.prompts(train, 3, 12, 7))
+    ref = Engine(tiny_q2["model"], backend="reference")
+    for row in ids:
+        with ref.session(64) as s:
+            assert [int(t) for t in row[12:]] == list(s.generate([int(t) for t in row[:12]], max_tokens=6))
+    with pytest.raises(SystemExit) as exc:
+        engine_cont.main(args[:1] + [str(tmp_path / "none")] + args[2:])
+    assert exc.value.code == 2
 
 
 def test_continuations_read_back_and_refuse_another_target(tmp_path):
