@@ -579,6 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: (ds4tui.commands.environment; ``doctor`` reports them instead).
 ENGINE_COMMANDS = ("chat", "generate", "bench")
 
+#: The commands whose result is their standard output, and what it is (main refuses a closed one).
+_STDOUT_RESULT = {"inspect": "the report", "tokenize": "the token ids", "doctor": "the report",
+                  "compare": "the comparison", "bench": "the results"}
+
 
 #: Flags whose value may start with "-" and a digit without being a number ("--budget -5GiB"):
 #: joined to their value so that the value is checked (and refused) by its type, not taken for a flag.
@@ -752,6 +756,14 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             if getattr(args, "json", False):
                 print_usage_error_json(str(exc))
             return 2
+    if sys.stdout is None and args.command in _STDOUT_RESULT and not (args.command == "bench" and args.out):
+        # closed (>&-): print would write nothing and the command would end 0 with its result lost (generate
+        # says so itself, after its usage checks; convert and draft-vocab write files, bench --out one too)
+        print(f"ds4tui {args.command}: error: standard output is closed (>&-): {_STDOUT_RESULT[args.command]} would "
+              f"go nowhere; redirect it instead, e.g. > out.txt"
+              + (" (or write the JSON to a file with --out FILE.json)" if args.command == "bench" else ""),
+              file=sys.stderr)
+        return 1
     rc = None
     stdout = sys.stdout
     if args.command != "chat" and stdout is not None:  # the app owns the terminal; None: stdout closed (>&-),

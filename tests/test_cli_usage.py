@@ -569,14 +569,23 @@ def test_a_model_file_that_cannot_be_read_names_the_argument_and_what_to_do(comm
         assert (rc, out, err) == (1, "", f"ds4tui {command}: error: {path}: {why}{hint}\n")
 
 
-def test_a_closed_standard_output_is_left_as_python_leaves_it(capsys, monkeypatch):
-    """With stdout closed (``>&-``) Python's sys.stdout is None and print writes nothing: the command
-    runs as before (the full-disk check above wrapped None and failed on the first print)."""
-    monkeypatch.setattr("sys.stdout", None)
-    assert cli_main(["doctor"]) == 0
+def test_a_closed_standard_output_fails_the_commands_whose_result_it_is(tiny_q2, capsys, monkeypatch, tmp_path):
+    """With stdout closed (``>&-``) Python's sys.stdout is None and print writes nothing: doctor,
+    inspect, compare and bench without --out ended 0 with their result lost; they now say so in one
+    line, exit 1, before any work.  A command whose result is a file (bench --out) still runs."""
     import sys
 
-    assert sys.stdout is None and "Traceback" not in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdout", None)
+    for argv, what in ((["doctor"], "the report"), (["inspect", str(tiny_q2["model"])], "the report"),
+                       (["compare", "a.json", "b.json"], "the comparison"),
+                       (["bench", str(tiny_q2["model"])], "the results")):
+        assert cli_main(argv) == 1
+        hint = " (or write the JSON to a file with --out FILE.json)" if argv[0] == "bench" else ""
+        assert capsys.readouterr().err == (f"ds4tui {argv[0]}: error: standard output is closed (>&-): {what} would "
+                                           f"go nowhere; redirect it instead, e.g. > out.txt{hint}\n")
+    out = tmp_path / "b.json"
+    assert cli_main(["bench", str(tiny_q2["model"]), "--prompt-tokens", "8", "--out", str(out)]) == 0
+    assert sys.stdout is None and out.is_file() and "Traceback" not in capsys.readouterr().err
 
 
 def _closed_pipe_status(args: list[str]) -> tuple[int, str]:
