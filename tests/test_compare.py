@@ -691,8 +691,8 @@ def test_a_ratio_or_figure_that_rounds_to_zero_has_no_minus_sign(tmp_path, capsy
     b.write_text(json.dumps({**gen, "timings": {"net_saved_ms": -0.02, "decode_tokens_per_s": -0.0}}))
     assert cli_main(["compare", str(a), str(b)]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("timings.")}
-    assert rows == {"timings.net_saved_ms": ["250", "-0.02", "0.000"],
-                    "timings.decode_tokens_per_s": ["339.3", "0", "0.000"]}
+    assert rows == {"timings.net_saved_ms": ["250", "-0.02", "ms", "0.000"],
+                    "timings.decode_tokens_per_s": ["339.3", "0", "tok/s", "0.000"]}
     assert cli_main(["compare", str(a), str(b), "--json"]) == 0
     figures = {k: (x, y, q) for k, x, y, q in json.loads(capsys.readouterr().out)["figures"]}
     assert figures["timings.net_saved_ms"] == (250.0, -0.02, -0.02 / 250.0)
@@ -778,3 +778,30 @@ def test_settings_left_at_auto_follow_from_the_knob_that_moved():
     d = dict(a, amx="off", amx_note="auto: off: this CPU has no AMX-INT8")
     r = C.compare(a, d)
     assert (r["variables"], r["derived"]) == (1, [])
+
+
+@pytest.mark.parametrize("name,unit", [
+    ("timings.decode_tokens_per_s", "tok/s"), ("arms[1].runs[0].tokens_per_s", "tok/s"), ("memcpy_gb_per_s", "GB/s"),
+    ("stats.decode_ms", "ms"), ("dspark_stats.verify", "ms"), ("dspark_stats.prop_chain", "ms"),
+    ("dspark_stats.stage_timing.ms_per_drafter_pass.prop_markov", "ms"),
+    ("dspark_stats.stage_timing.verify_ms_per_drafted_cycle", "ms"), ("timings.load_s", "s"),
+    ("runs[0].decode_seconds", "s"), ("memory.kv", "bytes"), ("bytes_per_token_detail.kv", "bytes"),
+    ("memcpy.buffer_bytes", "bytes"), ("dspark_stats.accept_rate", "%"), ("scheduler_other_work_cores", "cores"),
+    ("dspark_stats.cycles", ""), ("dspark_stats.per_position_accept[0]", ""), ("bandwidth_ratio", ""),
+    ("model.n_layer", ""), ("dspark_stats.stage_timing.verify_over_decode", ""),
+])
+def test_every_figure_has_the_unit_its_name_gives(name, unit):
+    from ds4tui.commands.compare import figure_unit
+
+    assert figure_unit(name) == unit
+
+
+def test_the_figure_table_shows_each_unit(tiny_q2, tmp_path, capsys):
+    g = _generate(tiny_q2, tmp_path, capsys, "g.json")
+    assert cli_main(["compare", g, g]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("figure"))
+    assert lines[head].split() == ["figure", "A", "B", "unit", "B/A"]
+    rows = {line.split()[0]: line.split() for line in lines[head + 1:] if line and not line.startswith(("(", "only"))}
+    assert rows["timings.decode_tokens_per_s"][3:] == ["tok/s", "1.000"]
+    assert rows["stats.n_steps"][3:] == ["1.000"]

@@ -632,6 +632,34 @@ def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, str) or v is None else str(v)
 
 
+def figure_unit(name: str) -> str:
+    """The unit of a figure by its JSON name, as ds4tui's results name them: ``*tokens_per_s`` tok/s,
+    ``*gb_per_s`` GB/s, ``*_ms``, ``*_ms_per_*``, ``ms_per_*.*`` and ds4's stat times (``dspark_stats.verify``,
+    ``prop_chain``, …: :data:`ds4tui.engine.stats.TIMES`) ms, ``*_s`` and ``*_seconds`` s, ``memory.*``,
+    ``*bytes*`` and ``bytes_per_token*`` bytes, ``accept_rate`` %, ``*cores`` cores; "" for a count, a
+    ratio or a name of none of these forms."""
+    from ds4tui.engine.stats import TIMES
+
+    parts = [p.split("[")[0] for p in name.split(".")]
+    last = parts[-1]
+    if last.endswith("tokens_per_s"):
+        return "tok/s"
+    if last.endswith("gb_per_s"):
+        return "GB/s"
+    if last.endswith("_ms") or "_ms_per_" in last or any(p.startswith("ms_per_") for p in parts[:-1]) or (
+            parts[0] in ("dspark_stats", "stats") and last in TIMES):
+        return "ms"
+    if last.endswith("_seconds") or last == "seconds" or (last.endswith("_s") and not last.endswith("per_s")):
+        return "s"
+    if parts[0] in ("memory", "bytes_per_token", "bytes_per_token_detail") or "bytes" in last:
+        return "bytes"
+    if last == "accept_rate":
+        return "%"
+    if last.endswith("cores"):
+        return "cores"
+    return ""
+
+
 def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every_figure: bool = False) -> str:
     """The text report of :func:`compare`'s result ``r``: the two files and their kinds, the knobs
     that differ, the warnings, then every figure as A, B and B/A.  When ``r`` holds ``arms`` (two
@@ -675,9 +703,9 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
             lines += ["", "every figure both runs have, by its JSON name:"]
     if r["figures"] and (arms is None or every_figure):
         w = max(len(k) for k, *_ in r["figures"])
-        lines.append(f"{'figure':<{w}}  {'A':>14} {'B':>14} {'B/A':>8}")
+        lines.append(f"{'figure':<{w}}  {'A':>14} {'B':>14} {'unit':<6} {'B/A':>8}")
         for k, x, y, q in r["figures"]:
-            lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {_ratio(q):>8}")
+            lines.append(f"{k:<{w}}  {_fmt(x):>14} {_fmt(y):>14} {figure_unit(k):<6} {_ratio(q):>8}")
     if r["zero_in_both"] and (arms is None or every_figure):
         lines.append(f"({r['zero_in_both']} more figures are 0 in both runs)")
     if r.get("no_shared_figures"):

@@ -114,6 +114,8 @@ _TIMES = (
     "saved",
     "net_saved",
 )
+#: ds4's stat times, in milliseconds (the stats line's ``time_ms`` part; the C fields end in ``_ms``).
+TIMES = _TIMES
 #: The drafter's steps (spec dspark.md §5), timed per drafter pass.
 PROP_STAGES = tuple(t for t in _TIMES if t.startswith("prop_"))
 
