@@ -28,7 +28,6 @@ made so far).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import multiprocessing as mp
 import os
 import sys
@@ -81,16 +80,10 @@ def _work(job: tuple[int, np.ndarray, int]) -> tuple[int, np.ndarray]:
                            dtype=np.int64)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def main(argv: list[str] | None = None) -> int:
     from demo_corpus import load_split, save_continuations
+
+    from ds4tui.demo import file_sha256
 
     ap = argparse.ArgumentParser(prog="engine_continuations.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path, help="the target GGUF (the drafter will be trained against it)")
@@ -123,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = prompts(train, a.sequences, a.prompt_tokens, a.seed)
     except (FileNotFoundError, ValueError) as exc:
         ap.error(f"CORPUS_DIR {a.corpus}: {exc}")
-    sha = _sha256(a.model)
+    sha = file_sha256(a.model)
     chunk = 8
     jobs = [(i, rows[i:i + chunk], a.new_tokens) for i in range(0, a.sequences, chunk)]
     done: list[np.ndarray] = []
