@@ -405,3 +405,25 @@ def test_a_damaged_string_value_is_named_at_open_not_where_it_is_read(model, tmp
     p.write_bytes(bytes(data))
     _expect(p, gm.GGUFFormatError, "the GGUF header is damaged: metadata key 'general.architecture' holds a "
             "string that is not UTF-8 text", "byte 0xff", "re-download or re-convert it")
+
+
+def test_a_flipped_byte_in_a_key_or_tensor_name_is_named_as_damage(model, tmp_path):
+    """A flipped byte inside a metadata key's or a tensor's name reads as a key or tensor the file
+    lacks: the message names the name one byte away from it and calls the file damaged."""
+    from gguf import GGUFReader
+
+    data = bytes(open(model, "rb").read())
+    r = GGUFReader(model)
+    key = r.fields["deepseek4.block_count"]
+    at = int(key.offset) + 8 + len("deepseek4.")  # the key's bytes follow its 8-byte length
+    p = tmp_path / "key.gguf"
+    p.write_bytes(data[:at] + b"c" + data[at + 1:])  # "block_count" -> "clock_count"
+    _expect(p, gm.MissingKeyError, "deepseek4.block_count", "missing (expected",
+            "the file has 'deepseek4.clock_count', one byte away from it: the file is damaged (re-download or "
+            "re-convert it)")
+    t = next(t for t in r.tensors if t.name == "blk.0.attn_norm.weight")
+    at = int(t.field.offset) + 8  # the name's bytes follow its 8-byte length
+    p = tmp_path / "tensor.gguf"
+    p.write_bytes(data[:at] + b"c" + data[at + 1:])  # "blk.0..." -> "clk.0..."
+    _expect(p, gm.MissingTensorError, "blk.0.attn_norm.weight", "the file has 'clk.0.attn_norm.weight', one byte "
+            "away from it")

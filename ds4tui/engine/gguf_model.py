@@ -297,12 +297,29 @@ def field_value(f) -> Any:
     return v
 
 
+def one_byte_away(name: str, names) -> str:
+    """``"; the file has 'OTHER', one byte away from it: …"`` when ``names`` holds a name of the same
+    length that differs from ``name`` in one character (a flipped byte of a key or tensor name, which
+    would otherwise read as a missing one), else ``""``."""
+    for other in names:
+        if len(other) == len(name) and other != name and sum(a != b for a, b in zip(other, name)) == 1:
+            return (f"; the file has '{other}', one byte away from it: the file is damaged (re-download or "
+                    f"re-convert it)")
+    return ""
+
+
+def missing_key(reader: GGUFReader, path, key: str, expected: str) -> MissingKeyError:
+    """The error for a metadata key the file lacks: ``missing (expected …)``, and the key one byte away
+    from it when the file has one (:func:`one_byte_away`)."""
+    return MissingKeyError(path, key, f"missing (expected {expected}){one_byte_away(key, reader.fields)}")
+
+
 def read_key(reader: GGUFReader, path, mk: MetaKey) -> Any:
     """Read one metadata key with type checking; None when absent and optional."""
     f = reader.fields.get(mk.key)
     if f is None:
         if mk.required:
-            raise MissingKeyError(path, mk.key, f"missing (expected {mk.type.value})")
+            raise missing_key(reader, path, mk.key, mk.type.value)
         return None
     outer, inner = _ACCEPT[mk.type]
     if not f.types or f.types[0] not in outer or (inner is not None and len(f.types) > 1 and f.types[-1] not in inner):
@@ -421,11 +438,12 @@ def _types_text(types: frozenset) -> str:
     return L.TYPE_CLASS_NAMES.get(types) or "/".join(sorted(t.name for t in types))
 
 
-def check_tensor(path, spec: TensorSpec, info: TensorInfo | None) -> None:
-    """Raise the specific TensorError if ``info`` does not satisfy ``spec``."""
+def check_tensor(path, spec: TensorSpec, info: TensorInfo | None, names=()) -> None:
+    """Raise the specific TensorError if ``info`` does not satisfy ``spec``; a missing tensor's error
+    names a tensor of ``names`` one byte away from it (:func:`one_byte_away`)."""
     if info is None:
         raise MissingTensorError(path, spec.name, f"missing ({spec.role}; expected numpy shape {list(spec.shape)}, "
-                                                  f"GGUF ne {list(spec.ne)})")
+                                                  f"GGUF ne {list(spec.ne)}){one_byte_away(spec.name, names)}")
     if info.shape != spec.shape:
         raise TensorShapeError(path, spec.name, f"wrong dims: expected numpy shape {list(spec.shape)} "
                                                 f"(GGUF ne {list(spec.ne)}), found {list(info.shape)} "
@@ -562,7 +580,7 @@ class DS4Model:
         self.warnings: list[str] = []
         arch_f = self.reader.fields.get("general.architecture")
         if arch_f is None:
-            raise MissingKeyError(self.path, "general.architecture", f"missing (expected '{L.ARCH}')")
+            raise missing_key(self.reader, self.path, "general.architecture", f"'{L.ARCH}'")
         arch = field_value(arch_f)
         if arch != L.ARCH:
             hint = support_hint if arch in (L.SUPPORT_ARCH, "dflash") else ""
@@ -572,7 +590,7 @@ class DS4Model:
         self.tensors = tensor_table(self.reader)
         self.specs = L.model_tensor_specs(self.config)
         for spec in self.specs:
-            check_tensor(self.path, spec, self.tensors.get(spec.name))
+            check_tensor(self.path, spec, self.tensors.get(spec.name), self.tensors)
         for layer in range(self.config.n_layer):
             g = self.tensors[f"blk.{layer}.ffn_gate_exps.weight"]
             u = self.tensors[f"blk.{layer}.ffn_up_exps.weight"]
@@ -596,7 +614,7 @@ class DS4Model:
         c = self.config
         f = self.reader.fields.get("tokenizer.ggml.tokens")
         if f is None:
-            raise MissingKeyError(self.path, "tokenizer.ggml.tokens", f"missing (expected {c.n_vocab} strings)")
+            raise missing_key(self.reader, self.path, "tokenizer.ggml.tokens", f"{c.n_vocab} strings")
         if not f.types or f.types[0] != GGUFValueType.ARRAY or f.types[-1] != GGUFValueType.STRING:
             raise KeyTypeError(self.path, "tokenizer.ggml.tokens", f"wrong GGUF type: expected array of STRING, "
                                                                     f"found {_type_name(f)}")
@@ -605,7 +623,7 @@ class DS4Model:
                                 f"expected {c.n_vocab} entries (deepseek4.vocab_size), found {len(f.data)}")
         m = self.reader.fields.get("tokenizer.ggml.merges")
         if m is None:
-            raise MissingKeyError(self.path, "tokenizer.ggml.merges", "missing (expected an array of merge strings)")
+            raise missing_key(self.reader, self.path, "tokenizer.ggml.merges", "an array of merge strings")
         if not m.types or m.types[0] != GGUFValueType.ARRAY or m.types[-1] != GGUFValueType.STRING:
             raise KeyTypeError(self.path, "tokenizer.ggml.merges", f"wrong GGUF type: expected array of STRING, "
                                                                     f"found {_type_name(m)}")
@@ -878,7 +896,8 @@ class SupportModel:
         for spec in self.specs:
             info = self.tensors.get(spec.name)
             if info is None:
-                self._add("missing", f"tensor '{spec.name}': missing ({spec.role})", tensor=spec.name)
+                self._add("missing", f"tensor '{spec.name}': missing ({spec.role}){one_byte_away(spec.name, self.tensors)}",
+                          tensor=spec.name)
                 continue
             self.present += 1
             if spec.name in reported:
