@@ -187,6 +187,9 @@ class ChatOptions:
 # (binding id, key, action, footer label, palette title, palette help, shown in the footer)
 ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("generation.stop", "escape", "stop", "Stop", "Stop generating", "Stop the running turn; its text is kept", True),
+    # second in the footer: a narrow window cuts the footer off, and the panes start hidden there
+    ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
+     "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
     ("dspark.toggle", "f2", "toggle_dspark", "DSpark", "Toggle DSpark", "Drafting on/off from the next cycle", True),
     ("dspark.scheduler", "f3", "toggle_scheduler", "Sched", "Toggle the DSpark scheduler",
      "The adaptive scheduler on/off from the next cycle", True),
@@ -212,8 +215,6 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("chat.context", "ctrl+g", "context_size", "Ctx", "Change the context size",
      "A new session of N tokens (the memory it needs is shown as you type); the conversation starts afresh",
      False),
-    ("view.panes", "f12", "toggle_panes", "Panes", "Show or hide the panes",
-     "Show or hide the speculation and memory panes (hidden at first in windows under 110 columns)", True),
 )
 
 
@@ -627,6 +628,8 @@ class DS4App(App):
                 + "." + (f" Thinking mode is on: the model may reason until the context is full "
                          f"({key_of('chat.think')} turns it off, --nothink starts without it)." if self.think else "")
                 + " Type a prompt and press Enter."
+                + (f" The speculation panes are hidden in windows under 110 columns: {key_of('view.panes')} shows them."
+                   if self.screen.has_class("-narrow") else "")
                 + "".join(f"\nNote: {line}." for line in self.options.notes),
                 "$text-muted"))
         prompt = self.query_one("#prompt", PromptInput)
@@ -1315,6 +1318,15 @@ class DS4App(App):
     def action_toggle_panes(self) -> None:
         screen = self.screen
         screen.toggle_class("panes-shown" if screen.has_class("-narrow") else "panes-hidden")
+        if screen.has_class("-narrow") and not screen.has_class("panes-shown"):
+            # the chat is back in place of the panes: typing goes to the prompt again (the focus had moved
+            # off it while it was hidden, and keys typed then went nowhere)
+            self.call_after_refresh(self._focus_prompt)
+
+    def _focus_prompt(self) -> None:
+        prompt = self.query("#prompt")
+        if prompt and not prompt.first().disabled:
+            prompt.first().focus()
 
     def action_toggle_trace(self) -> None:
         self.trace = not self.trace

@@ -227,6 +227,11 @@ async def test_narrow_window_hides_the_panes_until_f12(tmp_path):
         await pilot.press("f12")
         await pilot.pause()
         assert chat.region.width == 90
+        # the prompt has the focus again: what is typed reaches it (it went nowhere before)
+        assert app.focused is app.query_one("#prompt")
+        await pilot.press("h", "i")
+        assert app.query_one("#prompt").value == "hi"
+        assert "under 110 columns: F12 shows them" in str(app.query_one("#welcome").render())
 
 
 async def test_no_draft_reasons_are_explained_and_toasts_are_words(tmp_path):
