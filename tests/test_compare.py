@@ -805,3 +805,29 @@ def test_the_figure_table_shows_each_unit(tiny_q2, tmp_path, capsys):
     rows = {line.split()[0]: line.split() for line in lines[head + 1:] if line and not line.startswith(("(", "only"))}
     assert rows["timings.decode_tokens_per_s"][3:] == ["tok/s", "1.000"]
     assert rows["stats.n_steps"][3:] == ["1.000"]
+
+
+def test_knobs_changed_during_a_run_are_a_warning_not_noise(tmp_path, capsys):
+    """An export whose scheduler was turned off during the session (F3 at cycle 15: its knob_events)
+    records scheduler false at its end: compared with a run that had it off throughout, the knobs are
+    the same, but its counters mix both settings, which compare says, naming the cycle and the knob,
+    instead of "the figures differ by run-to-run noise only"."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_export("20261201T180000-0123abcd", False, 30, 0)))
+    changed = _export("20261201T190000-4567abcd", False, 30, 7)
+    changed["knob_events"] = [{"cycle": 15, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5},
+                              {"cycle": 22, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 4},
+                              {"cycle": 25, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}]
+    b.write_text(json.dumps(changed))
+    assert cli_main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    want = (f"WARNING: B ({b}) changed its DSpark knobs while it ran (from cycle 15: enabled true, scheduler false, "
+            f"threshold 0, max_draft 5; from cycle 22: max_draft 4; from cycle 25: max_draft 5): its figures mix the "
+            f"knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
+            f"fixed (a new chat, Ctrl+N, after a change)")
+    assert want in out and "noise only" not in out
+    assert "knobs: the same at the end of both runs (but see below: they changed during a run)" in out
+    assert cli_main(["compare", str(a), str(b), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["knob_change_warnings"] == [want.removeprefix("WARNING: ")]
+    assert f"ds4tui compare: warning: {want.removeprefix('WARNING: ')}" in captured.err

@@ -682,9 +682,11 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
                          f"and {is_} no variable of {its} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
+    elif r.get("knob_change_warnings"):
+        lines.append("knobs: the same at the end of both runs (but see below: they changed during a run)")
     else:
         lines.append("knobs: the same in both runs (the figures differ by run-to-run noise only)")
-    for w in (r["warning"], r.get("contains_warning")):
+    for w in (r["warning"], r.get("contains_warning"), *(r.get("knob_change_warnings") or ())):
         if w:
             lines += ["", f"WARNING: {w}"]
     if r.get("scheduler_start_note"):
@@ -937,6 +939,30 @@ def interrupted_note(side: str, path: str, d: dict) -> str | None:
             f"memcpy bandwidth and bandwidth ratio were not measured (run `ds4tui bench` to the end for them)")
 
 
+def knob_change_warning(side: str, path: str, d: dict) -> str | None:
+    """The warning when a run's DSpark knobs changed while it ran (a chat session's F2/F3/F7-F10,
+    recorded as ``knob_events`` in a stats export or ``dspark_events`` in ``generate --json``, each the
+    knobs from a cycle on): its counters mix the knobs before and after, and the knobs it records are
+    those at its end, so "the same knobs" says nothing of its earlier cycles (None when none changed)."""
+    # an export's events hold the knobs beside the cycle, generate's under "knobs"; knobs set from cycle 0
+    # on (generate's flags, a key pressed before the first answer) were in force for every cycle counted
+    events = [e for e in (d.get("knob_events") or d.get("dspark_events") or ())
+              if isinstance(e, dict) and e.get("cycle") not in (0, None)]
+    if not events:
+        return None
+    said, prev = [], None
+    for e in events[:4]:
+        knobs = e["knobs"] if isinstance(e.get("knobs"), dict) else {k: v for k, v in e.items() if k != "cycle"}
+        moved = knobs if prev is None else {k: v for k, v in knobs.items() if prev.get(k) != v}
+        said.append(f"from cycle {e.get('cycle', '?')}: " + ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}"
+                                                                      for k, v in moved.items()))
+        prev = knobs
+    more = f", and {len(events) - 4} more" if len(events) > 4 else ""
+    return (f"{side} ({path}) changed its DSpark knobs while it ran ({'; '.join(said)}{more}): its figures mix the "
+            f"knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
+            f"fixed (a new chat, Ctrl+N, after a change)")
+
+
 def same_run(path_a: str, path_b: str, a: dict, b: dict) -> str | None:
     """The note when A and B are one file, or two files holding the same run (equal JSON): then
     every figure is equal by construction, which says nothing about run-to-run noise."""
@@ -971,6 +997,8 @@ def run(args) -> int:
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))
     r["same_run"] = same_run(args.a, args.b, a, b)
     r["interrupted_notes"] = [n for n in (interrupted_note("A", args.a, a), interrupted_note("B", args.b, b)) if n]
+    r["knob_change_warnings"] = [w for w in (knob_change_warning("A", args.a, a), knob_change_warning("B", args.b, b))
+                                 if w]
     r["noise_notes"] = ([] if r["same_run"] or not r["figures"]  # no B/A to qualify
                         else noise_notes(args.a, args.b, kind_a, kind_b, a, b))
     if kind_a == kind_b == "bench-ab":
@@ -978,7 +1006,7 @@ def run(args) -> int:
     if args.json:
         print_whole(json.dumps({"ok": True, "a": args.a, "b": args.b, "kind_a": kind_a, "kind_b": kind_b, **r}, indent=1))
         # the table carries the warnings; with --json they also go to stderr, once each
-        for w in (r["warning"], r["contains_warning"]):
+        for w in (r["warning"], r["contains_warning"], *r["knob_change_warnings"]):
             if w:
                 print(f"{_PREFIX} warning: {w}", file=sys.stderr)
         for note in (r["scheduler_start_note"], r["no_shared_figures"], r["same_run"], *r["interrupted_notes"],
