@@ -879,11 +879,13 @@ class DS4App(App):
         if e is None or not hasattr(e, "session_plan"):
             return ""
         b = e.session_plan(n)
-        device = b["kv"] + b["compressor"] + b["scratch"]
+        # scratch as the memory pane then shows it (the session's memory().scratch): the pass's buffers, the
+        # host buffers and the engine's vector copies
+        scratch = b["scratch"] + b["host"] + b.get("vectors", 0)
         gpu = e.info.backend == "hip"
-        text = (f"a session of {n} tokens holds {format_bytes(device)} in {'the GPU' if gpu else 'memory'} beside "
-                f"the weights: KV {format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
-                f"{format_bytes(b['scratch'])} (+ {format_bytes(b['host'])} on the host)")
+        text = (f"a session of {n} tokens holds {format_bytes(b['kv'] + b['compressor'] + scratch)} beside the "
+                f"weights: KV {format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
+                f"{format_bytes(scratch)}" + (f" ({format_bytes(b['host'])} of it in host memory)" if gpu else ""))
         if gpu:  # inspect's budget is the GPU's memory: no check to offer on the CPU
             text += f"; `ds4tui inspect {shlex.quote(e.info.model_path)} --ctx {n}` checks it against the GPU's memory"
         return text

@@ -259,7 +259,7 @@ def test_the_context_size_changes_between_turns_and_the_plan_is_what_the_session
         plan, mem = eng.session_plan(2048), eng.session.memory()
         vec = memplan.vector_bytes(L.model_tensor_specs(eng.engine.config)) + memplan.vector_bytes(eng.engine.support.specs)
         assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
-        assert mem.scratch == plan["scratch"] + plan["host"] + vec
+        assert mem.scratch == plan["scratch"] + plan["host"] + vec and plan["vectors"] == vec
         sink = W.EventQueue()
         r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False, max_tokens=6)
         assert r is not None and len(r.ids) == 6
