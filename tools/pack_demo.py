@@ -48,7 +48,7 @@ def bench_summary(path: Path) -> dict:
             st = r.get("dspark_stats", {})
             runs[r["kind"]] = {
                 "tokens_per_s": round(r["tokens_per_s"], 2), "ratio_to_target": round(r["ratio_to_target"], 3),
-                "accept_rate": round(r["accept_rate"], 2), "avg_accept": round(st.get("avg_accept", 0.0), 3),
+                "accept_rate": None if r["accept_rate"] is None else round(r["accept_rate"], 2), "avg_accept": round(st.get("avg_accept", 0.0), 3),
                 "tokens_per_cycle": round(r["tokens_per_cycle"], 3), "cycles": st.get("cycles"),
                 "per_position_accept": [None if x is None else round(x, 3) for x in st.get("per_position_accept", [])],
                 "verify_ms_per_drafted_cycle": _round(r["stage_timing"]["verify_ms_per_drafted_cycle"]),

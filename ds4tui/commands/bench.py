@@ -652,9 +652,15 @@ def _arm_summary(runs: list[dict], st: DSparkStats) -> dict:
     seconds = sum(r["decode_seconds"] for r in runs)
     return {"decode_tokens": tokens, "decode_seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 and tokens else None,
-            "accept_rate": st.accept_rate, "tokens_per_cycle": st.tokens_per_cycle,
+            # None where nothing was proposed (the target-only arm): a rate of no drafts is no 0 %
+            "accept_rate": st.accept_rate if st.proposed else None, "tokens_per_cycle": st.tokens_per_cycle,
             "stage_timing": st.stage_timing(), "dspark_line": format_line(st),
             "dspark_stats": st.to_dict()}
+
+
+def _accept(rate: float | None) -> str:
+    """An accept-rate cell of the A/B tables (8 wide): the percentage, or "-" where nothing was proposed."""
+    return f"{'-':>8}" if rate is None else f"{rate:7.2f}%"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -1020,7 +1026,7 @@ def render_ab_text(r: dict) -> str:
             st = row["dspark_stats"]
             ratio = _num(row["ratio_to_target"], ".3f", 8) + "x" if row["ratio_to_target"] else f"{'-':>9}"
             lines.append(f"{a['name']:<{name_w}}  {row['kind']:<6} {_num(row['tokens_per_s'], '.2f', 9)} {ratio} "
-                         f"{row['accept_rate']:7.2f}% {row['tokens_per_cycle']:9.3f} {st['cycles']:7d}  "
+                         f"{_accept(row['accept_rate'])} {row['tokens_per_cycle']:9.3f} {st['cycles']:7d}  "
                          f"{row['ids_sha256'][:16]}")
     for a in r["arms"]:
         k = a["knobs"]
@@ -1088,7 +1094,7 @@ def render_ab_partial_text(r: dict) -> str:
                      f"ids sha256")
         for x in r["runs"]:
             lines.append(f"{x['arm']:<{name_w}}  {x['kind']:<6} {_num(x['tokens_per_s'], '.2f', 9)} "
-                         f"{x['accept_rate']:7.2f}% {x['tokens_per_cycle']:9.3f} {x['dspark_stats']['cycles']:7d}  "
+                         f"{_accept(x['accept_rate'])} {x['tokens_per_cycle']:9.3f} {x['dspark_stats']['cycles']:7d}  "
                          f"{x['ids_sha256'][:16]}")
     else:
         lines.append("no run finished")
