@@ -1292,7 +1292,7 @@ class DS4App(App):
             self.notify(f"confidence threshold: a number in [0, 1], found {typed or 'nothing'}{comma}{stays}",
                         severity="error")
             return
-        if self._knob(threshold=float(event.value)):
+        if self._knob(threshold=float(event.value) + 0.0):  # + 0.0: "-0" is 0, not -0.00 in the toast
             self._focus_prompt()
 
     @on(Input.Submitted, "#max-draft")
@@ -1324,11 +1324,6 @@ class DS4App(App):
             # the chat is back in place of the panes: typing goes to the prompt again (the focus had moved
             # off it while it was hidden, and keys typed then went nowhere)
             self.call_after_refresh(self._focus_prompt)
-
-    def _focus_prompt(self) -> None:
-        prompt = self.query("#prompt")
-        if prompt and not prompt.first().disabled:
-            prompt.first().focus()
 
     def action_toggle_trace(self) -> None:
         self.trace = not self.trace

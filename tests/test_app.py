@@ -155,6 +155,13 @@ async def test_knobs_reach_the_engine_and_the_next_cycles(tiny_q2, fitted_suppor
         assert [e.cycle for e in events] == [0, before.cycles]
         assert events[0].knobs.enabled is False and events[-1].knobs == eng.knobs
         assert app.timeline.view().marks
+        thr.focus()
+        thr.value = "-0"  # a zero with a sign: the knob and its toast are 0, not -0.00
+        await pilot.press("enter")
+        assert str(eng.knobs.threshold) == "0.0"
+        await _until(pilot, lambda: any("confidence threshold 0.00" in str(n.message) for n in app._notifications),
+                     what="the toast")
+        assert not any("-0.00" in str(n.message) for n in app._notifications)
         bad = app.query_one("#max-draft")
         bad.focus()
         bad.value = "99"
