@@ -715,11 +715,13 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
     for note in r.get("interrupted_notes") or ():
         lines.append(f"NOTE: {note}")
     for side, names in (("A", r["only_a"]), ("B", r["only_b"])):
-        if names and arms is not None and not every_figure:  # the arms' tables show them as "-"
-            lines.append(f"only in {side}: {len(names)} figure{'s' if len(names) > 1 else ''} (a \"-\" in the other "
-                         f"run's column of the tables; --all names {'them' if len(names) > 1 else 'it'})")
-        elif names:
-            lines.append(f"only in {side}: {names_summary(names)}")
+        tabled = [n for n in names if _in_arm_tables(n)] if arms is not None and not every_figure else []
+        if tabled:  # the arms' tables show them as "-"
+            lines.append(f"only in {side}: {len(tabled)} figure{'s' if len(tabled) > 1 else ''} of the tables (a \"-\" "
+                         f"in the other run's column; --all names {'them' if len(tabled) > 1 else 'it'})")
+        rest = [n for n in names if n not in tabled]
+        if rest:
+            lines.append(f"only in {side}{', besides' if tabled else ''}: {names_summary(rest)}")
     return "\n".join(lines)
 
 
@@ -767,6 +769,13 @@ def _arm_knobs(arm: dict) -> str:
 def _runs_by_kind(arm: dict) -> dict[str, dict]:
     runs = arm.get("runs") if isinstance(arm.get("runs"), list) else []
     return {r["kind"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("kind"), str)}
+
+
+def _in_arm_tables(name: str) -> bool:
+    """Whether the figure ``name`` (flattened: ``arms[2].runs[0].tokens_per_s``) is one the arms'
+    tables show (a figure of :data:`ARM_ROWS`, of an arm or of one of its runs)."""
+    m = re.fullmatch(r"arms\[\d+\]\.(?:runs\[\d+\]\.)?(.+)", name)
+    return bool(m) and any(m.group(1) == ".".join(path) for _, path, *_ in ARM_ROWS)
 
 
 def arm_tables(a: dict, b: dict) -> dict:
