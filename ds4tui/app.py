@@ -880,8 +880,8 @@ class DS4App(App):
             return ""
         b = e.session_plan(n)
         # scratch as the memory pane then shows it (the session's memory().scratch): the pass's buffers, the
-        # host buffers and the engine's vector copies
-        scratch = b["scratch"] + b["host"] + b.get("vectors", 0)
+        # host buffers and what the engine expanded at open
+        scratch = b["scratch"] + b["host"] + b.get("engine", 0)
         gpu = e.info.backend == "hip"
         text = (f"a session of {n} tokens holds {format_bytes(b['kv'] + b['compressor'] + scratch)} beside the "
                 f"weights: KV {format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "

@@ -112,7 +112,7 @@ class FakeChatEngine:
 
     def session_plan(self, n_ctx: int) -> dict:
         """What a session of ``n_ctx`` tokens holds (bytes), as ``memory`` counts it."""
-        return {"kv": 200 * n_ctx, "compressor": 3 << 20, "scratch": 14 << 20, "host": 9 << 20, "vectors": 1 << 20}
+        return {"kv": 200 * n_ctx, "compressor": 3 << 20, "scratch": 14 << 20, "host": 9 << 20, "engine": 1 << 20}
 
     def set_context(self, n_ctx: int) -> W.ChatInfo:
         """A new session of ``n_ctx`` tokens: the counters start afresh, the knobs stay."""

@@ -259,7 +259,16 @@ def test_the_context_size_changes_between_turns_and_the_plan_is_what_the_session
         plan, mem = eng.session_plan(2048), eng.session.memory()
         vec = memplan.vector_bytes(L.model_tensor_specs(eng.engine.config)) + memplan.vector_bytes(eng.engine.support.specs)
         assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
-        assert mem.scratch == plan["scratch"] + plan["host"] + vec and plan["vectors"] == vec
+        assert mem.scratch == plan["scratch"] + plan["host"] + vec and plan["engine"] == vec
+        # with a draft vocabulary the engine's tables of it count too (the Ctrl+G dialog left them out)
+        dv = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=512, n_threads=1,
+                          draft_vocab=list(range(0, 129280, 97)))
+        try:
+            plan_dv, mem_dv = dv.session_plan(512), dv.session.memory()
+            assert plan_dv["engine"] > vec
+            assert mem_dv.scratch == plan_dv["scratch"] + plan_dv["host"] + plan_dv["engine"]
+        finally:
+            dv.close()
         sink = W.EventQueue()
         r = eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False, max_tokens=6)
         assert r is not None and len(r.ids) == 6

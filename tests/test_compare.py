@@ -790,6 +790,9 @@ def test_settings_left_at_auto_follow_from_the_knob_that_moved():
     ("memcpy.buffer_bytes", "bytes"), ("dspark_stats.accept_rate", "%"), ("scheduler_other_work_cores", "cores"),
     ("dspark_stats.cycles", ""), ("dspark_stats.per_position_accept[0]", ""), ("bandwidth_ratio", ""),
     ("model.n_layer", ""), ("dspark_stats.stage_timing.verify_over_decode", ""),
+    ("bytes_per_token_detail.at_ctx", "tokens"), ("ctx", "tokens"), ("arms[0].memory.kv", "bytes"),
+    ("arms[1].dspark_stats.propose", "ms"), ("arms[1].runs[0].memory.scratch", "bytes"),
+    ("arms[0].runs[1].decode_seconds", "s"),
 ])
 def test_every_figure_has_the_unit_its_name_gives(name, unit):
     from ds4tui.commands.compare import figure_unit
@@ -816,16 +819,19 @@ def test_knobs_changed_during_a_run_are_a_warning_not_noise(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_export("20261201T180000-0123abcd", False, 30, 0)))
     changed = _export("20261201T190000-4567abcd", False, 30, 7)
-    changed["knob_events"] = [{"cycle": 15, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5},
+    changed["knob_events"] = [{"cycle": 0, "enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5},
+                              {"cycle": 9, "enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5},
+                              {"cycle": 15, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5},
                               {"cycle": 22, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 4},
                               {"cycle": 25, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}]
     b.write_text(json.dumps(changed))
     assert cli_main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    want = (f"WARNING: B ({b}) changed its DSpark knobs while it ran (from cycle 15: enabled true, scheduler false, "
-            f"threshold 0, max_draft 5; from cycle 22: max_draft 4; from cycle 25: max_draft 5): its figures mix the "
-            f"knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
-            f"fixed (a new chat, Ctrl+N, after a change)")
+    # what each event changed, from the knobs set at cycle 0; an event that changed nothing (cycle 9) is left out
+    want = (f"WARNING: B ({b}) changed its DSpark knobs while it ran (from cycle 15: scheduler false; from cycle 22: "
+            f"max_draft 4; from cycle 25: max_draft 5): its figures mix the knobs before and after, and the knobs "
+            f"compared are those at its end; for an A/B, keep a run's knobs fixed (in the chat, Ctrl+G starts a "
+            f"session whose counters start afresh)")
     assert want in out and "noise only" not in out
     assert "knobs: the same at the end of both runs (but see below: they changed during a run)" in out
     assert cli_main(["compare", str(a), str(b), "--json"]) == 0

@@ -636,12 +636,17 @@ def figure_unit(name: str) -> str:
     """The unit of a figure by its JSON name, as ds4tui's results name them: ``*tokens_per_s`` tok/s,
     ``*gb_per_s`` GB/s, ``*_ms``, ``*_ms_per_*``, ``ms_per_*.*`` and ds4's stat times (``dspark_stats.verify``,
     ``prop_chain``, …: :data:`ds4tui.engine.stats.TIMES`) ms, ``*_s`` and ``*_seconds`` s, ``memory.*``,
-    ``*bytes*`` and ``bytes_per_token*`` bytes, ``accept_rate`` %, ``*cores`` cores; "" for a count, a
-    ratio or a name of none of these forms."""
+    ``*bytes*`` and ``bytes_per_token*`` bytes, ``accept_rate`` %, ``*cores`` cores, context sizes and
+    positions tokens (a ``bench --ab`` arm's or run's figures as the same names alone); "" for a count,
+    a ratio or a name of none of these forms."""
     from ds4tui.engine.stats import TIMES
 
     parts = [p.split("[")[0] for p in name.split(".")]
+    while len(parts) > 1 and parts[0] in ("arms", "runs"):  # a bench --ab arm's or run's figure: as its own
+        parts = parts[1:]
     last = parts[-1]
+    if last in ("at_ctx", "ctx", "n_ctx", "prompt_tokens", "n_tokens"):
+        return "tokens"
     if last.endswith("tokens_per_s"):
         return "tok/s"
     if last.endswith("gb_per_s"):
@@ -955,21 +960,25 @@ def knob_change_warning(side: str, path: str, d: dict) -> str | None:
     those at its end, so "the same knobs" says nothing of its earlier cycles (None when none changed)."""
     # an export's events hold the knobs beside the cycle, generate's under "knobs"; knobs set from cycle 0
     # on (generate's flags, a key pressed before the first answer) were in force for every cycle counted
-    events = [e for e in (d.get("knob_events") or d.get("dspark_events") or ())
-              if isinstance(e, dict) and e.get("cycle") not in (0, None)]
-    if not events:
-        return None
+    def knobs_of(e: dict) -> dict:
+        return e["knobs"] if isinstance(e.get("knobs"), dict) else {k: v for k, v in e.items() if k != "cycle"}
+
+    events = [e for e in (d.get("knob_events") or d.get("dspark_events") or ()) if isinstance(e, dict)]
     said, prev = [], None
-    for e in events[:4]:
-        knobs = e["knobs"] if isinstance(e.get("knobs"), dict) else {k: v for k, v in e.items() if k != "cycle"}
+    for e in events:
+        knobs = knobs_of(e)
         moved = knobs if prev is None else {k: v for k, v in knobs.items() if prev.get(k) != v}
-        said.append(f"from cycle {e.get('cycle', '?')}: " + ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}"
-                                                                      for k, v in moved.items()))
         prev = knobs
-    more = f", and {len(events) - 4} more" if len(events) > 4 else ""
-    return (f"{side} ({path}) changed its DSpark knobs while it ran ({'; '.join(said)}{more}): its figures mix the "
-            f"knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
-            f"fixed (a new chat, Ctrl+N, after a change)")
+        if e.get("cycle") in (0, None) or not moved:
+            continue
+        said.append(f"from cycle {e['cycle']}: " + ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}"
+                                                             for k, v in moved.items()))
+    if not said:
+        return None
+    more = f", and {len(said) - 4} more" if len(said) > 4 else ""
+    return (f"{side} ({path}) changed its DSpark knobs while it ran ({'; '.join(said[:4])}{more}): its figures mix "
+            f"the knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
+            f"fixed (in the chat, Ctrl+G starts a session whose counters start afresh)")
 
 
 def same_run(path_a: str, path_b: str, a: dict, b: dict) -> str | None:

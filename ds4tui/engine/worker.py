@@ -628,20 +628,17 @@ class ChatEngine:
     def session_plan(self, n_ctx: int) -> dict[str, int]:
         """Bytes a session of ``n_ctx`` tokens would hold on this engine's backend
         (:func:`ds4tui.engine.memplan.session_bytes`: ``kv``, ``compressor``, ``scratch``, ``host``)
-        beside the weights, which do not change with the context, and ``vectors``, the engine's float32
-        copies of the vectors (:func:`~ds4tui.engine.memplan.vector_bytes`), which the session's
-        ``memory().scratch`` counts with ``scratch`` and ``host``."""
-        from ds4tui.engine import layout as L
+        beside the weights, which do not change with the context, and ``engine``, what the engine
+        expanded at open (its float32 vector copies, the draft vocabulary's tables: ``Engine.memory()``'s
+        scratch), which the session's ``memory().scratch`` counts with ``scratch`` and ``host``."""
         from ds4tui.engine import memplan
 
         e, shape = self.engine, None
-        vectors = memplan.vector_bytes(L.model_tensor_specs(e.config))
         if self.has_dspark and e.support is not None:
             m = e.support.meta
             shape = memplan.SupportShape(m.n_stages, int(m.block_size), int(m.markov_rank), len(m.target_layer_ids))
-            vectors += memplan.vector_bytes(e.support.specs)
         return {**memplan.session_bytes(e.config, int(n_ctx), support=shape, host=e.backend == "cpu",
-                                        n_threads=e.n_threads), "vectors": vectors}
+                                        n_threads=e.n_threads), "engine": e.memory().scratch}
 
     @property
     def scheduler_start(self) -> dict:
