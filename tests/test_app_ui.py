@@ -232,6 +232,15 @@ async def test_narrow_window_hides_the_panes_until_f12(tmp_path):
         await pilot.press("h", "i")
         assert app.query_one("#prompt").value == "hi"
         assert "under 110 columns: F12 shows them" in str(app.query_one("#welcome").render())
+        # the panes shown, then the window widened: the chat is back beside them, and typing reaches it
+        await pilot.press("f12")
+        await pilot.pause()
+        await pilot.resize_terminal(140, 30)
+        await pilot.pause()
+        await pilot.pause()
+        assert chat.region.width > 0 and app.focused is app.query_one("#prompt")
+        await pilot.press("!")
+        assert app.query_one("#prompt").value == "hi!"  # the draft goes on (not replaced by the key)
 
 
 async def test_no_draft_reasons_are_explained_and_toasts_are_words(tmp_path):

@@ -385,7 +385,10 @@ class PromptInput(Input):
             view.scroll_page_down(animate=False)
 
     def __init__(self, **kw):
-        super().__init__(placeholder="Ask something (Enter to send, ↑/↓ history, Esc stops generation)", **kw)
+        # select_on_focus off: back in the prompt (Tab, a knob's Enter, F12), the next key goes on with the
+        # draft instead of replacing it
+        super().__init__(placeholder="Ask something (Enter to send, ↑/↓ history, Esc stops generation)",
+                         select_on_focus=False, **kw)
         self.history: list[str] = []
         self._pos = 0
         self._draft = ""

@@ -177,6 +177,13 @@ class ChatScreen(Screen):
         if row_crop_supported(Compositor):  # else Textual's own compositor: every row rendered, as before
             self._compositor = RowCropCompositor()
 
+    def on_resize(self) -> None:
+        """After Textual's own handler set the breakpoint classes of the new size: the app's
+        ``screen_resized`` (where typing goes), when it has one."""
+        hook = getattr(self.app, "screen_resized", None)
+        if hook is not None:
+            self.call_after_refresh(hook)
+
     @property
     def _update_timer(self) -> FrameTrigger:  # (Textual's name: the screen pauses and resumes it)
         trigger = self.__dict__.get("_frame_trigger")
