@@ -427,3 +427,20 @@ def test_a_flipped_byte_in_a_key_or_tensor_name_is_named_as_damage(model, tmp_pa
     p.write_bytes(data[:at] + b"c" + data[at + 1:])  # "blk.0..." -> "clk.0..."
     _expect(p, gm.MissingTensorError, "blk.0.attn_norm.weight", "the file has 'clk.0.attn_norm.weight', one byte "
             "away from it")
+
+
+def test_a_damaged_model_names_its_argument_without_pointing_at_the_path(model, tmp_path, capsys):
+    """generate on a file with a flipped byte in a key name: the damage message says what to do; the
+    argument that named the file follows it, without "check the path", which would point elsewhere."""
+    from gguf import GGUFReader
+
+    from ds4tui.cli import main as cli_main
+
+    data = bytes(open(model, "rb").read())
+    at = int(GGUFReader(model).fields["deepseek4.block_count"].offset) + 8 + len("deepseek4.")
+    p = tmp_path / "key.gguf"
+    p.write_bytes(data[:at] + b"c" + data[at + 1:])
+    assert cli_main(["generate", str(p), "-p", "hi", "-n", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("one byte away from it: the file is damaged (re-download or re-convert it) "
+                                 "(argument MODEL)") and "check the path" not in err

@@ -146,6 +146,8 @@ def file_error(exc, model: "str | None", support: "str | None") -> str:
     def named(path: "str | None") -> bool:
         return path is not None and os.path.abspath(path) == os.path.abspath(exc.path)
 
+    if "re-download or re-convert" in msg:  # a damaged file says what to do: only which argument named it
+        return msg + (" (argument --mtp)" if named(support) else " (argument MODEL)" if named(model) else "")
     return msg + (_SUPPORT_HINT if named(support) else _MODEL_HINT if named(model) else "")
 
 
