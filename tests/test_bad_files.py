@@ -13,6 +13,7 @@ from gguf import GGUFValueType as V
 from ds4tui.cli import main as cli_main
 from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine import gguf_model as gm
+from ds4tui.engine import layout as L
 from ds4tui.engine.gguf_model import DS4Model, SupportModel
 
 from gguf_edit import rewrite, to_dflash
@@ -434,8 +435,6 @@ def test_a_damaged_model_names_its_argument_without_pointing_at_the_path(model, 
     argument that named the file follows it, without "check the path", which would point elsewhere."""
     from gguf import GGUFReader
 
-    from ds4tui.cli import main as cli_main
-
     data = bytes(open(model, "rb").read())
     at = int(GGUFReader(model).fields["deepseek4.block_count"].offset) + 8 + len("deepseek4.")
     p = tmp_path / "key.gguf"
@@ -444,3 +443,37 @@ def test_a_damaged_model_names_its_argument_without_pointing_at_the_path(model, 
     err = capsys.readouterr().err
     assert err.rstrip().endswith("one byte away from it: the file is damaged (re-download or re-convert it) "
                                  "(argument MODEL)") and "check the path" not in err
+
+
+def test_a_flipped_byte_in_a_tokenizer_key_is_named_as_damage(model, tmp_path):
+    """The tokenizer's keys are read by the tokenizer: a flipped byte there is named as damage too."""
+    from gguf import GGUFReader
+
+    from ds4tui.engine.tokenizer import Tokenizer, TokenizerError
+
+    data = bytes(open(model, "rb").read())
+    at = int(GGUFReader(model).fields["tokenizer.ggml.token_type"].offset) + 8 + len("tokenizer.ggml.")
+    p = tmp_path / "tok.gguf"
+    p.write_bytes(data[:at] + b"T" + data[at + 1:])  # "token_type" -> "Token_type"
+    with pytest.raises(TokenizerError, match="missing GGUF key 'tokenizer.ggml.token_type'.*the file has "
+                                             "'tokenizer.ggml.Token_type', one byte away from it: the file is damaged"):
+        Tokenizer.from_gguf(p)
+
+
+def test_a_flipped_byte_in_a_support_key_is_named_as_damage(tiny_q2, tmp_path):
+    """A support file whose block-size key has a flipped byte: none of the keys is present, and the
+    problem names the key one byte away from one of them."""
+    from gguf import GGUFReader
+
+    src = tiny_q2["support"]
+    r = GGUFReader(src)
+    name = next(k for k in L.SUPPORT_BLOCK_KEYS if k in r.fields)
+    at = int(r.fields[name].offset) + 8 + name.rindex("block") + 1
+    data = bytes(open(src, "rb").read())
+    p = tmp_path / "support_key.gguf"
+    flipped = name[:name.rindex("block") + 1] + "L" + name[name.rindex("block") + 2:]
+    p.write_bytes(data[:at] + b"L" + data[at + 1:])  # "block_size" -> "bLock_size"
+    s = SupportModel(p, tiny_q2["config"])
+    assert not s.compatible
+    assert f"none of the keys {', '.join(L.SUPPORT_BLOCK_KEYS)} is present; the file has '{flipped}', one byte " \
+           f"away from it: the file is damaged" in _reasons(s)

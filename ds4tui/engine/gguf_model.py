@@ -801,6 +801,13 @@ class SupportModel:
             out[new] = info
         return out
 
+    def _none_of(self, keys: Iterable[str]) -> str:
+        """``none of the keys A, B, C is present``, and the key one byte away from one of them when the
+        file has one (:func:`one_byte_away`)."""
+        keys = list(keys)
+        near = next((hint for hint in (one_byte_away(k, self.reader.fields) for k in keys) if hint), "")
+        return f"none of the keys {', '.join(keys)} is present{near}"
+
     def _int_key(self, keys: Iterable[str], what: str) -> tuple[str | None, int | None]:
         k, f = _first_key(self.reader, keys)
         if f is None:
@@ -819,8 +826,7 @@ class SupportModel:
             self._add("missing", "no drafter stage tensors (mtp.N.* or blk.N.*) found")
         k, m.block_size = self._int_key(L.SUPPORT_BLOCK_KEYS, "block size")
         if k is None:
-            self._add("metadata_errors", f"block size: none of the keys {', '.join(L.SUPPORT_BLOCK_KEYS)} is present",
-                      key=L.SUPPORT_BLOCK_KEYS[2])
+            self._add("metadata_errors", f"block size: {self._none_of(L.SUPPORT_BLOCK_KEYS)}", key=L.SUPPORT_BLOCK_KEYS[2])
         elif m.block_size is not None and not (0 < m.block_size <= L.MAX_SUPPORT_BLOCK):
             self._add("metadata_errors", f"metadata key '{k}': block size expected 1..{L.MAX_SUPPORT_BLOCK}, "
                                          f"found {m.block_size}", key=k)
@@ -836,15 +842,15 @@ class SupportModel:
             m.markov_rank = None
         k, m.noise_token_id = self._int_key(L.SUPPORT_NOISE_KEYS, "noise token id")
         if k is None:
-            self._add("metadata_errors", f"noise token id: none of the keys {', '.join(L.SUPPORT_NOISE_KEYS)} is "
-                                         f"present", key=L.SUPPORT_NOISE_KEYS[2])
+            self._add("metadata_errors", f"noise token id: {self._none_of(L.SUPPORT_NOISE_KEYS)}",
+                      key=L.SUPPORT_NOISE_KEYS[2])
         elif m.noise_token_id is not None and not (0 <= m.noise_token_id < self.target.n_vocab):
             self._add("metadata_errors", f"metadata key '{k}': noise token id expected 0..{self.target.n_vocab - 1} "
                                          f"(< target vocab {self.target.n_vocab}), found {m.noise_token_id}", key=k)
         k, f = _first_key(self.reader, L.SUPPORT_TARGET_KEYS)
         if f is None:
-            self._add("metadata_errors", f"capture layers: none of the keys {', '.join(L.SUPPORT_TARGET_KEYS)} is "
-                                         f"present", key=L.SUPPORT_TARGET_KEYS[2])
+            self._add("metadata_errors", f"capture layers: {self._none_of(L.SUPPORT_TARGET_KEYS)}",
+                      key=L.SUPPORT_TARGET_KEYS[2])
         elif f.types[0] != GGUFValueType.ARRAY or f.types[-1] not in (GGUFValueType.UINT32, GGUFValueType.INT32):
             self._add("metadata_errors", f"metadata key '{k}': wrong GGUF type: expected array of UINT32/INT32, "
                                          f"found {_type_name(f)}", key=k)

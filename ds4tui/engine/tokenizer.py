@@ -398,7 +398,7 @@ def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVoc
     memory-mapped reader).  Raises TokenizerError naming the file and the missing or malformed key
     (and ``ModelFileError`` for a file that is not a readable GGUF).
     """
-    from ds4tui.engine.gguf_model import field_value, open_gguf
+    from ds4tui.engine.gguf_model import field_value, one_byte_away, open_gguf
 
     if isinstance(source, gguf.GGUFReader):
         reader = source
@@ -418,7 +418,7 @@ def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVoc
                 raise TokenizerError(f"{where}: general.architecture: expected '{L.ARCH}', found '{arch}' (this is a "
                                      f"DSpark support file, without a tokenizer: give the target model, and pass the "
                                      f"support file with --mtp)")
-            raise TokenizerError(f"{where}: missing GGUF key {key!r} ({hint})")
+            raise TokenizerError(f"{where}: missing GGUF key {key!r} ({hint}){one_byte_away(key, fields)}")
 
     def expect_string(key: str) -> str:
         f = fields[key]
