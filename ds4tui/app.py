@@ -1325,11 +1325,15 @@ class DS4App(App):
             # off it while it was hidden, and keys typed then went nowhere)
             self.call_after_refresh(self._focus_prompt)
 
-    def screen_resized(self) -> None:
-        """After the chat's screen took its new size and breakpoint classes (:class:`ChatScreen`): a window
-        widened past 110 columns while F12 showed the panes in place of the chat brings the chat back with
-        the focus still on a pane, so the prompt gets it again, where nothing that takes typing has it (only
-        on the chat's screen: a dialog keeps its own focus)."""
+    @on(ChatScreen.Resized)
+    def _screen_resized(self) -> None:
+        self.call_after_refresh(self._typing_to_prompt)
+
+    def _typing_to_prompt(self) -> None:
+        """After the chat's screen took its new size and breakpoint classes: a window widened past 110
+        columns while F12 showed the panes in place of the chat brings the chat back with the focus still
+        on a pane, so the prompt gets it again, where nothing that takes typing has it (only on the chat's
+        screen: a dialog keeps its own focus)."""
         screen = self.screen
         if len(self.screen_stack) > 1 or isinstance(self.focused, Input):
             return

@@ -32,6 +32,7 @@ from typing import Iterable
 from textual import screen as _screen
 from textual._compositor import Compositor
 from textual.geometry import Region
+from textual.message import Message
 from textual.screen import Screen
 from textual.strip import Strip
 
@@ -177,12 +178,12 @@ class ChatScreen(Screen):
         if row_crop_supported(Compositor):  # else Textual's own compositor: every row rendered, as before
             self._compositor = RowCropCompositor()
 
+    class Resized(Message):
+        """The screen took a new size and the breakpoint classes of it (posted after Textual's own resize
+        handler, so a handler of this message sees the new classes)."""
+
     def on_resize(self) -> None:
-        """After Textual's own handler set the breakpoint classes of the new size: the app's
-        ``screen_resized`` (where typing goes), when it has one."""
-        hook = getattr(self.app, "screen_resized", None)
-        if hook is not None:
-            self.call_after_refresh(hook)
+        self.post_message(self.Resized())
 
     @property
     def _update_timer(self) -> FrameTrigger:  # (Textual's name: the screen pauses and resumes it)
