@@ -996,8 +996,14 @@ class DS4App(App):
         self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"), str(d.get("backend") or "cpu"))
         self._panes["throughput"].show_export(snap.stats, snap.dspark, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                                               ui_share=ui_share)
-        note = (f"the knobs of {name} (read-only; Esc: live)" if snap.knobs is not None
-                else f"no DSpark knobs recorded in {name} (Esc: live)")
+        # knobs changed during the exported session (its knob_events after cycle 0): the ones shown are its last,
+        # and its counters mix them with the earlier ones
+        changed = sorted({e.cycle for e in snap.events if e.cycle > 0})
+        at = ", ".join(map(str, changed[:4])) + (", …" if len(changed) > 4 else "")
+        note = (f"no DSpark knobs recorded in {name} (Esc: live)" if snap.knobs is None
+                else f"the knobs of {name} at its end, changed at cycle {at}: its counters mix them with the earlier "
+                     f"ones (read-only; Esc: live)" if changed
+                else f"the knobs of {name} (read-only; Esc: live)")
         block = snap.dspark.block_size if snap.dspark is not None else 16
         self._panes["knobs"].show(snap.knobs, note=note, block=block or 16, read_only=True)
         for pid in self.EXPORT_PANES:

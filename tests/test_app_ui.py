@@ -462,6 +462,17 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         await pilot.press("escape")  # back to the live panes
         await pilot.pause()
         assert app.viewing is None and "read-only" not in str(app.query_one("#status").render())
+        # an export whose knobs changed during its session says so beside them
+        d = _json.loads(export.read_text())
+        d["knob_events"] = [{"cycle": 3, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}]
+        changed = tmp_path / "changed.json"
+        changed.write_text(_json.dumps(d))
+        app.view_export(str(changed))
+        await pilot.pause()
+        assert ("the knobs of changed.json at its end, changed at cycle 3: its counters mix them with the earlier "
+                "ones (read-only; Esc: live)") in str(app.query_one("#knob-note").render())
+        await pilot.press("escape")
+        await pilot.pause()
         # a file that is not an export: one dialog naming it
         bad = tmp_path / "bad.json"
         bad.write_text('{"x": 1}')
