@@ -17,12 +17,12 @@ prompts twice), each continued greedily for ``--new-tokens`` tokens by the targe
 when ``--support`` is given (scheduler off: greedy DSpark emits exactly the target's own picks, only
 faster).  ``--workers`` processes of ``--threads`` threads each share the windows.  The file
 (``demo_corpus.save_continuations``: ids, MODEL's sha256, the lengths, the seed) is rewritten every
-``--save-every`` sequences and at the end, so an interrupted run (Ctrl-C) keeps what it made.
+``--save-every`` sequences and at the end, so an interrupted run (Ctrl-C, or SIGTERM) keeps what it made.
 Progress (sequences, rate, time left) goes to stderr.
 
 Exit status: 0 done, 1 the engine failed (a damaged GGUF: its message; the file holds the sequences made
-before), 2 a usage error (a missing file, a bad number), 130 interrupted (the file holds the sequences
-made so far).
+before), 2 a usage error (a missing file, a bad number), 130 interrupted by Ctrl-C or 143 stopped by
+SIGTERM (the file holds the sequences made so far).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine_continuations: {a.sequences} windows of {a.prompt_tokens} + {a.new_tokens} tokens, "
           f"{a.workers} worker(s) x {a.threads} thread(s), activations {a.activations}"
           + (", DSpark" if a.support else "") + f" -> {a.out}", file=sys.stderr, flush=True)
+    stopped_by = []
+
+    def on_term(signum, frame):  # a `kill` (SIGTERM) stops the run as Ctrl-C does: what was made is kept
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     ctx = mp.get_context("spawn")
     pool = ctx.Pool(a.workers, _init, (str(a.model), str(a.support) if a.support else None, a.threads, a.activations))
     try:
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.terminate()
         save()
         print(f"\ninterrupted: {a.out} holds the first {saved} sequences", file=sys.stderr)
-        return 130
+        return 143 if stopped_by else 130
     except Exception as exc:  # noqa: BLE001 - a worker's error, with what was made kept
         pool.terminate()
         save()
