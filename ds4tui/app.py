@@ -1345,9 +1345,7 @@ class DS4App(App):
             return
         if screen.has_class("-narrow") and screen.has_class("panes-shown"):  # the panes in the chat's place
             return
-        prompt = self.query("#prompt")
-        if prompt and not prompt.first().disabled:
-            prompt.first().focus()
+        self._focus_prompt()
 
     def action_toggle_trace(self) -> None:
         self.trace = not self.trace
