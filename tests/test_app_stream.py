@@ -540,6 +540,7 @@ async def test_the_screen_draws_a_frame_when_asked_and_runs_no_timer_between_fra
     async with app.run_test(size=(150, 48)) as pilot:
         await app.workers.wait_for_complete()
         await app.flush()
+        app.query_one("#prompt").cursor_blink = False  # (each blink is a frame of its own, twice a second)
         await pilot.pause()  # (the loaded model's screen drawn)
         screen = app.screen
         trigger = screen._update_timer
