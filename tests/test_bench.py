@@ -21,6 +21,7 @@ from ds4tui.commands import bench
 from ds4tui.devtools import make_test_model as mtm
 from ds4tui.engine.gguf_model import DS4Model
 from ds4tui.engine.stats import DSparkStats
+from ds4tui.engine.telemetry import format_bytes
 
 # 12 prompt tokens, then 5 timed decode steps at positions 12..16, i.e. contexts 13..17: mean 15.
 PROMPT, DECODE, MEAN_CTX = 12, 5, 15
@@ -64,7 +65,7 @@ def test_bench_json_measures_the_tiny_model(tiny_q2, tmp_path, capsys):
     for key in ("ok", "timestamp", "model", "backend", "numerics", "n_threads", "threads_note", "prompt_tokens",
                 "decode_tokens",
                 "ctx", "prefill_tokens_per_s", "decode_tokens_per_s", "bytes_per_token", "effective_gb_per_s",
-                "memcpy_gb_per_s", "bandwidth_ratio", "memcpy", "memory", "machine", "runs"):
+                "memcpy_gb_per_s", "bandwidth_ratio", "bandwidth_note", "memcpy", "memory", "machine", "runs"):
         assert key in r, key
     assert r["ok"] is True and r["backend"] == "cpu" and r["numerics"] == "ds4" and r["n_threads"] == 2
     assert (r["prompt_tokens"], r["decode_tokens"], r["ctx"], r["prompt"]) == (PROMPT, DECODE, PROMPT + DECODE + 1,
@@ -84,6 +85,11 @@ def test_bench_json_measures_the_tiny_model(tiny_q2, tmp_path, capsys):
     assert r["memcpy_gb_per_s"] > 0
     assert r["memcpy"]["buffer_bytes"] >= 256 << 20 and r["memcpy"]["n_threads"] == 2
     assert r["bandwidth_ratio"] == pytest.approx(r["effective_gb_per_s"] / r["memcpy_gb_per_s"])
+    llc = r["machine"]["llc_bytes"]
+    if llc and r["bytes_per_token"] <= llc:  # the tiny model's bytes sit in the cache: the ratio says nothing
+        assert f"fit in the CPU's last-level cache ({format_bytes(llc)})" in r["bandwidth_note"]
+    else:
+        assert r["bandwidth_note"] is None
 
     m = r["memory"]
     assert m["total"] == m["weights"] + m["kv"] + m["compressor"] + m["scratch"] + m["device"] + m["amx_copies"]
@@ -108,6 +114,17 @@ def test_bench_text_table_reference_backend_and_repeat(tiny_q2, capsys):
     assert "prefill-gemm off: the reference backend keeps float32 products" in out  # a numerics option, named
     assert "fastest of 2 runs" in out
     assert float(lines[4].split()[1]) > 0 and float(lines[5].split()[1]) > 0
+
+
+def test_the_bandwidth_note_says_when_a_tokens_bytes_fit_in_the_last_level_cache():
+    from ds4tui.commands.bench import bandwidth_note
+
+    def r(backend="cpu", llc=32 << 20, bpt=16 << 20):
+        return {"backend": backend, "machine": {"llc_bytes": llc}, "bytes_per_token": bpt}
+
+    assert bandwidth_note(r()).startswith("the 16.0 MiB a token reads fit in the CPU's last-level cache (32.0 MiB): ")
+    assert bandwidth_note(r(bpt=(32 << 20) + 1)) is None  # a memory stream: the ratio means what it says
+    assert bandwidth_note(r(llc=None)) is None and bandwidth_note(r(backend="hip")) is None
 
 
 def test_missing_model_file_is_one_line_and_status_1(tmp_path, capsys):

@@ -13,7 +13,9 @@ What is measured, in one run:
   and the KV/compressed rows read at the mean timed decode context ``P + (D+1)//2``.
 * **effective bandwidth** = bytes per token × decode tokens/s; **memcpy bandwidth** from
   ``ds4_memcpy_bandwidth`` (buffer ≥ 256 MiB and ≥ 4 × the last-level cache, the engine's thread
-  count, best of 5; GB/s = 1e9 bytes copied per second) and the ratio of the two.
+  count, best of 5; GB/s = 1e9 bytes copied per second) and the ratio of the two; ``bandwidth_note``
+  (null or a sentence) says when the bytes a token reads fit in the last-level cache, where the ratio
+  may pass 1 (:func:`bandwidth_note`).
 
 With ``--repeat N`` the whole measurement runs N times on one session (reset in between) and the
 fastest prefill and fastest decode are reported (``runs`` lists all).  ``--medium`` builds a synthetic
@@ -550,6 +552,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
         "machine": machine_info(),
         "runs": runs,
     }
+    result["bandwidth_note"] = bandwidth_note(result)
     if interrupted:
         del result["ok"]
         raise BenchInterrupted(interrupted_result(error, **result, runs_planned=repeat, runs_finished=repeat))
@@ -952,6 +955,19 @@ def _before_runs(args, path, stage: str) -> dict:
 # ---- output ------------------------------------------------------------------------------------
 
 
+def bandwidth_note(r: dict) -> str | None:
+    """Why ``bandwidth_ratio`` is no measure of memory efficiency, where it is not: on the CPU backend, when
+    the bytes a token reads (``bytes_per_token``) fit in the last-level cache (``machine.llc_bytes``), a
+    decode reads them from the cache, not from memory, and the ratio may pass 1 (the bundled demo model on
+    most CPUs).  None otherwise."""
+    llc, bpt = r["machine"].get("llc_bytes"), r["bytes_per_token"]
+    if r.get("backend") != "cpu" or not llc or bpt > llc:
+        return None
+    return (f"the {format_bytes(bpt)} a token reads fit in the CPU's last-level cache ({format_bytes(llc)}): "
+            f"decode reads them from the cache, not from memory, so effective / memcpy can pass 1 and does not "
+            f"measure memory efficiency here (a model larger than the cache does)")
+
+
 def render_text(r: dict) -> str:
     m, mem, mach, mc = r["model"], r["memory"], r["machine"], r["memcpy"]
     b = r["bytes_per_token_detail"]
@@ -984,6 +1000,8 @@ def render_text(r: dict) -> str:
         ("memcpy", memcpy),
         ("ratio", ratio),
     ]
+    if r.get("bandwidth_note"):
+        rows.append(("", r["bandwidth_note"]))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
