@@ -782,6 +782,22 @@ async def test_an_answers_code_block_without_a_language_is_drawn_plain_not_guess
         assert styles[0] == styles[1] == set() and styles[2]  # python highlighted, the rest plain
 
 
+async def test_a_code_line_wider_than_the_pane_shows_a_scrollbar_under_its_block_and_scrolls():
+    app = _Turn()
+    async with app.run_test(size=(60, 30)) as pilot:
+        md = app.query_one("#answer", C.AnswerMarkdown)
+        wide = "x = " + " + ".join(str(i) for i in range(40))  # 150 columns
+        await md.update(f"Short:\n\n```python\ny = 1\n```\n\nWide:\n\n```python\n{wide}\n```\n")
+        await pilot.pause()
+        short, long = md.query(C.Fence)
+        assert not short.show_horizontal_scrollbar and short.max_scroll_x == 0
+        assert long.show_horizontal_scrollbar and long.scrollbar_size_horizontal == 1  # the mark of a cut line
+        assert long.max_scroll_x > 0
+        long.scroll_to(x=long.max_scroll_x, animate=False)
+        await pilot.pause()
+        assert long.scroll_x == long.max_scroll_x  # the rest of the line can be seen
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/task is Linux's")
 def test_ui_tax_counts_a_threads_sleeps_as_its_wake_ups():
     from ds4tui.devtools import ui_tax

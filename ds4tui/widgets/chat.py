@@ -80,7 +80,13 @@ class Fence(MarkdownFence):
     none (or an indented block) is drawn as plain text.  Textual would guess the language by
     running every Pygments lexer's analyser over the code: ~30 ms a block here, on the UI thread
     while the engine decodes (finished blocks are rendered as the answer streams), and again at
-    every style update of the block."""
+    every style update of the block.  A line wider than the pane scrolls sideways, and a block that
+    has one shows a one-row scrollbar under it (Textual's fence hides its scrollbar: such a line
+    looked whole, cut at the pane's edge without a mark)."""
+
+    DEFAULT_CSS = """
+    Fence { overflow-x: auto; scrollbar-size-horizontal: 1; }
+    """
 
     @classmethod
     def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
