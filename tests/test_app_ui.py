@@ -522,6 +522,29 @@ async def test_the_question_stays_in_view_while_the_answer_streams_and_after(tmp
                                                 for w in msg.children if w.display) + msg.styles.gutter.height
 
 
+@pytest.mark.parametrize("width, stacked", [(40, True), (60, False), (150, False)])
+async def test_every_knob_is_inside_its_pane_at_any_width(tmp_path, width, stacked):
+    """In a 40-column window (F12: the panes in the chat's place) the knobs stack a label and its control a
+    row; the scheduler switch and the max-draft field were cut off at the pane's border."""
+    from textual.widgets import Label
+
+    async with _after_a_turn(tmp_path, (width, 40)) as (app, pilot):
+        if width < 110:
+            await pilot.press("f12")
+            await pilot.pause()
+        knobs = app.query_one("#knobs")
+        assert knobs.has_class("-stacked") == stacked
+        labels = {str(lbl.render()): lbl for lbl in knobs.query(Label)}
+        rows = set()
+        for name, cid in (("DSpark", "dspark"), ("scheduler", "scheduler"), ("confidence", "threshold"),
+                          ("max draft", "max-draft")):
+            control, label = app.query_one(f"#{cid}"), labels[name]
+            assert knobs.content_region.contains_region(control.region), cid
+            assert label.region.y == control.region.y and label.region.right <= control.region.x, cid
+            rows.add(control.region.y)
+        assert len(rows) == (4 if stacked else 2)
+
+
 @pytest.mark.parametrize("size", [(200, 50), (160, 45), (150, 45)])
 async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path, size):
     """The confidence and max-draft fields are one row with the typed text in view; Enter applies

@@ -34,7 +34,8 @@ def _pct(v: float | None) -> str:
 
 
 class KnobsPane(Vertical):
-    """DSpark on/off, scheduler on/off, confidence threshold and max draft length.
+    """DSpark on/off, scheduler on/off, confidence threshold and max draft length: two pairs a row, or one
+    a row in a pane narrower than :attr:`ROW_WIDTH`.
 
     The app listens to ``Switch.Changed`` (ids ``dspark``, ``scheduler``) and ``Input.Submitted``
     (ids ``threshold``, ``max-draft``) and calls the engine's setters; ``show`` reflects the knobs
@@ -50,7 +51,16 @@ class KnobsPane(Vertical):
     KnobsPane Input.-invalid:focus { background: $error 45%; }
     KnobsPane Switch:focus { background: $accent 30%; }
     KnobsPane #knob-note { color: $text-muted; }
+    KnobsPane.-stacked Horizontal { layout: grid; grid-size: 2; grid-columns: 11 10; grid-rows: 1; height: 2; }
     """
+
+    #: Columns a row of two label + control pairs takes (labels 11, the first control 8 + its margin 2, the
+    #: second 8); a narrower pane (the panes in the chat's place in a 40-column window) stacks the pairs, a
+    #: pair a row, where the second pair was cut off at the border.
+    ROW_WIDTH = 40
+
+    def on_resize(self) -> None:
+        self.set_class(self.content_size.width < self.ROW_WIDTH, "-stacked")
 
     def compose(self) -> ComposeResult:
         with Horizontal():
