@@ -124,6 +124,9 @@ async def test_memory_pane_shows_gtt_and_vram_separately(tmp_path):
         assert "GTT  99.00 GiB / 124.00 GiB 80%" in text
         assert "VRAM 310.0 MiB / 512.0 MiB 61%" in text and "(carve-out)" in text
         assert "GPU busy 87%" in text and "weights 196.0 MiB" in text and "optional caches: none" in text
+        pane = app.query_one("#memory")
+        spark = next(line for line in text.splitlines() if line.endswith(" 0–99.00 GiB"))  # the bars' scale, named
+        assert set(spark.split()[0]) <= set("▁▂▃▄▅▆▇█") and len(spark) <= pane.content_size.width
 
 
 def test_chat_without_a_terminal_is_refused_before_the_app_starts(tiny_q2, tmp_path):

@@ -27,9 +27,14 @@ def _pool(name: str, used: int | None, total: int | None, extra: str = "") -> Co
                             (bar(frac or 0.0, 1.0, 10), style), extra)
 
 
+#: Samples in the memory pane's sparkline: with its scale (" 0–123.4 MiB") one row of the narrowest pane.
+MEMORY_SPARK_WIDTH = SPARK_WIDTH - 10
+
+
 class MemoryPane(Pane):
     """``show(sample, history, engine_memory, caches)``: the telemetry sample (``MemorySample``),
-    the recent values of the main pool for the sparkline, the engine's ``Memory`` and the optional
+    the recent values of the main pool for the sparkline (bars from 0 to the largest value shown, named
+    after the line), the engine's ``Memory`` and the optional
     caches that are on (none today: the engine has no optional cache)."""
 
     def show(self, s: MemorySample | None, series: Sequence[int | None], engine_mem, caches: Sequence[str] = ()) -> None:
@@ -47,10 +52,12 @@ class MemoryPane(Pane):
                 out.append(_pool("RSS", s.rss_b, s.host_total_b, " of host"))
             if s.busy_pct is not None:
                 out.append(Content(f"GPU busy {s.busy_pct}%"))
-            finite = [v for v in series if v is not None]
-            if finite:
-                line, _ = spark(series, SPARK_WIDTH, lo=0.0, hi=float(max(finite)))
-                out.append(Content.styled(line, "$success"))
+            finite = [v for v in series[-MEMORY_SPARK_WIDTH:] if v is not None]
+            if finite:  # bars from 0 to the largest value shown, which the line names: a full bar is that
+                # value, not a full pool (beside "RSS … 2%" an unlabelled full bar read as a full pool)
+                top = max(finite)
+                line, _ = spark(series, MEMORY_SPARK_WIDTH, lo=0.0, hi=float(top))
+                out.append(Content.assemble((line, "$success"), (f" 0–{format_bytes(top)}", "$text-muted")))
             if s.note and s.backend in ("none", "rss") and "no GPU" in s.note:
                 out.append(Content.styled(s.note, "$text-muted"))
         if engine_mem is not None:
