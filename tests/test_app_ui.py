@@ -631,6 +631,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert f"decode {1000 * tokens / decode_ms:.1f} t/s: the session's average" in text
         assert "interface 9.8% of a core while streaming" in text and "measured while streaming" not in text
         assert app.query_one("#throughput").border_subtitle == export.name
+        assert app.query_one("#throughput").border_title == "throughput"  # the session's average: no window
         assert app.query_one("#memory").border_subtitle == app.query_one("#support").border_subtitle == "live"
         await pilot.press("f2")  # a live knob changes while the export is on show: the pane keeps the export's
         await pilot.pause()
@@ -638,6 +639,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         await pilot.press("escape")
         await pilot.pause()
         assert app.viewing is None and app.query_one("#throughput").border_subtitle is None
+        assert app.query_one("#throughput").border_title == "throughput · last 2 s"  # live: the rates' window
         assert "DSpark off · sched off" in str(knobs.query_one("#knob-note").render())
         assert not app.query_one("#scheduler").disabled and app.query_one("#scheduler").value is False
         garbage = tmp_path / "g.txt"

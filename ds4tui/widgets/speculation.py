@@ -13,7 +13,7 @@ from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Static, Switch
 
 from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, DSparkStats, timed_stages
-from ds4tui.engine.timeline import SpecView
+from ds4tui.engine.timeline import RATE_S, SpecView
 from ds4tui.widgets.pane import Pane
 from ds4tui.widgets.series import bar, rows, spark
 
@@ -302,7 +302,8 @@ def knob_words(kw: dict) -> str:
 
 class ThroughputPane(Pane):
     """Decode tokens/s (engine time) and effective tokens/s (wall time of the turn, what the user
-    sees) over the same tokens and the same last 2 s (``SpecView``), so their ratio is at most 1,
+    sees) over the same tokens and the same last ``RATE_S`` seconds (``SpecView``; the title says so: an
+    answer's line gives its own rate over the whole answer), so their ratio is at most 1,
     their series, the context in use, DSpark's net time saved, and what the interface
     itself costs: ``ui_share``, the UI thread's CPU seconds per second while answers stream (None:
     not measured yet).  The engine shares the interpreter and the cores with the interface, so a
@@ -315,6 +316,8 @@ class ThroughputPane(Pane):
         def tps(v: float | None) -> str:  # whole tokens from 100 t/s: the line fits a 43-column pane at 9999 t/s
             return "—" if v is None else f"{v:.1f}" if v < 99.95 else f"{v:.0f}"
 
+        # the window the rates cover, in the title (an answer's own line gives its rate over the whole answer)
+        self.border_title = f"throughput · last {RATE_S:g} s"
         ratio = (view.effective_tps / view.decode_tps) if view.effective_tps and view.decode_tps else None
         finite = [v for v in view.decode_series + view.effective_series if v is not None]
         top = max(finite) if finite else None  # one scale for both series, so they compare
@@ -345,6 +348,7 @@ class ThroughputPane(Pane):
         decode time: the session's average), no series and no effective rate (an export holds
         neither), and the interface cost it recorded (``ui_share`` None: none recorded)."""
         decode_tps = 1000.0 * stats.n_decode_tokens / stats.decode_ms if stats.decode_ms > 0 else None
+        self.border_title = "throughput"
         out = [
             Content.assemble("decode ", ("—" if decode_tps is None else f"{decode_tps:.1f}", "bold"),
                              " t/s: the session's average"),
