@@ -705,6 +705,26 @@ def _interrupted_json(args) -> None:
         pass
 
 
+#: Path arguments an empty value is refused for as a usage error (``dest``: how the error names it), before
+#: anything reads it: ``Path("")`` is the current folder ("is a directory") and ``open("")`` says nothing of
+#: the argument.  (``--out`` and the folders have their commands' own messages.)
+_PATH_ARGUMENTS = (("model", "MODEL"), ("support", "SUPPORT"), ("mtp", "--mtp"), ("file", "-f/--file"),
+                   ("a", "A.json"), ("b", "B.json"))
+#: The commands whose MODEL may be left out (the bundled demo model).
+_DEMO_DEFAULT = ("chat", "generate", "bench", "tokenize")
+
+
+def _empty_path(args: argparse.Namespace) -> str | None:
+    """The usage error for the first path argument given as an empty string (an unset shell variable,
+    ``--mtp "$SUPPORT"``), else None."""
+    for dest, name in _PATH_ARGUMENTS:
+        if getattr(args, dest, None) == "":
+            leave_out = (", or leave MODEL out for the bundled demo model" if dest == "model" and
+                         args.command in _DEMO_DEFAULT else ", or leave --mtp out" if dest == "mtp" else "")
+            return f"argument {name}: expected a path, found an empty one (an unset shell variable?); give the path{leave_out}"
+    return None
+
+
 def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status.
     ``exiting``: the process exits when this returns (:func:`program`): the interrupting signals
@@ -732,6 +752,12 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         if getattr(args, "json", False):
             print_usage_error_json(message)
         parser.exit(2)
+    empty = _empty_path(args)
+    if empty:
+        print(f"ds4tui {args.command}: error: {empty}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_usage_error_json(empty)
+        return 2
     if args.command in ENGINE_COMMANDS:
         from ds4tui.commands.environment import check_backend_options, read_environment
         from ds4tui.engine import prices

@@ -320,6 +320,33 @@ def test_usage_errors_without_a_model_come_before_the_demo_is_unpacked(argv, sta
     assert (rc, err) == (status, message.replace("MISSING", missing) + "\n")
 
 
+_EMPTY = "expected a path, found an empty one (an unset shell variable?); give the path"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "", "-p", "hi"], f"argument MODEL: {_EMPTY}, or leave MODEL out for the bundled demo model"),
+    (["bench", ""], f"argument MODEL: {_EMPTY}, or leave MODEL out for the bundled demo model"),
+    (["tokenize", "", "--text", "hi"], f"argument MODEL: {_EMPTY}, or leave MODEL out for the bundled demo model"),
+    (["chat", "--mtp", ""], f"argument --mtp: {_EMPTY}, or leave --mtp out"),
+    (["generate", "-p", "hi", "--mtp", ""], f"argument --mtp: {_EMPTY}, or leave --mtp out"),
+    (["inspect", "MODEL", "--mtp", ""], f"argument --mtp: {_EMPTY}, or leave --mtp out"),  # was a silent pass
+    (["inspect", ""], f"argument MODEL: {_EMPTY}"),
+    (["generate", "-f", ""], f"argument -f/--file: {_EMPTY}"),
+    (["compare", "", "B"], f"argument A.json: {_EMPTY}"),
+    (["draft-vocab", "MODEL", "", "--out", "x.gguf", "--from", "."], f"argument SUPPORT: {_EMPTY}"),
+])
+def test_an_empty_path_is_a_usage_error_naming_its_argument(argv, message, tiny_q2, capsys, no_demo, no_engine):
+    """An empty path (``--mtp "$SUPPORT"`` with the variable unset) was read as the current folder ("." is a
+    directory), an empty name (": cannot read") or, for ``inspect --mtp ''``, no support file at all (exit 0)."""
+    command = argv[0]
+    argv = [str(tiny_q2["model"]) if a == "MODEL" else a for a in argv]
+    rc, out, err = _run(capsys, argv)
+    assert (rc, out, err) == (2, "", f"ds4tui {command}: error: {message}\n")
+    if command in ("generate", "bench"):
+        rc, out, err = _run(capsys, [*argv, "--json"])
+        assert rc == 2 and json.loads(out) == {"ok": False, "error": message}
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "bench"])
 def test_an_mtp_file_that_cannot_be_read_is_one_message_in_every_command(command, tiny_q2, tmp_path, capsys,
                                                                           no_engine):
