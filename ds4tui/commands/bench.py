@@ -462,6 +462,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     if ctx is not None and ctx < need:
         raise BenchUsageError(f"argument --ctx: expected at least {need} (--prompt-tokens {n_prompt} + "
                               f"--decode-tokens {n_decode} + 1), found {ctx}")
+    if need > limit and n_decode > n_prompt:  # the larger of the two is blamed, with its maximum beside the other
+        raise BenchUsageError(f"argument --decode-tokens: expected at most {max(limit - n_prompt - 1, 0)} (the context "
+                              f"length {limit} of {model.path} less --prompt-tokens {n_prompt} + 1), found {n_decode}")
     if need > limit:
         raise BenchUsageError(f"argument --prompt-tokens: expected at most {max(limit - n_decode - 1, 0)} (the context "
                               f"length {limit} of {model.path} less --decode-tokens {n_decode} + 1), found {n_prompt}")
