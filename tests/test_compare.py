@@ -289,6 +289,13 @@ def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a `bench` result but field `decode_tokens_per_s` is number Infinity, expected a finite "
         f"number >= 0 (a rate): the file was edited or damaged; write it again with ds4tui bench --json")
+    for rate, shown in ((-5.5, "-5.5"), (float("nan"), "NaN"), (float("inf"), "Infinity")):  # inside an object too
+        bad.write_text(json.dumps({"model": "m", "backend": "cpu", "generated_ids": [],
+                                   "timings": {"prefill_tokens_per_s": 9.5, "decode_tokens_per_s": rate}}))
+        assert _refusal(capsys, str(good), bad) == (
+            f"{bad}: looks like `generate --json` output but field `timings.decode_tokens_per_s` is number {shown}, "
+            f"expected a finite number >= 0 (a rate) or null: the file was edited or damaged; write it again with "
+            f"ds4tui generate --json")
     bad.write_text(json.dumps({"format": "ds4tui-chat/1", "messages": [], "session": None}))
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a transcript (Ctrl+S) but field `session` is null, expected an object holding the "

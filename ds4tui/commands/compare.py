@@ -306,6 +306,23 @@ def validate(kind: str, d: dict) -> None:
         for name, v in _at_path(d, knob.name):
             if not knob.fits(v):
                 raise _wrong(kind, name, v, knob.expected())
+    _check_rates(d, kind)
+
+
+def _check_rates(v: Any, kind: str, name: str = "") -> None:
+    """Every rate (a field named ``*_per_s``, at any depth: generate's ``timings.decode_tokens_per_s``, a
+    bench run's) a finite number >= 0 or null, else :func:`_wrong` naming it: no run writes NaN, an
+    infinity or a negative rate, and compared they read as a figure or vanish from the table."""
+    if isinstance(v, dict):
+        for key, x in v.items():
+            at = f"{name}.{key}" if name else str(key)
+            if str(key).endswith("_per_s") and isinstance(x, (int, float)) and not isinstance(x, bool) \
+                    and not (math.isfinite(x) and x >= 0):
+                raise _wrong(kind, at, x, "a finite number >= 0 (a rate) or null")
+            _check_rates(x, kind, at)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _check_rates(x, kind, f"{name}[{i}]")
 
 
 def kind_of(d: dict) -> str:
