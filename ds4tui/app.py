@@ -1410,6 +1410,9 @@ class DS4App(App):
             "draft_vocab_note": getattr(self.engine.info, "draft_vocab_note", "") if self.engine else None,
             "verify_head": getattr(self.engine.info, "verify_head", "all") if self.engine else self.options.verify_head,
             "amx": getattr(self.engine.info, "amx", "off") if self.engine else self.options.amx,
+            "gpu_graphs": self.engine.info.gpu_graphs if self.engine else None,
+            "n_threads": self.engine.info.n_threads if self.engine else (self.options.threads or None),
+            "system": self.options.system or None,
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
@@ -1418,6 +1421,9 @@ class DS4App(App):
             **(getattr(self.engine, "scheduler_start", None) or {}),
             "knob_events": [{"cycle": e.cycle, **e.knobs.to_dict()} for e in snap.events],
             "stats": snap.stats.to_dict(),
+            # the session's decode rate (its counters: tokens over the engine's decode time), as generate's
+            "decode_tokens_per_s": (1000.0 * snap.stats.n_decode_tokens / snap.stats.decode_ms
+                                    if snap.stats.decode_ms > 0 else None),
             "dspark_stats": snap.dspark.to_dict() if snap.dspark is not None else None,
             "n_tokens": snap.n_tokens,
             "n_ctx": snap.n_ctx,

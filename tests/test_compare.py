@@ -387,11 +387,11 @@ async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(t
     exports and between an export and a ``generate --json``."""
     from ds4tui.app import ChatOptions, DS4App
 
-    async def export(activations: str) -> dict:
+    async def export(activations: str, threads: int = 0) -> dict:
         folder = tmp_path / activations
         folder.mkdir()
         app = DS4App(ChatOptions(model=str(tiny_q2["model"]), support=None, backend="auto", ctx=64,
-                                 save_dir=folder, telemetry="rss", activations=activations))
+                                 save_dir=folder, telemetry="rss", activations=activations, threads=threads))
         async with app.run_test(size=(160, 40)) as pilot:
             await loaded(pilot, app)
             engine = app.engine.engine
@@ -402,13 +402,18 @@ async def test_chat_exports_record_the_numerics_options_and_compare_lists_them(t
         d = json.loads(path.read_text())
         assert (d["activations"], d["prefill_gemm"], d["prefill_gemm_note"]) == \
             (engine.activations, engine.prefill_gemm, engine.prefill_gemm_note)
+        assert (d["n_threads"], d["gpu_graphs"], d["system"]) == (engine.n_threads, engine.gpu_graphs, None)
+        st = d["stats"]  # the session's decode rate, as its counters give it (None before a decode)
+        assert d["decode_tokens_per_s"] == (1000 * st["n_decode_tokens"] / st["decode_ms"] if st["decode_ms"] else None)
         return {"path": str(path), **d}
 
-    a, b = await export("f32"), await export("q8")
-    assert (a["activations"], b["activations"]) == ("f32", "q8")
+    a, b = await export("f32"), await export("q8", threads=1)
+    assert (a["activations"], b["activations"]) == ("f32", "q8") and b["n_threads"] == 1
     assert a["prefill_gemm"] == b["prefill_gemm"] == "off"  # the cpu backend keeps float32 products
     assert cli_main(["compare", a["path"], b["path"], "--json"]) == 0
-    assert ["activations", "f32", "q8"] in json.loads(capsys.readouterr().out)["knobs"]
+    knobs = json.loads(capsys.readouterr().out)["knobs"]
+    assert ["activations", "f32", "q8"] in knobs
+    assert (["n_threads", a["n_threads"], 1] in knobs) == (a["n_threads"] != 1)  # the chat's --threads, listed
     dflt = _generate(tiny_q2, tmp_path, capsys, "dflt.json")
     assert json.loads(Path(dflt).read_text())["activations"] == "q8"  # auto, the default: q8 on the cpu
     gen = _generate(tiny_q2, tmp_path, capsys, "gen.json", "--activations", "f32")
@@ -786,6 +791,25 @@ def test_settings_left_at_auto_follow_from_the_knob_that_moved():
     d = dict(a, amx="off", amx_note="auto: off: this CPU has no AMX-INT8")
     r = C.compare(a, d)
     assert (r["variables"], r["derived"]) == (1, [])
+
+
+def test_a_context_sized_by_the_run_follows_from_the_prompt_and_the_system_text_is_a_knob():
+    """generate sizes its context prompt + -n without --ctx (``n_ctx_note`` "auto: ..."): another prompt, or a
+    --system text (recorded now), moves it, and compare listed n_ctx as the one variable (the system text was
+    not in the file at all); a --ctx given is a variable of its own."""
+    def run(prompt_tokens, n_ctx, system=None, note=None):
+        return C.canonical("generate", {
+            "model": "m.gguf", "backend": "cpu", "generated_ids": [], "prompt_ids": list(range(prompt_tokens)),
+            "prompt": "p", "system": system, "n_ctx": n_ctx,
+            "n_ctx_note": note or f"auto: the prompt's {prompt_tokens} tokens + -n 48 (no --ctx)",
+            "timings": {"decode_tokens_per_s": 100.0}})
+    r = C.compare(run(19, 67), run(24, 72, system="You are terse."))
+    assert r["knobs"] == [["ctx", 67, 72], ["prompt_tokens", 19, 24], ["system", None, "You are terse."]]
+    assert r["derived"] == ["ctx"] and r["variables"] == 2  # the system text and the prompt it renders
+    r = C.compare(run(19, 67), run(19, 67, system="You are terse."))
+    assert r["knobs"] == [["system", None, "You are terse."]] and r["variables"] == 1
+    r = C.compare(run(19, 67), run(19, 80, note="--ctx 80: given"))
+    assert r["knobs"] == [["ctx", 67, 80]] and r["derived"] == [] and r["variables"] == 1
 
 
 @pytest.mark.parametrize("name,unit", [

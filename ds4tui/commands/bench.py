@@ -468,6 +468,9 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     if need > limit:
         raise BenchUsageError(f"argument --prompt-tokens: expected at most {max(limit - n_decode - 1, 0)} (the context "
                               f"length {limit} of {model.path} less --decode-tokens {n_decode} + 1), found {n_prompt}")
+    # given, or sized by the run (compare then takes it as following from the token counts)
+    ctx_note = (f"--ctx {ctx}: given" if ctx is not None else
+                f"auto: --prompt-tokens {n_prompt} + --decode-tokens {n_decode} + 1 (no --ctx)")
     if ctx is None:
         ctx = need
     ids, prompt_kind = prompt_ids(model, n_prompt)
@@ -521,7 +524,7 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
               "prefill_gemm": gemm, "prefill_gemm_note": gemm_note, "gpu_graphs": graphs,
               "gpu_graphs_note": graphs_note, "prefill_chunk": chunk, "n_threads": n_threads_used,
               "threads_note": threads_note, "prompt_tokens": n_prompt, "prompt": prompt_kind,
-              "decode_tokens": n_decode, "ctx": ctx, "repeat": repeat}
+              "decode_tokens": n_decode, "ctx": ctx, "ctx_note": ctx_note, "repeat": repeat}
     if interrupted and len(runs) < repeat:
         raise BenchInterrupted(_partial_runs(runs, repeat, header))
     if interrupted:  # after the last run: the runs and their fastest are whole, the memcpy figure is not

@@ -71,7 +71,7 @@ KNOB_NAMES = {
     "model", "path", "support", "backend", "numerics", "activations", "n_threads", "threads", "ctx", "n_ctx",
     "gpu_layout", "gpu_library", "prompt", "prompt_tokens", "decode_tokens", "tokens", "repeat", "raw", "think",
     "support_status", "medium", "name", "mode", "block_size", "kind", "n_predict", "prefill_gemm",
-    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head", "scheduler_start", "amx",
+    "gpu_graphs", "scheduler_prices", "draft_vocab", "verify_head", "scheduler_start", "amx", "system",
 }
 #: The name compare gives where a run's DSpark scheduler started (spec dspark.md §7.4), from the
 #: ``scheduler_prices_at_start`` and ``scheduler_prices_retime`` beside it (:func:`scheduler_starts`):
@@ -84,7 +84,7 @@ SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "t
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
               "knob_events", "dspark_events", "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
               "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note", "amx_note",
-              "threads_note"}
+              "threads_note", "ctx_note", "n_ctx_note"}
 
 
 class CompareError(ValueError):
@@ -277,7 +277,8 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
                  Knob("arms[].runs[].decode_tokens", ("integer",), low=0),
                  Knob("arms[].runs[].dspark_stats.block_size", ("integer",), low=0)),
     # with no engine open the app writes null for what the engine resolves, and its options (auto) for the rest
-    "stats-export": (*(replace(k, types=(*k.types, "null")) if k.name in ("backend", "prefill_gemm", "draft_vocab")
+    "stats-export": (*(replace(k, types=(*k.types, "null")) if k.name in ("backend", "prefill_gemm", "draft_vocab",
+                                                                          "gpu_graphs", "n_threads")
                        else replace(k, allowed=(*k.allowed, "auto")) if k.name in ("activations", "verify_head", "amx")
                        else k for k in _ENGINE),
                      *_START, Knob("support", ("string", "null")),
@@ -496,6 +497,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _rename(d: dict, old: str, new: str) -> None:
+    """``d[old]`` (and its note, ``old_note``) under ``new`` (``new_note``), where present."""
+    for a, b in ((old, new), (f"{old}_note", f"{new}_note")):
+        if a in d:
+            d[b] = d.pop(a)
+
+
 def canonical(kind: str, d: dict) -> dict:
     """Every kind under one set of names, so that two kinds compare: ``generate --json`` and
     stats exports under ``bench``'s names (the model path as ``model.path``, the context as
@@ -511,8 +519,7 @@ def canonical(kind: str, d: dict) -> dict:
         d = dict(d)
         if isinstance(d.get("model"), str):
             d["model"] = {"path": d["model"]}
-        if "n_ctx" in d:
-            d["ctx"] = d.pop("n_ctx")
+        _rename(d, "n_ctx", "ctx")
         if "knobs" in d:
             d["dspark"] = d.pop("knobs")
         return d
@@ -521,8 +528,7 @@ def canonical(kind: str, d: dict) -> dict:
     d = dict(d)
     if isinstance(d.get("model"), str):
         d["model"] = {"path": d["model"]}
-    if "n_ctx" in d:
-        d["ctx"] = d.pop("n_ctx")
+    _rename(d, "n_ctx", "ctx")
     if isinstance(d.get("prompt_ids"), list):  # bench's "prompt" is the kind of prompt, not its text
         d["prompt_tokens"] = len(d["prompt_ids"])
         d["prompt_text"] = d.pop("prompt", None)

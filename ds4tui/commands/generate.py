@@ -447,6 +447,7 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         "think": None if args.raw else not args.nothink,
         "sampling": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                      "min_p": params.min_p, "seed": params.seed},
+        "system": args.system or None,  # --system's text (part of the prompt the chat template renders)
         "prompt": text,
         "prompt_ids": ids,
         "generated_ids": out_ids,
@@ -455,6 +456,9 @@ def _generate(args, S, engine, session, tokenizer, text, ids, params, t_start, a
         **_split_reasoning("".join(pieces), thinking),
         "stop": stop,
         "n_ctx": session.n_ctx,
+        # given, or sized by the run (compare then takes it as following from the prompt and -n)
+        "n_ctx_note": (f"--ctx {args.ctx}: given" if args.ctx else
+                       f"auto: the prompt's {len(ids)} tokens + -n {args.n_predict} (no --ctx)"),
         "timings": {
             "load_s": round(t_loaded - t_start, 4),
             "prefill_s": round(prefill_s, 4),
