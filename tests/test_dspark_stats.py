@@ -427,6 +427,13 @@ def test_the_stats_of_one_turn_are_the_difference_of_two_snapshots():
     assert d["cycles"] == 100 and d["propose"] == pytest.approx(200.0)
     assert d["stage_timing"]["drafter_passes"] == 100  # derived values come from the difference
     assert d["stage_timing"]["ms_per_drafter_pass"]["propose"] == pytest.approx(2.0)
+    # what is no count is the later snapshot's: the plain decode's price, the failed op of the turn's failures
+    priced = DSparkStats.from_dict({**after.to_dict(), "t_decode_ms": 3.524, "t_decode_measured": True,
+                                    "chain_fail_op": "prop_chain"})
+    d = _diff(priced.to_dict(), before.to_dict())
+    assert (d["t_decode_ms"], d["t_decode_measured"], d["chain_fail_op"]) == (3.524, True, "prop_chain")
+    d = _diff(priced.to_dict(), priced.to_dict())  # a turn without a chain failure names no op
+    assert (d["t_decode_measured"], d["chain_fail_op"]) == (True, "")
 
 
 def _users_two_turns(stop_cut: int) -> DSparkStats:

@@ -267,7 +267,10 @@ class ChatInfo:
 
 def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
     """Field-wise ``after - before`` of two ``DSparkStats.to_dict()`` (counts, times, histograms,
-    no-draft reasons); derived values are recomputed from the differences."""
+    no-draft reasons); derived values are recomputed from the differences.  What is no count is
+    ``after``'s: the plain decode's price at the turn's end (``t_decode_ms``, ``t_decode_measured``: a
+    turn's delta said "not measured", 0 ms, beside its own timed plain decodes), the block size, and
+    the failed drafter op where the turn had a chain failure."""
     out: dict[str, Any] = {}
     for k, v in after.items():
         b = before.get(k)
@@ -283,6 +286,11 @@ def _diff(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]
         elif isinstance(v, dict) and isinstance(b, dict):
             out[k] = {n: v[n] - b.get(n, 0) for n in v}
     keep = {k: out[k] for k in DSparkStats.__dataclass_fields__ if k in out}
+    for k in ("t_decode_ms", "t_decode_measured"):
+        if k in after:
+            keep[k] = after[k]
+    if out.get("chain_fail", 0) > 0 and "chain_fail_op" in after:
+        keep["chain_fail_op"] = after["chain_fail_op"]
     try:
         return DSparkStats(block_size=after["block_size"], **keep).to_dict()
     except (TypeError, ValueError):
