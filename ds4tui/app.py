@@ -851,7 +851,7 @@ class DS4App(App):
         p["draft-hist"].show(st.draft_len_hist if st is not None else ())
         p["accepted-hist"].show(st.accepted_len_hist if st is not None else ())
         p["stages"].show(st, backend=backend)
-        p["no-draft"].show(st, support_status=support_status)
+        p["no-draft"].show(st, support_status=support_status, knobs=snap.knobs)
         p["throughput"].show(view, st, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                              **self._ui_cost_args())
 
@@ -1232,6 +1232,9 @@ class DS4App(App):
             self.notify(str(exc), title="DSpark knobs", severity="error", timeout=8)
             return False
         self._show_knobs(knobs)
+        snap = self.last_snapshot
+        if self.viewing is None and snap is not None and self._panes_mounted():  # its advice follows the knobs
+            self._panes["no-draft"].show(snap.dspark, support_status=self.engine.info.support_status, knobs=knobs)
         self.notify(knob_words(kw), timeout=2)
         return True
 

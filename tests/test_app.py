@@ -128,6 +128,7 @@ async def test_knobs_reach_the_engine_and_the_next_cycles(tiny_q2, fitted_suppor
         await pilot.click("#dspark")  # the switch turns it back on
         await pilot.pause()
         assert eng.knobs.enabled is True
+        assert "DSpark is on now (F2)" in app.query_one("#no-draft").text  # not "F2 turns DSpark on" any more
         await pilot.press("f3")
         assert eng.knobs.scheduler is False
         await pilot.press("f8", "f8")

@@ -219,7 +219,10 @@ class NoDraftPane(Pane):
     — the pane that explains a run with zero drafts.  Before the first cycle every reason is listed
     at 0 (the pane is about as tall from the start as it will be)."""
 
-    def show(self, st: DSparkStats | None, *, support_status: str = "none") -> None:
+    def show(self, st: DSparkStats | None, *, support_status: str = "none", knobs=None) -> None:
+        """``knobs``: the ``DSparkKnobs`` in force now (None: unknown); a dominant reason that they have
+        since removed (F2 on after ``disabled``, F3 off after ``scheduler_skip``, a threshold of 0 after
+        ``confidence_gate``) is advised as past, not with the key that already did it."""
         if st is None:
             why = "support model refused: every cycle is support_invalid" if support_status == "refused" else \
                 "no support model (--mtp SUPPORT.gguf)"
@@ -248,12 +251,26 @@ class NoDraftPane(Pane):
         if st.chain_fail_op:
             out.append(Content.styled(f"last chain_fail op: {st.chain_fail_op}", "$error"))
         for name in top:  # what to do about each dominant reason
-            todo = NO_DRAFT_HELP[name][1]
+            todo = _done_since(name, knobs) or NO_DRAFT_HELP[name][1]
             out.append(Content.assemble(("→ ", "$warning"), f"{name}: {todo}" if len(top) > 1 else todo))
         if top:
             out.append(Content.styled("F1 explains every reason", "$text-muted"))
         self.put(rows(out))
         self.tooltip = explain_reasons(st) if top else None
+
+
+def _done_since(reason: str, knobs) -> str | None:
+    """What the pane says of a no-draft ``reason`` that ``knobs`` (in force now) have removed since its
+    cycles ran, instead of the advice to do it; None while the reason can still end cycles."""
+    if knobs is None:
+        return None
+    if reason == "disabled" and knobs.enabled:
+        return "DSpark is on now (F2): these cycles ran while it was off; the next cycles draft"
+    if reason == "scheduler_skip" and knobs.enabled and not knobs.scheduler:
+        return "The scheduler is off now (F3): every cycle from here drafts; these skips are from before"
+    if reason == "confidence_gate" and knobs.enabled and knobs.threshold == 0:
+        return "The threshold is 0 now: no draft is gated from here; these cycles are from before"
+    return None
 
 
 def dominant_words(st: DSparkStats) -> str:
