@@ -68,7 +68,7 @@ from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
 from ds4tui.widgets.screen import ChatScreen
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
-                                        ThroughputPane, explain_reasons, knob_words)
+                                        ThroughputPane, explain_reasons, knob_words, threshold_text)
 
 #: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
 #: answer written, ~5.3 times a second (ux.md §0 item 2).  A tick that comes late is not
@@ -1297,7 +1297,7 @@ class DS4App(App):
             typed = event.value.strip()
             comma = " (write the decimal point as '.')" if "," in typed else ""
             k = self.engine.knobs if self.engine is not None else None
-            stays = f"; it stays {k.threshold:.2f} (Esc shows it again)" if k is not None else ""
+            stays = f"; it stays {threshold_text(k.threshold)} (Esc shows it again)" if k is not None else ""
             self.notify(f"confidence threshold: a number in [0, 1], found {typed or 'nothing'}{comma}{stays}",
                         severity="error")
             return

@@ -585,6 +585,11 @@ async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path,
         await pilot.press("escape")  # leaves the field without applying it
         await pilot.pause()
         assert app.focused is prompt and threshold.value == "0.30" and app.engine.knobs.threshold == 0.3
+        threshold.focus()  # a tiny threshold still gates: shown as it is, not as "0.00" (which reads as off)
+        await pilot.press(*["backspace"] * 4, *"1e-9", "enter")
+        await pilot.pause()
+        assert app.engine.knobs.threshold == 1e-9 and toasts()[-1] == "confidence threshold 1e-09 — from the next cycle"
+        assert threshold.value == "1e-09" and "conf 1e-09" in str(app.query_one("#knob-note").render())
         max_draft.focus()
         await pilot.press("9", "enter")
         await pilot.pause()

@@ -97,7 +97,7 @@ class KnobsPane(Vertical):
             if sw.value != val:
                 with sw.prevent(Switch.Changed):
                     sw.value = val
-        for iid, text in (("threshold", f"{knobs.threshold:.2f}" if enabled else ""),
+        for iid, text in (("threshold", threshold_text(knobs.threshold) if enabled else ""),
                           ("max-draft", str(knobs.max_draft) if enabled else "")):
             inp = self.query_one(f"#{iid}", Input)
             inp.disabled = not enabled or read_only
@@ -107,7 +107,7 @@ class KnobsPane(Vertical):
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
             state = (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
-                     f" · conf {knobs.threshold:.2f} · max {knobs.max_draft}")
+                     f" · conf {threshold_text(knobs.threshold)} · max {knobs.max_draft}")
             note = f"{state}\n{note}" if note else state
         if note != self._note:
             self._note = note
@@ -300,6 +300,12 @@ def explain_reasons(st: DSparkStats | None = None) -> str:
     return "\n\n".join(out)
 
 
+def threshold_text(v: float) -> str:
+    """A confidence threshold as the knobs show it: two decimals (F7/F8 step by 0.05), or as many digits as
+    it needs where two would hide it (1e-09 gates drafts where "0.00" read as off)."""
+    return f"{v:.2f}" if abs(v - round(v, 2)) < 1e-12 else f"{v:.6g}"
+
+
 def knob_words(kw: dict) -> str:
     """A knob change in words, for the toast that confirms it ("DSpark off — from the next cycle")."""
     parts = []
@@ -309,7 +315,7 @@ def knob_words(kw: dict) -> str:
         elif k == "scheduler":
             parts.append(f"scheduler {'on' if v else 'off'}")
         elif k == "threshold":
-            parts.append(f"confidence threshold {v:.2f}")
+            parts.append(f"confidence threshold {threshold_text(v)}")
         elif k == "max_draft":
             parts.append(f"at most {v} draft{'s' if v != 1 else ''} per cycle")
         else:
