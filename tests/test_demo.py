@@ -470,6 +470,10 @@ def test_a_non_finite_logit_of_the_demo_names_its_file_and_the_repair(pair, caps
     assert (f"non-finite logit (token id 7) at position 3: the model has NaN/Inf weights or overflows (the model is "
             f"the bundled demo, {pair.model}: if a file in {folder} changed after it was unpacked, delete "
             f"{folder}/*.verified and run again") in err
+    # a model the user named: the error names that file
+    assert cli.main(["generate", str(pair.model), "-p", "hi", "--nothink", "-n", "4", "--backend", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"the model has NaN/Inf weights or overflows (the model: {pair.model})")
 
 
 def test_bench_without_a_model_measures_the_demo_and_says_so(pair, capsys):

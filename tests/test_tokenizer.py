@@ -471,8 +471,10 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert rc == 1 and "absent.txt" in err
 
     # flags that do not go together are usage errors (status 2), as the README documents
-    for flags, message in ((["--nothink"], "--system and --nothink only apply with --chat: add --chat, or leave them out"),
-                           (["--system", "s"], "--system and --nothink only apply with --chat: add --chat, or leave them out")):
+    for flags, message in ((["--nothink"], "--nothink only applies with --chat: add --chat, or leave it out"),
+                           (["--system", "s"], "--system only applies with --chat: add --chat, or leave it out"),
+                           (["--system", "s", "--nothink"],
+                            "--system and --nothink only apply with --chat: add --chat, or leave them out")):
         rc, out, err = run_cli(capsys, model, "--text", "x", *flags)
         assert (rc, out, err) == (2, "", f"ds4tui tokenize: error: {message}\n")
     # under --json every failure is also one JSON object on stdout, as the other commands' are

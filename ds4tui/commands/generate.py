@@ -306,11 +306,14 @@ THINK_END = "</think>"
 
 
 def _demo_hint(args, message: str) -> str:
-    """What to add to an engine error about the model's numbers when the model is the bundled demo
-    (the user named no file): which file it is, and how to have it checked and unpacked anew."""
+    """What to add to an engine error about the model's numbers (non-finite logits): the model file it
+    came from, and when the model is the bundled demo (the user named no file) how to have it checked
+    and unpacked anew."""
     folder = getattr(args, "demo_folder", None)
-    if not folder or "non-finite" not in message:
+    if "non-finite" not in message:
         return ""
+    if not folder:  # a file the user named: which one the check should read
+        return f" (the model: {args.model})"
     return (f" (the model is the bundled demo, {args.model}: if a file in {folder} changed after it was "
             f"unpacked, delete {folder}/*.verified and run again: the next start checks every byte and "
             f"unpacks a damaged file anew)")

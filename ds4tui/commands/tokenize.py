@@ -120,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
     """Tokenize ``--text`` / ``--file`` with the tokenizer of ``args.model``; return the exit status."""
     if args.json and args.ids_only:
         return _fail("--json and --ids-only: choose one of them, not both", 2, as_json=args.json)
-    if not args.chat and (args.nothink or args.system):
-        return _fail("--system and --nothink only apply with --chat: add --chat, or leave them out", 2,
+    if not args.chat and (args.nothink or args.system):  # named as given: one or both
+        given = [flag for flag, on in (("--system", bool(args.system)), ("--nothink", args.nothink)) if on]
+        only = f"{given[0]} only applies" if len(given) == 1 else "--system and --nothink only apply"
+        return _fail(f"{only} with --chat: add --chat, or leave {'it' if len(given) == 1 else 'them'} out", 2,
                      as_json=args.json)
     try:  # the text first: a file that cannot be read is named before the demo is unpacked
         text = _read_text(args)
