@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 
 import pytest
@@ -180,7 +181,26 @@ def test_terminal_problem_names_the_stream(ttys, problem, monkeypatch):
     from ds4tui.commands import chat
 
     monkeypatch.setattr(chat.os, "isatty", lambda fd: fd in ttys)
+    monkeypatch.setattr(chat.os, "get_terminal_size", lambda fd: os.terminal_size((120, 40)))
     assert chat.terminal_problem() == problem
+
+
+def test_a_terminal_of_no_size_is_refused(monkeypatch):
+    """A pty whose window size was never set reads 0 x 0 (util-linux `script` with stdin redirected): the app
+    drew frames at that size without end, a core busy and its signals unhandled."""
+    from ds4tui.commands import chat
+
+    monkeypatch.setattr(chat.os, "isatty", lambda fd: True)
+    asked = []
+    monkeypatch.setattr(chat.os, "get_terminal_size", lambda fd: asked.append(fd) or os.terminal_size((0, 0)))
+    assert chat.terminal_problem() == ("it reports a size of 0 columns x 0 rows (no window size was set on it; give "
+                                       "it one, e.g. `stty cols 120 rows 40`)") and asked == [1]
+
+    def no_size(fd):
+        raise OSError(25, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(chat.os, "get_terminal_size", no_size)
+    assert chat.terminal_problem() == ""  # nothing to ask: Textual's default size
 
 
 def test_chat_command_errors(tmp_path, capsys, monkeypatch):

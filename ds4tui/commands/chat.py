@@ -166,6 +166,14 @@ def terminal_problem() -> str:
         return "standard input is not one (it is redirected from a file or a pipe)"
     if not (os.isatty(1) or os.isatty(2)):
         return "neither standard output nor standard error is one (both are redirected)"
+    try:
+        size = os.get_terminal_size(1 if os.isatty(1) else 2)
+    except OSError:  # no size to ask for: Textual falls back to its default
+        return ""
+    if size.columns <= 0 or size.lines <= 0:  # a pty with no window size (`script` with stdin redirected): the
+        # app drew frame after frame at 0 x 0, a core busy, its signals never handled
+        return (f"it reports a size of {size.columns} columns x {size.lines} rows (no window size was set on it; "
+                f"give it one, e.g. `stty cols 120 rows 40`)")
     return ""
 
 
