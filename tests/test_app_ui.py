@@ -328,6 +328,23 @@ async def test_the_accept_rate_names_its_denominator_in_one_row_of_the_narrowest
         assert len(first) <= pane.content_size.width
 
 
+async def test_the_throughput_series_are_scaled_to_the_points_drawn(tmp_path):
+    """A point older than the drawn ones (the kept history is 240 points, the line 36) no longer sets the
+    scale: one spike scrolled out of view left both lines flat at ▁ for the rest of the session."""
+    from ds4tui.widgets.speculation import SPARK_WIDTH
+
+    async with _after_a_turn(tmp_path, (150, 45)) as (app, pilot):
+        pane = app.query_one("#throughput")
+        old = (21432.0,) + (300.0,) * 100  # the spike, then 100 points at 300..400 t/s
+        drawn = tuple(300.0 + (i % 5) * 25 for i in range(SPARK_WIDTH))
+        view = dataclasses.replace(app.timeline.view(), decode_series=old + drawn, effective_series=old + drawn,
+                                   marks=frozenset())
+        pane.show(view, app.last_snapshot.dspark, n_tokens=10, n_ctx=4096)
+        await pilot.pause()
+        dec = next(line for line in pane.text.splitlines() if line.startswith("dec "))[4:]
+        assert len(dec) == SPARK_WIDTH and "█" in dec and set(dec) != {"▁"}
+
+
 async def test_the_throughput_rates_fit_one_row_of_the_narrowest_pane_at_gpu_speeds(tmp_path):
     """The rates line of the throughput pane at an H200's demo speeds: whole tokens a second from 100
     t/s, so that the line stays one row of a 43-column pane (at one decimal, 1305.2 and 1692.4 t/s

@@ -207,9 +207,10 @@ def test_effective_rate_never_exceeds_the_decode_rate_when_snapshots_lag_the_cou
 
 
 def test_throughput_rates_come_from_the_same_window():
-    """A turn's first point has a decode rate (over the pause before it, which holds no engine
-    time) and no effective one (its window starts in the turn before): the pane shows "—" then,
-    not the effective rate of an earlier window next to this decode rate."""
+    """A turn's first point has neither rate (its window would start in the turn before, and hold the
+    turn's first token, sampled from the prefill's logits in ~0 ms: 20 000 t/s beside 300, which flattened
+    the series): the pane keeps the rates of the newest window that has both; the turn's later points
+    average over its own points only."""
     def snap(t, turn, decoded, shown, wall):
         return W.StatsSnapshot(t=t, stats=S.Stats(n_decode_tokens=decoded, decode_ms=10.0 * decoded), dspark=None,
                                knobs=None, events=(), n_tokens=decoded, n_ctx=4096, generating=True, turn=turn,
@@ -221,7 +222,15 @@ def test_throughput_rates_come_from_the_same_window():
     assert tl.view().effective_tps == pytest.approx(50.0) and tl.view().decode_tps == pytest.approx(100.0)
     tl.add(snap(30.0, 2, 52, 1, 0.0))  # the next turn's first cycle
     v = tl.view()
-    assert v.decode_tps == pytest.approx(100.0) and v.effective_tps is None
+    assert v.decode_series[-1] is None and v.effective_series[-1] is None
+    assert (v.decode_tps, v.effective_tps) == (pytest.approx(100.0), pytest.approx(50.0))  # the window before
+    first = S.Stats(n_decode_tokens=53, decode_ms=510.02)  # the next turn's first token: sampled, ~0 ms
+    tl.add(W.StatsSnapshot(t=40.0, stats=first, dspark=None, knobs=None, events=(), n_tokens=53, n_ctx=4096,
+                           generating=True, turn=3, turn_tokens=1, turn_decode_s=0.0, turn_draft_tokens=0))
+    assert tl.view().decode_series[-1] is None  # not 1 token / 0.02 ms = 50 000 t/s
+    tl.add(snap(41.0, 3, 103, 51, 1.0))  # a second later: over the turn's own points
+    assert tl.view().decode_tps == pytest.approx(1000 * 50 / (1030.0 - 510.02))
+    assert tl.view().effective_tps == pytest.approx(50.0)
 
 
 def test_finished_is_posted_once_the_turn_has_let_go_of_the_engine(chat):

@@ -88,7 +88,9 @@ class SpecTimeline:
             self._from_zero = False  # the append drops the oldest point
         self._pts.append(p)
         self._accept.append(self._window_accept())
-        if base is None:
+        if base is None or base.turn != p.turn:  # a turn's first point: no window of its own yet (over the
+            # point before, its tokens would hold the turn's first, sampled from the prefill's logits with no
+            # forward pass: ~1 token in ~0 ms, a rate of 20 000 t/s that flattened the series)
             self._decode.append(None)
             self._effective.append(None)
         else:
@@ -103,17 +105,17 @@ class SpecTimeline:
             self._decode.append(1000.0 * n / dms if dms > 0 else None)
             # wall time only within one turn (not the pause and prefill before it); the worker takes
             # a turn's snapshots once its first token is decoded, when the turn's clock has started
-            ds = p.turn_decode_s - base.turn_decode_s if base.turn == p.turn else 0.0
+            ds = p.turn_decode_s - base.turn_decode_s
             self._effective.append(n / ds if ds > 0 else None)
         self._marked.append(prev is not None and p.n_events > prev.n_events)
         return True
 
     def _base(self, p: _Point) -> _Point:
-        """The oldest kept point at most ``rate_s`` before ``p`` (else the newest): rates are
-        averaged over that span, so one short interval does not make the numbers jump."""
+        """The oldest kept point of ``p``'s turn at most ``rate_s`` before ``p`` (else the newest point):
+        rates are averaged over that span, so one short interval does not make the numbers jump."""
         base = self._pts[-1]
         for q in reversed(self._pts):
-            if p.t - q.t > self.rate_s:
+            if p.t - q.t > self.rate_s or q.turn != p.turn:
                 break
             base = q
         return base

@@ -342,8 +342,9 @@ class ThroughputPane(Pane):
         # the window the rates cover, in the title (an answer's own line gives its rate over the whole answer)
         self.border_title = f"throughput · last {RATE_S:g} s"
         ratio = (view.effective_tps / view.decode_tps) if view.effective_tps and view.decode_tps else None
-        finite = [v for v in view.decode_series + view.effective_series if v is not None]
-        top = max(finite) if finite else None  # one scale for both series, so they compare
+        shown = view.decode_series[-SPARK_WIDTH:] + view.effective_series[-SPARK_WIDTH:]
+        finite = [v for v in shown if v is not None]
+        top = max(finite) if finite else None  # one scale for both series, so they compare: of the points drawn
         dec, marks = spark(view.decode_series, SPARK_WIDTH, hi=top, marks=view.marks)
         eff, _ = spark(view.effective_series, SPARK_WIDTH, hi=top)
         out = [
