@@ -563,7 +563,7 @@ class DS4App(App):
         prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = True
         prompt.placeholder = "no model loaded — Ctrl+Q quits"
-        self._set_status("no model loaded · Ctrl+Q quits")
+        self._set_status()
         for pid in ("accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "support", "memory"):
             self._panes[pid].put(Content.styled("no model loaded (see the chat)", "$text-muted"))
         self._panes["knobs"].show(None, note="no model loaded (see the chat)")
@@ -1077,8 +1077,8 @@ class DS4App(App):
     def _set_status(self, text: str | None = None) -> None:
         if text is None:
             parts = []
-            if self.engine is None:
-                parts.append("loading…")
+            if self.engine is None:  # loading, or the load failed (F4/F5 redraw the line: it stays said)
+                parts.append("no model loaded · Ctrl+Q quits" if self.load_error else "loading…")
             else:
                 parts.append("generating (Esc stops)" if self._generating else "ready")
             parts.append("think" if self.think else "nothink")

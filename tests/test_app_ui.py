@@ -427,6 +427,12 @@ async def test_no_gpu_is_not_blamed_on_the_model_file(tmp_path):
         for pid in ("accept", "draft-hist", "accepted-hist", "no-draft", "throughput", "stages", "support", "memory"):
             assert app.query_one(f"#{pid}").text == "no model loaded (see the chat)", pid
         assert str(app.query_one("#knob-note").render()) == "no model loaded (see the chat)"
+        status = lambda: str(app.query_one("#status").render())  # noqa: E731
+        assert status().startswith("no model loaded · Ctrl+Q quits")
+        await pilot.press("escape")  # the dialog closed, then a key that redraws the status line
+        await pilot.press("f5")
+        await pilot.pause()
+        assert status().startswith("no model loaded · Ctrl+Q quits") and "loading" not in status()
 
 
 async def test_chat_takes_the_sampling_options_of_generate(tmp_path):
