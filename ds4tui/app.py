@@ -132,6 +132,10 @@ class PrefillBar(ProgressBar):
             timer.resume() if on else timer.pause()
 
 
+#: The ids of the knobs pane's controls.
+KNOB_CONTROLS = ("dspark", "scheduler", "threshold", "max-draft")
+
+
 @dataclass
 class ChatOptions:
     """What ``ds4tui chat`` was started with (sampling defaults: greedy)."""
@@ -1026,6 +1030,10 @@ class DS4App(App):
             self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
         self._show_knobs()
         self._set_status()
+        if self.focused is None or self.focused.id not in ("prompt", *KNOB_CONTROLS):
+            # a knob had the focus when the export came up: its control was disabled, the focus went to the
+            # transcript and stayed there, and what was typed next went nowhere
+            self._focus_prompt()
 
     def _show_knobs(self, knobs=None) -> None:
         e = self.engine
@@ -1211,7 +1219,7 @@ class DS4App(App):
     # ---- actions -----------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        if self.focused is not None and self.focused.id in ("threshold", "max-draft", "dspark", "scheduler"):
+        if self.focused is not None and self.focused.id in KNOB_CONTROLS:
             self._focus_prompt()  # Esc in a knob's field leaves it (its typed value is dropped)
             return
         if self.viewing is not None and not self._generating:

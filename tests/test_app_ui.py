@@ -669,6 +669,8 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         await pilot.pause()
         knobs = app.query_one("#knobs")
         assert "sched off" in str(knobs.query_one("#knob-note").render())
+        app.query_one("#dspark").focus()  # a knob has the focus: the export disables it (the focus moves off)
+        await pilot.pause()
         app.view_export(str(export))
         await pilot.pause()
         note = str(knobs.query_one("#knob-note").render())
@@ -690,6 +692,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert app.query_one("#throughput").border_title == "throughput · last 2 s"  # live: the rates' window
         assert "DSpark off · sched off" in str(knobs.query_one("#knob-note").render())
         assert not app.query_one("#scheduler").disabled and app.query_one("#scheduler").value is False
+        assert app.focused is app.query_one("#prompt")  # typing goes to the prompt again, not to the transcript
         garbage = tmp_path / "g.txt"
         garbage.write_text("hello\n")
         app.view_export(str(garbage))
