@@ -1234,6 +1234,11 @@ class DS4App(App):
         """Set DSpark knobs; a toast says what changed (or why not).  True if they were set."""
         if self.engine is None:
             return False
+        now = self.engine.knobs
+        if now is not None and all(getattr(now, k, None) == v for k, v in kw.items()):  # e.g. 5 typed where it is 5
+            self._show_knobs(now)
+            self.notify(knob_words(kw, unchanged=True), timeout=2)
+            return True
         try:
             knobs = self.engine.set_dspark(**kw)
         except Exception as exc:

@@ -642,6 +642,12 @@ async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path,
         await pilot.pause()
         assert app.engine.calls[-1] == ("set_dspark", {"max_draft": 3}) and app.focused is prompt
         assert max_draft.value == "3" and "3" in shown(max_draft)
+        calls = len(app.engine.calls)
+        max_draft.focus()  # the value in force again: said so, not "from the next cycle"
+        await pilot.press("backspace", "3", "enter")
+        await pilot.pause()
+        assert toasts()[-1] == "at most 3 drafts per cycle — already so: nothing changed"
+        assert len(app.engine.calls) == calls and app.focused is prompt
 
 
 async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is_named(tmp_path):

@@ -306,8 +306,9 @@ def threshold_text(v: float) -> str:
     return f"{v:.2f}" if abs(v - round(v, 2)) < 1e-12 else f"{v:.6g}"
 
 
-def knob_words(kw: dict) -> str:
-    """A knob change in words, for the toast that confirms it ("DSpark off — from the next cycle")."""
+def knob_words(kw: dict, *, unchanged: bool = False) -> str:
+    """A knob change in words, for the toast that confirms it ("DSpark off — from the next cycle"), or with
+    ``unchanged`` for one that sets what is already in force ("… — already so: nothing changed")."""
     parts = []
     for k, v in kw.items():
         if k == "enabled":
@@ -320,7 +321,7 @@ def knob_words(kw: dict) -> str:
             parts.append(f"at most {v} draft{'s' if v != 1 else ''} per cycle")
         else:
             parts.append(f"{k} {v}")
-    return ", ".join(parts) + " — from the next cycle"
+    return ", ".join(parts) + (" — already so: nothing changed" if unchanged else " — from the next cycle")
 
 
 class ThroughputPane(Pane):
