@@ -735,6 +735,12 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
             "scratch 24.0 MiB (9.0 MiB of it in host memory); `ds4tui inspect demo.gguf --ctx 8192` checks it "
             "against the GPU's memory")
         app.engine.info = dataclasses.replace(app.engine.info, backend="cpu")
+        plan = app.engine.session_plan
+        app.engine.session_plan = lambda n: {**plan(n), "amx_copies": 42 << 20}  # the amx option's copies, named
+        assert app.describe_context("8192") == (
+            "a session of 8192 tokens holds 28.6 MiB beside the weights and their amx copies (42.0 MiB, the same at "
+            "any size): KV 1.6 MiB, compressor 3.0 MiB, scratch 24.0 MiB")
+        app.engine.session_plan = plan
         await app.set_context("8192")
         await pilot.pause()
         text = app.query_one("#throughput").text

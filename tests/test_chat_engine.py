@@ -269,6 +269,7 @@ def test_the_context_size_changes_between_turns_and_the_plan_is_what_the_session
         vec = memplan.vector_bytes(L.model_tensor_specs(eng.engine.config)) + memplan.vector_bytes(eng.engine.support.specs)
         assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
         assert mem.scratch == plan["scratch"] + plan["host"] + vec and plan["engine"] == vec
+        assert plan["amx_copies"] == mem.amx_copies == eng.engine.memory().amx_copies  # 0 unless amx is on
         # with a draft vocabulary the engine's tables of it count too (the Ctrl+G dialog left them out)
         dv = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=512, n_threads=1,
                           draft_vocab=list(range(0, 129280, 97)))

@@ -638,15 +638,18 @@ class ChatEngine:
         (:func:`ds4tui.engine.memplan.session_bytes`: ``kv``, ``compressor``, ``scratch``, ``host``)
         beside the weights, which do not change with the context, and ``engine``, what the engine
         expanded at open (its float32 vector copies, the draft vocabulary's tables: ``Engine.memory()``'s
-        scratch), which the session's ``memory().scratch`` counts with ``scratch`` and ``host``."""
+        scratch), which the session's ``memory().scratch`` counts with ``scratch`` and ``host``, and
+        ``amx_copies``, the weights' copies under the amx option (which no context size changes)."""
         from ds4tui.engine import memplan
 
         e, shape = self.engine, None
         if self.has_dspark and e.support is not None:
             m = e.support.meta
             shape = memplan.SupportShape(m.n_stages, int(m.block_size), int(m.markov_rank), len(m.target_layer_ids))
+        held = e.memory()
         return {**memplan.session_bytes(e.config, int(n_ctx), support=shape, host=e.backend == "cpu",
-                                        n_threads=e.n_threads), "engine": e.memory().scratch}
+                                        n_threads=e.n_threads), "engine": held.scratch,
+                "amx_copies": getattr(held, "amx_copies", 0)}
 
     @property
     def scheduler_start(self) -> dict:
