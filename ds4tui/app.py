@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -999,14 +999,22 @@ class DS4App(App):
         name = Path(path).name
         timeline = SpecTimeline()
         timeline.add(snap)
-        self._draw_panes(snap, timeline.view(), str(d.get("support_status") or "none"), str(d.get("backend") or "cpu"))
+        # an export holds the session's counters, no recent window: its "recent" rate would repeat the session's
+        view = _replace(timeline.view(), recent_accept=None)
+        self._draw_panes(snap, view, str(d.get("support_status") or "none"), str(d.get("backend") or "cpu"))
         self._panes["throughput"].show_export(snap.stats, snap.dspark, n_tokens=snap.n_tokens, n_ctx=snap.n_ctx,
                                               ui_share=ui_share)
         # knobs changed during the exported session (its knob_events after cycle 0): the ones shown are its last,
         # and its counters mix them with the earlier ones
         changed = sorted({e.cycle for e in snap.events if e.cycle > 0})
         at = ", ".join(map(str, changed[:4])) + (", …" if len(changed) > 4 else "")
+        # knobs set after the last change a cycle took up (the session ended, or a new chat began, before one
+        # ran with them): no cycle of the export ran with the knobs shown
+        after = bool(snap.events) and snap.knobs is not None and snap.events[-1].knobs != snap.knobs
         note = (f"no DSpark knobs recorded in {name} (Esc: live)" if snap.knobs is None
+                else f"the knobs of {name} at its end, set after its last cycle: no cycle ran with them"
+                     + (f"; its counters are of the knobs before (changed at cycle {at})" if changed else "")
+                     + " (read-only; Esc: live)" if after
                 else f"the knobs of {name} at its end, changed at cycle {at}: its counters mix them with the earlier "
                      f"ones (read-only; Esc: live)" if changed
                 else f"the knobs of {name} (read-only; Esc: live)")
@@ -1094,8 +1102,8 @@ class DS4App(App):
             parts.append("think" if self.think else "nothink")
             if self.trace:
                 parts.append("draft highlight on")
-            if self.viewing is not None:
-                parts.append(f"panes: {Path(self.viewing).name} (read-only; Esc: live)")
+            if self.viewing is not None:  # (the file's name is on the panes' borders: the line stays short)
+                parts.append("panes: an export, read-only (Esc: live)")
             text = " · ".join(parts)
         set_line(self._panes["status"], text)
 

@@ -504,19 +504,32 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         t = st.stage_timing()
         assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in app.query_one("#stages").text
         assert f"cycles {st.cycles} · proposed {st.proposed}" in app.query_one("#accept").text
-        assert "(read-only; Esc: live)" in str(app.query_one("#status").render())
+        status = app.query_one("#status")
+        assert "panes: an export, read-only (Esc: live)" in str(status.render())
+        assert len(str(status.render())) <= status.content_size.width  # one row, nothing cut (the name is on the borders)
+        assert "— recent" in app.query_one("#accept").text  # an export holds no recent window
         await pilot.press("escape")  # back to the live panes
         await pilot.pause()
         assert app.viewing is None and "read-only" not in str(app.query_one("#status").render())
         # an export whose knobs changed during its session says so beside them
         d = _json.loads(export.read_text())
-        d["knob_events"] = [{"cycle": 3, "enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}]
+        d["knob_events"] = [{"cycle": 3, **d["knobs"]}]  # the knobs at its end, from cycle 3
         changed = tmp_path / "changed.json"
         changed.write_text(_json.dumps(d))
         app.view_export(str(changed))
         await pilot.pause()
         assert ("the knobs of changed.json at its end, changed at cycle 3: its counters mix them with the earlier "
                 "ones (read-only; Esc: live)") in str(app.query_one("#knob-note").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        # knobs set after the last change a cycle took up: no cycle ran with the knobs shown
+        d["knob_events"] = [{"cycle": 3, **d["knobs"], "scheduler": not d["knobs"]["scheduler"]}]
+        changed.write_text(_json.dumps(d))
+        app.view_export(str(changed))
+        await pilot.pause()
+        assert ("the knobs of changed.json at its end, set after its last cycle: no cycle ran with them; its "
+                "counters are of the knobs before (changed at cycle 3) (read-only; Esc: live)") in str(
+            app.query_one("#knob-note").render())
         await pilot.press("escape")
         await pilot.pause()
         # a file that is not an export: one dialog naming it
