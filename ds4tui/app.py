@@ -1532,9 +1532,34 @@ class DS4App(App):
         self.notify(f"saved {base}.md and {base.name}.json", timeout=6)
 
     def get_system_commands(self, screen):
-        yield from super().get_system_commands(screen)
+        """Textual's commands (theme, keys, maximise), with its Quit and Screenshot made the app's: Quit
+        with its key (it asks first where a save failed, as Ctrl+Q does), a screenshot into --save-dir
+        (Textual's went to a downloads folder that may not exist, and said only "Failed"); then the
+        app's actions with their keys."""
+        for command in super().get_system_commands(screen):
+            if command.title == "Quit":
+                yield SystemCommand(f"Quit ({QUIT_KEY})", "Quit ds4tui (asks first where a save failed)",
+                                    command.callback)
+            elif command.title == "Screenshot":
+                yield SystemCommand("Screenshot", "Save an SVG picture of the screen into the --save-dir folder",
+                                    lambda: self.set_timer(0.1, self.save_screen_picture))
+            else:
+                yield command
         for _, key, action, _, title, help_text, _ in ACTIONS:
             yield SystemCommand(f"{title} ({key})", help_text, partial(self.run_action, action))
+
+    def save_screen_picture(self) -> Path | None:
+        """The screen as an SVG file in ``--save-dir`` (``ds4tui-screen-STAMP.svg``), named in a toast;
+        a failure names the file, why and what to do, as the other saves do.  The written path, or None."""
+        path = Path(self.options.save_dir) / f"ds4tui-screen-{_stamp()}.svg"
+        try:
+            path.write_text(self.export_screenshot(), encoding="utf-8")
+        except OSError as exc:
+            self._error("cannot save the screenshot", f"{path}: {exc.strerror or exc}\n\nWhat to do: make the folder "
+                        f"writable (or free space), or start the app with --save-dir naming a folder it can write")
+            return None
+        self.notify(f"screenshot saved: {path}", timeout=4)
+        return path
 
     def on_unmount(self) -> None:
         if self.engine is not None:

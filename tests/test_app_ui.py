@@ -65,6 +65,15 @@ async def test_palette_lists_every_action_and_runs_it(tmp_path):
         await pilot.pause(0.1)
         assert app.engine.calls[-1] == ("set_dspark", {"enabled": False})
         assert {b.id for b in app.BINDINGS} >= {a[0] for a in ACTIONS}  # every binding has an id (keymaps)
+        # Textual's Quit with the app's key; its screenshot into --save-dir (it failed in a missing downloads folder)
+        assert "Quit (ctrl+q)" in commands and "Quit" not in commands
+        path = app.save_screen_picture()
+        assert path is not None and path.parent == tmp_path and path.read_text().lstrip().startswith("<svg")
+        await pilot.pause()
+        assert app._notifications and list(app._notifications)[-1].message == f"screenshot saved: {path}"
+        app.options.save_dir = str(tmp_path / "gone")
+        assert app.save_screen_picture() is None
+        assert app.errors[-1][0] == "cannot save the screenshot" and str(tmp_path / "gone") in app.errors[-1][1]
 
 
 async def test_reasoning_trace_highlight_think_toggle_and_new_chat(tmp_path):
