@@ -793,6 +793,38 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
 
 
+async def test_a_pasted_text_of_several_lines_is_sent_whole(tmp_path):
+    """Textual's one-line input kept a paste's first line only, without a word: the prompt keeps every line
+    (each break shown as ↵, said in a toast), sends them as line breaks, and ↑ brings the paste back whole."""
+    from textual import events
+
+    from ds4tui.widgets.chat import LINE_BREAK
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _ready(pilot)
+        prompt = app.query_one("#prompt")
+        pasted = "Fix this code:\r\ndef f(x):\n    return x+1\n\nThanks 🙂 — ünïcødé 中文\n"
+        prompt.post_message(events.Paste(pasted))
+        await pilot.pause()
+        assert prompt.value == LINE_BREAK.join(["Fix this code:", "def f(x):", "    return x+1", "",
+                                                "Thanks 🙂 — ünïcødé 中文"])
+        assert "\n" not in prompt.render_line(0).text  # one row on the screen
+        assert list(app._notifications)[-1].message == "pasted 5 lines: ↵ marks each line break, sent as one"
+        shown = prompt.value
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await app.flush()
+        sent = "Fix this code:\ndef f(x):\n    return x+1\n\nThanks 🙂 — ünïcødé 中文"
+        assert app.messages[0] == {"role": "user", "content": sent}
+        await pilot.press("up")  # the history holds it as the line showed it
+        assert prompt.value == shown
+        prompt.value = ""
+        prompt.post_message(events.Paste("one line\n"))  # a single line (its newline dropped): as typed
+        await pilot.pause()
+        assert prompt.value == "one line"
+
+
 async def test_page_keys_scroll_the_transcript_from_the_prompt(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(150, 30)) as pilot:

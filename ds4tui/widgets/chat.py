@@ -20,6 +20,7 @@ import math
 import re
 import time
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -364,9 +365,20 @@ class ChatView(VerticalScroll):
             last.size_live_text()
 
 
+#: How the one-line prompt shows each line break of a pasted text; :func:`prompt_text` sends it as one.
+LINE_BREAK = "↵"
+
+
+def prompt_text(value: str) -> str:
+    """The question a prompt line holds: its :data:`LINE_BREAK` marks as the line breaks they stand for."""
+    return value.replace(LINE_BREAK, "\n")
+
+
 class PromptInput(Input):
     """The prompt line: Enter sends; ↑/↓ walk through the prompts sent before; PageUp/PageDown
-    scroll the transcript (back at its bottom it follows the answer again)."""
+    scroll the transcript (back at its bottom it follows the answer again).  A pasted text of several
+    lines is kept whole, each line break shown as :data:`LINE_BREAK` and sent as a line break (Textual's
+    line kept the first line only, without a word)."""
 
     BINDINGS = [
         Binding("up", "history(-1)", "previous prompt", show=False),
@@ -398,6 +410,20 @@ class PromptInput(Input):
         self.history: list[str] = []
         self._pos = 0
         self._draft = ""
+
+    def _on_paste(self, event: events.Paste) -> None:
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n").strip("\n")
+        if "\n" not in text:  # one line: Input's own handler (Textual calls it after this one)
+            return
+        event.prevent_default()  # (Input's handler would add the first line again)
+        event.stop()
+        shown = text.replace("\n", LINE_BREAK)
+        if self.selection.is_empty:
+            self.insert_text_at_cursor(shown)
+        else:
+            self.replace(shown, *self.selection)
+        self.notify(f"pasted {text.count(chr(10)) + 1} lines: {LINE_BREAK} marks each line break, sent as one",
+                    timeout=3)
 
     def remember(self, text: str) -> None:
         if text and (not self.history or self.history[-1] != text):
