@@ -321,6 +321,11 @@ def test_an_export_that_contains_the_other_is_a_warning(tmp_path, capsys):
                "counters include A's, so B's figures cover A's turns too and a knob changed in between is not an "
                "A/B; start a new session between the two runs (in the chat: Ctrl+G, or start it again)")
     assert rc == 0 and out.out.count(f"WARNING: {warning}") == 1 and out.err == ""
+    c = tmp_path / "c.json"  # the same knobs, one answer later: one session at two times, no "noise" between runs
+    c.write_text(json.dumps(_export("20261201T180000-0123abcd", True, 160, 424)))
+    assert cli_main(["compare", str(a), str(c)]) == 0
+    text = capsys.readouterr().out
+    assert "knobs: the same (one chat session at two times: see below)" in text and "noise" not in text.split("WARNING")[0]
     rc = cli_main(["compare", str(b), str(a), "--json"])
     out = capsys.readouterr()
     r = json.loads(out.out)

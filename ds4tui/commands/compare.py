@@ -712,6 +712,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
         lines.append(f"NOTE: {r['same_run']}")
     elif r.get("knob_change_warnings"):
         lines.append("knobs: the same at the end of both runs (but see below: they changed during a run)")
+    elif r.get("contains_warning"):  # one session's counters at two times: no two runs, no noise between them
+        lines.append("knobs: the same (one chat session at two times: see below)")
     else:
         lines.append("knobs: the same in both runs (the figures differ by run-to-run noise only)")
     for w in (r["warning"], r.get("contains_warning"), *(r.get("knob_change_warnings") or ())):
