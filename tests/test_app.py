@@ -226,7 +226,7 @@ async def test_save_transcript_and_export_stats(tiny_q2, fitted_support, tmp_pat
         assert stats["dspark_stats"]["accepted_draft"] == st.accepted_draft
         # where the scheduler started, under generate --json's names (compare's scheduler_start)
         assert (stats["scheduler_prices"], stats["scheduler_prices_at_start"], stats["scheduler_prices_retime"]) == (
-            app.engine.engine.scheduler_prices, app.engine.session.scheduler_prices_at_start, "")
+            app.engine.engine.scheduler_prices, app.engine.session.scheduler_prices_at_start, None)  # generate's null
         assert saved["session"]["scheduler_prices_at_start"] == stats["scheduler_prices_at_start"]
         # compare reads both as written: every knob of the type and in the range it checks
         assert [compare.load(str(next(tmp_path.glob(f"ds4tui-{name}-*.json"))))[0] for name in ("stats", "chat")] == [

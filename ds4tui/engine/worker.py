@@ -656,11 +656,11 @@ class ChatEngine:
         """Where the current session's DSpark scheduler started (spec dspark.md §7.4), under the names
         ``generate --json`` gives them, for the stats export and compare: ``scheduler_prices`` (the
         mode), ``scheduler_prices_at_start`` ("fresh", "saved" or "engine") and
-        ``scheduler_prices_retime`` (why kept times were left for drafting to re-time, or "")."""
+        ``scheduler_prices_retime`` (why kept times were left for drafting to re-time, or None)."""
         s = self.session
         return {"scheduler_prices": getattr(self.engine, "scheduler_prices", "fresh"),
                 "scheduler_prices_at_start": s.scheduler_prices_at_start,
-                "scheduler_prices_retime": s.scheduler_prices_retime}
+                "scheduler_prices_retime": s.scheduler_prices_retime or None}  # null when none, as generate's
 
     def set_context(self, n_ctx: int) -> ChatInfo:
         """A session of ``n_ctx`` tokens in place of the current one: the conversation's KV cache and
