@@ -127,6 +127,31 @@ def _eligible_bytes(path) -> int:
     return total
 
 
+def test_auto_leaves_the_copies_out_where_they_would_crowd_the_memory(tiny_q2, fitted_support, monkeypatch):
+    """The 81 GB model's Q8_0 matrices are several GB: auto makes their copies only within a quarter of what
+    the model files leave of the RAM, and says why it did not; the estimate is what the engine repacks."""
+    from ds4tui.engine import session as S
+    from ds4tui.engine.gguf_model import DS4Model, open_gguf, tensor_table
+
+    assert S.amx_copy_bytes(DS4Model(tiny_q2["model"]).tensors) == _eligible_bytes(tiny_q2["model"])
+    assert S.amx_copy_bytes(tensor_table(open_gguf(str(fitted_support)))) == _eligible_bytes(fitted_support)
+    monkeypatch.setattr(S, "amx_available", lambda: (True, "AMX-INT8"))
+    gib = 1 << 30
+    mode, note = S.auto_amx("cpu", "q8", copies=5 * gib, files=81 * gib, total=96 * gib)
+    assert (mode, note) == ("off", "auto: off: the repacked copies would take about 5.00 GiB beside 81.00 GiB of "
+                                   "model files in 96.00 GiB of memory (auto allows 25% of what the files leave, "
+                                   "3.75 GiB); --amx on makes them anyway")
+    assert S.auto_amx("cpu", "q8", copies=5 * gib, files=81 * gib, total=128 * gib)[0] == "on"  # 11.75 GiB allowed
+    assert S.auto_amx("cpu", "q8", copies=5 * gib, files=81 * gib, total=None)[0] == "on"  # RAM unknown: as before
+    monkeypatch.setattr(S, "memory_total", lambda: _eligible_bytes(tiny_q2["model"]) * 3)  # a tiny machine
+    eng = Engine(tiny_q2["model"], activations="q8", amx="auto", n_threads=1)
+    try:
+        assert eng.amx == "off" and eng.amx_note.startswith("auto: off: the repacked copies would take about ")
+        assert eng.memory().amx_copies == 0
+    finally:
+        eng.close()
+
+
 @needs_amx
 def test_engine_with_amx_gives_the_same_logits_and_tokens(tiny_q2, fitted_support):
     """Prefill logits, a six-row pass (a verify's shape), greedy decoding and greedy DSpark (its

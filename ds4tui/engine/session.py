@@ -108,11 +108,43 @@ def amx_available() -> tuple[bool, str]:
     return ok, n.ffi.string(why).decode("utf-8", "replace")
 
 
-def auto_amx(backend: str, activations: str) -> tuple[str, str]:
+#: The share of the memory the model files leave (the machine's RAM less their bytes, which the kernel maps)
+#: that ``amx="auto"`` lets the repacked copies take; beyond it auto is off, keeping the rest for the KV
+#: cache, the scratch and the page cache of the mapped weights (spec ds4.md §2.9.6).
+AMX_AUTO_SHARE = 0.25
+
+
+def amx_copy_bytes(tensors: dict) -> int:
+    """About what the amx option repacks of a GGUF's ``tensors`` (``DS4Model.tensors``' TensorInfo), in bytes:
+    every two-dimensional Q8_0 matrix but the token embedding whose rows are whole groups of 16 and whose
+    columns whole tiles of 64 (the engine's ``ds4_cpu_amx_eligible``), each as many bytes as the matrix.
+    A drafter's draft-vocabulary head, gathered at open, comes on top (a few MiB)."""
+    from gguf import GGMLQuantizationType as T
+
+    total = 0
+    for name, t in tensors.items():
+        if t.type == T.Q8_0 and len(t.shape) == 2 and name != "token_embd.weight" \
+                and t.shape[0] % 16 == 0 and t.shape[1] % 64 == 0:
+            total += t.shape[0] * (t.shape[1] // 32) * 34
+    return total
+
+
+def memory_total() -> int | None:
+    """The machine's RAM in bytes (``sysconf``), None where it cannot say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def auto_amx(backend: str, activations: str, *, copies: int | None = None, files: int = 0,
+             total: int | None = None) -> tuple[str, str]:
     """What ``amx="auto"`` means on ``backend`` with the matmul ``activations`` in force (spec ds4.md
     §2.9.6), and the note that says it: on where the cpu backend multiplies 8-bit activations and
     the CPU has AMX-INT8 (the same results; a copy of the repacked matrices in memory), else off
-    with the reason."""
+    with the reason; off too where the copies (``copies`` bytes, :func:`amx_copy_bytes`) would take more
+    than :data:`AMX_AUTO_SHARE` of what the model files (``files`` bytes) leave of the machine's
+    ``total`` bytes of RAM (the 81 GB model's copies are several GB)."""
     if backend != "cpu":
         return "off", f"auto: off on the {backend} backend (the AMX tiles are a CPU's)"
     if activations != "q8":
@@ -121,6 +153,15 @@ def auto_amx(backend: str, activations: str) -> tuple[str, str]:
     ok, why = amx_available()
     if not ok:
         return "off", f"auto: off: {why}"
+    if copies is not None and total:
+        allowed = AMX_AUTO_SHARE * max(0, total - files)
+        if copies > allowed:
+            from ds4tui.engine.telemetry import format_bytes
+
+            return "off", (f"auto: off: the repacked copies would take about {format_bytes(copies)} beside "
+                           f"{format_bytes(files)} of model files in {format_bytes(total)} of memory (auto allows "
+                           f"{AMX_AUTO_SHARE:.0%} of what the files leave, {format_bytes(int(allowed))}); --amx on "
+                           f"makes them anyway")
     return "on", ("auto: on: this CPU has AMX-INT8, so the Q8_0 matrices are repacked for its tiles and multiplied "
                   "there (the same results; a verify's LM head costs about its weight read; --amx off keeps the "
                   "mapped rows alone)")
@@ -424,7 +465,19 @@ class Engine:
         if activations == "auto":
             self.activations, self.activations_note = auto_activations(backend)
         if amx == "auto":
-            self.amx, self.amx_note = auto_amx(backend, self.activations)
+            copies, files = None, 0
+            if backend == "cpu" and self.activations == "q8" and amx_available()[0]:  # what the copies would
+                # take, against the memory
+                support_path = support.path if isinstance(support, SupportModel) else support
+                copies = amx_copy_bytes(self.model.tensors)
+                files = os.path.getsize(self.model.path)
+                if support_path is not None and os.path.isfile(support_path):
+                    from ds4tui.engine.gguf_model import open_gguf, tensor_table
+
+                    copies += amx_copy_bytes(tensor_table(open_gguf(support_path)))
+                    files += os.path.getsize(support_path)
+            self.amx, self.amx_note = auto_amx(backend, self.activations, copies=copies, files=files,
+                                               total=memory_total())
         elif amx == "on" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
             self.amx, self.amx_note = "off", "off: amx on runs on the cpu backend only, and the GPU was chosen"
         elif amx == "on":  # f32 was refused above, and auto is q8 on the cpu
