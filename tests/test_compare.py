@@ -177,13 +177,14 @@ def test_generate_against_bench_compares_the_headline_and_not_the_kinds(tiny_q2,
     assert sorted(r["knobs"]) == sorted([["ctx", jg["n_ctx"], jb["ctx"]], ["prompt_tokens", len(jg["prompt_ids"]), 16],
                                          ["support.path", str(tiny_q2["support"]), None],
                                          ["support.status", "attached", "none"]])
-    assert r["variables"] == 4
+    # the context both sized themselves (it follows from the token counts); the support path and status: one
+    assert r["variables"] == 2 and r["derived"] == ["ctx"]
     figures = {k: (x, y) for k, x, y, _ in r["figures"]}
     assert figures["decode_tokens_per_s"] == (jg["timings"]["decode_tokens_per_s"], jb["decode_tokens_per_s"])
     assert figures["prefill_tokens_per_s"] == (jg["timings"]["prefill_tokens_per_s"], jb["prefill_tokens_per_s"])
     rc = cli_main(["compare", g, str(b)])
     text = capsys.readouterr().out
-    assert "knobs that differ (4):\n" in text and "WARNING: 4 variables differ" in text
+    assert "knobs that differ (2 variables under 4 names):\n" in text and "WARNING: 2 variables differ" in text
 
 
 def test_a_bad_file_with_json_is_a_json_failure(tmp_path, capsys):
@@ -796,6 +797,31 @@ def test_settings_left_at_auto_follow_from_the_knob_that_moved():
     d = dict(a, amx="off", amx_note="auto: off: this CPU has no AMX-INT8")
     r = C.compare(a, d)
     assert (r["variables"], r["derived"]) == (1, [])
+
+
+def test_a_dspark_knob_of_a_run_with_dspark_off_is_no_variable_of_its_own():
+    """DSpark on with the scheduler against --no-dspark (whose scheduler flag is off too): one variable, not
+    "2 variables differ (dspark.enabled, dspark.scheduler)"; with DSpark on in both, the scheduler is one."""
+    def run(enabled, scheduler):
+        return {"dspark": {"enabled": enabled, "scheduler": scheduler, "threshold": 0.0, "max_draft": 5},
+                "timings": {"decode_tokens_per_s": 100.0}}
+    r = C.compare(run(True, True), run(False, False))
+    assert r["knobs"] == [["dspark.enabled", True, False], ["dspark.scheduler", True, False]]
+    assert (r["variables"], r["moot"], r["warning"]) == (1, ["dspark.scheduler"], None)
+    text = C.render("a.json", "b.json", "generate", "generate", r)
+    assert "(dspark.scheduler: no effect in the run with DSpark off, so no variable of its own)" in text
+    r = C.compare(run(True, True), run(True, False))
+    assert (r["variables"], r["moot"]) == (1, [])
+
+
+def test_the_drafts_saved_time_is_a_figure_and_a_transcripts_saved_stamp_is_not():
+    """``dspark_stats.saved`` (ms the accepted drafts saved) was left out with the transcript's top-level
+    ``saved`` (when it was written), which shares its name."""
+    a = {"dspark_stats": {"saved": 0.0, "net_saved": -3.5}, "saved": "2026-12-05T16:00:00"}
+    b = {"dspark_stats": {"saved": 2.322, "net_saved": -1.0}, "saved": "2026-12-05T16:05:00"}
+    r = C.compare(a, b)
+    assert [f[0] for f in r["figures"]] == ["dspark_stats.saved", "dspark_stats.net_saved"]
+    assert "saved" not in C.flatten(a) and C.flatten(a)["dspark_stats.saved"] == 0.0
 
 
 def test_a_context_sized_by_the_run_follows_from_the_prompt_and_the_system_text_is_a_knob():

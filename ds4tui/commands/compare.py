@@ -80,11 +80,16 @@ KNOB_NAMES = {
 SCHEDULER_START = "scheduler_start"
 #: Free text and bookkeeping: never compared.
 SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "text", "dspark_line", "message", "ok",
-              "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format", "saved",
+              "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
               "knob_events", "dspark_events", "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
               "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note", "amx_note",
               "threads_note", "ctx_note", "n_ctx_note"}
+
+
+#: Bookkeeping at a file's top level only: a transcript's ``saved`` (when it was written), where
+#: ``dspark_stats.saved`` is a figure (the decode time accepted drafts saved).
+TOP_SKIP_NAMES = {"saved"}
 
 
 class CompareError(ValueError):
@@ -437,7 +442,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if k in SKIP_NAMES:
+            if k in SKIP_NAMES or (k in TOP_SKIP_NAMES and not prefix):
                 continue
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     elif isinstance(obj, list):
@@ -589,12 +594,18 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
     derived = [k for k, _, _ in knobs if _auto(na, k) and _auto(nb, k)]
     if len(derived) == len(knobs):
         derived = []
+    # a DSpark knob of a run whose DSpark was off decided nothing there: beside DSpark on against off it is
+    # no variable of its own (scheduler on against off, with DSpark off in one of the runs)
+    moot = [k for k, _, _ in knobs if k not in derived and _moot_dspark_knob(k, fa, fb)]
     for k, x, y in knobs:
-        if k in derived:
+        if k in derived or k in moot:
             continue
         if _parts(k)[-1] == SCHEDULER_START:
             if not mode_moved:
                 variables.setdefault((SCHEDULER_START,), k)
+            continue
+        if _parts(k)[:-1] == ["support"]:  # its path and its status: one support model attached or not
+            variables.setdefault(("support",), k)
             continue
         variables.setdefault((_parts(k)[-1], json.dumps(x), json.dumps(y)), k)
     warning = None
@@ -603,9 +614,21 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
         warning = (f"{len(variables)} variables differ between the runs ({names}): no change in the figures can be "
                    f"put down to any one of them; for an A/B, change one knob at a time")
     inside = "b" if contains(a, b) else "a" if contains(b, a) else None
-    return {"knobs": knobs, "variables": len(variables), "derived": derived, "figures": figures, "zero_in_both": zeros,
+    return {"knobs": knobs, "variables": len(variables), "derived": derived, "moot": moot, "figures": figures,
+            "zero_in_both": zeros,
             "only_a": only_a, "only_b": only_b, "warning": warning, "contains": inside,
             "scheduler_start_note": scheduler_start_note(knobs)}
+
+
+def _moot_dspark_knob(name: str, fa: dict[str, Any], fb: dict[str, Any]) -> bool:
+    """Whether ``name`` is a DSpark knob (``dspark.scheduler``, ``arms[1].knobs.threshold``) beside an
+    ``enabled`` of its group that differs between the runs: the run with DSpark off drafted nothing, so the
+    knob decided nothing there."""
+    parts = name.rsplit(".", 1)
+    if len(parts) != 2 or parts[1] == "enabled" or _parts(parts[0])[-1] not in ("dspark", "knobs"):
+        return False
+    on = f"{parts[0]}.enabled"
+    return fa.get(on) is not fb.get(on) and False in (fa.get(on), fb.get(on))
 
 
 def _notes(obj: Any, prefix: str = "") -> dict[str, str]:
@@ -708,6 +731,9 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
                 ("they", "follow", "are", "their")
             lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {it} {follows} from the knobs above "
                          f"and {is_} no variable of {its} own)")
+        if r.get("moot"):
+            lines.append(f"  ({', '.join(r['moot'])}: no effect in the run with DSpark off, so no variable of "
+                         f"{'its' if len(r['moot']) == 1 else 'their'} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
     elif r.get("knob_change_warnings"):
