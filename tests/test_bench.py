@@ -842,13 +842,18 @@ def test_an_arms_decode_price_leaves_out_the_runs_that_timed_no_decode():
     """The no-scheduler arm's code run drafted every cycle (no plain decode timed: t_decode_ms 0,
     t_decode_measured false) and its prose run timed one at 1.674 ms: the arm's price is 1.674 ms,
     the only one measured, not 1.674 * 29 / 53 cycles = 0.916 ms.  Counts still add up."""
-    code = DSparkStats(cycles=24, first_tokens=24, proposed=117, accepted_draft=39, block_size=5)
+    code = DSparkStats(cycles=24, first_tokens=24, proposed=117, accepted_draft=39, block_size=5, propose=30.0,
+                       spec_total=90.0)
     prose = DSparkStats(cycles=29, first_tokens=29, proposed=138, accepted_draft=34, no_draft=1, no_room=1,
-                        target=1.674, saved=56.918, t_decode_ms=1.674, t_decode_measured=True, block_size=5,
-                        no_draft_reasons={"no_room": 1})
+                        target=1.674, saved=56.918, net_saved=-79.596, t_decode_ms=1.674, t_decode_measured=True,
+                        block_size=5, no_draft_reasons={"no_room": 1})
     total = bench.sum_stats([code, prose])
     assert (total.t_decode_ms, total.t_decode_measured) == (pytest.approx(1.674), True)
-    assert (total.cycles, total.proposed, total.accepted_draft, total.saved) == (53, 255, 73, pytest.approx(56.918))
+    assert (total.cycles, total.proposed, total.accepted_draft) == (53, 255, 73)
+    # the code run's own savings (unknown alone) priced at that price, as the engine prices a session's: the
+    # arm's saved covered the prose run's 34 drafts only (of 73), beside t_decode_measured true
+    assert total.saved == pytest.approx(56.918 + 39 * 1.674)
+    assert total.net_saved == pytest.approx(-79.596 + (24 + 39) * 1.674 - (30.0 + 90.0))
     # two timed runs: the cycle-weighted mean of their prices
     other = DSparkStats(cycles=60, first_tokens=60, t_decode_ms=2.0, t_decode_measured=True, block_size=5)
     assert bench.sum_stats([code, prose, other]).t_decode_ms == pytest.approx((1.674 * 29 + 2.0 * 60) / 89)

@@ -576,9 +576,24 @@ def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
     """The counters of several sessions added up (histograms bin by bin).  ``t_decode_ms`` is the
     cycle-weighted mean of the parts that timed a plain decode (``t_decode_measured``; a part that
     timed none has 0 there, which is no price), 0 when none did; ``chain_fail_op`` is the last
-    non-empty one."""
+    non-empty one.  A part that timed no plain decode has ``saved`` and ``net_saved`` 0 (unknown):
+    where another part gave a price, its own are priced at it as the engine prices a session's
+    (spec dspark.md §6: accepted drafts × t_decode; its drafted cycles' 1 + accepted decodes less its
+    proposals and speculative steps), so that the sums cover every part (they covered the timed parts'
+    drafts only, beside ``t_decode_measured`` true)."""
     if not parts:
         return DSparkStats()
+    total = _sum_parts(parts)
+    unpriced = [p for p in parts if not p.t_decode_measured]
+    if not total.t_decode_measured or not unpriced:
+        return total
+    td = total.t_decode_ms
+    saved = sum(p.accepted_draft * td for p in unpriced)
+    net = sum((p.cycles - p.no_draft + p.accepted_draft) * td - (p.propose + p.spec_total) for p in unpriced)
+    return dataclasses.replace(total, saved=total.saved + saved, net_saved=total.net_saved + net)
+
+
+def _sum_parts(parts: list[DSparkStats]) -> DSparkStats:
     kw: dict = {}
     for name in DSparkStats.__dataclass_fields__:
         vals = [getattr(p, name) for p in parts]
