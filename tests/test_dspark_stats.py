@@ -272,6 +272,7 @@ def test_zero_default():
     line = format_line(s)
     assert " draft_len_hist=none accepted_len_hist=none chain_fail=0 no_draft_reasons=none" in line
     assert DSparkStats.from_dict(json.loads(to_json(s))) == s
+    assert json.loads(to_json(s))["accept_rate"] is None  # nothing proposed: none in the JSON, 0.00% on the line
     assert hash(s) == hash(DSparkStats()) and s != DSparkStats(no_draft=1, no_draft_reasons={"disabled": 1})
 
 

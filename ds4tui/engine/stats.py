@@ -283,13 +283,16 @@ class DSparkStats:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field plus the derived values, ready for ``json.dumps``."""
+        """Every field plus the derived values, ready for ``json.dumps`` (``accept_rate`` None where nothing was
+        proposed)."""
         d: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
             d[name] = list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
         d.update(
-            accept_rate=self.accept_rate,
+            # none where nothing was proposed (as the panes and bench's arms say), where the stats line keeps
+            # ds4's 0.00%: 0.0 compared against a run that drafted read as every draft rejected
+            accept_rate=self.accept_rate if self.proposed else None,
             avg_accept=self.avg_accept,
             tokens_per_cycle=self.tokens_per_cycle,
             per_position_accept=list(self.per_position_accept),
