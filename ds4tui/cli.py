@@ -721,7 +721,8 @@ def _empty_path(args: argparse.Namespace) -> str | None:
         if getattr(args, dest, None) == "":
             leave_out = (", or leave MODEL out for the bundled demo model" if dest == "model" and
                          args.command in _DEMO_DEFAULT else ", or leave --mtp out" if dest == "mtp" else "")
-            return f"argument {name}: expected a path, found an empty one (an unset shell variable?); give the path{leave_out}"
+            return (f"argument {name}: expected a path, found an empty one (an unset shell variable?); give the "
+                    f"path{leave_out}")
     return None
 
 

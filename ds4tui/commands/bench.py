@@ -996,7 +996,8 @@ def render_text(r: dict) -> str:
     prefill_s = min(x["prefill_seconds"] for x in r["runs"])
     decode_s = min(x["decode_seconds"] for x in r["runs"])
     memcpy = (f"{mc['gb_per_s']:10.2f} GB/s   bytes copied a second, the best of {mc['reps']} copies of a "
-              f"{format_bytes(mc['buffer_bytes'])} buffer, {plural(mc['n_threads'], 'thread')}" if mc["gb_per_s"] else f"{'-':>10}        {mc.get('error', 'not measured')}")
+              f"{format_bytes(mc['buffer_bytes'])} buffer, {plural(mc['n_threads'], 'thread')}" if mc["gb_per_s"]
+              else f"{'-':>10}        {mc.get('error', 'not measured')}")
     ratio = f"{r['bandwidth_ratio']:10.3f}        effective / memcpy" if r["bandwidth_ratio"] is not None else \
         f"{'-':>10}"
     rows = [
