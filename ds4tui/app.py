@@ -57,6 +57,7 @@ from textual.worker import WorkerCancelled, WorkerFailed
 
 from ds4tui.engine import prices
 from ds4tui.engine import worker as W
+from ds4tui.engine.backend import DSparkKnobs
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, plural, select_backend
 from ds4tui.engine.timeline import SpecTimeline
@@ -68,7 +69,8 @@ from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
 from ds4tui.widgets.screen import ChatScreen
 from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
-                                        ThroughputPane, explain_reasons, knob_words, threshold_text)
+                                        ThroughputPane, explain_reasons, knob_words, knobs_state,
+                                        threshold_text)
 
 #: Period of the one UI timer (seconds): engine events are handled, and the text of a streaming
 #: answer written, ~5.3 times a second (ux.md §0 item 2).  A tick that comes late is not
@@ -130,6 +132,15 @@ class PrefillBar(ProgressBar):
         self.add_class("active") if on else self.remove_class("active")
         for timer in self._own_timers:
             timer.resume() if on else timer.pause()
+
+
+def _knobs_dict(knobs) -> dict | None:
+    return knobs.to_dict() if knobs is not None else None
+
+
+def _known_knobs(d: dict) -> dict:
+    """The ``DSparkKnobs`` fields of an export's knob dict (a newer file may hold more)."""
+    return {k: d[k] for k in DSparkKnobs.__dataclass_fields__ if k in d}
 
 
 #: The ids of the knobs pane's controls.
@@ -1010,11 +1021,13 @@ class DS4App(App):
         at = ", ".join(map(str, changed[:4])) + (", …" if len(changed) > 4 else "")
         # knobs set after the last change a cycle took up (the session ended, or a new chat began, before one
         # ran with them): no cycle of the export ran with the knobs shown
-        after = bool(snap.events) and snap.knobs is not None and snap.events[-1].knobs != snap.knobs
+        in_force = d.get("knobs_in_force")
+        in_force = in_force if isinstance(in_force, dict) else snap.events[-1].knobs.to_dict() if snap.events else None
+        after = in_force is not None and snap.knobs is not None and in_force != snap.knobs.to_dict()
         note = (f"no DSpark knobs recorded in {name} (Esc: live)" if snap.knobs is None
-                else f"the knobs of {name} at its end, set after its last cycle: no cycle ran with them"
-                     + (f"; its counters are of the knobs before (changed at cycle {at})" if changed else "")
-                     + " (read-only; Esc: live)" if after
+                else f"the knobs of {name} at its end, set after its last cycle: no cycle ran with them; its "
+                     f"counters are of {knobs_state(DSparkKnobs(**_known_knobs(in_force)))}"
+                     + (f" (changed at cycle {at})" if changed else "") + " (read-only; Esc: live)" if after
                 else f"the knobs of {name} at its end, changed at cycle {at}: its counters mix them with the earlier "
                      f"ones (read-only; Esc: live)" if changed
                 else f"the knobs of {name} (read-only; Esc: live)")
@@ -1443,6 +1456,9 @@ class DS4App(App):
             "sampling": {"temperature": self.options.temperature, "top_k": self.options.top_k,
                          "top_p": self.options.top_p, "min_p": self.options.min_p, "seed": self.options.seed},
             "knobs": snap.knobs.to_dict() if snap.knobs is not None else None,
+            # what the counted cycles ran with: not the knobs above while a change waits for a cycle
+            "knobs_in_force": _knobs_dict(self.engine.knobs_in_force(snap.events)
+                                          if hasattr(self.engine, "knobs_in_force") else None),
             # where the scheduler started: two sessions with the same knobs draft differently when
             # one starts from the prices the other kept (compare's scheduler_start)
             **(getattr(self.engine, "scheduler_start", None) or {}),

@@ -536,8 +536,20 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         changed.write_text(_json.dumps(d))
         app.view_export(str(changed))
         await pilot.pause()
+        ran = "DSpark on · sched off · conf 0.00 · max 5"
         assert ("the knobs of changed.json at its end, set after its last cycle: no cycle ran with them; its "
-                "counters are of the knobs before (changed at cycle 3) (read-only; Esc: live)") in str(
+                f"counters are of {ran} (changed at cycle 3) (read-only; Esc: live)") in str(
+            app.query_one("#knob-note").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        # no change logged, F2 after the last answer: the file's knobs_in_force says what the cycles ran with
+        d["knob_events"], d["knobs_in_force"] = [], dict(d["knobs"])
+        d["knobs"] = {**d["knobs"], "enabled": False}
+        changed.write_text(_json.dumps(d))
+        app.view_export(str(changed))
+        await pilot.pause()
+        assert ("the knobs of changed.json at its end, set after its last cycle: no cycle ran with them; its "
+                "counters are of DSpark on · sched on · conf 0.00 · max 5 (read-only; Esc: live)") in str(
             app.query_one("#knob-note").render())
         await pilot.press("escape")
         await pilot.pause()

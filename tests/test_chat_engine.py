@@ -299,3 +299,26 @@ def test_a_generate_json_shows_its_own_dspark_knobs_and_tokens():
     assert snap.knobs == S.DSparkKnobs(enabled=True, scheduler=False, threshold=0.25, max_draft=3)
     assert (snap.n_tokens, snap.n_ctx, snap.stats.n_decode_tokens) == (7, 37, 3)
     assert W.StatsSnapshot.from_export({**d, "dspark": None}).knobs is None
+
+
+def test_the_knobs_in_force_are_those_the_counted_cycles_ran_with(tiny_q2):
+    """A knob set after the last cycle waits for the next one: until a cycle runs, the counters are of the
+    knobs before (what an export records as ``knobs_in_force``; F2 after an answer, then F6, read as a session
+    with DSpark off)."""
+    eng = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=256, n_threads=1)
+    try:
+        start = eng.knobs
+        assert eng.knobs_at_start == start and eng.knobs_in_force(eng.snapshot().events) == start
+        sink = W.EventQueue()
+        eng.run_turn([{"role": "user", "content": "Hi"}], sink, think=False, max_tokens=4)
+        eng.set_dspark(enabled=False)
+        snap = eng.snapshot()
+        assert snap.knobs.enabled is False and eng.knobs_in_force(snap.events) == start  # no cycle ran with it
+        eng.run_turn([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                      {"role": "user", "content": "Again"}], sink, think=False, max_tokens=4)
+        snap = eng.snapshot()
+        assert eng.knobs_in_force(snap.events) == snap.knobs and snap.knobs.enabled is False
+        eng.reset_stats()  # counters from zero: they start with the knobs now set
+        assert eng.knobs_at_start == snap.knobs
+    finally:
+        eng.close()

@@ -312,6 +312,23 @@ def _export(counters_id, scheduler: bool, cycles: int, skips: int) -> dict:
             "n_ctx": 4096, "counters_id": counters_id, "interface": {"cpu_share": 0.1}}
 
 
+def test_an_export_whose_knobs_changed_after_its_last_cycle_is_compared_with_the_knobs_that_ran(tmp_path, capsys):
+    """F3 and F2 after the answer, then F6: the export's knobs say DSpark off, but no cycle ran with them
+    (``knobs_in_force``: what its cycles ran with). Compared as DSpark off, a session that drafted read as one
+    that did not."""
+    on = {"enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**_export("20261201T180000-0123abcd", True, 100, 4), "knobs": on, "knobs_in_force": on}))
+    off = {**on, "enabled": False, "scheduler": False}
+    b.write_text(json.dumps({**_export("20261201T181500-89abcdef", True, 100, 4), "knobs": off, "knobs_in_force": on,
+                             "knob_events": []}))
+    assert cli_main(["compare", str(a), str(b), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["knobs"] == [] and r["knob_change_warnings"] == [
+        f"B ({b}) had its DSpark knobs changed after its last cycle (enabled false, scheduler false): no cycle ran "
+        f"with them, so compared are the knobs its cycles ran with"]
+
+
 def test_an_export_that_contains_the_other_is_a_warning(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_export("20261201T180000-0123abcd", True, 100, 424)))

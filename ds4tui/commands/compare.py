@@ -82,7 +82,7 @@ SCHEDULER_START = "scheduler_start"
 SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "text", "dspark_line", "message", "ok",
               "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
-              "knob_events", "dspark_events", "events", "mismatches", "counters_id", "prompt_text", "prefill_gemm_note",
+              "knob_events", "dspark_events", "events", "mismatches", "counters_id", "knobs_in_force", "prompt_text", "prefill_gemm_note",
               "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note", "amx_note",
               "threads_note", "ctx_note", "n_ctx_note"}
 
@@ -290,6 +290,7 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
                      Knob("support_status", ("string",), ("attached", "refused", "none")),
                      Knob("n_ctx", ("integer", "null"), low=1), Knob("sampling", ("object",)),
                      *(k.under("sampling") for k in _SAMPLING), *(k.under("knobs") for k in _DSPARK_KNOBS),
+                     Knob("knobs_in_force", ("object", "null")), *(k.under("knobs_in_force") for k in _DSPARK_KNOBS),
                      Knob("dspark_stats.block_size", ("integer",), low=0)),
 }
 
@@ -507,6 +508,14 @@ def _rename(d: dict, old: str, new: str) -> None:
     for a, b in ((old, new), (f"{old}_note", f"{new}_note")):
         if a in d:
             d[b] = d.pop(a)
+
+
+def knobs_that_ran(d: dict) -> dict:
+    """A stats export with the knobs its counted cycles ran with (``knobs_in_force``) as its ``knobs``: a change
+    made after its last cycle (F2 after the answer, then F6) ran in no cycle, and compared as the run's knobs it
+    called a session that drafted one with DSpark off.  Other files as they are."""
+    in_force = d.get("knobs_in_force")
+    return {**d, "knobs": in_force} if isinstance(in_force, dict) and isinstance(d.get("knobs"), dict) else d
 
 
 def canonical(kind: str, d: dict) -> dict:
@@ -1015,6 +1024,12 @@ def knob_change_warning(side: str, path: str, d: dict) -> str | None:
         return e["knobs"] if isinstance(e.get("knobs"), dict) else {k: v for k, v in e.items() if k != "cycle"}
 
     events = [e for e in (d.get("knob_events") or d.get("dspark_events") or ()) if isinstance(e, dict)]
+    at_end, in_force = d.get("knobs"), d.get("knobs_in_force")
+    if isinstance(at_end, dict) and isinstance(in_force, dict) and at_end != in_force:
+        moved = ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}" for k, v in at_end.items()
+                          if in_force.get(k) != v)
+        return (f"{side} ({path}) had its DSpark knobs changed after its last cycle ({moved}): no cycle ran with "
+                f"them, so compared are the knobs its cycles ran with")
     said, prev = [], None
     for e in events:
         knobs = knobs_of(e)
@@ -1060,7 +1075,8 @@ def run(args) -> int:
             print(json.dumps({"ok": False, "error": str(exc), "error_type": "CompareError"}))
         return 1
     same = kind_a == kind_b
-    r = compare(canonical(kind_a, a) if not same else a, canonical(kind_b, b) if not same else b, same_kind=same)
+    ra, rb = knobs_that_ran(a), knobs_that_ran(b)
+    r = compare(canonical(kind_a, ra) if not same else ra, canonical(kind_b, rb) if not same else rb, same_kind=same)
     r["contains_warning"] = contains_warning(r["contains"], a.get("counters_id"))
     r["no_shared_figures"] = (None if r["figures"] or r["zero_in_both"]
                               else no_shared_figures(args.a, args.b, kind_a, kind_b, a, b))

@@ -362,6 +362,9 @@ class ChatEngine:
         except BaseException:
             self.engine.close()
             raise
+        #: the knobs the session's counters started with (with the knob changes the engine logged since,
+        #: what its cycles ran with: :meth:`knobs_in_force`)
+        self.knobs_at_start = self.knobs
         self._stop = threading.Event()
         self._busy = threading.Lock()
         self._turn = 0
@@ -403,6 +406,12 @@ class ChatEngine:
     @property
     def knobs(self) -> S.DSparkKnobs | None:
         return self.session.dspark if self.has_dspark else None
+
+    def knobs_in_force(self, events: Sequence[S.KnobEvent] = ()) -> S.DSparkKnobs | None:
+        """The knobs the counted cycles ran with: the last of ``events`` (the changes the engine applied,
+        :attr:`StatsSnapshot.events`), else those the counters started with.  They differ from
+        :attr:`knobs` while a change waits for a cycle (F2 after the answer: no cycle has run with it)."""
+        return events[-1].knobs if events else self.knobs_at_start
 
     def set_dspark(self, **knobs) -> S.DSparkKnobs:
         """``Session.set_dspark``: applied at the next cycle.  Raises ``StateError`` when no support
@@ -687,6 +696,7 @@ class ChatEngine:
                 raise
             self.session = new
             self.counters_id = new_counters_id()  # a new session: its counters start from zero
+            self.knobs_at_start = self.knobs
             old.close()
             new.restart_scheduler_prices()  # from what the old session measured, kept as it closed
             self._retime = new.scheduler_prices_retime
@@ -701,6 +711,7 @@ class ChatEngine:
             raise S.StateError("stop the running turn first")
         self.session.reset_stats()
         self.counters_id = new_counters_id()
+        self.knobs_at_start = self.knobs
 
     def close(self) -> str:
         """Stop a running turn, then free the session and the engine (waits for the running cycle).

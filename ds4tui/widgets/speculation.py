@@ -106,8 +106,7 @@ class KnobsPane(Vertical):
                     inp.value = text
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
-            state = (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
-                     f" · conf {threshold_text(knobs.threshold)} · max {knobs.max_draft}")
+            state = knobs_state(knobs)
             note = f"{state}\n{note}" if note else state
         if note != self._note:
             self._note = note
@@ -298,6 +297,12 @@ def explain_reasons(st: DSparkStats | None = None) -> str:
         head = f"{name} ({n} cycle{'s' if n != 1 else ''})" if st is not None else name
         out.append(f"{head}\n  why: {why}\n  what to do: {todo}")
     return "\n\n".join(out)
+
+
+def knobs_state(knobs) -> str:
+    """DSpark's knobs (``DSparkKnobs``) in one line: "DSpark on · sched off · conf 0.30 · max 5"."""
+    return (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
+            f" · conf {threshold_text(knobs.threshold)} · max {knobs.max_draft}")
 
 
 def threshold_text(v: float) -> str:
