@@ -61,7 +61,7 @@ from ds4tui.engine.backend import DSparkKnobs
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, plural, select_backend
 from ds4tui.engine.timeline import SpecTimeline
-from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage, prompt_text
+from ds4tui.widgets.chat import AssistantMessage, ChatView, PromptInput, UserMessage
 from ds4tui.widgets.dialogs import (AskPath, Confirm, ConfirmContext, ConfirmNewChat, ConfirmQuit, ErrorDialog,
                                     InfoDialog)
 from ds4tui.widgets.histogram import Histogram
@@ -1128,8 +1128,8 @@ class DS4App(App):
 
     @on(Input.Submitted, "#prompt")
     async def _submit(self, event: Input.Submitted) -> None:
-        shown = event.value.strip()  # (as the line shows it: a pasted text's line breaks as LINE_BREAK)
-        text = prompt_text(shown).strip()
+        prompt = self.query_one("#prompt", PromptInput)
+        text = prompt.question(event.value).strip()  # a pasted text's line breaks as they were
         if not text:
             return
         if self.engine is None:
@@ -1138,8 +1138,7 @@ class DS4App(App):
         if self._generating:
             self.notify("a turn is running: Esc stops it", severity="warning")
             return
-        prompt = self.query_one("#prompt", PromptInput)
-        prompt.remember(shown)
+        prompt.remember(text)
         prompt.value = ""
         view = self.query_one("#transcript", ChatView)
         await view.mount(UserMessage(text))

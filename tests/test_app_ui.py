@@ -835,6 +835,12 @@ async def test_a_pasted_text_of_several_lines_is_sent_whole(tmp_path):
         prompt.post_message(events.Paste("one line\n"))  # a single line (its newline dropped): as typed
         await pilot.pause()
         assert prompt.value == "one line"
+        await app.workers.wait_for_complete()
+        prompt.value = "What does the ↵ symbol mean?"  # typed, in a line no paste broke: sent as it is
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await app.flush()
+        assert app.messages[-2] == {"role": "user", "content": "What does the ↵ symbol mean?"}
 
 
 async def test_page_keys_scroll_the_transcript_from_the_prompt(tmp_path):

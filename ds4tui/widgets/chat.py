@@ -365,20 +365,16 @@ class ChatView(VerticalScroll):
             last.size_live_text()
 
 
-#: How the one-line prompt shows each line break of a pasted text; :func:`prompt_text` sends it as one.
+#: How the one-line prompt shows each line break of a pasted text (:meth:`PromptInput.question` sends it as one).
 LINE_BREAK = "↵"
-
-
-def prompt_text(value: str) -> str:
-    """The question a prompt line holds: its :data:`LINE_BREAK` marks as the line breaks they stand for."""
-    return value.replace(LINE_BREAK, "\n")
 
 
 class PromptInput(Input):
     """The prompt line: Enter sends; ↑/↓ walk through the prompts sent before; PageUp/PageDown
     scroll the transcript (back at its bottom it follows the answer again).  A pasted text of several
     lines is kept whole, each line break shown as :data:`LINE_BREAK` and sent as a line break (Textual's
-    line kept the first line only, without a word)."""
+    line kept the first line only, without a word); a line no such paste went into sends a typed
+    :data:`LINE_BREAK` as it is (``breaks``: a paste put line breaks into the line since it was empty)."""
 
     BINDINGS = [
         Binding("up", "history(-1)", "previous prompt", show=False),
@@ -407,9 +403,25 @@ class PromptInput(Input):
         # draft instead of replacing it
         super().__init__(placeholder="Ask something (Enter to send, ↑/↓ history, Esc stops generation)",
                          select_on_focus=False, **kw)
-        self.history: list[str] = []
+        self.history: list[str] = []  # the questions sent, line breaks and all
         self._pos = 0
-        self._draft = ""
+        self._draft = ("", False)  # the line being written before ↑, with its breaks
+        self.breaks = False
+
+    def watch_value(self, value: str) -> None:
+        if not value:  # an empty line holds no pasted breaks
+            self.breaks = False
+
+    def question(self, value: str | None = None) -> str:
+        """The question the line (or ``value``) holds: its :data:`LINE_BREAK` marks as the line breaks they
+        stand for where a paste put them in (:attr:`breaks`), else as typed."""
+        value = self.value if value is None else value
+        return value.replace(LINE_BREAK, "\n") if self.breaks else value
+
+    def _show(self, text: str) -> None:
+        """``text`` (a question, line breaks and all) on the line, its breaks as :data:`LINE_BREAK`."""
+        self.value = text.replace("\n", LINE_BREAK)
+        self.breaks = "\n" in text
 
     def _on_paste(self, event: events.Paste) -> None:
         text = event.text.replace("\r\n", "\n").replace("\r", "\n").strip("\n")
@@ -422,20 +434,25 @@ class PromptInput(Input):
             self.insert_text_at_cursor(shown)
         else:
             self.replace(shown, *self.selection)
+        self.breaks = True
         self.notify(f"pasted {text.count(chr(10)) + 1} lines: {LINE_BREAK} marks each line break, sent as one",
                     timeout=3)
 
     def remember(self, text: str) -> None:
+        """``text``: the question sent (:meth:`question`), line breaks and all."""
         if text and (not self.history or self.history[-1] != text):
             self.history.append(text)
         self._pos = len(self.history)
-        self._draft = ""
+        self._draft = ("", False)
 
     def action_history(self, step: int) -> None:
         if not self.history:
             return
         if self._pos == len(self.history):
-            self._draft = self.value
+            self._draft = (self.value, self.breaks)
         self._pos = max(0, min(len(self.history), self._pos + step))
-        self.value = self._draft if self._pos == len(self.history) else self.history[self._pos]
+        if self._pos == len(self.history):
+            self.value, self.breaks = self._draft
+        else:
+            self._show(self.history[self._pos])
         self.cursor_position = len(self.value)
