@@ -1297,9 +1297,9 @@ class DS4App(App):
             self._knob(threshold=0.0)
             return
         value = round(min(1.0, max(0.0, k.threshold + step)), 2)
-        if value == round(k.threshold, 2):
-            self.notify(f"confidence threshold is at its {'maximum' if step > 0 else 'minimum'}, {value:.2f}",
-                        timeout=3)
+        if value == k.threshold:  # (a typed 1e-09 steps down to 0: it is not at the minimum yet)
+            self.notify(f"confidence threshold is at its {'maximum' if step > 0 else 'minimum'}, "
+                        f"{threshold_text(value)}", timeout=3)
             return
         self._knob(threshold=value)
 

@@ -723,15 +723,17 @@ async def test_the_no_draft_pane_names_every_reason_tied_for_the_top():
         from ds4tui.engine.backend import DSparkKnobs
 
         nd.show(one, knobs=DSparkKnobs(scheduler=False))
-        assert "→ The scheduler is off now (F3): every cycle from here drafts; these skips are from before" in nd.text
+        assert "→ The scheduler is off now (F3): these skips are from before, and every cycle from here drafts" \
+            in nd.text
         assert "F3 turns the scheduler off" not in nd.text
         nd.show(one, knobs=DSparkKnobs(scheduler=True))
         assert "→ " + NO_DRAFT_HELP["scheduler_skip"][1] in nd.text
-        nd.show(one, knobs=DSparkKnobs(enabled=False, scheduler=False))  # DSpark off: the skips' advice stands
-        assert "→ " + NO_DRAFT_HELP["scheduler_skip"][1] in nd.text
+        nd.show(one, knobs=DSparkKnobs(enabled=False, scheduler=False))  # both off: no key to press twice
+        assert ("→ The scheduler is off now (F3): these skips are from before; DSpark is off now as well (F2 turns it "
+                "on)") in nd.text and "F3 turns the scheduler off" not in nd.text
         gated = DSparkStats(cycles=4, first_tokens=4, no_draft=3, no_draft_reasons={"confidence_gate": 3})
         nd.show(gated, knobs=DSparkKnobs(threshold=0.0))
-        assert "→ The threshold is 0 now: no draft is gated from here; these cycles are from before" in nd.text
+        assert "→ The threshold is 0 now: these cycles are from before, and no draft is gated from here" in nd.text
     assert dominant_words(one) == "scheduler_skip (4 cycles)" and dominant_words(DSparkStats()) == ""
 
 

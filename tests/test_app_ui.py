@@ -667,6 +667,13 @@ async def test_knob_fields_show_what_is_typed_and_give_the_prompt_back(tmp_path,
         await pilot.pause()
         assert app.engine.knobs.threshold == 1e-9 and toasts()[-1] == "confidence threshold 1e-09 — from the next cycle"
         assert threshold.value == "1e-09" and "conf 1e-09" in str(app.query_one("#knob-note").render())
+        app.set_focus(prompt)
+        await pilot.press("f7")  # down to 0 (it said "at its minimum, 0.00" and stayed at 1e-09)
+        await pilot.pause()
+        assert app.engine.knobs.threshold == 0.0 and toasts()[-1] == "confidence threshold 0.00 — from the next cycle"
+        await pilot.press("f7")
+        await pilot.pause()
+        assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
         max_draft.focus()
         await pilot.press("9", "enter")
         await pilot.pause()

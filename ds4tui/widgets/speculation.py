@@ -263,12 +263,15 @@ def _done_since(reason: str, knobs) -> str | None:
     cycles ran, instead of the advice to do it; None while the reason can still end cycles."""
     if knobs is None:
         return None
+    off = "" if knobs.enabled else "; DSpark is off now as well (F2 turns it on)"
     if reason == "disabled" and knobs.enabled:
         return "DSpark is on now (F2): these cycles ran while it was off; the next cycles draft"
-    if reason == "scheduler_skip" and knobs.enabled and not knobs.scheduler:
-        return "The scheduler is off now (F3): every cycle from here drafts; these skips are from before"
-    if reason == "confidence_gate" and knobs.enabled and knobs.threshold == 0:
-        return "The threshold is 0 now: no draft is gated from here; these cycles are from before"
+    if reason == "scheduler_skip" and not knobs.scheduler:
+        return ("The scheduler is off now (F3): these skips are from before"
+                + (", and every cycle from here drafts" if knobs.enabled else off))
+    if reason == "confidence_gate" and knobs.threshold == 0:
+        return "The threshold is 0 now: these cycles are from before" + (
+            ", and no draft is gated from here" if knobs.enabled else off)
     return None
 
 
