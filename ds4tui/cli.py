@@ -709,7 +709,7 @@ def _interrupted_json(args) -> None:
 #: anything reads it: ``Path("")`` is the current folder ("is a directory") and ``open("")`` says nothing of
 #: the argument.  (``--out`` and the folders have their commands' own messages.)
 _PATH_ARGUMENTS = (("model", "MODEL"), ("support", "SUPPORT"), ("mtp", "--mtp"), ("file", "-f/--file"),
-                   ("a", "A.json"), ("b", "B.json"))
+                   ("a", "A.json"), ("b", "B.json"), ("sources", "--from"))
 #: The commands whose MODEL may be left out (the bundled demo model).
 _DEMO_DEFAULT = ("chat", "generate", "bench", "tokenize")
 
@@ -717,8 +717,11 @@ _DEMO_DEFAULT = ("chat", "generate", "bench", "tokenize")
 def _empty_path(args: argparse.Namespace) -> str | None:
     """The usage error for the first path argument given as an empty string (an unset shell variable,
     ``--mtp "$SUPPORT"``), else None."""
+    if getattr(args, "glob", None) == "":  # draft-vocab: no pattern, no file of a folder
+        return "argument --glob: expected a file name pattern, found an empty one; give one, e.g. --glob '*.py'"
     for dest, name in _PATH_ARGUMENTS:
-        if getattr(args, dest, None) == "":
+        value = getattr(args, dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):  # --from src '': the current folder read
             leave_out = (", or leave MODEL out for the bundled demo model" if dest == "model" and
                          args.command in _DEMO_DEFAULT else ", or leave --mtp out" if dest == "mtp" else "")
             return (f"argument {name}: expected a path, found an empty one (an unset shell variable?); give the "

@@ -337,6 +337,9 @@ _EMPTY = "expected a path, found an empty one (an unset shell variable?); give t
     (["generate", "-f", ""], f"argument -f/--file: {_EMPTY}"),
     (["compare", "", "B"], f"argument A.json: {_EMPTY}"),
     (["draft-vocab", "MODEL", "", "--out", "x.gguf", "--from", "."], f"argument SUPPORT: {_EMPTY}"),
+    (["draft-vocab", "MODEL", "MODEL", "--out", "x.gguf", "--from", "src", ""], f"argument --from: {_EMPTY}"),
+    (["draft-vocab", "MODEL", "MODEL", "--out", "x.gguf", "--from", ".", "--glob", ""],
+     "argument --glob: expected a file name pattern, found an empty one; give one, e.g. --glob '*.py'"),
 ])
 def test_an_empty_path_is_a_usage_error_naming_its_argument(argv, message, tiny_q2, capsys, no_demo, no_engine):
     """An empty path (``--mtp "$SUPPORT"`` with the variable unset) was read as the current folder ("." is a
