@@ -115,6 +115,12 @@ def test_bench_sizes_blame_the_option(tiny_q2, capsys, no_engine):
     rc, out, err = _run(capsys, ["bench", model, "--prompt-tokens", "8", "--decode-tokens", "99999999"])
     assert rc == 2 and err == (f"ds4tui bench: error: argument --decode-tokens: expected at most {limit - 9} (the "
                                f"context length {limit} of {model} less --prompt-tokens 8 + 1), found 99999999\n")
+    rc, out, err = _run(capsys, ["bench", model, "--decode-tokens", "99999999", "--ctx", "1000"])  # not --ctx's fault
+    assert rc == 2 and "argument --decode-tokens: expected at most" in err and "--ctx" not in err.split("(")[0]
+    rc, out, err = _run(capsys, ["bench", model, "--prompt-tokens", "99999999", "--decode-tokens", "99999999"])
+    assert rc == 2 and err == (f"ds4tui bench: error: arguments --prompt-tokens 99999999 and --decode-tokens 99999999: "
+                               f"each is more than the context length {limit} of {model} holds (their sum + 1 must be "
+                               f"at most {limit})\n")
     rc, out, err = _run(capsys, ["bench", model, "--ctx", str(limit + 1), "--json"])
     message = f"argument --ctx: expected at most {limit} (the context length of {model}), found {limit + 1}"
     assert rc == 2 and err == f"ds4tui bench: error: {message}\n"

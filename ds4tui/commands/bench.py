@@ -459,15 +459,11 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
     need = n_prompt + n_decode + 1  # prompt, the timed tokens, and the last emitted (pending) token
     limit = model.config.context_length
     _ctx_within_model(ctx, limit, model.path)
+    if need > limit:  # (before --ctx: a --ctx that cannot reach the sum is not the one to change)
+        raise BenchUsageError(_token_counts_past(n_prompt, n_decode, limit, model.path))
     if ctx is not None and ctx < need:
         raise BenchUsageError(f"argument --ctx: expected at least {need} (--prompt-tokens {n_prompt} + "
                               f"--decode-tokens {n_decode} + 1), found {ctx}")
-    if need > limit and n_decode > n_prompt:  # the larger of the two is blamed, with its maximum beside the other
-        raise BenchUsageError(f"argument --decode-tokens: expected at most {max(limit - n_prompt - 1, 0)} (the context "
-                              f"length {limit} of {model.path} less --prompt-tokens {n_prompt} + 1), found {n_decode}")
-    if need > limit:
-        raise BenchUsageError(f"argument --prompt-tokens: expected at most {max(limit - n_decode - 1, 0)} (the context "
-                              f"length {limit} of {model.path} less --decode-tokens {n_decode} + 1), found {n_prompt}")
     # given, or sized by the run (compare then takes it as following from the token counts)
     ctx_note = (f"--ctx {ctx}: given" if ctx is not None else
                 f"auto: --prompt-tokens {n_prompt} + --decode-tokens {n_decode} + 1 (no --ctx)")
@@ -570,6 +566,20 @@ def run_bench(model: DS4Model, *, backend: str, numerics: str, activations: str 
 def ids_sha256(ids: list[int]) -> str:
     """sha256 of the ids written as decimal numbers joined by commas."""
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+
+
+def _token_counts_past(n_prompt: int, n_decode: int, limit: int, path) -> str:
+    """The usage error of ``--prompt-tokens`` + ``--decode-tokens`` + 1 past the model's context length
+    ``limit``: the count that cannot fit beside one token of the other, else the larger, with its maximum."""
+    prompt_fits, decode_fits = n_prompt + 2 <= limit, n_decode + 2 <= limit
+    if not prompt_fits and not decode_fits:
+        return (f"arguments --prompt-tokens {n_prompt} and --decode-tokens {n_decode}: each is more than the context "
+                f"length {limit} of {path} holds (their sum + 1 must be at most {limit})")
+    if not decode_fits or (prompt_fits and n_decode > n_prompt):
+        return (f"argument --decode-tokens: expected at most {limit - n_prompt - 1} (the context length {limit} of "
+                f"{path} less --prompt-tokens {n_prompt} + 1), found {n_decode}")
+    return (f"argument --prompt-tokens: expected at most {limit - n_decode - 1} (the context length {limit} of "
+            f"{path} less --decode-tokens {n_decode} + 1), found {n_prompt}")
 
 
 def sum_stats(parts: list[DSparkStats]) -> DSparkStats:
@@ -719,13 +729,13 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
     need = max(len(ids) for _, _, ids in prompts) + n_tokens  # the last emitted token is never run
     limit = model.config.context_length
     _ctx_within_model(ctx, limit, model.path)
-    if ctx is not None and ctx < need:
-        raise BenchUsageError(f"argument --ctx: expected at least {need} (the longest prompt's {need - n_tokens} "
-                              f"tokens + --tokens {n_tokens}; known once the prompts are tokenized), found {ctx}")
-    if need > limit:
+    if need > limit:  # (before --ctx: a --ctx that cannot reach the sum is not the one to change)
         raise BenchUsageError(f"argument --tokens: expected at most {limit - (need - n_tokens)} (the context length "
                               f"{limit} of {model.path} less the longest prompt's {need - n_tokens} tokens), "
                               f"found {n_tokens}")
+    if ctx is not None and ctx < need:
+        raise BenchUsageError(f"argument --ctx: expected at least {need} (the longest prompt's {need - n_tokens} "
+                              f"tokens + --tokens {n_tokens}; known once the prompts are tokenized), found {ctx}")
     if ctx is None:
         ctx = need
     engine = Engine(model, backend=backend, numerics=numerics, activations=activations, n_threads=n_threads, support=support,
