@@ -826,9 +826,20 @@ def test_a_dspark_knob_of_a_run_with_dspark_off_is_no_variable_of_its_own():
     assert r["knobs"] == [["dspark.enabled", True, False], ["dspark.scheduler", True, False]]
     assert (r["variables"], r["moot"], r["warning"]) == (1, ["dspark.scheduler"], None)
     text = C.render("a.json", "b.json", "generate", "generate", r)
-    assert "(dspark.scheduler: no effect in the run with DSpark off, so no variable of its own)" in text
+    assert "(dspark.scheduler: no effect where DSpark was off, so no variable of its own)" in text
     r = C.compare(run(True, True), run(True, False))
     assert (r["variables"], r["moot"]) == (1, [])
+    both_off = dict(run(False, True), dspark={"enabled": False, "scheduler": True, "threshold": 0.5, "max_draft": 5})
+    r = C.compare(both_off, run(False, False))  # --no-dspark twice, other DSpark flags: nothing differs that ran
+    assert (r["variables"], r["moot"], r["warning"]) == (0, ["dspark.scheduler", "dspark.threshold"], None)
+    assert "knobs that differ (2, none a variable of the runs):" in C.render("a", "b", "generate", "generate", r)
+    # a support model in one run only: its path, status, block size and DSpark's knobs (null without it): one
+    no_support = {"dspark": None, "support": {"path": None, "status": "none", "block_size": 0}, "draft_vocab": 0,
+                  "timings": {"decode_tokens_per_s": 100.0}}
+    with_support = {**run(True, True), "support": {"path": "s.gguf", "status": "attached", "block_size": 5},
+                    "draft_vocab": 16384}
+    r = C.compare(with_support, no_support)
+    assert r["variables"] == 1 and r["warning"] is None, r["knobs"]
 
 
 def test_the_drafts_saved_time_is_a_figure_and_a_transcripts_saved_stamp_is_not():

@@ -606,6 +606,9 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
     # a DSpark knob of a run whose DSpark was off decided nothing there: beside DSpark on against off it is
     # no variable of its own (scheduler on against off, with DSpark off in one of the runs)
     moot = [k for k, _, _ in knobs if k not in derived and _moot_dspark_knob(k, fa, fb)]
+    # a support model attached in one run only: what only a drafter has (its block size, the draft
+    # vocabulary, DSpark's knobs, null in the other run) moves with it
+    support_moved = any(_parts(k)[:-1] == ["support"] for k, _, _ in knobs)
     for k, x, y in knobs:
         if k in derived or k in moot:
             continue
@@ -613,8 +616,9 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
             if not mode_moved:
                 variables.setdefault((SCHEDULER_START,), k)
             continue
-        if _parts(k)[:-1] == ["support"]:  # its path and its status: one support model attached or not
-            variables.setdefault(("support",), k)
+        if _parts(k)[:-1] == ["support"] or (support_moved and (
+                x is None or y is None or _parts(k)[-1] in ("block_size", "draft_vocab"))):
+            variables.setdefault(("support",), k)  # its path and status, and what follows: one variable
             continue
         variables.setdefault((_parts(k)[-1], json.dumps(x), json.dumps(y)), k)
     warning = None
@@ -630,14 +634,14 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
 
 
 def _moot_dspark_knob(name: str, fa: dict[str, Any], fb: dict[str, Any]) -> bool:
-    """Whether ``name`` is a DSpark knob (``dspark.scheduler``, ``arms[1].knobs.threshold``) beside an
-    ``enabled`` of its group that differs between the runs: the run with DSpark off drafted nothing, so the
-    knob decided nothing there."""
+    """Whether ``name`` is a DSpark knob (``dspark.scheduler``, ``arms[1].knobs.threshold``) of a group whose
+    ``enabled`` is false in a run: that run drafted nothing, so the knob decided nothing there (both runs
+    off: in neither)."""
     parts = name.rsplit(".", 1)
     if len(parts) != 2 or parts[1] == "enabled" or _parts(parts[0])[-1] not in ("dspark", "knobs"):
         return False
     on = f"{parts[0]}.enabled"
-    return fa.get(on) is not fb.get(on) and False in (fa.get(on), fb.get(on))
+    return fa.get(on) is False or fb.get(on) is False  # off in one run, or in both: it decided nothing there
 
 
 def _notes(obj: Any, prefix: str = "") -> dict[str, str]:
@@ -733,6 +737,7 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
         w = max(len(k) for k, _, _ in r["knobs"])
         n, v = len(r["knobs"]), r["variables"]
         lines.append(f"knobs that differ ({n}):" if n == v
+                     else f"knobs that differ ({n}, none a variable of the runs):" if v == 0
                      else f"knobs that differ ({v} variable{'' if v == 1 else 's'} under {n} names):")
         lines += [f"  {k:<{w}}  {_fmt(x)} -> {_fmt(y)}" for k, x, y in r["knobs"]]
         if r.get("derived"):
@@ -741,7 +746,7 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
             lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {it} {follows} from the knobs above "
                          f"and {is_} no variable of {its} own)")
         if r.get("moot"):
-            lines.append(f"  ({', '.join(r['moot'])}: no effect in the run with DSpark off, so no variable of "
+            lines.append(f"  ({', '.join(r['moot'])}: no effect where DSpark was off, so no variable of "
                          f"{'its' if len(r['moot']) == 1 else 'their'} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
