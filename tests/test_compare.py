@@ -297,6 +297,16 @@ def test_files_that_are_not_results_are_named_with_the_field_and_the_types(tiny_
             f"{bad}: looks like `generate --json` output but field `timings.decode_tokens_per_s` is number {shown}, "
             f"expected a finite number >= 0 (a rate) or null: the file was edited or damaged; write it again with "
             f"ds4tui generate --json")
+    gen = {"model": "m", "backend": "cpu", "generated_ids": [], "timings": {"decode_tokens_per_s": 9.0}}
+    for field, value, expected in (("accept_rate", 250.0, "a percent 0..100 or null"),
+                                   ("accept_rate", -3.0, "a percent 0..100 or null"),
+                                   ("saved", float("nan"), "a finite number"),
+                                   ("tokens_per_cycle", float("inf"), "a finite number")):
+        bad.write_text(json.dumps({**gen, "dspark_stats": {field: value}}))
+        shown = json.dumps(value)
+        assert _refusal(capsys, str(good), bad) == (
+            f"{bad}: looks like `generate --json` output but field `dspark_stats.{field}` is number {shown}, "
+            f"expected {expected}: the file was edited or damaged; write it again with ds4tui generate --json")
     bad.write_text(json.dumps({"format": "ds4tui-chat/1", "messages": [], "session": None}))
     assert _refusal(capsys, str(good), bad) == (
         f"{bad}: looks like a transcript (Ctrl+S) but field `session` is null, expected an object holding the "

@@ -317,15 +317,20 @@ def validate(kind: str, d: dict) -> None:
 
 
 def _check_rates(v: Any, kind: str, name: str = "") -> None:
-    """Every rate (a field named ``*_per_s``, at any depth: generate's ``timings.decode_tokens_per_s``, a
-    bench run's) a finite number >= 0 or null, else :func:`_wrong` naming it: no run writes NaN, an
-    infinity or a negative rate, and compared they read as a figure or vanish from the table."""
+    """Every number at any depth finite, every rate (a field named ``*_per_s``: generate's
+    ``timings.decode_tokens_per_s``, a bench run's) >= 0 and every ``accept_rate`` a percent, else
+    :func:`_wrong` naming it: no run writes NaN, an infinity, a negative rate or a rate past 100 %, and
+    compared they read as a figure or vanished from the table."""
     if isinstance(v, dict):
         for key, x in v.items():
             at = f"{name}.{key}" if name else str(key)
-            if str(key).endswith("_per_s") and isinstance(x, (int, float)) and not isinstance(x, bool) \
-                    and not (math.isfinite(x) and x >= 0):
+            number = isinstance(x, (int, float)) and not isinstance(x, bool)
+            if str(key).endswith("_per_s") and number and not (math.isfinite(x) and x >= 0):
                 raise _wrong(kind, at, x, "a finite number >= 0 (a rate) or null")
+            if key == "accept_rate" and number and not (math.isfinite(x) and 0 <= x <= 100):
+                raise _wrong(kind, at, x, "a percent 0..100 or null")
+            if number and not math.isfinite(x):  # no writer writes NaN or an infinity: compared, it vanished
+                raise _wrong(kind, at, x, "a finite number")
             _check_rates(x, kind, at)
     elif isinstance(v, list):
         for i, x in enumerate(v):
