@@ -426,7 +426,7 @@ class DS4App(App):
     Screen.-narrow.panes-shown #chat-column { display: none; }
     Screen.-wide.panes-hidden #side, Screen.-wider.panes-hidden #side { display: none; }
     #histograms { height: auto; }
-    #status { height: 1; padding: 0 1; color: $text-muted; }
+    #status { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
     #progress { display: none; height: 1; padding: 0 1; }
     #progress.active { display: block; }
     PromptInput { margin: 0 1; }
@@ -1113,10 +1113,11 @@ class DS4App(App):
             else:
                 parts.append("generating (Esc stops)" if self._generating else "ready")
             parts.append("think" if self.think else "nothink")
+            # each part short: the line is one row of the chat column (50 columns in a 110-column window)
             if self.trace:
-                parts.append("draft highlight on")
-            if self.viewing is not None:  # (the file's name is on the panes' borders: the line stays short)
-                parts.append("panes: an export, read-only (Esc: live)")
+                parts.append("highlight")  # (F4: accepted drafts highlighted)
+            if self.viewing is not None:  # (the file's name is on the panes' borders)
+                parts.append("export view (Esc)")
             text = " · ".join(parts)
         set_line(self._panes["status"], text)
 

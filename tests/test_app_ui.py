@@ -514,7 +514,7 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         assert f"{'verify':<16}{t['verify_ms_per_drafted_cycle']:8.3f}" in app.query_one("#stages").text
         assert f"cycles {st.cycles} · proposed {st.proposed}" in app.query_one("#accept").text
         status = app.query_one("#status")
-        assert "panes: an export, read-only (Esc: live)" in str(status.render())
+        assert "export view (Esc)" in str(status.render())
         assert len(str(status.render())) <= status.content_size.width  # one row, nothing cut (the name is on the borders)
         assert "— recent" in app.query_one("#accept").text  # an export holds no recent window
         await pilot.press("escape")  # back to the live panes
@@ -810,6 +810,21 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         await pilot.press("f7")  # the threshold is 0
         await pilot.pause()
         assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
+
+
+@pytest.mark.parametrize("width", [110, 150])
+async def test_the_status_line_fits_one_row_of_the_chat_column_with_every_part(tmp_path, width):
+    """ready, thinking off, F4's highlight and an export on show: one row of the narrowest chat column (50
+    columns in a 110-column window); it was cut mid-word without a mark."""
+    async with _after_a_turn(tmp_path, (width, 40)) as (app, pilot):
+        await pilot.press("f5", "f4")
+        app.viewing = "x.json"  # (the status line's part for an export on show)
+        app._set_status()
+        await pilot.pause()
+        status = app.query_one("#status")
+        text = str(status.render())
+        assert text == "ready · nothink · highlight · export view (Esc)" and len(text) <= status.content_size.width
+        app.viewing = None
 
 
 async def test_a_pasted_text_of_several_lines_is_sent_whole(tmp_path):
