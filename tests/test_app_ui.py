@@ -812,6 +812,20 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         assert toasts()[-1] == "confidence threshold is at its minimum, 0.00"
 
 
+@pytest.mark.parametrize("width, stacked", [(40, True), (150, False)])
+async def test_the_histograms_stack_where_two_side_by_side_would_wrap_their_lines(tmp_path, width, stacked):
+    """In a 40-column window (F12) each histogram line wrapped its percentage onto a row of its own."""
+    async with _after_a_turn(tmp_path, (width, 45)) as (app, pilot):
+        if width < 110:
+            await pilot.press("f12")
+            await pilot.pause()
+        assert app.query_one("#histograms").has_class("-stacked") == stacked
+        for hid in ("draft-hist", "accepted-hist"):
+            h = app.query_one(f"#{hid}")
+            lines = h.text.splitlines()
+            assert max(len(line) for line in lines) <= h.content_size.width and h.region.height == len(lines) + 2
+
+
 @pytest.mark.parametrize("width", [110, 150])
 async def test_the_status_line_fits_one_row_of_the_chat_column_with_every_part(tmp_path, width):
     """ready, thinking off, F4's highlight and an export on show: one row of the narrowest chat column (50

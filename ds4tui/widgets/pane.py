@@ -166,6 +166,16 @@ class PaneColumn(Vertical):
 
 
 class PaneRow(Horizontal):
-    """A row of panes side by side, as :class:`PaneColumn`."""
+    """A row of panes side by side, as :class:`PaneColumn`; one under the other (CSS class ``-stacked``)
+    where the row is narrower than :attr:`min_pane_width` columns a pane (the two histograms in the panes of a
+    40-column window: each of their lines wrapped, doubling the panes' height)."""
 
+    DEFAULT_CSS = """
+    PaneRow.-stacked { layout: vertical; }
+    """
     virtual_size = no_second_layout()
+    #: columns a pane of the row needs for its lines (a histogram's 19, its border and padding 4)
+    min_pane_width = 23
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < self.min_pane_width * max(1, len(self.children)), "-stacked")
