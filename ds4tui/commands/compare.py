@@ -82,7 +82,8 @@ SCHEDULER_START = "scheduler_start"
 SKIP_NAMES = {"timestamp", "backend_note", "backend_detail", "decode_timing", "text", "dspark_line", "message", "ok",
               "error", "error_type", "stop", "ids_sha256", "generated_ids", "prompt_ids", "from_draft", "format",
               "chain_fail_op", "invariant_violations", "dominant_no_draft_reason", "dominant_no_draft_reasons",
-              "knob_events", "dspark_events", "events", "mismatches", "counters_id", "knobs_in_force", "prompt_text", "prefill_gemm_note",
+              "knob_events", "dspark_events", "events", "mismatches", "counters_id", "knobs_in_force", "prompt_text",
+              "prefill_gemm_note",
               "gpu_graphs_note", "activations_note", "draft_vocab_note", "verify_head_note", "amx_note",
               "threads_note", "ctx_note", "n_ctx_note"}
 
@@ -313,10 +314,10 @@ def validate(kind: str, d: dict) -> None:
         for name, v in _at_path(d, knob.name):
             if not knob.fits(v):
                 raise _wrong(kind, name, v, knob.expected())
-    _check_rates(d, kind)
+    _check_figures(d, kind)
 
 
-def _check_rates(v: Any, kind: str, name: str = "") -> None:
+def _check_figures(v: Any, kind: str, name: str = "") -> None:
     """Every number at any depth finite, every rate (a field named ``*_per_s``: generate's
     ``timings.decode_tokens_per_s``, a bench run's) >= 0 and every ``accept_rate`` a percent, else
     :func:`_wrong` naming it: no run writes NaN, an infinity, a negative rate or a rate past 100 %, and
@@ -331,10 +332,10 @@ def _check_rates(v: Any, kind: str, name: str = "") -> None:
                 raise _wrong(kind, at, x, "a percent 0..100 or null")
             if number and not math.isfinite(x):  # no writer writes NaN or an infinity: compared, it vanished
                 raise _wrong(kind, at, x, "a finite number")
-            _check_rates(x, kind, at)
+            _check_figures(x, kind, at)
     elif isinstance(v, list):
         for i, x in enumerate(v):
-            _check_rates(x, kind, f"{name}[{i}]")
+            _check_figures(x, kind, f"{name}[{i}]")
 
 
 def kind_of(d: dict) -> str:
