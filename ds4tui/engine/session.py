@@ -470,7 +470,9 @@ class Engine:
                 # take, against the memory
                 support_path = support.path if isinstance(support, SupportModel) else support
                 copies = amx_copy_bytes(self.model.tensors)
-                files = os.path.getsize(self.model.path)
+                path = str(self.model.path)  # (a synthetic model is in memory: its tensors' bytes)
+                files = (os.path.getsize(path) if os.path.isfile(path)
+                         else sum(int(t.nbytes) for t in self.model.tensors.values()))
                 if support_path is not None and os.path.isfile(support_path):
                     from ds4tui.engine.gguf_model import open_gguf, tensor_table
 
