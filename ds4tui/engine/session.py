@@ -121,12 +121,9 @@ def amx_copy_bytes(tensors: dict) -> int:
     A drafter's draft-vocabulary head, gathered at open, comes on top (a few MiB)."""
     from gguf import GGMLQuantizationType as T
 
-    total = 0
-    for name, t in tensors.items():
-        if t.type == T.Q8_0 and len(t.shape) == 2 and name != "token_embd.weight" \
-                and t.shape[0] % 16 == 0 and t.shape[1] % 64 == 0:
-            total += t.shape[0] * (t.shape[1] // 32) * 34
-    return total
+    return sum(int(t.nbytes) for name, t in tensors.items()
+               if t.type == T.Q8_0 and len(t.shape) == 2 and name != "token_embd.weight"
+               and t.shape[0] % 16 == 0 and t.shape[1] % 64 == 0)
 
 
 def memory_total() -> int | None:
@@ -465,19 +462,8 @@ class Engine:
         if activations == "auto":
             self.activations, self.activations_note = auto_activations(backend)
         if amx == "auto":
-            copies, files = None, 0
-            if backend == "cpu" and self.activations == "q8" and amx_available()[0]:  # what the copies would
-                # take, against the memory
-                support_path = support.path if isinstance(support, SupportModel) else support
-                copies = amx_copy_bytes(self.model.tensors)
-                path = str(self.model.path)  # (a synthetic model is in memory: its tensors' bytes)
-                files = (os.path.getsize(path) if os.path.isfile(path)
-                         else sum(int(t.nbytes) for t in self.model.tensors.values()))
-                if support_path is not None and os.path.isfile(support_path):
-                    from ds4tui.engine.gguf_model import open_gguf, tensor_table
-
-                    copies += amx_copy_bytes(tensor_table(open_gguf(support_path)))
-                    files += os.path.getsize(support_path)
+            copies, files = (self._amx_copies_and_files(support)
+                             if backend == "cpu" and self.activations == "q8" and amx_available()[0] else (None, 0))
             self.amx, self.amx_note = auto_amx(backend, self.activations, copies=copies, files=files,
                                                total=memory_total())
         elif amx == "on" and backend != "cpu":  # --backend auto chose the GPU: said, not refused
@@ -518,6 +504,22 @@ class Engine:
         if support is not None:
             self._attach_support(support)
         self._open_prices()
+
+    def _amx_copies_and_files(self, support) -> tuple[int, int]:
+        """What the amx option's copies of the model and ``support`` (a path or SupportModel, or None) would
+        take (:func:`amx_copy_bytes`), and the bytes of their files (a synthetic model, in memory: its
+        tensors'), for :func:`auto_amx`."""
+        copies = amx_copy_bytes(self.model.tensors)
+        path = str(self.model.path)
+        files = (os.path.getsize(path) if os.path.isfile(path)
+                 else sum(int(t.nbytes) for t in self.model.tensors.values()))
+        support_path = support.path if isinstance(support, SupportModel) else support
+        if support_path is not None and os.path.isfile(support_path):
+            from ds4tui.engine.gguf_model import open_gguf, tensor_table
+
+            copies += amx_copy_bytes(tensor_table(open_gguf(support_path)))
+            files += os.path.getsize(support_path)
+        return copies, files
 
     # -- native descriptor ---------------------------------------------------------------------
     def _open_native(self, n_threads: int, progress: Callable[[int, int], None] | None = None) -> None:
