@@ -147,11 +147,16 @@ def test_continuations_read_back_and_refuse_another_target(tmp_path):
 
 
 @pytest.mark.parametrize("answer,want", [
-    ("Here:\n```python\ndef f(x):\n    return x\n```\n", {"fenced": True, "parses": True, "repeats": 1, "ok": True}),
-    ("```python\ndef f(x):\n    return (x\n```", {"fenced": True, "parses": False, "repeats": 1, "ok": False}),
-    ("```python\ndef f(x):\n" + "    x = 1\n" * 4 + "```", {"fenced": True, "parses": True, "repeats": 4, "ok": False}),
-    ("```python\ndef f(x):\n    return x\n", {"fenced": False, "parses": False, "repeats": 0, "ok": False}),
-    ("def f(x):\n    return x\n", {"fenced": False, "parses": False, "repeats": 0, "ok": False}),
+    ("Here:\n```python\ndef f(x):\n    return x\n```\n",
+     {"fenced": True, "parses": True, "compiles": True, "repeats": 1, "ok": True}),
+    ("```python\ndef f(x):\n    return (x\n```", {"fenced": True, "parses": False, "compiles": False, "repeats": 1, "ok": False}),
+    ("```python\ndef f(x):\n" + "    x = 1\n" * 4 + "```",
+     {"fenced": True, "parses": True, "compiles": True, "repeats": 4, "ok": False}),
+    # the parser lets these through, compile() does not: a parameter named twice, a return outside a function
+    ("```python\ndef f(k, k):\n    return k\n```", {"fenced": True, "parses": True, "compiles": False, "repeats": 1, "ok": False}),
+    ("```python\nreturn 1\n```", {"fenced": True, "parses": True, "compiles": False, "repeats": 1, "ok": False}),
+    ("```python\ndef f(x):\n    return x\n", {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}),
+    ("def f(x):\n    return x\n", {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}),
 ])
 def test_judge(answer, want):
     assert evaluation.judge(answer) == want

@@ -463,14 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each source (quick runs)")
     ap.add_argument("--max-function-lines", type=int, default=MAX_FUNCTION_LINES, metavar="N",
                     help="chat samples answer with documented functions of at most N lines (default "
-                         f"{MAX_FUNCTION_LINES}, the shipped corpus): a smaller N teaches answers that close their "
+                         f"{MAX_FUNCTION_LINES}, the first corpus; the shipped pair's last runs: 20): a smaller N teaches answers that close their "
                          "code block sooner")
     ap.add_argument("--answer-docstring", choices=("full", "summary"), default="full",
-                    help="chat answers keep each function's docstring as written (full, the shipped corpus) or "
-                         "cut it to its first sentence on one line (summary: answers that do not run into "
-                         "doctest examples)")
+                    help="chat answers keep each function's docstring as written (full, the first corpus) or "
+                         "cut it to its first sentence on one line (summary, the shipped pair's last runs: answers that do "
+                         "not run into doctest examples)")
     ap.add_argument("--chat-copies", type=int, default=1, metavar="N",
-                    help="the training split holds each chat sample N times (default 1, the shipped corpus): the "
+                    help="the training split holds each chat sample N times (default 1, both corpora): the "
                          "copies after all files, shuffled, so that training sees more requests answered with code")
     a = ap.parse_args(argv)
     if a.chat_copies < 1:

@@ -1,6 +1,6 @@
 """Measure a demo pair (target GGUF + DSpark support GGUF) with ds4tui's own CPU engine.
 
-``python tools/eval_demo.py MODEL SUPPORT CORPUS_DIR [--threads 2] [--out JSON]``
+``python tools/eval_demo.py MODEL SUPPORT CORPUS_DIR [--threads 2] [--activations f32|q8] [--out JSON]``
 
 What it reports (greedy decoding throughout; nothing here is timed, so the numbers are the same on
 any machine):
@@ -14,14 +14,16 @@ any machine):
 * **answers that read as code**: each of the 20 :data:`FUNCTION_PROMPTS` (written for this
   evaluation, no training sample contains them) rendered with the chat template in no-think mode
   and answered greedily (up to ``--answer-tokens`` tokens, stopping at EOS).  An answer passes when
-  it contains a fenced Python block (```` ```python ```` … ```` ``` ````) that :func:`ast.parse`
-  accepts and in which no non-empty line occurs more than :data:`MAX_LINE_REPEATS` times (a
-  repetition loop).  Greedy DSpark output equals the target's own, so the answers come from the
+  it contains a fenced Python block (```` ```python ```` … ```` ``` ````) that :func:`compile`
+  accepts (``parses`` also counts what :func:`ast.parse` alone accepts) and in which no non-empty line
+  occurs more than :data:`MAX_LINE_REPEATS` times (a repetition loop).  Greedy DSpark output equals the target's own, so the answers come from the
   acceptance run.
 * **held-out perplexity**: ``tools/pack_demo.py``'s measurement (native engine, 8 windows of 512
   tokens of the held-out split).
 
-The JSON (``--out``) holds every answer too.  Speed is measured apart with ``ds4tui bench --ab``.
+``--activations`` is the engine's numerics option (spec ds4.md §2.9.5): ``f32`` (the default here,
+as every figure recorded for the demo pairs) or ``q8`` (what the commands use on a CPU by default);
+the JSON says which. The JSON (``--out``) holds every answer too.  Speed is measured apart with ``ds4tui bench --ab``.
 """
 
 from __future__ import annotations
@@ -65,19 +67,29 @@ FENCE = re.compile(r"```python\n(.*?)\n?```", re.S)
 
 
 def judge(answer: str) -> dict:
-    """Whether ``answer`` holds a fenced Python block that parses and is not a repetition loop."""
+    """Whether ``answer`` holds a fenced Python block that is valid Python and is not a repetition loop.
+
+    ``parses``: ``ast.parse`` accepts the block (issue 21's wording); ``compiles``: so does ``compile``,
+    which also refuses what the parser lets through (a parameter named twice, ``return`` outside a
+    function, ``break`` outside a loop); ``ok`` asks for ``compiles`` and no line more than
+    :data:`MAX_LINE_REPEATS` times."""
     m = FENCE.search(answer)
     if not m:
-        return {"fenced": False, "parses": False, "repeats": 0, "ok": False}
+        return {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}
     code = m.group(1)
     try:
-        ast.parse(code)
-        parses = True
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
-        parses = False
+        tree = None
+    try:
+        compiles = tree is not None and compile(tree, "<answer>", "exec") is not None
+    except (SyntaxError, ValueError):
+        compiles = False
+    parses = tree is not None
     lines = collections.Counter(line.strip() for line in code.splitlines() if line.strip())
     repeats = max(lines.values(), default=0)
-    return {"fenced": True, "parses": parses, "repeats": repeats, "ok": parses and repeats <= MAX_LINE_REPEATS}
+    return {"fenced": True, "parses": parses, "compiles": compiles, "repeats": repeats,
+            "ok": compiles and repeats <= MAX_LINE_REPEATS}
 
 
 class Counts:
@@ -110,7 +122,8 @@ def run_prompt(engine, ids: list[int], n: int, stop: tuple[int, ...] = ()) -> tu
 
 
 def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_prompts: int = 64,
-             prompt_tokens: int = 128, tokens: int = 128, answer_tokens: int = 256) -> dict:
+             prompt_tokens: int = 128, tokens: int = 128, answer_tokens: int = 256,
+             activations: str = "f32") -> dict:
     """Everything the module docstring lists, as one JSON-ready dict."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from demo_corpus import load_split
@@ -121,8 +134,8 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
 
     tok = Tokenizer.from_gguf(model)
     held = load_split(corpus, "heldout")
-    res: dict = {"model": str(model), "support": str(support), "threads": threads}
-    with Engine(model, backend="cpu", n_threads=threads, support=support) as engine:
+    res: dict = {"model": str(model), "support": str(support), "threads": threads, "activations": activations}
+    with Engine(model, backend="cpu", n_threads=threads, support=support, activations=activations) as engine:
         block = engine.block_size
         code = Counts(block)
         for start in np.linspace(0, held.size - prompt_tokens - 1, code_prompts).astype(int):
@@ -142,7 +155,8 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
         ok = sum(a["ok"] for a in answers)
         res["function_prompts"] = {"n": len(answers), "ok": ok, "ok_fraction": round(ok / len(answers), 3),
                                    "fenced": sum(a["fenced"] for a in answers),
-                                   "parses": sum(a["parses"] for a in answers), "answers": answers}
+                                   "parses": sum(a["parses"] for a in answers),
+                                   "compiles": sum(a["compiles"] for a in answers), "answers": answers}
     res["heldout_perplexity"] = heldout_perplexity(model, held)
     return res
 
@@ -173,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--answer-tokens", type=int, default=256)
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32",
+                    help="the engine's activations (default f32, as the demo pairs' recorded figures; q8 is what "
+                         "the commands use on a CPU by default)")
     ap.add_argument("--out", type=Path, default=None, help="write the full result (answers included) here")
     a = ap.parse_args(argv)
     why = corpus_problem(a.corpus)
@@ -183,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         res = evaluate(a.model, a.support, a.corpus, a.threads, a.code_prompts, a.prompt_tokens, a.tokens,
-                       a.answer_tokens)
+                       a.answer_tokens, a.activations)
     except (EngineError, ModelFileError) as exc:  # a missing or unreadable MODEL / SUPPORT: one line
         print(f"eval_demo: error: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ continued a packed pair, and ``PREV`` holds a copy of that pair's ``demo.json`` 
 (copied out of ``ds4tui/demo/`` before packing over them); the run must have started from exactly
 those files (sha256), and the earlier log is kept whole at the end of ``earlier_runs``.  Both GGUFs are validated (target layout, support compatible with the target),
 compressed with xz (preset 6; the unseen-token rows that training kept identical make the
-files compress to about a quarter) and described in ``demo.json``: sizes and sha256 of the
+files compress to about a third, the support file to about a half) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
 summary, the ``ds4tui bench --ab`` results given with ``--bench``, the ``tools/eval_demo.py`` result
 given with ``--eval`` (without the answers' text) and, with ``--corpus``, the held-out perplexity of
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["eval"] = {**{k: v for k, v in ev.items() if k not in ("function_prompts", "model", "support")},
                            "function_prompts": {**{k: v for k, v in fp.items() if k != "answers"},
                                                 "per_prompt": [{k: x[k] for k in ("prompt", "tokens", "fenced", "parses",
-                                                                                   "repeats", "ok")}
+                                                                                   "compiles", "repeats", "ok") if k in x}
                                                                for x in fp["answers"]]}}
     if a.corpus:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -5,16 +5,13 @@
 Needs ``torch`` and ``transformers`` (>= 5.23, ``DeepseekV4ForCausalLM``), which are not ds4tui
 dependencies; runs on one CUDA GPU (``--device cpu`` for a smoke run).  ``CORPUS_DIR`` comes
 from ``tools/demo_corpus.py`` (token ids of permissively licensed Python source, train / held-out
-split; its compact ``*.u16.xz`` form is read as well).  The defaults are the first of the three runs
+split; its compact ``*.u16.xz`` form is read as well).  The defaults are the first run of the chain
 that made the shipped pair: 483 s on one H200 (target 250 s, heal 40 s, greedy continuations for
-the drafter, drafter 120 s, export and check).  The second trained the drafter on for 160 s
-against the exported target with more continuations (``--target-gguf OUT/model.gguf
---drafter-init OUT/support.gguf --drafter-seconds 160 --drafter-lr 1e-3 --distill-sequences 512
---distill-new 96``, 210 s); ``tools/pack_demo.py OUT --drafter-run OUT2`` ships that drafter.  The
-third healed that drafter (``--target-gguf OUT/model.gguf --drafter-init OUT2/support.gguf
---drafter-seconds 0 --drafter-heal-seconds 180 --drafter-heal-lr 1e-3 --distill-sequences 2048
---distill-chunk 512 --distill-budget 30 --distill-new 96 --heldout-generated 64 --corpus-every 4``,
-253 s; 1024 continuations fitted the budget) and is the shipped drafter (README, "Retrain").
+the drafter, drafter 120 s, export and check).  Later runs continued it: the drafter trained on
+against the exported target (``--target-gguf``, ``--drafter-init``), the target trained on from its
+file (``--target-init``, on the corpus rebuilt with ``--max-function-lines 20 --answer-docstring
+summary``), and the shipped drafter trained against the last target on continuations made by the
+engine (``tools/engine_continuations.py``, ``--continuations``); README "Retrain" has every command.
 ``--target-gguf`` rebuilds the target in transformers from the GGUF's dequantised weights (checked
 against the numpy reference on held-out tokens), so a drafter can be trained for the shipped
 target on a machine that never held its checkpoint; only ``support.gguf`` is written then.
@@ -1052,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", type=Path)
     ap.add_argument("out", type=Path)
-    # defaults: the run that made the shipped demo pair (483 s in all on one H200)
+    # defaults: the first run of the chain that made the shipped demo pair (483 s in all on one H200)
     ap.add_argument("--target-seconds", type=float, default=250.0)
     ap.add_argument("--heal-seconds", type=float, default=40.0,
                     help="training of everything but the routed experts after they are quantised")
