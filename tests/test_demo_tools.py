@@ -146,20 +146,45 @@ def test_continuations_read_back_and_refuse_another_target(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+def _verdict(fenced=True, parses=True, compiles=True, statements=1, repeats=1, ok=None):
+    return {"fenced": fenced, "parses": parses, "compiles": compiles, "statements": statements, "repeats": repeats,
+            "ok": compiles and statements > 0 and repeats <= 3 if ok is None else ok}
+
+
+NO_FENCE = _verdict(fenced=False, parses=False, compiles=False, statements=0, repeats=0)
+
+
 @pytest.mark.parametrize("answer,want", [
-    ("Here:\n```python\ndef f(x):\n    return x\n```\n",
-     {"fenced": True, "parses": True, "compiles": True, "repeats": 1, "ok": True}),
-    ("```python\ndef f(x):\n    return (x\n```", {"fenced": True, "parses": False, "compiles": False, "repeats": 1, "ok": False}),
-    ("```python\ndef f(x):\n" + "    x = 1\n" * 4 + "```",
-     {"fenced": True, "parses": True, "compiles": True, "repeats": 4, "ok": False}),
+    ("Here:\n```python\ndef f(x):\n    return x\n```\n", _verdict()),
+    ("```python\ndef f(x):\n    return (x\n```", _verdict(parses=False, compiles=False, statements=0)),
+    ("```python\ndef f(x):\n" + "    x = 1\n" * 4 + "```", _verdict(repeats=4)),
     # the parser lets these through, compile() does not: a parameter named twice, a return outside a function
-    ("```python\ndef f(k, k):\n    return k\n```", {"fenced": True, "parses": True, "compiles": False, "repeats": 1, "ok": False}),
-    ("```python\nreturn 1\n```", {"fenced": True, "parses": True, "compiles": False, "repeats": 1, "ok": False}),
-    ("```python\ndef f(x):\n    return x\n", {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}),
-    ("def f(x):\n    return x\n", {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}),
+    ("```python\ndef f(k, k):\n    return k\n```", _verdict(compiles=False)),
+    ("```python\nreturn 1\n```", _verdict(compiles=False)),
+    # no code: an empty block, comments only
+    ("```python\n```", _verdict(statements=0, repeats=0)),
+    ("```python\n# a comment\n```", _verdict(statements=0)),
+    # nesting deeper than the parser's recursion: not valid here, and a verdict instead of RecursionError
+    ("```python\nx = " + "-" * 3000 + "1\n```", _verdict(parses=False, compiles=False, statements=0)),
+    # other spellings of the fence: py, python3, any case, CRLF line ends, a space after the language
+    ("```py\ndef f(x):\n    return x\n```", _verdict()),
+    ("```Python3 \r\ndef f(x):\r\n    return x\r\n```", _verdict()),
+    ("```python\ndef f(x):\n    return x\n", NO_FENCE),
+    ("def f(x):\n    return x\n", NO_FENCE),
+    ("```\ndef f(x):\n    return x\n```", NO_FENCE),  # no language: not a Python block
 ])
 def test_judge(answer, want):
     assert evaluation.judge(answer) == want
+
+
+def test_eval_refuses_a_held_out_split_too_short_for_it(tiny_q2, tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    np.save(folder / "heldout.npy", np.arange(50, dtype=np.int32))
+    assert evaluation.main([str(tiny_q2["model"]), str(tiny_q2["support"]), str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert f"{folder}: its held-out split holds 50 tokens; this evaluation needs at least 514" in err
+    assert "Traceback" not in err
 
 
 def test_twenty_function_prompts():

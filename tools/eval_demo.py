@@ -14,12 +14,13 @@ any machine):
 * **answers that read as code**: each of the 20 :data:`FUNCTION_PROMPTS` (written for this
   evaluation, no training sample contains them) rendered with the chat template in no-think mode
   and answered greedily (up to ``--answer-tokens`` tokens, stopping at EOS).  An answer passes when
-  it contains a fenced Python block (```` ```python ```` … ```` ``` ````) that :func:`compile`
-  accepts (``parses`` also counts what :func:`ast.parse` alone accepts) and in which no non-empty line
-  occurs more than :data:`MAX_LINE_REPEATS` times (a repetition loop).  Greedy DSpark output equals the target's own, so the answers come from the
+  its first fenced Python block (```` ```python ```` … ```` ``` ````) holds a statement, :func:`compile`
+  accepts it (``parses`` also counts what :func:`ast.parse` alone accepts) and no non-empty line in
+  it occurs more than :data:`MAX_LINE_REPEATS` times (a repetition loop; :func:`judge`).  Greedy DSpark output equals the target's own, so the answers come from the
   acceptance run.
-* **held-out perplexity**: ``tools/pack_demo.py``'s measurement (native engine, 8 windows of 512
-  tokens of the held-out split).
+* **held-out perplexity**: ``tools/pack_demo.py``'s measurement (native engine, f32 activations
+  whatever ``--activations`` says, the engine's default threads, 8 windows of 512 tokens of the
+  held-out split), as recorded for every demo pair; its entry in the JSON says so.
 
 ``--activations`` is the engine's numerics option (spec ds4.md §2.9.5): ``f32`` (the default here,
 as every figure recorded for the demo pairs) or ``q8`` (what the commands use on a CPU by default);
@@ -63,33 +64,41 @@ FUNCTION_PROMPTS = (
 """The held-out requests of the code-quality goal (issue: ≥ 80 % answers that read as code)."""
 
 MAX_LINE_REPEATS = 3
-FENCE = re.compile(r"```python\n(.*?)\n?```", re.S)
+FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)\r?\n?```", re.S | re.I)
+"""The first fenced Python block: ```` ```python ````, ```` ```py ```` or ```` ```python3 ```` (any case), LF or CRLF."""
+
+#: What ast.parse and compile raise on text they cannot take: bad syntax, a null byte, nesting deeper than
+#: the parser's or the compiler's recursion allows, an expression too large to hold.
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
 
 
 def judge(answer: str) -> dict:
-    """Whether ``answer`` holds a fenced Python block that is valid Python and is not a repetition loop.
+    """Whether ``answer``'s first fenced Python block (:data:`FENCE`) is valid Python with code in it
+    and is not a repetition loop; never raises.
 
     ``parses``: ``ast.parse`` accepts the block (issue 21's wording); ``compiles``: so does ``compile``,
     which also refuses what the parser lets through (a parameter named twice, ``return`` outside a
-    function, ``break`` outside a loop); ``ok`` asks for ``compiles`` and no line more than
-    :data:`MAX_LINE_REPEATS` times."""
+    function, ``break`` outside a loop); ``statements``: the block's top-level statements (0 for an
+    empty block or comments only); ``repeats``: the most times one non-empty line occurs; ``ok`` asks
+    for ``compiles``, a statement and no line more than :data:`MAX_LINE_REPEATS` times (the issue's
+    rule, applied to every line, ``pass`` and a docstring's closing quotes included)."""
     m = FENCE.search(answer)
     if not m:
-        return {"fenced": False, "parses": False, "compiles": False, "repeats": 0, "ok": False}
+        return {"fenced": False, "parses": False, "compiles": False, "statements": 0, "repeats": 0, "ok": False}
     code = m.group(1)
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        tree = None
+        statements = len(ast.parse(code).body)
+        parses = True
+    except _UNPARSABLE:
+        statements, parses = 0, False
     try:
-        compiles = tree is not None and compile(tree, "<answer>", "exec") is not None
-    except (SyntaxError, ValueError):
+        compiles = parses and compile(code, "<answer>", "exec") is not None
+    except _UNPARSABLE:
         compiles = False
-    parses = tree is not None
     lines = collections.Counter(line.strip() for line in code.splitlines() if line.strip())
     repeats = max(lines.values(), default=0)
-    return {"fenced": True, "parses": parses, "compiles": compiles, "repeats": repeats,
-            "ok": compiles and repeats <= MAX_LINE_REPEATS}
+    return {"fenced": True, "parses": parses, "compiles": compiles, "statements": statements, "repeats": repeats,
+            "ok": compiles and statements > 0 and repeats <= MAX_LINE_REPEATS}
 
 
 class Counts:
@@ -121,6 +130,14 @@ def run_prompt(engine, ids: list[int], n: int, stop: tuple[int, ...] = ()) -> tu
         return out, s.dspark_stats()
 
 
+PERPLEXITY_TOKENS = 512
+"""The length of the perplexity's windows (``pack_demo.heldout_perplexity``'s default)."""
+
+
+class CorpusTooSmall(ValueError):
+    """The corpus's held-out split is too short for the evaluation (the message names the folder and both counts)."""
+
+
 def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_prompts: int = 64,
              prompt_tokens: int = 128, tokens: int = 128, answer_tokens: int = 256,
              activations: str = "f32") -> dict:
@@ -135,6 +152,11 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
     tok = Tokenizer.from_gguf(model)
     held = load_split(corpus, "heldout")
     res: dict = {"model": str(model), "support": str(support), "threads": threads, "activations": activations}
+    need = max(prompt_tokens, PERPLEXITY_TOKENS) + 2
+    if held.size < need:
+        raise CorpusTooSmall(f"{corpus}: its held-out split holds {held.size} tokens; this evaluation needs at least "
+                             f"{need} (--prompt-tokens {prompt_tokens} and the perplexity's {PERPLEXITY_TOKENS}-token "
+                             "windows): rebuild it with tools/demo_corpus.py")
     with Engine(model, backend="cpu", n_threads=threads, support=support, activations=activations) as engine:
         block = engine.block_size
         code = Counts(block)
@@ -157,7 +179,7 @@ def evaluate(model: Path, support: Path, corpus: Path, threads: int = 2, code_pr
                                    "fenced": sum(a["fenced"] for a in answers),
                                    "parses": sum(a["parses"] for a in answers),
                                    "compiles": sum(a["compiles"] for a in answers), "answers": answers}
-    res["heldout_perplexity"] = heldout_perplexity(model, held)
+    res["heldout_perplexity"] = {**heldout_perplexity(model, held), "activations": "f32"}
     return res
 
 
@@ -201,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = evaluate(a.model, a.support, a.corpus, a.threads, a.code_prompts, a.prompt_tokens, a.tokens,
                        a.answer_tokens, a.activations)
-    except (EngineError, ModelFileError) as exc:  # a missing or unreadable MODEL / SUPPORT: one line
+    except (EngineError, ModelFileError, CorpusTooSmall) as exc:  # a bad MODEL / SUPPORT / corpus: one line
         print(f"eval_demo: error: {exc}", file=sys.stderr)
         return 1
     if a.out:

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["eval"] = {**{k: v for k, v in ev.items() if k not in ("function_prompts", "model", "support")},
                            "function_prompts": {**{k: v for k, v in fp.items() if k != "answers"},
                                                 "per_prompt": [{k: x[k] for k in ("prompt", "tokens", "fenced", "parses",
-                                                                                   "compiles", "repeats", "ok") if k in x}
+                                                                                   "compiles", "statements", "repeats", "ok") if k in x}
                                                                for x in fp["answers"]]}}
     if a.corpus:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
