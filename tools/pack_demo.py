@@ -11,7 +11,7 @@ continued a packed pair, and ``PREV`` holds a copy of that pair's ``demo.json`` 
 (copied out of ``ds4tui/demo/`` before packing over them); the run must have started from exactly
 those files (sha256), and the earlier log is kept whole at the end of ``earlier_runs``.  Both GGUFs are validated (target layout, support compatible with the target),
 compressed with xz (preset 6; the unseen-token rows that training kept identical make the
-files compress to about a third, the support file to about a half) and described in ``demo.json``: sizes and sha256 of the
+model file compress to about a third of its size, the support file to about a half) and described in ``demo.json``: sizes and sha256 of the
 uncompressed files (``ds4tui.demo`` checks them when it unpacks), the corpus manifest, the training
 summary, the ``ds4tui bench --ab`` results given with ``--bench``, the ``tools/eval_demo.py`` result
 given with ``--eval`` (without the answers' text) and, with ``--corpus``, the held-out perplexity of
