@@ -16,6 +16,7 @@
 
 #define OPS_THREADS 256
 #define EMIT_REG 16 /* compress_emit_kernel: windows of up to this many positions from registers */
+#define EMIT_MAX_W 8192 /* compress_emit_kernel builds rows up to this width in shared memory (32 KB) */
 #define EMIT_MAX_R 256 /* compress_emit_kernel keeps the ring offsets of windows up to this ratio in shared memory */
 
 static int ops_check(const char *what, char *err, size_t len) {
@@ -383,7 +384,7 @@ __global__ void compress_append_kernel(const float *cbuf, const float *zbuf, int
 __global__ void compress_emit_kernel(int W, int R, int overlap, const float *ring_c, const float *ring_z, int cap,
                                      int64_t w0, int64_t p0, const int64_t *dp0, int n, float *rows,
                                      const float *norm, float eps, const double *freq, int n_rot, int indexer,
-                                     int ds4n) {
+                                     int ds4n, int in_smem) {
     __shared__ float red[OPS_THREADS / GPU_WARP];
     if (dp0) {
         const int64_t p = gpu_pos(p0, dp0);
@@ -393,10 +394,10 @@ __global__ void compress_emit_kernel(int W, int R, int overlap, const float *rin
     const int64_t w = w0 + blockIdx.x, a = (int64_t)R * w;
     const int cw = (overlap ? 2 : 1) * W;
     float *out = rows + w * W;
-    /* the row is built, normed, rotated and rounded in shared memory (W floats, the launch's dynamic
-     * shared memory) and written once at the end */
+    /* in_smem (rows up to EMIT_MAX_W): the row is built, normed, rotated and rounded in shared memory
+     * (W floats, the launch's dynamic shared memory) and written once at the end; wider rows in place */
     extern __shared__ __align__(16) float emit_row[];
-    float *row = emit_row;
+    float *row = in_smem ? emit_row : out;
     const int lo = (overlap && w > 0) ? -R : 0;
     /* each position's ring row offset once, in shared memory (not a 64-bit remainder per lane and pass) */
     __shared__ int64_t emit_off[2 * EMIT_MAX_R];
@@ -461,8 +462,10 @@ __global__ void compress_emit_kernel(int W, int R, int overlap, const float *rin
     } else if (ds4n) {
         kv_round_(row, W, n_rot);
     }
-    __syncthreads();
-    for (int d = threadIdx.x; d < W; d += blockDim.x) out[d] = row[d];
+    if (in_smem) {
+        __syncthreads();
+        for (int d = threadIdx.x; d < W; d += blockDim.x) out[d] = row[d];
+    }
 }
 
 /* Indexer scores (forward.c's indexer_slice): one warp per (token, compressed row), lanes split the
@@ -1221,9 +1224,10 @@ int gpu_compress(ds4_gpu_ctx *c, const float *cbuf, const float *zbuf, int32_t n
     int rc = ops_check("compressor append kernel", err, len);
     if (c->cap_dp0) nw = (n + R - 1) / R; /* a graph: the kernel finds the windows (at most this many) */
     if (rc != DS4_OK || nw <= 0) return rc;
-    hipLaunchKernelGGL(compress_emit_kernel, dim3(nw), dim3(OPS_THREADS), (size_t)W * sizeof(float), c->stream, W, R,
-                       overlap, ring_c, ring_z,
-                       cap, w0, GPU_POS(c, p0), n, rows, norm, eps, freq, n_rot, indexer, ds4n);
+    const int in_smem = W <= EMIT_MAX_W;
+    hipLaunchKernelGGL(compress_emit_kernel, dim3(nw), dim3(OPS_THREADS), in_smem ? (size_t)W * sizeof(float) : 0,
+                       c->stream, W, R, overlap, ring_c, ring_z, cap, w0, GPU_POS(c, p0), n, rows, norm, eps, freq,
+                       n_rot, indexer, ds4n, in_smem);
     return ops_check("compressor emit kernel", err, len);
 }
 
