@@ -4,7 +4,8 @@ then replay the engine's scheduler on them (spec dspark.md §7.5).
 ``python tools/scheduler_replay.py record OUT.json [--tokens 512] [--threads 2] [--model MODEL --mtp
 SUPPORT] [--amx auto|on|off]`` answers each prompt below greedily with the demo pair (or the pair given) and records, for
 every anchor position, how many of the block's drafts the target accepts there (a drafted step, then a
-rewind that keeps its first token, so every position is an anchor); then, on the first prompt, the
+rewind that keeps its first token, so every position is an anchor) and the drafter's confidence in each
+draft (``confidence``, read by ``tools/confidence_study.py``); then, on the first prompt, the
 costs the scheduler prices with: the engine's mean time of a plain decode (64 of them), of a proposal
 and of a verify of each width 2 .. block + 1 (24 drafted cycles a width).  About 4 s a prompt on 2
 threads.
@@ -82,6 +83,10 @@ def prompts() -> list[tuple[str, str]]:
             + [("prose", t) for t in PROSE_PROMPTS] + [("code", t) for t in CODE_PROMPTS])
 
 
+#: The traces' confidence threshold: the smallest positive float32, so that no draft is cut.
+CONFIDENCE_THRESHOLD = 1.401298464324817e-45
+
+
 def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path] | None = None,
            amx: str = "auto") -> int:
     """Record the traces and costs of ``pair_files`` (target GGUF, DSpark support GGUF), else of the
@@ -130,16 +135,19 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
     for i, (kind, text) in enumerate(prompts()):
         ids = render_chat(tok, [{"role": "user", "content": text}], think=False)
         s = session(ids, n_tokens + 8)
-        s.set_dspark(enabled=True, scheduler=False, threshold=0.0, max_draft=block)
+        # the least positive threshold: the drafter computes every draft's confidence c_k (kept in
+        # `confidence`, tools/confidence_study.py) and cuts none (every c_k of the demo pair is > 0.01)
+        s.set_dspark(enabled=True, scheduler=False, threshold=CONFIDENCE_THRESHOLD, max_draft=block)
         s.step()  # samples the prefill's logits
-        accepted = []
+        accepted, confidence = [], []
         while len(accepted) < n_tokens:
             got = s.step(block + 1)
+            confidence.append([round(float(c), 6) for c in s.last_proposal()[1]])
             if len(got) > 1:
                 s.rewind(len(got) - 1)  # keep the first token: the next position is an anchor too
             accepted.append(len(got) - 1)
         s.close()
-        traces.append({"kind": kind, "text": text, "accepted": accepted})
+        traces.append({"kind": kind, "text": text, "accepted": accepted, "confidence": confidence})
         print(f"[{i + 1}] {kind}: {sum(accepted) / len(accepted):.2f} drafts accepted a position "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     # the costs, on the first prompt: the engine's own pass times (what the scheduler prices with),
