@@ -132,17 +132,20 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
         return s
 
     t0 = time.perf_counter()
+    cut = 0  # proposals shorter than the block: a confidence of exactly 0 (or no room) cut them
     for i, (kind, text) in enumerate(prompts()):
         ids = render_chat(tok, [{"role": "user", "content": text}], think=False)
         s = session(ids, n_tokens + 8)
         # the least positive threshold: the drafter computes every draft's confidence c_k (kept in
-        # `confidence`, tools/confidence_study.py) and cuts none (every c_k of the demo pair is > 0.01)
+        # `confidence`, tools/confidence_study.py) and cuts only at a c_k of exactly 0 (counted below)
         s.set_dspark(enabled=True, scheduler=False, threshold=CONFIDENCE_THRESHOLD, max_draft=block)
         s.step()  # samples the prefill's logits
         accepted, confidence = [], []
         while len(accepted) < n_tokens:
             got = s.step(block + 1)
-            confidence.append([round(float(c), 6) for c in s.last_proposal()[1]])
+            drafts, conf = s.last_proposal()
+            confidence.append([round(float(c), 6) for c in conf])
+            cut += len(drafts) < block
             if len(got) > 1:
                 s.rewind(len(got) - 1)  # keep the first token: the next position is an anchor too
             accepted.append(len(got) - 1)
@@ -150,6 +153,9 @@ def record(out: Path, n_tokens: int, threads: int, pair_files: tuple[Path, Path]
         traces.append({"kind": kind, "text": text, "accepted": accepted, "confidence": confidence})
         print(f"[{i + 1}] {kind}: {sum(accepted) / len(accepted):.2f} drafts accepted a position "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    if cut:
+        print(f"scheduler_replay: note: {cut} proposals were shorter than the block of {block} (a draft's confidence "
+              f"of exactly 0 cuts it even at the least threshold): their accepted counts stop there", file=sys.stderr)
     # the costs, on the first prompt: the engine's own pass times (what the scheduler prices with),
     # means over 64 plain decodes and over 24 drafted cycles of each verify width
     ids = render_chat(tok, [{"role": "user", "content": prompts()[0][1]}], think=False)
