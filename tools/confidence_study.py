@@ -11,13 +11,16 @@ over target-only decoding of each trace at the file's costs (min, mean, traces b
 policies are simulated here in Python; neither is the engine's scheduler (``scheduler_replay.py
 replay`` replays that one on the same file):
 
-- no scheduler: every cycle proposes and verifies the whole block (``replay``'s arm of that name);
-- confidence cut: a cycle proposes, then verifies the n drafts (0..B) whose expected tokens
-  1 + sum_{k<=n} prod_{j<=k} c_j per ms of a verify of n + 1 rows is best, if that beats a plain
-  decode's 1 per t_decode (the proposal is spent either way; n = 0: the cycle ends in a plain
-  decode).  A cycle that verified nothing or had no draft accepted skips the proposals of the next b
-  positions (b = 2 at the start, doubling to 128 at each such cycle, back to 2 after a cycle that
-  accepted a draft).
+- no scheduler: every cycle proposes and verifies the block, cut to the tokens the answer has left
+  (``replay``'s arm of that name: at most left - 1 drafts, a plain decode without a proposal for the
+  last token);
+- confidence cut: a cycle proposes, then verifies the n drafts (0..the block, cut as above) whose
+  expected tokens 1 + sum_{k<=n} prod_{j<=k} c_j per ms of a verify of n + 1 rows is best, if that
+  beats a plain decode's 1 per t_decode (the proposal is spent either way; n = 0: the cycle ends in a
+  plain decode).  A cycle that verified nothing or had no draft accepted skips the proposals of the
+  next b positions (b = 2 at the start, doubling to 128 at each such cycle, back to 2 after a cycle
+  that accepted a draft).  It prices with the file's costs from its first cycle, where the engine's
+  fresh scheduler measures them first (``replay``'s "after" arms start from kept prices).
 
 Not a test: CI runs only its unit tests (tests/test_confidence_study.py); tools/cpu_notes.md records
 what it printed.
@@ -34,30 +37,68 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scheduler_replay beside this file
 
-from scheduler_replay import DEFAULT_REPLAY_TOKENS, TraceError, load_traces  # noqa: E402
+from scheduler_replay import DEFAULT_REPLAY_TOKENS, TraceError, _count, load_traces  # noqa: E402
 
+from ds4tui.commands.compare import json_type  # noqa: E402
 from ds4tui.engine.replay import Costs  # noqa: E402
+
+POLICIES = ("no scheduler", "confidence cut")
+"""The simulated policies (module docstring), besides target-only decoding."""
 
 #: Back-off of the confidence cut: positions skipped after the first fruitless cycle, and at most.
 BACKOFF_START, BACKOFF_MAX = 2, 128
 
 
+def _bad_number(v, lo: float, hi: float, whole: bool) -> bool:
+    """Not a JSON number in lo..hi (a whole one if ``whole``): booleans, NaN and other types are bad."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and not isinstance(v, int)):
+        return True
+    return not lo <= v <= hi
+
+
 def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
-    """Each trace's ``confidence``: one array of at most ``block`` numbers in [0, 1] per accepted
-    count; raises TraceError naming the first that is not."""
+    """Each trace's ``accepted`` (whole numbers 0..block) and ``confidence`` (one array of at most
+    ``block`` numbers in [0, 1] per position, at least as many as the drafts accepted there), and at
+    least one confidence in the file; raises TraceError naming the first that is not."""
+    anchors = 0
     for i, t in enumerate(traces):
-        conf = t.get("confidence")
-        if not isinstance(conf, list) or len(conf) != len(t["accepted"]):
-            found = f"{len(conf)} entries" if isinstance(conf, list) else type(conf).__name__
+        acc = t["accepted"]
+        if not acc:
+            raise TraceError(f"{path}: traces[{i}].accepted holds no positions; expected what "
+                             f"`scheduler_replay.py record` writes")
+        for j, a in enumerate(acc):
+            if _bad_number(a, 0, block, True):
+                raise TraceError(f"{path}: traces[{i}].accepted[{j}]: expected a whole number 0..{block}, found "
+                                 f"{json.dumps(a)[:40] if not isinstance(a, float) else a}")
+        if "confidence" not in t:
+            raise TraceError(f"{path}: traces[{i}] has no confidence array (a file recorded before 2026-12-05); "
+                             f"record it again with `python tools/scheduler_replay.py record`, which keeps them")
+        conf = t["confidence"]
+        if not isinstance(conf, list) or len(conf) != len(acc):
+            found = f"{len(conf)} entries" if isinstance(conf, list) else json_type(conf)
             raise TraceError(f"{path}: traces[{i}].confidence: expected one array of confidences per position "
-                             f"({len(t['accepted'])}), found {found}; record the file again with "
-                             f"`python tools/scheduler_replay.py record` (it keeps the confidences since 2026-12-05)")
+                             f"({len(acc)}), found {found}")
         for j, c in enumerate(conf):
-            ok = isinstance(c, list) and len(c) <= block and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in c)
-            if not ok:
+            if not isinstance(c, list):
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected an array of at most {block} numbers "
+                                 f"in [0, 1], found {json_type(c)}")
+            if len(c) > block:
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected at most {block} numbers in [0, 1], "
-                                 f"found {c!r:.60}")
+                                 f"found {len(c)}")
+            bad = [k for k, v in enumerate(c) if _bad_number(v, 0.0, 1.0, False)]
+            if bad:
+                v = c[bad[0]]
+                shown = v if isinstance(v, float) else json.dumps(v)[:40]
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}][{bad[0]}]: expected a number in [0, 1], "
+                                 f"found {shown}")
+            if len(c) < acc[j]:
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: {len(c)} confidences where "
+                                 f"traces[{i}].accepted[{j}] says {acc[j]} drafts were accepted (a draft accepted "
+                                 f"was proposed, with its confidence)")
+            anchors += bool(c)
+    if not anchors:
+        raise TraceError(f"{path}: no position holds a confidence: nothing to study (record with "
+                         f"`python tools/scheduler_replay.py record`)")
 
 
 def expected_tokens(conf, n: int) -> float:
@@ -82,18 +123,23 @@ def best_cut(conf, costs: Costs) -> int:
 
 def simulate(accepted, confidence, n_tokens: int, costs: Costs, block: int, policy: str) -> float:
     """Milliseconds to emit ``n_tokens`` tokens of one trace under ``policy`` ("target", "no
-    scheduler" or "confidence cut", module docstring); a cycle at position p reads the trace at p (the
-    last position for the tail past it)."""
+    scheduler" or "confidence cut", module docstring); a cycle at position p reads the trace at p.
+    ValueError for another policy or a trace shorter than ``n_tokens``."""
+    if policy not in ("target",) + POLICIES:
+        raise ValueError(f"policy {policy!r}: expected one of target, {', '.join(POLICIES)}")
+    if not 1 <= n_tokens <= min(len(accepted), len(confidence)):
+        raise ValueError(f"n_tokens {n_tokens}: expected 1..{min(len(accepted), len(confidence))} (the trace's "
+                         f"positions)")
     t, pos, skip, backoff = 0.0, 0, 0, BACKOFF_START
-    last = len(accepted) - 1
     while pos < n_tokens:
-        acc, conf = accepted[min(pos, last)], confidence[min(pos, last)]
-        if policy == "target" or skip > 0:
+        acc, conf = accepted[pos], confidence[pos]
+        room = min(block, n_tokens - pos - 1)  # drafts the answer has tokens left for
+        if policy == "target" or skip > 0 or room < 1:
             skip = max(0, skip - 1)
             t, pos = t + costs.t_decode, pos + 1
             continue
         t += costs.t_propose
-        n = block if policy == "no scheduler" else best_cut(conf, costs)
+        n = room if policy == "no scheduler" else best_cut(conf[:room], costs)
         got = min(acc, n)
         if n == 0:
             t, pos = t + costs.t_decode, pos + 1
@@ -129,11 +175,8 @@ def calibration(traces: list[dict], n_tokens: int) -> dict:
         if sel:
             bins.append({"c1_from": b / 10, "c1_to": (b + 1) / 10, "anchors": len(sel),
                          "first_accepted": sum(1 for a in sel if a >= 1) / len(sel), "mean_accepted": sum(sel) / len(sel)})
-    return {"anchors": len(rows), "bins": bins,
-            "auc_c1": auc([c for c, a in rows if a >= 1], [c for c, a in rows if a == 0])}
-
-
-POLICIES = ("no scheduler", "confidence cut")
+    a = auc([c for c, a in rows if a >= 1], [c for c, a in rows if a == 0])
+    return {"anchors": len(rows), "bins": bins, "auc_c1": None if math.isnan(a) else a}
 
 
 def study(costs: Costs, block: int, traces: list[dict], n_tokens: int) -> dict:
@@ -152,7 +195,7 @@ def study(costs: Costs, block: int, traces: list[dict], n_tokens: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", type=Path, help="a file `tools/scheduler_replay.py record` wrote")
-    ap.add_argument("--tokens", type=int, default=None,
+    ap.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
                     help=f"tokens each simulated answer emits (default {DEFAULT_REPLAY_TOKENS}, or the shortest "
                     f"trace's positions when fewer)")
     ap.add_argument("--json", action="store_true")
@@ -165,7 +208,7 @@ def main(argv=None) -> int:
         return 1
     shortest = min(len(t["accepted"]) for t in traces)
     n = a.tokens if a.tokens is not None else min(DEFAULT_REPLAY_TOKENS, shortest)
-    if not 1 <= n <= shortest:
+    if n > shortest:
         print(f"confidence_study: error: --tokens {n}: expected 1..{shortest} (the shortest trace's positions)",
               file=sys.stderr)
         return 2
@@ -174,11 +217,13 @@ def main(argv=None) -> int:
         print(json.dumps(r))
         return 0
     cal = r["calibration"]
+    shown = "n/a (needs first drafts both accepted and rejected)" if cal["auc_c1"] is None else f"{cal['auc_c1']:.3f}"
     print(f"{len(traces)} traces, {n} tokens each; {cal['anchors']} anchors; AUC of c_1 for the first draft "
-          f"accepted: {cal['auc_c1']:.3f}")
+          f"accepted: {shown}")
     print("c_1 bin      anchors  first accepted  mean accepted")
     for b in cal["bins"]:
-        print(f"[{b['c1_from']:.1f}, {b['c1_to']:.1f})  {b['anchors']:7d}  {b['first_accepted']:14.3f}  "
+        close = "]" if b["c1_to"] == 1.0 else ")"
+        print(f"[{b['c1_from']:.1f}, {b['c1_to']:.1f}{close}  {b['anchors']:7d}  {b['first_accepted']:14.3f}  "
               f"{b['mean_accepted']:13.2f}")
     for pol, p in r["policies"].items():
         print(f"{pol:15s} over target-only: min {p['min']:.3f}, mean {p['mean']:.3f}, below 0.99: "
