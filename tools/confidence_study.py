@@ -56,6 +56,11 @@ def _bad_number(v, lo: float, hi: float, whole: bool) -> bool:
     return not lo <= v <= hi
 
 
+def _found(v) -> str:
+    """A bad value as an error shows it: a float as Python prints it (nan, inf), else its JSON, cut short."""
+    return str(v) if isinstance(v, float) else json.dumps(v)[:40]
+
+
 def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
     """Each trace's ``accepted`` (whole numbers 0..block) and ``confidence`` (one array of at most
     ``block`` numbers in [0, 1] per position, at least as many as the drafts accepted there), and at
@@ -69,7 +74,7 @@ def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
         for j, a in enumerate(acc):
             if _bad_number(a, 0, block, True):
                 raise TraceError(f"{path}: traces[{i}].accepted[{j}]: expected a whole number 0..{block}, found "
-                                 f"{json.dumps(a)[:40] if not isinstance(a, float) else a}")
+                                 f"{_found(a)}")
         if "confidence" not in t:
             raise TraceError(f"{path}: traces[{i}] has no confidence array (a file recorded before 2026-12-05); "
                              f"record it again with `python tools/scheduler_replay.py record`, which keeps them")
@@ -87,10 +92,8 @@ def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
                                  f"found {len(c)}")
             bad = [k for k, v in enumerate(c) if _bad_number(v, 0.0, 1.0, False)]
             if bad:
-                v = c[bad[0]]
-                shown = v if isinstance(v, float) else json.dumps(v)[:40]
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}][{bad[0]}]: expected a number in [0, 1], "
-                                 f"found {shown}")
+                                 f"found {_found(c[bad[0]])}")
             if len(c) < acc[j]:
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}]: {len(c)} confidences where "
                                  f"traces[{i}].accepted[{j}] says {acc[j]} drafts were accepted (a draft accepted "
@@ -182,11 +185,10 @@ def calibration(traces: list[dict], n_tokens: int) -> dict:
 def study(costs: Costs, block: int, traces: list[dict], n_tokens: int) -> dict:
     """The calibration and each policy's rate over target-only per trace, with min, mean and count below 0.99."""
     out = {"tokens": n_tokens, "calibration": calibration(traces, n_tokens), "policies": {}}
+    base = [simulate(t["accepted"], t["confidence"], n_tokens, costs, block, "target") for t in traces]
     for pol in POLICIES:
-        rates = []
-        for t in traces:
-            base = simulate(t["accepted"], t["confidence"], n_tokens, costs, block, "target")
-            rates.append(base / simulate(t["accepted"], t["confidence"], n_tokens, costs, block, pol))
+        rates = [b / simulate(t["accepted"], t["confidence"], n_tokens, costs, block, pol)
+                 for b, t in zip(base, traces)]
         out["policies"][pol] = {"rates": rates, "min": min(rates), "mean": sum(rates) / len(rates),
                                 "below_0_99": sum(1 for r in rates if r < 0.99)}
     return out
