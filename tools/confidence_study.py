@@ -195,12 +195,15 @@ def study(costs: Costs, block: int, traces: list[dict], n_tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="The drafter's confidences against what the target accepted (calibration "
+                                 "of c_1, its AUC) and a scheduler that verifies only the drafts they pay for, "
+                                 "simulated on traces `tools/scheduler_replay.py record` wrote.")
     ap.add_argument("traces", type=Path, help="a file `tools/scheduler_replay.py record` wrote")
     ap.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
                     help=f"tokens each simulated answer emits (default {DEFAULT_REPLAY_TOKENS}, or the shortest "
                     f"trace's positions when fewer)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the calibration and every "
+                    "trace's rate per policy) instead of the tables")
     a = ap.parse_args(argv)
     try:
         costs, block, traces = load_traces(a.traces)

@@ -426,13 +426,13 @@ def main(argv=None) -> int:
                    help="the Q8_0 products on the AMX tiles (spec ds4.md §2.9.6): the same acceptance, other costs "
                         "(default auto)")
     p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
-    p.add_argument("traces", type=Path)
+    p.add_argument("traces", type=Path, help="a file `record` wrote")
     p.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
                    help=f"tokens each replay emits (default {DEFAULT_REPLAY_TOKENS}, as bench --ab's timed steps, or "
                    f"the shortest trace's positions when fewer)")
     p.add_argument("--after", default=None, help="prompt indexes whose fresh session comes first for the kept "
                    "arms (default 0,1: the bench's code and prose prompts, those the file holds; empty: none)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args(argv)
     if a.cmd == "record":
         if not a.out:
