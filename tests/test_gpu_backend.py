@@ -467,8 +467,9 @@ def _q8_want_and_bound(t, W, rows, cols, X):
 
 
 # q8 kernels (hip/q8.hip) at each shape class of the planar layout: one warp per row group (tall,
-# and rows too short for more warps), 2 and 4 warps per row; 8192 columns stage 4 tokens per grid
-# row instead of 8; and the GGML layout (one row per warp, Q8_0 rows of 33 blocks)
+# and rows too short for more warps), 2 and 4 warps per row; 8192 columns stage a pass of 2-8 tokens
+# in one grid row (over 48 KB of shared memory on NVIDIA) and 4 tokens per grid row beyond; and the
+# GGML layout (one row per warp, Q8_0 rows of 33 blocks)
 Q8_CASES = [(8, PLANAR, 67, 1024), (8, PLANAR, 400, 4096), (8, PLANAR, 8195, 1024), (8, PLANAR, 300, 8192),
             (10, PLANAR, 67, 2048), (10, PLANAR, 400, 4096), (10, PLANAR, 8195, 2048), (16, PLANAR, 67, 2048),
             (16, PLANAR, 400, 8192), (16, PLANAR, 8195, 4096), (8, 0, 67, 1056), (10, 0, 400, 2048),

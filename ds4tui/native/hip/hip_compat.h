@@ -75,6 +75,9 @@ typedef cudaGraphExec_t hipGraphExec_t;
 #define hipGraphLaunch cudaGraphLaunch
 #define hipGraphDestroy cudaGraphDestroy
 #define hipGraphExecDestroy cudaGraphExecDestroy
+#define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttribute cudaFuncAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define hipLaunchKernelGGL(k, g, b, shm, st, ...) k<<<(g), (b), (shm), (st)>>>(__VA_ARGS__)
 #else
 #error "compile the GPU backend with hipcc / clang -x hip (AMD) or nvcc -x cu (NVIDIA)"

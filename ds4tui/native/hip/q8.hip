@@ -27,9 +27,24 @@
 #define Q8_BLOCKS 512          /* blocks a launch aims at: more rows per block beyond that (up to 8 rounds) */
 #define Q8_BLOCKS_STAGED 128   /* the same for 2-8 tokens of long rows (q8_go) */
 #define Q8_BLOCKS_IQ2_GATHER 1024 /* the same for expert-gathered IQ2_XXS products (q8_go) */
+/* Bytes a block may stage for a pass of 2-8 tokens in ONE grid row (codes, scales and Q2_K's sums of
+ * the pass's tokens), past Q8_STAGE's codes: the 8192-column rows then read their matrix once, not
+ * once per 4 tokens (H100, ncu, 6 tokens: 43.9 -> 42.7 us a launch; that product is bound by its
+ * shared-memory reads and its staging, not by the matrix).  NVIDIA: over 48 KB of dynamic shared
+ * memory once the kernel's limit is raised (gpu_q8_init); AMD: within gfx1151's 64 KB of LDS, the
+ * kernel's static arrays beside it.  A launch's shared memory holds min(n, NT) token rows. */
+#if defined(GPU_NVIDIA)
+#define Q8_STAGE_WIDE 81920
+#else
+#define Q8_STAGE_WIDE 61440
+#endif
 
-/* This translation unit's copy of the IQ2_XXS tables (quant.h). */
-int gpu_q8_init(char *err, size_t len) { return quant_tables_init(err, len); }
+/* Shared-memory bytes of nt staged token rows of `cols` columns (q8_stage): the codes, a scale per
+ * 32, and for Q2_K a sum per 16 codes. */
+static inline size_t q8_stage_bytes(int type, int64_t nt, int64_t cols) {
+    return (size_t)nt * ((size_t)cols + (size_t)(cols / 32) * sizeof(float) +
+                         (type == DS4_TYPE_Q2_K ? (size_t)(cols / 16) * sizeof(int) : 0));
+}
 
 /* The staged codes of a token row lie as uint4s, uint4 c at q8_swz(c, sm) (or q8_swz2 for the planar
  * Q2_K steps): its low bits XORed with higher bits, a permutation within each aligned group of 8
@@ -394,9 +409,10 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
         Y += t0 * ldy;
     }
     const int64_t nb = cols / 32;
+    const int64_t ns = n < NT ? n : NT; /* token rows the launch's shared memory holds (q8_go) */
     int8_t *sq = (int8_t *)q8_smem;
-    float *sd = (float *)(q8_smem + NT * cols);
-    int *ss = TYPE == DS4_TYPE_Q2_K ? (int *)(sd + NT * nb) : NULL;
+    float *sd = (float *)(q8_smem + ns * cols);
+    int *ss = TYPE == DS4_TYPE_Q2_K ? (int *)(sd + ns * nb) : NULL;
     /* the swizzle needs whole groups of 128 codes; the planar Q2_K steps take q8_swz2.  Not for Q8_0:
      * H200, the 129280-row LM head at one token 1.21x slower with it (the 2-bit experts 0.93-1.00x) */
     const int sm = TYPE != DS4_TYPE_Q8_0 && cols % 128 == 0 ? 7 : 0;
@@ -483,8 +499,7 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
     const int64_t want = blocks1 * (int64_t)gy / target;
     const int loops = (int)(want < 1 ? 1 : want > 8 ? 8 : want);
     const int64_t per_block = (int64_t)G * loops;
-    const size_t smem = (size_t)NT * (size_t)cols + (size_t)NT * (size_t)(cols / 32) * sizeof(float) +
-                        (TYPE == DS4_TYPE_Q2_K ? (size_t)NT * (size_t)(cols / 16) * sizeof(int) : 0);
+    const size_t smem = q8_stage_bytes(TYPE, n < NT ? n : NT, cols);
     hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
                        dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
                        Y, ldy, loops, mat_groups);
@@ -493,14 +508,46 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
 /* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
  * rows too short to share, else enough warps that each lane has about one step; the GGML layout
  * takes one row per warp. */
+template <int TYPE, bool PL> constexpr int q8_dense_rpw() { return !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2; }
+
 template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
-    constexpr int RPW = !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2;
+    constexpr int RPW = q8_dense_rpw<TYPE, PL>();
     const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
     if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else if (per_lane < 4) q8_go<TYPE, PL, NT, 1, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else q8_go<TYPE, PL, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+}
+
+#if defined(GPU_NVIDIA)
+/* The dense NT = 8 kernels may take Q8_STAGE_WIDE bytes of dynamic shared memory (over CUDA's 48 KB
+ * default), for the current device. */
+template <int TYPE, bool PL> static int q8_allow_wide(char *err, size_t len) {
+    const hipFuncAttribute a = hipFuncAttributeMaxDynamicSharedMemorySize;
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_dense_rpw<TYPE, PL>(), 1>, a, Q8_STAGE_WIDE),
+            "raise a q8 kernel's shared memory");
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, 1, 2>, a, Q8_STAGE_WIDE),
+            "raise a q8 kernel's shared memory");
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, 1, 4>, a, Q8_STAGE_WIDE),
+            "raise a q8 kernel's shared memory");
+    return DS4_OK;
+}
+#endif
+
+/* This translation unit's copy of the IQ2_XXS tables (quant.h); on NVIDIA, the wide stage's shared
+ * memory limit of the dense kernels (called after the context's hipSetDevice). */
+int gpu_q8_init(char *err, size_t len) {
+    int rc = quant_tables_init(err, len);
+#if defined(GPU_NVIDIA)
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_Q8_0, true>(err, len);
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_Q8_0, false>(err, len);
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_Q2_K, true>(err, len);
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_Q2_K, false>(err, len);
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_IQ2_XXS, true>(err, len);
+    if (rc == DS4_OK) rc = q8_allow_wide<DS4_TYPE_IQ2_XXS, false>(err, len);
+#endif
+    return rc;
 }
 
 /* Rows a warp of the gathered and grouped products (one warp a row group, WPR 1).  The grouped
@@ -534,8 +581,13 @@ int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_byt
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "GPU matmul with q8 activations: rows of %lld columns (GGML type "
                         "%d); the kernels stage at most %d columns per token (choose activations f32)",
                         (long long)cols, type, Q8_STAGE);
-    /* tokens per grid row: as many as Q8_STAGE bytes of codes hold, up to 8 */
-    const int ntp = n == 1 ? 1 : Q8_STAGE / cols >= 8 ? 8 : Q8_STAGE / cols >= 4 ? 4 : 1;
+    /* tokens per grid row: a pass of 2-8 tokens in one grid row when Q8_STAGE_WIDE bytes hold them all,
+     * else as many as Q8_STAGE bytes of codes hold, up to 8 */
+    const int ntp = n == 1                                                          ? 1
+                    : n <= 8 && q8_stage_bytes(type, n, cols) <= (size_t)Q8_STAGE_WIDE ? 8
+                    : Q8_STAGE / cols >= 8                                          ? 8
+                    : Q8_STAGE / cols >= 4                                          ? 4
+                                                                                    : 1;
     if (!ids && (n + ntp - 1) / ntp > 65535)
         return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: %lld tokens in one pass exceed the "
                         "launch grid (at most %lld)", (long long)n, 65535LL * ntp);
