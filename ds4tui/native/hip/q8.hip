@@ -413,9 +413,11 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
     int8_t *sq = (int8_t *)q8_smem;
     float *sd = (float *)(q8_smem + ns * cols);
     int *ss = TYPE == DS4_TYPE_Q2_K ? (int *)(sd + ns * nb) : NULL;
-    /* the swizzle needs whole groups of 128 codes; the planar Q2_K steps take q8_swz2.  Not for Q8_0:
-     * H200, the 129280-row LM head at one token 1.21x slower with it (the 2-bit experts 0.93-1.00x) */
-    const int sm = TYPE != DS4_TYPE_Q8_0 && cols % 128 == 0 ? 7 : 0;
+    /* the swizzle needs whole groups of 128 codes; the planar Q2_K steps take q8_swz2.  Q8_0 only with
+     * several tokens a grid row: H200, the 129280-row LM head at one token 1.21x slower with it (the
+     * 2-bit experts 0.93-1.00x); H100, 6 tokens, where each staged code is read once a token, the
+     * 8192-column product 42.8 -> 38.1 us a launch (lanes' 32-byte steps conflicted 2-way without it) */
+    const int sm = (TYPE != DS4_TYPE_Q8_0 || NT > 1) && cols % 128 == 0 ? 7 : 0;
     constexpr bool alt = PL && TYPE == DS4_TYPE_Q2_K;
     q8_stage(X, ldx, nt, cols, sq, sd, ss, sm, alt);
     __syncthreads();
