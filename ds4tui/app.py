@@ -52,12 +52,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
-from textual.widgets import Footer, Header, Input, ProgressBar, Static, Switch
+from textual.widgets import Footer, Header, Input, ProgressBar, Select, Static, Switch
 from textual.worker import WorkerCancelled, WorkerFailed
 
 from ds4tui.engine import prices
 from ds4tui.engine import worker as W
-from ds4tui.engine.backend import DSparkKnobs
+from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY, SCHEDULER_POLICIES, DSparkKnobs, knob_fields
 from ds4tui.engine.stats import format_line
 from ds4tui.engine.telemetry import MemoryHistory, format_bytes, plural, select_backend
 from ds4tui.engine.timeline import SpecTimeline
@@ -138,11 +138,6 @@ def _knobs_dict(knobs) -> dict | None:
     return knobs.to_dict() if knobs is not None else None
 
 
-def _known_knobs(d: dict) -> dict:
-    """The ``DSparkKnobs`` fields of an export's knob dict (a newer file may hold more)."""
-    return {k: d[k] for k in DSparkKnobs.__dataclass_fields__ if k in d}
-
-
 #: The ids of the knobs pane's controls.
 KNOB_CONTROLS = ("dspark", "scheduler", "threshold", "max-draft")
 
@@ -189,6 +184,8 @@ class ChatOptions:
     scheduler_prices: str = "fresh"
     prices_dir: Path | None = None
     scheduler: bool = True
+    #: the DSpark scheduler's policy the session starts with (chat --scheduler-policy; spec dspark.md §7.6)
+    policy: str = DEFAULT_SCHEDULER_POLICY
     max_draft: int = 0
     #: the DSpark confidence threshold the session starts with (chat --confidence; 0 = whole blocks)
     threshold: float = 0.0
@@ -208,6 +205,8 @@ ACTIONS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ("dspark.toggle", "f2", "toggle_dspark", "DSpark", "Toggle DSpark", "Drafting on/off from the next cycle", True),
     ("dspark.scheduler", "f3", "toggle_scheduler", "Sched", "Toggle the DSpark scheduler",
      "The adaptive scheduler on/off from the next cycle", True),
+    ("dspark.policy", "ctrl+r", "switch_policy", "Policy", "Switch the scheduler's policy",
+     "Confidence or acceptance from the next cycle (spec dspark.md §7.6)", False),
     ("chat.trace", "f4", "toggle_trace", "Drafts", "Highlight accepted drafts",
      "Show answers token by token with accepted-draft tokens highlighted", True),
     ("chat.think", "f5", "toggle_think", "Think", "Toggle thinking mode", "Think / nothink for the next turn", True),
@@ -1026,7 +1025,7 @@ class DS4App(App):
         after = in_force is not None and snap.knobs is not None and in_force != snap.knobs.to_dict()
         note = (f"no DSpark knobs recorded in {name} (Esc: live)" if snap.knobs is None
                 else f"the knobs of {name} at its end, set after its last cycle: no cycle ran with them; its "
-                     f"counters are of {knobs_state(DSparkKnobs(**_known_knobs(in_force)))}"
+                     f"counters are of {knobs_state(DSparkKnobs(**knob_fields(in_force)))}"
                      + (f" (changed at cycle {at})" if changed else "") + " (read-only; Esc: live)" if after
                 else f"the knobs of {name} at its end, changed at cycle {at}: its counters mix them with the earlier "
                      f"ones (read-only; Esc: live)" if changed
@@ -1292,6 +1291,11 @@ class DS4App(App):
         else:
             self._knob(scheduler=True)
 
+    def action_switch_policy(self) -> None:
+        k = self.engine.knobs if self.engine is not None else None
+        now = k.policy if k is not None else DEFAULT_SCHEDULER_POLICY
+        self._knob(policy=SCHEDULER_POLICIES[(SCHEDULER_POLICIES.index(now) + 1) % len(SCHEDULER_POLICIES)])
+
     def action_threshold(self, step: float) -> None:
         k = self.engine.knobs if self.engine is not None else None
         if k is None:
@@ -1324,6 +1328,11 @@ class DS4App(App):
     @on(Switch.Changed, "#scheduler")
     def _scheduler_switch(self, event: Switch.Changed) -> None:
         self._knob(scheduler=event.value)
+
+    @on(Select.Changed, "#policy")
+    def _policy_select(self, event: Select.Changed) -> None:
+        if event.value in SCHEDULER_POLICIES:
+            self._knob(policy=event.value)
 
     @on(Input.Submitted, "#threshold")
     def _threshold_input(self, event: Input.Submitted) -> None:
@@ -1671,7 +1680,7 @@ def _real_engine(options: ChatOptions, progress: Callable) -> W.ChatEngine:
                         numerics=options.numerics,
                         n_threads=options.threads, sampling=sampling, dspark=options.dspark, progress=progress,
                         gpu_layout=options.gpu_layout, gpu_library=options.gpu_library, scheduler=options.scheduler,
-                        max_draft=options.max_draft, print_stats=options.print_stats,
+                        max_draft=options.max_draft, policy=options.policy, print_stats=options.print_stats,
                         prefill_gemm=options.prefill_gemm, activations=options.activations,
                         gpu_graphs=options.gpu_graphs, threshold=options.threshold,
                         scheduler_prices=options.scheduler_prices, prices_dir=options.prices_dir,

@@ -354,6 +354,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                     "without MODEL: the demo model's)")
     ab.add_argument("--tokens", type=positive_int, metavar="N",
                     help="greedy tokens per prompt and arm, at least 16 (default 512; short runs mislead)")
+    _add_scheduler_policy(ab, "the policy of the scheduler's arm")
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -407,11 +408,22 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-scheduler", action="store_true",
                    help="turn off the adaptive scheduler that skips drafting when it does not pay (as ds4's "
                    "DS4_DSPARK_SCHEDULER=0)")
+    _add_scheduler_policy(d, "the scheduler's policy")
     d.add_argument("--confidence", type=unit_float, metavar="C",
                    help="cut each draft at the first position whose confidence is below C, 0..1 (default 0 = "
                    "always propose the whole block)")
     d.add_argument("--max-draft", type=positive_int, metavar="N",
                    help="draft tokens per cycle, 1..block size (default: the block size)")
+
+
+def _add_scheduler_policy(group, what: str) -> None:
+    """--scheduler-policy, as generate, chat and bench --ab take it (spec dspark.md §7.6)."""
+    # the names of ds4tui.engine.backend.SCHEDULER_POLICIES (not imported: --help stays fast; a test holds them equal)
+    group.add_argument("--scheduler-policy", choices=["confidence", "acceptance"], default=None,
+                       help=f"{what}: confidence (every cycle proposes unless it is backing off, and verifies the "
+                       "drafts whose confidences, calibrated on the verifies so far, pay for their verify) or "
+                       "acceptance (drafts when the acceptance measured at each draft position pays, with probes "
+                       "after a back-off). Default confidence")
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -448,6 +460,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     d = p.add_argument_group("DSpark start-up knobs (F3, F7/F8 and F9/F10 change them while the chat runs)")
     d.add_argument("--no-scheduler", action="store_true",
                    help="start with the adaptive scheduler off (as DS4_DSPARK_SCHEDULER=0; F3 toggles)")
+    _add_scheduler_policy(d, "the scheduler's policy to start with (the knobs pane changes it)")
     d.add_argument("--confidence", type=unit_float, metavar="C",
                    help="start with the confidence threshold C, 0..1 (default 0 = always propose the whole block)")
     d.add_argument("--max-draft", type=positive_int, metavar="N",

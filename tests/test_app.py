@@ -400,7 +400,8 @@ async def test_an_answer_shows_why_its_session_re_timed_the_kept_scheduler_price
     prices_dir = tmp_path / "prices"
     stamp = time.time() - 600  # within the hour: only the load can make them stale
     # drafting cannot pay with these (a verify and a proposal of a second), so the session at open,
-    # which keeps them, does not draft (tests/test_scheduler_prices.py)
+    # which keeps them, does not draft under the acceptance policy (tests/test_scheduler_prices.py; the
+    # confidence policy proposes whatever a kept proposal cost, and its first proposal re-times it)
     kept = P.SchedulerPrices(t_ver={1: 1.0, 6: 1000.0}, t_prop=1000.0, reached=(32,) + (0,) * 15, hit=(0,) * 16,
                              verify_timed_at={6: stamp}, proposal_timed_at=stamp, verify_other_work={6: 2.0},
                              proposal_other_work=2.0)
@@ -410,7 +411,7 @@ async def test_an_answer_shows_why_its_session_re_timed_the_kept_scheduler_price
     load = {"cores": 2.0}
     monkeypatch.setattr(P, "other_work", lambda a, b: load["cores"])
     app = DS4App(_options(tiny_q2["model"], tiny_q2["support"], tmp_path, scheduler_prices="saved",
-                          prices_dir=prices_dir))
+                          prices_dir=prices_dir, policy="acceptance"))
     async with app.run_test(size=(200, 50)) as pilot:
         await _loaded(pilot, app)
         assert app.engine.info.scheduler_prices_note.startswith("saved: from ")

@@ -549,7 +549,7 @@ async def test_a_stats_export_is_shown_again_read_only(tmp_path):
         app.view_export(str(changed))
         await pilot.pause()
         assert ("the knobs of changed.json at its end, set after its last cycle: no cycle ran with them; its "
-                "counters are of DSpark on · sched on · conf 0.00 · max 5 (read-only; Esc: live)") in str(
+                "counters are of DSpark on · sched confidence · conf 0.00 · max 5 (read-only; Esc: live)") in str(
             app.query_one("#knob-note").render())
         await pilot.press("escape")
         await pilot.pause()
@@ -721,8 +721,8 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         app.view_export(str(export))
         await pilot.pause()
         note = str(knobs.query_one("#knob-note").render())
-        assert "DSpark on · sched on · conf 0.00 · max 5" in note and f"the knobs of {export.name} (read-only" in note
-        assert all(app.query_one(f"#{i}").disabled for i in ("dspark", "scheduler", "threshold", "max-draft"))
+        assert "DSpark on · sched confidence · conf 0.00 · max 5" in note and f"the knobs of {export.name} (read-only" in note
+        assert all(app.query_one(f"#{i}").disabled for i in ("dspark", "scheduler", "threshold", "max-draft", "policy"))
         assert app.query_one("#scheduler").value is True
         text = app.query_one("#throughput").text
         assert f"decode {1000 * tokens / decode_ms:.1f} t/s: the session's average" in text
@@ -732,7 +732,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert app.query_one("#memory").border_subtitle == app.query_one("#support").border_subtitle == "live"
         await pilot.press("f2")  # a live knob changes while the export is on show: the pane keeps the export's
         await pilot.pause()
-        assert app.engine.knobs.enabled is False and "DSpark on · sched on" in str(knobs.query_one("#knob-note").render())
+        assert app.engine.knobs.enabled is False and "DSpark on · sched confidence" in str(knobs.query_one("#knob-note").render())
         await pilot.press("escape")
         await pilot.pause()
         assert app.viewing is None and app.query_one("#throughput").border_subtitle is None
@@ -1367,3 +1367,42 @@ def test_the_throughput_pane_prints_no_negative_zero(net_ms, saved_ms, shown):
 
     st = DSparkStats(t_decode_measured=True, net_saved=net_ms, saved=saved_ms)
     assert [str(c) for c in ThroughputPane._tail(st, 99, 4096)] == ["context 99/4096 tokens", shown]
+
+
+async def test_ctrl_r_and_the_knobs_pane_switch_the_schedulers_policy(tmp_path):
+    """The scheduler's policy (spec dspark.md §7.6) is a live knob: Ctrl+R switches it, the knobs pane's
+    selector shows it and sets it, and the knob line says it; an export written before the policy existed
+    ran the acceptance policy, the only one there was, and is shown so."""
+    import json as _json
+
+    from textual.widgets import Select
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        knobs = app.query_one("#knobs")
+        sel = app.query_one("#policy", Select)
+        assert app.engine.knobs.policy == "confidence" and sel.value == "confidence" and not sel.disabled
+        assert "DSpark on · sched confidence · conf" in str(knobs.query_one("#knob-note").render())
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.engine.knobs.policy == "acceptance" and sel.value == "acceptance"
+        assert "sched acceptance" in str(knobs.query_one("#knob-note").render())
+        sel.value = "confidence"  # as a choice in the selector does
+        await pilot.pause()
+        assert app.engine.knobs.policy == "confidence"
+        await _turn(pilot)
+        await pilot.press("f6")
+        await pilot.pause()
+    export = next(tmp_path.glob("ds4tui-stats-*.json"))
+    d = _json.loads(export.read_text())
+    assert d["knobs"]["policy"] == "confidence"
+    del d["knobs"]["policy"]
+    export.write_text(_json.dumps(d))
+    app = _app(tmp_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _ready(pilot)
+        app.view_export(str(export))
+        await pilot.pause()
+        assert "DSpark on · sched acceptance · conf" in str(app.query_one("#knob-note").render())
+        assert app.query_one("#policy", Select).value == "acceptance" and app.query_one("#policy").disabled

@@ -762,10 +762,12 @@ def _ab(capsys, tiny_q2, *argv: str) -> tuple[int, str, str]:
 
 def test_ab_runs_three_arms_with_identical_greedy_outputs(tiny_q2, tmp_path, capsys):
     out_file = tmp_path / "ab.json"
-    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "40", "--json", "--out", str(out_file))
+    rc, out, err = _ab(capsys, tiny_q2, "--tokens", "40", "--scheduler-policy", "acceptance", "--json", "--out",
+                       str(out_file))
     assert rc == 0, err
     r = json.loads(out)
     assert json.loads(out_file.read_text()) == r
+    assert {a["knobs"]["policy"] for a in r["arms"]} == {"acceptance"}  # the scheduler arm's (and shown in each)
     assert r["ok"] and r["mode"] == "ab" and r["tokens"] == 40 and r["sampling"] == "greedy"
     assert r["support"]["status"] == "attached" and r["support"]["path"] == tiny_q2["support"]
     assert [p["kind"] for p in r["prompts"]] == ["code", "prose"]
@@ -896,6 +898,7 @@ def test_ab_reports_different_outputs(tiny_q2, capsys, monkeypatch):
     (["--mtp", "s.gguf"], "--mtp is an option of the A/B run: add --ab"),
     (["--draft-vocab", "8"], "--draft-vocab is an option of the A/B run: add --ab"),
     (["--scheduler-prices", "fresh"], "--scheduler-prices is an option of the A/B run: add --ab"),
+    (["--scheduler-policy", "acceptance"], "--scheduler-policy is an option of the A/B run: add --ab"),
     (["--ab", "--mtp", "s.gguf", "--decode-tokens", "4", "--repeat", "2"],
      "--decode-tokens, --repeat do not apply to --ab (it runs its own code and prose prompts, once each; --tokens N "
      "sets how many tokens each answer generates)"),

@@ -296,7 +296,10 @@ def test_a_generate_json_shows_its_own_dspark_knobs_and_tokens():
          "generated_ids": [1, 2, 3], "dspark": {"enabled": True, "scheduler": False, "threshold": 0.25, "max_draft": 3},
          "dspark_stats": None}
     snap = W.StatsSnapshot.from_export(d)
-    assert snap.knobs == S.DSparkKnobs(enabled=True, scheduler=False, threshold=0.25, max_draft=3)
+    # written before the scheduler had policies: it ran the only one, acceptance
+    assert snap.knobs == S.DSparkKnobs(enabled=True, scheduler=False, threshold=0.25, max_draft=3, policy="acceptance")
+    d2 = {**d, "dspark": {**d["dspark"], "policy": "confidence"}}
+    assert W.StatsSnapshot.from_export(d2).knobs.policy == "confidence"
     assert (snap.n_tokens, snap.n_ctx, snap.stats.n_decode_tokens) == (7, 37, 3)
     assert W.StatsSnapshot.from_export({**d, "dspark": None}).knobs is None
 

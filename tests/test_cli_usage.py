@@ -180,10 +180,11 @@ def test_chat_takes_the_dspark_start_up_knobs(tiny_q2, capsys, no_engine):
 
     model, support = tiny_q2["model"], str(tiny_q2["support"])
     o = options_from_args(build_parser().parse_args(["chat", model, "--mtp", support, "--no-scheduler",
-                                                     "--confidence", "0.3", "--max-draft", "3"]))
-    assert (o.scheduler, o.threshold, o.max_draft) == (False, 0.3, 3)
+                                                     "--confidence", "0.3", "--max-draft", "3",
+                                                     "--scheduler-policy", "acceptance"]))
+    assert (o.scheduler, o.threshold, o.max_draft, o.policy) == (False, 0.3, 3, "acceptance")
     o = options_from_args(build_parser().parse_args(["chat", model, "--mtp", support]))
-    assert (o.scheduler, o.threshold, o.max_draft) == (True, 0.0, 0)
+    assert (o.scheduler, o.threshold, o.max_draft, o.policy) == (True, 0.0, 0, "confidence")
     rc, out, err = _run(capsys, ["chat", model, "--mtp", support, "--max-draft", "6"])
     assert rc == 2 and err == (f"ds4tui chat: error: argument --max-draft: expected 1..5 (the block size of "
                                f"{support}), found 6; give --max-draft 1..5, or leave it out for drafts of up to the "
@@ -218,10 +219,10 @@ def test_the_chat_engine_starts_with_the_knobs(tiny_q2):
     from ds4tui.engine import worker as W
 
     chat = W.ChatEngine(tiny_q2["model"], support=tiny_q2["support"], backend="cpu", n_ctx=64, scheduler=False,
-                        max_draft=3, threshold=0.25)
+                        max_draft=3, threshold=0.25, policy="acceptance")
     try:
         k = chat.session.dspark
-        assert (k.enabled, k.scheduler, k.max_draft, k.threshold) == (True, False, 3, 0.25)
+        assert (k.enabled, k.scheduler, k.max_draft, k.threshold, k.policy) == (True, False, 3, 0.25, "acceptance")
     finally:
         chat.close()
 
@@ -658,3 +659,29 @@ def test_help_into_a_closed_pipe_is_no_success_either(argv):
     status still says that the text did not arrive (141), with nothing on stderr."""
     rc, err = _closed_pipe_status(argv)
     assert rc == 141 and err == ""
+
+
+def test_the_policy_flag_offers_the_engines_policies():
+    """--scheduler-policy's choices (written out in cli.py, which imports no engine module) are the
+    engine's policies, the default first."""
+    from ds4tui.cli import build_parser
+    from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY, SCHEDULER_POLICIES
+
+    for argv in (["generate", "-p", "x"], ["chat"], ["bench", "--ab"]):
+        p = build_parser().parse_args(argv)
+        assert p.scheduler_policy is None
+    acts = [a for a in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
+            if a.dest == "scheduler_policy"]
+    assert sorted(acts[0].choices) == sorted(SCHEDULER_POLICIES) and acts[0].choices[0] == DEFAULT_SCHEDULER_POLICY
+
+
+def test_doctor_shows_the_scheduler_policy(capsys):
+    from ds4tui.cli import main as cli_main
+    from ds4tui.engine.backend import SCHEDULER_POLICIES
+
+    assert cli_main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["scheduler_policy"]
+    assert d["default"] == "confidence" and d["choices"] == list(SCHEDULER_POLICIES) and "--scheduler-policy" in d["note"]
+    cli_main(["doctor"])
+    assert "scheduler policy  confidence by default; what the DSpark scheduler decides from" in capsys.readouterr().out
+

@@ -542,7 +542,7 @@ def test_two_ab_results_compare_arm_by_arm(tiny_q2, tmp_path, capsys):
     t = r["arms"]
     assert [x["arm"] for x in t["tables"]] == ["target-only", "dspark-no-scheduler", "dspark-scheduler"]
     assert [x["knobs_a"] for x in t["tables"]] == ["DSpark off", "DSpark on, scheduler off, confidence 0, max draft 5",
-                                                  "DSpark on, scheduler on, confidence 0, max draft 5"]
+                                                  "DSpark on, scheduler on (confidence), confidence 0, max draft 5"]
     assert t["only_a"] == t["only_b"] == [] and t["outputs_identical"] == [True, True]
     for table, arm_a, arm_b in zip(t["tables"], ja["arms"], jb["arms"]):
         rows = {(label, kind): (x, y, q) for label, kind, x, y, q in table["rows"]}

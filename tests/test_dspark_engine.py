@@ -97,6 +97,47 @@ def test_greedy_identical_with_fitted_support(tiny_q2, fitted_support, numerics,
     assert agg["accepted_draft"] > 0.2 * agg["proposed"], agg
 
 
+@pytest.mark.parametrize("policy", ["confidence", "acceptance"])
+def test_greedy_identical_under_either_scheduler_policy(tiny_q2, fitted_support, numerics, plain, policy):
+    """The scheduler's policy (spec dspark.md §7.6) decides only what is verified, never what is emitted:
+    with the scheduler on under either one the output is the target's own, and every cycle is counted
+    once (a proposal the confidence policy cuts to nothing is a plain cycle, ``confidence_cut``)."""
+    e = S.Engine(tiny_q2["model"], numerics=numerics, support=fitted_support)
+    total = {"drafted": 0, "cut": 0}
+    for p, want in zip(PROMPTS, plain):
+        got, st, drafted = _run(e, p, N_TOKENS, scheduler=True, policy=policy)
+        assert got == want
+        _assert_clean(st, what=f"prompt of {len(p)}")
+        assert drafted == st.accepted_draft
+        total["drafted"] += st.cycles - st.no_draft
+        total["cut"] += st.no_draft_reasons["confidence_cut"]
+    assert total["drafted"] > 0, total
+    if policy == "acceptance":
+        assert total["cut"] == 0  # only the confidence policy cuts a proposal to nothing
+
+
+def test_the_policy_is_a_live_knob_logged_with_the_others(tiny_q2):
+    """Sessions start with the confidence policy (or the one asked for); a change applies at the next
+    cycle and the knob log holds it; a policy the engine does not have is refused by name."""
+    e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
+    assert e.session(64).dspark.policy == "confidence" == S.DEFAULT_SCHEDULER_POLICY
+    s = e.session(256, policy="acceptance")
+    assert s.dspark == S.DSparkKnobs(True, True, 0.0, 5, "acceptance")
+    s.prefill(PROMPTS[1])
+    s.step()
+    s.step(6)
+    assert s.set_dspark(policy="confidence").policy == "confidence"
+    s.step(6)
+    ev = s.dspark_events()
+    assert [(x.cycle, x.knobs.policy) for x in ev] == [(1, "confidence")]
+    with pytest.raises(ValueError, match="scheduler policy must be one of acceptance, confidence, got 'greedy'"):
+        s.set_dspark(policy="greedy")
+    with pytest.raises(ValueError, match="scheduler policy must be one of acceptance, confidence, got 'x'"):
+        e.session(64, policy="x")
+    assert s.dspark.policy == "confidence"
+    s.close()
+
+
 def test_engine_drafter_matches_reference(tiny_q2):
     """Same proposals, same per-cycle acceptance and confidences as the numpy reference drafter."""
     prompt, n = PROMPTS[0], 24
@@ -258,13 +299,14 @@ def test_context_end_clips_drafts(tiny_q2):
 
 
 def test_scheduler_backs_off_from_an_unprofitable_drafter(tiny_q2):
-    """A random drafter accepts almost nothing: the cost model skips most cycles, but keeps probing."""
+    """A random drafter accepts almost nothing: the scheduler (the default policy) skips most cycles, but
+    proposes again after each back-off."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
     got, st, _ = _run(e, PROMPTS[4], 150)
     e0 = S.Engine(tiny_q2["model"])
     assert got == _run(e0, PROMPTS[4], 150)[0]
     assert st.scheduler_skips > st.cycles // 2
-    assert st.proposed > 0  # back-offs end with a probe
+    assert st.proposed > 0  # back-offs end with a proposal
     assert st.t_decode_measured and st.t_decode_ms > 0
     assert st.check_invariants() == []
     # Stage times in the unit each is spent in: verify over the cycles that verified a draft, not
@@ -277,10 +319,11 @@ def test_scheduler_backs_off_from_an_unprofitable_drafter(tiny_q2):
     assert t["plain_decodes"] == st.no_draft == st.cycles - drafted
     assert t["decode_ms_per_plain_decode"] == pytest.approx(st.target / st.no_draft) == pytest.approx(st.t_decode_ms)
     assert t["verify_over_decode"] == pytest.approx(t["verify_ms_per_drafted_cycle"] / st.t_decode_ms)
-    # threshold 0 and no chain failure: the drafter ran exactly in the drafted cycles
-    assert t["drafter_passes"] == drafted
-    assert t["ms_per_drafter_pass"]["propose"] == pytest.approx(st.propose / drafted)
-    assert t["ms_per_drafter_pass"]["prop_chain"] == pytest.approx(st.prop_chain / drafted)
+    # threshold 0 and no chain failure: the drafter ran exactly in the drafted cycles and in those whose
+    # proposal the confidence policy cut to nothing
+    assert t["drafter_passes"] == drafted + st.no_draft_reasons["confidence_cut"]
+    assert t["ms_per_drafter_pass"]["propose"] == pytest.approx(st.propose / t["drafter_passes"])
+    assert t["ms_per_drafter_pass"]["prop_chain"] == pytest.approx(st.prop_chain / t["drafter_passes"])
 
 
 def test_multi_turn_truncate_keeps_drafting_exact(tiny_q2):

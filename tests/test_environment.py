@@ -222,7 +222,7 @@ def test_the_values_reach_the_engine(tiny_q2, clean_env, capsys):
     out = capsys.readouterr()
     assert rc == 0, out.err
     r = json.loads(out.out)
-    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 2}
+    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 2, "policy": "confidence"}
     assert max(k for k, c in enumerate(r["dspark_stats"]["draft_len_hist"]) if c) <= 2
     assert out.err.count("DSpark stats") == 1  # printed when the session closed
     for value, lines in (("0", 0), ("", 1)):  # 0: no line at all; unset: generate prints it at its end

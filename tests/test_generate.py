@@ -224,7 +224,8 @@ def test_mtp_turns_dspark_on_and_json_reports_it(tiny_q2, capsys):
     r = json.loads(out)
     assert r["support"]["status"] == "attached" and r["support"]["block_size"] == 5
     assert r["support"]["path"] == tiny_q2["support"]
-    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5}
+    assert r["dspark"] == {"enabled": True, "scheduler": False, "threshold": 0.0, "max_draft": 5,
+                           "policy": "confidence"}
     st = _stats(r)
     assert st.check_invariants() == [] and r["dspark_stats"]["invariant_violations"] == []
     # Without the scheduler every cycle with room drafts: only the budget's tail may stop it.
@@ -253,10 +254,12 @@ def test_mtp_turns_dspark_on_and_json_reports_it(tiny_q2, capsys):
 
 
 def test_knobs_and_the_stats_line_on_stderr(tiny_q2, capsys, monkeypatch):
-    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--confidence", "0.25", "--max-draft", "2", "--json"))
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--confidence", "0.25", "--max-draft", "2", "--scheduler-policy",
+                                      "acceptance", "--json"))
     assert rc == 0, err
     r = json.loads(out)
     assert r["dspark"]["threshold"] == pytest.approx(0.25) and r["dspark"]["max_draft"] == 2
+    assert r["dspark"]["policy"] == "acceptance"
     assert max(k for k, c in enumerate(r["dspark_stats"]["draft_len_hist"]) if c) <= 2
     assert _stats(r).check_invariants() == []
 
@@ -286,10 +289,10 @@ def test_knobs_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
     assert r["dspark"]["enabled"] is False and _stats(r).proposed == 0
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler"))
     assert rc == 0 and err.startswith(note), err
-    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler", "--confidence", "0.5",
-                                      "--max-draft", "2", "--json"))
-    assert rc == 0 and ("ds4tui generate: note: --no-scheduler, --confidence and --max-draft have no effect because "
-                        "--no-dspark turns drafting off") in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--no-scheduler", "--scheduler-policy",
+                                      "acceptance", "--confidence", "0.5", "--max-draft", "2", "--json"))
+    assert rc == 0 and ("ds4tui generate: note: --no-scheduler, --scheduler-policy, --confidence and --max-draft have "
+                        "no effect because --no-dspark turns drafting off") in err
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--draft-vocab", "full", "--json"))
     assert rc == 0 and ("ds4tui generate: note: --draft-vocab has no effect because --no-dspark turns drafting "
                         "off") in err and err.count("no effect") == 1
@@ -354,6 +357,8 @@ def test_dspark_option_errors(tiny_q2, capsys):
                            "(DSpark is then on by default), or leave out --dspark")
     rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "--max-draft", "2", "--json")
     assert rc == 2 and "--max-draft needs a DSpark support model" in json.loads(out)["error"]
+    rc, out, err = _gen(capsys, tiny_q2["model"], "-p", "hi", "--scheduler-policy", "acceptance", "--json")
+    assert rc == 2 and "--scheduler-policy needs a DSpark support model" in json.loads(out)["error"]
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "--max-draft", "6"))  # checked before the model loads
     assert rc == 2 and err == (f"ds4tui generate: error: argument --max-draft: expected 1..5 (the block size of "
                                f"{tiny_q2['support']}), found 6; give --max-draft 1..5, or leave it out for drafts "

@@ -4,7 +4,8 @@ Oracles: the scheduler's own state as the C engine reports it (``Session.schedul
 DSpark counters (a pricing draft is a proposal in a fresh session's sixth cycle, after five plain
 decodes), and the saved file's JSON.  No timing is asserted: the kept prices given here are made so
 far from any real pass (a verify of a second) that the decisions they lead to do not depend on the
-machine.
+machine.  The sessions here run the acceptance policy (spec dspark.md §7.4), whose probes, back-offs and
+hopeless test these prices drive; the confidence policy's decisions are tested in test_dspark_engine.py.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _decode(session: S.Session, n: int) -> None:
 def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
     assert e.scheduler_prices == "engine" and e.kept_prices is None
-    first = e.session(128)
+    first = e.session(128, policy="acceptance")
     assert first.scheduler_prices_at_start == "fresh" and not first.scheduler_prices().learnt
     first.set_scheduler_prices(HOPELESS)
     _decode(first, 30)
@@ -76,7 +77,7 @@ def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2)
     kept = e.kept_prices  # the plain decode's price is the first session's mean plain decode
     assert kept.t_ver[1] == pytest.approx(st.t_decode_ms) and kept.t_ver[6] == 1000.0 and kept.t_prop == 1000.0
     assert kept.reached == HOPELESS.reached and kept.hit == HOPELESS.hit
-    second = e.session(128)
+    second = e.session(128, policy="acceptance")
     assert second.scheduler_prices_at_start == "engine" and second.scheduler_prices() == kept
     _decode(second, 30)
     st2 = second.dspark_stats()
@@ -84,7 +85,7 @@ def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2)
     second.close()
 
     fresh = S.Engine(tiny_q2["model"], support=tiny_q2["support"])  # the engine's default: fresh
-    s = fresh.session(128)
+    s = fresh.session(128, policy="acceptance")
     _decode(s, 30)
     assert s.scheduler_prices_at_start == "fresh" and s.dspark_stats().proposed > 0  # its pricing draft
     s.close()
@@ -93,7 +94,7 @@ def test_a_fresh_session_pays_a_pricing_draft_and_a_priced_one_does_not(tiny_q2)
 
 def _priced(tiny_q2, prices: P.SchedulerPrices, support=None, n_ctx: int = 128) -> S.Session:
     """A session started from ``prices``, its prompt prefilled and the prefill's logits sampled."""
-    s = S.Engine(tiny_q2["model"], support=support or tiny_q2["support"]).session(n_ctx)
+    s = S.Engine(tiny_q2["model"], support=support or tiny_q2["support"]).session(n_ctx, policy="acceptance")
     s.set_scheduler_prices(prices)
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
@@ -114,7 +115,7 @@ def test_a_fresh_session_decodes_five_times_before_its_pricing_draft(tiny_q2):
     """With no kept t_ver(1) the first five cycles are plain decodes (the first one after a prefill
     runs slow); the sixth, with no proposal priced yet, drafts."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
     for i in range(1, 6):
@@ -172,7 +173,7 @@ def test_kept_acceptance_of_another_text_does_not_make_drafting_hopeless_before_
     §7.4, Back-off); it backs off and probes, and so measures acceptance of its own."""
     kw = dict(support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
     e = S.Engine(tiny_q2["model"], **kw)
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     s.set_scheduler_prices(HOPELESS)  # a session that never drafts: this machine's plain decode
     _decode(s, 20)
     d = s.dspark_stats().t_decode_ms
@@ -184,7 +185,7 @@ def test_kept_acceptance_of_another_text_does_not_make_drafting_hopeless_before_
         {1: d, 6: 1.5 * d}, 0.5 * d, (P.KEPT_VERIFIES,) + (0,) * 15, (0,) * 16, {6: now}, now))
     e.close()
     e = S.Engine(tiny_q2["model"], **kw)
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_at_start == "saved" and s.scheduler_prices().reached[0] == P.PRIOR_VERIFIES
     _decode(s, 30)
     st = s.dspark_stats()
@@ -324,13 +325,13 @@ def test_a_budget_cut_that_leaves_room_for_the_whole_probe_does_not_delay_it(tin
 
 def test_the_engine_refuses_prices_out_of_range_by_name(tiny_q2):
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"])
-    s = e.session(64)
+    s = e.session(64, policy="acceptance")
     with pytest.raises(ValueError, match=r"hit\[1\] = 3 is more than reached\[1\] = 2"):
         s.set_scheduler_prices(P.SchedulerPrices(reached=(4, 2) + (0,) * 14, hit=(2, 3) + (0,) * 14))
     with pytest.raises(ValueError, match=r"t_ver\[6\] must be a finite time > 0 ms"):
         s.set_scheduler_prices(P.SchedulerPrices(t_ver={6: float("nan")}))
     s.close()
-    plain = S.Engine(tiny_q2["model"]).session(64)
+    plain = S.Engine(tiny_q2["model"]).session(64, policy="acceptance")
     with pytest.raises(S.StateError, match="scheduler prices need an attached DSpark support model"):
         plain.set_scheduler_prices(HOPELESS)
     with pytest.raises(ValueError, match="scheduler_prices must be one of fresh, engine, saved"):
@@ -367,7 +368,7 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
     e = S.Engine(tiny_q2["model"], **kw)
     path = e.scheduler_prices_file
     assert path.parent == tmp_path and not path.exists() and "no prices yet" in e.scheduler_prices_note
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_at_start == "fresh"
     s.set_scheduler_prices(HOPELESS)
     _decode(s, 20)
@@ -382,7 +383,7 @@ def test_saved_prices_round_trip_through_the_file(tiny_q2, tmp_path):
     again = S.Engine(tiny_q2["model"], **kw)
     assert again.scheduler_prices_file == path and again.scheduler_prices_problem == ""
     assert again.scheduler_prices_note.startswith(f"saved: from {path}")
-    s = again.session(128)
+    s = again.session(128, policy="acceptance")
     assert s.scheduler_prices_at_start == "saved" and s.scheduler_prices() == saved
     _decode(s, 20)
     assert s.dspark_stats().proposed == 0
@@ -457,7 +458,7 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     path = e.scheduler_prices_file
     assert e.scheduler_prices_note.endswith("the kept times of verify(6) and the proposal were measured 2.0 h ago "
                                             "(over 1 h): drafting re-times them")
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_at_start == "saved" and "2.0 h ago" in s.scheduler_prices_retime
     start = s.scheduler_prices()
     assert start.t_ver == {1: 1.0} and start.t_prop is None and start.reached == HOPELESS.reached
@@ -469,7 +470,7 @@ def test_saved_verify_times_an_hour_old_are_re_timed_by_a_drafted_cycle(tiny_q2,
     stamps = [*doc["verify_timed_at"].values(), doc["proposal_timed_at"]]
     assert all(time.time() - 60 < t <= time.time() for t in stamps)
     again = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
-    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+    assert "re-times" not in again.scheduler_prices_note and again.session(128, policy="acceptance").scheduler_prices_retime == ""
 
 
 def test_stale_kept_times_a_session_does_not_re_time_are_dropped_not_kept_stale(tiny_q2, tmp_path):
@@ -486,7 +487,7 @@ def test_stale_kept_times_a_session_does_not_re_time_are_dropped_not_kept_stale(
     e = S.Engine(tiny_q2["model"], **kw)
     assert "the kept times of verify(2), verify(3), verify(6) and the proposal were measured 2.0 h ago" in (
         e.scheduler_prices_note)
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     _decode(s, 20)
     st = s.dspark_stats()
     assert st.proposed > 0 and st.draft_len_hist[5] == st.drafted_cycles  # 6-row verifies only
@@ -496,7 +497,7 @@ def test_stale_kept_times_a_session_does_not_re_time_are_dropped_not_kept_stale(
     assert doc["t_ver_ms"]["6"] < 1000.0 and doc["t_prop_ms"] < 1000.0
     e.close()
     again = S.Engine(tiny_q2["model"], **kw)
-    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+    assert "re-times" not in again.scheduler_prices_note and again.session(128, policy="acceptance").scheduler_prices_retime == ""
     again.close()
 
 
@@ -604,7 +605,7 @@ def test_saved_verify_times_of_the_last_hour_are_used_and_a_session_that_does_no
     stamp = time.time() - 600
     e = _saved_hopeless(tiny_q2, tmp_path, stamp)
     assert "re-times" not in e.scheduler_prices_note
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_retime == "" and s.scheduler_prices() == HOPELESS
     _decode(s, 20)
     assert s.dspark_stats().proposed == 0  # priced out, as measured ten minutes ago
@@ -637,7 +638,7 @@ def test_the_times_a_session_measured_are_kept_with_the_load_it_ran_under(tiny_q
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
     time.sleep(P.OTHER_WORK_MIN_S + 0.05)  # the engine's open, long enough to tell: nothing else runs
     busy_from[0] = time.monotonic()
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_other_work == pytest.approx(0.0, abs=0.05)  # as it starts
     _decode(s, 30)
     time.sleep(P.OTHER_WORK_MIN_S)
@@ -671,7 +672,7 @@ def test_an_engine_that_opens_soon_after_the_command_started_measures_the_load_f
     assert P._start_mark is mark  # once a process
     monkeypatch.setattr(P, "_start_mark", (m - 5.0, busy - 10.0, own))
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="saved", prices_dir=tmp_path)
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_other_work == pytest.approx(2.0, abs=0.5)
     s.close()
     e.close()
@@ -767,7 +768,7 @@ def test_saved_verify_times_measured_under_other_work_are_re_timed_when_the_load
     monkeypatch.setattr(P, "other_work", lambda a, b: 0.1, raising=False)  # what it measures now: quiet
     e = S.Engine(tiny_q2["model"], **kw)
     path = e.scheduler_prices_file
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     _decode(s, 20)
     assert s.dspark_stats().proposed > 0  # the pricing draft
     assert e.scheduler_prices_note.endswith("the kept times of verify(6) and the proposal were measured while other "
@@ -781,7 +782,7 @@ def test_saved_verify_times_measured_under_other_work_are_re_timed_when_the_load
     assert time.time() - 60 < doc["verify_timed_at"]["6"] <= time.time()
     # the same load again: the prices it measured are used as they are
     again = S.Engine(tiny_q2["model"], **kw)
-    assert "re-times" not in again.scheduler_prices_note and again.session(128).scheduler_prices_retime == ""
+    assert "re-times" not in again.scheduler_prices_note and again.session(128, policy="acceptance").scheduler_prices_retime == ""
 
 
 def test_saved_verify_times_measured_under_the_same_load_are_used(tiny_q2, tmp_path, monkeypatch):
@@ -790,7 +791,7 @@ def test_saved_verify_times_measured_under_the_same_load_are_used(tiny_q2, tmp_p
     _save_busy(tiny_q2, tmp_path, stamp, 2.0)
     monkeypatch.setattr(P, "other_work", lambda a, b: 1.2)  # busy still, within RETIME_OTHER_CORES
     e = S.Engine(tiny_q2["model"], **kw)
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_retime == "" and s.scheduler_prices() == HOPELESS
     _decode(s, 20)
     assert s.dspark_stats().proposed == 0
@@ -860,7 +861,7 @@ def test_an_unusable_saved_file_is_named_and_ignored(tiny_q2, tmp_path, text, me
     # the note at open promises nothing about the write, whose outcome is not known yet
     assert e.scheduler_prices_note == f"saved: {e.scheduler_prices_problem}"
     assert e.kept_prices is None
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     assert s.scheduler_prices_at_start == "fresh"
     _decode(s, 20)
     s.close()  # nothing lost: the file now holds this session's prices
@@ -1122,7 +1123,7 @@ def test_a_read_only_prices_folder_is_said_in_words(tiny_q2, tmp_path, monkeypat
     assert e.scheduler_prices_note == f"saved: no prices yet in {path} (a session that closes writes them, if it can)"
     _refuse_writes(folder, monkeypatch)
     try:
-        s = e.session(128)
+        s = e.session(128, policy="acceptance")
         _decode(s, 20)
         s.close()
     finally:
@@ -1149,7 +1150,7 @@ def test_a_folder_where_the_prices_file_should_be(tiny_q2, tmp_path):
               f"the scheduler starts fresh. A session that closes cannot write them there either: expected a file "
               f"there or none, found a folder. To keep them between runs, remove the folder {path}, or " + ADVICE)
     assert e.scheduler_prices_problem == loaded and e.scheduler_prices_note == f"saved: {loaded}"
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     _decode(s, 20)
     s.close()
     written = (f"cannot write the scheduler prices to {path}: expected a file there or none, found a folder; this "
@@ -1223,7 +1224,7 @@ def test_a_cut_proposal_measures_the_next_position_from_the_bonus_when_greedy(ti
     oracle is each cycle's own output against the proposal it cut (``last_proposal``, before the
     cut); the cycle statistics count only what was verified.  Sampled decoding observes nothing."""
     e = S.Engine(tiny_q2["model"], support=fitted_support)
-    s = e.session(256)
+    s = e.session(256, policy="acceptance")
     if temperature:
         s.set_sampling(S.SamplingParams(temperature=temperature, top_k=8, seed=5))
     s.set_scheduler_prices(_cut_at_two())
@@ -1257,11 +1258,11 @@ def _kept_by_the_engine(tiny_q2, prices: P.SchedulerPrices, n_ctx: int = 128) ->
     """A second session of an engine that keeps prices, its first having ended holding ``prices``
     (set and closed before any cycle: the engine keeps them as they are)."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="engine")
-    first = e.session(128)
+    first = e.session(128, policy="acceptance")
     first.set_scheduler_prices(prices)
     first.close()
     assert e.kept_prices == prices.capped()
-    s = e.session(n_ctx)
+    s = e.session(n_ctx, policy="acceptance")
     assert s.scheduler_prices_at_start == "engine"
     s.prefill(PROMPT)
     s.step()  # samples the prefill's logits
@@ -1371,14 +1372,14 @@ def test_a_session_that_started_fresh_or_from_prices_set_directly_lists_nothing_
     """``scheduler_prices_retimed`` lists kept times only: a fresh session's own first samples and
     prices set on the session directly (used as given, spec dspark.md §7.4) are not kept times."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="fresh")
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     s.prefill(PROMPT)
     for _ in range(12):
         s.step()
     assert s.dspark_stats().proposed > 0 and s.scheduler_prices().t_prop is not None
     assert s.scheduler_prices_retimed() == []
     s.close()
-    s = e.session(128)
+    s = e.session(128, policy="acceptance")
     s.set_scheduler_prices(P.SchedulerPrices(t_ver={1: 1e-6, 6: 1e-6}, t_prop=1e-6,
                                              reached=(32,) * 5 + (0,) * 11, hit=(32,) * 5 + (0,) * 11))
     s.prefill(PROMPT)
@@ -1424,7 +1425,7 @@ def test_the_decisions_weigh_the_recent_verifies_and_the_whole_counts_are_handed
     estimated above 0.9 for hundreds of verifies and the session drafted 79 of its cycles 160-240
     (none with the window, after 38-48 of its first 80).  The counts the session hands on (``scheduler_prices``) stay the whole ones."""
     e = S.Engine(tiny_q2["model"], support=tiny_q2["support"], scheduler_prices="fresh")
-    s = e.session(512)
+    s = e.session(512, policy="acceptance")
     s.prefill(PROMPT)
     for _ in range(40):  # five plain decodes, a pricing draft: this machine's times
         s.step()
@@ -1432,7 +1433,7 @@ def test_the_decisions_weigh_the_recent_verifies_and_the_whole_counts_are_handed
     s.close()
     assert real.t_prop is not None and 6 in real.t_ver
     sure = (1000,) * 5 + (0,) * 11
-    s = e.session(600)
+    s = e.session(600, policy="acceptance")
     # a plain decode priced so that a cycle of five drafts costs 3.5 of them, whatever the machine:
     # drafting pays from 3.5 tokens a cycle, which the whole counts promise (~5.7) and these heads
     # never make

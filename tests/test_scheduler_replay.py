@@ -24,7 +24,7 @@ DEMO_LIKE = Costs(t_decode=1.0, t_propose=0.85, t_verify={n: 1.35 + 0.24 * (n - 
 def test_a_text_that_accepts_everything_is_drafted_whole_after_five_pricing_decodes():
     # 5 plain decodes price t_ver(1) (spec §7.4, First cycles); then every cycle drafts 5 and keeps 6
     # tokens: 5 + 10 x 6 = 65 tokens in 5 x 1.0 + 10 x (0.5 + 1.0) = 20 ms
-    r = replay_scheduler([5] * 80, 65, FLAT)
+    r = replay_scheduler([5] * 80, 65, FLAT, policy="acceptance")
     assert (r.tokens, r.cycles, r.drafted_cycles, r.proposed, r.accepted) == (65, 15, 10, 50, 50)
     assert r.ms == pytest.approx(20.0)
     assert r.no_draft == {"scheduler_skip": 5}
@@ -36,7 +36,7 @@ def test_a_text_that_accepts_everything_is_drafted_whole_after_five_pricing_deco
 def test_without_the_scheduler_every_cycle_drafts_and_the_budget_cuts_the_last():
     # accepted 2 of 5 everywhere: cycles of 3 tokens; 10 tokens = 3 + 3 + 3 + 1, the third cycle's
     # draft cut to the 3 that leave room for its bonus token, the last cycle with room for none (no_room)
-    r = replay_scheduler([2] * 20, 10, FLAT, scheduler=False)
+    r = replay_scheduler([2] * 20, 10, FLAT, policy="acceptance", scheduler=False)
     assert (r.cycles, r.drafted_cycles, r.proposed, r.accepted) == (4, 3, 5 + 5 + 3, 6)
     assert r.no_draft == {"no_room": 1}
     assert r.ms == pytest.approx(3 * 1.5 + 1.0)
@@ -46,7 +46,7 @@ def test_a_text_that_accepts_nothing_costs_a_few_percent_at_most():
     # probes at doubling back-offs, then (12 verifies of the session's own) a hopeless back-off of
     # 256 cycles: over 2000 tokens the drafted cycles lose what their proposals and verifies cost
     # above a decode, and nothing else
-    r = replay_scheduler([0] * 2000, 2000, DEMO_LIKE)
+    r = replay_scheduler([0] * 2000, 2000, DEMO_LIKE, policy="acceptance")
     assert r.accepted == 0 and r.tokens == 2000
     assert r.drafted_cycles <= 20
     # each drafted cycle emits one token for a proposal and a verify of at most 6 rows
@@ -64,12 +64,12 @@ def test_kept_counts_of_another_text_fade_within_two_verifies():
     kept = SchedulerPrices(t_ver={1: 1.0, 6: 1.5}, t_prop=0.5, **counts)
     times_only = SchedulerPrices(t_ver={1: 1.0, 6: 1.5}, t_prop=0.5)
     for n, drafted in ((8, 2), (16, 4), (64, 6)):
-        r = replay_scheduler([0] * 64, n, FLAT, start=kept, kept=True)
-        assert r.drafted_cycles == drafted == replay_scheduler([0] * 64, n, FLAT, start=times_only,
+        r = replay_scheduler([0] * 64, n, FLAT, policy="acceptance", start=kept, kept=True)
+        assert r.drafted_cycles == drafted == replay_scheduler([0] * 64, n, FLAT, policy="acceptance", start=times_only,
                                                                kept=True).drafted_cycles
     assert r.end.reached[:5] == (14, 8, 8, 8, 8) and r.end.hit[:5] == (8, 8, 8, 8, 7)  # the whole counts go on
     # given directly (kept=False) the same counts are the session's own and are not faded
-    given = replay_scheduler([0] * 64, 16, FLAT, start=kept, kept=False)
+    given = replay_scheduler([0] * 64, 16, FLAT, policy="acceptance", start=kept, kept=False)
     assert given.drafted_cycles > 4
 
 
@@ -82,7 +82,7 @@ def test_a_narrower_verify_is_never_priced_above_a_wider_one():
     costs = Costs(t_decode=1.0, t_propose=0.5, t_verify={n: 1.0 + 0.1 * (n - 1) for n in range(2, 7)})
     kept = SchedulerPrices(t_ver={1: 1.0, 5: 20.0, 6: 1.5}, t_prop=0.5, reached=(8,) * 5 + (0,) * 11,
                            hit=(8,) * 5 + (0,) * 11)
-    r = replay_scheduler([5] * 300, 200, costs, start=kept, kept=True)
+    r = replay_scheduler([5] * 300, 200, costs, policy="acceptance", start=kept, kept=True)
     assert (r.drafted_cycles, r.proposed, r.accepted) == (33, 165, 165)
     assert r.ms == pytest.approx(1.0 + 33 * 2.0 + 1.0)
     assert r.end.t_ver[5] == 20.0  # never re-timed: the bound is on the price, not the record
@@ -97,7 +97,7 @@ def test_only_widths_the_knobs_can_draft_bound_a_verify_price():
     costs = Costs(t_decode=1.0, t_propose=0.5, t_verify={n: 2.5 for n in range(2, 7)})
     kept = SchedulerPrices(t_ver={1: 1.0, 2: 2.5, 3: 2.5, 6: 1.05}, t_prop=0.5, reached=(8,) * 5 + (0,) * 11,
                            hit=(6,) + (0,) * 15)
-    r = replay_scheduler(([1] * 7 + [0] * 3) * 40, 300, costs, max_draft=2, start=kept, kept=True)
+    r = replay_scheduler(([1] * 7 + [0] * 3) * 40, 300, costs, policy="acceptance", max_draft=2, start=kept, kept=True)
     assert (r.drafted_cycles, r.accepted) == (1, 0)
     assert r.ms == pytest.approx(299 * 1.0 + 0.5 + 2.5)
 
@@ -133,7 +133,7 @@ def test_bad_arguments_name_what_is_wrong(kw, needle):
     args.update(kw)
     acc, n, costs = args.pop("accepted"), args.pop("n_tokens"), args.pop("costs")
     with pytest.raises(ValueError) as e:
-        replay_scheduler(acc, n, costs, **args)
+        replay_scheduler(acc, n, costs, policy="acceptance", **args)
     assert needle in str(e.value)
 
 
@@ -198,8 +198,209 @@ def test_replay_of_one_trace_needs_no_after(tmp_path):
     costs = {"t_decode": 1.0, "t_propose": 0.5, "t_verify": {str(n): 1.0 for n in range(2, 7)}}
     f = tmp_path / "one.json"
     f.write_text(json.dumps({"block": 5, "costs": costs,
-                             "traces": [{"kind": "co\x1bde", "text": "a\x07b", "accepted": [5] * 300}]}))
+                             "traces": [{"kind": "co\x1bde", "text": "a\x07b", "accepted": [5] * 300,
+                                         "confidence": [[0.9] * 5] * 300}]}))
     r = subprocess.run([sys.executable, str(TOOL), "replay", str(f)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "co\\x1bde" in r.stdout
     assert "1 traces, 255 tokens each" in r.stdout and "note:" not in r.stderr
+    assert "acceptance, after 0" in r.stdout and "confidence, fresh" in r.stdout
+
+
+# ---- the confidence policy (spec dspark.md §7.6) ---------------------------------------------------
+
+def test_the_confidence_policy_verifies_a_sure_drafter_whole():
+    # c = 1 everywhere: every draft's calibrated chance is 1, so each cycle after the five pricing
+    # decodes verifies all five drafts (the flat costs make no length dearer): as the acceptance
+    # policy, 5 + 10 x 6 = 65 tokens in 5 x 1.0 + 10 x (0.5 + 1.0) = 20 ms
+    r = replay_scheduler([5] * 80, 65, FLAT, policy="confidence", confidence=[[1.0] * 5] * 80)
+    assert (r.tokens, r.cycles, r.drafted_cycles, r.proposed, r.accepted) == (65, 15, 10, 50, 50)
+    assert r.ms == pytest.approx(20.0) and r.no_draft == {"scheduler_skip": 5}
+
+
+def test_the_confidence_policy_cuts_where_the_confidences_stop_paying():
+    # costs: a verify of n rows 0.5 + 0.5 n ms, a decode 1 ms.  Drafts of confidence 1, 1, then 0.01,
+    # of which the target accepts the first two.  The first proposal after the five pricing decodes
+    # is verified whole (only t_ver(1) is timed: a wider verify is priced as flat as it, the optimistic
+    # bound) and keeps 3 tokens for 0.25 + 3.5 ms: no gain, so two cycles skip.  Then each cycle's
+    # best rate is 3 tokens per 2.0 ms at two drafts (3.01 per 2.5 at three), a gain: 18 cycles of
+    # 3 tokens reach position 64, where the last token has no room for a draft (no_room)
+    costs = Costs(t_decode=1.0, t_propose=0.25, t_verify={n: 0.5 + 0.5 * n for n in range(2, 7)})
+    conf = [[1.0, 1.0, 0.01, 0.01, 0.01]] * 100
+    r = replay_scheduler([2] * 100, 65, costs, policy="confidence", confidence=conf)
+    assert (r.drafted_cycles, r.proposed, r.accepted) == (19, 5 + 18 * 2, 2 + 18 * 2)
+    assert r.no_draft == {"scheduler_skip": 7, "no_room": 1}
+    assert r.ms == pytest.approx(8 * 1.0 + 19 * 0.25 + 3.5 + 18 * 2.0)
+
+
+def test_an_unsure_proposal_is_cut_to_nothing_and_backs_off_doubling():
+    # c = 0.01 and nothing accepted.  The first proposal is verified whole (the wider verifies are not
+    # timed yet: priced as flat as a decode, any chance pays) and gains nothing: two cycles skip.
+    # After it no length pays (a verify of two rows is priced 1.262 ms, between the decode and the
+    # six rows it timed), each proposal ends in a plain decode (confidence_cut) and the back-off
+    # doubles to 128: proposals at positions 5, 8, 13, 22, 39, 72, 137 and 266 of 300
+    r = replay_scheduler([0] * 300, 300, DEMO_LIKE, policy="confidence", confidence=[[0.01] * 5] * 300)
+    assert (r.drafted_cycles, r.proposed, r.tokens, r.cycles) == (1, 5, 300, 300)
+    assert r.no_draft == {"confidence_cut": 7, "scheduler_skip": 300 - 8}
+    assert r.ms == pytest.approx(300 * 1.0 + 8 * 0.85 + (DEMO_LIKE.t_verify[6] - 1.0))
+
+
+def test_a_drafter_sure_of_drafts_the_target_rejects_learns_its_calibration():
+    # c = 0.95 everywhere and nothing accepted: the bin's chance falls from 0.95 as verifies reach
+    # its drafts (3.8 / (4 + m) after m), so the policy soon cuts to nothing and backs off; over
+    # 2000 tokens it loses little, where verifying what the raw confidences say would lose a third
+    sure = [[0.95] * 5] * 2000
+    r = replay_scheduler([0] * 2000, 2000, DEMO_LIKE, policy="confidence", confidence=sure)
+    assert r.accepted == 0 and r.drafted_cycles <= 12
+    assert r.ratio_to_target(1.0) >= 0.98
+    off = replay_scheduler([0] * 2000, 2000, DEMO_LIKE, policy="confidence", confidence=sure, scheduler=False)
+    assert off.ratio_to_target(1.0) < 0.5
+
+
+def test_the_threshold_cuts_a_replayed_proposal_as_the_drafter_does():
+    # threshold 0.5 and c = 0.9, 0.9, 0.4, ...: the drafter stops at the third draft, so with the
+    # scheduler off every cycle verifies 2 (accepted 5: 3 tokens a cycle); c_1 below it: confidence_gate
+    conf = [[0.9, 0.9, 0.4, 0.9, 0.9]] * 40
+    r = replay_scheduler([5] * 40, 30, FLAT, policy="acceptance", scheduler=False, confidence=conf, threshold=0.5)
+    assert (r.drafted_cycles, r.proposed, r.accepted) == (10, 20, 20)
+    gated = replay_scheduler([5] * 40, 30, FLAT, policy="acceptance", scheduler=False,
+                             confidence=[[0.3] * 5] * 40, threshold=0.5)
+    assert gated.drafted_cycles == 0 and gated.no_draft == {"confidence_gate": 29, "no_room": 1}
+    assert gated.ms == pytest.approx(29 * (0.5 + 1.0) + 1.0)  # each proposal spent, then a plain decode
+
+
+def _policy_model(accepted, conf, n_tokens, costs, block=5):
+    """The confidence policy of spec dspark.md §7.6 written again from the spec, for a fresh session at
+    constant costs (its moving averages then hold the given times): (ms, drafted cycles, proposed,
+    accepted, no-draft reasons)."""
+    t_ver = {}  # widths timed so far (1: the plain decode, from the five first ones)
+    t_prop = None
+    cal_n, cal_h = [0.0] * 10, [0.0] * 10
+    first, since_plain, skip, backoff, gain = 0, 0, 0, 2, 0.0
+    ms, pos, drafted, proposed, acc_total, reasons = 0.0, 0, 0, 0, 0, {}
+
+    def price(n):
+        if n in t_ver:
+            t = t_ver[n]
+        else:
+            lo = max(m for m in t_ver if m < n)
+            his = [m for m in t_ver if m > n]
+            t = t_ver[lo] + (t_ver[min(his)] - t_ver[lo]) * (n - lo) / (min(his) - lo) if his else t_ver[lo]
+        if n >= 2:
+            t = min([t] + [t_ver[m] for m in t_ver if n < m <= block + 1])
+        return t
+
+    def chance(c):
+        b = min(9, max(0, int(c * 10)))
+        return (cal_h[b] + 4.0 * c) / (cal_n[b] + 4.0)
+
+    def learn(c, hit):
+        b = min(9, max(0, int(c * 10)))
+        cal_n[b] += 1
+        cal_h[b] += hit
+        if cal_n[b] >= 64:
+            cal_n[b] *= 0.5
+            cal_h[b] *= 0.5
+
+    def plain(reason):
+        nonlocal ms, pos, since_plain, first
+        ms += costs.t_decode
+        pos += 1
+        since_plain = 0
+        reasons[reason] = reasons.get(reason, 0) + 1
+        if first < 5:
+            first += 1
+            t_ver[1] = costs.t_decode
+
+    def done(nd, a):
+        nonlocal skip, backoff, gain
+        spent = (t_prop or 0.0) + (price(nd + 1) if nd else price(1))
+        gain = 0.5 * gain + 0.5 * ((a + 1) - spent / price(1))
+        if gain > 0:
+            backoff = 2
+        else:
+            skip, backoff = backoff, min(2 * backoff, 128)
+
+    while pos < n_tokens:
+        lmax = min(block, n_tokens - pos - 1)
+        if skip > 0:
+            skip -= 1
+            plain("scheduler_skip")
+            continue
+        if first < 5 or since_plain >= 64:
+            plain("scheduler_skip")
+            continue
+        if lmax < 1:
+            plain("no_room")
+            continue
+        ms += costs.t_propose
+        if lmax == block:
+            t_prop = costs.t_propose
+        c = conf[pos]
+        best, rate, surv, tokens = 0, 1.0 / price(1), 1.0, 1.0
+        for n in range(1, lmax + 1):
+            surv *= chance(c[n - 1])
+            tokens += surv
+            if tokens / price(n + 1) > rate:
+                best, rate = n, tokens / price(n + 1)
+        if best == 0:
+            done(0, 0)
+            plain("confidence_cut")
+            continue
+        a = min(accepted[pos], best)
+        for i in range(min(a + 1, best)):
+            learn(c[i], i < a)
+        if a == best < lmax:
+            learn(c[best], accepted[pos] > best)
+        t_ver[best + 1] = costs.t_verify[best + 1]
+        ms += costs.t_verify[best + 1]
+        done(best, a)
+        since_plain += 1
+        drafted, proposed, acc_total = drafted + 1, proposed + best, acc_total + a
+        pos += a + 1
+    return ms, drafted, proposed, acc_total, reasons
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_confidence_policy_replays_as_the_spec_describes_it(seed):
+    """Random texts and confidences (the chance of each draft rising with its c, as a calibrated
+    drafter's), the demo-like costs: the engine's replay and the policy written again from the spec
+    agree on every cycle's outcome."""
+    import random
+
+    rng = random.Random(seed)
+    n = 600
+    conf, accepted = [], []
+    easy = 0.0
+    for p in range(n):
+        if p % 50 == 0:
+            easy = rng.random()  # stretches of text the drafter finds easy or hard
+        c = [min(1.0, max(0.0, easy + rng.uniform(-0.3, 0.3))) for _ in range(5)]
+        a = 0
+        while a < 5 and rng.random() < c[a]:
+            a += 1
+        conf.append(c)
+        accepted.append(a)
+    r = replay_scheduler(accepted, 500, DEMO_LIKE, policy="confidence", confidence=conf)
+    ms, drafted, proposed, acc, reasons = _policy_model(accepted, conf, 500, DEMO_LIKE)
+    assert (r.drafted_cycles, r.proposed, r.accepted, r.no_draft) == (drafted, proposed, acc, reasons)
+    assert r.ms == pytest.approx(ms)
+    assert drafted > 0 and reasons.get("confidence_cut", 0) > 0  # both of the policy's outcomes were taken
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(policy="confidence"), "the confidence policy needs the recorded confidences"),
+    (dict(policy="greedy"), "policy must be one of acceptance, confidence, got 'greedy'"),
+    (dict(policy="acceptance", threshold=0.5), "threshold must be 0 without recorded confidences, got 0.5"),
+    (dict(policy="acceptance", threshold=1.5, confidence=[[0.5]] * 10), "threshold must be a number in [0, 1], got 1.5"),
+    (dict(policy="confidence", confidence=[[0.5]] * 9), "one sequence per position of accepted (10), got 9"),
+    (dict(policy="confidence", confidence=[[0.5] * 6] * 10), "confidence[0] holds 6 numbers, more than the block (5)"),
+    (dict(policy="confidence", confidence=[[0.5]] * 3 + [[float("nan")]] + [[0.5]] * 6),
+     "confidence[15] (position 3, draft 1) must be in [0, 1], got nan"),
+    (dict(policy="confidence", confidence=[[0.5]] * 3 + [[1.5]] + [[0.5]] * 6),
+     "confidence[15] (position 3, draft 1) must be in [0, 1], got 1.5"),
+])
+def test_bad_confidence_arguments_name_what_is_wrong(kw, needle):
+    with pytest.raises(ValueError) as e:
+        replay_scheduler([0] * 10, 5, FLAT, **kw)
+    assert needle in str(e.value)

@@ -37,9 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scheduler_replay beside this file
 
-from scheduler_replay import DEFAULT_REPLAY_TOKENS, TraceError, _count, load_traces  # noqa: E402
+from scheduler_replay import DEFAULT_REPLAY_TOKENS, TraceError, _count, check_confidence, load_traces  # noqa: E402
 
-from ds4tui.commands.compare import json_type  # noqa: E402
 from ds4tui.engine.replay import Costs  # noqa: E402
 
 POLICIES = ("no scheduler", "confidence cut")
@@ -47,61 +46,6 @@ POLICIES = ("no scheduler", "confidence cut")
 
 #: Back-off of the confidence cut: positions skipped after the first fruitless cycle, and at most.
 BACKOFF_START, BACKOFF_MAX = 2, 128
-
-
-def _bad_number(v, lo: float, hi: float, whole: bool) -> bool:
-    """Not a JSON number in lo..hi (a whole one if ``whole``): booleans, NaN and other types are bad."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and not isinstance(v, int)):
-        return True
-    return not lo <= v <= hi
-
-
-def _found(v) -> str:
-    """A bad value as an error shows it: a float as Python prints it (nan, inf), else its JSON, cut short."""
-    return str(v) if isinstance(v, float) else json.dumps(v)[:40]
-
-
-def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
-    """Each trace's ``accepted`` (whole numbers 0..block) and ``confidence`` (one array of at most
-    ``block`` numbers in [0, 1] per position, at least as many as the drafts accepted there), and at
-    least one confidence in the file; raises TraceError naming the first that is not."""
-    anchors = 0
-    for i, t in enumerate(traces):
-        acc = t["accepted"]
-        if not acc:
-            raise TraceError(f"{path}: traces[{i}].accepted holds no positions; expected what "
-                             f"`scheduler_replay.py record` writes")
-        for j, a in enumerate(acc):
-            if _bad_number(a, 0, block, True):
-                raise TraceError(f"{path}: traces[{i}].accepted[{j}]: expected a whole number 0..{block}, found "
-                                 f"{_found(a)}")
-        if "confidence" not in t:
-            raise TraceError(f"{path}: traces[{i}] has no confidence array (a file recorded before 2026-12-05); "
-                             f"record it again with `python tools/scheduler_replay.py record`, which keeps them")
-        conf = t["confidence"]
-        if not isinstance(conf, list) or len(conf) != len(acc):
-            found = f"{len(conf)} entries" if isinstance(conf, list) else json_type(conf)
-            raise TraceError(f"{path}: traces[{i}].confidence: expected one array of confidences per position "
-                             f"({len(acc)}), found {found}")
-        for j, c in enumerate(conf):
-            if not isinstance(c, list):
-                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected an array of at most {block} numbers "
-                                 f"in [0, 1], found {json_type(c)}")
-            if len(c) > block:
-                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected at most {block} numbers in [0, 1], "
-                                 f"found {len(c)}")
-            bad = [k for k, v in enumerate(c) if _bad_number(v, 0.0, 1.0, False)]
-            if bad:
-                raise TraceError(f"{path}: traces[{i}].confidence[{j}][{bad[0]}]: expected a number in [0, 1], "
-                                 f"found {_found(c[bad[0]])}")
-            if len(c) < acc[j]:
-                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: {len(c)} confidences where "
-                                 f"traces[{i}].accepted[{j}] says {acc[j]} drafts were accepted (a draft accepted "
-                                 f"was proposed, with its confidence)")
-            anchors += bool(c)
-    if not anchors:
-        raise TraceError(f"{path}: no position holds a confidence: nothing to study (record with "
-                         f"`python tools/scheduler_replay.py record`)")
 
 
 def expected_tokens(conf, n: int) -> float:

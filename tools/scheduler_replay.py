@@ -36,6 +36,7 @@ from pathlib import Path
 # for the other tools; eval_demo comes from this folder, first on the path of a script run from it
 
 from ds4tui.commands.compare import json_type
+from ds4tui.engine.backend import SCHEDULER_POLICIES
 from ds4tui.engine.errors import EngineError, ModelFileError
 from ds4tui.engine.prices import MAX_BLOCK, SchedulerPrices
 from ds4tui.engine.replay import Costs, replay_scheduler, time_ms
@@ -270,6 +271,61 @@ def load_traces(path: Path) -> tuple[Costs, int, list[dict]]:
     return costs, block, traces
 
 
+def _bad_number(v, lo: float, hi: float, whole: bool) -> bool:
+    """Not a JSON number in lo..hi (a whole one if ``whole``): booleans, NaN and other types are bad."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and not isinstance(v, int)):
+        return True
+    return not lo <= v <= hi
+
+
+def _found(v) -> str:
+    """A bad value as an error shows it: a float as Python prints it (nan, inf), else its JSON, cut short."""
+    return str(v) if isinstance(v, float) else json.dumps(v)[:40]
+
+
+def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
+    """Each trace's ``accepted`` (whole numbers 0..block) and ``confidence`` (one array of at most
+    ``block`` numbers in [0, 1] per position, at least as many as the drafts accepted there), and at
+    least one confidence in the file; raises TraceError naming the first that is not."""
+    anchors = 0
+    for i, t in enumerate(traces):
+        acc = t["accepted"]
+        if not acc:
+            raise TraceError(f"{path}: traces[{i}].accepted holds no positions; expected what "
+                             f"`scheduler_replay.py record` writes")
+        for j, a in enumerate(acc):
+            if _bad_number(a, 0, block, True):
+                raise TraceError(f"{path}: traces[{i}].accepted[{j}]: expected a whole number 0..{block}, found "
+                                 f"{_found(a)}")
+        if "confidence" not in t:
+            raise TraceError(f"{path}: traces[{i}] has no confidence array (a file recorded before 2026-12-05); "
+                             f"record it again with `python tools/scheduler_replay.py record`, which keeps them")
+        conf = t["confidence"]
+        if not isinstance(conf, list) or len(conf) != len(acc):
+            found = f"{len(conf)} entries" if isinstance(conf, list) else json_type(conf)
+            raise TraceError(f"{path}: traces[{i}].confidence: expected one array of confidences per position "
+                             f"({len(acc)}), found {found}")
+        for j, c in enumerate(conf):
+            if not isinstance(c, list):
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected an array of at most {block} numbers "
+                                 f"in [0, 1], found {json_type(c)}")
+            if len(c) > block:
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected at most {block} numbers in [0, 1], "
+                                 f"found {len(c)}")
+            bad = [k for k, v in enumerate(c) if _bad_number(v, 0.0, 1.0, False)]
+            if bad:
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}][{bad[0]}]: expected a number in [0, 1], "
+                                 f"found {_found(c[bad[0]])}")
+            if len(c) < acc[j]:
+                raise TraceError(f"{path}: traces[{i}].confidence[{j}]: {len(c)} confidences where "
+                                 f"traces[{i}].accepted[{j}] says {acc[j]} drafts were accepted (a draft accepted "
+                                 f"was proposed, with its confidence)")
+            anchors += bool(c)
+    if not anchors:
+        raise TraceError(f"{path}: no position holds a confidence: nothing to study (record with "
+                         f"`python tools/scheduler_replay.py record`)")
+
+
 def _shown(text: str) -> str:
     """Text as this terminal can print it: a lone surrogate of a damaged file and control characters
     escaped."""
@@ -320,27 +376,36 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
             as_json: bool) -> int:
     where = {"i": 0}
 
-    def run(acc, **kw):
+    has_conf = all("confidence" in t for t in traces)
+    if has_conf:
+        check_confidence(path, block, traces)
+    else:
+        print(f"scheduler_replay: note: {path} holds no confidences (recorded before 2026-12-05): the confidence "
+              f"policy is left out; record again to replay it", file=sys.stderr)
+    policies = [p for p in SCHEDULER_POLICIES if has_conf or p == "acceptance"]
+
+    def run(i, policy="acceptance", **kw):
+        where["i"] = i
+        t = traces[i]
         try:
-            return replay_scheduler(acc, n_tokens, costs, block=block, **kw)
+            return replay_scheduler(t["accepted"], n_tokens, costs, block=block, policy=policy,
+                                    confidence=t["confidence"] if has_conf else None, **kw)
         except ValueError as exc:  # the costs and block were checked on loading: the trace's values
             raise TraceError(f"{path}: traces[{where['i']}]: {exc}") from None
 
-    def engine_prices(i):
+    def engine_prices(i, policy):
         """The engine's kept prices after a fresh session on trace i (Engine: merged, then capped)."""
-        where["i"] = i
-        r = run(traces[i]["accepted"])
-        return SchedulerPrices().merged(None, r.end)
+        return SchedulerPrices().merged(None, run(i, policy).end)
 
-    kept = {i: engine_prices(i) for i in after}
-    arms = ["no scheduler", "fresh"] + [f"after {i}" for i in after]
+    kept = {(i, pol): engine_prices(i, pol) for i in after for pol in policies}
+    arms = ["no scheduler"] + [f"{pol}, {a}" for pol in policies for a in ["fresh"] + [f"after {i}" for i in after]]
     rows = []
     for i, t in enumerate(traces):
-        where["i"] = i
-        acc = t["accepted"]
-        res = {"no scheduler": run(acc, scheduler=False), "fresh": run(acc)}
-        for j in after:
-            res[f"after {j}"] = run(acc, start=kept[j].capped(), kept=True)
+        res = {"no scheduler": run(i, scheduler=False)}
+        for pol in policies:
+            res[f"{pol}, fresh"] = run(i, pol)
+            for j in after:
+                res[f"{pol}, after {j}"] = run(i, pol, start=kept[(j, pol)].capped(), kept=True)
         rows.append({"kind": _shown(t.get("kind", "?")), "text": _shown(t.get("text", ""))[:48],
                      **{a: {"ratio": r.ratio_to_target(costs.t_decode), "drafted_cycles": r.drafted_cycles,
                             "accepted": r.accepted, "proposed": r.proposed} for a, r in res.items()}})
@@ -364,7 +429,7 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
               + f"  {r['text']!r}")
     for a in arms:
         s = summary[a]
-        print(f"{a:13s} min {s['min']:.3f}  mean {s['mean']:.4f}  below 0.99: {s['below_0.99']} of {len(rows)}")
+        print(f"{a:24s} min {s['min']:.3f}  mean {s['mean']:.4f}  below 0.99: {s['below_0.99']} of {len(rows)}")
     print(f"the better of target-only and the scheduler off, per prompt, averaged: {best:.4f}")
     return 0
 

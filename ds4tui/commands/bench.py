@@ -81,6 +81,7 @@ from ds4tui.commands.environment import (BadVariable, Settings, backend_chosen, 
                                          check_model_path, check_support_block,
                                          check_support_path, draft_vocab_notes, file_error, gpu_options_not_applied,
                                          settings_of)
+from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
@@ -711,9 +712,11 @@ def _model_info(model: DS4Model, medium: bool) -> dict:
 
 def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activations: str = "auto", n_threads: int,
            n_tokens: int,
-           ctx: int | None, medium: bool, settings: Settings | None = None, say=None, note=None) -> dict:
+           ctx: int | None, medium: bool, settings: Settings | None = None, say=None, note=None,
+           policy: str | None = None) -> dict:
     """Open one engine with ``support`` attached and run the three arms of :data:`AB_ARMS` on both
-    prompts of :data:`AB_PROMPTS` (see the module docstring); returns the result object.
+    prompts of :data:`AB_PROMPTS` (see the module docstring), the scheduler's arm with ``policy`` (one
+    of ``SCHEDULER_POLICIES``; None: the default, spec dspark.md §7.6); returns the result object.
     ``say(text)``: told which backend ran and why, before measuring.  ``note(text)`` (else ``say``):
     told what GPU option the engine does not apply, more threads than usable cores and what the support
     file's draft vocabulary could not give, whatever the backend, and every scheduler prices problem, the saved file that cannot be
@@ -772,7 +775,7 @@ def run_ab(model: DS4Model, support: Path, *, backend: str, numerics: str, activ
             # first after a prefill is not always the same one
             for kind, ids, order in zip([k for k, _, _ in prompts], [i for _, _, i in prompts], arm_order):
                 for position, name in enumerate(order):
-                    knobs = dict(AB_ARMS)[name]
+                    knobs = {**dict(AB_ARMS)[name], "policy": policy or DEFAULT_SCHEDULER_POLICY}
                     _status(f"{name}: {kind} prompt, {n_tokens} tokens...")
                     run = _ab_one(engine, ctx, ids, n_tokens, knobs, current, session_options, stopping)
                     if run.pop("stop_reason") == "cancelled":  # cut short by the interrupt: not a finished run
@@ -1081,7 +1084,8 @@ def render_ab_text(r: dict) -> str:
     for a in r["arms"]:
         k = a["knobs"]
         lines += ["", f"{a['name']}: enabled={int(k['enabled'])} scheduler={int(k['scheduler'])} "
-                      f"threshold={k['threshold']:g} max_draft={k['max_draft']}",
+                      f"threshold={k['threshold']:g} max_draft={k['max_draft']}"
+                      + (f" policy={k['policy']}" if "policy" in k else ""),
                   "  " + a["dspark_line"],
                   "  " + stage_timing_line(a["stage_timing"], a.get("verify_over_target_decode"))]
     lines.append("")
@@ -1246,6 +1250,7 @@ def _usage_error(args) -> str | None:
         return None
     for flag, value in (("--mtp", args.mtp), ("--tokens", args.tokens), ("--draft-vocab", args.draft_vocab),
                         ("--scheduler-prices", args.scheduler_prices),
+                        ("--scheduler-policy", getattr(args, "scheduler_policy", None)),
                         ("--verify-head", getattr(args, "verify_head", None))):  # the plain run attaches no support model
         if value is not None:
             return f"{flag} is an option of the A/B run: add --ab"
@@ -1514,7 +1519,7 @@ def run(args: argparse.Namespace) -> int:
             result = run_ab(model, support, backend=args.backend, numerics=args.numerics, activations=args.activations,
                             n_threads=args.threads,
                             n_tokens=args.tokens or AB_TOKENS, ctx=args.ctx, medium=bool(args.medium),
-                            settings=settings_of(args), say=say,
+                            settings=settings_of(args), say=say, policy=args.scheduler_policy,
                             note=lambda text: print(f"{_PREFIX} note: {text}", file=sys.stderr, flush=True))
         else:
             result = run_bench(model, backend=args.backend, numerics=args.numerics, activations=args.activations,

@@ -41,6 +41,7 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
     if args.dspark and not drafter:
         raise ValueError("--dspark needs a support model: add --mtp SUPPORT.gguf")
     given = [flag for flag, on in (("--no-scheduler", getattr(args, "no_scheduler", False)),
+                                   ("--scheduler-policy", getattr(args, "scheduler_policy", None) is not None),
                                    ("--confidence", getattr(args, "confidence", None) is not None),
                                    ("--max-draft", getattr(args, "max_draft", None) is not None)) if on]
     if given and not drafter:
@@ -102,6 +103,7 @@ def options_from_args(args: argparse.Namespace, before_demo: Callable[[], None] 
                        verify_head=env.verify_head, amx=env.amx,
                        **env.price_options(),
                        scheduler=env.dspark_scheduler and not getattr(args, "no_scheduler", False),
+                       **({"policy": args.scheduler_policy} if getattr(args, "scheduler_policy", None) else {}),
                        max_draft=getattr(args, "max_draft", None) or env.dspark_max_draft,
                        threshold=getattr(args, "confidence", None) or 0.0, print_stats=bool(env.dspark_stats),
                        notes=notes)

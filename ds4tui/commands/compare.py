@@ -237,7 +237,8 @@ def _at_path(d: Any, path: str, name: str = ""):
 #: The DSpark knobs (spec dspark.md §7.3): generate's ``dspark``, an export's ``knobs``, each arm's and run's
 #: ``knobs`` in a ``bench --ab`` result.
 _DSPARK_KNOBS = (Knob("enabled", ("true/false",)), Knob("scheduler", ("true/false",)),
-                 Knob("threshold", ("number",), low=0, high=1), Knob("max_draft", ("integer",), low=1))
+                 Knob("threshold", ("number",), low=0, high=1), Knob("max_draft", ("integer",), low=1),
+                 Knob("policy", ("string",), ("acceptance", "confidence")))
 _SAMPLING = (Knob("temperature", ("number",), low=0), Knob("top_k", ("integer",), low=0),
              Knob("top_p", ("number",), low=0, high=1, low_open=True), Knob("min_p", ("number",), low=0, high=1),
              Knob("seed", ("integer",), low=0))
@@ -834,7 +835,8 @@ def _arm_knobs(arm: dict) -> str:
     k = arm.get("knobs") if isinstance(arm.get("knobs"), dict) else {}
     if not k.get("enabled", False):
         return "DSpark off"
-    words = [f"DSpark on, scheduler {'on' if k.get('scheduler') else 'off'}"]
+    on = f"on ({k['policy']})" if isinstance(k.get("policy"), str) else "on"
+    words = [f"DSpark on, scheduler {on if k.get('scheduler') else 'off'}"]
     if _is_number(k.get("threshold")):
         words.append(f"confidence {k['threshold']:g}")
     if _is_number(k.get("max_draft")):

@@ -137,6 +137,7 @@ def collect() -> dict:
     from ds4tui import __version__, demo
     from ds4tui.commands import environment
     from ds4tui.engine import gpu, memplan, prices
+    from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY, SCHEDULER_POLICIES
     from ds4tui.engine.session import amx_available, auto_activations, auto_amx, auto_verify_head, native_not_built
 
     env = environment.report()
@@ -219,6 +220,15 @@ def collect() -> dict:
                           "and the CPU has AMX-INT8",
                   # what auto runs here: the backend --backend auto chooses, with its default activations
                   "here": auto_amx(out["auto_backend"], auto_activations(out["auto_backend"])[0])[0]}
+    # what the DSpark scheduler decides from (spec dspark.md §7.6): a knob, a flag of chat, generate and bench --ab
+    out["scheduler_policy"] = {"default": DEFAULT_SCHEDULER_POLICY, "choices": list(SCHEDULER_POLICIES),
+                               "note": "what the DSpark scheduler decides from (--scheduler-policy on chat, generate "
+                                       "and bench --ab; Ctrl+R and the knobs pane in the chat): confidence (each "
+                                       "proposal's drafts verified as far as their confidences, calibrated on the "
+                                       "verifies so far, pay; proposals skipped while recent cycles gained nothing) "
+                                       "or acceptance (drafting decided before proposing, from the acceptance "
+                                       "measured at each draft position, with probes); only what is verified changes, "
+                                       "never the output"}
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -322,6 +332,7 @@ def run(args) -> int:
     lines.append(("amx", f"{amx['default']} by default (here {amx['here']}, on the {r['auto_backend']} backend that "
                          f"--backend auto chooses, with its default activations); this CPU: "
                          f"{'AMX-INT8 available' if amx['available'] else amx['reason']}; {amx['note']}"))
+    lines.append(("scheduler policy", f"{r['scheduler_policy']['default']} by default; {r['scheduler_policy']['note']}"))
     sp = r["scheduler_prices"]
     lines.append(("scheduler prices", f"{sp['default']} by default; {sp['note']}; {sp['saved_files']} saved "
                                       f"file(s) in {sp['folder']}"

@@ -9,7 +9,7 @@ the session's counters and memory.
 
 DSpark (spec dspark.md): ``--mtp SUPPORT`` attaches a support GGUF and turns DSpark on, unlike ds4,
 which also needs ``--dspark`` (§7.2) and otherwise loads the support model and silently never
-drafts; ``--no-dspark`` keeps the file loaded and runs target-only.  ``--no-scheduler``,
+drafts; ``--no-dspark`` keeps the file loaded and runs target-only.  ``--no-scheduler``, ``--scheduler-policy P``,
 ``--confidence C`` and ``--max-draft N`` set the knobs (with ``--no-dspark`` a note on stderr says
 that they have no effect, as it says of a ``--scheduler-prices`` other than saved).  A support file that fails validation is
 refused with a warning naming the file and the reason, and generation continues target-only (every
@@ -95,6 +95,7 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
     if args.model is None and args.backend != "reference":
         return None  # the demo's drafter
     given = [flag for flag, on in (("--dspark", args.dspark is True), ("--no-scheduler", args.no_scheduler),
+                                   ("--scheduler-policy", args.scheduler_policy is not None),
                                    ("--confidence", args.confidence is not None),
                                    ("--max-draft", args.max_draft is not None)) if on]
     if given and args.backend == "reference":
@@ -114,7 +115,9 @@ def _moot_knobs(args: argparse.Namespace) -> str | None:
     ``saved``, the default, is not noted: the run keeps its plain decode's time in the prices file."""
     if args.dspark is not False:
         return None
-    given = [flag for flag, on in (("--no-scheduler", args.no_scheduler), ("--confidence", args.confidence is not None),
+    given = [flag for flag, on in (("--no-scheduler", args.no_scheduler),
+                                   ("--scheduler-policy", args.scheduler_policy is not None),
+                                   ("--confidence", args.confidence is not None),
                                    ("--max-draft", args.max_draft is not None),
                                    ("--draft-vocab", getattr(args, "draft_vocab", None) not in (None, "auto")),
                                    ("--verify-head", getattr(args, "verify_head", None) not in (None, "auto")),
@@ -142,6 +145,8 @@ def _setup_dspark(engine, session, args: argparse.Namespace) -> None:
     knobs: dict = {"enabled": args.dspark is not False}
     if args.no_scheduler:
         knobs["scheduler"] = False
+    if args.scheduler_policy is not None:
+        knobs["policy"] = args.scheduler_policy
     if args.confidence is not None:
         knobs["threshold"] = args.confidence
     if args.max_draft is not None:

@@ -112,16 +112,27 @@ class Memory:
         return {**asdict(self), "total": self.total}
 
 
+#: The DSpark scheduler's policies, in the order of ds4_engine.h's DS4_SCHED_* values (spec dspark.md
+#: §7.4, §7.6): "acceptance" drafts when the acceptance measured at each draft position pays for a
+#: verify; "confidence" proposes unless it is backing off and verifies the drafts whose calibrated
+#: confidences pay for their verify.
+SCHEDULER_POLICIES = ("acceptance", "confidence")
+#: The policy a session starts with (the engine's own default, ds4_dspark_session_init).
+DEFAULT_SCHEDULER_POLICY = "confidence"
+
+
 @dataclass(frozen=True)
 class DSparkKnobs:
     """DSpark's live knobs (ds4_dspark_knobs): ``enabled`` (draft and verify, or target-only),
     ``scheduler`` (the adaptive cost model of spec dspark.md §7.3), ``threshold`` (cut the proposal
-    at the first confidence below it, 0..1) and ``max_draft`` (drafts per cycle, 1..block size)."""
+    at the first confidence below it, 0..1), ``max_draft`` (drafts per cycle, 1..block size) and
+    ``policy`` (the scheduler's, one of :data:`SCHEDULER_POLICIES`)."""
 
     enabled: bool = True
     scheduler: bool = True
     threshold: float = 0.0
     max_draft: int = 5
+    policy: str = DEFAULT_SCHEDULER_POLICY
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -217,6 +228,28 @@ class SessionBackend(Protocol):
 
 # ---- the C engine ----------------------------------------------------------------------------------
 
+def knob_fields(d) -> dict:
+    """The :class:`DSparkKnobs` fields of a knob dict a JSON file holds (a stats export, ``generate
+    --json``; a newer file's other fields left out); a file written before the scheduler had policies
+    (2026-12-06) ran the only one there was, "acceptance"."""
+    return {"policy": "acceptance", **{k: d[k] for k in DSparkKnobs.__dataclass_fields__ if k in d}}
+
+
+def knobs_from_native(k) -> DSparkKnobs:
+    """A ``ds4_dspark_knobs`` as :class:`DSparkKnobs`."""
+    return DSparkKnobs(bool(k.enabled), bool(k.scheduler), _threshold(k.threshold), int(k.max_draft),
+                       SCHEDULER_POLICIES[k.policy])
+
+
+def knobs_to_native(ffi, knobs: DSparkKnobs):
+    """``knobs`` as a new ``ds4_dspark_knobs *``; ValueError for a policy not in :data:`SCHEDULER_POLICIES`."""
+    if knobs.policy not in SCHEDULER_POLICIES:
+        raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {knobs.policy!r}")
+    return ffi.new("ds4_dspark_knobs *", {"enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler),
+                                          "threshold": float(knobs.threshold), "max_draft": int(knobs.max_draft),
+                                          "policy": SCHEDULER_POLICIES.index(knobs.policy)})
+
+
 def _threshold(c_float: float) -> float:
     """The confidence threshold the C engine holds (a float32) as the shortest decimal that is that
     float32: 0.3, not 0.30000001192092896, in the knobs, the JSON and compare."""
@@ -246,9 +279,7 @@ class NativeBackend:
         self._vocab = n_vocab
         self._err = ffi.new("char[1024]")
         out = ffi.new("ds4_session **")
-        start = ffi.NULL if knobs is None else ffi.new("ds4_dspark_knobs *", {
-            "enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler), "threshold": float(knobs.threshold),
-            "max_draft": int(knobs.max_draft)})
+        start = ffi.NULL if knobs is None else knobs_to_native(ffi, knobs)
         self._check(lib.ds4_session_create(engine_handle, n_ctx, n_batch, start, out, self._err, 1024))
         self.handle = ffi.gc(out[0], lib.ds4_session_free)
         self._out = ffi.new("int32_t[%d]" % STEP_MAX)  # reused by every step (no allocation per token)
@@ -340,12 +371,10 @@ class NativeBackend:
         k = self._ffi.new("ds4_dspark_knobs *")
         if self._lib.ds4_session_get_dspark(self.handle, k) != 0:
             raise StateError("no DSpark support model is attached to this engine (pass support= / --mtp)")
-        return DSparkKnobs(bool(k.enabled), bool(k.scheduler), _threshold(k.threshold), int(k.max_draft))
+        return knobs_from_native(k)
 
     def set_knobs(self, knobs: DSparkKnobs) -> None:
-        k = self._ffi.new("ds4_dspark_knobs *", {"enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler),
-                                                 "threshold": float(knobs.threshold),
-                                                 "max_draft": int(knobs.max_draft)})
+        k = knobs_to_native(self._ffi, knobs)
         err = self._ffi.new("char[512]")
         rc = self._lib.ds4_session_set_dspark(self.handle, k, err, 512)
         if rc == -1:  # DS4_E_INVALID: a value out of range
@@ -362,9 +391,7 @@ class NativeBackend:
         buf = self._ffi.new("ds4_dspark_event[]", max(1, int(last)))
         n = self._ffi.new("int32_t *")
         self._lib.ds4_session_dspark_events(self.handle, buf, int(last), n)
-        return [KnobEvent(int(e.cycle), DSparkKnobs(bool(e.knobs.enabled), bool(e.knobs.scheduler),
-                                                    _threshold(e.knobs.threshold), int(e.knobs.max_draft)))
-                for e in (buf[i] for i in range(n[0]))]
+        return [KnobEvent(int(e.cycle), knobs_from_native(e.knobs)) for e in (buf[i] for i in range(n[0]))]
 
     def last_proposal(self) -> tuple[list[int], list[float]]:
         toks, conf = self._ffi.new("int32_t[16]"), self._ffi.new("float[16]")

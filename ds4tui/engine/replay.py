@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ds4tui.engine.backend import SCHEDULER_POLICIES, DSparkKnobs, knobs_to_native
 from ds4tui.engine.errors import native_error
 from ds4tui.engine.prices import MAX_MS, SchedulerPrices
 from ds4tui.engine.stats import NO_DRAFT_REASONS
@@ -80,15 +81,20 @@ def _whole(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
-def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, block: int = 5,
+def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, policy: str, block: int = 5,
                      max_draft: int | None = None, scheduler: bool = True, start: SchedulerPrices | None = None,
-                     kept: bool = False) -> ReplayResult:
+                     kept: bool = False, confidence: Sequence[Sequence[float]] | None = None,
+                     threshold: float = 0.0) -> ReplayResult:
     """Replay ``n_tokens`` greedy tokens (1 .. ``len(accepted)``) of a text whose drafts the target
     accepts ``accepted[p]`` (a whole number 0 .. ``block``) of ``block`` at anchor position ``p``, with
-    DSpark on, the scheduler on or off (``scheduler``), drafts of at most ``max_draft`` (default the
-    block) and no confidence cut, from ``start`` prices (None: a fresh session; ``kept``: kept from
-    other sessions, as the engine starts a session, else used as given).  ``costs.t_verify`` must
-    price every width 2 .. block + 1 and no other; every time is a number of ms in [MIN_MS, MAX_MS].
+    DSpark on, the scheduler on or off (``scheduler``) with ``policy`` (one of
+    :data:`~ds4tui.engine.backend.SCHEDULER_POLICIES`), drafts of at most ``max_draft`` (default the
+    block), from ``start`` prices (None: a fresh session; ``kept``: kept from other sessions, as the
+    engine starts a session, else used as given).  ``confidence`` (None: not recorded): one sequence
+    per position of the raw confidences c_1 .. of the proposal there (at most ``block`` numbers in
+    [0, 1]; a shorter one is a proposal that ended there), which the "confidence" policy needs and
+    ``threshold`` (in [0, 1], 0 without confidences) cuts.  ``costs.t_verify`` must price every
+    width 2 .. block + 1 and no other; every time is a number of ms in [MIN_MS, MAX_MS].
 
     Raises ValueError naming the argument out of range and the range (the engine's message for the
     checks it makes itself), and :class:`~ds4tui.engine.errors.NativeNotBuiltError` when the native
@@ -124,8 +130,23 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     if widths != list(range(2, block + 2)):
         raise ValueError(f"costs.t_verify must price exactly the verify widths 2..{block + 1} (block {block}), got "
                          f"widths {widths}")
-    knobs = ffi.new("ds4_dspark_knobs *", {"enabled": 1, "scheduler": int(bool(scheduler)), "threshold": 0.0,
-                                           "max_draft": max_draft})
+    if policy not in SCHEDULER_POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
+    if (isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating))
+            or not 0.0 <= float(threshold) <= 1.0):
+        raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
+    conf = ffi.NULL
+    if confidence is not None:
+        if len(confidence) != len(acc):
+            raise ValueError(f"confidence must hold one sequence per position of accepted ({len(acc)}), got "
+                             f"{len(confidence)}")
+        arr = np.zeros((len(acc), block), dtype=np.float32)
+        for p, row in enumerate(confidence):
+            if len(row) > block:
+                raise ValueError(f"confidence[{p}] holds {len(row)} numbers, more than the block ({block})")
+            arr[p, :len(row)] = np.asarray(row, dtype=np.float32)
+        conf = ffi.from_buffer("float[]", arr)
+    knobs = knobs_to_native(ffi, DSparkKnobs(True, bool(scheduler), float(threshold), max_draft, policy))
     c = ffi.new("ds4_dspark_costs *")
     c.t_decode, c.t_propose = time_ms("costs.t_decode", costs.t_decode), time_ms("costs.t_propose", costs.t_propose)
     for n in widths:
@@ -141,7 +162,7 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, bl
     out = ffi.new("ds4_dspark_replay_result *")
     err = ffi.new("char[512]")
     rc = lib.ds4_dspark_replay(native_start, int(bool(kept)), knobs, block,
-                               ffi.from_buffer(acc), len(acc), n_tokens, c, end, out, err, 512)
+                               ffi.from_buffer(acc), conf, len(acc), n_tokens, c, end, out, err, 512)
     if rc != 0:
         msg = ffi.string(err).decode(errors="replace")
         if rc == -1:  # DS4_E_INVALID: the caller's argument

@@ -35,6 +35,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ds4tui.engine.backend import (  # re-exported: the names this module always had
+    DEFAULT_SCHEDULER_POLICY,
+    SCHEDULER_POLICIES,
     STEP_MANY_OUT,
     STEP_MAX,
     DSparkKnobs,
@@ -781,16 +783,17 @@ class Engine:
 
     # -- public --------------------------------------------------------------------------------
     def session(self, n_ctx: int = 4096, *, n_batch: int | None = None, scheduler: bool = True, max_draft: int = 0,
-                print_stats: bool = False) -> "Session":
+                policy: str = DEFAULT_SCHEDULER_POLICY, print_stats: bool = False) -> "Session":
         """A new session with room for ``n_ctx`` tokens (capped at the model's context length)
         and forward passes of at most ``n_batch`` tokens (prefill chunk size; default
         :data:`DEFAULT_BATCH` for the backend: 2048 on a GPU, 256 otherwise, at most ``n_ctx``;
         spec ds4.md §2.8).
 
-        With a support model attached, ``scheduler`` and ``max_draft`` (0: the block size) are the
-        DSpark knobs the session starts with (in force from the first cycle, not logged as a
-        change; ds4's ``DS4_DSPARK_SCHEDULER`` and ``DS4_DSPARK_MAX_DRAFT_TOKENS``); ``ValueError``
-        for a ``max_draft`` above the block size.  ``print_stats``: when the session closes after
+        With a support model attached, ``scheduler``, ``max_draft`` (0: the block size) and
+        ``policy`` (the scheduler's, one of :data:`~ds4tui.engine.backend.SCHEDULER_POLICIES`, spec
+        dspark.md §7.6) are the DSpark knobs the session starts with (in force from the first cycle,
+        not logged as a change; ds4's ``DS4_DSPARK_SCHEDULER`` and ``DS4_DSPARK_MAX_DRAFT_TOKENS``);
+        ``ValueError`` for a ``max_draft`` above the block size or another policy.  ``print_stats``: when the session closes after
         any DSpark activity, print ds4's stats line to stderr (ds4's ``DS4_DSPARK_STATS``)."""
         self._check_open()
         default_batch = n_batch is None
@@ -803,6 +806,8 @@ class Engine:
             raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
         if not isinstance(scheduler, (bool, np.bool_)):
             raise ValueError(f"scheduler must be True or False, got {scheduler!r}")
+        if policy not in SCHEDULER_POLICIES:
+            raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
         if isinstance(max_draft, (bool, np.bool_)) or not isinstance(max_draft, (int, np.integer)) or max_draft < 0:
             raise ValueError(f"max draft length must be an integer >= 0 (0: the block size), got {max_draft!r}")
         if self.support_status == "attached" and max_draft > self.block_size:
@@ -816,7 +821,8 @@ class Engine:
         else:
             knobs = None
             if self.support_status == "attached":
-                knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft))
+                knobs = DSparkKnobs(enabled=True, scheduler=bool(scheduler), threshold=0.0, max_draft=int(max_draft),
+                                    policy=policy)
             backend = NativeBackend(self._ffi, self._lib, self._handle, n_ctx, n_batch, self.config.n_vocab, knobs)
         s = Session(self, n_ctx, n_batch, backend, print_stats=bool(print_stats),
                     prices_start=self._start_prices(backend))
@@ -1322,11 +1328,13 @@ class Session:
             return self.backend.knobs()
 
     def set_dspark(self, *, enabled: bool | None = None, scheduler: bool | None = None,
-                   threshold: float | None = None, max_draft: int | None = None) -> DSparkKnobs:
+                   threshold: float | None = None, max_draft: int | None = None,
+                   policy: str | None = None) -> DSparkKnobs:
         """Change DSpark's knobs (thread-safe; a running step finishes with the old ones, the next
         cycle uses the new ones, and the engine logs the change with that cycle's number).
 
-        ``threshold`` in [0, 1], ``max_draft`` in 1..block size.  Raises ``ValueError`` for bad
+        ``threshold`` in [0, 1], ``max_draft`` in 1..block size, ``policy`` one of
+        :data:`~ds4tui.engine.backend.SCHEDULER_POLICIES` (spec dspark.md §7.6).  Raises ``ValueError`` for bad
         values and :class:`StateError` without a support model or when enabling a refused one.
         Returns the knobs now requested.  Does not wait for a running prefill or step."""
         for name, v in (("enabled", enabled), ("scheduler", scheduler)):
@@ -1338,6 +1346,8 @@ class Session:
         if max_draft is not None and (isinstance(max_draft, (bool, np.bool_)) or not isinstance(
                 max_draft, (int, np.integer))):
             raise ValueError(f"max draft length must be an integer, got {max_draft!r}")
+        if policy is not None and policy not in SCHEDULER_POLICIES:
+            raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
         with self._knob_lock:
             self._alive()
             k = self.backend.knobs()
@@ -1352,6 +1362,8 @@ class Session:
                 if not 1 <= int(max_draft) <= STEP_MAX:
                     raise ValueError(f"max draft length must be 1..the support block size, got {max_draft}")
                 change["max_draft"] = int(max_draft)
+            if policy is not None:
+                change["policy"] = policy
             k = replace(k, **change)
             self.backend.set_knobs(k)
             return k

@@ -36,6 +36,7 @@ NO_DRAFT_REASONS = (
     "scheduler_skip",
     "tail_skip",
     "no_room",
+    "confidence_cut",
 )
 #: Why a cycle made no draft and what to do about it, one entry per name of
 #: :data:`NO_DRAFT_REASONS` (spec dspark.md §3.4): the app's no-draft pane and help screen show
@@ -71,6 +72,13 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                   "Nothing to do: only the last tokens of a budget (-n) are affected."),
     "no_room": ("The budget, the context or the batch left no room for even one draft token.",
                 "Raise the token budget (-n) or the context (--ctx; Ctrl+G in the app)."),
+    "confidence_cut": ("The scheduler's confidence policy found no draft of the proposal likely enough to be "
+                       "accepted to pay for its verify, so the cycle decoded plainly. It skips the proposals of "
+                       "the next 2, 4, ... 128 cycles while cycles do not gain time, and starts again at 2 after "
+                       "one that does.",
+                       "Nothing is wrong: the drafter was unsure here (the confidence histogram shows how sure). "
+                       "--scheduler-policy acceptance decides from the acceptance measured at each draft "
+                       "position instead; F3 turns the scheduler off to verify every proposal."),
 }
 
 #: Fields of :class:`DSparkStats` that the session counts, not ``ds4_dspark_stats`` (0 from the C struct).
@@ -348,9 +356,10 @@ class DSparkStats:
     def drafter_passes(self) -> int:
         """Cycles in which the drafter ran (what ``propose`` and the ``prop_*`` steps are spent on):
         the drafted cycles plus those whose proposal came to nothing (``confidence_gate``,
-        ``chain_fail``) or held an invalid token.  Skipped and switched-off cycles run no drafter."""
+        ``chain_fail``, ``confidence_cut``) or held an invalid token.  Skipped and switched-off cycles
+        run no drafter."""
         r = self.no_draft_reasons
-        return self.drafted_cycles + r["confidence_gate"] + r["chain_fail"] + self.invalid
+        return self.drafted_cycles + r["confidence_gate"] + r["chain_fail"] + r["confidence_cut"] + self.invalid
 
     @property
     def plain_decodes(self) -> int:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ds4tui.engine import session as S
+from ds4tui.engine.backend import knob_fields
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.stats import DSparkStats
 from ds4tui.engine.tokenizer import Tokenizer, render_chat
@@ -112,11 +113,10 @@ class StatsSnapshot:
         stats = S.Stats(**{k: v for k, v in dict(d["stats"]).items() if k in fields})
         dspark = DSparkStats.from_dict(d["dspark_stats"]) if d.get("dspark_stats") else None
         recorded = d.get("knobs") or d.get("dspark")
-        knobs = S.DSparkKnobs(**{k: recorded[k] for k in S.DSparkKnobs.__dataclass_fields__ if k in recorded}) \
-            if recorded else None
+        knobs = S.DSparkKnobs(**knob_fields(recorded)) if recorded else None
         if "n_tokens" not in d and isinstance(d.get("prompt_ids"), list) and isinstance(d.get("generated_ids"), list):
             d = {**d, "n_tokens": len(d["prompt_ids"]) + len(d["generated_ids"])}
-        events = tuple(S.KnobEvent(int(e["cycle"]), S.DSparkKnobs(**{k: v for k, v in e.items() if k != "cycle"}))
+        events = tuple(S.KnobEvent(int(e["cycle"]), S.DSparkKnobs(**knob_fields(e)))
                        for e in d.get("knob_events") or ())
         return cls(t=0.0, stats=stats, dspark=dspark, knobs=knobs, events=events, n_tokens=int(d.get("n_tokens", 0)),
                    n_ctx=int(d["n_ctx"]), generating=False, turn=0, turn_tokens=stats.n_decode_tokens,
@@ -311,8 +311,8 @@ class ChatEngine:
     backend when this build has one and a device answers, else cpu; the chosen one is in
     ``info.backend`` and the reason in ``info.backend_note``).  ``n_ctx``: context tokens (default 4096, at most the model's context
     length).  ``dspark``: start with DSpark on (True) or off (False) when a support model is
-    attached; ``scheduler`` and ``max_draft`` (0: the block size) are the other knobs the session
-    starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
+    attached; ``scheduler``, ``max_draft`` (0: the block size) and ``policy`` (the scheduler's) are the
+    other knobs the session starts with, ``print_stats`` prints ds4's stats line when it closes (``Engine.session``);
     ``gpu_layout``, ``gpu_library``, ``prefill_gemm``, ``activations``, ``gpu_graphs``, ``draft_vocab``, ``scheduler_prices``,
     ``prices_dir`` and ``verify_head`` are ``Engine``'s.  ``progress(LoadProgress)`` is called
     during opening.
@@ -328,7 +328,7 @@ class ChatEngine:
                  sampling: S.SamplingParams | None = None, dspark: bool = True,
                  progress: Callable[[LoadProgress], None] | None = None, gpu_layout: str = "planar",
                  gpu_library: str | os.PathLike | None = None, scheduler: bool = True, max_draft: int = 0,
-                 print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "auto",
+                 policy: str = S.DEFAULT_SCHEDULER_POLICY, print_stats: bool = False, prefill_gemm: str = "auto", activations: str = "auto",
                  numerics: str = "ds4", threshold: float = 0.0, gpu_graphs: str = "off",
                  scheduler_prices: str = "fresh", prices_dir: str | os.PathLike | None = None,
                  draft_vocab: str | int = "auto", verify_head: str = "auto", amx: str = "auto"):
@@ -354,7 +354,7 @@ class ChatEngine:
             if not 2 <= n_ctx <= limit:
                 raise ValueError(f"--ctx {n_ctx}: the context size must be 2..{limit} (the model's context length)")
             self.counters_id = new_counters_id()
-            self.session = self.engine.session(n_ctx, scheduler=scheduler, max_draft=max_draft,
+            self.session = self.engine.session(n_ctx, scheduler=scheduler, max_draft=max_draft, policy=policy,
                                                print_stats=print_stats)
             self.session.set_sampling((sampling or S.SamplingParams()).validate())
             if self.has_dspark:
@@ -686,7 +686,9 @@ class ChatEngine:
             old = self.session
             knobs = old.dspark if self.has_dspark else None
             new = self.engine.session(n_ctx, scheduler=knobs.scheduler if knobs else True,
-                                      max_draft=knobs.max_draft if knobs else 0, print_stats=old.print_stats)
+                                      max_draft=knobs.max_draft if knobs else 0,
+                                      policy=knobs.policy if knobs else S.DEFAULT_SCHEDULER_POLICY,
+                                      print_stats=old.print_stats)
             try:
                 new.set_sampling(old.sampling)
                 if knobs is not None:

@@ -283,12 +283,19 @@ typedef struct {
     uint64_t n_cancelled;       /* calls stopped by ds4_session_cancel */
 } ds4_stats;
 
+/* The scheduler's policies (ds4_dspark_knobs.policy; spec dspark.md §7.4, §7.6). */
+#define DS4_SCHED_ACCEPTANCE 0 /* draft when the acceptance measured at each position pays (§7.4) */
+#define DS4_SCHED_CONFIDENCE 1 /* propose unless backing off; verify the drafts whose calibrated
+                                * confidences pay for their verify (§7.6) */
+#define DS4_SCHED_POLICIES 2
+
 /* DSpark's live knobs (spec dspark.md §7), applied at the next cycle boundary. */
 typedef struct {
     int32_t enabled;     /* 1: draft and verify; 0: target-only decode */
     int32_t scheduler;   /* 1: adaptive scheduler (spec dspark.md §7.3) */
     float threshold;     /* confidence threshold 0..1: cut at the first c_k < threshold (1: never draft) */
     int32_t max_draft;   /* 1..block_size drafts per cycle */
+    int32_t policy;      /* the scheduler's policy, DS4_SCHED_ACCEPTANCE or _CONFIDENCE */
 } ds4_dspark_knobs;
 
 typedef struct ds4_engine ds4_engine;
@@ -495,7 +502,8 @@ int ds4_gpu_kernel_upload(const char *library, int32_t type, const void *src, in
 #define DS4_ND_TAIL_SKIP 6        /* the budget cuts the draft to a length that cannot pay, or a due probe
                                    * short (scheduler on) */
 #define DS4_ND_NO_ROOM 7          /* budget or context leaves no room for a draft */
-#define DS4_ND_COUNT 8
+#define DS4_ND_CONFIDENCE_CUT 8   /* the confidence policy found no draft of the proposal worth a verify */
+#define DS4_ND_COUNT 9
 
 /* The support model's shape (spec dspark.md §4.1).  Tensors are passed
  * with the ds4 support names (`mtp.N.<suffix>`, final-stage heads under
@@ -556,7 +564,7 @@ typedef struct {
     uint64_t pos_proposed[16];        /* [k]: cycles that verified a draft at block row k */
     uint64_t pos_accepted[16];        /* [k]: ... and accepted it */
     uint64_t conf_hist[20];           /* every computed c_k, DS4_DSPARK_CONF_BINS bins */
-    uint64_t no_draft_reasons[8];     /* [DS4_ND_COUNT] */
+    uint64_t no_draft_reasons[9];     /* [DS4_ND_COUNT] */
     char chain_fail_op[32];           /* the op of the last chain failure ("" if none) */
     uint64_t n_events;                /* knob changes applied so far */
     uint64_t verify_head_rows;        /* LM-head rows the verify passes computed: 1 + drafts per
@@ -627,12 +635,17 @@ int ds4_session_set_dspark_prices(ds4_session *s, const ds4_dspark_prices *p, in
  * proposed at anchor position p the target accepts (greedy: the longest
  * prefix equal to its own tokens); a cycle at position p that verifies nd
  * drafts accepts min(accepted[p], nd) and the next position it reaches is
- * p + accepted + 1.  The replay emits n_tokens tokens (1..n_positions) from
- * `start` (NULL: a fresh session; `kept` as for ds4_session_set_dspark_prices)
- * with `knobs` (threshold 0: a replay has no confidences), each plain decode
- * costing t_decode, each drafted cycle t_propose + t_verify[nd + 1] (ms);
- * `end` (may be NULL) gets the scheduler's prices after it.  DS4_E_INVALID
- * names the argument out of range. */
+ * p + accepted + 1.  confidence (NULL: none recorded) holds the raw
+ * confidences c_1..c_block of the proposal at each anchor position,
+ * confidence[p * block + k - 1] in [0, 1] (0 past a proposal's end); without
+ * them the threshold must be 0 and the policy DS4_SCHED_ACCEPTANCE.  The
+ * replay emits n_tokens tokens (1..n_positions) from `start` (NULL: a fresh
+ * session; `kept` as for ds4_session_set_dspark_prices) with `knobs`, each
+ * plain decode costing t_decode, each proposal t_propose and each verify
+ * t_verify[nd + 1] (ms; a proposal the threshold or the confidence policy
+ * cuts to nothing is followed by a plain decode); `end` (may be NULL) gets
+ * the scheduler's prices after it.  DS4_E_INVALID names the argument out of
+ * range. */
 typedef struct {
     double t_decode;                  /* ms, a plain decode */
     double t_propose;                 /* ms, a proposal of the whole block */
@@ -645,11 +658,12 @@ typedef struct {
     uint64_t drafted_cycles;          /* cycles that verified drafts */
     uint64_t proposed;                /* drafts verified */
     uint64_t accepted;                /* ... of them accepted */
-    uint64_t no_draft_reasons[8];     /* [DS4_ND_COUNT] plain cycles by reason */
+    uint64_t no_draft_reasons[9];     /* [DS4_ND_COUNT] plain cycles by reason */
 } ds4_dspark_replay_result;
 int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_dspark_knobs *knobs, int32_t block,
-                      const uint8_t *accepted, int32_t n_positions, int32_t n_tokens, const ds4_dspark_costs *costs,
-                      ds4_dspark_prices *end, ds4_dspark_replay_result *out, char *err, size_t err_len);
+                      const uint8_t *accepted, const float *confidence, int32_t n_positions, int32_t n_tokens,
+                      const ds4_dspark_costs *costs, ds4_dspark_prices *end, ds4_dspark_replay_result *out, char *err,
+                      size_t err_len);
 /* The last drafter pass: its draft tokens (after the confidence cut, before
  * any budget or scheduler cut) and the raw confidences c_1..c_n it computed
  * (uncalibrated; c_k is computed up to the first one below the threshold). */

@@ -74,6 +74,9 @@ static int check_knobs(const ds4_dspark_knobs *k, int block, int zero_max_ok, ch
     if (k->enabled != 0 && k->enabled != 1) return ds4_fail(err, err_len, DS4_E_INVALID, "enabled must be 0 or 1, got %d", k->enabled);
     if (k->scheduler != 0 && k->scheduler != 1)
         return ds4_fail(err, err_len, DS4_E_INVALID, "scheduler must be 0 or 1, got %d", k->scheduler);
+    if (k->policy < 0 || k->policy >= DS4_SCHED_POLICIES)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "scheduler policy must be %d (acceptance) or %d (confidence), got %d",
+                        DS4_SCHED_ACCEPTANCE, DS4_SCHED_CONFIDENCE, k->policy);
     if (!(k->threshold >= 0.0f && k->threshold <= 1.0f))
         return ds4_fail(err, err_len, DS4_E_INVALID, "confidence threshold must be in [0, 1], got %g", (double)k->threshold);
     if ((k->max_draft < 1 && !(zero_max_ok && k->max_draft == 0)) || k->max_draft > block)
@@ -86,7 +89,7 @@ int ds4_dspark_session_init(ds4_session *s, const ds4_dspark_knobs *initial, cha
     ds4_engine *e = s->e;
     const ds4_support *sup = e->sup;
     int block = sup ? sup->block : DS4_DSPARK_MAX_BLOCK;
-    ds4_dspark_knobs k = {sup ? 1 : 0, 1, 0.0f, block};
+    ds4_dspark_knobs k = {sup ? 1 : 0, 1, 0.0f, block, DS4_SCHED_CONFIDENCE};
     if (initial) {
         int rc = check_knobs(initial, block, 1, err, err_len);
         if (rc != DS4_OK) return rc;
@@ -575,7 +578,7 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
     int probe = 0;
     if (k.scheduler) {
         int len;
-        const int why = ds4_sched_decide(&d->q, lmax, lroom, &len, &probe);
+        const int why = ds4_sched_decide(&d->q, k.policy, lmax, lroom, &len, &probe);
         if (why >= 0) return plain_cycle(s, why, out, n_out, err, err_len, t_start, NULL, 0.0);
         lmax = len;
     }
@@ -598,7 +601,16 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
      * longer draft look cheaper than it is */
     if (lmax == lroom && !s->last_proposal_captured) ds4_sched_proposed(&d->q, propose_ms);
     if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
-    if (k.scheduler && !probe) nd = ds4_sched_cut(&d->q, nd); /* a probe verifies what it drafted: that is what it is for */
+    const int confident = k.scheduler && k.policy == DS4_SCHED_CONFIDENCE;
+    if (confident) {
+        nd = ds4_sched_cut_confident(&d->q, nd, d->conf); /* d->conf[i]: draft i's c (propose kept one a draft) */
+        if (nd == 0) {
+            ds4_sched_confident_done(&d->q, 0, 0);
+            return plain_cycle(s, DS4_ND_CONFIDENCE_CUT, out, n_out, err, err_len, t_start, &pt, propose_ms);
+        }
+    } else if (k.scheduler && !probe) {
+        nd = ds4_sched_cut(&d->q, nd); /* a probe verifies what it drafted: that is what it is for */
+    }
     for (int i = 0; i < nd; i++)
         if (drafts[i] < 0 || drafts[i] >= e->c.n_vocab) { /* cannot happen with an argmax; counted if it does */
             return plain_cycle(s, INVALID_DRAFT, out, n_out, err, err_len, t_start, &pt, propose_ms);
@@ -702,7 +714,8 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
      * verified draft accepted and drafts the cut left out: the bonus shows the next position */
     const int next_seen = !(T > 0.0f) && a == nd && nd < d->n_drafts;
     ds4_sched_verified(&d->q, nd, a, next_seen, next_seen && bonus == d->drafts[nd], probe, !s->last_pass_captured,
-                       tv1 - tv0 + head_ms);
+                       tv1 - tv0 + head_ms, d->conf, d->n_conf);
+    if (confident) ds4_sched_confident_done(&d->q, nd, a);
     s->stats.n_decode_tokens += (uint64_t)(a + 1);
     s->stats.n_steps++;
     s->stats.decode_ms += t_end - t_start;

@@ -178,6 +178,9 @@ void ds4_dspark_reset_stats(ds4_session *s); /* counters only: knobs, timings mo
 int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_out, char *err, size_t err_len);
 
 /* ---- scheduler.c ------------------------------------------------------------------------------ */
+#define DS4_SCHED_CAL_BINS 10   /* bins of a raw confidence in the drafter's calibration (spec dspark.md §7.6) */
+#define DS4_SCHED_CAL_WINDOW 64 /* a bin's counts are halved when it reached this many drafts: a drafter's
+                                 * calibration moves with the text */
 #define DS4_SCHED_FIRST_DECODES 5 /* a session with no kept t_ver(1) decodes plainly this many cycles first
                                    * and prices t_ver(1) at their median (spec dspark.md §7.4) */
 /* The DSpark scheduler of a session (spec dspark.md §7.3, §7.4): the measured times and the
@@ -212,20 +215,36 @@ typedef struct {
                                  * HOPELESS_MIN_VERIFIES verifies its times are its first samples */
     uint64_t own_verifies;      /* drafted cycles verified since the session began or its prices were set
                                  * (and the verifies of prices set directly, not kept: used as given) */
+    /* the drafter's calibration (spec dspark.md §7.6): by bin of a raw confidence c_k, how many drafts
+     * the verifies reached with it and how many of them the target accepted (halved at
+     * DS4_SCHED_CAL_WINDOW), whatever the policy, so that a switch to the confidence policy starts
+     * calibrated */
+    double cal_reached[DS4_SCHED_CAL_BINS], cal_hit[DS4_SCHED_CAL_BINS];
+    double gain;                /* the confidence policy's recent gain over plain decoding, in decodes a
+                                 * cycle (spec dspark.md §7.6) */
 } ds4_sched;
 void ds4_sched_init(ds4_sched *q);
 void ds4_sched_knobs_changed(ds4_sched *q); /* the back-off restarts */
 /* DS4_OK, or DS4_E_INVALID naming the field of `p` out of range. */
 int ds4_sched_check_prices(const ds4_dspark_prices *p, char *err, size_t err_len);
 void ds4_sched_set_prices(ds4_sched *q, const ds4_dspark_prices *p, int kept); /* checked prices */
-/* Before a cycle with room for lmax drafts (lroom without the caller's budget): -1 to propose *len
- * drafts (*probe: a probe, verified uncut), or the DS4_ND_* reason of a plain cycle. */
-int ds4_sched_decide(ds4_sched *q, int lmax, int lroom, int *len, int *probe);
+/* Before a cycle with room for lmax drafts (lroom without the caller's budget) under `policy`
+ * (DS4_SCHED_*): -1 to propose *len drafts (*probe: a probe, verified uncut), or the DS4_ND_* reason of
+ * a plain cycle. */
+int ds4_sched_decide(ds4_sched *q, int policy, int lmax, int lroom, int *len, int *probe);
 void ds4_sched_proposed(ds4_sched *q, double ms);  /* a whole-length proposal took ms (not capturing) */
 int ds4_sched_cut(const ds4_sched *q, int nd);     /* the drafts of nd to verify (not a probe's) */
+/* The confidence policy's cut (spec dspark.md §7.6): how many of the nd drafts, whose raw confidences
+ * are conf[0..nd), to verify (0: none, the cycle ends in a plain decode). */
+int ds4_sched_cut_confident(const ds4_sched *q, int nd, const float *conf);
+/* The confidence policy's back-off after a cycle that proposed and verified nd drafts (0: the cut left
+ * none) of which a were accepted (spec dspark.md §7.6). */
+void ds4_sched_confident_done(ds4_sched *q, int nd, int a);
 /* A verify of nd drafts accepted a; next_seen: greedy, all accepted and the proposal held more, so the
- * bonus showed the next position (next_hit: it matched); timed: ms is a sample (no graph captured). */
-void ds4_sched_verified(ds4_sched *q, int nd, int a, int next_seen, int next_hit, int probe, int timed, double ms);
+ * bonus showed the next position (next_hit: it matched); timed: ms is a sample (no graph captured);
+ * conf[0..n_conf): the proposal's raw confidences (the calibration's samples; n_conf may be 0). */
+void ds4_sched_verified(ds4_sched *q, int nd, int a, int next_seen, int next_hit, int probe, int timed, double ms,
+                        const float *conf, int n_conf);
 void ds4_sched_plain(ds4_sched *q, int timed, double ms); /* a plain cycle's decode took ms */
 
 /* ---- forward.c -------------------------------------------------------------------------------- */

@@ -33,6 +33,9 @@ _Static_assert(sizeof(((ds4_dspark_replay_result *)0)->no_draft_reasons) / sizeo
 #define PROBE_ONE 1          /* ds4_sched.probe: a single-draft probe is due */
 #define PROBE_LONG 2         /* ds4_sched.probe: a probe of the optimistic length is due */
 #define REPRICE_CYCLES 64    /* a plain decode after this many drafted cycles re-times t_ver(1) */
+#define CAL_PRIOR 4.0        /* the weight, in drafts verified, of a raw confidence in its own calibration
+                              * (spec dspark.md §7.6): 1 and 16 replayed a little worse, on the demo pair's
+                              * calibrated drafter and on the same confidences skewed (tools/cpu_notes.md) */
 
 void ds4_sched_init(ds4_sched *q) {
     memset(q, 0, sizeof *q);
@@ -236,9 +239,63 @@ static void sample_time(double *v, int32_t *has, int32_t *carried, double x) {
     ema(v, has, x);
 }
 
+/* ---- the confidence policy (spec dspark.md §7.6) --------------------------------------------- */
+
+static int cal_bin(float c) {
+    const int b = (int)(c * (float)DS4_SCHED_CAL_BINS);
+    return b < 0 ? 0 : b >= DS4_SCHED_CAL_BINS ? DS4_SCHED_CAL_BINS - 1 : b;
+}
+
+/* The chance that a draft of raw confidence c is accepted once the drafts before it were: its bin's
+ * acceptance seen so far, with c itself as a prior worth CAL_PRIOR drafts (a drafter whose head is
+ * calibrated keeps its c; one whose head is not, as DS4 Flash's released ones, learns its bins'). */
+static double calibrated(const ds4_sched *q, float c) {
+    const int b = cal_bin(c);
+    return (q->cal_hit[b] + CAL_PRIOR * (double)c) / (q->cal_reached[b] + CAL_PRIOR);
+}
+
+static void calibrate(ds4_sched *q, float c, int hit) {
+    const int b = cal_bin(c);
+    q->cal_reached[b] += 1.0;
+    if (hit) q->cal_hit[b] += 1.0;
+    if (q->cal_reached[b] >= DS4_SCHED_CAL_WINDOW) q->cal_reached[b] *= 0.5, q->cal_hit[b] *= 0.5;
+}
+
+/* The proposal is spent: verify the n drafts whose expected tokens, 1 + sum_{k<=n} prod_{j<=k} ĉ_j,
+ * per ms of a verify of n + 1 rows beat a plain decode's 1 per t_ver(1) by the most (0: none do). */
+int ds4_sched_cut_confident(const ds4_sched *q, int nd, const float *conf) {
+    int best = 0;
+    double r = 1.0 / t_verify(q, 1), surv = 1.0, tokens = 1.0;
+    for (int n = 1; n <= nd; n++) {
+        surv *= calibrated(q, conf[n - 1]);
+        tokens += surv;
+        const double rn = tokens / t_verify(q, n + 1);
+        if (rn > r) r = rn, best = n;
+    }
+    return best;
+}
+
+/* A cycle's gain over plain decoding at the prices: its a + 1 tokens less the decodes its proposal and
+ * verify cost.  While the recent cycles gained (their gains averaged with weights 1/2, 1/4, ...: one
+ * miss on text that drafts well does not stop drafting) the next back-off starts at its shortest;
+ * otherwise the proposals of the next `backoff` cycles are skipped, doubling up to MAX_BACKOFF.  The
+ * last cycle's gain alone (tools/cpu_notes.md, 2026-12-06) replayed 0.971 / 1.134 of target-only
+ * (min / mean, 46 demo answers) against 0.975 / 1.148 averaged so. */
+void ds4_sched_confident_done(ds4_sched *q, int nd, int a) {
+    const double t1 = t_verify(q, 1);
+    const double spent = (q->pr.has_prop ? q->pr.t_prop : 0.0) + (nd > 0 ? t_verify(q, nd + 1) : t1);
+    q->gain = 0.5 * q->gain + 0.5 * ((double)(a + 1) - spent / t1);
+    if (q->gain > 0.0) {
+        q->backoff = 2;
+        return;
+    }
+    q->skip_left = q->backoff;
+    q->backoff = q->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : q->backoff * 2;
+}
+
 /* ---- a cycle's decisions and what it teaches ------------------------------------------------ */
 
-int ds4_sched_decide(ds4_sched *q, int lmax, int lroom, int *len, int *probe) {
+int ds4_sched_decide(ds4_sched *q, int policy, int lmax, int lroom, int *len, int *probe) {
     *probe = 0;
     *len = lmax;
     q->room = lroom + 1;
@@ -254,6 +311,8 @@ int ds4_sched_decide(ds4_sched *q, int lmax, int lroom, int *len, int *probe) {
         return DS4_ND_SCHEDULER_SKIP;
     if (q->since_plain >= REPRICE_CYCLES) /* drafting only never re-times the decode it is weighed against */
         return DS4_ND_SCHEDULER_SKIP;
+    if (policy == DS4_SCHED_CONFIDENCE) /* every cycle out of a back-off proposes; its cut decides (§7.6) */
+        return -1;
     if (q->probe) {
         /* a back-off just ended: a probe.  After a hopeless back-off one cheap single-draft cycle
          * refreshes the first position's acceptance (the one every longer draft depends on), unless
@@ -301,8 +360,11 @@ int ds4_sched_cut(const ds4_sched *q, int nd) {
     return l >= 1 && l < nd ? l : nd;
 }
 
-void ds4_sched_verified(ds4_sched *q, int nd, int a, int next_seen, int next_hit, int probe, int timed, double ms) {
+void ds4_sched_verified(ds4_sched *q, int nd, int a, int next_seen, int next_hit, int probe, int timed, double ms,
+                        const float *conf, int n_conf) {
     q->own_verifies++;
+    for (int i = 0; i <= a && i < nd && i < n_conf; i++) calibrate(q, conf[i], i < a); /* the drafts reached */
+    if (next_seen && nd < n_conf) calibrate(q, conf[nd], next_hit);
     for (int i = 0; i <= a && i < nd; i++) q->pr.reached[i]++, q->win_reached[i]++;
     for (int i = 0; i < a; i++) q->pr.hit[i]++, q->win_hit[i]++;
     /* greedy, every verified draft accepted and the proposal cut by the scheduler: the bonus is the
@@ -356,8 +418,9 @@ void ds4_sched_plain(ds4_sched *q, int timed, double ms) {
 /* ---- the replay (spec dspark.md §7.5) -------------------------------------------------------- */
 
 int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_dspark_knobs *knobs, int32_t block,
-                      const uint8_t *accepted, int32_t n_positions, int32_t n_tokens, const ds4_dspark_costs *costs,
-                      ds4_dspark_prices *end, ds4_dspark_replay_result *out, char *err, size_t err_len) {
+                      const uint8_t *accepted, const float *confidence, int32_t n_positions, int32_t n_tokens,
+                      const ds4_dspark_costs *costs, ds4_dspark_prices *end, ds4_dspark_replay_result *out, char *err,
+                      size_t err_len) {
     if (!knobs || !costs || !out || (n_positions > 0 && !accepted))
         return ds4_fail(err, err_len, DS4_E_INVALID, "replay: NULL knobs, costs, result or acceptance");
     if (block < 1 || block > DS4_DSPARK_MAX_BLOCK)
@@ -369,10 +432,19 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
     if (knobs->max_draft < 1 || knobs->max_draft > block)
         return ds4_fail(err, err_len, DS4_E_INVALID, "replay: max draft length must be 1..%d (the block), got %d", block,
                         knobs->max_draft);
-    if (knobs->threshold != 0.0f)
-        return ds4_fail(err, err_len, DS4_E_INVALID,
-                        "replay: the confidence threshold must be 0 (a replay has no confidences), got %g",
+    if (knobs->policy < 0 || knobs->policy >= DS4_SCHED_POLICIES)
+        return ds4_fail(err, err_len, DS4_E_INVALID, "replay: policy must be %d (acceptance) or %d (confidence), got %d",
+                        DS4_SCHED_ACCEPTANCE, DS4_SCHED_CONFIDENCE, knobs->policy);
+    if (!(knobs->threshold >= 0.0f && knobs->threshold <= 1.0f))
+        return ds4_fail(err, err_len, DS4_E_INVALID, "replay: the confidence threshold must be in [0, 1], got %g",
                         (double)knobs->threshold);
+    if (!confidence && knobs->threshold != 0.0f)
+        return ds4_fail(err, err_len, DS4_E_INVALID,
+                        "replay: the confidence threshold must be 0 without recorded confidences, got %g",
+                        (double)knobs->threshold);
+    if (!confidence && knobs->scheduler && knobs->policy == DS4_SCHED_CONFIDENCE)
+        return ds4_fail(err, err_len, DS4_E_INVALID,
+                        "replay: the confidence policy needs the recorded confidences (none were given)");
     if (n_tokens < 1 || n_tokens > n_positions)
         return ds4_fail(err, err_len, DS4_E_INVALID,
                         "replay: n_tokens must be 1..%d (the recorded positions: a cycle at position p reads "
@@ -381,6 +453,11 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
         if (accepted[p] > block)
             return ds4_fail(err, err_len, DS4_E_INVALID, "replay: accepted[%d] = %d is more than the block, %d", p,
                             accepted[p], block);
+    for (int64_t i = 0; confidence && i < (int64_t)n_positions * block; i++)
+        if (!(confidence[i] >= 0.0f && confidence[i] <= 1.0f))
+            return ds4_fail(err, err_len, DS4_E_INVALID, "replay: confidence[%lld] (position %lld, draft %lld) must be in "
+                            "[0, 1], got %g", (long long)i, (long long)(i / block), (long long)(i % block + 1),
+                            (double)confidence[i]);
     if (!(isfinite(costs->t_decode) && costs->t_decode > 0.0))
         return ds4_fail(err, err_len, DS4_E_INVALID, "replay: t_decode must be a finite time > 0 ms, got %g", costs->t_decode);
     if (!(isfinite(costs->t_propose) && costs->t_propose > 0.0))
@@ -406,11 +483,27 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
         const int lroom = knobs->max_draft;
         const int left = n_tokens - pos;
         int lmax = lroom < left - 1 ? lroom : left - 1;
+        const int confident = knobs->scheduler && knobs->policy == DS4_SCHED_CONFIDENCE;
         int len = lmax, probe = 0, reason = -1;
         if (!knobs->enabled) reason = DS4_ND_DISABLED;
-        else if (knobs->scheduler) reason = ds4_sched_decide(&q, lmax, lroom, &len, &probe);
+        else if (knobs->scheduler) reason = ds4_sched_decide(&q, knobs->policy, lmax, lroom, &len, &probe);
         if (reason < 0 && len < 1) reason = DS4_ND_NO_ROOM;
+        /* the drafter proposes `len` drafts, cut at the first confidence below the threshold (c_1
+         * below it: nothing); a whole-length one prices t_prop */
+        const float *conf = confidence ? confidence + (size_t)pos * (size_t)block : NULL;
+        int drafted = 0;
+        if (reason < 0) {
+            out->ms += costs->t_propose;
+            if (len == lroom) ds4_sched_proposed(&q, costs->t_propose);
+            while (drafted < len && !(conf && conf[drafted] < knobs->threshold)) drafted++;
+            if (drafted == 0 || knobs->threshold >= 1.0f) reason = DS4_ND_CONFIDENCE_GATE;
+        }
+        int nd = drafted;
+        if (reason < 0 && knobs->scheduler && !probe)
+            nd = confident ? ds4_sched_cut_confident(&q, drafted, conf) : ds4_sched_cut(&q, drafted);
+        if (reason < 0 && nd == 0) reason = DS4_ND_CONFIDENCE_CUT;
         if (reason >= 0) {
+            if (reason == DS4_ND_CONFIDENCE_CUT) ds4_sched_confident_done(&q, 0, 0);
             ds4_sched_plain(&q, 1, costs->t_decode);
             out->ms += costs->t_decode;
             out->cycles++;
@@ -418,13 +511,12 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
             pos++;
             continue;
         }
-        /* the drafter proposes `len` drafts (no confidence cut); a whole-length one prices t_prop */
-        if (len == lroom) ds4_sched_proposed(&q, costs->t_propose);
-        int nd = knobs->scheduler && !probe ? ds4_sched_cut(&q, len) : len;
         const int take = accepted[pos];
         const int a = take < nd ? take : nd;
-        ds4_sched_verified(&q, nd, a, a == nd && nd < len, take > nd, probe, 1, costs->t_verify[nd + 1]);
-        out->ms += costs->t_propose + costs->t_verify[nd + 1];
+        ds4_sched_verified(&q, nd, a, a == nd && nd < drafted, take > nd, probe, 1, costs->t_verify[nd + 1], conf,
+                           conf ? drafted : 0);
+        if (confident) ds4_sched_confident_done(&q, nd, a);
+        out->ms += costs->t_verify[nd + 1];
         out->cycles++;
         out->drafted_cycles++;
         out->proposed += (uint64_t)nd;

@@ -10,8 +10,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.validation import Integer, Number
-from textual.widgets import Input, Label, Static, Switch
+from textual.widgets import Input, Label, Select, Static, Switch
 
+from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY, SCHEDULER_POLICIES
 from ds4tui.engine.stats import NO_DRAFT_HELP, NO_DRAFT_REASONS, DSparkStats, timed_stages
 from ds4tui.engine.timeline import RATE_S, SpecView
 from ds4tui.widgets.pane import Pane
@@ -35,11 +36,11 @@ def _pct(v: float | None) -> str:
 
 class KnobsPane(Vertical):
     """DSpark on/off, scheduler on/off, confidence threshold and max draft length: two pairs a row, or one
-    a row in a pane narrower than :attr:`ROW_WIDTH`.
+    a row in a pane narrower than :attr:`ROW_WIDTH`; then the scheduler's policy (spec dspark.md §7.6).
 
-    The app listens to ``Switch.Changed`` (ids ``dspark``, ``scheduler``) and ``Input.Submitted``
-    (ids ``threshold``, ``max-draft``) and calls the engine's setters; ``show`` reflects the knobs
-    the engine reports without firing those events."""
+    The app listens to ``Switch.Changed`` (ids ``dspark``, ``scheduler``), ``Input.Submitted``
+    (ids ``threshold``, ``max-draft``) and ``Select.Changed`` (id ``policy``) and calls the engine's
+    setters; ``show`` reflects the knobs the engine reports without firing those events."""
 
     DEFAULT_CSS = """
     KnobsPane { height: auto; border: round $accent; padding: 0 1; }
@@ -51,7 +52,9 @@ class KnobsPane(Vertical):
     KnobsPane Input.-invalid:focus { background: $error 45%; }
     KnobsPane Switch:focus { background: $accent 30%; }
     KnobsPane #knob-note { color: $text-muted; }
+    KnobsPane Select { width: 16; }
     KnobsPane.-stacked Horizontal { layout: grid; grid-size: 2; grid-columns: 11 10; grid-rows: 1; height: 2; }
+    KnobsPane.-stacked #policy-row { grid-columns: 11 16; height: 1; }
     """
 
     #: Columns a row of two label + control pairs takes (labels 11, the first control 8 + its margin 2, the
@@ -79,6 +82,12 @@ class KnobsPane(Vertical):
             yield Label("max draft")
             yield Input("", id="max-draft", type="text", validators=[Integer(1, 16)], disabled=True, compact=True,
                         tooltip="drafts per cycle, 1..block size (F9/F10: -/+1); Enter applies, Esc leaves the field")
+        with Horizontal(id="policy-row"):
+            yield Label("policy")
+            yield Select([(p, p) for p in SCHEDULER_POLICIES], allow_blank=False, value=DEFAULT_SCHEDULER_POLICY,
+                         id="policy", disabled=True, compact=True,
+                         tooltip="the scheduler's policy (Ctrl+R switches): confidence verifies the drafts whose "
+                         "calibrated confidences pay; acceptance drafts where the acceptance measured so far pays")
         yield Static("", id="knob-note")
 
     _note = ""
@@ -104,6 +113,11 @@ class KnobsPane(Vertical):
             if not inp.has_focus and inp.value != text:
                 with inp.prevent(Input.Changed):
                     inp.value = text
+        sel = self.query_one("#policy", Select)
+        sel.disabled = not enabled or read_only
+        if enabled and sel.value != knobs.policy:
+            with sel.prevent(Select.Changed):
+                sel.value = knobs.policy
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
             state = knobs_state(knobs)
@@ -303,8 +317,9 @@ def explain_reasons(st: DSparkStats | None = None) -> str:
 
 
 def knobs_state(knobs) -> str:
-    """DSpark's knobs (``DSparkKnobs``) in one line: "DSpark on · sched off · conf 0.30 · max 5"."""
-    return (f"DSpark {'on' if knobs.enabled else 'off'} · sched {'on' if knobs.scheduler else 'off'}"
+    """DSpark's knobs (``DSparkKnobs``) in one line: "DSpark on · sched confidence · conf 0.30 · max 5" (the
+    scheduler's policy, or off)."""
+    return (f"DSpark {'on' if knobs.enabled else 'off'} · sched {knobs.policy if knobs.scheduler else 'off'}"
             f" · conf {threshold_text(knobs.threshold)} · max {knobs.max_draft}")
 
 
@@ -327,6 +342,8 @@ def knob_words(kw: dict, *, unchanged: bool = False) -> str:
             parts.append(f"confidence threshold {threshold_text(v)}")
         elif k == "max_draft":
             parts.append(f"at most {v} draft{'s' if v != 1 else ''} per cycle")
+        elif k == "policy":
+            parts.append(f"scheduler policy {v}")
         else:
             parts.append(f"{k} {v}")
     return ", ".join(parts) + (" — already so: nothing changed" if unchanged else " — from the next cycle")
