@@ -139,7 +139,7 @@ def _knobs_dict(knobs) -> dict | None:
 
 
 #: The ids of the knobs pane's controls.
-KNOB_CONTROLS = ("dspark", "scheduler", "threshold", "max-draft")
+KNOB_CONTROLS = ("dspark", "scheduler", "threshold", "max-draft", "policy")
 
 
 @dataclass
@@ -1052,9 +1052,10 @@ class DS4App(App):
             self._draw_panes(snap, self.timeline.view(), info.support_status if info else "none")
         self._show_knobs()
         self._set_status()
-        if self.focused is None or self.focused.id not in ("prompt", *KNOB_CONTROLS):
+        if self.focused is None or self.focused.disabled or self.focused.id not in ("prompt", *KNOB_CONTROLS):
             # a knob had the focus when the export came up: its control was disabled, the focus went to the
-            # transcript and stayed there, and what was typed next went nowhere
+            # transcript (or, from the policy's selector, nowhere) and stayed there, and what was typed next
+            # went nowhere
             self._focus_prompt()
 
     def _show_knobs(self, knobs=None) -> None:
@@ -1294,7 +1295,9 @@ class DS4App(App):
     def action_switch_policy(self) -> None:
         k = self.engine.knobs if self.engine is not None else None
         now = k.policy if k is not None else DEFAULT_SCHEDULER_POLICY
-        self._knob(policy=SCHEDULER_POLICIES[(SCHEDULER_POLICIES.index(now) + 1) % len(SCHEDULER_POLICIES)])
+        if self._knob(policy=SCHEDULER_POLICIES[(SCHEDULER_POLICIES.index(now) + 1) % len(SCHEDULER_POLICIES)]) \
+                and k is not None and not k.scheduler:
+            self.notify("the scheduler is off: its policy decides nothing until F3 turns it on", timeout=4)
 
     def action_threshold(self, step: float) -> None:
         k = self.engine.knobs if self.engine is not None else None
@@ -1331,8 +1334,10 @@ class DS4App(App):
 
     @on(Select.Changed, "#policy")
     def _policy_select(self, event: Select.Changed) -> None:
+        """A policy chosen in the knobs pane: applied, back to the prompt (as Enter in a knob's field)."""
         if event.value in SCHEDULER_POLICIES:
             self._knob(policy=event.value)
+            self._focus_prompt()
 
     @on(Input.Submitted, "#threshold")
     def _threshold_input(self, event: Input.Submitted) -> None:

@@ -460,7 +460,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     d = p.add_argument_group("DSpark start-up knobs (F3, F7/F8 and F9/F10 change them while the chat runs)")
     d.add_argument("--no-scheduler", action="store_true",
                    help="start with the adaptive scheduler off (as DS4_DSPARK_SCHEDULER=0; F3 toggles)")
-    _add_scheduler_policy(d, "the scheduler's policy to start with (the knobs pane changes it)")
+    _add_scheduler_policy(d, "the scheduler's policy to start with (Ctrl+R or the knobs pane changes it)")
     d.add_argument("--confidence", type=unit_float, metavar="C",
                    help="start with the confidence threshold C, 0..1 (default 0 = always propose the whole block)")
     d.add_argument("--max-draft", type=positive_int, metavar="N",

@@ -721,7 +721,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         app.view_export(str(export))
         await pilot.pause()
         note = str(knobs.query_one("#knob-note").render())
-        assert "DSpark on · sched confidence · conf 0.00 · max 5" in note and f"the knobs of {export.name} (read-only" in note
+        assert "DSpark on · sched on · conf 0.00 · max 5" in note and f"the knobs of {export.name} (read-only" in note
         assert all(app.query_one(f"#{i}").disabled for i in ("dspark", "scheduler", "threshold", "max-draft", "policy"))
         assert app.query_one("#scheduler").value is True
         text = app.query_one("#throughput").text
@@ -732,7 +732,7 @@ async def test_an_export_on_show_has_its_own_knobs_and_figures_and_a_bad_file_is
         assert app.query_one("#memory").border_subtitle == app.query_one("#support").border_subtitle == "live"
         await pilot.press("f2")  # a live knob changes while the export is on show: the pane keeps the export's
         await pilot.pause()
-        assert app.engine.knobs.enabled is False and "DSpark on · sched confidence" in str(knobs.query_one("#knob-note").render())
+        assert app.engine.knobs.enabled is False and "DSpark on · sched on" in str(knobs.query_one("#knob-note").render())
         await pilot.press("escape")
         await pilot.pause()
         assert app.viewing is None and app.query_one("#throughput").border_subtitle is None
@@ -1371,8 +1371,10 @@ def test_the_throughput_pane_prints_no_negative_zero(net_ms, saved_ms, shown):
 
 async def test_ctrl_r_and_the_knobs_pane_switch_the_schedulers_policy(tmp_path):
     """The scheduler's policy (spec dspark.md §7.6) is a live knob: Ctrl+R switches it, the knobs pane's
-    selector shows it and sets it, and the knob line says it; an export written before the policy existed
-    ran the acceptance policy, the only one there was, and is shown so."""
+    selector shows it and sets it (then the prompt has the keys again, as after Enter in a knob's field; Esc
+    leaves the selector), and the note of an export's counters says it; an export written before the
+    policy existed ran the acceptance policy, the only one there was, and is shown so; viewing an export
+    while the selector has the focus gives the keys back to the prompt."""
     import json as _json
 
     from textual.widgets import Select
@@ -1380,17 +1382,31 @@ async def test_ctrl_r_and_the_knobs_pane_switch_the_schedulers_policy(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(160, 45)) as pilot:
         await _ready(pilot)
-        knobs = app.query_one("#knobs")
         sel = app.query_one("#policy", Select)
+        prompt = app.query_one("#prompt")
         assert app.engine.knobs.policy == "confidence" and sel.value == "confidence" and not sel.disabled
-        assert "DSpark on · sched confidence · conf" in str(knobs.query_one("#knob-note").render())
         await pilot.press("ctrl+r")
         await pilot.pause()
         assert app.engine.knobs.policy == "acceptance" and sel.value == "acceptance"
-        assert "sched acceptance" in str(knobs.query_one("#knob-note").render())
+        sel.focus()
+        await pilot.pause()
         sel.value = "confidence"  # as a choice in the selector does
         await pilot.pause()
-        assert app.engine.knobs.policy == "confidence"
+        assert app.engine.knobs.policy == "confidence" and app.focused is prompt
+        sel.focus()
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.focused is prompt
+        await pilot.press("f3")  # the scheduler off: Ctrl+R says its policy decides nothing until F3
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.engine.knobs.policy == "acceptance"
+        assert any("the scheduler is off: its policy decides nothing until F3 turns it on" in str(n.message)
+                   for n in app._notifications)
+        await pilot.press("f3", "ctrl+r")
+        await pilot.pause()
         await _turn(pilot)
         await pilot.press("f6")
         await pilot.pause()
@@ -1402,7 +1418,9 @@ async def test_ctrl_r_and_the_knobs_pane_switch_the_schedulers_policy(tmp_path):
     app = _app(tmp_path)
     async with app.run_test(size=(160, 45)) as pilot:
         await _ready(pilot)
+        app.query_one("#policy", Select).focus()
+        await pilot.pause()
         app.view_export(str(export))
         await pilot.pause()
-        assert "DSpark on · sched acceptance · conf" in str(app.query_one("#knob-note").render())
         assert app.query_one("#policy", Select).value == "acceptance" and app.query_one("#policy").disabled
+        assert app.focused is app.query_one("#prompt")

@@ -339,6 +339,39 @@ def test_an_export_whose_knobs_changed_after_its_last_cycle_is_compared_with_the
         f"with them, so compared are the knobs its cycles ran with"]
 
 
+def test_knobs_changed_after_the_last_cycle_do_not_hide_a_change_while_it_ran(tmp_path, capsys):
+    """The policy switched at cycle 18 (Ctrl+R), then F3 after the answer: both warnings, the one about the
+    knobs no cycle ran with and the one about the cycles that ran with two policies."""
+    first = {"enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5, "policy": "acceptance"}
+    ran = {**first, "policy": "confidence"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**_export("20261201T180000-0123abcd", True, 100, 4), "knobs": ran, "knobs_in_force": ran}))
+    b.write_text(json.dumps({**_export("20261201T181500-89abcdef", True, 100, 4), "knobs": {**ran, "scheduler": False},
+                             "knobs_in_force": ran, "knob_events": [{"cycle": 0, **first}, {"cycle": 18, **ran}]}))
+    assert cli_main(["compare", str(a), str(b), "--json"]) == 0
+    (w,) = json.loads(capsys.readouterr().out)["knob_change_warnings"]
+    assert w.startswith(f"B ({b}) had its DSpark knobs changed after its last cycle (scheduler false): no cycle ran")
+    assert ("Also: B (" + str(b) + ") changed its DSpark knobs while it ran (from cycle 18: policy \"confidence\"): its "
+            "figures mix the knobs before and after, and the knobs compared are those its last cycle ran with") in w
+
+
+def test_a_result_written_before_the_policy_knob_ran_the_acceptance_policy():
+    """A result without ``policy`` (written before 2026-12-06) ran the acceptance policy: no difference from
+    a new acceptance run, "acceptance" -> "confidence" against a new default one; a policy where the
+    scheduler was off in a run decided nothing there (moot, no variable)."""
+    def run(**kw):
+        return {"dspark": {"enabled": True, "scheduler": True, "threshold": 0.0, "max_draft": 5, **kw},
+                "timings": {"decode_tokens_per_s": 100.0}}
+    old = run()  # no policy field
+    assert C.compare(old, run(policy="acceptance"))["knobs"] == []
+    r = C.compare(old, run(policy="confidence"))
+    assert r["knobs"] == [["dspark.policy", "acceptance", "confidence"]] and r["variables"] == 1
+    r = C.compare(run(scheduler=False, policy="confidence"), run(scheduler=False, policy="acceptance", threshold=0.5))
+    assert (r["variables"], r["moot"], r["warning"]) == (1, ["dspark.policy"], None)
+    text = C.render("a", "b", "generate", "generate", r)
+    assert "(dspark.policy: no effect where DSpark or its scheduler was off, so no variable of its own)" in text
+
+
 def test_an_export_that_contains_the_other_is_a_warning(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_export("20261201T180000-0123abcd", True, 100, 424)))

@@ -293,6 +293,10 @@ def test_knobs_with_no_dspark_are_noted_as_having_no_effect(tiny_q2, capsys):
                                       "acceptance", "--confidence", "0.5", "--max-draft", "2", "--json"))
     assert rc == 0 and ("ds4tui generate: note: --no-scheduler, --scheduler-policy, --confidence and --max-draft have "
                         "no effect because --no-dspark turns drafting off") in err
+    rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-scheduler", "--scheduler-policy", "acceptance",
+                                      "--json"))
+    assert rc == 0 and ("ds4tui generate: note: --scheduler-policy has no effect because --no-scheduler turns the "
+                        "scheduler off") in err and json.loads(out)["dspark"]["policy"] == "acceptance"
     rc, out, err = _gen(capsys, *_mtp(tiny_q2, "-n", "8", "--no-dspark", "--draft-vocab", "full", "--json"))
     assert rc == 0 and ("ds4tui generate: note: --draft-vocab has no effect because --no-dspark turns drafting "
                         "off") in err and err.count("no effect") == 1

@@ -404,3 +404,35 @@ def test_bad_confidence_arguments_name_what_is_wrong(kw, needle):
     with pytest.raises(ValueError) as e:
         replay_scheduler([0] * 10, 5, FLAT, **kw)
     assert needle in str(e.value)
+
+
+def test_replay_refuses_a_file_where_only_some_traces_hold_confidences(tmp_path):
+    """record writes confidences in every trace or (before 2026-12-05) in none: a file with some is damaged
+    and named so; one with none replays the acceptance policy and says why in the JSON too."""
+    costs = {"t_decode": 1.0, "t_propose": 0.5, "t_verify": {str(n): 1.0 for n in range(2, 7)}}
+    traces = [{"kind": "code", "text": "x", "accepted": [2] * 40, "confidence": [[0.5] * 5] * 40} for _ in range(3)]
+    del traces[1]["confidence"]
+    f = tmp_path / "some.json"
+    f.write_text(json.dumps({"block": 5, "costs": costs, "traces": traces}))
+    r = subprocess.run([sys.executable, str(TOOL), "replay", str(f), "--tokens", "30"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and (f"{f}: traces[1] has no confidence array where 2 of the 3 traces hold one; the file "
+                                  f"is damaged: record it again") in r.stderr
+    for t in traces:
+        t.pop("confidence", None)
+    f.write_text(json.dumps({"block": 5, "costs": costs, "traces": traces}))
+    r = subprocess.run([sys.executable, str(TOOL), "replay", str(f), "--tokens", "30", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["policies"] == ["acceptance"] and "the confidence policy is left out" in out["notes"][0]
+    assert out["arms"] == ["no scheduler", "acceptance, fresh", "acceptance, after 0", "acceptance, after 1"]
+
+
+def test_a_proposal_the_threshold_gates_backs_the_confidence_policy_off():
+    # threshold 0.5 and c_1 = 0.3 everywhere: every proposal is gated (confidence_gate), a proposal spent
+    # for nothing, so the policy backs off as after a cut to nothing: proposals at positions 5, 8, 13, 22,
+    # 39, 72, 137 and 266 of 300
+    conf = [[0.3] * 5] * 300
+    r = replay_scheduler([0] * 300, 300, DEMO_LIKE, policy="confidence", confidence=conf, threshold=0.5)
+    assert r.no_draft == {"confidence_gate": 8, "scheduler_skip": 292} and r.drafted_cycles == 0
+    assert r.ms == pytest.approx(300 * 1.0 + 8 * 0.85)

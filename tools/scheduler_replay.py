@@ -12,10 +12,12 @@ threads.
 
 ``python tools/scheduler_replay.py replay TRACES.json [--tokens 255] [--after 0,1] [--json]`` replays
 each trace through ``ds4_dspark_replay`` (the scheduler's own code, ``native/scheduler.c``) at the
-recorded costs: DSpark with the scheduler off, a fresh session's scheduler, and sessions that start
-from the engine's kept prices after one earlier session (``--after``: the prompts whose session comes
-first, by index; default 0 and 1, the bench's code and prose prompts), the kept prices carried with
-the engine's own merge (``SchedulerPrices.merged``, then ``capped``).  Prints each prompt's rate over
+recorded costs: DSpark with the scheduler off, then for each of the scheduler's policies (spec
+dspark.md §7.4, §7.6: acceptance, and confidence where the file holds the recorded confidences) a fresh
+session's scheduler and sessions that start from the engine's kept prices after one earlier session
+(``--after``: the prompts whose session comes first, by index; default 0 and 1, the bench's code and
+prose prompts), the kept prices carried with the engine's own merge (``SchedulerPrices.merged``, then
+``capped``).  Prints each prompt's rate over
 target-only decoding and per arm the minimum, the mean and how many prompts fall below 0.99 (issue:
 the scheduler never a net loss).  Not a test: CI never runs it; ``tools/cpu_notes.md`` records what
 it printed.
@@ -283,6 +285,10 @@ def _found(v) -> str:
     return str(v) if isinstance(v, float) else json.dumps(v)[:40]
 
 
+#: The end of an error about a damaged confidence array: what to do.
+DAMAGED = "; the file is damaged: record it again with `python tools/scheduler_replay.py record OUT`"
+
+
 def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
     """Each trace's ``accepted`` (whole numbers 0..block) and ``confidence`` (one array of at most
     ``block`` numbers in [0, 1] per position, at least as many as the drafts accepted there), and at
@@ -304,26 +310,26 @@ def check_confidence(path: Path, block: int, traces: list[dict]) -> None:
         if not isinstance(conf, list) or len(conf) != len(acc):
             found = f"{len(conf)} entries" if isinstance(conf, list) else json_type(conf)
             raise TraceError(f"{path}: traces[{i}].confidence: expected one array of confidences per position "
-                             f"({len(acc)}), found {found}")
+                             f"({len(acc)}), found {found}" + DAMAGED)
         for j, c in enumerate(conf):
             if not isinstance(c, list):
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected an array of at most {block} numbers "
-                                 f"in [0, 1], found {json_type(c)}")
+                                 f"in [0, 1], found {json_type(c)}" + DAMAGED)
             if len(c) > block:
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}]: expected at most {block} numbers in [0, 1], "
-                                 f"found {len(c)}")
+                                 f"found {len(c)}" + DAMAGED)
             bad = [k for k, v in enumerate(c) if _bad_number(v, 0.0, 1.0, False)]
             if bad:
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}][{bad[0]}]: expected a number in [0, 1], "
-                                 f"found {_found(c[bad[0]])}")
+                                 f"found {_found(c[bad[0]])}" + DAMAGED)
             if len(c) < acc[j]:
                 raise TraceError(f"{path}: traces[{i}].confidence[{j}]: {len(c)} confidences where "
                                  f"traces[{i}].accepted[{j}] says {acc[j]} drafts were accepted (a draft accepted "
-                                 f"was proposed, with its confidence)")
+                                 f"was proposed, with its confidence)" + DAMAGED)
             anchors += bool(c)
     if not anchors:
-        raise TraceError(f"{path}: no position holds a confidence: nothing to study (record with "
-                         f"`python tools/scheduler_replay.py record`)")
+        raise TraceError(f"{path}: no position holds a confidence: nothing to study or to replay with the confidence "
+                         f"policy (record with `python tools/scheduler_replay.py record`)")
 
 
 def _shown(text: str) -> str:
@@ -376,12 +382,18 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
             as_json: bool) -> int:
     where = {"i": 0}
 
-    has_conf = all("confidence" in t for t in traces)
+    lacking = [i for i, t in enumerate(traces) if "confidence" not in t]
+    has_conf = not lacking
+    notes = []
     if has_conf:
         check_confidence(path, block, traces)
+    elif len(lacking) < len(traces):  # a file record writes holds them in every trace or in none
+        raise TraceError(f"{path}: traces[{lacking[0]}] has no confidence array where {len(traces) - len(lacking)} of "
+                         f"the {len(traces)} traces hold one" + DAMAGED)
     else:
-        print(f"scheduler_replay: note: {path} holds no confidences (recorded before 2026-12-05): the confidence "
-              f"policy is left out; record again to replay it", file=sys.stderr)
+        notes.append(f"{path} holds no confidences (recorded before 2026-12-05): the confidence policy is left out; "
+                     f"record the traces again with `python tools/scheduler_replay.py record` to replay it")
+        print(f"scheduler_replay: note: {notes[-1]}", file=sys.stderr)
     policies = [p for p in SCHEDULER_POLICIES if has_conf or p == "acceptance"]
 
     def run(i, policy="acceptance", **kw):
@@ -417,8 +429,8 @@ def _replay(path: Path, costs: Costs, block, traces: list[dict], n_tokens: int, 
     if as_json:
         c = {"t_decode": costs.t_decode, "t_propose": costs.t_propose,
              "t_verify": {str(n): ms for n, ms in sorted(costs.t_verify.items())}}
-        print(json.dumps({"traces": str(path), "tokens": n_tokens, "costs": c, "arms": arms, "rows": rows,
-                          "summary": summary, "mean_of_better_of_on_and_off": best}))
+        print(json.dumps({"traces": str(path), "tokens": n_tokens, "costs": c, "policies": policies, "notes": notes,
+                          "arms": arms, "rows": rows, "summary": summary, "mean_of_better_of_on_and_off": best}))
         return 0
     print(f"{len(rows)} traces, {n_tokens} tokens each; costs: decode {costs.t_decode:.3f} ms, proposal "
           f"{costs.t_propose:.3f} ms, verify " + ", ".join(f"{n} rows {ms:.3f}" for n, ms in sorted(costs.t_verify.items()))
@@ -490,7 +502,8 @@ def main(argv=None) -> int:
     r.add_argument("--amx", choices=("auto", "on", "off"), default="auto",
                    help="the Q8_0 products on the AMX tiles (spec ds4.md §2.9.6): the same acceptance, other costs "
                         "(default auto)")
-    p = sub.add_parser("replay", help="replay the scheduler on recorded traces")
+    p = sub.add_parser("replay", help="replay the scheduler on recorded traces: the scheduler off, then each policy "
+                       "(acceptance; confidence where the file holds confidences) fresh and after the --after prompts")
     p.add_argument("traces", type=Path, help="a file `record` wrote")
     p.add_argument("--tokens", type=_count(1, 1 << 24), default=None,
                    help=f"tokens each replay emits (default {DEFAULT_REPLAY_TOKENS}, as bench --ab's timed steps, or "

@@ -584,7 +584,7 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
     B's counters include A's (:func:`contains`), "a" the other way round, else None;
     ``scheduler_start_note``: the note when the DSpark schedulers started differently
     (:func:`scheduler_starts`, :func:`scheduler_start_note`), else None."""
-    fa, fb = scheduler_starts(flatten(a)), scheduler_starts(flatten(b))
+    fa, fb = scheduler_starts(_policy_of_old_files(flatten(a))), scheduler_starts(_policy_of_old_files(flatten(b)))
     names = sorted(set(fa) | set(fb)) if same_kind else sorted(set(fa) & set(fb))
     # a scheduler start in one run only: the other ran without the scheduler, and its knobs say so
     knobs = [[k, fa.get(k), fb.get(k)] for k in names if is_knob(k) and fa.get(k) != fb.get(k)
@@ -640,14 +640,26 @@ def compare(a: dict, b: dict, *, same_kind: bool = True) -> dict:
             "scheduler_start_note": scheduler_start_note(knobs)}
 
 
+def _policy_of_old_files(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` with ``policy`` "acceptance" in each DSpark knob group (``dspark``, ``knobs``) that has none:
+    a file written before the scheduler had policies (2026-12-06) ran the only one there was."""
+    for k in [k for k in flat if k.endswith(".enabled")]:
+        group = k[: -len(".enabled")]
+        if _parts(group)[-1] in ("dspark", "knobs") and f"{group}.scheduler" in flat and f"{group}.policy" not in flat:
+            flat[f"{group}.policy"] = "acceptance"
+    return flat
+
+
 def _moot_dspark_knob(name: str, fa: dict[str, Any], fb: dict[str, Any]) -> bool:
     """Whether ``name`` is a DSpark knob (``dspark.scheduler``, ``arms[1].knobs.threshold``) of a group whose
     ``enabled`` is false in a run: that run drafted nothing, so the knob decided nothing there (both runs
-    off: in neither)."""
+    off: in neither); the same for the scheduler's ``policy`` where its ``scheduler`` is false."""
     parts = name.rsplit(".", 1)
     if len(parts) != 2 or parts[1] == "enabled" or _parts(parts[0])[-1] not in ("dspark", "knobs"):
         return False
-    on = f"{parts[0]}.enabled"
+    on, sched = f"{parts[0]}.enabled", f"{parts[0]}.scheduler"
+    if parts[1] == "policy" and (fa.get(sched) is False or fb.get(sched) is False):
+        return True  # the policy is the scheduler's: without it, it decided nothing
     return fa.get(on) is False or fb.get(on) is False  # off in one run, or in both: it decided nothing there
 
 
@@ -753,7 +765,8 @@ def render(path_a: str, path_b: str, kind_a: str, kind_b: str, r: dict, *, every
             lines.append(f"  ({', '.join(r['derived'])}: auto in both runs, so {it} {follows} from the knobs above "
                          f"and {is_} no variable of {its} own)")
         if r.get("moot"):
-            lines.append(f"  ({', '.join(r['moot'])}: no effect where DSpark was off, so no variable of "
+            off = "DSpark or its scheduler" if any(k.endswith(".policy") for k in r["moot"]) else "DSpark"
+            lines.append(f"  ({', '.join(r['moot'])}: no effect where {off} was off, so no variable of "
                          f"{'its' if len(r['moot']) == 1 else 'their'} own)")
     elif r.get("same_run"):
         lines.append(f"NOTE: {r['same_run']}")
@@ -1038,10 +1051,11 @@ def knob_change_warning(side: str, path: str, d: dict) -> str | None:
 
     events = [e for e in (d.get("knob_events") or d.get("dspark_events") or ()) if isinstance(e, dict)]
     at_end, in_force = d.get("knobs"), d.get("knobs_in_force")
+    late = None
     if isinstance(at_end, dict) and isinstance(in_force, dict) and at_end != in_force:
         moved = ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}" for k, v in at_end.items()
                           if in_force.get(k) != v)
-        return (f"{side} ({path}) had its DSpark knobs changed after its last cycle ({moved}): no cycle ran with "
+        late = (f"{side} ({path}) had its DSpark knobs changed after its last cycle ({moved}): no cycle ran with "
                 f"them, so compared are the knobs its cycles ran with")
     said, prev = [], None
     for e in events:
@@ -1053,11 +1067,13 @@ def knob_change_warning(side: str, path: str, d: dict) -> str | None:
         said.append(f"from cycle {e['cycle']}: " + ", ".join(f"{k} {json.dumps(v) if isinstance(v, bool) else _fmt(v)}"
                                                              for k, v in moved.items()))
     if not said:
-        return None
+        return late
     more = f", and {len(said) - 4} more" if len(said) > 4 else ""
-    return (f"{side} ({path}) changed its DSpark knobs while it ran ({'; '.join(said[:4])}{more}): its figures mix "
-            f"the knobs before and after, and the knobs compared are those at its end; for an A/B, keep a run's knobs "
-            f"fixed (in the chat, Ctrl+G starts a session whose counters start afresh)")
+    compared = "those its last cycle ran with" if late else "those at its end"
+    during = (f"{side} ({path}) changed its DSpark knobs while it ran ({'; '.join(said[:4])}{more}): its figures mix "
+              f"the knobs before and after, and the knobs compared are {compared}; for an A/B, keep a run's knobs "
+              f"fixed (in the chat, Ctrl+G starts a session whose counters start afresh)")
+    return f"{late}. Also: {during}" if late else during
 
 
 def same_run(path_a: str, path_b: str, a: dict, b: dict) -> str | None:

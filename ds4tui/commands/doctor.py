@@ -227,8 +227,8 @@ def collect() -> dict:
                                        "proposal's drafts verified as far as their confidences, calibrated on the "
                                        "verifies so far, pay; proposals skipped while recent cycles gained nothing) "
                                        "or acceptance (drafting decided before proposing, from the acceptance "
-                                       "measured at each draft position, with probes); only what is verified changes, "
-                                       "never the output"}
+                                       "measured at each draft position, with probes); it changes what is verified, "
+                                       "never a greedy answer (sampled answers draw from the same distribution)"}
     # where the DSpark scheduler's prices start (spec dspark.md §7.4): a flag of chat, generate and bench
     folder = environment.scheduler_prices_dir()
     saved = sorted(folder.glob("*.json")) if folder.is_dir() else []

@@ -108,12 +108,16 @@ def _dspark_usage(args: argparse.Namespace) -> str | None:
 
 
 def _moot_knobs(args: argparse.Namespace) -> str | None:
-    """The note for DSpark knobs given with ``--no-dspark`` (None when there are none): drafting is
+    """The note for DSpark knobs given with ``--no-dspark`` (None when there are none; with DSpark on, the
+    note for ``--scheduler-policy`` beside ``--no-scheduler``, which leaves it nothing to decide): drafting is
     off for the whole run, so ``--no-scheduler``, ``--confidence``, ``--max-draft``, a
     ``--draft-vocab`` or ``--verify-head`` other than auto and a ``--scheduler-prices`` other than
     saved (no scheduler decides a draft) change nothing (not an error: they are valid, only moot).
     ``saved``, the default, is not noted: the run keeps its plain decode's time in the prices file."""
     if args.dspark is not False:
+        if args.no_scheduler and args.scheduler_policy is not None:
+            return ("--scheduler-policy has no effect because --no-scheduler turns the scheduler off (every cycle "
+                    "verifies the whole proposal); leave out --no-scheduler for the policy to decide")
         return None
     given = [flag for flag, on in (("--no-scheduler", args.no_scheduler),
                                    ("--scheduler-policy", args.scheduler_policy is not None),

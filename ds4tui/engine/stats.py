@@ -57,14 +57,15 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
     "confidence_gate": ("The drafter's confidence in its first token was below the threshold, so no draft "
                         "was worth verifying.",
                         "Lower the confidence threshold (F7, or type it in the knobs pane); 0 always drafts."),
-    "scheduler_skip": ("The adaptive scheduler skipped drafting: verify + propose cost more than the tokens "
-                       "they are expected to save (it times plain decodes first — five in a session with no kept "
-                       "prices, one with them — and one after every 64 drafted cycles). It re-checks with a "
-                       "probe after 2, 4, ... 128 skipped cycles (a draft of the length that could still "
-                       "pay), and with a one-draft probe after 256 when drafting could not beat plain "
-                       "decoding by 25 % even at an optimistic acceptance.",
+    "scheduler_skip": ("The adaptive scheduler skipped drafting: it times plain decodes first (five in a session "
+                       "with no kept prices, one with them, and one after every 64 drafted cycles), and then backs "
+                       "off for 2, 4, ... 128 cycles where drafting did not pay. Under the confidence policy (the "
+                       "default) a back-off follows cycles that gained no time; under the acceptance policy it "
+                       "follows a cost model that expects no gain, and ends in a probe (a draft of the length that "
+                       "could still pay; a one-draft probe after 256 cycles when drafting could not beat plain "
+                       "decoding by 25 % even at an optimistic acceptance).",
                        "Nothing is wrong: drafting does not pay here (stage timings: one verify in plain "
-                       "decodes; what its probes cost is in `net_saved`). F3 turns the scheduler off to draft "
+                       "decodes; what the tries cost is in `net_saved`). F3 turns the scheduler off to draft "
                        "every cycle anyway."),
     "tail_skip": ("The answer's budget (-n) left room for so few draft tokens that drafting them could not pay, "
                   "where a full draft would have, or for fewer than the probe that ends a back-off drafts (the "
@@ -76,9 +77,10 @@ NO_DRAFT_HELP: dict[str, tuple[str, str]] = {
                        "accepted to pay for its verify, so the cycle decoded plainly. It skips the proposals of "
                        "the next 2, 4, ... 128 cycles while cycles do not gain time, and starts again at 2 after "
                        "one that does.",
-                       "Nothing is wrong: the drafter was unsure here (the confidence histogram shows how sure). "
-                       "--scheduler-policy acceptance decides from the acceptance measured at each draft "
-                       "position instead; F3 turns the scheduler off to verify every proposal."),
+                       "Nothing is wrong: the drafter was unsure here (`conf_hist` in the stats JSON shows how sure). "
+                       "The acceptance policy (Ctrl+R or the knobs pane; --scheduler-policy acceptance on the "
+                       "command line) decides from the acceptance measured at each draft position instead; F3 "
+                       "turns the scheduler off to verify every proposal."),
 }
 
 #: Fields of :class:`DSparkStats` that the session counts, not ``ds4_dspark_stats`` (0 from the C struct).

@@ -600,8 +600,11 @@ int ds4_dspark_step(ds4_session *s, int32_t *out, int32_t max_out, int32_t *n_ou
      * probe's or one the caller's budget cut (the tail, whatever the scheduler), would make every
      * longer draft look cheaper than it is */
     if (lmax == lroom && !s->last_proposal_captured) ds4_sched_proposed(&d->q, propose_ms);
-    if (nd == 0) return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
     const int confident = k.scheduler && k.policy == DS4_SCHED_CONFIDENCE;
+    if (nd == 0) { /* the threshold gated the proposal: for the confidence policy a cycle that gained nothing */
+        if (confident) ds4_sched_confident_done(&d->q, 0, 0);
+        return plain_cycle(s, DS4_ND_CONFIDENCE_GATE, out, n_out, err, err_len, t_start, &pt, propose_ms);
+    }
     if (confident) {
         nd = ds4_sched_cut_confident(&d->q, nd, d->conf); /* d->conf[i]: draft i's c (propose kept one a draft) */
         if (nd == 0) {

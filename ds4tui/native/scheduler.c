@@ -503,7 +503,8 @@ int ds4_dspark_replay(const ds4_dspark_prices *start, int32_t kept, const ds4_ds
             nd = confident ? ds4_sched_cut_confident(&q, drafted, conf) : ds4_sched_cut(&q, drafted);
         if (reason < 0 && nd == 0) reason = DS4_ND_CONFIDENCE_CUT;
         if (reason >= 0) {
-            if (reason == DS4_ND_CONFIDENCE_CUT) ds4_sched_confident_done(&q, 0, 0);
+            if (reason == DS4_ND_CONFIDENCE_CUT || (confident && reason == DS4_ND_CONFIDENCE_GATE))
+                ds4_sched_confident_done(&q, 0, 0); /* a proposal spent for nothing */
             ds4_sched_plain(&q, 1, costs->t_decode);
             out->ms += costs->t_decode;
             out->cycles++;

@@ -120,7 +120,7 @@ class KnobsPane(Vertical):
                 sel.value = knobs.policy
         self.query_one("#max-draft", Input).validators = [Integer(1, max(1, block))]
         if enabled:
-            state = knobs_state(knobs)
+            state = knobs_state(knobs, policy=False)  # one row of the pane: the selector above shows the policy
             note = f"{state}\n{note}" if note else state
         if note != self._note:
             self._note = note
@@ -316,10 +316,11 @@ def explain_reasons(st: DSparkStats | None = None) -> str:
     return "\n\n".join(out)
 
 
-def knobs_state(knobs) -> str:
+def knobs_state(knobs, *, policy: bool = True) -> str:
     """DSpark's knobs (``DSparkKnobs``) in one line: "DSpark on · sched confidence · conf 0.30 · max 5" (the
-    scheduler's policy, or off)."""
-    return (f"DSpark {'on' if knobs.enabled else 'off'} · sched {knobs.policy if knobs.scheduler else 'off'}"
+    scheduler's policy, or off); without ``policy`` "sched on" (the knobs pane, whose selector shows it)."""
+    on = knobs.policy if policy else "on"
+    return (f"DSpark {'on' if knobs.enabled else 'off'} · sched {on if knobs.scheduler else 'off'}"
             f" · conf {threshold_text(knobs.threshold)} · max {knobs.max_draft}")
 
 
