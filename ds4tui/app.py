@@ -68,7 +68,7 @@ from ds4tui.widgets.histogram import Histogram
 from ds4tui.widgets.memory import MemoryPane
 from ds4tui.widgets.pane import Pane, PaneColumn, PaneRow, set_line
 from ds4tui.widgets.screen import ChatScreen
-from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, StagesPane, SupportPane,
+from ds4tui.widgets.speculation import (AcceptPane, KnobsPane, NoDraftPane, PolicySelect, StagesPane, SupportPane,
                                         ThroughputPane, explain_reasons, knob_words, knobs_state,
                                         threshold_text)
 
@@ -1038,6 +1038,13 @@ class DS4App(App):
             self._panes[pid].border_subtitle = "live"
         self._set_status()
         self.notify(f"showing {name} read-only — Esc returns to the live panes", timeout=4)
+        # a knob that had the focus is disabled now (and the file dialog, closing, gave it back the focus):
+        # the prompt takes the keys, once the screen has settled
+        self.call_after_refresh(self._refocus_if_lost)
+
+    def _refocus_if_lost(self) -> None:
+        if self.focused is None or self.focused.disabled:
+            self._focus_prompt()
 
     def close_export(self) -> None:
         """Back to the live panes."""
@@ -1254,14 +1261,14 @@ class DS4App(App):
             self.engine.stop()
             self._set_status("stopping…")
 
-    def _knob(self, **kw) -> bool:
-        """Set DSpark knobs; a toast says what changed (or why not).  True if they were set."""
+    def _knob(self, *, also: str = "", **kw) -> bool:
+        """Set DSpark knobs; a toast says what changed (or why not), then ``also``.  True if they were set."""
         if self.engine is None:
             return False
         now = self.engine.knobs
         if now is not None and all(getattr(now, k, None) == v for k, v in kw.items()):  # e.g. 5 typed where it is 5
             self._show_knobs(now)
-            self.notify(knob_words(kw, unchanged=True), timeout=2)
+            self.notify(knob_words(kw, unchanged=True) + also, timeout=2)
             return True
         try:
             knobs = self.engine.set_dspark(**kw)
@@ -1272,7 +1279,7 @@ class DS4App(App):
         snap = self.last_snapshot
         if self.viewing is None and snap is not None and self._panes_mounted():  # its advice follows the knobs
             self._panes["no-draft"].show(snap.dspark, support_status=self.engine.info.support_status, knobs=knobs)
-        self.notify(knob_words(kw), timeout=2)
+        self.notify(knob_words(kw) + also, timeout=4 if also else 2)
         return True
 
     def _focus_prompt(self) -> None:
@@ -1295,9 +1302,9 @@ class DS4App(App):
     def action_switch_policy(self) -> None:
         k = self.engine.knobs if self.engine is not None else None
         now = k.policy if k is not None else DEFAULT_SCHEDULER_POLICY
-        if self._knob(policy=SCHEDULER_POLICIES[(SCHEDULER_POLICIES.index(now) + 1) % len(SCHEDULER_POLICIES)]) \
-                and k is not None and not k.scheduler:
-            self.notify("the scheduler is off: its policy decides nothing until F3 turns it on", timeout=4)
+        off = k is not None and not k.scheduler
+        self._knob(policy=SCHEDULER_POLICIES[(SCHEDULER_POLICIES.index(now) + 1) % len(SCHEDULER_POLICIES)],
+                   also="; the scheduler is off: its policy decides nothing until F3 turns it on" if off else "")
 
     def action_threshold(self, step: float) -> None:
         k = self.engine.knobs if self.engine is not None else None
@@ -1334,10 +1341,15 @@ class DS4App(App):
 
     @on(Select.Changed, "#policy")
     def _policy_select(self, event: Select.Changed) -> None:
-        """A policy chosen in the knobs pane: applied, back to the prompt (as Enter in a knob's field)."""
+        """A policy chosen in the knobs pane: applied (back to the prompt: :meth:`_policy_closed`)."""
         if event.value in SCHEDULER_POLICIES:
             self._knob(policy=event.value)
-            self._focus_prompt()
+
+    @on(PolicySelect.Closed)
+    def _policy_closed(self) -> None:
+        """The selector's list closed (a choice, the one shown too, or Esc): the prompt takes the keys, as
+        after Enter or Esc in a knob's field."""
+        self.call_after_refresh(self._focus_prompt)
 
     @on(Input.Submitted, "#threshold")
     def _threshold_input(self, event: Input.Submitted) -> None:

@@ -420,10 +420,11 @@ def _add_scheduler_policy(group, what: str) -> None:
     """--scheduler-policy, as generate, chat and bench --ab take it (spec dspark.md §7.6)."""
     # the names of ds4tui.engine.backend.SCHEDULER_POLICIES (not imported: --help stays fast; a test holds them equal)
     group.add_argument("--scheduler-policy", choices=["confidence", "acceptance"], default=None,
-                       help=f"{what}: confidence (every cycle proposes unless it is backing off, and verifies the "
-                       "drafts whose confidences, calibrated on the verifies so far, pay for their verify) or "
-                       "acceptance (drafts when the acceptance measured at each draft position pays, with probes "
-                       "after a back-off). Default confidence")
+                       help=f"{what}: confidence (every cycle proposes unless it is backing off; then it verifies "
+                       "as many drafts as their confidences make worth a verify, the confidences calibrated on what "
+                       "was accepted so far) or acceptance (it drafts when the acceptance measured at each draft "
+                       "position pays, with probes after a back-off). Not the --confidence threshold. Default "
+                       "confidence")
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:

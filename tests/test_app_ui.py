@@ -1388,16 +1388,16 @@ async def test_ctrl_r_and_the_knobs_pane_switch_the_schedulers_policy(tmp_path):
         await pilot.press("ctrl+r")
         await pilot.pause()
         assert app.engine.knobs.policy == "acceptance" and sel.value == "acceptance"
-        sel.focus()
-        await pilot.pause()
-        sel.value = "confidence"  # as a choice in the selector does
-        await pilot.pause()
-        assert app.engine.knobs.policy == "confidence" and app.focused is prompt
-        sel.focus()
-        await pilot.pause()
-        await pilot.press("escape")
-        await pilot.pause()
-        assert app.focused is prompt
+        for keys, want in ((("enter", "enter"), "acceptance"),  # the one shown: nothing changes, keys back
+                           (("enter", "escape"), "acceptance"),  # one Esc closes the list and leaves it
+                           (("escape",), "acceptance"),  # Esc on the closed selector leaves it
+                           (("enter", "up", "enter"), "confidence")):  # the other one: applied
+            sel.focus()
+            await pilot.pause()
+            await pilot.press(*keys)
+            await pilot.pause()
+            await pilot.pause()
+            assert app.engine.knobs.policy == want and app.focused is prompt, keys
         await pilot.press("f3")  # the scheduler off: Ctrl+R says its policy decides nothing until F3
         await pilot.pause()
         await pilot.press("ctrl+r")

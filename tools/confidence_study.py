@@ -37,7 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scheduler_replay beside this file
 
-from scheduler_replay import DEFAULT_REPLAY_TOKENS, TraceError, _count, check_confidence, load_traces  # noqa: E402
+from scheduler_replay import (DEFAULT_REPLAY_TOKENS, TraceError, _count, check_confidence, load_traces,  # noqa: E402
+                              quiet_broken_pipe)
 
 from ds4tui.engine.replay import Costs  # noqa: E402
 
@@ -181,4 +182,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the reader went away (| head)
+        quiet_broken_pipe()

@@ -211,6 +211,15 @@ DEFAULT_REPLAY_TOKENS = 255
 DEFAULT_AFTER = (0, 1)
 
 
+def quiet_broken_pipe() -> None:
+    """Exit 141 (128 + SIGPIPE) without the traceback Python prints when stdout's reader has gone (``| head``)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    raise SystemExit(141)
+
+
 class TraceError(Exception):
     """A traces file that cannot be replayed; the message names the file, what was expected and what was found."""
 
@@ -552,3 +561,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("scheduler_replay: interrupted (nothing written)", file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a shell tool does
+        quiet_broken_pipe()

@@ -848,7 +848,8 @@ def _arm_knobs(arm: dict) -> str:
     k = arm.get("knobs") if isinstance(arm.get("knobs"), dict) else {}
     if not k.get("enabled", False):
         return "DSpark off"
-    on = f"on ({k['policy']})" if isinstance(k.get("policy"), str) else "on"
+    policy = k.get("policy", "acceptance")  # a result written before the scheduler had policies ran this one
+    on = f"on ({policy})" if isinstance(policy, str) else "on"
     words = [f"DSpark on, scheduler {on if k.get('scheduler') else 'off'}"]
     if _is_number(k.get("threshold")):
         words.append(f"confidence {k['threshold']:g}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.validation import Integer, Number
 from textual.widgets import Input, Label, Select, Static, Switch
 
@@ -32,6 +33,17 @@ def seconds(ms: float, signed: bool = False) -> str:
 
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}%"
+
+
+class PolicySelect(Select):
+    """The knobs pane's selector of the scheduler's policy; posts :class:`Closed` when its list closes."""
+
+    class Closed(Message):
+        """The list closed: a policy chosen (the one shown too, which changes nothing) or Esc."""
+
+    def watch_expanded(self, expanded: bool) -> None:
+        if not expanded:
+            self.post_message(self.Closed())
 
 
 class KnobsPane(Vertical):
@@ -84,7 +96,7 @@ class KnobsPane(Vertical):
                         tooltip="drafts per cycle, 1..block size (F9/F10: -/+1); Enter applies, Esc leaves the field")
         with Horizontal(id="policy-row"):
             yield Label("policy")
-            yield Select([(p, p) for p in SCHEDULER_POLICIES], allow_blank=False, value=DEFAULT_SCHEDULER_POLICY,
+            yield PolicySelect([(p, p) for p in SCHEDULER_POLICIES], allow_blank=False, value=DEFAULT_SCHEDULER_POLICY,
                          id="policy", disabled=True, compact=True,
                          tooltip="the scheduler's policy (Ctrl+R switches): confidence verifies the drafts whose "
                          "calibrated confidences pay; acceptance drafts where the acceptance measured so far pays")
