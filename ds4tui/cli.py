@@ -652,7 +652,7 @@ def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return None
 
 
-def _drop_stdout() -> None:
+def drop_stdout() -> None:
     """Standard output's descriptor onto /dev/null (after a broken pipe: nothing more can arrive)."""
     try:
         fd = os.open(os.devnull, os.O_WRONLY)
@@ -836,7 +836,7 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         # dropped (stdout onto /dev/null, so that the exit's flush raises nothing), and the status says
         # that the output did not all arrive, as a shell's 128 + SIGPIPE does, unless the command had
         # ended with a failure of its own and only its last flush failed: that status stays
-        _drop_stdout()
+        drop_stdout()
         if not rc:
             rc = 128 + 13
     except OutputError as exc:
@@ -871,7 +871,7 @@ def program() -> None:
     except BrokenPipeError:
         broken = True
     if broken:
-        _drop_stdout()
+        drop_stdout()
         rc = rc or 128 + 13
     sys.exit(rc)
 

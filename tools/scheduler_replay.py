@@ -37,6 +37,7 @@ from pathlib import Path
 # ds4tui is the one Python imports (the installed package, or this tree when installed with -e), as
 # for the other tools; eval_demo comes from this folder, first on the path of a script run from it
 
+from ds4tui.cli import drop_stdout
 from ds4tui.commands.compare import json_type
 from ds4tui.engine.backend import SCHEDULER_POLICIES
 from ds4tui.engine.errors import EngineError, ModelFileError
@@ -212,11 +213,9 @@ DEFAULT_AFTER = (0, 1)
 
 
 def quiet_broken_pipe() -> None:
-    """Exit 141 (128 + SIGPIPE) without the traceback Python prints when stdout's reader has gone (``| head``)."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError:
-        pass
+    """Exit 141 (128 + SIGPIPE) without the traceback Python prints when stdout's reader has gone (``| head``),
+    standard output dropped as the ds4tui program drops it (``ds4tui.cli.drop_stdout``)."""
+    drop_stdout()
     raise SystemExit(141)
 
 

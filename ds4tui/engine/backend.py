@@ -241,10 +241,17 @@ def knobs_from_native(k) -> DSparkKnobs:
                        SCHEDULER_POLICIES[k.policy])
 
 
+def check_policy(policy, name: str = "scheduler policy") -> str:
+    """``policy`` when it is one of :data:`SCHEDULER_POLICIES`, else ValueError naming ``name``, the
+    choices and the value found."""
+    if policy not in SCHEDULER_POLICIES:
+        raise ValueError(f"{name} must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
+    return policy
+
+
 def knobs_to_native(ffi, knobs: DSparkKnobs):
     """``knobs`` as a new ``ds4_dspark_knobs *``; ValueError for a policy not in :data:`SCHEDULER_POLICIES`."""
-    if knobs.policy not in SCHEDULER_POLICIES:
-        raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {knobs.policy!r}")
+    check_policy(knobs.policy)
     return ffi.new("ds4_dspark_knobs *", {"enabled": int(knobs.enabled), "scheduler": int(knobs.scheduler),
                                           "threshold": float(knobs.threshold), "max_draft": int(knobs.max_draft),
                                           "policy": SCHEDULER_POLICIES.index(knobs.policy)})

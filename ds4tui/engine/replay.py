@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ds4tui.engine.backend import SCHEDULER_POLICIES, DSparkKnobs, knobs_to_native
+from ds4tui.engine.backend import DSparkKnobs, check_policy, knobs_to_native
 from ds4tui.engine.errors import native_error
 from ds4tui.engine.prices import MAX_MS, SchedulerPrices
 from ds4tui.engine.stats import NO_DRAFT_REASONS
@@ -130,8 +130,7 @@ def replay_scheduler(accepted: Sequence[int], n_tokens: int, costs: Costs, *, po
     if widths != list(range(2, block + 2)):
         raise ValueError(f"costs.t_verify must price exactly the verify widths 2..{block + 1} (block {block}), got "
                          f"widths {widths}")
-    if policy not in SCHEDULER_POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
+    check_policy(policy, "policy")
     if (isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, float, np.integer, np.floating))
             or not 0.0 <= float(threshold) <= 1.0):
         raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")

@@ -36,7 +36,6 @@ import numpy as np
 
 from ds4tui.engine.backend import (  # re-exported: the names this module always had
     DEFAULT_SCHEDULER_POLICY,
-    SCHEDULER_POLICIES,
     STEP_MANY_OUT,
     STEP_MAX,
     DSparkKnobs,
@@ -47,6 +46,7 @@ from ds4tui.engine.backend import (  # re-exported: the names this module always
     SamplingParams,
     SessionBackend,
     Stats,
+    check_policy,
     sample_reference,
 )
 from ds4tui.engine.errors import (  # re-exported: the names this module always had
@@ -806,8 +806,7 @@ class Engine:
             raise ValueError(f"context size {n_ctx} exceeds the model's context length {self.config.context_length}")
         if not isinstance(scheduler, (bool, np.bool_)):
             raise ValueError(f"scheduler must be True or False, got {scheduler!r}")
-        if policy not in SCHEDULER_POLICIES:
-            raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
+        check_policy(policy)
         if isinstance(max_draft, (bool, np.bool_)) or not isinstance(max_draft, (int, np.integer)) or max_draft < 0:
             raise ValueError(f"max draft length must be an integer >= 0 (0: the block size), got {max_draft!r}")
         if self.support_status == "attached" and max_draft > self.block_size:
@@ -1346,8 +1345,8 @@ class Session:
         if max_draft is not None and (isinstance(max_draft, (bool, np.bool_)) or not isinstance(
                 max_draft, (int, np.integer))):
             raise ValueError(f"max draft length must be an integer, got {max_draft!r}")
-        if policy is not None and policy not in SCHEDULER_POLICIES:
-            raise ValueError(f"scheduler policy must be one of {', '.join(SCHEDULER_POLICIES)}, got {policy!r}")
+        if policy is not None:
+            check_policy(policy)
         with self._knob_lock:
             self._alive()
             k = self.backend.knobs()
