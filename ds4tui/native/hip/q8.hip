@@ -97,15 +97,19 @@ template <> struct Q8W<DS4_TYPE_Q8_0> {
     }
 };
 
-/* The sign bits of IQ2_XXS's 7-bit sign index i, one per byte (bit 0 of byte j: weight j negative):
- * the sign byte is i with bit 7 the parity of i's set bits (IQ2_XXS keeps an even number of negative
- * weights per 8, the rule of its sign table), spread over the bytes of two words by a multiply
- * (b + b << 7 + b << 14 + b << 21 of a 4-bit b: no two terms share a bit).  The table lookup it
- * replaces put a second random 8-byte shared-memory read beside each grid read. */
+/* The sign bits of IQ2_XXS's 7-bit sign index s7, one per byte (bit 0 of byte j: weight j negative):
+ * the sign byte is s7 with bit 7 the parity of s7's set bits (IQ2_XXS keeps an even number of
+ * negative weights per 8, the rule of its sign table).  tx = s7 * (1 + 2^7 + 2^14 + 2^21) holds bit k
+ * of s7 at k + 7i for i = 0..3: no two of these positions coincide (|k - k'| < 7), so nothing
+ * carries, and the lowest bit of byte j (8j = k + 7i) is bit j of s7 alone.  ty: the same for bits
+ * 4..6 (s7 >> 4), plus the popcount times 2^24 (bits 24..26, clear in that product), whose lowest
+ * bit is the parity.  (A sign-table lookup put a second random 8-byte shared-memory read beside each
+ * grid read: slower.  Forming the sign byte first cost 3 more instructions a group of 8 weights;
+ * without it, H100, 2 layers, ncu: a verify's IQ2_XXS gathers 247.5 -> 233.8 us, a decode's 64.0 ->
+ * 61.5.) */
 __device__ __forceinline__ void iq2_sign_bits(uint32_t s7, uint32_t &tx, uint32_t &ty) {
-    const uint32_t sg = s7 | ((uint32_t)gpu_popc(s7) & 1u) << 7;
-    tx = ((sg & 15u) * 0x00204081u) & 0x01010101u;
-    ty = ((sg >> 4) * 0x00204081u) & 0x01010101u;
+    tx = (s7 * 0x00204081u) & 0x01010101u;
+    ty = ((uint32_t)gpu_popc(s7) * 0x01000000u + (s7 >> 4) * 0x00204081u) & 0x01010101u;
 }
 
 /* IQ2_XXS: a step is one 16-byte unit, two 32-wide groups (each one block of the q8 arithmetic):
@@ -512,14 +516,24 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
  * takes one row per warp. */
 template <int TYPE, bool PL> constexpr int q8_dense_rpw() { return !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2; }
 
+/* Rows a warp group takes at once where several warps share a row's steps (WPR 2 and 4): with
+ * several tokens each staged code a lane reads from shared memory then serves 4 rows instead of one
+ * (those products were bound by their shared-memory reads; H100, 6 tokens, 2 layers, ncu: a
+ * verify's WPR 4 Q8_0 products 199.6 -> 159.5 us and WPR 2 33.6 -> 24.9, the kernels 64 -> 120
+ * registers; 2 rows: 173.4 and 27.0; Q2_K and IQ2_XXS at 4 rows would take 172-210 registers and
+ * stay at 1).  The arithmetic of a (row, token) is
+ * the same for any RPW. */
+template <int TYPE, int NT> constexpr int q8_shared_rpw() { return NT > 1 && TYPE == DS4_TYPE_Q8_0 ? 4 : 1; }
+
 template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     constexpr int RPW = q8_dense_rpw<TYPE, PL>();
     const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
+    constexpr int SR = q8_shared_rpw<TYPE, NT>();
     if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else if (per_lane < 4) q8_go<TYPE, PL, NT, 1, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else q8_go<TYPE, PL, NT, 1, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else if (per_lane < 4) q8_go<TYPE, PL, NT, SR, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    else q8_go<TYPE, PL, NT, SR, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
 }
 
 #if defined(GPU_NVIDIA)
@@ -529,9 +543,9 @@ template <int TYPE, bool PL> static int q8_allow_wide(char *err, size_t len) {
     const hipFuncAttribute a = hipFuncAttributeMaxDynamicSharedMemorySize;
     GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_dense_rpw<TYPE, PL>(), 1>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
-    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, 1, 2>, a, Q8_STAGE_WIDE),
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, 8>(), 2>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
-    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, 1, 4>, a, Q8_STAGE_WIDE),
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, 8>(), 4>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
     return DS4_OK;
 }
