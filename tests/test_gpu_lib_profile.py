@@ -1,0 +1,113 @@
+"""tools/gpu_lib_profile.py without a GPU: the ncu log split into the ranges each marker kernel opens,
+the sums per range and kernel, the report, and the arguments it refuses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "gpu_lib_profile.py"
+_spec = importlib.util.spec_from_file_location("gpu_lib_profile", TOOL)
+glp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(glp)
+
+HEAD = '"ID","Process ID","Kernel Name","Context","gpu__time_duration.sum"'
+
+
+def _log(rows, unit="nsecond"):
+    """An ncu --csv --page raw log: its own lines, the header, the units row, one row a launch."""
+    body = [f'"{i}","7","{name}","1","{ns}"' for i, (name, ns) in enumerate(rows)]
+    return "\n".join(["==PROF== Connected to process 7", HEAD, f'"","","","","{unit}"', *body,
+                      "a line the profiled program printed", "==PROF== Disconnected from process 7"])
+
+
+def test_ranges_are_the_launches_after_each_marker_in_nanoseconds():
+    """A launch before the first marker is left out; kernel names lose their arguments; ncu's thousands
+    separators are read; each range holds the launches up to the next marker."""
+    text = _log([("warmup_kernel(float *)", "999"), ("ds4_marker", "1,024"),
+                 ("void q8_kernel<8, 1, 8, 4, 4>(const unsigned char *, long)", "10,500"),
+                 ("rms_norm_kernel(const float *)", "2000"), ("ds4_marker", "900"),
+                 ("void q8_kernel<8, 1, 8, 4, 4>(const unsigned char *, long)", "20,250")])
+    assert glp.split_ranges(text) == [[("void q8_kernel<8, 1, 8, 4, 4>", 10500.0), ("rms_norm_kernel", 2000.0)],
+                                      [("void q8_kernel<8, 1, 8, 4, 4>", 20250.0)]]
+
+
+def test_a_log_in_microseconds_is_read_as_such():
+    text = _log([("ds4_marker", "1"), ("k(int)", "2.5")], unit="usecond")
+    assert glp.split_ranges(text) == [[("k", 2500.0)]]
+
+
+def test_a_log_without_the_table_says_what_to_run():
+    with pytest.raises(ValueError, match="--csv --page raw --metrics gpu__time_duration.sum"):
+        glp.split_ranges("==PROF== Connected\nno table here\n")
+
+
+def test_sums_per_range_and_kernel_and_the_report():
+    """Two libraries, one context: each range's total and launches, per-kernel sums, the ratio, the
+    bit-for-bit verdict and the kernels that moved."""
+    ranges = [[("a", 100_000.0), ("b", 50_000.0)], [("a", 200_000.0), ("b", 100_000.0), ("b", 30_000.0)],
+              [("a", 90_000.0), ("b", 50_000.0)], [("a", 150_000.0), ("b", 130_000.0)]]
+    names = ["old decode 2048", "old verify 2048", "new decode 2048", "new verify 2048"]
+    s = glp.summarise(names, ranges)
+    assert s["old verify 2048"] == {"launches": 3, "total_us": 330.0, "kernels": {"a": [1, 200.0], "b": [2, 130.0]}}
+    assert s["new decode 2048"]["total_us"] == 140.0
+    text = glp.table(s, ["old", "new"], [2048], {"old": {"verify": True, "decode": True},
+                                                 "new": {"verify": True, "decode": False}})
+    lines = text.splitlines()
+    assert lines[0] == ("old: ctx 2048: decode 150.0 us, verify 330.0 us, verify / decode 2.200; logits "
+                        "bit-identical to old's")
+    assert lines[1].startswith("new: ctx 2048: decode 140.0 us, verify 280.0 us, verify / decode 2.000; "
+                               "logits DIFFER from old's")
+    assert "new against old, verify at 2048: -50.0 us" in text
+    assert any(ln.split()[0] == "a" and ln.split()[-1] == "-50.0" for ln in lines if ln.startswith("  "))
+
+
+def test_a_run_that_stopped_part_way_is_named():
+    with pytest.raises(ValueError, match="3 profiled ranges in the ncu log, 4 named by the run"):
+        glp.summarise(["a", "b", "c", "d"], [[], [], []])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["base"], "'base': expected NAME=LIBRARY"),
+    (["a=x.so", "--contexts", "4096,2048"], "expected ascending contexts"),
+    (["a=x.so", "--contexts", "1024"], "the first at least 2048"),
+    (["a=x.so", "--contexts", "2k"], "expected whole numbers"),
+    (["a=x.so", "--ncu", "/nonexistent/ncu"], "no Nsight Compute at /nonexistent/ncu"),
+])
+def test_arguments_it_refuses(argv, needle, capsys):
+    with pytest.raises(SystemExit):
+        glp.main(argv)
+    assert needle in capsys.readouterr().err
+
+
+def test_the_run_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys):
+    """The parent's side: ncu (here a script that checks the flags it is given, runs nothing and
+    writes what the profiled run would: the ranges' log and regions.json) is called with the child's
+    command, and the report and summary.json come from what it wrote."""
+    fake = tmp_path / "ncu"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+a = sys.argv[1:]
+assert a[:9] == {glp.NCU_FLAGS!r}, a
+assert "--child" in a and a[a.index("--contexts") + 1] == "2048" and a[a.index("--activations") + 1] == "q8", a
+names = [f"{{lib}} {{kind}} 2048" for lib in ("old", "new") for kind in ("decode", "verify")]
+json.dump({{"regions": names, "bit_identical": {{"old": {{"verify": True, "decode": True}},
+           "new": {{"verify": True, "decode": True}}}}}}, open(a[a.index("--regions") + 1], "w"))
+print({HEAD!r})
+print('"","","","","nsecond"')
+for i, ns in enumerate((100000, 300000, 90000, 200000)):
+    print(f'"{{2 * i}}","7","ds4_marker","1","1"')
+    print(f'"{{2 * i + 1}}","7","k(int)","1","{{ns}}"')
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    assert glp.main(["old=a.so", "new=b.so", "--contexts", "2048", "--ncu", str(fake), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "old: ctx 2048: decode 100.0 us, verify 300.0 us, verify / decode 3.000; logits bit-identical" in text
+    assert "new against old, verify at 2048: -100.0 us" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranges"]["new verify 2048"]["total_us"] == 200.0

@@ -1,0 +1,238 @@
+"""Kernel times of several GPU backend libraries in one process, under Nsight Compute: the synthetic
+2-layer DS4 Flash model (``ds4tui.engine.synthetic``, seed 0) is built once; each library in turn opens an
+engine on it, fills 2048 tokens and runs a decode and a verify of 1 + 5 rows at each ``--contexts`` value
+(past 2048 the compressed rows repeat, ``Session.bench_fill``), each inside a profiler range that a
+one-thread marker kernel opens; after the first context the logits of a verify and a decode after 2100
+tokens (the indexer selecting) are compared bit for bit with the first library's.  ncu records every
+launch (``--csv --page raw``); the launches after each marker are summed per range.
+
+    python3 tools/gpu_lib_profile.py base=old/libds4tui_cuda.so new=ds4tui/libds4tui_cuda.so \\
+        [--contexts 2048,4096] [--activations q8] [--ncu /usr/local/cuda/bin/ncu] [--out DIR] [--rows 12]
+
+Prints, per library, each range's kernel sum (us) and verify / decode per context, whether its logits
+equal the first library's, and the kernels whose sums moved most against the first library; writes
+``DIR/ncu.csv`` (ncu's log), ``DIR/regions.json`` (the ranges in order, the bit-for-bit checks) and
+``DIR/summary.json``.  The model is built once for every library (one process), where
+``tools/gpu_profile.py`` profiles one library a process.  Not part of CI (its parsing is tested in
+tests/test_gpu_lib_profile.py); tools/gpu_notes.md records what it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARKER = "ds4_marker"
+#: An empty kernel that opens each profiled range (PTX, loaded through the CUDA driver).
+MARKER_PTX = (b".version 7.0\n.target sm_50\n.address_size 64\n"
+              b".visible .entry " + MARKER.encode() + b"() { ret; }\n")
+NCU_FLAGS = ["--profile-from-start", "off", "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
+             "--csv", "--page", "raw"]
+UNIT_NS = {"ns": 1.0, "nsecond": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}
+
+
+def split_ranges(text: str) -> list[list[tuple[str, float]]]:
+    """The launches of an ncu ``--csv --page raw`` log (one row a launch, ``Kernel Name`` and
+    ``gpu__time_duration.sum`` columns, a units row under the header) grouped into ranges, each opened
+    by a :data:`MARKER` launch (not included): [[(kernel name without its arguments, ns), ...], ...].
+    Launches before the first marker are left out.  ValueError when the log holds no such table."""
+    rows = list(csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln.startswith('"')))))
+    if not rows or "Kernel Name" not in rows[0] or "gpu__time_duration.sum" not in rows[0]:
+        raise ValueError("no ncu raw table with the columns Kernel Name and gpu__time_duration.sum "
+                         "(run ncu with --csv --page raw --metrics gpu__time_duration.sum)")
+    head = rows[0]
+    ki, mi = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+    scale, ranges, cur = 1.0, [], None
+    for r in rows[1:]:
+        if len(r) != len(head):
+            continue
+        value = r[mi].replace(",", "")
+        try:
+            ns = float(value)
+        except ValueError:  # the units row
+            scale = UNIT_NS.get(value, scale)
+            continue
+        name = r[ki]
+        if name.startswith(MARKER):
+            cur = []
+            ranges.append(cur)
+        elif cur is not None:
+            cur.append((name.split("(")[0].strip(), ns * scale))
+    return ranges
+
+
+def summarise(names: list[str], ranges: list[list[tuple[str, float]]]) -> dict:
+    """{range name: {"launches", "total_us", "kernels": {kernel: [launches, us]}}} for the ranges in
+    order; ValueError when the counts differ (a run that stopped part-way)."""
+    if len(names) != len(ranges):
+        raise ValueError(f"{len(ranges)} profiled ranges in the ncu log, {len(names)} named by the run "
+                         f"(a run that stopped part-way?)")
+    out = {}
+    for name, launches in zip(names, ranges):
+        kernels: dict[str, list] = {}
+        for k, ns in launches:
+            e = kernels.setdefault(k, [0, 0.0])
+            e[0] += 1
+            e[1] += ns / 1e3
+        out[name] = {"launches": len(launches), "total_us": sum(ns for _, ns in launches) / 1e3, "kernels": kernels}
+    return out
+
+
+def table(summary: dict, libs: list[str], contexts: list[int], bits: dict, rows: int = 12) -> str:
+    """The printed report (module docstring)."""
+    lines = []
+    for lib in libs:
+        parts = []
+        for c in contexts:
+            d, v = summary.get(f"{lib} decode {c}"), summary.get(f"{lib} verify {c}")
+            if d and v:
+                parts.append(f"ctx {c}: decode {d['total_us']:.1f} us, verify {v['total_us']:.1f} us, "
+                             f"verify / decode {v['total_us'] / d['total_us']:.3f}")
+        same = bits.get(lib)
+        tail = ("" if same is None else "; logits bit-identical to " + libs[0] + "'s"
+                if same["verify"] and same["decode"] else f"; logits DIFFER from {libs[0]}'s ({same})")
+        lines.append(f"{lib}: " + " | ".join(parts) + tail)
+    base = libs[0]
+    for lib in libs[1:]:
+        for c in contexts:
+            for kind in ("decode", "verify"):
+                a, b = summary.get(f"{base} {kind} {c}"), summary.get(f"{lib} {kind} {c}")
+                if not a or not b:
+                    continue
+                keys = set(a["kernels"]) | set(b["kernels"])
+                moved = sorted(keys, key=lambda k: -abs(b["kernels"].get(k, [0, 0.0])[1]
+                                                       - a["kernels"].get(k, [0, 0.0])[1]))[:rows]
+                lines.append(f"{lib} against {base}, {kind} at {c}: {b['total_us'] - a['total_us']:+.1f} us")
+                for k in moved:
+                    x, y = a["kernels"].get(k, [0, 0.0]), b["kernels"].get(k, [0, 0.0])
+                    if abs(y[1] - x[1]) >= 0.05:
+                        lines.append(f"  {k[:64]:64s} {x[0]:3d} {x[1]:8.1f} -> {y[0]:3d} {y[1]:8.1f} "
+                                     f"{y[1] - x[1]:+8.1f}")
+    return "\n".join(lines)
+
+
+def _marker_launcher():
+    cuda = ctypes.CDLL("libcuda.so.1")
+    state = {}
+
+    def launch() -> None:
+        if not state:
+            ctx = ctypes.c_void_p()
+            if cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+                raise RuntimeError("no current CUDA context for the marker kernel")
+            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            if cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(MARKER_PTX)) != 0:
+                raise RuntimeError("the marker kernel's PTX did not load")
+            if cuda.cuModuleGetFunction(ctypes.byref(fn), mod, MARKER.encode()) != 0:
+                raise RuntimeError("the marker kernel was not found in its module")
+            state["fn"] = fn
+        r = cuda.cuLaunchKernel(state["fn"], 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        if r != 0 or cuda.cuCtxSynchronize() != 0:
+            raise RuntimeError(f"the marker kernel's launch failed (CUDA error {r})")
+
+    return cuda, launch
+
+
+def child(args) -> int:
+    """The profiled run: every library on one model (module docstring); writes the ranges' names and
+    the bit-for-bit checks to ``args.regions`` after each library."""
+    import numpy as np
+
+    from ds4tui.engine import synthetic
+    from ds4tui.engine.session import Engine
+
+    libs = [a.split("=", 1) for a in args.libs]
+    cuda, marker = _marker_launcher()
+    model = synthetic.SyntheticModel(synthetic.flash_config((4, 128)), seed=0)
+    regions, bits, ref = [], {}, None
+    for name, lib in libs:
+        eng = Engine(model, backend="hip", gpu_library=lib, activations=args.activations)
+        try:
+            s = eng.session(max(args.contexts) + 64, n_batch=64)
+            s.prefill(np.random.default_rng(1).integers(100, 128000, 2048).tolist(), logits="none")
+            for i, ctx in enumerate(args.contexts):
+                if ctx > s.n_tokens:
+                    s.bench_fill(ctx, filler=100)
+                s.prefill([5000])  # warm
+                s.truncate(ctx)
+                for kind, toks, logits in (("decode", [5001], "last"),
+                                           ("verify", [5002, 5003, 5004, 5005, 5006, 5007], "all")):
+                    cuda.cuProfilerStart()
+                    marker()
+                    s.prefill(toks, logits=logits)
+                    cuda.cuProfilerStop()
+                    regions.append(f"{name} {kind} {ctx}")
+                    s.truncate(ctx)
+                if i == 0:  # past 2048 + 4 tokens the indexer selects: the logits then, against the first library's
+                    s.prefill(np.random.default_rng(5).integers(100, 128000, 52).tolist(), logits="none")
+                    got = (s.prefill([5, 6, 7, 8, 9, 10], logits="all"), s.prefill([11]))
+                    ref = ref or got
+                    bits[name] = {"verify": bool(np.array_equal(ref[0], got[0])),
+                                  "decode": bool(np.array_equal(ref[1], got[1]))}
+                    s.truncate(ctx)
+        finally:
+            eng.close()
+        Path(args.regions).write_text(json.dumps({"regions": regions, "bit_identical": bits}, indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("libs", nargs="+", metavar="NAME=LIBRARY", help="GPU libraries, each checked against the first")
+    ap.add_argument("--contexts", default="2048,4096",
+                    help="contexts of the profiled passes, ascending, the first at least 2048 (default 2048,4096)")
+    ap.add_argument("--activations", choices=("f32", "q8"), default="q8", help="the engines' activations (default q8)")
+    ap.add_argument("--ncu", default=None, help="Nsight Compute's ncu (default: on PATH, else /usr/local/cuda/bin/ncu)")
+    ap.add_argument("--out", default="gpu_lib_profile", help="folder for ncu.csv, regions.json, summary.json")
+    ap.add_argument("--rows", type=int, default=12, help="kernels listed per comparison (default 12)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--regions", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    for a in args.libs:
+        if "=" not in a or not a.split("=", 1)[0] or not a.split("=", 1)[1]:
+            ap.error(f"{a!r}: expected NAME=LIBRARY")
+    try:
+        args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    except ValueError:
+        ap.error(f"--contexts {args.contexts!r}: expected whole numbers separated by commas")
+    if not args.contexts or args.contexts != sorted(set(args.contexts)) or args.contexts[0] < 2048:
+        ap.error(f"--contexts {args.contexts}: expected ascending contexts, the first at least 2048")
+    if args.child:
+        return child(args)
+    ncu = args.ncu or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not os.access(ncu, os.X_OK):
+        ap.error(f"--ncu: no Nsight Compute at {ncu} (give its path)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    regions = out / "regions.json"
+    regions.unlink(missing_ok=True)
+    cmd = [ncu, *NCU_FLAGS, sys.executable, str(Path(__file__).resolve()), *args.libs, "--child",
+           "--regions", str(regions), "--contexts", ",".join(map(str, args.contexts)),
+           "--activations", args.activations]
+    t0 = time.perf_counter()
+    with open(out / "ncu.csv", "w") as log:
+        rc = subprocess.run(cmd, stdout=log).returncode
+    if rc != 0 or not regions.exists():
+        print(f"gpu_lib_profile: the profiled run failed (exit {rc}); ncu's log: {out / 'ncu.csv'}", file=sys.stderr)
+        return 1
+    done = json.loads(regions.read_text())
+    summary = summarise(done["regions"], split_ranges((out / "ncu.csv").read_text()))
+    names = [a.split("=", 1)[0] for a in args.libs]
+    print(table(summary, names, args.contexts, done["bit_identical"], args.rows))
+    print(f"({time.perf_counter() - t0:.0f} s; {out / 'summary.json'})")
+    (out / "summary.json").write_text(json.dumps({"contexts": args.contexts, "bit_identical": done["bit_identical"],
+                                                  "ranges": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
