@@ -341,8 +341,8 @@ def test_gpu_matmul_matches_cpu_kernel(t, layout, rows, cols):
     one = {}
     for n in (1, 2, 6, 8, 13):
         X = rng.standard_normal((n, cols)).astype(np.float32)
-        if n == 13:
-            X[:] = np.resize(X0, (13, cols))  # the same tokens again, in a bigger batch
+        if n in (6, 13):
+            X[:] = np.resize(X0, (n, cols))  # the same tokens again, in a verify-sized batch and a bigger one
         ycpu = _cpu_matmul(t, W, rows, cols, X)
         ygpu = np.full((n, rows), np.nan, np.float32)
         rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, 0, ffi.from_buffer(W), rows, cols,
@@ -354,9 +354,9 @@ def test_gpu_matmul_matches_cpu_kernel(t, layout, rows, cols):
         if n == 1:
             X0 = X
         one[n] = (X, ygpu)
-    # batch invariance: X0 gives the same bits alone and at every place of a 13-token batch (a full
-    # group of 8 tokens and a partial one)
-    assert all(np.array_equal(one[13][1][i], one[1][1][0]) for i in range(13))
+    # batch invariance: X0 gives the same bits alone and at every place of a 6-token batch (two warps'
+    # tokens of a short pass) and of a 13-token batch (a full group of 8 tokens and a partial one)
+    assert all(np.array_equal(one[m][1][i], one[1][1][0]) for m in (6, 13) for i in range(m))
 
 
 @pytest.mark.gpu
@@ -470,7 +470,10 @@ def _q8_want_and_bound(t, W, rows, cols, X):
 # and rows too short for more warps), 2 and 4 warps per row; 8192 columns stage a pass of 2-8 tokens
 # in one grid row (over 48 KB of shared memory on NVIDIA) and 4 tokens per grid row beyond; and the
 # GGML layout (one row per warp, Q8_0 rows of 33 blocks)
+# planar Q8_0 at 2048 and 4096 columns: warp groups of 2 and 4 warps a row, 4 rows a group at several
+# tokens (rows not a multiple of 4: the last group's rows past the end)
 Q8_CASES = [(8, PLANAR, 67, 1024), (8, PLANAR, 400, 4096), (8, PLANAR, 8195, 1024), (8, PLANAR, 300, 8192),
+            (8, PLANAR, 402, 2048), (8, PLANAR, 401, 4096),
             (10, PLANAR, 67, 2048), (10, PLANAR, 400, 4096), (10, PLANAR, 8195, 2048), (16, PLANAR, 67, 2048),
             (16, PLANAR, 400, 8192), (16, PLANAR, 8195, 4096), (8, 0, 67, 1056), (10, 0, 400, 2048),
             (16, 0, 300, 2048)]
@@ -493,8 +496,8 @@ def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, layout, rows, cols):
     for n in (1, 2, 6, 8, 13):
         X = rng.standard_normal((n, cols)).astype(np.float32)
         X[:, :32] = 0.0  # a block of zeros: d = 0, codes 0
-        if n == 13:
-            X[:] = np.resize(X0, (13, cols))
+        if n in (6, 13):  # the first token again, in a verify-sized batch and a bigger one
+            X[:] = np.resize(X0, (n, cols))
         ygpu = np.full((n, rows), np.nan, np.float32)
         rc = lib.ds4_gpu_kernel_matmul(info.library.encode(), t | layout, 1, ffi.from_buffer(W), rows, cols,
                                        ffi.cast("float *", X.ctypes.data), n, ffi.cast("float *", ygpu.ctypes.data), 1,
@@ -508,7 +511,7 @@ def test_gpu_q8_matmul_matches_the_cpu_arithmetic(t, layout, rows, cols):
             yf32 = _cpu_matmul(t, W, rows, cols, X)
             assert not np.array_equal(ygpu, yf32)  # the option changes the arithmetic
         one[n] = ygpu
-    assert all(np.array_equal(one[13][i], one[1][0]) for i in range(13))
+    assert all(np.array_equal(one[m][i], one[1][0]) for m in (6, 13) for i in range(m))
 
 
 def _indexer_inputs(scores: np.ndarray, signs: list[float]):

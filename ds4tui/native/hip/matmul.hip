@@ -25,9 +25,10 @@
 #define MM_NT 8     /* tokens per warp */
 /* tokens per warp of a pass of 2..MM_NT tokens (a verify, the drafter's block): more grid rows, less
  * serial work a warp (H200, ncu, 6 tokens: the float products of 2 synthetic layers 196 -> 160 us at 2,
- * the 24-row mixers 11.4 -> 5.5 us a launch; tools/gpu_notes.md, 2026-12-04); 3 reads each matrix twice
- * a verify instead of three times (H100, the same products 170.8 -> 152.4 us; 6: 174.5, the 1024-thread
- * mixers' blocks then too few registers a token; tools/gpu_notes.md, 2026-12-06) */
+ * the 24-row mixers 11.4 -> 5.5 us a launch; tools/gpu_notes.md, 2026-12-04); at 3 a verify of 1 + 5
+ * rows reads each matrix twice instead of three times (H100, the same products 170.8 -> 152.4 us; at 6
+ * 174.5: the 1024-thread mixers' blocks then hold too few registers a token and spill, 83.6 -> 101.0;
+ * tools/gpu_notes.md, 2026-12-06) */
 #define MM_SMALL_NT 3
 #define MM_WARPS 4  /* warps (rows) per block */
 

@@ -104,9 +104,9 @@ template <> struct Q8W<DS4_TYPE_Q8_0> {
  * carries, and the lowest bit of byte j (8j = k + 7i) is bit j of s7 alone.  ty: the same for bits
  * 4..6 (s7 >> 4), plus the popcount times 2^24 (bits 24..26, clear in that product), whose lowest
  * bit is the parity.  (A sign-table lookup put a second random 8-byte shared-memory read beside each
- * grid read: slower.  Forming the sign byte first cost 3 more instructions a group of 8 weights;
- * without it, H100, 2 layers, ncu: a verify's IQ2_XXS gathers 247.5 -> 233.8 us, a decode's 64.0 ->
- * 61.5.) */
+ * grid read: slower.  Forming the sign byte first took 10 operations a group of 8 weights in the
+ * source, this 7; H100, 2 layers, ncu: a verify's IQ2_XXS gathers 247.5 -> 233.8 us, a decode's
+ * 64.0 -> 61.5.) */
 __device__ __forceinline__ void iq2_sign_bits(uint32_t s7, uint32_t &tx, uint32_t &ty) {
     tx = (s7 * 0x00204081u) & 0x01010101u;
     ty = ((uint32_t)gpu_popc(s7) * 0x01000000u + (s7 >> 4) * 0x00204081u) & 0x01010101u;
@@ -387,6 +387,8 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
           float *__restrict__ Y, int64_t ldy, int loops, int groups) {
     typedef typename std::conditional<PL, Q8W<TYPE>, Q8G<TYPE>>::type P;
     constexpr int G = Q8_WARPS / WPR;
+    static_assert(WPR == 1 || RPW * NT <= GPU_WARP * WPR,
+                  "a group's lanes sum its rows' tokens: one (row, token) each");
     extern __shared__ __align__(16) uint8_t q8_smem[];
     __shared__ uint2 s_grid[TYPE == DS4_TYPE_IQ2_XXS ? 256 : 1];
     __shared__ float part[WPR > 1 ? G * RPW * NT * WPR : 1];
@@ -512,25 +514,28 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
 }
 
 /* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
- * rows too short to share, else enough warps that each lane has about one step; the GGML layout
- * takes one row per warp. */
+ * rows too short to share, else enough warps that each lane has about one step.  Rows a warp takes
+ * when it has a row to itself (WPR 1): the GGML layout one; where several warps share rows,
+ * q8_shared_rpw. */
 template <int TYPE, bool PL> constexpr int q8_dense_rpw() { return !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2; }
 
-/* Rows a warp group takes at once where several warps share a row's steps (WPR 2 and 4): with
- * several tokens each staged code a lane reads from shared memory then serves 4 rows instead of one
+/* Rows a warp group takes at once where several warps share a row's steps (WPR 2 and 4; planar
+ * Q8_0): with several tokens each staged code a lane reads from shared memory then serves 4 rows instead of one
  * (those products were bound by their shared-memory reads; H100, 6 tokens, 2 layers, ncu: a
  * verify's WPR 4 Q8_0 products 199.6 -> 159.5 us and WPR 2 33.6 -> 24.9, the kernels 64 -> 120
  * registers; 2 rows: 173.4 and 27.0; Q2_K and IQ2_XXS at 4 rows would take 172-210 registers and
  * stay at 1).  The arithmetic of a (row, token) is
  * the same for any RPW. */
-template <int TYPE, int NT> constexpr int q8_shared_rpw() { return NT > 1 && TYPE == DS4_TYPE_Q8_0 ? 4 : 1; }
+template <int TYPE, bool PL, int NT> constexpr int q8_shared_rpw() {
+    return NT > 1 && PL && TYPE == DS4_TYPE_Q8_0 ? 4 : 1;
+}
 
 template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
                      const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
     constexpr int RPW = q8_dense_rpw<TYPE, PL>();
     const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
-    constexpr int SR = q8_shared_rpw<TYPE, NT>();
+    constexpr int SR = q8_shared_rpw<TYPE, PL, NT>();
     if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else if (per_lane < 4) q8_go<TYPE, PL, NT, SR, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
     else q8_go<TYPE, PL, NT, SR, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
@@ -543,9 +548,9 @@ template <int TYPE, bool PL> static int q8_allow_wide(char *err, size_t len) {
     const hipFuncAttribute a = hipFuncAttributeMaxDynamicSharedMemorySize;
     GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_dense_rpw<TYPE, PL>(), 1>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
-    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, 8>(), 2>, a, Q8_STAGE_WIDE),
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, PL, 8>(), 2>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
-    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, 8>(), 4>, a, Q8_STAGE_WIDE),
+    GPU_TRY(hipFuncSetAttribute((const void *)q8_kernel<TYPE, PL, 8, q8_shared_rpw<TYPE, PL, 8>(), 4>, a, Q8_STAGE_WIDE),
             "raise a q8 kernel's shared memory");
     return DS4_OK;
 }
