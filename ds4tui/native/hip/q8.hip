@@ -520,12 +520,11 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
 template <int TYPE, bool PL> constexpr int q8_dense_rpw() { return !PL ? 1 : TYPE == DS4_TYPE_Q8_0 ? 4 : 2; }
 
 /* Rows a warp group takes at once where several warps share a row's steps (WPR 2 and 4; planar
- * Q8_0): with several tokens each staged code a lane reads from shared memory then serves 4 rows instead of one
- * (those products were bound by their shared-memory reads; H100, 6 tokens, 2 layers, ncu: a
- * verify's WPR 4 Q8_0 products 199.6 -> 159.5 us and WPR 2 33.6 -> 24.9, the kernels 64 -> 120
+ * Q8_0): with several tokens each staged code a lane reads from shared memory then serves 4 rows
+ * instead of one (those products were bound by their shared-memory reads; H100, 6 tokens, 2 layers,
+ * ncu: a verify's WPR 4 Q8_0 products 199.6 -> 159.5 us and WPR 2 33.6 -> 24.9, the kernels 64 -> 120
  * registers; 2 rows: 173.4 and 27.0; Q2_K and IQ2_XXS at 4 rows would take 172-210 registers and
- * stay at 1).  The arithmetic of a (row, token) is
- * the same for any RPW. */
+ * stay at 1).  The arithmetic of a (row, token) is the same for any RPW. */
 template <int TYPE, bool PL, int NT> constexpr int q8_shared_rpw() {
     return NT > 1 && PL && TYPE == DS4_TYPE_Q8_0 ? 4 : 1;
 }
