@@ -58,8 +58,7 @@ def test_sums_per_range_and_kernel_and_the_report():
     text = glp.table(s, ["old", "new"], [2048], {"old": {"verify": True, "decode": True},
                                                  "new": {"verify": True, "decode": False}})
     lines = text.splitlines()
-    assert lines[0] == ("old: ctx 2048: decode 150.0 us, verify 330.0 us, verify / decode 2.200; logits "
-                        "bit-identical to old's")
+    assert lines[0] == "old: ctx 2048: decode 150.0 us, verify 330.0 us, verify / decode 2.200"
     assert lines[1].startswith("new: ctx 2048: decode 140.0 us, verify 280.0 us, verify / decode 2.000; "
                                "logits DIFFER from old's")
     assert "new against old, verify at 2048: -50.0 us" in text
@@ -71,17 +70,39 @@ def test_a_run_that_stopped_part_way_is_named():
         glp.summarise(["a", "b", "c", "d"], [[], [], []])
 
 
+def test_units_it_does_not_know_and_times_that_are_not_numbers_are_refused():
+    with pytest.raises(ValueError, match="gives gpu__time_duration.sum in 'minute'; expected one of ns"):
+        glp.split_ranges(_log([("ds4_marker", "1"), ("k(int)", "2")], unit="minute"))
+    assert glp.split_ranges(_log([("ds4_marker", "1"), ("k(int)", "0.5")], unit="second")) == [[("k", 5e8)]]
+    with pytest.raises(ValueError, match=r"launch 1 \(k\): gpu__time_duration.sum is 'n/a', expected a number of ns"):
+        glp.split_ranges(_log([("ds4_marker", "1"), ("k(int)", "n/a")], unit="ns"))
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["base"], "'base': expected NAME=LIBRARY"),
-    (["a=x.so", "--contexts", "4096,2048"], "expected ascending contexts"),
-    (["a=x.so", "--contexts", "1024"], "the first at least 2048"),
-    (["a=x.so", "--contexts", "2k"], "expected whole numbers"),
-    (["a=x.so", "--ncu", "/nonexistent/ncu"], "no Nsight Compute at /nonexistent/ncu"),
+    (["=@LIB@"], "'=@LIB@': expected NAME=LIBRARY"),
+    (["a=@LIB@", "a=@LIB@"], "the name a is given twice"),
+    (["a=/nonexistent/lib.so"], "no library file at /nonexistent/lib.so"),
+    (["a=@LIB@", "--contexts", "4096,2048"], "expected ascending contexts, each once"),
+    (["a=@LIB@", "--contexts", "2048,2048"], "expected ascending contexts, each once"),
+    (["a=@LIB@", "--contexts", "1024"], "the first at least 2048"),
+    (["a=@LIB@", "--contexts", "2k"], "expected whole numbers"),
+    (["a=@LIB@", "--contexts", "2048,,4096"], "expected whole numbers"),
+    (["a=@LIB@", "--rows", "-1"], "--rows -1: expected 0 or more"),
+    (["a=@LIB@", "--ncu", "/nonexistent/ncu"], "no Nsight Compute program at /nonexistent/ncu"),
+    (["a=@LIB@", "--ncu", "/"], "no Nsight Compute program at /"),
+    (["a=@LIB@", "--ncu", "@NCU@", "--out", "@LIB@"], "a file is there, expected a folder"),
 ])
-def test_arguments_it_refuses(argv, needle, capsys):
+def test_arguments_it_refuses(argv, needle, capsys, tmp_path):
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"")
+    ncu = tmp_path / "ncu"
+    ncu.write_text("#!/bin/sh\nexit 3\n")
+    ncu.chmod(0o755)
+    argv = [a.replace("@LIB@", str(lib)).replace("@NCU@", str(ncu)) for a in argv]
     with pytest.raises(SystemExit):
         glp.main(argv)
-    assert needle in capsys.readouterr().err
+    assert needle.replace("@LIB@", str(lib)) in capsys.readouterr().err
 
 
 def test_the_run_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys):
@@ -104,10 +125,20 @@ for i, ns in enumerate((100000, 300000, 90000, 200000)):
     print(f'"{{2 * i + 1}}","7","k(int)","1","{{ns}}"')
 """)
     fake.chmod(0o755)
+    for lib in ("a.so", "b.so"):
+        (tmp_path / lib).write_bytes(b"")
     out = tmp_path / "out"
-    assert glp.main(["old=a.so", "new=b.so", "--contexts", "2048", "--ncu", str(fake), "--out", str(out)]) == 0
+    argv = [f"old={tmp_path / 'a.so'}", f"new={tmp_path / 'b.so'}", "--contexts", "2048", "--ncu", str(fake),
+            "--out", str(out)]
+    assert glp.main(argv) == 0
     text = capsys.readouterr().out
-    assert "old: ctx 2048: decode 100.0 us, verify 300.0 us, verify / decode 3.000; logits bit-identical" in text
+    assert "old: ctx 2048: decode 100.0 us, verify 300.0 us, verify / decode 3.000\n" in text
+    assert "new: ctx 2048: decode 90.0 us, verify 200.0 us, verify / decode 2.222; logits bit-identical to old's" in text
     assert "new against old, verify at 2048: -100.0 us" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranges"]["new verify 2048"]["total_us"] == 200.0
+    # a later run that fails leaves none of this one's results behind, and says why
+    fake.write_text("#!/bin/sh\nexit 5\n")
+    assert glp.main(argv) == 1
+    assert "the profiled run failed (exit 5)" in capsys.readouterr().err
+    assert not (out / "summary.json").exists() and not (out / "regions.json").exists()

@@ -1,10 +1,12 @@
-"""Kernel times of several GPU backend libraries in one process, under Nsight Compute: the synthetic
-2-layer DS4 Flash model (``ds4tui.engine.synthetic``, seed 0) is built once; each library in turn opens an
-engine on it, fills 2048 tokens and runs a decode and a verify of 1 + 5 rows at each ``--contexts`` value
-(past 2048 the compressed rows repeat, ``Session.bench_fill``), each inside a profiler range that a
-one-thread marker kernel opens; after the first context the logits of a verify and a decode after 2100
-tokens (the indexer selecting) are compared bit for bit with the first library's.  ncu records every
-launch (``--csv --page raw``); the launches after each marker are summed per range.
+"""Kernel times of several builds of the GPU library, profiled in one process under Nsight Compute.
+
+The synthetic 2-layer DS4 Flash model (``ds4tui.engine.synthetic``, seed 0) is built once; each library
+in turn opens an engine on it, fills 2048 tokens and runs a decode and a verify of 1 + 5 rows at each
+``--contexts`` value (past 2048 the compressed rows repeat, ``Session.bench_fill``), each inside a
+profiler range that a one-thread marker kernel opens; after the first context, 52 tokens past it (past
+2048 + 4 the indexer selects), the logits of a verify and a decode are compared bit for bit with the
+first library's.  ncu records every launch (``--csv --page raw``); the launches after each marker are
+summed per range.
 
     python3 tools/gpu_lib_profile.py base=old/libds4tui_cuda.so new=ds4tui/libds4tui_cuda.so \\
         [--contexts 2048,4096] [--activations q8] [--ncu /usr/local/cuda/bin/ncu] [--out DIR] [--rows 12]
@@ -37,31 +39,35 @@ MARKER_PTX = (b".version 7.0\n.target sm_50\n.address_size 64\n"
               b".visible .entry " + MARKER.encode() + b"() { ret; }\n")
 NCU_FLAGS = ["--profile-from-start", "off", "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
              "--csv", "--page", "raw"]
-UNIT_NS = {"ns": 1.0, "nsecond": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}
+UNIT_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9,
+           "second": 1e9}
 
 
 def split_ranges(text: str) -> list[list[tuple[str, float]]]:
     """The launches of an ncu ``--csv --page raw`` log (one row a launch, ``Kernel Name`` and
     ``gpu__time_duration.sum`` columns, a units row under the header) grouped into ranges, each opened
     by a :data:`MARKER` launch (not included): [[(kernel name without its arguments, ns), ...], ...].
-    Launches before the first marker are left out.  ValueError when the log holds no such table."""
+    Launches before the first marker are left out.  ValueError when the log holds no such table, its
+    unit is not one of :data:`UNIT_NS` or a launch's time is not a number."""
     rows = list(csv.reader(io.StringIO("\n".join(ln for ln in text.splitlines() if ln.startswith('"')))))
     if not rows or "Kernel Name" not in rows[0] or "gpu__time_duration.sum" not in rows[0]:
         raise ValueError("no ncu raw table with the columns Kernel Name and gpu__time_duration.sum "
                          "(run ncu with --csv --page raw --metrics gpu__time_duration.sum)")
     head = rows[0]
     ki, mi = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-    scale, ranges, cur = 1.0, [], None
-    for r in rows[1:]:
-        if len(r) != len(head):
-            continue
-        value = r[mi].replace(",", "")
+    body = [r for r in rows[1:] if len(r) == len(head)]
+    unit = body[0][mi] if body else ""
+    if unit not in UNIT_NS:
+        raise ValueError(f"the units row under ncu's header gives gpu__time_duration.sum in {unit!r}; expected one "
+                         f"of {', '.join(UNIT_NS)}")
+    scale, ranges, cur = UNIT_NS[unit], [], None
+    for r in body[1:]:
+        value, name = r[mi].replace(",", ""), r[ki]
         try:
             ns = float(value)
-        except ValueError:  # the units row
-            scale = UNIT_NS.get(value, scale)
-            continue
-        name = r[ki]
+        except ValueError:
+            raise ValueError(f"launch {r[0]} ({name.split('(')[0]}): gpu__time_duration.sum is {r[mi]!r}, expected a "
+                             f"number of {unit}") from None
         if name.startswith(MARKER):
             cur = []
             ranges.append(cur)
@@ -97,7 +103,7 @@ def table(summary: dict, libs: list[str], contexts: list[int], bits: dict, rows:
             if d and v:
                 parts.append(f"ctx {c}: decode {d['total_us']:.1f} us, verify {v['total_us']:.1f} us, "
                              f"verify / decode {v['total_us'] / d['total_us']:.3f}")
-        same = bits.get(lib)
+        same = bits.get(lib) if lib != libs[0] else None
         tail = ("" if same is None else "; logits bit-identical to " + libs[0] + "'s"
                 if same["verify"] and same["decode"] else f"; logits DIFFER from {libs[0]}'s ({same})")
         lines.append(f"{lib}: " + " | ".join(parts) + tail)
@@ -197,40 +203,65 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--regions", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    names = []
     for a in args.libs:
-        if "=" not in a or not a.split("=", 1)[0] or not a.split("=", 1)[1]:
+        name, _, lib = a.partition("=")
+        if not name or not lib:
             ap.error(f"{a!r}: expected NAME=LIBRARY")
+        if name in names:
+            ap.error(f"{a!r}: the name {name} is given twice (each library needs its own)")
+        if not args.child and not Path(lib).is_file():
+            ap.error(f"{a!r}: no library file at {lib}")
+        names.append(name)
+    text = args.contexts
     try:
-        args.contexts = [int(c) for c in args.contexts.split(",") if c]
+        args.contexts = [int(c) for c in text.split(",")]
     except ValueError:
-        ap.error(f"--contexts {args.contexts!r}: expected whole numbers separated by commas")
-    if not args.contexts or args.contexts != sorted(set(args.contexts)) or args.contexts[0] < 2048:
-        ap.error(f"--contexts {args.contexts}: expected ascending contexts, the first at least 2048")
+        ap.error(f"--contexts {text!r}: expected whole numbers separated by commas")
+    if args.contexts != sorted(set(args.contexts)) or args.contexts[0] < 2048:
+        ap.error(f"--contexts {text!r}: expected ascending contexts, each once, the first at least 2048")
+    if args.rows < 0:
+        ap.error(f"--rows {args.rows}: expected 0 or more kernels a comparison")
     if args.child:
         return child(args)
     ncu = args.ncu or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    if not os.access(ncu, os.X_OK):
-        ap.error(f"--ncu: no Nsight Compute at {ncu} (give its path)")
+    if not (os.path.isfile(ncu) and os.access(ncu, os.X_OK)):
+        ap.error(f"--ncu: no Nsight Compute program at {ncu} (give the path of ncu)")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {out}: a file is there, expected a folder (or a path to create one)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for f in ("regions.json", "summary.json", "ncu.csv"):  # nothing of an earlier run passes for this one's
+            (out / f).unlink(missing_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: cannot write there ({e.strerror})")
     regions = out / "regions.json"
-    regions.unlink(missing_ok=True)
     cmd = [ncu, *NCU_FLAGS, sys.executable, str(Path(__file__).resolve()), *args.libs, "--child",
            "--regions", str(regions), "--contexts", ",".join(map(str, args.contexts)),
            "--activations", args.activations]
     t0 = time.perf_counter()
-    with open(out / "ncu.csv", "w") as log:
-        rc = subprocess.run(cmd, stdout=log).returncode
+    try:
+        with open(out / "ncu.csv", "w") as log:
+            rc = subprocess.run(cmd, stdout=log).returncode
+    except OSError as e:
+        (out / "ncu.csv").unlink(missing_ok=True)
+        print(f"gpu_lib_profile: error: {ncu} did not start ({e.strerror})", file=sys.stderr)
+        return 1
     if rc != 0 or not regions.exists():
-        print(f"gpu_lib_profile: the profiled run failed (exit {rc}); ncu's log: {out / 'ncu.csv'}", file=sys.stderr)
+        print(f"gpu_lib_profile: error: the profiled run failed (exit {rc}); ncu's log: {out / 'ncu.csv'}",
+              file=sys.stderr)
         return 1
     done = json.loads(regions.read_text())
-    summary = summarise(done["regions"], split_ranges((out / "ncu.csv").read_text()))
-    names = [a.split("=", 1)[0] for a in args.libs]
-    print(table(summary, names, args.contexts, done["bit_identical"], args.rows))
-    print(f"({time.perf_counter() - t0:.0f} s; {out / 'summary.json'})")
+    try:
+        summary = summarise(done["regions"], split_ranges((out / "ncu.csv").read_text()))
+    except ValueError as e:
+        print(f"gpu_lib_profile: error: {out / 'ncu.csv'}: {e}", file=sys.stderr)
+        return 1
     (out / "summary.json").write_text(json.dumps({"contexts": args.contexts, "bit_identical": done["bit_identical"],
                                                   "ranges": summary}, indent=1))
+    print(table(summary, names, args.contexts, done["bit_identical"], args.rows))
+    print(f"({time.perf_counter() - t0:.0f} s; {out / 'summary.json'})")
     return 0
 
 
