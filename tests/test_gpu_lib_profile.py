@@ -133,7 +133,8 @@ for i, ns in enumerate((100000, 300000, 90000, 200000)):
     assert glp.main(argv) == 0
     text = capsys.readouterr().out
     assert "old: ctx 2048: decode 100.0 us, verify 300.0 us, verify / decode 3.000\n" in text
-    assert "new: ctx 2048: decode 90.0 us, verify 200.0 us, verify / decode 2.222; logits bit-identical to old's" in text
+    assert ("new: ctx 2048: decode 90.0 us, verify 200.0 us, verify / decode 2.222; logits bit-identical to "
+            "old's") in text
     assert "new against old, verify at 2048: -100.0 us" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranges"]["new verify 2048"]["total_us"] == 200.0
