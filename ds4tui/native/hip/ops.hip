@@ -791,9 +791,10 @@ indexer_select_kernel(int64_t p0, const int64_t *dp0, int ratio, int top_k, cons
  * HPB heads: HPB times fewer key reads, the same arithmetic per (token, head) in the same order
  * (each head keeps its own per-warp max, per-thread denominator sum and per-warp accumulators,
  * reduced exactly as with one head), so every head's result is bit for bit the HPB = 1 kernel's.
- * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens (a DSpark
- * verify of 4-6 rows included: H200, 6 rows x 64 heads, 127 us a layer in 384 one-head blocks), and
- * one head per block below (a decode's and a short verify's heads keep a block each). */
+ * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens and one
+ * head per block below.  Passes of at most ATT_SCORE_MAX_ROWS tokens (a decode, a DSpark verify) take
+ * the same steps in three kernels instead (attend_score_kernel, attend_softmax_kernel,
+ * attend_value_kernel), spread over more blocks; this kernel is the prefill's and the drafter's. */
 #define ATT_WARPS 8
 #define ATT_DPL 16 /* D <= 32 * ATT_DPL */
 #define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them (one head per block) */
@@ -841,11 +842,14 @@ __device__ __forceinline__ void att_span(int64_t p, int window, int ratio, const
 /* The scores of a causal pass (attend_kernel's first pass) on a grid of (token, HPB heads) x key
  * chunks: warp w of chunk c takes keys ATT_SCORE_KEYS c + w + ATT_WARPS u (u < ATT_SCORE_UNROLL) and
  * writes each key's score exactly as attend_kernel's first pass does (the same fmaf sequence over the
- * head's lanes, the same warp butterfly and scale), so that attend_kernel<.., true> only reads them.
- * A decode's 64 heads in 64 blocks left half of an H200 idle and read every key twice. */
+ * head's lanes, the same warp butterfly and scale); attend_softmax_kernel and attend_value_kernel then
+ * finish the pass as attend_kernel would.  A decode's 64 heads in 64 blocks left half of an H200 idle
+ * and read every key twice. */
 #define ATT_SCORE_UNROLL 4
 #define ATT_SCORE_KEYS (ATT_WARPS * ATT_SCORE_UNROLL) /* keys per block */
 #define ATT_SCORE_MAX_ROWS 8                          /* passes of at most this many tokens score apart */
+#define ATT_VALUE_SPLIT 4  /* blocks a (token, head group) of those passes' weighted sums: 64 lanes of 512 each */
+#define ATT_VALUE_UNROLL 8 /* keys whose rows a warp of them loads before using them */
 template <int HPB>
 __global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
 attend_score_kernel(const float *q, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
@@ -893,9 +897,7 @@ attend_score_kernel(const float *q, int NH, int D, int64_t p0, const int64_t *dp
     }
 }
 
-/* SCORED: the scores are in scr already (attend_score_kernel); each warp takes the maximum of its
- * keys' scores (the same keys and values as the first pass: the same maximum). */
-template <int HPB, int UNR, bool SCORED>
+template <int HPB, int UNR>
 __global__ void ATT_BOUNDS(HPB)
 attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
               int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
@@ -928,18 +930,10 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
             qv[j][i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
         mx[j] = -INFINITY;
     }
-    if (SCORED) {
-        for (int k = wp; k < nk; k += ATT_WARPS)
-#pragma unroll
-            for (int j = 0; j < HPB; j++) {
-                const float dot = scr[(item0 + j) * keys_cap + k];
-                mx[j] = dot > mx[j] ? dot : mx[j];
-            }
-    }
     /* A warp takes keys wp, wp + ATT_WARPS, ... in ascending order, UNR at a time: their rows are
      * loaded before any is reduced, so the loads of several keys are in flight at once (the
      * arithmetic per key, and so the result, is that of one key at a time). */
-    for (int k0 = wp; !SCORED && k0 < nk; k0 += ATT_WARPS * UNR) {
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
         float kr[UNR][ATT_DPL];
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
@@ -1033,6 +1027,111 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
             float v = part[0][d];
             for (int w = 1; w < ATT_WARPS; w++) v += part[w][d];
             o[d] = v;
+        }
+        __syncthreads();
+    }
+}
+
+/* A short pass's softmax over the scores attend_score_kernel wrote (one block of ATT_WARPS warps per
+ * (token, head)), taken exactly as attend_kernel takes it: each warp's maximum over its keys wp, wp +
+ * ATT_WARPS, ..., the block's maximum with the sink, thread k's sum of exp(score - max) over keys k, k +
+ * blockDim, ... in that order, block_sum plus the sink's term; then thread k writes p = e / den over the
+ * scores of its own keys (attend_kernel divides the same e by the same den as it reads each key). */
+__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
+attend_softmax_kernel(int NH, int64_t p0, const int64_t *dp0, int window, int ratio, const int32_t *sel,
+                      const int32_t *nsel, int top_k, const float *sinks, float *scr, int keys_cap) {
+    __shared__ float red[ATT_WARPS];
+    const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
+    const int t = (int)(blockIdx.x / NH), h = (int)(blockIdx.x % NH);
+    int64_t first;
+    int n_win, n_comp;
+    const int32_t *cs;
+    att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
+    const int nk = n_win + n_comp;
+    float *sc = scr + ((int64_t)t * NH + h) * keys_cap;
+    float mx = -INFINITY;
+    for (int k = wp; k < nk; k += ATT_WARPS) mx = sc[k] > mx ? sc[k] : mx;
+    if (lane == 0) red[wp] = mx;
+    __syncthreads();
+    const float sink = sinks[h];
+    mx = sink;
+    for (int w = 0; w < ATT_WARPS; w++) mx = red[w] > mx ? red[w] : mx;
+    __syncthreads();
+    float den = 0.0f;
+    for (int k = threadIdx.x; k < nk; k += blockDim.x) {
+        const float e = expf(sc[k] - mx);
+        sc[k] = e;
+        den += e;
+    }
+    den = block_sum(den, red) + expf(sink - mx);
+    for (int k = threadIdx.x; k < nk; k += blockDim.x) sc[k] = sc[k] / den;
+}
+
+/* A short pass's weighted sums of the keys (p from attend_softmax_kernel): a block of ATT_WARPS warps
+ * per (token, HPB heads) and DSPLIT-th of the head's lanes (blockIdx.y), so a decode's or a verify's
+ * few (token, head) items fill the device without reading a key more often.  Warp wp accumulates p_k *
+ * key_k over keys wp, wp + ATT_WARPS, ... in ascending order for its lanes d = lane + GPU_WARP i, and
+ * the warps' sums are added in warp order: attend_kernel's chains and order, so the same bits (UNR keys'
+ * rows are loaded before they are used). */
+template <int HPB, int DSPLIT, int UNR>
+__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
+attend_value_kernel(int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv, int kv_cap,
+                    const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
+                    const float *scr, int keys_cap, float *att) {
+    constexpr int IPER = ATT_DPL / DSPLIT; /* lanes' elements a block takes of a head */
+    static_assert(IPER * DSPLIT == ATT_DPL, "DSPLIT divides ATT_DPL");
+    __shared__ float part[ATT_WARPS][GPU_WARP * IPER];
+    const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
+    const int groups = NH / HPB;
+    const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
+    const int64_t item0 = (int64_t)t * NH + h0;
+    const int i0 = (int)blockIdx.y * IPER; /* the block's lanes: d = lane + GPU_WARP (i0 + i), i < IPER */
+    int64_t first;
+    int n_win, n_comp;
+    const int32_t *cs;
+    att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
+    const int fm = (int)(first % kv_cap);
+    const int nk = n_win + n_comp;
+    float acc[HPB][IPER];
+#pragma unroll
+    for (int j = 0; j < HPB; j++)
+#pragma unroll
+        for (int i = 0; i < IPER; i++) acc[j][i] = 0.0f;
+    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
+        float kr[UNR][IPER], pk[UNR][HPB];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            const int k = k0 + u * ATT_WARPS;
+            const float *key = k < nk ? att_key(k, n_win, fm, kv, kv_cap, comp, cs, D) : NULL;
+#pragma unroll
+            for (int i = 0; i < IPER; i++) {
+                const int d = lane + GPU_WARP * (i0 + i);
+                kr[u][i] = key && d < D ? key[d] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < HPB; j++) pk[u][j] = k < nk ? scr[(item0 + j) * keys_cap + k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            if (k0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+            for (int j = 0; j < HPB; j++)
+#pragma unroll
+                for (int i = 0; i < IPER; i++)
+                    if (lane + GPU_WARP * (i0 + i) < D) acc[j][i] += pk[u][j] * kr[u][i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < HPB; j++) {
+#pragma unroll
+        for (int i = 0; i < IPER; i++) part[wp][lane + GPU_WARP * i] = acc[j][i];
+        __syncthreads();
+        float *o = att + (item0 + j) * D + GPU_WARP * i0;
+        for (int dl = threadIdx.x; dl < GPU_WARP * IPER; dl += blockDim.x) {
+            if (GPU_WARP * i0 + dl >= D) break;
+            float v = part[0][dl];
+            for (int w = 1; w < ATT_WARPS; w++) v += part[w][dl];
+            o[dl] = v;
         }
         __syncthreads();
     }
@@ -1314,20 +1413,23 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
         else
             hipLaunchKernelGGL((attend_score_kernel<1>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, NH, D,
                                GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap);
+        hipLaunchKernelGGL(attend_softmax_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
+                           c->stream, NH, GPU_POS(c, p0), window, ratio, sel, nsel, top_k, sinks, sc, keys_cap);
+        const dim3 vgrid(items, ATT_VALUE_SPLIT);
         if (grouped)
-            hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL, true>), dim3(items),
-                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv,
-                               kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+            hipLaunchKernelGGL((attend_value_kernel<ATT_GROUP_HEADS, ATT_VALUE_SPLIT, ATT_VALUE_UNROLL>), vgrid,
+                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
+                               comp, ratio, sel, nsel, top_k, sc, keys_cap, att);
         else
-            hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, true>), dim3(items), dim3(ATT_WARPS * GPU_WARP), 0,
-                               c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel,
-                               top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
+            hipLaunchKernelGGL((attend_value_kernel<1, ATT_VALUE_SPLIT, ATT_VALUE_UNROLL>), vgrid,
+                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
+                               comp, ratio, sel, nsel, top_k, sc, keys_cap, att);
     } else if (grouped)
-        hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL, false>), dim3(items),
+        hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL>), dim3(items),
                            dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
                            comp, ratio, sel, nsel, top_k, sinks, sc, keys_cap, att, (int64_t)0, -1);
     else
-        hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, false>), dim3(items), dim3(ATT_WARPS * GPU_WARP), 0, c->stream,
+        hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3(items), dim3(ATT_WARPS * GPU_WARP), 0, c->stream,
                            q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sinks, sc,
                            keys_cap, att, (int64_t)0, -1);
     return ops_check("attention kernel", err, len);
@@ -1341,7 +1443,7 @@ int gpu_attend_nc(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t
         return gpu_fail(err, len, DS4_E_UNSUPPORTED, "attention: head_dim %d > %d", D, GPU_WARP * ATT_DPL);
     if (n_ctx + n_rows > keys_cap)
         return gpu_fail(err, len, DS4_E_INVALID, "drafter attention: %d keys > scratch %d", n_ctx + n_rows, keys_cap);
-    hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL, false>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
+    hipLaunchKernelGGL((attend_kernel<1, ATT_UNROLL>), dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
                        c->stream, q, n, NH, D, (int64_t)0, c->cap_dp0, 0, ring, cap, rows, n_rows, (const int32_t *)NULL,
                        (const int32_t *)NULL, 0, sinks, sc, keys_cap, att, c->cap_dp0 ? lo - c->cap_p0 : lo, n_ctx);
     return ops_check("drafter attention kernel", err, len);
