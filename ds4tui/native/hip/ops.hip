@@ -848,7 +848,8 @@ __device__ __forceinline__ void att_span(int64_t p, int window, int ratio, const
 #define ATT_SCORE_UNROLL 4
 #define ATT_SCORE_KEYS (ATT_WARPS * ATT_SCORE_UNROLL) /* keys per block */
 #define ATT_SCORE_MAX_ROWS 8                          /* passes of at most this many tokens score apart */
-#define ATT_VALUE_SPLIT 4  /* blocks a (token, head group) of those passes' weighted sums: 64 lanes of 512 each */
+#define ATT_VALUE_SPLIT 4  /* blocks a (token, head group) of those passes' weighted sums: 128 of a head's (at most
+                            * 512) elements each, 4 a thread lane; blocks past a smaller head's D return at once */
 #define ATT_VALUE_UNROLL 8 /* keys whose rows a warp of them loads before using them */
 template <int HPB>
 __global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
@@ -1086,6 +1087,7 @@ attend_value_kernel(int NH, int D, int64_t p0, const int64_t *dp0, int window, c
     const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
     const int64_t item0 = (int64_t)t * NH + h0;
     const int i0 = (int)blockIdx.y * IPER; /* the block's lanes: d = lane + GPU_WARP (i0 + i), i < IPER */
+    if (GPU_WARP * i0 >= D) return;        /* a head of fewer elements: nothing here (the whole block) */
     int64_t first;
     int n_win, n_comp;
     const int32_t *cs;
