@@ -1,0 +1,126 @@
+"""tools/gpu_build_variants.py without a GPU toolchain: the export from git's history, the variant's
+command (its sources taken from the folder, the include path), and the parallel builds through a
+stand-in compiler that writes the library file it is asked for."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("gpu_build_variants", ROOT / "tools" / "gpu_build_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gbv = _tool()
+
+
+def _committed(rev: str, name: str) -> bytes:
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:ds4tui/native/hip/{name}"], capture_output=True,
+                          check=True).stdout
+
+
+def test_export_writes_the_revisions_files(tmp_path):
+    names = gbv.export("HEAD", tmp_path / "v")
+    assert {"ops.hip", "q8.hip", "hip_compat.h"} <= set(names)
+    for n in names:
+        assert (tmp_path / "v" / n).read_bytes() == _committed("HEAD", n)
+
+
+def test_export_of_an_unknown_revision_is_refused_by_name(tmp_path, capsys):
+    assert gbv.main(["export", "no-such-rev-xyz", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-rev-xyz" in err and "git archive failed" in err and "Traceback" not in err
+
+
+def test_the_variants_command_takes_the_folders_sources_and_keeps_the_rest(tmp_path):
+    native = gbv.build_native.NATIVE
+    (tmp_path / "ops.hip").write_text("// variant\n")
+    base = gbv.build_native.gpu_command("cuda", "nvcc", ["sm_90"], str(tmp_path / "x.so"))
+    cmd = gbv.variant_command(base, tmp_path)
+    assert str(tmp_path / "ops.hip") in cmd and str(native / "hip" / "ops.hip") not in cmd
+    assert str(native / "hip" / "q8.hip") in cmd  # not in the folder: this tree's
+    assert cmd.index(f"-I{native / 'hip'}") == cmd.index(f"-I{native}") + 1
+    assert len(cmd) == len(base) + 1
+    assert gbv.variant_command(base, None) == base
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("bad/name", "a variant's name"),
+    ("x=/no/such/folder", "is not a folder"),
+])
+def test_bad_variants_are_refused_by_name(spec, words, tmp_path, capsys):
+    assert gbv.main(["build", str(tmp_path / "out"), spec]) == 2
+    err = capsys.readouterr().err
+    assert words in err and spec in err and "Traceback" not in err
+
+
+def test_a_folder_without_the_librarys_sources_is_refused(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert gbv.main(["build", str(tmp_path / "out"), f"x={tmp_path / 'empty'}"]) == 2
+    assert "holds none of the GPU library's sources" in capsys.readouterr().err
+
+
+def test_a_name_given_twice_is_refused(tmp_path, capsys):
+    assert gbv.main(["build", str(tmp_path / "out"), "a", "a"]) == 2
+    assert "a name given twice: a" in capsys.readouterr().err
+
+
+def _stand_in(tmp_path: Path, fail_on: str = "") -> Path:
+    """A compiler that records its arguments and writes the -o file (or fails when an argument holds
+    ``fail_on``)."""
+    exe = tmp_path / "fakecc"
+    exe.write_text(f"""#!{sys.executable}
+import sys
+args = sys.argv[1:]
+if {fail_on!r} and any({fail_on!r} in a for a in args):
+    print("error: the stand-in compiler refuses this variant")
+    sys.exit(3)
+out = args[args.index("-o") + 1]
+open(out, "w").write("\\n".join(args))
+""")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def test_variants_build_side_by_side_through_the_repositorys_command(tmp_path, monkeypatch, capsys):
+    cc = _stand_in(tmp_path)
+    monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("cuda", str(cc), ""))
+    monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["sm_90"])
+    old = tmp_path / "old"
+    gbv.export("HEAD", old)
+    assert gbv.main(["build", str(tmp_path / "L"), f"old={old}", "cur", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "old: built" in out and "cur: built" in out
+    args_old = (tmp_path / "L" / "old.so").read_text().splitlines()
+    args_cur = (tmp_path / "L" / "cur.so").read_text().splitlines()
+    assert str(old / "ops.hip") in args_old and "-fmad=false" in args_old  # the repository's own flags
+    assert str(gbv.build_native.NATIVE / "hip" / "ops.hip") in args_cur
+
+
+def test_a_failed_build_names_the_variant_and_the_others_still_build(tmp_path, monkeypatch, capsys):
+    cc = _stand_in(tmp_path, fail_on=str(tmp_path / "bad"))
+    monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("cuda", str(cc), ""))
+    monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["sm_90"])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "ops.hip").write_text("// broken\n")
+    assert gbv.main(["build", str(tmp_path / "L"), f"bad={tmp_path / 'bad'}", "cur"]) == 1
+    out = capsys.readouterr().out
+    assert "bad: FAILED (exit 3)" in out and "refuses this variant" in out and "cur: built" in out
+    assert (tmp_path / "L" / "cur.so").is_file() and not (tmp_path / "L" / "bad.so").exists()
+
+
+def test_no_toolchain_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: (None, None, "no GPU toolchain: nvcc not found"))
+    assert gbv.main(["build", str(tmp_path / "L"), "cur"]) == 2
+    assert capsys.readouterr().err.strip() == "gpu_build_variants: error: no GPU toolchain: nvcc not found"
