@@ -37,19 +37,38 @@ def test_export_writes_the_revisions_files(tmp_path):
         assert (tmp_path / "v" / n).read_bytes() == _committed("HEAD", n)
 
 
-def test_export_of_an_unknown_revision_is_refused_by_name(tmp_path, capsys):
-    assert gbv.main(["export", "no-such-rev-xyz", str(tmp_path / "v")]) == 2
+@pytest.mark.parametrize("rev, words", [
+    ("no-such-rev-xyz", "not a commit, branch or tag"),
+    ("--output=x.tar", "not a commit, branch or tag"),  # never an option of git's
+])
+def test_export_of_an_unknown_revision_is_refused_by_name(rev, words, tmp_path, capsys):
+    assert gbv.main(["export", "--", rev, str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
-    assert "no-such-rev-xyz" in err and "git archive failed" in err and "Traceback" not in err
+    assert rev in err and words in err and "Traceback" not in err
+    assert not (tmp_path / "v").exists() and not (ROOT / "x.tar").exists()
 
 
-def test_the_variants_command_takes_the_folders_sources_and_keeps_the_rest(tmp_path):
+def test_export_refuses_a_folder_that_holds_anything(tmp_path, capsys):
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "ops.hip").write_text("// another revision's\n")
+    assert gbv.main(["export", "HEAD", str(tmp_path / "v")]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert (tmp_path / "v" / "ops.hip").read_text() == "// another revision's\n"
+
+
+def test_export_of_a_revision_without_the_gpu_library_says_so(tmp_path, capsys):
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    assert gbv.main(["export", first, str(tmp_path / "v")]) == 2
+    assert "has no ds4tui/native/hip/" in capsys.readouterr().err
+
+
+def test_the_variants_command_takes_every_source_from_the_folder(tmp_path):
     native = gbv.build_native.NATIVE
-    (tmp_path / "ops.hip").write_text("// variant\n")
     base = gbv.build_native.gpu_command("cuda", "nvcc", ["sm_90"], str(tmp_path / "x.so"))
     cmd = gbv.variant_command(base, tmp_path)
-    assert str(tmp_path / "ops.hip") in cmd and str(native / "hip" / "ops.hip") not in cmd
-    assert str(native / "hip" / "q8.hip") in cmd  # not in the folder: this tree's
+    for src in gbv.build_native.HIP_SOURCES:
+        assert str(tmp_path / Path(src).name) in cmd and str(native / src) not in cmd
     assert cmd.index(f"-I{native / 'hip'}") == cmd.index(f"-I{native}") + 1
     assert len(cmd) == len(base) + 1
     assert gbv.variant_command(base, None) == base
@@ -65,10 +84,16 @@ def test_bad_variants_are_refused_by_name(spec, words, tmp_path, capsys):
     assert words in err and spec in err and "Traceback" not in err
 
 
-def test_a_folder_without_the_librarys_sources_is_refused(tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    assert gbv.main(["build", str(tmp_path / "out"), f"x={tmp_path / 'empty'}"]) == 2
-    assert "holds none of the GPU library's sources" in capsys.readouterr().err
+def test_a_folder_that_is_not_a_whole_hip_folder_is_refused(tmp_path, capsys):
+    part = tmp_path / "part"
+    gbv.export("HEAD", part)
+    (part / "quant.h").unlink()  # its sources would include this tree's quant.h: refused
+    assert gbv.main(["build", str(tmp_path / "out"), f"x={part}"]) == 2
+    assert "lacks quant.h of hip/" in capsys.readouterr().err
+    gbv.export("HEAD", tmp_path / "more")
+    (tmp_path / "more" / "new.hip").write_text("// a source this tree's build does not compile\n")
+    assert gbv.main(["build", str(tmp_path / "out"), f"x={tmp_path / 'more'}"]) == 2
+    assert "holds new.hip, which this tree's build does not compile" in capsys.readouterr().err
 
 
 def test_a_name_given_twice_is_refused(tmp_path, capsys):
@@ -108,16 +133,39 @@ def test_variants_build_side_by_side_through_the_repositorys_command(tmp_path, m
     assert str(gbv.build_native.NATIVE / "hip" / "ops.hip") in args_cur
 
 
-def test_a_failed_build_names_the_variant_and_the_others_still_build(tmp_path, monkeypatch, capsys):
+def test_a_failed_build_names_the_variant_leaves_no_library_and_the_others_still_build(tmp_path, monkeypatch,
+                                                                                         capsys):
     cc = _stand_in(tmp_path, fail_on=str(tmp_path / "bad"))
     monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("cuda", str(cc), ""))
     monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["sm_90"])
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "ops.hip").write_text("// broken\n")
+    gbv.export("HEAD", tmp_path / "bad")
+    (tmp_path / "L").mkdir()
+    (tmp_path / "L" / "bad.so").write_text("an earlier build")  # must not survive a failed one
     assert gbv.main(["build", str(tmp_path / "L"), f"bad={tmp_path / 'bad'}", "cur"]) == 1
     out = capsys.readouterr().out
     assert "bad: FAILED (exit 3)" in out and "refuses this variant" in out and "cur: built" in out
-    assert (tmp_path / "L" / "cur.so").is_file() and not (tmp_path / "L" / "bad.so").exists()
+    assert sorted(p.name for p in (tmp_path / "L").iterdir()) == ["cur.so"]  # no temporary file left
+
+
+def test_hipcc_builds_for_amd_whatever_else_is_on_the_path(tmp_path, monkeypatch):
+    cc = tmp_path / "hipcc"
+    cc.write_text(f"""#!{sys.executable}
+import os, sys
+args = sys.argv[1:]
+open(args[args.index("-o") + 1], "w").write(os.environ.get("HIP_PLATFORM", "<unset>"))
+""")
+    cc.chmod(cc.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("hip", str(cc), ""))
+    monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["gfx1151"])
+    monkeypatch.delenv("HIP_PLATFORM", raising=False)
+    assert gbv.main(["build", str(tmp_path / "L"), "cur"]) == 0
+    assert (tmp_path / "L" / "cur.so").read_text() == "amd"
+
+
+def test_ds4tui_gpu_off_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DS4TUI_GPU", "off")
+    assert gbv.main(["build", str(tmp_path / "L"), "cur"]) == 2
+    assert "unset DS4TUI_GPU, or set it to cuda or hip" in capsys.readouterr().err
 
 
 def test_no_toolchain_is_one_line(tmp_path, monkeypatch, capsys):
