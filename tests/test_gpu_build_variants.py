@@ -25,12 +25,19 @@ def _tool():
 gbv = _tool()
 
 
+@pytest.fixture
+def history():
+    """The tests that export a revision need this checkout's git history."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to export from")
+
+
 def _committed(rev: str, name: str) -> bytes:
     return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:ds4tui/native/hip/{name}"], capture_output=True,
                           check=True).stdout
 
 
-def test_export_writes_the_revisions_files(tmp_path):
+def test_export_writes_the_revisions_files(history, tmp_path):
     names = gbv.export("HEAD", tmp_path / "v")
     assert {"ops.hip", "q8.hip", "hip_compat.h"} <= set(names)
     for n in names:
@@ -41,14 +48,14 @@ def test_export_writes_the_revisions_files(tmp_path):
     ("no-such-rev-xyz", "not a commit, branch or tag"),
     ("--output=x.tar", "not a commit, branch or tag"),  # never an option of git's
 ])
-def test_export_of_an_unknown_revision_is_refused_by_name(rev, words, tmp_path, capsys):
+def test_export_of_an_unknown_revision_is_refused_by_name(history, rev, words, tmp_path, capsys):
     assert gbv.main(["export", "--", rev, str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
     assert rev in err and words in err and "Traceback" not in err
     assert not (tmp_path / "v").exists() and not (ROOT / "x.tar").exists()
 
 
-def test_export_refuses_a_folder_that_holds_anything(tmp_path, capsys):
+def test_export_refuses_a_folder_that_holds_anything(history, tmp_path, capsys):
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "ops.hip").write_text("// another revision's\n")
     assert gbv.main(["export", "HEAD", str(tmp_path / "v")]) == 2
@@ -56,7 +63,7 @@ def test_export_refuses_a_folder_that_holds_anything(tmp_path, capsys):
     assert (tmp_path / "v" / "ops.hip").read_text() == "// another revision's\n"
 
 
-def test_export_of_a_revision_without_the_gpu_library_says_so(tmp_path, capsys):
+def test_export_of_a_revision_without_the_gpu_library_says_so(history, tmp_path, capsys):
     shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"], capture_output=True,
                              text=True).stdout.strip()
     if shallow != "false":
@@ -88,7 +95,7 @@ def test_bad_variants_are_refused_by_name(spec, words, tmp_path, capsys):
     assert words in err and spec in err and "Traceback" not in err
 
 
-def test_a_folder_that_is_not_a_whole_hip_folder_is_refused(tmp_path, capsys):
+def test_a_folder_that_is_not_a_whole_hip_folder_is_refused(history, tmp_path, capsys):
     part = tmp_path / "part"
     gbv.export("HEAD", part)
     (part / "quant.h").unlink()  # its sources would include this tree's quant.h: refused
@@ -122,7 +129,7 @@ open(out, "w").write("\\n".join(args))
     return exe
 
 
-def test_variants_build_side_by_side_through_the_repositorys_command(tmp_path, monkeypatch, capsys):
+def test_variants_build_side_by_side_through_the_repositorys_command(history, tmp_path, monkeypatch, capsys):
     cc = _stand_in(tmp_path)
     monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("cuda", str(cc), ""))
     monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["sm_90"])
@@ -137,8 +144,8 @@ def test_variants_build_side_by_side_through_the_repositorys_command(tmp_path, m
     assert str(gbv.build_native.NATIVE / "hip" / "ops.hip") in args_cur
 
 
-def test_a_failed_build_names_the_variant_leaves_no_library_and_the_others_still_build(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_a_failed_build_names_the_variant_leaves_no_library_and_the_others_still_build(history, tmp_path,
+                                                                                         monkeypatch, capsys):
     cc = _stand_in(tmp_path, fail_on=str(tmp_path / "bad"))
     monkeypatch.setattr(gbv.build_native, "find_gpu_compiler", lambda: ("cuda", str(cc), ""))
     monkeypatch.setattr(gbv.build_native, "gpu_arch", lambda plat: ["sm_90"])
