@@ -534,6 +534,15 @@ def hip_clang_command(clang: str, archs: list[str], out: str, device_libs: str, 
             + cmd[i:] + ["-lamdhip64"])
 
 
+def gpu_build_env(plat: str) -> dict:
+    """The environment the GPU compiler runs in: this process's, with ``HIP_PLATFORM=amd`` for hipcc,
+    which picks NVIDIA when nvcc is on PATH (spec platform.md §1.2)."""
+    env = dict(os.environ)
+    if plat == "hip":
+        env["HIP_PLATFORM"] = "amd"
+    return env
+
+
 def _compiler_version(compiler: str) -> str:
     try:
         r = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
@@ -567,9 +576,7 @@ def build_gpu(out_dir: Path, *, verbose: bool = False) -> dict:
             record["rocm_formulas"] = formulas
             cmd = gpu_command(plat, compiler, archs, tmp, rocm_formulas=formulas)
             record["command"] = " ".join(cmd)
-            env = dict(os.environ)
-            if plat == "hip":
-                env["HIP_PLATFORM"] = "amd"  # hipcc picks NVIDIA when nvcc is on PATH (spec platform.md §1.2)
+            env = gpu_build_env(plat)
             print(f"build_native: building {lib.name} for {record['arch']} with {compiler}", file=sys.stderr)
             r = subprocess.run(cmd, capture_output=not verbose, text=True, env=env)
             if r.returncode != 0:

@@ -150,9 +150,7 @@ def build(outdir: Path, specs: list[tuple[str, Path | None]], jobs: int, log=pri
         outdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise VariantError(f"{outdir}: cannot create the folder ({exc.strerror or exc})") from None
-    env = dict(os.environ)
-    if plat == "hip":
-        env["HIP_PLATFORM"] = "amd"  # as build_native: hipcc picks NVIDIA when nvcc is on PATH
+    env = build_native.gpu_build_env(plat)
     todo = []
     for name, folder in specs:
         out = outdir / f"{name}.so"
