@@ -42,6 +42,40 @@ __device__ float block_sum(float v, float *red) {
     return s;
 }
 
+/* The warp sums of NV values at once (NV a power of two <= GPU_WARP): each lane ends with the total of
+ * value m over the warp, where m's bit s - 1 is bit (GPU_WARP / 2 >> (s - 1)) of the lane (s = 1 ..
+ * log2 NV).  At step s the lanes halve their values, each keeping those whose bit it owns and adding
+ * its partner's (lane ^ offset) partial of the same value; the last steps are gpu_warp_sum's.  Every
+ * lane so adds, for its value, exactly what gpu_warp_sum adds in that lane at each step (own partial
+ * plus the partner's, offsets GPU_WARP / 2 down to 1), so each total is bit for bit gpu_warp_sum's, in
+ * NV - 1 + log2(GPU_WARP / NV) exchanges instead of NV log2(GPU_WARP). */
+template <int C, int NV>
+__device__ __forceinline__ void gpu_warp_halve_(float (&v)[NV], int lane, int o, int s, int *idx) {
+    if constexpr (C > 1) { /* C values held; keep C / 2 (a compile-time recursion: v stays in registers) */
+        const bool hi = (lane & o) != 0;
+        *idx |= (int)hi << s;
+#pragma unroll
+        for (int p = 0; p < C / 2; p++) {
+            const float send = hi ? v[2 * p] : v[2 * p + 1];
+            const float keep = hi ? v[2 * p + 1] : v[2 * p];
+            v[p] = keep + gpu_shfl_xor(send, o);
+        }
+        gpu_warp_halve_<C / 2, NV>(v, lane, o >> 1, s + 1, idx);
+    }
+}
+
+template <int NV>
+__device__ __forceinline__ float gpu_warp_sums_(float (&v)[NV], int *m) {
+    static_assert(NV >= 1 && NV <= GPU_WARP && (NV & (NV - 1)) == 0, "a power of two up to the warp");
+    int idx = 0;
+    gpu_warp_halve_<NV, NV>(v, (int)(threadIdx.x % GPU_WARP), GPU_WARP / 2, 0, &idx);
+    float x = v[0];
+#pragma unroll
+    for (int o = GPU_WARP / (2 * NV); o > 0; o >>= 1) x += gpu_shfl_xor(x, o);
+    *m = idx;
+    return x;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* ---- ds4 numerics (cpu/ops.c) ---------------------------------------------------------------- */
@@ -793,8 +827,8 @@ indexer_select_kernel(int64_t p0, const int64_t *dp0, int ratio, int top_k, cons
  * reduced exactly as with one head), so every head's result is bit for bit the HPB = 1 kernel's.
  * gpu_attend takes HPB = ATT_GROUP_HEADS for passes of at least ATT_GROUP_MIN_ROWS tokens and one
  * head per block below.  Passes of at most ATT_SCORE_MAX_ROWS tokens (a decode, a DSpark verify) take
- * the same steps in three kernels instead (attend_score_kernel, attend_softmax_kernel,
- * attend_value_kernel), spread over more blocks; this kernel is the prefill's and the drafter's. */
+ * the same steps in two kernels instead (attend_score_kernel, attend_value_kernel), spread over
+ * more blocks; this kernel is the prefill's and the drafter's. */
 #define ATT_WARPS 8
 #define ATT_DPL 16 /* D <= 32 * ATT_DPL */
 #define ATT_UNROLL 4 /* keys whose rows a warp loads before reducing them (one head per block) */
@@ -842,16 +876,17 @@ __device__ __forceinline__ void att_span(int64_t p, int window, int ratio, const
 /* The scores of a causal pass (attend_kernel's first pass) on a grid of (token, HPB heads) x key
  * chunks: warp w of chunk c takes keys ATT_SCORE_KEYS c + w + ATT_WARPS u (u < ATT_SCORE_UNROLL) and
  * writes each key's score exactly as attend_kernel's first pass does (the same fmaf sequence over the
- * head's lanes, the same warp butterfly and scale); attend_softmax_kernel and attend_value_kernel then
- * finish the pass as attend_kernel would.  A decode's 64 heads in 64 blocks left half of an H200 idle
+ * head's lanes, the same warp butterfly and scale); attend_value_kernel then finishes the pass as
+ * attend_kernel would.  A decode's 64 heads in 64 blocks left half of an H200 idle
  * and read every key twice. */
 #define ATT_SCORE_UNROLL 4
 #define ATT_SCORE_KEYS (ATT_WARPS * ATT_SCORE_UNROLL) /* keys per block */
 #define ATT_SCORE_MAX_ROWS 8                          /* passes of at most this many tokens score apart */
+#define ATT_SCORE_GROUP_MIN_ROWS 1 /* a decode's scores too: 4 heads a block read each key once for the 4 */
 #define ATT_VALUE_SPLIT 4  /* blocks a (token, head group) of those passes' weighted sums: 128 of a head's (at most
                             * 512) elements each, 4 a thread lane; blocks past a smaller head's D return at once */
 #define ATT_VALUE_UNROLL 8 /* keys whose rows a warp of them loads before using them */
-template <int HPB>
+template <int HPB, bool FULL>
 __global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
 attend_score_kernel(const float *q, int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv,
                     int kv_cap, const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
@@ -868,34 +903,38 @@ attend_score_kernel(const float *q, int NH, int D, int64_t p0, const int64_t *dp
     const int nk = n_win + n_comp, kb = (int)blockIdx.y * ATT_SCORE_KEYS + wp;
     if (kb >= nk) return;
     const float scale = (float)(1.0 / sqrt((double)D));
+    bool live[ATT_DPL]; /* the lane's elements of the head (all of them when FULL: D = GPU_WARP * ATT_DPL) */
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) live[i] = FULL || lane + GPU_WARP * i < D;
     float kr[ATT_SCORE_UNROLL][ATT_DPL];
 #pragma unroll
     for (int u = 0; u < ATT_SCORE_UNROLL; u++) {
-        const int k = kb + u * ATT_WARPS;
-        const float *key = k < nk ? att_key(k, n_win, fm, kv, kv_cap, comp, cs, D) : NULL;
+        const int k = kb + u * ATT_WARPS < nk ? kb + u * ATT_WARPS : kb; /* past the keys: scored, not written */
+        const float *key = att_key(k, n_win, fm, kv, kv_cap, comp, cs, D) + lane;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
-            const int d = lane + GPU_WARP * i;
-            kr[u][i] = key && d < D ? key[d] : 0.0f;
-        }
+        for (int i = 0; i < ATT_DPL; i++) kr[u][i] = live[i] ? key[GPU_WARP * i] : 0.0f;
     }
+    constexpr int NV = HPB * ATT_SCORE_UNROLL; /* the warp's dots, summed at once (gpu_warp_sums_) */
+    float dots[NV];
 #pragma unroll
     for (int j = 0; j < HPB; j++) {
         const float *qh = q + (item0 + j) * D;
         float qv[ATT_DPL];
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) qv[i] = lane + GPU_WARP * i < D ? qh[lane + GPU_WARP * i] : 0.0f;
+        for (int i = 0; i < ATT_DPL; i++) qv[i] = live[i] ? qh[lane + GPU_WARP * i] : 0.0f;
 #pragma unroll
         for (int u = 0; u < ATT_SCORE_UNROLL; u++) {
-            const int k = kb + u * ATT_WARPS;
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < ATT_DPL; i++)
-                if (lane + GPU_WARP * i < D) dot = fmaf(qv[i], kr[u][i], dot);
-            dot = gpu_warp_sum(dot) * scale;
-            if (k < nk && lane == 0) scr[(item0 + j) * keys_cap + k] = dot;
+                if (live[i]) dot = fmaf(qv[i], kr[u][i], dot);
+            dots[j * ATT_SCORE_UNROLL + u] = dot;
         }
     }
+    int m;
+    const float dot = gpu_warp_sums_<NV>(dots, &m) * scale;
+    const int j = m / ATT_SCORE_UNROLL, k = kb + (m % ATT_SCORE_UNROLL) * ATT_WARPS;
+    if (k < nk && lane % (GPU_WARP / NV) == 0) scr[(item0 + j) * keys_cap + k] = dot;
 }
 
 template <int HPB, int UNR>
@@ -1033,94 +1072,141 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
     }
 }
 
-/* A short pass's softmax over the scores attend_score_kernel wrote (one block of ATT_WARPS warps per
- * (token, head)), taken exactly as attend_kernel takes it: each warp's maximum over its keys wp, wp +
- * ATT_WARPS, ..., the block's maximum with the sink, thread k's sum of exp(score - max) over keys k, k +
- * blockDim, ... in that order, block_sum plus the sink's term; then thread k writes p = e / den over the
- * scores of its own keys (attend_kernel divides the same e by the same den as it reads each key). */
-__global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
-attend_softmax_kernel(int NH, int64_t p0, const int64_t *dp0, int window, int ratio, const int32_t *sel,
-                      const int32_t *nsel, int top_k, const float *sinks, float *scr, int keys_cap) {
-    __shared__ float red[ATT_WARPS];
-    const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
-    const int t = (int)(blockIdx.x / NH), h = (int)(blockIdx.x % NH);
-    int64_t first;
-    int n_win, n_comp;
-    const int32_t *cs;
-    att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
-    const int nk = n_win + n_comp;
-    float *sc = scr + ((int64_t)t * NH + h) * keys_cap;
-    float mx = -INFINITY;
-    for (int k = wp; k < nk; k += ATT_WARPS) mx = sc[k] > mx ? sc[k] : mx;
-    if (lane == 0) red[wp] = mx;
-    __syncthreads();
-    const float sink = sinks[h];
-    mx = sink;
-    for (int w = 0; w < ATT_WARPS; w++) mx = red[w] > mx ? red[w] : mx;
-    __syncthreads();
-    float den = 0.0f;
-    for (int k = threadIdx.x; k < nk; k += blockDim.x) {
-        const float e = expf(sc[k] - mx);
-        sc[k] = e;
-        den += e;
-    }
-    den = block_sum(den, red) + expf(sink - mx);
-    for (int k = threadIdx.x; k < nk; k += blockDim.x) sc[k] = sc[k] / den;
-}
-
-/* A short pass's weighted sums of the keys (p from attend_softmax_kernel): a block of ATT_WARPS warps
+/* A short pass's softmax and weighted sums of the keys (the scores from attend_score_kernel): the
+ * softmax exactly as attend_kernel takes it (every block of an item computes it), p_k = e_k / den as
+ * attend_kernel divides as it reads each key; then a block of ATT_WARPS warps
  * per (token, HPB heads) and DSPLIT-th of the head's lanes (blockIdx.y), so a decode's or a verify's
  * few (token, head) items fill the device without reading a key more often.  Warp wp accumulates p_k *
  * key_k over keys wp, wp + ATT_WARPS, ... in ascending order for its lanes d = lane + GPU_WARP i, and
- * the warps' sums are added in warp order: attend_kernel's chains and order, so the same bits (UNR keys'
- * rows are loaded before they are used). */
-template <int HPB, int DSPLIT, int UNR>
+ * the warps' sums are added in warp order: attend_kernel's chains and order, so the same bits.  In
+ * blocks of several heads the keys' row addresses and probabilities are staged in shared memory
+ * ATT_VALUE_CHUNK keys at a time
+ * (one thread a key; the HPB probabilities of a key side by side), so a warp's step over a key is
+ * two shared reads, its row's loads and its arithmetic (H100: each warp found every key's row and
+ * loaded its probabilities itself, ~115 instructions a key for 32 of arithmetic).  UNR keys' rows
+ * are loaded before they are used.  FULL: D = GPU_WARP * ATT_DPL (every lane holds elements). */
+#define ATT_VALUE_CHUNK 512 /* a multiple of ATT_WARPS: a warp's keys stay in order across chunks */
+/* One-head blocks (a decode: 64 items of 4 blocks, about two a multiprocessor) wait out every chunk's
+ * staging with nothing else to run: 0 stages nothing there (each warp finds its keys' rows and
+ * probabilities itself), else their chunk in keys (a multiple of ATT_WARPS).  H100, two full-width
+ * layers at context 2048 / 4096, a decode's kernel sums: staged 512 at a time 891.8 / 956.0 us, 2048
+ * at a time 891.7 / 955.4, not staged 876.6 / 952.4 (before the staging and the folded softmax:
+ * 889.1 / 958.9). */
+#define ATT_VALUE_CHUNK_ONE 0
+#define ATT_VALUE_CHUNK_OF(hpb) ((hpb) == 1 ? ATT_VALUE_CHUNK_ONE : ATT_VALUE_CHUNK)
+template <int HPB, int DSPLIT, int UNR, bool FULL>
 __global__ void __launch_bounds__(ATT_WARPS * GPU_WARP)
 attend_value_kernel(int NH, int D, int64_t p0, const int64_t *dp0, int window, const float *kv, int kv_cap,
                     const float *comp, int ratio, const int32_t *sel, const int32_t *nsel, int top_k,
-                    const float *scr, int keys_cap, float *att) {
+                    const float *sinks, const float *scr, int keys_cap, float *att) {
     constexpr int IPER = ATT_DPL / DSPLIT; /* lanes' elements a block takes of a head */
     static_assert(IPER * DSPLIT == ATT_DPL, "DSPLIT divides ATT_DPL");
     __shared__ float part[ATT_WARPS][GPU_WARP * IPER];
+    __shared__ float red[ATT_WARPS * HPB];
+    constexpr int CH = ATT_VALUE_CHUNK_OF(HPB);
+    static_assert(CH % ATT_WARPS == 0, "chunks of whole rounds of the warps");
+    __shared__ const float *rows[CH > 0 ? CH : 1];
+    __shared__ __align__(16) float pks[CH > 0 ? CH : 1][HPB];
     const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
     const int groups = NH / HPB;
     const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
     const int64_t item0 = (int64_t)t * NH + h0;
     const int i0 = (int)blockIdx.y * IPER; /* the block's lanes: d = lane + GPU_WARP (i0 + i), i < IPER */
     if (GPU_WARP * i0 >= D) return;        /* a head of fewer elements: nothing here (the whole block) */
+    const int lo = lane + GPU_WARP * i0;   /* this lane's first element */
     int64_t first;
     int n_win, n_comp;
     const int32_t *cs;
     att_span(gpu_pos(p0, dp0) + t, window, ratio, sel, nsel, top_k, t, &first, &n_win, &n_comp, &cs);
     const int fm = (int)(first % kv_cap);
     const int nk = n_win + n_comp;
+    /* the softmax, as attend_kernel takes it: each warp's maximum over its keys, the block's with the
+     * sink, thread k's sum of the exponentials of keys k, k + blockDim, ..., block_sum, the sink's term */
+    float mx[HPB], den[HPB];
+#pragma unroll
+    for (int j = 0; j < HPB; j++) mx[j] = -INFINITY;
+    for (int k = wp; k < nk; k += ATT_WARPS)
+#pragma unroll
+        for (int j = 0; j < HPB; j++) {
+            const float sc = scr[(item0 + j) * keys_cap + k];
+            mx[j] = sc > mx[j] ? sc : mx[j];
+        }
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < HPB; j++) red[j * ATT_WARPS + wp] = mx[j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < HPB; j++) {
+        mx[j] = sinks[h0 + j];
+        for (int w = 0; w < ATT_WARPS; w++) mx[j] = red[j * ATT_WARPS + w] > mx[j] ? red[j * ATT_WARPS + w] : mx[j];
+        den[j] = 0.0f;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < nk; k += blockDim.x)
+#pragma unroll
+        for (int j = 0; j < HPB; j++) den[j] += expf(scr[(item0 + j) * keys_cap + k] - mx[j]);
+#pragma unroll
+    for (int j = 0; j < HPB; j++) den[j] = block_sum(den[j], red) + expf(sinks[h0 + j] - mx[j]);
+    bool live[IPER];
     float acc[HPB][IPER];
+#pragma unroll
+    for (int i = 0; i < IPER; i++) live[i] = FULL || lo + GPU_WARP * i < D;
 #pragma unroll
     for (int j = 0; j < HPB; j++)
 #pragma unroll
         for (int i = 0; i < IPER; i++) acc[j][i] = 0.0f;
-    for (int k0 = wp; k0 < nk; k0 += ATT_WARPS * UNR) {
-        float kr[UNR][IPER], pk[UNR][HPB];
+    if (CH == 0) { /* every warp its own keys' rows and probabilities (the staged path's values) */
+        for (int x0 = wp; x0 < nk; x0 += ATT_WARPS * UNR) {
+            float kr[UNR][IPER], pk[UNR][HPB];
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
-            const int k = k0 + u * ATT_WARPS;
-            const float *key = k < nk ? att_key(k, n_win, fm, kv, kv_cap, comp, cs, D) : NULL;
+            for (int u = 0; u < UNR; u++) {
+                const int x = x0 + u * ATT_WARPS < nk ? x0 + u * ATT_WARPS : x0; /* past the keys: unused */
+                const float *row = att_key(x, n_win, fm, kv, kv_cap, comp, cs, D) + lo;
 #pragma unroll
-            for (int i = 0; i < IPER; i++) {
-                const int d = lane + GPU_WARP * (i0 + i);
-                kr[u][i] = key && d < D ? key[d] : 0.0f;
+                for (int i = 0; i < IPER; i++) kr[u][i] = live[i] ? row[GPU_WARP * i] : 0.0f;
+#pragma unroll
+                for (int j = 0; j < HPB; j++) pk[u][j] = expf(scr[(item0 + j) * keys_cap + x] - mx[j]) / den[j];
             }
 #pragma unroll
-            for (int j = 0; j < HPB; j++) pk[u][j] = k < nk ? scr[(item0 + j) * keys_cap + k] : 0.0f;
+            for (int u = 0; u < UNR; u++) {
+                if (x0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+                for (int j = 0; j < HPB; j++)
+#pragma unroll
+                    for (int i = 0; i < IPER; i++)
+                        if (live[i]) acc[j][i] += pk[u][j] * kr[u][i];
+            }
         }
+    }
+    for (int c0 = 0; CH > 0 && c0 < nk; c0 += CH) {
+        const int cn = nk - c0 < CH ? nk - c0 : CH;
+        __syncthreads(); /* the previous chunk's reads are done */
+        for (int x = threadIdx.x; x < cn; x += blockDim.x) {
+            rows[x] = att_key(c0 + x, n_win, fm, kv, kv_cap, comp, cs, D);
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
-            if (k0 + u * ATT_WARPS >= nk) break;
+            for (int j = 0; j < HPB; j++) pks[x][j] = expf(scr[(item0 + j) * keys_cap + c0 + x] - mx[j]) / den[j];
+        }
+        __syncthreads();
+        for (int x0 = wp; x0 < cn; x0 += ATT_WARPS * UNR) {
+            float kr[UNR][IPER], pk[UNR][HPB];
 #pragma unroll
-            for (int j = 0; j < HPB; j++)
+            for (int u = 0; u < UNR; u++) {
+                const int x = x0 + u * ATT_WARPS < cn ? x0 + u * ATT_WARPS : x0; /* past the chunk: unused */
+                const float *row = rows[x] + lo;
 #pragma unroll
-                for (int i = 0; i < IPER; i++)
-                    if (lane + GPU_WARP * (i0 + i) < D) acc[j][i] += pk[u][j] * kr[u][i];
+                for (int i = 0; i < IPER; i++) kr[u][i] = live[i] ? row[GPU_WARP * i] : 0.0f;
+#pragma unroll
+                for (int j = 0; j < HPB; j++) pk[u][j] = pks[x][j];
+            }
+#pragma unroll
+            for (int u = 0; u < UNR; u++) {
+                if (x0 + u * ATT_WARPS >= cn) break;
+#pragma unroll
+                for (int j = 0; j < HPB; j++)
+#pragma unroll
+                    for (int i = 0; i < IPER; i++)
+                        if (live[i]) acc[j][i] += pk[u][j] * kr[u][i];
+            }
         }
     }
 #pragma unroll
@@ -1408,24 +1494,38 @@ int gpu_attend(ds4_gpu_ctx *c, const float *q, int32_t n, int32_t NH, int32_t D,
     const int hpb = grouped ? ATT_GROUP_HEADS : 1;
     const unsigned items = (unsigned)((int64_t)n * (NH / hpb));
     if (n <= ATT_SCORE_MAX_ROWS) {
-        const dim3 sgrid(items, (unsigned)((keys_cap + ATT_SCORE_KEYS - 1) / ATT_SCORE_KEYS));
-        if (grouped)
-            hipLaunchKernelGGL((attend_score_kernel<ATT_GROUP_HEADS>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q,
-                               NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap);
+        /* scores take ATT_GROUP_HEADS heads a block from ATT_SCORE_GROUP_MIN_ROWS rows (each score's
+         * arithmetic is the same in either kernel) */
+        const bool sgrouped = n >= ATT_SCORE_GROUP_MIN_ROWS && NH % ATT_GROUP_HEADS == 0;
+        const dim3 sgrid((unsigned)((int64_t)n * (NH / (sgrouped ? ATT_GROUP_HEADS : 1))),
+                         (unsigned)((keys_cap + ATT_SCORE_KEYS - 1) / ATT_SCORE_KEYS));
+        const bool full = D == GPU_WARP * ATT_DPL;
+#define ATT_SCORE_LAUNCH(hpb, f)                                                                                      \
+    hipLaunchKernelGGL((attend_score_kernel<hpb, f>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, NH, D,        \
+                       GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap)
+        if (sgrouped && full)
+            ATT_SCORE_LAUNCH(ATT_GROUP_HEADS, true);
+        else if (sgrouped)
+            ATT_SCORE_LAUNCH(ATT_GROUP_HEADS, false);
+        else if (full)
+            ATT_SCORE_LAUNCH(1, true);
         else
-            hipLaunchKernelGGL((attend_score_kernel<1>), sgrid, dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, NH, D,
-                               GPU_POS(c, p0), window, kv, kv_cap, comp, ratio, sel, nsel, top_k, sc, keys_cap);
-        hipLaunchKernelGGL(attend_softmax_kernel, dim3((unsigned)((int64_t)n * NH)), dim3(ATT_WARPS * GPU_WARP), 0,
-                           c->stream, NH, GPU_POS(c, p0), window, ratio, sel, nsel, top_k, sinks, sc, keys_cap);
+            ATT_SCORE_LAUNCH(1, false);
+#undef ATT_SCORE_LAUNCH
         const dim3 vgrid(items, ATT_VALUE_SPLIT);
-        if (grouped)
-            hipLaunchKernelGGL((attend_value_kernel<ATT_GROUP_HEADS, ATT_VALUE_SPLIT, ATT_VALUE_UNROLL>), vgrid,
-                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
-                               comp, ratio, sel, nsel, top_k, sc, keys_cap, att);
+#define ATT_VALUE_LAUNCH(hpb, f)                                                                                      \
+    hipLaunchKernelGGL((attend_value_kernel<hpb, ATT_VALUE_SPLIT, ATT_VALUE_UNROLL, f>), vgrid,                       \
+                       dim3(ATT_WARPS * GPU_WARP), 0, c->stream, NH, D, GPU_POS(c, p0), window, kv, kv_cap, comp,     \
+                       ratio, sel, nsel, top_k, sinks, sc, keys_cap, att)
+        if (grouped && full)
+            ATT_VALUE_LAUNCH(ATT_GROUP_HEADS, true);
+        else if (grouped)
+            ATT_VALUE_LAUNCH(ATT_GROUP_HEADS, false);
+        else if (full)
+            ATT_VALUE_LAUNCH(1, true);
         else
-            hipLaunchKernelGGL((attend_value_kernel<1, ATT_VALUE_SPLIT, ATT_VALUE_UNROLL>), vgrid,
-                               dim3(ATT_WARPS * GPU_WARP), 0, c->stream, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
-                               comp, ratio, sel, nsel, top_k, sc, keys_cap, att);
+            ATT_VALUE_LAUNCH(1, false);
+#undef ATT_VALUE_LAUNCH
     } else if (grouped)
         hipLaunchKernelGGL((attend_kernel<ATT_GROUP_HEADS, ATT_GROUP_UNROLL>), dim3(items),
                            dim3(ATT_WARPS * GPU_WARP), 0, c->stream, q, n, NH, D, GPU_POS(c, p0), window, kv, kv_cap,
