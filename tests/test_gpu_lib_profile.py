@@ -91,6 +91,7 @@ def test_units_it_does_not_know_and_times_that_are_not_numbers_are_refused():
     (["a=@LIB@", "--rows", "-1"], "--rows -1: expected 0 or more"),
     (["a=@LIB@", "--ncu", "/nonexistent/ncu"], "no Nsight Compute program at /nonexistent/ncu"),
     (["a=@LIB@", "--ncu", "/"], "no Nsight Compute program at /"),
+    (["a=@LIB@", "--cache-control", "some"], "invalid choice: 'some'"),
     (["a=@LIB@", "--ncu", "@NCU@", "--out", "@LIB@"], "a file is there, expected a folder"),
 ])
 def test_arguments_it_refuses(argv, needle, capsys, tmp_path):
@@ -105,15 +106,20 @@ def test_arguments_it_refuses(argv, needle, capsys, tmp_path):
     assert needle.replace("@LIB@", str(lib)) in capsys.readouterr().err
 
 
-def test_the_run_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys):
+@pytest.mark.parametrize("cache", [None, "all", "none"])
+def test_the_run_end_to_end_with_a_stand_in_for_ncu(tmp_path, capsys, cache):
     """The parent's side: ncu (here a script that checks the flags it is given, runs nothing and
     writes what the profiled run would: the ranges' log and regions.json) is called with the child's
-    command, and the report and summary.json come from what it wrote."""
+    command (ncu's cache control as asked, all when not), and the report and summary.json come from
+    what it wrote."""
+    flag = [] if cache is None else ["--cache-control", cache]
+    cache = cache or "all"
     fake = tmp_path / "ncu"
     fake.write_text(f"""#!{sys.executable}
 import json, sys
 a = sys.argv[1:]
 assert a[:9] == {glp.NCU_FLAGS!r}, a
+assert a[9:11] == ["--cache-control", {cache!r}], a
 assert "--child" in a and a[a.index("--contexts") + 1] == "2048" and a[a.index("--activations") + 1] == "q8", a
 names = [f"{{lib}} {{kind}} 2048" for lib in ("old", "new") for kind in ("decode", "verify")]
 json.dump({{"regions": names, "bit_identical": {{"old": {{"verify": True, "decode": True}},
@@ -129,7 +135,7 @@ for i, ns in enumerate((100000, 300000, 90000, 200000)):
         (tmp_path / lib).write_bytes(b"")
     out = tmp_path / "out"
     argv = [f"old={tmp_path / 'a.so'}", f"new={tmp_path / 'b.so'}", "--contexts", "2048", "--ncu", str(fake),
-            "--out", str(out)]
+            "--out", str(out), *flag]
     assert glp.main(argv) == 0
     text = capsys.readouterr().out
     assert "old: ctx 2048: decode 100.0 us, verify 300.0 us, verify / decode 3.000\n" in text
@@ -138,6 +144,7 @@ for i, ns in enumerate((100000, 300000, 90000, 200000)):
     assert "new against old, verify at 2048: -100.0 us" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranges"]["new verify 2048"]["total_us"] == 200.0
+    assert summary["cache_control"] == cache and f"ncu --cache-control {cache};" in text
     # a later run that fails leaves none of this one's results behind, and says why
     fake.write_text("#!/bin/sh\nexit 5\n")
     assert glp.main(argv) == 1

@@ -6,10 +6,18 @@ in turn opens an engine on it, fills 2048 tokens and runs a decode and a verify 
 profiler range that a one-thread marker kernel opens; after the first context, 52 tokens past it (past
 2048 + 4 the indexer selects), the logits of a verify and a decode are compared bit for bit with the
 first library's.  ncu records every launch (``--csv --page raw``); the launches after each marker are
-summed per range.
+summed per range.  ncu runs the launches one at a time (no overlap of one kernel's tail with the next
+one's start) and, with ``--cache-control all`` (its default and this tool's), flushes the caches before
+each, so a kernel that in a real pass finds its inputs in L2 (a small pass's activations, the KV rows
+a layer just wrote) reads them from memory here.  The sums are larger than a pass's wall time, a
+decode's (many small kernels) more than a verify's: H100, 2026-12-06, two layers with the head, decode
+952 us and verify 1453 us of kernels against ~0.83 and ~1.32 ms of wall time in ``ds4tui bench``
+(its fixed part plus two layers).  ``--cache-control none`` leaves the caches as the previous launch
+left them: closer to a pass, but dependent on the launch order.
 
     python3 tools/gpu_lib_profile.py base=old/libds4tui_cuda.so new=ds4tui/libds4tui_cuda.so \\
-        [--contexts 2048,4096] [--activations q8] [--ncu /usr/local/cuda/bin/ncu] [--out DIR] [--rows 12]
+        [--contexts 2048,4096] [--activations q8] [--cache-control all] [--ncu /usr/local/cuda/bin/ncu] \\
+        [--out DIR] [--rows 12]
 
 Prints, per library, each range's kernel sum (us) and verify / decode per context, whether its logits
 equal the first library's, and the kernels whose sums moved most against the first library; writes
@@ -197,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="2048,4096",
                     help="contexts of the profiled passes, ascending, the first at least 2048 (default 2048,4096)")
     ap.add_argument("--activations", choices=("f32", "q8"), default="q8", help="the engines' activations (default q8)")
+    ap.add_argument("--cache-control", choices=("all", "none"), default="all",
+                    help="ncu's --cache-control: all flushes the caches before every launch (default), none "
+                         "leaves them as the previous launch did")
     ap.add_argument("--ncu", default=None, help="Nsight Compute's ncu (default: on PATH, else /usr/local/cuda/bin/ncu)")
     ap.add_argument("--out", default="gpu_lib_profile", help="folder for ncu.csv, regions.json, summary.json")
     ap.add_argument("--rows", type=int, default=12, help="kernels listed per comparison (default 12)")
@@ -237,7 +248,7 @@ def main(argv=None) -> int:
     except OSError as e:
         ap.error(f"--out {out}: cannot write there ({e.strerror})")
     regions = out / "regions.json"
-    cmd = [ncu, *NCU_FLAGS, sys.executable, str(Path(__file__).resolve()), *args.libs, "--child",
+    cmd = [ncu, *NCU_FLAGS, "--cache-control", args.cache_control, sys.executable, str(Path(__file__).resolve()), *args.libs, "--child",
            "--regions", str(regions), "--contexts", ",".join(map(str, args.contexts)),
            "--activations", args.activations]
     t0 = time.perf_counter()
@@ -258,10 +269,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"gpu_lib_profile: error: {out / 'ncu.csv'}: {e}", file=sys.stderr)
         return 1
-    (out / "summary.json").write_text(json.dumps({"contexts": args.contexts, "bit_identical": done["bit_identical"],
+    (out / "summary.json").write_text(json.dumps({"contexts": args.contexts, "cache_control": args.cache_control,
+                                                  "bit_identical": done["bit_identical"],
                                                   "ranges": summary}, indent=1))
     print(table(summary, names, args.contexts, done["bit_identical"], args.rows))
-    print(f"({time.perf_counter() - t0:.0f} s; {out / 'summary.json'})")
+    print(f"({time.perf_counter() - t0:.0f} s; ncu --cache-control {args.cache_control}; {out / 'summary.json'})")
     return 0
 
 
