@@ -756,6 +756,27 @@ def test_hip_passes_longer_than_a_tile_equal_short_chunks(tiny_q2):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_hip_short_pass_rows_equal_one_token_passes(tiny_q2, activations):
+    """A 6-row pass (a DSpark verify: the attention's scores and value sums at 4 heads a block, its
+    keys' rows and probabilities staged 512 at a time) equals six one-token passes (one head a block,
+    nothing staged) bit for bit, at a context where the HCA layers attend 16 window rows and 600+
+    compressed rows, i.e. across two staged chunks (spec platform.md §10.2)."""
+    _device_or_skip()
+    ids = np.random.default_rng(21).integers(0, 129280, 9700).tolist()
+    hip = S.Engine(tiny_q2["model"], backend="hip", activations=activations, prefill_gemm="off")
+    try:
+        a, b = hip.session(10240, n_batch=512), hip.session(10240, n_batch=512)
+        a.prefill(ids[:9690])
+        b.prefill(ids[:9690])
+        rows = a.prefill(ids[9690:9696], logits="all")
+        ones = np.stack([b.prefill([t], logits="last") for t in ids[9690:9696]])
+        assert rows.shape == ones.shape == (6, 129280) and np.array_equal(rows, ones)
+    finally:
+        hip.close()
+
+
+@pytest.mark.gpu
 def test_hip_long_context_greedy_matches_cpu(tiny_q2):
     """A 16K-token prompt (the indexer selects from 4096 compressed rows, the HCA layers attend
     1024): the device's logits after the prefill equal the CPU engine's within the float32 bound,

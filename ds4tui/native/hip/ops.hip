@@ -1080,13 +1080,15 @@ attend_kernel(const float *q, int n, int NH, int D, int64_t p0, const int64_t *d
  * key_k over keys wp, wp + ATT_WARPS, ... in ascending order for its lanes d = lane + GPU_WARP i, and
  * the warps' sums are added in warp order: attend_kernel's chains and order, so the same bits.  In
  * blocks of several heads the keys' row addresses and probabilities are staged in shared memory
- * ATT_VALUE_CHUNK keys at a time
- * (one thread a key; the HPB probabilities of a key side by side), so a warp's step over a key is
- * two shared reads, its row's loads and its arithmetic (H100: each warp found every key's row and
- * loaded its probabilities itself, ~115 instructions a key for 32 of arithmetic).  UNR keys' rows
- * are loaded before they are used.  FULL: D = GPU_WARP * ATT_DPL (every lane holds elements). */
+ * ATT_VALUE_CHUNK keys at a time (one thread a key; the HPB probabilities of a key side by side), so
+ * a warp's step over a key is two shared reads, its row's loads and its arithmetic (H100: each warp
+ * found every key's row and loaded its probabilities itself, ~115 instructions a key for 32 of
+ * arithmetic).  The source loads UNR keys' rows before using them; the compiler may interleave the
+ * loads with the sums (the full-width 4-head instance does, in 48 registers against 115).  FULL:
+ * D = GPU_WARP * ATT_DPL (every lane holds elements). */
 #define ATT_VALUE_CHUNK 512 /* a multiple of ATT_WARPS: a warp's keys stay in order across chunks */
-/* One-head blocks (a decode: 64 items of 4 blocks, about two a multiprocessor) wait out every chunk's
+/* One-head blocks (a decode; also passes of 1-3 rows, and any pass whose head count is not a multiple
+ * of ATT_GROUP_HEADS; a decode is 64 items of 4 blocks, about two a multiprocessor) wait out every chunk's
  * staging with nothing else to run: 0 stages nothing there (each warp finds its keys' rows and
  * probabilities itself), else their chunk in keys (a multiple of ATT_WARPS).  H100, two full-width
  * layers at context 2048 / 4096, a decode's kernel sums: staged 512 at a time 891.8 / 956.0 us, 2048
@@ -1107,6 +1109,8 @@ attend_value_kernel(int NH, int D, int64_t p0, const int64_t *dp0, int window, c
     static_assert(CH % ATT_WARPS == 0, "chunks of whole rounds of the warps");
     __shared__ const float *rows[CH > 0 ? CH : 1];
     __shared__ __align__(16) float pks[CH > 0 ? CH : 1][HPB];
+    static_assert(sizeof part + sizeof red + sizeof rows + sizeof pks <= 48 * 1024,
+                  "static shared memory within 48 KB (NVIDIA's static limit; gfx1151 has 64 KB of LDS)");
     const int lane = threadIdx.x % GPU_WARP, wp = threadIdx.x / GPU_WARP;
     const int groups = NH / HPB;
     const int t = (int)(blockIdx.x / groups), h0 = (int)(blockIdx.x % groups) * HPB;
