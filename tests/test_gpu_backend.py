@@ -758,10 +758,15 @@ def test_hip_passes_longer_than_a_tile_equal_short_chunks(tiny_q2):
 @pytest.mark.gpu
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 def test_hip_short_pass_rows_equal_one_token_passes(tiny_q2, activations):
-    """A 6-row pass (a DSpark verify: the attention's scores and value sums at 4 heads a block, its
-    keys' rows and probabilities staged 512 at a time) equals six one-token passes (one head a block,
-    nothing staged) bit for bit, at a context where the HCA layers attend 16 window rows and 600+
-    compressed rows, i.e. across two staged chunks (spec platform.md §10.2)."""
+    """A 6-row pass (a DSpark verify: its attention's value sums at 4 heads a block, the keys' rows and
+    probabilities staged 512 at a time) equals six one-token passes (value sums at one head a block,
+    nothing staged) bit for bit, at a context where the HCA layers attend 16 window rows and 605-606
+    compressed rows, i.e. across two staged chunks (spec platform.md §10.2); and the first six rows of
+    a 9-row pass from the same state (past ATT_SCORE_MAX_ROWS: the one-kernel attend_kernel, scores
+    included, which the short passes share at every row count) equal them too.  The tiny model's
+    head_dim (128) takes the kernels' partial-width instances; the full-width ones (D = 512) are
+    checked by tools/gpu_lib_profile.py's bit-for-bit comparison on the synthetic Flash layers.  q8:
+    the same with the 8-bit activations' products, whose rows are also batch-invariant."""
     _device_or_skip()
     ids = np.random.default_rng(21).integers(0, 129280, 9700).tolist()
     hip = S.Engine(tiny_q2["model"], backend="hip", activations=activations, prefill_gemm="off")
@@ -772,6 +777,9 @@ def test_hip_short_pass_rows_equal_one_token_passes(tiny_q2, activations):
         rows = a.prefill(ids[9690:9696], logits="all")
         ones = np.stack([b.prefill([t], logits="last") for t in ids[9690:9696]])
         assert rows.shape == ones.shape == (6, 129280) and np.array_equal(rows, ones)
+        a.truncate(9690)
+        nine = a.prefill(ids[9690:9699], logits="all")
+        assert nine.shape == (9, 129280) and np.array_equal(nine[:6], rows)
     finally:
         hip.close()
 

@@ -145,6 +145,7 @@ for i, ns in enumerate((100000, 300000, 90000, 200000)):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranges"]["new verify 2048"]["total_us"] == 200.0
     assert summary["cache_control"] == cache and f"ncu --cache-control {cache};" in text
+    assert text.startswith(f"kernel sums under ncu --cache-control {cache} (us)\n")
     # a later run that fails leaves none of this one's results behind, and says why
     fake.write_text("#!/bin/sh\nexit 5\n")
     assert glp.main(argv) == 1

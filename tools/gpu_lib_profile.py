@@ -9,11 +9,12 @@ first library's.  ncu records every launch (``--csv --page raw``); the launches 
 summed per range.  ncu runs the launches one at a time (no overlap of one kernel's tail with the next
 one's start) and, with ``--cache-control all`` (its default and this tool's), flushes the caches before
 each, so a kernel that in a real pass finds its inputs in L2 (a small pass's activations, the KV rows
-a layer just wrote) reads them from memory here.  The sums are larger than a pass's wall time, a
-decode's (many small kernels) more than a verify's: H100, 2026-12-06, two layers with the head, decode
-952 us and verify 1453 us of kernels against ~0.83 and ~1.32 ms of wall time in ``ds4tui bench``
-(its fixed part plus two layers).  ``--cache-control none`` leaves the caches as the previous launch
-left them: closer to a pass, but dependent on the launch order.
+a layer just wrote) reads them from memory here.  The sums are larger than a pass's wall time: H100,
+2026-12-06, two layers with the head at context 4096, a decode's kernels 952 us against ~0.83 ms of
+wall time (1.15x), a verify's 1453 us against ~1.32 ms (1.10x) (``ds4tui bench --dspark-cycle``'s
+fixed part plus two layers; tools/gpu_notes.md, "fourth device day"), so their ratio (1.53) is below
+the wall's (1.59).  ``--cache-control none`` leaves the caches as the previous launch left them:
+closer to a pass, but dependent on the launch order.
 
     python3 tools/gpu_lib_profile.py base=old/libds4tui_cuda.so new=ds4tui/libds4tui_cuda.so \\
         [--contexts 2048,4096] [--activations q8] [--cache-control all] [--ncu /usr/local/cuda/bin/ncu] \\
@@ -272,6 +273,7 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps({"contexts": args.contexts, "cache_control": args.cache_control,
                                                   "bit_identical": done["bit_identical"],
                                                   "ranges": summary}, indent=1))
+    print(f"kernel sums under ncu --cache-control {args.cache_control} (us)")
     print(table(summary, names, args.contexts, done["bit_identical"], args.rows))
     print(f"({time.perf_counter() - t0:.0f} s; ncu --cache-control {args.cache_control}; {out / 'summary.json'})")
     return 0
