@@ -494,13 +494,15 @@ def gpu_arch(plat: str) -> list[str]:
     return archs
 
 
-def rocm_formulas() -> bool:
+def rocm_formulas(plat: str = "cuda") -> bool:
     """``DS4TUI_GPU_ROCM_FORMULAS``: ``1`` builds the CUDA library with ROCm's shuffle and byte-perm
-    formulas (``DS4_GPU_ROCM_FORMULAS``), ``0`` or unset with CUDA's intrinsics."""
+    formulas (``DS4_GPU_ROCM_FORMULAS``), ``0`` or unset with CUDA's intrinsics.  For the platform
+    ``plat`` the build is for: False for ``hip`` (the AMD build has ROCm's own); GPUBuildError for any
+    other value than 0 or 1."""
     v = os.environ.get("DS4TUI_GPU_ROCM_FORMULAS", "0").strip() or "0"
     if v not in ("0", "1"):
         raise GPUBuildError(f"DS4TUI_GPU_ROCM_FORMULAS={v!r}: expected 0 or 1")
-    return v == "1"
+    return v == "1" and plat == "cuda"
 
 
 def gpu_command(plat: str, compiler: str, archs: list[str], out: str, *, rocm_formulas: bool = False) -> list[str]:
@@ -572,7 +574,7 @@ def build_gpu(out_dir: Path, *, verbose: bool = False) -> dict:
                           arch=",".join(archs), library=lib.name)
             fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=out_dir)
             os.close(fd)
-            formulas = rocm_formulas() and plat == "cuda"
+            formulas = rocm_formulas(plat)
             record["rocm_formulas"] = formulas
             cmd = gpu_command(plat, compiler, archs, tmp, rocm_formulas=formulas)
             record["command"] = " ".join(cmd)

@@ -143,7 +143,7 @@ def build(outdir: Path, specs: list[tuple[str, Path | None]], jobs: int, log=pri
         hint = " (unset DS4TUI_GPU, or set it to cuda or hip)" if why.startswith("DS4TUI_GPU=off") else ""
         raise VariantError(why + hint)
     archs = build_native.gpu_arch(plat)
-    formulas = build_native.rocm_formulas() and plat == "cuda"
+    formulas = build_native.rocm_formulas(plat)
     if outdir.exists() and not outdir.is_dir():
         raise VariantError(f"{outdir}: is a file, not a folder (give a folder for the libraries)")
     try:
