@@ -490,13 +490,16 @@ __global__ void compress_emit_kernel(int W, int R, int overlap, const float *rin
 #pragma unroll
             for (int j = 0; j < EMIT_REG; j++)
                 if (j < span && zv[j] > mx) mx = zv[j];
+            float ev[EMIT_REG]; /* each exponential once, for the sum and then the weights */
 #pragma unroll
-            for (int j = 0; j < EMIT_REG; j++)
-                if (j < span) sum += expf(zv[j] - mx);
+            for (int j = 0; j < EMIT_REG; j++) {
+                ev[j] = j < span ? expf(zv[j] - mx) : 0.0f;
+                if (j < span) sum += ev[j];
+            }
 #pragma unroll
             for (int j = 0; j < EMIT_REG; j++)
                 if (j < span) {
-                    float pk = expf(zv[j] - mx) / sum;
+                    float pk = ev[j] / sum;
                     acc += pk * cv[j];
                 }
         } else { /* the same three passes, in the same order, from the ring */
