@@ -63,6 +63,7 @@ def test_sums_per_range_and_kernel_and_the_report():
                                "logits DIFFER from old's")
     assert "new against old, verify at 2048: -50.0 us" in text
     assert any(ln.split()[0] == "a" and ln.split()[-1] == "-50.0" for ln in lines if ln.startswith("  "))
+    assert lines[-3:] == ["totals again:", lines[0], lines[1]]  # last too: a cut output keeps its tail
 
 
 def test_a_run_that_stopped_part_way_is_named():

@@ -21,7 +21,8 @@ closer to a pass, but dependent on the launch order.
         [--out DIR] [--rows 12]
 
 Prints, per library, each range's kernel sum (us) and verify / decode per context, whether its logits
-equal the first library's, and the kernels whose sums moved most against the first library; writes
+equal the first library's, and the kernels whose sums moved most against the first library, then the
+per-library lines again (a device call that returns only the output's tail keeps them); writes
 ``DIR/ncu.csv`` (ncu's log), ``DIR/regions.json`` (the ranges in order, the bit-for-bit checks) and
 ``DIR/summary.json``.  The model is built once for every library (one process), where
 ``tools/gpu_profile.py`` profiles one library a process.  Not part of CI (its parsing is tested in
@@ -104,7 +105,7 @@ def summarise(names: list[str], ranges: list[list[tuple[str, float]]]) -> dict:
 
 def table(summary: dict, libs: list[str], contexts: list[int], bits: dict, rows: int = 12) -> str:
     """The printed report (module docstring)."""
-    lines = []
+    lines: list[str] = []
     for lib in libs:
         parts = []
         for c in contexts:
@@ -132,6 +133,8 @@ def table(summary: dict, libs: list[str], contexts: list[int], bits: dict, rows:
                     if abs(y[1] - x[1]) >= 0.05:
                         lines.append(f"  {k[:64]:64s} {x[0]:3d} {x[1]:8.1f} -> {y[0]:3d} {y[1]:8.1f} "
                                      f"{y[1] - x[1]:+8.1f}")
+    if len(lines) > len(libs):  # the totals again last: an output cut to its tail still holds them
+        lines += ["totals again:"] + lines[:len(libs)]
     return "\n".join(lines)
 
 
