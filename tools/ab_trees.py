@@ -64,7 +64,9 @@ def main(argv=None) -> int:
         for side, tree in (("a", a.a), ("b", a.b)):
             runs[side].append(run_one(tree, bench))
             print(f"pair {i + 1}/{a.pairs} {side} done", file=sys.stderr)
-    keys = [k for k in runs["a"][0] if any(s in k for s in a.keys.split(",")) and all(k in r for r in runs["b"])]
+    # figures every run reported (a list's length may differ between runs, e.g. the scheduler's retimings)
+    keys = [k for k in runs["a"][0] if any(s in k for s in a.keys.split(","))
+            and all(k in r for r in runs["a"] + runs["b"])]
     rows = {}
     for k in keys:
         va, vb = [r[k] for r in runs["a"]], [r[k] for r in runs["b"]]
