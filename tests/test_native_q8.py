@@ -27,7 +27,7 @@ NATIVE = ROOT / "ds4tui" / "native"
 
 # 96 and 32 columns: a number of blocks that is not a multiple of the kernels' 8-block groups
 SHAPES = {
-    T.Q8_0: [(37, 256), (64, 1024), (129, 96), (8, 32), (9, 288), (33, 128)],
+    T.Q8_0: [(37, 256), (64, 1024), (129, 96), (8, 32), (9, 288), (33, 128), (23, 224)],
     T.Q2_K: [(37, 256), (64, 1024), (5, 512)],
     T.IQ2_XXS: [(37, 256), (64, 1024), (5, 512)],
 }
