@@ -35,8 +35,9 @@ extern "C" {
  * 6: the activations entry (`activations`: the q8 option on the GPU).
  * 7: graphs of a pass (`graph_begin`, `graph_end`, `graph_launch`, `graph_free`).
  * 8: greedy picks on the device (`argmax_rows`).
- * 9: grouped products (`mm_grouped`: the grouped attention output). */
-#define DS4_GPU_API_VERSION 9
+ * 9: grouped products (`mm_grouped`: the grouped attention output).
+ * 10: shared 8-bit activations (`q8_share`). */
+#define DS4_GPU_API_VERSION 10
 
 /* Graphs of a pass (the gpu_graphs option, spec platform.md §8): a graph replays the kernels of one
  * captured pass at any position p whose key is the captured pass's; the key holds
@@ -243,6 +244,16 @@ typedef struct ds4_backend_s {
     int (*mm_grouped)(ds4_backend_ctx *c, int32_t type, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int32_t groups, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n,
                       float *Y, char *err, size_t len);
+
+    /* ---- version 10 --------------------------------------------------------------------------
+     * Shared 8-bit activations (spec ds4.md §2.9.5, the GPU paragraph): the products under q8
+     * activations that read rows of X [n, cols] (stride ldx, device floats) after this call and
+     * before the next one may use one quantisation of them, made now, instead of each quantising
+     * them again; the same codes and scales, so no result changes.  X NULL ends it.  The caller
+     * ends it (or shares other rows) before anything writes those rows.  A backend may share
+     * nothing (the GPU backend shares passes of 2-8 rows of at most 32768 columns under q8);
+     * NULL on the CPU backend. */
+    int (*q8_share)(ds4_backend_ctx *c, const float *X, int64_t ldx, int64_t n, int64_t cols, char *err, size_t len);
 } ds4_backend;
 
 typedef const ds4_backend *(*ds4_gpu_api_fn)(void);

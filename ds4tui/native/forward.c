@@ -406,6 +406,14 @@ static int mm(pass *P, const ds4_w *w, const float *X, int64_t ldx, int64_t n, f
     return DS4_OK;
 }
 
+/* One q8 quantisation of the n rows X [n, cols] (stride ldx) shared by the products that read them
+ * until the next call (backend.h version 10; the same values as each product's own): X NULL ends it.
+ * Only sub_in shares rows (d->xn), and it ends the sharing before it writes them again. */
+static int q8_share(pass *P, const float *X, int64_t ldx, int n, int64_t cols) {
+    if (P->g->q8_share) G(P->g->q8_share(P->cx, X, ldx, n, cols, M));
+    return DS4_OK;
+}
+
 /* Rows of matrix w in groups: slot i multiplies matrix ids[i] (mat_bytes apart) by X row i / x_div. */
 static int mm_gather(pass *P, const ds4_w *w, int64_t mat_bytes, const int32_t *ids, int64_t rows, const float *X,
                      int64_t ldx, int32_t x_div, int64_t n_slots, float *Y, int64_t ldy) {
@@ -443,13 +451,15 @@ static int hc_pre(pass *P, const ds4_w *fn, const float *base_dev, const float *
     return DS4_OK;
 }
 
-/* The sub-block input: mHC pre of X, then the RMS norm `norm` into d->xn. */
+/* The sub-block input: mHC pre of X, then the RMS norm `norm` into d->xn, whose q8 quantisation the
+ * sub-block's products then share. */
 static int sub_in(pass *P, const ds4_w *fn, const float *base_dev, const float *scale, const float *norm,
                   const float *X, int n) {
     const ds4_cfg *c = &P->e->c;
+    TRYP(q8_share(P, NULL, 0, 0, 0)); /* d->xn is written below */
     TRYP(hc_pre(P, fn, base_dev, scale, X, n));
     G(P->g->rms_norm(P->cx, P->d->x, c->n_embd, n, c->n_embd, c->rms_eps, norm, P->d->xn, c->n_embd, M));
-    return DS4_OK;
+    return q8_share(P, P->d->xn, c->n_embd, n, c->n_embd);
 }
 
 /* Queries of n tokens at positions p0... (spec ds4.md §2.2): d->qr [n, q_lora] (normed, kept for
@@ -526,6 +536,7 @@ static int ffn_half(pass *P, const ds4_layer *l, const float *X, float *Y, int n
 static int hc_head(pass *P, const float *X, int n, const ds4_w *fn, const float *scale, const float *base_dev) {
     ds4_state *d = P->d;
     d->head_n = 0; /* lm is rewritten: the last pass's rows are gone */
+    TRYP(q8_share(P, NULL, 0, 0, 0)); /* the blocks' products are done */
     const ds4_cfg *c = &P->e->c;
     const int HC = c->hc_count, H = c->n_embd;
     G(P->g->rms_norm(P->cx, X, (int64_t)HC * H, n, (int64_t)HC * H, c->rms_eps, NULL, d->X2, (int64_t)HC * H, M));

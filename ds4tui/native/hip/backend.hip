@@ -197,7 +197,9 @@ static int open_ctx(int32_t device, ds4_gpu_ctx **out, char *err, size_t len) {
         return gpu_fail(err, len, DS4_E_DEVICE, "hipStreamCreate: %s", hipGetErrorString(e));
     }
     rc = gpu_alloc(c, ARGMAX_SCRATCH_BYTES, &c->amax, err, len);
+    if (rc == DS4_OK) rc = gpu_alloc(c, GPU_Q8_PRE_BYTES, &c->q8_pre, err, len);
     if (rc != DS4_OK) {
+        gpu_free(c, c->amax, ARGMAX_SCRATCH_BYTES);
         (void)hipStreamDestroy(c->stream);
         pthread_mutex_destroy(&c->lock);
         free(c);
@@ -212,6 +214,7 @@ static void close_ctx(ds4_gpu_ctx *c) {
     (void)hipStreamSynchronize(c->stream);
     gpu_gemm_close(c);
     gpu_free(c, c->amax, ARGMAX_SCRATCH_BYTES);
+    gpu_free(c, c->q8_pre, GPU_Q8_PRE_BYTES);
     for (int i = 0; i < 2; i++) {
         if (c->stage[i]) (void)hipHostFree(c->stage[i]);
         if (c->stage_free[i]) (void)hipEventDestroy(c->stage_free[i]);
@@ -307,6 +310,7 @@ static int gpu_activations(ds4_gpu_ctx *c, int32_t mode, char *err, size_t len) 
                         DS4_ACTIVATIONS_F32, DS4_ACTIVATIONS_Q8);
     pthread_mutex_lock(&c->lock);
     c->act_q8 = mode == DS4_ACTIVATIONS_Q8;
+    c->q8_sx = NULL; /* rows shared under the old mode are not the new mode's */
     pthread_mutex_unlock(&c->lock);
     return DS4_OK;
 }
@@ -378,6 +382,7 @@ static const ds4_backend k_api = {
     gpu_graph_begin, gpu_graph_end, gpu_graph_launch, gpu_graph_free,
     gpu_argmax_rows,
     gpu_mm_grouped,
+    gpu_q8_share,
 };
 
 extern "C" __attribute__((visibility("default"))) const ds4_backend *ds4_gpu_api_v1(void) { return &k_api; }

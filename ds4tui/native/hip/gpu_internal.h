@@ -56,7 +56,20 @@ struct ds4_backend_ctx {
     /* The greedy picks' parts (ops.hip, argmax_launch): ARGMAX_MAX_ROWS x ARGMAX_PARTS values,
      * indices and first non-finite indices, allocated with the context. */
     void *amax;
+    /* The activation rows of a short pass quantised once for q8 products (q8.hip, q8_prepare):
+     * GPU_Q8_PRE_BYTES, allocated with the context: region 0 for one product's rows, region 1 for
+     * the rows the forward pass shares among several (gpu_q8_share, backend.h version 10), which are
+     * q8_sx [q8_sn, q8_scols] at stride q8_sldx (q8_sx NULL: none shared). */
+    void *q8_pre;
+    const float *q8_sx;
+    int64_t q8_sldx, q8_sn, q8_scols;
 };
+
+/* q8.hip's scratch: two regions of GPU_Q8_PRE_ROWS rows of up to 32768 codes (its Q8_STAGE), their
+ * scales (a float a 32) and 16-code sums (an int a 16). */
+#define GPU_Q8_PRE_ROWS 8
+#define GPU_Q8_PRE_REGION ((size_t)GPU_Q8_PRE_ROWS * (32768 + 32768 / 32 * 4 + 32768 / 16 * 4))
+#define GPU_Q8_PRE_BYTES (2 * GPU_Q8_PRE_REGION)
 
 /* The greedy picks (ops.hip): parts per row, threads per part, the most rows one call takes. */
 #define ARGMAX_PARTS 64
@@ -102,7 +115,7 @@ int gpu_put(ds4_gpu_ctx *c, void *dst, const void *src, size_t bytes, char *err,
 
 /* matmul.hip */
 int gpu_matmul_init(char *err, size_t len); /* format tables into constant memory (per process) */
-int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+int gpu_matmul_launch(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
@@ -120,7 +133,7 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
 /* planar.hip: the planar device layout of Q8_0 / Q2_K / IQ2_XXS rows (layout id DS4_GPU_PLANAR | type) */
 int gpu_planar_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_matmul_init) */
 int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes);
-int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+int gpu_planar_launch(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
 /* q8.hip: the Q8_0 / Q2_K / IQ2_XXS products under q8 activations (spec ds4.md §2.9.5), either layout */
@@ -129,10 +142,11 @@ int gpu_q8_init(char *err, size_t len); /* its IQ2_XXS tables (called by gpu_mat
 static inline int gpu_q8_type(int32_t type) {
     return type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS;
 }
-int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+int gpu_q8_launch(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                   int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len);
-int gpu_q8_grouped(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
+int gpu_q8_share(ds4_gpu_ctx *c, const float *X, int64_t ldx, int64_t n, int64_t cols, char *err, size_t len);
+int gpu_q8_grouped(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
                    int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err, size_t len);
 int gpu_upload_matrix(ds4_gpu_ctx *c, const void *src, int32_t type, int64_t rows, int64_t cols, int64_t row_bytes,
                       int32_t want_planar, void **out, int32_t *layout, char *err, size_t len);

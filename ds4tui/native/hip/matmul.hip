@@ -234,13 +234,14 @@ static void mm_launch_t(hipStream_t st, const uint8_t *w, int64_t rows, int64_t 
     else mm_launch_nt<TYPE, MM_NT>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy);
 }
 
-int gpu_matmul_launch(hipStream_t st, int32_t q8, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
+int gpu_matmul_launch(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_t cols, int64_t row_bytes,
                       const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows <= 0 || n <= 0) return DS4_OK;
-    if (q8 && gpu_q8_type(type)) /* GGML layout */
-        return gpu_q8_launch(st, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
+    hipStream_t st = c->stream;
+    if (c->act_q8 && gpu_q8_type(type)) /* GGML layout */
+        return gpu_q8_launch(c, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
     if (type & DS4_GPU_PLANAR)
-        return gpu_planar_launch(st, q8, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
+        return gpu_planar_launch(c, type, W, 0, NULL, 0, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, err, len);
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
     case DS4_TYPE_F32: mm_launch_t<DS4_TYPE_F32>(st, w, rows, cols, row_bytes, X, ldx, n, Y, ldy); break;
@@ -306,13 +307,13 @@ int gpu_mm_gather(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_bytes
         const float *Xs = X + (s0 / x_div) * ldx;
         float *Ys = Y + s0 * ldy;
         if (type & DS4_GPU_PLANAR) {
-            int rc = gpu_planar_launch(c->stream, c->act_q8, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx,
+            int rc = gpu_planar_launch(c, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx,
                                        x_div, 1, Ys, ldy, err, len);
             if (rc != DS4_OK) return rc;
             continue;
         }
         if (c->act_q8 && gpu_q8_type(type)) {
-            int rc = gpu_q8_launch(c->stream, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx, x_div, 1,
+            int rc = gpu_q8_launch(c, type, W, mat_bytes, ids + s0, ns, rows, cols, row_bytes, Xs, ldx, x_div, 1,
                                    Ys, ldy, err, len);
             if (rc != DS4_OK) return rc;
             continue;
@@ -338,7 +339,7 @@ int gpu_mm_grouped(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t mat_byte
     const bool planar_ok = !(type & DS4_GPU_PLANAR) ||
                            (!((uintptr_t)W & 15) && !((uintptr_t)X & 15) && !(cols & 3) && !(mat_bytes & 15));
     if (c->act_q8 && gpu_q8_type(base) && planar_ok && !gpu_gemm_takes(c, type, cols, 0))
-        return gpu_q8_grouped(c->stream, type, W, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, err, len);
+        return gpu_q8_grouped(c, type, W, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, err, len);
     return gpu_mm_gather(c, type, W, mat_bytes, ids, rows, cols, row_bytes, X, cols, 1, n * groups, Y, rows, err, len);
 }
 
@@ -347,7 +348,7 @@ int gpu_mm_dev(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
                const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     if (rows > 0 && n > 0 && !((uintptr_t)X & 15) && !(ldx & 3) && gpu_gemm_takes(c, type, cols, 1)) /* prefill_gemm */
         return gpu_gemm_dense(c, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
-    return gpu_matmul_launch(c->stream, c->act_q8, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
+    return gpu_matmul_launch(c, type, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, err, len);
 }
 
 /* Host activations in, host results out (the drafter's host-row products: the confidence head and
@@ -378,7 +379,7 @@ int gpu_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, int64_
             rc = gpu_fail(err, len, DS4_E_DEVICE, "copy activations to the device: %s", hipGetErrorString(e));
             break;
         }
-        rc = gpu_matmul_launch(c->stream, c->act_q8, type, W, rows, cols, row_bytes, c->dx, cols, nt, c->dy, rows, err, len);
+        rc = gpu_matmul_launch(c, type, W, rows, cols, row_bytes, c->dx, cols, nt, c->dy, rows, err, len);
         if (rc != DS4_OK) break;
         e = hipMemcpyAsync(hy, c->dy, (size_t)(nt * rows) * sizeof(float), hipMemcpyDeviceToHost, c->stream);
         if (e == hipSuccess) e = hipStreamSynchronize(c->stream);
@@ -425,7 +426,7 @@ int gpu_bench_matmul(ds4_gpu_ctx *c, int32_t type, const void *W, int64_t rows, 
     for (int i = 0; rc == DS4_OK && i <= reps; i++) {
         hipError_t e = hipEventRecord(e0, c->stream);
         if (e != hipSuccess) { rc = gpu_fail(err, len, DS4_E_DEVICE, "event: %s", hipGetErrorString(e)); break; }
-        rc = gpu_matmul_launch(c->stream, c->act_q8, layout, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
+        rc = gpu_matmul_launch(c, layout, dw, rows, cols, row_bytes, (const float *)dx, cols, n, (float *)dy,
                                rows, err, len);
         if (rc != DS4_OK) break;
         e = hipEventRecord(e1, c->stream);

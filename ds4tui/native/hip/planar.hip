@@ -618,7 +618,7 @@ int gpu_planar_ok(int32_t type, int64_t cols, int64_t row_bytes) {
     return cols > 0 && cols % block == 0 && row_bytes == cols / block * bytes && row_bytes % 16 == 0;
 }
 
-int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+int gpu_planar_launch(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                       int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                       int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     const int32_t type = layout & ~DS4_GPU_PLANAR;
@@ -632,7 +632,8 @@ int gpu_planar_launch(hipStream_t st, int32_t q8, int32_t layout, const void *W,
         return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul: planar kernels need 16-byte aligned weights, matrix "
                         "strides and activations (W %p, matrix stride %lld bytes, X %p, ldx %lld)", W,
                         (long long)mat_bytes, (const void *)X, (long long)ldx);
-    if (q8) return gpu_q8_launch(st, layout, W, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, err, len);
+    if (c->act_q8) return gpu_q8_launch(c, layout, W, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, err, len);
+    hipStream_t st = c->stream;
     const uint8_t *w = (const uint8_t *)W;
     switch (type) {
     case DS4_TYPE_Q8_0: pl_launch_t<DS4_TYPE_Q8_0>(st, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;

@@ -2,10 +2,13 @@
  * q8.hip — products of Q8_0 / Q2_K / IQ2_XXS matrices (planar or GGML layout) with 8-bit activations:
  * the GPU side of the `q8` activations option (spec ds4.md §2.9.5, its GPU paragraph).
  *
- * Every block of a launch quantises the activation rows it needs into shared memory itself (the same
- * rows in every block, by the same arithmetic: no extra launch, no scratch buffer), exactly as the CPU
- * engine does (§2.9.5 step 1): per block of 32, d = max|x| / 127, q = round(x * (1 / d)) with ties
- * away from zero, so the integer codes equal the CPU's.  The weights are read from the planar layout
+ * The activation rows are quantised exactly as the CPU engine does (§2.9.5 step 1): per block of 32,
+ * d = max|x| / 127, q = round(x * (1 / d)) with ties away from zero, so the integer codes equal the
+ * CPU's.  A one-row pass (a decode) quantises its row in every block of a launch, into shared memory
+ * (no extra launch); a pass of 2-8 rows quantises them once into the context's scratch (q8_quant_kernel,
+ * one warp a 32-wide block), per dense product or once for the products that share their rows
+ * (gpu_q8_share), and every block copies them (a gather's one-row slots stage their own row unless it
+ * is shared): the same values either way (q8_quant32's).  The weights are read from the planar layout
  * (hip/planar.hip) or the file's blocks, turned into signed 8-bit integers (Q8_0: the codes; IQ2_XXS:
  * grid value times sign; Q2_K: sub-block scale times 2-bit code) and multiplied four at a time by dp4a
  * / v_dot4, so each block sum I is an exact integer.  A 32-wide block then gives one float32 product,
@@ -309,6 +312,39 @@ template <> struct Q8G<DS4_TYPE_Q2_K> {
     }
 };
 
+/* One block of 32 activations quantised (spec ds4.md §2.9.5 step 1): its codes w (4 a word, element k
+ * in byte k % 4 of word k / 4), d = max|x| / 127 and the sums of its two halves' codes. */
+__device__ __forceinline__ void q8_quant32(const float *xb, uint32_t w[8], float &dd, int &sa, int &sb) {
+    float v[32];
+    if (!((uintptr_t)xb & 15)) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float4 a = ((const float4 *)xb)[k];
+            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 32; k++) v[k] = xb[k];
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
+    dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    sa = 0, sb = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) w[k] = 0u;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const float y = v[k] * id;
+        int c = (int)roundf(y); /* ties away from zero */
+        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        w[k >> 2] |= ((uint32_t)c & 0xffu) << (8 * (k & 3));
+        if (k < 16) sa += c;
+        else sb += c;
+    }
+}
+
 /* Quantise nt activation rows of `cols` floats into shared memory (spec ds4.md §2.9.5 step 1):
  * codes q[t * cols + e] (their uint4s placed by q8_swz, or q8_swz2 when alt), scales
  * d[t * cols / 32 + blk] and, when s16, the sums of each 16 codes s16[t * cols / 16 + k].  Every
@@ -319,36 +355,10 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
     const int64_t nb = cols / 32;
     for (int64_t i = tid; i < nt * nb; i += nthr) {
         const int64_t t = i / nb, blk = i % nb;
-        const float *xb = X + t * ldx + 32 * blk;
-        float v[32];
-        if (!((uintptr_t)xb & 15)) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float4 a = ((const float4 *)xb)[k];
-                v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < 32; k++) v[k] = xb[k];
-        }
-        float amax = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
-        const float dd = amax / 127.0f;
-        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
         uint32_t w[8];
-        int sa = 0, sb = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) w[k] = 0u;
-#pragma unroll
-        for (int k = 0; k < 32; k++) {
-            const float y = v[k] * id;
-            int c = (int)roundf(y); /* ties away from zero */
-            c = c > 127 ? 127 : c < -127 ? -127 : c;
-            w[k >> 2] |= ((uint32_t)c & 0xffu) << (8 * (k & 3));
-            if (k < 16) sa += c;
-            else sb += c;
-        }
+        float dd;
+        int sa, sb;
+        q8_quant32(X + t * ldx + 32 * blk, w, dd, sa, sb);
         uint4 *dst = (uint4 *)(q + t * cols);
         const int64_t c = 2 * blk;
         dst[alt ? q8_swz2(c, sm) : q8_swz(c, sm)] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -359,6 +369,63 @@ __device__ __forceinline__ void q8_stage(const float *X, int64_t ldx, int nt, in
             s16[t * 2 * nb + 2 * blk + 1] = sb;
         }
     }
+}
+
+/* Activation rows quantised once for a launch (q8_quant_kernel), read by every block of it instead of
+ * quantising them again: row r's codes at q + r * ld, its scales at d + r * ld / 32, its 16-code sums
+ * at s + r * ld / 16 (the same values q8_stage computes). */
+struct Q8Pre {
+    const int8_t *q;
+    const float *d;
+    const int *s;
+    int64_t ld;
+};
+
+/* q8_quant32's values over rows x blocks of X, one warp a 32-wide block (block i = blockIdx.x * 8 +
+ * threadIdx.y: block i % nbr of row i / nbr), lane k its element k: the maximum of fmaxf(0, |x|) over
+ * the lanes (a NaN passes over, as fmaxf does in q8_quant32; the maximum does not depend on the
+ * order), then each lane's code by q8_quant32's operations and the halves' sums exactly (integers). */
+__global__ void q8_quant_kernel(const float *__restrict__ X, int64_t ldx, int64_t nbr, int64_t total, int8_t *q,
+                                float *d, int *s) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+    if (i >= total) return; /* the whole warp: i is the same on its lanes */
+    const int k = threadIdx.x;
+    const int64_t t = i / nbr, b = i % nbr;
+    const float x = X[t * ldx + 32 * b + k];
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    int c = (int)roundf(x * id); /* ties away from zero */
+    c = c > 127 ? 127 : c < -127 ? -127 : c;
+    q[t * 32 * nbr + 32 * b + k] = (int8_t)c;
+    int h = c; /* the sum of this lane's half (lanes 0-15, 16-31) */
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) h += gpu_shfl_xor_int(h, m);
+    if (k == 0) d[i] = dd, s[2 * i] = h;
+    if (k == 16) s[2 * i + 1] = h;
+}
+
+/* q8_stage's result copied from pre-quantised rows (row t of the launch at element offset off + t * ld). */
+__device__ __forceinline__ void q8_copy(const Q8Pre &pre, int64_t off, int nt, int64_t cols, int8_t *q, float *d,
+                                        int *s16, int sm, bool alt) {
+    const int nthr = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int64_t nu = cols / 16, nb = cols / 32;
+    for (int64_t i = tid; i < nt * nu; i += nthr) {
+        const int64_t t = i / nu, c = i % nu;
+        const uint4 v = ((const uint4 *)(pre.q + off + t * pre.ld))[c];
+        ((uint4 *)(q + t * cols))[alt ? q8_swz2(c, sm) : q8_swz(c, sm)] = v;
+    }
+    for (int64_t i = tid; i < nt * nb; i += nthr) {
+        const int64_t t = i / nb, b = i % nb;
+        d[i] = pre.d[(off + t * pre.ld) / 32 + b];
+    }
+    if (s16)
+        for (int64_t i = tid; i < nt * 2 * nb; i += nthr) {
+            const int64_t t = i / (2 * nb), k = i % (2 * nb);
+            s16[i] = pre.s[(off + t * pre.ld) / 16 + k];
+        }
 }
 
 /* Y[t, r] = W[r, :] . X[t, :] under q8 activations, W in the planar layout (PL) or the GGML one.
@@ -384,7 +451,7 @@ template <int TYPE, bool PL, int NT, int RPW, int WPR>
 __global__ void Q8_BOUNDS(TYPE, NT, WPR)
 q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__restrict__ ids, int64_t rows,
           int64_t cols, int64_t row_bytes, const float *__restrict__ X, int64_t ldx, int x_div, int64_t n,
-          float *__restrict__ Y, int64_t ldy, int loops, int groups) {
+          float *__restrict__ Y, int64_t ldy, int loops, int groups, Q8Pre pre) {
     typedef typename std::conditional<PL, Q8W<TYPE>, Q8G<TYPE>>::type P;
     constexpr int G = Q8_WARPS / WPR;
     static_assert(WPR == 1 || RPW * NT <= GPU_WARP * WPR,
@@ -397,20 +464,24 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
         for (int i = tix; i < 256; i += nthr) s_grid[i] = *(const uint2 *)c_iq2_grid[i];
     }
     int nt = 1;
+    int64_t poff = 0; /* the launch's first activation row in pre's rows */
     if (ids) {
         const int64_t slot = blockIdx.y;
         W += (int64_t)ids[slot] * mat_bytes;
+        poff = (slot / x_div) * pre.ld;
         X += (slot / x_div) * ldx;
         Y += slot * ldy;
     } else if (groups) { /* grid row y: group y % groups of tokens (y / groups) NT.. (gpu_q8_grouped) */
         const int64_t g = blockIdx.y % groups, t0 = (int64_t)(blockIdx.y / groups) * NT;
         nt = (int)(n - t0 < NT ? n - t0 : NT);
         W += g * mat_bytes;
+        poff = t0 * pre.ld + g * cols;
         X += t0 * ldx + g * cols;
         Y += t0 * ldy + g * rows;
     } else {
         const int64_t t0 = (int64_t)blockIdx.y * NT;
         nt = (int)(n - t0 < NT ? n - t0 : NT);
+        poff = t0 * pre.ld;
         X += t0 * ldx;
         Y += t0 * ldy;
     }
@@ -425,7 +496,8 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
      * 8192-column product 42.8 -> 38.1 us a launch (lanes' 32-byte steps conflicted 2-way without it) */
     const int sm = (TYPE != DS4_TYPE_Q8_0 || NT > 1) && cols % 128 == 0 ? 7 : 0;
     constexpr bool alt = PL && TYPE == DS4_TYPE_Q2_K;
-    q8_stage(X, ldx, nt, cols, sq, sd, ss, sm, alt);
+    if (pre.q) q8_copy(pre, poff, nt, cols, sq, sd, ss, sm, alt);
+    else q8_stage(X, ldx, nt, cols, sq, sd, ss, sm, alt);
     __syncthreads();
 
     const int lane = threadIdx.x, wp = threadIdx.y, grp = wp / WPR, wg = wp % WPR;
@@ -493,7 +565,7 @@ q8_kernel(const uint8_t *__restrict__ W, int64_t mat_bytes, const int32_t *__res
 template <int TYPE, bool PL, int NT, int RPW, int WPR>
 static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                   int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int x_div, int64_t n, float *Y,
-                  int64_t ldy, int mat_groups = 0) {
+                  int64_t ldy, const Q8Pre &pre, int mat_groups = 0) {
     constexpr int G = Q8_WARPS / WPR;
     const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
     /* Every block stages (quantises) all its tokens' rows: a pass of 2-8 tokens (a verify) over rows
@@ -510,7 +582,7 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
     const size_t smem = q8_stage_bytes(TYPE, n < NT ? n : NT, cols);
     hipLaunchKernelGGL((q8_kernel<TYPE, PL, NT, RPW, WPR>), dim3((unsigned)((groups + per_block - 1) / per_block), gy),
                        dim3(GPU_WARP, Q8_WARPS), smem, st, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, n,
-                       Y, ldy, loops, mat_groups);
+                       Y, ldy, loops, mat_groups, pre);
 }
 
 /* Warps per row from the shape alone: one warp per row group for tall matrices (many rows) and for
@@ -531,13 +603,13 @@ template <int TYPE, bool PL, int NT> constexpr int q8_shared_rpw() {
 
 template <int TYPE, bool PL, int NT>
 static void q8_dense(hipStream_t st, unsigned gy, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes,
-                     const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy) {
+                     const float *X, int64_t ldx, int64_t n, float *Y, int64_t ldy, const Q8Pre &pre) {
     constexpr int RPW = q8_dense_rpw<TYPE, PL>();
     const int64_t per_lane = cols / (PL ? Q8W<TYPE>::STEP : 32) / GPU_WARP;
     constexpr int SR = q8_shared_rpw<TYPE, PL, NT>();
-    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else if (per_lane < 4) q8_go<TYPE, PL, NT, SR, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
-    else q8_go<TYPE, PL, NT, SR, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy);
+    if (rows >= Q8_SHORT_ROWS || per_lane < 2) q8_go<TYPE, PL, NT, RPW, 1>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre);
+    else if (per_lane < 4) q8_go<TYPE, PL, NT, SR, 2>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre);
+    else q8_go<TYPE, PL, NT, SR, 4>(st, gy, W, 0, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre);
 }
 
 #if defined(GPU_NVIDIA)
@@ -554,6 +626,70 @@ template <int TYPE, bool PL> static int q8_allow_wide(char *err, size_t len) {
     return DS4_OK;
 }
 #endif
+
+/* The activation rows of a pass of Q8_PRE_MIN_ROWS..GPU_Q8_PRE_ROWS rows (a verify, the drafter's
+ * block) are quantised once by q8_quant_kernel into the context's q8_pre scratch (GPU_Q8_PRE_BYTES:
+ * two regions laid out as in q8_region), and every block of a product copies them instead of
+ * quantising them again: the same codes, scales and sums (q8_quant32's values either way), so a row's result
+ * does not depend on the path.  Region 1 holds the rows the forward pass shares among several products
+ * (gpu_q8_share), region 0 one product's rows.  A one-row pass (a decode) keeps each block's own
+ * quantisation (there the extra launch costs more than the copy saves). */
+#define Q8_PRE_MIN_ROWS 2
+static_assert(Q8_STAGE == 32768, "the context's q8 scratch (GPU_Q8_PRE_BYTES) holds rows of 32768 codes");
+
+/* Region k of the scratch for rows of qcols codes: codes, then scales, then 16-code sums. */
+static Q8Pre q8_region(ds4_gpu_ctx *c, int k, int64_t qcols) {
+    int8_t *q = (int8_t *)c->q8_pre + (size_t)k * GPU_Q8_PRE_REGION;
+    float *d = (float *)(q + (size_t)GPU_Q8_PRE_ROWS * Q8_STAGE);
+    int *s = (int *)(d + (size_t)GPU_Q8_PRE_ROWS * Q8_STAGE / 32);
+    Q8Pre p = {q, d, s, qcols};
+    return p;
+}
+
+static bool q8_pre_fits(const ds4_gpu_ctx *c, int64_t rows, int64_t qcols) {
+    return c->q8_pre && rows >= Q8_PRE_MIN_ROWS && rows <= GPU_Q8_PRE_ROWS && qcols <= Q8_STAGE && qcols % 32 == 0;
+}
+
+static void q8_quantise(ds4_gpu_ctx *c, const Q8Pre &p, const float *X, int64_t ldx, int64_t rows) {
+    const int64_t nbr = p.ld / 32, total = rows * nbr;
+    hipLaunchKernelGGL(q8_quant_kernel, dim3((unsigned)((total + 7) / 8)), dim3(32, 8), 0, c->stream, X, ldx, nbr,
+                       total, (int8_t *)p.q, (float *)p.d, (int *)p.s);
+}
+
+/* The pre-quantised rows for a product reading xrows rows of qcols floats at X (stride ldx): the
+ * shared rows where X lies among them at their stride and width, else (own: not a gather, whose
+ * one-row slots each block stages once anyway) region 0 filled now, else none (pre.q NULL: the blocks
+ * quantise). */
+static Q8Pre q8_prepare(ds4_gpu_ctx *c, const float *X, int64_t ldx, int64_t xrows, int64_t qcols, bool own) {
+    Q8Pre p = {NULL, NULL, NULL, 0};
+    if (c->q8_sx && ldx == c->q8_sldx && qcols == c->q8_scols && X >= c->q8_sx && (X - c->q8_sx) % ldx == 0 &&
+        (X - c->q8_sx) / ldx + xrows <= c->q8_sn) {
+        const int64_t r0 = (X - c->q8_sx) / ldx;
+        p = q8_region(c, 1, qcols);
+        p.q += r0 * qcols, p.d += r0 * qcols / 32, p.s += r0 * qcols / 16;
+        return p;
+    }
+    if (!own || !q8_pre_fits(c, xrows, qcols)) return p;
+    p = q8_region(c, 0, qcols);
+    q8_quantise(c, p, X, ldx, xrows);
+    return p;
+}
+
+/* Share one quantisation of n activation rows X [n, cols] (stride ldx) among the q8 products that
+ * read them until the next call (backend.h version 10): X NULL ends the sharing; rows the scratch
+ * cannot hold, or f32 activations, share nothing (each product then quantises as before).  The
+ * caller calls again (or with NULL) before it writes those rows. */
+int gpu_q8_share(ds4_gpu_ctx *c, const float *X, int64_t ldx, int64_t n, int64_t cols, char *err, size_t len) {
+    c->q8_sx = NULL;
+    if (!X || !c->act_q8 || !q8_pre_fits(c, n, cols) || ldx < cols) return DS4_OK;
+    q8_quantise(c, q8_region(c, 1, cols), X, ldx, n);
+    const hipError_t e = hipGetLastError();
+    if (e != hipSuccess)
+        return gpu_fail(err, len, DS4_E_DEVICE, "GPU q8 activations: quantising %lld shared rows of %lld columns: %s",
+                        (long long)n, (long long)cols, hipGetErrorString(e));
+    c->q8_sx = X, c->q8_sldx = ldx, c->q8_sn = n, c->q8_scols = cols;
+    return DS4_OK;
+}
 
 /* This translation unit's copy of the IQ2_XXS tables (quant.h); on NVIDIA, the wide stage's shared
  * memory limit of the dense kernels (called after the context's hipSetDevice). */
@@ -578,22 +714,22 @@ template <int TYPE, bool PL> constexpr int q8_gather_rpw() { return !PL ? 1 : TY
 template <int TYPE, bool PL>
 static void q8_launch_t(hipStream_t st, int ntp, const uint8_t *W, int64_t mat_bytes, const int32_t *ids,
                         int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
-                        int x_div, int64_t n, float *Y, int64_t ldy) {
+                        int x_div, int64_t n, float *Y, int64_t ldy, const Q8Pre &pre) {
     if (ids) {
         constexpr int RPW = q8_gather_rpw<TYPE, PL>();
         q8_go<TYPE, PL, 1, RPW, 1>(st, (unsigned)n_slots, W, mat_bytes, ids, rows, cols, row_bytes, X, ldx, x_div, 1,
-                                      Y, ldy);
+                                      Y, ldy, pre);
         return;
     }
     const unsigned gy = (unsigned)((n + ntp - 1) / ntp);
-    if (ntp == 1) q8_dense<TYPE, PL, 1>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
-    else if (ntp == 4) q8_dense<TYPE, PL, 4>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
-    else q8_dense<TYPE, PL, 8>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy);
+    if (ntp == 1) q8_dense<TYPE, PL, 1>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, pre);
+    else if (ntp == 4) q8_dense<TYPE, PL, 4>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, pre);
+    else q8_dense<TYPE, PL, 8>(st, gy, W, rows, cols, row_bytes, X, ldx, n, Y, ldy, pre);
 }
 
 /* Called by gpu_planar_launch (hip/planar.hip) and gpu_matmul_launch / gpu_mm_gather (the GGML
  * layout of Q8_0, Q2_K and IQ2_XXS), which have checked the layout and shape. */
-int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
+int gpu_q8_launch(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids,
                   int64_t n_slots, int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t ldx,
                   int32_t x_div, int64_t n, float *Y, int64_t ldy, char *err, size_t len) {
     const int32_t type = layout & ~DS4_GPU_PLANAR;
@@ -611,20 +747,22 @@ int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_byt
     if (!ids && (n + ntp - 1) / ntp > 65535)
         return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: %lld tokens in one pass exceed the "
                         "launch grid (at most %lld)", (long long)n, 65535LL * ntp);
+    hipStream_t st = c->stream;
     const uint8_t *w = (const uint8_t *)W;
+    const Q8Pre pre = q8_prepare(c, X, ldx, ids ? (n_slots + x_div - 1) / x_div : n, cols, !ids);
     if (!(layout & DS4_GPU_PLANAR)) {
         switch (type) {
-        case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-        case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-        case DS4_TYPE_IQ2_XXS: q8_launch_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+        case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
+        case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
+        case DS4_TYPE_IQ2_XXS: q8_launch_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
         default:
             return gpu_fail(err, len, DS4_E_INVALID, "GPU matmul with q8 activations: GGML type %d (expected Q8_0, Q2_K "
                             "or IQ2_XXS)", type);
         }
     } else switch (type) {
-    case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-    case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
-    default: q8_launch_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy); break;
+    case DS4_TYPE_Q8_0: q8_launch_t<DS4_TYPE_Q8_0, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
+    case DS4_TYPE_Q2_K: q8_launch_t<DS4_TYPE_Q2_K, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
+    default: q8_launch_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, w, mat_bytes, ids, n_slots, rows, cols, row_bytes, X, ldx, x_div, n, Y, ldy, pre); break;
     }
     /* the message is formatted only on failure: a launch costs no host formatting */
     const hipError_t e_launch = hipGetLastError();
@@ -638,19 +776,20 @@ int gpu_q8_launch(hipStream_t st, int32_t layout, const void *W, int64_t mat_byt
 
 template <int TYPE, bool PL>
 static void q8_grouped_t(hipStream_t st, int ntp, unsigned gy, const uint8_t *W, int64_t mat_bytes, int32_t groups,
-                         int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y) {
+                         int64_t rows, int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y,
+                         const Q8Pre &pre) {
     constexpr int RPW = q8_gather_rpw<TYPE, PL>();
     const int64_t ldx = (int64_t)groups * cols, ldy = (int64_t)groups * rows;
-    if (ntp == 1) q8_go<TYPE, PL, 1, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
-    else if (ntp == 4) q8_go<TYPE, PL, 4, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
-    else q8_go<TYPE, PL, 8, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, groups);
+    if (ntp == 1) q8_go<TYPE, PL, 1, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre, groups);
+    else if (ntp == 4) q8_go<TYPE, PL, 4, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre, groups);
+    else q8_go<TYPE, PL, 8, RPW, 1>(st, gy, W, mat_bytes, NULL, rows, cols, row_bytes, X, ldx, 1, n, Y, ldy, pre, groups);
 }
 
 /* Grouped products under q8 activations (backend.h version 9, gpu_mm_grouped): for token t < n and
  * group g < groups, Y[(t * groups + g) * rows + r] = W_g[r, :] . X[(t * groups + g) * cols + :], W_g
  * at g * mat_bytes; each block stages up to 8 tokens of one group, so a pass reads each group's
  * weights once per 8 tokens instead of once per token.  The caller has checked the layout. */
-int gpu_q8_grouped(hipStream_t st, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
+int gpu_q8_grouped(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, int32_t groups, int64_t rows,
                    int64_t cols, int64_t row_bytes, const float *X, int64_t n, float *Y, char *err, size_t len) {
     const int32_t type = layout & ~DS4_GPU_PLANAR;
     if (cols > Q8_STAGE)
@@ -662,20 +801,22 @@ int gpu_q8_grouped(hipStream_t st, int32_t layout, const void *W, int64_t mat_by
     if (gy > 65535)
         return gpu_fail(err, len, DS4_E_INVALID, "GPU grouped matmul with q8 activations: %lld tokens of %d groups in "
                         "one pass exceed the launch grid (at most 65535 rows)", (long long)n, groups);
+    hipStream_t st = c->stream;
     const uint8_t *w = (const uint8_t *)W;
     const bool pl = (layout & DS4_GPU_PLANAR) != 0;
+    const Q8Pre pre = q8_prepare(c, X, (int64_t)groups * cols, n, (int64_t)groups * cols, true);
     switch (type) {
     case DS4_TYPE_Q8_0:
-        if (pl) q8_grouped_t<DS4_TYPE_Q8_0, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
-        else q8_grouped_t<DS4_TYPE_Q8_0, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        if (pl) q8_grouped_t<DS4_TYPE_Q8_0, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
+        else q8_grouped_t<DS4_TYPE_Q8_0, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
         break;
     case DS4_TYPE_Q2_K:
-        if (pl) q8_grouped_t<DS4_TYPE_Q2_K, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
-        else q8_grouped_t<DS4_TYPE_Q2_K, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        if (pl) q8_grouped_t<DS4_TYPE_Q2_K, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
+        else q8_grouped_t<DS4_TYPE_Q2_K, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
         break;
     case DS4_TYPE_IQ2_XXS:
-        if (pl) q8_grouped_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
-        else q8_grouped_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y);
+        if (pl) q8_grouped_t<DS4_TYPE_IQ2_XXS, true>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
+        else q8_grouped_t<DS4_TYPE_IQ2_XXS, false>(st, ntp, (unsigned)gy, w, mat_bytes, groups, rows, cols, row_bytes, X, n, Y, pre);
         break;
     default:
         return gpu_fail(err, len, DS4_E_INVALID, "GPU grouped matmul with q8 activations: GGML type %d (expected Q8_0, "
