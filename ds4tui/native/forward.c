@@ -195,6 +195,10 @@ static void *dalloc(ds4_session *s, size_t bytes, uint64_t *count, int *rc, char
 void ds4_state_free(ds4_session *s) {
     ds4_state *d = s->st;
     if (!d) return;
+    if (s->e->ops->q8_share) { /* the shared rows (d->xn) are freed below: end the sharing first */
+        char err[64];
+        (void)s->e->ops->q8_share(s->e->ctx, NULL, 0, 0, 0, err, sizeof err);
+    }
     for (int i = 0; i < d->n_graphs; i++) s->e->ops->graph_free(s->e->ctx, d->graphs[i].h);
     if (d->draft_graph) s->e->ops->graph_free(s->e->ctx, d->draft_graph);
     for (int i = 0; i < d->n_alloc; i++) s->e->ops->free(s->e->ctx, d->ptr[i], d->bytes[i]);

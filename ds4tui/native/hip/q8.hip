@@ -568,7 +568,8 @@ static void q8_go(hipStream_t st, unsigned gy, const uint8_t *W, int64_t mat_byt
                   int64_t ldy, const Q8Pre &pre, int mat_groups = 0) {
     constexpr int G = Q8_WARPS / WPR;
     const int64_t groups = (rows + RPW - 1) / RPW, blocks1 = (groups + G - 1) / G;
-    /* Every block stages (quantises) all its tokens' rows: a pass of 2-8 tokens (a verify) over rows
+    /* Every block stages all its tokens' rows (quantising them, or copying rows quantised once:
+     * q8_prepare): a pass of 2-8 tokens (a verify) over rows
      * of 2048 columns or more gives a block 4x the rows (H200, 6 tokens: 0.69-0.85x for 1024-4096
      * rows of 4096 and the LM head; 1.14x for 32768 rows of 1024 and 1.06-1.14x for one token, which
      * keep Q8_BLOCKS). */
