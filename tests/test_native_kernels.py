@@ -438,3 +438,60 @@ def test_one_block_rows_take_the_same_bits_one_token_or_many():
     assert np.array_equal(one[0], two[0]) and np.array_equal(one[0], two[1])
     ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(rows, cols).astype(np.float64) @ x[0].astype(np.float64)
     assert np.abs(one[0] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+def test_one_block_rows_same_bits_on_other_instruction_sets(tmp_path, march):
+    """The one-block rows' 8-row kernel of AVX2 builds (x86-64-v3: AVX2 and FMA, no AVX-512) and the
+    plain per-row form (x86-64), built from cpu/dot.c here, give a one-token call the bits of two-token
+    calls (which run the build's per-row form), on any x86-64 CPU that runs the target; also where the
+    extension itself is built for AVX-512 and takes the 16-row kernel instead."""
+    import platform
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import cffi
+
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-64 Linux targets")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs a C compiler")
+    flags = open("/proc/cpuinfo").read().split()
+    if march == "x86-64-v3" and not {"avx2", "fma", "f16c", "bmi2"} <= set(flags):
+        pytest.skip("this CPU does not run x86-64-v3")
+    cpu = Path(__file__).resolve().parent.parent / "ds4tui" / "native" / "cpu"
+    so = tmp_path / f"dot_{march}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-D_GNU_SOURCE", f"-march={march}", "-o", str(so),
+                    str(cpu / "dot.c"), str(cpu / "dequant.c"), "-lm", "-lpthread"], check=True, capture_output=True,
+                   text=True)
+    cf = cffi.FFI()
+    cf.cdef("void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols,"
+            " const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);")
+    dot = cf.dlopen(str(so))
+    rng = np.random.default_rng(12)
+    rows, cols = 8 * 9 + 5, 32
+    raw = quantize_q8((rng.standard_normal((rows, cols)) * 0.1).astype(np.float32), GGMLQuantizationType.Q8_0)
+    raw[3, 2:] = 0x80  # codes of -128, the extreme int8 value, in one row
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    x[0, 6] = np.float32(-1e-40)  # a subnormal activation
+
+    def run(X, r0=0, r1=rows):
+        Y = np.full((X.shape[0], rows), np.nan, np.float32)
+        dot.ds4_cpu_dot_q8_0(cf.from_buffer(raw), cols + 2, r0, r1, cols, cf.cast("const float *", cf.from_buffer(X)),
+                             cols, X.shape[0], cf.cast("float *", cf.from_buffer(Y)), rows)
+        return Y
+
+    one, two = run(x), run(np.repeat(x, 2, axis=0))
+    assert np.array_equal(one[0].view(np.uint32), two[0].view(np.uint32))
+    assert np.array_equal(one[0].view(np.uint32), two[1].view(np.uint32))
+    shifted = run(x, 3, rows)  # the 8-row groups start at row 3: other rows share a vector
+    assert np.array_equal(shifted[0, 3:].view(np.uint32), one[0, 3:].view(np.uint32))
+    x2 = rng.standard_normal((1, cols)).astype(np.float32)  # no lane dominates: every addition's order shows
+    one, two = run(x2), run(np.repeat(x2, 2, axis=0))
+    assert np.array_equal(one[0].view(np.uint32), two[0].view(np.uint32))
+    assert np.array_equal(one[0].view(np.uint32), two[1].view(np.uint32))
+    ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(rows, cols).astype(np.float64) @ x2[0].astype(np.float64)
+    assert np.abs(one[0] - ref).max() <= 1e-5 * np.abs(ref).max()

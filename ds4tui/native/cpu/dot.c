@@ -783,6 +783,41 @@ static void q8_0_rows32(const uint8_t *W, size_t row_bytes, int64_t r, const flo
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_storeu_ps(y, _mm512_permutexvar_ps(order, sum));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The same for the AVX2 one-token form (q8_0_tokens above), 8 rows at a time: each row's
+ * w = d * q in four 8-lane vectors a0..a3, the fused multiply-adds into zero lanes, acc[j] +=
+ * acc[j + 16] (the 16 lanes a0 + a2 | a1 + a3), then hsum's order: s8 = (a0 + a2) + (a1 + a3),
+ * s4 = s8[j] + s8[j + 4], (s4[0] + s4[2]) + (s4[1] + s4[3]), with the 8 rows' lanes moved side by
+ * side by shuffles.  The same additions of the same operands, so the same values (a NaN's payload
+ * aside, which the compiler's operand order picks on either path; tools/cpu_notes.md, 2026-12-06
+ * (seventh): the Markov head under f32 activations 107 -> 56 us). */
+static void q8_0_rows8(const uint8_t *W, size_t row_bytes, int64_t r, const float *x, float *y) {
+    __m256 xv[4];
+    for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + 8 * j);
+    const __m256 zero = _mm256_setzero_ps();
+    const uint8_t *base = W + (size_t)r * row_bytes;
+    __m256 v[8];
+    for (int i = 0; i < 8; i++) { /* s8 of row i */
+        const uint8_t *blk = base + (size_t)i * row_bytes;
+        const __m256 d = q8_0_scale8(blk);
+        __m256 a[4];
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                        _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))))),
+                                   xv[j], zero);
+        v[i] = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+    }
+    __m256 t[4], m[2];
+    for (int p = 0; p < 4; p++) /* s4: row 2p in lanes 0-3, row 2p+1 in lanes 4-7 */
+        t[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    for (int q = 0; q < 2; q++) /* s4[0] + s4[2], s4[1] + s4[3]: rows 4q, 4q+2 (low half), 4q+1, 4q+3 (high) */
+        m[q] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * q], t[2 * q + 1], 0x44),
+                             _mm256_shuffle_ps(t[2 * q], t[2 * q + 1], 0xEE));
+    /* their sum: low half rows 0, 2, 4, 6, high half rows 1, 3, 5, 7 */
+    const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(m[0], m[1], 0x88), _mm256_shuffle_ps(m[0], m[1], 0xDD));
+    _mm256_storeu_ps(y, _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 #endif
 
 void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols, const float *X,
@@ -790,6 +825,9 @@ void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1
 #if defined(__AVX512F__)
     if (cols == 32 && n_tok == 1)
         for (; r0 + 16 <= r1; r0 += 16) q8_0_rows32(W, row_bytes, r0, X, Y + r0);
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (cols == 32 && n_tok == 1)
+        for (; r0 + 8 <= r1; r0 += 8) q8_0_rows8(W, row_bytes, r0, X, Y + r0);
 #endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = W + (size_t)r * row_bytes;
