@@ -495,3 +495,70 @@ def test_one_block_rows_same_bits_on_other_instruction_sets(tmp_path, march):
     assert np.array_equal(one[0].view(np.uint32), two[1].view(np.uint32))
     ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(rows, cols).astype(np.float64) @ x2[0].astype(np.float64)
     assert np.abs(one[0] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
+    """cpu/ops.c's indexer QAT (Hadamard, then the FP4 E2M1 block round trip, spec ds4.md §2.9.3) and the
+    KV's FP8 E4M3 round trip (§2.9.1) built for x86-64-v3 (their AVX2 paths: 8 lanes, no branches) give
+    the bits of the plain x86-64 build's scalar loops (NaNs compared as NaNs), on random, huge, tiny,
+    subnormal, tie and non-finite inputs."""
+    import platform
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import cffi
+
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-64 Linux targets")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs a C compiler")
+    if not {"avx2", "fma", "f16c", "bmi2"} <= set(open("/proc/cpuinfo").read().split()):
+        pytest.skip("this CPU does not run x86-64-v3")
+    native = Path(__file__).resolve().parent.parent / "ds4tui" / "native"
+    cf = cffi.FFI()
+    cf.cdef("void ds4_indexer_qat(float *x, int64_t n); void ds4_fp8_kv_round_trip(float *row, int64_t width, int n_rot);")
+    libs = {}
+    for march in ("x86-64-v3", "x86-64"):
+        so = tmp_path / f"ops_{march}.so"
+        subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-D_GNU_SOURCE", f"-march={march}",
+                        f"-I{native / 'cpu'}", f"-I{native}", "-o", str(so), str(native / "cpu" / "ops.c"),
+                        str(native / "cpu" / "dot.c"), str(native / "cpu" / "dequant.c"), "-lm", "-lpthread"],
+                       check=True, capture_output=True, text=True)
+        libs[march] = cf.dlopen(str(so))
+    rng = np.random.default_rng(14)
+
+    def row(kind, n):
+        if kind == 0:
+            return rng.standard_normal(n).astype(np.float32)
+        if kind == 1:  # one magnitude a row, from subnormal to near the float32 maximum
+            return (rng.standard_normal(n) * 10.0 ** rng.uniform(-44, 37)).astype(np.float32)
+        if kind == 2:  # any bit pattern: NaNs, infinities, subnormals, -0
+            return rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+        if kind == 3:  # values on the grids' rounding ties
+            return (rng.integers(-64, 65, n) * 0.125).astype(np.float32)
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.integers(0, n, 4)] = np.array([np.nan, -0.0, np.inf, 1e-45], np.float32)
+        return x
+
+    checked = 0
+    for it in range(600):
+        n = (64, 128, 256, 512)[it % 4]
+        x = row(it % 5, n)
+        for call in ("qat", "fp8"):
+            out = {}
+            for march, lib in libs.items():
+                y = x.copy()
+                p = cf.cast("float *", cf.from_buffer(y))
+                if call == "qat":
+                    lib.ds4_indexer_qat(p, n)
+                else:
+                    lib.ds4_fp8_kv_round_trip(p, n, 64 if n > 64 and it % 2 else 0)
+                out[march] = y
+            a, b = out["x86-64-v3"], out["x86-64"]
+            same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
+            assert same.all(), (call, n, it % 5, x[~same][:4], a[~same][:4], b[~same][:4])
+            checked += n
+    assert checked == 2 * 150 * (64 + 128 + 256 + 512)
