@@ -562,3 +562,25 @@ def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
             assert same.all(), (call, n, it % 5, x[~same][:4], a[~same][:4], b[~same][:4])
             checked += n
     assert checked == 2 * 150 * (64 + 128 + 256 + 512)
+    # FP4 ties after the Hadamard: for n a power of 4 the scaled transform is exact in float32 and its
+    # own inverse, so rows built as H y / sqrt(n) come out of it as y, here on the E2M1 grid's
+    # midpoints (0.25, 0.75, ..., 5) with a maximum of 6 (scale 1)
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, 6.0])
+    for n in (64, 256, 1024):
+        for _ in range(20):
+            y = rng.choice(mids, n) * rng.choice([-1.0, 1.0], n)
+            y[rng.integers(0, n)] = 6.0
+            h = y.copy()
+            stride = 1
+            while stride < n:  # the Sylvester butterflies in float64
+                h = h.reshape(-1, 2, stride)
+                h = np.stack([h[:, 0] + h[:, 1], h[:, 0] - h[:, 1]], axis=1).reshape(n)
+                stride *= 2
+            x = (h / np.sqrt(n)).astype(np.float32)
+            outs = []
+            for lib in libs.values():
+                z = x.copy()
+                lib.ds4_indexer_qat(cf.cast("float *", cf.from_buffer(z)), n)
+                outs.append(z)
+            assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), n
+            assert set(np.abs(outs[1]).tolist()) <= {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0}  # on the grid
