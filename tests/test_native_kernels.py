@@ -501,7 +501,8 @@ def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
     """cpu/ops.c's indexer QAT (Hadamard, then the FP4 E2M1 block round trip, spec ds4.md §2.9.3) and the
     KV's FP8 E4M3 round trip (§2.9.1) built for x86-64-v3 (their AVX2 paths: 8 lanes, no branches) give
     the bits of the plain x86-64 build's scalar loops (NaNs compared as NaNs), on random, huge, tiny,
-    subnormal, tie and non-finite inputs."""
+    subnormal, tie and non-finite inputs, and on finite rows the values of the numpy reference
+    (ds4tui.engine.reference: the same float32 steps)."""
     import platform
     import shutil
     import subprocess
@@ -509,6 +510,8 @@ def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
     from pathlib import Path
 
     import cffi
+
+    from ds4tui.engine import reference as R
 
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86-64 Linux targets")
@@ -561,6 +564,10 @@ def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
             same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
             assert same.all(), (call, n, it % 5, x[~same][:4], a[~same][:4], b[~same][:4])
             checked += n
+            if it % 5 in (0, 3):  # finite rows: the numpy reference's float32 simulation, value for value
+                n_rot = 64 if n > 64 and it % 2 else 0
+                want = R.indexer_qat(x) if call == "qat" else R.fp8_kv_round_trip(x[None], n_rot)[0]
+                assert np.array_equal(a, want), (call, n, it % 5)
     assert checked == 2 * 150 * (64 + 128 + 256 + 512)
     # FP4 ties after the Hadamard: for n a power of 4 the scaled transform is exact in float32 and its
     # own inverse, so rows built as H y / sqrt(n) come out of it as y, here on the E2M1 grid's
