@@ -440,37 +440,43 @@ def test_one_block_rows_take_the_same_bits_one_token_or_many():
     assert np.abs(one[0] - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
-def test_one_block_rows_same_bits_on_other_instruction_sets(tmp_path, march):
-    """The one-block rows' 8-row kernel of AVX2 builds (x86-64-v3: AVX2 and FMA, no AVX-512) and the
-    plain per-row form (x86-64), built from cpu/dot.c here, give a one-token call the bits of two-token
-    calls (which run the build's per-row form), on any x86-64 CPU that runs the target; also where the
-    extension itself is built for AVX-512 and takes the 16-row kernel instead."""
+def _cc_build(tmp_path, march, sources, ffi):
+    """cpu/SOURCES built here for -march=MARCH as the extension builds them (-O3, no fast math) into a
+    shared library, opened through FFI (a cffi.FFI holding the declarations); skips where this is no
+    x86-64 Linux machine, no C compiler is found, or (x86-64-v3) the CPU does not run the target."""
     import platform
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
-    import cffi
-
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86-64 Linux targets")
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("needs a C compiler")
-    flags = open("/proc/cpuinfo").read().split()
-    if march == "x86-64-v3" and not {"avx2", "fma", "f16c", "bmi2"} <= set(flags):
+    if march == "x86-64-v3" and not {"avx2", "fma", "f16c", "bmi2"} <= set(open("/proc/cpuinfo").read().split()):
         pytest.skip("this CPU does not run x86-64-v3")
-    cpu = Path(__file__).resolve().parent.parent / "ds4tui" / "native" / "cpu"
-    so = tmp_path / f"dot_{march}.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-D_GNU_SOURCE", f"-march={march}", "-o", str(so),
-                    str(cpu / "dot.c"), str(cpu / "dequant.c"), "-lm", "-lpthread"], check=True, capture_output=True,
-                   text=True)
+    native = Path(__file__).resolve().parent.parent / "ds4tui" / "native"
+    so = tmp_path / f"{Path(sources[0]).stem}_{march}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-D_GNU_SOURCE", f"-march={march}", f"-I{native / 'cpu'}",
+                    f"-I{native}", "-o", str(so), *(str(native / "cpu" / f) for f in sources), "-lm", "-lpthread"],
+                   check=True, capture_output=True, text=True)
+    return ffi.dlopen(str(so))
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+def test_one_block_rows_same_bits_on_other_instruction_sets(tmp_path, march):
+    """The one-block rows' 8-row kernel of AVX2 builds (x86-64-v3: AVX2 and FMA, no AVX-512) and the
+    plain per-row form (x86-64), built from cpu/dot.c here, give a one-token call the bits of two-token
+    calls (which run the build's per-row form), on any x86-64 CPU that runs the target; also where the
+    extension itself is built for AVX-512 and takes the 16-row kernel instead."""
+    import cffi
+
     cf = cffi.FFI()
     cf.cdef("void ds4_cpu_dot_q8_0(const uint8_t *W, size_t row_bytes, int64_t r0, int64_t r1, int64_t cols,"
             " const float *X, int64_t ldx, int64_t n_tok, float *Y, int64_t ldy);")
-    dot = cf.dlopen(str(so))
+    dot = _cc_build(tmp_path, march, ["dot.c", "dequant.c"], cf)
     rng = np.random.default_rng(12)
     rows, cols = 8 * 9 + 5, 32
     raw = quantize_q8((rng.standard_normal((rows, cols)) * 0.1).astype(np.float32), GGMLQuantizationType.Q8_0)
@@ -503,34 +509,13 @@ def test_fp4_and_fp8_round_trips_same_bits_with_and_without_avx2(tmp_path):
     the bits of the plain x86-64 build's scalar loops (NaNs compared as NaNs), on random, huge, tiny,
     subnormal, tie and non-finite inputs, and on finite rows the values of the numpy reference
     (ds4tui.engine.reference: the same float32 steps)."""
-    import platform
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import cffi
 
     from ds4tui.engine import reference as R
 
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("x86-64 Linux targets")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("needs a C compiler")
-    if not {"avx2", "fma", "f16c", "bmi2"} <= set(open("/proc/cpuinfo").read().split()):
-        pytest.skip("this CPU does not run x86-64-v3")
-    native = Path(__file__).resolve().parent.parent / "ds4tui" / "native"
     cf = cffi.FFI()
     cf.cdef("void ds4_indexer_qat(float *x, int64_t n); void ds4_fp8_kv_round_trip(float *row, int64_t width, int n_rot);")
-    libs = {}
-    for march in ("x86-64-v3", "x86-64"):
-        so = tmp_path / f"ops_{march}.so"
-        subprocess.run([cc, "-shared", "-fPIC", "-O3", "-std=c11", "-D_GNU_SOURCE", f"-march={march}",
-                        f"-I{native / 'cpu'}", f"-I{native}", "-o", str(so), str(native / "cpu" / "ops.c"),
-                        str(native / "cpu" / "dot.c"), str(native / "cpu" / "dequant.c"), "-lm", "-lpthread"],
-                       check=True, capture_output=True, text=True)
-        libs[march] = cf.dlopen(str(so))
+    libs = {march: _cc_build(tmp_path, march, ["ops.c", "dot.c", "dequant.c"], cf) for march in ("x86-64-v3", "x86-64")}
     rng = np.random.default_rng(14)
 
     def row(kind, n):
