@@ -312,6 +312,18 @@ template <> struct Q8G<DS4_TYPE_Q2_K> {
     }
 };
 
+/* Step 1 of spec ds4.md §2.9.5, shared by q8_quant32 and q8_quant_kernel so that both give the same
+ * values: d = amax / 127 and 1 / d (0 where d is 0); a code, round(x * (1 / d)) with ties away from
+ * zero, clamped to +-127. */
+__device__ __forceinline__ float q8_scale(float amax, float &dd) {
+    dd = amax / 127.0f;
+    return dd != 0.0f ? 1.0f / dd : 0.0f;
+}
+__device__ __forceinline__ int q8_code(float y) {
+    const int c = (int)roundf(y);
+    return c > 127 ? 127 : c < -127 ? -127 : c;
+}
+
 /* One block of 32 activations quantised (spec ds4.md §2.9.5 step 1): its codes w (4 a word, element k
  * in byte k % 4 of word k / 4), d = max|x| / 127 and the sums of its two halves' codes. */
 __device__ __forceinline__ void q8_quant32(const float *xb, uint32_t w[8], float &dd, int &sa, int &sb) {
@@ -329,16 +341,13 @@ __device__ __forceinline__ void q8_quant32(const float *xb, uint32_t w[8], float
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
-    dd = amax / 127.0f;
-    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const float id = q8_scale(amax, dd);
     sa = 0, sb = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) w[k] = 0u;
 #pragma unroll
     for (int k = 0; k < 32; k++) {
-        const float y = v[k] * id;
-        int c = (int)roundf(y); /* ties away from zero */
-        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        const int c = q8_code(v[k] * id);
         w[k >> 2] |= ((uint32_t)c & 0xffu) << (8 * (k & 3));
         if (k < 16) sa += c;
         else sb += c;
@@ -395,10 +404,9 @@ __global__ void q8_quant_kernel(const float *__restrict__ X, int64_t ldx, int64_
     float amax = fmaxf(0.0f, fabsf(x));
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, gpu_shfl_xor(amax, m));
-    const float dd = amax / 127.0f;
-    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    int c = (int)roundf(x * id); /* ties away from zero */
-    c = c > 127 ? 127 : c < -127 ? -127 : c;
+    float dd;
+    const float id = q8_scale(amax, dd);
+    const int c = q8_code(x * id);
     q[t * 32 * nbr + 32 * b + k] = (int8_t)c;
     int h = c; /* the sum of this lane's half (lanes 0-15, 16-31) */
 #pragma unroll
