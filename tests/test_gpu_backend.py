@@ -1009,6 +1009,41 @@ def test_hip_prefill_gemm_stays_within_its_bound(tiny_q2, prompt, mode):
     assert g_hip[:n] == g_cpu[:n]
 
 
+@pytest.mark.gpu
+def test_hip_prefill_gemm_chunks_stay_within_the_memory_plan():
+    """Spec platform.md §7.1: a 2048-token pass of a full-width synthetic DS4 Flash layer pair takes
+    its expert products through the GEMM in chunks (2048 x 6 slots > GM_CHUNK_ROWS): the device
+    memory the bf16 prefill adds beyond the float32 kernels' is within memplan.gemm_bytes (the plan
+    that ``inspect --ctx`` counts), and every row's logits stay near the float32 kernels' (a chunk's
+    rows scattered to the wrong slots would leave rows far off)."""
+    info = _device_or_skip()
+    if info.blas.startswith("none"):
+        pytest.skip(f"no vendor BLAS on this machine: {info.blas}")
+    from ds4tui.engine import memplan, synthetic
+
+    model = synthetic.SyntheticModel(synthetic.flash_config((4, 128)), seed=0)
+    n = 2048
+    prompt = np.random.default_rng(5).integers(100, 128000, n).tolist()
+    got = {}
+    for mode in ("off", "bf16"):
+        e = S.Engine(model, backend="hip", prefill_gemm=mode, gpu_graphs="off")
+        try:
+            with e.session(n + 8, n_batch=n) as s:
+                before = e.memory().device
+                logits = s.prefill(prompt, logits="all")
+                got[mode] = (logits, e.memory().device - before)
+        finally:
+            e.close()
+    bound = memplan.gemm_bytes(model.specs, n + 1, model.config.n_expert_used)
+    grown = got["bf16"][1] - got["off"][1]
+    want, have = got["off"][0], got["bf16"][0]
+    rel = np.linalg.norm(have - want, axis=1) / np.linalg.norm(want, axis=1)
+    print(f"\nprefill_gemm bf16, 2 Flash layers, {n} tokens: GEMM buffers {grown} bytes (bound {bound}); "
+          f"logits vs float32 kernels: relative error max {rel.max():.3g}, median {np.median(rel):.3g}")
+    assert 0 < grown <= bound
+    assert np.isfinite(have).all() and rel.max() < 0.1
+
+
 def _gap(row: np.ndarray) -> float:
     top = np.partition(row, -2)[-2:]
     return float(top[1] - top[0])

@@ -38,8 +38,14 @@
 #include <algorithm>
 #include <vector>
 
+#include "gemm_plan.h"
+
 /* 16-bit elements of the dequantised weight tile (64 Mi: 128 MiB). */
 #define GM_TILE_ELEMS ((int64_t)64 << 20)
+/* Rows (slots with their padding) one chunk of an expert product rounds into gm_x and gets back in
+ * gm_y at most, or the largest matrix's slot count where that is more (at most the pass's tokens):
+ * what bounds those buffers (ds4tui/engine/memplan.py, gemm_bytes, mirrors these bounds). */
+#define GM_CHUNK_ROWS ((int64_t)8192)
 
 /* ---- the vendor BLAS, declared here (no vendor headers at build time) ---------------------------- */
 
@@ -326,9 +332,12 @@ __global__ void __launch_bounds__(256) gm_scatter_kernel(const float *__restrict
 
 int gpu_gemm_init(char *err, size_t len) { return quant_tables_init(err, len); }
 
+/* A scratch buffer grown to exactly `bytes` when it holds less: its size is the largest request so far,
+ * never more, so that the memory plan's bounds on the requests bound the buffers (memplan.gemm_bytes).
+ * A pass's requests repeat layer after layer, so it grows a few times in a session's first prefill. */
 static int gm_grow(ds4_gpu_ctx *c, void **buf, size_t *cap, size_t bytes, char *err, size_t len) {
     if (bytes <= *cap) return DS4_OK;
-    const size_t want = std::max(bytes, *cap + *cap / 2);
+    const size_t want = bytes;
     GPU_TRY(hipStreamSynchronize(c->stream), "prefill GEMM: wait before growing a scratch buffer");
     gpu_free(c, *buf, *cap);
     *buf = NULL;
@@ -524,10 +533,12 @@ int gpu_gemm_dense(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t rows, 
 }
 
 /* Expert products: the slots grouped by matrix on the host (one copy of their ids), the used
- * matrices ordered by slot count (largest first) and taken in tiles of as many whole matrices as
- * GM_TILE_ELEMS holds; a tile's matrices are dequantised by one launch and multiplied by one
- * strided-batched GEMM, each matrix's rows padded to the tile's largest count (zero rows whose
- * results are dropped; ordering by count keeps the padding small). */
+ * matrices ordered by slot count (largest first) and taken in tiles of whole matrices, each tile as
+ * many as GM_TILE_ELEMS holds and its padded rows a chunk holds; a tile's matrices are dequantised by
+ * one launch and multiplied by one strided-batched GEMM, each matrix's rows padded to the tile's
+ * largest count (zero rows whose results are dropped; ordering by count keeps the padding small).
+ * Consecutive tiles form chunks of at most `chunk` rows, each rounded into gm_x, multiplied into gm_y
+ * and scattered back in slot order before the next, so gm_x and gm_y hold one chunk, not the pass. */
 int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_bytes, const int32_t *ids, int64_t rows,
                     int64_t cols, int64_t row_bytes, const float *X, int64_t ldx, int32_t x_div, int64_t n_slots,
                     float *Y, int64_t ldy, char *err, size_t len) {
@@ -549,14 +560,12 @@ int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_b
     std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return count[(size_t)a] > count[(size_t)b]; });
     const int64_t per_mat = rows * cols, U = (int64_t)used.size();
     const int64_t per = std::max<int64_t>(1, std::min<int64_t>(U, GM_TILE_ELEMS / per_mat));
-    /* padded row of each used matrix's first slot; tile t spans used[t*per ..], each padded to
-     * the count of its first (largest) matrix */
-    std::vector<int64_t> base((size_t)U + 1, 0), pad((size_t)U, 0);
-    for (int64_t k = 0; k < U; k++) {
-        pad[(size_t)k] = count[(size_t)used[(size_t)(k - k % per)]];
-        base[(size_t)k + 1] = base[(size_t)k] + pad[(size_t)k];
-    }
-    const int64_t P = base[(size_t)U];
+    const int64_t chunk = std::max<int64_t>(GM_CHUNK_ROWS, U ? count[(size_t)used[0]] : 0);
+    std::vector<int64_t> counts((size_t)U);
+    for (int64_t k = 0; k < U; k++) counts[(size_t)k] = count[(size_t)used[(size_t)k]];
+    const GmPlan pl = gm_plan(counts, per, chunk);
+    const std::vector<int64_t> &first = pl.first, &base = pl.base, &pad = pl.pad, &cfirst = pl.cfirst;
+    const int64_t P = pl.P, most = pl.most;
     /* lists (pinned, then to the device): used ids [U], xrow [P] and yrow [P] (-1: a padding row) */
     rc = gm_host_room(c, (size_t)(n_slots + U + 2 * P) * sizeof(int32_t), n_slots, err, len);
     if (rc != DS4_OK) return rc;
@@ -580,22 +589,26 @@ int gpu_gemm_gather(ds4_gpu_ctx *c, int32_t layout, const void *W, int64_t mat_b
     int32_t *d_used = (int32_t *)c->gm_idx, *d_x = d_used + U, *d_y = d_x + P;
     GPU_TRY(hipMemcpyAsync(c->gm_idx, hl, list_bytes, hipMemcpyHostToDevice, c->stream),
             "prefill GEMM: copy the slot lists");
-    rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(P * cols) * 2, err, len);
+    rc = gm_grow(c, &c->gm_x, &c->gm_x_cap, (size_t)(most * cols) * 2, err, len);
     if (rc == DS4_OK) rc = gm_grow(c, &c->gm_w, &c->gm_w_cap, (size_t)(per * per_mat) * 2, err, len);
-    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_y, &c->gm_y_cap, (size_t)(P * rows) * sizeof(float), err, len);
-    if (rc == DS4_OK) rc = gm_rows(c, X, ldx, d_x, P, cols, err, len);
+    if (rc == DS4_OK) rc = gm_grow(c, &c->gm_y, &c->gm_y_cap, (size_t)(most * rows) * sizeof(float), err, len);
     const uint16_t *xb = (const uint16_t *)c->gm_x;
-    for (int64_t k0 = 0; rc == DS4_OK && k0 < U; k0 += per) {
-        const int64_t nk = std::min<int64_t>(per, U - k0), m = pad[(size_t)k0], b0 = base[(size_t)k0];
-        rc = gm_dequant(c, layout, W, mat_bytes, d_used + k0, nk, rows, cols, row_bytes, err, len);
-        if (rc == DS4_OK)
-            rc = gm_call_batched(c, rows, m, cols, c->gm_w, per_mat, xb + b0 * cols, m * cols,
-                                 (float *)c->gm_y + b0 * rows, rows, m * rows, nk, err, len);
+    for (size_t j = 0; rc == DS4_OK && j + 1 < cfirst.size(); j++) {
+        const int64_t r0 = base[(size_t)first[(size_t)cfirst[j]]], r1 = base[(size_t)first[(size_t)cfirst[j + 1]]];
+        rc = gm_rows(c, X, ldx, d_x + r0, r1 - r0, cols, err, len);
+        for (int64_t t = cfirst[j]; rc == DS4_OK && t < cfirst[j + 1]; t++) {
+            const int64_t k0 = first[(size_t)t], nk = first[(size_t)t + 1] - k0, m = pad[(size_t)k0];
+            const int64_t b0 = base[(size_t)k0] - r0;
+            rc = gm_dequant(c, layout, W, mat_bytes, d_used + k0, nk, rows, cols, row_bytes, err, len);
+            if (rc == DS4_OK)
+                rc = gm_call_batched(c, rows, m, cols, c->gm_w, per_mat, xb + b0 * cols, m * cols,
+                                     (float *)c->gm_y + b0 * rows, rows, m * rows, nk, err, len);
+        }
+        if (rc != DS4_OK) return rc;
+        const int64_t total = (r1 - r0) * rows;
+        hipLaunchKernelGGL(gm_scatter_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, c->stream,
+                           (const float *)c->gm_y, d_y + r0, r1 - r0, rows, Y, ldy);
+        GPU_TRY(hipGetLastError(), "prefill GEMM: results back in slot order");
     }
-    if (rc != DS4_OK) return rc;
-    const int64_t total = P * rows;
-    hipLaunchKernelGGL(gm_scatter_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, c->stream,
-                       (const float *)c->gm_y, d_y, P, rows, Y, ldy);
-    GPU_TRY(hipGetLastError(), "prefill GEMM: results back in slot order");
-    return DS4_OK;
+    return rc;
 }
