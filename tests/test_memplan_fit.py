@@ -78,8 +78,11 @@ def test_flash_plan_against_a_hand_computed_one():
     weights, support = 81_000_000_000, 5_600_000_000
     vec = memplan.vector_bytes(L.model_tensor_specs(c))
     plan = memplan.fit_plan(c, n, weights=weights, support_bytes=support, support=FLASH_SUPPORT,
-                            fixed_scratch=vec, budget=124 * GIB, budget_source="--budget")
-    assert plan.need == weights + support + kv + compressor + scratch + vec
+                            fixed_scratch=vec, budget=124 * GIB, budget_source="--budget",
+                            specs=L.model_tensor_specs(c))
+    context = _native_defines()["GPU_Q8_PRE_BYTES"] + _native_defines()["ARGMAX_SCRATCH_BYTES"]
+    assert plan.gemm == FLASH_GEMM
+    assert plan.need == weights + support + kv + compressor + scratch + vec + context + FLASH_GEMM
     assert plan.fits and 86 * GIB < plan.need < 88 * GIB
     assert plan.max_ctx == c.context_length  # even the whole million-token context fits
     # the kernel's default GTT, half of the RAM: not even the weights fit
@@ -98,6 +101,51 @@ def test_flash_plan_against_a_hand_computed_one():
     assert need(mid.max_ctx) <= 96 * GIB < need(mid.max_ctx + 1)
 
 
+#: The prefill GEMM's buffers at most for DS4 Flash at 2048-token passes (spec platform.md §7.1), by
+#: hand (B = 2049 rows): the dequantised tile, 8 expert matrices of 2048 x 4096 (= the LM head's
+#: 16384-row dense tile) in 16 bits; the rounded activations, the mHC control's 16384 columns x B rows
+#: (more than a chunk of 8192 slot rows x 4096 columns); the float32 results of a chunk of the down
+#: experts (8192 x 4096 rows); the slot lists: 256 used ids + 2 x (B x 6 slots + 8 x B padding rows).
+FLASH_GEMM = 8 * 2048 * 4096 * 2 + 2049 * 16384 * 2 + 8192 * 4096 * 4 + (256 + 2 * (2049 * 6 + 8 * 2049)) * 4
+
+
+def _native_defines() -> dict[str, int]:
+    """The integer #defines of the GPU sources the plan mirrors, evaluated (casts dropped)."""
+    import re
+    from pathlib import Path
+
+    native = Path(S.__file__).resolve().parent.parent / "native"
+    text = "".join((native / f).read_text() for f in ("ds4_engine.h", "hip/gpu_internal.h", "hip/gemm.hip"))
+    found: dict[str, int] = {}
+    for name, expr in re.findall(r"^#define (\w+) (.+)$", text, re.M):
+        expr = re.sub(r"\((?:size_t|int64_t)\)", "", re.sub(r"/\*.*?(\*/|$)", "", expr)).replace("/", "//")
+        try:
+            found[name] = int(eval(expr, {"__builtins__": {}}, dict(found)))
+        except Exception:  # not an integer expression of earlier ones (a string, a macro with arguments)
+            pass
+    return found
+
+
+def test_gemm_bytes_for_flash_against_a_hand_computed_bound():
+    c = flash_config(FLASH_RATIOS)
+    specs = L.model_tensor_specs(c)
+    assert memplan.gemm_bytes(specs, 2049, c.n_expert_used) == FLASH_GEMM == 335_807_600
+    assert FLASH_GEMM < 0.32 * GIB  # what the README and spec ds4.md §2.8 say (0.31 GiB)
+    # passes below the threshold never take the GEMM; longer passes take more (the dense rows, the chunk)
+    assert memplan.gemm_bytes(specs, memplan.PREFILL_GEMM_MIN_ROWS - 1, c.n_expert_used) == 0
+    assert memplan.gemm_bytes(specs, 256, c.n_expert_used) < FLASH_GEMM < memplan.gemm_bytes(specs, 8193, c.n_expert_used)
+
+
+def test_the_plans_constants_mirror_the_native_sources():
+    """memplan's copies of GM_TILE_ELEMS, GM_CHUNK_ROWS, DS4_PREFILL_GEMM_MIN_ROWS and of the GPU
+    context's own allocations (GPU_Q8_PRE_BYTES + ARGMAX_SCRATCH_BYTES) equal the C sources' values."""
+    d = _native_defines()
+    assert memplan.GEMM_TILE_ELEMS == d["GM_TILE_ELEMS"] == 64 << 20
+    assert memplan.GEMM_CHUNK_ROWS == d["GM_CHUNK_ROWS"] == 8192
+    assert memplan.PREFILL_GEMM_MIN_ROWS == d["DS4_PREFILL_GEMM_MIN_ROWS"] == S.PREFILL_GEMM_MIN_ROWS
+    assert memplan.GPU_CONTEXT_BYTES == d["GPU_Q8_PRE_BYTES"] + d["ARGMAX_SCRATCH_BYTES"] == 733_952
+
+
 def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
     model, support = str(tiny_q2["model"]), str(tiny_q2["support"])
     rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB", "--json"])
@@ -105,12 +153,15 @@ def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
     p = json.loads(out)["memory_plan"]
     assert rc == (0 if p["fits"] else 1)  # a plan that does not fit is a problem: status 1
     assert p["budget"] == 300 << 20 and p["budget_source"] == "--budget" and p["support_attached"]
-    assert p["need"] == p["weights"] + p["support"] + p["kv"] + p["compressor"] + p["scratch"]
+    assert p["need"] == p["weights"] + p["support"] + p["kv"] + p["compressor"] + p["scratch"] + p["gemm"]
+    model_specs = L.model_tensor_specs(DS4Model(model).config)
+    assert p["gemm"] == memplan.gemm_bytes(model_specs, 2049, DS4Model(model).config.n_expert_used) > 0
     assert p["weights"] > 0 and p["support"] > 0 and p["fits"] == (p["need"] <= p["budget"])
     rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB"])
     text = capsys.readouterr().out
     assert rc == (0 if p["fits"] else 1) and "memory plan   on the GPU at context 8192 tokens:" in text
     assert "budget        300.0 MiB (--budget)" in text
+    assert "GEMM" in text and "(the prefill GEMM's buffers at most" in text
     assert (f"largest ctx   {p['max_ctx']} tokens" in text) if p["max_ctx"] else "largest ctx   none" in text
 
 

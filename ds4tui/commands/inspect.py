@@ -90,7 +90,8 @@ def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget:
     """The GPU memory plan of ``model`` (+ a compatible ``support``) at ``ctx`` tokens against
     ``budget`` bytes (None: the GPU's, :func:`memplan.gpu_budget`); a support model that is not
     compatible is left out (the engine refuses it, so nothing of it is uploaded)."""
-    shape, sup_bytes, dv_rows, vec = None, 0, 0, memplan.vector_bytes(L.model_tensor_specs(model.config))
+    specs = L.model_tensor_specs(model.config)
+    shape, sup_bytes, dv_rows, vec = None, 0, 0, memplan.vector_bytes(specs)
     attached = support is not None and support.summary()["compatible"]
     if attached:
         m = support.meta
@@ -102,23 +103,25 @@ def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget:
     if budget is None:
         budget, source = memplan.gpu_budget()
     plan = memplan.fit_plan(model.config, ctx, weights=memplan.tensor_bytes(model), support_bytes=sup_bytes,
-                            support=shape, fixed_scratch=vec, budget=budget, budget_source=source)
+                            support=shape, fixed_scratch=vec, budget=budget, budget_source=source, specs=specs)
     d = plan.to_dict()
     d["support_attached"] = attached
     d["draft_vocab_rows"] = dv_rows
     if budget is not None and plan.max_ctx is None:  # what the smallest session would need
         d["need_at_1"] = memplan.fit_plan(model.config, 1, weights=memplan.tensor_bytes(model), support_bytes=sup_bytes,
-                                          support=shape, fixed_scratch=vec).to_dict()["need"]
+                                          support=shape, fixed_scratch=vec, specs=specs).to_dict()["need"]
     return d
 
 
 def render_plan(p: dict) -> str:
     """The memory plan as text: one line per part, the total against the budget, the verdict."""
     rows = [("weights", p["weights"]), ("support", p["support"]), ("KV", p["kv"]),
-            ("compressor", p["compressor"]), ("scratch", p["scratch"])]
+            ("compressor", p["compressor"]), ("scratch", p["scratch"]), ("GEMM", p["gemm"])]
     lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
     lines += [f"              {name:<11}{format_bytes(b):>12}" if name != "support" or p["support_attached"] else
               f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
+    lines[1 + [name for name, _ in rows].index("GEMM")] += ("  (the prefill GEMM's buffers at most: --prefill-gemm auto "
+                                                            "uses them where the BLAS loads)")
     if p.get("draft_vocab_rows"):
         lines[1 + [name for name, _ in rows].index("support")] += f"  (with the draft vocabulary's {p['draft_vocab_rows']} row copies)"
     lines.append(f"              {'total':<11}{format_bytes(p['need']):>12}")

@@ -38,7 +38,7 @@ PAGE = 4096
 #: thousand tokens, activations and the planar upload's staging chunk.  A GPU session's default
 #: 2048-token passes (session.DEFAULT_BATCH) take about 2.4 GiB of it on DS4 Flash (activations
 #: of ~0.8 MiB per row, the raw KV and compressor rings one pass long; spec ds4.md §2.8) and the
-#: prefill GEMM's buffers about 0.3 GiB more.
+#: prefill GEMM's buffers at most 0.31 GiB more (:func:`gemm_bytes`).
 WORKING_RESERVE = 4 * GIB
 #: RAM the suggested ttm.pages_limit leaves to the operating system and the host side.
 OS_RESERVE = 2 * GIB
@@ -270,6 +270,52 @@ _MAX_BLOCK = 16
 GRAPH_MAX_ROWS = _MAX_BLOCK + 1
 
 
+#: hip/gemm.hip's GM_TILE_ELEMS: 16-bit weights the prefill GEMM dequantises at a time.
+GEMM_TILE_ELEMS = 64 << 20
+#: hip/gemm.hip's GM_CHUNK_ROWS: slot rows an expert product's chunk holds (or its largest count).
+GEMM_CHUNK_ROWS = 8192
+#: DS4_PREFILL_GEMM_MIN_ROWS (ds4_engine.h): passes of fewer rows never take the prefill GEMM.
+PREFILL_GEMM_MIN_ROWS = 32
+#: What a GPU context allocates once (hip/gpu_internal.h): the q8 rows of a short pass quantised once
+#: (GPU_Q8_PRE_BYTES: two regions of 8 rows of 32768 codes, their scales and 16-code sums) and the
+#: greedy picks' parts (ARGMAX_SCRATCH_BYTES: 17 rows x 64 parts x value, index, non-finite index).
+GPU_CONTEXT_BYTES = 2 * 8 * (32768 + 32768 // 32 * 4 + 32768 // 16 * 4) + GRAPH_MAX_ROWS * 64 * 3 * 4
+
+
+def gemm_bytes(specs, n_rows: int, n_expert_used: int) -> int:
+    """The most device memory the prefill GEMM's scratch buffers take (bytes; spec platform.md §7.1,
+    hip/gemm.hip) after passes of at most ``n_rows`` tokens over the weight matrices among ``specs``
+    (``TensorSpec`` with ``c_bind == "mat"``, shapes [rows, cols] or [experts, rows, cols]), every one
+    counted as if the GEMM took it (an upper bound); 0 below ``PREFILL_GEMM_MIN_ROWS``.  The buffers
+    grow to their largest request and no further: the dequantised tile (dense: whole rows up to
+    GEMM_TILE_ELEMS weights; experts: whole matrices, as many as that holds), the activations rounded
+    to 16 bits (dense: the pass's rows; experts: one chunk of at most max(GEMM_CHUNK_ROWS, n_rows)
+    slot rows), the experts' float32 results (one chunk) and the slot lists (the used matrices' ids and
+    two int32 a padded slot row: ``n_rows * n_expert_used`` slots plus at most ``n_rows`` padding rows
+    for each matrix of a tile).  The BLAS library's own workspace is not counted."""
+    if n_rows < PREFILL_GEMM_MIN_ROWS:
+        return 0
+    w = x = y = lists = 0
+    for s in specs:
+        if s.c_bind != "mat":
+            continue
+        if len(s.shape) == 2:
+            rows, cols = s.shape
+            w = max(w, max(1, min(rows, GEMM_TILE_ELEMS // cols)) * cols * 2)
+            x = max(x, n_rows * cols * 2)
+        elif len(s.shape) == 3:
+            experts, rows, cols = s.shape
+            per = max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols)))
+            slots = n_rows * n_expert_used
+            padded = slots + per * n_rows
+            chunk = min(max(GEMM_CHUNK_ROWS, n_rows), padded)
+            w = max(w, per * rows * cols * 2)
+            x = max(x, chunk * cols * 2)
+            y = max(y, chunk * rows * 4)
+            lists = max(lists, (min(experts, slots) + 2 * padded) * 4)
+    return w + x + y + lists
+
+
 @dataclass(frozen=True)
 class SupportShape:
     """What a DSpark support model adds to a session's buffers: its stages, block, Markov rank and
@@ -384,11 +430,13 @@ class FitPlan:
     budget_source: str
     max_ctx: int | None  # the largest context that fits the budget (None: unknown or none fits)
     context_length: int
+    gemm: int = 0  # the prefill GEMM's buffers at most (gemm_bytes)
 
     @property
     def need(self) -> int:
-        """Bytes the plan needs in all: weights, support, KV, compressor state and scratch."""
-        return self.weights + self.support + self.kv + self.compressor + self.scratch
+        """Bytes the plan needs in all: weights, support, KV, compressor state, scratch and the
+        prefill GEMM's buffers."""
+        return self.weights + self.support + self.kv + self.compressor + self.scratch + self.gemm
 
     @property
     def fits(self) -> bool | None:
@@ -403,20 +451,24 @@ class FitPlan:
 
 def fit_plan(config, n_ctx: int, *, weights: int, support_bytes: int = 0, support: SupportShape | None = None,
              fixed_scratch: int = 0, budget: int | None = None, budget_source: str = "",
-             n_batch: int | None = None) -> FitPlan:
+             n_batch: int | None = None, specs=None) -> FitPlan:
     """The plan of a model (``config``, ``weights`` tensor bytes) with a support model
     (``support_bytes``, its ``support`` shape) on a GPU at ``n_ctx`` tokens: weights, support, the
     session's KV, compressor state and scratch (:func:`session_bytes`; ``fixed_scratch`` adds what
-    does not depend on the context, the float32 vector copies), against ``budget`` bytes, with the
-    largest context (up to the model's context length) whose plan fits."""
+    does not depend on the context, the float32 vector copies, and the GPU context's own
+    :data:`GPU_CONTEXT_BYTES` are added), with ``specs`` (the model's ``TensorSpec`` list) the
+    prefill GEMM's buffers at most (:func:`gemm_bytes`, passes of the session's batch), against
+    ``budget`` bytes, with the largest context (up to the model's context length) whose plan fits."""
     def at(n: int) -> dict[str, int]:
         b = session_bytes(config, n, n_batch=n_batch, support=support)
-        b["scratch"] += fixed_scratch
+        b["scratch"] += fixed_scratch + GPU_CONTEXT_BYTES
+        rows = min(GPU_DEFAULT_BATCH if n_batch is None else n_batch, n) + 1
+        b["gemm"] = gemm_bytes(specs, rows, config.n_expert_used) if specs is not None else 0
         return b
 
     def need(n: int) -> int:
         b = at(n)
-        return weights + support_bytes + b["kv"] + b["compressor"] + b["scratch"]
+        return weights + support_bytes + b["kv"] + b["compressor"] + b["scratch"] + b["gemm"]
 
     limit = int(config.context_length)
     max_ctx = None
@@ -432,7 +484,7 @@ def fit_plan(config, n_ctx: int, *, weights: int, support_bytes: int = 0, suppor
     b = at(n_ctx)
     return FitPlan(n_ctx=n_ctx, weights=weights, support=support_bytes, kv=b["kv"], compressor=b["compressor"],
                    scratch=b["scratch"], budget=budget, budget_source=budget_source, max_ctx=max_ctx,
-                   context_length=limit)
+                   context_length=limit, gemm=b["gemm"])
 
 
 def gpu_budget(sysfs_root: Path = SYSFS_DRM, proc_root: Path = PROC, ttm_root: Path = TTM_PARAMS,
