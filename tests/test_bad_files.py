@@ -132,6 +132,17 @@ def test_missing_file_and_directory(tmp_path):
     _expect(tmp_path, gm.ModelFileError, "is a directory")
 
 
+def test_a_pipe_or_a_device_is_refused_without_reading_it(tmp_path):
+    """A named pipe given as a model blocked the open until something wrote to it (a hang); a device is
+    no model either: both are refused by what they are, before any read."""
+    import os
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    _expect(fifo, gm.ModelFileError, "expected a .gguf file, found a pipe (FIFO)")
+    _expect("/dev/null", gm.ModelFileError, "expected a .gguf file, found a character device")
+
+
 def test_wrong_architecture(model, tmp_path):
     p = rewrite(model, tmp_path / "arch.gguf", arch="llama")
     _expect(p, gm.ArchitectureError, "general.architecture: expected 'deepseek4', found 'llama'")
@@ -165,6 +176,8 @@ def test_bad_key_values(model, tmp_path):
     p = rewrite(model, tmp_path / "ratios.gguf",
                 set_keys={"deepseek4.attention.compress_ratios": ([0, 0, 4], V.ARRAY, V.INT32)})
     _expect(p, gm.KeyValueError, "expected at least 6 entries (block_count), found 3")
+    p = rewrite(model, tmp_path / "ctx0.gguf", set_keys={"deepseek4.context_length": (0, V.UINT64, None)})
+    _expect(p, gm.KeyValueError, "'deepseek4.context_length': expected a positive value, found 0")
     p = rewrite(model, tmp_path / "vocab.gguf", set_keys={"deepseek4.vocab_size": (129000, V.UINT32, None)})
     _expect(p, gm.KeyValueError, "'tokenizer.ggml.tokens': expected 129000 entries (deepseek4.vocab_size), found 129280")
 

@@ -218,6 +218,25 @@ def test_empty_binary_and_text_files_are_named_with_what_was_found_and_what_comp
         assert _refusal(capsys, str(good), bad) == f"{found}; {ACCEPTS}", content
 
 
+def test_a_pipe_a_device_or_a_huge_file_is_refused_before_it_is_read(tmp_path, capsys):
+    """compare read its files whole: a model file given by mistake (81 GB) or /dev/zero filled the
+    memory, and a named pipe blocked; each is now refused by its kind or size, unread."""
+    import os
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"model": "m.gguf", "backend": "cpu", "generated_ids": [1], "timings": {"x": 1.0}}))
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    assert _refusal(capsys, str(good), fifo) == f"{fifo}: expected a JSON file, found a pipe (FIFO); {ACCEPTS}"
+    assert _refusal(capsys, str(good), "/dev/zero") == f"/dev/zero: expected a JSON file, found a character device; {ACCEPTS}"
+    big = tmp_path / "model.gguf"
+    with open(big, "wb") as fh:  # sparse: 257 MiB that take no disk
+        fh.write(b"GGUF")
+        fh.truncate(257 << 20)
+    assert _refusal(capsys, str(good), big) == (f"{big}: {257 << 20} bytes (it looks like a GGUF model file), more "
+                                                f"than the 256 MiB a run's JSON can be; {ACCEPTS}")
+
+
 def _refusal(capsys, good: str, bad) -> str:
     """compare's one-line error for ``bad`` (either side), the same both ways."""
     errors = []

@@ -271,6 +271,27 @@ def test_generate_names_its_draft_vocabulary(tiny_q2, tmp_path, capsys):
     assert exc.value.code == 2 and "argument --draft-vocab: expected auto, full or a count >= 1, found 'lots'" in err
 
 
+def test_draft_vocab_from_a_pipe_is_refused_and_a_huge_file_is_skipped_unread(tiny_q2, tmp_path, capsys):
+    """--from a named pipe blocked its read (a hang): refused by what it is; a file over 16 MiB in a
+    folder (a model beside the sources) was read whole into memory: skipped, named in the note."""
+    import os
+
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    out = tmp_path / "s.gguf"
+    rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(fifo),
+                      "--size", "8", "--out", str(out))
+    assert rc == 2 and err == f"ds4tui draft-vocab: error: --from {fifo}: expected a text file or a folder, found a pipe (FIFO)\n"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    with open(src / "huge.py", "wb") as fh:  # sparse, 17 MiB
+        fh.truncate(17 << 20)
+    rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(src),
+                      "--size", "8", "--out", str(out))
+    assert rc == 0 and "1 file skipped (not UTF-8 text, over 16 MiB, or unreadable)" in err and "huge.py" in err
+
+
 def test_draft_vocab_out_never_overwrites_what_it_should_not(tiny_q2, tmp_path, capsys, monkeypatch):
     """--out: the model file, a device or folder, the demo's unpacked support file, and an existing
     file without --force are refused before anything is written; SUPPORT itself is replaced."""
@@ -304,7 +325,7 @@ def test_draft_vocab_out_never_overwrites_what_it_should_not(tiny_q2, tmp_path, 
     link.symlink_to(support)
     rc, _, err = run(link)  # a link to SUPPORT: the file it names is replaced, the link stays
     assert rc == 0 and link.is_symlink() and DV.KEY in open_fields(support)
-    assert "1 file skipped (not UTF-8 text, or unreadable)" in err and "bad.py" in err
+    assert "1 file skipped (not UTF-8 text, over 16 MiB, or unreadable)" in err and "bad.py" in err
     rc, _, err = _cli(capsys, "draft-vocab", str(model), str(support), "--from", str(src), "--out", "")
     assert rc == 2 and "an empty path" in err
     # a folder that does not exist, or a file where the folder should be: said before anything is counted

@@ -495,8 +495,8 @@ def test_cli_support_file_is_named_as_inspect_names_it(capsys: pytest.CaptureFix
     rc, out, err = run_cli(capsys, support, "--text", "a")
     assert (rc, out) == (1, "")
     assert err == (f"ds4tui tokenize: error: {support}: general.architecture: expected 'deepseek4', found "
-                   f"'deepseek4-dspark' (this is a DSpark support file, without a tokenizer: give the target model, "
-                   f"and pass the support file with --mtp)\n")
+                   f"'deepseek4-dspark' (this is a DSpark support file, without a tokenizer: give the target model; "
+                   f"chat, generate and bench take the support file with --mtp)\n")
 
 
 def test_cli_reads_text_exactly_and_refuses_non_utf8(capsys: pytest.CaptureFixture[str], ds4_gguf: Path,

@@ -85,7 +85,7 @@ from ds4tui.engine.backend import DEFAULT_SCHEDULER_POLICY
 from ds4tui.engine.decode import DecodeLoop
 from ds4tui.engine.draft_vocab import DraftVocabError
 from ds4tui.engine.errors import ConversionError
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, special_file_kind
 from ds4tui.engine.session import BackendUnavailableError, EngineError, NativeNotBuiltError, require_native
 from ds4tui.engine.stats import DSparkStats, format_line
 from ds4tui.engine.telemetry import format_bytes, plural
@@ -1269,16 +1269,6 @@ def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
     return None
 
 
-def _file_kind(p: Path) -> str:
-    """What a path that is neither a regular file nor a folder names, in words ("a character device")."""
-    import stat
-
-    mode = p.stat().st_mode
-    return ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "something that is not a regular file")
-
-
 def _out_problem(path: str) -> str | None:
     """Why the ``--out`` file cannot be written (None when it can): checked before the run by
     creating and removing a file in its folder.  An existing GGUF (the model or support file given,
@@ -1292,7 +1282,7 @@ def _out_problem(path: str) -> str | None:
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
     if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
         # would take its name (replacing /dev/null as root), so refused before the run, as draft-vocab does
-        return (f"{head}: expected a file name, found {_file_kind(p)}, which the result would replace; give a file "
+        return (f"{head}: expected a file name, found {special_file_kind(p)}, which the result would replace; give a file "
                 f"name of its own, e.g. --out bench.json (--json prints the result on stdout)")
     if p.is_file():
         try:

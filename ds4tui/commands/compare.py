@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ds4tui.engine.gguf_model import special_file_kind
 from ds4tui.interrupts import print_whole
 
 _PREFIX = "ds4tui compare:"
@@ -359,10 +360,24 @@ def kind_of(d: dict) -> str:
     raise CompareError(f"not the result of a ds4tui run: {ACCEPTS}")
 
 
+#: The largest file compare reads (a run's JSON, a long chat's transcript included, is far smaller):
+#: a model file or a device given by mistake is refused before it fills the memory.
+MAX_INPUT_BYTES = 256 << 20
+
+
 def load(path: str) -> tuple[str, dict]:
     """The kind and the object of a JSON file (CompareError naming the file otherwise)."""
+    p = Path(path)
     try:
-        data = Path(path).read_bytes()
+        if p.exists() and not p.is_dir() and not p.is_file():  # a pipe would block, a device never end
+            raise CompareError(f"{path}: expected a JSON file, found {special_file_kind(p)}; {ACCEPTS}")
+        size = p.stat().st_size if p.is_file() else 0
+        if size > MAX_INPUT_BYTES:
+            with open(p, "rb") as fh:
+                what = " (it looks like a GGUF model file)" if fh.read(4) == b"GGUF" else ""
+            raise CompareError(f"{path}: {size} bytes{what}, more than the {MAX_INPUT_BYTES >> 20} MiB a run's "
+                               f"JSON can be; {ACCEPTS}")
+        data = p.read_bytes()
     except OSError as exc:
         raise CompareError(f"{path}: cannot read: {exc.strerror or exc} (check the path); {ACCEPTS}") from exc
     if not data.strip():

@@ -25,7 +25,8 @@ import numpy as np
 from ds4tui.commands.environment import print_error_json
 from ds4tui.engine import draft_vocab as DV
 from ds4tui.engine.errors import ConversionError, DraftVocabError
-from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
+from ds4tui.commands.tokenize import MAX_INPUT_BYTES
+from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel, special_file_kind
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 from ds4tui.interrupts import print_whole
 
@@ -113,13 +114,19 @@ def run(args: argparse.Namespace) -> int:
         p = Path(src)
         if not p.exists():
             return _fail(f"--from {src}: no such file or folder", status=2, as_json=args.json)
+        if not p.is_dir() and not p.is_file():  # a pipe would block the read until something writes to it
+            return _fail(f"--from {src}: expected a text file or a folder, found {special_file_kind(p)}", status=2,
+                         as_json=args.json)
     paths = []
     for src in args.sources:
         p = Path(src)
         paths += sorted(f for f in p.rglob(args.glob) if f.is_file()) if p.is_dir() else [p]
     skipped: list[str] = []
     for f in paths:
-        try:
+        try:  # a file past MAX_INPUT_BYTES (a model in the folder) is no source text: skipped, unread
+            if f.stat().st_size > MAX_INPUT_BYTES:
+                skipped.append(str(f))
+                continue
             text = f.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             skipped.append(str(f))
@@ -151,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
               f"count more files (--from) for a longer list", file=sys.stderr)
     if skipped:  # named, never silent: not UTF-8 text, or unreadable
         print(f"ds4tui draft-vocab: note: {len(skipped)} file{'s' if len(skipped) > 1 else ''} skipped (not UTF-8 "
-              f"text, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
+              f"text, over {MAX_INPUT_BYTES >> 20} MiB, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
     if args.json:
         print_whole(json.dumps(result))
     else:

@@ -209,16 +209,28 @@ def check_header_counts(path, head: bytes, size: int) -> None:
 SUPPORT_GIVEN_AS_MODEL = " (this is a DSpark support file: pass it with --mtp)"
 
 
+def special_file_kind(p: Path) -> str:
+    """What a path that is neither a regular file nor a folder names, in words ("a character device")."""
+    import stat
+
+    mode = p.stat().st_mode
+    return ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "something that is not a regular file")
+
+
 def check_readable(path: str | os.PathLike, hint: str = "") -> Path:
     """``path`` as a Path when it names a file that can be opened for reading; else
-    :class:`ModelFileError` naming it: no such file, a directory, or the OS's reason it cannot be
-    read, with ``hint`` after the reason (e.g. which flag named the path).  The first checks of
+    :class:`ModelFileError` naming it: no such file, a directory, a special file (a named pipe, a
+    device), or the OS's reason it cannot be read, with ``hint`` after the reason (e.g. which flag named the path).  The first checks of
     :func:`open_gguf`, for a command that checks its paths before long work."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(p, f"no such file{hint}")
     if p.is_dir():
         raise ModelFileError(p, f"is a directory, expected a .gguf file{hint}")
+    if not p.is_file():  # a named pipe would block the open until something writes to it
+        raise ModelFileError(p, f"expected a .gguf file, found {special_file_kind(p)}{hint}")
     try:
         with open(p, "rb"):
             pass
@@ -504,7 +516,7 @@ def _validate_config(path, c: DS4Config) -> None:
     positive = ["n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank", "o_lora_rank",
                 "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_expert_shared", "sliding_window",
                 "indexer_n_head", "indexer_head_dim", "indexer_top_k", "hc_count", "hc_sinkhorn_iters",
-                "rope_orig_ctx"]
+                "rope_orig_ctx", "context_length"]
     key_of = {mk.field: mk.key[len(L.P):] for mk in L.MODEL_KEYS}
     for name in positive:
         if getattr(c, name) <= 0:

@@ -416,8 +416,8 @@ def vocab_from_gguf(source: str | os.PathLike[str] | gguf.GGUFReader) -> GGUFVoc
             arch = field_value(arch) if arch is not None and arch.types == [_VT.STRING] else None
             if arch in (L.SUPPORT_ARCH, "dflash"):  # as DS4Model says for the same file
                 raise TokenizerError(f"{where}: general.architecture: expected '{L.ARCH}', found '{arch}' (this is a "
-                                     f"DSpark support file, without a tokenizer: give the target model, and pass the "
-                                     f"support file with --mtp)")
+                                     f"DSpark support file, without a tokenizer: give the target model; chat, generate "
+                                     f"and bench take the support file with --mtp)")
             raise TokenizerError(f"{where}: missing GGUF key {key!r} ({hint}){one_byte_away(key, fields)}")
 
     def expect_string(key: str) -> str:
