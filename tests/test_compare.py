@@ -228,7 +228,8 @@ def test_a_pipe_a_device_or_a_huge_file_is_refused_before_it_is_read(tmp_path, c
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
     assert _refusal(capsys, str(good), fifo) == f"{fifo}: expected a JSON file, found a pipe (FIFO); {ACCEPTS}"
-    assert _refusal(capsys, str(good), "/dev/zero") == f"/dev/zero: expected a JSON file, found a character device; {ACCEPTS}"
+    assert _refusal(capsys, str(good), "/dev/zero") == (f"/dev/zero: expected a JSON file, found a character device; "
+                                                        f"{ACCEPTS}")
     big = tmp_path / "model.gguf"
     with open(big, "wb") as fh:  # sparse: 257 MiB that take no disk
         fh.write(b"GGUF")

@@ -281,7 +281,8 @@ def test_draft_vocab_from_a_pipe_is_refused_and_a_huge_file_is_skipped_unread(ti
     out = tmp_path / "s.gguf"
     rc, _, err = _cli(capsys, "draft-vocab", str(tiny_q2["model"]), str(tiny_q2["support"]), "--from", str(fifo),
                       "--size", "8", "--out", str(out))
-    assert rc == 2 and err == f"ds4tui draft-vocab: error: --from {fifo}: expected a text file or a folder, found a pipe (FIFO)\n"
+    assert rc == 2 and err == (f"ds4tui draft-vocab: error: --from {fifo}: expected a text file or a folder, found a "
+                               f"pipe (FIFO)\n")
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.py").write_text("x = 1\n")

@@ -1282,8 +1282,8 @@ def _out_problem(path: str) -> str | None:
         return f"{head}: expected a file name, found a folder; give a file name, e.g. --out {p / 'bench.json'}"
     if p.exists() and not p.is_file():  # a device (/dev/null, /dev/stdout) or a pipe: the result's file
         # would take its name (replacing /dev/null as root), so refused before the run, as draft-vocab does
-        return (f"{head}: expected a file name, found {special_file_kind(p)}, which the result would replace; give a file "
-                f"name of its own, e.g. --out bench.json (--json prints the result on stdout)")
+        return (f"{head}: expected a file name, found {special_file_kind(p)}, which the result would replace; give "
+                f"a file name of its own, e.g. --out bench.json (--json prints the result on stdout)")
     if p.is_file():
         try:
             with open(p, "rb") as fh:

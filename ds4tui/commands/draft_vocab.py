@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ds4tui.commands.environment import print_error_json
+from ds4tui.commands.tokenize import MAX_INPUT_BYTES
 from ds4tui.engine import draft_vocab as DV
 from ds4tui.engine.errors import ConversionError, DraftVocabError
-from ds4tui.commands.tokenize import MAX_INPUT_BYTES
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel, special_file_kind
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError, render_chat
 from ds4tui.interrupts import print_whole
@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
               f"count more files (--from) for a longer list", file=sys.stderr)
     if skipped:  # named, never silent: not UTF-8 text, or unreadable
         print(f"ds4tui draft-vocab: note: {len(skipped)} file{'s' if len(skipped) > 1 else ''} skipped (not UTF-8 "
-              f"text, over {MAX_INPUT_BYTES >> 20} MiB, or unreadable): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
+              f"text, over {MAX_INPUT_BYTES >> 20} MiB, or unreadable): {', '.join(skipped[:5])}"
+              f"{' ...' if len(skipped) > 5 else ''}", file=sys.stderr)
     if args.json:
         print_whole(json.dumps(result))
     else:

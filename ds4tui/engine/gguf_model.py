@@ -222,8 +222,9 @@ def special_file_kind(p: Path) -> str:
 def check_readable(path: str | os.PathLike, hint: str = "") -> Path:
     """``path`` as a Path when it names a file that can be opened for reading; else
     :class:`ModelFileError` naming it: no such file, a directory, a special file (a named pipe, a
-    device), or the OS's reason it cannot be read, with ``hint`` after the reason (e.g. which flag named the path).  The first checks of
-    :func:`open_gguf`, for a command that checks its paths before long work."""
+    device), or the OS's reason it cannot be read, with ``hint`` after the reason (e.g. which flag
+    named the path).  The first checks of :func:`open_gguf`, for a command that checks its paths
+    before long work."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(p, f"no such file{hint}")
