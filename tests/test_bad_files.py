@@ -490,3 +490,16 @@ def test_a_flipped_byte_in_a_support_key_is_named_as_damage(tiny_q2, tmp_path):
     assert not s.compatible
     assert f"none of the keys {', '.join(L.SUPPORT_BLOCK_KEYS)} is present; the file has '{flipped}', one byte " \
            f"away from it: the file is damaged" in _reasons(s)
+
+
+def test_inspect_checks_the_tokenizer_ids_that_generate_reads(model, tmp_path, capsys):
+    """inspect passed a model whose eos id is no token (generate then refused it): it reads the
+    tokenizer.ggml.* keys as generate does, and names the key, the value and the range."""
+    p = rewrite(model, tmp_path / "eos.gguf", set_keys={"tokenizer.ggml.eos_token_id": (4_000_000_000, V.UINT32, None)})
+    rc = cli_main(["inspect", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == (f"ds4tui inspect: error: {p}: tokenizer.ggml.eos_token_id 4000000000 is not a token id "
+                               f"(0..129279)\n")
+    rc = cli_main(["inspect", str(p), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["ok"] is False and out["error_type"] == "TokenizerError"

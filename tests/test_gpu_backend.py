@@ -1014,8 +1014,10 @@ def test_hip_prefill_gemm_chunks_stay_within_the_memory_plan():
     """Spec platform.md §7.1: a 2048-token pass of a full-width synthetic DS4 Flash layer pair takes
     its expert products through the GEMM in chunks (2048 x 6 slots > GM_CHUNK_ROWS): the device
     memory the bf16 prefill adds beyond the float32 kernels' is within memplan.gemm_bytes (the plan
-    that ``inspect --ctx`` counts), and every row's logits stay near the float32 kernels' (a chunk's
-    rows scattered to the wrong slots would leave rows far off)."""
+    that ``inspect --ctx`` counts), and the rows' logits stay near the float32 kernels' (a chunk's
+    rows scattered to the wrong slots would leave most rows far off; transformers numerics, without
+    FP8 or FP4 steps, and a few rows allowed for routing flips: 16-bit operands can move a token's
+    router scores across a tie, spec ds4.md §2.9)."""
     info = _device_or_skip()
     if info.blas.startswith("none"):
         pytest.skip(f"no vendor BLAS on this machine: {info.blas}")
@@ -1026,7 +1028,7 @@ def test_hip_prefill_gemm_chunks_stay_within_the_memory_plan():
     prompt = np.random.default_rng(5).integers(100, 128000, n).tolist()
     got = {}
     for mode in ("off", "bf16"):
-        e = S.Engine(model, backend="hip", prefill_gemm=mode, gpu_graphs="off")
+        e = S.Engine(model, backend="hip", numerics="transformers", prefill_gemm=mode, gpu_graphs="off")
         try:
             with e.session(n + 8, n_batch=n) as s:
                 before = e.memory().device
@@ -1034,14 +1036,15 @@ def test_hip_prefill_gemm_chunks_stay_within_the_memory_plan():
                 got[mode] = (logits, e.memory().device - before)
         finally:
             e.close()
-    bound = memplan.gemm_bytes(model.specs, n + 1, model.config.n_expert_used)
+    bound = memplan.gemm_bytes(model.specs, n + 1, model.config.n_expert_used, model.config.o_groups)
     grown = got["bf16"][1] - got["off"][1]
     want, have = got["off"][0], got["bf16"][0]
     rel = np.linalg.norm(have - want, axis=1) / np.linalg.norm(want, axis=1)
     print(f"\nprefill_gemm bf16, 2 Flash layers, {n} tokens: GEMM buffers {grown} bytes (bound {bound}); "
-          f"logits vs float32 kernels: relative error max {rel.max():.3g}, median {np.median(rel):.3g}")
+          f"logits vs float32 kernels: relative error median {np.median(rel):.3g}, 99th percentile "
+          f"{np.quantile(rel, 0.99):.3g}, max {rel.max():.3g}; rows above 0.2: {int((rel > 0.2).sum())}")
     assert 0 < grown <= bound
-    assert np.isfinite(have).all() and rel.max() < 0.1
+    assert np.isfinite(have).all() and np.median(rel) < 0.05 and (rel > 0.2).mean() < 0.05
 
 
 def _gap(row: np.ndarray) -> float:

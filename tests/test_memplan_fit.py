@@ -129,12 +129,24 @@ def _native_defines() -> dict[str, int]:
 def test_gemm_bytes_for_flash_against_a_hand_computed_bound():
     c = flash_config(FLASH_RATIOS)
     specs = L.model_tensor_specs(c)
-    assert memplan.gemm_bytes(specs, 2049, c.n_expert_used) == FLASH_GEMM == 335_807_600
+    assert memplan.gemm_bytes(specs, 2049, c.n_expert_used, c.o_groups) == FLASH_GEMM == 335_807_600
     assert FLASH_GEMM < 0.32 * GIB  # what the README and spec ds4.md §2.8 say (0.31 GiB)
     # passes below the threshold never take the GEMM; longer passes take more (the dense rows, the chunk)
-    assert memplan.gemm_bytes(specs, memplan.PREFILL_GEMM_MIN_ROWS - 1, c.n_expert_used) == 0
-    longer = memplan.gemm_bytes(specs, 8193, c.n_expert_used)
-    assert memplan.gemm_bytes(specs, 256, c.n_expert_used) < FLASH_GEMM < longer
+    assert memplan.gemm_bytes(specs, memplan.PREFILL_GEMM_MIN_ROWS - 1, c.n_expert_used, c.o_groups) == 0
+    longer = memplan.gemm_bytes(specs, 8193, c.n_expert_used, c.o_groups)
+    assert memplan.gemm_bytes(specs, 256, c.n_expert_used, c.o_groups) < FLASH_GEMM < longer
+
+
+def test_gemm_bytes_counts_the_grouped_attention_output_as_a_gather():
+    """attn_output_a goes through the gather path in o_groups matrices of n_rows slots each (no
+    padding): where it is the largest product its lists, activations and results set the bound."""
+    mat = L.TensorSpec("blk.0.attn_output_a.weight", (16 * 64, 4096), frozenset(), c_bind="mat")
+    n = 3000
+    dense = 2 * 64 * 4096 * 16 + n * 4096 * 2  # the whole matrix as one tile, the pass's rows
+    assert memplan.gemm_bytes([mat], n, 6) == dense
+    chunk = 8192  # 16 x 3000 slots, more than a chunk
+    grouped = 16 * 64 * 4096 * 2 + chunk * 4096 * 2 + chunk * 64 * 4 + (16 + 2 * 16 * n) * 4
+    assert memplan.gemm_bytes([mat], n, 6, 16) == grouped
 
 
 def test_the_plans_constants_mirror_the_native_sources():
@@ -156,7 +168,8 @@ def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
     assert p["budget"] == 300 << 20 and p["budget_source"] == "--budget" and p["support_attached"]
     assert p["need"] == p["weights"] + p["support"] + p["kv"] + p["compressor"] + p["scratch"] + p["gemm"]
     model_specs = L.model_tensor_specs(DS4Model(model).config)
-    assert p["gemm"] == memplan.gemm_bytes(model_specs, 2049, DS4Model(model).config.n_expert_used) > 0
+    cfg = DS4Model(model).config
+    assert p["gemm"] == memplan.gemm_bytes(model_specs, 2049, cfg.n_expert_used, cfg.o_groups) > 0
     assert p["weights"] > 0 and p["support"] > 0 and p["fits"] == (p["need"] <= p["budget"])
     rc = cli_main(["inspect", model, "--mtp", support, "--ctx", "8192", "--budget", "300MiB"])
     text = capsys.readouterr().out

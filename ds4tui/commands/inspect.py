@@ -16,6 +16,7 @@ from ds4tui.engine import memplan
 from ds4tui.engine.draft_vocab import DraftVocabError, resolve as resolve_draft_vocab
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
 from ds4tui.engine.telemetry import format_bytes
+from ds4tui.engine.tokenizer import Tokenizer, TokenizerError
 from ds4tui.interrupts import print_whole
 
 
@@ -153,8 +154,9 @@ def render_plan(p: dict) -> str:
 def run(args) -> int:
     try:
         model = DS4Model(args.model, check_finite=args.check_finite)
+        Tokenizer.from_gguf(model.reader)  # the tokenizer.ggml.* keys and ids, checked as generate reads them
         support = SupportModel(args.mtp, model.config) if args.mtp else None
-    except ModelFileError as exc:
+    except (ModelFileError, TokenizerError) as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
         print(f"ds4tui inspect: error: {exc}", file=sys.stderr)

@@ -282,20 +282,32 @@ PREFILL_GEMM_MIN_ROWS = 32
 GPU_CONTEXT_BYTES = 2 * 8 * (32768 + 32768 // 32 * 4 + 32768 // 16 * 4) + GRAPH_MAX_ROWS * 64 * 3 * 4
 
 
-def gemm_bytes(specs, n_rows: int, n_expert_used: int) -> int:
+def gemm_bytes(specs, n_rows: int, n_expert_used: int, o_groups: int = 1) -> int:
     """The most device memory the prefill GEMM's scratch buffers take (bytes; spec platform.md §7.1,
     hip/gemm.hip) after passes of at most ``n_rows`` tokens over the weight matrices among ``specs``
     (``TensorSpec`` with ``c_bind == "mat"``, shapes [rows, cols] or [experts, rows, cols]), every one
     counted as if the GEMM took it (an upper bound); 0 below ``PREFILL_GEMM_MIN_ROWS``.  The buffers
     grow to their largest request and no further: the dequantised tile (dense: whole rows up to
-    GEMM_TILE_ELEMS weights; experts: whole matrices, as many as that holds), the activations rounded
-    to 16 bits (dense: the pass's rows; experts: one chunk of at most max(GEMM_CHUNK_ROWS, n_rows)
-    slot rows), the experts' float32 results (one chunk) and the slot lists (the used matrices' ids and
-    two int32 a padded slot row: ``n_rows * n_expert_used`` slots plus at most ``n_rows`` padding rows
-    for each matrix of a tile).  The BLAS library's own workspace is not counted."""
+    GEMM_TILE_ELEMS weights; a gather: whole matrices, as many as that holds), the activations rounded
+    to 16 bits (dense: the pass's rows; a gather: one chunk of at most max(GEMM_CHUNK_ROWS, n_rows)
+    slot rows), a gather's float32 results (one chunk) and its slot lists (the used matrices' ids and
+    two int32 a padded slot row).  The gathers are the routed experts (``n_rows * n_expert_used``
+    slots; the padding of the whole product at most a tile's matrices times the largest count, which
+    is at most ``n_rows``) and the grouped attention output ``attn_output_a`` (``o_groups`` matrices of
+    ``n_rows`` slots each, no padding).  The BLAS library's own workspace is not counted."""
     if n_rows < PREFILL_GEMM_MIN_ROWS:
         return 0
     w = x = y = lists = 0
+
+    def gather(experts: int, rows: int, cols: int, slots: int, padded: int) -> None:
+        nonlocal w, x, y, lists
+        per = max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols)))
+        chunk = min(max(GEMM_CHUNK_ROWS, n_rows), padded)
+        w = max(w, per * rows * cols * 2)
+        x = max(x, chunk * cols * 2)
+        y = max(y, chunk * rows * 4)
+        lists = max(lists, (min(experts, slots) + 2 * padded) * 4)
+
     for s in specs:
         if s.c_bind != "mat":
             continue
@@ -303,16 +315,12 @@ def gemm_bytes(specs, n_rows: int, n_expert_used: int) -> int:
             rows, cols = s.shape
             w = max(w, max(1, min(rows, GEMM_TILE_ELEMS // cols)) * cols * 2)
             x = max(x, n_rows * cols * 2)
+            if o_groups > 1 and s.name.endswith("attn_output_a.weight"):
+                gather(o_groups, rows // o_groups, cols, o_groups * n_rows, o_groups * n_rows)
         elif len(s.shape) == 3:
             experts, rows, cols = s.shape
-            per = max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols)))
             slots = n_rows * n_expert_used
-            padded = slots + per * n_rows
-            chunk = min(max(GEMM_CHUNK_ROWS, n_rows), padded)
-            w = max(w, per * rows * cols * 2)
-            x = max(x, chunk * cols * 2)
-            y = max(y, chunk * rows * 4)
-            lists = max(lists, (min(experts, slots) + 2 * padded) * 4)
+            gather(experts, rows, cols, slots, slots + max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols))) * n_rows)
     return w + x + y + lists
 
 
@@ -463,7 +471,7 @@ def fit_plan(config, n_ctx: int, *, weights: int, support_bytes: int = 0, suppor
         b = session_bytes(config, n, n_batch=n_batch, support=support)
         b["scratch"] += fixed_scratch + GPU_CONTEXT_BYTES
         rows = min(GPU_DEFAULT_BATCH if n_batch is None else n_batch, n) + 1
-        b["gemm"] = gemm_bytes(specs, rows, config.n_expert_used) if specs is not None else 0
+        b["gemm"] = gemm_bytes(specs, rows, config.n_expert_used, config.o_groups) if specs is not None else 0
         return b
 
     def need(n: int) -> int:
