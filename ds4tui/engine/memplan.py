@@ -299,9 +299,10 @@ def gemm_bytes(specs, n_rows: int, n_expert_used: int, o_groups: int = 1) -> int
         return 0
     w = x = y = lists = 0
 
-    def gather(experts: int, rows: int, cols: int, slots: int, padded: int) -> None:
+    def gather(experts: int, rows: int, cols: int, slots: int, padding: bool) -> None:
         nonlocal w, x, y, lists
-        per = max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols)))
+        per = max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols)))  # matrices a tile
+        padded = slots + (per * n_rows if padding else 0)
         chunk = min(max(GEMM_CHUNK_ROWS, n_rows), padded)
         w = max(w, per * rows * cols * 2)
         x = max(x, chunk * cols * 2)
@@ -316,11 +317,10 @@ def gemm_bytes(specs, n_rows: int, n_expert_used: int, o_groups: int = 1) -> int
             w = max(w, max(1, min(rows, GEMM_TILE_ELEMS // cols)) * cols * 2)
             x = max(x, n_rows * cols * 2)
             if o_groups > 1 and s.name.endswith("attn_output_a.weight"):
-                gather(o_groups, rows // o_groups, cols, o_groups * n_rows, o_groups * n_rows)
+                gather(o_groups, rows // o_groups, cols, o_groups * n_rows, padding=False)
         elif len(s.shape) == 3:
             experts, rows, cols = s.shape
-            slots = n_rows * n_expert_used
-            gather(experts, rows, cols, slots, slots + max(1, min(experts, GEMM_TILE_ELEMS // (rows * cols))) * n_rows)
+            gather(experts, rows, cols, n_rows * n_expert_used, padding=True)
     return w + x + y + lists
 
 
