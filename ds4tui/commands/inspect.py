@@ -122,7 +122,8 @@ def render_plan(p: dict) -> str:
     lines += [f"              {name:<11}{format_bytes(b):>12}" if name != "support" or p["support_attached"] else
               f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
     gemm_line = 1 + [name for name, _ in rows].index("GEMM")
-    lines[gemm_line] += "  (the prefill GEMM's buffers at most: --prefill-gemm auto uses them where the BLAS loads)"
+    lines[gemm_line] += ("  (the prefill GEMM's buffers at most: --prefill-gemm auto uses them where cuBLAS or rocBLAS "
+                         "loads; the library's own workspace aside)")
     if p.get("draft_vocab_rows"):
         lines[1 + [name for name, _ in rows].index("support")] += f"  (with the draft vocabulary's {p['draft_vocab_rows']} row copies)"
     lines.append(f"              {'total':<11}{format_bytes(p['need']):>12}")
