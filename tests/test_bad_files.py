@@ -316,6 +316,8 @@ def test_inspect_reports_bad_files(tiny_q2, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "verdict       NOT compatible" in out and "support has 8 experts" in out
+    # the memory plan leaves it out and says why: a support model was given, and it is not compatible
+    assert "(the support model given is NOT compatible: " in out and "no support model given" not in out
     rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(p), "--json"])
     obj = json.loads(capsys.readouterr().out)
     assert rc == 1 and obj["ok"] is False and obj["support"]["compatible"] is False

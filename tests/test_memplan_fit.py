@@ -13,6 +13,7 @@ from ds4tui.engine import memplan
 from ds4tui.engine import session as S
 from ds4tui.engine.gguf_model import DS4Model
 from ds4tui.engine.synthetic import flash_config
+from ds4tui.engine.telemetry import format_bytes
 
 GIB = 1 << 30
 FLASH_RATIOS = (0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(2, 43))
@@ -177,6 +178,49 @@ def test_inspect_prints_the_plan_and_the_largest_context(tiny_q2, capsys):
     assert "budget        300.0 MiB (--budget)" in text
     assert "GEMM" in text and "(the prefill GEMM's buffers at most" in text
     assert (f"largest ctx   {p['max_ctx']} tokens" in text) if p["max_ctx"] else "largest ctx   none" in text
+    # the rows say which KV is which: the sliding window's ring (fixed rows) and the compressed KV (grows with
+    # the context), apart from the KV read per decoded token above them; a legend says what each session row holds
+    assert f"              KV window ring  {format_bytes(p['kv']):>12}\n" in text
+    assert f"              compressed KV   {format_bytes(p['compressor']):>12}\n" in text
+    assert f"              scratch         {format_bytes(p['scratch']):>12}\n" in text
+    assert "              support model   " in text and "  (no support model given" not in text
+    assert "KV cache " in text and ": the sliding window's rows, the compressed rows attended and the indexer keys " \
+                                   "scanned)" in text
+    assert "\nlegend        KV window ring: the sliding-window KV cache, every layer's raw KV rows in a ring of the " \
+           "window plus one prefill pass (at most 2048 tokens); it stops growing once the context is longer than a " \
+           "pass\n" in text
+    assert ("\n              compressed KV:  the compressed KV rows and indexer keys of the whole context (CSA and HCA "
+            "layers: what grows with the context), and the KV compressors' and indexer's rolling state (rings of two "
+            "compression windows plus one pass)\n") in text
+    assert ("\n              scratch:        a pass's activations and work buffers (sized by the batch, at most 2048 "
+            "tokens), the attention and indexer scores and the logits of one 256-row tile (the scores grow with the "
+            "context), the DSpark drafter's buffers, the float32 copies of norms and biases, the GPU context's own "
+            "small buffers") in text
+    assert "              KV  " not in text and "compressor " not in text  # the old, ambiguous row names
+
+
+def test_the_plan_says_whether_a_support_model_was_given_or_refused(tiny_q2, tmp_path, capsys):
+    """Without --mtp the support row says none was given and how to plan DSpark's memory; with a support
+    model that is not compatible it says that one was given and why the plan leaves it out."""
+    from ds4tui.devtools import make_test_model as mtm
+
+    model = str(tiny_q2["model"])
+    rc, out, err = _inspect(capsys, model, "--ctx", "64", "--budget", "1GiB")
+    assert rc == 0, err
+    assert ("              support model           none  (no support model given: add --mtp SUPPORT.gguf to plan "
+            "DSpark's memory)\n") in out
+    assert "NOT compatible" not in out and "DSpark drafter" not in out  # no drafter's buffers in its scratch
+    no_support = json.loads(_inspect(capsys, model, "--ctx", "64", "--budget", "1GiB", "--json")[1])["memory_plan"]
+    bad = mtm.write_support(tmp_path / "experts.gguf", mtm.tiny_config(), 0, types="f16", n_expert=8)
+    rc, out, err = _inspect(capsys, model, "--mtp", str(bad), "--ctx", "64", "--budget", "1GiB")
+    n = len(json.loads(_inspect(capsys, model, "--mtp", str(bad), "--ctx", "64", "--json")[1])["support"]["reasons"])
+    assert rc == 1 and n > 0
+    assert (f"              support model           none  (the support model given is NOT compatible: {n} problem(s), "
+            f"listed above; the engine refuses it, so the plan leaves it out)\n") in out
+    assert "no support model given" not in out
+    refused = json.loads(_inspect(capsys, model, "--mtp", str(bad), "--ctx", "64", "--budget", "1GiB",
+                                  "--json")[1])["memory_plan"]
+    assert refused == no_support  # the refused support model changes no number of the plan
 
 
 def test_a_bad_budget_is_one_line_naming_the_flag(tiny_q2, capsys):

@@ -57,7 +57,8 @@ def render_text(model: dict, support: dict | None) -> str:
     lines.append(f"total         {model['tensor_bytes']} bytes of tensor data ({format_bytes(model['tensor_bytes'])})")
     b = model["bytes_per_token"]
     lines.append(f"per token     ~{format_bytes(b['total'])} read per decoded token at context {model['ctx']} "
-                 f"(weights {format_bytes(b['weights'])}, KV {format_bytes(b['kv'])})")
+                 f"(weights {format_bytes(b['weights'])}, KV cache {format_bytes(b['kv'])}: the sliding window's rows, "
+                 f"the compressed rows attended and the indexer keys scanned)")
     for w in model["warnings"]:
         lines.append(f"warning       {w}")
     if support is not None:
@@ -114,22 +115,61 @@ def memory_plan(model: DS4Model, support: SupportModel | None, ctx: int, budget:
     return d
 
 
-def render_plan(p: dict) -> str:
-    """The memory plan as text: one line per part, the total against the budget, the verdict."""
-    rows = [("weights", p["weights"]), ("support", p["support"]), ("KV", p["kv"]),
-            ("compressor", p["compressor"]), ("scratch", p["scratch"]), ("GEMM", p["gemm"])]
+#: The plan's rows: (label, key of the plan); the label column's width.
+PLAN_ROWS = (("weights", "weights"), ("support model", "support"), ("KV window ring", "kv"),
+             ("compressed KV", "compressor"), ("scratch", "scratch"), ("GEMM", "gemm"))
+_LABEL = 16
+
+
+def _support_none_note(support: dict | None) -> str:
+    """Why the plan has no support model: none was given (``support`` None), or the one given is not
+    compatible (its summary: the engine refuses it, so nothing of it is uploaded)."""
+    if support is None:
+        return "no support model given: add --mtp SUPPORT.gguf to plan DSpark's memory"
+    n = len(support.get("reasons") or ())
+    return (f"the support model given is NOT compatible: {n} problem(s), listed above; the engine refuses it, "
+            f"so the plan leaves it out")
+
+
+def plan_legend(p: dict) -> list[tuple[str, str]]:
+    """What the plan's session rows hold (memplan.session_bytes and fit_plan): (label, one line) each."""
+    batch, tile = memplan.GPU_DEFAULT_BATCH, memplan.PASS_TILE_ROWS
+    drafter = ", the DSpark drafter's buffers" if p["support_attached"] else ""
+    return [
+        ("KV window ring", f"the sliding-window KV cache, every layer's raw KV rows in a ring of the window plus one "
+                           f"prefill pass (at most {batch} tokens); it stops growing once the context is longer than "
+                           f"a pass"),
+        ("compressed KV", "the compressed KV rows and indexer keys of the whole context (CSA and HCA layers: what grows "
+                          "with the context), and the KV compressors' and indexer's rolling state (rings of two "
+                          "compression windows plus one pass)"),
+        ("scratch", f"a pass's activations and work buffers (sized by the batch, at most {batch} tokens), the attention "
+                    f"and indexer scores and the logits of one {tile}-row tile (the scores grow with the context)"
+                    f"{drafter}, the float32 copies of norms and biases, the GPU context's own small buffers"),
+    ]
+
+
+def render_plan(p: dict, support: dict | None = None) -> str:
+    """The memory plan as text: one line per part, the total against the budget, the verdict, and a
+    legend of the session rows.  ``support``: the support model's summary when one was given (None:
+    no ``--mtp``), to say why the plan has none when it is not compatible."""
     lines = [f"memory plan   on the GPU at context {p['n_ctx']} tokens:"]
-    lines += [f"              {name:<11}{format_bytes(b):>12}" if name != "support" or p["support_attached"] else
-              f"              {name:<11}{'none':>12}  (no compatible support model given)" for name, b in rows]
-    gemm_line = 1 + [name for name, _ in rows].index("GEMM")
-    lines[gemm_line] += ("  (the prefill GEMM's buffers at most: --prefill-gemm auto uses them where cuBLAS or rocBLAS "
-                         "loads; the library's own workspace aside)")
-    if p.get("draft_vocab_rows"):
-        lines[1 + [name for name, _ in rows].index("support")] += f"  (with the draft vocabulary's {p['draft_vocab_rows']} row copies)"
-    lines.append(f"              {'total':<11}{format_bytes(p['need']):>12}")
+    for label, key in PLAN_ROWS:
+        if key == "support" and not p["support_attached"]:
+            lines.append(f"              {label:<{_LABEL}}{'none':>12}  ({_support_none_note(support)})")
+            continue
+        line = f"              {label:<{_LABEL}}{format_bytes(p[key]):>12}"
+        if key == "support" and p.get("draft_vocab_rows"):
+            line += f"  (with the draft vocabulary's {p['draft_vocab_rows']} row copies)"
+        elif key == "gemm":
+            line += ("  (the prefill GEMM's buffers at most: --prefill-gemm auto uses them where cuBLAS or rocBLAS "
+                     "loads; the library's own workspace aside)")
+        lines.append(line)
+    lines.append(f"              {'total':<{_LABEL}}{format_bytes(p['need']):>12}")
+    legend = [f"{'legend' if i == 0 else '':<14}{label + ':':<{_LABEL}}{text}"
+              for i, (label, text) in enumerate(plan_legend(p))]
     if p["budget"] is None:
         lines.append(f"budget        unknown: {p['budget_source']}")
-        return "\n".join(lines)
+        return "\n".join(lines + legend)
     lines.append(f"budget        {format_bytes(p['budget'])} ({p['budget_source']})")
     left = p["budget"] - p["need"]
     if p["fits"]:
@@ -149,7 +189,7 @@ def render_plan(p: dict) -> str:
         lines.append(f"largest ctx   {p['max_ctx']} tokens (the model's whole context length)")
     else:
         lines.append(f"largest ctx   {p['max_ctx']} tokens fit")
-    return "\n".join(lines)
+    return "\n".join(lines + legend)
 
 
 def run(args) -> int:
@@ -188,5 +228,5 @@ def run(args) -> int:
             print(f"finite        all {scanned['tensors']} tensors scanned (float values and block scales): "
                   f"no NaN/Inf")
         print()
-        print(render_plan(plan))
+        print(render_plan(plan, ss))
     return 0 if ok and fits else 1
