@@ -147,3 +147,37 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error(tiny_q2, tmp_pat
             F.main([str(model), str(sup), str(out), "-q"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "ds4tui-fit-support: error: argument out: " in err and said in err
+
+
+def test_an_existing_output_is_replaced_only_with_force(tiny_q2, tmp_path, monkeypatch, capsys):
+    """An existing OUT is refused before anything loads (one line naming it, exit status 2, the file
+    unchanged), and replaced by the fitted support file with --force; the function refuses it too
+    unless ``overwrite``."""
+    model, sup = tiny_q2["model"], tiny_q2["support"]
+    out = tmp_path / "fitted.gguf"
+    out.write_bytes(b"an earlier fit, kept")
+    small = ["--prompts", "2", "--tokens", "8", "--scan", "0", "-q"]
+    real = F.DS4Model
+    monkeypatch.setattr(F, "DS4Model", lambda *a, **k: pytest.fail("the model was loaded before OUT was checked"))
+    assert F.main([str(model), str(sup), str(out), *small]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (f"ds4tui-fit-support: error: argument out: {out} exists: pass "
+                                                   f"--force to replace it, or choose another path (nothing was "
+                                                   f"written)\n")
+    assert out.read_bytes() == b"an earlier fit, kept"
+    monkeypatch.setattr(F, "DS4Model", real)
+    with pytest.raises(ConversionError, match="already exists"):
+        F.fit_support(model, sup, out, prompts=2, tokens=8, scan=0)
+    assert out.read_bytes() == b"an earlier fit, kept"
+    assert F.main([str(model), str(sup), str(out), *small, "--force"]) == 0
+    assert capsys.readouterr().out.startswith(f"{out}: held-out bigram hit ")
+    SupportModel(out, tiny_q2["config"]).require_compatible()
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["fitted.gguf"]  # no temporary file left beside it
+
+
+def test_force_is_in_the_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        F.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--force replace OUT if it exists" in text
+    assert "an existing file is replaced only with --force" in text

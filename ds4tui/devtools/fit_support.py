@@ -1,7 +1,11 @@
 """Fit the Markov and confidence heads of a DSpark support GGUF to its target, so that it drafts.
 
 ``ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf [--prompts N] [--tokens N] [--rank R] [--scan N]
-[--seed S] [--quiet]`` (also ``python -m ds4tui.devtools.fit_support``)
+[--seed S] [--force] [--quiet]`` (also ``python -m ds4tui.devtools.fit_support``)
+
+An existing OUT is replaced only with ``--force``: without it the command refuses it before anything
+loads (exit status 2, one line naming the path), as ``ds4tui draft-vocab`` refuses an existing
+``--out``.  OUT is never a folder, a device, MODEL or SUPPORT_IN, whatever the flag.
 
 A random support model (``make_test_model``) proposes tokens the target almost never emits.  This
 tool rewrites the two small heads at the end of the drafter (spec dspark.md §1, §2.4) and copies
@@ -271,11 +275,12 @@ def bigram_hits(conts: Sequence[Continuation], bigram: ZeroLayerBigram) -> tuple
 
 
 def _write_support(out: Path, target: L.DS4Config, sm: SupportModel, rank: int, fitted: dict[str, tuple[T, np.ndarray]],
-                   description: str, progress: Progress | None) -> None:
+                   description: str, progress: Progress | None, *, overwrite: bool = True) -> None:
     """The ds4 support layout (spec dspark.md §4.1 keys, ``rank`` as the Markov rank) with the ``fitted``
     tensors (type, encoded bytes) replaced; every other tensor is copied from ``sm`` as raw bytes
     (re-encoding from float32 would re-quantise the kept IQ2_XXS/Q2_K tensors).  Written by
-    ``convert.write_gguf``: temporary file then rename, same errors.
+    ``convert.write_gguf``: temporary file then rename, same errors (without ``overwrite``, a file
+    that appeared at ``out`` meanwhile is not replaced).
     """
     m = sm.meta
     specs = L.support_tensor_specs(target, m.n_stages, len(m.target_layer_ids), rank)
@@ -304,7 +309,7 @@ def _write_support(out: Path, target: L.DS4Config, sm: SupportModel, rank: int, 
                        ("dspark.embedding_length", target.n_embd)):
             w.add_key_value(key, int(v), GGUFValueType.UINT32)
 
-    write_gguf(out, L.SUPPORT_ARCH, metadata, plan, progress)
+    write_gguf(out, L.SUPPORT_ARCH, metadata, plan, progress, overwrite=overwrite)
 
 
 # ---- the fit ----------------------------------------------------------------------------------
@@ -318,7 +323,7 @@ def _int_at_least(name: str, v, minimum: int) -> int:
 
 def fit_support(model: str | os.PathLike | DS4Model, support_in: str | os.PathLike, out: str | os.PathLike, *,
                 prompts: int = 30, tokens: int = 64, rank: int | None = None, scan: int = DEFAULT_SCAN,
-                seed: int = 0, progress: Progress | None = None) -> dict:
+                seed: int = 0, progress: Progress | None = None, overwrite: bool = False) -> dict:
     """Write ``out``: ``support_in`` with its Markov and confidence heads fitted to ``model``.
 
     ``prompts`` random prompts (≥ 2; the last ``max(1, prompts // 5)`` are held out of the
@@ -327,6 +332,8 @@ def fit_support(model: str | os.PathLike | DS4Model, support_in: str | os.PathLi
     rank written; W1/W2 are Q8_0 when it is a multiple of 32, else F16; the confidence head is F32.
     ``scan`` (0 … n_vocab) tokens get their zero-layer margin computed besides the fitting tokens
     (~1 s per 1000 tokens at n_embd 256 on two cores).  ``progress(i, n, what)`` reports each phase.
+    ``overwrite``: replace an existing ``out`` (else it is refused before the fit, and a file that
+    appears at ``out`` while fitting is not replaced).
 
     Returns a dict: ``out``, ``alpha`` (bias scale), ``rank``, ``calibration`` (``a``, ``b``,
     ``mean_hit``), ``bigram_hit`` (fit / held_out: fraction of next tokens equal to the bigram),
@@ -337,7 +344,8 @@ def fit_support(model: str | os.PathLike | DS4Model, support_in: str | os.PathLi
     Raises ``ValueError`` for bad arguments (name and value), the ``ModelFileError`` subclasses
     for a bad target or support file (``SupportInvalidError`` lists every problem of an
     incompatible support), :class:`~ds4tui.engine.convert.ConversionError` for an output path
-    that is a folder, in a missing folder, or one of the inputs, or that cannot be written.
+    that is a folder, in a missing folder, or one of the inputs, that exists (without
+    ``overwrite``), or that cannot be written.
     Spec dspark.md §1 (vanilla Markov head, confidence head), §2.4 (draft pass), §4 (file).
     """
     times: dict[str, float] = {}
@@ -355,7 +363,7 @@ def fit_support(model: str | os.PathLike | DS4Model, support_in: str | os.PathLi
     if isinstance(scan, bool) or not isinstance(scan, (int, np.integer)) or not 0 <= scan <= V:
         raise ValueError(f"scan must be an integer 0..{V} (the target's vocabulary), got {scan!r}")
     sm = SupportModel(support_in, c).require_compatible()
-    out = check_output_path(out, overwrite=True, inputs=[tm.path, sm.path])
+    out = check_output_path(out, overwrite=overwrite, inputs=[tm.path, sm.path])
     block = int(sm.meta.block_size)
     rng = np.random.default_rng(seed)
 
@@ -425,7 +433,7 @@ def fit_support(model: str | os.PathLike | DS4Model, support_in: str | os.PathLi
     description = (f"DSpark support {sm.path.name} with Markov/confidence heads fitted to {tm.path.name} by "
                    f"ds4tui.devtools.fit_support (zero-layer bigram, alpha {alpha:.4g}; seed {seed}, "
                    f"{prompts} prompts x {tokens} tokens, {len(scanned)} margins)")
-    _write_support(out, c, sm, rank, fitted, description, progress)
+    _write_support(out, c, sm, rank, fitted, description, progress, overwrite=overwrite)
     SupportModel(out, c).require_compatible()
     times["write"] = time.perf_counter() - t3
     times["total"] = time.perf_counter() - t0
@@ -474,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="target DS4 GGUF")
     ap.add_argument("support_in", help="DSpark support GGUF to start from (all tensors but the two heads are kept)")
-    ap.add_argument("out", help="support GGUF to write (replaced if it exists)")
+    ap.add_argument("out", help="support GGUF to write (an existing file is replaced only with --force)")
     ap.add_argument("--prompts", type=_count(2, "an integer >= 2"), default=30,
                     help="random prompts continued by the target (>= 2; a fifth are held out for the prediction; "
                          "default 30)")
@@ -486,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"tokens whose zero-layer margin sets their confidence (0..n_vocab; default {DEFAULT_SCAN})")
     ap.add_argument("--seed", type=_count(0, "an integer >= 0"), default=0,
                     help="random seed (>= 0; the same seed gives the same file)")
+    ap.add_argument("--force", action="store_true",
+                    help="replace OUT if it exists (MODEL, SUPPORT_IN and anything but a regular file are refused "
+                         "as OUT whatever the flag)")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
     if not a.out:
@@ -494,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         check_output_path(a.out, overwrite=True, inputs=[a.model, a.support_in])
     except ConversionError as exc:
         ap.error(f"argument out: {exc}")
+    if Path(a.out).exists() and not a.force:  # a regular file (the check above refused anything else)
+        print(f"{PROG}: error: argument out: {a.out} exists: pass --force to replace it, or choose another path "
+              f"(nothing was written)", file=sys.stderr)
+        return 2
     from ds4tui.cli import interrupt_on_signals
     from ds4tui.engine.session import EngineError
 
@@ -503,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             model = DS4Model(a.model, support_hint=" (this is a DSpark support file: give the target model first: "
                              "ds4tui-fit-support MODEL.gguf SUPPORT_IN.gguf OUT.gguf)")
             r = fit_support(model, a.support_in, a.out, prompts=a.prompts, tokens=a.tokens, rank=a.rank,
-                            scan=a.scan, seed=a.seed, progress=None if a.quiet else stderr_progress)
+                            scan=a.scan, seed=a.seed, progress=None if a.quiet else stderr_progress,
+                            overwrite=a.force)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
