@@ -1005,6 +1005,60 @@ def test_a_missing_path_is_named_before_a_medium_build_or_a_demo_unpack(fake_med
                                         f"a DSpark support GGUF; check the path)"}
 
 
+def test_a_support_file_that_is_not_one_is_named_before_a_medium_build_or_a_model_load(
+        fake_medium_build, tiny_q2, tmp_path, monkeypatch, capsys):
+    """An --mtp file whose contents are not a DSpark support GGUF (not a GGUF, cut short, a target
+    model) is refused before the medium model is built (and before a demo unpack or a MODEL load),
+    with the message and status that loading it beside the model gives."""
+    from ds4tui import demo
+
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"hello, not a GGUF file at all")
+    whole = Path(tiny_q2["support"]).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) // 2])
+    model = tiny_q2["model"]
+    expected = {
+        garbage: (f"{garbage}: wrong magic: expected b'GGUF', found b'hell' (not a GGUF file) (argument --mtp: "
+                  f"expected a DSpark support GGUF; check the path)"),
+        cut: f"{cut}: file is truncated or damaged: tensor '",
+        Path(model): (f"{model}: general.architecture: expected 'deepseek4-dspark' or 'dflash', found 'deepseek4' "
+                      f"(this is a target model, not a support file) (argument --mtp: expected a DSpark support "
+                      f"GGUF; check the path)"),
+    }
+    monkeypatch.setattr(demo, "demo_pair", lambda *a, **k: pytest.fail("the demo was unpacked first"))
+    monkeypatch.setattr(bench, "DS4Model", lambda *a, **k: pytest.fail("the model was loaded first"))
+    cache = tmp_path / "cache"
+    for bad, message in expected.items():
+        for argv in (("--medium",), ("--threads", "2"), (model,)):
+            rc, out, err = _bench(capsys, *argv, "--ab", "--mtp", str(bad), "--tokens", "16")
+            assert rc == 1 and out == "", err
+            assert fake_medium_build == [] and not cache.exists()  # no build started, no cache folder made
+            line = f"ds4tui bench: error: {message}"
+            assert err.splitlines()[0].startswith(line) if bad == cut else err.splitlines() == [line]
+        rc, out, err = _bench(capsys, "--medium", "--ab", "--mtp", str(bad), "--json")
+        assert rc == 1 and json.loads(out)["error"] == err.splitlines()[0].removeprefix("ds4tui bench: error: ")
+    assert json.loads(out)["error_type"] == "ArchitectureError"
+    assert "(argument --mtp)" in _bench(capsys, "--medium", "--ab", "--mtp", str(cut))[2]  # says what to do
+
+
+def test_a_support_file_refused_early_says_what_loading_it_says(tiny_q2, tmp_path, capsys):
+    """The early check of the --mtp file's contents is the one loading it beside the model makes: the
+    engine's attach (:class:`SupportModel`) raises the same error for the same file."""
+    from ds4tui.commands.environment import file_error
+    from ds4tui.engine.gguf_model import ModelFileError, SupportModel
+
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"hello, not a GGUF file at all")
+    for bad in (garbage, Path(tiny_q2["model"])):
+        with pytest.raises(ModelFileError) as loading:
+            SupportModel(bad, tiny_q2["config"], check_finite=False)
+        rc, out, err = _bench(capsys, tiny_q2["model"], "--ab", "--mtp", str(bad), "--tokens", "16", "--json")
+        r = json.loads(out)
+        assert rc == 1 and r["error_type"] == type(loading.value).__name__
+        assert r["error"] == file_error(loading.value, tiny_q2["model"], str(bad))
+
+
 def test_synthetic_flash_refuses_the_cpu_backend_before_building_anything():
     import subprocess
     import sys

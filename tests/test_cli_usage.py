@@ -380,6 +380,27 @@ def test_an_mtp_file_that_cannot_be_read_is_one_message_in_every_command(command
     assert err == (f"ds4tui generate: error: {tmp_path / 'no-model.gguf'}: no such file (argument MODEL: expected a DS4 model GGUF; check the path, or leave MODEL out for the bundled demo model)\n")  # the model first, as chat
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_an_mtp_file_that_is_no_support_model_is_named_before_the_engine_opens(command, tiny_q2, tmp_path, capsys,
+                                                                               no_demo, no_engine):
+    """A file that is no GGUF, or a target model, given as --mtp was found only as the engine attached it,
+    after the model's weights had loaded (minutes for the real 81 GB file): check_support_path reads
+    what the file holds before anything loads, in the words loading it would use."""
+    hint = " (argument --mtp: expected a DSpark support GGUF; check the path)"
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"hello, not a GGUF file at all")
+    model = str(tiny_q2["model"])
+    extra = ["--ab"] if command == "bench" else []
+    for path, why in ((junk, "wrong magic: expected b'GGUF', found b'hell' (not a GGUF file)"),
+                      (model, "general.architecture: expected 'deepseek4-dspark' or 'dflash', found 'deepseek4' "
+                              "(this is a target model, not a support file)")):
+        rc, out, err = _run(capsys, [*_args(command, model), *extra, "--mtp", str(path)])
+        assert (rc, out, err) == (1, "", f"ds4tui {command}: error: {path}: {why}{hint}\n")
+        if command == "chat":  # and without a MODEL, before the demo pair is unpacked
+            rc, out, err = _run(capsys, ["chat", "--mtp", str(path)])
+            assert (rc, out, err) == (1, "", f"ds4tui chat: error: {path}: {why}{hint}\n")
+
+
 @pytest.mark.parametrize("command, advice", [
     ("generate", "a prompt is at most that long: give a shorter one"),
     ("tokenize", "tokenize it in smaller pieces"),

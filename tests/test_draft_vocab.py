@@ -428,13 +428,14 @@ def test_bench_ab_refuses_a_count_the_support_file_cannot_meet_before_anything_l
 def test_a_count_against_a_file_that_is_no_support_model_names_the_file_error(tiny_q2, tmp_path, capsys):
     """--draft-vocab N with an --mtp that cannot be read as a support model (the target model, a file
     cut short) gets that file's own error, status 1, as without the flag, not "has no draft
-    vocabulary" (a usage error that would send the user to `ds4tui draft-vocab`); chat lets it through
-    to the load, which names it in a dialog."""
+    vocabulary" (a usage error that would send the user to `ds4tui draft-vocab`); chat too, before its
+    app opens (it used to let the file through to the load, after the model's)."""
     import dataclasses
 
     from ds4tui import cli
     from ds4tui.commands.chat import options_from_args
     from ds4tui.commands.environment import Settings
+    from ds4tui.engine.errors import ModelFileError
     from ds4tui.engine.gguf_model import support_draft_vocab_size
 
     cut = tmp_path / "support_cut.gguf"
@@ -453,8 +454,9 @@ def test_a_count_against_a_file_that_is_no_support_model_names_the_file_error(ti
         assert rc == 1 and err.startswith(f"ds4tui bench: error: {message}") and "draft vocabulary" not in err
         args = cli.build_parser().parse_args(["chat", str(tiny_q2["model"]), "--mtp", str(mtp), "--draft-vocab", "5"])
         args.settings = dataclasses.replace(Settings(), draft_vocab="5")  # as cli.main reads the flag
-        options = options_from_args(args)
-        assert (str(options.support), options.draft_vocab) == (str(mtp), "5")
+        with pytest.raises(ModelFileError) as refused:  # before the app opens, as generate and bench
+            options_from_args(args)
+        assert str(refused.value).startswith(message) and "draft vocabulary" not in str(refused.value)
 
 
 def test_the_two_files_in_the_wrong_order_say_which_comes_first(tiny_q2, tmp_path, capsys):

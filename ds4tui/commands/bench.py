@@ -1258,8 +1258,9 @@ def _usage_error(args) -> str | None:
 
 
 def _path_problem(flag: str, value: str | None) -> ModelFileError | None:
-    """Why the file a path flag names cannot be read (None when it can, or when the flag is not
-    given): checked before anything is unpacked, built or loaded."""
+    """Why the file a path flag names cannot be read, or (``--mtp``) is not a DSpark support GGUF by
+    its own contents (None when it can and is, or when the flag is not given): checked before anything
+    is unpacked, built or loaded (:func:`~ds4tui.commands.environment.check_support_path`)."""
     if value is None:
         return None
     try:

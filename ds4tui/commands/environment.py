@@ -132,23 +132,29 @@ _MODEL_HINT = " (argument MODEL: expected a DS4 model GGUF; check the path, or l
 _SUPPORT_HINT = " (argument --mtp: expected a DSpark support GGUF; check the path)"
 
 
+def _argument_hint(exc, model: "str | None", support: "str | None") -> str:
+    """What :func:`file_error` adds to ``exc``'s message: the argument that named the file and what to
+    do, or only the argument where the message already says what to do (a damaged file), or nothing
+    (a message that names its argument already, or a file no argument named: the demo's)."""
+    import os
+
+    if "(argument " in str(exc):
+        return ""
+
+    def named(path: "str | None") -> bool:
+        return path is not None and os.path.abspath(path) == os.path.abspath(exc.path)
+
+    if "re-download or re-convert" in str(exc):  # a damaged file says what to do: only which argument named it
+        return " (argument --mtp)" if named(support) else " (argument MODEL)" if named(model) else ""
+    return _SUPPORT_HINT if named(support) else _MODEL_HINT if named(model) else ""
+
+
 def file_error(exc, model: "str | None", support: "str | None") -> str:
     """The message of ``exc`` (a :class:`ModelFileError` raised loading a file that opens but is not
     what its argument expects: not a GGUF, cut short, another architecture) with the argument that
     named the file and what to do, as :func:`check_model_path` and :func:`check_support_path` give
     them for a path that does not open; the message as it is for any other file (the demo's)."""
-    import os
-
-    msg = str(exc)
-    if "(argument " in msg:
-        return msg
-
-    def named(path: "str | None") -> bool:
-        return path is not None and os.path.abspath(path) == os.path.abspath(exc.path)
-
-    if "re-download or re-convert" in msg:  # a damaged file says what to do: only which argument named it
-        return msg + (" (argument --mtp)" if named(support) else " (argument MODEL)" if named(model) else "")
-    return msg + (_SUPPORT_HINT if named(support) else _MODEL_HINT if named(model) else "")
+    return str(exc) + _argument_hint(exc, model, support)
 
 
 def check_model_path(path: str) -> None:
@@ -162,14 +168,25 @@ def check_model_path(path: str) -> None:
 
 
 def check_support_path(path: str) -> None:
-    """The one check of a ``--mtp`` path in ``generate``, ``chat`` and ``bench``, made before a demo
-    is unpacked, a medium model built or a model loaded: :class:`ModelFileError` when ``path``
-    cannot be opened for reading (no such file, a directory, the OS's reason), naming the path, the
-    flag and what to do (``MISSING: no such file (argument --mtp: expected a DSpark support GGUF;
-    check the path)``)."""
-    from ds4tui.engine.gguf_model import check_readable
+    """The one check of a ``--mtp`` file in ``generate``, ``chat`` and ``bench``, made before a demo
+    is unpacked, a medium model built or a model loaded (a real model's load takes minutes): the path
+    and what the file holds by itself, without the model.  Raises :class:`ModelFileError` when
+    ``path`` cannot be opened for reading (no such file, a directory, the OS's reason: ``MISSING: no
+    such file (argument --mtp: expected a DSpark support GGUF; check the path)``), and the error
+    loading it beside the model would raise when it is not a GGUF, is damaged or cut short, or is of
+    another architecture, such as a target model (:func:`~ds4tui.engine.gguf_model.open_support`: a
+    :class:`GGUFFormatError`, :class:`TruncatedFileError` or :class:`ArchitectureError`, its message
+    ending as :func:`file_error` ends it).  Whether the file fits the model is checked as it loads."""
+    from ds4tui.engine.gguf_model import ModelFileError, check_readable, open_support
 
     check_readable(path, _SUPPORT_HINT)
+    try:
+        open_support(path)
+    except ModelFileError as exc:
+        hint = _argument_hint(exc, None, path)
+        if not hint:
+            raise
+        raise type(exc)(exc.path, exc.detail + hint) from None
 
 
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:

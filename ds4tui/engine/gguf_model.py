@@ -759,6 +759,25 @@ class SupportMeta:
     n_stages: int = 0
 
 
+def open_support(path: str | os.PathLike) -> tuple[GGUFReader, str]:
+    """Open a DSpark support GGUF and return its reader and ``general.architecture``
+    (``deepseek4-dspark`` or ``dflash``): the checks of the file alone, which need no target model,
+    made first by :class:`SupportModel` and by a command that checks its ``--mtp`` file before long
+    work (a demo unpack, a model build or load).  Raises :class:`ModelFileError` (:func:`check_readable`),
+    :class:`GGUFFormatError` / :class:`TruncatedFileError` (:func:`open_gguf`: not a GGUF, damaged or
+    cut short), or :class:`ArchitectureError` naming the file, the expected and the found architecture
+    (a target model given as its support file is named as one)."""
+    p = Path(path)
+    reader = open_gguf(p)
+    arch_f = reader.fields.get("general.architecture")
+    architecture = str(field_value(arch_f)) if arch_f is not None else None
+    if architecture not in (L.SUPPORT_ARCH, "dflash"):
+        hint = " (this is a target model, not a support file)" if architecture == L.ARCH else ""
+        raise ArchitectureError(p, f"general.architecture: expected '{L.SUPPORT_ARCH}' or 'dflash', "
+                                   f"found '{architecture}'{hint}")
+    return reader, architecture
+
+
 class SupportModel:
     """A DSpark support GGUF checked against its target (spec dspark.md §4).
 
@@ -772,13 +791,7 @@ class SupportModel:
         self.path = Path(path)
         self.target = target
         self.problems: list[Problem] = []
-        self.reader = open_gguf(self.path)
-        arch_f = self.reader.fields.get("general.architecture")
-        self.architecture = str(field_value(arch_f)) if arch_f is not None else None
-        if self.architecture not in (L.SUPPORT_ARCH, "dflash"):
-            hint = " (this is a target model, not a support file)" if self.architecture == L.ARCH else ""
-            raise ArchitectureError(self.path, f"general.architecture: expected '{L.SUPPORT_ARCH}' or 'dflash', "
-                                               f"found '{self.architecture}'{hint}")
+        self.reader, self.architecture = open_support(self.path)
         raw = tensor_table(self.reader)
         self.tensors = self._canonical_names(raw)
         self.meta = self._read_meta()
