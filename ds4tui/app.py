@@ -900,7 +900,7 @@ class DS4App(App):
         amx = b.get("amx_copies", 0)  # the amx option's copies of the weights, as the memory pane lists them
         text = (f"a session of {n} tokens holds {format_bytes(b['kv'] + b['compressor'] + scratch)} beside the "
                 f"weights{f' and their amx copies ({format_bytes(amx)}, the same at any size)' if amx else ''}: "
-                f"KV {format_bytes(b['kv'])}, compressor {format_bytes(b['compressor'])}, scratch "
+                f"KV window ring {format_bytes(b['kv'])}, compressed KV {format_bytes(b['compressor'])}, scratch "
                 f"{format_bytes(scratch)}" + (f" ({format_bytes(b['host'])} of it in host memory)" if gpu else ""))
         if gpu:  # inspect's budget is the GPU's memory: no check to offer on the CPU
             text += f"; `ds4tui inspect {shlex.quote(e.info.model_path)} --ctx {n}` checks it against the GPU's memory"

@@ -336,15 +336,15 @@ async def test_the_context_size_changes_from_the_palette_with_the_memory_it_need
         plan = app.engine.session_plan(3000)
         about = str(dialog.query_one("#ask-about").render())
         assert about.startswith("a session of 3000 tokens holds ")
-        assert f"compressor {format_bytes(plan['compressor'])}" in about
+        assert f"compressed KV {format_bytes(plan['compressor'])}" in about  # inspect's name for the row
         await pilot.press("enter")
         await _until(pilot, lambda: app.engine.session.n_ctx == 3000, what="the new session")
         await pilot.pause()
         assert app.messages == [] and app.engine.info.n_ctx == 3000
         mem = app.engine.session.memory()  # what the dialog promised is what the session holds
         assert about == (f"a session of 3000 tokens holds {format_bytes(mem.kv + mem.compressor + mem.scratch)} beside "
-                         f"the weights: KV {format_bytes(mem.kv)}, compressor {format_bytes(mem.compressor)}, scratch "
-                         f"{format_bytes(mem.scratch)}")
+                         f"the weights: KV window ring {format_bytes(mem.kv)}, compressed KV "
+                         f"{format_bytes(mem.compressor)}, scratch {format_bytes(mem.scratch)}")
         mem = app.engine.session.memory()
         assert (mem.kv, mem.compressor) == (plan["kv"], plan["compressor"])
         assert "context 0/3000 tokens" in app.query_one("#throughput").text

@@ -768,11 +768,11 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         # the dialog's plan: on the CPU no GPU check is offered; on the GPU inspect with the real model path
         about = app.describe_context("8192")
         # its scratch is what the memory pane shows after the change (the fake's memory(): 24 MiB)
-        assert about == ("a session of 8192 tokens holds 28.6 MiB beside the weights: KV 1.6 MiB, "
-                         "compressor 3.0 MiB, scratch 24.0 MiB")
+        assert about == ("a session of 8192 tokens holds 28.6 MiB beside the weights: KV window ring 1.6 MiB, "
+                         "compressed KV 3.0 MiB, scratch 24.0 MiB")
         app.engine.info = dataclasses.replace(app.engine.info, backend="hip")
         assert app.describe_context("8192") == (
-            "a session of 8192 tokens holds 28.6 MiB beside the weights: KV 1.6 MiB, compressor 3.0 MiB, "
+            "a session of 8192 tokens holds 28.6 MiB beside the weights: KV window ring 1.6 MiB, compressed KV 3.0 MiB, "
             "scratch 24.0 MiB (9.0 MiB of it in host memory); `ds4tui inspect demo.gguf --ctx 8192` checks it "
             "against the GPU's memory")
         app.engine.info = dataclasses.replace(app.engine.info, backend="cpu")
@@ -780,14 +780,14 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         app.engine.session_plan = lambda n: {**plan(n), "amx_copies": 42 << 20}  # the amx option's copies, named
         assert app.describe_context("8192") == (
             "a session of 8192 tokens holds 28.6 MiB beside the weights and their amx copies (42.0 MiB, the same at "
-            "any size): KV 1.6 MiB, compressor 3.0 MiB, scratch 24.0 MiB")
+            "any size): KV window ring 1.6 MiB, compressed KV 3.0 MiB, scratch 24.0 MiB")
         app.engine.session_plan = plan
         await app.set_context("8192")
         await pilot.pause()
         text = app.query_one("#throughput").text
         assert "12.5%" not in text and "interface cost: measured while streaming" in text
         assert "decode — · effective — t/s" in text and "context 40/8192 tokens" in text
-        assert "KV 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
+        assert "KV window ring 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
         assert app.ui_cost.wall_s == 0 and app.turn_costs == []
         await pilot.press("f6")
         await pilot.pause()

@@ -1023,8 +1023,8 @@ def render_text(r: dict) -> str:
                    + (f"; graphs {r['gpu_graphs_note']}" if r.get("backend") == "hip" and r.get("gpu_graphs_note")
                       else "")),
         ("machine", f"{mach['cpu']}, {mach['cpus_available']} of {mach['cpu_count']} CPUs, {mach['platform']}"),
-        ("memory", f"{format_bytes(mem['total'])}  (weights {format_bytes(mem['weights'])}, KV {format_bytes(mem['kv'])}, "
-                   f"compressor {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])}"
+        ("memory", f"{format_bytes(mem['total'])}  (weights {format_bytes(mem['weights'])}, KV window ring {format_bytes(mem['kv'])}, "
+                   f"compressed KV {format_bytes(mem['compressor'])}, scratch {format_bytes(mem['scratch'])}"
                    + (f", amx copies {format_bytes(mem['amx_copies'])}" if mem.get("amx_copies") else "")
                    + (f", device {format_bytes(mem['device'])}" if mem.get("device") else "") + ")"),
         ("prefill", f"{r['prefill_tokens_per_s']:10.2f} tok/s  {r['prompt_tokens']} tokens in {prefill_s:.3f} s{best}"),

@@ -2,7 +2,7 @@
 
 On Strix Halo the model lives in GTT and VRAM is the BIOS carve-out (platform.md §3.1), so both
 pools are shown and never added.  On the CPU backend the process RSS is shown.  The engine's own
-accounting (weights, KV, compressor state, scratch, device, the amx option's copies) comes from ``ds4_memory``.
+accounting (weights, KV window ring, compressed KV and compressor state, scratch, device, the amx option's copies) comes from ``ds4_memory``.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class MemoryPane(Pane):
         if engine_mem is not None:
             m = engine_mem
             out.append(Content.assemble(("engine holds ", "$text-muted"), (format_bytes(m.total), "bold")))
-            out.append(Content(f" weights {format_bytes(m.weights)} · KV {format_bytes(m.kv)}"))
-            out.append(Content(f" compressor {format_bytes(m.compressor)} · scratch {format_bytes(m.scratch)}"))
+            out.append(Content(f" weights {format_bytes(m.weights)} · KV window ring {format_bytes(m.kv)}"))
+            out.append(Content(f" compressed KV {format_bytes(m.compressor)} · scratch {format_bytes(m.scratch)}"))
             if m.device:
                 out.append(Content(f" device {format_bytes(m.device)}"))
             if getattr(m, "amx_copies", 0):  # the amx option's repacked Q8_0 copies (spec ds4.md §2.9.6)
