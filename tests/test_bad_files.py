@@ -328,6 +328,25 @@ def test_inspect_reports_bad_files(tiny_q2, tmp_path, capsys):
     assert rc == 1 and "ds4tui inspect: error:" in err and "wrong magic" in err and str(junk) in err
 
 
+def test_inspect_names_mtp_and_says_what_a_bare_or_empty_support_file_lacks(tiny_q2, tmp_path, capsys):
+    """A GGUF without general.architecture was "found 'None'", an empty file "truncated: 0 bytes", and
+    inspect's errors for the --mtp file named neither the flag nor what it expects (generate, chat and
+    bench did)."""
+    bare = tmp_path / "bare.gguf"
+    bare.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))  # GGUF v3: no tensors, no keys
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(bare)])
+    assert (rc, capsys.readouterr().err) == (
+        1, f"ds4tui inspect: error: {bare}: general.architecture: expected 'deepseek4-dspark' or 'dflash', the key "
+           f"is missing (argument --mtp: expected a DSpark support GGUF; check the path)\n")
+    rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(empty), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["error_type"] == "TruncatedFileError" and out["error"] == (
+        f"{empty}: the file is empty (0 bytes): a GGUF header needs at least 24 bytes (a download or copy that "
+        f"stopped early?): re-download or re-convert it (argument --mtp)")
+
+
 def test_check_finite_lists_every_bad_tensor(model, tmp_path):
     bad = np.ones(256, np.float32)
     bad[0] = np.inf

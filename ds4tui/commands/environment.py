@@ -132,7 +132,7 @@ _MODEL_HINT = " (argument MODEL: expected a DS4 model GGUF; check the path, or l
 _SUPPORT_HINT = " (argument --mtp: expected a DSpark support GGUF; check the path)"
 
 
-def _argument_hint(exc, model: "str | None", support: "str | None") -> str:
+def argument_hint(exc, model: "str | None", support: "str | None") -> str:
     """What :func:`file_error` adds to ``exc``'s message: the argument that named the file and what to
     do, or only the argument where the message already says what to do (a damaged file), or nothing
     (a message that names its argument already, or a file no argument named: the demo's)."""
@@ -154,7 +154,7 @@ def file_error(exc, model: "str | None", support: "str | None") -> str:
     what its argument expects: not a GGUF, cut short, another architecture) with the argument that
     named the file and what to do, as :func:`check_model_path` and :func:`check_support_path` give
     them for a path that does not open; the message as it is for any other file (the demo's)."""
-    return str(exc) + _argument_hint(exc, model, support)
+    return str(exc) + argument_hint(exc, model, support)
 
 
 def check_model_path(path: str) -> None:
@@ -183,7 +183,7 @@ def check_support_path(path: str) -> None:
     try:
         open_support(path)
     except ModelFileError as exc:
-        hint = _argument_hint(exc, None, path)
+        hint = argument_hint(exc, None, path)
         if not hint:
             raise
         raise type(exc)(exc.path, exc.detail + hint) from None

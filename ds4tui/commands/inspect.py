@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import sys
 
+from ds4tui.commands.environment import argument_hint
 from ds4tui.engine import layout as L
 from ds4tui.engine import memplan
 from ds4tui.engine.draft_vocab import DraftVocabError, resolve as resolve_draft_vocab
 from ds4tui.engine.gguf_model import DS4Model, ModelFileError, SupportModel
-from ds4tui.engine.telemetry import format_bytes
+from ds4tui.engine.telemetry import format_bytes, plural
 from ds4tui.engine.tokenizer import Tokenizer, TokenizerError
 from ds4tui.interrupts import print_whole
 
@@ -43,7 +44,7 @@ def render_text(model: dict, support: dict | None) -> str:
         f"dims          layers {d['n_layer']}  hidden {d['n_embd']}  vocab {d['n_vocab']}  heads {d['n_head']}x"
         f"{d['head_dim']} (rope {d['n_rot']})  q_lora {d['q_lora_rank']}  out {d['o_groups']}x{d['o_lora_rank']}",
         f"moe           {d['n_expert']} experts, {d['n_expert_used']} used, {d['n_expert_shared']} shared, "
-        f"ff {d['n_ff_exp']}; {d['n_hash_layer']} hash layers",
+        f"ff {d['n_ff_exp']}; {plural(d['n_hash_layer'], 'hash layer')}",
         f"attention     window {d['sliding_window']}  indexer {d['indexer_n_head']}x{d['indexer_head_dim']} "
         f"top-{d['indexer_top_k']}  HC {d['hc_count']}  context {d['context_length']}",
     ]
@@ -198,9 +199,12 @@ def run(args) -> int:
         Tokenizer.from_gguf(model.reader)  # the tokenizer.ggml.* keys and ids, checked as generate reads them
         support = SupportModel(args.mtp, model.config) if args.mtp else None
     except (ModelFileError, TokenizerError) as exc:
+        # a support file's error names --mtp and what it expects, as generate, chat and bench say it
+        # (MODEL's hint there offers the demo, which inspect has not: its own errors stay as they are)
+        message = str(exc) + (argument_hint(exc, None, args.mtp) if isinstance(exc, ModelFileError) else "")
         if args.json:
-            print(json.dumps({"ok": False, "error": str(exc), "error_type": type(exc).__name__}))
-        print(f"ds4tui inspect: error: {exc}", file=sys.stderr)
+            print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__}))
+        print(f"ds4tui inspect: error: {message}", file=sys.stderr)
         return 1
     limit = model.config.context_length
     if args.ctx > limit:  # refused as generate and chat refuse it: a usage error, status 2

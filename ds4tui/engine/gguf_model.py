@@ -255,6 +255,8 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
         raise ModelFileError(p, f"cannot read: {exc.strerror or exc}") from None
     if len(head) < 8 and GGUF_MAGIC[:len(head)] != head[:4]:  # a short file that does not begin as a GGUF
         raise GGUFFormatError(p, f"not a GGUF file: {size} bytes beginning {head[:4]!r} (a GGUF begins with b'GGUF')")
+    if size == 0:
+        raise TruncatedFileError(p, f"the file is empty (0 bytes): a GGUF header needs at least 24 bytes{_CUT}")
     if len(head) < 8:
         raise TruncatedFileError(p, f"file is truncated: {size} bytes, a GGUF header needs at least 24{_CUT}")
     if head[:4] != GGUF_MAGIC:
@@ -773,8 +775,8 @@ def open_support(path: str | os.PathLike) -> tuple[GGUFReader, str]:
     architecture = str(field_value(arch_f)) if arch_f is not None else None
     if architecture not in (L.SUPPORT_ARCH, "dflash"):
         hint = " (this is a target model, not a support file)" if architecture == L.ARCH else ""
-        raise ArchitectureError(p, f"general.architecture: expected '{L.SUPPORT_ARCH}' or 'dflash', "
-                                   f"found '{architecture}'{hint}")
+        found = f"found '{architecture}'" if arch_f is not None else "the key is missing"
+        raise ArchitectureError(p, f"general.architecture: expected '{L.SUPPORT_ARCH}' or 'dflash', {found}{hint}")
     return reader, architecture
 
 
