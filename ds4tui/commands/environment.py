@@ -182,11 +182,12 @@ def check_support_path(path: str) -> None:
     check_readable(path, _SUPPORT_HINT)
     try:
         open_support(path)
-    except ModelFileError as exc:
+    except ModelFileError as exc:  # its own class, its message ended as loading it would end it
         hint = argument_hint(exc, None, path)
-        if not hint:
-            raise
-        raise type(exc)(exc.path, exc.detail + hint) from None
+        if hint:
+            exc.detail += hint
+            exc.args = (f"{exc.path}: {exc.detail}",)
+        raise
 
 
 def check_support_block(support, max_draft: int | None, settings: Settings) -> None:
