@@ -787,7 +787,7 @@ async def test_a_new_session_drops_the_old_figures_and_knob_limits_are_said(tmp_
         text = app.query_one("#throughput").text
         assert "12.5%" not in text and "interface cost: measured while streaming" in text
         assert "decode — · effective — t/s" in text and "context 40/8192 tokens" in text
-        assert "KV window ring 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
+        assert "KV ring 1.6 MiB" in app.query_one("#memory").text  # the new session's KV, not the old one's
         assert app.ui_cost.wall_s == 0 and app.turn_costs == []
         await pilot.press("f6")
         await pilot.pause()

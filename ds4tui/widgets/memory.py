@@ -63,7 +63,7 @@ class MemoryPane(Pane):
         if engine_mem is not None:
             m = engine_mem
             out.append(Content.assemble(("engine holds ", "$text-muted"), (format_bytes(m.total), "bold")))
-            out.append(Content(f" weights {format_bytes(m.weights)} · KV window ring {format_bytes(m.kv)}"))
+            out.append(Content(f" weights {format_bytes(m.weights)} · KV ring {format_bytes(m.kv)}"))  # the KV window ring
             out.append(Content(f" compressed KV {format_bytes(m.compressor)} · scratch {format_bytes(m.scratch)}"))
             if m.device:
                 out.append(Content(f" device {format_bytes(m.device)}"))
