@@ -149,7 +149,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
         description="Print architecture, layer schedule, dimensions, quant mix, byte totals and the "
         "estimated bytes read per decoded token of a DS4 GGUF; with --mtp, validate a DSpark support "
         "GGUF against it. The memory plan says whether the model (and support model) fits the GPU at --ctx "
-        "tokens: weights, support model, KV window ring, compressed KV, scratch (a legend says what each holds), the prefill GEMM's buffers, against the "
+        "tokens: weights, support model, KV window ring, compressed KV, scratch (a legend says what each session row holds), the prefill GEMM's buffers, against the "
         "GPU memory (or --budget), "
         "with the largest context that fits. Exits non-zero on any error, and 1 when the plan does not fit the budget.",
     )

@@ -340,6 +340,9 @@ def test_inspect_names_mtp_and_says_what_a_bare_or_empty_support_file_lacks(tiny
     assert (rc, capsys.readouterr().err) == (
         1, f"ds4tui inspect: error: {bare}: general.architecture: expected 'deepseek4-dspark' or 'dflash', the key "
            f"is missing (argument --mtp: expected a DSpark support GGUF; check the path)\n")
+    rc = cli_main(["inspect", str(bare), "--mtp", str(bare)])  # the same file: MODEL's load fails first
+    err = capsys.readouterr().err
+    assert rc == 1 and "(argument --mtp" not in err and "general.architecture" in err
     rc = cli_main(["inspect", tiny_q2["model"], "--mtp", str(empty), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["error_type"] == "TruncatedFileError" and out["error"] == (

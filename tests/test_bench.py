@@ -1038,7 +1038,8 @@ def test_a_support_file_that_is_not_one_is_named_before_a_medium_build_or_a_mode
             assert err.splitlines()[0].startswith(line) if bad == cut else err.splitlines() == [line]
         rc, out, err = _bench(capsys, "--medium", "--ab", "--mtp", str(bad), "--json")
         assert rc == 1 and json.loads(out)["error"] == err.splitlines()[0].removeprefix("ds4tui bench: error: ")
-    assert json.loads(out)["error_type"] == "ArchitectureError"
+        assert json.loads(out)["error_type"] == {garbage: "GGUFFormatError", cut: "TruncatedFileError",
+                                                 Path(model): "ArchitectureError"}[bad]
     assert "(argument --mtp)" in _bench(capsys, "--medium", "--ab", "--mtp", str(cut))[2]  # says what to do
 
 

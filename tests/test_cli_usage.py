@@ -401,6 +401,16 @@ def test_an_mtp_file_that_is_no_support_model_is_named_before_the_engine_opens(c
             assert (rc, out, err) == (1, "", f"ds4tui chat: error: {path}: {why}{hint}\n")
 
 
+def test_an_error_of_no_file_gets_no_argument_hint():
+    """Non-finite logits of a forward pass are a ModelFileError with no path (NonFiniteError): bench's
+    file errors pass through file_error, which compared that path with the arguments' (a TypeError)."""
+    from ds4tui.commands.environment import file_error
+    from ds4tui.engine.errors import NonFiniteError
+
+    exc = NonFiniteError("the logits hold NaN or Inf: bad weights or an overflow")
+    assert file_error(exc, "model.gguf", "support.gguf") == "the logits hold NaN or Inf: bad weights or an overflow"
+
+
 @pytest.mark.parametrize("command, advice", [
     ("generate", "a prompt is at most that long: give a shorter one"),
     ("tokenize", "tokenize it in smaller pieces"),

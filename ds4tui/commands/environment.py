@@ -138,7 +138,7 @@ def argument_hint(exc, model: "str | None", support: "str | None") -> str:
     (a message that names its argument already, or a file no argument named: the demo's)."""
     import os
 
-    if "(argument " in str(exc):
+    if getattr(exc, "path", None) is None or "(argument " in str(exc):  # no file (non-finite logits), or said
         return ""
 
     def named(path: "str | None") -> bool:
@@ -186,7 +186,7 @@ def check_support_path(path: str) -> None:
         hint = argument_hint(exc, None, path)
         if hint:
             exc.detail += hint
-            exc.args = (f"{exc.path}: {exc.detail}",)
+            exc.args = (str(exc) + hint,)
         raise
 
 

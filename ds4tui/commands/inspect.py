@@ -194,14 +194,17 @@ def render_plan(p: dict, support: dict | None = None) -> str:
 
 
 def run(args) -> int:
+    loading_support = False
     try:
         model = DS4Model(args.model, check_finite=args.check_finite)
         Tokenizer.from_gguf(model.reader)  # the tokenizer.ggml.* keys and ids, checked as generate reads them
+        loading_support = args.mtp is not None
         support = SupportModel(args.mtp, model.config) if args.mtp else None
     except (ModelFileError, TokenizerError) as exc:
-        # a support file's error names --mtp and what it expects, as generate, chat and bench say it
-        # (MODEL's hint there offers the demo, which inspect has not: its own errors stay as they are)
-        message = str(exc) + (argument_hint(exc, None, args.mtp) if isinstance(exc, ModelFileError) else "")
+        # the support file's error names --mtp and what it expects, as generate, chat and bench say it
+        # (MODEL's hint there offers the demo, which inspect has not: its own errors stay as they are;
+        # decided by which load failed, not by the path: MODEL and --mtp may name the same file)
+        message = str(exc) + (argument_hint(exc, None, args.mtp) if loading_support else "")
         if args.json:
             print(json.dumps({"ok": False, "error": message, "error_type": type(exc).__name__}))
         print(f"ds4tui inspect: error: {message}", file=sys.stderr)
